@@ -1,0 +1,509 @@
+package troupe
+
+import (
+	"errors"
+	"fmt"
+	"reflect"
+	"runtime"
+	"runtime/debug"
+	"strings"
+	"sync"
+	"sync/atomic"
+)
+
+// Errors about actors and delivery. Each is the Reason of a [DeadLetter] or
+// is returned (wrapped) by the call named.
+var (
+	// ErrActorStopped is the reason a message to an actor that has stopped
+	// becomes a dead letter.
+	ErrActorStopped = errors.New("troupe: actor stopped")
+	// ErrNoSuchActor is returned by [Resolve] and is the dead-letter reason
+	// when no actor lives at a path (or a different incarnation does).
+	ErrNoSuchActor = errors.New("troupe: no such actor")
+	// ErrWrongType is returned by [Resolve] when the actor's protocol is not
+	// the type asked for, and is the dead-letter reason for a message whose
+	// type the target does not accept.
+	ErrWrongType = errors.New("troupe: wrong message type")
+	// ErrMailboxFull is the dead-letter reason when an actor's mailbox holds
+	// [Config.MailboxLimit] messages.
+	ErrMailboxFull = errors.New("troupe: mailbox full")
+	// ErrNameTaken is returned by [Spawn] when a live sibling has the name.
+	ErrNameTaken = errors.New("troupe: actor name taken")
+	// ErrBadName is returned by [Spawn] for a name with characters other
+	// than letters, digits, '-', '_' and '.', or one starting with '$'.
+	ErrBadName = errors.New("troupe: bad actor name")
+	// ErrParentStopped is the stop reason of a child whose parent stopped.
+	ErrParentStopped = errors.New("troupe: parent actor stopped")
+)
+
+// PanicError is the stop reason of an actor whose handler panicked. The
+// panic stops that actor only; its watchers see this error in
+// [Terminated.Reason].
+type PanicError struct {
+	Value any    // the value passed to panic
+	Stack []byte // the panicking goroutine's stack
+}
+
+func (e *PanicError) Error() string { return fmt.Sprintf("troupe: actor panicked: %v", e.Value) }
+
+// Behavior is what an actor does. Receive handles each user message; Signal,
+// if set, handles signals such as [Terminated]; Setup, if set, runs once
+// before either. All three run on the actor's goroutine, one at a time, so
+// the actor's own state needs no locks.
+type Behavior[T any] struct {
+	Setup   func(c *Context[T])
+	Receive func(c *Context[T], msg T)
+	Signal  func(c *Context[T], s Signal)
+}
+
+// Signal is a message from the runtime rather than from another actor. It is
+// delivered on the system lane, ahead of every waiting user message.
+type Signal interface{ isSignal() }
+
+// Terminated tells a watcher that an actor it watches has stopped. It is
+// delivered exactly once per [Context.Watch], and nothing from that actor is
+// delivered after it. Reason is nil when the actor stopped itself
+// normally; otherwise it says why: a [*PanicError], [ErrParentStopped],
+// [ErrNodeClosed], [ErrPeerLeft] when the actor's node closed gracefully,
+// [ErrNoSuchActor] when it did not exist, or the error that ended the link.
+type Terminated struct {
+	Ref    AnyRef
+	Reason error
+}
+
+func (Terminated) isSignal() {}
+
+// Spawner is what [Spawn] spawns under: a [*Node] (a top-level actor at
+// "/user/NAME") or a [*Context] (a child at "PARENT/NAME", stopped with its
+// parent).
+type Spawner interface {
+	spawnParent() (n *Node, parent parentCell)
+}
+
+// parentCell is the view of a cell its children need.
+type parentCell interface {
+	localTarget
+	addChild(h *handle) error
+}
+
+type sysKind uint8
+
+const (
+	sysStart sysKind = iota
+	sysStop
+	sysWatch
+	sysUnwatch
+	sysTerminated
+	sysChildStopped
+)
+
+// sysMsg is one entry of the system lane.
+type sysMsg struct {
+	kind   sysKind
+	ref    *handle // the watcher (watch, unwatch) or child (childStopped)
+	key    refKey  // the actor that stopped (terminated)
+	reason error   // stop or termination reason
+}
+
+// throughput is how many messages an actor handles before it yields its
+// goroutine to the scheduler, so one busy actor cannot hog a core.
+const throughput = 512
+
+// cell is a running actor: its mailbox (a system lane and a user lane) and
+// its state. It holds no goroutine while its mailbox is empty.
+type cell[T any] struct {
+	n      *Node
+	self   *handle
+	parent parentCell // nil for a top-level actor
+	b      Behavior[T]
+	ctx    Context[T]
+	runFn  func()
+	limit  int // mailbox limit; 0 means none
+
+	// mu guards the mailbox lanes and the scheduling flags.
+	mu        sync.Mutex
+	in        []T      // waiting user messages
+	sys       []sysMsg // waiting signals
+	scheduled bool     // a goroutine is running (or about to run) the cell
+	closed    bool     // the actor has stopped; nothing more is accepted
+	hasSys    atomic.Bool
+
+	// The rest is owned by the goroutine running the cell.
+	batch      []T // the user messages taken from in, being handled
+	stopping   bool
+	stopReason error
+	watchers   map[refKey]*handle // who watches this actor
+	watching   map[refKey]AnyRef  // whom this actor watches
+	children   map[*handle]struct{}
+	adapters   []string // paths of adapters to unregister at stop
+	adapterSeq uint64
+	childSeq   uint64
+}
+
+// Context is an actor's view of itself, passed to its handlers. It must only
+// be used on the actor's goroutine, during a handler call.
+type Context[T any] struct {
+	c *cell[T]
+}
+
+// Self returns the actor's own ref.
+func (c *Context[T]) Self() Ref[T] { return Ref[T]{h: c.c.self} }
+
+// Node returns the node the actor runs on.
+func (c *Context[T]) Node() *Node { return c.c.n }
+
+// Stop stops the actor once the current handler returns. Its children stop
+// too, waiting messages become dead letters, and watchers get [Terminated]
+// with a nil reason.
+func (c *Context[T]) Stop() {
+	if !c.c.stopping {
+		c.c.stopping = true
+		c.c.stopReason = nil
+	}
+}
+
+// Watch asks for a [Terminated] signal when the actor behind r stops —
+// whether it lives on this node or another. Watching the same actor twice
+// is one watch. If the actor has already stopped, or its node cannot be
+// reached, the signal comes at once.
+func (c *Context[T]) Watch(r AnyRef) {
+	cl := c.c
+	h := r.handle()
+	if h == nil {
+		return
+	}
+	if h.local != nil {
+		h = h.local.watchHandle()
+	}
+	if h == cl.self || cl.watching[h.key] != nil {
+		return
+	}
+	if cl.watching == nil {
+		cl.watching = make(map[refKey]AnyRef)
+	}
+	cl.watching[h.key] = r
+	var err error
+	switch {
+	case h.local != nil:
+		if !h.local.sysPush(sysMsg{kind: sysWatch, ref: cl.self}) {
+			err = ErrActorStopped
+		}
+	case h.assoc != nil:
+		err = h.assoc.watch(h, cl.self)
+	}
+	if err != nil {
+		cl.sysPush(sysMsg{kind: sysTerminated, key: h.key, reason: err})
+	}
+}
+
+// Unwatch cancels a [Context.Watch]; no Terminated for r arrives after it.
+func (c *Context[T]) Unwatch(r AnyRef) {
+	cl := c.c
+	h := r.handle()
+	if h == nil {
+		return
+	}
+	if h.local != nil {
+		h = h.local.watchHandle()
+	}
+	if _, ok := cl.watching[h.key]; !ok {
+		return
+	}
+	delete(cl.watching, h.key)
+	switch {
+	case h.local != nil:
+		h.local.sysPush(sysMsg{kind: sysUnwatch, ref: cl.self})
+	case h.assoc != nil:
+		h.assoc.unwatch(h, cl.self)
+	}
+}
+
+func (c *Context[T]) spawnParent() (*Node, parentCell) { return c.c.n, c.c }
+
+// Spawn starts an actor with behavior b under p (a [*Node] or a parent's
+// [*Context]) and returns its ref. An empty name spawns an anonymous actor
+// with a generated "$…" name. Names are unique among live siblings.
+//
+// Spawn returns [ErrBadName], [ErrNameTaken] or [ErrNodeClosed]. The actor
+// holds no goroutine until it has a message (or a Setup to run).
+func Spawn[T any](p Spawner, name string, b Behavior[T]) (Ref[T], error) {
+	n, parent := p.spawnParent()
+	if b.Receive == nil {
+		return Ref[T]{}, errors.New("troupe: Spawn: Behavior.Receive is nil")
+	}
+	if name != "" {
+		if err := checkName(name); err != nil {
+			return Ref[T]{}, err
+		}
+	}
+	c := &cell[T]{n: n, parent: parent, b: b, limit: n.cfg.MailboxLimit}
+	c.ctx.c = c
+	c.runFn = c.run
+	base := "/user"
+	if pc, ok := parent.(interface{ path() string }); ok {
+		base = pc.path()
+	}
+	if name == "" {
+		var seq uint64
+		if pc, ok := parent.(interface{ nextChild() uint64 }); ok {
+			seq = pc.nextChild()
+		} else {
+			seq = n.anonSeq.Add(1)
+		}
+		name = "$" + formatBase36(seq)
+	}
+	c.self = &handle{node: n, key: refKey{node: n.uid, path: base + "/" + name, uuid: n.newUUID()}, local: c}
+	if err := n.addActor(c.self.key.path, c.self); err != nil {
+		return Ref[T]{}, err
+	}
+	if parent != nil {
+		if err := parent.addChild(c.self); err != nil {
+			n.removeActor(c.self.key.path)
+			return Ref[T]{}, err
+		}
+	}
+	if b.Setup != nil {
+		c.sysPush(sysMsg{kind: sysStart})
+	}
+	return Ref[T]{h: c.self}, nil
+}
+
+func checkName(name string) error {
+	if name == "" || name[0] == '$' || len(name) > 255 {
+		return fmt.Errorf("%w: %q", ErrBadName, name)
+	}
+	for _, r := range name {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("-_.", r)) {
+			return fmt.Errorf("%w: %q (use letters, digits, '-', '_' and '.')", ErrBadName, name)
+		}
+	}
+	return nil
+}
+
+func (c *cell[T]) path() string       { return c.self.key.path }
+func (c *cell[T]) nextChild() uint64  { c.childSeq++; return c.childSeq }
+func (c *cell[T]) watchHandle() *handle { return c.self }
+func (c *cell[T]) protocol() reflect.Type {
+	return reflect.TypeFor[T]()
+}
+
+// addChild records a child; it runs on this actor's goroutine (Spawn from
+// a handler), so children needs no lock.
+func (c *cell[T]) addChild(h *handle) error {
+	if c.stopping {
+		return fmt.Errorf("troupe: Spawn under %s: %w", c.self.key.path, ErrActorStopped)
+	}
+	if c.children == nil {
+		c.children = make(map[*handle]struct{})
+	}
+	c.children[h] = struct{}{}
+	return nil
+}
+
+// push queues a user message and schedules the cell if it was idle.
+func (c *cell[T]) push(msg T) error {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return ErrActorStopped
+	}
+	if c.limit > 0 && len(c.in) >= c.limit {
+		c.mu.Unlock()
+		return ErrMailboxFull
+	}
+	c.in = append(c.in, msg)
+	start := !c.scheduled
+	c.scheduled = true
+	c.mu.Unlock()
+	if start {
+		c.n.wg.Go(c.runFn)
+	}
+	return nil
+}
+
+func (c *cell[T]) tellAny(msg any) error {
+	v, ok := msg.(T)
+	if !ok {
+		return fmt.Errorf("%w: %s accepts %s, not %T", ErrWrongType, c.self.key.path, reflect.TypeFor[T](), msg)
+	}
+	return c.push(v)
+}
+
+// sysPush queues a signal; false if the actor has stopped.
+func (c *cell[T]) sysPush(m sysMsg) bool {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return false
+	}
+	c.sys = append(c.sys, m)
+	c.hasSys.Store(true)
+	start := !c.scheduled
+	c.scheduled = true
+	c.mu.Unlock()
+	if start {
+		c.n.wg.Go(c.runFn)
+	}
+	return true
+}
+
+// run handles messages until the mailbox is empty, then releases the
+// goroutine.
+func (c *cell[T]) run() {
+	handled := 0
+	for {
+		c.mu.Lock()
+		if len(c.sys) == 0 && len(c.in) == 0 {
+			c.scheduled = false
+			c.mu.Unlock()
+			return
+		}
+		c.batch, c.in = c.in, c.batch[:0]
+		c.mu.Unlock()
+		for i := 0; i < len(c.batch); i++ {
+			if c.hasSys.Load() && c.drainSys() {
+				c.terminate(c.batch[i:])
+				return
+			}
+			c.receive(c.batch[i])
+			if c.stopping {
+				c.terminate(c.batch[i+1:])
+				return
+			}
+			if handled++; handled%throughput == 0 {
+				runtime.Gosched()
+			}
+		}
+		clear(c.batch)
+		if c.hasSys.Load() && c.drainSys() {
+			c.terminate(nil)
+			return
+		}
+	}
+}
+
+// drainSys handles every waiting signal; true if the actor must stop.
+func (c *cell[T]) drainSys() bool {
+	for {
+		c.mu.Lock()
+		sys := c.sys
+		c.sys = nil
+		c.hasSys.Store(false)
+		c.mu.Unlock()
+		if len(sys) == 0 {
+			return c.stopping
+		}
+		for _, m := range sys {
+			c.handleSys(m)
+		}
+		if c.stopping {
+			return true
+		}
+	}
+}
+
+func (c *cell[T]) handleSys(m sysMsg) {
+	switch m.kind {
+	case sysStart:
+		c.guard(func() { c.b.Setup(&c.ctx) })
+	case sysStop:
+		if !c.stopping {
+			c.stopping, c.stopReason = true, m.reason
+		}
+	case sysWatch:
+		if c.watchers == nil {
+			c.watchers = make(map[refKey]*handle)
+		}
+		c.watchers[m.ref.key] = m.ref
+	case sysUnwatch:
+		delete(c.watchers, m.ref.key)
+	case sysChildStopped:
+		delete(c.children, m.ref)
+	case sysTerminated:
+		r, ok := c.watching[m.key]
+		if !ok {
+			return
+		}
+		delete(c.watching, m.key)
+		if c.b.Signal != nil {
+			c.guard(func() { c.b.Signal(&c.ctx, Terminated{Ref: r, Reason: m.reason}) })
+		}
+	}
+}
+
+func (c *cell[T]) receive(msg T) {
+	defer c.recoverPanic()
+	c.b.Receive(&c.ctx, msg)
+}
+
+func (c *cell[T]) guard(f func()) {
+	defer c.recoverPanic()
+	f()
+}
+
+func (c *cell[T]) recoverPanic() {
+	if p := recover(); p != nil {
+		c.stopping = true
+		c.stopReason = &PanicError{Value: p, Stack: debug.Stack()}
+		c.n.log.Error("troupe: actor panicked; stopping it", "path", c.self.key.path, "panic", p)
+	}
+}
+
+// terminate stops the actor: it refuses further messages, turns waiting
+// ones into dead letters, stops its children, tells its watchers and its
+// parent, and leaves the node's tables.
+func (c *cell[T]) terminate(rest []T) {
+	c.mu.Lock()
+	c.closed = true
+	waiting := c.in
+	sys := c.sys
+	c.in, c.sys = nil, nil
+	c.mu.Unlock()
+
+	target := c.self.String()
+	for _, m := range rest {
+		c.n.deadLetter(target, m, ErrActorStopped)
+	}
+	for _, m := range waiting {
+		c.n.deadLetter(target, m, ErrActorStopped)
+	}
+	clear(c.batch)
+	c.batch = nil
+	for _, m := range sys {
+		if m.kind == sysWatch {
+			m.ref.signal(sysMsg{kind: sysTerminated, key: c.self.key, reason: ErrActorStopped})
+		}
+	}
+	for ch := range c.children {
+		ch.local.sysPush(sysMsg{kind: sysStop, reason: ErrParentStopped})
+	}
+	for key, r := range c.watching {
+		if h := r.handle(); h.assoc != nil {
+			h.assoc.unwatch(h, c.self)
+		} else if h.local != nil {
+			h.local.watchHandle().local.sysPush(sysMsg{kind: sysUnwatch, ref: c.self})
+		}
+		delete(c.watching, key)
+	}
+	for _, p := range c.adapters {
+		c.n.removeActor(p)
+	}
+	c.n.removeActor(c.self.key.path)
+	for _, w := range c.watchers {
+		w.signal(sysMsg{kind: sysTerminated, key: c.self.key, reason: c.stopReason})
+	}
+	if c.parent != nil {
+		c.parent.sysPush(sysMsg{kind: sysChildStopped, ref: c.self})
+	}
+	c.n.live.Done()
+}
+
+// signal delivers a signal to the actor behind h, wherever it lives.
+func (h *handle) signal(m sysMsg) {
+	switch {
+	case h.local != nil:
+		h.local.sysPush(m)
+	case h.assoc != nil:
+		h.assoc.signal(h, m)
+	}
+}

@@ -1,0 +1,876 @@
+package troupe
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"reflect"
+	"slices"
+	"sync"
+	"time"
+)
+
+// Errors about associations.
+var (
+	// ErrPeerLeft is the reason watchers get in [Terminated], and pending
+	// asks and dead letters carry, when a peer node closed gracefully.
+	ErrPeerLeft = errors.New("troupe: peer node left")
+	// ErrSessionEnded is the dead-letter reason for a message sent through
+	// a ref whose association has ended; the error also wraps the cause.
+	// Resolve the actor again to reach it over a new association.
+	ErrSessionEnded = errors.New("troupe: association session ended")
+	// ErrSendQueueFull is the dead-letter reason when an association has
+	// [Config.SendQueueLimit] frames waiting to be written.
+	ErrSendQueueFull = errors.New("troupe: send queue full")
+	// ErrRejected is wrapped by the error of a connection the peer refused
+	// in the handshake; the text says why.
+	ErrRejected = errors.New("troupe: connection rejected by peer")
+)
+
+// sessionError says that an association ended and why.
+type sessionError struct {
+	peer  string
+	cause error
+}
+
+func (e *sessionError) Error() string {
+	return fmt.Sprintf("troupe: association with %s ended: %v", e.peer, e.cause)
+}
+
+func (e *sessionError) Unwrap() []error { return []error{ErrSessionEnded, e.cause} }
+
+type assocState uint8
+
+const (
+	assocConnecting assocState = iota // dialing or in handshake
+	assocUp                           // handshake done, frames flow
+	assocLeaving                      // bye queued: nothing new accepted
+	assocClosed                       // finished; err says why
+)
+
+// outRec is one frame waiting to be written: a user message for h, or a
+// control frame already encoded (kind byte first).
+type outRec struct {
+	h   *handle
+	msg any
+	mt  *msgType
+	ctl []byte
+}
+
+// watchPair records that a local watcher watches an actor over this
+// association, so that a lost link can tell the watcher.
+type watchPair struct {
+	target  refKey
+	watcher *handle
+}
+
+// assoc is one association session with a peer node: one connection, one
+// reader and one writer goroutine, and the tables that frames refer to. A
+// new connection is a new session; refs obtained through a session keep
+// pointing at it.
+type assoc struct {
+	n        *Node
+	outbound bool // this node dialed
+	dialAddr Addr // the address dialed (outbound only)
+
+	// Set once when the handshake completes, before ready is closed.
+	peerUID   NodeUID
+	peerName  string
+	peerAddrs []Addr
+	conn      net.Conn
+	ready     chan struct{} // closed (once, by closeReady) when up, merged or closed
+	readyOnce sync.Once
+	stopOnce  sync.Once
+
+	// mu guards everything below up to the writer's fields.
+	mu       sync.Mutex
+	state    assocState
+	queue    []outRec
+	fwd      *assoc // merged into this association; send there
+	err      error  // why it ended (closed only)
+	pending  map[pendingAsk]struct{}
+	resolves map[uint64]chan resolveAnswer
+	watches  map[watchPair]struct{}
+	reqSeq   uint64
+
+	wake       chan struct{} // capacity 1: the writer has work
+	stop       chan struct{} // closed when the session ends
+	writerDone chan struct{} // closed when the writer has exited
+
+	// Owned by the writer goroutine.
+	outTypes   map[*msgType]uint32
+	outTargets map[refKey]uint32
+	wbuf       []byte
+	spare      []outRec
+
+	// Owned by the reader goroutine.
+	inTypes   []inType
+	inTargets []inTarget
+}
+
+// inTarget is an entry of the receive-side target table.
+type inTarget struct {
+	path   string
+	uuid   UUID
+	target localTarget // nil if no such actor
+}
+
+type resolveAnswer struct {
+	status byte
+	uuid   UUID
+	proto  string
+}
+
+func newAssoc(n *Node, outbound bool, dial Addr) *assoc {
+	return &assoc{
+		n:          n,
+		outbound:   outbound,
+		dialAddr:   dial,
+		ready:      make(chan struct{}),
+		wake:       make(chan struct{}, 1),
+		stop:       make(chan struct{}),
+		writerDone: make(chan struct{}),
+		pending:    make(map[pendingAsk]struct{}),
+		resolves:   make(map[uint64]chan resolveAnswer),
+		watches:    make(map[watchPair]struct{}),
+		outTypes:   make(map[*msgType]uint32),
+		outTargets: make(map[refKey]uint32),
+	}
+}
+
+// addr is the address to show for the peer: the one dialed, else its first
+// listen address.
+func (a *assoc) addr() Addr {
+	if a.outbound {
+		return a.dialAddr
+	}
+	if len(a.peerAddrs) > 0 {
+		return a.peerAddrs[0]
+	}
+	return Addr{}
+}
+
+func (a *assoc) label() string {
+	if ad := a.addr(); !ad.IsZero() {
+		return ad.String()
+	}
+	return a.peerName + " (" + a.peerUID.String()[:8] + ")"
+}
+
+// assocFor returns the association to use for addr, starting a dial if
+// there is none. Messages may be queued on it at once.
+func (n *Node) assocFor(addr Addr) (*assoc, error) {
+	n.pmu.Lock()
+	defer n.pmu.Unlock()
+	if n.pclosing {
+		return nil, ErrNodeClosed
+	}
+	if a := n.byAddr[addr]; a != nil {
+		return a, nil
+	}
+	a := newAssoc(n, true, addr)
+	n.byAddr[addr] = a
+	n.all[a] = struct{}{}
+	n.wg.Go(a.runOutbound)
+	return a, nil
+}
+
+// runOutbound dials, handshakes and then runs the reader.
+func (a *assoc) runOutbound() {
+	n := a.n
+	d := net.Dialer{Timeout: n.cfg.DialTimeout}
+	c, err := d.DialContext(n.ctx, a.dialAddr.network, a.dialAddr.address)
+	if err != nil {
+		a.fail(fmt.Errorf("troupe: dial %s: %w", a.dialAddr, err))
+		return
+	}
+	a.conn = c
+	c.SetDeadline(time.Now().Add(n.cfg.HandshakeTimeout))
+	if _, err := c.Write(appendFrame(nil, func(b []byte) []byte { return appendHello(b, frameHello, n.hello()) })); err != nil {
+		a.fail(fmt.Errorf("troupe: handshake with %s: %w", a.dialAddr, err))
+		return
+	}
+	fr := newFrameReader(c, n.cfg.MaxFrameSize)
+	body, err := fr.next()
+	if err != nil {
+		a.fail(fmt.Errorf("troupe: handshake with %s: %w", a.dialAddr, err))
+		return
+	}
+	switch frameKind(body[0]) {
+	case frameWelcome:
+	case frameReject:
+		d := decoder{b: body[1:]}
+		code := d.byte()
+		var uid NodeUID
+		copy(uid[:], d.take(16))
+		text := d.string()
+		if code == rejectDuplicate && d.err == nil {
+			c.Close()
+			a.conn = nil
+			a.peerUID = uid
+			n.awaitWinner(a, uid)
+			return
+		}
+		a.fail(fmt.Errorf("%w: %s: %s", ErrRejected, a.dialAddr, text))
+		return
+	default:
+		a.fail(&FrameError{Peer: a.dialAddr.String(), Kind: frameKind(body[0]).String(), Reason: fmt.Errorf("%w: expected a welcome", ErrMalformed)})
+		return
+	}
+	h, err := parseHello(body)
+	if err != nil {
+		a.fail(&FrameError{Peer: a.dialAddr.String(), Kind: "welcome", Reason: err})
+		return
+	}
+	c.SetDeadline(time.Time{})
+	if !n.attach(a, h) {
+		return
+	}
+	a.run(fr)
+}
+
+// serveInbound handshakes an accepted connection and then runs its reader.
+func (n *Node) serveInbound(c net.Conn) {
+	label := peerLabel(c)
+	c.SetDeadline(time.Now().Add(n.cfg.HandshakeTimeout))
+	if err := n.checkPeerCred(c); err != nil {
+		n.log.Warn("troupe: refused unix peer", "err", err)
+		c.Write(rejectFrame(rejectAuth, n.uid, err.Error()))
+		c.Close()
+		return
+	}
+	fr := newFrameReader(c, n.cfg.MaxFrameSize)
+	body, err := fr.next()
+	if err == nil && frameKind(body[0]) != frameHello {
+		err = fmt.Errorf("%w: expected a hello, got %s", ErrMalformed, frameKind(body[0]))
+	}
+	var h *hello
+	if err == nil {
+		h, err = parseHello(body)
+	}
+	if err != nil {
+		if h != nil && h.version != protocolVersion {
+			c.Write(rejectFrame(rejectVersion, n.uid, err.Error()))
+		}
+		c.Close()
+		if !errors.Is(err, io.EOF) {
+			n.protocolError(label, "hello", err)
+		}
+		return
+	}
+	a := newAssoc(n, false, Addr{})
+	a.conn = c
+	n.pmu.Lock()
+	n.all[a] = struct{}{}
+	n.pmu.Unlock()
+	if !n.attach(a, h) {
+		return
+	}
+	c.SetDeadline(time.Time{})
+	a.run(fr)
+}
+
+func rejectFrame(code byte, uid NodeUID, text string) []byte {
+	return appendFrame(nil, func(b []byte) []byte {
+		b = append(b, byte(frameReject), code)
+		b = append(b, uid[:]...)
+		return appendString(b, text)
+	})
+}
+
+func (n *Node) hello() *hello {
+	h := &hello{version: protocolVersion, uid: n.uid, name: n.name}
+	for _, a := range n.addrs {
+		h.addrs = append(h.addrs, a.String())
+	}
+	return h
+}
+
+func (n *Node) protocolError(remote, kind string, err error) {
+	fe := &FrameError{Peer: remote, Kind: kind, Reason: err}
+	n.log.Warn("troupe: closing connection after a protocol error", "peer", remote, "err", err)
+	n.events.Publish(ProtocolError{Remote: remote, Err: fe})
+}
+
+// attach decides whether a connection whose handshake just completed
+// becomes the association with that peer. When both nodes dial each other
+// at once, the connection dialed by the node with the lower uid wins on
+// both sides; the loser is merged into the winner. For an inbound
+// connection attach also sends the welcome or the rejection. It returns
+// whether the caller should run the connection.
+func (n *Node) attach(a *assoc, h *hello) bool {
+	a.peerUID, a.peerName = h.uid, h.name
+	for _, s := range h.addrs {
+		if ad, err := ParseAddr(s); err == nil {
+			a.peerAddrs = append(a.peerAddrs, ad)
+		}
+	}
+	n.pmu.Lock()
+	var reject byte = 255
+	var text string
+	var loser, winner *assoc
+	switch {
+	case n.pclosing:
+		reject, text = rejectClosing, "node is closing"
+	case h.uid == n.uid:
+		reject, text = rejectOther, "a node cannot associate with itself"
+	default:
+		ex := n.byUID[h.uid]
+		if ex == nil && !a.outbound {
+			for _, ad := range a.peerAddrs {
+				if e := n.byAddr[ad]; e != nil && e.outbound && e != a {
+					ex = e
+					break
+				}
+			}
+		}
+		switch {
+		case ex == nil || ex == a:
+		case !a.outbound && !ex.outbound:
+			// The peer dialed again: its old connection is gone for it.
+			loser = ex
+		case dialedByLower(a, n.uid, h.uid):
+			loser, winner = ex, a
+		default:
+			if !a.outbound {
+				reject, text = rejectDuplicate, "the other connection between these nodes wins"
+			} else {
+				loser, winner = a, ex
+			}
+		}
+	}
+	if reject != 255 {
+		delete(n.all, a)
+		n.pmu.Unlock()
+		a.conn.Write(rejectFrame(reject, n.uid, text))
+		a.conn.Close()
+		a.finish()
+		return false
+	}
+	if !a.outbound {
+		a.conn.Write(appendFrame(nil, func(b []byte) []byte { return appendHello(b, frameWelcome, n.hello()) }))
+	}
+	a.mu.Lock()
+	if a.state == assocConnecting {
+		a.state = assocUp
+	}
+	a.mu.Unlock()
+	if loser == a {
+		// This connection lost to one that is already up: retire it
+		// (the peer is told, and both ends drain it).
+		n.pmu.Unlock()
+		a.mergeInto(winner)
+		return true
+	}
+	n.byUID[h.uid] = a
+	if a.outbound {
+		n.byAddr[a.dialAddr] = a
+	}
+	for _, ad := range a.peerAddrs {
+		n.byAddr[ad] = a
+	}
+	waiting := n.awaiting[h.uid]
+	delete(n.awaiting, h.uid)
+	a.closeReady()
+	n.pmu.Unlock()
+
+	for _, w := range waiting {
+		w.mergeInto(a)
+	}
+	if loser != nil {
+		if winner == a {
+			loser.mergeInto(a)
+		} else {
+			loser.fail(errors.New("troupe: replaced by a new connection from the peer"))
+		}
+	}
+	n.events.Publish(PeerConnected{Addr: a.addr(), UID: a.peerUID, Name: a.peerName})
+	return true
+}
+
+// dialedByLower reports whether a's connection was dialed by the node with
+// the lower uid of the pair (self, peer).
+func dialedByLower(a *assoc, self, peer NodeUID) bool {
+	selfLower := string(self[:]) < string(peer[:])
+	return a.outbound == selfLower
+}
+
+// awaitWinner parks an outbound association whose connection lost a
+// simultaneous dial: it is merged into the peer's connection once that is
+// attached, or fails after the handshake timeout.
+func (n *Node) awaitWinner(a *assoc, uid NodeUID) {
+	n.pmu.Lock()
+	if w := n.byUID[uid]; w != nil {
+		n.pmu.Unlock()
+		a.mergeInto(w)
+		return
+	}
+	n.awaiting[uid] = append(n.awaiting[uid], a)
+	n.pmu.Unlock()
+	t := time.NewTimer(n.cfg.HandshakeTimeout)
+	defer t.Stop()
+	select {
+	case <-a.stop:
+	case <-t.C:
+		n.pmu.Lock()
+		n.awaiting[uid] = slices.DeleteFunc(n.awaiting[uid], func(x *assoc) bool { return x == a })
+		n.pmu.Unlock()
+		a.fail(fmt.Errorf("troupe: dial %s: the peer chose its own connection, which never arrived", a.dialAddr))
+	}
+}
+
+// mergeInto retires a, which lost a simultaneous dial, in favour of the
+// winning association w with the same peer: sends through a go to w from
+// now on, and its pending asks and watches move there. A connection that
+// never came up is dropped with its queue moved to w; one that is up
+// writes what it has queued and a duplicate-bye, and keeps reading until
+// the peer answers with its own bye, so nothing in flight is lost.
+func (a *assoc) mergeInto(w *assoc) {
+	a.mu.Lock()
+	if a.state == assocClosed || a.fwd != nil {
+		a.mu.Unlock()
+		return
+	}
+	up := a.state == assocUp
+	a.fwd = w
+	var moved []outRec
+	if up {
+		a.state = assocLeaving
+		a.queue = append(a.queue, outRec{ctl: appendBye(nil, byeDuplicate, "")})
+	} else {
+		a.state = assocClosed
+		moved, a.queue = a.queue, nil
+	}
+	pending, watches := a.pending, a.watches
+	a.pending, a.watches = map[pendingAsk]struct{}{}, map[watchPair]struct{}{}
+	t := w.lockTarget() // lock order: a, then the winner
+	if t.state >= assocLeaving {
+		t.mu.Unlock()
+		a.mu.Unlock()
+		a.endMoved(moved, pending, watches, t.failure())
+	} else {
+		t.queue = append(t.queue, moved...)
+		for p := range pending {
+			t.pending[p] = struct{}{}
+		}
+		for p := range watches {
+			t.watches[p] = struct{}{}
+		}
+		t.mu.Unlock()
+		a.mu.Unlock()
+		t.notify()
+	}
+	a.n.untable(a)
+	a.closeReady()
+	if up {
+		a.notify()
+		a.conn.SetReadDeadline(time.Now().Add(a.n.cfg.HandshakeTimeout))
+		return
+	}
+	if a.conn != nil {
+		a.conn.Close()
+	}
+	a.finish()
+}
+
+// endMoved fails what a merge could not hand over because the winner had
+// ended too.
+func (a *assoc) endMoved(queue []outRec, pending map[pendingAsk]struct{}, watches map[watchPair]struct{}, err error) {
+	for _, r := range queue {
+		if r.h != nil {
+			a.n.deadLetter(r.h.String(), r.msg, err)
+		}
+	}
+	for p := range pending {
+		p.fail(err)
+	}
+	for w := range watches {
+		w.watcher.signal(sysMsg{kind: sysTerminated, key: w.target, reason: err})
+	}
+}
+
+// untable removes a from the node's lookup tables, so no new ref binds to it.
+func (n *Node) untable(a *assoc) {
+	n.pmu.Lock()
+	defer n.pmu.Unlock()
+	if n.byUID[a.peerUID] == a {
+		delete(n.byUID, a.peerUID)
+	}
+	if a.outbound && n.byAddr[a.dialAddr] == a {
+		delete(n.byAddr, a.dialAddr)
+	}
+	for _, ad := range a.peerAddrs {
+		if n.byAddr[ad] == a {
+			delete(n.byAddr, ad)
+		}
+	}
+}
+
+// finish releases what every ended session releases: its place in the
+// node's tables and anyone waiting on ready or stop.
+func (a *assoc) finish() {
+	n := a.n
+	n.untable(a)
+	n.pmu.Lock()
+	delete(n.all, a)
+	n.pmu.Unlock()
+	a.closeReady()
+	a.stopOnce.Do(func() { close(a.stop) })
+}
+
+func (a *assoc) closeReady() { a.readyOnce.Do(func() { close(a.ready) }) }
+
+// run starts the writer and runs the reader on the calling goroutine.
+func (a *assoc) run(fr *frameReader) {
+	a.n.wg.Go(a.writeLoop)
+	a.readLoop(fr)
+}
+
+// failure returns the error a send through this session gets once it has
+// ended.
+func (a *assoc) failure() error {
+	a = a.lockTarget()
+	defer a.mu.Unlock()
+	if a.state != assocClosed && a.state != assocLeaving {
+		return nil
+	}
+	if a.state == assocLeaving || a.err == nil {
+		return &sessionError{peer: a.label(), cause: ErrNodeClosed}
+	}
+	return &sessionError{peer: a.label(), cause: a.err}
+}
+
+// target returns the association that frames for a go to (following
+// merges), locked. The caller unlocks it.
+func (a *assoc) lockTarget() *assoc {
+	a.mu.Lock()
+	for a.fwd != nil {
+		next := a.fwd
+		a.mu.Unlock()
+		a = next
+		a.mu.Lock()
+	}
+	return a
+}
+
+// tell queues a user message for the remote actor h.
+func (a *assoc) tell(h *handle, msg any) error {
+	mt := typeOf(reflect.TypeOf(msg))
+	if mt == nil {
+		return fmt.Errorf("%w: %T (call RegisterMessage to send it to another node)", ErrNotRegistered, msg)
+	}
+	return a.enqueue(outRec{h: h, msg: msg, mt: mt})
+}
+
+func (a *assoc) enqueue(r outRec) error {
+	a = a.lockTarget()
+	if a.state >= assocLeaving {
+		a.mu.Unlock()
+		return a.failure()
+	}
+	if lim := a.n.cfg.SendQueueLimit; lim > 0 && len(a.queue) >= lim {
+		a.mu.Unlock()
+		return fmt.Errorf("%w: %d frames waiting for %s", ErrSendQueueFull, len(a.queue), a.label())
+	}
+	a.queue = append(a.queue, r)
+	first := len(a.queue) == 1
+	a.mu.Unlock()
+	if first {
+		a.notify()
+	}
+	return nil
+}
+
+// control queues a control frame; false if the session has ended.
+func (a *assoc) control(body []byte) bool {
+	return a.enqueue(outRec{ctl: body}) == nil
+}
+
+func (a *assoc) notify() {
+	select {
+	case a.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (a *assoc) addPending(p pendingAsk) bool {
+	a = a.lockTarget()
+	defer a.mu.Unlock()
+	if a.state >= assocLeaving {
+		return false
+	}
+	a.pending[p] = struct{}{}
+	return true
+}
+
+func (a *assoc) removePending(p pendingAsk) {
+	a = a.lockTarget()
+	delete(a.pending, p)
+	a.mu.Unlock()
+}
+
+// watch registers watcher's interest in the remote actor target.
+func (a *assoc) watch(target, watcher *handle) error {
+	a = a.lockTarget()
+	if a.state >= assocLeaving {
+		a.mu.Unlock()
+		return a.failure()
+	}
+	a.watches[watchPair{target.key, watcher}] = struct{}{}
+	a.mu.Unlock()
+	a.control(appendWatch(nil, frameWatch, target.key, watcher.key.path))
+	return nil
+}
+
+func (a *assoc) unwatch(target, watcher *handle) {
+	a = a.lockTarget()
+	delete(a.watches, watchPair{target.key, watcher})
+	a.mu.Unlock()
+	a.control(appendWatch(nil, frameUnwatch, target.key, watcher.key.path))
+}
+
+func appendWatch(b []byte, kind frameKind, target refKey, watcher string) []byte {
+	b = append(b, byte(kind))
+	b = appendString(b, target.path)
+	b = append(b, target.uuid[:]...)
+	return appendString(b, watcher)
+}
+
+// signal sends a signal to the remote actor h; only terminations cross.
+func (a *assoc) signal(h *handle, m sysMsg) {
+	if m.kind != sysTerminated {
+		return
+	}
+	code, text := reasonCode(m.reason)
+	b := appendWatch(nil, frameTerminated, m.key, h.key.path)
+	b = append(b, code)
+	a.control(appendString(b, text))
+}
+
+// Bye codes. Append only: values are on the wire.
+const (
+	byeLeaving   byte = iota // the node is closing
+	byeDuplicate             // this connection lost a simultaneous dial
+)
+
+func appendBye(b []byte, code byte, text string) []byte {
+	b = append(b, byte(frameBye), code)
+	return appendString(b, text)
+}
+
+// leave queues a bye: the peer learns this node is closing. Nothing more is
+// accepted for sending.
+func (a *assoc) leave() {
+	a.mu.Lock()
+	if a.state >= assocLeaving || a.fwd != nil {
+		a.mu.Unlock()
+		return
+	}
+	up := a.state == assocUp
+	a.state = assocLeaving
+	if up {
+		a.queue = append(a.queue, outRec{ctl: appendBye(nil, byeLeaving, "")})
+	}
+	pend := a.pending
+	a.pending = map[pendingAsk]struct{}{}
+	a.mu.Unlock()
+	for p := range pend {
+		p.fail(ErrNodeClosed)
+	}
+	a.notify()
+	if !up {
+		a.fail(ErrNodeClosed)
+	}
+}
+
+// fail ends the session with err: queued messages become dead letters,
+// pending asks and resolves fail, and every local watcher of an actor on
+// the peer gets Terminated.
+func (a *assoc) fail(err error) {
+	a.mu.Lock()
+	if a.state == assocClosed {
+		a.mu.Unlock()
+		return
+	}
+	if a.fwd != nil {
+		// A retired duplicate: its work moved to the winner already.
+		a.state = assocClosed
+		a.mu.Unlock()
+		a.conn.Close()
+		a.finish()
+		return
+	}
+	wasUp := a.state == assocUp || a.state == assocLeaving
+	a.state = assocClosed
+	a.err = err
+	queue, pending, resolves, watches := a.queue, a.pending, a.resolves, a.watches
+	a.queue, a.pending, a.resolves, a.watches = nil, nil, nil, nil
+	a.mu.Unlock()
+
+	if a.conn != nil {
+		a.conn.Close()
+	}
+	a.finish()
+	serr := &sessionError{peer: a.label(), cause: err}
+	for _, r := range queue {
+		if r.h != nil {
+			a.n.deadLetter(r.h.String(), r.msg, serr)
+		}
+	}
+	for p := range pending {
+		p.fail(serr)
+	}
+	for _, ch := range resolves {
+		close(ch)
+	}
+	reason := err
+	if errors.Is(err, io.EOF) {
+		reason = serr
+	}
+	for w := range watches {
+		w.watcher.signal(sysMsg{kind: sysTerminated, key: w.target, reason: reason})
+	}
+	if wasUp && !errors.Is(err, ErrNodeClosed) {
+		a.n.events.Publish(PeerDisconnected{Addr: a.addr(), UID: a.peerUID, Reason: err})
+	}
+	if wasUp {
+		a.n.log.Debug("troupe: association ended", "peer", a.label(), "reason", err)
+	}
+}
+
+// writeLoop is the association's only writer: it takes everything queued,
+// encodes it into one buffer and writes it with one call.
+func (a *assoc) writeLoop() {
+	defer close(a.writerDone)
+	for {
+		select {
+		case <-a.wake:
+		case <-a.stop:
+			return
+		}
+		a.mu.Lock()
+		recs := a.queue
+		a.queue = a.spare[:0]
+		leaving := a.state == assocLeaving
+		a.mu.Unlock()
+		buf := a.wbuf[:0]
+		for i := range recs {
+			buf = a.encodeRec(buf, &recs[i])
+			recs[i] = outRec{}
+			if len(buf) >= 256<<10 {
+				if !a.write(buf) {
+					return
+				}
+				buf = buf[:0]
+			}
+		}
+		a.spare = recs[:0]
+		if len(buf) > 0 && !a.write(buf) {
+			return
+		}
+		if cap(buf) <= 1<<20 {
+			a.wbuf = buf
+		}
+		if leaving {
+			a.mu.Lock()
+			empty := len(a.queue) == 0
+			a.mu.Unlock()
+			if empty {
+				return
+			}
+		}
+	}
+}
+
+func (a *assoc) write(b []byte) bool {
+	if _, err := a.conn.Write(b); err != nil {
+		a.fail(fmt.Errorf("troupe: write to %s: %w", a.label(), err))
+		return false
+	}
+	return true
+}
+
+// encodeRec appends the frame for r. A message that cannot be encoded
+// becomes a dead letter and adds nothing.
+func (a *assoc) encodeRec(buf []byte, r *outRec) []byte {
+	if r.h == nil {
+		return appendFrame(buf, func(b []byte) []byte { return append(b, r.ctl...) })
+	}
+	if r.h.key.node != a.peerUID {
+		a.n.deadLetter(r.h.String(), r.msg, fmt.Errorf("%w: the node incarnation %s is gone", ErrNoSuchActor, r.h.key.node.String()[:8]))
+		return buf
+	}
+	start := len(buf)
+	buf = append(buf, 0, byte(frameTell))
+	// New table entries are committed only once the frame is complete,
+	// so a message that fails to encode leaves the tables as they were.
+	id, knownTarget := a.outTargets[r.h.key]
+	newTarget := !knownTarget && r.h.key.uuid != (UUID{}) && len(a.outTargets) < maxTableSize
+	if newTarget {
+		id = uint32(len(a.outTargets) + 1)
+	}
+	if knownTarget {
+		buf = binary.AppendUvarint(buf, uint64(id)<<1)
+	} else {
+		buf = binary.AppendUvarint(buf, uint64(id)<<1|1)
+		buf = appendString(buf, r.h.key.path)
+		buf = append(buf, r.h.key.uuid[:]...)
+	}
+	tid, knownType := a.outTypes[r.mt]
+	newType := !knownType && len(a.outTypes) < maxTableSize
+	if newType {
+		tid = uint32(len(a.outTypes) + 1)
+	}
+	if knownType {
+		buf = binary.AppendUvarint(buf, uint64(tid)<<1)
+	} else {
+		buf = binary.AppendUvarint(buf, uint64(tid)<<1|1)
+		buf = appendString(buf, r.mt.key)
+	}
+	buf, err := encodePayload(buf, a, r.mt, r.msg)
+	if err == nil && len(buf)-start-1 > a.n.cfg.MaxFrameSize {
+		err = fmt.Errorf("%w: %d bytes, the limit is %d", ErrFrameTooBig, len(buf)-start-1, a.n.cfg.MaxFrameSize)
+	}
+	if err != nil {
+		a.n.deadLetter(r.h.String(), r.msg, err)
+		return buf[:start]
+	}
+	if newTarget {
+		a.outTargets[r.h.key] = id
+	}
+	if newType {
+		a.outTypes[r.mt] = tid
+	}
+	return fixLength(buf, start)
+}
+
+// readLoop reads frames until the connection ends or misbehaves.
+func (a *assoc) readLoop(fr *frameReader) {
+	for {
+		body, err := fr.next()
+		if err != nil {
+			switch {
+			case errors.Is(err, ErrMalformed) || errors.Is(err, ErrFrameTooBig):
+				a.n.protocolError(a.label(), "", err)
+				a.fail(&FrameError{Peer: a.label(), Reason: err})
+			case errors.Is(err, io.EOF):
+				a.fail(fmt.Errorf("troupe: connection to %s closed by the peer: %w", a.label(), io.EOF))
+			default:
+				a.fail(fmt.Errorf("troupe: read from %s: %w", a.label(), err))
+			}
+			return
+		}
+		kind := frameKind(body[0])
+		done, err := a.handleFrame(kind, body[1:])
+		if err != nil {
+			a.n.protocolError(a.label(), kind.String(), err)
+			a.fail(&FrameError{Peer: a.label(), Kind: kind.String(), Reason: err})
+			return
+		}
+		if done {
+			return
+		}
+	}
+}

@@ -1,0 +1,192 @@
+package troupe
+
+import (
+	"fmt"
+	"sync"
+	"sync/atomic"
+)
+
+// Events is a node's event stream: the node publishes [DeadLetter],
+// [PeerConnected], [PeerDisconnected] and [ProtocolError] events on it, and
+// programs may publish their own. Subscribe with [Subscribe] or
+// [SubscribeChan].
+//
+// Events is safe for concurrent use. Publishing is synchronous: each matching
+// callback runs on the publishing goroutine, in subscription order, so a
+// callback must be quick and must not block (hand work to an actor or a
+// goroutine of your own if it is slow). A callback that panics is
+// unsubscribed, and the panic is logged.
+type Events struct {
+	node *Node // for logging; nil in tests of the stream alone
+
+	// mu serializes Subscribe and Unsubscribe; subs is replaced, never
+	// mutated, so Publish reads it without a lock.
+	mu   sync.Mutex
+	subs atomic.Pointer[[]*Subscription]
+}
+
+// Subscription is one registered callback or channel. Call Unsubscribe to
+// stop receiving events; it is safe to call more than once.
+type Subscription struct {
+	es      *Events
+	match   func(any) bool
+	deliver func(any) bool // false when the event could not be handed over
+	dropped atomic.Uint64
+	off     atomic.Bool
+}
+
+// Subscribe calls fn with every event published on es whose dynamic type is E,
+// or implements E when E is an interface type (Subscribe[any] sees
+// everything). It returns the subscription; call Unsubscribe to stop.
+func Subscribe[E any](es *Events, fn func(E)) *Subscription {
+	s := &Subscription{
+		es:    es,
+		match: func(e any) bool { _, ok := e.(E); return ok },
+		deliver: func(e any) bool {
+			fn(e.(E))
+			return true
+		},
+	}
+	es.add(s)
+	return s
+}
+
+// SubscribeChan sends every event of type E published on es to ch without
+// blocking. When ch is full the event is not delivered and the
+// subscription's [Subscription.Dropped] count goes up, so a slow reader
+// loses events visibly rather than stalling the node. Size the channel for
+// the bursts you expect.
+func SubscribeChan[E any](es *Events, ch chan<- E) *Subscription {
+	s := &Subscription{
+		es:    es,
+		match: func(e any) bool { _, ok := e.(E); return ok },
+		deliver: func(e any) bool {
+			select {
+			case ch <- e.(E):
+				return true
+			default:
+				return false
+			}
+		},
+	}
+	es.add(s)
+	return s
+}
+
+// Unsubscribe removes the subscription. No callback starts after it returns;
+// one already running on another goroutine may still finish.
+func (s *Subscription) Unsubscribe() {
+	if s.off.Swap(true) {
+		return
+	}
+	s.es.remove(s)
+}
+
+// Dropped returns how many events a [SubscribeChan] subscription could not
+// deliver because its channel was full.
+func (s *Subscription) Dropped() uint64 { return s.dropped.Load() }
+
+func (es *Events) add(s *Subscription) {
+	es.mu.Lock()
+	defer es.mu.Unlock()
+	var next []*Subscription
+	if cur := es.subs.Load(); cur != nil {
+		next = append(next, *cur...)
+	}
+	next = append(next, s)
+	es.subs.Store(&next)
+}
+
+func (es *Events) remove(s *Subscription) {
+	es.mu.Lock()
+	defer es.mu.Unlock()
+	cur := es.subs.Load()
+	if cur == nil {
+		return
+	}
+	next := make([]*Subscription, 0, len(*cur))
+	for _, x := range *cur {
+		if x != s {
+			next = append(next, x)
+		}
+	}
+	es.subs.Store(&next)
+}
+
+// Publish hands e to every subscription that matches its type, on the
+// calling goroutine.
+func (es *Events) Publish(e any) {
+	cur := es.subs.Load()
+	if cur == nil {
+		return
+	}
+	for _, s := range *cur {
+		if s.off.Load() || !s.match(e) {
+			continue
+		}
+		es.deliver(s, e)
+	}
+}
+
+// hasSubscribers reports whether anything is subscribed, so hot paths can
+// skip building an event nobody reads.
+func (es *Events) hasSubscribers() bool {
+	cur := es.subs.Load()
+	return cur != nil && len(*cur) > 0
+}
+
+func (es *Events) deliver(s *Subscription, e any) {
+	defer func() {
+		if p := recover(); p != nil {
+			s.Unsubscribe()
+			if es.node != nil {
+				es.node.log.Error("troupe: event subscriber panicked; unsubscribed", "event", fmt.Sprintf("%T", e), "panic", p)
+			}
+		}
+	}()
+	if !s.deliver(e) {
+		s.dropped.Add(1)
+	}
+}
+
+// DeadLetter is published for every message that could not be delivered:
+// the target actor is gone, the peer is unreachable or has left, the
+// message's type has no wire key, a queue was full, the node is closed, ….
+// Nothing troupe fails to deliver is dropped without one.
+type DeadLetter struct {
+	// Target names the intended recipient: a ref string such as
+	// "troupe://127.0.0.1:7001/user/worker", or a local actor path.
+	Target string
+	// Message is the undelivered message (nil when only its bytes were
+	// left, as for a frame that named an unknown actor).
+	Message any
+	// Reason says why; compare it with errors.Is against ErrActorStopped,
+	// ErrNoSuchActor, ErrNotRegistered, ErrMailboxFull, ErrSendQueueFull,
+	// ErrNodeClosed, ErrPeerLeft, ErrSessionEnded and the other sentinels.
+	Reason error
+}
+
+// PeerConnected is published when an association with another node is
+// established (after a successful handshake).
+type PeerConnected struct {
+	Addr Addr    // an address of the peer (the one dialed, or its first listen address)
+	UID  NodeUID // the peer incarnation's uid
+	Name string  // the peer's configured name
+}
+
+// PeerDisconnected is published when an association ends: the peer left
+// gracefully (Reason is ErrPeerLeft), this node closed, or the link broke.
+type PeerDisconnected struct {
+	Addr   Addr
+	UID    NodeUID
+	Reason error
+}
+
+// ProtocolError is published when a peer sent something this node could not
+// accept (a malformed, truncated, oversized or unknown frame, a failed
+// handshake) and the association or connection was closed because of it.
+// No other peer is affected.
+type ProtocolError struct {
+	Remote string // the remote network address of the connection
+	Err    error
+}

@@ -1,0 +1,423 @@
+package troupe
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Errors about nodes.
+var (
+	// ErrNodeClosed is returned by calls on a node that has been closed,
+	// and is the dead-letter reason for messages it can no longer deliver.
+	ErrNodeClosed = errors.New("troupe: node closed")
+	// ErrBadConfig is wrapped by the error [Start] returns for an invalid
+	// [Config].
+	ErrBadConfig = errors.New("troupe: bad config")
+)
+
+// Config configures a node. The zero value of every field means its
+// documented default, so Config{} starts a local-only node.
+type Config struct {
+	// Name is a human-readable name for logs and handshakes. Default:
+	// "node-" and the first 8 hex digits of the node's uid.
+	Name string
+
+	// Listen lists the addresses to listen on, in any form [ParseAddr]
+	// accepts: "tcp://127.0.0.1:0" (port 0 picks a free port),
+	// "unix:///run/app/a.sock", "/ip4/127.0.0.1/tcp/7001", … Default:
+	// none. A node that listens nowhere can still dial other nodes, and
+	// they can reply over the same association.
+	Listen []string
+
+	// Logger receives the node's logs. Default: slog.Default().
+	Logger *slog.Logger
+
+	// MaxFrameSize is the largest frame, in bytes, this node sends or
+	// accepts; a peer announcing a larger one is disconnected before
+	// anything is allocated for it. Default: [DefaultMaxFrameSize] (4 MiB).
+	MaxFrameSize int
+
+	// MailboxLimit is how many user messages may wait in one actor's
+	// mailbox (beyond the batch it is handling); a message past it becomes a
+	// [DeadLetter] with [ErrMailboxFull]. Default: 1,048,576. Negative means
+	// no limit.
+	MailboxLimit int
+
+	// SendQueueLimit is how many frames may wait to be written on one
+	// association; a Tell past it becomes a [DeadLetter] with
+	// [ErrSendQueueFull]. Default: 262,144. Negative means no limit.
+	SendQueueLimit int
+
+	// DialTimeout bounds connecting to a peer. Default: 5 s.
+	DialTimeout time.Duration
+
+	// HandshakeTimeout bounds the handshake of a new connection, in both
+	// directions. Default: 5 s.
+	HandshakeTimeout time.Duration
+
+	// AllowUIDs lists the user ids, besides this process's own, whose
+	// processes may connect over this node's Unix sockets. Default: none
+	// (only the same user).
+	AllowUIDs []int
+}
+
+func (c Config) withDefaults() Config {
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.MaxFrameSize == 0 {
+		c.MaxFrameSize = DefaultMaxFrameSize
+	}
+	switch {
+	case c.MailboxLimit == 0:
+		c.MailboxLimit = 1 << 20
+	case c.MailboxLimit < 0:
+		c.MailboxLimit = 0
+	}
+	switch {
+	case c.SendQueueLimit == 0:
+		c.SendQueueLimit = 1 << 18
+	case c.SendQueueLimit < 0:
+		c.SendQueueLimit = 0
+	}
+	if c.DialTimeout == 0 {
+		c.DialTimeout = 5 * time.Second
+	}
+	if c.HandshakeTimeout == 0 {
+		c.HandshakeTimeout = 5 * time.Second
+	}
+	return c
+}
+
+func (c Config) validate() error {
+	switch {
+	case c.MaxFrameSize < 1024 || c.MaxFrameSize > 1<<30:
+		return fmt.Errorf("%w: MaxFrameSize %d is outside 1 KiB to 1 GiB", ErrBadConfig, c.MaxFrameSize)
+	case c.DialTimeout < 0 || c.HandshakeTimeout < 0:
+		return fmt.Errorf("%w: negative timeout", ErrBadConfig)
+	case len(c.Name) > 255:
+		return fmt.Errorf("%w: Name longer than 255 bytes", ErrBadConfig)
+	}
+	return nil
+}
+
+// Node is one running troupe node: it hosts actors, listens on its
+// addresses, and keeps one association with each peer node it talks to.
+// Start one with [Start] and stop it with [Node.Close].
+//
+// All methods are safe for concurrent use.
+type Node struct {
+	// Set once in Start, then read-only.
+	cfg       Config
+	uid       NodeUID
+	name      string
+	log       *slog.Logger
+	addrs     []Addr // bound listen addresses
+	listeners []net.Listener
+	events    Events
+	uuidBase  [16]byte // actor uuids are this with a counter mixed in
+	ctx       context.Context
+	cancel    context.CancelFunc
+
+	uuidSeq atomic.Uint64
+	anonSeq atomic.Uint64
+
+	// amu guards actors and closing; actors maps a path to the handle of
+	// the actor, adapter or exported ask promise that lives there.
+	amu     sync.RWMutex
+	actors  map[string]*handle
+	closing bool
+
+	// pmu guards the peer tables.
+	pmu      sync.Mutex
+	byUID    map[NodeUID]*assoc  // the live association with each peer incarnation
+	byAddr   map[Addr]*assoc     // the association to use for an address
+	all      map[*assoc]struct{} // every association not yet finished
+	awaiting map[NodeUID][]*assoc
+	pclosing bool
+
+	// Lifecycle.
+	closeOnce sync.Once
+	done      chan struct{}  // closed when Close begins
+	live      sync.WaitGroup // one count per actor not yet terminated
+	wg        sync.WaitGroup // every goroutine the node started
+}
+
+// Start starts a node: it binds every address in cfg.Listen and returns
+// once they accept connections. ctx bounds only the start-up; the node runs
+// until [Node.Close]. Errors wrap [ErrBadConfig] or [ErrBadAddr], or are
+// the listener's error.
+func Start(ctx context.Context, cfg Config) (*Node, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	n := &Node{
+		cfg:      cfg,
+		log:      cfg.Logger,
+		actors:   make(map[string]*handle),
+		byUID:    make(map[NodeUID]*assoc),
+		byAddr:   make(map[Addr]*assoc),
+		all:      make(map[*assoc]struct{}),
+		awaiting: make(map[NodeUID][]*assoc),
+		done:     make(chan struct{}),
+	}
+	n.events.node = n
+	rand.Read(n.uid[:])
+	rand.Read(n.uuidBase[:])
+	n.name = cfg.Name
+	if n.name == "" {
+		n.name = "node-" + n.uid.String()[:8]
+	}
+	n.log = n.log.With("node", n.name)
+	n.ctx, n.cancel = context.WithCancel(context.Background())
+	for _, s := range cfg.Listen {
+		a, err := ParseAddr(s)
+		if err == nil {
+			err = n.listen(ctx, a)
+		}
+		if err != nil {
+			n.Close()
+			return nil, fmt.Errorf("troupe: listen on %q: %w", s, err)
+		}
+	}
+	for _, l := range n.listeners {
+		n.wg.Go(func() { n.acceptLoop(l) })
+	}
+	return n, nil
+}
+
+func (n *Node) listen(ctx context.Context, a Addr) error {
+	var lc net.ListenConfig
+	if a.IsUnix() {
+		if err := removeStaleSocket(a.address); err != nil {
+			return err
+		}
+	}
+	l, err := lc.Listen(ctx, a.network, a.address)
+	if err != nil {
+		return err
+	}
+	bound := a
+	if !a.IsUnix() {
+		bound = TCPAddr(l.Addr().String())
+	}
+	n.listeners = append(n.listeners, l)
+	n.addrs = append(n.addrs, bound)
+	return nil
+}
+
+// removeStaleSocket deletes a Unix socket file that nobody listens on any
+// more (left by a crashed process). A live socket or any other kind of
+// file is left alone, and the listen fails.
+func removeStaleSocket(path string) error {
+	fi, err := os.Lstat(path)
+	if err != nil || fi.Mode()&os.ModeSocket == 0 {
+		return nil
+	}
+	c, err := net.DialTimeout("unix", path, time.Second)
+	if err == nil {
+		c.Close()
+		return fmt.Errorf("unix socket %s is in use", path)
+	}
+	return os.Remove(path)
+}
+
+// UID returns this node incarnation's uid.
+func (n *Node) UID() NodeUID { return n.uid }
+
+// Name returns the node's name.
+func (n *Node) Name() string { return n.name }
+
+// Addrs returns the addresses the node actually bound, in the order of
+// [Config.Listen] (with real ports in place of port 0).
+func (n *Node) Addrs() []Addr { return append([]Addr(nil), n.addrs...) }
+
+// Events returns the node's event stream.
+func (n *Node) Events() *Events { return &n.events }
+
+// Done returns a channel that is closed when the node begins to close.
+func (n *Node) Done() <-chan struct{} { return n.done }
+
+func (n *Node) spawnParent() (*Node, parentCell) { return n, nil }
+
+// Close stops the node: it stops listening, tells every peer it is leaving
+// (their watchers of this node's actors get [Terminated] with
+// [ErrPeerLeft]), stops every actor (waiting for running handlers to
+// return), closes every connection, and waits for every goroutine the node
+// started. Messages still queued for peers are flushed for up to a second.
+// Close is idempotent; calls after the first return nil at once.
+func (n *Node) Close() error {
+	var err error
+	n.closeOnce.Do(func() { err = n.close() })
+	return err
+}
+
+func (n *Node) close() error {
+	close(n.done)
+	var errs []error
+	for _, l := range n.listeners {
+		if err := l.Close(); err != nil && !errors.Is(err, net.ErrClosed) {
+			errs = append(errs, err)
+		}
+	}
+	// Peers first, so they hear that this node left rather than that
+	// each actor stopped.
+	n.pmu.Lock()
+	n.pclosing = true
+	assocs := make([]*assoc, 0, len(n.all))
+	for a := range n.all {
+		assocs = append(assocs, a)
+	}
+	n.pmu.Unlock()
+	for _, a := range assocs {
+		a.leave()
+	}
+
+	n.amu.Lock()
+	n.closing = true
+	targets := make([]*handle, 0, len(n.actors))
+	for _, h := range n.actors {
+		targets = append(targets, h)
+	}
+	n.amu.Unlock()
+	for _, h := range targets {
+		h.local.sysPush(sysMsg{kind: sysStop, reason: ErrNodeClosed})
+	}
+	n.live.Wait()
+
+	flushed := time.NewTimer(time.Second)
+	defer flushed.Stop()
+	for _, a := range assocs {
+		select {
+		case <-a.writerDone:
+		case <-flushed.C:
+			flushed.Reset(0)
+		}
+		a.fail(ErrNodeClosed)
+	}
+	n.cancel()
+	n.wg.Wait()
+	return errors.Join(errs...)
+}
+
+// Stop asks a local actor to stop, as if it had called [Context.Stop]:
+// after the message it is handling, its children stop, waiting messages
+// become dead letters, and its watchers get [Terminated] with a nil
+// reason. Stop returns [ErrNoSuchActor] for an actor that is not on this
+// node or has already stopped.
+func (n *Node) Stop(r AnyRef) error {
+	h := r.handle()
+	if h == nil || h.local == nil || h.node != n {
+		return fmt.Errorf("troupe: Stop %v: %w (not a local actor)", r, ErrNoSuchActor)
+	}
+	if !h.local.watchHandle().local.sysPush(sysMsg{kind: sysStop}) {
+		return fmt.Errorf("troupe: Stop %s: %w", h.key.path, ErrNoSuchActor)
+	}
+	return nil
+}
+
+// addActor enters a new cell in the path table.
+func (n *Node) addActor(path string, h *handle) error {
+	n.amu.Lock()
+	defer n.amu.Unlock()
+	if n.closing {
+		return ErrNodeClosed
+	}
+	if _, ok := n.actors[path]; ok {
+		return fmt.Errorf("%w: %s", ErrNameTaken, path)
+	}
+	n.actors[path] = h
+	n.live.Add(1)
+	return nil
+}
+
+// registerPath enters an adapter or an ask promise in the path table.
+func (n *Node) registerPath(path string, h *handle) {
+	n.amu.Lock()
+	n.actors[path] = h
+	n.amu.Unlock()
+}
+
+func (n *Node) removeActor(path string) {
+	n.amu.Lock()
+	delete(n.actors, path)
+	n.amu.Unlock()
+}
+
+// lookup returns the handle of the local actor at path, checking the uuid
+// when one is given. nil if there is none (or another incarnation lives
+// there).
+func (n *Node) lookup(path string, uuid UUID) *handle {
+	n.amu.RLock()
+	h := n.actors[path]
+	n.amu.RUnlock()
+	if h == nil || uuid != (UUID{}) && h.key.uuid != uuid {
+		return nil
+	}
+	return h
+}
+
+func (n *Node) newUUID() UUID {
+	u := UUID(n.uuidBase)
+	seq := n.uuidSeq.Add(1)
+	binary.BigEndian.PutUint64(u[8:], binary.BigEndian.Uint64(u[8:])^seq)
+	return u
+}
+
+// deadLetter publishes a DeadLetter (if anything listens).
+func (n *Node) deadLetter(target string, msg any, reason error) {
+	if !n.events.hasSubscribers() {
+		return
+	}
+	n.events.Publish(DeadLetter{Target: target, Message: msg, Reason: reason})
+}
+
+// isOwnAddr reports whether a is one of this node's bound addresses.
+func (n *Node) isOwnAddr(a Addr) bool {
+	for _, x := range n.addrs {
+		if x == a {
+			return true
+		}
+	}
+	return false
+}
+
+func (n *Node) acceptLoop(l net.Listener) {
+	for {
+		c, err := l.Accept()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				continue
+			}
+			n.log.Error("troupe: accept failed; listener stopped", "addr", l.Addr().String(), "err", err)
+			return
+		}
+		n.wg.Go(func() { n.serveInbound(c) })
+	}
+}
+
+// peerLabel names a connection's remote end for logs and errors.
+func peerLabel(c net.Conn) string {
+	if ra := c.RemoteAddr(); ra != nil && ra.String() != "" && ra.String() != "@" {
+		return ra.Network() + "://" + ra.String()
+	}
+	return c.LocalAddr().Network() + "://" + strings.TrimPrefix(c.LocalAddr().String(), "@") + " (peer)"
+}
+
+var _ io.Closer = (*Node)(nil)

@@ -1,0 +1,357 @@
+package troupe
+
+import (
+	"context"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"reflect"
+	"sync"
+	"sync/atomic"
+)
+
+// NodeUID identifies one incarnation of a node: [Start] draws a fresh random
+// 128-bit value every time, so a node restarted at the same address is a
+// different peer.
+type NodeUID [16]byte
+
+// String returns the uid in hex.
+func (u NodeUID) String() string { return hex.EncodeToString(u[:]) }
+
+// UUID is the unique half of an actor's identity.
+type UUID [16]byte
+
+// String returns the uuid in hex.
+func (u UUID) String() string { return hex.EncodeToString(u[:]) }
+
+// AID is an actor's identity: its name (the last element of its path) and a
+// UUID unique to this incarnation of the actor. Two actors spawned one after
+// the other under the same name have different AIDs.
+type AID struct {
+	Name string
+	UUID UUID
+}
+
+// refKey identifies an actor incarnation anywhere: the node incarnation, the
+// path on it and the actor's uuid (zero for temporary ask refs).
+type refKey struct {
+	node NodeUID
+	path string
+	uuid UUID
+}
+
+// localTarget is what a handle to a local actor delivers into: an actor
+// cell, an ask promise or a message adapter.
+type localTarget interface {
+	// tellAny delivers msg, or returns why it could not (and publishes
+	// nothing: the caller turns the error into a DeadLetter).
+	tellAny(msg any) error
+	// sysPush queues a signal on the system lane; false if the target has
+	// already stopped.
+	sysPush(m sysMsg) bool
+	// watchHandle is the handle whose stop a watcher of this target sees.
+	watchHandle() *handle
+	// protocol is the message type the target accepts.
+	protocol() reflect.Type
+}
+
+// handle is the untyped heart of every Ref: who the target is and how to
+// reach it. Exactly one of local and assoc is set. Handles are immutable
+// after creation.
+type handle struct {
+	node  *Node // the node on which this ref value is used (dead letters go there)
+	key   refKey
+	local localTarget
+	assoc *assoc // remote: the association session the ref is bound to
+}
+
+func (h *handle) name() string {
+	p := h.key.path
+	for i := len(p) - 1; i >= 0; i-- {
+		if p[i] == '/' {
+			return p[i+1:]
+		}
+	}
+	return p
+}
+
+// String returns a ref string for the target (see [FormatRef]).
+func (h *handle) String() string {
+	if h == nil {
+		return "<zero ref>"
+	}
+	if h.assoc != nil {
+		return FormatRef(h.assoc.addr(), h.key.path)
+	}
+	if addrs := h.node.Addrs(); len(addrs) > 0 {
+		return FormatRef(addrs[0], h.key.path)
+	}
+	return "troupe:" + h.key.path
+}
+
+// send delivers msg to the target, or publishes a DeadLetter and returns
+// the reason.
+func (h *handle) send(msg any) error {
+	var err error
+	switch {
+	case h.local != nil:
+		err = h.local.tellAny(msg)
+	case h.assoc != nil:
+		err = h.assoc.tell(h, msg)
+		if err == nil {
+			return nil
+		}
+	}
+	if err != nil {
+		h.node.deadLetter(h.String(), msg, err)
+	}
+	return err
+}
+
+// AnyRef is implemented by every [Ref], whatever its message type; it is
+// what [Context.Watch] and [Terminated] use. Only Ref values implement it.
+type AnyRef interface {
+	// Path returns the actor's path on its node, such as "/user/worker".
+	Path() string
+	// AID returns the actor's identity.
+	AID() AID
+	// String returns the ref string of the actor (see [FormatRef]).
+	String() string
+	handle() *handle
+}
+
+// Ref is a reference to an actor whose protocol (the type of message it
+// accepts) is T; a protocol of several messages is an interface type that
+// each of them implements. A Ref is a small value: copy it, store it, send it
+// inside a message to another node (it arrives as a usable ref bound to the
+// right node). The zero Ref refers to nothing; telling it panics.
+//
+// Ref is safe for concurrent use.
+type Ref[T any] struct {
+	h *handle
+}
+
+// Tell sends msg to the actor and returns at once; it never blocks on the
+// network. A message that cannot be delivered (the actor has stopped, the
+// peer has gone, the mailbox or send queue is full, …) is published as a
+// [DeadLetter] on the node's event stream. Messages from one sender to one
+// actor arrive in the order they were told.
+func (r Ref[T]) Tell(msg T) {
+	if r.h == nil {
+		panic("troupe: Tell on a zero Ref")
+	}
+	if c, ok := r.h.local.(*cell[T]); ok {
+		if err := c.push(msg); err != nil {
+			r.h.node.deadLetter(r.h.String(), msg, err)
+		}
+		return
+	}
+	r.h.send(msg)
+}
+
+// Path returns the actor's path on its node.
+func (r Ref[T]) Path() string { return r.h.key.path }
+
+// AID returns the actor's identity.
+func (r Ref[T]) AID() AID { return AID{Name: r.h.name(), UUID: r.h.key.uuid} }
+
+// NodeUID returns the uid of the node incarnation the actor lives on.
+func (r Ref[T]) NodeUID() NodeUID { return r.h.key.node }
+
+// IsZero reports whether r is the zero Ref.
+func (r Ref[T]) IsZero() bool { return r.h == nil }
+
+// IsLocal reports whether the actor lives on the node the ref is used on.
+func (r Ref[T]) IsLocal() bool { return r.h != nil && r.h.local != nil }
+
+// String returns the ref string (see [FormatRef]).
+func (r Ref[T]) String() string { return r.h.String() }
+
+func (r Ref[T]) handle() *handle { return r.h }
+
+// withHandle returns a Ref of the same type as r around h; the codec uses it
+// to build a Ref[T] field from a decoded handle without knowing T.
+func (r Ref[T]) withHandle(h *handle) any { return Ref[T]{h: h} }
+
+type refCarrier interface {
+	handle() *handle
+	withHandle(h *handle) any
+}
+
+var refCarrierType = reflect.TypeFor[refCarrier]()
+
+// Ask sends the message that mk builds around a temporary reply ref, and
+// waits for the first reply to that ref, the end of ctx, or the close of the
+// node. The reply ref works across the wire like any other. mk runs once, on
+// the calling goroutine.
+//
+// Ask returns ctx.Err() when ctx ends first, [ErrNodeClosed] when the node
+// closes, the dead-letter reason when the request could not be sent (for
+// example [ErrActorStopped]), and the association's error (such as
+// [ErrPeerLeft]) when the target's node goes away while it waits. A reply
+// that arrives after Ask returned becomes a [DeadLetter].
+func Ask[Req, Resp any](ctx context.Context, to Ref[Req], mk func(replyTo Ref[Resp]) Req) (Resp, error) {
+	var zero Resp
+	if to.h == nil {
+		return zero, errors.New("troupe: Ask on a zero Ref")
+	}
+	n := to.h.node
+	p := newPromise[Resp](n)
+	defer p.finish()
+	if a := to.h.assoc; a != nil {
+		if !a.addPending(p) {
+			return zero, a.failure()
+		}
+		defer a.removePending(p)
+	}
+	if err := to.h.send(mk(Ref[Resp]{h: p.h})); err != nil {
+		return zero, err
+	}
+	select {
+	case r := <-p.ch:
+		return r.v, r.err
+	case <-ctx.Done():
+		return zero, ctx.Err()
+	case <-n.done:
+		return zero, ErrNodeClosed
+	}
+}
+
+type result[T any] struct {
+	v   T
+	err error
+}
+
+// promise is the temporary actor behind an Ask's reply ref. It is put in the
+// node's path table only when its ref is encoded for the wire.
+type promise[T any] struct {
+	h    *handle
+	ch   chan result[T]
+	done atomic.Bool
+
+	mu         sync.Mutex // guards registered
+	registered bool       // in n.temps, so remote replies can find it
+}
+
+// pendingAsk is the untyped view of a promise, for associations that must
+// fail their pending asks.
+type pendingAsk interface {
+	fail(err error)
+}
+
+var tempSeq atomic.Uint64
+
+func newPromise[T any](n *Node) *promise[T] {
+	p := &promise[T]{ch: make(chan result[T], 1)}
+	p.h = &handle{node: n, key: refKey{node: n.uid, path: tempPath(tempSeq.Add(1))}, local: p}
+	return p
+}
+
+func tempPath(seq uint64) string {
+	return "/temp/$" + formatBase36(seq)
+}
+
+func (p *promise[T]) complete(v T, err error) bool {
+	if !p.done.CompareAndSwap(false, true) {
+		return false
+	}
+	p.ch <- result[T]{v: v, err: err}
+	return true
+}
+
+func (p *promise[T]) fail(err error) {
+	var zero T
+	p.complete(zero, err)
+}
+
+// finish marks the promise done and takes it out of the path table.
+func (p *promise[T]) finish() {
+	p.done.Store(true)
+	p.mu.Lock()
+	reg := p.registered
+	p.registered = false
+	p.mu.Unlock()
+	if reg {
+		p.h.node.removeActor(p.h.key.path)
+	}
+}
+
+// exportTemp makes the promise reachable by path from other nodes.
+func (p *promise[T]) exportTemp() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.registered || p.done.Load() {
+		return
+	}
+	p.registered = true
+	p.h.node.registerPath(p.h.key.path, p.h)
+}
+
+func (p *promise[T]) tellAny(msg any) error {
+	v, ok := msg.(T)
+	if !ok {
+		return fmt.Errorf("%w: ask reply wants %s, got %T", ErrWrongType, reflect.TypeFor[T](), msg)
+	}
+	if !p.complete(v, nil) {
+		return fmt.Errorf("%w: the ask already has its reply or ended", ErrActorStopped)
+	}
+	return nil
+}
+
+func (p *promise[T]) sysPush(sysMsg) bool    { return !p.done.Load() }
+func (p *promise[T]) watchHandle() *handle   { return p.h }
+func (p *promise[T]) protocol() reflect.Type { return reflect.TypeFor[T]() }
+
+// exporter is implemented by local targets that must be put in the path
+// table before their ref leaves the node.
+type exporter interface{ exportTemp() }
+
+// adapter is the target behind a ref made by [MessageAdapter].
+type adapter[U, T any] struct {
+	h     *handle
+	owner *cell[T]
+	f     func(U) T
+}
+
+// MessageAdapter returns a Ref[U] that converts each U with f and delivers
+// the result into the actor of c. The adapter ref is addressable across the
+// wire like the actor itself and stops working when the actor stops. f runs
+// on the goroutine that tells the adapter (the reader goroutine for a message
+// from another node), not on the actor's, so it must be a pure conversion
+// that touches no actor state. Call it from the actor's goroutine (in Setup
+// or a handler).
+func MessageAdapter[U, T any](c *Context[T], f func(U) T) Ref[U] {
+	cl := c.c
+	cl.adapterSeq++
+	a := &adapter[U, T]{owner: cl, f: f}
+	a.h = &handle{node: cl.n, key: refKey{node: cl.n.uid, path: cl.self.key.path + "/$adapter" + formatBase36(cl.adapterSeq), uuid: cl.self.key.uuid}, local: a}
+	cl.n.registerPath(a.h.key.path, a.h)
+	cl.adapters = append(cl.adapters, a.h.key.path)
+	return Ref[U]{h: a.h}
+}
+
+func (a *adapter[U, T]) tellAny(msg any) error {
+	u, ok := msg.(U)
+	if !ok {
+		return fmt.Errorf("%w: adapter wants %s, got %T", ErrWrongType, reflect.TypeFor[U](), msg)
+	}
+	return a.owner.push(a.f(u))
+}
+
+func (a *adapter[U, T]) sysPush(m sysMsg) bool  { return a.owner.sysPush(m) }
+func (a *adapter[U, T]) watchHandle() *handle   { return a.owner.self }
+func (a *adapter[U, T]) protocol() reflect.Type { return reflect.TypeFor[U]() }
+
+func formatBase36(v uint64) string {
+	const digits = "0123456789abcdefghijklmnopqrstuvwxyz"
+	var b [13]byte
+	i := len(b)
+	for {
+		i--
+		b[i] = digits[v%36]
+		v /= 36
+		if v == 0 {
+			return string(b[i:])
+		}
+	}
+}

@@ -1,0 +1,405 @@
+package troupe
+
+import (
+	"context"
+	"fmt"
+	"encoding/binary"
+	"reflect"
+	"time"
+)
+
+// Resolve returns a ref to the actor named by ref (a string made by
+// [FormatRef], such as "troupe://127.0.0.1:7001/user/worker"), which may
+// live on n itself or on another node. It dials the node if n has no
+// association with it yet, and asks it for the actor.
+//
+// Resolve fails with an error wrapping [ErrNoSuchActor] when no actor lives
+// at that path, [ErrWrongType] when the actor's protocol is not T, the
+// dial or handshake error when the node cannot be reached, ctx.Err() when
+// ctx ends first, and [ErrNodeClosed] when n closes. The returned ref is
+// bound to the association it was resolved over; if that association ends,
+// resolve again.
+func Resolve[T any](ctx context.Context, n *Node, ref string) (Ref[T], error) {
+	addr, path, err := ParseRef(ref)
+	if err != nil {
+		return Ref[T]{}, err
+	}
+	want := reflect.TypeFor[T]()
+	if n.isOwnAddr(addr) {
+		h := n.lookup(path, UUID{})
+		if h == nil {
+			return Ref[T]{}, fmt.Errorf("troupe: resolve %s: %w", ref, ErrNoSuchActor)
+		}
+		if got := h.local.protocol(); got != want {
+			return Ref[T]{}, fmt.Errorf("troupe: resolve %s: %w: the actor accepts %s, not %s", ref, ErrWrongType, got, want)
+		}
+		return Ref[T]{h: h}, nil
+	}
+	a, err := n.assocFor(addr)
+	if err != nil {
+		return Ref[T]{}, err
+	}
+	ans, err := a.resolve(ctx, path, protocolName(want))
+	if err != nil {
+		return Ref[T]{}, fmt.Errorf("troupe: resolve %s: %w", ref, err)
+	}
+	switch ans.status {
+	case resolveOK:
+	case resolveNoSuchActor:
+		return Ref[T]{}, fmt.Errorf("troupe: resolve %s: %w", ref, ErrNoSuchActor)
+	default:
+		return Ref[T]{}, fmt.Errorf("troupe: resolve %s: %w: the actor accepts %s, not %s", ref, ErrWrongType, ans.proto, protocolName(want))
+	}
+	return Ref[T]{h: &handle{node: n, key: refKey{node: a.peerUID, path: path, uuid: ans.uuid}, assoc: a}}, nil
+}
+
+// awaitUp waits until the association's handshake is done.
+func (a *assoc) awaitUp(ctx context.Context) error {
+	select {
+	case <-a.ready:
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-a.n.done:
+		return ErrNodeClosed
+	}
+	if err := a.failure(); err != nil {
+		return err
+	}
+	return nil
+}
+
+// resolve asks the peer for the actor at path.
+func (a *assoc) resolve(ctx context.Context, path, proto string) (resolveAnswer, error) {
+	if err := a.awaitUp(ctx); err != nil {
+		return resolveAnswer{}, err
+	}
+	ch := make(chan resolveAnswer, 1)
+	t := a.lockTarget()
+	if t.state >= assocLeaving {
+		t.mu.Unlock()
+		return resolveAnswer{}, t.failure()
+	}
+	t.reqSeq++
+	id := t.reqSeq
+	t.resolves[id] = ch
+	t.mu.Unlock()
+	b := []byte{byte(frameResolve)}
+	b = binary.AppendUvarint(b, id)
+	b = appendString(b, path)
+	t.control(appendString(b, proto))
+	select {
+	case ans, ok := <-ch:
+		if !ok {
+			return resolveAnswer{}, t.failure()
+		}
+		return ans, nil
+	case <-ctx.Done():
+		t.mu.Lock()
+		delete(t.resolves, id)
+		t.mu.Unlock()
+		return resolveAnswer{}, ctx.Err()
+	case <-a.n.done:
+		return resolveAnswer{}, ErrNodeClosed
+	}
+}
+
+// handleFrame acts on one frame read after the handshake. done means the
+// reader must stop (the peer said goodbye).
+func (a *assoc) handleFrame(kind frameKind, b []byte) (done bool, err error) {
+	switch kind {
+	case frameTell:
+		return false, a.onTell(b)
+	case frameWatch, frameUnwatch:
+		return false, a.onWatch(kind, b)
+	case frameTerminated:
+		return false, a.onTerminated(b)
+	case frameResolve:
+		return false, a.onResolve(b)
+	case frameResolved:
+		return false, a.onResolved(b)
+	case frameBye:
+		err := a.onBye(b)
+		a.mu.Lock()
+		done := a.state == assocClosed
+		a.mu.Unlock()
+		return done, err
+	case frameHeartbeat:
+		return false, nil
+	case frameHello, frameWelcome, frameReject:
+		return false, fmt.Errorf("%w: %s after the handshake", ErrMalformed, kind)
+	}
+	return false, fmt.Errorf("%w: unknown frame kind %d", ErrMalformed, uint8(kind))
+}
+
+// inType is an entry of the receive-side type table; mt is nil for a key
+// this node has not registered.
+type inType struct {
+	key string
+	mt  *msgType
+}
+
+func (a *assoc) onTell(b []byte) error {
+	n := a.n
+	d := decoder{b: b}
+	t := d.uvarint()
+	id := t >> 1
+	var it inTarget
+	if t&1 == 1 {
+		it.path = d.string()
+		copy(it.uuid[:], d.take(16))
+		if d.err != nil {
+			return d.err
+		}
+		if h := n.lookup(it.path, it.uuid); h != nil {
+			it.target = h.local
+		}
+		if id != 0 {
+			if id != uint64(len(a.inTargets))+1 || id > maxTableSize {
+				return fmt.Errorf("%w: target id %d defined out of sequence", ErrMalformed, id)
+			}
+			a.inTargets = append(a.inTargets, it)
+		}
+	} else {
+		if id == 0 || id > uint64(len(a.inTargets)) {
+			return fmt.Errorf("%w: undefined target id %d", ErrMalformed, id)
+		}
+		it = a.inTargets[id-1]
+	}
+	y := d.uvarint()
+	tid := y >> 1
+	var ty inType
+	if y&1 == 1 {
+		ty.key = d.string()
+		if d.err != nil {
+			return d.err
+		}
+		ty.mt = typeByKey(ty.key)
+		if tid != 0 {
+			if tid != uint64(len(a.inTypes))+1 || tid > maxTableSize {
+				return fmt.Errorf("%w: type id %d defined out of sequence", ErrMalformed, tid)
+			}
+			a.inTypes = append(a.inTypes, ty)
+		}
+	} else {
+		if tid == 0 || tid > uint64(len(a.inTypes)) {
+			return fmt.Errorf("%w: undefined type id %d", ErrMalformed, tid)
+		}
+		ty = a.inTypes[tid-1]
+	}
+	if d.err != nil {
+		return d.err
+	}
+	target := n.localRefString(it.path)
+	if ty.mt == nil {
+		n.deadLetter(target, nil, fmt.Errorf("%w: unknown wire key %q from %s", ErrNotRegistered, ty.key, a.label()))
+		return nil
+	}
+	msg, err := decodePayload(n, a, ty.mt, b[d.off:])
+	if err != nil {
+		return err
+	}
+	if it.target == nil {
+		n.deadLetter(target, msg, ErrNoSuchActor)
+		return nil
+	}
+	if err := it.target.tellAny(msg); err != nil {
+		n.deadLetter(target, msg, err)
+	}
+	return nil
+}
+
+// localRefString is the ref string of a local path, for dead letters.
+func (n *Node) localRefString(path string) string {
+	if len(n.addrs) > 0 {
+		return FormatRef(n.addrs[0], path)
+	}
+	return "troupe:" + path
+}
+
+func (a *assoc) onWatch(kind frameKind, b []byte) error {
+	n := a.n
+	d := decoder{b: b}
+	path := d.string()
+	var uuid UUID
+	copy(uuid[:], d.take(16))
+	wpath := d.string()
+	if d.err != nil {
+		return d.err
+	}
+	watcher := &handle{node: n, key: refKey{node: a.peerUID, path: wpath}, assoc: a}
+	h := n.lookup(path, uuid)
+	if kind == frameUnwatch {
+		if h != nil {
+			h.local.watchHandle().local.sysPush(sysMsg{kind: sysUnwatch, ref: watcher})
+		}
+		return nil
+	}
+	reason := ErrNoSuchActor
+	if h != nil {
+		if h.local.watchHandle().local.sysPush(sysMsg{kind: sysWatch, ref: watcher}) {
+			return nil
+		}
+		reason = ErrActorStopped
+	}
+	a.signal(watcher, sysMsg{kind: sysTerminated, key: refKey{node: n.uid, path: path, uuid: uuid}, reason: reason})
+	return nil
+}
+
+func (a *assoc) onTerminated(b []byte) error {
+	n := a.n
+	d := decoder{b: b}
+	key := refKey{node: a.peerUID, path: d.string()}
+	copy(key.uuid[:], d.take(16))
+	wpath := d.string()
+	code := d.byte()
+	text := d.string()
+	if d.err != nil {
+		return d.err
+	}
+	w := n.lookup(wpath, UUID{})
+	if w == nil {
+		return nil // the watcher has stopped meanwhile
+	}
+	wh := w.local.watchHandle()
+	t := a.lockTarget()
+	delete(t.watches, watchPair{key, wh})
+	t.mu.Unlock()
+	wh.local.sysPush(sysMsg{kind: sysTerminated, key: key, reason: reasonErr(code, text)})
+	return nil
+}
+
+func (a *assoc) onResolve(b []byte) error {
+	d := decoder{b: b}
+	id := d.uvarint()
+	path := d.string()
+	proto := d.string()
+	if d.err != nil {
+		return d.err
+	}
+	out := []byte{byte(frameResolved)}
+	out = binary.AppendUvarint(out, id)
+	h := a.n.lookup(path, UUID{})
+	switch {
+	case h == nil:
+		out = append(out, resolveNoSuchActor)
+		out = append(out, make([]byte, 16)...)
+		out = appendString(out, "")
+	default:
+		got := protocolName(h.local.protocol())
+		status := resolveOK
+		if got != proto {
+			status = resolveWrongType
+		}
+		out = append(out, status)
+		out = append(out, h.key.uuid[:]...)
+		out = appendString(out, got)
+	}
+	a.control(out)
+	return nil
+}
+
+func (a *assoc) onResolved(b []byte) error {
+	d := decoder{b: b}
+	id := d.uvarint()
+	var ans resolveAnswer
+	ans.status = d.byte()
+	copy(ans.uuid[:], d.take(16))
+	ans.proto = d.string()
+	if d.err != nil {
+		return d.err
+	}
+	t := a.lockTarget()
+	ch := t.resolves[id]
+	delete(t.resolves, id)
+	t.mu.Unlock()
+	if ch != nil {
+		ch <- ans
+	}
+	return nil
+}
+
+func (a *assoc) onBye(b []byte) error {
+	d := decoder{b: b}
+	code := d.byte()
+	if d.err != nil {
+		return d.err
+	}
+	if code != byeDuplicate {
+		a.fail(ErrPeerLeft)
+		return nil
+	}
+	a.mu.Lock()
+	retired := a.fwd != nil
+	a.mu.Unlock()
+	if retired {
+		// The answer to our own duplicate-bye: the connection is drained.
+		<-a.writerDone
+		a.fail(nil)
+		return nil
+	}
+	// The peer keeps another connection with us: move over to it, and
+	// answer with our own bye once what we queued here is written.
+	n := a.n
+	n.pmu.Lock()
+	w := n.byUID[a.peerUID]
+	if w == a {
+		w = nil
+		delete(n.byUID, a.peerUID)
+	}
+	if w == nil {
+		n.awaiting[a.peerUID] = append(n.awaiting[a.peerUID], a)
+	}
+	n.pmu.Unlock()
+	if w != nil {
+		a.mergeInto(w)
+	}
+	a.conn.SetReadDeadline(time.Now().Add(n.cfg.HandshakeTimeout))
+	return nil
+}
+
+// refFromWire builds the handle for a ref decoded from a payload that came
+// over a.
+func (n *Node) refFromWire(a *assoc, kind byte, key refKey, addr string) *handle {
+	if kind == refThird && key.node == n.uid {
+		kind = refReceiver
+	}
+	if kind == refThird && key.node == a.peerUID {
+		kind = refSender
+	}
+	switch kind {
+	case refReceiver:
+		key.node = n.uid
+		if h := n.lookup(key.path, key.uuid); h != nil {
+			return h
+		}
+		return deadHandle(n, key)
+	case refSender:
+		key.node = a.peerUID
+		return &handle{node: n, key: key, assoc: a}
+	}
+	ad, err := ParseAddr(addr)
+	if err != nil || n.isOwnAddr(ad) {
+		return deadHandle(n, key)
+	}
+	via, err := n.assocFor(ad)
+	if err != nil {
+		return deadHandle(n, key)
+	}
+	return &handle{node: n, key: key, assoc: via}
+}
+
+// deadTarget stands for an actor that does not exist: every message to it
+// is a dead letter, and a watch of it terminates at once.
+type deadTarget struct{ h *handle }
+
+func deadHandle(n *Node, key refKey) *handle {
+	d := &deadTarget{}
+	d.h = &handle{node: n, key: key, local: d}
+	return d.h
+}
+
+func (d *deadTarget) tellAny(any) error      { return ErrNoSuchActor }
+func (d *deadTarget) sysPush(sysMsg) bool    { return false }
+func (d *deadTarget) watchHandle() *handle   { return d.h }
+func (d *deadTarget) protocol() reflect.Type { return nil }
+

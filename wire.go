@@ -1,0 +1,296 @@
+package troupe
+
+import (
+	"bufio"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+)
+
+// The byte layout is specified in wire.md; change both together.
+
+// protocolVersion is the wire protocol version a node speaks. A peer with
+// another version is refused in the handshake.
+const protocolVersion = 1
+
+// magic opens every hello and welcome, so a stray client of some other
+// protocol is told apart from a troupe node at once.
+const magic = "TRP"
+
+// frameKind is the first byte of every frame body.
+type frameKind uint8
+
+// Append only: values are on the wire.
+const (
+	frameInvalid    frameKind = iota // never sent
+	frameHello                       // dialer → acceptor: who I am
+	frameWelcome                     // acceptor → dialer: accepted, who I am
+	frameReject                      // acceptor → dialer: refused, and why
+	frameTell                        // a user message for an actor
+	frameWatch                       // start watching an actor
+	frameUnwatch                     // stop watching an actor
+	frameTerminated                  // a watched actor stopped
+	frameResolve                     // look up an actor by path
+	frameResolved                    // the answer to frameResolve
+	frameBye                         // the sender is leaving gracefully
+	frameHeartbeat                   // a sign of life (reserved)
+	frameKindCount                   // one past the last kind
+)
+
+var frameNames = [...]string{"invalid", "hello", "welcome", "reject", "tell", "watch", "unwatch", "terminated", "resolve", "resolved", "bye", "heartbeat"}
+
+func (k frameKind) String() string {
+	if int(k) < len(frameNames) {
+		return frameNames[k]
+	}
+	return fmt.Sprintf("frame(%d)", uint8(k))
+}
+
+// Limits of the framing layer.
+const (
+	// DefaultMaxFrameSize is the default of [Config.MaxFrameSize].
+	DefaultMaxFrameSize = 4 << 20
+	// maxTableSize bounds the per-association tables of target and type
+	// ids a peer may define.
+	maxTableSize = 1 << 16
+	// readBufferSize is the size of a connection's read buffer; a frame
+	// that fits is decoded in place without a copy.
+	readBufferSize = 64 << 10
+)
+
+// FrameError is the error that closes an association because a peer sent a
+// frame this node cannot accept. It wraps [ErrMalformed] or [ErrFrameTooBig].
+type FrameError struct {
+	Peer   string // the remote network address
+	Kind   string // the frame kind, when it was read
+	Reason error
+}
+
+func (e *FrameError) Error() string {
+	if e.Kind != "" {
+		return fmt.Sprintf("troupe: bad %s frame from %s: %v", e.Kind, e.Peer, e.Reason)
+	}
+	return fmt.Sprintf("troupe: bad frame from %s: %v", e.Peer, e.Reason)
+}
+
+func (e *FrameError) Unwrap() error { return e.Reason }
+
+// ErrFrameTooBig is wrapped by the error that closes an association whose
+// peer announced a frame larger than [Config.MaxFrameSize]. Nothing is
+// allocated for such a frame.
+var ErrFrameTooBig = errors.New("troupe: frame too big")
+
+// frameReader reads length-prefixed frames from a connection.
+type frameReader struct {
+	r       *bufio.Reader
+	max     int
+	scratch []byte // for frames larger than the read buffer
+}
+
+func newFrameReader(r io.Reader, max int) *frameReader {
+	return &frameReader{r: bufio.NewReaderSize(r, readBufferSize), max: max}
+}
+
+// next returns the body of the next frame. The slice is valid only until
+// the next call. io.EOF means the peer closed cleanly between frames.
+func (fr *frameReader) next() ([]byte, error) {
+	n, err := fr.length()
+	if err != nil {
+		return nil, err
+	}
+	return fr.body(n)
+}
+
+// maxLengthBytes is the longest length prefix accepted: five uvarint bytes
+// hold any frame size up to 32 GiB, far beyond every allowed maximum.
+const maxLengthBytes = 5
+
+// length reads a frame's uvarint length prefix.
+func (fr *frameReader) length() (uint64, error) {
+	var x uint64
+	for i := 0; i < maxLengthBytes; i++ {
+		c, err := fr.r.ReadByte()
+		if err != nil {
+			if i > 0 && err == io.EOF {
+				return 0, fmt.Errorf("%w: truncated length prefix", ErrMalformed)
+			}
+			return 0, err
+		}
+		x |= uint64(c&0x7f) << (7 * i)
+		if c < 0x80 {
+			return x, nil
+		}
+	}
+	return 0, fmt.Errorf("%w: length prefix longer than %d bytes", ErrMalformed, maxLengthBytes)
+}
+
+func (fr *frameReader) body(n uint64) ([]byte, error) {
+	if n == 0 {
+		return nil, fmt.Errorf("%w: empty frame", ErrMalformed)
+	}
+	if n > uint64(fr.max) {
+		return nil, fmt.Errorf("%w: %d bytes announced, the limit is %d", ErrFrameTooBig, n, fr.max)
+	}
+	size := int(n)
+	if size <= fr.r.Size() {
+		b, err := fr.r.Peek(size)
+		if err != nil {
+			return nil, truncated(err, size, len(b))
+		}
+		fr.r.Discard(size)
+		return b, nil
+	}
+	if cap(fr.scratch) < size {
+		fr.scratch = make([]byte, size)
+	}
+	b := fr.scratch[:size]
+	if got, err := io.ReadFull(fr.r, b); err != nil {
+		return nil, truncated(err, size, got)
+	}
+	return b, nil
+}
+
+func truncated(err error, want, got int) error {
+	if err == io.EOF || errors.Is(err, io.ErrUnexpectedEOF) {
+		return fmt.Errorf("%w: truncated frame (%d of %d bytes)", ErrMalformed, got, want)
+	}
+	return err
+}
+
+// appendFrame appends a frame whose body is produced by body: it reserves
+// one byte for the length, and moves the body if the length needs more.
+func appendFrame(dst []byte, body func(b []byte) []byte) []byte {
+	start := len(dst)
+	dst = append(dst, 0)
+	dst = body(dst)
+	return fixLength(dst, start)
+}
+
+// fixLength writes the uvarint length of dst[start+1:] at dst[start],
+// shifting the body when the length takes more than one byte.
+func fixLength(dst []byte, start int) []byte {
+	n := len(dst) - start - 1
+	if n < 0x80 {
+		dst[start] = byte(n)
+		return dst
+	}
+	var tmp [binary.MaxVarintLen64]byte
+	k := binary.PutUvarint(tmp[:], uint64(n))
+	dst = append(dst, tmp[:k-1]...)
+	copy(dst[start+k:], dst[start+1:start+1+n])
+	copy(dst[start:], tmp[:k])
+	return dst
+}
+
+// hello is the body of a frameHello or frameWelcome: who a node is.
+type hello struct {
+	version uint8
+	uid     NodeUID
+	name    string
+	addrs   []string // listen addresses, URL form
+	auth    []byte   // reserved for authentication; empty today
+}
+
+func appendHello(b []byte, kind frameKind, h *hello) []byte {
+	b = append(b, byte(kind))
+	b = append(b, magic...)
+	b = append(b, h.version)
+	b = append(b, h.uid[:]...)
+	b = appendString(b, h.name)
+	b = binary.AppendUvarint(b, uint64(len(h.addrs)))
+	for _, a := range h.addrs {
+		b = appendString(b, a)
+	}
+	b = binary.AppendUvarint(b, uint64(len(h.auth)))
+	return append(b, h.auth...)
+}
+
+// maxHelloAddrs bounds the listen addresses a peer may announce.
+const maxHelloAddrs = 64
+
+func parseHello(body []byte) (*hello, error) {
+	d := decoder{b: body[1:]}
+	if string(d.take(len(magic))) != magic {
+		return nil, fmt.Errorf("%w: not a troupe handshake", ErrMalformed)
+	}
+	h := &hello{version: d.byte()}
+	if h.version != protocolVersion {
+		return h, fmt.Errorf("%w: protocol version %d, want %d", ErrMalformed, h.version, protocolVersion)
+	}
+	copy(h.uid[:], d.take(16))
+	h.name = d.string()
+	n := d.uvarint()
+	if n > maxHelloAddrs {
+		return nil, fmt.Errorf("%w: %d addresses in handshake, at most %d", ErrMalformed, n, maxHelloAddrs)
+	}
+	for i := uint64(0); i < n && d.err == nil; i++ {
+		h.addrs = append(h.addrs, d.string())
+	}
+	h.auth = d.bytes()
+	if d.err == nil && d.remaining() != 0 {
+		d.fail("%d bytes after handshake", d.remaining())
+	}
+	return h, d.err
+}
+
+func appendString(b []byte, s string) []byte {
+	b = binary.AppendUvarint(b, uint64(len(s)))
+	return append(b, s...)
+}
+
+// Reject codes of a frameReject. Append only: values are on the wire.
+const (
+	rejectOther     byte = iota // see the text
+	rejectDuplicate             // the other connection between these nodes wins
+	rejectClosing               // the acceptor is shutting down
+	rejectVersion               // unsupported protocol version
+	rejectAuth                  // the peer is not allowed
+)
+
+// Termination reason codes in a frameTerminated. Append only.
+const (
+	reasonNone          byte = iota // stopped normally
+	reasonActorStopped              // ErrActorStopped
+	reasonNoSuchActor               // ErrNoSuchActor
+	reasonParentStopped             // ErrParentStopped
+	reasonNodeClosed                // ErrNodeClosed
+	reasonOther                     // text follows
+)
+
+var reasonErrs = [...]error{reasonActorStopped: ErrActorStopped, reasonNoSuchActor: ErrNoSuchActor, reasonParentStopped: ErrParentStopped, reasonNodeClosed: ErrNodeClosed}
+
+func reasonCode(err error) (byte, string) {
+	if err == nil {
+		return reasonNone, ""
+	}
+	for code, e := range reasonErrs {
+		if e != nil && errors.Is(err, e) {
+			return byte(code), ""
+		}
+	}
+	return reasonOther, err.Error()
+}
+
+// RemoteError carries the text of an error that happened on another node,
+// such as the panic that stopped a remote actor.
+type RemoteError struct{ Text string }
+
+func (e *RemoteError) Error() string { return e.Text }
+
+func reasonErr(code byte, text string) error {
+	if code == reasonNone {
+		return nil
+	}
+	if int(code) < len(reasonErrs) && reasonErrs[code] != nil {
+		return reasonErrs[code]
+	}
+	return &RemoteError{Text: text}
+}
+
+// Resolve statuses in a frameResolved. Append only.
+const (
+	resolveOK byte = iota
+	resolveNoSuchActor
+	resolveWrongType
+)
