@@ -186,7 +186,16 @@ func (a *assoc) runOutbound() {
 		a.fail(fmt.Errorf("troupe: dial %s: %w", a.dialAddr, err))
 		return
 	}
-	a.conn = c
+	a.mu.Lock()
+	merged := a.state == assocClosed
+	if !merged {
+		a.conn = c
+	}
+	a.mu.Unlock()
+	if merged {
+		c.Close()
+		return
+	}
 	c.SetDeadline(time.Now().Add(n.cfg.HandshakeTimeout))
 	if _, err := c.Write(appendFrame(nil, func(b []byte) []byte { return appendHello(b, frameHello, n.hello()) })); err != nil {
 		a.fail(fmt.Errorf("troupe: handshake with %s: %w", a.dialAddr, err))
@@ -208,8 +217,6 @@ func (a *assoc) runOutbound() {
 		text := d.string()
 		if code == rejectDuplicate && d.err == nil {
 			c.Close()
-			a.conn = nil
-			a.peerUID = uid
 			n.awaitWinner(a, uid)
 			return
 		}
@@ -301,6 +308,15 @@ func (n *Node) protocolError(remote, kind string, err error) {
 // connection attach also sends the welcome or the rejection. It returns
 // whether the caller should run the connection.
 func (n *Node) attach(a *assoc, h *hello) bool {
+	a.mu.Lock()
+	merged := a.state == assocClosed
+	a.mu.Unlock()
+	if merged {
+		// Merged into the peer's own connection while this one was in its
+		// handshake.
+		a.conn.Close()
+		return false
+	}
 	a.peerUID, a.peerName = h.uid, h.name
 	for _, s := range h.addrs {
 		if ad, err := ParseAddr(s); err == nil {
@@ -434,6 +450,7 @@ func (a *assoc) mergeInto(w *assoc) {
 		return
 	}
 	up := a.state == assocUp
+	conn := a.conn
 	a.fwd = w
 	var moved []outRec
 	if up {
@@ -466,11 +483,11 @@ func (a *assoc) mergeInto(w *assoc) {
 	a.closeReady()
 	if up {
 		a.notify()
-		a.conn.SetReadDeadline(time.Now().Add(a.n.cfg.HandshakeTimeout))
+		conn.SetReadDeadline(time.Now().Add(a.n.cfg.HandshakeTimeout))
 		return
 	}
-	if a.conn != nil {
-		a.conn.Close()
+	if conn != nil {
+		conn.Close()
 	}
 	a.finish()
 }
@@ -694,11 +711,14 @@ func (a *assoc) fail(err error) {
 		a.mu.Unlock()
 		return
 	}
+	conn := a.conn
 	if a.fwd != nil {
 		// A retired duplicate: its work moved to the winner already.
 		a.state = assocClosed
 		a.mu.Unlock()
-		a.conn.Close()
+		if conn != nil {
+			conn.Close()
+		}
 		a.finish()
 		return
 	}
@@ -709,8 +729,8 @@ func (a *assoc) fail(err error) {
 	a.queue, a.pending, a.resolves, a.watches = nil, nil, nil, nil
 	a.mu.Unlock()
 
-	if a.conn != nil {
-		a.conn.Close()
+	if conn != nil {
+		conn.Close()
 	}
 	a.finish()
 	serr := &sessionError{peer: a.label(), cause: err}

@@ -421,3 +421,11 @@ func peerLabel(c net.Conn) string {
 }
 
 var _ io.Closer = (*Node)(nil)
+
+// liveAssocs counts associations that are up and not retired (for tests
+// and introspection).
+func (n *Node) liveAssocs() int {
+	n.pmu.Lock()
+	defer n.pmu.Unlock()
+	return len(n.byUID)
+}

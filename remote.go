@@ -50,7 +50,10 @@ func Resolve[T any](ctx context.Context, n *Node, ref string) (Ref[T], error) {
 	default:
 		return Ref[T]{}, fmt.Errorf("troupe: resolve %s: %w: the actor accepts %s, not %s", ref, ErrWrongType, ans.proto, protocolName(want))
 	}
-	return Ref[T]{h: &handle{node: n, key: refKey{node: a.peerUID, path: path, uuid: ans.uuid}, assoc: a}}, nil
+	t := a.lockTarget()
+	peer := t.peerUID
+	t.mu.Unlock()
+	return Ref[T]{h: &handle{node: n, key: refKey{node: peer, path: path, uuid: ans.uuid}, assoc: a}}, nil
 }
 
 // awaitUp waits until the association's handshake is done.

@@ -95,3 +95,160 @@ func TestResolveErrors(t *testing.T) {
 		}
 	})
 }
+
+func TestRemoteWatch(t *testing.T) {
+	forEachTransport(t, func(t *testing.T, listen func(testing.TB) string) {
+		a := startNode(t, testConfig(listen(t)))
+		b := startNode(t, testConfig(listen(t)))
+		ctx := ctxT(t, 5*time.Second)
+		worker, _ := Spawn(b, "worker", Behavior[count]{Receive: func(c *Context[count], m count) {
+			if m.N < 0 {
+				panic("negative")
+			}
+			c.Stop()
+		}})
+		spawnEcho(t, b, "other")
+		remote, err := Resolve[count](ctx, a, FormatRef(b.Addrs()[0], "/user/worker"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := watcher(t, a, "w", remote)
+		roundTrip(t, a, b, "/user/other")
+		worker.Tell(count{N: -1})
+		term := recv(t, got, "remote Terminated")
+		var re *RemoteError
+		if !errors.As(term.Reason, &re) || re.Text != "troupe: actor panicked: negative" {
+			t.Fatalf("remote stop reason = %#v, want the panic's text", term.Reason)
+		}
+		if term.Ref.Path() != "/user/worker" {
+			t.Fatalf("Terminated.Ref = %v", term.Ref)
+		}
+		select {
+		case extra := <-got:
+			t.Fatalf("second Terminated: %+v", extra)
+		case <-time.After(50 * time.Millisecond):
+		}
+		// Watching a remote actor that no longer exists terminates at once.
+		late := watcher(t, a, "late", remote)
+		if term := recv(t, late, "late Terminated"); !errors.Is(term.Reason, ErrNoSuchActor) {
+			t.Fatalf("late remote watch reason = %v", term.Reason)
+		}
+	})
+}
+
+// roundTrip asks the echo actor at path on b from a, so that every frame a
+// sent b before it has been handled by b's reader.
+func roundTrip(t testing.TB, a, b *Node, path string) {
+	t.Helper()
+	ctx := ctxT(t, 5*time.Second)
+	echo, err := Resolve[testPing](ctx, a, FormatRef(b.Addrs()[0], path))
+	if err == nil {
+		_, err = Ask(ctx, echo, func(r Ref[testPong]) testPing { return testPing{ReplyTo: r} })
+	}
+	if err != nil {
+		t.Fatalf("round trip to %s: %v", path, err)
+	}
+}
+
+func TestPeerCloseTerminatesWatchersWithPeerLeft(t *testing.T) {
+	forEachTransport(t, func(t *testing.T, listen func(testing.TB) string) {
+		a := startNode(t, testConfig(listen(t)))
+		b := startNode(t, testConfig(listen(t)))
+		spawnEcho(t, b, "echo")
+		remote, err := Resolve[testPing](ctxT(t, 5*time.Second), a, FormatRef(b.Addrs()[0], "/user/echo"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		gone := make(chan PeerDisconnected, 1)
+		SubscribeChan(a.Events(), gone)
+		dead := make(chan DeadLetter, 4)
+		SubscribeChan(a.Events(), dead)
+		got := watcher(t, a, "w", remote)
+		if err := b.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if term := recv(t, got, "Terminated"); !errors.Is(term.Reason, ErrPeerLeft) {
+			t.Fatalf("reason = %v, want ErrPeerLeft", term.Reason)
+		}
+		if ev := recv(t, gone, "PeerDisconnected"); ev.UID != b.UID() || !errors.Is(ev.Reason, ErrPeerLeft) {
+			t.Fatalf("PeerDisconnected = %+v", ev)
+		}
+		remote.Tell(testPing{N: 1})
+		if dl := recv(t, dead, "dead letter"); !errors.Is(dl.Reason, ErrSessionEnded) || !errors.Is(dl.Reason, ErrPeerLeft) {
+			t.Fatalf("dead letter reason = %v, want ErrSessionEnded and ErrPeerLeft", dl.Reason)
+		}
+	})
+}
+
+type coordMsg interface{ isCoord() }
+type assign struct{ N int }
+type done struct{ N int }
+
+func (assign) isCoord() {}
+func (done) isCoord()   {}
+
+type job struct {
+	N       int
+	ReplyTo Ref[done]
+}
+
+func init() {
+	RegisterMessage[job]("troupe.test.job")
+	RegisterMessage[done]("troupe.test.done")
+}
+
+func TestAdapterRefAcrossTheWire(t *testing.T) {
+	forEachTransport(t, func(t *testing.T, listen func(testing.TB) string) {
+		a := startNode(t, testConfig(listen(t)))
+		b := startNode(t, testConfig(listen(t)))
+		Spawn(b, "worker", Behavior[job]{Receive: func(_ *Context[job], j job) { j.ReplyTo.Tell(done{N: j.N * 10}) }})
+		worker, err := Resolve[job](ctxT(t, 5*time.Second), a, FormatRef(b.Addrs()[0], "/user/worker"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		results := make(chan int, 1)
+		boss, _ := Spawn(a, "boss", Behavior[coordMsg]{
+			Receive: func(c *Context[coordMsg], m coordMsg) {
+				switch m := m.(type) {
+				case assign:
+					worker.Tell(job{N: m.N, ReplyTo: MessageAdapter(c, func(d done) coordMsg { return d })})
+				case done:
+					results <- m.N
+				}
+			},
+		})
+		boss.Tell(assign{N: 4})
+		if got := recv(t, results, "result"); got != 40 {
+			t.Fatalf("result = %d, want 40", got)
+		}
+	})
+}
+
+func TestSimultaneousDialEndsWithOneAssociation(t *testing.T) {
+	for i := range 10 {
+		a := startNode(t, testConfig("tcp://127.0.0.1:0"))
+		b := startNode(t, testConfig("tcp://127.0.0.1:0"))
+		ea, eb := spawnEcho(t, a, "echo"), spawnEcho(t, b, "echo")
+		_, _ = ea, eb
+		ctx := ctxT(t, 5*time.Second)
+		type res struct {
+			r   Ref[testPing]
+			err error
+		}
+		ra, rb := make(chan res, 1), make(chan res, 1)
+		go func() { r, err := Resolve[testPing](ctx, a, FormatRef(b.Addrs()[0], "/user/echo")); ra <- res{r, err} }()
+		go func() { r, err := Resolve[testPing](ctx, b, FormatRef(a.Addrs()[0], "/user/echo")); rb <- res{r, err} }()
+		x, y := <-ra, <-rb
+		if x.err != nil || y.err != nil {
+			t.Fatalf("round %d: Resolve: %v, %v", i, x.err, y.err)
+		}
+		for _, r := range []Ref[testPing]{x.r, y.r} {
+			if _, err := Ask(ctx, r, func(rr Ref[testPong]) testPing { return testPing{ReplyTo: rr} }); err != nil {
+				t.Fatalf("round %d: Ask over the merged association: %v", i, err)
+			}
+		}
+		waitFor(t, 5*time.Second, "one association on each side", func() bool {
+			return a.liveAssocs() == 1 && b.liveAssocs() == 1
+		})
+	}
+}
