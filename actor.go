@@ -280,8 +280,8 @@ func checkName(name string) error {
 	return nil
 }
 
-func (c *cell[T]) path() string       { return c.self.key.path }
-func (c *cell[T]) nextChild() uint64  { c.childSeq++; return c.childSeq }
+func (c *cell[T]) path() string         { return c.self.key.path }
+func (c *cell[T]) nextChild() uint64    { c.childSeq++; return c.childSeq }
 func (c *cell[T]) watchHandle() *handle { return c.self }
 func (c *cell[T]) protocol() reflect.Type {
 	return reflect.TypeFor[T]()

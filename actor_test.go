@@ -44,7 +44,10 @@ func TestAskTimesOutAndLateReplyIsDeadLetter(t *testing.T) {
 	}
 }
 
-func ctxErr(ctx interface{ Done() <-chan struct{}; Err() error }) error {
+func ctxErr(ctx interface {
+	Done() <-chan struct{}
+	Err() error
+}) error {
 	<-ctx.Done()
 	return ctx.Err()
 }
@@ -271,7 +274,9 @@ func TestMessageAdapterLocal(t *testing.T) {
 	got := make(chan wrapped, 1)
 	adapterCh := make(chan Ref[testPong], 1)
 	_, err := Spawn(n, "owner", Behavior[wrapped]{
-		Setup:   func(c *Context[wrapped]) { adapterCh <- MessageAdapter(c, func(p testPong) wrapped { return wrapped{p} }) },
+		Setup: func(c *Context[wrapped]) {
+			adapterCh <- MessageAdapter(c, func(p testPong) wrapped { return wrapped{p} })
+		},
 		Receive: func(_ *Context[wrapped], m wrapped) { got <- m },
 	})
 	if err != nil {

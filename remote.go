@@ -2,8 +2,8 @@ package troupe
 
 import (
 	"context"
-	"fmt"
 	"encoding/binary"
+	"fmt"
 	"reflect"
 	"time"
 )
@@ -405,4 +405,3 @@ func (d *deadTarget) tellAny(any) error      { return ErrNoSuchActor }
 func (d *deadTarget) sysPush(sysMsg) bool    { return false }
 func (d *deadTarget) watchHandle() *handle   { return d.h }
 func (d *deadTarget) protocol() reflect.Type { return nil }
-
