@@ -188,6 +188,8 @@ func parseUnixPath(path string) (Addr, error) {
 		return Addr{}, fmt.Errorf("%w: empty unix socket path", ErrBadAddr)
 	case !strings.HasPrefix(path, "/"):
 		return Addr{}, fmt.Errorf("%w: unix socket path %q must be absolute", ErrBadAddr, path)
+	case strings.HasSuffix(path, "/"):
+		return Addr{}, fmt.Errorf("%w: unix socket path %q names a directory", ErrBadAddr, path)
 	case strings.ContainsRune(path, 0):
 		return Addr{}, fmt.Errorf("%w: unix socket path %q contains NUL", ErrBadAddr, path)
 	case len(path) > 107:

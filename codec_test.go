@@ -1,0 +1,221 @@
+package troupe
+
+import (
+	"bytes"
+	"errors"
+	"math"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+)
+
+type inner struct {
+	Label string
+	Tags  []string
+}
+
+type everything struct {
+	B        bool
+	I        int
+	I8       int8
+	I16      int16
+	I32      int32
+	I64      int64
+	U        uint
+	U8       uint8
+	U16      uint16
+	U32      uint32
+	U64      uint64
+	F32      float32
+	F64      float64
+	S        string
+	Bytes    []byte
+	NilBytes []byte
+	Ints     []int
+	Arr      [3]uint16
+	M        map[string]int
+	NilMap   map[string]int
+	Nested   inner
+	Ptr      *inner
+	NilPtr   *inner
+	When     time.Time
+	Wait     time.Duration
+	Reply    Ref[testPong]
+	NoReply  Ref[testPong]
+	hidden   int
+}
+
+type selfEncoded struct{ X, Y uint32 }
+
+func (s selfEncoded) AppendWire(b []byte) []byte {
+	return append(b, byte(s.X), byte(s.Y))
+}
+
+func (s *selfEncoded) UnmarshalWire(b []byte) error {
+	if len(b) != 2 {
+		return errors.New("want 2 bytes")
+	}
+	s.X, s.Y = uint32(b[0]), uint32(b[1])
+	return nil
+}
+
+type holdsSelfEncoded struct {
+	A selfEncoded
+	B []selfEncoded
+}
+
+func init() {
+	RegisterMessage[everything]("troupe.test.everything")
+	RegisterMessage[selfEncoded]("troupe.test.self")
+	RegisterMessage[holdsSelfEncoded]("troupe.test.holds-self")
+}
+
+func sampleEverything() everything {
+	return everything{
+		B: true, I: -123456, I8: -8, I16: -1600, I32: 1 << 30, I64: math.MinInt64,
+		U: 7, U8: 255, U16: 65535, U32: 1<<32 - 1, U64: math.MaxUint64,
+		F32: 1.5, F64: math.Pi, S: "héllo", Bytes: []byte{0, 1, 2}, Ints: []int{-1, 0, 1},
+		Arr: [3]uint16{1, 2, 3}, M: map[string]int{"a": 1}, Nested: inner{"n", []string{"x", ""}},
+		Ptr: &inner{Label: "p"}, When: time.Date(2026, 11, 30, 12, 0, 0, 5, time.UTC), Wait: 1500 * time.Millisecond,
+		Reply: Ref[testPong]{h: &handle{key: refKey{path: "/user/sink", uuid: UUID{1, 2, 3}}}},
+		hidden: 99,
+	}
+}
+
+func TestCodecRoundTrip(t *testing.T) {
+	in := sampleEverything()
+	mt := typeOf(reflect.TypeFor[everything]())
+	b, err := encodePayload(nil, nil, mt, in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := decodePayload(nil, nil, mt, b)
+	if err != nil {
+		t.Fatalf("decode: %v", err)
+	}
+	out := v.(everything)
+	if out.Reply.h == nil || out.Reply.h.key.path != "/user/sink" || out.Reply.h.key.uuid != in.Reply.h.key.uuid {
+		t.Fatalf("ref field did not survive: %+v", out.Reply.h)
+	}
+	if !out.NoReply.IsZero() {
+		t.Fatalf("zero ref decoded as %v", out.NoReply)
+	}
+	if out.hidden != 0 {
+		t.Errorf("unexported field crossed the wire")
+	}
+	if out.NilBytes != nil || out.NilMap != nil || out.NilPtr != nil || out.Bytes == nil {
+		t.Errorf("nil-ness not kept: %#v %#v %#v %#v", out.NilBytes, out.NilMap, out.NilPtr, out.Bytes)
+	}
+	in.Reply, out.Reply, in.hidden = Ref[testPong]{}, Ref[testPong]{}, 0
+	if !reflect.DeepEqual(in, out) {
+		t.Fatalf("round trip:\n got %+v\nwant %+v", out, in)
+	}
+}
+
+func TestCodecFastPath(t *testing.T) {
+	for _, v := range []any{selfEncoded{X: 3, Y: 4}, holdsSelfEncoded{A: selfEncoded{1, 2}, B: []selfEncoded{{5, 6}}}} {
+		mt := typeOf(reflect.TypeOf(v))
+		b, err := encodePayload(nil, nil, mt, v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := decodePayload(nil, nil, mt, b)
+		if err != nil || !reflect.DeepEqual(got, v) {
+			t.Errorf("round trip of %#v = %#v, %v", v, got, err)
+		}
+	}
+	if b, _ := encodePayload(nil, nil, typeOf(reflect.TypeFor[selfEncoded]()), selfEncoded{X: 9, Y: 8}); !bytes.Equal(b, []byte{9, 8}) {
+		t.Errorf("fast path payload = %x, want 0908", b)
+	}
+}
+
+func TestRegisterMessageRejects(t *testing.T) {
+	type withChan struct{ C chan int }
+	type withIface struct{ V any }
+	type ok struct{ N int }
+	tests := []struct {
+		name string
+		t    reflect.Type
+		key  string
+		want string
+	}{
+		{"empty key", reflect.TypeFor[ok](), "", "1 to 255 bytes"},
+		{"chan field", reflect.TypeFor[withChan](), "k.chan", "cannot cross the wire"},
+		{"interface field", reflect.TypeFor[withIface](), "k.iface", "cannot cross the wire"},
+		{"key taken", reflect.TypeFor[ok](), "troupe.test.ping", "already registered"},
+		{"type taken", reflect.TypeFor[testPing](), "other.key", "already registered"},
+	}
+	for _, tt := range tests {
+		err := registerType(tt.t, tt.key)
+		if err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("%s: registerType = %v, want an error mentioning %q", tt.name, err, tt.want)
+		}
+	}
+	if err := registerType(reflect.TypeFor[testPing](), "troupe.test.ping"); err != nil {
+		t.Errorf("registering the same pair again: %v", err)
+	}
+}
+
+func TestDecodeRejectsHostileLengths(t *testing.T) {
+	mt := typeOf(reflect.TypeFor[everything]())
+	good, _ := encodePayload(nil, nil, mt, sampleEverything())
+	for cut := range len(good) {
+		if _, err := decodePayload(nil, nil, mt, good[:cut]); !errors.Is(err, ErrMalformed) {
+			t.Fatalf("truncated at %d: err = %v, want ErrMalformed", cut, err)
+		}
+	}
+	// A slice claiming 2^60 elements must fail before allocating.
+	type many struct{ X []uint64 }
+	if err := registerType(reflect.TypeFor[many](), "troupe.test.many"); err != nil {
+		t.Fatal(err)
+	}
+	huge := []byte{0x81, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x10}
+	allocs := testing.AllocsPerRun(10, func() {
+		if _, err := decodePayload(nil, nil, typeOf(reflect.TypeFor[many]()), huge); !errors.Is(err, ErrMalformed) {
+			t.Fatalf("huge count: %v", err)
+		}
+	})
+	if allocs > 10 {
+		t.Fatalf("decoding a hostile count made %v allocations", allocs)
+	}
+	if _, err := decodePayload(nil, nil, mt, append(good, 0)); !errors.Is(err, ErrMalformed) {
+		t.Fatalf("trailing byte: %v", err)
+	}
+}
+
+type deep struct{ Next *deep }
+
+func TestDecodeDepthLimit(t *testing.T) {
+	if err := registerType(reflect.TypeFor[deep](), "troupe.test.deep"); err != nil {
+		t.Fatal(err)
+	}
+	b := bytes.Repeat([]byte{1}, 10000)
+	b = append(b, 0)
+	if _, err := decodePayload(nil, nil, typeOf(reflect.TypeFor[deep]()), b); !errors.Is(err, ErrMalformed) {
+		t.Fatalf("deep nesting: %v, want ErrMalformed", err)
+	}
+}
+
+func FuzzDecodePayload(f *testing.F) {
+	mt := typeOf(reflect.TypeFor[everything]())
+	good, _ := encodePayload(nil, nil, mt, sampleEverything())
+	f.Add(good)
+	f.Add([]byte{})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		v, err := decodePayload(nil, nil, mt, b)
+		if err != nil {
+			if !errors.Is(err, ErrMalformed) {
+				t.Fatalf("error %v does not wrap ErrMalformed", err)
+			}
+			return
+		}
+		again, err := encodePayload(nil, nil, mt, v)
+		if err != nil {
+			t.Fatalf("re-encode: %v", err)
+		}
+		if _, err := decodePayload(nil, nil, mt, again); err != nil {
+			t.Fatalf("decoding the re-encoding of %x: %v", b, err)
+		}
+	})
+}

@@ -1,0 +1,175 @@
+package troupe
+
+import (
+	"bytes"
+	"encoding/hex"
+	"errors"
+	"flag"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files in testdata/wire")
+
+func TestWireValuesArePinned(t *testing.T) {
+	kinds := map[frameKind]uint8{frameHello: 1, frameWelcome: 2, frameReject: 3, frameTell: 4, frameWatch: 5,
+		frameUnwatch: 6, frameTerminated: 7, frameResolve: 8, frameResolved: 9, frameBye: 10, frameHeartbeat: 11}
+	for k, v := range kinds {
+		if uint8(k) != v {
+			t.Errorf("%s = %d, want %d", k, k, v)
+		}
+	}
+	pinned := []struct {
+		name      string
+		got, want byte
+	}{
+		{"refNil", refNil, 0}, {"refSender", refSender, 1}, {"refReceiver", refReceiver, 2}, {"refThird", refThird, 3},
+		{"refHasUUID", refHasUUID, 0x80}, {"rejectDuplicate", rejectDuplicate, 1}, {"rejectAuth", rejectAuth, 4},
+		{"reasonNodeClosed", reasonNodeClosed, 4}, {"reasonOther", reasonOther, 5}, {"byeDuplicate", byeDuplicate, 1},
+		{"resolveWrongType", resolveWrongType, 2}, {"protocolVersion", protocolVersion, 1},
+	}
+	for _, p := range pinned {
+		if p.got != p.want {
+			t.Errorf("%s = %d, want %d", p.name, p.got, p.want)
+		}
+	}
+}
+
+// goldenFrames builds one frame of each kind from fixed inputs.
+func goldenFrames(t *testing.T) map[string][]byte {
+	uid := NodeUID{0xa1, 0xa2, 0xa3, 0xa4, 0xa5, 0xa6, 0xa7, 0xa8, 0xa9, 0xaa, 0xab, 0xac, 0xad, 0xae, 0xaf, 0xb0}
+	target := refKey{node: uid, path: "/user/echo", uuid: UUID{0x10, 0x11, 0x12, 0x13, 0x14, 0x15, 0x16, 0x17, 0x18, 0x19, 0x1a, 0x1b, 0x1c, 0x1d, 0x1e, 0x1f}}
+	h := &hello{version: protocolVersion, uid: uid, name: "alpha", addrs: []string{"tcp://127.0.0.1:7001", "unix:///run/a.sock"}}
+	frame := func(body []byte) []byte { return appendFrame(nil, func(b []byte) []byte { return append(b, body...) }) }
+
+	a := newAssoc(nil, true, TCPAddr("127.0.0.1:7001"))
+	a.n = &Node{cfg: Config{MaxFrameSize: DefaultMaxFrameSize}}
+	a.peerUID = uid
+	tellTo := func(msg any) []byte {
+		r := outRec{h: &handle{key: target}, msg: msg, mt: typeOf(reflect.TypeOf(msg))}
+		return a.encodeRec(nil, &r)
+	}
+	out := map[string][]byte{
+		"hello":      appendFrame(nil, func(b []byte) []byte { return appendHello(b, frameHello, h) }),
+		"welcome":    appendFrame(nil, func(b []byte) []byte { return appendHello(b, frameWelcome, h) }),
+		"reject":     rejectFrame(rejectDuplicate, uid, "the other connection between these nodes wins"),
+		"tell-first": tellTo(count{N: 3}),
+		"tell-again": tellTo(count{N: 3}),
+		"watch":      frame(appendWatch(nil, frameWatch, target, "/user/watcher")),
+		"unwatch":    frame(appendWatch(nil, frameUnwatch, target, "/user/watcher")),
+		"terminated": frame(append(appendWatch(nil, frameTerminated, target, "/user/watcher"), reasonOther, 4, 'b', 'o', 'o', 'm')),
+		"resolve":    frame([]byte{byte(frameResolve), 1, 10, '/', 'u', 's', 'e', 'r', '/', 'e', 'c', 'h', 'o', 1, 'x'}),
+		"bye":        frame(appendBye(nil, byeLeaving, "")),
+	}
+	return out
+}
+
+func init() { RegisterMessage[count]("troupe.test.count") }
+
+func TestGoldenFrames(t *testing.T) {
+	for name, got := range goldenFrames(t) {
+		path := filepath.Join("testdata", "wire", name+".hex")
+		if *update {
+			os.MkdirAll(filepath.Dir(path), 0o755)
+			if err := os.WriteFile(path, []byte(hex.EncodeToString(got)+"\n"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			continue
+		}
+		raw, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatalf("%v (run go test -run Golden -update to create it)", err)
+		}
+		want, err := hex.DecodeString(strings.TrimSpace(string(raw)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got, want) {
+			t.Errorf("%s frame:\n got %x\nwant %x", name, got, want)
+		}
+	}
+}
+
+func TestSmallTellIsSmallOnTheWire(t *testing.T) {
+	f := goldenFrames(t)["tell-again"]
+	if len(f) > 6 {
+		t.Fatalf("a repeated tell of a one-int message takes %d bytes (%x), want at most 6", len(f), f)
+	}
+}
+
+func TestFrameReaderRejects(t *testing.T) {
+	tests := []struct {
+		name string
+		in   []byte
+		want error
+	}{
+		{"empty frame", []byte{0}, ErrMalformed},
+		{"too big", []byte{0xff, 0xff, 0xff, 0x7f}, ErrFrameTooBig},
+		{"long prefix", []byte{0x80, 0x80, 0x80, 0x80, 0x80, 0x01}, ErrMalformed},
+		{"truncated prefix", []byte{0x80}, ErrMalformed},
+		{"truncated body", []byte{5, 1, 2}, ErrMalformed},
+	}
+	for _, tt := range tests {
+		fr := newFrameReader(bytes.NewReader(tt.in), 1<<20)
+		if _, err := fr.next(); !errors.Is(err, tt.want) {
+			t.Errorf("%s: next() = %v, want %v", tt.name, err, tt.want)
+		}
+	}
+	// A body larger than the read buffer still reads.
+	big := appendFrame(nil, func(b []byte) []byte { return append(b, bytes.Repeat([]byte{7}, readBufferSize+10)...) })
+	fr := newFrameReader(bytes.NewReader(big), 1<<20)
+	if b, err := fr.next(); err != nil || len(b) != readBufferSize+10 {
+		t.Fatalf("big frame: %d bytes, %v", len(b), err)
+	}
+}
+
+// FuzzDecodeFrame feeds arbitrary bytes, as a stream of frames after a
+// handshake, to an association. It must never panic; every error must say
+// the input was malformed.
+func FuzzDecodeFrame(f *testing.F) {
+	entries, _ := filepath.Glob(filepath.Join("testdata", "wire", "*.hex"))
+	for _, e := range entries {
+		raw, _ := os.ReadFile(e)
+		if b, err := hex.DecodeString(strings.TrimSpace(string(raw))); err == nil {
+			f.Add(b)
+		}
+	}
+	n, err := Start(ctxT(f, 5_000_000_000), Config{Logger: quietLogger(), SendQueueLimit: 16})
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Cleanup(func() { n.Close() })
+	Spawn(n, "echo", Behavior[count]{Receive: func(*Context[count], count) {}})
+	f.Fuzz(func(t *testing.T, in []byte) {
+		a := newAssoc(n, false, Addr{})
+		a.peerUID = NodeUID{0xa1, 0xa2, 0xa3, 0xa4, 0xa5, 0xa6, 0xa7, 0xa8, 0xa9, 0xaa, 0xab, 0xac, 0xad, 0xae, 0xaf, 0xb0}
+		a.state = assocUp
+		fr := newFrameReader(bytes.NewReader(in), 1<<16)
+		for {
+			body, err := fr.next()
+			if err != nil {
+				if err.Error() != "EOF" && !errors.Is(err, ErrMalformed) && !errors.Is(err, ErrFrameTooBig) {
+					t.Fatalf("frame error %v is neither malformed nor too big", err)
+				}
+				return
+			}
+			kind := frameKind(body[0])
+			if kind == frameHello || kind == frameWelcome {
+				parseHello(body)
+				continue
+			}
+			if kind == frameBye {
+				continue // would end the association
+			}
+			if _, err := a.handleFrame(kind, body[1:]); err != nil {
+				if !errors.Is(err, ErrMalformed) {
+					t.Fatalf("%s frame error %v does not wrap ErrMalformed", kind, err)
+				}
+				return
+			}
+		}
+	})
+}
