@@ -243,16 +243,12 @@ func (n *Node) serveInbound(c net.Conn) {
 	label := peerLabel(c)
 	c.SetDeadline(time.Now().Add(n.cfg.HandshakeTimeout))
 	if err := n.checkPeerCred(c); err != nil {
-		n.log.Warn("troupe: refused unix peer", "err", err)
 		c.Write(rejectFrame(rejectAuth, n.uid, err.Error()))
 		c.Close()
 		return
 	}
 	fr := newFrameReader(c, n.cfg.MaxFrameSize)
-	body, err := fr.next()
-	if err == nil && frameKind(body[0]) != frameHello {
-		err = fmt.Errorf("%w: expected a hello, got %s", ErrMalformed, frameKind(body[0]))
-	}
+	body, err := fr.hello()
 	var h *hello
 	if err == nil {
 		h, err = parseHello(body)

@@ -78,7 +78,7 @@ func sampleEverything() everything {
 		F32: 1.5, F64: math.Pi, S: "héllo", Bytes: []byte{0, 1, 2}, Ints: []int{-1, 0, 1},
 		Arr: [3]uint16{1, 2, 3}, M: map[string]int{"a": 1}, Nested: inner{"n", []string{"x", ""}},
 		Ptr: &inner{Label: "p"}, When: time.Date(2026, 11, 30, 12, 0, 0, 5, time.UTC), Wait: 1500 * time.Millisecond,
-		Reply: Ref[testPong]{h: &handle{key: refKey{path: "/user/sink", uuid: UUID{1, 2, 3}}}},
+		Reply:  Ref[testPong]{h: &handle{key: refKey{path: "/user/sink", uuid: UUID{1, 2, 3}}}},
 		hidden: 99,
 	}
 }
@@ -176,7 +176,7 @@ func TestDecodeRejectsHostileLengths(t *testing.T) {
 			t.Fatalf("huge count: %v", err)
 		}
 	})
-	if allocs > 10 {
+	if allocs > 64 { // error formatting only; never the claimed 2^60 elements
 		t.Fatalf("decoding a hostile count made %v allocations", allocs)
 	}
 	if _, err := decodePayload(nil, nil, mt, append(good, 0)); !errors.Is(err, ErrMalformed) {

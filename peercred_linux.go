@@ -35,5 +35,6 @@ func (n *Node) checkPeerCred(c net.Conn) error {
 	if uid == os.Getuid() || slices.Contains(n.cfg.AllowUIDs, uid) {
 		return nil
 	}
+	n.log.Warn("troupe: refused a unix socket peer of another user", "uid", uid, "pid", cred.Pid)
 	return fmt.Errorf("%w: unix peer uid %d (pid %d) is not allowed; this node accepts uid %d and Config.AllowUIDs", ErrRejected, uid, cred.Pid, os.Getuid())
 }

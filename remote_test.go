@@ -1,6 +1,7 @@
 package troupe
 
 import (
+	"context"
 	"errors"
 	"testing"
 	"time"
@@ -250,5 +251,26 @@ func TestSimultaneousDialEndsWithOneAssociation(t *testing.T) {
 		waitFor(t, 5*time.Second, "one association on each side", func() bool {
 			return a.liveAssocs() == 1 && b.liveAssocs() == 1
 		})
+	}
+}
+
+func TestPendingAskFailsWhenPeerLeaves(t *testing.T) {
+	a := startNode(t, testConfig("tcp://127.0.0.1:0"))
+	b := startNode(t, testConfig("tcp://127.0.0.1:0"))
+	asked := make(chan struct{})
+	Spawn(b, "mute", Behavior[testPing]{Receive: func(*Context[testPing], testPing) { close(asked) }})
+	mute, err := Resolve[testPing](ctxT(t, 5*time.Second), a, FormatRef(b.Addrs()[0], "/user/mute"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	errc := make(chan error, 1)
+	go func() {
+		_, err := Ask(context.Background(), mute, func(r Ref[testPong]) testPing { return testPing{ReplyTo: r} })
+		errc <- err
+	}()
+	<-asked
+	b.Close()
+	if err := recv(t, errc, "Ask to fail"); !errors.Is(err, ErrPeerLeft) {
+		t.Fatalf("Ask = %v, want ErrPeerLeft", err)
 	}
 }

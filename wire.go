@@ -125,6 +125,30 @@ func (fr *frameReader) length() (uint64, error) {
 	return 0, fmt.Errorf("%w: length prefix longer than %d bytes", ErrMalformed, maxLengthBytes)
 }
 
+// maxHelloSize bounds the first frame of a connection.
+const maxHelloSize = 16 << 10
+
+// hello reads the first frame of an inbound connection. It checks the
+// frame kind and the magic as soon as their bytes arrive, so a client of
+// another protocol is turned away without waiting for a whole frame.
+func (fr *frameReader) hello() ([]byte, error) {
+	n, err := fr.length()
+	if err != nil {
+		return nil, err
+	}
+	if n < uint64(1+len(magic)) || n > maxHelloSize {
+		return nil, fmt.Errorf("%w: not a troupe handshake (first frame of %d bytes)", ErrMalformed, n)
+	}
+	head, err := fr.r.Peek(1 + len(magic))
+	if err != nil {
+		return nil, truncated(err, int(n), len(head))
+	}
+	if frameKind(head[0]) != frameHello || string(head[1:]) != magic {
+		return nil, fmt.Errorf("%w: not a troupe handshake (starts %q)", ErrMalformed, head)
+	}
+	return fr.body(n)
+}
+
 func (fr *frameReader) body(n uint64) ([]byte, error) {
 	if n == 0 {
 		return nil, fmt.Errorf("%w: empty frame", ErrMalformed)

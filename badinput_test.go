@@ -1,0 +1,146 @@
+package troupe
+
+import (
+	"errors"
+	"net"
+	"os"
+	"strings"
+	"testing"
+	"time"
+)
+
+// rawHandshake dials n like a troupe node would and completes the
+// handshake, returning the connection for the test to misbehave on.
+func rawHandshake(t *testing.T, n *Node) net.Conn {
+	t.Helper()
+	addr := n.Addrs()[0]
+	c, err := net.Dial(addr.Network(), addr.Address())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	h := &hello{version: protocolVersion, uid: NodeUID{9, 9, 9}, name: "raw"}
+	if _, err := c.Write(appendFrame(nil, func(b []byte) []byte { return appendHello(b, frameHello, h) })); err != nil {
+		t.Fatal(err)
+	}
+	fr := newFrameReader(c, DefaultMaxFrameSize)
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	body, err := fr.next()
+	if err != nil || frameKind(body[0]) != frameWelcome {
+		t.Fatalf("handshake: %v %x", err, body)
+	}
+	c.SetReadDeadline(time.Time{})
+	return c
+}
+
+// expectClosed waits until the peer closes c.
+func expectClosed(t *testing.T, c net.Conn) {
+	t.Helper()
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	buf := make([]byte, 256)
+	for {
+		if _, err := c.Read(buf); err != nil {
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				t.Fatal("the node did not close the connection")
+			}
+			return
+		}
+	}
+}
+
+func TestBadInputClosesOnlyThatConnection(t *testing.T) {
+	attacks := []struct {
+		name      string
+		handshake bool
+		send      []byte
+		mention   string
+	}{
+		{"garbage before handshake", false, []byte("GET / HTTP/1.1\r\n\r\n"), "troupe handshake"},
+		{"oversized length", true, []byte{0xff, 0xff, 0xff, 0xff, 0x0f}, "too big"},
+		{"unknown frame kind", true, []byte{1, 200}, "unknown frame kind"},
+		{"truncated tell", true, []byte{3, byte(frameTell), 3, 0}, "malformed"},
+		{"undefined target id", true, []byte{3, byte(frameTell), 8, 2}, "undefined target id"},
+		{"hello after handshake", true, []byte{1, byte(frameHello)}, "after the handshake"},
+	}
+	forEachTransport(t, func(t *testing.T, listen func(testing.TB) string) {
+		victim := startNode(t, testConfig(listen(t)))
+		friend := startNode(t, testConfig(listen(t)))
+		spawnEcho(t, victim, "echo")
+		errs := make(chan ProtocolError, 16)
+		SubscribeChan(victim.Events(), errs)
+		for _, at := range attacks {
+			t.Run(strings.ReplaceAll(at.name, " ", "_"), func(t *testing.T) {
+				var c net.Conn
+				if at.handshake {
+					c = rawHandshake(t, victim)
+				} else {
+					addr := victim.Addrs()[0]
+					var err error
+					if c, err = net.Dial(addr.Network(), addr.Address()); err != nil {
+						t.Fatal(err)
+					}
+					defer c.Close()
+				}
+				c.Write(at.send)
+				expectClosed(t, c)
+				ev := recv(t, errs, "ProtocolError event")
+				if !strings.Contains(ev.Err.Error(), at.mention) {
+					t.Errorf("ProtocolError = %v, want it to mention %q", ev.Err, at.mention)
+				}
+				var fe *FrameError
+				if !errors.As(ev.Err, &fe) {
+					t.Errorf("ProtocolError.Err = %T, want *FrameError", ev.Err)
+				}
+				// A well-behaved peer is not disturbed.
+				roundTrip(t, friend, victim, "/user/echo")
+			})
+		}
+	})
+}
+
+func TestUnknownTargetAndKeyAreDeadLetters(t *testing.T) {
+	n := startNode(t, testConfig("tcp://127.0.0.1:0"))
+	dead := make(chan DeadLetter, 4)
+	SubscribeChan(n.Events(), dead)
+	c := rawHandshake(t, n)
+	// A tell to an actor that does not exist, of a registered type.
+	body := []byte{byte(frameTell), 1}
+	body = appendString(body, "/user/ghost")
+	body = append(body, make([]byte, 16)...)
+	body = append(body, 3)
+	body = appendString(body, "troupe.test.count")
+	body = append(body, 2)
+	c.Write(appendFrame(nil, func(b []byte) []byte { return append(b, body...) }))
+	if dl := recv(t, dead, "dead letter"); !errors.Is(dl.Reason, ErrNoSuchActor) || dl.Message.(count).N != 1 {
+		t.Fatalf("dead letter = %+v", dl)
+	}
+	// A tell with a wire key this node does not know.
+	body = []byte{byte(frameTell), 1}
+	body = appendString(body, "/user/ghost")
+	body = append(body, make([]byte, 16)...)
+	body = append(body, 1)
+	body = appendString(body, "no.such.key")
+	c.Write(appendFrame(nil, func(b []byte) []byte { return append(b, body...) }))
+	if dl := recv(t, dead, "dead letter"); !errors.Is(dl.Reason, ErrNotRegistered) || !strings.Contains(dl.Reason.Error(), "no.such.key") {
+		t.Fatalf("dead letter = %+v", dl)
+	}
+}
+
+func TestUnixPeerCredentials(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("needs root to connect as another user")
+	}
+	n := startNode(t, testConfig("unix://"+shortSocket(t)))
+	sock := n.Addrs()[0].Address()
+	os.Chmod(sock, 0o777)
+	os.Chmod(strings.TrimSuffix(sock, "/n.sock"), 0o777)
+	// Connect as uid 65534 (nobody) from a child process.
+	out, err := runAs(t, 65534, sock)
+	if err != nil {
+		t.Fatalf("helper: %v\n%s", err, out)
+	}
+	if !strings.Contains(out, "uid 65534") || !strings.Contains(out, "not allowed") {
+		t.Fatalf("a peer of another user was not refused with its uid: %q", out)
+	}
+}

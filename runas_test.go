@@ -1,0 +1,64 @@
+package troupe
+
+import (
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// runAs re-runs the test binary as uid to dial the unix socket at sock and
+// print what the node answered.
+func runAs(t *testing.T, uid int, sock string) (string, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return "", err
+	}
+	// The build directory is private to root; run a copy from a place
+	// the other user can read.
+	dir, err := os.MkdirTemp("", "trpexe")
+	if err != nil {
+		return "", err
+	}
+	defer os.RemoveAll(dir)
+	os.Chmod(dir, 0o755)
+	bin, err := os.ReadFile(exe)
+	if err != nil {
+		return "", err
+	}
+	copyExe := filepath.Join(dir, "troupe.test")
+	if err := os.WriteFile(copyExe, bin, 0o755); err != nil {
+		return "", err
+	}
+	cmd := exec.Command(copyExe, "-test.run=^TestHelperDialUnix$")
+	cmd.Env = append(os.Environ(), "TROUPE_HELPER_SOCK="+sock)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(uid), Gid: uint32(uid)}}
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
+// TestHelperDialUnix is not a test: runAs runs it in a child process.
+func TestHelperDialUnix(t *testing.T) {
+	sock := os.Getenv("TROUPE_HELPER_SOCK")
+	if sock == "" {
+		t.Skip("helper for TestUnixPeerCredentials")
+	}
+	c, err := net.Dial("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	fr := newFrameReader(c, DefaultMaxFrameSize)
+	body, err := fr.next()
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := decoder{b: body[1:]}
+	code := d.byte()
+	d.take(16)
+	os.Stdout.WriteString(frameKind(body[0]).String() + " " + string(rune('0'+code)) + " " + d.string() + "\n")
+}
