@@ -9,6 +9,7 @@ import (
 	"reflect"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -98,6 +99,8 @@ type assoc struct {
 	wake       chan struct{} // capacity 1: the writer has work
 	stop       chan struct{} // closed when the session ends
 	writerDone chan struct{} // closed when the writer has exited
+
+	written atomic.Uint64 // bytes written to the connection
 
 	// Owned by the writer goroutine.
 	outTypes   map[*msgType]uint32
@@ -801,7 +804,9 @@ func (a *assoc) writeLoop() {
 }
 
 func (a *assoc) write(b []byte) bool {
-	if _, err := a.conn.Write(b); err != nil {
+	n, err := a.conn.Write(b)
+	a.written.Add(uint64(n))
+	if err != nil {
 		a.fail(fmt.Errorf("troupe: write to %s: %w", a.label(), err))
 		return false
 	}

@@ -429,3 +429,14 @@ func (n *Node) liveAssocs() int {
 	defer n.pmu.Unlock()
 	return len(n.byUID)
 }
+
+// bytesWritten sums the bytes written on every live association.
+func (n *Node) bytesWritten() uint64 {
+	n.pmu.Lock()
+	defer n.pmu.Unlock()
+	var sum uint64
+	for a := range n.all {
+		sum += a.written.Load()
+	}
+	return sum
+}

@@ -1,0 +1,226 @@
+package troupe
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"io"
+	"net"
+	"runtime"
+	"testing"
+	"time"
+)
+
+// Floors: what the same work costs without troupe, measured in the same run.
+
+func BenchmarkFloorChannel(b *testing.B) {
+	ch := make(chan count, 1024)
+	done := make(chan struct{})
+	go func() {
+		for range b.N {
+			<-ch
+		}
+		close(done)
+	}()
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := range b.N {
+		ch <- count{N: i}
+	}
+	<-done
+}
+
+func BenchmarkFloorChannelPingPong(b *testing.B) {
+	req, rep := make(chan count, 1), make(chan count, 1)
+	go func() {
+		for m := range req {
+			rep <- m
+		}
+	}()
+	defer close(req)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := range b.N {
+		req <- count{N: i}
+		<-rep
+	}
+}
+
+// tcpPair returns both ends of a loopback TCP connection.
+func tcpPair(b *testing.B) (net.Conn, net.Conn) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer l.Close()
+	acc := make(chan net.Conn, 1)
+	go func() {
+		c, _ := l.Accept()
+		acc <- c
+	}()
+	c, err := net.Dial("tcp", l.Addr().String())
+	if err != nil {
+		b.Fatal(err)
+	}
+	s := <-acc
+	b.Cleanup(func() { c.Close(); s.Close() })
+	return c, s
+}
+
+// smallFrame is the frame troupe sends for a repeated tell of count{3}.
+var smallFrame = []byte{4, 4, 2, 2, 6}
+
+func BenchmarkFloorTCPStream(b *testing.B) {
+	c, s := tcpPair(b)
+	done := make(chan struct{})
+	go func() {
+		r := bufio.NewReaderSize(s, 64<<10)
+		for range b.N {
+			n, _ := binary.ReadUvarint(r)
+			r.Discard(int(n))
+		}
+		close(done)
+	}()
+	w := bufio.NewWriterSize(c, 64<<10)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range b.N {
+		w.Write(smallFrame)
+	}
+	w.Flush()
+	<-done
+}
+
+func BenchmarkFloorTCPRequestReply(b *testing.B) {
+	c, s := tcpPair(b)
+	go func() {
+		buf := make([]byte, len(smallFrame))
+		for {
+			if _, err := io.ReadFull(s, buf); err != nil {
+				return
+			}
+			s.Write(buf)
+		}
+	}()
+	buf := make([]byte, len(smallFrame))
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range b.N {
+		c.Write(smallFrame)
+		io.ReadFull(c, buf)
+	}
+}
+
+func benchConfig(listen ...string) Config {
+	cfg := testConfig(listen...)
+	cfg.MailboxLimit = -1
+	cfg.SendQueueLimit = -1
+	return cfg
+}
+
+// counter spawns an actor that closes done after n messages.
+func counter(b *testing.B, n *Node, name string, total int) (Ref[count], chan struct{}) {
+	done := make(chan struct{})
+	seen := 0
+	r, err := Spawn(n, name, Behavior[count]{Receive: func(*Context[count], count) {
+		if seen++; seen == total {
+			close(done)
+		}
+	}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	return r, done
+}
+
+func BenchmarkLocalTell(b *testing.B) {
+	n := startNode(b, benchConfig())
+	r, done := counter(b, n, "sink", b.N)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := range b.N {
+		r.Tell(count{N: i})
+	}
+	<-done
+}
+
+func BenchmarkLocalAsk(b *testing.B) {
+	n := startNode(b, benchConfig())
+	echo := spawnEcho(b, n, "echo")
+	ctx := context.Background()
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := range b.N {
+		if _, err := Ask(ctx, echo, func(r Ref[testPong]) testPing { return testPing{N: i, ReplyTo: r} }); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func benchTransports(b *testing.B, body func(b *testing.B, listen string)) {
+	b.Run("tcp", func(b *testing.B) { body(b, "tcp://127.0.0.1:0") })
+	b.Run("unix", func(b *testing.B) { body(b, "unix://"+shortSocket(b)) })
+}
+
+func BenchmarkRemoteTell(b *testing.B) {
+	benchTransports(b, func(b *testing.B, listen string) {
+		a := startNode(b, benchConfig())
+		srv := startNode(b, benchConfig(listen))
+		_, done := counter(b, srv, "sink", b.N+1)
+		r, err := Resolve[count](context.Background(), a, FormatRef(srv.Addrs()[0], "/user/sink"))
+		if err != nil {
+			b.Fatal(err)
+		}
+		r.Tell(count{}) // define the target and type ids
+		before := a.bytesWritten()
+		b.ReportAllocs()
+		b.ResetTimer()
+		for i := range b.N {
+			r.Tell(count{N: i & 63})
+		}
+		<-done
+		b.StopTimer()
+		b.ReportMetric(float64(a.bytesWritten()-before)/float64(b.N), "wire-B/msg")
+	})
+}
+
+func BenchmarkRemoteAsk(b *testing.B) {
+	benchTransports(b, func(b *testing.B, listen string) {
+		a := startNode(b, benchConfig())
+		srv := startNode(b, benchConfig(listen))
+		spawnEcho(b, srv, "echo")
+		ctx := context.Background()
+		r, err := Resolve[testPing](ctx, a, FormatRef(srv.Addrs()[0], "/user/echo"))
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.ReportAllocs()
+		b.ResetTimer()
+		for i := range b.N {
+			if _, err := Ask(ctx, r, func(rr Ref[testPong]) testPing { return testPing{N: i, ReplyTo: rr} }); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
+
+func BenchmarkSpawn(b *testing.B) {
+	n := startNode(b, benchConfig())
+	beh := Behavior[count]{Receive: func(*Context[count], count) {}}
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range b.N {
+		if _, err := Spawn(n, "", beh); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.StopTimer()
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/float64(b.N), "B/idle-actor")
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "spawns/s")
+	_ = time.Second
+}
