@@ -51,14 +51,16 @@ const (
 	assocClosed                       // finished; err says why
 )
 
-// outRec is one frame waiting to be written: a user message for h, or a
-// control frame already encoded (kind byte first).
+// outRec is one frame waiting to be written: a user message for h, or
+// (h nil) a control frame already encoded, kind byte first, in msg.
 type outRec struct {
 	h   *handle
 	msg any
 	mt  *msgType
-	ctl []byte
 }
+
+// ctlFrame is the body of a control frame in an outRec.
+type ctlFrame []byte
 
 // watchPair records that a local watcher watches an actor over this
 // association, so that a lost link can tell the watcher.
@@ -88,7 +90,7 @@ type assoc struct {
 	// mu guards everything below up to the writer's fields.
 	mu       sync.Mutex
 	state    assocState
-	queue    []outRec
+	queue    recQueue
 	fwd      *assoc // merged into this association; send there
 	err      error  // why it ended (closed only)
 	pending  map[pendingAsk]struct{}
@@ -106,11 +108,12 @@ type assoc struct {
 	outTypes   map[*msgType]uint32
 	outTargets map[refKey]uint32
 	wbuf       []byte
-	spare      []outRec
+	enc        encoder
 
 	// Owned by the reader goroutine.
 	inTypes   []inType
 	inTargets []inTarget
+	dec       decoder
 }
 
 // inTarget is an entry of the receive-side target table.
@@ -127,7 +130,7 @@ type resolveAnswer struct {
 }
 
 func newAssoc(n *Node, outbound bool, dial Addr) *assoc {
-	return &assoc{
+	a := &assoc{
 		n:          n,
 		outbound:   outbound,
 		dialAddr:   dial,
@@ -141,6 +144,9 @@ func newAssoc(n *Node, outbound bool, dial Addr) *assoc {
 		outTypes:   make(map[*msgType]uint32),
 		outTargets: make(map[refKey]uint32),
 	}
+	a.enc.a = a
+	a.dec.a, a.dec.n = a, n
+	return a
 }
 
 // addr is the address to show for the peer: the one dialed, else its first
@@ -451,13 +457,13 @@ func (a *assoc) mergeInto(w *assoc) {
 	up := a.state == assocUp
 	conn := a.conn
 	a.fwd = w
-	var moved []outRec
+	var moved recQueue
 	if up {
 		a.state = assocLeaving
-		a.queue = append(a.queue, outRec{ctl: appendBye(nil, byeDuplicate, "")})
+		a.queue.push(outRec{msg: ctlFrame(appendBye(nil, byeDuplicate, ""))})
 	} else {
 		a.state = assocClosed
-		moved, a.queue = a.queue, nil
+		moved = a.queue.take()
 	}
 	pending, watches := a.pending, a.watches
 	a.pending, a.watches = map[pendingAsk]struct{}{}, map[watchPair]struct{}{}
@@ -467,7 +473,7 @@ func (a *assoc) mergeInto(w *assoc) {
 		a.mu.Unlock()
 		a.endMoved(moved, pending, watches, t.failure())
 	} else {
-		t.queue = append(t.queue, moved...)
+		t.queue.appendQueue(moved)
 		for p := range pending {
 			t.pending[p] = struct{}{}
 		}
@@ -493,12 +499,8 @@ func (a *assoc) mergeInto(w *assoc) {
 
 // endMoved fails what a merge could not hand over because the winner had
 // ended too.
-func (a *assoc) endMoved(queue []outRec, pending map[pendingAsk]struct{}, watches map[watchPair]struct{}, err error) {
-	for _, r := range queue {
-		if r.h != nil {
-			a.n.deadLetter(r.h.String(), r.msg, err)
-		}
-	}
+func (a *assoc) endMoved(queue recQueue, pending map[pendingAsk]struct{}, watches map[watchPair]struct{}, err error) {
+	a.deadLetters(queue, err)
 	for p := range pending {
 		p.fail(err)
 	}
@@ -586,12 +588,12 @@ func (a *assoc) enqueue(r outRec) error {
 		a.mu.Unlock()
 		return a.failure()
 	}
-	if lim := a.n.cfg.SendQueueLimit; lim > 0 && len(a.queue) >= lim {
+	if lim := a.n.cfg.SendQueueLimit; lim > 0 && a.queue.len() >= lim {
 		a.mu.Unlock()
-		return fmt.Errorf("%w: %d frames waiting for %s", ErrSendQueueFull, len(a.queue), a.label())
+		return fmt.Errorf("%w: %d frames waiting for %s", ErrSendQueueFull, lim, a.label())
 	}
-	a.queue = append(a.queue, r)
-	first := len(a.queue) == 1
+	a.queue.push(r)
+	first := a.queue.len() == 1
 	a.mu.Unlock()
 	if first {
 		a.notify()
@@ -601,7 +603,7 @@ func (a *assoc) enqueue(r outRec) error {
 
 // control queues a control frame; false if the session has ended.
 func (a *assoc) control(body []byte) bool {
-	return a.enqueue(outRec{ctl: body}) == nil
+	return a.enqueue(outRec{msg: ctlFrame(body)}) == nil
 }
 
 func (a *assoc) notify() {
@@ -687,7 +689,7 @@ func (a *assoc) leave() {
 	up := a.state == assocUp
 	a.state = assocLeaving
 	if up {
-		a.queue = append(a.queue, outRec{ctl: appendBye(nil, byeLeaving, "")})
+		a.queue.push(outRec{msg: ctlFrame(appendBye(nil, byeLeaving, ""))})
 	}
 	pend := a.pending
 	a.pending = map[pendingAsk]struct{}{}
@@ -724,8 +726,8 @@ func (a *assoc) fail(err error) {
 	wasUp := a.state == assocUp || a.state == assocLeaving
 	a.state = assocClosed
 	a.err = err
-	queue, pending, resolves, watches := a.queue, a.pending, a.resolves, a.watches
-	a.queue, a.pending, a.resolves, a.watches = nil, nil, nil, nil
+	queue, pending, resolves, watches := a.queue.take(), a.pending, a.resolves, a.watches
+	a.pending, a.resolves, a.watches = nil, nil, nil
 	a.mu.Unlock()
 
 	if conn != nil {
@@ -733,11 +735,7 @@ func (a *assoc) fail(err error) {
 	}
 	a.finish()
 	serr := &sessionError{peer: a.label(), cause: err}
-	for _, r := range queue {
-		if r.h != nil {
-			a.n.deadLetter(r.h.String(), r.msg, serr)
-		}
-	}
+	a.deadLetters(queue, serr)
 	for p := range pending {
 		p.fail(serr)
 	}
@@ -770,23 +768,25 @@ func (a *assoc) writeLoop() {
 			return
 		}
 		a.mu.Lock()
-		recs := a.queue
-		a.queue = a.spare[:0]
+		recs := a.queue.take()
 		leaving := a.state == assocLeaving
 		a.mu.Unlock()
 		buf := a.wbuf[:0]
-		for i := range recs {
-			buf = a.encodeRec(buf, &recs[i])
-			recs[i] = outRec{}
-			if len(buf) >= 256<<10 {
-				if !a.write(buf) {
-					return
+		ok := true
+		recs.each(func(r *outRec) {
+			if !ok {
+				if r.h != nil {
+					a.n.deadLetter(r.h.String(), r.msg, a.failure())
 				}
+				return
+			}
+			buf = a.encodeRec(buf, r)
+			if len(buf) >= 256<<10 {
+				ok = a.write(buf)
 				buf = buf[:0]
 			}
-		}
-		a.spare = recs[:0]
-		if len(buf) > 0 && !a.write(buf) {
+		})
+		if !ok || len(buf) > 0 && !a.write(buf) {
 			return
 		}
 		if cap(buf) <= 1<<20 {
@@ -794,7 +794,7 @@ func (a *assoc) writeLoop() {
 		}
 		if leaving {
 			a.mu.Lock()
-			empty := len(a.queue) == 0
+			empty := a.queue.len() == 0
 			a.mu.Unlock()
 			if empty {
 				return
@@ -817,7 +817,10 @@ func (a *assoc) write(b []byte) bool {
 // becomes a dead letter and adds nothing.
 func (a *assoc) encodeRec(buf []byte, r *outRec) []byte {
 	if r.h == nil {
-		return appendFrame(buf, func(b []byte) []byte { return append(b, r.ctl...) })
+		start := len(buf)
+		buf = append(buf, 0)
+		buf = append(buf, r.msg.(ctlFrame)...)
+		return fixLength(buf, start)
 	}
 	if r.h.key.node != a.peerUID {
 		a.n.deadLetter(r.h.String(), r.msg, fmt.Errorf("%w: the node incarnation %s is gone", ErrNoSuchActor, r.h.key.node.String()[:8]))
@@ -850,7 +853,7 @@ func (a *assoc) encodeRec(buf []byte, r *outRec) []byte {
 		buf = binary.AppendUvarint(buf, uint64(tid)<<1|1)
 		buf = appendString(buf, r.mt.key)
 	}
-	buf, err := encodePayload(buf, a, r.mt, r.msg)
+	buf, err := a.enc.payload(buf, r.mt, r.msg)
 	if err == nil && len(buf)-start-1 > a.n.cfg.MaxFrameSize {
 		err = fmt.Errorf("%w: %d bytes, the limit is %d", ErrFrameTooBig, len(buf)-start-1, a.n.cfg.MaxFrameSize)
 	}
@@ -865,6 +868,15 @@ func (a *assoc) encodeRec(buf []byte, r *outRec) []byte {
 		a.outTypes[r.mt] = tid
 	}
 	return fixLength(buf, start)
+}
+
+// deadLetters publishes a dead letter for every message in q.
+func (a *assoc) deadLetters(q recQueue, err error) {
+	q.each(func(r *outRec) {
+		if r.h != nil {
+			a.n.deadLetter(r.h.String(), r.msg, err)
+		}
+	})
 }
 
 // readLoop reads frames until the connection ends or misbehaves.

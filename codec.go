@@ -9,6 +9,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 )
 
 // Errors of the payload codec.
@@ -42,6 +43,9 @@ type msgType struct {
 	t    reflect.Type
 	p    *plan
 	fast bool // encodes itself (WireMarshaler)
+
+	direct   bool           // stored directly in an interface (see box)
+	typeWord unsafe.Pointer // the interface type word of t
 }
 
 // registry holds every registered type. Reads go through snapshots so the
@@ -107,6 +111,7 @@ func registerType(t reflect.Type, key string) error {
 		return fmt.Errorf("troupe: RegisterMessage[%s]: %w", t, err)
 	}
 	mt.p = p
+	mt.initBox()
 	byKey[key] = mt
 	byType[t] = mt
 	registry.byKey.Store(&byKey)
@@ -705,32 +710,48 @@ func (d *decoder) readRef() *handle {
 	return d.n.refFromWire(d.a, base, key, addr)
 }
 
-// encodePayload encodes v (of registered type mt) for association a.
-func encodePayload(dst []byte, a *assoc, mt *msgType, msg any) ([]byte, error) {
+// payload appends the encoding of msg (of registered type mt). The encoder
+// is reused message after message, so encoding allocates nothing of its
+// own.
+func (e *encoder) payload(dst []byte, mt *msgType, msg any) ([]byte, error) {
 	if mt.fast {
 		return msg.(WireMarshaler).AppendWire(dst), nil
 	}
-	e := encoder{b: dst, a: a}
-	mt.p.enc(&e, reflect.ValueOf(msg))
-	return e.b, e.err
+	e.b, e.depth, e.err = dst, 0, nil
+	mt.p.enc(e, reflect.ValueOf(msg))
+	dst, err := e.b, e.err
+	e.b = nil
+	return dst, err
 }
 
-// decodePayload decodes a value of mt from b, which must be consumed whole.
-func decodePayload(n *Node, a *assoc, mt *msgType, b []byte) (any, error) {
+// payload decodes a value of mt from b, which must be consumed whole.
+func (d *decoder) payload(mt *msgType, b []byte) (any, error) {
 	v := reflect.New(mt.t)
 	if mt.fast {
 		if err := v.Interface().(WireUnmarshaler).UnmarshalWire(b); err != nil {
 			return nil, fmt.Errorf("%w: %s: %v", ErrMalformed, mt.key, err)
 		}
-		return v.Elem().Interface(), nil
+		return mt.box(v), nil
 	}
-	d := decoder{b: b, a: a, n: n}
-	mt.p.dec(&d, v.Elem())
+	d.b, d.off, d.depth, d.err = b, 0, 0, nil
+	mt.p.dec(d, v.Elem())
 	if d.err == nil && d.remaining() != 0 {
 		d.fail("%d bytes left over after %s", d.remaining(), mt.key)
 	}
+	d.b = nil
 	if d.err != nil {
 		return nil, fmt.Errorf("payload %q: %w", mt.key, d.err)
 	}
-	return v.Elem().Interface(), nil
+	return mt.box(v), nil
+}
+
+// encodePayload and decodePayload are the one-shot forms, for tests.
+func encodePayload(dst []byte, a *assoc, mt *msgType, msg any) ([]byte, error) {
+	e := encoder{a: a}
+	return e.payload(dst, mt, msg)
+}
+
+func decodePayload(n *Node, a *assoc, mt *msgType, b []byte) (any, error) {
+	d := decoder{a: a, n: n}
+	return d.payload(mt, b)
 }

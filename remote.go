@@ -192,21 +192,20 @@ func (a *assoc) onTell(b []byte) error {
 	if d.err != nil {
 		return d.err
 	}
-	target := n.localRefString(it.path)
 	if ty.mt == nil {
-		n.deadLetter(target, nil, fmt.Errorf("%w: unknown wire key %q from %s", ErrNotRegistered, ty.key, a.label()))
+		n.deadLetter(n.localRefString(it.path), nil, fmt.Errorf("%w: unknown wire key %q from %s", ErrNotRegistered, ty.key, a.label()))
 		return nil
 	}
-	msg, err := decodePayload(n, a, ty.mt, b[d.off:])
+	msg, err := a.dec.payload(ty.mt, b[d.off:])
 	if err != nil {
 		return err
 	}
 	if it.target == nil {
-		n.deadLetter(target, msg, ErrNoSuchActor)
+		n.deadLetter(n.localRefString(it.path), msg, ErrNoSuchActor)
 		return nil
 	}
 	if err := it.target.tellAny(msg); err != nil {
-		n.deadLetter(target, msg, err)
+		n.deadLetter(n.localRefString(it.path), msg, err)
 	}
 	return nil
 }
