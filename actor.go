@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"unsafe"
 )
 
 // Errors about actors and delivery. Each is the Reason of a [DeadLetter] or
@@ -113,7 +114,8 @@ const throughput = 512
 // its state. It holds no goroutine while its mailbox is empty.
 type cell[T any] struct {
 	n      *Node
-	self   *handle
+	self   *handle // points at selfH
+	selfH  handle
 	parent parentCell // nil for a top-level actor
 	b      Behavior[T]
 	ctx    Context[T]
@@ -243,6 +245,7 @@ func Spawn[T any](p Spawner, name string, b Behavior[T]) (Ref[T], error) {
 	if pc, ok := parent.(interface{ path() string }); ok {
 		base = pc.path()
 	}
+	var path string
 	if name == "" {
 		var seq uint64
 		if pc, ok := parent.(interface{ nextChild() uint64 }); ok {
@@ -250,9 +253,15 @@ func Spawn[T any](p Spawner, name string, b Behavior[T]) (Ref[T], error) {
 		} else {
 			seq = n.anonSeq.Add(1)
 		}
-		name = "$" + formatBase36(seq)
+		// One allocation for the whole path; the name is its tail.
+		b := make([]byte, 0, len(base)+15)
+		b = appendBase36(append(append(b, base...), "/$"...), seq)
+		path = unsafe.String(&b[0], len(b))
+	} else {
+		path = base + "/" + name
 	}
-	c.self = &handle{node: n, key: refKey{node: n.uid, path: base + "/" + name, uuid: n.newUUID()}, local: c}
+	c.selfH = handle{node: n, key: refKey{node: n.uid, path: path, uuid: n.newUUID()}, local: c}
+	c.self = &c.selfH
 	if err := n.addActor(c.self.key.path, c.self); err != nil {
 		return Ref[T]{}, err
 	}

@@ -343,6 +343,10 @@ func (a *adapter[U, T]) watchHandle() *handle   { return a.owner.self }
 func (a *adapter[U, T]) protocol() reflect.Type { return reflect.TypeFor[U]() }
 
 func formatBase36(v uint64) string {
+	return string(appendBase36(nil, v))
+}
+
+func appendBase36(dst []byte, v uint64) []byte {
 	const digits = "0123456789abcdefghijklmnopqrstuvwxyz"
 	var b [13]byte
 	i := len(b)
@@ -351,7 +355,7 @@ func formatBase36(v uint64) string {
 		b[i] = digits[v%36]
 		v /= 36
 		if v == 0 {
-			return string(b[i:])
+			return append(dst, b[i:]...)
 		}
 	}
 }
