@@ -1,0 +1,76 @@
+// Package troupe is an actor runtime for Go services that must find each
+// other by name and survive each other's failure.
+//
+// A process runs a [Node]. A node hosts actors — each a mailbox and a
+// behavior, run by a goroutine only while it has messages — and talks to
+// other nodes over TCP or Unix domain sockets with a small hand-written
+// binary codec. A [Ref] to an actor may travel inside a message to another
+// node and arrives there as a usable ref, so replies find their way back.
+//
+// # Starting and stopping a node
+//
+//	n, err := troupe.Start(ctx, troupe.Config{
+//		Name:   "billing",
+//		Listen: []string{"tcp://127.0.0.1:7001", "unix:///run/billing.sock"},
+//	})
+//	if err != nil { ... }
+//	defer n.Close()
+//
+// [Node.Close] is idempotent; it tells peers the node is leaving, stops
+// every actor, closes every connection and waits for every goroutine the
+// node started. Each call to [Start] mints a fresh random [NodeUID], so a
+// node restarted at the same address is a different peer.
+//
+// # Actors
+//
+// An actor's protocol is the type of message it accepts; a protocol of
+// several messages is an interface type. [Spawn] starts an actor with a
+// [Behavior] and returns its [Ref]:
+//
+//	counter, err := troupe.Spawn(n, "counter", troupe.Behavior[Add]{
+//		Receive: func(c *troupe.Context[Add], m Add) { total += m.N },
+//	})
+//	counter.Tell(Add{N: 2})
+//
+// Handlers of one actor never run concurrently, so its state needs no
+// lock. [Ref.Tell] never blocks on the network. [Ask] sends a request
+// carrying a temporary reply ref and waits for the reply. [Context.Watch]
+// asks for a [Terminated] signal when another actor — local or remote —
+// stops; signals travel on a system lane that is drained before user
+// messages. A handler that panics stops its actor (not the node), and the
+// panic is the stop reason. Children spawned from a [Context] stop with
+// their parent. [MessageAdapter] makes a ref of another message type that
+// converts into the actor's protocol; it is addressable across the wire.
+//
+// # Remote messaging
+//
+// Only message types that cross a link need a wire key, given once with
+// [RegisterMessage]. [Resolve] turns a ref string such as
+// "troupe://127.0.0.1:7001/user/counter" into a ref, checking that the
+// remote actor exists and accepts the type asked for. Two nodes keep one
+// association (one connection) however they first met, and messages from
+// one sender to one actor arrive in the order sent. The byte layout is in
+// wire.md beside wire.go.
+//
+// # Events and dead letters
+//
+// Each node has an event stream ([Node.Events]); subscribe with
+// [Subscribe] or [SubscribeChan]. Every message that cannot be delivered
+// becomes a [DeadLetter] event naming the target and the reason; a peer
+// that sends bytes this node cannot accept has its connection closed and a
+// [ProtocolError] event published, and nothing else is disturbed.
+//
+// # Errors
+//
+// Errors are values: compare with errors.Is against the exported sentinels
+// ([ErrNodeClosed], [ErrNoSuchActor], [ErrWrongType], [ErrPeerLeft],
+// [ErrSessionEnded], [ErrNotRegistered], [ErrMalformed], …) and use
+// errors.As for [*PanicError], [*FrameError] and [*RemoteError].
+//
+// # Concurrency
+//
+// [Node], [Ref], [Events] and the package functions are safe for
+// concurrent use. A [Context] belongs to its actor's goroutine and must be
+// used only inside that actor's handlers. Event callbacks run on the
+// goroutine that published the event and must not block.
+package troupe
