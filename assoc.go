@@ -103,6 +103,13 @@ type assoc struct {
 	writerDone chan struct{} // closed when the writer has exited
 
 	written atomic.Uint64 // bytes written to the connection
+	in      *stampReader  // the connection's reading side; nil until connected
+	beat    atomic.Bool   // the writer owes the peer a heartbeat
+	doom    error         // why the session must end, set before its conn is closed (mu)
+
+	// Owned by the node's heartbeat goroutine.
+	det      WindowDetector
+	lastBeat time.Time
 
 	// Owned by the writer goroutine.
 	outTypes   map[*msgType]uint32
@@ -179,6 +186,9 @@ func (n *Node) assocFor(addr Addr) (*assoc, error) {
 	if a := n.byAddr[addr]; a != nil {
 		return a, nil
 	}
+	if q := n.quarantineFor(NodeUID{}, addr); q != nil {
+		return nil, fmt.Errorf("troupe: %s: %w since %s (%v); call Reconnect to try again", addr, ErrQuarantined, q.Since.Format(time.RFC3339), q.Cause)
+	}
 	a := newAssoc(n, true, addr)
 	n.byAddr[addr] = a
 	n.all[a] = struct{}{}
@@ -210,7 +220,8 @@ func (a *assoc) runOutbound() {
 		a.fail(fmt.Errorf("troupe: handshake with %s: %w", a.dialAddr, err))
 		return
 	}
-	fr := newFrameReader(c, n.cfg.MaxFrameSize)
+	a.in = &stampReader{c: c, epoch: n.epoch}
+	fr := newFrameReader(a.in, n.cfg.MaxFrameSize)
 	body, err := fr.next()
 	if err != nil {
 		a.fail(fmt.Errorf("troupe: handshake with %s: %w", a.dialAddr, err))
@@ -227,6 +238,10 @@ func (a *assoc) runOutbound() {
 		if code == rejectDuplicate && d.err == nil {
 			c.Close()
 			n.awaitWinner(a, uid)
+			return
+		}
+		if code == rejectQuarantined {
+			a.fail(fmt.Errorf("%w: %w: %s: %s", ErrRejected, ErrQuarantinedByPeer, a.dialAddr, text))
 			return
 		}
 		a.fail(fmt.Errorf("%w: %s: %s", ErrRejected, a.dialAddr, text))
@@ -256,7 +271,8 @@ func (n *Node) serveInbound(c net.Conn) {
 		c.Close()
 		return
 	}
-	fr := newFrameReader(c, n.cfg.MaxFrameSize)
+	in := &stampReader{c: c, epoch: n.epoch}
+	fr := newFrameReader(in, n.cfg.MaxFrameSize)
 	body, err := fr.hello()
 	var h *hello
 	if err == nil {
@@ -273,7 +289,7 @@ func (n *Node) serveInbound(c net.Conn) {
 		return
 	}
 	a := newAssoc(n, false, Addr{})
-	a.conn = c
+	a.conn, a.in = c, in
 	n.pmu.Lock()
 	n.all[a] = struct{}{}
 	n.pmu.Unlock()
@@ -337,6 +353,9 @@ func (n *Node) attach(a *assoc, h *hello) bool {
 		reject, text = rejectClosing, "node is closing"
 	case h.uid == n.uid:
 		reject, text = rejectOther, "a node cannot associate with itself"
+	case n.quarantineFor(h.uid, a.peerAddrs...) != nil:
+		q := n.quarantineFor(h.uid, a.peerAddrs...)
+		reject, text = rejectQuarantined, fmt.Sprintf("%s quarantined you at %s (%v); it must call ClearQuarantine or Reconnect first", n.name, q.Since.Format(time.RFC3339), q.Cause)
 	default:
 		ex := n.byUID[h.uid]
 		if ex == nil && !a.outbound {
@@ -365,6 +384,10 @@ func (n *Node) attach(a *assoc, h *hello) bool {
 	if reject != 255 {
 		delete(n.all, a)
 		n.pmu.Unlock()
+		if a.outbound {
+			a.fail(fmt.Errorf("troupe: dial %s: %s", a.dialAddr, text))
+			return false
+		}
 		a.conn.Write(rejectFrame(reject, n.uid, text))
 		a.conn.Close()
 		a.finish()
@@ -378,6 +401,7 @@ func (n *Node) attach(a *assoc, h *hello) bool {
 		a.state = assocUp
 	}
 	a.mu.Unlock()
+	a.det = WindowDetector{Window: n.cfg.UnreachableAfter, Start: time.Now()}
 	if loser == a {
 		// This connection lost to one that is already up: retire it
 		// (the peer is told, and both ends drain it).
@@ -705,7 +729,9 @@ func (a *assoc) leave() {
 
 // fail ends the session with err: queued messages become dead letters,
 // pending asks and resolves fail, and every local watcher of an actor on
-// the peer gets Terminated.
+// the peer gets Terminated. A session that was up and did not end by a
+// goodbye from either side (the peer went silent, its connection broke, or
+// it sent something malformed) quarantines the peer.
 func (a *assoc) fail(err error) {
 	a.mu.Lock()
 	if a.state == assocClosed {
@@ -724,17 +750,40 @@ func (a *assoc) fail(err error) {
 		return
 	}
 	wasUp := a.state == assocUp || a.state == assocLeaving
+	leaving := a.state == assocLeaving
+	if a.doom != nil {
+		err = a.doom
+	}
 	a.state = assocClosed
 	a.err = err
 	queue, pending, resolves, watches := a.queue.take(), a.pending, a.resolves, a.watches
 	a.pending, a.resolves, a.watches = nil, nil, nil
 	a.mu.Unlock()
 
+	closing := leaving || errors.Is(err, ErrNodeClosed)
+	select {
+	case <-a.n.done:
+		closing = true
+	default:
+	}
+	quarantine := wasUp && !closing && !errors.Is(err, ErrPeerLeft)
+	reason := err
+	if quarantine {
+		a.n.addQuarantine(a, err)
+		reason = &quarantineError{peer: a.label(), uid: a.peerUID, cause: err}
+		a.mu.Lock()
+		a.err = reason
+		a.mu.Unlock()
+		a.n.log.Warn("troupe: peer unreachable; quarantined until Reconnect or ClearQuarantine", "peer", a.label(), "uid", a.peerUID.String(), "cause", err)
+	}
 	if conn != nil {
 		conn.Close()
 	}
 	a.finish()
-	serr := &sessionError{peer: a.label(), cause: err}
+	serr := &sessionError{peer: a.label(), cause: reason}
+	if wasUp && !closing {
+		a.n.events.Publish(PeerUnreachable{Addr: a.addr(), UID: a.peerUID, Name: a.peerName, Quarantined: quarantine, Reason: reason})
+	}
 	a.deadLetters(queue, serr)
 	for p := range pending {
 		p.fail(serr)
@@ -742,19 +791,28 @@ func (a *assoc) fail(err error) {
 	for _, ch := range resolves {
 		close(ch)
 	}
-	reason := err
-	if errors.Is(err, io.EOF) {
-		reason = serr
-	}
 	for w := range watches {
 		w.watcher.signal(sysMsg{kind: sysTerminated, key: w.target, reason: reason})
 	}
-	if wasUp && !errors.Is(err, ErrNodeClosed) {
-		a.n.events.Publish(PeerDisconnected{Addr: a.addr(), UID: a.peerUID, Reason: err})
-	}
 	if wasUp {
-		a.n.log.Debug("troupe: association ended", "peer", a.label(), "reason", err)
+		a.n.log.Debug("troupe: association ended", "peer", a.label(), "reason", reason)
 	}
+}
+
+// stampReader is a connection's reading side; it records when bytes last
+// arrived, for the failure detector. Any bytes count as a sign of life.
+type stampReader struct {
+	c     net.Conn
+	epoch time.Time
+	heard atomic.Int64 // nanoseconds after epoch of the last read, 0 if none
+}
+
+func (r *stampReader) Read(p []byte) (int, error) {
+	n, err := r.c.Read(p)
+	if n > 0 {
+		r.heard.Store(int64(time.Since(r.epoch)))
+	}
+	return n, err
 }
 
 // writeLoop is the association's only writer: it takes everything queued,
@@ -772,6 +830,9 @@ func (a *assoc) writeLoop() {
 		leaving := a.state == assocLeaving
 		a.mu.Unlock()
 		buf := a.wbuf[:0]
+		if a.beat.Swap(false) {
+			buf = append(buf, 1, byte(frameHeartbeat)) // ahead of everything queued
+		}
 		ok := true
 		recs.each(func(r *outRec) {
 			if !ok {
@@ -784,6 +845,9 @@ func (a *assoc) writeLoop() {
 			if len(buf) >= 256<<10 {
 				ok = a.write(buf)
 				buf = buf[:0]
+				if a.beat.Swap(false) {
+					buf = append(buf, 1, byte(frameHeartbeat))
+				}
 			}
 		})
 		if !ok || len(buf) > 0 && !a.write(buf) {
@@ -807,10 +871,23 @@ func (a *assoc) write(b []byte) bool {
 	n, err := a.conn.Write(b)
 	a.written.Add(uint64(n))
 	if err != nil {
-		a.fail(fmt.Errorf("troupe: write to %s: %w", a.label(), err))
+		a.abort(fmt.Errorf("troupe: write to %s: %w", a.label(), err))
 		return false
 	}
 	return true
+}
+
+// abort ends an up session from a goroutine other than its reader: it
+// records why and closes the connection, and the reader ends the session
+// after its last delivery.
+func (a *assoc) abort(cause error) {
+	a.mu.Lock()
+	if a.doom == nil {
+		a.doom = cause
+	}
+	conn := a.conn
+	a.mu.Unlock()
+	conn.Close()
 }
 
 // encodeRec appends the frame for r. A message that cannot be encoded

@@ -1,6 +1,7 @@
 package troupe
 
 import (
+	"crypto/rand"
 	"errors"
 	"net"
 	"os"
@@ -19,7 +20,9 @@ func rawHandshake(t *testing.T, n *Node) net.Conn {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
-	h := &hello{version: protocolVersion, uid: NodeUID{9, 9, 9}, name: "raw"}
+	// A fresh uid each time: a peer that misbehaved is quarantined.
+	h := &hello{version: protocolVersion, name: "raw"}
+	rand.Read(h.uid[:])
 	if _, err := c.Write(appendFrame(nil, func(b []byte) []byte { return appendHello(b, frameHello, h) })); err != nil {
 		t.Fatal(err)
 	}

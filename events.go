@@ -7,7 +7,7 @@ import (
 )
 
 // Events is a node's event stream: the node publishes [DeadLetter],
-// [PeerConnected], [PeerDisconnected] and [ProtocolError] events on it, and
+// [PeerConnected], [PeerUnreachable] and [ProtocolError] events on it, and
 // programs may publish their own. Subscribe with [Subscribe] or
 // [SubscribeChan].
 //
@@ -172,14 +172,6 @@ type PeerConnected struct {
 	Addr Addr    // an address of the peer (the one dialed, or its first listen address)
 	UID  NodeUID // the peer incarnation's uid
 	Name string  // the peer's configured name
-}
-
-// PeerDisconnected is published when an association ends: the peer left
-// gracefully (Reason is ErrPeerLeft), this node closed, or the link broke.
-type PeerDisconnected struct {
-	Addr   Addr
-	UID    NodeUID
-	Reason error
 }
 
 // ProtocolError is published when a peer sent something this node could not

@@ -79,8 +79,10 @@ func testConfig(listen ...string) Config {
 	return Config{
 		Listen:           listen,
 		Logger:           quietLogger(),
-		DialTimeout:      2 * time.Second,
-		HandshakeTimeout: 2 * time.Second,
+		DialTimeout:       2 * time.Second,
+		HandshakeTimeout:  2 * time.Second,
+		HeartbeatInterval: 100 * time.Millisecond,
+		UnreachableAfter:  2 * time.Second,
 	}
 }
 

@@ -66,6 +66,15 @@ type Config struct {
 	// directions. Default: 5 s.
 	HandshakeTimeout time.Duration
 
+	// HeartbeatInterval is how often each association sends a heartbeat.
+	// Default: 1 s.
+	HeartbeatInterval time.Duration
+
+	// UnreachableAfter is how long a peer may stay silent (nothing at all
+	// arriving from it) before it is declared unreachable and quarantined.
+	// It must be at least three heartbeat intervals. Default: 10 s.
+	UnreachableAfter time.Duration
+
 	// AllowUIDs lists the user ids, besides this process's own, whose
 	// processes may connect over this node's Unix sockets. Default: none
 	// (only the same user).
@@ -97,6 +106,12 @@ func (c Config) withDefaults() Config {
 	if c.HandshakeTimeout == 0 {
 		c.HandshakeTimeout = 5 * time.Second
 	}
+	if c.HeartbeatInterval == 0 {
+		c.HeartbeatInterval = time.Second
+	}
+	if c.UnreachableAfter == 0 {
+		c.UnreachableAfter = 10 * time.Second
+	}
 	return c
 }
 
@@ -108,6 +123,10 @@ func (c Config) validate() error {
 		return fmt.Errorf("%w: negative timeout", ErrBadConfig)
 	case len(c.Name) > 255:
 		return fmt.Errorf("%w: Name longer than 255 bytes", ErrBadConfig)
+	case c.HeartbeatInterval < time.Millisecond:
+		return fmt.Errorf("%w: HeartbeatInterval %v is below 1 ms", ErrBadConfig, c.HeartbeatInterval)
+	case c.UnreachableAfter < 3*c.HeartbeatInterval:
+		return fmt.Errorf("%w: UnreachableAfter %v must be at least 3 heartbeat intervals (%v); a shorter window mistakes an ordinary pause for a dead peer", ErrBadConfig, c.UnreachableAfter, 3*c.HeartbeatInterval)
 	}
 	return nil
 }
@@ -129,6 +148,7 @@ type Node struct {
 	uuidBase  [16]byte // actor uuids are this with a counter mixed in
 	ctx       context.Context
 	cancel    context.CancelFunc
+	epoch     time.Time // the zero of the monotonic stamps in connections
 
 	uuidSeq atomic.Uint64
 	anonSeq atomic.Uint64
@@ -146,6 +166,8 @@ type Node struct {
 	all      map[*assoc]struct{} // every association not yet finished
 	awaiting map[NodeUID][]*assoc
 	pclosing bool
+	// quarantine lists the peer incarnations this node has given up on.
+	quarantine []*QuarantineInfo
 
 	// Lifecycle.
 	closeOnce sync.Once
@@ -182,6 +204,7 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 	}
 	n.log = n.log.With("node", n.name)
 	n.ctx, n.cancel = context.WithCancel(context.Background())
+	n.epoch = time.Now()
 	for _, s := range cfg.Listen {
 		a, err := ParseAddr(s)
 		if err == nil {
@@ -195,6 +218,7 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 	for _, l := range n.listeners {
 		n.wg.Go(func() { n.acceptLoop(l) })
 	}
+	n.wg.Go(n.heartbeatLoop)
 	return n, nil
 }
 

@@ -160,7 +160,7 @@ func TestPeerCloseTerminatesWatchersWithPeerLeft(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		gone := make(chan PeerDisconnected, 1)
+		gone := make(chan PeerUnreachable, 1)
 		SubscribeChan(a.Events(), gone)
 		dead := make(chan DeadLetter, 4)
 		SubscribeChan(a.Events(), dead)
@@ -171,8 +171,8 @@ func TestPeerCloseTerminatesWatchersWithPeerLeft(t *testing.T) {
 		if term := recv(t, got, "Terminated"); !errors.Is(term.Reason, ErrPeerLeft) {
 			t.Fatalf("reason = %v, want ErrPeerLeft", term.Reason)
 		}
-		if ev := recv(t, gone, "PeerDisconnected"); ev.UID != b.UID() || !errors.Is(ev.Reason, ErrPeerLeft) {
-			t.Fatalf("PeerDisconnected = %+v", ev)
+		if ev := recv(t, gone, "PeerUnreachable"); ev.UID != b.UID() || ev.Quarantined || !errors.Is(ev.Reason, ErrPeerLeft) {
+			t.Fatalf("PeerUnreachable = %+v, want an unquarantined goodbye", ev)
 		}
 		remote.Tell(testPing{N: 1})
 		if dl := recv(t, dead, "dead letter"); !errors.Is(dl.Reason, ErrSessionEnded) || !errors.Is(dl.Reason, ErrPeerLeft) {

@@ -270,6 +270,7 @@ const (
 	rejectClosing               // the acceptor is shutting down
 	rejectVersion               // unsupported protocol version
 	rejectAuth                  // the peer is not allowed
+	rejectQuarantined           // the acceptor has quarantined the dialer
 )
 
 // Termination reason codes in a frameTerminated. Append only.

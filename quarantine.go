@@ -1,0 +1,197 @@
+package troupe
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+)
+
+// Errors about unreachable peers and quarantine.
+var (
+	// ErrPeerUnreachable is wrapped by the [Terminated] reason a watcher
+	// gets when the watched actor's node stopped answering (or its
+	// connection broke without a goodbye) and was quarantined. The actor may
+	// well be alive: this node cannot tell.
+	ErrPeerUnreachable = errors.New("troupe: peer unreachable")
+	// ErrQuarantined is wrapped by the dead-letter reason of every message
+	// for a quarantined peer, by the error of an [Ask] pending when the
+	// peer was quarantined, and by the error of [Resolve] or a dial to a
+	// quarantined address. Only [Node.Reconnect] or [Node.ClearQuarantine]
+	// lifts a quarantine.
+	ErrQuarantined = errors.New("troupe: peer quarantined")
+	// ErrQuarantinedByPeer is wrapped by the error of [Node.Reconnect] (or
+	// any dial) when the peer has quarantined this node and not yet
+	// cleared it: the peer must call ClearQuarantine or Reconnect first.
+	ErrQuarantinedByPeer = errors.New("troupe: the peer has quarantined this node")
+)
+
+// PeerUnreachable is published when an association with a peer ends other
+// than by this node's own Close. Quarantined is true when this node gave up
+// on the peer — it stayed silent for [Config.UnreachableAfter], or its
+// connection broke or misbehaved — and false when the peer said goodbye
+// (closed gracefully): the link simply ended.
+type PeerUnreachable struct {
+	Addr        Addr    // an address of the peer
+	UID         NodeUID // the peer incarnation's uid
+	Name        string  // the peer's configured name
+	Quarantined bool
+	Reason      error
+}
+
+// QuarantineInfo describes one quarantined peer incarnation.
+type QuarantineInfo struct {
+	UID   NodeUID
+	Name  string
+	Addrs []Addr // the dialed address and every address the peer announced
+	Since time.Time
+	Cause error
+}
+
+// quarantineError is the reason carried by everything a quarantine ends.
+type quarantineError struct {
+	peer  string
+	uid   NodeUID
+	cause error
+}
+
+func (e *quarantineError) Error() string {
+	return fmt.Sprintf("troupe: peer %s (uid %s) is unreachable and quarantined: %v", e.peer, e.uid.String()[:8], e.cause)
+}
+
+func (e *quarantineError) Unwrap() []error { return []error{ErrPeerUnreachable, ErrQuarantined, e.cause} }
+
+// quarantineFor returns the quarantine entry covering uid or any of addrs.
+// The caller holds n.pmu.
+func (n *Node) quarantineFor(uid NodeUID, addrs ...Addr) *QuarantineInfo {
+	for _, q := range n.quarantine {
+		if q.UID == uid {
+			return q
+		}
+		for _, a := range addrs {
+			if slices.Contains(q.Addrs, a) {
+				return q
+			}
+		}
+	}
+	return nil
+}
+
+// addQuarantine records that this node gave up on a's peer.
+func (n *Node) addQuarantine(a *assoc, cause error) {
+	addrs := slices.Clone(a.peerAddrs)
+	if a.outbound && !slices.Contains(addrs, a.dialAddr) {
+		addrs = append(addrs, a.dialAddr)
+	}
+	n.pmu.Lock()
+	defer n.pmu.Unlock()
+	if q := n.quarantineFor(a.peerUID, addrs...); q != nil && q.UID == a.peerUID {
+		return
+	}
+	n.quarantine = append(n.quarantine, &QuarantineInfo{UID: a.peerUID, Name: a.peerName, Addrs: addrs, Since: time.Now(), Cause: cause})
+}
+
+// Quarantined lists the peers this node has quarantined.
+func (n *Node) Quarantined() []QuarantineInfo {
+	n.pmu.Lock()
+	defer n.pmu.Unlock()
+	out := make([]QuarantineInfo, 0, len(n.quarantine))
+	for _, q := range n.quarantine {
+		c := *q
+		c.Addrs = slices.Clone(q.Addrs)
+		out = append(out, c)
+	}
+	return out
+}
+
+// ClearQuarantine lifts this node's quarantine of the peer at addr (and of
+// every other address that peer announced), so that the peer may connect
+// again, or this node may dial it. It does not connect. It reports whether
+// anything was quarantined.
+func (n *Node) ClearQuarantine(addr Addr) bool {
+	n.pmu.Lock()
+	defer n.pmu.Unlock()
+	before := len(n.quarantine)
+	n.quarantine = slices.DeleteFunc(n.quarantine, func(q *QuarantineInfo) bool { return slices.Contains(q.Addrs, addr) })
+	return len(n.quarantine) != before
+}
+
+// Reconnect clears this node's quarantine of addr and associates with the
+// node there again, waiting for the handshake. Refs obtained before the
+// quarantine stay dead (they belong to the ended session): resolve again.
+// If the peer has not cleared its own quarantine of this node, Reconnect
+// fails with an error wrapping [ErrQuarantinedByPeer]; it also returns the
+// dial or handshake error, ctx.Err(), or [ErrNodeClosed].
+func (n *Node) Reconnect(ctx context.Context, addr Addr) error {
+	n.ClearQuarantine(addr)
+	a, err := n.assocFor(addr)
+	if err != nil {
+		return err
+	}
+	if err := a.awaitUp(ctx); err != nil {
+		return fmt.Errorf("troupe: reconnect %s: %w", addr, err)
+	}
+	return nil
+}
+
+// heartbeatLoop is the node's one liveness goroutine: every quarter
+// interval it feeds each association's detector the time it last heard from
+// the peer, quarantines the silent ones, and asks each writer for a
+// heartbeat once per interval.
+func (n *Node) heartbeatLoop() {
+	t := time.NewTicker(n.cfg.HeartbeatInterval / 4)
+	defer t.Stop()
+	for {
+		select {
+		case <-n.done:
+			return
+		case now := <-t.C:
+			n.pmu.Lock()
+			assocs := make([]*assoc, 0, len(n.byUID))
+			for _, a := range n.byUID {
+				assocs = append(assocs, a)
+			}
+			n.pmu.Unlock()
+			for _, a := range assocs {
+				a.checkLiveness(now)
+			}
+		}
+	}
+}
+
+// checkLiveness steps a's detector; it runs on the heartbeat goroutine,
+// which owns det and lastBeat.
+func (a *assoc) checkLiveness(now time.Time) {
+	if a.in == nil {
+		return
+	}
+	if at := a.in.heard.Load(); at != 0 {
+		a.det.Heartbeat(a.n.epoch.Add(time.Duration(at)))
+	}
+	if !a.det.Available(now) {
+		a.declareUnreachable(fmt.Errorf("nothing heard for %v (the limit is %v)", now.Sub(a.det.LastHeard()).Round(time.Millisecond), a.n.cfg.UnreachableAfter))
+		return
+	}
+	if now.Sub(a.lastBeat) >= a.n.cfg.HeartbeatInterval {
+		a.lastBeat = now
+		a.beat.Store(true)
+		a.notify()
+	}
+}
+
+// declareUnreachable ends an association whose peer went silent. It closes
+// the connection and leaves the rest to the reader, which ends the session
+// once it has delivered its last frame: nothing from the peer is delivered
+// after its watchers are told.
+func (a *assoc) declareUnreachable(cause error) {
+	a.mu.Lock()
+	if a.state != assocUp || a.doom != nil {
+		a.mu.Unlock()
+		return
+	}
+	a.doom = cause
+	conn := a.conn
+	a.mu.Unlock()
+	conn.Close()
+}
