@@ -62,6 +62,15 @@ type outRec struct {
 // ctlFrame is the body of a control frame in an outRec.
 type ctlFrame []byte
 
+// inflightMsg remembers a message encoded into the write buffer, so that a
+// write that fails can turn the messages it did not hand to the kernel into
+// dead letters.
+type inflightMsg struct {
+	h   *handle
+	msg any
+	end int // offset just past its frame in the buffer
+}
+
 // watchPair records that a local watcher watches an actor over this
 // association, so that a lost link can tell the watcher.
 type watchPair struct {
@@ -106,6 +115,7 @@ type assoc struct {
 	in      *stampReader  // the connection's reading side; nil until connected
 	beat    atomic.Bool   // the writer owes the peer a heartbeat
 	doom    error         // why the session must end, set before its conn is closed (mu)
+	unsent  []inflightMsg // messages a failed write did not send (mu)
 
 	// Owned by the node's heartbeat goroutine.
 	det      WindowDetector
@@ -116,6 +126,7 @@ type assoc struct {
 	outTargets map[refKey]uint32
 	wbuf       []byte
 	enc        encoder
+	inflight   []inflightMsg // the messages encoded in wbuf, until it is written
 
 	// Owned by the reader goroutine.
 	inTypes   []inType
@@ -199,8 +210,7 @@ func (n *Node) assocFor(addr Addr) (*assoc, error) {
 // runOutbound dials, handshakes and then runs the reader.
 func (a *assoc) runOutbound() {
 	n := a.n
-	d := net.Dialer{Timeout: n.cfg.DialTimeout}
-	c, err := d.DialContext(n.ctx, a.dialAddr.network, a.dialAddr.address)
+	c, err := n.dial(a.dialAddr)
 	if err != nil {
 		a.fail(fmt.Errorf("troupe: dial %s: %w", a.dialAddr, err))
 		return
@@ -757,7 +767,8 @@ func (a *assoc) fail(err error) {
 	a.state = assocClosed
 	a.err = err
 	queue, pending, resolves, watches := a.queue.take(), a.pending, a.resolves, a.watches
-	a.pending, a.resolves, a.watches = nil, nil, nil
+	unsent := a.unsent
+	a.pending, a.resolves, a.watches, a.unsent = nil, nil, nil, nil
 	a.mu.Unlock()
 
 	closing := leaving || errors.Is(err, ErrNodeClosed)
@@ -783,6 +794,9 @@ func (a *assoc) fail(err error) {
 	serr := &sessionError{peer: a.label(), cause: reason}
 	if wasUp && !closing {
 		a.n.events.Publish(PeerUnreachable{Addr: a.addr(), UID: a.peerUID, Name: a.peerName, Quarantined: quarantine, Reason: reason})
+	}
+	for _, m := range unsent {
+		a.n.deadLetter(m.h.String(), m.msg, serr)
 	}
 	a.deadLetters(queue, serr)
 	for p := range pending {
@@ -842,6 +856,9 @@ func (a *assoc) writeLoop() {
 				return
 			}
 			buf = a.encodeRec(buf, r)
+			if r.h != nil {
+				a.inflight = append(a.inflight, inflightMsg{r.h, r.msg, len(buf)})
+			}
 			if len(buf) >= 256<<10 {
 				ok = a.write(buf)
 				buf = buf[:0]
@@ -872,9 +889,30 @@ func (a *assoc) write(b []byte) bool {
 	a.written.Add(uint64(n))
 	if err != nil {
 		a.abort(fmt.Errorf("troupe: write to %s: %w", a.label(), err))
-		return false
+		// What the kernel did not take was not sent: it becomes dead
+		// letters with the session's final reason.
+		var unsent []inflightMsg
+		for _, m := range a.inflight {
+			if m.end > n {
+				unsent = append(unsent, m)
+			}
+		}
+		a.mu.Lock()
+		ended := a.state == assocClosed
+		if !ended {
+			a.unsent = append(a.unsent, unsent...)
+		}
+		a.mu.Unlock()
+		if ended {
+			reason := a.failure()
+			for _, m := range unsent {
+				a.n.deadLetter(m.h.String(), m.msg, reason)
+			}
+		}
 	}
-	return true
+	clear(a.inflight)
+	a.inflight = a.inflight[:0]
+	return err == nil
 }
 
 // abort ends an up session from a goroutine other than its reader: it

@@ -79,6 +79,10 @@ type Config struct {
 	// processes may connect over this node's Unix sockets. Default: none
 	// (only the same user).
 	AllowUIDs []int
+
+	// fault routes the node's connections through a fault network (set
+	// by FaultNet.Start).
+	fault *FaultNet
 }
 
 func (c Config) withDefaults() Config {
@@ -432,6 +436,9 @@ func (n *Node) acceptLoop(l net.Listener) {
 			n.log.Error("troupe: accept failed; listener stopped", "addr", l.Addr().String(), "err", err)
 			return
 		}
+		if f := n.cfg.fault; f != nil {
+			c = f.accepted(n, c)
+		}
 		n.wg.Go(func() { n.serveInbound(c) })
 	}
 }
@@ -463,4 +470,15 @@ func (n *Node) bytesWritten() uint64 {
 		sum += a.written.Load()
 	}
 	return sum
+}
+
+// dial connects to addr, through the fault network if the node is on one.
+func (n *Node) dial(addr Addr) (net.Conn, error) {
+	ctx, cancel := context.WithTimeout(n.ctx, n.cfg.DialTimeout)
+	defer cancel()
+	if f := n.cfg.fault; f != nil {
+		return f.dial(ctx, n, addr)
+	}
+	var d net.Dialer
+	return d.DialContext(ctx, addr.network, addr.address)
 }

@@ -1,0 +1,204 @@
+package troupe
+
+import (
+	"context"
+	"net"
+	"sync"
+)
+
+// FaultNet runs several nodes in one process over real loopback TCP
+// connections that pass through a fault-injecting layer, for tests and
+// examples. It can cut the network between two nodes — the connections stay
+// open and bytes simply stop flowing, the case no node can tell from its
+// peer's death — heal it, pause a node's network, and kill a node silently.
+//
+// Start nodes with [FaultNet.Start]; close them as usual. FaultNet has no
+// goroutines of its own and needs no closing. It is safe for concurrent
+// use.
+type FaultNet struct {
+	// mu guards everything below; cond is signalled on every change.
+	mu      sync.Mutex
+	cond    *sync.Cond
+	byAddr  map[Addr]*Node   // listen address -> node
+	dialers map[string]*Node // local address of an outbound connection -> its node
+	cuts    map[[2]*Node]bool
+	paused  map[*Node]bool
+	killed  map[*Node]bool
+}
+
+// NewFaultNet returns a fault network with nothing cut.
+func NewFaultNet() *FaultNet {
+	f := &FaultNet{
+		byAddr:  make(map[Addr]*Node),
+		dialers: make(map[string]*Node),
+		cuts:    make(map[[2]*Node]bool),
+		paused:  make(map[*Node]bool),
+		killed:  make(map[*Node]bool),
+	}
+	f.cond = sync.NewCond(&f.mu)
+	return f
+}
+
+// Start starts a node on the fault network. Its Listen addresses must be
+// loopback TCP; when cfg.Listen is empty it listens on tcp://127.0.0.1:0.
+func (f *FaultNet) Start(ctx context.Context, cfg Config) (*Node, error) {
+	if len(cfg.Listen) == 0 {
+		cfg.Listen = []string{"tcp://127.0.0.1:0"}
+	}
+	cfg.fault = f
+	n, err := Start(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	f.mu.Lock()
+	for _, a := range n.addrs {
+		f.byAddr[a] = n
+	}
+	f.mu.Unlock()
+	return n, nil
+}
+
+func pairOf(a, b *Node) [2]*Node {
+	if a.uid.String() > b.uid.String() {
+		a, b = b, a
+	}
+	return [2]*Node{a, b}
+}
+
+func (f *FaultNet) change(fn func()) {
+	f.mu.Lock()
+	fn()
+	f.cond.Broadcast()
+	f.mu.Unlock()
+}
+
+// Partition cuts the network between a and b in both directions. Their
+// connections stay open; nothing written on them arrives until [FaultNet.Heal].
+func (f *FaultNet) Partition(a, b *Node) {
+	f.change(func() { f.cuts[pairOf(a, b)] = true })
+}
+
+// Heal restores every cut link and resumes every paused node. Bytes held
+// while the network was cut are delivered.
+func (f *FaultNet) Heal() {
+	f.change(func() {
+		clear(f.cuts)
+		clear(f.paused)
+	})
+}
+
+// Pause stops all of n's network traffic, in and out, as if its process
+// were stopped; its actors keep running. [FaultNet.Resume] or Heal undoes it.
+func (f *FaultNet) Pause(n *Node) { f.change(func() { f.paused[n] = true }) }
+
+// Resume undoes [FaultNet.Pause].
+func (f *FaultNet) Resume(n *Node) { f.change(func() { delete(f.paused, n) }) }
+
+// Kill stops n dead: it vanishes from the network without a goodbye (its
+// peers hear nothing more, not even the connection closing, and must find
+// out by their failure detectors), then it is closed.
+func (f *FaultNet) Kill(n *Node) error {
+	f.change(func() { f.killed[n] = true })
+	return n.Close()
+}
+
+// dial connects n to addr through the fault layer.
+func (f *FaultNet) dial(ctx context.Context, n *Node, addr Addr) (net.Conn, error) {
+	var d net.Dialer
+	c, err := d.DialContext(ctx, addr.network, addr.address)
+	if err != nil {
+		return nil, err
+	}
+	f.mu.Lock()
+	f.dialers[c.LocalAddr().String()] = n
+	remote := f.byAddr[addr]
+	f.mu.Unlock()
+	return &faultConn{Conn: c, f: f, local: n, remote: remote}, nil
+}
+
+// accepted wraps a connection n accepted.
+func (f *FaultNet) accepted(n *Node, c net.Conn) net.Conn {
+	return &faultConn{Conn: c, f: f, local: n, remoteKey: c.RemoteAddr().String()}
+}
+
+// faultConn is one end of a connection on the fault network.
+type faultConn struct {
+	net.Conn
+	f         *FaultNet
+	local     *Node
+	remoteKey string // for an accepted connection: the dialer's local address
+
+	// Guarded by f.mu.
+	remote *Node // nil until known
+	closed bool
+}
+
+// peerLocked returns the node at the other end, if known.
+func (c *faultConn) peerLocked() *Node {
+	if c.remote == nil && c.remoteKey != "" {
+		c.remote = c.f.dialers[c.remoteKey]
+	}
+	return c.remote
+}
+
+// stateLocked says whether traffic on c is cut (held until healed) or dead
+// (a killed node at either end).
+func (c *faultConn) stateLocked() (cut, dead bool) {
+	f, r := c.f, c.peerLocked()
+	if f.killed[c.local] || r != nil && f.killed[r] {
+		return false, true
+	}
+	if r == nil {
+		return false, false
+	}
+	return f.cuts[pairOf(c.local, r)] || f.paused[c.local] || f.paused[r], false
+}
+
+// Write waits while the link is cut; to or from a killed node it swallows
+// the bytes.
+func (c *faultConn) Write(p []byte) (int, error) {
+	f := c.f
+	f.mu.Lock()
+	for {
+		if c.closed {
+			f.mu.Unlock()
+			return 0, net.ErrClosed
+		}
+		cut, dead := c.stateLocked()
+		if dead {
+			f.mu.Unlock()
+			return len(p), nil
+		}
+		if !cut {
+			break
+		}
+		f.cond.Wait()
+	}
+	f.mu.Unlock()
+	return c.Conn.Write(p)
+}
+
+// Read holds what arrives (bytes, or the peer closing) while the link is
+// cut; from a killed node nothing ever arrives.
+func (c *faultConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	f := c.f
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for {
+		if c.closed {
+			return 0, net.ErrClosed
+		}
+		cut, dead := c.stateLocked()
+		if !cut && !dead {
+			return n, err
+		}
+		f.cond.Wait()
+	}
+}
+
+// Close closes this end and wakes anything waiting on it.
+func (c *faultConn) Close() error {
+	c.f.change(func() { c.closed = true })
+	return c.Conn.Close()
+}
