@@ -77,8 +77,8 @@ func checkLeaks(t testing.TB) {
 // testConfig is the fast profile for tests: short timeouts, quiet logs.
 func testConfig(listen ...string) Config {
 	return Config{
-		Listen:           listen,
-		Logger:           quietLogger(),
+		Listen:            listen,
+		Logger:            quietLogger(),
 		DialTimeout:       2 * time.Second,
 		HandshakeTimeout:  2 * time.Second,
 		HeartbeatInterval: 100 * time.Millisecond,

@@ -60,7 +60,9 @@ func (e *quarantineError) Error() string {
 	return fmt.Sprintf("troupe: peer %s (uid %s) is unreachable and quarantined: %v", e.peer, e.uid.String()[:8], e.cause)
 }
 
-func (e *quarantineError) Unwrap() []error { return []error{ErrPeerUnreachable, ErrQuarantined, e.cause} }
+func (e *quarantineError) Unwrap() []error {
+	return []error{ErrPeerUnreachable, ErrQuarantined, e.cause}
+}
 
 // quarantineFor returns the quarantine entry covering uid or any of addrs.
 // The caller holds n.pmu.

@@ -265,12 +265,12 @@ func appendString(b []byte, s string) []byte {
 
 // Reject codes of a frameReject. Append only: values are on the wire.
 const (
-	rejectOther     byte = iota // see the text
-	rejectDuplicate             // the other connection between these nodes wins
-	rejectClosing               // the acceptor is shutting down
-	rejectVersion               // unsupported protocol version
-	rejectAuth                  // the peer is not allowed
-	rejectQuarantined           // the acceptor has quarantined the dialer
+	rejectOther       byte = iota // see the text
+	rejectDuplicate               // the other connection between these nodes wins
+	rejectClosing                 // the acceptor is shutting down
+	rejectVersion                 // unsupported protocol version
+	rejectAuth                    // the peer is not allowed
+	rejectQuarantined             // the acceptor has quarantined the dialer
 )
 
 // Termination reason codes in a frameTerminated. Append only.
