@@ -78,6 +78,17 @@ func (f *FaultNet) Partition(a, b *Node) {
 	f.change(func() { f.cuts[pairOf(a, b)] = true })
 }
 
+// Isolate cuts n off from every other node started on f so far.
+func (f *FaultNet) Isolate(n *Node) {
+	f.change(func() {
+		for _, other := range f.byAddr {
+			if other != n {
+				f.cuts[pairOf(n, other)] = true
+			}
+		}
+	})
+}
+
 // Heal restores every cut link and resumes every paused node. Bytes held
 // while the network was cut are delivered.
 func (f *FaultNet) Heal() {

@@ -119,6 +119,18 @@ func (n *Node) ClearQuarantine(addr Addr) bool {
 	return len(n.quarantine) != before
 }
 
+// ClearQuarantineUID lifts this node's quarantine of the peer incarnation
+// uid; use it for a peer that announced no listen address (one that only
+// dials out), which ClearQuarantine cannot name. It reports whether that
+// peer was quarantined.
+func (n *Node) ClearQuarantineUID(uid NodeUID) bool {
+	n.pmu.Lock()
+	defer n.pmu.Unlock()
+	before := len(n.quarantine)
+	n.quarantine = slices.DeleteFunc(n.quarantine, func(q *QuarantineInfo) bool { return q.UID == uid })
+	return len(n.quarantine) != before
+}
+
 // Reconnect clears this node's quarantine of addr and associates with the
 // node there again, waiting for the handshake. Refs obtained before the
 // quarantine stay dead (they belong to the ended session): resolve again.

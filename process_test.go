@@ -1,0 +1,222 @@
+package troupe
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// TestHelperNodeProcess is not a test: the process tests run it in a child
+// process. It starts a node listening on $TROUPE_HELPER_NODE with an echo
+// actor, prints its address and uid, and obeys commands on stdin ("clear"
+// lifts every quarantine) until stdin closes.
+func TestHelperNodeProcess(t *testing.T) {
+	listen := os.Getenv("TROUPE_HELPER_NODE")
+	if listen == "" {
+		t.Skip("helper for the process tests")
+	}
+	cfg := failConfig("child", 50*time.Millisecond, 500*time.Millisecond)
+	cfg.Listen = []string{listen}
+	n, err := Start(ctxT(t, 5*time.Second), cfg)
+	if err != nil {
+		fmt.Println("ERR", err)
+		return
+	}
+	defer n.Close()
+	spawnEcho(t, n, "echo")
+	fmt.Printf("READY %s %s\n", n.Addrs()[0], n.UID())
+	in := bufio.NewScanner(os.Stdin)
+	for in.Scan() {
+		if in.Text() == "clear" {
+			for _, q := range n.Quarantined() {
+				n.ClearQuarantineUID(q.UID)
+			}
+			fmt.Println("CLEARED")
+		}
+	}
+}
+
+// child is a node running in another OS process.
+type child struct {
+	cmd   *exec.Cmd
+	stdin io.WriteCloser
+	out   *bufio.Reader
+	addr  Addr
+	uid   string
+}
+
+// startChild runs a helper node listening on listen.
+func startChild(t *testing.T, listen string) *child {
+	t.Helper()
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &child{cmd: exec.Command(exe, "-test.run=^TestHelperNodeProcess$")}
+	c.cmd.Env = append(os.Environ(), "TROUPE_HELPER_NODE="+listen)
+	c.cmd.Stderr = os.Stderr
+	c.stdin, _ = c.cmd.StdinPipe()
+	stdout, _ := c.cmd.StdoutPipe()
+	if err := c.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		c.stdin.Close()
+		c.cmd.Process.Signal(syscall.SIGCONT)
+		done := make(chan struct{})
+		go func() { c.cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+			c.cmd.Process.Kill()
+			<-done
+		}
+	})
+	c.out = bufio.NewReader(stdout)
+	fields := strings.Fields(c.line(t))
+	if len(fields) != 3 || fields[0] != "READY" {
+		t.Fatalf("child said %q", fields)
+	}
+	if c.addr, err = ParseAddr(fields[1]); err != nil {
+		t.Fatal(err)
+	}
+	c.uid = fields[2]
+	return c
+}
+
+func (c *child) line(t *testing.T) string {
+	t.Helper()
+	type res struct {
+		s   string
+		err error
+	}
+	ch := make(chan res, 1)
+	go func() { s, err := c.out.ReadString('\n'); ch <- res{s, err} }()
+	select {
+	case r := <-ch:
+		if r.err != nil {
+			t.Fatalf("child output: %v", r.err)
+		}
+		return strings.TrimSpace(r.s)
+	case <-time.After(10 * time.Second):
+		t.Fatal("child said nothing")
+		return ""
+	}
+}
+
+func (c *child) signal(t *testing.T, s syscall.Signal) {
+	t.Helper()
+	if err := c.cmd.Process.Signal(s); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// processParent starts this test's node and resolves and watches the
+// child's echo actor.
+func processParent(t *testing.T, c *child) (*Node, Ref[testPing], chan Terminated, chan PeerUnreachable) {
+	n := startNode(t, failConfig("parent", 50*time.Millisecond, 500*time.Millisecond))
+	events := make(chan PeerUnreachable, 4)
+	SubscribeChan(n.Events(), events)
+	echo, err := Resolve[testPing](ctxT(t, 5*time.Second), n, FormatRef(c.addr, "/user/echo"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if echo.NodeUID().String() != c.uid {
+		t.Fatalf("resolved uid %v, child says %s", echo.NodeUID(), c.uid)
+	}
+	if _, err := Ask(ctxT(t, 5*time.Second), echo, func(r Ref[testPong]) testPing { return testPing{ReplyTo: r} }); err != nil {
+		t.Fatal(err)
+	}
+	return n, echo, watcher(t, n, "w", echo), events
+}
+
+func TestProcessKilledWithSIGKILLIsDetected(t *testing.T) {
+	c := startChild(t, "tcp://127.0.0.1:0")
+	_, _, term, events := processParent(t, c)
+	c.signal(t, syscall.SIGKILL)
+	if ev := recv(t, events, "PeerUnreachable"); !ev.Quarantined || ev.UID.String() != c.uid {
+		t.Fatalf("PeerUnreachable = %+v", ev)
+	}
+	if tm := recv(t, term, "Terminated"); !errors.Is(tm.Reason, ErrPeerUnreachable) {
+		t.Fatalf("Terminated reason = %v", tm.Reason)
+	}
+}
+
+func TestProcessStoppedWithSIGSTOPStaysQuarantined(t *testing.T) {
+	c := startChild(t, "tcp://127.0.0.1:0")
+	n, echo, term, events := processParent(t, c)
+	stopped := time.Now()
+	c.signal(t, syscall.SIGSTOP)
+	ev := recv(t, events, "PeerUnreachable")
+	if !ev.Quarantined || time.Since(stopped) < 400*time.Millisecond {
+		t.Fatalf("PeerUnreachable = %+v after %v", ev, time.Since(stopped))
+	}
+	recv(t, term, "Terminated")
+	connected := make(chan PeerConnected, 1)
+	SubscribeChan(n.Events(), connected)
+	c.signal(t, syscall.SIGCONT)
+	time.Sleep(3 * 500 * time.Millisecond) // three windows in which nothing may reconnect
+	select {
+	case ev := <-connected:
+		t.Fatalf("reconnected by itself after SIGCONT: %+v", ev)
+	default:
+	}
+	if _, err := Resolve[testPing](ctxT(t, time.Second), n, FormatRef(c.addr, "/user/echo")); !errors.Is(err, ErrQuarantined) {
+		t.Fatalf("Resolve after SIGCONT = %v, want ErrQuarantined", err)
+	}
+	// The child, woken, found the link gone and quarantined us too.
+	if err := n.Reconnect(ctxT(t, 5*time.Second), c.addr); !errors.Is(err, ErrQuarantinedByPeer) {
+		t.Fatalf("Reconnect before the child cleared = %v, want ErrQuarantinedByPeer", err)
+	}
+	fmt.Fprintln(c.stdin, "clear")
+	if l := c.line(t); l != "CLEARED" {
+		t.Fatalf("child said %q", l)
+	}
+	if err := n.Reconnect(ctxT(t, 5*time.Second), c.addr); err != nil {
+		t.Fatalf("Reconnect: %v", err)
+	}
+	again, err := Resolve[testPing](ctxT(t, 5*time.Second), n, FormatRef(c.addr, "/user/echo"))
+	if err != nil || again.NodeUID() != echo.NodeUID() {
+		t.Fatalf("Resolve after reconnect = %v, %v; want the same incarnation", again, err)
+	}
+	dead := make(chan DeadLetter, 1)
+	SubscribeChan(n.Events(), dead)
+	echo.Tell(testPing{})
+	if dl := recv(t, dead, "dead letter"); !errors.Is(dl.Reason, ErrSessionEnded) {
+		t.Fatalf("old ref to the same incarnation: %v, want ErrSessionEnded", dl.Reason)
+	}
+}
+
+func TestProcessRestartedAtSameAddressIsANewPeer(t *testing.T) {
+	first := startChild(t, "tcp://127.0.0.1:0")
+	n, echo, _, events := processParent(t, first)
+	first.signal(t, syscall.SIGKILL)
+	recv(t, events, "PeerUnreachable")
+	second := startChild(t, first.addr.String())
+	if second.uid == first.uid {
+		t.Fatalf("restarted child kept uid %s", first.uid)
+	}
+	if err := n.Reconnect(ctxT(t, 5*time.Second), first.addr); err != nil {
+		t.Fatalf("Reconnect: %v", err)
+	}
+	fresh, err := Resolve[testPing](ctxT(t, 5*time.Second), n, FormatRef(first.addr, "/user/echo"))
+	if err != nil || fresh.NodeUID().String() != second.uid {
+		t.Fatalf("Resolve = %v (%v), want uid %s", fresh, err, second.uid)
+	}
+	dead := make(chan DeadLetter, 1)
+	SubscribeChan(n.Events(), dead)
+	echo.Tell(testPing{})
+	if dl := recv(t, dead, "dead letter"); !errors.Is(dl.Reason, ErrSessionEnded) {
+		t.Fatalf("old ref after restart: %v, want ErrSessionEnded", dl.Reason)
+	}
+	if _, err := Ask(ctxT(t, 5*time.Second), fresh, func(r Ref[testPong]) testPing { return testPing{ReplyTo: r} }); err != nil {
+		t.Fatalf("Ask the new incarnation: %v", err)
+	}
+}
