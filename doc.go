@@ -52,6 +52,19 @@
 // one sender to one actor arrive in the order sent. The byte layout is in
 // wire.md beside wire.go.
 //
+// # When a node stops answering
+//
+// Associations heartbeat every [Config.HeartbeatInterval]; a peer silent
+// for [Config.UnreachableAfter] (or whose connection breaks without a
+// goodbye) is declared unreachable: watchers of its actors get
+// [Terminated] with a reason wrapping [ErrPeerUnreachable], the peer is
+// quarantined (sends become dead letters wrapping [ErrQuarantined], pending
+// asks fail), and a [PeerUnreachable] event is published. Nothing
+// reconnects until [Node.Reconnect] or [Node.ClearQuarantine] is called.
+// Remote refs are bound to the association session they came from. A
+// [FaultNet] runs nodes over a network that tests can partition, pause,
+// heal and kill.
+//
 // # Events and dead letters
 //
 // Each node has an event stream ([Node.Events]); subscribe with
