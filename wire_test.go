@@ -27,7 +27,7 @@ func TestWireValuesArePinned(t *testing.T) {
 		got, want byte
 	}{
 		{"refNil", refNil, 0}, {"refSender", refSender, 1}, {"refReceiver", refReceiver, 2}, {"refThird", refThird, 3},
-		{"refHasUUID", refHasUUID, 0x80}, {"rejectDuplicate", rejectDuplicate, 1}, {"rejectAuth", rejectAuth, 4},
+		{"refHasUUID", refHasUUID, 0x80}, {"rejectDuplicate", rejectDuplicate, 1}, {"rejectAuth", rejectAuth, 4}, {"rejectQuarantined", rejectQuarantined, 5},
 		{"reasonNodeClosed", reasonNodeClosed, 4}, {"reasonOther", reasonOther, 5}, {"byeDuplicate", byeDuplicate, 1},
 		{"resolveWrongType", resolveWrongType, 2}, {"protocolVersion", protocolVersion, 1},
 	}
