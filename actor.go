@@ -244,6 +244,8 @@ func Spawn[T any](p Spawner, name string, b Behavior[T]) (Ref[T], error) {
 	base := "/user"
 	if pc, ok := parent.(interface{ path() string }); ok {
 		base = pc.path()
+	} else if sp, ok := p.(interface{ basePath() string }); ok {
+		base = sp.basePath()
 	}
 	var path string
 	if name == "" {
@@ -273,6 +275,9 @@ func Spawn[T any](p Spawner, name string, b Behavior[T]) (Ref[T], error) {
 	}
 	if b.Setup != nil {
 		c.sysPush(sysMsg{kind: sysStart})
+	}
+	if n.discovering() && isPublic(path) {
+		n.registerActor(c.self)
 	}
 	return Ref[T]{h: c.self}, nil
 }
@@ -498,6 +503,9 @@ func (c *cell[T]) terminate(rest []T) {
 		c.n.removeActor(p)
 	}
 	c.n.removeActor(c.self.key.path)
+	if c.n.discovering() && isPublic(c.self.key.path) {
+		c.n.unregisterActor(c.self)
+	}
 	for _, w := range c.watchers {
 		w.signal(sysMsg{kind: sysTerminated, key: c.self.key, reason: c.stopReason})
 	}

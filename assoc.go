@@ -298,6 +298,12 @@ func (n *Node) serveInbound(c net.Conn) {
 		}
 		return
 	}
+	if h.flags&helloProbe != 0 {
+		// A registry probe: answer who we are, and forget it.
+		c.Write(appendFrame(nil, func(b []byte) []byte { return appendHello(b, frameWelcome, n.hello()) }))
+		c.Close()
+		return
+	}
 	a := newAssoc(n, false, Addr{})
 	a.conn, a.in = c, in
 	n.pmu.Lock()
@@ -320,6 +326,9 @@ func rejectFrame(code byte, uid NodeUID, text string) []byte {
 
 func (n *Node) hello() *hello {
 	h := &hello{version: protocolVersion, uid: n.uid, name: n.name}
+	if n.reg != nil {
+		h.flags |= helloRegistrar
+	}
 	for _, a := range n.addrs {
 		h.addrs = append(h.addrs, a.String())
 	}

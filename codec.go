@@ -48,9 +48,9 @@ type msgType struct {
 	typeWord unsafe.Pointer // the interface type word of t
 }
 
-// registry holds every registered type. Reads go through snapshots so the
+// wireTypes holds every registered message type. Reads go through snapshots so the
 // hot path takes no lock.
-var registry struct {
+var wireTypes struct {
 	mu     sync.Mutex
 	byKey  atomic.Pointer[map[string]*msgType]
 	byType atomic.Pointer[map[reflect.Type]*msgType]
@@ -81,10 +81,10 @@ func registerType(t reflect.Type, key string) error {
 	if key == "" || len(key) > 255 {
 		return fmt.Errorf("troupe: RegisterMessage[%s]: key must be 1 to 255 bytes", t)
 	}
-	registry.mu.Lock()
-	defer registry.mu.Unlock()
+	wireTypes.mu.Lock()
+	defer wireTypes.mu.Unlock()
 	byKey, byType := map[string]*msgType{}, map[reflect.Type]*msgType{}
-	if m := registry.byKey.Load(); m != nil {
+	if m := wireTypes.byKey.Load(); m != nil {
 		for k, v := range *m {
 			byKey[k] = v
 			byType[v.t] = v
@@ -114,20 +114,20 @@ func registerType(t reflect.Type, key string) error {
 	mt.initBox()
 	byKey[key] = mt
 	byType[t] = mt
-	registry.byKey.Store(&byKey)
-	registry.byType.Store(&byType)
+	wireTypes.byKey.Store(&byKey)
+	wireTypes.byType.Store(&byType)
 	return nil
 }
 
 func typeByKey(key string) *msgType {
-	if m := registry.byKey.Load(); m != nil {
+	if m := wireTypes.byKey.Load(); m != nil {
 		return (*m)[key]
 	}
 	return nil
 }
 
 func typeOf(t reflect.Type) *msgType {
-	if m := registry.byType.Load(); m != nil {
+	if m := wireTypes.byType.Load(); m != nil {
 		return (*m)[t]
 	}
 	return nil

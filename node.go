@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 )
 
@@ -79,6 +80,28 @@ type Config struct {
 	// processes may connect over this node's Unix sockets. Default: none
 	// (only the same user).
 	AllowUIDs []int
+
+	// RegistryAddrs lists the registrars this node uses for discovery, in
+	// any form ParseAddr accepts. Setting it turns discovery on: at Start
+	// the node probes every address, joins the registrars that answer, and
+	// becomes the registrar itself (binding the addresses) when none does.
+	// Default with Discovery on: tcp://127.0.0.1:1616, or, for a node that
+	// listens only on Unix sockets, registry@1616.sock in [RuntimeDir].
+	RegistryAddrs []string
+
+	// Discovery turns discovery on with the default RegistryAddrs. It is
+	// off by default so that a plain node never binds a well-known port
+	// behind its user's back.
+	Discovery bool
+
+	// EnsureRegistry makes Start fail with [ErrRegistryRunning] if a
+	// registrar already answers: this node must be the registrar (a
+	// dedicated registrar daemon sets it).
+	EnsureRegistry bool
+
+	// ServeRegistry makes this node serve a registry on its own Listen
+	// addresses, whether or not it uses other registrars.
+	ServeRegistry bool
 
 	// fault routes the node's connections through a fault network (set
 	// by FaultNet.Start).
@@ -173,6 +196,12 @@ type Node struct {
 	// quarantine lists the peer incarnations this node has given up on.
 	quarantine []*QuarantineInfo
 
+	// Discovery, set in Start.
+	reg        *regTable             // the registry this node serves, if any
+	registrars []Addr                // the remote registrars this node registers with
+	regRefs    sync.Map              // Addr -> Ref[regRequest], resolved registrar actors
+	found      map[string][]foundRef // guarded by pmu: actors lookups found on peers
+
 	// Lifecycle.
 	closeOnce sync.Once
 	done      chan struct{}  // closed when Close begins
@@ -209,21 +238,43 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 	n.log = n.log.With("node", n.name)
 	n.ctx, n.cancel = context.WithCancel(context.Background())
 	n.epoch = time.Now()
-	for _, s := range cfg.Listen {
-		a, err := ParseAddr(s)
-		if err == nil {
-			err = n.listen(ctx, a)
-		}
-		if err != nil {
-			n.Close()
-			return nil, fmt.Errorf("troupe: listen on %q: %w", s, err)
-		}
+	var err error
+	switch {
+	case cfg.Discovery || len(cfg.RegistryAddrs) > 0 || cfg.EnsureRegistry:
+		err = n.bootstrap(ctx)
+	default:
+		err = n.listenAll(ctx, cfg.Listen)
+	}
+	if err == nil && cfg.ServeRegistry && n.reg == nil {
+		err = n.startRegistrar()
+	}
+	if err != nil {
+		n.Close()
+		return nil, err
 	}
 	for _, l := range n.listeners {
 		n.wg.Go(func() { n.acceptLoop(l) })
 	}
 	n.wg.Go(n.heartbeatLoop)
+	if err := n.registerNode(ctx); err != nil {
+		n.Close()
+		return nil, err
+	}
 	return n, nil
+}
+
+// listenAll binds every address in list.
+func (n *Node) listenAll(ctx context.Context, list []string) error {
+	for _, s := range list {
+		a, err := ParseAddr(s)
+		if err == nil {
+			err = n.listen(ctx, a)
+		}
+		if err != nil {
+			return fmt.Errorf("troupe: listen on %q: %w", s, err)
+		}
+	}
+	return nil
 }
 
 func (n *Node) listen(ctx context.Context, a Addr) error {
@@ -257,7 +308,7 @@ func removeStaleSocket(path string) error {
 	c, err := net.DialTimeout("unix", path, time.Second)
 	if err == nil {
 		c.Close()
-		return fmt.Errorf("unix socket %s is in use", path)
+		return fmt.Errorf("unix socket %s: %w", path, syscall.EADDRINUSE)
 	}
 	return os.Remove(path)
 }
@@ -301,7 +352,8 @@ func (n *Node) close() error {
 		}
 	}
 	// Peers first, so they hear that this node left rather than that
-	// each actor stopped.
+	// each actor stopped; registrars first of all.
+	n.unregisterAll()
 	n.pmu.Lock()
 	n.pclosing = true
 	assocs := make([]*assoc, 0, len(n.all))

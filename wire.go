@@ -210,6 +210,7 @@ func fixLength(dst []byte, start int) []byte {
 // hello is the body of a frameHello or frameWelcome: who a node is.
 type hello struct {
 	version uint8
+	flags   uint8 // helloRegistrar, helloProbe
 	uid     NodeUID
 	name    string
 	addrs   []string // listen addresses, URL form
@@ -219,7 +220,7 @@ type hello struct {
 func appendHello(b []byte, kind frameKind, h *hello) []byte {
 	b = append(b, byte(kind))
 	b = append(b, magic...)
-	b = append(b, h.version)
+	b = append(b, h.version, h.flags)
 	b = append(b, h.uid[:]...)
 	b = appendString(b, h.name)
 	b = binary.AppendUvarint(b, uint64(len(h.addrs)))
@@ -229,6 +230,12 @@ func appendHello(b []byte, kind frameKind, h *hello) []byte {
 	b = binary.AppendUvarint(b, uint64(len(h.auth)))
 	return append(b, h.auth...)
 }
+
+// Hello flags. Append only: values are on the wire.
+const (
+	helloRegistrar uint8 = 1 << iota // the sender serves a registry
+	helloProbe                       // the dialer only probes: answer and forget it
+)
 
 // maxHelloAddrs bounds the listen addresses a peer may announce.
 const maxHelloAddrs = 64
@@ -242,6 +249,7 @@ func parseHello(body []byte) (*hello, error) {
 	if h.version != protocolVersion {
 		return h, fmt.Errorf("%w: protocol version %d, want %d", ErrMalformed, h.version, protocolVersion)
 	}
+	h.flags = d.byte()
 	copy(h.uid[:], d.take(16))
 	h.name = d.string()
 	n := d.uvarint()

@@ -1,0 +1,604 @@
+package troupe
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"reflect"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// LookupOption adjusts a discovery lookup.
+type LookupOption func(*lookupConfig)
+
+type lookupConfig struct {
+	registries []Addr
+	require    bool
+}
+
+// WithRegistries asks these registrars (possibly remote, queried
+// concurrently, answers taken in this order) instead of the node's own.
+func WithRegistries(addrs ...Addr) LookupOption {
+	return func(c *lookupConfig) { c.registries = addrs }
+}
+
+// RequireFound turns "none registered" into an error wrapping [ErrNotFound]
+// that names the name and the registrars asked.
+func RequireFound() LookupOption {
+	return func(c *lookupConfig) { c.require = true }
+}
+
+// registrarSource is one registrar a lookup asks: this node's own registry
+// (addr zero), or a remote one.
+type registrarSource struct {
+	addr  Addr
+	local bool
+}
+
+func (n *Node) lookupSources(opts []LookupOption) ([]registrarSource, lookupConfig, error) {
+	var cfg lookupConfig
+	for _, o := range opts {
+		o(&cfg)
+	}
+	var out []registrarSource
+	if cfg.registries != nil {
+		for _, a := range cfg.registries {
+			out = append(out, registrarSource{addr: a, local: n.reg != nil && n.isOwnAddr(a)})
+		}
+		return out, cfg, nil
+	}
+	if n.reg != nil {
+		out = append(out, registrarSource{local: true})
+	}
+	for _, a := range n.registrars {
+		out = append(out, registrarSource{addr: a})
+	}
+	if len(out) == 0 {
+		return nil, cfg, ErrNoRegistry
+	}
+	return out, cfg, nil
+}
+
+func (s registrarSource) String() string {
+	if s.local {
+		return "this node's registry"
+	}
+	return s.addr.String()
+}
+
+// registrarRef returns a ref to the registrar actor at addr, resolving it
+// again when the association it was bound to has ended.
+func (n *Node) registrarRef(ctx context.Context, addr Addr) (Ref[regRequest], error) {
+	if v, ok := n.regRefs.Load(addr); ok {
+		r := v.(Ref[regRequest])
+		if r.h.assoc == nil || r.h.assoc.failure() == nil {
+			return r, nil
+		}
+	}
+	r, err := Resolve[regRequest](ctx, n, FormatRef(addr, RegistrarPath))
+	if err != nil {
+		return Ref[regRequest]{}, err
+	}
+	n.regRefs.Store(addr, r)
+	return r, nil
+}
+
+// registryTimeout bounds one request to a registrar.
+func (n *Node) registryTimeout() time.Duration { return n.cfg.HandshakeTimeout }
+
+// ask sends req to the registrar src and waits for its reply.
+func (n *Node) askRegistrar(ctx context.Context, src registrarSource, req regRequest) ([]Registration, error) {
+	if src.local {
+		if n.reg == nil {
+			return nil, ErrNoRegistry
+		}
+		switch req.Op {
+		case regOpFind:
+			n.reg.requests.Add(1)
+			return n.reg.find(req.Name), nil
+		case regOpList:
+			n.reg.requests.Add(1)
+			return n.reg.list(), nil
+		}
+	}
+	ctx, cancel := context.WithTimeout(ctx, n.registryTimeout())
+	defer cancel()
+	r, err := n.registrarRef(ctx, src.addr)
+	if err != nil {
+		return nil, fmt.Errorf("troupe: registrar %s: %w", src.addr, err)
+	}
+	rep, err := Ask(ctx, r, func(reply Ref[regReply]) regRequest { req.ReplyTo = reply; return req })
+	if err != nil {
+		return nil, fmt.Errorf("troupe: registrar %s: %w", src.addr, err)
+	}
+	return fromWire(rep.Regs, src.addr), nil
+}
+
+// isPublic reports whether an actor at path registers with registrars:
+// named actors under /user.
+func isPublic(path string) bool {
+	if !strings.HasPrefix(path, "/user/") {
+		return false
+	}
+	return !strings.HasPrefix(path[strings.LastIndexByte(path, '/')+1:], "$")
+}
+
+func (n *Node) discovering() bool { return n.reg != nil || len(n.registrars) > 0 }
+
+func (n *Node) nodeRegistration() Registration {
+	return Registration{Name: n.name, UUID: UUID(n.uid), Node: n.uid, NodeName: n.name, Addrs: n.Addrs()}
+}
+
+func (n *Node) actorRegistration(h *handle) Registration {
+	return Registration{Name: h.name(), UUID: h.key.uuid, Path: h.key.path, Node: n.uid, NodeName: n.name, Addrs: n.Addrs()}
+}
+
+// publicRegistrations lists the node and its public actors.
+func (n *Node) publicRegistrations() []Registration {
+	out := []Registration{n.nodeRegistration()}
+	n.amu.RLock()
+	for p, h := range n.actors {
+		if isPublic(p) {
+			out = append(out, n.actorRegistration(h))
+		}
+	}
+	n.amu.RUnlock()
+	return out
+}
+
+// registerNode registers the node itself with every registrar before Start
+// returns, and arranges to register everything again whenever it
+// re-associates with a registrar.
+func (n *Node) registerNode(ctx context.Context) error {
+	if !n.discovering() {
+		return nil
+	}
+	if n.reg != nil {
+		n.registryRegister(n.nodeRegistration())
+	}
+	for _, a := range n.registrars {
+		req := regRequest{Op: regOpRegister, Regs: toWire([]Registration{n.nodeRegistration()})}
+		if _, err := n.askRegistrar(ctx, registrarSource{addr: a}, req); err != nil {
+			return fmt.Errorf("troupe: register with %w", err)
+		}
+	}
+	if len(n.registrars) > 0 {
+		Subscribe(n.Events(), func(e PeerConnected) {
+			for _, a := range n.registrars {
+				if a == e.Addr && n.registeredOnce(a) {
+					n.wg.Go(func() { n.reregister(a) })
+				}
+			}
+		})
+	}
+	return nil
+}
+
+// registeredOnce reports whether this node has registered with addr
+// before, so that only a re-association (not the first) re-registers.
+func (n *Node) registeredOnce(addr Addr) bool {
+	_, ok := n.regRefs.Load(addr)
+	return ok
+}
+
+// reregister sends every registration of this node to the registrar at
+// addr again, after the association with it was re-established.
+func (n *Node) reregister(addr Addr) {
+	ctx, cancel := context.WithTimeout(n.ctx, n.registryTimeout())
+	defer cancel()
+	req := regRequest{Op: regOpRegister, Regs: toWire(n.publicRegistrations())}
+	if _, err := n.askRegistrar(ctx, registrarSource{addr: addr}, req); err != nil {
+		n.log.Warn("troupe: could not register again", "registrar", addr.String(), "err", err)
+	}
+}
+
+// tellRegistrar sends req without waiting for an answer.
+func (n *Node) tellRegistrar(addr Addr, req regRequest) {
+	if v, ok := n.regRefs.Load(addr); ok {
+		v.(Ref[regRequest]).Tell(req)
+	}
+}
+
+// registerActor registers a newly spawned public actor with every
+// registrar, waiting (boundedly) for each remote one. A registrar that does
+// not answer is logged, not fatal: the node registers everything again
+// when it re-associates with it.
+func (n *Node) registerActor(h *handle) {
+	r := n.actorRegistration(h)
+	if n.reg != nil {
+		n.registryRegister(r)
+	}
+	for _, a := range n.registrars {
+		req := regRequest{Op: regOpRegister, Regs: toWire([]Registration{r})}
+		if _, err := n.askRegistrar(n.ctx, registrarSource{addr: a}, req); err != nil {
+			n.log.Warn("troupe: could not register actor", "path", h.key.path, "registrar", a.String(), "err", err)
+		}
+	}
+}
+
+// unregisterActor removes a stopped public actor from every registrar,
+// without waiting.
+func (n *Node) unregisterActor(h *handle) {
+	if n.reg != nil {
+		n.reg.unregister(h.name(), h.key.uuid)
+	}
+	for _, a := range n.registrars {
+		n.tellRegistrar(a, regRequest{Op: regOpUnregister, Regs: []regWire{{Name: h.name(), UUID: h.key.uuid}}})
+	}
+}
+
+// unregisterAll removes the node and its actors from the remote registrars
+// as it closes; the frames go out ahead of the goodbye.
+func (n *Node) unregisterAll() {
+	if len(n.registrars) == 0 {
+		return
+	}
+	regs := toWire(n.publicRegistrations())
+	for _, a := range n.registrars {
+		n.tellRegistrar(a, regRequest{Op: regOpUnregister, Regs: regs})
+	}
+}
+
+// localTier ranks an address for a caller on this host: 0 Unix socket, 1
+// TCP on loopback or one of this host's addresses, 2 remote TCP.
+func localTier(a Addr) int {
+	if a.IsUnix() {
+		return 0
+	}
+	if a.isLoopback() {
+		return 1
+	}
+	host, _, _ := net.SplitHostPort(a.address)
+	if ip, err := netip.ParseAddr(host); err == nil && hostIPs()[ip] {
+		return 1
+	}
+	return 2
+}
+
+var hostIPs = sync.OnceValue(func() map[netip.Addr]bool {
+	m := map[netip.Addr]bool{}
+	addrs, _ := net.InterfaceAddrs()
+	for _, a := range addrs {
+		if p, err := netip.ParsePrefix(a.String()); err == nil {
+			m[p.Addr()] = true
+		}
+	}
+	return m
+})
+
+// candidate is one way to reach a registered actor.
+type candidate struct {
+	reg  Registration
+	addr Addr
+}
+
+// preferAddrs orders every address of regs by locality (Unix socket, then
+// local TCP, then remote TCP) and, within a tier, newest registration first.
+func preferAddrs(regs []Registration) []candidate {
+	var out []candidate
+	for _, r := range regs {
+		for _, a := range r.Addrs {
+			out = append(out, candidate{r, a})
+		}
+	}
+	slices.SortStableFunc(out, func(x, y candidate) int {
+		if c := cmp.Compare(localTier(x.addr), localTier(y.addr)); c != 0 {
+			return c
+		}
+		return cmp.Compare(y.reg.Seq, x.reg.Seq)
+	})
+	return out
+}
+
+// QueryResult is the answer of [QueryActor]: where the actor is, and who
+// said so.
+type QueryResult struct {
+	Addr         Addr         // the preferred address to reach it
+	Registry     Addr         // the registrar that answered (zero: this node's own registry)
+	Registration Registration // the registration the address belongs to
+}
+
+// QueryActor asks the registrars where an actor named name lives, without
+// connecting to it. found is false when none of them has it (an error is
+// returned only when no registrar could be asked, or with [RequireFound]).
+func QueryActor(ctx context.Context, n *Node, name string, opts ...LookupOption) (res QueryResult, found bool, err error) {
+	srcs, cfg, err := n.lookupSources(opts)
+	if err != nil {
+		return QueryResult{}, false, err
+	}
+	answers, errs := n.findAll(ctx, srcs, name)
+	for i, regs := range answers {
+		if c := preferAddrs(regs); len(c) > 0 {
+			return QueryResult{Addr: c[0].addr, Registry: srcs[i].addr, Registration: c[0].reg}, true, nil
+		}
+	}
+	return QueryResult{}, false, n.noneError(cfg, srcs, name, errs)
+}
+
+// findAll asks every source concurrently.
+func (n *Node) findAll(ctx context.Context, srcs []registrarSource, name string) ([][]Registration, []error) {
+	answers, errs := make([][]Registration, len(srcs)), make([]error, len(srcs))
+	var wg sync.WaitGroup
+	for i, s := range srcs {
+		wg.Go(func() { answers[i], errs[i] = n.askRegistrar(ctx, s, regRequest{Op: regOpFind, Name: name}) })
+	}
+	wg.Wait()
+	return answers, errs
+}
+
+// noneError is what a lookup that found nothing returns: the registrars'
+// errors if any failed, ErrNotFound with RequireFound, else nil.
+func (n *Node) noneError(cfg lookupConfig, srcs []registrarSource, name string, errs []error) error {
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	if cfg.require {
+		asked := make([]string, len(srcs))
+		for i, s := range srcs {
+			asked[i] = s.String()
+		}
+		return fmt.Errorf("%w: %q (asked %s)", ErrNotFound, name, strings.Join(asked, ", "))
+	}
+	return nil
+}
+
+// FindActor returns a ref to a live actor registered under name, asking the
+// node's registrars (or those of [WithRegistries]) concurrently and taking
+// the first match in their configured order. found is false, with a nil
+// error, when no registrar has the name; an error means a registrar could
+// not be asked (or, with [RequireFound], that none had it).
+//
+// Names are not unique: when several actors share a name, the one chosen is
+// the most recently registered in the preferred locality tier (see
+// [QueryActor]); which one is not otherwise promised. Before asking any
+// registrar, FindActor checks this node's own actors and the actors it has
+// already found on peers it is still connected to, and returns one of those
+// without a registrar round trip. An address that no longer accepts
+// connections is deleted from that registrar's table on the way.
+func FindActor[T any](ctx context.Context, n *Node, name string, opts ...LookupOption) (Ref[T], bool, error) {
+	if r, ok := fastPath[T](n, name, opts); ok {
+		return r, true, nil
+	}
+	srcs, cfg, err := n.lookupSources(opts)
+	if err != nil {
+		return Ref[T]{}, false, err
+	}
+	answers, errs := n.findAll(ctx, srcs, name)
+	for i, regs := range answers {
+		if r, ok, _ := connect[T](ctx, n, srcs[i], regs); ok {
+			return r, true, nil
+		}
+	}
+	return Ref[T]{}, false, n.noneError(cfg, srcs, name, errs)
+}
+
+// FindActorAll asks every registrar and returns one entry per registrar, in
+// their configured order: a ref to that registrar's match, or a zero Ref
+// (a hole) where it had none. It returns nil when every registrar missed.
+func FindActorAll[T any](ctx context.Context, n *Node, name string, opts ...LookupOption) ([]Ref[T], error) {
+	srcs, cfg, err := n.lookupSources(opts)
+	if err != nil {
+		return nil, err
+	}
+	answers, errs := n.findAll(ctx, srcs, name)
+	out := make([]Ref[T], len(srcs))
+	any := false
+	for i, regs := range answers {
+		if r, ok, _ := connect[T](ctx, n, srcs[i], regs); ok {
+			out[i], any = r, true
+		}
+	}
+	if any {
+		return out, nil
+	}
+	return nil, n.noneError(cfg, srcs, name, errs)
+}
+
+// connect returns a ref to the first of regs that can be reached, trying
+// addresses in order of preference and deleting from src's table each
+// address that refuses connections. stale reports that every failure was
+// such an address.
+func connect[T any](ctx context.Context, n *Node, src registrarSource, regs []Registration) (r Ref[T], ok, stale bool) {
+	stale = true
+	for _, c := range preferAddrs(regs) {
+		if c.reg.Path == "" {
+			continue // a node, not an actor
+		}
+		if c.reg.Node == n.uid {
+			if h := n.lookup(c.reg.Path, c.reg.UUID); h != nil && h.local.protocol() == reflect.TypeFor[T]() {
+				return Ref[T]{h: h}, true, false
+			}
+			stale = false
+			continue
+		}
+		r, err := Resolve[T](ctx, n, FormatRef(c.addr, c.reg.Path))
+		if err == nil && r.NodeUID() == c.reg.Node {
+			n.remember(c.reg.Name, r.h, protocolName(reflect.TypeFor[T]()))
+			return r, true, false
+		}
+		if err != nil && (errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ENOENT)) {
+			n.deleteStale(ctx, src, c.reg.Node, c.addr)
+		} else {
+			stale = false
+		}
+	}
+	return Ref[T]{}, false, stale
+}
+
+// deleteStale removes an address that refused connections from a
+// registrar's table.
+func (n *Node) deleteStale(ctx context.Context, src registrarSource, node NodeUID, addr Addr) {
+	n.log.Info("troupe: deleting a stale registry address", "addr", addr.String(), "registrar", src.String())
+	if src.local {
+		n.reg.deleteAddr(node, addr)
+		return
+	}
+	n.askRegistrar(ctx, src, regRequest{Op: regOpDeleteAddr, Node: node, Addr: addr.String()})
+}
+
+// foundRef is an actor a lookup found on a peer, kept for the local fast
+// path while its association lives.
+type foundRef struct {
+	h     *handle
+	proto string
+}
+
+// remember records that name was found at h, on a live association.
+func (n *Node) remember(name string, h *handle, proto string) {
+	n.pmu.Lock()
+	list := n.found[name]
+	n.pmu.Unlock()
+	list = slices.DeleteFunc(slices.Clone(list), func(f foundRef) bool { return f.h.assoc.failure() != nil || f.h.key == h.key })
+	list = append(list, foundRef{h, proto})
+	n.pmu.Lock()
+	if n.found == nil {
+		n.found = make(map[string][]foundRef)
+	}
+	n.found[name] = list
+	n.pmu.Unlock()
+}
+
+// fastPath finds name among this node's own actors and the actors it found
+// before on peers it is still associated with. It is skipped when the
+// caller names the registrars to ask.
+func fastPath[T any](n *Node, name string, opts []LookupOption) (Ref[T], bool) {
+	var cfg lookupConfig
+	for _, o := range opts {
+		o(&cfg)
+	}
+	if cfg.registries != nil {
+		return Ref[T]{}, false
+	}
+	want := reflect.TypeFor[T]()
+	n.amu.RLock()
+	for p, h := range n.actors {
+		if isPublic(p) && h.name() == name && h.local.protocol() == want {
+			n.amu.RUnlock()
+			return Ref[T]{h: h}, true
+		}
+	}
+	n.amu.RUnlock()
+	n.pmu.Lock()
+	list := n.found[name]
+	n.pmu.Unlock()
+	for i := len(list) - 1; i >= 0; i-- {
+		f := list[i]
+		if f.proto == protocolName(want) && f.h.assoc.failure() == nil {
+			return Ref[T]{h: f.h}, true
+		}
+	}
+	return Ref[T]{}, false
+}
+
+// WaitForActor blocks until some actor is registered under name with any
+// of the registrars, then returns a ref to it. The registrars push the
+// registration to the waiter; nothing polls. When ctx ends, WaitForActor
+// returns ctx.Err() and releases its waiters on the registrars too.
+func WaitForActor[T any](ctx context.Context, n *Node, name string, opts ...LookupOption) (Ref[T], error) {
+	if r, ok := fastPath[T](n, name, opts); ok {
+		return r, nil
+	}
+	srcs, _, err := n.lookupSources(opts)
+	if err != nil {
+		return Ref[T]{}, err
+	}
+	for {
+		regs, err := n.awaitRegistration(ctx, srcs, name)
+		if err != nil {
+			return Ref[T]{}, err
+		}
+		r, ok, stale := connect[T](ctx, n, registrarSource{local: true}, regs)
+		if ok {
+			return r, nil
+		}
+		if !stale {
+			return Ref[T]{}, fmt.Errorf("troupe: %q is registered but cannot be reached as a %s", name, reflect.TypeFor[T]())
+		}
+		// Only stale addresses, now deleted: wait for a live registration.
+	}
+}
+
+// awaitRegistration parks a waiter for name on every source and returns
+// the first registrations pushed to it. Every waiter is released before it
+// returns.
+func (n *Node) awaitRegistration(ctx context.Context, srcs []registrarSource, name string) ([]Registration, error) {
+	p := newPromise[regReply](n)
+	defer p.finish()
+	reply := Ref[regReply]{h: p.h}
+	defer func() {
+		for _, s := range srcs {
+			if s.local {
+				n.reg.cancelWait(name, p.h.key)
+			} else {
+				n.tellRegistrar(s.addr, regRequest{Op: regOpCancelWait, Name: name, ReplyTo: reply})
+			}
+		}
+	}()
+	for _, s := range srcs {
+		if s.local {
+			if found := n.reg.wait(name, p.h); found != nil {
+				return found, nil
+			}
+			continue
+		}
+		r, err := n.registrarRef(ctx, s.addr)
+		if err != nil {
+			return nil, fmt.Errorf("troupe: registrar %s: %w", s.addr, err)
+		}
+		r.Tell(regRequest{Op: regOpWait, Name: name, ReplyTo: reply})
+	}
+	select {
+	case res := <-p.ch:
+		return fromWire(res.v.Regs, Addr{}), nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case <-n.done:
+		return nil, ErrNodeClosed
+	}
+}
+
+// Registry is a handle to one registrar. When the registrar is the calling
+// node itself, it is an in-process shim that makes no connection.
+type Registry struct {
+	n   *Node
+	src registrarSource
+}
+
+// Registry returns a handle to the node's first registrar (or the first of
+// [WithRegistries]).
+func (n *Node) Registry(opts ...LookupOption) (*Registry, error) {
+	srcs, _, err := n.lookupSources(opts)
+	if err != nil {
+		return nil, err
+	}
+	return &Registry{n: n, src: srcs[0]}, nil
+}
+
+// IsLocal reports whether the registrar is this node itself.
+func (r *Registry) IsLocal() bool { return r.src.local }
+
+// Addr returns the registrar's address (zero for the local shim).
+func (r *Registry) Addr() Addr { return r.src.addr }
+
+// List returns every registration, oldest first.
+func (r *Registry) List(ctx context.Context) ([]Registration, error) {
+	return r.n.askRegistrar(ctx, r.src, regRequest{Op: regOpList})
+}
+
+// Find returns the registrations under name, newest first.
+func (r *Registry) Find(ctx context.Context, name string) ([]Registration, error) {
+	return r.n.askRegistrar(ctx, r.src, regRequest{Op: regOpFind, Name: name})
+}
+
+// Wait blocks until something is registered under name with this
+// registrar and returns its registrations.
+func (r *Registry) Wait(ctx context.Context, name string) ([]Registration, error) {
+	return r.n.awaitRegistration(ctx, []registrarSource{r.src}, name)
+}

@@ -1,0 +1,350 @@
+package troupe
+
+import (
+	"cmp"
+	"errors"
+	"slices"
+	"sync"
+	"sync/atomic"
+)
+
+// Errors about discovery.
+var (
+	// ErrRegistryOccupied is returned by [Start] when a registry address is
+	// held by something that is not a troupe registrar (a foreign listener,
+	// or a troupe node that does not serve a registry). troupe never binds
+	// over it.
+	ErrRegistryOccupied = errors.New("troupe: registry address occupied by something that is not a registrar")
+	// ErrRegistryRunning is returned by [Start] with [Config.EnsureRegistry]
+	// when a registrar already answers on a registry address.
+	ErrRegistryRunning = errors.New("troupe: a registrar already answers on the registry address")
+	// ErrNotFound is returned by the lookups with [RequireFound] when no
+	// registrar has the name.
+	ErrNotFound = errors.New("troupe: not registered")
+	// ErrNoRegistry is returned by lookups on a node that has no registrar
+	// configured and none given with [WithRegistries].
+	ErrNoRegistry = errors.New("troupe: no registrar configured")
+)
+
+// RegistrarPath is where a registrar's actor lives on its node.
+const RegistrarPath = "/system/registrar"
+
+// Registration is one entry of a registry: an actor (or a node itself,
+// with an empty Path) under a name. Names are not unique; the registry is
+// keyed by Name and UUID together.
+type Registration struct {
+	Name     string
+	UUID     UUID
+	Path     string  // the actor's path on its node; "" for the node itself
+	Node     NodeUID // the node incarnation the actor lives on
+	NodeName string  // that node's configured name
+	Addrs    []Addr  // every address the node listens on
+	Seq      uint64  // the registrar's order of registration; later is newer
+	Registry Addr    // the registrar that answered (set by lookups; zero for this node's own)
+}
+
+// regKey identifies a registration.
+type regKey struct {
+	name string
+	uuid UUID
+}
+
+// regTable is the table a registrar serves. It is safe for concurrent use.
+type regTable struct {
+	// mu guards entries, seq and waiters.
+	mu      sync.Mutex
+	entries map[regKey]*Registration
+	seq     uint64
+	waiters map[string]map[*handle]struct{} // name -> reply refs of WaitForActor calls
+
+	requests atomic.Uint64 // requests served, for tests and introspection
+}
+
+func newRegTable() *regTable {
+	return &regTable{entries: make(map[regKey]*Registration), waiters: make(map[string]map[*handle]struct{})}
+}
+
+// register adds or refreshes r. An address r's node listens on that another
+// node incarnation had registered is taken from that incarnation (a node
+// restarted on the same address); an entry left with no address goes.
+// Waiters for r.Name are answered and released.
+func (g *regTable) register(r Registration) (woken []*handle) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for k, e := range g.entries {
+		if e.Node == r.Node {
+			continue
+		}
+		kept := slices.DeleteFunc(slices.Clone(e.Addrs), func(a Addr) bool { return slices.Contains(r.Addrs, a) })
+		if len(kept) == len(e.Addrs) {
+			continue
+		}
+		if len(kept) == 0 {
+			delete(g.entries, k)
+			continue
+		}
+		e.Addrs = kept
+	}
+	g.seq++
+	r.Seq = g.seq
+	r.Addrs = slices.Clone(r.Addrs)
+	g.entries[regKey{r.Name, r.UUID}] = &r
+	for h := range g.waiters[r.Name] {
+		woken = append(woken, h)
+	}
+	delete(g.waiters, r.Name)
+	return woken
+}
+
+func (g *regTable) unregister(name string, uuid UUID) {
+	g.mu.Lock()
+	delete(g.entries, regKey{name, uuid})
+	g.mu.Unlock()
+}
+
+// dropNode removes every registration of a node incarnation.
+func (g *regTable) dropNode(uid NodeUID) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for k, e := range g.entries {
+		if e.Node == uid {
+			delete(g.entries, k)
+		}
+	}
+}
+
+// deleteAddr removes a stale address from a registration (and the
+// registration, if it has none left) — and from every other registration of
+// the same node, which listens on the same addresses.
+func (g *regTable) deleteAddr(node NodeUID, addr Addr) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for k, e := range g.entries {
+		if e.Node != node {
+			continue
+		}
+		e.Addrs = slices.DeleteFunc(e.Addrs, func(a Addr) bool { return a == addr })
+		if len(e.Addrs) == 0 {
+			delete(g.entries, k)
+		}
+	}
+}
+
+// find returns copies of the registrations under name, newest first.
+func (g *regTable) find(name string) []Registration {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	var out []Registration
+	for _, e := range g.entries {
+		if e.Name == name {
+			out = append(out, copyReg(e))
+		}
+	}
+	slices.SortFunc(out, func(a, b Registration) int { return cmp.Compare(b.Seq, a.Seq) })
+	return out
+}
+
+// list returns copies of every registration, oldest first.
+func (g *regTable) list() []Registration {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	out := make([]Registration, 0, len(g.entries))
+	for _, e := range g.entries {
+		out = append(out, copyReg(e))
+	}
+	slices.SortFunc(out, func(a, b Registration) int { return cmp.Compare(a.Seq, b.Seq) })
+	return out
+}
+
+// wait parks a waiter for name, unless it is registered already.
+func (g *regTable) wait(name string, reply *handle) []Registration {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	var found []Registration
+	for _, e := range g.entries {
+		if e.Name == name {
+			found = append(found, copyReg(e))
+		}
+	}
+	if len(found) > 0 {
+		return found
+	}
+	if g.waiters[name] == nil {
+		g.waiters[name] = make(map[*handle]struct{})
+	}
+	g.waiters[name][reply] = struct{}{}
+	return nil
+}
+
+// cancelWait releases a parked waiter, matched by its reply ref's identity.
+func (g *regTable) cancelWait(name string, key refKey) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for h := range g.waiters[name] {
+		if h.key == key {
+			delete(g.waiters[name], h)
+		}
+	}
+	if len(g.waiters[name]) == 0 {
+		delete(g.waiters, name)
+	}
+}
+
+// waiting counts parked waiters (for tests and introspection).
+func (g *regTable) waiting() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	n := 0
+	for _, w := range g.waiters {
+		n += len(w)
+	}
+	return n
+}
+
+func copyReg(e *Registration) Registration {
+	c := *e
+	c.Addrs = slices.Clone(e.Addrs)
+	return c
+}
+
+// Registry operations on the wire. Append only: values are on the wire.
+const (
+	regOpRegister uint8 = iota + 1
+	regOpUnregister
+	regOpFind
+	regOpList
+	regOpWait
+	regOpCancelWait
+	regOpDeleteAddr
+)
+
+// regRequest is what a node sends a remote registrar.
+type regRequest struct {
+	Op      uint8
+	Regs    []regWire
+	Name    string
+	UUID    UUID
+	Node    NodeUID
+	Addr    string
+	ReplyTo Ref[regReply]
+}
+
+// regReply is a registrar's answer.
+type regReply struct {
+	Regs []regWire
+}
+
+// regWire is a Registration as it crosses the wire.
+type regWire struct {
+	Name     string
+	UUID     UUID
+	Path     string
+	Node     NodeUID
+	NodeName string
+	Addrs    []string
+	Seq      uint64
+}
+
+func init() {
+	RegisterMessage[regRequest]("troupe.registry.request")
+	RegisterMessage[regReply]("troupe.registry.reply")
+}
+
+func toWire(rs []Registration) []regWire {
+	out := make([]regWire, len(rs))
+	for i, r := range rs {
+		w := regWire{Name: r.Name, UUID: r.UUID, Path: r.Path, Node: r.Node, NodeName: r.NodeName, Seq: r.Seq}
+		for _, a := range r.Addrs {
+			w.Addrs = append(w.Addrs, a.String())
+		}
+		out[i] = w
+	}
+	return out
+}
+
+func fromWire(ws []regWire, from Addr) []Registration {
+	out := make([]Registration, 0, len(ws))
+	for _, w := range ws {
+		r := Registration{Name: w.Name, UUID: w.UUID, Path: w.Path, Node: w.Node, NodeName: w.NodeName, Seq: w.Seq, Registry: from}
+		for _, s := range w.Addrs {
+			if a, err := ParseAddr(s); err == nil {
+				r.Addrs = append(r.Addrs, a)
+			}
+		}
+		out = append(out, r)
+	}
+	return out
+}
+
+// serveRegistry handles one request to this node's registrar actor.
+func (n *Node) serveRegistry(req regRequest) {
+	g := n.reg
+	g.requests.Add(1)
+	reply := func(rs []Registration) {
+		if !req.ReplyTo.IsZero() {
+			req.ReplyTo.Tell(regReply{Regs: toWire(rs)})
+		}
+	}
+	switch req.Op {
+	case regOpRegister:
+		for _, r := range fromWire(req.Regs, Addr{}) {
+			n.registryRegister(r)
+		}
+		reply(nil)
+	case regOpUnregister:
+		for _, r := range req.Regs {
+			g.unregister(r.Name, r.UUID)
+		}
+		reply(nil)
+	case regOpFind:
+		reply(g.find(req.Name))
+	case regOpList:
+		reply(g.list())
+	case regOpWait:
+		if found := g.wait(req.Name, req.ReplyTo.h); found != nil {
+			reply(found)
+		}
+	case regOpCancelWait:
+		if !req.ReplyTo.IsZero() {
+			g.cancelWait(req.Name, req.ReplyTo.h.key)
+		}
+	case regOpDeleteAddr:
+		if a, err := ParseAddr(req.Addr); err == nil {
+			g.deleteAddr(req.Node, a)
+		}
+		reply(nil)
+	}
+}
+
+// registryRegister registers r in this node's registry and answers the
+// waiters it wakes.
+func (n *Node) registryRegister(r Registration) {
+	for _, w := range n.reg.register(r) {
+		Ref[regReply]{h: w}.Tell(regReply{Regs: toWire([]Registration{r})})
+	}
+}
+
+// startRegistrar makes this node serve a registry: the table, the actor at
+// RegistrarPath, and the rule that a peer which leaves or becomes
+// unreachable takes its registrations with it.
+func (n *Node) startRegistrar() error {
+	n.reg = newRegTable()
+	_, err := Spawn(systemParent{n}, "registrar", Behavior[regRequest]{
+		Receive: func(_ *Context[regRequest], req regRequest) { n.serveRegistry(req) },
+	})
+	if err != nil {
+		return err
+	}
+	Subscribe(n.Events(), func(e PeerUnreachable) { n.reg.dropNode(e.UID) })
+	return nil
+}
+
+// IsRegistrar reports whether this node serves a registry.
+func (n *Node) IsRegistrar() bool { return n.reg != nil }
+
+// systemParent spawns the node's own actors under /system.
+type systemParent struct{ n *Node }
+
+func (s systemParent) spawnParent() (*Node, parentCell) { return s.n, nil }
+
+func (s systemParent) basePath() string { return "/system" }
