@@ -57,7 +57,8 @@ var wireTypes struct {
 }
 
 // RegisterMessage gives T the wire key key, so that values of T can cross a
-// link; only types that cross a link need one. Both nodes must register the
+// link; only types that cross a link need one. string, int, int64, uint64,
+// bool, float64, []byte and struct{} are registered already. Both nodes must register the
 // same key for the same type. Call it from init or main, before the first
 // message of T is sent.
 //
@@ -117,6 +118,19 @@ func registerType(t reflect.Type, key string) error {
 	wireTypes.byKey.Store(&byKey)
 	wireTypes.byType.Store(&byType)
 	return nil
+}
+
+// Built-in types that may cross the wire without registration, so that
+// simple replies (Ask for a string or an int) need no declaration.
+func init() {
+	RegisterMessage[string]("troupe.string")
+	RegisterMessage[int]("troupe.int")
+	RegisterMessage[int64]("troupe.int64")
+	RegisterMessage[uint64]("troupe.uint64")
+	RegisterMessage[bool]("troupe.bool")
+	RegisterMessage[float64]("troupe.float64")
+	RegisterMessage[[]byte]("troupe.bytes")
+	RegisterMessage[struct{}]("troupe.empty")
 }
 
 func typeByKey(key string) *msgType {

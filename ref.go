@@ -196,6 +196,9 @@ func Ask[Req, Resp any](ctx context.Context, to Ref[Req], mk func(replyTo Ref[Re
 		return zero, errors.New("troupe: Ask on a zero Ref")
 	}
 	n := to.h.node
+	if rt := reflect.TypeFor[Resp](); to.h.assoc != nil && rt.Kind() != reflect.Interface && typeOf(rt) == nil {
+		return zero, fmt.Errorf("%w: the reply type %s of an Ask to another node needs RegisterMessage", ErrNotRegistered, rt)
+	}
 	p := newPromise[Resp](n)
 	defer p.finish()
 	if a := to.h.assoc; a != nil {

@@ -274,3 +274,19 @@ func TestPendingAskFailsWhenPeerLeaves(t *testing.T) {
 		t.Fatalf("Ask = %v, want ErrPeerLeft", err)
 	}
 }
+
+func TestAskWithUnregisteredReplyTypeFailsFast(t *testing.T) {
+	a := startNode(t, testConfig("tcp://127.0.0.1:0"))
+	b := startNode(t, testConfig("tcp://127.0.0.1:0"))
+	type private struct{ N int }
+	type req struct{ ReplyTo Ref[private] }
+	Spawn(b, "x", Behavior[testPing]{Receive: func(*Context[testPing], testPing) {}})
+	r, err := Resolve[testPing](ctxT(t, 5*time.Second), a, FormatRef(b.Addrs()[0], "/user/x"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = Ask(ctxT(t, 5*time.Second), r, func(Ref[private]) testPing { return testPing{} })
+	if !errors.Is(err, ErrNotRegistered) {
+		t.Fatalf("Ask with an unregistered reply type = %v, want ErrNotRegistered at once", err)
+	}
+}

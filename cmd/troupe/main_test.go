@@ -1,0 +1,113 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"troupe"
+)
+
+// lineWriter hands each line written to it to a channel.
+type lineWriter struct {
+	mu    sync.Mutex
+	buf   bytes.Buffer
+	lines chan string
+}
+
+func (w *lineWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.buf.Write(p)
+	for {
+		line, err := w.buf.ReadString('\n')
+		if err != nil {
+			w.buf.WriteString(line)
+			return len(p), nil
+		}
+		w.lines <- strings.TrimSpace(line)
+	}
+}
+
+func TestRegistrarLsQuery(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	out := &lineWriter{lines: make(chan string, 8)}
+	exited := make(chan int, 1)
+	go func() { exited <- run(ctx, []string{"registrar", "--addr", "127.0.0.1:0"}, out, io.Discard) }()
+	var line string
+	select {
+	case line = <-out.lines:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the registrar printed no address")
+	}
+	addr := strings.TrimPrefix(line, "registrar listening on ")
+	if addr == line {
+		t.Fatalf("registrar said %q", line)
+	}
+	defer func() {
+		cancel()
+		if code := <-exited; code != 0 {
+			t.Errorf("registrar exited %d after SIGINT", code)
+		}
+	}()
+
+	// A second daemon on the same address refuses.
+	var errOut bytes.Buffer
+	if code := run(context.Background(), []string{"registrar", "--addr", addr}, io.Discard, &errOut); code == 0 || !strings.Contains(errOut.String(), "already serves") {
+		t.Fatalf("second registrar: exit %d, %q", code, errOut.String())
+	}
+
+	// A service registers with it.
+	svcCtx, svcCancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer svcCancel()
+	svc, err := troupe.Start(svcCtx, troupe.Config{Name: "svc-node", RegistryAddrs: []string{addr}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer svc.Close()
+	if _, err := troupe.Spawn(svc, "billing", troupe.Behavior[string]{Receive: func(*troupe.Context[string], string) {}}); err != nil {
+		t.Fatal(err)
+	}
+
+	var stdout bytes.Buffer
+	if code := run(context.Background(), []string{"ls", "--registry", addr}, &stdout, io.Discard); code != 0 {
+		t.Fatalf("ls exited %d", code)
+	}
+	table := stdout.String()
+	for _, want := range []string{"NAME", "billing", "/user/billing", "svc-node", "registrar", svc.Addrs()[0].String()} {
+		if !strings.Contains(table, want) {
+			t.Errorf("ls output lacks %q:\n%s", want, table)
+		}
+	}
+	stdout.Reset()
+	if code := run(context.Background(), []string{"ls", "--registry", addr, "--json"}, &stdout, io.Discard); code != 0 {
+		t.Fatalf("ls --json exited %d", code)
+	}
+	var entries []entry
+	if err := json.Unmarshal(stdout.Bytes(), &entries); err != nil || len(entries) != 3 {
+		t.Fatalf("ls --json = %q (%v)", stdout.String(), err)
+	}
+
+	stdout.Reset()
+	if code := run(context.Background(), []string{"query", "--registry", addr, "billing"}, &stdout, io.Discard); code != 0 || strings.TrimSpace(stdout.String()) != svc.Addrs()[0].String() {
+		t.Fatalf("query: exit %d, %q", code, stdout.String())
+	}
+	errOut.Reset()
+	if code := run(context.Background(), []string{"query", "--registry", addr, "nobody"}, io.Discard, &errOut); code != 1 || !strings.Contains(errOut.String(), "not registered") {
+		t.Fatalf("query of a missing name: exit %d, %q", code, errOut.String())
+	}
+}
+
+func TestNoRegistrarAnswers(t *testing.T) {
+	for _, args := range [][]string{{"ls", "--registry", "127.0.0.1:1", "--timeout", "2s"}, {"query", "--registry", "127.0.0.1:1", "x"}} {
+		var errOut bytes.Buffer
+		if code := run(context.Background(), args, io.Discard, &errOut); code == 0 || !strings.Contains(errOut.String(), "no registrar answers") {
+			t.Errorf("%v: exit %d, %q", args, code, errOut.String())
+		}
+	}
+}
