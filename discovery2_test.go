@@ -1,0 +1,174 @@
+package troupe
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestRegistrationOnAnAddressEvictsTheOldIdentity(t *testing.T) {
+	g := newRegTable()
+	addr := TCPAddr("127.0.0.1:7001")
+	old := NodeUID{1}
+	g.register(Registration{Name: "svc", UUID: UUID{1}, Path: "/user/svc", Node: old, Addrs: []Addr{addr, UnixAddr("/run/old.sock")}})
+	g.register(Registration{Name: "other", UUID: UUID{2}, Path: "/user/other", Node: old, Addrs: []Addr{addr}})
+	g.register(Registration{Name: "svc", UUID: UUID{3}, Path: "/user/svc", Node: NodeUID{2}, Addrs: []Addr{addr}})
+	got := g.find("svc")
+	if len(got) != 2 || got[0].Node != (NodeUID{2}) {
+		t.Fatalf("find(svc) = %+v", got)
+	}
+	if len(got[1].Addrs) != 1 || got[1].Addrs[0] != UnixAddr("/run/old.sock") {
+		t.Fatalf("the old incarnation kept %v, want only its other address", got[1].Addrs)
+	}
+	if len(g.find("other")) != 0 {
+		t.Fatal("an entry whose only address was taken over is still there")
+	}
+}
+
+func TestRegistrarServesTCPAndUnixAtOnce(t *testing.T) {
+	tcp, uds := freeRegistryAddr(t, "tcp"), freeRegistryAddr(t, "unix")
+	cfg := testConfig()
+	cfg.Name, cfg.RegistryAddrs = "registrar", []string{tcp, uds}
+	registrar := startNode(t, cfg)
+	if len(registrar.Addrs()) != 2 {
+		t.Fatalf("registrar bound %v, want both", registrar.Addrs())
+	}
+	overUnix := startNode(t, discoveryConfig("over-unix", uds))
+	overTCP := startNode(t, discoveryConfig("over-tcp", tcp))
+	spawnEcho(t, overUnix, "u")
+	spawnEcho(t, overTCP, "t")
+	ctx := ctxT(t, 5*time.Second)
+	if _, found, err := FindActor[testPing](ctx, overTCP, "u"); !found || err != nil {
+		t.Fatalf("tcp client finding a unix-registered actor: %v, %v", found, err)
+	}
+	if _, found, err := FindActor[testPing](ctx, overUnix, "t"); !found || err != nil {
+		t.Fatalf("unix client finding a tcp-registered actor: %v, %v", found, err)
+	}
+}
+
+func TestFindActorAllHasOneEntryPerRegistrar(t *testing.T) {
+	regA, regB := freeRegistryAddr(t, "tcp"), freeRegistryAddr(t, "tcp")
+	a := startNode(t, discoveryConfig("a", regA))
+	b := startNode(t, discoveryConfig("b", regB))
+	spawnEcho(t, b, "svc") // registered only with b's registrar
+	client := startNode(t, testConfig())
+	ctx := ctxT(t, 5*time.Second)
+	opts := WithRegistries(a.Addrs()[0], b.Addrs()[0])
+	all, err := FindActorAll[testPing](ctx, client, "svc", opts)
+	if err != nil || len(all) != 2 || !all[0].IsZero() || all[1].IsZero() {
+		t.Fatalf("FindActorAll = %v, %v; want a hole then a ref", all, err)
+	}
+	if all, err := FindActorAll[testPing](ctx, client, "ghost", opts); all != nil || err != nil {
+		t.Fatalf("FindActorAll of a missing name = %v, %v; want nil, nil", all, err)
+	}
+	// First match in configured order, even though a answers first.
+	r, found, err := FindActor[testPing](ctx, client, "svc", opts)
+	if !found || err != nil || r.NodeUID() != b.UID() {
+		t.Fatalf("FindActor = %v, %v, %v", r, found, err)
+	}
+}
+
+func TestReRegistersAfterReassociation(t *testing.T) {
+	f := NewFaultNet()
+	reg := freeRegistryAddr(t, "tcp")
+	cfgR := failConfig("registrar", 20*time.Millisecond, 300*time.Millisecond)
+	cfgR.RegistryAddrs = []string{reg}
+	registrar := startOn(t, f, cfgR)
+	cfgS := failConfig("service", 20*time.Millisecond, 300*time.Millisecond)
+	cfgS.RegistryAddrs = []string{reg}
+	service := startOn(t, f, cfgS)
+	spawnEcho(t, service, "svc")
+	lost := make(chan PeerUnreachable, 1)
+	SubscribeChan(service.Events(), lost)
+	f.Partition(registrar, service)
+	waitFor(t, 5*time.Second, "the registrar to drop the unreachable service", func() bool { return len(registrar.reg.find("svc")) == 0 })
+	recv(t, lost, "the service gives up on the registrar")
+	f.Heal()
+	registrar.ClearQuarantineUID(service.UID())
+	if err := service.Reconnect(ctxT(t, 5*time.Second), registrar.Addrs()[0]); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "the service to register again", func() bool { return len(registrar.reg.find("svc")) == 1 })
+}
+
+func TestRuntimeDirIsPrivate(t *testing.T) {
+	base := t.TempDir()
+	t.Setenv("XDG_RUNTIME_DIR", base)
+	dir, err := RuntimeDir()
+	if err != nil || dir != filepath.Join(base, "troupe") {
+		t.Fatalf("RuntimeDir = %q, %v", dir, err)
+	}
+	if fi, _ := os.Stat(dir); fi.Mode().Perm() != 0o700 {
+		t.Fatalf("mode %v, want 0700", fi.Mode().Perm())
+	}
+	os.RemoveAll(dir)
+	os.Symlink(t.TempDir(), dir)
+	if _, err := RuntimeDir(); err == nil || !strings.Contains(err.Error(), "not a plain directory") {
+		t.Fatalf("RuntimeDir with a symlink = %v", err)
+	}
+	if os.Getuid() == 0 {
+		os.Remove(dir)
+		os.Mkdir(dir, 0o700)
+		os.Chown(dir, 65534, 65534)
+		if _, err := RuntimeDir(); err == nil || !strings.Contains(err.Error(), "belongs to uid 65534") {
+			t.Fatalf("RuntimeDir owned by another user = %v", err)
+		}
+	}
+	// A node listening only on unix sockets uses the runtime dir's registry.
+	os.RemoveAll(dir)
+	cfg := Config{Listen: []string{"unix://" + shortSocket(t)}, Discovery: true}
+	addrs, err := cfg.registryAddrs()
+	if err != nil || len(addrs) != 1 || addrs[0] != UnixAddr(filepath.Join(base, "troupe", "registry@1616.sock")) {
+		t.Fatalf("default unix registry = %v, %v", addrs, err)
+	}
+	if addrs, _ := (Config{Discovery: true}).registryAddrs(); addrs[0] != TCPAddr("127.0.0.1:1616") {
+		t.Fatalf("default registry = %v", addrs)
+	}
+}
+
+// TestHelperJoinProcess is not a test: TestJoiningFromAnotherProcess runs
+// it in a child process, which joins the registrar at
+// $TROUPE_HELPER_JOIN, finds "svc" and asks it.
+func TestHelperJoinProcess(t *testing.T) {
+	reg := os.Getenv("TROUPE_HELPER_JOIN")
+	if reg == "" {
+		t.Skip("helper for TestJoiningFromAnotherProcess")
+	}
+	n, err := Start(ctxT(t, 5*time.Second), discoveryConfig("outsider", reg))
+	if err != nil {
+		fmt.Println("ERR", err)
+		return
+	}
+	defer n.Close()
+	r, found, err := FindActor[testPing](ctxT(t, 5*time.Second), n, "svc")
+	if err != nil || !found {
+		fmt.Println("ERR find", found, err)
+		return
+	}
+	p, err := Ask(ctxT(t, 5*time.Second), r, func(rr Ref[testPong]) testPing { return testPing{N: 5, ReplyTo: rr} })
+	fmt.Println("ANSWER", p.N, p.From, err)
+}
+
+func TestJoiningFromAnotherProcess(t *testing.T) {
+	reg := freeRegistryAddr(t, "tcp")
+	startNode(t, discoveryConfig("registrar", reg))
+	service := startNode(t, discoveryConfig("service", reg))
+	spawnEcho(t, service, "svc")
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, exe, "-test.run=^TestHelperJoinProcess$")
+	cmd.Env = append(os.Environ(), "TROUPE_HELPER_JOIN="+reg)
+	out, err := cmd.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "ANSWER 5 service <nil>") {
+		t.Fatalf("the outside process said (%v):\n%s", err, out)
+	}
+}
