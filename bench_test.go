@@ -224,3 +224,42 @@ func BenchmarkSpawn(b *testing.B) {
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "spawns/s")
 	_ = time.Second
 }
+
+// BenchmarkQueryActor measures a lookup answered by a registrar in another
+// node over loopback TCP.
+func BenchmarkQueryActor(b *testing.B) {
+	reg := freeRegistryAddr(b, "tcp")
+	startNode(b, discoveryConfig("registrar", reg))
+	service := startNode(b, discoveryConfig("service", reg))
+	spawnEcho(b, service, "svc")
+	client := startNode(b, discoveryConfig("client", reg))
+	ctx := context.Background()
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range b.N {
+		if _, found, err := QueryActor(ctx, client, "svc"); !found || err != nil {
+			b.Fatal(found, err)
+		}
+	}
+}
+
+// BenchmarkFindActorFastPath measures a repeated lookup of an actor already
+// found on a connected peer: no registrar round trip.
+func BenchmarkFindActorFastPath(b *testing.B) {
+	reg := freeRegistryAddr(b, "tcp")
+	startNode(b, discoveryConfig("registrar", reg))
+	service := startNode(b, discoveryConfig("service", reg))
+	spawnEcho(b, service, "svc")
+	client := startNode(b, discoveryConfig("client", reg))
+	ctx := context.Background()
+	if _, found, err := FindActor[testPing](ctx, client, "svc"); !found || err != nil {
+		b.Fatal(found, err)
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range b.N {
+		if _, found, err := FindActor[testPing](ctx, client, "svc"); !found || err != nil {
+			b.Fatal(found, err)
+		}
+	}
+}

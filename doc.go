@@ -52,6 +52,16 @@
 // one sender to one actor arrive in the order sent. The byte layout is in
 // wire.md beside wire.go.
 //
+// # Discovery
+//
+// With [Config.RegistryAddrs] (or [Config.Discovery]) a node probes the
+// registry addresses at start: it joins a registrar that answers, refuses an
+// address held by anything else ([ErrRegistryOccupied]), and becomes the
+// registrar when every address is free. Nodes and named actors register
+// themselves; [FindActor], [FindActorAll], [WaitForActor], [QueryActor] and
+// [Node.Registry] look them up by name. The cmd/troupe command runs a
+// dedicated registrar and lists or queries one.
+//
 // # When a node stops answering
 //
 // Associations heartbeat every [Config.HeartbeatInterval]; a peer silent
