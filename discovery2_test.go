@@ -172,3 +172,18 @@ func TestJoiningFromAnotherProcess(t *testing.T) {
 		t.Fatalf("the outside process said (%v):\n%s", err, out)
 	}
 }
+
+func TestAnyNodeCanServeARegistry(t *testing.T) {
+	cfg := testConfig("tcp://127.0.0.1:0")
+	cfg.Name, cfg.ServeRegistry = "side-registrar", true
+	side := startNode(t, cfg)
+	if !side.IsRegistrar() {
+		t.Fatal("ServeRegistry did not make the node a registrar")
+	}
+	worker := startNode(t, discoveryConfig("worker", side.Addrs()[0].String()))
+	spawnEcho(t, worker, "job")
+	client := startNode(t, testConfig())
+	if _, found, err := FindActor[testPing](ctxT(t, 5*time.Second), client, "job", WithRegistries(side.Addrs()[0])); !found || err != nil {
+		t.Fatalf("FindActor via a node serving a registry: %v, %v", found, err)
+	}
+}
