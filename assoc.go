@@ -226,13 +226,9 @@ func (a *assoc) runOutbound() {
 		return
 	}
 	c.SetDeadline(time.Now().Add(n.cfg.HandshakeTimeout))
-	if _, err := c.Write(appendFrame(nil, func(b []byte) []byte { return appendHello(b, frameHello, n.hello()) })); err != nil {
-		a.fail(fmt.Errorf("troupe: handshake with %s: %w", a.dialAddr, err))
-		return
-	}
 	a.in = &stampReader{c: c, epoch: n.epoch}
 	fr := newFrameReader(a.in, n.cfg.MaxFrameSize)
-	body, err := fr.next()
+	body, err := n.dialHandshake(c, fr, n.hello())
 	if err != nil {
 		a.fail(fmt.Errorf("troupe: handshake with %s: %w", a.dialAddr, err))
 		return
@@ -274,6 +270,12 @@ func (a *assoc) runOutbound() {
 
 // serveInbound handshakes an accepted connection and then runs its reader.
 func (n *Node) serveInbound(c net.Conn) {
+	handshaking := true
+	defer func() {
+		if handshaking {
+			n.handshaking.Add(-1)
+		}
+	}()
 	label := peerLabel(c)
 	c.SetDeadline(time.Now().Add(n.cfg.HandshakeTimeout))
 	if err := n.checkPeerCred(c); err != nil {
@@ -298,6 +300,13 @@ func (n *Node) serveInbound(c net.Conn) {
 		}
 		return
 	}
+	if err := n.acceptAuth(c, fr, h); err != nil {
+		n.log.Warn("troupe: refused a peer that failed authentication", "peer", label, "claimed_name", h.name, "err", err)
+		c.Write(rejectFrame(rejectAuth, n.uid, err.Error()))
+		c.Close()
+		n.events.Publish(ProtocolError{Remote: label, Err: err})
+		return
+	}
 	if h.flags&helloProbe != 0 {
 		// A registry probe: answer who we are, and forget it.
 		c.Write(appendFrame(nil, func(b []byte) []byte { return appendHello(b, frameWelcome, n.hello()) }))
@@ -312,6 +321,8 @@ func (n *Node) serveInbound(c net.Conn) {
 	if !n.attach(a, h) {
 		return
 	}
+	handshaking = false
+	n.handshaking.Add(-1)
 	c.SetDeadline(time.Time{})
 	a.run(fr)
 }

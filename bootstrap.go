@@ -126,10 +126,10 @@ func (n *Node) probeConn(c net.Conn) (res probeResult, why string, retry bool) {
 	c.SetDeadline(time.Now().Add(probeAttemptTimeout))
 	h := n.hello()
 	h.flags |= helloProbe
-	if _, err := c.Write(appendFrame(nil, func(b []byte) []byte { return appendHello(b, frameHello, h) })); err != nil {
-		return probeOccupied, err.Error(), true
+	body, err := n.dialHandshake(c, newFrameReader(c, maxHelloSize), h)
+	if errors.Is(err, ErrAuth) {
+		return probeOccupied, err.Error(), false
 	}
-	body, err := newFrameReader(c, maxHelloSize).next()
 	if err != nil {
 		return probeOccupied, "no troupe handshake: " + err.Error(), true
 	}

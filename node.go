@@ -3,6 +3,7 @@ package troupe
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -103,6 +104,30 @@ type Config struct {
 	// addresses, whether or not it uses other registrars.
 	ServeRegistry bool
 
+	// Secret, if set, is a shared secret every peer must know: each new
+	// connection runs a mutual HMAC-SHA256 challenge-response with fresh
+	// nonces on both sides (the secret itself never crosses the wire), and a
+	// peer with a wrong or missing secret is refused before any of its
+	// messages is delivered. Nodes with and without a secret cannot talk.
+	Secret []byte
+
+	// TLS, if set, wraps every TCP connection in TLS with this config, in
+	// both directions: give it Certificates, RootCAs, ClientCAs and
+	// ClientAuth: tls.RequireAndVerifyClientCert for mutual authentication.
+	// When ServerName is empty, a dialed server is verified against the host
+	// it was dialed by. Unix sockets are not wrapped; they rely on peer
+	// credentials.
+	TLS *tls.Config
+
+	// MaxInboundConns bounds the inbound connections open at once; one
+	// more is closed as soon as it is accepted. Default: 4096.
+	MaxInboundConns int
+
+	// MaxPendingHandshakes bounds the inbound connections still in their
+	// handshake; one more is closed at once. Each is also closed after
+	// HandshakeTimeout. Default: 128.
+	MaxPendingHandshakes int
+
 	// fault routes the node's connections through a fault network (set
 	// by FaultNet.Start).
 	fault *FaultNet
@@ -139,6 +164,12 @@ func (c Config) withDefaults() Config {
 	if c.UnreachableAfter == 0 {
 		c.UnreachableAfter = 10 * time.Second
 	}
+	if c.MaxInboundConns == 0 {
+		c.MaxInboundConns = 4096
+	}
+	if c.MaxPendingHandshakes == 0 {
+		c.MaxPendingHandshakes = 128
+	}
 	return c
 }
 
@@ -150,6 +181,8 @@ func (c Config) validate() error {
 		return fmt.Errorf("%w: negative timeout", ErrBadConfig)
 	case len(c.Name) > 255:
 		return fmt.Errorf("%w: Name longer than 255 bytes", ErrBadConfig)
+	case c.Secret != nil && len(c.Secret) < 16:
+		return fmt.Errorf("%w: Secret must be at least 16 bytes", ErrBadConfig)
 	case c.HeartbeatInterval < time.Millisecond:
 		return fmt.Errorf("%w: HeartbeatInterval %v is below 1 ms", ErrBadConfig, c.HeartbeatInterval)
 	case c.UnreachableAfter < 3*c.HeartbeatInterval:
@@ -179,6 +212,9 @@ type Node struct {
 
 	uuidSeq atomic.Uint64
 	anonSeq atomic.Uint64
+
+	inbound     atomic.Int64 // inbound connections open
+	handshaking atomic.Int64 // inbound connections in their handshake
 
 	// amu guards actors and closing; actors maps a path to the handle of
 	// the actor, adapter or exported ask promise that lives there.
@@ -280,6 +316,14 @@ func (n *Node) listenAll(ctx context.Context, list []string) error {
 func (n *Node) listen(ctx context.Context, a Addr) error {
 	var lc net.ListenConfig
 	if a.IsUnix() {
+		// Hold a lock beside the socket while deciding whether an existing
+		// file is stale: another process may be between its bind and its
+		// listen, when the file exists but refuses connections.
+		unlock, err := lockFile(a.address + ".lock")
+		if err != nil {
+			return err
+		}
+		defer unlock()
 		if err := removeStaleSocket(a.address); err != nil {
 			return err
 		}
@@ -295,6 +339,24 @@ func (n *Node) listen(ctx context.Context, a Addr) error {
 	n.listeners = append(n.listeners, l)
 	n.addrs = append(n.addrs, bound)
 	return nil
+}
+
+// lockFile takes an exclusive advisory lock on path (creating it) and
+// returns its release. The file is left in place: removing it would race
+// with the next locker.
+func lockFile(path string) (func(), error) {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("lock %s: %w", path, err)
+	}
+	return func() {
+		syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
+		f.Close()
+	}, nil
 }
 
 // removeStaleSocket deletes a Unix socket file that nobody listens on any
@@ -488,10 +550,24 @@ func (n *Node) acceptLoop(l net.Listener) {
 			n.log.Error("troupe: accept failed; listener stopped", "addr", l.Addr().String(), "err", err)
 			return
 		}
+		if n.inbound.Load() >= int64(n.cfg.MaxInboundConns) || n.handshaking.Load() >= int64(n.cfg.MaxPendingHandshakes) {
+			n.log.Debug("troupe: refused a connection over the limits", "remote", c.RemoteAddr().String(),
+				"inbound", n.inbound.Load(), "handshaking", n.handshaking.Load())
+			c.Close()
+			continue
+		}
+		n.inbound.Add(1)
+		n.handshaking.Add(1)
 		if f := n.cfg.fault; f != nil {
 			c = f.accepted(n, c)
 		}
-		n.wg.Go(func() { n.serveInbound(c) })
+		if n.cfg.TLS != nil && c.LocalAddr().Network() == "tcp" {
+			c = tls.Server(c, n.cfg.TLS)
+		}
+		n.wg.Go(func() {
+			defer n.inbound.Add(-1)
+			n.serveInbound(c)
+		})
 	}
 }
 
@@ -532,5 +608,14 @@ func (n *Node) dial(addr Addr) (net.Conn, error) {
 		return f.dial(ctx, n, addr)
 	}
 	var d net.Dialer
-	return d.DialContext(ctx, addr.network, addr.address)
+	c, err := d.DialContext(ctx, addr.network, addr.address)
+	if err != nil || n.cfg.TLS == nil || addr.IsUnix() {
+		return c, err
+	}
+	tc := n.clientTLS(c, addr)
+	if err := tc.HandshakeContext(ctx); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("tls: %w", err)
+	}
+	return tc, nil
 }

@@ -128,7 +128,7 @@ func (a *assoc) handleFrame(kind frameKind, b []byte) (done bool, err error) {
 		return done, err
 	case frameHeartbeat:
 		return false, nil
-	case frameHello, frameWelcome, frameReject:
+	case frameHello, frameWelcome, frameReject, frameChallenge, frameProof:
 		return false, fmt.Errorf("%w: %s after the handshake", ErrMalformed, kind)
 	}
 	return false, fmt.Errorf("%w: unknown frame kind %d", ErrMalformed, uint8(kind))

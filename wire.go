@@ -34,11 +34,13 @@ const (
 	frameResolve                     // look up an actor by path
 	frameResolved                    // the answer to frameResolve
 	frameBye                         // the sender is leaving gracefully
-	frameHeartbeat                   // a sign of life (reserved)
+	frameHeartbeat                   // a sign of life
+	frameChallenge                   // acceptor → dialer: prove you know the secret
+	frameProof                       // dialer → acceptor: the proof
 	frameKindCount                   // one past the last kind
 )
 
-var frameNames = [...]string{"invalid", "hello", "welcome", "reject", "tell", "watch", "unwatch", "terminated", "resolve", "resolved", "bye", "heartbeat"}
+var frameNames = [...]string{"invalid", "hello", "welcome", "reject", "tell", "watch", "unwatch", "terminated", "resolve", "resolved", "bye", "heartbeat", "challenge", "proof"}
 
 func (k frameKind) String() string {
 	if int(k) < len(frameNames) {

@@ -16,7 +16,7 @@ var update = flag.Bool("update", false, "rewrite the golden files in testdata/wi
 
 func TestWireValuesArePinned(t *testing.T) {
 	kinds := map[frameKind]uint8{frameHello: 1, frameWelcome: 2, frameReject: 3, frameTell: 4, frameWatch: 5,
-		frameUnwatch: 6, frameTerminated: 7, frameResolve: 8, frameResolved: 9, frameBye: 10, frameHeartbeat: 11}
+		frameUnwatch: 6, frameTerminated: 7, frameResolve: 8, frameResolved: 9, frameBye: 10, frameHeartbeat: 11, frameChallenge: 12, frameProof: 13}
 	for k, v := range kinds {
 		if uint8(k) != v {
 			t.Errorf("%s = %d, want %d", k, k, v)

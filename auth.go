@@ -1,0 +1,133 @@
+package troupe
+
+import (
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+)
+
+// ErrAuth is wrapped by the error of a connection that failed
+// authentication: a missing or wrong shared secret, on either side.
+var ErrAuth = errors.New("troupe: authentication failed")
+
+// nonceSize is the length of each side's fresh challenge.
+const nonceSize = 32
+
+// macSize is the length of an HMAC-SHA256.
+const macSize = sha256.Size
+
+func newNonce() []byte {
+	b := make([]byte, nonceSize)
+	rand.Read(b)
+	return b
+}
+
+// authMAC proves knowledge of the secret for one role of one handshake:
+// it covers both nonces and both uids, and the role label keeps a proof
+// from being reflected back as the other side's.
+func authMAC(secret []byte, role string, mine, theirs []byte, me, them NodeUID) []byte {
+	m := hmac.New(sha256.New, secret)
+	m.Write([]byte("troupe-v1-" + role))
+	m.Write(mine)
+	m.Write(theirs)
+	m.Write(me[:])
+	m.Write(them[:])
+	return m.Sum(nil)
+}
+
+// appendChallenge is the acceptor's half: its uid, its nonce and its proof.
+func appendChallenge(b []byte, uid NodeUID, nonce, mac []byte) []byte {
+	b = append(b, byte(frameChallenge))
+	b = append(b, uid[:]...)
+	b = append(b, nonce...)
+	return append(b, mac...)
+}
+
+// dialHandshake sends h on c and returns the acceptor's verdict frame
+// (welcome or reject), answering an authentication challenge on the way.
+// With a secret, an acceptor that does not prove it knows the secret is
+// refused.
+func (n *Node) dialHandshake(c net.Conn, fr *frameReader, h *hello) ([]byte, error) {
+	secret := n.cfg.Secret
+	var nonce []byte
+	if secret != nil {
+		nonce = newNonce()
+		h.auth = nonce
+	}
+	if _, err := c.Write(appendFrame(nil, func(b []byte) []byte { return appendHello(b, frameHello, h) })); err != nil {
+		return nil, err
+	}
+	body, err := fr.next()
+	if err != nil {
+		return nil, err
+	}
+	switch kind := frameKind(body[0]); {
+	case kind == frameChallenge:
+		if secret == nil {
+			return nil, fmt.Errorf("%w: the peer requires a shared secret and this node has none (Config.Secret)", ErrAuth)
+		}
+		d := decoder{b: body[1:]}
+		var uid NodeUID
+		copy(uid[:], d.take(16))
+		theirNonce := append([]byte(nil), d.take(nonceSize)...)
+		mac := d.take(macSize)
+		if d.err != nil || d.remaining() != 0 {
+			return nil, fmt.Errorf("%w: bad challenge frame", ErrMalformed)
+		}
+		if !hmac.Equal(mac, authMAC(secret, "acceptor", nonce, theirNonce, uid, n.uid)) {
+			return nil, fmt.Errorf("%w: the peer does not know the shared secret", ErrAuth)
+		}
+		proof := authMAC(secret, "dialer", theirNonce, nonce, n.uid, uid)
+		if _, err := c.Write(appendFrame(nil, func(b []byte) []byte { return append(append(b, byte(frameProof)), proof...) })); err != nil {
+			return nil, err
+		}
+		return fr.next()
+	case secret != nil && kind == frameWelcome:
+		return nil, fmt.Errorf("%w: the peer did not authenticate (it has no shared secret configured)", ErrAuth)
+	}
+	return body, nil
+}
+
+// acceptAuth runs the acceptor's half of the secret handshake for hello h:
+// it challenges the dialer and checks its proof. nil means the dialer
+// proved it knows the secret (or no secret is configured).
+func (n *Node) acceptAuth(c net.Conn, fr *frameReader, h *hello) error {
+	secret := n.cfg.Secret
+	if secret == nil {
+		return nil
+	}
+	if len(h.auth) != nonceSize {
+		return fmt.Errorf("%w: this node requires the shared secret", ErrAuth)
+	}
+	nonce := newNonce()
+	mac := authMAC(secret, "acceptor", h.auth, nonce, n.uid, h.uid)
+	if _, err := c.Write(appendFrame(nil, func(b []byte) []byte { return appendChallenge(b, n.uid, nonce, mac) })); err != nil {
+		return err
+	}
+	body, err := fr.next()
+	if err != nil {
+		return fmt.Errorf("%w: no proof of the shared secret (the peer does not know it?): %v", ErrAuth, err)
+	}
+	if frameKind(body[0]) != frameProof || len(body) != 1+macSize {
+		return fmt.Errorf("%w: expected a proof of the shared secret", ErrAuth)
+	}
+	if !hmac.Equal(body[1:], authMAC(secret, "dialer", nonce, h.auth, h.uid, n.uid)) {
+		return fmt.Errorf("%w: wrong shared secret", ErrAuth)
+	}
+	return nil
+}
+
+// clientTLS wraps an outbound TCP connection in TLS, verifying the server
+// against the name it was dialed by unless the config names one.
+func (n *Node) clientTLS(c net.Conn, addr Addr) *tls.Conn {
+	cfg := n.cfg.TLS.Clone()
+	if cfg.ServerName == "" {
+		host, _, _ := net.SplitHostPort(addr.address)
+		cfg.ServerName = host
+	}
+	return tls.Client(c, cfg)
+}

@@ -1,0 +1,154 @@
+package troupe
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"errors"
+	"math/big"
+	"net"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+func secretConfig(secret string) Config {
+	cfg := testConfig("tcp://127.0.0.1:0")
+	if secret != "" {
+		cfg.Secret = []byte(secret)
+	}
+	return cfg
+}
+
+func TestSharedSecret(t *testing.T) {
+	const good, bad = "correct horse battery staple", "wrong horse battery staple!"
+	server := startNode(t, secretConfig(good))
+	var delivered atomic.Int64
+	Spawn(server, "echo", Behavior[testPing]{Receive: func(_ *Context[testPing], m testPing) {
+		delivered.Add(1)
+		m.ReplyTo.Tell(testPong{N: m.N})
+	}})
+	refused := make(chan ProtocolError, 4)
+	SubscribeChan(server.Events(), refused)
+	ref := FormatRef(server.Addrs()[0], "/user/echo")
+
+	friend := startNode(t, secretConfig(good))
+	echo, err := Resolve[testPing](ctxT(t, 5*time.Second), friend, ref)
+	if err != nil {
+		t.Fatalf("same secret: %v", err)
+	}
+	if _, err := Ask(ctxT(t, 5*time.Second), echo, func(r Ref[testPong]) testPing { return testPing{ReplyTo: r} }); err != nil {
+		t.Fatal(err)
+	}
+	before := delivered.Load()
+	for _, tc := range []struct{ name, secret string }{{"wrong secret", bad}, {"no secret", ""}} {
+		stranger := startNode(t, secretConfig(tc.secret))
+		start := time.Now()
+		_, err := Resolve[testPing](ctxT(t, 5*time.Second), stranger, ref)
+		if !errors.Is(err, ErrAuth) && !errors.Is(err, ErrRejected) {
+			t.Errorf("%s: Resolve = %v, want an authentication refusal", tc.name, err)
+		}
+		if took := time.Since(start); took > time.Second {
+			t.Errorf("%s: refused after %v, want within a second", tc.name, took)
+		}
+		if ev := recv(t, refused, "ProtocolError for "+tc.name); !errors.Is(ev.Err, ErrAuth) {
+			t.Errorf("%s: event %v", tc.name, ev.Err)
+		}
+	}
+	// A node with a secret refuses a server that has none.
+	open := startNode(t, secretConfig(""))
+	spawnEcho(t, open, "echo")
+	if _, err := Resolve[testPing](ctxT(t, 5*time.Second), friend, FormatRef(open.Addrs()[0], "/user/echo")); !errors.Is(err, ErrAuth) {
+		t.Errorf("dialing a server without the secret = %v, want ErrAuth", err)
+	}
+	if got := delivered.Load(); got != before {
+		t.Fatalf("%d messages from unauthenticated peers were delivered", got-before)
+	}
+}
+
+func TestSecretTooShortIsRejected(t *testing.T) {
+	if _, err := Start(ctxT(t, time.Second), Config{Secret: []byte("short")}); !errors.Is(err, ErrBadConfig) {
+		t.Fatalf("Start with a short secret = %v", err)
+	}
+}
+
+// testPKI makes a CA and certificates it signs, valid for 127.0.0.1.
+type testPKI struct {
+	pool *x509.CertPool
+	ca   *x509.Certificate
+	key  *ecdsa.PrivateKey
+}
+
+func newTestPKI(t *testing.T) *testPKI {
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "troupe test CA"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca, _ := x509.ParseCertificate(der)
+	pool := x509.NewCertPool()
+	pool.AddCert(ca)
+	return &testPKI{pool: pool, ca: ca, key: key}
+}
+
+func (p *testPKI) cert(t *testing.T, name string) tls.Certificate {
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: name},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")},
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
+		KeyUsage:    x509.KeyUsageDigitalSignature,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, p.ca, &key.PublicKey, p.key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
+}
+
+func (p *testPKI) config(t *testing.T, name string) *tls.Config {
+	return &tls.Config{
+		Certificates: []tls.Certificate{p.cert(t, name)},
+		RootCAs:      p.pool, ClientCAs: p.pool,
+		ClientAuth: tls.RequireAndVerifyClientCert, MinVersion: tls.VersionTLS13,
+	}
+}
+
+func TestMutualTLS(t *testing.T) {
+	pki := newTestPKI(t)
+	cfg := func(tc *tls.Config) Config {
+		c := testConfig("tcp://127.0.0.1:0")
+		c.TLS = tc
+		return c
+	}
+	server := startNode(t, cfg(pki.config(t, "server")))
+	spawnEcho(t, server, "echo")
+	ref := FormatRef(server.Addrs()[0], "/user/echo")
+	client := startNode(t, cfg(pki.config(t, "client")))
+	echo, err := Resolve[testPing](ctxT(t, 5*time.Second), client, ref)
+	if err != nil {
+		t.Fatalf("mutual TLS: %v", err)
+	}
+	if _, err := Ask(ctxT(t, 5*time.Second), echo, func(r Ref[testPong]) testPing { return testPing{ReplyTo: r} }); err != nil {
+		t.Fatal(err)
+	}
+	// A client whose certificate another CA signed is refused.
+	rogue := startNode(t, cfg(newTestPKI(t).config(t, "rogue")))
+	if _, err := Resolve[testPing](ctxT(t, 5*time.Second), rogue, ref); err == nil {
+		t.Fatal("a client with a certificate from another CA was accepted")
+	}
+	// So is one that speaks no TLS at all.
+	plain := startNode(t, testConfig())
+	if _, err := Resolve[testPing](ctxT(t, 5*time.Second), plain, ref); err == nil {
+		t.Fatal("a client without TLS was accepted")
+	}
+}

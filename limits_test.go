@@ -1,0 +1,167 @@
+package troupe
+
+import (
+	"context"
+	"crypto/rand"
+	"net"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// healthyTraffic keeps a round trip going from a to b's echo actor until
+// stop is closed, and returns how many round trips completed.
+func healthyTraffic(t *testing.T, a, b *Node, stop <-chan struct{}) func() int64 {
+	echo, err := Resolve[testPing](ctxT(t, 5*time.Second), a, FormatRef(b.Addrs()[0], "/user/echo"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n atomic.Int64
+	var failed atomic.Value
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			_, err := Ask(ctx, echo, func(r Ref[testPong]) testPing { return testPing{ReplyTo: r} })
+			cancel()
+			if err != nil {
+				failed.Store(err)
+				return
+			}
+			n.Add(1)
+		}
+	})
+	return func() int64 {
+		wg.Wait()
+		if err, _ := failed.Load().(error); err != nil {
+			t.Fatalf("the healthy pair's traffic failed during the attack: %v", err)
+		}
+		return n.Load()
+	}
+}
+
+func troupeGoroutines() int {
+	buf := make([]byte, 1<<20)
+	buf = buf[:runtime.Stack(buf, true)]
+	return strings.Count(string(buf), "troupe.(*Node).serveInbound")
+}
+
+func TestAttacksDoNotDisturbHealthyPeers(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs each attack for about a second")
+	}
+	cfg := testConfig("tcp://127.0.0.1:0")
+	cfg.HandshakeTimeout = 500 * time.Millisecond
+	cfg.MaxPendingHandshakes = 32
+	victim := startNode(t, cfg)
+	spawnEcho(t, victim, "echo")
+	friend := startNode(t, testConfig())
+	addr := victim.Addrs()[0].Address()
+
+	dial := func() net.Conn {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			return nil
+		}
+		return c
+	}
+	attacks := []struct {
+		name string
+		run  func(stop <-chan struct{}) // returns when the attack is over
+	}{
+		{"slow loris", func(stop <-chan struct{}) {
+			var wg sync.WaitGroup
+			for range 20 {
+				wg.Go(func() {
+					c := dial()
+					if c == nil {
+						return
+					}
+					defer c.Close()
+					start := time.Now()
+					for _, b := range appendFrame(nil, func(b []byte) []byte { return appendHello(b, frameHello, &hello{version: protocolVersion, name: "loris"}) }) {
+						if _, err := c.Write([]byte{b}); err != nil {
+							break
+						}
+						time.Sleep(100 * time.Millisecond)
+					}
+					c.SetReadDeadline(time.Now().Add(5 * time.Second))
+					c.Read(make([]byte, 1))
+					if took := time.Since(start); took > 3*time.Second {
+						t.Errorf("a slow-loris connection lived %v, the handshake limit is 500ms", took)
+					}
+				})
+			}
+			wg.Wait()
+		}},
+		{"connection flood", func(stop <-chan struct{}) {
+			var conns []net.Conn
+			peak := 0
+			for range 300 {
+				if c := dial(); c != nil {
+					conns = append(conns, c)
+				}
+				peak = max(peak, troupeGoroutines())
+			}
+			time.Sleep(200 * time.Millisecond)
+			peak = max(peak, troupeGoroutines())
+			for _, c := range conns {
+				c.Close()
+			}
+			if peak > 32+4 {
+				t.Errorf("%d handshake goroutines during a flood, the limit is 32", peak)
+			}
+		}},
+		{"garbage", func(stop <-chan struct{}) {
+			for range 50 {
+				if c := dial(); c != nil {
+					junk := make([]byte, 4096)
+					rand.Read(junk)
+					c.Write(junk)
+					c.Close()
+				}
+			}
+		}},
+		{"oversized length", func(stop <-chan struct{}) {
+			for range 50 {
+				c := rawHandshake(t, victim)
+				c.Write([]byte{0xff, 0xff, 0xff, 0xff, 0x0f})
+				expectClosed(t, c)
+			}
+		}},
+		{"frames for a missing actor", func(stop <-chan struct{}) {
+			c := rawHandshake(t, victim)
+			body := []byte{byte(frameTell), 1}
+			body = appendString(body, "/user/ghost")
+			body = append(body, make([]byte, 16)...)
+			body = append(body, 3)
+			body = appendString(body, "troupe.test.count")
+			body = append(body, 2)
+			for range 1000 {
+				c.Write(appendFrame(nil, func(b []byte) []byte { return append(b, body...) }))
+			}
+		}},
+	}
+	for _, at := range attacks {
+		t.Run(strings.ReplaceAll(at.name, " ", "_"), func(t *testing.T) {
+			stop := make(chan struct{})
+			done := healthyTraffic(t, friend, victim, stop)
+			before := time.Now()
+			at.run(stop)
+			time.Sleep(100 * time.Millisecond) // let the healthy pair run past the end of the attack
+			close(stop)
+			if n := done(); n == 0 {
+				t.Fatalf("no round trip completed during the attack (%v)", time.Since(before))
+			}
+		})
+	}
+	waitFor(t, 5*time.Second, "every attack connection to be gone", func() bool { return victim.handshaking.Load() == 0 && victim.inbound.Load() <= 2 })
+}
