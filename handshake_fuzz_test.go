@@ -16,7 +16,9 @@ func FuzzHandshake(f *testing.F) {
 	h.auth = make([]byte, nonceSize)
 	f.Add(append(appendFrame(nil, func(b []byte) []byte { return appendHello(b, frameHello, h) }),
 		appendFrame(nil, func(b []byte) []byte { return append(append(b, byte(frameProof)), make([]byte, macSize)...) })...))
-	f.Add(appendFrame(nil, func(b []byte) []byte { return appendChallenge(b, NodeUID{9}, make([]byte, nonceSize), make([]byte, macSize)) }))
+	f.Add(appendFrame(nil, func(b []byte) []byte {
+		return appendChallenge(b, NodeUID{9}, make([]byte, nonceSize), make([]byte, macSize))
+	}))
 	f.Add([]byte{0x05, 0x01, 'T', 'R', 'P', 0x01})
 
 	open, err := Start(ctxT(f, 5*time.Second), Config{Logger: quietLogger(), HandshakeTimeout: time.Second})

@@ -87,7 +87,9 @@ func TestAttacksDoNotDisturbHealthyPeers(t *testing.T) {
 					}
 					defer c.Close()
 					start := time.Now()
-					for _, b := range appendFrame(nil, func(b []byte) []byte { return appendHello(b, frameHello, &hello{version: protocolVersion, name: "loris"}) }) {
+					for _, b := range appendFrame(nil, func(b []byte) []byte {
+						return appendHello(b, frameHello, &hello{version: protocolVersion, name: "loris"})
+					}) {
 						if _, err := c.Write([]byte{b}); err != nil {
 							break
 						}
