@@ -116,6 +116,14 @@ type assoc struct {
 	beat    atomic.Bool   // the writer owes the peer a heartbeat
 	doom    error         // why the session must end, set before its conn is closed (mu)
 	unsent  []inflightMsg // messages a failed write did not send (mu)
+	ackTo   atomic.Uint64 // tell frames received that the writer should acknowledge
+
+	// Delivery confirmation, guarded by mu: unacked[unackedHead:] are the
+	// tell frames written but not yet acknowledged by the peer, in order;
+	// acked counts those acknowledged.
+	unacked     []inflightMsg
+	unackedHead int
+	acked       uint64
 
 	// Owned by the node's heartbeat goroutine.
 	det      WindowDetector
@@ -127,11 +135,14 @@ type assoc struct {
 	wbuf       []byte
 	enc        encoder
 	inflight   []inflightMsg // the messages encoded in wbuf, until it is written
+	ackSent    uint64        // the last acknowledgement written
 
 	// Owned by the reader goroutine.
 	inTypes   []inType
 	inTargets []inTarget
 	dec       decoder
+	rcvTells  uint64 // tell frames received
+	ackQueued uint64 // the last count handed to the writer to acknowledge
 }
 
 // inTarget is an entry of the receive-side target table.
@@ -772,11 +783,16 @@ func (a *assoc) fail(err error) {
 	if a.fwd != nil {
 		// A retired duplicate: its work moved to the winner already.
 		a.state = assocClosed
+		unacked := a.unacked[a.unackedHead:]
+		a.unacked = nil
 		a.mu.Unlock()
 		if conn != nil {
 			conn.Close()
 		}
 		a.finish()
+		for _, m := range unacked {
+			a.n.deadLetterUnconfirmed(m.h.String(), m.msg, &sessionError{peer: a.label(), cause: errors.New("duplicate connection retired before the peer confirmed")})
+		}
 		return
 	}
 	wasUp := a.state == assocUp || a.state == assocLeaving
@@ -787,8 +803,8 @@ func (a *assoc) fail(err error) {
 	a.state = assocClosed
 	a.err = err
 	queue, pending, resolves, watches := a.queue.take(), a.pending, a.resolves, a.watches
-	unsent := a.unsent
-	a.pending, a.resolves, a.watches, a.unsent = nil, nil, nil, nil
+	unsent, unacked := a.unsent, a.unacked[a.unackedHead:]
+	a.pending, a.resolves, a.watches, a.unsent, a.unacked = nil, nil, nil, nil, nil
 	a.mu.Unlock()
 
 	closing := leaving || errors.Is(err, ErrNodeClosed)
@@ -814,6 +830,9 @@ func (a *assoc) fail(err error) {
 	serr := &sessionError{peer: a.label(), cause: reason}
 	if wasUp && !closing {
 		a.n.events.Publish(PeerUnreachable{Addr: a.addr(), UID: a.peerUID, Name: a.peerName, Quarantined: quarantine, Reason: reason})
+	}
+	for _, m := range unacked {
+		a.n.deadLetterUnconfirmed(m.h.String(), m.msg, serr)
 	}
 	for _, m := range unsent {
 		a.n.deadLetter(m.h.String(), m.msg, serr)
@@ -863,10 +882,7 @@ func (a *assoc) writeLoop() {
 		recs := a.queue.take()
 		leaving := a.state == assocLeaving
 		a.mu.Unlock()
-		buf := a.wbuf[:0]
-		if a.beat.Swap(false) {
-			buf = append(buf, 1, byte(frameHeartbeat)) // ahead of everything queued
-		}
+		buf := a.writePriority(a.wbuf[:0]) // heartbeat and acknowledgement first
 		ok := true
 		recs.each(func(r *outRec) {
 			if !ok {
@@ -875,16 +891,14 @@ func (a *assoc) writeLoop() {
 				}
 				return
 			}
-			buf = a.encodeRec(buf, r)
-			if r.h != nil {
+			var sent bool
+			buf, sent = a.encodeRec(buf, r)
+			if sent && r.h != nil {
 				a.inflight = append(a.inflight, inflightMsg{r.h, r.msg, len(buf)})
 			}
 			if len(buf) >= 256<<10 {
 				ok = a.write(buf)
-				buf = buf[:0]
-				if a.beat.Swap(false) {
-					buf = append(buf, 1, byte(frameHeartbeat))
-				}
+				buf = a.writePriority(buf[:0])
 			}
 		})
 		if !ok || len(buf) > 0 && !a.write(buf) {
@@ -904,35 +918,103 @@ func (a *assoc) writeLoop() {
 	}
 }
 
+// ackEvery bounds how many tell frames a busy reader receives before it
+// acknowledges them, so that a sender's unacknowledged backlog stays small
+// under a steady stream.
+const ackEvery = 1024
+
+// writePriority appends what goes ahead of queued frames: a heartbeat when
+// one is due, and the acknowledgement of the tell frames received so far.
+func (a *assoc) writePriority(buf []byte) []byte {
+	if a.beat.Swap(false) {
+		buf = append(buf, 1, byte(frameHeartbeat))
+	}
+	if v := a.ackTo.Load(); v != a.ackSent {
+		a.ackSent = v
+		start := len(buf)
+		buf = append(buf, 0, byte(frameAck))
+		buf = binary.AppendUvarint(buf, v)
+		buf = fixLength(buf, start)
+	}
+	return buf
+}
+
+// write writes b. The messages it carries wait for the peer's
+// acknowledgement (they are recorded before the write, since the ack may
+// come back before Write returns); what the kernel did not take becomes
+// dead letters with the session's final reason.
 func (a *assoc) write(b []byte) bool {
-	n, err := a.conn.Write(b)
-	a.written.Add(uint64(n))
-	if err != nil {
-		a.abort(fmt.Errorf("troupe: write to %s: %w", a.label(), err))
-		// What the kernel did not take was not sent: it becomes dead
-		// letters with the session's final reason.
-		var unsent []inflightMsg
-		for _, m := range a.inflight {
-			if m.end > n {
-				unsent = append(unsent, m)
-			}
-		}
+	if len(a.inflight) > 0 {
 		a.mu.Lock()
 		ended := a.state == assocClosed
 		if !ended {
-			a.unsent = append(a.unsent, unsent...)
+			a.unacked = append(a.unacked, a.inflight...)
 		}
 		a.mu.Unlock()
 		if ended {
 			reason := a.failure()
-			for _, m := range unsent {
+			for _, m := range a.inflight {
 				a.n.deadLetter(m.h.String(), m.msg, reason)
 			}
+			clear(a.inflight)
+			a.inflight = a.inflight[:0]
+			return false
+		}
+	}
+	n, err := a.conn.Write(b)
+	a.written.Add(uint64(n))
+	if err != nil {
+		a.abort(fmt.Errorf("troupe: write to %s: %w", a.label(), err))
+		cut := len(a.inflight)
+		for i, m := range a.inflight {
+			if m.end > n {
+				cut = i
+				break
+			}
+		}
+		if unsent := len(a.inflight) - cut; unsent > 0 {
+			a.mu.Lock()
+			if a.state != assocClosed && len(a.unacked)-a.unackedHead >= unsent {
+				tail := len(a.unacked) - unsent
+				a.unsent = append(a.unsent, a.unacked[tail:]...)
+				clear(a.unacked[tail:])
+				a.unacked = a.unacked[:tail]
+			}
+			a.mu.Unlock()
 		}
 	}
 	clear(a.inflight)
 	a.inflight = a.inflight[:0]
 	return err == nil
+}
+
+// onAck releases the messages the peer confirmed it received.
+func (a *assoc) onAck(b []byte) error {
+	d := decoder{b: b}
+	count := d.uvarint()
+	if d.err != nil || d.remaining() != 0 {
+		return fmt.Errorf("%w: bad acknowledgement", ErrMalformed)
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	waiting := uint64(len(a.unacked) - a.unackedHead)
+	if count < a.acked || count-a.acked > waiting {
+		if a.state == assocClosed || a.fwd != nil {
+			return nil
+		}
+		return fmt.Errorf("%w: acknowledgement of %d frames, %d were sent", ErrMalformed, count, a.acked+waiting)
+	}
+	release := int(count - a.acked)
+	clear(a.unacked[a.unackedHead : a.unackedHead+release])
+	a.unackedHead += release
+	a.acked = count
+	if a.unackedHead == len(a.unacked) {
+		a.unacked, a.unackedHead = a.unacked[:0], 0
+	} else if a.unackedHead > 1024 && a.unackedHead > len(a.unacked)/2 {
+		n := copy(a.unacked, a.unacked[a.unackedHead:])
+		a.unacked, a.unackedHead = a.unacked[:n], 0
+	}
+	return nil
 }
 
 // abort ends an up session from a goroutine other than its reader: it
@@ -948,18 +1030,18 @@ func (a *assoc) abort(cause error) {
 	conn.Close()
 }
 
-// encodeRec appends the frame for r. A message that cannot be encoded
-// becomes a dead letter and adds nothing.
-func (a *assoc) encodeRec(buf []byte, r *outRec) []byte {
+// encodeRec appends the frame for r and reports whether it did. A message
+// that cannot be encoded becomes a dead letter and adds nothing.
+func (a *assoc) encodeRec(buf []byte, r *outRec) ([]byte, bool) {
 	if r.h == nil {
 		start := len(buf)
 		buf = append(buf, 0)
 		buf = append(buf, r.msg.(ctlFrame)...)
-		return fixLength(buf, start)
+		return fixLength(buf, start), true
 	}
 	if r.h.key.node != a.peerUID {
 		a.n.deadLetter(r.h.String(), r.msg, fmt.Errorf("%w: the node incarnation %s is gone", ErrNoSuchActor, r.h.key.node.String()[:8]))
-		return buf
+		return buf, false
 	}
 	start := len(buf)
 	buf = append(buf, 0, byte(frameTell))
@@ -994,7 +1076,7 @@ func (a *assoc) encodeRec(buf []byte, r *outRec) []byte {
 	}
 	if err != nil {
 		a.n.deadLetter(r.h.String(), r.msg, err)
-		return buf[:start]
+		return buf[:start], false
 	}
 	if newTarget {
 		a.outTargets[r.h.key] = id
@@ -1002,7 +1084,7 @@ func (a *assoc) encodeRec(buf []byte, r *outRec) []byte {
 	if newType {
 		a.outTypes[r.mt] = tid
 	}
-	return fixLength(buf, start)
+	return fixLength(buf, start), true
 }
 
 // deadLetters publishes a dead letter for every message in q.
@@ -1039,6 +1121,17 @@ func (a *assoc) readLoop(fr *frameReader) {
 		}
 		if done {
 			return
+		}
+		if a.rcvTells != a.ackQueued && (fr.r.Buffered() == 0 || a.rcvTells-a.ackQueued >= ackEvery) {
+			// About to wait for more, or a steady stream: confirm what
+			// arrived. The acknowledgement rides on the next frame this node
+			// writes (a reply, at the latest the next heartbeat); only a
+			// large backlog wakes the writer for it alone.
+			a.ackTo.Store(a.rcvTells)
+			if a.rcvTells-a.ackQueued >= ackEvery {
+				a.notify()
+			}
+			a.ackQueued = a.rcvTells
 		}
 	}
 }

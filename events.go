@@ -164,6 +164,11 @@ type DeadLetter struct {
 	// ErrNoSuchActor, ErrNotRegistered, ErrMailboxFull, ErrSendQueueFull,
 	// ErrNodeClosed, ErrPeerLeft, ErrSessionEnded and the other sentinels.
 	Reason error
+	// Unconfirmed is true for a message that was written to the peer but
+	// whose receipt the peer never confirmed before the association ended:
+	// it may or may not have been delivered. Every other dead letter was
+	// certainly not delivered.
+	Unconfirmed bool
 }
 
 // PeerConnected is published when an association with another node is

@@ -307,3 +307,76 @@ func TestKilledPeerOverLoopbackAfterClose(t *testing.T) {
 		t.Fatalf("a graceful close quarantined %v", q)
 	}
 }
+
+func TestEveryMessageIsDeliveredOrDeadLetteredAcrossAPartition(t *testing.T) {
+	p := newPair(t, 20*time.Millisecond, 300*time.Millisecond)
+	const total = 20000
+	var mu sync.Mutex
+	delivered := make([]int, 0, total)
+	dead := map[int]bool{}
+	unconfirmed := map[int]bool{}
+	Spawn(p.away, "sink", Behavior[count]{Receive: func(_ *Context[count], m count) {
+		mu.Lock()
+		delivered = append(delivered, m.N)
+		mu.Unlock()
+	}})
+	Subscribe(p.home.Events(), func(d DeadLetter) {
+		if m, ok := d.Message.(count); ok {
+			mu.Lock()
+			if dead[m.N] {
+				t.Errorf("message %d has two dead letters", m.N)
+			}
+			dead[m.N] = true
+			if d.Unconfirmed {
+				unconfirmed[m.N] = true
+			}
+			mu.Unlock()
+		}
+	})
+	sink, err := Resolve[count](ctxT(t, 5*time.Second), p.home, FormatRef(p.away.Addrs()[0], "/user/sink"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range total / 2 {
+		sink.Tell(count{N: i})
+	}
+	// Cut the network while the first half is still streaming.
+	waitFor(t, 10*time.Second, "part of the stream to arrive", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(delivered) >= total/8
+	})
+	p.f.Partition(p.home, p.away)
+	for i := total / 2; i < total; i++ {
+		sink.Tell(count{N: i})
+	}
+	waitFor(t, 10*time.Second, "every message to be accounted for", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		seen := map[int]bool{}
+		for _, n := range delivered {
+			seen[n] = true
+		}
+		for n := range dead {
+			seen[n] = true
+		}
+		return len(seen) == total
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	for i := 1; i < len(delivered); i++ {
+		if delivered[i] <= delivered[i-1] {
+			t.Fatalf("delivered out of order or twice: %d after %d", delivered[i], delivered[i-1])
+		}
+	}
+	both := 0
+	for _, n := range delivered {
+		if dead[n] {
+			if !unconfirmed[n] {
+				t.Fatalf("message %d was delivered and reported as certainly undelivered", n)
+			}
+			both++
+		}
+	}
+	t.Logf("%d delivered, %d dead letters (%d unconfirmed, %d of those delivered after all)", len(delivered), len(dead), len(unconfirmed), both)
+}

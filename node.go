@@ -526,6 +526,15 @@ func (n *Node) deadLetter(target string, msg any, reason error) {
 	n.events.Publish(DeadLetter{Target: target, Message: msg, Reason: reason})
 }
 
+// deadLetterUnconfirmed publishes a DeadLetter for a message that was sent
+// but never confirmed.
+func (n *Node) deadLetterUnconfirmed(target string, msg any, reason error) {
+	if !n.events.hasSubscribers() {
+		return
+	}
+	n.events.Publish(DeadLetter{Target: target, Message: msg, Reason: reason, Unconfirmed: true})
+}
+
 // isOwnAddr reports whether a is one of this node's bound addresses.
 func (n *Node) isOwnAddr(a Addr) bool {
 	for _, x := range n.addrs {

@@ -128,6 +128,8 @@ func (a *assoc) handleFrame(kind frameKind, b []byte) (done bool, err error) {
 		return done, err
 	case frameHeartbeat:
 		return false, nil
+	case frameAck:
+		return false, a.onAck(b)
 	case frameHello, frameWelcome, frameReject, frameChallenge, frameProof:
 		return false, fmt.Errorf("%w: %s after the handshake", ErrMalformed, kind)
 	}
@@ -143,6 +145,7 @@ type inType struct {
 
 func (a *assoc) onTell(b []byte) error {
 	n := a.n
+	a.rcvTells++
 	d := decoder{b: b}
 	t := d.uvarint()
 	id := t >> 1

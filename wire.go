@@ -37,10 +37,11 @@ const (
 	frameHeartbeat                   // a sign of life
 	frameChallenge                   // acceptor → dialer: prove you know the secret
 	frameProof                       // dialer → acceptor: the proof
+	frameAck                         // how many tell frames have been received
 	frameKindCount                   // one past the last kind
 )
 
-var frameNames = [...]string{"invalid", "hello", "welcome", "reject", "tell", "watch", "unwatch", "terminated", "resolve", "resolved", "bye", "heartbeat", "challenge", "proof"}
+var frameNames = [...]string{"invalid", "hello", "welcome", "reject", "tell", "watch", "unwatch", "terminated", "resolve", "resolved", "bye", "heartbeat", "challenge", "proof", "ack"}
 
 func (k frameKind) String() string {
 	if int(k) < len(frameNames) {

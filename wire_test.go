@@ -16,7 +16,7 @@ var update = flag.Bool("update", false, "rewrite the golden files in testdata/wi
 
 func TestWireValuesArePinned(t *testing.T) {
 	kinds := map[frameKind]uint8{frameHello: 1, frameWelcome: 2, frameReject: 3, frameTell: 4, frameWatch: 5,
-		frameUnwatch: 6, frameTerminated: 7, frameResolve: 8, frameResolved: 9, frameBye: 10, frameHeartbeat: 11, frameChallenge: 12, frameProof: 13}
+		frameUnwatch: 6, frameTerminated: 7, frameResolve: 8, frameResolved: 9, frameBye: 10, frameHeartbeat: 11, frameChallenge: 12, frameProof: 13, frameAck: 14}
 	for k, v := range kinds {
 		if uint8(k) != v {
 			t.Errorf("%s = %d, want %d", k, k, v)
@@ -50,7 +50,8 @@ func goldenFrames(t *testing.T) map[string][]byte {
 	a.peerUID = uid
 	tellTo := func(msg any) []byte {
 		r := outRec{h: &handle{key: target}, msg: msg, mt: typeOf(reflect.TypeOf(msg))}
-		return a.encodeRec(nil, &r)
+		b, _ := a.encodeRec(nil, &r)
+		return b
 	}
 	out := map[string][]byte{
 		"hello":      appendFrame(nil, func(b []byte) []byte { return appendHello(b, frameHello, h) }),
