@@ -1,0 +1,508 @@
+package troupe
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"troupe/hostnet"
+)
+
+// numbered is a message of the multi-host load: stream Stream, number Seq.
+type numbered struct {
+	Stream string
+	Seq    int
+}
+
+func init() { RegisterMessage[numbered]("troupe.test.numbered") }
+
+// TestHelperNetnsNode is not a test: the multi-host tests run it inside a
+// network namespace. It starts a node and obeys line commands on stdin,
+// printing events and answers on stdout.
+func TestHelperNetnsNode(t *testing.T) {
+	listen := os.Getenv("TROUPE_NETNS_LISTEN")
+	if listen == "" {
+		t.Skip("helper for the multi-host tests")
+	}
+	hb, _ := time.ParseDuration(os.Getenv("TROUPE_NETNS_HB"))
+	window, _ := time.ParseDuration(os.Getenv("TROUPE_NETNS_WINDOW"))
+	cfg := failConfig(os.Getenv("TROUPE_NETNS_NAME"), hb, window)
+	cfg.Listen = []string{listen}
+	cfg.SendQueueLimit = -1
+	n, err := Start(ctxT(t, 5*time.Second), cfg)
+	if err != nil {
+		fmt.Println("ERR", err)
+		return
+	}
+	defer n.Close()
+	var out sync.Mutex
+	say := func(format string, args ...any) {
+		out.Lock()
+		fmt.Printf(format+"\n", args...)
+		out.Unlock()
+	}
+	start := time.Now()
+	Subscribe(n.Events(), func(e PeerUnreachable) {
+		say("UNREACHABLE %s %v %d", e.Name, e.Quarantined, time.Since(start).Milliseconds())
+	})
+	var mu sync.Mutex
+	received := map[string][]int{}
+	dead := map[string][]int{}
+	unconfirmed := map[string][]int{}
+	Subscribe(n.Events(), func(d DeadLetter) {
+		if m, ok := d.Message.(numbered); ok {
+			mu.Lock()
+			dead[m.Stream] = append(dead[m.Stream], m.Seq)
+			if d.Unconfirmed {
+				unconfirmed[m.Stream] = append(unconfirmed[m.Stream], m.Seq)
+			}
+			mu.Unlock()
+		}
+	})
+	spawnEcho(t, n, "echo")
+	Spawn(n, "sink", Behavior[numbered]{Receive: func(_ *Context[numbered], m numbered) {
+		mu.Lock()
+		received[m.Stream] = append(received[m.Stream], m.Seq)
+		mu.Unlock()
+	}})
+	refs := map[string]Ref[testPing]{}
+	sinks := map[string]Ref[numbered]{}
+	say("READY %s", n.UID())
+	in := bufio.NewScanner(os.Stdin)
+	for in.Scan() {
+		f := strings.Fields(in.Text())
+		if len(f) == 0 {
+			continue
+		}
+		switch f[0] {
+		case "resolve": // resolve NAME ADDR
+			addr, _ := ParseAddr(f[2])
+			r, err := Resolve[testPing](ctxT(t, 5*time.Second), n, FormatRef(addr, "/user/echo"))
+			if err == nil {
+				sinks[f[1]], err = Resolve[numbered](ctxT(t, 5*time.Second), n, FormatRef(addr, "/user/sink"))
+			}
+			if err != nil {
+				say("ERR %v", err)
+				continue
+			}
+			refs[f[1]] = r
+			say("OK")
+		case "watch": // watch NAME
+			r := refs[f[1]]
+			Spawn(n, "", Behavior[count]{
+				Setup:   func(c *Context[count]) { c.Watch(r) },
+				Receive: func(*Context[count], count) {},
+				Signal:  func(_ *Context[count], s Signal) { say("TERMINATED %s", f[1]) },
+			})
+			say("OK")
+		case "stream": // stream STREAM NAME COUNT: COUNT numbered tells, from one actor
+			total, _ := strconv.Atoi(f[3])
+			sink := sinks[f[2]]
+			sender, _ := Spawn(n, "", Behavior[int]{Receive: func(_ *Context[int], total int) {
+				for i := range total {
+					sink.Tell(numbered{Stream: f[1], Seq: i})
+				}
+				say("SENT %s", f[1])
+			}})
+			sender.Tell(total)
+		case "report": // report: RCV/DL/UNC lines, then END
+			mu.Lock()
+			for _, kind := range []struct {
+				tag string
+				m   map[string][]int
+			}{{"RCV", received}, {"DL", dead}, {"UNC", unconfirmed}} {
+				for s, seqs := range kind.m {
+					say("%s %s %s", kind.tag, s, joinInts(seqs))
+				}
+			}
+			mu.Unlock()
+			say("END")
+		case "quarantined":
+			say("Q %d", len(n.Quarantined()))
+		case "clear":
+			for _, q := range n.Quarantined() {
+				n.ClearQuarantineUID(q.UID)
+			}
+			say("OK")
+		case "reconnect": // reconnect ADDR
+			addr, _ := ParseAddr(f[1])
+			if err := n.Reconnect(ctxT(t, 5*time.Second), addr); err != nil {
+				say("ERR %v", err)
+			} else {
+				say("OK")
+			}
+		}
+	}
+}
+
+func joinInts(v []int) string {
+	s := make([]string, len(v))
+	for i, x := range v {
+		s[i] = strconv.Itoa(x)
+	}
+	return strings.Join(s, ",")
+}
+
+func splitInts(s string) []int {
+	var out []int
+	for _, p := range strings.Split(s, ",") {
+		if x, err := strconv.Atoi(p); err == nil {
+			out = append(out, x)
+		}
+	}
+	return out
+}
+
+// nsNode is a troupe node running in a host of a hostnet.
+type nsNode struct {
+	t      *testing.T
+	name   string
+	host   *hostnet.Host
+	addr   string
+	uid    string
+	cmd    *exec.Cmd
+	stdin  io.WriteCloser
+	lines  chan string
+	events chan string // UNREACHABLE and TERMINATED lines
+}
+
+// startNS runs a helper node on host h listening on port.
+func startNS(t *testing.T, h *hostnet.Host, name string, port int, hb, window time.Duration) *nsNode {
+	t.Helper()
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	nn := &nsNode{t: t, name: name, host: h, addr: fmt.Sprintf("tcp://%s:%d", h.IP, port), lines: make(chan string, 64), events: make(chan string, 64)}
+	nn.cmd = h.Command(exe, "-test.run=^TestHelperNetnsNode$")
+	nn.cmd.Env = append(os.Environ(), "TROUPE_NETNS_LISTEN="+nn.addr, "TROUPE_NETNS_NAME="+name,
+		"TROUPE_NETNS_HB="+hb.String(), "TROUPE_NETNS_WINDOW="+window.String())
+	nn.cmd.Stderr = os.Stderr
+	nn.stdin, _ = nn.cmd.StdinPipe()
+	stdout, _ := nn.cmd.StdoutPipe()
+	if err := nn.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	readerDone := make(chan struct{})
+	go func() {
+		defer close(readerDone)
+		sc := bufio.NewScanner(stdout)
+		sc.Buffer(make([]byte, 1<<20), 64<<20)
+		for sc.Scan() {
+			l := sc.Text()
+			if strings.HasPrefix(l, "UNREACHABLE") || strings.HasPrefix(l, "TERMINATED") {
+				nn.events <- l
+				continue
+			}
+			nn.lines <- l
+		}
+	}()
+	t.Cleanup(func() {
+		nn.stdin.Close()
+		nn.cmd.Process.Signal(syscall.SIGCONT)
+		done := make(chan struct{})
+		go func() { nn.cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+			nn.cmd.Process.Kill()
+			<-done
+		}
+		<-readerDone
+	})
+	if l := nn.line(); !strings.HasPrefix(l, "READY ") {
+		t.Fatalf("%s said %q", name, l)
+	} else {
+		nn.uid = strings.TrimPrefix(l, "READY ")
+	}
+	return nn
+}
+
+func (nn *nsNode) line() string {
+	nn.t.Helper()
+	select {
+	case l := <-nn.lines:
+		return l
+	case <-time.After(20 * time.Second):
+		nn.t.Fatalf("%s said nothing", nn.name)
+		return ""
+	}
+}
+
+// do sends a command and returns the first answer line.
+func (nn *nsNode) do(cmd string) string {
+	nn.t.Helper()
+	fmt.Fprintln(nn.stdin, cmd)
+	return nn.line()
+}
+
+func (nn *nsNode) must(cmd string) {
+	nn.t.Helper()
+	if l := nn.do(cmd); l != "OK" {
+		nn.t.Fatalf("%s: %s: %s", nn.name, cmd, l)
+	}
+}
+
+// event waits for the next UNREACHABLE or TERMINATED line.
+func (nn *nsNode) event(within time.Duration) (string, bool) {
+	select {
+	case e := <-nn.events:
+		return e, true
+	case <-time.After(within):
+		return "", false
+	}
+}
+
+// unreachableAfter waits for an UNREACHABLE event and returns when (in ms
+// of the node's life) it happened.
+func (nn *nsNode) unreachable(within time.Duration) (quarantined bool, atMS int64) {
+	nn.t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		e, ok := nn.event(time.Until(deadline))
+		if !ok {
+			nn.t.Fatalf("%s never declared its peer unreachable", nn.name)
+		}
+		if f := strings.Fields(e); f[0] == "UNREACHABLE" {
+			ms, _ := strconv.ParseInt(f[3], 10, 64)
+			return f[2] == "true", ms
+		}
+	}
+}
+
+func (nn *nsNode) quarantined() int {
+	nn.t.Helper()
+	l := nn.do("quarantined")
+	n, _ := strconv.Atoi(strings.TrimPrefix(l, "Q "))
+	return n
+}
+
+func TestMultiHostCleanPartition(t *testing.T) {
+	const hb, window = 100 * time.Millisecond, time.Second
+	net := hostnet.New(t, 2)
+	a := startNS(t, net.Hosts[0], "a", 7000, hb, window)
+	b := startNS(t, net.Hosts[1], "b", 7000, hb, window)
+	a.must("resolve b " + b.addr)
+	b.must("resolve a " + a.addr)
+	a.must("watch b")
+	b.must("watch a")
+	cut := time.Now()
+	net.Hosts[1].LinkDown()
+	for _, nn := range []*nsNode{a, b} {
+		q, _ := nn.unreachable(10 * time.Second)
+		if !q {
+			t.Errorf("%s: not quarantined", nn.name)
+		}
+	}
+	if took := time.Since(cut); took < window || took > window+hb+3*time.Second {
+		t.Errorf("both sides detected the cut after %v (window %v)", took, window)
+	}
+	net.Hosts[1].LinkUp()
+	if e, ok := a.event(3 * window); ok && strings.HasPrefix(e, "UNREACHABLE") {
+		t.Fatalf("a second event after the heal: %s", e)
+	}
+	if a.quarantined() != 1 || b.quarantined() != 1 {
+		t.Fatal("a quarantine did not hold after the network came back")
+	}
+	if l := a.do("resolve b " + b.addr); !strings.Contains(l, "quarantined") {
+		t.Fatalf("resolve after the heal: %s", l)
+	}
+	b.must("clear")
+	a.must("reconnect " + b.addr)
+	a.must("resolve b " + b.addr)
+}
+
+func TestMultiHostOneWayPartition(t *testing.T) {
+	const hb, window = 100 * time.Millisecond, time.Second
+	net := hostnet.New(t, 2)
+	a := startNS(t, net.Hosts[0], "a", 7000, hb, window)
+	b := startNS(t, net.Hosts[1], "b", 7000, hb, window)
+	a.must("resolve b " + b.addr)
+	cut := time.Now()
+	net.Hosts[1].DropFrom(net.Hosts[0]) // a → b is cut; b → a still flows
+	if q, _ := b.unreachable(10 * time.Second); !q {
+		t.Error("b: not quarantined")
+	}
+	if took := time.Since(cut); took < window {
+		t.Errorf("b declared a unreachable after %v, sooner than the window", took)
+	}
+	// b gives up and closes; a hears the end and quarantines b too.
+	if q, _ := a.unreachable(10 * time.Second); !q {
+		t.Error("a: not quarantined")
+	}
+}
+
+func TestMultiHostJitterAndLossRaiseNoFalseAlarm(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs for several windows")
+	}
+	const hb, window = 200 * time.Millisecond, 2 * time.Second // the default ratio of 10
+	net := hostnet.New(t, 2)
+	a := startNS(t, net.Hosts[0], "a", 7000, hb, window)
+	b := startNS(t, net.Hosts[1], "b", 7000, hb, window)
+	relay := hostnet.NewRelay(t, net.Hosts[0], strings.TrimPrefix(b.addr, "tcp://"), 100*time.Millisecond, 50*time.Millisecond)
+	net.Hosts[0].Loss(5)
+	net.Hosts[1].Loss(5)
+	a.must("resolve b tcp://" + relay.Addr)
+	a.must("watch b")
+	a.do("stream s1 b 2000")
+	if e, ok := a.event(3 * window); ok {
+		t.Fatalf("a false alarm under 100±50 ms jitter and 5%% loss: %s", e)
+	}
+	if e, ok := b.event(0); ok {
+		t.Fatalf("a false alarm on b: %s", e)
+	}
+}
+
+func TestMultiHostStopAndKill(t *testing.T) {
+	const hb, window = 100 * time.Millisecond, time.Second
+	net := hostnet.New(t, 2)
+	a := startNS(t, net.Hosts[0], "a", 7000, hb, window)
+	b := startNS(t, net.Hosts[1], "b", 7000, hb, window)
+	a.must("resolve b " + b.addr)
+	// Paused for less than the window: no event.
+	b.cmd.Process.Signal(syscall.SIGSTOP)
+	time.Sleep(window / 3)
+	b.cmd.Process.Signal(syscall.SIGCONT)
+	if e, ok := a.event(2 * window); ok {
+		t.Fatalf("a short pause raised %s", e)
+	}
+	// Paused for longer: exactly one event.
+	b.cmd.Process.Signal(syscall.SIGSTOP)
+	if q, _ := a.unreachable(10 * time.Second); !q {
+		t.Fatal("not quarantined")
+	}
+	b.cmd.Process.Signal(syscall.SIGCONT)
+	if e, ok := a.event(2 * window); ok {
+		t.Fatalf("a second event for one pause: %s", e)
+	}
+	// Killed and restarted on the same address: a new uid.
+	b.cmd.Process.Kill()
+	b2 := startNS(t, net.Hosts[1], "b", 7000, hb, window)
+	if b2.uid == b.uid {
+		t.Fatalf("the restarted node kept uid %s", b.uid)
+	}
+	a.must("reconnect " + b2.addr)
+	a.must("resolve b " + b2.addr)
+}
+
+// accountStreams collects every node's report and checks that each
+// message of each stream was delivered once, in order, or reported as a
+// dead letter (delivered as well only if the dead letter says it was
+// unconfirmed).
+func accountStreams(t *testing.T, nodes []*nsNode, sent map[string]int, faultFree bool) {
+	t.Helper()
+	rcv, dl, unc := map[string][]int{}, map[string][]int{}, map[string][]int{}
+	for _, nn := range nodes {
+		fmt.Fprintln(nn.stdin, "report")
+		for {
+			l := nn.line()
+			if l == "END" {
+				break
+			}
+			f := strings.SplitN(l, " ", 3)
+			if len(f) < 3 {
+				f = append(f, "")
+			}
+			switch f[0] {
+			case "RCV":
+				rcv[f[1]] = append(rcv[f[1]], splitInts(f[2])...)
+			case "DL":
+				dl[f[1]] = append(dl[f[1]], splitInts(f[2])...)
+			case "UNC":
+				unc[f[1]] = append(unc[f[1]], splitInts(f[2])...)
+			}
+		}
+	}
+	for stream, total := range sent {
+		got := rcv[stream]
+		for i := 1; i < len(got); i++ {
+			if got[i] <= got[i-1] {
+				t.Fatalf("stream %s: %d delivered after %d (out of order or twice)", stream, got[i], got[i-1])
+			}
+		}
+		seen := make([]int, total)
+		for _, s := range got {
+			seen[s]++
+		}
+		for _, s := range dl[stream] {
+			if seen[s] > 0 && !slices.Contains(unc[stream], s) {
+				t.Fatalf("stream %s: message %d delivered and reported certainly undelivered", stream, s)
+			}
+			seen[s]++
+		}
+		for s, c := range seen {
+			if c == 0 {
+				t.Fatalf("stream %s: message %d neither delivered nor reported: lost silently", stream, s)
+			}
+		}
+		if faultFree && (len(got) != total || len(dl[stream]) != 0) {
+			t.Fatalf("stream %s: with no fault, %d of %d delivered and %d dead letters", stream, len(got), total, len(dl[stream]))
+		}
+		t.Logf("stream %s: %d sent, %d delivered, %d dead letters (%d unconfirmed)", stream, total, len(got), len(dl[stream]), len(unc[stream]))
+	}
+}
+
+func TestMultiHostNothingLost(t *testing.T) {
+	if testing.Short() {
+		t.Skip("streams across three hosts")
+	}
+	const hb, window = 100 * time.Millisecond, time.Second
+	for _, partition := range []bool{false, true} {
+		t.Run(fmt.Sprintf("partition=%v", partition), func(t *testing.T) {
+			net := hostnet.New(t, 3)
+			var nodes []*nsNode
+			for i, h := range net.Hosts {
+				nodes = append(nodes, startNS(t, h, fmt.Sprintf("n%d", i), 7000, hb, window))
+			}
+			sent := map[string]int{}
+			for i, from := range nodes {
+				for j, to := range nodes {
+					if i != j {
+						from.must(fmt.Sprintf("resolve %s %s", to.name, to.addr))
+					}
+				}
+			}
+			const perStream = 20000
+			for i, from := range nodes {
+				for j, to := range nodes {
+					if i == j {
+						continue
+					}
+					for k := range 2 { // two sender actors per pair
+						id := fmt.Sprintf("%s-%s-%d", from.name, to.name, k)
+						fmt.Fprintf(from.stdin, "stream %s %s %d\n", id, to.name, perStream)
+						sent[id] = perStream
+					}
+				}
+			}
+			if partition {
+				// Cut n2 off while the streams run; where exactly does not
+				// matter, the accounting must hold wherever it lands.
+				time.Sleep(100 * time.Millisecond)
+				net.Hosts[2].LinkDown()
+				nodes[0].unreachable(10 * time.Second)
+				nodes[1].unreachable(10 * time.Second)
+			}
+			for _, from := range nodes {
+				for range 4 {
+					if l := from.line(); !strings.HasPrefix(l, "SENT") {
+						t.Fatalf("%s: %s", from.name, l)
+					}
+				}
+			}
+			// Let what is in flight land, or be given up on.
+			time.Sleep(2 * window)
+			accountStreams(t, nodes, sent, !partition)
+		})
+	}
+}
