@@ -134,10 +134,11 @@ func ParseMultiaddr(s string) (Addr, error) {
 	parts := strings.Split(s[1:], "/")
 	switch parts[0] {
 	case "unix":
-		if len(parts) < 2 || parts[1] == "" {
+		path := strings.TrimPrefix(s, "/unix")
+		if path == "" {
 			return Addr{}, fmt.Errorf("%w: multiaddr %q: /unix needs a path", ErrBadAddr, s)
 		}
-		return parseUnixPath(strings.TrimPrefix(s, "/unix"))
+		return parseUnixPath(path)
 	case "ip4", "ip6", "dns":
 		if len(parts) != 4 {
 			return Addr{}, fmt.Errorf("%w: multiaddr %q: want /%s/HOST/tcp/PORT", ErrBadAddr, s, parts[0])
