@@ -784,7 +784,7 @@ func (a *assoc) fail(err error) {
 		// A retired duplicate: its work moved to the winner already.
 		a.state = assocClosed
 		unacked := a.unacked[a.unackedHead:]
-		a.unacked = nil
+		a.unacked, a.unackedHead = nil, 0
 		a.mu.Unlock()
 		if conn != nil {
 			conn.Close()
@@ -804,7 +804,7 @@ func (a *assoc) fail(err error) {
 	a.err = err
 	queue, pending, resolves, watches := a.queue.take(), a.pending, a.resolves, a.watches
 	unsent, unacked := a.unsent, a.unacked[a.unackedHead:]
-	a.pending, a.resolves, a.watches, a.unsent, a.unacked = nil, nil, nil, nil, nil
+	a.pending, a.resolves, a.watches, a.unsent, a.unacked, a.unackedHead = nil, nil, nil, nil, nil, 0
 	a.mu.Unlock()
 
 	closing := leaving || errors.Is(err, ErrNodeClosed)
@@ -997,6 +997,9 @@ func (a *assoc) onAck(b []byte) error {
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	if a.state == assocClosed {
+		return nil // the session ended; its unacknowledged messages are reported
+	}
 	waiting := uint64(len(a.unacked) - a.unackedHead)
 	if count < a.acked || count-a.acked > waiting {
 		if a.state == assocClosed || a.fwd != nil {

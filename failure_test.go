@@ -380,3 +380,17 @@ func TestEveryMessageIsDeliveredOrDeadLetteredAcrossAPartition(t *testing.T) {
 	}
 	t.Logf("%d delivered, %d dead letters (%d unconfirmed, %d of those delivered after all)", len(delivered), len(dead), len(unconfirmed), both)
 }
+
+// An acknowledgement that arrives after the session ended (the node closed
+// while the peer's last ack was in flight) is ignored.
+func TestLateAckAfterTheSessionEnded(t *testing.T) {
+	n := startNode(t, testConfig())
+	a := newAssoc(n, false, Addr{})
+	a.state = assocUp
+	a.unacked = []inflightMsg{{h: &handle{node: n}, msg: count{}}, {h: &handle{node: n}, msg: count{}}}
+	a.onAck([]byte{1})
+	a.fail(ErrNodeClosed)
+	if err := a.onAck([]byte{2}); err != nil {
+		t.Fatalf("late ack: %v", err)
+	}
+}
