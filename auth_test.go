@@ -152,3 +152,28 @@ func TestMutualTLS(t *testing.T) {
 		t.Fatal("a client without TLS was accepted")
 	}
 }
+
+func TestRegistryIsBehindTheSecret(t *testing.T) {
+	const secret = "registry secret, sixteen+ bytes"
+	reg := freeRegistryAddr(t, "tcp")
+	cfg := discoveryConfig("registrar", reg)
+	cfg.Secret = []byte(secret)
+	registrar := startNode(t, cfg)
+	member := discoveryConfig("member", reg)
+	member.Secret = []byte(secret)
+	m := startNode(t, member)
+	spawnEcho(t, m, "svc")
+	// Without the secret a node can neither join (and so register) nor look
+	// anything up.
+	checkLeaks(t)
+	if _, err := Start(ctxT(t, 5*time.Second), discoveryConfig("intruder", reg)); err == nil {
+		t.Fatal("a node without the secret joined the registry")
+	}
+	outsider := startNode(t, testConfig())
+	if _, _, err := FindActor[testPing](ctxT(t, 5*time.Second), outsider, "svc", WithRegistries(registrar.Addrs()[0])); !errors.Is(err, ErrAuth) {
+		t.Fatalf("lookup without the secret = %v, want ErrAuth", err)
+	}
+	if got := registrar.reg.find("svc"); len(got) != 1 {
+		t.Fatalf("registry holds %v", got)
+	}
+}
