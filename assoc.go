@@ -261,6 +261,10 @@ func (a *assoc) runOutbound() {
 			a.fail(fmt.Errorf("%w: %w: %s: %s", ErrRejected, ErrQuarantinedByPeer, a.dialAddr, text))
 			return
 		}
+		if code == rejectAuth {
+			a.fail(fmt.Errorf("%w: %w: %s: %s", ErrRejected, ErrAuth, a.dialAddr, text))
+			return
+		}
 		a.fail(fmt.Errorf("%w: %s: %s", ErrRejected, a.dialAddr, text))
 		return
 	default:

@@ -262,7 +262,7 @@ func parseHello(body []byte) (*hello, error) {
 	for i := uint64(0); i < n && d.err == nil; i++ {
 		h.addrs = append(h.addrs, d.string())
 	}
-	h.auth = d.bytes()
+	h.auth = append([]byte(nil), d.bytes()...) // the frame buffer is reused
 	if d.err == nil && d.remaining() != 0 {
 		d.fail("%d bytes after handshake", d.remaining())
 	}
