@@ -1,6 +1,9 @@
 package troupe
 
-import "time"
+import (
+	"math"
+	"time"
+)
 
 // FailureDetector decides, from the times heartbeats arrived, whether a peer
 // is still available. Implementations are pure: they are stepped with
@@ -48,4 +51,106 @@ func (d *WindowDetector) LastHeard() time.Time {
 		return d.Start
 	}
 	return d.last
+}
+
+// PhiAccrual is a phi-accrual failure detector, as the established
+// implementations compute it: it keeps a bounded history of heartbeat
+// inter-arrival times and reports phi = -log10(1 - F(t)), where F is the
+// normal distribution of that history (approximated with the logistic
+// formula those implementations use, not an exact erf) and t the time since
+// the last heartbeat. A late peer is then a probability rather than a
+// deadline. The zero value is not ready: use [NewPhiAccrual].
+type PhiAccrual struct {
+	// Threshold is the phi above which the peer counts as unavailable.
+	Threshold float64
+	// MaxSampleSize bounds the history of intervals.
+	MaxSampleSize int
+	// MinStdDeviation is the floor of the standard deviation, so a very
+	// regular history does not make phi explode at the first late beat.
+	MinStdDeviation time.Duration
+	// AcceptableHeartbeatPause is added to the mean: pauses up to it are
+	// not held against the peer.
+	AcceptableHeartbeatPause time.Duration
+	// FirstHeartbeatEstimate seeds the history at the first heartbeat
+	// (with ± a quarter of it), before any interval has been measured.
+	FirstHeartbeatEstimate time.Duration
+
+	last      time.Time
+	intervals []float64 // ring of the last MaxSampleSize intervals, in ms
+	next      int       // where the next interval goes once the ring is full
+	sum, sq   float64   // sum and sum of squares of intervals
+}
+
+var _ FailureDetector = (*PhiAccrual)(nil)
+
+// NewPhiAccrual returns a detector with the established defaults: threshold
+// 8, 1000 samples, minimum standard deviation 100 ms, acceptable pause 3 s,
+// first estimate 1 s.
+func NewPhiAccrual() *PhiAccrual {
+	return &PhiAccrual{Threshold: 8, MaxSampleSize: 1000, MinStdDeviation: 100 * time.Millisecond,
+		AcceptableHeartbeatPause: 3 * time.Second, FirstHeartbeatEstimate: time.Second}
+}
+
+// Heartbeat records a heartbeat at now. An interval is not recorded when the
+// heartbeat arrives while the peer is judged unavailable, so one long
+// outage does not teach the detector that outages are normal.
+func (d *PhiAccrual) Heartbeat(now time.Time) {
+	if d.last.IsZero() {
+		first := float64(d.FirstHeartbeatEstimate) / float64(time.Millisecond)
+		d.add(first - first/4)
+		d.add(first + first/4)
+	} else if d.Available(now) {
+		d.add(float64(now.Sub(d.last)) / float64(time.Millisecond))
+	}
+	d.last = now
+}
+
+func (d *PhiAccrual) add(ms float64) {
+	if len(d.intervals) < max(1, d.MaxSampleSize) {
+		d.intervals = append(d.intervals, ms)
+	} else {
+		old := d.intervals[d.next]
+		d.sum -= old
+		d.sq -= old * old
+		d.intervals[d.next] = ms
+		d.next = (d.next + 1) % len(d.intervals)
+	}
+	d.sum += ms
+	d.sq += ms * ms
+}
+
+// Available reports whether phi at now is below Threshold.
+func (d *PhiAccrual) Available(now time.Time) bool { return d.Phi(now) < d.Threshold }
+
+// Phi returns the suspicion level at now: 0 before the first heartbeat,
+// growing as the silence outlasts the usual interval. It is never NaN.
+func (d *PhiAccrual) Phi(now time.Time) float64 {
+	if d.last.IsZero() || len(d.intervals) == 0 {
+		return 0
+	}
+	n := float64(len(d.intervals))
+	mean := d.sum / n
+	variance := d.sq/n - mean*mean
+	std := math.Sqrt(math.Max(variance, 0))
+	std = math.Max(std, float64(d.MinStdDeviation)/float64(time.Millisecond))
+	mean += float64(d.AcceptableHeartbeatPause) / float64(time.Millisecond)
+	return phi(float64(now.Sub(d.last))/float64(time.Millisecond), mean, std)
+}
+
+// phi is -log10 of the probability that a heartbeat is later than timeDiff,
+// for a normal distribution of mean and std approximated by a logistic
+// function.
+func phi(timeDiff, mean, std float64) float64 {
+	y := (timeDiff - mean) / std
+	e := math.Exp(-y * (1.5976 + 0.070566*y*y))
+	var p float64
+	if timeDiff > mean {
+		p = -math.Log10(e / (1 + e))
+	} else {
+		p = -math.Log10(1 - 1/(1+e))
+	}
+	if math.IsNaN(p) {
+		return math.Inf(1)
+	}
+	return p
 }

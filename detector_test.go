@@ -1,6 +1,7 @@
 package troupe
 
 import (
+	"math"
 	"testing"
 	"time"
 )
@@ -37,5 +38,93 @@ func TestWindowDetector(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// cdf turns phi back into the probability it encodes.
+func cdf(phi float64) float64 { return 1 - math.Pow(10, -phi) }
+
+func TestPhiMatchesThePublishedDistribution(t *testing.T) {
+	tests := []struct {
+		timeDiff, mean, std float64
+		cdf, tolerance      float64
+	}{
+		{0, 0, 10, 0.5, 0.001},
+		{6, 0, 10, 0.7257, 0.001},
+		{15, 0, 10, 0.9332, 0.001},
+		{20, 0, 10, 0.97725, 0.001},
+		{25, 0, 10, 0.99379, 0.001},
+		{35, 0, 10, 0.99977, 0.001},
+		{40, 0, 10, 0.99997, 0.0001},
+		{22, 20, 3, 0.7475, 0.001},
+	}
+	for _, tt := range tests {
+		if got := cdf(phi(tt.timeDiff, tt.mean, tt.std)); math.Abs(got-tt.cdf) > tt.tolerance {
+			t.Errorf("cdf(phi(%v, %v, %v)) = %.5f, want %.5f", tt.timeDiff, tt.mean, tt.std, got, tt.cdf)
+		}
+	}
+	for x := 0.0; x < 40; x++ {
+		if phi(x, 0, 10) >= phi(x+1, 0, 10) {
+			t.Fatalf("phi is not increasing at %v", x)
+		}
+	}
+	if got := phi(10, 0, 1); math.Abs(got-38) > 1 {
+		t.Errorf("phi of an outlier = %v, want about 38", got)
+	}
+	if got := phi(-25, 0, 1); got != 0 {
+		t.Errorf("phi far before the mean = %v, want 0", got)
+	}
+	if got := phi(1e9, 0, 1); math.IsNaN(got) || got < 8 {
+		t.Errorf("phi of a huge delay = %v, want a large number, not NaN", got)
+	}
+	realistic := map[float64]float64{0: 0, 500: 0.1, 1000: 0.3, 1200: 1.6, 1400: 4.7, 1600: 10.8, 1700: 15.3}
+	for diff, want := range realistic {
+		if got := phi(diff, 1000, 100); math.Abs(got-want) > 0.1 {
+			t.Errorf("phi(%v, 1000, 100) = %.2f, want %.1f", diff, got, want)
+		}
+	}
+	if phi(1100, 1000, 500) >= phi(1100, 1000, 100) {
+		t.Error("a larger standard deviation does not lower phi")
+	}
+}
+
+func TestPhiAccrualDetector(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	ms := func(v int) time.Time { return t0.Add(time.Duration(v) * time.Millisecond) }
+	d := NewPhiAccrual()
+	if got := d.Phi(ms(0)); got != 0 || !d.Available(ms(100000)) {
+		t.Fatalf("before any heartbeat: phi %v", got)
+	}
+	// Regular heartbeats every second: a short delay is fine, a long
+	// silence is not.
+	for i := 0; i <= 10; i++ {
+		d.Heartbeat(ms(i * 1000))
+	}
+	if p := d.Phi(ms(10000 + 1000)); p > 1 || !d.Available(ms(11000)) {
+		t.Fatalf("one interval after the last beat: phi %v", p)
+	}
+	if d.Available(ms(10000 + 8000)) {
+		t.Fatalf("eight seconds of silence after 1 s beats is still available (phi %v)", d.Phi(ms(18000)))
+	}
+	// The outage is not learned: after it, the history is unchanged.
+	before := d.sum
+	d.Heartbeat(ms(60000))
+	if d.sum != before {
+		t.Fatal("an interval measured while unavailable was recorded")
+	}
+	// The history is a bounded ring.
+	small := NewPhiAccrual()
+	small.MaxSampleSize = 3
+	for i := range 10 {
+		small.Heartbeat(ms(i * 100))
+	}
+	if len(small.intervals) != 3 {
+		t.Fatalf("%d samples kept, want 3", len(small.intervals))
+	}
+	// Seeded on the first heartbeat with the estimate ± a quarter.
+	seeded := NewPhiAccrual()
+	seeded.Heartbeat(ms(0))
+	if len(seeded.intervals) != 2 || seeded.intervals[0] != 750 || seeded.intervals[1] != 1250 {
+		t.Fatalf("seed = %v", seeded.intervals)
 	}
 }
