@@ -170,12 +170,9 @@ func (c *Context[T]) Stop() {
 // reached, the signal comes at once.
 func (c *Context[T]) Watch(r AnyRef) {
 	cl := c.c
-	h := r.handle()
+	h := watchTarget(r)
 	if h == nil {
 		return
-	}
-	if h.local != nil {
-		h = h.local.watchHandle()
 	}
 	if h == cl.self || cl.watching[h.key] != nil {
 		return
@@ -201,12 +198,9 @@ func (c *Context[T]) Watch(r AnyRef) {
 // Unwatch cancels a [Context.Watch]; no Terminated for r arrives after it.
 func (c *Context[T]) Unwatch(r AnyRef) {
 	cl := c.c
-	h := r.handle()
+	h := watchTarget(r)
 	if h == nil {
 		return
-	}
-	if h.local != nil {
-		h = h.local.watchHandle()
 	}
 	if _, ok := cl.watching[h.key]; !ok {
 		return
@@ -218,6 +212,16 @@ func (c *Context[T]) Unwatch(r AnyRef) {
 	case h.assoc != nil:
 		h.assoc.unwatch(h, cl.self)
 	}
+}
+
+// watchTarget is the handle whose stop a watcher of r sees: the actor
+// itself, or the actor behind an adapter.
+func watchTarget(r AnyRef) *handle {
+	h := r.handle()
+	if h != nil && h.local != nil {
+		h = h.local.watchHandle()
+	}
+	return h
 }
 
 func (c *Context[T]) spawnParent() (*Node, parentCell) { return c.c.n, c.c }

@@ -12,26 +12,27 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// inNamespace runs f on an OS thread switched into namespace ns; sockets
-// made in f stay in ns after the thread switches back.
+// inNamespace runs f on a fresh OS thread switched into namespace ns;
+// sockets made in f stay in ns. The thread is never switched back: it ends
+// with its goroutine, so no other goroutine ever runs in the wrong
+// namespace.
 func inNamespace(ns string, f func() error) error {
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	self, err := os.Open("/proc/thread-self/ns/net")
-	if err != nil {
-		return err
-	}
-	defer self.Close()
-	target, err := os.Open("/var/run/netns/" + ns)
-	if err != nil {
-		return err
-	}
-	defer target.Close()
-	if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
-		return err
-	}
-	defer unix.Setns(int(self.Fd()), unix.CLONE_NEWNET)
-	return f()
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread exits with this goroutine
+		target, err := os.Open("/var/run/netns/" + ns)
+		if err != nil {
+			errc <- err
+			return
+		}
+		defer target.Close()
+		if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
+			errc <- err
+			return
+		}
+		errc <- f()
+	}()
+	return <-errc
 }
 
 // Relay is a userspace TCP relay that delays what it forwards, in both
