@@ -285,10 +285,25 @@ func (a *assoc) runOutbound() {
 
 // serveInbound handshakes an accepted connection and then runs its reader.
 func (n *Node) serveInbound(c net.Conn) {
+	n.pmu.Lock()
+	if n.pclosing {
+		n.pmu.Unlock()
+		c.Close()
+		n.handshaking.Add(-1)
+		return
+	}
+	n.inHandshake[c] = struct{}{}
+	n.pmu.Unlock()
 	handshaking := true
+	endHandshake := func() {
+		n.pmu.Lock()
+		delete(n.inHandshake, c)
+		n.pmu.Unlock()
+		n.handshaking.Add(-1)
+	}
 	defer func() {
 		if handshaking {
-			n.handshaking.Add(-1)
+			endHandshake()
 		}
 	}()
 	label := peerLabel(c)
@@ -337,7 +352,7 @@ func (n *Node) serveInbound(c net.Conn) {
 		return
 	}
 	handshaking = false
-	n.handshaking.Add(-1)
+	endHandshake()
 	c.SetDeadline(time.Time{})
 	a.run(fr)
 }
@@ -817,7 +832,9 @@ func (a *assoc) fail(err error) {
 		closing = true
 	default:
 	}
-	quarantine := wasUp && !closing && !errors.Is(err, ErrPeerLeft)
+	// Cluster members are never quarantined: they keep knocking on each
+	// other until one is downed.
+	quarantine := wasUp && !closing && !errors.Is(err, ErrPeerLeft) && !a.n.isMember(a.peerUID)
 	reason := err
 	if quarantine {
 		a.n.addQuarantine(a, err)

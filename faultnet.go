@@ -193,6 +193,9 @@ func (c *faultConn) Write(p []byte) (int, error) {
 // cut; from a killed node nothing ever arrives.
 func (c *faultConn) Read(p []byte) (int, error) {
 	n, err := c.Conn.Read(p)
+	if ne, ok := err.(net.Error); ok && ne.Timeout() && n == 0 {
+		return n, err // a deadline passed: nothing to hold
+	}
 	f := c.f
 	f.mu.Lock()
 	defer f.mu.Unlock()

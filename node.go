@@ -229,6 +229,9 @@ type Node struct {
 	all      map[*assoc]struct{} // every association not yet finished
 	awaiting map[NodeUID][]*assoc
 	pclosing bool
+	// handshaking holds inbound connections still in their handshake, so
+	// that Close need not wait for their deadline.
+	inHandshake map[net.Conn]struct{}
 	// quarantine lists the peer incarnations this node has given up on.
 	quarantine []*QuarantineInfo
 
@@ -237,6 +240,10 @@ type Node struct {
 	registrars []Addr                // the remote registrars this node registers with
 	regRefs    sync.Map              // Addr -> Ref[regRequest], resolved registrar actors
 	found      map[string][]foundRef // guarded by pmu: actors lookups found on peers
+
+	// members holds the uids of cluster members (NodeUID -> struct{}):
+	// peers exempt from quarantine while they are members.
+	members sync.Map
 
 	// Lifecycle.
 	closeOnce sync.Once
@@ -255,14 +262,15 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 		return nil, err
 	}
 	n := &Node{
-		cfg:      cfg,
-		log:      cfg.Logger,
-		actors:   make(map[string]*handle),
-		byUID:    make(map[NodeUID]*assoc),
-		byAddr:   make(map[Addr]*assoc),
-		all:      make(map[*assoc]struct{}),
-		awaiting: make(map[NodeUID][]*assoc),
-		done:     make(chan struct{}),
+		cfg:         cfg,
+		log:         cfg.Logger,
+		actors:      make(map[string]*handle),
+		byUID:       make(map[NodeUID]*assoc),
+		byAddr:      make(map[Addr]*assoc),
+		all:         make(map[*assoc]struct{}),
+		awaiting:    make(map[NodeUID][]*assoc),
+		inHandshake: make(map[net.Conn]struct{}),
+		done:        make(chan struct{}),
 	}
 	n.events.node = n
 	rand.Read(n.uid[:])
@@ -397,7 +405,8 @@ func (n *Node) spawnParent() (*Node, parentCell) { return n, nil }
 // (their watchers of this node's actors get [Terminated] with
 // [ErrPeerLeft]), stops every actor (waiting for running handlers to
 // return), closes every connection, and waits for every goroutine the node
-// started. Messages still queued for peers are flushed for up to a second.
+// started. Messages still queued for peers are flushed for up to
+// HandshakeTimeout.
 // Close is idempotent; calls after the first return nil at once.
 func (n *Node) Close() error {
 	var err error
@@ -422,6 +431,9 @@ func (n *Node) close() error {
 	for a := range n.all {
 		assocs = append(assocs, a)
 	}
+	for c := range n.inHandshake {
+		c.Close()
+	}
 	n.pmu.Unlock()
 	for _, a := range assocs {
 		a.leave()
@@ -439,7 +451,7 @@ func (n *Node) close() error {
 	}
 	n.live.Wait()
 
-	flushed := time.NewTimer(time.Second)
+	flushed := time.NewTimer(n.cfg.HandshakeTimeout)
 	defer flushed.Stop()
 	for _, a := range assocs {
 		select {
@@ -627,4 +639,10 @@ func (n *Node) dial(addr Addr) (net.Conn, error) {
 		return nil, fmt.Errorf("tls: %w", err)
 	}
 	return tc, nil
+}
+
+// isMember reports whether uid is a member of a cluster this node is in.
+func (n *Node) isMember(uid NodeUID) bool {
+	_, ok := n.members.Load(uid)
+	return ok
 }

@@ -183,7 +183,7 @@ func (a *assoc) checkLiveness(now time.Time) {
 	if at := a.in.heard.Load(); at != 0 {
 		a.det.Heartbeat(a.n.epoch.Add(time.Duration(at)))
 	}
-	if !a.det.Available(now) {
+	if !a.det.Available(now) && !a.n.isMember(a.peerUID) {
 		a.declareUnreachable(fmt.Errorf("nothing heard for %v (the limit is %v)", now.Sub(a.det.LastHeard()).Round(time.Millisecond), a.n.cfg.UnreachableAfter))
 		return
 	}

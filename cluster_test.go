@@ -1,0 +1,290 @@
+package troupe
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+)
+
+// clusterRig is a set of cluster members on a fault network.
+type clusterRig struct {
+	t       *testing.T
+	f       *FaultNet
+	nodes   []*Node
+	members []*Cluster
+}
+
+func clusterDetector() FailureDetector {
+	d := NewPhiAccrual()
+	d.FirstHeartbeatEstimate = 20 * time.Millisecond
+	d.AcceptableHeartbeatPause = 60 * time.Millisecond
+	d.MinStdDeviation = 5 * time.Millisecond
+	return d
+}
+
+func clusterCfg(downing DowningStrategy) ClusterConfig {
+	return ClusterConfig{Downing: downing, StableAfter: 300 * time.Millisecond, GossipInterval: 20 * time.Millisecond, Detector: clusterDetector}
+}
+
+// newClusterRig starts n members; the first starts the cluster and the
+// others join through it.
+func newClusterRig(t *testing.T, n int, cfg ClusterConfig) *clusterRig {
+	r := &clusterRig{t: t, f: NewFaultNet()}
+	for i := range n {
+		r.add(fmt.Sprintf("m%d", i), cfg)
+	}
+	r.waitUp(n)
+	t.Cleanup(r.f.Heal) // runs first: lets the nodes close without waiting on a cut network
+	return r
+}
+
+func (r *clusterRig) add(name string, cfg ClusterConfig) *Cluster {
+	node := startOn(r.t, r.f, failConfig(name, 20*time.Millisecond, 2*time.Second))
+	if len(r.nodes) > 0 {
+		cfg.Seeds = []Addr{r.nodes[0].Addrs()[0]}
+	}
+	c, err := StartCluster(ctxT(r.t, 5*time.Second), node, cfg)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	r.t.Cleanup(func() { c.Close() })
+	r.nodes = append(r.nodes, node)
+	r.members = append(r.members, c)
+	return c
+}
+
+// waitUp waits until every running member sees n members up.
+func (r *clusterRig) waitUp(n int) {
+	r.t.Helper()
+	waitFor(r.t, 10*time.Second, fmt.Sprintf("%d members up everywhere", n), func() bool {
+		for _, c := range r.members {
+			up := 0
+			for _, m := range c.Members() {
+				if m.Status == MemberUp {
+					up++
+				}
+			}
+			if up != n {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// split cuts the network between the groups.
+func (r *clusterRig) split(groups ...[]int) {
+	for i, g := range groups {
+		for _, h := range groups[i+1:] {
+			for _, a := range g {
+				for _, b := range h {
+					r.f.Partition(r.nodes[a], r.nodes[b])
+				}
+			}
+		}
+	}
+}
+
+func stopped(c *Cluster) bool {
+	select {
+	case <-c.Done():
+		return true
+	default:
+		return false
+	}
+}
+
+func TestClusterFormsWithADeterministicLeader(t *testing.T) {
+	r := newClusterRig(t, 3, clusterCfg(nil))
+	var ups []int
+	for _, m := range r.members[0].Members() {
+		ups = append(ups, m.UpNumber)
+	}
+	slices.Sort(ups)
+	if !slices.Equal(ups, []int{1, 2, 3}) {
+		t.Fatalf("up numbers %v", ups)
+	}
+	lowest := slices.MinFunc(r.members[0].Members(), lowerAddr)
+	for i, c := range r.members {
+		if l, ok := c.Leader(); !ok || l.UID != lowest.UID {
+			t.Errorf("member %d sees leader %v, want the lowest address %v", i, l.Addr, lowest.Addr)
+		}
+	}
+}
+
+// expectSurvivors waits until exactly the members at survive are running
+// and the others have downed themselves, and the survivors have written
+// the others off.
+func (r *clusterRig) expectSurvivors(within time.Duration, survive ...int) {
+	r.t.Helper()
+	start := time.Now()
+	waitFor(r.t, within, fmt.Sprintf("survivors %v", survive), func() bool {
+		for i, c := range r.members {
+			if slices.Contains(survive, i) == stopped(c) {
+				return false
+			}
+		}
+		for _, i := range survive {
+			for _, m := range r.members[i].Members() {
+				idx := slices.IndexFunc(r.nodes, func(n *Node) bool { return n.UID() == m.UID })
+				if !slices.Contains(survive, idx) && m.Status < MemberDown {
+					return false
+				}
+			}
+		}
+		return true
+	})
+	r.t.Logf("resolved %v after %v", survive, time.Since(start).Round(time.Millisecond))
+}
+
+func TestClusterKeepMajority(t *testing.T) {
+	const bound = 300*time.Millisecond + 5*time.Second // StableAfter plus detection and gossip, generously
+	t.Run("3 members, 2|1", func(t *testing.T) {
+		r := newClusterRig(t, 3, clusterCfg(KeepMajority{}))
+		r.split([]int{0, 1}, []int{2})
+		r.expectSurvivors(bound, 0, 1)
+	})
+	t.Run("5 members, 3|2", func(t *testing.T) {
+		r := newClusterRig(t, 5, clusterCfg(KeepMajority{}))
+		r.split([]int{0, 1, 2}, []int{3, 4})
+		r.expectSurvivors(bound, 0, 1, 2)
+	})
+	t.Run("4 members, 2|2 keeps the lowest address", func(t *testing.T) {
+		r := newClusterRig(t, 4, clusterCfg(KeepMajority{}))
+		ms := r.members[0].Members() // address order
+		var low, high []int
+		for i, n := range r.nodes {
+			if n.UID() == ms[0].UID || n.UID() == ms[1].UID {
+				low = append(low, i)
+			} else {
+				high = append(high, i)
+			}
+		}
+		// Split so the lowest address is with a higher one.
+		lowest := low[0]
+		if r.nodes[low[1]].UID() == ms[0].UID {
+			lowest = low[1]
+		}
+		sideA := []int{lowest, high[0]}
+		sideB := []int{}
+		for i := range r.nodes {
+			if !slices.Contains(sideA, i) {
+				sideB = append(sideB, i)
+			}
+		}
+		r.split(sideA, sideB)
+		r.expectSurvivors(bound, sideA...)
+	})
+}
+
+func TestClusterWithoutDowningBlocksUntilHealed(t *testing.T) {
+	r := newClusterRig(t, 3, clusterCfg(nil))
+	r.split([]int{0, 1}, []int{2})
+	waitFor(t, 5*time.Second, "the cut member to be seen unreachable", func() bool { return len(r.members[0].Unreachable()) == 1 })
+	joiner := r.add("late", clusterCfg(nil))
+	time.Sleep(3 * 300 * time.Millisecond) // several stable periods in which nothing may change
+	if s := joiner.Self().Status; s != MemberJoining {
+		t.Fatalf("a joiner became %v while a member was unreachable, want joining", s)
+	}
+	for i, c := range r.members[:3] {
+		if stopped(c) {
+			t.Fatalf("member %d stopped without a downing strategy", i)
+		}
+	}
+	r.f.Heal()
+	r.waitUp(4)
+}
+
+func TestClusterLeaveIsGraceful(t *testing.T) {
+	r := newClusterRig(t, 3, clusterCfg(nil))
+	if err := r.members[2].Leave(ctxT(t, 10*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "the leaver to be removed", func() bool {
+		for _, m := range r.members[0].Members() {
+			if m.UID == r.nodes[2].UID() {
+				return m.Status == MemberRemoved
+			}
+		}
+		return false
+	})
+}
+
+func TestClusterLeaseMajority(t *testing.T) {
+	cases := []struct {
+		name     string
+		cutLease []int // members cut off from the lease node
+		survive  []int
+	}{
+		{"the side that holds the lease survives", []int{1}, []int{0}},
+		{"the other side, when it alone reaches the lease", []int{0}, []int{1}},
+		{"a lease nobody reaches downs both", []int{0, 1}, nil},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			r := &clusterRig{t: t, f: NewFaultNet()}
+			leaseNode := startOn(t, r.f, failConfig("lease", 20*time.Millisecond, 2*time.Second))
+			if err := ServeLeases(leaseNode); err != nil {
+				t.Fatal(err)
+			}
+			for i := range 2 {
+				cfg := clusterCfg(LeaseMajority{})
+				cfg.LeaseMinorityDelay = 100 * time.Millisecond
+				node := startOn(t, r.f, failConfig(fmt.Sprintf("m%d", i), 20*time.Millisecond, 2*time.Second))
+				cfg.Lease = NewNodeLease(node, leaseNode.Addrs()[0], "cluster", time.Second)
+				if len(r.nodes) > 0 {
+					cfg.Seeds = []Addr{r.nodes[0].Addrs()[0]}
+				}
+				c, err := StartCluster(ctxT(t, 5*time.Second), node, cfg)
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { c.Close() })
+				r.nodes, r.members = append(r.nodes, node), append(r.members, c)
+			}
+			r.waitUp(2)
+			for _, i := range tc.cutLease {
+				r.f.Partition(r.nodes[i], leaseNode)
+			}
+			r.f.Partition(r.nodes[0], r.nodes[1])
+			r.expectSurvivors(10*time.Second, tc.survive...)
+		})
+	}
+}
+
+func TestNodeLease(t *testing.T) {
+	server := startNode(t, testConfig("tcp://127.0.0.1:0"))
+	if err := ServeLeases(server); err != nil {
+		t.Fatal(err)
+	}
+	a, b := startNode(t, testConfig()), startNode(t, testConfig())
+	la := NewNodeLease(a, server.Addrs()[0], "x", 300*time.Millisecond)
+	lb := NewNodeLease(b, server.Addrs()[0], "x", 300*time.Millisecond)
+	ctx := ctxT(t, 5*time.Second)
+	if ok, err := la.Acquire(ctx, "a"); !ok || err != nil {
+		t.Fatalf("a: %v %v", ok, err)
+	}
+	time.Sleep(600 * time.Millisecond) // two TTLs: the keep-alive must hold it
+	if ok, _ := lb.Acquire(ctx, "b"); ok {
+		t.Fatal("b acquired a lease a holds")
+	}
+	if !la.CheckHeld("a") || lb.CheckHeld("b") {
+		t.Fatal("CheckHeld is wrong")
+	}
+	if err := la.Release(ctx, "a"); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := lb.Acquire(ctx, "b"); !ok || err != nil {
+		t.Fatalf("b after release: %v %v", ok, err)
+	}
+	lost := lb.Lost()
+	server.Close()
+	select {
+	case <-lost:
+	case <-time.After(5 * time.Second):
+		t.Fatal("losing the lease server did not report the lease lost")
+	}
+	_ = context.Background
+}

@@ -1,0 +1,198 @@
+package troupe
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// LeasePath is where a node that serves leases keeps its lease actor.
+const LeasePath = "/system/lease"
+
+// ErrLeaseLost is returned by a lease operation after the lease was lost.
+var ErrLeaseLost = errors.New("troupe: lease lost")
+
+// Lease is a lock with an expiry that lives outside a cluster's partition,
+// so that at most one side of a split can hold it. Implementations are safe
+// for concurrent use.
+type Lease interface {
+	// Acquire tries to take the lease for owner; it reports whether owner
+	// holds it. While held, the implementation keeps it alive.
+	Acquire(ctx context.Context, owner string) (bool, error)
+	// Release gives the lease up.
+	Release(ctx context.Context, owner string) error
+	// CheckHeld reports whether owner holds the lease, as far as this
+	// process knows (it has not been told otherwise or failed to renew).
+	CheckHeld(owner string) bool
+	// Lost returns a channel closed when a held lease is lost.
+	Lost() <-chan struct{}
+}
+
+// Lease operations on the wire. Append only.
+const (
+	leaseOpAcquire uint8 = iota + 1
+	leaseOpRenew
+	leaseOpRelease
+)
+
+type leaseRequest struct {
+	Op      uint8
+	Name    string
+	Owner   string
+	TTL     time.Duration
+	ReplyTo Ref[leaseReply]
+}
+
+type leaseReply struct {
+	Granted bool
+	Owner   string // the holder, when not granted
+}
+
+func init() {
+	RegisterMessage[leaseRequest]("troupe.lease.request")
+	RegisterMessage[leaseReply]("troupe.lease.reply")
+}
+
+// ServeLeases makes n serve leases at [LeasePath], for [NewNodeLease]
+// clients — for example on a dedicated registrar, so that the lease lives
+// on a third machine outside any partition of the cluster, with no extra
+// software.
+func ServeLeases(n *Node) error {
+	type held struct {
+		owner   string
+		expires time.Time
+	}
+	table := map[string]held{}
+	_, err := Spawn(systemParent{n}, "lease", Behavior[leaseRequest]{Receive: func(_ *Context[leaseRequest], r leaseRequest) {
+		now := time.Now()
+		cur, ok := table[r.Name]
+		free := !ok || now.After(cur.expires) || cur.owner == r.Owner
+		granted := false
+		switch r.Op {
+		case leaseOpAcquire, leaseOpRenew:
+			if free && (r.Op == leaseOpAcquire || ok && cur.owner == r.Owner) {
+				table[r.Name] = held{r.Owner, now.Add(r.TTL)}
+				granted = true
+			}
+		case leaseOpRelease:
+			if ok && cur.owner == r.Owner {
+				delete(table, r.Name)
+			}
+			granted = true
+		}
+		if !r.ReplyTo.IsZero() {
+			r.ReplyTo.Tell(leaseReply{Granted: granted, Owner: table[r.Name].owner})
+		}
+	}})
+	return err
+}
+
+// NodeLease is a [Lease] served by another troupe node ([ServeLeases]).
+type NodeLease struct {
+	n      *Node
+	server Addr
+	name   string
+	ttl    time.Duration
+
+	mu     sync.Mutex
+	owner  string // who holds it through this client, "" if nobody
+	lost   chan struct{}
+	cancel chan struct{} // stops the keep-alive
+}
+
+var _ Lease = (*NodeLease)(nil)
+
+// NewNodeLease returns a client for the lease name served by the node at
+// server. A held lease is renewed every ttl/3 by a goroutine owned by n;
+// if a renewal fails before the lease expires, Lost is closed.
+func NewNodeLease(n *Node, server Addr, name string, ttl time.Duration) *NodeLease {
+	return &NodeLease{n: n, server: server, name: name, ttl: ttl, lost: make(chan struct{})}
+}
+
+func (l *NodeLease) call(ctx context.Context, op uint8, owner string) (leaseReply, error) {
+	ref, err := Resolve[leaseRequest](ctx, l.n, FormatRef(l.server, LeasePath))
+	if err != nil {
+		return leaseReply{}, fmt.Errorf("troupe: lease server %s: %w", l.server, err)
+	}
+	return Ask(ctx, ref, func(r Ref[leaseReply]) leaseRequest {
+		return leaseRequest{Op: op, Name: l.name, Owner: owner, TTL: l.ttl, ReplyTo: r}
+	})
+}
+
+// Acquire tries to take the lease; while held it is kept alive.
+func (l *NodeLease) Acquire(ctx context.Context, owner string) (bool, error) {
+	rep, err := l.call(ctx, leaseOpAcquire, owner)
+	if err != nil || !rep.Granted {
+		return false, err
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.owner == owner {
+		return true, nil
+	}
+	l.owner = owner
+	l.cancel = make(chan struct{})
+	cancel := l.cancel
+	l.n.wg.Go(func() { l.keepAlive(owner, cancel) })
+	return true, nil
+}
+
+func (l *NodeLease) keepAlive(owner string, cancel chan struct{}) {
+	t := time.NewTicker(l.ttl / 3)
+	defer t.Stop()
+	lastOK := time.Now()
+	for {
+		select {
+		case <-cancel:
+			return
+		case <-l.n.done:
+			return
+		case <-t.C:
+		}
+		ctx, done := context.WithTimeout(l.n.ctx, l.ttl/3)
+		rep, err := l.call(ctx, leaseOpRenew, owner)
+		done()
+		if err == nil && rep.Granted {
+			lastOK = time.Now()
+			continue
+		}
+		if err == nil || time.Since(lastOK) >= l.ttl {
+			l.mu.Lock()
+			if l.owner == owner {
+				l.owner = ""
+				close(l.lost)
+				l.lost = make(chan struct{})
+			}
+			l.mu.Unlock()
+			return
+		}
+	}
+}
+
+// Release gives the lease up.
+func (l *NodeLease) Release(ctx context.Context, owner string) error {
+	l.mu.Lock()
+	if l.owner == owner {
+		l.owner = ""
+		close(l.cancel)
+	}
+	l.mu.Unlock()
+	_, err := l.call(ctx, leaseOpRelease, owner)
+	return err
+}
+
+// CheckHeld reports whether owner holds the lease through this client.
+func (l *NodeLease) CheckHeld(owner string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.owner == owner && owner != ""
+}
+
+// Lost returns a channel closed when the held lease is lost.
+func (l *NodeLease) Lost() <-chan struct{} {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.lost
+}
