@@ -75,6 +75,15 @@
 // [FaultNet] runs nodes over a network that tests can partition, pause,
 // heal and kill.
 //
+// # Clusters
+//
+// [StartCluster] makes a node a member of a cluster: gossiped membership,
+// a [PhiAccrual] detector per member, a deterministic leader, and a
+// [DowningStrategy] ([KeepMajority], [StaticQuorum], [KeepOldest],
+// [DownAll], [LeaseMajority] with a [Lease]) so that the surviving side of
+// a split is a fact. Without a strategy an unreachable member blocks the
+// cluster, which is the safe default.
+//
 // # Events and dead letters
 //
 // Each node has an event stream ([Node.Events]); subscribe with

@@ -6,9 +6,9 @@ import (
 )
 
 // This file holds the pure half of split-brain resolution: given one side's
-// view of the membership, which members to down. The cluster runtime that
-// gathers the view and acts on the decision is not built yet (see the
-// README's status section); the decisions are table-tested on snapshots.
+// view of the membership, which members to down. The cluster (cluster.go)
+// gathers the view and acts on the decision; the decisions themselves are
+// table-tested on snapshots.
 
 // MemberStatus is where a member is in its life in the cluster.
 type MemberStatus uint8
