@@ -1,0 +1,96 @@
+package troupe
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"net/http"
+	"os"
+	"testing"
+	"time"
+)
+
+// etcdEndpoint returns the etcd to test against, or skips: .ci/run starts
+// one and sets TROUPE_ETCD_ENDPOINT.
+func etcdEndpoint(t *testing.T) string {
+	ep := os.Getenv("TROUPE_ETCD_ENDPOINT")
+	if ep == "" {
+		ep = "http://127.0.0.1:2379"
+	}
+	c := http.Client{Timeout: time.Second}
+	resp, err := c.Get(ep + "/version")
+	if err != nil {
+		t.Skipf("no etcd reachable at %s (set TROUPE_ETCD_ENDPOINT; .ci/run starts one): %v", ep, err)
+	}
+	resp.Body.Close()
+	return ep
+}
+
+func freshKey() string {
+	b := make([]byte, 6)
+	rand.Read(b)
+	return "troupe-test/" + hex.EncodeToString(b)
+}
+
+func TestEtcdLease(t *testing.T) {
+	ep := etcdEndpoint(t)
+	key := freshKey()
+	a, b := NewEtcdLease(ep, key, time.Second), NewEtcdLease(ep, key, time.Second)
+	defer a.Close()
+	defer b.Close()
+	ctx := ctxT(t, 10*time.Second)
+	if ok, err := a.Acquire(ctx, "a"); !ok || err != nil {
+		t.Fatalf("a: %v %v", ok, err)
+	}
+	time.Sleep(2500 * time.Millisecond) // beyond the TTL: the keep-alive must hold it
+	if ok, err := b.Acquire(ctx, "b"); ok || err != nil {
+		t.Fatalf("b acquired a held lease: %v %v", ok, err)
+	}
+	if err := a.Release(ctx, "a"); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := b.Acquire(ctx, "b"); !ok || err != nil {
+		t.Fatalf("b after release: %v %v", ok, err)
+	}
+	// Revoked behind its back: the holder learns it lost the lease.
+	lost := b.Lost()
+	b.mu.Lock()
+	id := b.leaseID
+	b.mu.Unlock()
+	b.post(context.Background(), "/v3/lease/revoke", map[string]any{"ID": id}, &struct{}{})
+	select {
+	case <-lost:
+	case <-time.After(5 * time.Second):
+		t.Fatal("a revoked lease was not reported lost")
+	}
+	if b.CheckHeld("b") {
+		t.Fatal("CheckHeld after the loss")
+	}
+}
+
+func TestClusterLeaseMajorityWithEtcd(t *testing.T) {
+	ep := etcdEndpoint(t)
+	key := freshKey()
+	r := &clusterRig{t: t, f: NewFaultNet()}
+	for i, endpoint := range []string{ep, "http://127.0.0.1:1"} { // member 1 cannot reach etcd
+		cfg := clusterCfg(LeaseMajority{})
+		cfg.LeaseMinorityDelay = 100 * time.Millisecond
+		node := startOn(t, r.f, failConfig("m"+string(rune('0'+i)), 20*time.Millisecond, 2*time.Second))
+		lease := NewEtcdLease(endpoint, key, time.Second)
+		t.Cleanup(func() { lease.Close() })
+		cfg.Lease = lease
+		if len(r.nodes) > 0 {
+			cfg.Seeds = []Addr{r.nodes[0].Addrs()[0]}
+		}
+		c, err := StartCluster(ctxT(t, 5*time.Second), node, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		r.nodes, r.members = append(r.nodes, node), append(r.members, c)
+	}
+	r.waitUp(2)
+	t.Cleanup(r.f.Heal)
+	r.f.Partition(r.nodes[0], r.nodes[1])
+	r.expectSurvivors(10*time.Second, 0)
+}
