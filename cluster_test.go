@@ -288,3 +288,40 @@ func TestNodeLease(t *testing.T) {
 	}
 	_ = context.Background
 }
+
+func TestCloseNodeOnDown(t *testing.T) {
+	cfg := clusterCfg(KeepMajority{})
+	cfg.CloseNodeOnDown = true
+	r := newClusterRig(t, 3, cfg)
+	r.split([]int{0, 1}, []int{2})
+	r.expectSurvivors(10*time.Second, 0, 1)
+	select {
+	case <-r.nodes[2].Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("CloseNodeOnDown did not close the downed member's node")
+	}
+}
+
+func TestDownedMemberCannotRejoinWithTheSameUID(t *testing.T) {
+	r := newClusterRig(t, 3, clusterCfg(KeepMajority{}))
+	r.split([]int{0, 1}, []int{2})
+	r.expectSurvivors(10*time.Second, 0, 1)
+	r.f.Heal()
+	downed := r.nodes[2]
+	downed.ClearQuarantineUID(r.nodes[0].UID())
+	again, err := StartCluster(ctxT(t, 5*time.Second), downed, ClusterConfig{Seeds: []Addr{r.nodes[0].Addrs()[0]}, GossipInterval: 20 * time.Millisecond, Detector: clusterDetector})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer again.Close()
+	select {
+	case <-again.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatalf("a downed incarnation rejoined: it sees itself %v", again.Self().Status)
+	}
+	for _, m := range r.members[0].Members() {
+		if m.UID == downed.UID() && m.Status < MemberDown {
+			t.Fatalf("the downed member is back as %v", m.Status)
+		}
+	}
+}
