@@ -568,6 +568,12 @@ func (c *Cluster) detect(now time.Time) {
 	}
 	c.n.pmu.Unlock()
 
+	var events []MemberEvent
+	defer func() {
+		for _, e := range events { // published outside the lock
+			c.n.events.Publish(e)
+		}
+	}()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	old := c.unreachableLocked()
@@ -595,10 +601,7 @@ func (c *Cluster) detect(now time.Time) {
 	if !slices.Equal(cur.unreachable, mine) {
 		c.reach[c.self] = reachRecord{version: cur.version + 1, unreachable: mine}
 		c.changed = now
-		events := c.reachEventsLocked(old)
-		for _, e := range events {
-			c.n.events.Publish(e)
-		}
+		events = c.reachEventsLocked(old)
 	}
 }
 
