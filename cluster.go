@@ -657,6 +657,9 @@ func (c *Cluster) downing(now time.Time) bool {
 	self := c.members[c.self]
 	if self.Status >= MemberExiting {
 		c.mu.Unlock()
+		// Tell the others before going: this member may have been the
+		// leader that moved itself on, and nobody else knows it yet.
+		c.gossip()
 		c.selfDowned(*self)
 		return true
 	}

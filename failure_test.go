@@ -185,7 +185,7 @@ func TestNoFalsePositiveUnderHeavyLoad(t *testing.T) {
 	if testing.Short() {
 		t.Skip("streams for several windows")
 	}
-	const interval, window = 50 * time.Millisecond, 500 * time.Millisecond
+	const interval, window = 100 * time.Millisecond, time.Second // the default ratio
 	cfg := func(name string) Config {
 		c := failConfig(name, interval, window)
 		c.Listen = []string{"tcp://127.0.0.1:0"}

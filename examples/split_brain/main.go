@@ -104,7 +104,7 @@ func run(ctx context.Context, w io.Writer) error {
 			GossipInterval: 20 * time.Millisecond,
 			Detector: func() troupe.FailureDetector {
 				d := troupe.NewPhiAccrual()
-				d.FirstHeartbeatEstimate, d.AcceptableHeartbeatPause, d.MinStdDeviation = 20*time.Millisecond, 60*time.Millisecond, 5*time.Millisecond
+				d.FirstHeartbeatEstimate, d.AcceptableHeartbeatPause, d.MinStdDeviation = 20*time.Millisecond, 200*time.Millisecond, 5*time.Millisecond
 				return d
 			},
 		}
