@@ -1,0 +1,301 @@
+package troupe
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync/atomic"
+	"time"
+)
+
+// An association's two loops: the one writer that coalesces queued frames
+// (heartbeats and acknowledgements first), and the one reader.
+
+// stampReader is a connection's reading side; it records when bytes last
+// arrived, for the failure detector. Any bytes count as a sign of life.
+type stampReader struct {
+	c     net.Conn
+	epoch time.Time
+	heard atomic.Int64 // nanoseconds after epoch of the last read, 0 if none
+}
+
+func (r *stampReader) Read(p []byte) (int, error) {
+	n, err := r.c.Read(p)
+	if n > 0 {
+		r.heard.Store(int64(time.Since(r.epoch)))
+	}
+	return n, err
+}
+
+// writeLoop is the association's only writer: it takes everything queued,
+// encodes it into one buffer and writes it with one call.
+func (a *assoc) writeLoop() {
+	defer close(a.writerDone)
+	for {
+		select {
+		case <-a.wake:
+		case <-a.stop:
+			return
+		}
+		a.mu.Lock()
+		recs := a.queue.take()
+		leaving := a.state == assocLeaving
+		a.mu.Unlock()
+		buf := a.writePriority(a.wbuf[:0]) // heartbeat and acknowledgement first
+		ok := true
+		recs.each(func(r *outRec) {
+			if !ok {
+				if r.h != nil {
+					a.n.deadLetter(r.h.String(), r.msg, a.failure())
+				}
+				return
+			}
+			var sent bool
+			buf, sent = a.encodeRec(buf, r)
+			if sent && r.h != nil {
+				a.inflight = append(a.inflight, inflightMsg{r.h, r.msg, len(buf)})
+			}
+			if len(buf) >= 256<<10 {
+				ok = a.write(buf)
+				buf = a.writePriority(buf[:0])
+			}
+		})
+		if !ok || len(buf) > 0 && !a.write(buf) {
+			return
+		}
+		if cap(buf) <= 1<<20 {
+			a.wbuf = buf
+		}
+		if leaving {
+			a.mu.Lock()
+			empty := a.queue.len() == 0
+			a.mu.Unlock()
+			if empty {
+				return
+			}
+		}
+	}
+}
+
+// ackEvery bounds how many tell frames a busy reader receives before it
+// acknowledges them, so that a sender's unacknowledged backlog stays small
+// under a steady stream.
+const ackEvery = 1024
+
+// writePriority appends what goes ahead of queued frames: a heartbeat when
+// one is due, and the acknowledgement of the tell frames received so far.
+func (a *assoc) writePriority(buf []byte) []byte {
+	if a.beat.Swap(false) {
+		buf = append(buf, 1, byte(frameHeartbeat))
+	}
+	if v := a.ackTo.Load(); v != a.ackSent {
+		a.ackSent = v
+		start := len(buf)
+		buf = append(buf, 0, byte(frameAck))
+		buf = binary.AppendUvarint(buf, v)
+		buf = fixLength(buf, start)
+	}
+	return buf
+}
+
+// write writes b. The messages it carries wait for the peer's
+// acknowledgement (they are recorded before the write, since the ack may
+// come back before Write returns); what the kernel did not take becomes
+// dead letters with the session's final reason.
+func (a *assoc) write(b []byte) bool {
+	if len(a.inflight) > 0 {
+		a.mu.Lock()
+		ended := a.state == assocClosed
+		if !ended {
+			a.unacked = append(a.unacked, a.inflight...)
+		}
+		a.mu.Unlock()
+		if ended {
+			reason := a.failure()
+			for _, m := range a.inflight {
+				a.n.deadLetter(m.h.String(), m.msg, reason)
+			}
+			clear(a.inflight)
+			a.inflight = a.inflight[:0]
+			return false
+		}
+	}
+	n, err := a.conn.Write(b)
+	a.written.Add(uint64(n))
+	if err != nil {
+		a.abort(fmt.Errorf("troupe: write to %s: %w", a.label(), err))
+		cut := len(a.inflight)
+		for i, m := range a.inflight {
+			if m.end > n {
+				cut = i
+				break
+			}
+		}
+		if unsent := len(a.inflight) - cut; unsent > 0 {
+			a.mu.Lock()
+			if a.state != assocClosed && len(a.unacked)-a.unackedHead >= unsent {
+				tail := len(a.unacked) - unsent
+				a.unsent = append(a.unsent, a.unacked[tail:]...)
+				clear(a.unacked[tail:])
+				a.unacked = a.unacked[:tail]
+			}
+			a.mu.Unlock()
+		}
+	}
+	clear(a.inflight)
+	a.inflight = a.inflight[:0]
+	return err == nil
+}
+
+// onAck releases the messages the peer confirmed it received.
+func (a *assoc) onAck(b []byte) error {
+	d := decoder{b: b}
+	count := d.uvarint()
+	if d.err != nil || d.remaining() != 0 {
+		return fmt.Errorf("%w: bad acknowledgement", ErrMalformed)
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.state == assocClosed {
+		return nil // the session ended; its unacknowledged messages are reported
+	}
+	waiting := uint64(len(a.unacked) - a.unackedHead)
+	if count < a.acked || count-a.acked > waiting {
+		if a.state == assocClosed || a.fwd != nil {
+			return nil
+		}
+		return fmt.Errorf("%w: acknowledgement of %d frames, %d were sent", ErrMalformed, count, a.acked+waiting)
+	}
+	release := int(count - a.acked)
+	clear(a.unacked[a.unackedHead : a.unackedHead+release])
+	a.unackedHead += release
+	a.acked = count
+	if a.unackedHead == len(a.unacked) {
+		a.unacked, a.unackedHead = a.unacked[:0], 0
+	} else if a.unackedHead > 1024 && a.unackedHead > len(a.unacked)/2 {
+		n := copy(a.unacked, a.unacked[a.unackedHead:])
+		a.unacked, a.unackedHead = a.unacked[:n], 0
+	}
+	return nil
+}
+
+// abort ends an up session from a goroutine other than its reader: it
+// records why and closes the connection, and the reader ends the session
+// after its last delivery.
+func (a *assoc) abort(cause error) {
+	a.mu.Lock()
+	if a.doom == nil {
+		a.doom = cause
+	}
+	conn := a.conn
+	a.mu.Unlock()
+	conn.Close()
+}
+
+// encodeRec appends the frame for r and reports whether it did. A message
+// that cannot be encoded becomes a dead letter and adds nothing.
+func (a *assoc) encodeRec(buf []byte, r *outRec) ([]byte, bool) {
+	if r.h == nil {
+		start := len(buf)
+		buf = append(buf, 0)
+		buf = append(buf, r.msg.(ctlFrame)...)
+		return fixLength(buf, start), true
+	}
+	if r.h.key.node != a.peerUID {
+		a.n.deadLetter(r.h.String(), r.msg, fmt.Errorf("%w: the node incarnation %s is gone", ErrNoSuchActor, r.h.key.node.String()[:8]))
+		return buf, false
+	}
+	start := len(buf)
+	buf = append(buf, 0, byte(frameTell))
+	// New table entries are committed only once the frame is complete,
+	// so a message that fails to encode leaves the tables as they were.
+	id, knownTarget := a.outTargets[r.h.key]
+	newTarget := !knownTarget && r.h.key.uuid != (UUID{}) && len(a.outTargets) < maxTableSize
+	if newTarget {
+		id = uint32(len(a.outTargets) + 1)
+	}
+	if knownTarget {
+		buf = binary.AppendUvarint(buf, uint64(id)<<1)
+	} else {
+		buf = binary.AppendUvarint(buf, uint64(id)<<1|1)
+		buf = appendString(buf, r.h.key.path)
+		buf = append(buf, r.h.key.uuid[:]...)
+	}
+	tid, knownType := a.outTypes[r.mt]
+	newType := !knownType && len(a.outTypes) < maxTableSize
+	if newType {
+		tid = uint32(len(a.outTypes) + 1)
+	}
+	if knownType {
+		buf = binary.AppendUvarint(buf, uint64(tid)<<1)
+	} else {
+		buf = binary.AppendUvarint(buf, uint64(tid)<<1|1)
+		buf = appendString(buf, r.mt.key)
+	}
+	buf, err := a.enc.payload(buf, r.mt, r.msg)
+	if err == nil && len(buf)-start-1 > a.n.cfg.MaxFrameSize {
+		err = fmt.Errorf("%w: %d bytes, the limit is %d", ErrFrameTooBig, len(buf)-start-1, a.n.cfg.MaxFrameSize)
+	}
+	if err != nil {
+		a.n.deadLetter(r.h.String(), r.msg, err)
+		return buf[:start], false
+	}
+	if newTarget {
+		a.outTargets[r.h.key] = id
+	}
+	if newType {
+		a.outTypes[r.mt] = tid
+	}
+	return fixLength(buf, start), true
+}
+
+// deadLetters publishes a dead letter for every message in q.
+func (a *assoc) deadLetters(q recQueue, err error) {
+	q.each(func(r *outRec) {
+		if r.h != nil {
+			a.n.deadLetter(r.h.String(), r.msg, err)
+		}
+	})
+}
+
+// readLoop reads frames until the connection ends or misbehaves.
+func (a *assoc) readLoop(fr *frameReader) {
+	for {
+		body, err := fr.next()
+		if err != nil {
+			switch {
+			case errors.Is(err, ErrMalformed) || errors.Is(err, ErrFrameTooBig):
+				a.n.protocolError(a.label(), "", err)
+				a.fail(&FrameError{Peer: a.label(), Reason: err})
+			case errors.Is(err, io.EOF):
+				a.fail(fmt.Errorf("troupe: connection to %s closed by the peer: %w", a.label(), io.EOF))
+			default:
+				a.fail(fmt.Errorf("troupe: read from %s: %w", a.label(), err))
+			}
+			return
+		}
+		kind := frameKind(body[0])
+		done, err := a.handleFrame(kind, body[1:])
+		if err != nil {
+			a.n.protocolError(a.label(), kind.String(), err)
+			a.fail(&FrameError{Peer: a.label(), Kind: kind.String(), Reason: err})
+			return
+		}
+		if done {
+			return
+		}
+		if a.rcvTells != a.ackQueued && (fr.r.Buffered() == 0 || a.rcvTells-a.ackQueued >= ackEvery) {
+			// About to wait for more, or a steady stream: confirm what
+			// arrived. The acknowledgement rides on the next frame this node
+			// writes (a reply, at the latest the next heartbeat); only a
+			// large backlog wakes the writer for it alone.
+			a.ackTo.Store(a.rcvTells)
+			if a.rcvTells-a.ackQueued >= ackEvery {
+				a.notify()
+			}
+			a.ackQueued = a.rcvTells
+		}
+	}
+}

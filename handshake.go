@@ -1,0 +1,388 @@
+package troupe
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"slices"
+	"time"
+)
+
+// The handshake of a new connection, in both directions, and the rule that
+// keeps one association per pair of nodes when both dial at once.
+
+// runOutbound dials, handshakes and then runs the reader.
+func (a *assoc) runOutbound() {
+	n := a.n
+	c, err := n.dial(a.dialAddr)
+	if err != nil {
+		a.fail(fmt.Errorf("troupe: dial %s: %w", a.dialAddr, err))
+		return
+	}
+	a.mu.Lock()
+	merged := a.state == assocClosed
+	if !merged {
+		a.conn = c
+	}
+	a.mu.Unlock()
+	if merged {
+		c.Close()
+		return
+	}
+	c.SetDeadline(time.Now().Add(n.cfg.HandshakeTimeout))
+	a.in = &stampReader{c: c, epoch: n.epoch}
+	fr := newFrameReader(a.in, n.cfg.MaxFrameSize)
+	body, err := n.dialHandshake(c, fr, n.hello())
+	if err != nil {
+		a.fail(fmt.Errorf("troupe: handshake with %s: %w", a.dialAddr, err))
+		return
+	}
+	switch frameKind(body[0]) {
+	case frameWelcome:
+	case frameReject:
+		d := decoder{b: body[1:]}
+		code := d.byte()
+		var uid NodeUID
+		copy(uid[:], d.take(16))
+		text := d.string()
+		if code == rejectDuplicate && d.err == nil {
+			c.Close()
+			n.awaitWinner(a, uid)
+			return
+		}
+		if code == rejectQuarantined {
+			a.fail(fmt.Errorf("%w: %w: %s: %s", ErrRejected, ErrQuarantinedByPeer, a.dialAddr, text))
+			return
+		}
+		if code == rejectAuth {
+			a.fail(fmt.Errorf("%w: %w: %s: %s", ErrRejected, ErrAuth, a.dialAddr, text))
+			return
+		}
+		a.fail(fmt.Errorf("%w: %s: %s", ErrRejected, a.dialAddr, text))
+		return
+	default:
+		a.fail(&FrameError{Peer: a.dialAddr.String(), Kind: frameKind(body[0]).String(), Reason: fmt.Errorf("%w: expected a welcome", ErrMalformed)})
+		return
+	}
+	h, err := parseHello(body)
+	if err != nil {
+		a.fail(&FrameError{Peer: a.dialAddr.String(), Kind: "welcome", Reason: err})
+		return
+	}
+	c.SetDeadline(time.Time{})
+	if !n.attach(a, h) {
+		return
+	}
+	a.run(fr)
+}
+
+// serveInbound handshakes an accepted connection and then runs its reader.
+func (n *Node) serveInbound(c net.Conn) {
+	n.pmu.Lock()
+	if n.pclosing {
+		n.pmu.Unlock()
+		c.Close()
+		n.handshaking.Add(-1)
+		return
+	}
+	n.inHandshake[c] = struct{}{}
+	n.pmu.Unlock()
+	handshaking := true
+	endHandshake := func() {
+		n.pmu.Lock()
+		delete(n.inHandshake, c)
+		n.pmu.Unlock()
+		n.handshaking.Add(-1)
+	}
+	defer func() {
+		if handshaking {
+			endHandshake()
+		}
+	}()
+	label := peerLabel(c)
+	c.SetDeadline(time.Now().Add(n.cfg.HandshakeTimeout))
+	if err := n.checkPeerCred(c); err != nil {
+		c.Write(rejectFrame(rejectAuth, n.uid, err.Error()))
+		c.Close()
+		return
+	}
+	in := &stampReader{c: c, epoch: n.epoch}
+	fr := newFrameReader(in, n.cfg.MaxFrameSize)
+	body, err := fr.hello()
+	var h *hello
+	if err == nil {
+		h, err = parseHello(body)
+	}
+	if err != nil {
+		if h != nil && h.version != protocolVersion {
+			c.Write(rejectFrame(rejectVersion, n.uid, err.Error()))
+		}
+		c.Close()
+		if !errors.Is(err, io.EOF) {
+			n.protocolError(label, "hello", err)
+		}
+		return
+	}
+	if err := n.acceptAuth(c, fr, h); err != nil {
+		n.log.Warn("troupe: refused a peer that failed authentication", "peer", label, "claimed_name", h.name, "err", err)
+		c.Write(rejectFrame(rejectAuth, n.uid, err.Error()))
+		c.Close()
+		n.events.Publish(ProtocolError{Remote: label, Err: err})
+		return
+	}
+	if h.flags&helloProbe != 0 {
+		// A registry probe: answer who we are, and forget it.
+		c.Write(appendFrame(nil, func(b []byte) []byte { return appendHello(b, frameWelcome, n.hello()) }))
+		c.Close()
+		return
+	}
+	a := newAssoc(n, false, Addr{})
+	a.conn, a.in = c, in
+	n.pmu.Lock()
+	n.all[a] = struct{}{}
+	n.pmu.Unlock()
+	if !n.attach(a, h) {
+		return
+	}
+	handshaking = false
+	endHandshake()
+	c.SetDeadline(time.Time{})
+	a.run(fr)
+}
+
+func rejectFrame(code byte, uid NodeUID, text string) []byte {
+	return appendFrame(nil, func(b []byte) []byte {
+		b = append(b, byte(frameReject), code)
+		b = append(b, uid[:]...)
+		return appendString(b, text)
+	})
+}
+
+func (n *Node) hello() *hello {
+	h := &hello{version: protocolVersion, uid: n.uid, name: n.name}
+	if n.reg != nil {
+		h.flags |= helloRegistrar
+	}
+	for _, a := range n.addrs {
+		h.addrs = append(h.addrs, a.String())
+	}
+	return h
+}
+
+func (n *Node) protocolError(remote, kind string, err error) {
+	fe := &FrameError{Peer: remote, Kind: kind, Reason: err}
+	n.log.Warn("troupe: closing connection after a protocol error", "peer", remote, "err", err)
+	n.events.Publish(ProtocolError{Remote: remote, Err: fe})
+}
+
+// attach decides whether a connection whose handshake just completed
+// becomes the association with that peer. When both nodes dial each other
+// at once, the connection dialed by the node with the lower uid wins on
+// both sides; the loser is merged into the winner. For an inbound
+// connection attach also sends the welcome or the rejection. It returns
+// whether the caller should run the connection.
+func (n *Node) attach(a *assoc, h *hello) bool {
+	a.mu.Lock()
+	merged := a.state == assocClosed
+	a.mu.Unlock()
+	if merged {
+		// Merged into the peer's own connection while this one was in its
+		// handshake.
+		a.conn.Close()
+		return false
+	}
+	a.peerUID, a.peerName = h.uid, h.name
+	for _, s := range h.addrs {
+		if ad, err := ParseAddr(s); err == nil {
+			a.peerAddrs = append(a.peerAddrs, ad)
+		}
+	}
+	n.pmu.Lock()
+	var reject byte = 255
+	var text string
+	var loser, winner *assoc
+	switch {
+	case n.pclosing:
+		reject, text = rejectClosing, "node is closing"
+	case h.uid == n.uid:
+		reject, text = rejectOther, "a node cannot associate with itself"
+	case n.quarantineFor(h.uid, a.peerAddrs...) != nil:
+		q := n.quarantineFor(h.uid, a.peerAddrs...)
+		reject, text = rejectQuarantined, fmt.Sprintf("%s quarantined you at %s (%v); it must call ClearQuarantine or Reconnect first", n.name, q.Since.Format(time.RFC3339), q.Cause)
+	default:
+		ex := n.byUID[h.uid]
+		if ex == nil && !a.outbound {
+			for _, ad := range a.peerAddrs {
+				if e := n.byAddr[ad]; e != nil && e.outbound && e != a {
+					ex = e
+					break
+				}
+			}
+		}
+		switch {
+		case ex == nil || ex == a:
+		case !a.outbound && !ex.outbound:
+			// The peer dialed again: its old connection is gone for it.
+			loser = ex
+		case dialedByLower(a, n.uid, h.uid):
+			loser, winner = ex, a
+		default:
+			if !a.outbound {
+				reject, text = rejectDuplicate, "the other connection between these nodes wins"
+			} else {
+				loser, winner = a, ex
+			}
+		}
+	}
+	if reject != 255 {
+		delete(n.all, a)
+		n.pmu.Unlock()
+		if a.outbound {
+			a.fail(fmt.Errorf("troupe: dial %s: %s", a.dialAddr, text))
+			return false
+		}
+		a.conn.Write(rejectFrame(reject, n.uid, text))
+		a.conn.Close()
+		a.finish()
+		return false
+	}
+	if !a.outbound {
+		a.conn.Write(appendFrame(nil, func(b []byte) []byte { return appendHello(b, frameWelcome, n.hello()) }))
+	}
+	a.mu.Lock()
+	if a.state == assocConnecting {
+		a.state = assocUp
+	}
+	a.mu.Unlock()
+	a.det = WindowDetector{Window: n.cfg.UnreachableAfter, Start: time.Now()}
+	if loser == a {
+		// This connection lost to one that is already up: retire it
+		// (the peer is told, and both ends drain it).
+		n.pmu.Unlock()
+		a.mergeInto(winner)
+		return true
+	}
+	n.byUID[h.uid] = a
+	if a.outbound {
+		n.byAddr[a.dialAddr] = a
+	}
+	for _, ad := range a.peerAddrs {
+		n.byAddr[ad] = a
+	}
+	waiting := n.awaiting[h.uid]
+	delete(n.awaiting, h.uid)
+	a.closeReady()
+	n.pmu.Unlock()
+
+	for _, w := range waiting {
+		w.mergeInto(a)
+	}
+	if loser != nil {
+		if winner == a {
+			loser.mergeInto(a)
+		} else {
+			loser.fail(errors.New("troupe: replaced by a new connection from the peer"))
+		}
+	}
+	n.events.Publish(PeerConnected{Addr: a.addr(), UID: a.peerUID, Name: a.peerName})
+	return true
+}
+
+// dialedByLower reports whether a's connection was dialed by the node with
+// the lower uid of the pair (self, peer).
+func dialedByLower(a *assoc, self, peer NodeUID) bool {
+	selfLower := string(self[:]) < string(peer[:])
+	return a.outbound == selfLower
+}
+
+// awaitWinner parks an outbound association whose connection lost a
+// simultaneous dial: it is merged into the peer's connection once that is
+// attached, or fails after the handshake timeout.
+func (n *Node) awaitWinner(a *assoc, uid NodeUID) {
+	n.pmu.Lock()
+	if w := n.byUID[uid]; w != nil {
+		n.pmu.Unlock()
+		a.mergeInto(w)
+		return
+	}
+	n.awaiting[uid] = append(n.awaiting[uid], a)
+	n.pmu.Unlock()
+	t := time.NewTimer(n.cfg.HandshakeTimeout)
+	defer t.Stop()
+	select {
+	case <-a.stop:
+	case <-t.C:
+		n.pmu.Lock()
+		n.awaiting[uid] = slices.DeleteFunc(n.awaiting[uid], func(x *assoc) bool { return x == a })
+		n.pmu.Unlock()
+		a.fail(fmt.Errorf("troupe: dial %s: the peer chose its own connection, which never arrived", a.dialAddr))
+	}
+}
+
+// mergeInto retires a, which lost a simultaneous dial, in favour of the
+// winning association w with the same peer: sends through a go to w from
+// now on, and its pending asks and watches move there. A connection that
+// never came up is dropped with its queue moved to w; one that is up
+// writes what it has queued and a duplicate-bye, and keeps reading until
+// the peer answers with its own bye, so nothing in flight is lost.
+func (a *assoc) mergeInto(w *assoc) {
+	a.mu.Lock()
+	if a.state == assocClosed || a.fwd != nil {
+		a.mu.Unlock()
+		return
+	}
+	up := a.state == assocUp
+	conn := a.conn
+	a.fwd = w
+	var moved recQueue
+	if up {
+		a.state = assocLeaving
+		a.queue.push(outRec{msg: ctlFrame(appendBye(nil, byeDuplicate, ""))})
+	} else {
+		a.state = assocClosed
+		moved = a.queue.take()
+	}
+	pending, watches := a.pending, a.watches
+	a.pending, a.watches = map[pendingAsk]struct{}{}, map[watchPair]struct{}{}
+	t := w.lockTarget() // lock order: a, then the winner
+	if t.state >= assocLeaving {
+		t.mu.Unlock()
+		a.mu.Unlock()
+		a.endMoved(moved, pending, watches, t.failure())
+	} else {
+		t.queue.appendQueue(moved)
+		for p := range pending {
+			t.pending[p] = struct{}{}
+		}
+		for p := range watches {
+			t.watches[p] = struct{}{}
+		}
+		t.mu.Unlock()
+		a.mu.Unlock()
+		t.notify()
+	}
+	a.n.untable(a)
+	a.closeReady()
+	if up {
+		a.notify()
+		conn.SetReadDeadline(time.Now().Add(a.n.cfg.HandshakeTimeout))
+		return
+	}
+	if conn != nil {
+		conn.Close()
+	}
+	a.finish()
+}
+
+// endMoved fails what a merge could not hand over because the winner had
+// ended too.
+func (a *assoc) endMoved(queue recQueue, pending map[pendingAsk]struct{}, watches map[watchPair]struct{}, err error) {
+	a.deadLetters(queue, err)
+	for p := range pending {
+		p.fail(err)
+	}
+	for w := range watches {
+		w.watcher.signal(sysMsg{kind: sysTerminated, key: w.target, reason: err})
+	}
+}
