@@ -2,4 +2,4 @@ module troupe
 
 go 1.26.0
 
-require golang.org/x/sys v0.50.0 // indirect
+require golang.org/x/sys v0.50.0
