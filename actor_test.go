@@ -296,8 +296,7 @@ func TestCloseIsIdempotentAndStopsEverything(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := spawnEcho(t, n, "echo")
-	w := watcher(t, n, "w", r)
-	_ = w
+	watcher(t, n, "w", r)
 	if err := n.Close(); err != nil {
 		t.Fatalf("first Close: %v", err)
 	}

@@ -8,7 +8,6 @@ import (
 	"net"
 	"runtime"
 	"testing"
-	"time"
 )
 
 // Floors: what the same work costs without troupe, measured in the same run.
@@ -222,7 +221,6 @@ func BenchmarkSpawn(b *testing.B) {
 	runtime.ReadMemStats(&after)
 	b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/float64(b.N), "B/idle-actor")
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "spawns/s")
-	_ = time.Second
 }
 
 // BenchmarkQueryActor measures a lookup answered by a registrar in another

@@ -324,7 +324,7 @@ func (c *Cluster) cleanup() {
 	c.n.Stop(c.ref)
 }
 
-// counted reports whether a member is still part of the membership.
+// live reports whether a member is still part of the membership.
 func live(m *Member) bool { return m.Status < MemberDown }
 
 // unreachableLocked is the set of live members some live observer cannot

@@ -1,7 +1,6 @@
 package troupe
 
 import (
-	"context"
 	"fmt"
 	"slices"
 	"testing"
@@ -293,7 +292,6 @@ func TestNodeLease(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("losing the lease server did not report the lease lost")
 	}
-	_ = context.Background
 }
 
 func TestCloseNodeOnDown(t *testing.T) {

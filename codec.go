@@ -500,9 +500,6 @@ func buildPlan(t reflect.Type, building map[reflect.Type]*plan) (*plan, error) {
 	default:
 		return nil, fmt.Errorf("type %s (%s) cannot cross the wire", t, t.Kind())
 	}
-	// A recursive type's minimum size was computed from a placeholder;
-	// keep it at least 1 so counts stay bounded.
-	p.min = max(p.min, 0)
 	return p, nil
 }
 
