@@ -438,13 +438,26 @@ func (c *cell[T]) handleSys(m sysMsg) {
 	case sysChildStopped:
 		delete(c.children, m.ref)
 	case sysTerminated:
-		r, ok := c.watching[m.key]
-		if !ok {
-			return
+		keys := []refKey{m.key}
+		if _, ok := c.watching[m.key]; !ok {
+			// A remote actor reports its own stop; what is watched here may
+			// be one of its adapters (same node and uuid, a path below it).
+			keys = keys[:0]
+			for k := range c.watching {
+				if k.node == m.key.node && k.uuid == m.key.uuid && strings.HasPrefix(k.path, m.key.path+"/$adapter") {
+					keys = append(keys, k)
+				}
+			}
 		}
-		delete(c.watching, m.key)
-		if c.b.Signal != nil {
-			c.guard(func() { c.b.Signal(&c.ctx, Terminated{Ref: r, Reason: m.reason}) })
+		for _, k := range keys {
+			r, ok := c.watching[k]
+			if !ok {
+				continue
+			}
+			delete(c.watching, k)
+			if c.b.Signal != nil {
+				c.guard(func() { c.b.Signal(&c.ctx, Terminated{Ref: r, Reason: m.reason}) })
+			}
 		}
 	}
 }

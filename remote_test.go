@@ -290,3 +290,28 @@ func TestAskWithUnregisteredReplyTypeFailsFast(t *testing.T) {
 		t.Fatalf("Ask with an unregistered reply type = %v, want ErrNotRegistered at once", err)
 	}
 }
+
+func init() { RegisterMessage[Ref[testPong]]("troupe.test.pong-ref") }
+
+func TestWatchARemoteAdapterRef(t *testing.T) {
+	a := startNode(t, testConfig("tcp://127.0.0.1:0"))
+	b := startNode(t, testConfig("tcp://127.0.0.1:0"))
+	spawnEcho(t, b, "echo")
+	_, inbox := spawnCollector[Ref[testPong]](t, a, "inbox", 1)
+	toInbox, err := Resolve[Ref[testPong]](ctxT(t, 5*time.Second), b, FormatRef(a.Addrs()[0], "/user/inbox"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	owner, _ := Spawn(b, "owner", Behavior[count]{
+		Setup:   func(c *Context[count]) { toInbox.Tell(MessageAdapter(c, func(p testPong) count { return count{N: p.N} })) },
+		Receive: func(c *Context[count], _ count) { c.Stop() },
+	})
+	adapter := recv(t, inbox, "the adapter ref")
+	got := watcher(t, a, "w", adapter)
+	roundTrip(t, a, b, "/user/echo") // the watch has reached b
+	owner.Tell(count{})
+	term := recv(t, got, "Terminated for the adapter's actor")
+	if term.Ref.Path() != adapter.Path() || term.Reason != nil {
+		t.Fatalf("Terminated = %v (%v), want the adapter ref with a normal stop", term.Ref, term.Reason)
+	}
+}
