@@ -478,8 +478,8 @@ func fastPath[T any](n *Node, name string, opts []LookupOption) (Ref[T], bool) {
 	}
 	want := reflect.TypeFor[T]()
 	n.amu.RLock()
-	for p, h := range n.actors {
-		if isPublic(p) && h.name() == name && h.local.protocol() == want {
+	for _, h := range n.byName[name] {
+		if h.local.protocol() == want {
 			n.amu.RUnlock()
 			return Ref[T]{h: h}, true
 		}

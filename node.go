@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -220,6 +221,7 @@ type Node struct {
 	// the actor, adapter or exported ask promise that lives there.
 	amu     sync.RWMutex
 	actors  map[string]*handle
+	byName  map[string][]*handle // public actors by name, for the lookup fast path
 	closing bool
 
 	// pmu guards the peer tables.
@@ -265,6 +267,7 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 		cfg:         cfg,
 		log:         cfg.Logger,
 		actors:      make(map[string]*handle),
+		byName:      make(map[string][]*handle),
 		byUID:       make(map[NodeUID]*assoc),
 		byAddr:      make(map[Addr]*assoc),
 		all:         make(map[*assoc]struct{}),
@@ -493,6 +496,9 @@ func (n *Node) addActor(path string, h *handle) error {
 		return fmt.Errorf("%w: %s", ErrNameTaken, path)
 	}
 	n.actors[path] = h
+	if isPublic(path) {
+		n.byName[h.name()] = append(n.byName[h.name()], h)
+	}
 	n.live.Add(1)
 	return nil
 }
@@ -506,8 +512,19 @@ func (n *Node) registerPath(path string, h *handle) {
 
 func (n *Node) removeActor(path string) {
 	n.amu.Lock()
+	defer n.amu.Unlock()
+	h := n.actors[path]
 	delete(n.actors, path)
-	n.amu.Unlock()
+	if h == nil || !isPublic(path) {
+		return
+	}
+	name := h.name()
+	list := slices.DeleteFunc(n.byName[name], func(x *handle) bool { return x == h })
+	if len(list) == 0 {
+		delete(n.byName, name)
+	} else {
+		n.byName[name] = list
+	}
 }
 
 // lookup returns the handle of the local actor at path, checking the uuid

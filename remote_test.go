@@ -303,7 +303,9 @@ func TestWatchARemoteAdapterRef(t *testing.T) {
 		t.Fatal(err)
 	}
 	owner, _ := Spawn(b, "owner", Behavior[count]{
-		Setup:   func(c *Context[count]) { toInbox.Tell(MessageAdapter(c, func(p testPong) count { return count{N: p.N} })) },
+		Setup: func(c *Context[count]) {
+			toInbox.Tell(MessageAdapter(c, func(p testPong) count { return count{N: p.N} }))
+		},
 		Receive: func(c *Context[count], _ count) { c.Stop() },
 	})
 	adapter := recv(t, inbox, "the adapter ref")
