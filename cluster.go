@@ -25,6 +25,16 @@ type ClusterConfig struct {
 	// are empty, or only itself, starts a new cluster.
 	Seeds []Addr
 
+	// SeedsFromRegistry finds the seeds through the node's registrar
+	// instead (the node must have discovery on): the member registers under
+	// "troupe.cluster."+Name, and the member that registered first starts
+	// the cluster while every later one joins the earlier ones. The
+	// registrar's order makes concurrent starts agree.
+	SeedsFromRegistry bool
+
+	// Name names the cluster for SeedsFromRegistry. Default: "default".
+	Name string
+
 	// Downing decides who is downed when members stay unreachable. nil
 	// means no downing: an unreachable member blocks the cluster — no
 	// joining member becomes up and no leaving member is removed — until
@@ -177,6 +187,13 @@ func StartCluster(ctx context.Context, n *Node, cfg ClusterConfig) (*Cluster, er
 	if _, ok := cfg.Downing.(LeaseMajority); ok && cfg.Lease == nil {
 		return nil, fmt.Errorf("%w: LeaseMajority needs ClusterConfig.Lease", ErrBadConfig)
 	}
+	if cfg.SeedsFromRegistry {
+		seeds, err := n.clusterSeeds(ctx, cfg.Name)
+		if err != nil {
+			return nil, err
+		}
+		cfg.Seeds = seeds
+	}
 	c := &Cluster{
 		n: n, cfg: cfg.withDefaults(n), self: n.uid,
 		members: map[NodeUID]*Member{}, reach: map[NodeUID]reachRecord{}, seen: map[NodeUID]uint64{},
@@ -205,6 +222,43 @@ func StartCluster(ctx context.Context, n *Node, cfg ClusterConfig) (*Cluster, er
 	}
 	n.wg.Go(c.run)
 	return c, nil
+}
+
+// clusterSeeds registers this node as a member of the named cluster with
+// its first registrar and returns the addresses of the members registered
+// before it (none: this node starts the cluster).
+func (n *Node) clusterSeeds(ctx context.Context, name string) ([]Addr, error) {
+	if name == "" {
+		name = "default"
+	}
+	srcs, _, err := n.lookupSources(nil)
+	if err != nil {
+		return nil, fmt.Errorf("troupe: cluster seeds from the registry: %w", err)
+	}
+	src := srcs[0]
+	me := Registration{Name: "troupe.cluster." + name, UUID: UUID(n.uid), Path: ClusterPath, Node: n.uid, NodeName: n.name, Addrs: n.Addrs()}
+	if src.local {
+		n.registryRegister(me)
+	} else if _, err := n.askRegistrar(ctx, src, regRequest{Op: regOpRegister, Regs: toWire([]Registration{me})}); err != nil {
+		return nil, err
+	}
+	regs, err := n.askRegistrar(ctx, src, regRequest{Op: regOpFind, Name: me.Name})
+	if err != nil {
+		return nil, err
+	}
+	var mine uint64
+	for _, r := range regs {
+		if r.Node == n.uid {
+			mine = r.Seq
+		}
+	}
+	var seeds []Addr
+	for _, r := range regs {
+		if r.Node != n.uid && r.Seq < mine && len(r.Addrs) > 0 {
+			seeds = append(seeds, r.Addrs[0])
+		}
+	}
+	return seeds, nil
 }
 
 // Done returns a channel closed when this member has stopped: closed, or
@@ -322,6 +376,15 @@ func (c *Cluster) cleanup() {
 		c.n.members.Delete(uid)
 	}
 	c.n.Stop(c.ref)
+	if c.cfg.SeedsFromRegistry {
+		name := "troupe.cluster." + cmp.Or(c.cfg.Name, "default")
+		if c.n.reg != nil {
+			c.n.reg.unregister(name, UUID(c.n.uid))
+		}
+		for _, a := range c.n.registrars {
+			c.n.tellRegistrar(a, regRequest{Op: regOpUnregister, Regs: []regWire{{Name: name, UUID: UUID(c.n.uid)}}})
+		}
+	}
 }
 
 // live reports whether a member is still part of the membership.

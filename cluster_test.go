@@ -1,6 +1,7 @@
 package troupe
 
 import (
+	"context"
 	"fmt"
 	"slices"
 	"testing"
@@ -329,4 +330,37 @@ func TestDownedMemberCannotRejoinWithTheSameUID(t *testing.T) {
 			t.Fatalf("the downed member is back as %v", m.Status)
 		}
 	}
+}
+
+func TestClusterSeedsFromTheRegistry(t *testing.T) {
+	f := NewFaultNet()
+	reg := freeRegistryAddr(t, "tcp")
+	var nodes []*Node
+	for i := range 3 {
+		cfg := failConfig(fmt.Sprintf("r%d", i), 20*time.Millisecond, 2*time.Second)
+		cfg.RegistryAddrs = []string{reg}
+		nodes = append(nodes, startOn(t, f, cfg))
+	}
+	// All three start at once; the registrar's order decides who founds the
+	// cluster and who joins.
+	r := &clusterRig{t: t, f: f, nodes: nodes, members: make([]*Cluster, 3)}
+	errs := make(chan error, 3)
+	for i, n := range nodes {
+		go func() {
+			cfg := clusterCfg(nil)
+			cfg.SeedsFromRegistry, cfg.Name = true, "orders"
+			c, err := StartCluster(context.Background(), n, cfg)
+			r.members[i] = c
+			errs <- err
+		}()
+	}
+	for range 3 {
+		if err := recv(t, errs, "StartCluster"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, c := range r.members {
+		t.Cleanup(func() { c.Close() })
+	}
+	r.waitUp(3)
 }
