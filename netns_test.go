@@ -353,10 +353,10 @@ func TestMultiHostJitterAndLossRaiseNoFalseAlarm(t *testing.T) {
 	a := startNS(t, net.Hosts[0], "a", 7000, hb, window)
 	b := startNS(t, net.Hosts[1], "b", 7000, hb, window)
 	relay := hostnet.NewRelay(t, net.Hosts[0], strings.TrimPrefix(b.addr, "tcp://"), 100*time.Millisecond, 50*time.Millisecond)
+	a.must("resolve b tcp://" + relay.Addr) // connect first: a lost SYN is not what is tested
+	a.must("watch b")
 	net.Hosts[0].Loss(5)
 	net.Hosts[1].Loss(5)
-	a.must("resolve b tcp://" + relay.Addr)
-	a.must("watch b")
 	a.do("stream s1 b 2000")
 	if e, ok := a.event(3 * window); ok {
 		t.Fatalf("a false alarm under 100±50 ms jitter and 5%% loss: %s", e)
