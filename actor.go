@@ -274,6 +274,7 @@ func Spawn[T any](p Spawner, name string, b Behavior[T]) (Ref[T], error) {
 	if parent != nil {
 		if err := parent.addChild(c.self); err != nil {
 			n.removeActor(c.self.key.path)
+			n.live.Done() // the cell never runs, so it never terminates
 			return Ref[T]{}, err
 		}
 	}

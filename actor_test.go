@@ -310,3 +310,26 @@ func TestCloseIsIdempotentAndStopsEverything(t *testing.T) {
 		t.Fatal("Ask after Close succeeded")
 	}
 }
+
+func TestSpawnUnderAStoppingParentFailsAndCloseStillReturns(t *testing.T) {
+	checkLeaks(t)
+	n, err := Start(ctxT(t, 5*time.Second), testConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	spawned := make(chan error, 1)
+	p, _ := Spawn(n, "parent", Behavior[count]{Receive: func(c *Context[count], _ count) {
+		c.Stop()
+		_, err := Spawn(c, "late", Behavior[count]{Receive: func(*Context[count], count) {}})
+		spawned <- err
+	}})
+	p.Tell(count{})
+	if err := recv(t, spawned, "the spawn"); !errors.Is(err, ErrActorStopped) {
+		t.Fatalf("Spawn under a stopping parent = %v, want ErrActorStopped", err)
+	}
+	closed := make(chan error, 1)
+	go func() { closed <- n.Close() }()
+	if err := recv(t, closed, "Close to return"); err != nil {
+		t.Fatal(err)
+	}
+}
