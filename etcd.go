@@ -102,37 +102,22 @@ func (l *EtcdLease) Acquire(ctx context.Context, owner string) (bool, error) {
 }
 
 func (l *EtcdLease) keepAlive(owner, id string, stop chan struct{}) {
-	t := time.NewTicker(l.ttl / 3)
-	defer t.Stop()
-	lastOK := time.Now()
-	for {
-		select {
-		case <-stop:
-			return
-		case <-t.C:
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), l.ttl/3)
+	keepLeaseAlive(l.ttl, stop, nil, func(ctx context.Context) (bool, error) {
 		var res struct {
 			Result struct{ TTL string }
 		}
 		err := l.post(ctx, "/v3/lease/keepalive", map[string]any{"ID": id}, &res)
-		cancel()
 		ttl, _ := strconv.Atoi(res.Result.TTL)
-		if err == nil && ttl > 0 {
-			lastOK = time.Now()
-			continue
+		return ttl > 0, err
+	}, func() {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		if l.owner == owner {
+			l.owner, l.leaseID = "", ""
+			close(l.lost)
+			l.lost = make(chan struct{})
 		}
-		if err == nil || time.Since(lastOK) >= l.ttl {
-			l.mu.Lock()
-			if l.owner == owner {
-				l.owner, l.leaseID = "", ""
-				close(l.lost)
-				l.lost = make(chan struct{})
-			}
-			l.mu.Unlock()
-			return
-		}
-	}
+	})
 }
 
 // Release revokes the etcd lease (which deletes the key) and stops the

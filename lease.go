@@ -140,32 +140,44 @@ func (l *NodeLease) Acquire(ctx context.Context, owner string) (bool, error) {
 }
 
 func (l *NodeLease) keepAlive(owner string, cancel chan struct{}) {
-	t := time.NewTicker(l.ttl / 3)
+	keepLeaseAlive(l.ttl, cancel, l.n.done, func(ctx context.Context) (bool, error) {
+		rep, err := l.call(ctx, leaseOpRenew, owner)
+		return rep.Granted, err
+	}, func() {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		if l.owner == owner {
+			l.owner = ""
+			close(l.lost)
+			l.lost = make(chan struct{})
+		}
+	})
+}
+
+// keepLeaseAlive renews a held lease every ttl/3 until stop or quit is
+// closed. When a renewal is refused, or none has succeeded for a whole
+// ttl, it calls lost and returns.
+func keepLeaseAlive(ttl time.Duration, stop, quit <-chan struct{}, renew func(context.Context) (bool, error), lost func()) {
+	t := time.NewTicker(ttl / 3)
 	defer t.Stop()
 	lastOK := time.Now()
 	for {
 		select {
-		case <-cancel:
+		case <-stop:
 			return
-		case <-l.n.done:
+		case <-quit:
 			return
 		case <-t.C:
 		}
-		ctx, done := context.WithTimeout(l.n.ctx, l.ttl/3)
-		rep, err := l.call(ctx, leaseOpRenew, owner)
-		done()
-		if err == nil && rep.Granted {
+		ctx, cancel := context.WithTimeout(context.Background(), ttl/3)
+		granted, err := renew(ctx)
+		cancel()
+		if err == nil && granted {
 			lastOK = time.Now()
 			continue
 		}
-		if err == nil || time.Since(lastOK) >= l.ttl {
-			l.mu.Lock()
-			if l.owner == owner {
-				l.owner = ""
-				close(l.lost)
-				l.lost = make(chan struct{})
-			}
-			l.mu.Unlock()
+		if err == nil || time.Since(lastOK) >= ttl {
+			lost()
 			return
 		}
 	}
