@@ -102,24 +102,31 @@ func TestBadInputClosesOnlyThatConnection(t *testing.T) {
 	})
 }
 
+// ghostTell is a raw tell frame of count{N: 1} to /user/ghost, an actor
+// that does not exist, with target and type given inline, so the same
+// frame may be sent again and again.
+func ghostTell() []byte {
+	body := []byte{byte(frameTell), 1} // target id 0, defined inline
+	body = appendString(body, "/user/ghost")
+	body = append(body, make([]byte, 16)...)
+	body = append(body, 1) // type id 0, defined inline: the frame can repeat
+	body = appendString(body, "troupe.test.count")
+	body = append(body, 2)
+	return appendFrame(nil, func(b []byte) []byte { return append(b, body...) })
+}
+
 func TestUnknownTargetAndKeyAreDeadLetters(t *testing.T) {
 	n := startNode(t, testConfig("tcp://127.0.0.1:0"))
 	dead := make(chan DeadLetter, 4)
 	SubscribeChan(n.Events(), dead)
 	c := rawHandshake(t, n)
 	// A tell to an actor that does not exist, of a registered type.
-	body := []byte{byte(frameTell), 1}
-	body = appendString(body, "/user/ghost")
-	body = append(body, make([]byte, 16)...)
-	body = append(body, 3)
-	body = appendString(body, "troupe.test.count")
-	body = append(body, 2)
-	c.Write(appendFrame(nil, func(b []byte) []byte { return append(b, body...) }))
+	c.Write(ghostTell())
 	if dl := recv(t, dead, "dead letter"); !errors.Is(dl.Reason, ErrNoSuchActor) || dl.Message.(count).N != 1 {
 		t.Fatalf("dead letter = %+v", dl)
 	}
 	// A tell with a wire key this node does not know.
-	body = []byte{byte(frameTell), 1}
+	body := []byte{byte(frameTell), 1}
 	body = appendString(body, "/user/ghost")
 	body = append(body, make([]byte, 16)...)
 	body = append(body, 1)

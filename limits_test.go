@@ -3,6 +3,7 @@ package troupe
 import (
 	"context"
 	"crypto/rand"
+	"fmt"
 	"net"
 	"runtime"
 	"strings"
@@ -141,14 +142,15 @@ func TestAttacksDoNotDisturbHealthyPeers(t *testing.T) {
 		}},
 		{"frames for a missing actor", func(stop <-chan struct{}) {
 			c := rawHandshake(t, victim)
-			body := []byte{byte(frameTell), 1}
-			body = appendString(body, "/user/ghost")
-			body = append(body, make([]byte, 16)...)
-			body = append(body, 3)
-			body = appendString(body, "troupe.test.count")
-			body = append(body, 2)
+			dead := make(chan DeadLetter, 1000)
+			sub := SubscribeChan(victim.Events(), dead)
+			defer sub.Unsubscribe()
 			for range 1000 {
-				c.Write(appendFrame(nil, func(b []byte) []byte { return append(b, body...) }))
+				c.Write(ghostTell())
+			}
+			// Each is a dead letter; none closes the connection.
+			for i := range 1000 {
+				recv(t, dead, fmt.Sprintf("dead letter %d", i))
 			}
 		}},
 	}
