@@ -236,22 +236,10 @@ func TestClusterLeaseMajority(t *testing.T) {
 			if err := ServeLeases(leaseNode); err != nil {
 				t.Fatal(err)
 			}
-			for i := range 2 {
-				cfg := clusterCfg(LeaseMajority{})
-				cfg.LeaseMinorityDelay = 100 * time.Millisecond
-				node := startOn(t, r.f, failConfig(fmt.Sprintf("m%d", i), 20*time.Millisecond, 2*time.Second))
-				cfg.Lease = NewNodeLease(node, leaseNode.Addrs()[0], "cluster", time.Second)
-				if len(r.nodes) > 0 {
-					cfg.Seeds = []Addr{r.nodes[0].Addrs()[0]}
-				}
-				c, err := StartCluster(ctxT(t, 5*time.Second), node, cfg)
-				if err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(func() { c.Close() })
-				r.nodes, r.members = append(r.nodes, node), append(r.members, c)
-			}
-			r.waitUp(2)
+			r.addLeaseMembers(func(_ int, node *Node) Lease {
+				return NewNodeLease(node, leaseNode.Addrs()[0], "cluster", time.Second)
+			})
+			t.Cleanup(r.f.Heal) // runs first: the nodes close without waiting on a cut network
 			for _, i := range tc.cutLease {
 				r.f.Partition(r.nodes[i], leaseNode)
 			}
@@ -259,6 +247,28 @@ func TestClusterLeaseMajority(t *testing.T) {
 			r.expectSurvivors(10*time.Second, tc.survive...)
 		})
 	}
+}
+
+// addLeaseMembers starts two members that resolve splits with
+// LeaseMajority, each with the lease lease(i, node) makes, and waits until
+// both are up.
+func (r *clusterRig) addLeaseMembers(lease func(i int, node *Node) Lease) {
+	for i := range 2 {
+		cfg := clusterCfg(LeaseMajority{})
+		cfg.LeaseMinorityDelay = 100 * time.Millisecond
+		node := startOn(r.t, r.f, failConfig(fmt.Sprintf("m%d", i), 20*time.Millisecond, 2*time.Second))
+		cfg.Lease = lease(i, node)
+		if len(r.nodes) > 0 {
+			cfg.Seeds = []Addr{r.nodes[0].Addrs()[0]}
+		}
+		c, err := StartCluster(ctxT(r.t, 5*time.Second), node, cfg)
+		if err != nil {
+			r.t.Fatal(err)
+		}
+		r.t.Cleanup(func() { c.Close() })
+		r.nodes, r.members = append(r.nodes, node), append(r.members, c)
+	}
+	r.waitUp(2)
 }
 
 func TestNodeLease(t *testing.T) {

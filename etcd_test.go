@@ -72,24 +72,15 @@ func TestClusterLeaseMajorityWithEtcd(t *testing.T) {
 	ep := etcdEndpoint(t)
 	key := freshKey()
 	r := &clusterRig{t: t, f: NewFaultNet()}
-	for i, endpoint := range []string{ep, "http://127.0.0.1:1"} { // member 1 cannot reach etcd
-		cfg := clusterCfg(LeaseMajority{})
-		cfg.LeaseMinorityDelay = 100 * time.Millisecond
-		node := startOn(t, r.f, failConfig("m"+string(rune('0'+i)), 20*time.Millisecond, 2*time.Second))
+	r.addLeaseMembers(func(i int, _ *Node) Lease {
+		endpoint := ep
+		if i == 1 {
+			endpoint = "http://127.0.0.1:1" // member 1 cannot reach etcd
+		}
 		lease := NewEtcdLease(endpoint, key, time.Second)
 		t.Cleanup(func() { lease.Close() })
-		cfg.Lease = lease
-		if len(r.nodes) > 0 {
-			cfg.Seeds = []Addr{r.nodes[0].Addrs()[0]}
-		}
-		c, err := StartCluster(ctxT(t, 5*time.Second), node, cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { c.Close() })
-		r.nodes, r.members = append(r.nodes, node), append(r.members, c)
-	}
-	r.waitUp(2)
+		return lease
+	})
 	t.Cleanup(r.f.Heal)
 	r.f.Partition(r.nodes[0], r.nodes[1])
 	r.expectSurvivors(10*time.Second, 0)
