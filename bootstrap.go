@@ -11,7 +11,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 )
 
@@ -57,8 +56,8 @@ func RuntimeDir() (string, error) {
 	if fi.Mode()&fs.ModeSymlink != 0 || !fi.IsDir() {
 		return "", fmt.Errorf("troupe: runtime directory %s is not a plain directory", dir)
 	}
-	if st, ok := fi.Sys().(*syscall.Stat_t); ok && int(st.Uid) != os.Getuid() {
-		return "", fmt.Errorf("troupe: runtime directory %s belongs to uid %d, not %d", dir, st.Uid, os.Getuid())
+	if uid, ok := fileOwner(fi); ok && uid != os.Getuid() {
+		return "", fmt.Errorf("troupe: runtime directory %s belongs to uid %d, not %d", dir, uid, os.Getuid())
 	}
 	if fi.Mode().Perm()&0o077 != 0 {
 		return "", fmt.Errorf("troupe: runtime directory %s is open to other users (mode %v)", dir, fi.Mode().Perm())
@@ -103,7 +102,7 @@ func (n *Node) probe(ctx context.Context, addr Addr) (probeResult, string) {
 		d := net.Dialer{Timeout: probeAttemptTimeout}
 		c, err := d.DialContext(ctx, addr.network, addr.address)
 		if err != nil {
-			if errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ENOENT) {
+			if isRefused(err) {
 				return probeAbsent, ""
 			}
 			if ctx.Err() != nil {
@@ -217,7 +216,7 @@ func (n *Node) bootstrap(ctx context.Context) error {
 		if err == nil {
 			return n.startRegistrar()
 		}
-		if !errors.Is(err, syscall.EADDRINUSE) || round >= 5 {
+		if !isAddrInUse(err) || round >= 5 {
 			return err
 		}
 		// Another node bound first: probe again and join it.

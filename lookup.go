@@ -11,7 +11,6 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 )
 
@@ -423,7 +422,7 @@ func connect[T any](ctx context.Context, n *Node, src registrarSource, regs []Re
 			n.remember(c.reg.Name, r.h, protocolName(reflect.TypeFor[T]()))
 			return r, true, false
 		}
-		if err != nil && (errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ENOENT)) {
+		if err != nil && isRefused(err) {
 			n.deleteStale(ctx, src, c.reg.Node, c.addr)
 		} else {
 			stale = false

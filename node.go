@@ -11,11 +11,11 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 )
 
@@ -80,7 +80,10 @@ type Config struct {
 
 	// AllowUIDs lists the user ids, besides this process's own, whose
 	// processes may connect over this node's Unix sockets. Default: none
-	// (only the same user).
+	// (only the same user). Peer credentials exist on Linux, macOS and
+	// FreeBSD; elsewhere Start refuses a non-empty AllowUIDs with
+	// [ErrBadConfig], and Unix sockets rely on their directory's
+	// permissions.
 	AllowUIDs []int
 
 	// RegistryAddrs lists the registrars this node uses for discovery, in
@@ -186,6 +189,8 @@ func (c Config) validate() error {
 		return fmt.Errorf("%w: Secret must be at least 16 bytes", ErrBadConfig)
 	case c.HeartbeatInterval < time.Millisecond:
 		return fmt.Errorf("%w: HeartbeatInterval %v is below 1 ms", ErrBadConfig, c.HeartbeatInterval)
+	case len(c.AllowUIDs) > 0 && !peerCredSupported:
+		return fmt.Errorf("%w: AllowUIDs needs Unix socket peer credentials, which %s does not offer", ErrBadConfig, runtime.GOOS)
 	case c.UnreachableAfter < 3*c.HeartbeatInterval:
 		return fmt.Errorf("%w: UnreachableAfter %v must be at least 3 heartbeat intervals (%v); a shorter window mistakes an ordinary pause for a dead peer", ErrBadConfig, c.UnreachableAfter, 3*c.HeartbeatInterval)
 	}
@@ -360,12 +365,12 @@ func lockFile(path string) (func(), error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+	if err := flock(f, true); err != nil {
 		f.Close()
 		return nil, fmt.Errorf("lock %s: %w", path, err)
 	}
 	return func() {
-		syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
+		flock(f, false)
 		f.Close()
 	}, nil
 }
@@ -381,7 +386,7 @@ func removeStaleSocket(path string) error {
 	c, err := net.DialTimeout("unix", path, time.Second)
 	if err == nil {
 		c.Close()
-		return fmt.Errorf("unix socket %s: %w", path, syscall.EADDRINUSE)
+		return fmt.Errorf("unix socket %s: %w", path, errAddrInUse)
 	}
 	return os.Remove(path)
 }

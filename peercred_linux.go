@@ -3,11 +3,13 @@ package troupe
 import (
 	"fmt"
 	"net"
-	"os"
-	"slices"
 
 	"golang.org/x/sys/unix"
 )
+
+// peerCredSupported says that this platform tells a Unix socket server
+// who connected (SO_PEERCRED).
+const peerCredSupported = true
 
 // checkPeerCred reads the credentials of the process at the other end of a
 // Unix socket (SO_PEERCRED) and accepts only this process's user or one of
@@ -29,12 +31,7 @@ func (n *Node) checkPeerCred(c net.Conn) error {
 		return err
 	}
 	if credErr != nil {
-		return fmt.Errorf("troupe: read unix peer credentials: %w", credErr)
+		return fmt.Errorf("read unix peer credentials: %w", credErr)
 	}
-	uid := int(cred.Uid)
-	if uid == os.Getuid() || slices.Contains(n.cfg.AllowUIDs, uid) {
-		return nil
-	}
-	n.log.Warn("troupe: refused a unix socket peer of another user", "uid", uid, "pid", cred.Pid)
-	return fmt.Errorf("%w: unix peer uid %d (pid %d) is not allowed; this node accepts uid %d and Config.AllowUIDs", ErrRejected, uid, cred.Pid, os.Getuid())
+	return n.allowPeerUID(int(cred.Uid), int(cred.Pid))
 }

@@ -1,9 +1,14 @@
-//go:build !linux
+//go:build !linux && !darwin && !freebsd
 
 package troupe
 
 import "net"
 
-// checkPeerCred accepts every connection where SO_PEERCRED is not
-// available; Unix sockets there rely on the file's permissions.
+// peerCredSupported says that this platform cannot tell a Unix socket
+// server who connected: [Config.AllowUIDs] is refused at Start, and Unix
+// sockets rely on the permissions of the directory they live in.
+const peerCredSupported = false
+
+// checkPeerCred accepts every connection: the platform has no peer
+// credentials to check.
 func (n *Node) checkPeerCred(net.Conn) error { return nil }

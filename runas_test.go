@@ -1,3 +1,5 @@
+//go:build unix
+
 package troupe
 
 import (
@@ -5,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -61,4 +64,22 @@ func TestHelperDialUnix(t *testing.T) {
 	code := d.byte()
 	d.take(16)
 	os.Stdout.WriteString(frameKind(body[0]).String() + " " + string(rune('0'+code)) + " " + d.string() + "\n")
+}
+
+func TestUnixPeerCredentials(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("needs root to connect as another user")
+	}
+	n := startNode(t, testConfig("unix://"+shortSocket(t)))
+	sock := n.Addrs()[0].Address()
+	os.Chmod(sock, 0o777)
+	os.Chmod(strings.TrimSuffix(sock, "/n.sock"), 0o777)
+	// Connect as uid 65534 (nobody) from a child process.
+	out, err := runAs(t, 65534, sock)
+	if err != nil {
+		t.Fatalf("helper: %v\n%s", err, out)
+	}
+	if !strings.Contains(out, "uid 65534") || !strings.Contains(out, "not allowed") {
+		t.Fatalf("a peer of another user was not refused with its uid: %q", out)
+	}
 }
