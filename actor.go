@@ -310,7 +310,7 @@ func (c *cell[T]) protocol() reflect.Type {
 // a handler), so children needs no lock.
 func (c *cell[T]) addChild(h *handle) error {
 	if c.stopping {
-		return fmt.Errorf("troupe: Spawn under %s: %w", c.self.key.path, ErrActorStopped)
+		return fmt.Errorf("Spawn under %s: %w", c.self.key.path, ErrActorStopped)
 	}
 	if c.children == nil {
 		c.children = make(map[*handle]struct{})

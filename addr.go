@@ -194,7 +194,7 @@ func parseUnixPath(path string) (Addr, error) {
 	case strings.ContainsRune(path, 0):
 		return Addr{}, fmt.Errorf("%w: unix socket path %q contains NUL", ErrBadAddr, path)
 	case len(path) > 107:
-		return Addr{}, fmt.Errorf("%w: unix socket path %q is longer than 107 bytes", ErrBadAddr, path)
+		return Addr{}, fmt.Errorf("%w: unix socket path %s is longer than 107 bytes (%d bytes)", ErrBadAddr, path, len(path))
 	}
 	return Addr{network: "unix", address: path}, nil
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"reflect"
 	"sync"
 	"sync/atomic"
@@ -33,8 +34,18 @@ type sessionError struct {
 	cause error
 }
 
+// Error says what ended. A dial that failed is reported by its cause
+// alone ("cannot connect: connection refused"): every caller names the
+// address already.
 func (e *sessionError) Error() string {
-	return fmt.Sprintf("troupe: association with %s ended: %v", e.peer, e.cause)
+	if op, ok := errors.AsType[*net.OpError](e.cause); ok && op.Op == "dial" {
+		cause := op.Err
+		if sc, ok := cause.(*os.SyscallError); ok {
+			cause = sc.Err
+		}
+		return fmt.Sprintf("cannot connect: %v", cause)
+	}
+	return fmt.Sprintf("association with %s ended: %v", e.peer, e.cause)
 }
 
 func (e *sessionError) Unwrap() []error { return []error{ErrSessionEnded, e.cause} }
@@ -206,7 +217,7 @@ func (n *Node) assocFor(addr Addr) (*assoc, error) {
 		return a, nil
 	}
 	if q := n.quarantineFor(NodeUID{}, addr); q != nil {
-		return nil, fmt.Errorf("troupe: %s: %w since %s (%v); call Reconnect to try again", addr, ErrQuarantined, q.Since.Format(time.RFC3339), q.Cause)
+		return nil, fmt.Errorf("%s: %w since %s (%v); call Reconnect to try again", addr, ErrQuarantined, q.Since.Format(time.RFC3339), q.Cause)
 	}
 	a := newAssoc(n, true, addr)
 	n.byAddr[addr] = a

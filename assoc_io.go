@@ -125,7 +125,7 @@ func (a *assoc) write(b []byte) bool {
 	n, err := a.conn.Write(b)
 	a.written.Add(uint64(n))
 	if err != nil {
-		a.abort(fmt.Errorf("troupe: write to %s: %w", a.label(), err))
+		a.abort(fmt.Errorf("write to %s: %w", a.label(), err))
 		cut := len(a.inflight)
 		for i, m := range a.inflight {
 			if m.end > n {
@@ -270,9 +270,9 @@ func (a *assoc) readLoop(fr *frameReader) {
 				a.n.protocolError(a.label(), "", err)
 				a.fail(&FrameError{Peer: a.label(), Reason: err})
 			case errors.Is(err, io.EOF):
-				a.fail(fmt.Errorf("troupe: connection to %s closed by the peer: %w", a.label(), io.EOF))
+				a.fail(fmt.Errorf("connection to %s closed by the peer: %w", a.label(), io.EOF))
 			default:
-				a.fail(fmt.Errorf("troupe: read from %s: %w", a.label(), err))
+				a.fail(fmt.Errorf("read from %s: %w", a.label(), err))
 			}
 			return
 		}

@@ -170,7 +170,7 @@ func TestRegistryIsBehindTheSecret(t *testing.T) {
 		t.Fatal("a node without the secret joined the registry")
 	}
 	outsider := startNode(t, testConfig())
-	if _, _, err := FindActor[testPing](ctxT(t, 5*time.Second), outsider, "svc", WithRegistries(registrar.Addrs()[0])); !errors.Is(err, ErrAuth) {
+	if _, _, err := FindActor[testPing](ctxT(t, 5*time.Second), outsider, "svc", WithRegistries(registrar.Addrs()[0].String())); !errors.Is(err, ErrAuth) {
 		t.Fatalf("lookup without the secret = %v, want ErrAuth", err)
 	}
 	if got := registrar.reg.find("svc"); len(got) != 1 {

@@ -36,15 +36,23 @@ const (
 	probeOccupied                     // anything else
 )
 
+// RuntimeDirName names the per-user directory troupe keeps sockets in,
+// under $XDG_RUNTIME_DIR (or, with a "-UID" suffix, under the temp
+// directory). Every program using troupe must agree on it to find the
+// default registry socket, so it is a fixed name, not the package's import
+// path: a vendored copy keeps it as it is.
+const RuntimeDirName = "troupe"
+
 // RuntimeDir returns the per-user directory troupe keeps sockets in:
-// $XDG_RUNTIME_DIR/troupe, else troupe-UID under the temp directory. It
+// $XDG_RUNTIME_DIR/RuntimeDirName, else RuntimeDirName-UID under the temp
+// directory. It
 // creates it with mode 0700 and refuses one that is a symlink or belongs to
 // another user.
 func RuntimeDir() (string, error) {
 	base := os.Getenv("XDG_RUNTIME_DIR")
-	dir := filepath.Join(base, "troupe")
+	dir := filepath.Join(base, RuntimeDirName)
 	if base == "" {
-		dir = filepath.Join(os.TempDir(), "troupe-"+strconv.Itoa(os.Getuid()))
+		dir = filepath.Join(os.TempDir(), RuntimeDirName+"-"+strconv.Itoa(os.Getuid()))
 	}
 	if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
 		return "", err
@@ -89,7 +97,14 @@ func (c Config) registryAddrs() ([]Addr, error) {
 		if err != nil {
 			return nil, err
 		}
-		return []Addr{UnixAddr(filepath.Join(dir, defaultRegistrySocket))}, nil
+		a, err := parseUnixPath(filepath.Join(dir, defaultRegistrySocket))
+		if err == nil {
+			err = checkSocketPath(a.address)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("the default registry socket in the runtime directory: %w", err)
+		}
+		return []Addr{a}, nil
 	}
 	return []Addr{TCPAddr(DefaultRegistryTCP)}, nil
 }

@@ -21,9 +21,10 @@ var ErrClusterStopped = errors.New("troupe: cluster stopped")
 // ClusterConfig configures a [Cluster]. The zero value of each field means
 // its documented default.
 type ClusterConfig struct {
-	// Seeds are addresses of members to join through. A node whose seeds
-	// are empty, or only itself, starts a new cluster.
-	Seeds []Addr
+	// Seeds are addresses of members to join through, in any form
+	// [ParseAddr] accepts. A node whose seeds are empty, or only itself,
+	// starts a new cluster.
+	Seeds []string
 
 	// SeedsFromRegistry finds the seeds through the node's registrar
 	// instead (the node must have discovery on): the member registers under
@@ -187,12 +188,19 @@ func StartCluster(ctx context.Context, n *Node, cfg ClusterConfig) (*Cluster, er
 	if _, ok := cfg.Downing.(LeaseMajority); ok && cfg.Lease == nil {
 		return nil, fmt.Errorf("%w: LeaseMajority needs ClusterConfig.Lease", ErrBadConfig)
 	}
-	if cfg.SeedsFromRegistry {
-		seeds, err := n.clusterSeeds(ctx, cfg.Name)
+	var seeds []Addr
+	for i, s := range cfg.Seeds {
+		a, err := ParseAddr(s)
 		if err != nil {
+			return nil, fmt.Errorf("ClusterConfig.Seeds[%d]: %w", i, err)
+		}
+		seeds = append(seeds, a)
+	}
+	if cfg.SeedsFromRegistry {
+		var err error
+		if seeds, err = n.clusterSeeds(ctx, cfg.Name); err != nil {
 			return nil, err
 		}
-		cfg.Seeds = seeds
 	}
 	c := &Cluster{
 		n: n, cfg: cfg.withDefaults(n), self: n.uid,
@@ -200,7 +208,7 @@ func StartCluster(ctx context.Context, n *Node, cfg ClusterConfig) (*Cluster, er
 		detectors: map[NodeUID]FailureDetector{}, lastHeard: map[NodeUID]int64{},
 		changed: time.Now(), stop: make(chan struct{}), done: make(chan struct{}),
 	}
-	first := len(cfg.Seeds) == 0 || len(cfg.Seeds) == 1 && n.isOwnAddr(cfg.Seeds[0])
+	first := len(seeds) == 0 || len(seeds) == 1 && n.isOwnAddr(seeds[0])
 	status := MemberJoining
 	upNumber := 0
 	if first {
@@ -215,7 +223,7 @@ func StartCluster(ctx context.Context, n *Node, cfg ClusterConfig) (*Cluster, er
 		return nil, err
 	}
 	c.ref = ref
-	for _, s := range cfg.Seeds {
+	for _, s := range seeds {
 		if !n.isOwnAddr(s) {
 			c.seeds = append(c.seeds, s)
 		}
@@ -233,7 +241,7 @@ func (n *Node) clusterSeeds(ctx context.Context, name string) ([]Addr, error) {
 	}
 	srcs, _, err := n.lookupSources(nil)
 	if err != nil {
-		return nil, fmt.Errorf("troupe: cluster seeds from the registry: %w", err)
+		return nil, fmt.Errorf("cluster seeds from the registry: %w", err)
 	}
 	src := srcs[0]
 	me := Registration{Name: "troupe.cluster." + name, UUID: UUID(n.uid), Path: ClusterPath, Node: n.uid, NodeName: n.name, Addrs: n.Addrs()}

@@ -43,7 +43,7 @@ func newClusterRig(t *testing.T, n int, cfg ClusterConfig) *clusterRig {
 func (r *clusterRig) add(name string, cfg ClusterConfig) *Cluster {
 	node := startOn(r.t, r.f, failConfig(name, 20*time.Millisecond, 2*time.Second))
 	if len(r.nodes) > 0 {
-		cfg.Seeds = []Addr{r.nodes[0].Addrs()[0]}
+		cfg.Seeds = []string{r.nodes[0].Addrs()[0].String()}
 	}
 	c, err := StartCluster(ctxT(r.t, 5*time.Second), node, cfg)
 	if err != nil {
@@ -237,7 +237,7 @@ func TestClusterLeaseMajority(t *testing.T) {
 				t.Fatal(err)
 			}
 			r.addLeaseMembers(func(_ int, node *Node) Lease {
-				return NewNodeLease(node, leaseNode.Addrs()[0], "cluster", time.Second)
+				return NewNodeLease(node, leaseNode.Addrs()[0].String(), "cluster", time.Second)
 			})
 			t.Cleanup(r.f.Heal) // runs first: the nodes close without waiting on a cut network
 			for _, i := range tc.cutLease {
@@ -259,7 +259,7 @@ func (r *clusterRig) addLeaseMembers(lease func(i int, node *Node) Lease) {
 		node := startOn(r.t, r.f, failConfig(fmt.Sprintf("m%d", i), 20*time.Millisecond, 2*time.Second))
 		cfg.Lease = lease(i, node)
 		if len(r.nodes) > 0 {
-			cfg.Seeds = []Addr{r.nodes[0].Addrs()[0]}
+			cfg.Seeds = []string{r.nodes[0].Addrs()[0].String()}
 		}
 		c, err := StartCluster(ctxT(r.t, 5*time.Second), node, cfg)
 		if err != nil {
@@ -277,8 +277,8 @@ func TestNodeLease(t *testing.T) {
 		t.Fatal(err)
 	}
 	a, b := startNode(t, testConfig()), startNode(t, testConfig())
-	la := NewNodeLease(a, server.Addrs()[0], "x", 300*time.Millisecond)
-	lb := NewNodeLease(b, server.Addrs()[0], "x", 300*time.Millisecond)
+	la := NewNodeLease(a, server.Addrs()[0].String(), "x", 300*time.Millisecond)
+	lb := NewNodeLease(b, server.Addrs()[0].String(), "x", 300*time.Millisecond)
 	ctx := ctxT(t, 5*time.Second)
 	if ok, err := la.Acquire(ctx, "a"); !ok || err != nil {
 		t.Fatalf("a: %v %v", ok, err)
@@ -325,7 +325,7 @@ func TestDownedMemberCannotRejoinWithTheSameUID(t *testing.T) {
 	r.f.Heal()
 	downed := r.nodes[2]
 	downed.ClearQuarantineUID(r.nodes[0].UID())
-	again, err := StartCluster(ctxT(t, 5*time.Second), downed, ClusterConfig{Seeds: []Addr{r.nodes[0].Addrs()[0]}, GossipInterval: 20 * time.Millisecond, Detector: clusterDetector})
+	again, err := StartCluster(ctxT(t, 5*time.Second), downed, ClusterConfig{Seeds: []string{r.nodes[0].Addrs()[0].String()}, GossipInterval: 20 * time.Millisecond, Detector: clusterDetector})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -109,7 +109,7 @@ func registerType(t reflect.Type, key string) error {
 	}
 	p, err := planFor(t)
 	if err != nil {
-		return fmt.Errorf("troupe: RegisterMessage[%s]: %w", t, err)
+		return fmt.Errorf("RegisterMessage[%s]: %w", t, err)
 	}
 	mt.p = p
 	mt.initBox()

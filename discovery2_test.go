@@ -58,7 +58,7 @@ func TestFindActorAllHasOneEntryPerRegistrar(t *testing.T) {
 	spawnEcho(t, b, "svc") // registered only with b's registrar
 	client := startNode(t, testConfig())
 	ctx := ctxT(t, 5*time.Second)
-	opts := WithRegistries(a.Addrs()[0], b.Addrs()[0])
+	opts := WithRegistries(a.Addrs()[0].String(), b.Addrs()[0].String())
 	all, err := FindActorAll[testPing](ctx, client, "svc", opts)
 	if err != nil || len(all) != 2 || !all[0].IsZero() || all[1].IsZero() {
 		t.Fatalf("FindActorAll = %v, %v; want a hole then a ref", all, err)
@@ -90,7 +90,7 @@ func TestReRegistersAfterReassociation(t *testing.T) {
 	recv(t, lost, "the service gives up on the registrar")
 	f.Heal()
 	registrar.ClearQuarantineUID(service.UID())
-	if err := service.Reconnect(ctxT(t, 5*time.Second), registrar.Addrs()[0]); err != nil {
+	if err := service.Reconnect(ctxT(t, 5*time.Second), registrar.Addrs()[0].String()); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, 5*time.Second, "the service to register again", func() bool { return len(registrar.reg.find("svc")) == 1 })
@@ -183,7 +183,7 @@ func TestAnyNodeCanServeARegistry(t *testing.T) {
 	worker := startNode(t, discoveryConfig("worker", side.Addrs()[0].String()))
 	spawnEcho(t, worker, "job")
 	client := startNode(t, testConfig())
-	if _, found, err := FindActor[testPing](ctxT(t, 5*time.Second), client, "job", WithRegistries(side.Addrs()[0])); !found || err != nil {
+	if _, found, err := FindActor[testPing](ctxT(t, 5*time.Second), client, "job", WithRegistries(side.Addrs()[0].String())); !found || err != nil {
 		t.Fatalf("FindActor via a node serving a registry: %v, %v", found, err)
 	}
 }

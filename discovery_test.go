@@ -95,7 +95,7 @@ func TestLookupNoneIsNotAnError(t *testing.T) {
 		t.Fatalf("RequireFound: %v, want ErrNotFound", err)
 	}
 	dead := TCPAddr(freeRegistryAddr(t, "tcp")[len("tcp://"):])
-	if _, _, err := FindActor[testPing](ctx, n, "ghost", WithRegistries(dead)); err == nil || errors.Is(err, ErrNotFound) {
+	if _, _, err := FindActor[testPing](ctx, n, "ghost", WithRegistries(dead.String())); err == nil || errors.Is(err, ErrNotFound) {
 		t.Fatalf("FindActor against an unreachable registrar = %v, want a connection error", err)
 	}
 	plain := startNode(t, testConfig())

@@ -51,7 +51,7 @@ func (l *EtcdLease) post(ctx context.Context, path string, in, out any) error {
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := l.client.Do(req)
 	if err != nil {
-		return fmt.Errorf("troupe: etcd %s: %w", path, err)
+		return fmt.Errorf("etcd %s: %w", path, err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {

@@ -116,10 +116,10 @@ func TestPartitionQuarantinesBothSidesUntilExplicitReconnect(t *testing.T) {
 	}
 
 	// Only an explicit repair works, and old refs stay dead.
-	if !p.away.ClearQuarantine(p.home.Addrs()[0]) {
+	if !p.away.ClearQuarantine(p.home.Addrs()[0].String()) {
 		t.Fatal("away had no quarantine of home to clear")
 	}
-	if err := p.home.Reconnect(ctxT(t, 5*time.Second), p.away.Addrs()[0]); err != nil {
+	if err := p.home.Reconnect(ctxT(t, 5*time.Second), p.away.Addrs()[0].String()); err != nil {
 		t.Fatalf("Reconnect: %v", err)
 	}
 	roundTrip(t, p.home, p.away, "/user/echo")
@@ -137,7 +137,7 @@ func TestReconnectRefusedWhilePeerQuarantinesUs(t *testing.T) {
 	recv(t, p.homeEvents, "home gives up")
 	recv(t, p.awayEv, "away gives up")
 	p.f.Heal()
-	err := p.home.Reconnect(ctxT(t, 5*time.Second), p.away.Addrs()[0])
+	err := p.home.Reconnect(ctxT(t, 5*time.Second), p.away.Addrs()[0].String())
 	if !errors.Is(err, ErrQuarantinedByPeer) {
 		t.Fatalf("Reconnect while away still quarantines home = %v, want ErrQuarantinedByPeer", err)
 	}
@@ -145,8 +145,8 @@ func TestReconnectRefusedWhilePeerQuarantinesUs(t *testing.T) {
 	if len(p.away.Quarantined()) != 1 || len(p.home.Quarantined()) != 0 {
 		t.Fatalf("quarantines: away %v, home %v", p.away.Quarantined(), p.home.Quarantined())
 	}
-	p.away.ClearQuarantine(p.home.Addrs()[0])
-	if err := p.home.Reconnect(ctxT(t, 5*time.Second), p.away.Addrs()[0]); err != nil {
+	p.away.ClearQuarantine(p.home.Addrs()[0].String())
+	if err := p.home.Reconnect(ctxT(t, 5*time.Second), p.away.Addrs()[0].String()); err != nil {
 		t.Fatalf("Reconnect after away cleared: %v", err)
 	}
 	roundTrip(t, p.home, p.away, "/user/echo")

@@ -17,7 +17,7 @@ func (a *assoc) runOutbound() {
 	n := a.n
 	c, err := n.dial(a.dialAddr)
 	if err != nil {
-		a.fail(fmt.Errorf("troupe: dial %s: %w", a.dialAddr, err))
+		a.fail(err)
 		return
 	}
 	a.mu.Lock()
@@ -35,7 +35,7 @@ func (a *assoc) runOutbound() {
 	fr := newFrameReader(a.in, n.cfg.MaxFrameSize)
 	body, err := n.dialHandshake(c, fr, n.hello())
 	if err != nil {
-		a.fail(fmt.Errorf("troupe: handshake with %s: %w", a.dialAddr, err))
+		a.fail(fmt.Errorf("handshake: %w", err))
 		return
 	}
 	switch frameKind(body[0]) {
@@ -52,14 +52,14 @@ func (a *assoc) runOutbound() {
 			return
 		}
 		if code == rejectQuarantined {
-			a.fail(fmt.Errorf("%w: %w: %s: %s", ErrRejected, ErrQuarantinedByPeer, a.dialAddr, text))
+			a.fail(fmt.Errorf("%w: %w: %s", ErrRejected, ErrQuarantinedByPeer, text))
 			return
 		}
 		if code == rejectAuth {
-			a.fail(fmt.Errorf("%w: %w: %s: %s", ErrRejected, ErrAuth, a.dialAddr, text))
+			a.fail(fmt.Errorf("%w: %w: %s", ErrRejected, ErrAuth, text))
 			return
 		}
-		a.fail(fmt.Errorf("%w: %s: %s", ErrRejected, a.dialAddr, text))
+		a.fail(fmt.Errorf("%w: %s", ErrRejected, text))
 		return
 	default:
 		a.fail(&FrameError{Peer: a.dialAddr.String(), Kind: frameKind(body[0]).String(), Reason: fmt.Errorf("%w: expected a welcome", ErrMalformed)})
@@ -239,7 +239,7 @@ func (n *Node) attach(a *assoc, h *hello) bool {
 		delete(n.all, a)
 		n.pmu.Unlock()
 		if a.outbound {
-			a.fail(fmt.Errorf("troupe: dial %s: %s", a.dialAddr, text))
+			a.fail(errors.New(text))
 			return false
 		}
 		a.conn.Write(rejectFrame(reject, n.uid, text))
@@ -316,7 +316,7 @@ func (n *Node) awaitWinner(a *assoc, uid NodeUID) {
 		n.pmu.Lock()
 		n.awaiting[uid] = slices.DeleteFunc(n.awaiting[uid], func(x *assoc) bool { return x == a })
 		n.pmu.Unlock()
-		a.fail(fmt.Errorf("troupe: dial %s: the peer chose its own connection, which never arrived", a.dialAddr))
+		a.fail(errors.New("the peer chose its own connection, which never arrived"))
 	}
 }
 

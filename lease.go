@@ -91,10 +91,11 @@ func ServeLeases(n *Node) error {
 
 // NodeLease is a [Lease] served by another troupe node ([ServeLeases]).
 type NodeLease struct {
-	n      *Node
-	server Addr
-	name   string
-	ttl    time.Duration
+	n         *Node
+	server    Addr
+	badServer error // why server did not parse; every call returns it
+	name      string
+	ttl       time.Duration
 
 	mu     sync.Mutex
 	owner  string // who holds it through this client, "" if nobody
@@ -105,16 +106,22 @@ type NodeLease struct {
 var _ Lease = (*NodeLease)(nil)
 
 // NewNodeLease returns a client for the lease name served by the node at
-// server. A held lease is renewed every ttl/3 by a goroutine owned by n;
+// server, an address in any form [ParseAddr] accepts (one that does not
+// parse makes every call fail with an error wrapping [ErrBadAddr]). A held
+// lease is renewed every ttl/3 by a goroutine owned by n;
 // if a renewal fails before the lease expires, Lost is closed.
-func NewNodeLease(n *Node, server Addr, name string, ttl time.Duration) *NodeLease {
-	return &NodeLease{n: n, server: server, name: name, ttl: ttl, lost: make(chan struct{})}
+func NewNodeLease(n *Node, server string, name string, ttl time.Duration) *NodeLease {
+	addr, err := ParseAddr(server)
+	return &NodeLease{n: n, server: addr, badServer: err, name: name, ttl: ttl, lost: make(chan struct{})}
 }
 
 func (l *NodeLease) call(ctx context.Context, op uint8, owner string) (leaseReply, error) {
+	if l.badServer != nil {
+		return leaseReply{}, fmt.Errorf("lease server: %w", l.badServer)
+	}
 	ref, err := Resolve[leaseRequest](ctx, l.n, FormatRef(l.server, LeasePath))
 	if err != nil {
-		return leaseReply{}, fmt.Errorf("troupe: lease server %s: %w", l.server, err)
+		return leaseReply{}, fmt.Errorf("lease server %s: %w", l.server, err)
 	}
 	return Ask(ctx, ref, func(r Ref[leaseReply]) leaseRequest {
 		return leaseRequest{Op: op, Name: l.name, Owner: owner, TTL: l.ttl, ReplyTo: r}

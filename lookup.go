@@ -18,13 +18,15 @@ import (
 type LookupOption func(*lookupConfig)
 
 type lookupConfig struct {
-	registries []Addr
+	registries []string
 	require    bool
 }
 
 // WithRegistries asks these registrars (possibly remote, queried
 // concurrently, answers taken in this order) instead of the node's own.
-func WithRegistries(addrs ...Addr) LookupOption {
+// Each address is in any form [ParseAddr] accepts; a lookup given one that
+// does not parse fails with an error wrapping [ErrBadAddr].
+func WithRegistries(addrs ...string) LookupOption {
 	return func(c *lookupConfig) { c.registries = addrs }
 }
 
@@ -48,7 +50,11 @@ func (n *Node) lookupSources(opts []LookupOption) ([]registrarSource, lookupConf
 	}
 	var out []registrarSource
 	if cfg.registries != nil {
-		for _, a := range cfg.registries {
+		for _, s := range cfg.registries {
+			a, err := ParseAddr(s)
+			if err != nil {
+				return nil, cfg, fmt.Errorf("WithRegistries: %w", err)
+			}
 			out = append(out, registrarSource{addr: a, local: n.reg != nil && n.isOwnAddr(a)})
 		}
 		return out, cfg, nil
@@ -81,7 +87,7 @@ func (n *Node) registrarRef(ctx context.Context, addr Addr) (Ref[regRequest], er
 			return r, nil
 		}
 	}
-	r, err := Resolve[regRequest](ctx, n, FormatRef(addr, RegistrarPath))
+	r, err := resolveAt[regRequest](ctx, n, addr, RegistrarPath)
 	if err != nil {
 		return Ref[regRequest]{}, err
 	}
@@ -111,11 +117,11 @@ func (n *Node) askRegistrar(ctx context.Context, src registrarSource, req regReq
 	defer cancel()
 	r, err := n.registrarRef(ctx, src.addr)
 	if err != nil {
-		return nil, fmt.Errorf("troupe: registrar %s: %w", src.addr, err)
+		return nil, fmt.Errorf("registrar %s: %w", src.addr, err)
 	}
 	rep, err := Ask(ctx, r, func(reply Ref[regReply]) regRequest { req.ReplyTo = reply; return req })
 	if err != nil {
-		return nil, fmt.Errorf("troupe: registrar %s: %w", src.addr, err)
+		return nil, fmt.Errorf("registrar %s: %w", src.addr, err)
 	}
 	return fromWire(rep.Regs, src.addr), nil
 }
@@ -165,7 +171,7 @@ func (n *Node) registerNode(ctx context.Context) error {
 	for _, a := range n.registrars {
 		req := regRequest{Op: regOpRegister, Regs: toWire([]Registration{n.nodeRegistration()})}
 		if _, err := n.askRegistrar(ctx, registrarSource{addr: a}, req); err != nil {
-			return fmt.Errorf("troupe: register with %w", err)
+			return fmt.Errorf("register with %w", err)
 		}
 	}
 	if len(n.registrars) > 0 {
@@ -549,7 +555,7 @@ func (n *Node) awaitRegistration(ctx context.Context, srcs []registrarSource, na
 		}
 		r, err := n.registrarRef(ctx, s.addr)
 		if err != nil {
-			return nil, fmt.Errorf("troupe: registrar %s: %w", s.addr, err)
+			return nil, fmt.Errorf("registrar %s: %w", s.addr, err)
 		}
 		r.Tell(regRequest{Op: regOpWait, Name: name, ReplyTo: reply})
 	}

@@ -128,12 +128,18 @@ func forEachTransport(t *testing.T, body func(t *testing.T, listen func(testing.
 
 // shortSocket returns a fresh socket path short enough for sun_path.
 func shortSocket(t testing.TB) string {
+	return shortDir(t) + "/n.sock"
+}
+
+// shortDir returns a fresh directory with a short path (t.TempDir's can be
+// too long for a Unix socket), removed when the test ends.
+func shortDir(t testing.TB) string {
 	dir, err := os.MkdirTemp("", "trp")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
-	return dir + "/n.sock"
+	return dir
 }
 
 // ctxT returns a context that ends with the test or after d.

@@ -136,8 +136,7 @@ func TestHelperNetnsNode(t *testing.T) {
 			}
 			say("OK")
 		case "reconnect": // reconnect ADDR
-			addr, _ := ParseAddr(f[1])
-			if err := n.Reconnect(ctxT(t, 5*time.Second), addr); err != nil {
+			if err := n.Reconnect(ctxT(t, 5*time.Second), f[1]); err != nil {
 				say("ERR %v", err)
 			} else {
 				say("OK")

@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"path/filepath"
 	"runtime"
 	"slices"
 	"strings"
@@ -18,6 +19,9 @@ import (
 	"sync/atomic"
 	"time"
 )
+
+// Version is this release of troupe.
+const Version = "0.9.0"
 
 // Errors about nodes.
 var (
@@ -132,6 +136,14 @@ type Config struct {
 	// HandshakeTimeout. Default: 128.
 	MaxPendingHandshakes int
 
+	// DeadLetterLog is how many dead letters are logged one by one through
+	// Logger (target, reason, message type) before the rest are only
+	// counted, with one line a minute saying how many were not logged.
+	// Dead letters of a node that is closing (reason [ErrNodeClosed]) are
+	// not logged. Default: 10. Negative turns the log off; the
+	// [DeadLetter] events are published either way.
+	DeadLetterLog int
+
 	// fault routes the node's connections through a fault network (set
 	// by FaultNet.Start).
 	fault *FaultNet
@@ -167,6 +179,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.UnreachableAfter == 0 {
 		c.UnreachableAfter = 10 * time.Second
+	}
+	if c.DeadLetterLog == 0 {
+		c.DeadLetterLog = 10
 	}
 	if c.MaxInboundConns == 0 {
 		c.MaxInboundConns = 4096
@@ -248,6 +263,8 @@ type Node struct {
 	regRefs    sync.Map              // Addr -> Ref[regRequest], resolved registrar actors
 	found      map[string][]foundRef // guarded by pmu: actors lookups found on peers
 
+	dlog deadLetterLog
+
 	// members holds the uids of cluster members (NodeUID -> struct{}):
 	// peers exempt from quarantine while they are members.
 	members sync.Map
@@ -323,7 +340,7 @@ func (n *Node) listenAll(ctx context.Context, list []string) error {
 			err = n.listen(ctx, a)
 		}
 		if err != nil {
-			return fmt.Errorf("troupe: listen on %q: %w", s, err)
+			return fmt.Errorf("listen on %q: %w", s, err)
 		}
 	}
 	return nil
@@ -332,6 +349,14 @@ func (n *Node) listenAll(ctx context.Context, list []string) error {
 func (n *Node) listen(ctx context.Context, a Addr) error {
 	var lc net.ListenConfig
 	if a.IsUnix() {
+		if err := checkSocketPath(a.address); err != nil {
+			return err
+		}
+		// A missing directory is created for the socket, private to this
+		// user; an existing one is left as it is.
+		if err := os.MkdirAll(filepath.Dir(a.address), 0o700); err != nil {
+			return err
+		}
 		// Hold a lock beside the socket while deciding whether an existing
 		// file is stale: another process may be between its bind and its
 		// listen, when the file exists but refuses connections.
@@ -354,6 +379,26 @@ func (n *Node) listen(ctx context.Context, a Addr) error {
 	}
 	n.listeners = append(n.listeners, l)
 	n.addrs = append(n.addrs, bound)
+	return nil
+}
+
+// maxSocketPath is the longest Unix socket path the platform accepts
+// (sun_path less its terminating NUL): 107 bytes on Linux and Windows,
+// 103 on the BSDs and macOS.
+var maxSocketPath = func() int {
+	switch runtime.GOOS {
+	case "linux", "windows", "android":
+		return 107
+	}
+	return 103
+}()
+
+// checkSocketPath refuses a Unix socket path the kernel cannot bind,
+// naming the path and the limit.
+func checkSocketPath(path string) error {
+	if len(path) > maxSocketPath {
+		return fmt.Errorf("unix socket path %s is %d bytes; %s allows at most %d (use a shorter path, or a shorter XDG_RUNTIME_DIR)", path, len(path), runtime.GOOS, maxSocketPath)
+	}
 	return nil
 }
 
@@ -482,10 +527,10 @@ func (n *Node) close() error {
 func (n *Node) Stop(r AnyRef) error {
 	h := r.handle()
 	if h == nil || h.local == nil || h.node != n {
-		return fmt.Errorf("troupe: Stop %v: %w (not a local actor)", r, ErrNoSuchActor)
+		return fmt.Errorf("Stop %v: %w (not a local actor)", r, ErrNoSuchActor)
 	}
 	if !h.local.watchHandle().local.sysPush(sysMsg{kind: sysStop}) {
-		return fmt.Errorf("troupe: Stop %s: %w", h.key.path, ErrNoSuchActor)
+		return fmt.Errorf("Stop %s: %w", h.key.path, ErrNoSuchActor)
 	}
 	return nil
 }
@@ -550,23 +595,6 @@ func (n *Node) newUUID() UUID {
 	seq := n.uuidSeq.Add(1)
 	binary.BigEndian.PutUint64(u[8:], binary.BigEndian.Uint64(u[8:])^seq)
 	return u
-}
-
-// deadLetter publishes a DeadLetter (if anything listens).
-func (n *Node) deadLetter(target string, msg any, reason error) {
-	if !n.events.hasSubscribers() {
-		return
-	}
-	n.events.Publish(DeadLetter{Target: target, Message: msg, Reason: reason})
-}
-
-// deadLetterUnconfirmed publishes a DeadLetter for a message that was sent
-// but never confirmed.
-func (n *Node) deadLetterUnconfirmed(target string, msg any, reason error) {
-	if !n.events.hasSubscribers() {
-		return
-	}
-	n.events.Publish(DeadLetter{Target: target, Message: msg, Reason: reason, Unconfirmed: true})
 }
 
 // isOwnAddr reports whether a is one of this node's bound addresses.

@@ -107,11 +107,16 @@ func (n *Node) Quarantined() []QuarantineInfo {
 	return out
 }
 
-// ClearQuarantine lifts this node's quarantine of the peer at addr (and of
-// every other address that peer announced), so that the peer may connect
-// again, or this node may dial it. It does not connect. It reports whether
-// anything was quarantined.
-func (n *Node) ClearQuarantine(addr Addr) bool {
+// ClearQuarantine lifts this node's quarantine of the peer at address
+// (in any form [ParseAddr] accepts), and of every other address that peer
+// announced, so that the peer may connect again, or this node may dial it.
+// It does not connect. It reports whether anything was quarantined (false
+// for an address that does not parse).
+func (n *Node) ClearQuarantine(address string) bool {
+	addr, err := ParseAddr(address)
+	if err != nil {
+		return false
+	}
 	n.pmu.Lock()
 	defer n.pmu.Unlock()
 	before := len(n.quarantine)
@@ -131,20 +136,25 @@ func (n *Node) ClearQuarantineUID(uid NodeUID) bool {
 	return len(n.quarantine) != before
 }
 
-// Reconnect clears this node's quarantine of addr and associates with the
-// node there again, waiting for the handshake. Refs obtained before the
+// Reconnect clears this node's quarantine of address (in any form
+// [ParseAddr] accepts) and associates with the node there again, waiting for the handshake. Refs obtained before the
 // quarantine stay dead (they belong to the ended session): resolve again.
 // If the peer has not cleared its own quarantine of this node, Reconnect
 // fails with an error wrapping [ErrQuarantinedByPeer]; it also returns the
-// dial or handshake error, ctx.Err(), or [ErrNodeClosed].
-func (n *Node) Reconnect(ctx context.Context, addr Addr) error {
-	n.ClearQuarantine(addr)
+// dial or handshake error, an error wrapping [ErrBadAddr], ctx.Err(), or
+// [ErrNodeClosed].
+func (n *Node) Reconnect(ctx context.Context, address string) error {
+	addr, err := ParseAddr(address)
+	if err != nil {
+		return fmt.Errorf("reconnect: %w", err)
+	}
+	n.ClearQuarantine(address)
 	a, err := n.assocFor(addr)
 	if err != nil {
 		return err
 	}
 	if err := a.awaitUp(ctx); err != nil {
-		return fmt.Errorf("troupe: reconnect %s: %w", addr, err)
+		return fmt.Errorf("reconnect %s: %w", addr, err)
 	}
 	return nil
 }
@@ -170,6 +180,7 @@ func (n *Node) heartbeatLoop() {
 			for _, a := range assocs {
 				a.checkLiveness(now)
 			}
+			n.dlog.summarize(n, now)
 		}
 	}
 }

@@ -135,7 +135,9 @@ type Ref[T any] struct {
 // network. A message that cannot be delivered (the actor has stopped, the
 // peer has gone, the mailbox or send queue is full, …) is published as a
 // [DeadLetter] on the node's event stream. Messages from one sender to one
-// actor arrive in the order they were told.
+// actor arrive in the order they were told. Telling the zero Ref (one
+// never obtained from Spawn, Resolve, a lookup or a message) panics: it is
+// a programming error, not an undeliverable message.
 func (r Ref[T]) Tell(msg T) {
 	if r.h == nil {
 		panic("troupe: Tell on a zero Ref")

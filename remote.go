@@ -24,14 +24,24 @@ func Resolve[T any](ctx context.Context, n *Node, ref string) (Ref[T], error) {
 	if err != nil {
 		return Ref[T]{}, err
 	}
+	r, err := resolveAt[T](ctx, n, addr, path)
+	if err != nil {
+		return Ref[T]{}, fmt.Errorf("resolve %s: %w", ref, err)
+	}
+	return r, nil
+}
+
+// resolveAt is [Resolve] for an address and path already parsed; its
+// errors do not repeat them, so that each caller names what it knows.
+func resolveAt[T any](ctx context.Context, n *Node, addr Addr, path string) (Ref[T], error) {
 	want := reflect.TypeFor[T]()
 	if n.isOwnAddr(addr) {
 		h := n.lookup(path, UUID{})
 		if h == nil {
-			return Ref[T]{}, fmt.Errorf("troupe: resolve %s: %w", ref, ErrNoSuchActor)
+			return Ref[T]{}, ErrNoSuchActor
 		}
 		if got := h.local.protocol(); got != want {
-			return Ref[T]{}, fmt.Errorf("troupe: resolve %s: %w: the actor accepts %s, not %s", ref, ErrWrongType, got, want)
+			return Ref[T]{}, fmt.Errorf("%w: the actor accepts %s, not %s", ErrWrongType, got, want)
 		}
 		return Ref[T]{h: h}, nil
 	}
@@ -41,14 +51,14 @@ func Resolve[T any](ctx context.Context, n *Node, ref string) (Ref[T], error) {
 	}
 	ans, err := a.resolve(ctx, path, protocolName(want))
 	if err != nil {
-		return Ref[T]{}, fmt.Errorf("troupe: resolve %s: %w", ref, err)
+		return Ref[T]{}, err
 	}
 	switch ans.status {
 	case resolveOK:
 	case resolveNoSuchActor:
-		return Ref[T]{}, fmt.Errorf("troupe: resolve %s: %w", ref, ErrNoSuchActor)
+		return Ref[T]{}, ErrNoSuchActor
 	default:
-		return Ref[T]{}, fmt.Errorf("troupe: resolve %s: %w: the actor accepts %s, not %s", ref, ErrWrongType, ans.proto, protocolName(want))
+		return Ref[T]{}, fmt.Errorf("%w: the actor accepts %s, not %s", ErrWrongType, ans.proto, protocolName(want))
 	}
 	t := a.lockTarget()
 	peer := t.peerUID

@@ -10,9 +10,12 @@ import (
 
 // The byte layout is specified in wire.md; change both together.
 
-// protocolVersion is the wire protocol version a node speaks. A peer with
-// another version is refused in the handshake.
-const protocolVersion = 1
+// ProtocolVersion is the wire protocol version a node speaks (see wire.md).
+// A peer with another version is refused in the handshake.
+const ProtocolVersion = 1
+
+// protocolVersion is [ProtocolVersion] as the hello frame carries it.
+const protocolVersion uint8 = ProtocolVersion
 
 // magic opens every hello and welcome, so a stray client of some other
 // protocol is told apart from a troupe node at once.

@@ -1,14 +1,13 @@
 // Command troupe runs a dedicated registrar and inspects a live system.
 //
-//	troupe registrar --addr 127.0.0.1:1717 [--addr unix:///run/app/reg.sock]
-//	troupe ls --registry 127.0.0.1:1717 [--json]
-//	troupe query --registry 127.0.0.1:1717 NAME
+//	troupe registrar [--addr ADDR ...]
+//	troupe ls [--registry ADDR] [--json]
+//	troupe query NAME [--registry ADDR] [--json]
+//	troupe version
 //
-// "registrar" serves a registry and nothing else until SIGINT or SIGTERM;
-// it refuses to start when a registrar already answers on an address.
-// "ls" lists every registration; "query" prints the preferred address of
-// NAME, or exits 1 when it is not registered. Both exit non-zero with a
-// message when no registrar answers.
+// Every command takes --help. Flags may come before or after the
+// positional arguments. The registry address defaults to
+// 127.0.0.1:1616 for every command, the registrar's included.
 package main
 
 import (
@@ -21,6 +20,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"runtime"
 	"strings"
 	"syscall"
 	"text/tabwriter"
@@ -35,11 +35,91 @@ func main() {
 	os.Exit(run(ctx, os.Args[1:], os.Stdout, os.Stderr))
 }
 
-const usage = `usage:
-  troupe registrar --addr ADDR [--addr ADDR ...]
-  troupe ls --registry ADDR [--json]
-  troupe query --registry ADDR NAME
-`
+// command is one subcommand: its help text, its flags and what it does.
+type command struct {
+	name    string
+	summary string // one line for the overview
+	usage   string // the synopsis line
+	about   string // what it does, for --help
+	args    int    // how many positional arguments it takes
+	run     func(ctx context.Context, c *call) int
+}
+
+// call is one invocation of a command: its parsed flags and arguments.
+type call struct {
+	cmd            *command
+	args           []string
+	registry       string
+	addrs          addrList
+	asJSON         bool
+	timeout        time.Duration
+	stdout, stderr io.Writer
+}
+
+// failf prints one line saying what failed, prefixed with the command,
+// and returns exit code 1.
+func (c *call) failf(format string, a ...any) int {
+	fmt.Fprintf(c.stderr, "troupe %s: %s\n", c.cmd.name, fmt.Sprintf(format, a...))
+	return 1
+}
+
+var commands = []*command{
+	{
+		name:    "registrar",
+		summary: "serve a registry and nothing else",
+		usage:   "troupe registrar [--addr ADDR ...]",
+		about: `Runs a dedicated registrar: nodes started with this address in
+Config.RegistryAddrs register their named actors with it, and ls and
+query read it. It serves until SIGINT or SIGTERM, logs with log/slog on
+standard error, and prints each address it bound on standard output.
+It refuses to start (exit 1) when a registrar already answers on an
+address. For a Unix socket address, the socket's directory is created
+(mode 0700) if it is missing.`,
+		run: registrar,
+	},
+	{
+		name:    "ls",
+		summary: "list every registration of a registrar",
+		usage:   "troupe ls [--registry ADDR] [--json] [--timeout D]",
+		about: `Lists every node and named actor registered with the registrar, as an
+aligned table or, with --json, a JSON array. Exits 1 with a message
+when no registrar answers.`,
+		run: ls,
+	},
+	{
+		name:    "query",
+		summary: "print where one named actor lives",
+		usage:   "troupe query NAME [--registry ADDR] [--json] [--timeout D]",
+		about: `Prints the preferred address of the actor registered as NAME (Unix
+socket, then local TCP, then remote TCP), or with --json its whole
+registration. Exits 1 with "not registered" when no actor has that
+name, and with a message when no registrar answers.`,
+		args: 1,
+		run:  query,
+	},
+	{
+		name:    "version",
+		summary: "print the version of troupe and of its wire protocol",
+		usage:   "troupe version",
+		about:   `Prints troupe's version, the wire protocol version it speaks, and the Go version it was built with.`,
+		run: func(_ context.Context, c *call) int {
+			fmt.Fprintf(c.stdout, "troupe %s (wire protocol %d, %s)\n", troupe.Version, troupe.ProtocolVersion, runtime.Version())
+			return 0
+		},
+	},
+}
+
+// overview prints the list of commands.
+func overview(w io.Writer) {
+	fmt.Fprintln(w, "usage: troupe COMMAND [flags]")
+	fmt.Fprintln(w)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	for _, c := range commands {
+		fmt.Fprintf(tw, "  %s\t%s\n", c.name, c.summary)
+	}
+	tw.Flush()
+	fmt.Fprintln(w, "\nRun 'troupe COMMAND --help' for a command's flags.")
+}
 
 // addrList is a repeatable --addr flag.
 type addrList []string
@@ -50,59 +130,120 @@ func (a *addrList) Set(s string) error { *a = append(*a, s); return nil }
 // run executes one command and returns the exit code.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
-		fmt.Fprint(stderr, usage)
+		overview(stderr)
 		return 2
 	}
 	switch args[0] {
-	case "registrar":
-		return registrar(ctx, args[1:], stdout, stderr)
-	case "ls", "query":
-		return inspect(ctx, args[0], args[1:], stdout, stderr)
-	case "-h", "--help", "help":
-		fmt.Fprint(stdout, usage)
+	case "-h", "-help", "--help", "help":
+		overview(stdout)
 		return 0
 	}
-	fmt.Fprintf(stderr, "troupe: unknown command %q\n%s", args[0], usage)
+	for _, cmd := range commands {
+		if cmd.name == args[0] {
+			return cmd.invoke(ctx, args[1:], stdout, stderr)
+		}
+	}
+	fmt.Fprintf(stderr, "troupe: unknown command %q\n", args[0])
+	overview(stderr)
 	return 2
 }
 
-func registrar(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("registrar", flag.ContinueOnError)
+// invoke parses the command's flags, which may stand before, between or
+// after its positional arguments, and runs it.
+func (cmd *command) invoke(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	c := &call{cmd: cmd, stdout: stdout, stderr: stderr}
+	fs := flag.NewFlagSet(cmd.name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	var addrs addrList
-	fs.Var(&addrs, "addr", "address to serve the registry on (repeatable): host:port, unix:///path or a multiaddr")
-	if err := fs.Parse(args); err != nil {
+	fs.Usage = func() {}
+	switch cmd.name {
+	case "registrar":
+		fs.Var(&c.addrs, "addr", "an address to serve the registry on (repeatable): host:port, unix:///path or a multiaddr (default "+troupe.DefaultRegistryTCP+")")
+	case "ls", "query":
+		fs.StringVar(&c.registry, "registry", troupe.DefaultRegistryTCP, "the registrar's address")
+		fs.BoolVar(&c.asJSON, "json", false, "print JSON")
+		fs.DurationVar(&c.timeout, "timeout", 5*time.Second, "how long to wait for the registrar, in all")
+	}
+	for {
+		err := fs.Parse(args)
+		if errors.Is(err, flag.ErrHelp) {
+			fmt.Fprintf(stdout, "usage: %s\n\n%s\n", cmd.usage, cmd.about)
+			if cmd.name != "version" {
+				fmt.Fprintln(stdout, "\nFlags:")
+				fs.SetOutput(stdout)
+				fs.PrintDefaults()
+			}
+			return 0
+		}
+		if err != nil {
+			fmt.Fprintf(stderr, "usage: %s\n", cmd.usage)
+			return 2
+		}
+		if fs.NArg() == 0 {
+			break
+		}
+		c.args = append(c.args, fs.Arg(0))
+		args = fs.Args()[1:]
+	}
+	if len(c.args) != cmd.args {
+		fmt.Fprintf(stderr, "troupe %s: takes %d argument(s), got %d\nusage: %s\n", cmd.name, cmd.args, len(c.args), cmd.usage)
 		return 2
 	}
+	return cmd.run(ctx, c)
+}
+
+func registrar(ctx context.Context, c *call) int {
+	addrs := c.addrs
 	if len(addrs) == 0 {
-		fmt.Fprintln(stderr, "troupe registrar: at least one --addr is required")
-		return 2
+		addrs = addrList{troupe.DefaultRegistryTCP}
 	}
-	logger := slog.New(slog.NewTextHandler(stderr, nil))
+	logger := slog.New(slog.NewTextHandler(c.stderr, nil))
 	n, err := troupe.Start(ctx, troupe.Config{Name: "registrar", RegistryAddrs: addrs, EnsureRegistry: true, Logger: logger})
 	switch {
 	case errors.Is(err, troupe.ErrRegistryRunning):
-		fmt.Fprintf(stderr, "troupe registrar: a registrar already serves %s\n", strings.Join(addrs, ", "))
-		return 1
+		return c.failf("a registrar already serves %s; stop it first, or pick another --addr", strings.Join(addrs, ", "))
 	case err != nil:
-		fmt.Fprintf(stderr, "troupe registrar: %v\n", err)
-		return 1
+		return c.failf("%v", err)
 	}
 	for _, a := range n.Addrs() {
-		fmt.Fprintf(stdout, "registrar listening on %s\n", a)
+		fmt.Fprintf(c.stdout, "registrar listening on %s\n", a)
 	}
 	logger.Info("registrar started", "addrs", fmt.Sprint(n.Addrs()), "uid", n.UID().String())
 	<-ctx.Done()
 	logger.Info("registrar stopping")
 	if err := n.Close(); err != nil {
-		fmt.Fprintf(stderr, "troupe registrar: close: %v\n", err)
-		return 1
+		return c.failf("close: %v", err)
 	}
 	return 0
 }
 
-// entry is one registration as `troupe ls --json` prints it.
-type entry struct {
+// connect starts the command's own short-lived node, bounded by the
+// command's timeout, and returns it with the registrar's address.
+func (c *call) connect(ctx context.Context) (*troupe.Node, troupe.Addr, int) {
+	addr, err := troupe.ParseAddr(c.registry)
+	if err != nil {
+		fmt.Fprintf(c.stderr, "troupe %s: --registry: %v\n", c.cmd.name, err)
+		return nil, troupe.Addr{}, 2
+	}
+	n, err := troupe.Start(ctx, troupe.Config{Name: "troupe-cli", Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		return nil, troupe.Addr{}, c.failf("%v", err)
+	}
+	return n, addr, 0
+}
+
+// noRegistrar explains a failed registry request in one line: what
+// failed, and what to check.
+func (c *call) noRegistrar(addr troupe.Addr, err error) int {
+	hint := "is a registrar running there? (troupe registrar --addr " + addr.String() + ")"
+	if errors.Is(err, context.DeadlineExceeded) {
+		hint = fmt.Sprintf("nothing answered within --timeout %v; is the address a troupe registrar, and do this machine's firewall and the registrar's secret or TLS settings allow it?", c.timeout)
+	}
+	why := strings.TrimPrefix(err.Error(), "registrar "+addr.String()+": ")
+	return c.failf("no registrar answers at %s: %s; %s", addr, why, hint)
+}
+
+// registration is one registration as the --json outputs print it.
+type registration struct {
 	Name     string   `json:"name"`
 	UUID     string   `json:"uuid"`
 	Path     string   `json:"path,omitempty"`
@@ -111,75 +252,47 @@ type entry struct {
 	Addrs    []string `json:"addrs"`
 }
 
-func inspect(ctx context.Context, cmd string, args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet(cmd, flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	registry := fs.String("registry", troupe.DefaultRegistryTCP, "the registrar's address")
-	asJSON := fs.Bool("json", false, "print JSON (ls)")
-	timeout := fs.Duration("timeout", 5*time.Second, "how long to wait for the registrar")
-	if err := fs.Parse(args); err != nil {
-		return 2
+func toJSON(r troupe.Registration) registration {
+	e := registration{Name: r.Name, UUID: r.UUID.String(), Path: r.Path, Node: r.Node.String(), NodeName: r.NodeName, Addrs: []string{}}
+	for _, a := range r.Addrs {
+		e.Addrs = append(e.Addrs, a.String())
 	}
-	addr, err := troupe.ParseAddr(*registry)
-	if err != nil {
-		fmt.Fprintf(stderr, "troupe %s: %v\n", cmd, err)
-		return 2
+	return e
+}
+
+func (c *call) printJSON(v any) int {
+	enc := json.NewEncoder(c.stdout)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(v); err != nil {
+		return c.failf("%v", err)
 	}
-	if cmd == "query" && fs.NArg() != 1 {
-		fmt.Fprintln(stderr, "troupe query: give exactly one NAME")
-		return 2
-	}
-	ctx, cancel := context.WithTimeout(ctx, *timeout)
+	return 0
+}
+
+func ls(ctx context.Context, c *call) int {
+	ctx, cancel := context.WithTimeout(ctx, c.timeout)
 	defer cancel()
-	n, err := troupe.Start(ctx, troupe.Config{Name: "troupe-cli", Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		fmt.Fprintf(stderr, "troupe %s: %v\n", cmd, err)
-		return 1
+	n, addr, code := c.connect(ctx)
+	if n == nil {
+		return code
 	}
 	defer n.Close()
-	noRegistrar := func(err error) int {
-		fmt.Fprintf(stderr, "troupe %s: no registrar answers at %s: %v\n", cmd, addr, err)
-		return 1
-	}
-	if cmd == "query" {
-		name := fs.Arg(0)
-		q, found, err := troupe.QueryActor(ctx, n, name, troupe.WithRegistries(addr))
-		if err != nil {
-			return noRegistrar(err)
-		}
-		if !found {
-			fmt.Fprintf(stderr, "troupe query: %s: not registered\n", name)
-			return 1
-		}
-		fmt.Fprintln(stdout, q.Addr)
-		return 0
-	}
-	reg, err := n.Registry(troupe.WithRegistries(addr))
+	reg, err := n.Registry(troupe.WithRegistries(addr.String()))
 	if err != nil {
-		return noRegistrar(err)
+		return c.noRegistrar(addr, err)
 	}
 	list, err := reg.List(ctx)
 	if err != nil {
-		return noRegistrar(err)
+		return c.noRegistrar(addr, err)
 	}
-	entries := make([]entry, 0, len(list))
+	entries := make([]registration, 0, len(list))
 	for _, r := range list {
-		e := entry{Name: r.Name, UUID: r.UUID.String(), Path: r.Path, Node: r.Node.String(), NodeName: r.NodeName, Addrs: []string{}}
-		for _, a := range r.Addrs {
-			e.Addrs = append(e.Addrs, a.String())
-		}
-		entries = append(entries, e)
+		entries = append(entries, toJSON(r))
 	}
-	if *asJSON {
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		if err := enc.Encode(entries); err != nil {
-			fmt.Fprintf(stderr, "troupe ls: %v\n", err)
-			return 1
-		}
-		return 0
+	if c.asJSON {
+		return c.printJSON(entries)
 	}
-	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	tw := tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "NAME\tUUID\tPATH\tNODE\tADDRS")
 	for _, e := range entries {
 		path := e.Path
@@ -189,5 +302,34 @@ func inspect(ctx context.Context, cmd string, args []string, stdout, stderr io.W
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", e.Name, e.UUID[:12], path, e.NodeName, strings.Join(e.Addrs, ","))
 	}
 	tw.Flush()
+	return 0
+}
+
+// queryResult is what `troupe query --json` prints.
+type queryResult struct {
+	Addr         string       `json:"addr"`
+	Registration registration `json:"registration"`
+}
+
+func query(ctx context.Context, c *call) int {
+	ctx, cancel := context.WithTimeout(ctx, c.timeout)
+	defer cancel()
+	n, addr, code := c.connect(ctx)
+	if n == nil {
+		return code
+	}
+	defer n.Close()
+	name := c.args[0]
+	q, found, err := troupe.QueryActor(ctx, n, name, troupe.WithRegistries(addr.String()))
+	if err != nil {
+		return c.noRegistrar(addr, err)
+	}
+	if !found {
+		return c.failf("%s: not registered at %s", name, addr)
+	}
+	if c.asJSON {
+		return c.printJSON(queryResult{Addr: q.Addr.String(), Registration: toJSON(q.Registration)})
+	}
+	fmt.Fprintln(c.stdout, q.Addr)
 	return 0
 }

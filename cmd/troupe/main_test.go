@@ -88,7 +88,7 @@ func TestRegistrarLsQuery(t *testing.T) {
 	if code := run(context.Background(), []string{"ls", "--registry", addr, "--json"}, &stdout, io.Discard); code != 0 {
 		t.Fatalf("ls --json exited %d", code)
 	}
-	var entries []entry
+	var entries []registration
 	if err := json.Unmarshal(stdout.Bytes(), &entries); err != nil || len(entries) != 3 {
 		t.Fatalf("ls --json = %q (%v)", stdout.String(), err)
 	}
@@ -109,5 +109,66 @@ func TestNoRegistrarAnswers(t *testing.T) {
 		if code := run(context.Background(), args, io.Discard, &errOut); code == 0 || !strings.Contains(errOut.String(), "no registrar answers") {
 			t.Errorf("%v: exit %d, %q", args, code, errOut.String())
 		}
+	}
+}
+
+func TestHelpForEveryCommand(t *testing.T) {
+	for _, args := range [][]string{{"--help"}, {"help"}, {"registrar", "--help"}, {"ls", "--help"}, {"query", "-h"}, {"version", "--help"}} {
+		var out, errOut bytes.Buffer
+		if code := run(context.Background(), args, &out, &errOut); code != 0 || out.Len() == 0 || errOut.Len() != 0 {
+			t.Errorf("%v: exit %d, stdout %q, stderr %q", args, code, out.String(), errOut.String())
+		}
+	}
+	var out bytes.Buffer
+	run(context.Background(), []string{"registrar", "--help"}, &out, io.Discard)
+	if !strings.Contains(out.String(), troupe.DefaultRegistryTCP) {
+		t.Errorf("registrar --help does not name its default address %s:\n%s", troupe.DefaultRegistryTCP, out.String())
+	}
+}
+
+func TestVersion(t *testing.T) {
+	var out bytes.Buffer
+	if code := run(context.Background(), []string{"version"}, &out, io.Discard); code != 0 || !strings.Contains(out.String(), troupe.Version) {
+		t.Fatalf("version: exit %d, %q", code, out.String())
+	}
+}
+
+func TestUsageErrors(t *testing.T) {
+	for _, args := range [][]string{{}, {"bogus"}, {"ls", "--bogus"}, {"query"}, {"query", "a", "b"}, {"ls", "--registry", "/ip4/1.2.3.4/udp/1"}} {
+		var errOut bytes.Buffer
+		if code := run(context.Background(), args, io.Discard, &errOut); code != 2 || errOut.Len() == 0 {
+			t.Errorf("%v: exit %d, %q", args, code, errOut.String())
+		}
+	}
+}
+
+func TestQueryFlagsAfterNameAndJSON(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	reg, err := troupe.Start(ctx, troupe.Config{Name: "reg", RegistryAddrs: []string{"127.0.0.1:0"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reg.Close()
+	if _, err := troupe.Spawn(reg, "billing", troupe.Behavior[string]{Receive: func(*troupe.Context[string], string) {}}); err != nil {
+		t.Fatal(err)
+	}
+	addr := reg.Addrs()[0].String()
+	var out bytes.Buffer
+	if code := run(ctx, []string{"query", "billing", "--registry", addr, "--json"}, &out, io.Discard); code != 0 {
+		t.Fatalf("query NAME --registry X --json: exit %d", code)
+	}
+	var q queryResult
+	if err := json.Unmarshal(out.Bytes(), &q); err != nil || q.Addr != addr || q.Registration.Name != "billing" || q.Registration.Path != "/user/billing" {
+		t.Fatalf("query --json = %q (%v)", out.String(), err)
+	}
+}
+
+func TestNoRegistrarIsOneLine(t *testing.T) {
+	var errOut bytes.Buffer
+	run(context.Background(), []string{"ls", "--registry", "127.0.0.1:1"}, io.Discard, &errOut)
+	msg := errOut.String()
+	if strings.Count(msg, "\n") != 1 || strings.Count(msg, "troupe") > 2 || strings.Count(msg, "127.0.0.1:1") > 2 || !strings.Contains(msg, "connection refused") {
+		t.Fatalf("a failed ls should say once what failed and what to check:\n%s", msg)
 	}
 }

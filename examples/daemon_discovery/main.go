@@ -132,7 +132,7 @@ func run(ctx context.Context, w io.Writer) error {
 	if err := <-daemonDone; err != nil {
 		return err
 	}
-	if _, found, err := troupe.FindActor[Request](ctx, caller, "adder", troupe.WithRegistries(reg.Addrs()[0])); err != nil || found {
+	if _, found, err := troupe.FindActor[Request](ctx, caller, "adder", troupe.WithRegistries(reg.Addrs()[0].String())); err != nil || found {
 		return fmt.Errorf("adder still registered after the daemon stopped (found %v, %v)", found, err)
 	}
 	fmt.Fprintln(w, "caller: adder is no longer registered")

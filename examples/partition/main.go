@@ -189,8 +189,8 @@ func run(ctx context.Context, w io.Writer) error {
 	}
 	homeLines.add("home: network repaired, and still no association")
 
-	there.ClearQuarantine(here.Addrs()[0])
-	if err := here.Reconnect(ctx, there.Addrs()[0]); err != nil {
+	there.ClearQuarantine(here.Addrs()[0].String())
+	if err := here.Reconnect(ctx, there.Addrs()[0].String()); err != nil {
 		return err
 	}
 	homeLines.add("home: reconnected, because somebody decided to")

@@ -83,7 +83,7 @@ func run(ctx context.Context, w io.Writer) error {
 		}
 		defer n.Close()
 		names[n.UID()] = name
-		sides = append(sides, &side{name: name, node: n, lease: troupe.NewNodeLease(n, arbiter.Addrs()[0], "split-brain", time.Second)})
+		sides = append(sides, &side{name: name, node: n, lease: troupe.NewNodeLease(n, arbiter.Addrs()[0].String(), "split-brain", time.Second)})
 	}
 	for i, s := range sides {
 		troupe.Subscribe(s.node.Events(), func(e troupe.MemberEvent) {
@@ -109,7 +109,7 @@ func run(ctx context.Context, w io.Writer) error {
 			},
 		}
 		if i > 0 {
-			cfg.Seeds = []troupe.Addr{sides[0].node.Addrs()[0]}
+			cfg.Seeds = []string{sides[0].node.Addrs()[0].String()}
 		}
 		c, err := troupe.StartCluster(ctx, s.node, cfg)
 		if err != nil {

@@ -1,0 +1,82 @@
+package troupe
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// deadLetterSummaryEvery is how often the count of dead letters that were
+// not logged one by one is logged.
+const deadLetterSummaryEvery = time.Minute
+
+// deadLetter reports a message that cannot be delivered: a DeadLetter
+// event (if anything listens) and the node's rate-limited log.
+func (n *Node) deadLetter(target string, msg any, reason error) {
+	n.dlog.note(n, target, msg, reason, false)
+	if n.events.hasSubscribers() {
+		n.events.Publish(DeadLetter{Target: target, Message: msg, Reason: reason})
+	}
+}
+
+// deadLetterUnconfirmed reports a message that was sent but never
+// confirmed.
+func (n *Node) deadLetterUnconfirmed(target string, msg any, reason error) {
+	n.dlog.note(n, target, msg, reason, true)
+	if n.events.hasSubscribers() {
+		n.events.Publish(DeadLetter{Target: target, Message: msg, Reason: reason, Unconfirmed: true})
+	}
+}
+
+// deadLetterLog logs the first [Config.DeadLetterLog] dead letters, then
+// counts the rest and logs the count once a minute, so that a forgotten
+// RegisterMessage leaves a trace without a flood burying the log.
+type deadLetterLog struct {
+	mu         sync.Mutex
+	logged     int       // dead letters logged one by one
+	suppressed int       // dead letters counted since the last summary
+	since      time.Time // when counting started
+}
+
+// note logs one dead letter, or counts it once the limit is reached.
+func (l *deadLetterLog) note(n *Node, target string, msg any, reason error, unconfirmed bool) {
+	limit := n.cfg.DeadLetterLog
+	if limit < 0 || errors.Is(reason, ErrNodeClosed) {
+		return // off, or this node is closing: nothing the user forgot
+	}
+	l.mu.Lock()
+	if l.logged >= limit {
+		if l.suppressed == 0 {
+			l.since = time.Now()
+		}
+		l.suppressed++
+		l.mu.Unlock()
+		return
+	}
+	l.logged++
+	last := l.logged == limit
+	l.mu.Unlock()
+	args := []any{"target", target, "reason", reason, "type", fmt.Sprintf("%T", msg)}
+	if unconfirmed {
+		args = append(args, "unconfirmed", true)
+	}
+	if last {
+		args = append(args, "note", "further dead letters are counted and logged once a minute (Config.DeadLetterLog)")
+	}
+	n.log.Warn("troupe: dead letter", args...)
+}
+
+// summarize logs how many dead letters were counted but not logged, at
+// most once a minute. The heartbeat loop calls it.
+func (l *deadLetterLog) summarize(n *Node, now time.Time) {
+	l.mu.Lock()
+	if l.suppressed == 0 || now.Sub(l.since) < deadLetterSummaryEvery {
+		l.mu.Unlock()
+		return
+	}
+	count, since := l.suppressed, l.since
+	l.suppressed = 0
+	l.mu.Unlock()
+	n.log.Warn("troupe: dead letters not logged one by one", "count", count, "since", since.Format(time.RFC3339))
+}

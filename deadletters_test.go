@@ -1,0 +1,93 @@
+package troupe
+
+import (
+	"bytes"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// syncBuffer is a bytes.Buffer safe for the node's goroutines to log into.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// unregistered is a message type nobody registered for the wire.
+type unregistered struct{ N int }
+
+func TestDeadLettersAreLoggedThenCounted(t *testing.T) {
+	var logs syncBuffer
+	cfg := testConfig("tcp://127.0.0.1:0")
+	cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+	cfg.DeadLetterLog = 3
+	server := startNode(t, cfg)
+	if _, err := Spawn(server, "sink", Behavior[unregistered]{Receive: func(*Context[unregistered], unregistered) {}}); err != nil {
+		t.Fatal(err)
+	}
+	client := startNode(t, cfg)
+	// A ref to a remote actor of a type that was never registered: every
+	// Tell is a dead letter, and nobody subscribed to the events.
+	ref, err := Resolve[unregistered](ctxT(t, 5*time.Second), client, FormatRef(server.Addrs()[0], "/user/sink"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 10 {
+		ref.Tell(unregistered{N: i})
+	}
+	waitFor(t, 5*time.Second, "three dead-letter lines", func() bool { return strings.Count(logs.String(), "troupe: dead letter") >= 3 })
+	out := logs.String()
+	if got := strings.Count(out, `msg="troupe: dead letter"`); got != 3 {
+		t.Fatalf("%d dead letters logged one by one, want 3:\n%s", got, out)
+	}
+	if !strings.Contains(out, "unregistered") || !strings.Contains(out, "/user/sink") || !strings.Contains(out, "Config.DeadLetterLog") {
+		t.Fatalf("the log lacks the type, the target or the note on the limit:\n%s", out)
+	}
+	// The other seven are counted and summarized once a minute.
+	client.dlog.summarize(client, time.Now().Add(30*time.Second))
+	if strings.Contains(logs.String(), "not logged one by one") {
+		t.Fatalf("summarized before a minute passed:\n%s", logs.String())
+	}
+	client.dlog.summarize(client, time.Now().Add(2*time.Minute))
+	if !strings.Contains(logs.String(), "count=7") {
+		t.Fatalf("no summary of the seven others:\n%s", logs.String())
+	}
+	client.dlog.summarize(client, time.Now().Add(4*time.Minute))
+	if got := strings.Count(logs.String(), "not logged one by one"); got != 1 {
+		t.Fatalf("%d summaries with nothing new to count, want 1", got)
+	}
+}
+
+func TestDeadLetterLogOff(t *testing.T) {
+	var logs syncBuffer
+	cfg := testConfig()
+	cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+	cfg.DeadLetterLog = -1
+	n := startNode(t, cfg)
+	r, err := Spawn(n, "gone", Behavior[int]{Receive: func(c *Context[int], _ int) { c.Stop() }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := make(chan DeadLetter, 4)
+	SubscribeChan(n.Events(), dead)
+	r.Tell(1)
+	r.Tell(2)
+	recv(t, dead, "the dead letter event")
+	if strings.Contains(logs.String(), "dead letter") {
+		t.Fatalf("DeadLetterLog -1 still logged:\n%s", logs.String())
+	}
+}
