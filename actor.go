@@ -57,8 +57,9 @@ type Behavior[T any] struct {
 	Signal  func(c *Context[T], s Signal)
 }
 
-// Signal is a message from the runtime rather than from another actor. It is
-// delivered on the system lane, ahead of every waiting user message.
+// Signal is a message from the runtime rather than from another actor.
+// [Terminated] is handled after every user message that was already in the
+// mailbox when it arrived, so it follows everything the stopped actor sent.
 type Signal interface{ isSignal() }
 
 // Terminated tells a watcher that an actor it watches has stopped. It is
@@ -104,6 +105,10 @@ type sysMsg struct {
 	ref    *handle // the watcher (watch, unwatch) or child (childStopped)
 	key    refKey  // the actor that stopped (terminated)
 	reason error   // stop or termination reason
+	// after is, for a termination, how many user messages had entered the
+	// mailbox when it arrived: it is handled only once they all have been,
+	// so that it follows everything the stopped actor sent.
+	after uint64
 }
 
 // throughput is how many messages an actor handles before it yields its
@@ -129,9 +134,12 @@ type cell[T any] struct {
 	scheduled bool     // a goroutine is running (or about to run) the cell
 	closed    bool     // the actor has stopped; nothing more is accepted
 	hasSys    atomic.Bool
+	entered   uint64 // user messages ever appended to in
 
 	// The rest is owned by the goroutine running the cell.
-	batch      []T // the user messages taken from in, being handled
+	batch      []T      // the user messages taken from in, being handled
+	handled    uint64   // user messages taken out of the mailbox and handled
+	later      []sysMsg // terminations waiting for the messages ahead of them
 	stopping   bool
 	stopReason error
 	watchers   map[refKey]*handle // who watches this actor
@@ -331,6 +339,7 @@ func (c *cell[T]) push(msg T) error {
 		return ErrMailboxFull
 	}
 	c.in = append(c.in, msg)
+	c.entered++
 	start := !c.scheduled
 	c.scheduled = true
 	c.mu.Unlock()
@@ -354,6 +363,9 @@ func (c *cell[T]) sysPush(m sysMsg) bool {
 	if c.closed {
 		c.mu.Unlock()
 		return false
+	}
+	if m.kind == sysTerminated {
+		m.after = c.entered
 	}
 	c.sys = append(c.sys, m)
 	c.hasSys.Store(true)
@@ -385,6 +397,10 @@ func (c *cell[T]) run() {
 				return
 			}
 			c.receive(c.batch[i])
+			c.handled++
+			if len(c.later) > 0 && c.later[0].after <= c.handled {
+				c.deliverLater()
+			}
 			if c.stopping {
 				c.terminate(c.batch[i+1:])
 				return
@@ -413,12 +429,29 @@ func (c *cell[T]) drainSys() bool {
 			return c.stopping
 		}
 		for _, m := range sys {
+			if m.kind == sysTerminated && (m.after > c.handled || len(c.later) > 0) {
+				c.later = append(c.later, m)
+				continue
+			}
 			c.handleSys(m)
+		}
+		if len(c.later) > 0 && c.later[0].after <= c.handled {
+			c.deliverLater()
 		}
 		if c.stopping {
 			return true
 		}
 	}
+}
+
+// deliverLater handles the waiting terminations whose messages have all
+// been handled, in the order they arrived.
+func (c *cell[T]) deliverLater() {
+	i := 0
+	for ; i < len(c.later) && c.later[i].after <= c.handled && !c.stopping; i++ {
+		c.handleSys(c.later[i])
+	}
+	c.later = c.later[:copy(c.later, c.later[i:])]
 }
 
 func (c *cell[T]) handleSys(m sysMsg) {

@@ -305,7 +305,9 @@ func (a *assoc) enqueue(r outRec) error {
 		a.mu.Unlock()
 		return a.failure()
 	}
-	if lim := a.n.cfg.SendQueueLimit; lim > 0 && a.queue.len() >= lim {
+	// Control frames (watches, terminations) are never refused for a full
+	// queue: a lost termination would leave a watcher waiting forever.
+	if lim := a.n.cfg.SendQueueLimit; lim > 0 && r.h != nil && a.queue.len() >= lim {
 		a.mu.Unlock()
 		return fmt.Errorf("%w: %d frames waiting for %s", ErrSendQueueFull, lim, a.label())
 	}

@@ -36,8 +36,8 @@
 // lock. [Ref.Tell] never blocks on the network. [Ask] sends a request
 // carrying a temporary reply ref and waits for the reply. [Context.Watch]
 // asks for a [Terminated] signal when another actor — local or remote —
-// stops; signals travel on a system lane that is drained before user
-// messages. A handler that panics stops its actor (not the node), and the
+// stops; it is handled after every message from that actor that reached
+// the watcher's node first, and nothing from it follows. A handler that panics stops its actor (not the node), and the
 // panic is the stop reason. Children spawned from a [Context] stop with
 // their parent. [MessageAdapter] makes a ref of another message type that
 // converts into the actor's protocol; it is addressable across the wire.
