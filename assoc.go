@@ -113,7 +113,6 @@ type assoc struct {
 	pending  map[pendingAsk]struct{}
 	resolves map[uint64]chan resolveAnswer
 	watches  map[watchPair]struct{}
-	reqSeq   uint64
 
 	wake       chan struct{} // capacity 1: the writer has work
 	stop       chan struct{} // closed when the session ends
@@ -164,6 +163,7 @@ type resolveAnswer struct {
 	status byte
 	uuid   UUID
 	proto  string
+	err    error // the session ended before the answer came
 }
 
 func newAssoc(n *Node, outbound bool, dial Addr) *assoc {
@@ -498,7 +498,7 @@ func (a *assoc) fail(err error) {
 		p.fail(serr)
 	}
 	for _, ch := range resolves {
-		close(ch)
+		ch <- resolveAnswer{err: serr}
 	}
 	for w := range watches {
 		w.watcher.signal(sysMsg{kind: sysTerminated, key: w.target, reason: reason})

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"slices"
 	"time"
@@ -343,18 +344,19 @@ func (a *assoc) mergeInto(w *assoc) {
 		a.state = assocClosed
 		moved = a.queue.take()
 	}
-	pending, watches := a.pending, a.watches
-	a.pending, a.watches = map[pendingAsk]struct{}{}, map[watchPair]struct{}{}
+	pending, watches, resolves := a.pending, a.watches, a.resolves
+	a.pending, a.watches, a.resolves = map[pendingAsk]struct{}{}, map[watchPair]struct{}{}, map[uint64]chan resolveAnswer{}
 	t := w.lockTarget() // lock order: a, then the winner
 	if t.state >= assocLeaving {
 		t.mu.Unlock()
 		a.mu.Unlock()
-		a.endMoved(moved, pending, watches, t.failure())
+		a.endMoved(moved, pending, watches, resolves, t.failure())
 	} else {
 		t.queue.appendQueue(moved)
 		for p := range pending {
 			t.pending[p] = struct{}{}
 		}
+		maps.Copy(t.resolves, resolves)
 		for p := range watches {
 			t.watches[p] = struct{}{}
 		}
@@ -377,10 +379,13 @@ func (a *assoc) mergeInto(w *assoc) {
 
 // endMoved fails what a merge could not hand over because the winner had
 // ended too.
-func (a *assoc) endMoved(queue recQueue, pending map[pendingAsk]struct{}, watches map[watchPair]struct{}, err error) {
+func (a *assoc) endMoved(queue recQueue, pending map[pendingAsk]struct{}, watches map[watchPair]struct{}, resolves map[uint64]chan resolveAnswer, err error) {
 	a.deadLetters(queue, err)
 	for p := range pending {
 		p.fail(err)
+	}
+	for _, ch := range resolves {
+		ch <- resolveAnswer{err: err}
 	}
 	for w := range watches {
 		w.watcher.signal(sysMsg{kind: sysTerminated, key: w.target, reason: err})

@@ -92,8 +92,7 @@ func (a *assoc) resolve(ctx context.Context, path, proto string) (resolveAnswer,
 		t.mu.Unlock()
 		return resolveAnswer{}, t.failure()
 	}
-	t.reqSeq++
-	id := t.reqSeq
+	id := a.n.reqSeq.Add(1)
 	t.resolves[id] = ch
 	t.mu.Unlock()
 	b := []byte{byte(frameResolve)}
@@ -101,13 +100,10 @@ func (a *assoc) resolve(ctx context.Context, path, proto string) (resolveAnswer,
 	b = appendString(b, path)
 	t.control(appendString(b, proto))
 	select {
-	case ans, ok := <-ch:
-		if !ok {
-			return resolveAnswer{}, t.failure()
-		}
-		return ans, nil
+	case ans := <-ch:
+		return ans, ans.err
 	case <-ctx.Done():
-		t.mu.Lock()
+		t = a.lockTarget() // the request may have moved with a merge
 		delete(t.resolves, id)
 		t.mu.Unlock()
 		return resolveAnswer{}, ctx.Err()
