@@ -235,7 +235,7 @@ type Node struct {
 	// reqSeq numbers resolve requests node-wide, so that an answer that
 	// arrives on the association a request moved to by a merge can never
 	// be taken for another request's.
-	reqSeq atomic.Uint64
+	reqSeq  atomic.Uint64
 	anonSeq atomic.Uint64
 
 	inbound     atomic.Int64 // inbound connections open
