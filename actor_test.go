@@ -190,7 +190,9 @@ func TestWatchStoppedActorAndUnwatch(t *testing.T) {
 	}
 }
 
-func TestSystemLaneBeforeUserMessages(t *testing.T) {
+// TestTerminatedWaitsBehindTheMailbox: a termination is handled after the
+// user messages already waiting when it arrived, whoever sent them.
+func TestTerminatedWaitsBehindTheMailbox(t *testing.T) {
 	n := startNode(t, testConfig())
 	release := make(chan struct{})
 	var order []string
@@ -204,11 +206,11 @@ func TestSystemLaneBeforeUserMessages(t *testing.T) {
 				return
 			}
 			order = append(order, fmt.Sprint("user", m.N))
-			if m.N == 3 {
-				done <- order
-			}
 		},
-		Signal: func(_ *Context[count], s Signal) { order = append(order, "terminated") },
+		Signal: func(_ *Context[count], s Signal) {
+			order = append(order, "terminated")
+			done <- order
+		},
 	})
 	w.Tell(count{N: 0}) // blocks the watcher
 	w.Tell(count{N: 1})
@@ -219,8 +221,8 @@ func TestSystemLaneBeforeUserMessages(t *testing.T) {
 	recv(t, probe, "victim stopped")
 	close(release)
 	got := recv(t, done, "order")
-	if strings.Join(got, ",") != "terminated,user1,user2,user3" {
-		t.Fatalf("handling order = %v, want the signal before the waiting user messages", got)
+	if strings.Join(got, ",") != "user1,user2,user3,terminated" {
+		t.Fatalf("handling order = %v, want the waiting user messages before the signal", got)
 	}
 }
 

@@ -122,6 +122,9 @@ type assoc struct {
 	in      *stampReader  // the connection's reading side; nil until connected
 	beat    atomic.Bool   // the writer owes the peer a heartbeat
 	doom    error         // why the session must end, set before its conn is closed (mu)
+	// byeOnAck (mu): a graceful leave waits, before its bye, until the
+	// queue is written and the peer acknowledged every tell in it.
+	byeOnAck bool
 	unsent  []inflightMsg // messages a failed write did not send (mu)
 	ackTo   atomic.Uint64 // tell frames received that the writer should acknowledge
 
@@ -253,6 +256,18 @@ func (a *assoc) finish() {
 	n.pmu.Unlock()
 	a.closeReady()
 	a.stopOnce.Do(func() { close(a.stop) })
+}
+
+// lastHeard is when bytes from the peer last arrived; zero if never.
+func (a *assoc) lastHeard() time.Time {
+	if a.in == nil {
+		return time.Time{}
+	}
+	at := a.in.heard.Load()
+	if at == 0 {
+		return time.Time{}
+	}
+	return a.n.epoch.Add(time.Duration(at))
 }
 
 func (a *assoc) closeReady() { a.readyOnce.Do(func() { close(a.ready) }) }
@@ -398,8 +413,9 @@ func appendBye(b []byte, code byte, text string) []byte {
 }
 
 // leave queues a bye: the peer learns this node is closing. Nothing more is
-// accepted for sending.
-func (a *assoc) leave() {
+// accepted for sending. With now, what was queued is dropped (as dead
+// letters) and the bye goes in its place; otherwise it follows the queue.
+func (a *assoc) leave(now bool) {
 	a.mu.Lock()
 	if a.state >= assocLeaving || a.fwd != nil {
 		a.mu.Unlock()
@@ -407,8 +423,15 @@ func (a *assoc) leave() {
 	}
 	up := a.state == assocUp
 	a.state = assocLeaving
-	if up {
+	var dropped recQueue
+	if now {
+		dropped = a.queue.take()
+	}
+	switch {
+	case up && now:
 		a.queue.push(outRec{msg: ctlFrame(appendBye(nil, byeLeaving, ""))})
+	case up:
+		a.byeOnAck = true // the writer says bye once the peer confirmed all
 	}
 	pend := a.pending
 	a.pending = map[pendingAsk]struct{}{}
@@ -416,6 +439,7 @@ func (a *assoc) leave() {
 	for p := range pend {
 		p.fail(ErrNodeClosed)
 	}
+	a.deadLetters(dropped, ErrNodeClosed)
 	a.notify()
 	if !up {
 		a.fail(ErrNodeClosed)
@@ -485,7 +509,7 @@ func (a *assoc) fail(err error) {
 	a.finish()
 	serr := &sessionError{peer: a.label(), cause: reason}
 	if wasUp && !closing {
-		a.n.events.Publish(PeerUnreachable{Addr: a.addr(), UID: a.peerUID, Name: a.peerName, Quarantined: quarantine, Reason: reason})
+		a.n.events.Publish(PeerUnreachable{Addr: a.addr(), UID: a.peerUID, Name: a.peerName, Quarantined: quarantine, Reason: reason, LastHeard: a.lastHeard()})
 	}
 	for _, m := range unacked {
 		a.n.deadLetterUnconfirmed(m.h.String(), m.msg, serr)

@@ -71,8 +71,14 @@ func (a *assoc) writeLoop() {
 		if leaving {
 			a.mu.Lock()
 			empty := a.queue.len() == 0
+			if empty && a.byeOnAck && a.unackedHead == len(a.unacked) {
+				a.byeOnAck, empty = false, false
+				a.queue.push(outRec{msg: ctlFrame(appendBye(nil, byeLeaving, ""))})
+				a.notify()
+			}
+			last := empty && !a.byeOnAck
 			a.mu.Unlock()
-			if empty {
+			if last {
 				return
 			}
 		}
@@ -174,6 +180,9 @@ func (a *assoc) onAck(b []byte) error {
 	a.acked = count
 	if a.unackedHead == len(a.unacked) {
 		a.unacked, a.unackedHead = a.unacked[:0], 0
+		if a.byeOnAck {
+			a.notify() // the writer may say bye now
+		}
 	} else if a.unackedHead > 1024 && a.unackedHead > len(a.unacked)/2 {
 		n := copy(a.unacked, a.unacked[a.unackedHead:])
 		a.unacked, a.unackedHead = a.unacked[:n], 0

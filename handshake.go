@@ -299,7 +299,7 @@ func dialedByLower(a *assoc, self, peer NodeUID) bool {
 
 // awaitWinner parks an outbound association whose connection lost a
 // simultaneous dial: it is merged into the peer's connection once that is
-// attached, or fails after the handshake timeout.
+// attached, or fails after mergeWait.
 func (n *Node) awaitWinner(a *assoc, uid NodeUID) {
 	n.pmu.Lock()
 	if w := n.byUID[uid]; w != nil {
@@ -309,7 +309,7 @@ func (n *Node) awaitWinner(a *assoc, uid NodeUID) {
 	}
 	n.awaiting[uid] = append(n.awaiting[uid], a)
 	n.pmu.Unlock()
-	t := time.NewTimer(n.cfg.HandshakeTimeout)
+	t := time.NewTimer(mergeWait)
 	defer t.Stop()
 	select {
 	case <-a.stop:
@@ -368,7 +368,7 @@ func (a *assoc) mergeInto(w *assoc) {
 	a.closeReady()
 	if up {
 		a.notify()
-		conn.SetReadDeadline(time.Now().Add(a.n.cfg.HandshakeTimeout))
+		conn.SetReadDeadline(time.Now().Add(retireDrain))
 		return
 	}
 	if conn != nil {

@@ -96,7 +96,7 @@ func (n *Node) registrarRef(ctx context.Context, addr Addr) (Ref[regRequest], er
 }
 
 // registryTimeout bounds one request to a registrar.
-func (n *Node) registryTimeout() time.Duration { return n.cfg.HandshakeTimeout }
+func (n *Node) registryTimeout() time.Duration { return n.cfg.RegistryTimeout }
 
 // ask sends req to the registrar src and waits for its reply.
 func (n *Node) askRegistrar(ctx context.Context, src registrarSource, req regRequest) ([]Registration, error) {

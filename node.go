@@ -70,8 +70,12 @@ type Config struct {
 	DialTimeout time.Duration
 
 	// HandshakeTimeout bounds the handshake of a new connection, in both
-	// directions. Default: 5 s.
+	// directions, and nothing else. Default: 5 s.
 	HandshakeTimeout time.Duration
+
+	// RegistryTimeout bounds one request to a registrar: a lookup, a
+	// registration, a wait's registration of its waiter. Default: 5 s.
+	RegistryTimeout time.Duration
 
 	// HeartbeatInterval is how often each association sends a heartbeat.
 	// Default: 1 s.
@@ -174,6 +178,9 @@ func (c Config) withDefaults() Config {
 	if c.HandshakeTimeout == 0 {
 		c.HandshakeTimeout = 5 * time.Second
 	}
+	if c.RegistryTimeout == 0 {
+		c.RegistryTimeout = 5 * time.Second
+	}
 	if c.HeartbeatInterval == 0 {
 		c.HeartbeatInterval = time.Second
 	}
@@ -196,7 +203,7 @@ func (c Config) validate() error {
 	switch {
 	case c.MaxFrameSize < 1024 || c.MaxFrameSize > 1<<30:
 		return fmt.Errorf("%w: MaxFrameSize %d is outside 1 KiB to 1 GiB", ErrBadConfig, c.MaxFrameSize)
-	case c.DialTimeout < 0 || c.HandshakeTimeout < 0:
+	case c.DialTimeout < 0 || c.HandshakeTimeout < 0 || c.RegistryTimeout < 0:
 		return fmt.Errorf("%w: negative timeout", ErrBadConfig)
 	case len(c.Name) > 255:
 		return fmt.Errorf("%w: Name longer than 255 bytes", ErrBadConfig)
@@ -275,7 +282,13 @@ type Node struct {
 
 	// Lifecycle.
 	closeOnce sync.Once
-	done      chan struct{}  // closed when Close begins
+	closeErr  error
+	done      chan struct{} // closed when Close or Shutdown begins
+	hurry     chan struct{} // closed by Close: a Shutdown in progress stops waiting
+	hurryOnce sync.Once
+	// dialCtx ends every dial in progress when the node begins to close.
+	dialCtx    context.Context
+	dialCancel context.CancelFunc
 	live      sync.WaitGroup // one count per actor not yet terminated
 	wg        sync.WaitGroup // every goroutine the node started
 }
@@ -300,6 +313,7 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 		awaiting:    make(map[NodeUID][]*assoc),
 		inHandshake: make(map[net.Conn]struct{}),
 		done:        make(chan struct{}),
+		hurry:       make(chan struct{}),
 	}
 	n.events.node = n
 	rand.Read(n.uid[:])
@@ -310,6 +324,7 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 	}
 	n.log = n.log.With("node", n.name)
 	n.ctx, n.cancel = context.WithCancel(context.Background())
+	n.dialCtx, n.dialCancel = context.WithCancel(n.ctx)
 	n.epoch = time.Now()
 	var err error
 	switch {
@@ -457,71 +472,6 @@ func (n *Node) Events() *Events { return &n.events }
 func (n *Node) Done() <-chan struct{} { return n.done }
 
 func (n *Node) spawnParent() (*Node, parentCell) { return n, nil }
-
-// Close stops the node: it stops listening, tells every peer it is leaving
-// (their watchers of this node's actors get [Terminated] with
-// [ErrPeerLeft]), stops every actor (waiting for running handlers to
-// return), closes every connection, and waits for every goroutine the node
-// started. Messages still queued for peers are flushed for up to
-// HandshakeTimeout.
-// Close is idempotent; calls after the first return nil at once.
-func (n *Node) Close() error {
-	var err error
-	n.closeOnce.Do(func() { err = n.close() })
-	return err
-}
-
-func (n *Node) close() error {
-	close(n.done)
-	var errs []error
-	for _, l := range n.listeners {
-		if err := l.Close(); err != nil && !errors.Is(err, net.ErrClosed) {
-			errs = append(errs, err)
-		}
-	}
-	// Peers first, so they hear that this node left rather than that
-	// each actor stopped; registrars first of all.
-	n.unregisterAll()
-	n.pmu.Lock()
-	n.pclosing = true
-	assocs := make([]*assoc, 0, len(n.all))
-	for a := range n.all {
-		assocs = append(assocs, a)
-	}
-	for c := range n.inHandshake {
-		c.Close()
-	}
-	n.pmu.Unlock()
-	for _, a := range assocs {
-		a.leave()
-	}
-
-	n.amu.Lock()
-	n.closing = true
-	targets := make([]*handle, 0, len(n.actors))
-	for _, h := range n.actors {
-		targets = append(targets, h)
-	}
-	n.amu.Unlock()
-	for _, h := range targets {
-		h.local.sysPush(sysMsg{kind: sysStop, reason: ErrNodeClosed})
-	}
-	n.live.Wait()
-
-	flushed := time.NewTimer(n.cfg.HandshakeTimeout)
-	defer flushed.Stop()
-	for _, a := range assocs {
-		select {
-		case <-a.writerDone:
-		case <-flushed.C:
-			flushed.Reset(0)
-		}
-		a.fail(ErrNodeClosed)
-	}
-	n.cancel()
-	n.wg.Wait()
-	return errors.Join(errs...)
-}
 
 // Stop asks a local actor to stop, as if it had called [Context.Stop]:
 // after the message it is handling, its children stop, waiting messages
@@ -677,7 +627,7 @@ func (n *Node) bytesWritten() uint64 {
 
 // dial connects to addr, through the fault network if the node is on one.
 func (n *Node) dial(addr Addr) (net.Conn, error) {
-	ctx, cancel := context.WithTimeout(n.ctx, n.cfg.DialTimeout)
+	ctx, cancel := context.WithTimeout(n.dialCtx, n.cfg.DialTimeout)
 	defer cancel()
 	if f := n.cfg.fault; f != nil {
 		return f.dial(ctx, n, addr)

@@ -38,6 +38,10 @@ type PeerUnreachable struct {
 	Name        string  // the peer's configured name
 	Quarantined bool
 	Reason      error
+	// LastHeard is when the last bytes from the peer arrived (zero if
+	// none ever did), from the monotonic clock: compared with the event's
+	// arrival it tells a slow peer from a silent one.
+	LastHeard time.Time
 }
 
 // QuarantineInfo describes one quarantined peer incarnation.

@@ -364,7 +364,7 @@ func (a *assoc) onBye(b []byte) error {
 	if w != nil {
 		a.mergeInto(w)
 	}
-	a.conn.SetReadDeadline(time.Now().Add(n.cfg.HandshakeTimeout))
+	a.conn.SetReadDeadline(time.Now().Add(retireDrain))
 	return nil
 }
 

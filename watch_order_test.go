@@ -210,7 +210,10 @@ func TestTerminatedAfterMessagesFromAnUnreachablePeer(t *testing.T) {
 	sender.Tell(orderGo{To: w, N: 1000})
 	waitFor(t, 10*time.Second, "the 1000 messages to reach the watcher's mailbox", func() bool { return mailboxLen(home, "/user/watcher") >= 1000 })
 	f.Partition(home, away)
-	recv(t, unreachable, "PeerUnreachable")
+	e := recv(t, unreachable, "PeerUnreachable")
+	if e.LastHeard.IsZero() || time.Since(e.LastHeard) < 300*time.Millisecond {
+		t.Fatalf("PeerUnreachable.LastHeard = %v (%v ago), want at least the 400 ms window of silence", e.LastHeard, time.Since(e.LastHeard))
+	}
 	release()
 	log.check(t, 1000)
 	if !errors.Is(log.reason, ErrPeerUnreachable) {

@@ -210,8 +210,10 @@ func registrar(ctx context.Context, c *call) int {
 	logger.Info("registrar started", "addrs", fmt.Sprint(n.Addrs()), "uid", n.UID().String())
 	<-ctx.Done()
 	logger.Info("registrar stopping")
-	if err := n.Close(); err != nil {
-		return c.failf("close: %v", err)
+	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := n.Shutdown(sctx); err != nil {
+		return c.failf("shutdown: %v", err)
 	}
 	return 0
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"net"
 	"strings"
 	"sync"
 	"testing"
@@ -170,5 +171,29 @@ func TestNoRegistrarIsOneLine(t *testing.T) {
 	msg := errOut.String()
 	if strings.Count(msg, "\n") != 1 || strings.Count(msg, "troupe") > 2 || strings.Count(msg, "127.0.0.1:1") > 2 || !strings.Contains(msg, "connection refused") {
 		t.Fatalf("a failed ls should say once what failed and what to check:\n%s", msg)
+	}
+}
+
+func TestTimeoutIsHonouredAgainstASilentPeer(t *testing.T) {
+	// Something that accepts connections and never answers the handshake.
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+		}
+	}()
+	start := time.Now()
+	var errOut bytes.Buffer
+	code := run(context.Background(), []string{"ls", "--registry", l.Addr().String(), "--timeout", "1s"}, io.Discard, &errOut)
+	if took := time.Since(start); code != 1 || took > 4*time.Second {
+		t.Fatalf("ls --timeout 1s against a silent peer: exit %d after %v: %s", code, took, errOut.String())
 	}
 }

@@ -1,0 +1,128 @@
+package troupe
+
+import (
+	"context"
+	"errors"
+	"net"
+	"time"
+)
+
+// Waits that are not settings: each bounds one rare wait, with room for a
+// slow peer, and none is a handshake.
+const (
+	// mergeWait bounds how long a connection that lost a simultaneous
+	// dial waits for the peer's winning connection to arrive.
+	mergeWait = 5 * time.Second
+	// retireDrain bounds how long a retired duplicate connection keeps
+	// reading (frames in flight, the peer's bye) before it is closed.
+	retireDrain = 5 * time.Second
+	// closeByeWait bounds how long Close waits for the writers to send
+	// their bye: long enough for a loopback or LAN write, short enough
+	// that Close still ends "at once".
+	closeByeWait = 250 * time.Millisecond
+)
+
+// Close stops the node at once. Dials and handshakes in progress are
+// aborted; on every association that is up, what is still queued becomes
+// dead letters ([ErrNodeClosed]) and a goodbye is written in its place
+// (for at most a quarter of a second), so that peers learn that this node
+// left (their watchers of its actors get [Terminated] with [ErrPeerLeft])
+// rather than guess it died. Every actor stops after the handler it is
+// running returns. Close waits for every goroutine the node started.
+//
+// Close does not unregister from registrars one by one: a registrar drops
+// a node's registrations when its association ends. Use [Node.Shutdown]
+// to deliver what is queued first.
+//
+// Close is idempotent; it may be called during a Shutdown, which it makes
+// finish at once. Calls after the first return the first one's result.
+func (n *Node) Close() error {
+	n.hurryOnce.Do(func() { close(n.hurry) })
+	n.closeOnce.Do(func() { n.closeErr = n.shutdown(context.Background(), false) })
+	return n.closeErr
+}
+
+// Shutdown stops the node gracefully: it stops accepting connections,
+// unregisters its actors and itself, stops every actor (each after the
+// handler it is running), writes everything queued for peers followed by
+// a goodbye, and then closes, as [Node.Close]. It returns nil when all of
+// that finished, or ctx.Err() when ctx ended first — the node is then
+// closed at once, as by Close, before Shutdown returns. A call to Close
+// during a Shutdown makes it finish at once too.
+func (n *Node) Shutdown(ctx context.Context) error {
+	n.closeOnce.Do(func() { n.closeErr = n.shutdown(ctx, true) })
+	return n.closeErr
+}
+
+// shutdown closes the node; graceful says whether queued frames and
+// unregistrations are delivered first (within ctx).
+func (n *Node) shutdown(ctx context.Context, graceful bool) error {
+	close(n.done)
+	n.dialCancel() // a dial in progress has nobody left to serve
+	var errs []error
+	for _, l := range n.listeners {
+		if err := l.Close(); err != nil && !errors.Is(err, net.ErrClosed) {
+			errs = append(errs, err)
+		}
+	}
+	if graceful {
+		n.unregisterAll() // queued ahead of the goodbyes below
+	}
+	// Peers first, so they hear that this node left rather than that
+	// each actor stopped.
+	n.pmu.Lock()
+	n.pclosing = true
+	assocs := make([]*assoc, 0, len(n.all))
+	for a := range n.all {
+		assocs = append(assocs, a)
+	}
+	for c := range n.inHandshake {
+		c.Close()
+	}
+	n.pmu.Unlock()
+	for _, a := range assocs {
+		a.leave(!graceful)
+	}
+
+	n.amu.Lock()
+	n.closing = true
+	targets := make([]*handle, 0, len(n.actors))
+	for _, h := range n.actors {
+		targets = append(targets, h)
+	}
+	n.amu.Unlock()
+	for _, h := range targets {
+		h.local.sysPush(sysMsg{kind: sysStop, reason: ErrNodeClosed})
+	}
+	n.live.Wait()
+
+	// Let the writers send what they hold and the goodbye: for as long as
+	// ctx allows when graceful, briefly otherwise.
+	wait, hurry := ctx, n.hurry
+	if !graceful {
+		var cancel context.CancelFunc
+		wait, cancel = context.WithTimeout(ctx, closeByeWait)
+		defer cancel()
+		hurry = nil // Close itself: the short wait is its own
+	}
+	var late error
+	for _, a := range assocs {
+		if late == nil {
+			select {
+			case <-a.writerDone:
+			case <-a.stop: // ended, or never came up: nothing to write
+			case <-wait.Done():
+				late = wait.Err()
+			case <-hurry:
+				late = context.Canceled
+			}
+		}
+		a.fail(ErrNodeClosed)
+	}
+	if graceful && late != nil {
+		errs = append(errs, late)
+	}
+	n.cancel()
+	n.wg.Wait()
+	return errors.Join(errs...)
+}
