@@ -125,8 +125,8 @@ type assoc struct {
 	// byeOnAck (mu): a graceful leave waits, before its bye, until the
 	// queue is written and the peer acknowledged every tell in it.
 	byeOnAck bool
-	unsent  []inflightMsg // messages a failed write did not send (mu)
-	ackTo   atomic.Uint64 // tell frames received that the writer should acknowledge
+	unsent   []inflightMsg // messages a failed write did not send (mu)
+	ackTo    atomic.Uint64 // tell frames received that the writer should acknowledge
 
 	// Delivery confirmation, guarded by mu: unacked[unackedHead:] are the
 	// tell frames written but not yet acknowledged by the peer, in order;

@@ -289,8 +289,8 @@ type Node struct {
 	// dialCtx ends every dial in progress when the node begins to close.
 	dialCtx    context.Context
 	dialCancel context.CancelFunc
-	live      sync.WaitGroup // one count per actor not yet terminated
-	wg        sync.WaitGroup // every goroutine the node started
+	live       sync.WaitGroup // one count per actor not yet terminated
+	wg         sync.WaitGroup // every goroutine the node started
 }
 
 // Start starts a node: it binds every address in cfg.Listen and returns
