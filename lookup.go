@@ -45,6 +45,9 @@ type registrarSource struct {
 
 func (n *Node) lookupSources(opts []LookupOption) ([]registrarSource, lookupConfig, error) {
 	var cfg lookupConfig
+	if n.isClosed() {
+		return nil, cfg, ErrNodeClosed
+	}
 	for _, o := range opts {
 		o(&cfg)
 	}
@@ -442,6 +445,9 @@ func connect[T any](ctx context.Context, n *Node, src registrarSource, regs []Re
 func (n *Node) deleteStale(ctx context.Context, src registrarSource, node NodeUID, addr Addr) {
 	n.log.Info("troupe: deleting a stale registry address", "addr", addr.String(), "registrar", src.String())
 	if src.local {
+		if n.reg == nil {
+			return
+		}
 		n.reg.deleteAddr(node, addr)
 		return
 	}
@@ -455,20 +461,64 @@ type foundRef struct {
 	proto string
 }
 
-// remember records that name was found at h, on a live association.
+// remember records that name was found at h, on a live association, and
+// watches that actor: the fast path forgets it the moment it stops (or its
+// association ends), so it never hands out a ref to a stopped actor.
 func (n *Node) remember(name string, h *handle, proto string) {
 	n.pmu.Lock()
-	list := n.found[name]
-	n.pmu.Unlock()
-	list = slices.DeleteFunc(slices.Clone(list), func(f foundRef) bool { return f.h.assoc.failure() != nil || f.h.key == h.key })
-	list = append(list, foundRef{h, proto})
-	n.pmu.Lock()
+	for _, f := range n.found[name] {
+		if f.h.key == h.key && f.h.assoc == h.assoc {
+			n.pmu.Unlock()
+			return // known, and watched already
+		}
+	}
+	list := slices.DeleteFunc(slices.Clone(n.found[name]), func(f foundRef) bool { return f.h.key == h.key })
 	if n.found == nil {
 		n.found = make(map[string][]foundRef)
 	}
-	n.found[name] = list
+	n.found[name] = append(list, foundRef{h, proto})
 	n.pmu.Unlock()
+	w := &foundWatch{name: name, target: h.key}
+	w.h = &handle{node: n, key: refKey{node: n.uid, path: "/system/$found" + formatBase36(tempSeq.Add(1))}, local: w}
+	n.registerPath(w.h.key.path, w.h)
+	if err := h.assoc.watch(h, w.h); err != nil {
+		w.sysPush(sysMsg{kind: sysTerminated})
+	}
 }
+
+// forget drops the fast-path entry for the actor key found under name.
+func (n *Node) forget(name string, key refKey) {
+	n.pmu.Lock()
+	defer n.pmu.Unlock()
+	list := slices.DeleteFunc(n.found[name], func(f foundRef) bool { return f.h.key == key })
+	if len(list) == 0 {
+		delete(n.found, name)
+	} else {
+		n.found[name] = list
+	}
+}
+
+// foundWatch is the system-lane watcher of an actor the fast path
+// remembers: its Terminated makes the node forget the actor.
+type foundWatch struct {
+	h      *handle
+	name   string
+	target refKey
+	once   sync.Once
+}
+
+func (w *foundWatch) tellAny(any) error { return ErrNoSuchActor }
+func (w *foundWatch) sysPush(m sysMsg) bool {
+	if m.kind == sysTerminated {
+		w.once.Do(func() {
+			w.h.node.forget(w.name, w.target)
+			w.h.node.removeActor(w.h.key.path)
+		})
+	}
+	return true
+}
+func (w *foundWatch) watchHandle() *handle   { return w.h }
+func (w *foundWatch) protocol() reflect.Type { return nil }
 
 // fastPath finds name among this node's own actors and the actors it found
 // before on peers it is still associated with. It is skipped when the
@@ -478,8 +528,8 @@ func fastPath[T any](n *Node, name string, opts []LookupOption) (Ref[T], bool) {
 	for _, o := range opts {
 		o(&cfg)
 	}
-	if cfg.registries != nil {
-		return Ref[T]{}, false
+	if cfg.registries != nil || n.isClosed() {
+		return Ref[T]{}, false // a closed node answers with ErrNodeClosed
 	}
 	want := reflect.TypeFor[T]()
 	n.amu.RLock()
@@ -514,59 +564,88 @@ func WaitForActor[T any](ctx context.Context, n *Node, name string, opts ...Look
 	if err != nil {
 		return Ref[T]{}, err
 	}
+	conds := make([]waitCond, len(srcs))
+	for i := range conds {
+		conds[i].actorsOnly = true
+	}
 	for {
-		regs, err := n.awaitRegistration(ctx, srcs, name)
+		regs, from, err := n.awaitRegistration(ctx, srcs, name, conds)
 		if err != nil {
 			return Ref[T]{}, err
 		}
-		r, ok, stale := connect[T](ctx, n, registrarSource{local: true}, regs)
+		r, ok, stale := connect[T](ctx, n, srcs[from], regs)
 		if ok {
 			return r, nil
 		}
 		if !stale {
 			return Ref[T]{}, fmt.Errorf("troupe: %q is registered but cannot be reached as a %s", name, reflect.TypeFor[T]())
 		}
-		// Only stale addresses, now deleted: wait for a live registration.
+		// Only stale addresses (deleted where the registrar could be
+		// asked): wait for a registration newer than every one tried.
+		for _, r := range regs {
+			conds[from].after = max(conds[from].after, r.Seq)
+		}
 	}
 }
 
-// awaitRegistration parks a waiter for name on every source and returns
-// the first registrations pushed to it. Every waiter is released before it
-// returns.
-func (n *Node) awaitRegistration(ctx context.Context, srcs []registrarSource, name string) ([]Registration, error) {
-	p := newPromise[regReply](n)
-	defer p.finish()
-	reply := Ref[regReply]{h: p.h}
+// awaitRegistration parks a waiter for name on every source, the i-th
+// answered only by what conds[i] admits, and returns the first
+// registrations pushed to one of them, with that source's index. Nothing
+// polls: until a registrar pushes, no request crosses the wire. Every
+// waiter is released before it returns.
+func (n *Node) awaitRegistration(ctx context.Context, srcs []registrarSource, name string, conds []waitCond) ([]Registration, int, error) {
+	ps := make([]*promise[regReply], len(srcs))
+	for i := range ps {
+		ps[i] = newPromise[regReply](n)
+	}
 	defer func() {
-		for _, s := range srcs {
-			if s.local {
+		for i, s := range srcs {
+			p := ps[i]
+			p.finish()
+			switch {
+			case s.local && n.reg != nil:
 				n.reg.cancelWait(name, p.h.key)
-			} else {
-				n.tellRegistrar(s.addr, regRequest{Op: regOpCancelWait, Name: name, ReplyTo: reply})
+			case !s.local:
+				n.tellRegistrar(s.addr, regRequest{Op: regOpCancelWait, Name: name, ReplyTo: Ref[regReply]{h: p.h}})
 			}
 		}
 	}()
-	for _, s := range srcs {
+	for i, s := range srcs {
 		if s.local {
-			if found := n.reg.wait(name, p.h); found != nil {
-				return found, nil
+			if n.reg == nil {
+				return nil, i, ErrNoRegistry
+			}
+			if found := n.reg.wait(name, ps[i].h, conds[i]); found != nil {
+				return found, i, nil
 			}
 			continue
 		}
 		r, err := n.registrarRef(ctx, s.addr)
 		if err != nil {
-			return nil, fmt.Errorf("registrar %s: %w", s.addr, err)
+			return nil, i, fmt.Errorf("registrar %s: %w", s.addr, err)
 		}
-		r.Tell(regRequest{Op: regOpWait, Name: name, ReplyTo: reply})
+		c := conds[i]
+		r.Tell(regRequest{Op: regOpWait, Name: name, ReplyTo: Ref[regReply]{h: ps[i].h}, ActorsOnly: c.actorsOnly, After: c.after})
 	}
-	select {
-	case res := <-p.ch:
-		return fromWire(res.v.Regs, Addr{}), nil
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	case <-n.done:
-		return nil, ErrNodeClosed
+	cases := make([]reflect.SelectCase, 0, len(ps)+2)
+	for _, p := range ps {
+		cases = append(cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(p.ch)})
 	}
+	cases = append(cases,
+		reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(ctx.Done())},
+		reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(n.done)})
+	i, v, _ := reflect.Select(cases)
+	switch {
+	case i == len(ps):
+		return nil, 0, ctx.Err()
+	case i == len(ps)+1:
+		return nil, 0, ErrNodeClosed
+	}
+	res := v.Interface().(result[regReply])
+	if res.err != nil {
+		return nil, i, res.err
+	}
+	return fromWire(res.v.Regs, srcs[i].addr), i, nil
 }
 
 // Registry is a handle to one registrar. When the registrar is the calling
@@ -605,5 +684,6 @@ func (r *Registry) Find(ctx context.Context, name string) ([]Registration, error
 // Wait blocks until something is registered under name with this
 // registrar and returns its registrations.
 func (r *Registry) Wait(ctx context.Context, name string) ([]Registration, error) {
-	return r.n.awaitRegistration(ctx, []registrarSource{r.src}, name)
+	regs, _, err := r.n.awaitRegistration(ctx, []registrarSource{r.src}, name, []waitCond{{}})
+	return regs, err
 }

@@ -468,6 +468,16 @@ func (n *Node) Addrs() []Addr { return append([]Addr(nil), n.addrs...) }
 // Events returns the node's event stream.
 func (n *Node) Events() *Events { return &n.events }
 
+// isClosed reports whether Close or Shutdown has begun.
+func (n *Node) isClosed() bool {
+	select {
+	case <-n.done:
+		return true
+	default:
+		return false
+	}
+}
+
 // Done returns a channel that is closed when the node begins to close.
 func (n *Node) Done() <-chan struct{} { return n.done }
 

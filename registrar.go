@@ -55,13 +55,23 @@ type regTable struct {
 	mu      sync.Mutex
 	entries map[regKey]*Registration
 	seq     uint64
-	waiters map[string]map[*handle]struct{} // name -> reply refs of WaitForActor calls
+	waiters map[string]map[*handle]waitCond // name -> reply refs of parked waits
 
 	requests atomic.Uint64 // requests served, for tests and introspection
 }
 
 func newRegTable() *regTable {
-	return &regTable{entries: make(map[regKey]*Registration), waiters: make(map[string]map[*handle]struct{})}
+	return &regTable{entries: make(map[regKey]*Registration), waiters: make(map[string]map[*handle]waitCond)}
+}
+
+// waitCond says which registrations answer a parked wait.
+type waitCond struct {
+	actorsOnly bool   // a node's own registration does not count
+	after      uint64 // only a registration with a later Seq counts
+}
+
+func (c waitCond) admits(r *Registration) bool {
+	return (!c.actorsOnly || r.Path != "") && r.Seq > c.after
 }
 
 // register adds or refreshes r. An address r's node listens on that another
@@ -89,10 +99,15 @@ func (g *regTable) register(r Registration) (woken []*handle) {
 	r.Seq = g.seq
 	r.Addrs = slices.Clone(r.Addrs)
 	g.entries[regKey{r.Name, r.UUID}] = &r
-	for h := range g.waiters[r.Name] {
-		woken = append(woken, h)
+	for h, c := range g.waiters[r.Name] {
+		if c.admits(&r) {
+			woken = append(woken, h)
+			delete(g.waiters[r.Name], h)
+		}
 	}
-	delete(g.waiters, r.Name)
+	if len(g.waiters[r.Name]) == 0 {
+		delete(g.waiters, r.Name)
+	}
 	return woken
 }
 
@@ -156,23 +171,25 @@ func (g *regTable) list() []Registration {
 	return out
 }
 
-// wait parks a waiter for name, unless it is registered already.
-func (g *regTable) wait(name string, reply *handle) []Registration {
+// wait parks a waiter for name, unless registrations that c admits exist
+// already: then it returns them, newest first.
+func (g *regTable) wait(name string, reply *handle, c waitCond) []Registration {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	var found []Registration
 	for _, e := range g.entries {
-		if e.Name == name {
+		if e.Name == name && c.admits(e) {
 			found = append(found, copyReg(e))
 		}
 	}
 	if len(found) > 0 {
+		slices.SortFunc(found, func(a, b Registration) int { return cmp.Compare(b.Seq, a.Seq) })
 		return found
 	}
 	if g.waiters[name] == nil {
-		g.waiters[name] = make(map[*handle]struct{})
+		g.waiters[name] = make(map[*handle]waitCond)
 	}
-	g.waiters[name][reply] = struct{}{}
+	g.waiters[name][reply] = c
 	return nil
 }
 
@@ -227,6 +244,10 @@ type regRequest struct {
 	Node    NodeUID
 	Addr    string
 	ReplyTo Ref[regReply]
+	// For a wait: only actors' registrations (not nodes') answer it, and
+	// only those registered after Seq After.
+	ActorsOnly bool
+	After      uint64
 }
 
 // regReply is a registrar's answer.
@@ -301,7 +322,10 @@ func (n *Node) serveRegistry(req regRequest) {
 	case regOpList:
 		reply(g.list())
 	case regOpWait:
-		if found := g.wait(req.Name, req.ReplyTo.h); found != nil {
+		if req.ReplyTo.IsZero() {
+			break
+		}
+		if found := g.wait(req.Name, req.ReplyTo.h, waitCond{actorsOnly: req.ActorsOnly, after: req.After}); found != nil {
 			reply(found)
 		}
 	case regOpCancelWait:
