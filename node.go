@@ -422,21 +422,54 @@ func checkSocketPath(path string) error {
 }
 
 // lockFile takes an exclusive advisory lock on path (creating it) and
-// returns its release. The file is left in place: removing it would race
-// with the next locker.
+// returns its release. A lock file may be removed by [removeLockFile]
+// while another process waits for it, so once locked, the file must still
+// be the one at path; otherwise the lock is taken again on the new one.
 func lockFile(path string) (func(), error) {
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600)
-	if err != nil {
-		return nil, err
-	}
-	if err := flock(f, true); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("lock %s: %w", path, err)
-	}
-	return func() {
+	for {
+		f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600)
+		if err != nil {
+			return nil, err
+		}
+		if err := flock(f, true); err != nil {
+			f.Close()
+			return nil, fmt.Errorf("lock %s: %w", path, err)
+		}
+		if stillAt(f, path) {
+			return func() {
+				flock(f, false)
+				f.Close()
+			}, nil
+		}
 		flock(f, false)
 		f.Close()
-	}, nil
+	}
+}
+
+// stillAt reports whether the open file f is the file path names now.
+func stillAt(f *os.File, path string) bool {
+	held, err1 := f.Stat()
+	now, err2 := os.Stat(path)
+	return err1 == nil && err2 == nil && os.SameFile(held, now)
+}
+
+// removeLockFile deletes the lock file beside a Unix socket this node
+// listened on, under the lock itself, so that no other process is between
+// its lock and its listen; a process that opened the file before it went
+// sees that it is gone and locks a new one ([lockFile]).
+func removeLockFile(path string) {
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		return
+	}
+	defer f.Close()
+	if flock(f, true) != nil {
+		return
+	}
+	if stillAt(f, path) {
+		os.Remove(path)
+	}
+	flock(f, false)
 }
 
 // removeStaleSocket deletes a Unix socket file that nobody listens on any

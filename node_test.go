@@ -59,3 +59,17 @@ func TestUnixSocketDirectoryThatCannotBeCreated(t *testing.T) {
 		t.Fatalf("Start under a plain file: %v", err)
 	}
 }
+
+func TestUnixSocketLockFilesAreRemovedOnClose(t *testing.T) {
+	dir := shortDir(t)
+	for i := range 5 {
+		n := startNode(t, testConfig("unix://"+filepath.Join(dir, "n.sock")))
+		if err := n.Close(); err != nil {
+			t.Fatalf("round %d: %v", i, err)
+		}
+	}
+	left, _ := filepath.Glob(filepath.Join(dir, "*"))
+	if len(left) != 0 {
+		t.Fatalf("files left in the socket directory after Close: %v", left)
+	}
+}

@@ -64,6 +64,9 @@ func (n *Node) shutdown(ctx context.Context, graceful bool) error {
 		if err := l.Close(); err != nil && !errors.Is(err, net.ErrClosed) {
 			errs = append(errs, err)
 		}
+		if a, ok := l.Addr().(*net.UnixAddr); ok {
+			removeLockFile(a.Name + ".lock")
+		}
 	}
 	if graceful {
 		n.unregisterAll() // queued ahead of the goodbyes below
