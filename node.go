@@ -245,8 +245,9 @@ type Node struct {
 	reqSeq  atomic.Uint64
 	anonSeq atomic.Uint64
 
-	inbound     atomic.Int64 // inbound connections open
-	handshaking atomic.Int64 // inbound connections in their handshake
+	inbound      atomic.Int64  // inbound connections open
+	acceptErrors atomic.Uint64 // failed Accept calls, retried
+	handshaking  atomic.Int64  // inbound connections in their handshake
 
 	// amu guards actors and closing; actors maps a path to the handle of
 	// the actor, adapter or exported ask promise that lives there.
@@ -604,19 +605,44 @@ func (n *Node) isOwnAddr(a Addr) bool {
 	return false
 }
 
+// Accept errors other than a closed listener (out of file descriptors, a
+// connection aborted before it was accepted, …) pass: the loop waits
+// acceptBackoffMin, doubling up to acceptBackoffMax while they last, as
+// net/http's server does, so that a moment without descriptors never stops
+// the listener for good.
+const (
+	acceptBackoffMin = 5 * time.Millisecond
+	acceptBackoffMax = time.Second
+)
+
+// acceptLoop accepts connections on l until the node closes it.
 func (n *Node) acceptLoop(l net.Listener) {
+	var backoff time.Duration
 	for {
 		c, err := l.Accept()
 		if err != nil {
-			if errors.Is(err, net.ErrClosed) {
+			if errors.Is(err, net.ErrClosed) || n.isClosed() {
 				return
 			}
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				continue
+			n.acceptErrors.Add(1)
+			if backoff == 0 {
+				backoff = acceptBackoffMin
+				n.log.Warn("troupe: accept failed; retrying with backoff", "addr", l.Addr().String(), "err", err)
+			} else {
+				backoff = min(2*backoff, acceptBackoffMax)
 			}
-			n.log.Error("troupe: accept failed; listener stopped", "addr", l.Addr().String(), "err", err)
-			return
+			t := time.NewTimer(backoff)
+			select {
+			case <-t.C:
+			case <-n.done:
+				t.Stop()
+				return
+			}
+			continue
+		}
+		if backoff != 0 {
+			n.log.Info("troupe: accepting again", "addr", l.Addr().String(), "failed", n.acceptErrors.Load())
+			backoff = 0
 		}
 		if n.inbound.Load() >= int64(n.cfg.MaxInboundConns) || n.handshaking.Load() >= int64(n.cfg.MaxPendingHandshakes) {
 			n.log.Debug("troupe: refused a connection over the limits", "remote", c.RemoteAddr().String(),

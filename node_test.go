@@ -3,10 +3,13 @@ package troupe
 import (
 	"context"
 	"errors"
+	"net"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -71,5 +74,45 @@ func TestUnixSocketLockFilesAreRemovedOnClose(t *testing.T) {
 	left, _ := filepath.Glob(filepath.Join(dir, "*"))
 	if len(left) != 0 {
 		t.Fatalf("files left in the socket directory after Close: %v", left)
+	}
+}
+
+// flakyListener fails its first fails Accept calls with "too many open
+// files", then accepts for real.
+type flakyListener struct {
+	net.Listener
+	fails atomic.Int32
+}
+
+func (l *flakyListener) Accept() (net.Conn, error) {
+	if l.fails.Add(-1) >= 0 {
+		return nil, &net.OpError{Op: "accept", Net: "tcp", Err: os.NewSyscallError("accept4", syscall.EMFILE)}
+	}
+	return l.Listener.Accept()
+}
+
+func TestAcceptErrorsDoNotStopTheListener(t *testing.T) {
+	n := startNode(t, testConfig())
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fl := &flakyListener{Listener: l}
+	fl.fails.Store(6)
+	// The node serves this listener as it serves its own; Close ends it.
+	n.listeners = append(n.listeners, fl)
+	n.addrs = append(n.addrs, TCPAddr(l.Addr().String()))
+	n.wg.Go(func() { n.acceptLoop(fl) })
+	spawnEcho(t, n, "echo")
+	other := startNode(t, testConfig())
+	r, err := Resolve[testPing](ctxT(t, 10*time.Second), other, FormatRef(TCPAddr(l.Addr().String()), "/user/echo"))
+	if err != nil {
+		t.Fatalf("a peer after six failed accepts: %v", err)
+	}
+	if _, err := Ask(ctxT(t, 5*time.Second), r, func(rr Ref[testPong]) testPing { return testPing{ReplyTo: rr} }); err != nil {
+		t.Fatal(err)
+	}
+	if got := n.acceptErrors.Load(); got != 6 {
+		t.Fatalf("acceptErrors = %d, want 6", got)
 	}
 }

@@ -171,15 +171,31 @@ func (fr *frameReader) body(n uint64) ([]byte, error) {
 		fr.r.Discard(size)
 		return b, nil
 	}
-	if cap(fr.scratch) < size {
-		fr.scratch = make([]byte, size)
+	// A frame larger than the read buffer is read in chunks, the buffer
+	// growing as its bytes arrive (at most doubling), so memory follows
+	// what the peer sent, never what it claimed.
+	if cap(fr.scratch) > scratchKeep {
+		fr.scratch = nil // the last large frame's buffer is not kept
 	}
-	b := fr.scratch[:size]
-	if got, err := io.ReadFull(fr.r, b); err != nil {
-		return nil, truncated(err, size, got)
+	b := fr.scratch[:0]
+	for len(b) < size {
+		chunk := min(size-len(b), max(len(b), readBufferSize))
+		if cap(b)-len(b) < chunk {
+			b = append(b[:len(b):len(b)], make([]byte, chunk)...)[:len(b)]
+		}
+		got, err := io.ReadFull(fr.r, b[len(b):len(b)+chunk])
+		b = b[:len(b)+got]
+		if err != nil {
+			fr.scratch = b
+			return nil, truncated(err, size, len(b))
+		}
 	}
+	fr.scratch = b
 	return b, nil
 }
+
+// scratchKeep is the largest frame buffer a reader keeps between frames.
+const scratchKeep = 1 << 20
 
 func truncated(err error, want, got int) error {
 	if err == io.EOF || errors.Is(err, io.ErrUnexpectedEOF) {

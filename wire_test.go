@@ -2,9 +2,11 @@ package troupe
 
 import (
 	"bytes"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"flag"
+	"io"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -173,4 +175,44 @@ func FuzzDecodeFrame(f *testing.F) {
 			}
 		}
 	})
+}
+
+// claimReader serves a frame's length prefix and a few of its bytes, then
+// records how large a buffer the frame reader offers for the rest.
+type claimReader struct {
+	data    []byte
+	offered int // the largest buffer offered once the data ran out
+}
+
+func (r *claimReader) Read(p []byte) (int, error) {
+	if len(r.data) > 0 {
+		n := copy(p, r.data)
+		r.data = r.data[n:]
+		return n, nil
+	}
+	r.offered = max(r.offered, len(p))
+	return 0, io.EOF
+}
+
+func TestClaimedFrameLengthIsNotAllocated(t *testing.T) {
+	for _, claim := range []int{readBufferSize + 1, 1 << 20, DefaultMaxFrameSize} {
+		r := &claimReader{data: append(binary.AppendUvarint(nil, uint64(claim)), make([]byte, 10)...)}
+		fr := newFrameReader(r, DefaultMaxFrameSize)
+		if _, err := fr.next(); !errors.Is(err, ErrMalformed) {
+			t.Fatalf("claim %d: %v, want a truncated frame", claim, err)
+		}
+		if r.offered > readBufferSize || cap(fr.scratch) > readBufferSize {
+			t.Fatalf("claim %d with 10 bytes sent: a %d-byte read and a %d-byte buffer", claim, r.offered, cap(fr.scratch))
+		}
+	}
+	// A frame that really is large still arrives whole.
+	body := make([]byte, 3<<20)
+	for i := range body {
+		body[i] = byte(i * 7)
+	}
+	fr := newFrameReader(bytes.NewReader(append(binary.AppendUvarint(nil, uint64(len(body))), body...)), DefaultMaxFrameSize)
+	got, err := fr.next()
+	if err != nil || !bytes.Equal(got, body) {
+		t.Fatalf("a 3 MiB frame: %v, equal %v", err, bytes.Equal(got, body))
+	}
 }
