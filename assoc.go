@@ -79,6 +79,14 @@ type inflightMsg struct {
 	end int // offset just past its frame in the buffer
 }
 
+// inWatch is a watch a remote actor placed on a local one: the local
+// target's path and uuid, and the remote watcher's path.
+type inWatch struct {
+	target  string
+	uuid    UUID
+	watcher string
+}
+
 // watchPair records that a local watcher watches an actor over this
 // association, so that a lost link can tell the watcher.
 type watchPair struct {
@@ -113,6 +121,9 @@ type assoc struct {
 	pending  map[pendingAsk]struct{}
 	resolves map[uint64]chan resolveAnswer
 	watches  map[watchPair]struct{}
+	// watchedBy holds the watches the peer's actors placed on this node's
+	// actors, so that they are dropped when the session ends.
+	watchedBy map[inWatch]*handle
 
 	wake       chan struct{} // capacity 1: the writer has work
 	stop       chan struct{} // closed when the session ends
@@ -390,11 +401,22 @@ func appendWatch(b []byte, kind frameKind, target refKey, watcher string) []byte
 	return appendString(b, watcher)
 }
 
+// dropWatchedBy ends the peer's watches of this node's actors, with the
+// session they were placed in.
+func (a *assoc) dropWatchedBy(ws map[inWatch]*handle) {
+	for w, target := range ws {
+		target.local.sysPush(sysMsg{kind: sysUnwatch, ref: &handle{node: a.n, key: refKey{node: a.peerUID, path: w.watcher}, assoc: a}})
+	}
+}
+
 // signal sends a signal to the remote actor h; only terminations cross.
 func (a *assoc) signal(h *handle, m sysMsg) {
 	if m.kind != sysTerminated {
 		return
 	}
+	a.mu.Lock()
+	delete(a.watchedBy, inWatch{m.key.path, m.key.uuid, h.key.path})
+	a.mu.Unlock()
 	code, text := reasonCode(m.reason)
 	b := appendWatch(nil, frameTerminated, m.key, h.key.path)
 	b = append(b, code)
@@ -482,8 +504,10 @@ func (a *assoc) fail(err error) {
 	a.err = err
 	queue, pending, resolves, watches := a.queue.take(), a.pending, a.resolves, a.watches
 	unsent, unacked := a.unsent, a.unacked[a.unackedHead:]
-	a.pending, a.resolves, a.watches, a.unsent, a.unacked, a.unackedHead = nil, nil, nil, nil, nil, 0
+	watchedBy := a.watchedBy
+	a.pending, a.resolves, a.watches, a.unsent, a.unacked, a.unackedHead, a.watchedBy = nil, nil, nil, nil, nil, 0, nil
 	a.mu.Unlock()
+	a.dropWatchedBy(watchedBy)
 
 	closing := leaving || errors.Is(err, ErrNodeClosed)
 	select {

@@ -344,19 +344,24 @@ func (a *assoc) mergeInto(w *assoc) {
 		a.state = assocClosed
 		moved = a.queue.take()
 	}
-	pending, watches, resolves := a.pending, a.watches, a.resolves
-	a.pending, a.watches, a.resolves = map[pendingAsk]struct{}{}, map[watchPair]struct{}{}, map[uint64]chan resolveAnswer{}
+	pending, watches, resolves, watchedBy := a.pending, a.watches, a.resolves, a.watchedBy
+	a.pending, a.watches, a.resolves, a.watchedBy = map[pendingAsk]struct{}{}, map[watchPair]struct{}{}, map[uint64]chan resolveAnswer{}, nil
 	t := w.lockTarget() // lock order: a, then the winner
 	if t.state >= assocLeaving {
 		t.mu.Unlock()
 		a.mu.Unlock()
 		a.endMoved(moved, pending, watches, resolves, t.failure())
+		a.dropWatchedBy(watchedBy)
 	} else {
 		t.queue.appendQueue(moved)
 		for p := range pending {
 			t.pending[p] = struct{}{}
 		}
 		maps.Copy(t.resolves, resolves)
+		if len(watchedBy) > 0 && t.watchedBy == nil {
+			t.watchedBy = make(map[inWatch]*handle)
+		}
+		maps.Copy(t.watchedBy, watchedBy)
 		for p := range watches {
 			t.watches[p] = struct{}{}
 		}

@@ -239,7 +239,11 @@ func (a *assoc) onWatch(kind frameKind, b []byte) error {
 	}
 	watcher := &handle{node: n, key: refKey{node: a.peerUID, path: wpath}, assoc: a}
 	h := n.lookup(path, uuid)
+	w := inWatch{path, uuid, wpath}
 	if kind == frameUnwatch {
+		a.mu.Lock()
+		delete(a.watchedBy, w)
+		a.mu.Unlock()
 		if h != nil {
 			h.local.watchHandle().local.sysPush(sysMsg{kind: sysUnwatch, ref: watcher})
 		}
@@ -247,9 +251,21 @@ func (a *assoc) onWatch(kind frameKind, b []byte) error {
 	}
 	reason := ErrNoSuchActor
 	if h != nil {
-		if h.local.watchHandle().local.sysPush(sysMsg{kind: sysWatch, ref: watcher}) {
+		a.mu.Lock()
+		live := a.state < assocClosed
+		if live {
+			if a.watchedBy == nil {
+				a.watchedBy = make(map[inWatch]*handle)
+			}
+			a.watchedBy[w] = h.local.watchHandle()
+		}
+		a.mu.Unlock()
+		if live && h.local.watchHandle().local.sysPush(sysMsg{kind: sysWatch, ref: watcher}) {
 			return nil
 		}
+		a.mu.Lock()
+		delete(a.watchedBy, w)
+		a.mu.Unlock()
 		reason = ErrActorStopped
 	}
 	a.signal(watcher, sysMsg{kind: sysTerminated, key: refKey{node: n.uid, path: path, uuid: uuid}, reason: reason})

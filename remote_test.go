@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -368,5 +369,59 @@ func TestConcurrentResolvesAcrossASimultaneousDial(t *testing.T) {
 		if t.Failed() {
 			return
 		}
+	}
+}
+
+// TestWatchesOfAPeerThatLeftAreDropped: watches that a peer's actors
+// placed on this node's actors end with the peer's session, gracefully or
+// not.
+func TestWatchesOfAPeerThatLeftAreDropped(t *testing.T) {
+	for _, abrupt := range []bool{false, true} {
+		t.Run(fmt.Sprintf("abrupt=%v", abrupt), func(t *testing.T) {
+			f := NewFaultNet()
+			home := startOn(t, f, failConfig("home", 50*time.Millisecond, 2*time.Second))
+			peer, err := f.Start(ctxT(t, 5*time.Second), failConfig("peer", 50*time.Millisecond, 2*time.Second))
+			if err != nil {
+				t.Fatal(err)
+			}
+			const targets = 50
+			var refs []AnyRef
+			var counters []Ref[chan int]
+			for i := range targets {
+				r, _ := Spawn(home, fmt.Sprintf("t%d-%s", i, strings.Repeat("x", 200)), Behavior[chan int]{
+					Receive: func(c *Context[chan int], ch chan int) { ch <- len(c.c.watchers) },
+				})
+				counters = append(counters, r)
+				rr, err := Resolve[chan int](ctxT(t, 5*time.Second), peer, FormatRef(home.Addrs()[0], r.Path()))
+				if err != nil {
+					t.Fatal(err)
+				}
+				refs = append(refs, rr)
+			}
+			Spawn(peer, "watcher", Behavior[int]{
+				Setup: func(c *Context[int]) {
+					for _, r := range refs {
+						c.Watch(r)
+					}
+				},
+				Receive: func(*Context[int], int) {},
+			})
+			watchers := func() int {
+				total := 0
+				for _, r := range counters {
+					ch := make(chan int, 1)
+					r.Tell(ch)
+					total += <-ch
+				}
+				return total
+			}
+			waitFor(t, 5*time.Second, "every watch to arrive", func() bool { return watchers() == targets })
+			if abrupt {
+				f.Kill(peer)
+			} else {
+				peer.Close()
+			}
+			waitFor(t, 5*time.Second, "the peer's watches to be dropped", func() bool { return watchers() == 0 })
+		})
 	}
 }
