@@ -23,6 +23,9 @@ var (
 	// ErrSendQueueFull is the dead-letter reason when an association has
 	// [Config.SendQueueLimit] frames waiting to be written.
 	ErrSendQueueFull = errors.New("troupe: send queue full")
+	// ErrTooManyConns is wrapped by the error of a dial past
+	// [Config.MaxOutboundConns].
+	ErrTooManyConns = errors.New("troupe: too many connections")
 	// ErrRejected is wrapped by the error of a connection the peer refused
 	// in the handshake; the text says why.
 	ErrRejected = errors.New("troupe: connection rejected by peer")
@@ -111,6 +114,7 @@ type assoc struct {
 	ready     chan struct{} // closed (once, by closeReady) when up, merged or closed
 	readyOnce sync.Once
 	stopOnce  sync.Once
+	dialOnce  sync.Once // an outbound association dials on first use
 
 	// mu guards everything below up to the writer's fields.
 	mu       sync.Mutex
@@ -222,6 +226,20 @@ func (a *assoc) label() string {
 // assocFor returns the association to use for addr, starting a dial if
 // there is none. Messages may be queued on it at once.
 func (n *Node) assocFor(addr Addr) (*assoc, error) {
+	a, err := n.assocAt(addr)
+	if err != nil {
+		return nil, err
+	}
+	a.use()
+	return a, nil
+}
+
+// assocAt returns the association for addr, making one that dials on
+// first use if there is none: a ref that arrives inside a message binds to
+// it without dialing anything (a peer cannot make this node dial by
+// naming addresses). New outbound associations are bounded by
+// [Config.MaxOutboundConns].
+func (n *Node) assocAt(addr Addr) (*assoc, error) {
 	n.pmu.Lock()
 	defer n.pmu.Unlock()
 	if n.pclosing {
@@ -233,11 +251,22 @@ func (n *Node) assocFor(addr Addr) (*assoc, error) {
 	if q := n.quarantineFor(NodeUID{}, addr); q != nil {
 		return nil, fmt.Errorf("%s: %w since %s (%v); call Reconnect to try again", addr, ErrQuarantined, q.Since.Format(time.RFC3339), q.Cause)
 	}
+	if n.outbound >= n.cfg.MaxOutboundConns {
+		return nil, fmt.Errorf("%s: %w: %d outbound associations (Config.MaxOutboundConns)", addr, ErrTooManyConns, n.outbound)
+	}
 	a := newAssoc(n, true, addr)
+	n.outbound++
 	n.byAddr[addr] = a
 	n.all[a] = struct{}{}
-	n.wg.Go(a.runOutbound)
 	return a, nil
+}
+
+// use starts an outbound association's dial, once; the caller has seen it
+// not yet leaving.
+func (a *assoc) use() {
+	if a.outbound {
+		a.dialOnce.Do(func() { a.n.wg.Go(a.runOutbound) })
+	}
 }
 
 // untable removes a from the node's lookup tables, so no new ref binds to it.
@@ -257,13 +286,23 @@ func (n *Node) untable(a *assoc) {
 	}
 }
 
+// forgetAssoc removes a from the set of live associations (pmu held).
+func (n *Node) forgetAssoc(a *assoc) {
+	if _, ok := n.all[a]; ok {
+		delete(n.all, a)
+		if a.outbound {
+			n.outbound--
+		}
+	}
+}
+
 // finish releases what every ended session releases: its place in the
 // node's tables and anyone waiting on ready or stop.
 func (a *assoc) finish() {
 	n := a.n
 	n.untable(a)
 	n.pmu.Lock()
-	delete(n.all, a)
+	n.forgetAssoc(a)
 	n.pmu.Unlock()
 	a.closeReady()
 	a.stopOnce.Do(func() { close(a.stop) })
@@ -331,6 +370,7 @@ func (a *assoc) enqueue(r outRec) error {
 		a.mu.Unlock()
 		return a.failure()
 	}
+	a.use()
 	// Control frames (watches, terminations) are never refused for a full
 	// queue: a lost termination would leave a watcher waiting forever.
 	if lim := a.n.cfg.SendQueueLimit; lim > 0 && r.h != nil && a.queue.len() >= lim {

@@ -237,7 +237,7 @@ func (n *Node) attach(a *assoc, h *hello) bool {
 		}
 	}
 	if reject != 255 {
-		delete(n.all, a)
+		n.forgetAssoc(a)
 		n.pmu.Unlock()
 		if a.outbound {
 			a.fail(errors.New(text))

@@ -135,6 +135,12 @@ type Config struct {
 	// more is closed as soon as it is accepted. Default: 4096.
 	MaxInboundConns int
 
+	// MaxOutboundConns bounds the outbound associations at once (dialing,
+	// up, or waiting for first use); one more fails with
+	// [ErrTooManyConns], and a ref to a new node that arrives in a message
+	// past it is a dead ref. Default: 4096.
+	MaxOutboundConns int
+
 	// MaxPendingHandshakes bounds the inbound connections still in their
 	// handshake; one more is closed at once. Each is also closed after
 	// HandshakeTimeout. Default: 128.
@@ -189,6 +195,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.DeadLetterLog == 0 {
 		c.DeadLetterLog = 10
+	}
+	if c.MaxOutboundConns == 0 {
+		c.MaxOutboundConns = 4096
 	}
 	if c.MaxInboundConns == 0 {
 		c.MaxInboundConns = 4096
@@ -263,6 +272,7 @@ type Node struct {
 	all      map[*assoc]struct{} // every association not yet finished
 	awaiting map[NodeUID][]*assoc
 	pclosing bool
+	outbound int // outbound associations not yet finished
 	// handshaking holds inbound connections still in their handshake, so
 	// that Close need not wait for their deadline.
 	inHandshake map[net.Conn]struct{}

@@ -68,6 +68,11 @@ func resolveAt[T any](ctx context.Context, n *Node, addr Addr, path string) (Ref
 
 // awaitUp waits until the association's handshake is done.
 func (a *assoc) awaitUp(ctx context.Context) error {
+	a.mu.Lock()
+	if a.state < assocLeaving {
+		a.use()
+	}
+	a.mu.Unlock()
 	select {
 	case <-a.ready:
 	case <-ctx.Done():
@@ -408,7 +413,7 @@ func (n *Node) refFromWire(a *assoc, kind byte, key refKey, addr string) *handle
 	if err != nil || n.isOwnAddr(ad) {
 		return deadHandle(n, key)
 	}
-	via, err := n.assocFor(ad)
+	via, err := n.assocAt(ad) // dials on first use, never from the decoder
 	if err != nil {
 		return deadHandle(n, key)
 	}

@@ -425,3 +425,63 @@ func TestWatchesOfAPeerThatLeftAreDropped(t *testing.T) {
 		})
 	}
 }
+
+// refBag carries refs to other nodes.
+type refBag struct{ Refs []Ref[int] }
+
+func init() { RegisterMessage[refBag]("troupe.test.refbag") }
+
+// TestRefsInAMessageDialNothing: a peer naming thousands of third nodes in
+// a message makes this node dial none of them; a ref dials when it is
+// used, and new outbound associations stay within MaxOutboundConns.
+func TestRefsInAMessageDialNothing(t *testing.T) {
+	checkLeaks(t) // first: it runs after the listeners are gone
+	var watched []string
+	var accepted []chan struct{}
+	for range 3 {
+		addr, acc := silentListener(t)
+		watched = append(watched, addr)
+		accepted = append(accepted, acc)
+	}
+	cfg := testConfig("tcp://127.0.0.1:0")
+	cfg.MaxOutboundConns = 100
+	victim := startNode(t, cfg)
+	attacker := startNode(t, testConfig())
+	got := make(chan []Ref[int], 1)
+	sink, _ := Spawn(victim, "sink", Behavior[refBag]{Receive: func(_ *Context[refBag], b refBag) { got <- b.Refs }})
+	var bag refBag
+	for i := range 2000 {
+		addr := fmt.Sprintf("127.0.0.1:%d", 20000+i)
+		if i < len(watched) {
+			addr = watched[i]
+		}
+		var uid NodeUID
+		uid[0], uid[1] = byte(i), byte(i>>8)
+		a, err := attacker.assocAt(TCPAddr(addr)) // bound lazily: the attacker dials nothing either
+		if err != nil {
+			t.Fatal(err)
+		}
+		bag.Refs = append(bag.Refs, Ref[int]{h: &handle{node: attacker, key: refKey{node: uid, path: "/user/x"}, assoc: a}})
+	}
+	r, err := Resolve[refBag](ctxT(t, 5*time.Second), attacker, FormatRef(victim.Addrs()[0], sink.Path()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Tell(bag)
+	refs := recv(t, got, "the bag of refs")
+	victim.pmu.Lock()
+	outbound := victim.outbound
+	victim.pmu.Unlock()
+	if outbound > 100 {
+		t.Fatalf("%d outbound associations, over MaxOutboundConns 100", outbound)
+	}
+	for i, acc := range accepted {
+		select {
+		case <-acc:
+			t.Fatalf("decoding a ref to %s dialed it", watched[i])
+		default:
+		}
+	}
+	refs[0].Tell(1) // first use: now it dials
+	recv(t, accepted[0], "the dial on first use")
+}
