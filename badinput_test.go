@@ -4,6 +4,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"net"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -134,4 +135,53 @@ func TestUnknownTargetAndKeyAreDeadLetters(t *testing.T) {
 	if dl := recv(t, dead, "dead letter"); !errors.Is(dl.Reason, ErrNotRegistered) || !strings.Contains(dl.Reason.Error(), "no.such.key") {
 		t.Fatalf("dead letter = %+v", dl)
 	}
+}
+
+// TestAnnouncedAddressesAreNotBelieved: a peer that announces another
+// node's address gets neither that node's traffic nor, when it
+// misbehaves, that node's address quarantined.
+func TestAnnouncedAddressesAreNotBelieved(t *testing.T) {
+	victim := startNode(t, testConfig("tcp://127.0.0.1:0"))
+	real := startNode(t, testConfig("tcp://127.0.0.1:0"))
+	echo := spawnEcho(t, real, "echo")
+	x := real.Addrs()[0]
+
+	// The impostor connects to the victim claiming to listen at x.
+	c, err := net.Dial("tcp", victim.Addrs()[0].Address())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	h := &hello{version: protocolVersion, name: "impostor", addrs: []string{x.String()}}
+	rand.Read(h.uid[:])
+	c.Write(appendFrame(nil, func(b []byte) []byte { return appendHello(b, frameHello, h) }))
+	fr := newFrameReader(c, DefaultMaxFrameSize)
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if body, err := fr.next(); err != nil || frameKind(body[0]) != frameWelcome {
+		t.Fatalf("handshake: %v", err)
+	}
+	c.SetReadDeadline(time.Time{})
+
+	// Traffic for x goes to the node that really listens there.
+	r, err := Resolve[testPing](ctxT(t, 5*time.Second), victim, FormatRef(x, "/user/echo"))
+	if err != nil || r.NodeUID() != real.UID() || r.AID() != echo.AID() {
+		t.Fatalf("Resolve at %s reached %v (%v), want the real node %v", x, r, err, real.UID())
+	}
+
+	// The impostor misbehaves and is quarantined: by its uid, not by x.
+	unreachable := make(chan PeerUnreachable, 4)
+	SubscribeChan(victim.Events(), unreachable)
+	c.Write([]byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}) // a length prefix too long
+	waitFor(t, 5*time.Second, "the impostor to be dropped", func() bool {
+		for _, q := range victim.Quarantined() {
+			if q.UID == h.uid {
+				if slices.Contains(q.Addrs, x) {
+					t.Fatalf("the impostor's claimed address %s was quarantined: %+v", x, q)
+				}
+				return true
+			}
+		}
+		return false
+	})
+	roundTrip(t, victim, real, "/user/echo")
 }

@@ -212,15 +212,9 @@ func (n *Node) attach(a *assoc, h *hello) bool {
 		q := n.quarantineFor(h.uid, a.peerAddrs...)
 		reject, text = rejectQuarantined, fmt.Sprintf("%s quarantined you at %s (%v); it must call ClearQuarantine or Reconnect first", n.name, q.Since.Format(time.RFC3339), q.Cause)
 	default:
+		// Only the uid decides which connection is a duplicate: the
+		// addresses a peer announces are claims, not proof.
 		ex := n.byUID[h.uid]
-		if ex == nil && !a.outbound {
-			for _, ad := range a.peerAddrs {
-				if e := n.byAddr[ad]; e != nil && e.outbound && e != a {
-					ex = e
-					break
-				}
-			}
-		}
 		switch {
 		case ex == nil || ex == a:
 		case !a.outbound && !ex.outbound:
@@ -265,11 +259,13 @@ func (n *Node) attach(a *assoc, h *hello) bool {
 		return true
 	}
 	n.byUID[h.uid] = a
+	// Routing by address uses only what is proven: the address this node
+	// dialed and found this uid at. A peer's announced addresses are
+	// claims; a send to one of them dials it, and the handshake proves
+	// (or not) that the same node answers there.
 	if a.outbound {
 		n.byAddr[a.dialAddr] = a
-	}
-	for _, ad := range a.peerAddrs {
-		n.byAddr[ad] = a
+		a.proven = append(a.proven, a.dialAddr)
 	}
 	waiting := n.awaiting[h.uid]
 	delete(n.awaiting, h.uid)
@@ -369,6 +365,16 @@ func (a *assoc) mergeInto(w *assoc) {
 		a.mu.Unlock()
 		t.notify()
 	}
+	// The address a dialed reached w's peer (its hello, or its refusal
+	// of a duplicate, said so): sends to that address go to w now.
+	a.n.pmu.Lock()
+	if a.outbound && a.n.byAddr[a.dialAddr] == a {
+		a.n.byAddr[a.dialAddr] = w
+	}
+	if a.outbound && !slices.Contains(w.proven, a.dialAddr) {
+		w.proven = append(w.proven, a.dialAddr)
+	}
+	a.n.pmu.Unlock()
 	a.n.untable(a)
 	a.closeReady()
 	if up {

@@ -46,11 +46,18 @@ type PeerUnreachable struct {
 
 // QuarantineInfo describes one quarantined peer incarnation.
 type QuarantineInfo struct {
-	UID   NodeUID
-	Name  string
-	Addrs []Addr // the dialed address and every address the peer announced
-	Since time.Time
-	Cause error
+	UID  NodeUID
+	Name string
+	// Addrs are the peer's proven addresses: those this node dialed and
+	// found this uid at. A new incarnation listening on one is refused
+	// until the quarantine is cleared.
+	Addrs []Addr
+	// Announced are the addresses the peer claimed in its handshake. They
+	// refuse nobody (they may be another node's); ClearQuarantine accepts
+	// them to name the peer.
+	Announced []Addr
+	Since     time.Time
+	Cause     error
 }
 
 // quarantineError is the reason carried by everything a quarantine ends.
@@ -86,16 +93,16 @@ func (n *Node) quarantineFor(uid NodeUID, addrs ...Addr) *QuarantineInfo {
 
 // addQuarantine records that this node gave up on a's peer.
 func (n *Node) addQuarantine(a *assoc, cause error) {
-	addrs := slices.Clone(a.peerAddrs)
-	if a.outbound && !slices.Contains(addrs, a.dialAddr) {
-		addrs = append(addrs, a.dialAddr)
-	}
+	// Only a proven address is quarantined: one this node dialed and found
+	// the peer at. An address the peer merely announced may be another
+	// node's, which must not be refused for this peer's faults.
 	n.pmu.Lock()
 	defer n.pmu.Unlock()
+	addrs := slices.Clone(a.proven)
 	if q := n.quarantineFor(a.peerUID, addrs...); q != nil && q.UID == a.peerUID {
 		return
 	}
-	n.quarantine = append(n.quarantine, &QuarantineInfo{UID: a.peerUID, Name: a.peerName, Addrs: addrs, Since: time.Now(), Cause: cause})
+	n.quarantine = append(n.quarantine, &QuarantineInfo{UID: a.peerUID, Name: a.peerName, Addrs: addrs, Announced: slices.Clone(a.peerAddrs), Since: time.Now(), Cause: cause})
 }
 
 // Quarantined lists the peers this node has quarantined.
@@ -106,6 +113,7 @@ func (n *Node) Quarantined() []QuarantineInfo {
 	for _, q := range n.quarantine {
 		c := *q
 		c.Addrs = slices.Clone(q.Addrs)
+		c.Announced = slices.Clone(q.Announced)
 		out = append(out, c)
 	}
 	return out
@@ -124,7 +132,9 @@ func (n *Node) ClearQuarantine(address string) bool {
 	n.pmu.Lock()
 	defer n.pmu.Unlock()
 	before := len(n.quarantine)
-	n.quarantine = slices.DeleteFunc(n.quarantine, func(q *QuarantineInfo) bool { return slices.Contains(q.Addrs, addr) })
+	n.quarantine = slices.DeleteFunc(n.quarantine, func(q *QuarantineInfo) bool {
+		return slices.Contains(q.Addrs, addr) || slices.Contains(q.Announced, addr)
+	})
 	return len(n.quarantine) != before
 }
 
