@@ -221,7 +221,7 @@ func (a *assoc) encodeRec(buf []byte, r *outRec) ([]byte, bool) {
 	// New table entries are committed only once the frame is complete,
 	// so a message that fails to encode leaves the tables as they were.
 	id, knownTarget := a.outTargets[r.h.key]
-	newTarget := !knownTarget && r.h.key.uuid != (UUID{}) && len(a.outTargets) < maxTableSize
+	newTarget := !knownTarget && r.h.key.uuid != (UUID{}) && len(a.outTargets) < maxTableSize && len(r.h.key.path) <= maxTableEntry
 	if newTarget {
 		id = uint32(len(a.outTargets) + 1)
 	}

@@ -2,7 +2,9 @@ package troupe
 
 import (
 	"crypto/rand"
+	"encoding/binary"
 	"errors"
+	"fmt"
 	"net"
 	"slices"
 	"strings"
@@ -184,4 +186,35 @@ func TestAnnouncedAddressesAreNotBelieved(t *testing.T) {
 		return false
 	})
 	roundTrip(t, victim, real, "/user/echo")
+}
+
+// TestPeerTablesAreBounded: a peer cannot make a connection keep more than
+// maxTableSize entries of at most maxTableEntry bytes.
+func TestPeerTablesAreBounded(t *testing.T) {
+	n := startNode(t, testConfig("tcp://127.0.0.1:0"))
+	errs := make(chan ProtocolError, 4)
+	SubscribeChan(n.Events(), errs)
+	define := func(id int, path string) []byte {
+		body := []byte{byte(frameTell)}
+		body = binary.AppendUvarint(body, uint64(id)<<1|1)
+		body = appendString(body, path)
+		body = append(body, make([]byte, 16)...)
+		body = append(body, 0<<1|1)
+		body = appendString(body, "no.such.key")
+		return appendFrame(nil, func(b []byte) []byte { return append(b, body...) })
+	}
+	// An entry longer than the bound is refused.
+	c := rawHandshake(t, n)
+	c.Write(define(1, "/user/"+strings.Repeat("x", maxTableEntry)))
+	expectClosed(t, c)
+	recv(t, errs, "a protocol error for the long entry")
+	// One entry past the count is refused.
+	c = rawHandshake(t, n)
+	var batch []byte
+	for id := 1; id <= maxTableSize+1; id++ {
+		batch = append(batch, define(id, fmt.Sprintf("/user/t%d", id))...)
+	}
+	c.Write(batch)
+	expectClosed(t, c)
+	recv(t, errs, "a protocol error for the table past its size")
 }

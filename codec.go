@@ -368,6 +368,10 @@ func buildPlan(t reflect.Type, building map[reflect.Type]*plan) (*plan, error) {
 			if !ok || !d.enter() {
 				return
 			}
+			if !d.spend(n * int(t.Elem().Size())) {
+				d.depth--
+				return
+			}
 			s := reflect.MakeSlice(t, n, n)
 			for i := 0; i < n && d.err == nil; i++ {
 				ep.dec(d, s.Index(i))
@@ -419,6 +423,10 @@ func buildPlan(t reflect.Type, building map[reflect.Type]*plan) (*plan, error) {
 			if !ok || !d.enter() {
 				return
 			}
+			if !d.spend(n * mapEntryCost(t)) {
+				d.depth--
+				return
+			}
 			m := reflect.MakeMapWithSize(t, n)
 			k, x := reflect.New(t.Key()).Elem(), reflect.New(t.Elem()).Elem()
 			for i := 0; i < n && d.err == nil; i++ {
@@ -459,6 +467,10 @@ func buildPlan(t reflect.Type, building map[reflect.Type]*plan) (*plan, error) {
 				return
 			}
 			if !d.enter() {
+				return
+			}
+			if !d.spend(int(t.Elem().Size())) {
+				d.depth--
 				return
 			}
 			x := reflect.New(t.Elem())
@@ -579,12 +591,39 @@ func (e *encoder) appendRef(h *handle) {
 // decoder reads one payload. The first error sticks; every read after it
 // returns zero values, so plans need not check after each step.
 type decoder struct {
-	b     []byte
-	off   int
-	a     *assoc // the association the payload came from (nil in codec tests)
-	n     *Node  // the receiving node (nil in codec tests)
-	depth int
-	err   error
+	b      []byte
+	off    int
+	a      *assoc // the association the payload came from (nil in codec tests)
+	n      *Node  // the receiving node (nil in codec tests)
+	depth  int
+	err    error
+	budget int // bytes the payload's slices, maps and pointers may still allocate
+}
+
+// A decoded payload may allocate, for its slices, maps and pointers,
+// decodeBudgetFactor times its encoded size plus decodeBudgetBase: a
+// []string of empty strings (16 bytes of header per wire byte) fits, a
+// payload built to multiply the receiver's memory does not.
+const (
+	decodeBudgetFactor = 16
+	decodeBudgetBase   = 64 << 10
+)
+
+// spend charges n bytes against the payload's allocation budget; false
+// (and a malformed payload) past it.
+func (d *decoder) spend(n int) bool {
+	if n < 0 || n > d.budget {
+		d.fail("the payload would allocate more than %d× its %d bytes", decodeBudgetFactor, len(d.b))
+		return false
+	}
+	d.budget -= n
+	return true
+}
+
+// mapEntryCost estimates what one entry of a map of type t takes: its key
+// and value, and as much again for the buckets around them.
+func mapEntryCost(t reflect.Type) int {
+	return 2 * int(t.Key().Size()+t.Elem().Size()+1)
 }
 
 func (d *decoder) fail(format string, args ...any) {
@@ -745,6 +784,7 @@ func (d *decoder) payload(mt *msgType, b []byte) (any, error) {
 		return mt.box(v), nil
 	}
 	d.b, d.off, d.depth, d.err = b, 0, 0, nil
+	d.budget = decodeBudgetFactor*len(b) + decodeBudgetBase
 	mt.p.dec(d, v.Elem())
 	if d.err == nil && d.remaining() != 0 {
 		d.fail("%d bytes left over after %s", d.remaining(), mt.key)

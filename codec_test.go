@@ -2,7 +2,9 @@ package troupe
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
+	"fmt"
 	"math"
 	"reflect"
 	"strings"
@@ -218,4 +220,39 @@ func FuzzDecodePayload(f *testing.F) {
 			t.Fatalf("decoding the re-encoding of %x: %v", b, err)
 		}
 	})
+}
+
+func TestDecodeAmplificationIsBounded(t *testing.T) {
+	type strMap struct{ M map[string]string }
+	type strs struct{ S []string }
+	RegisterMessage[strMap]("troupe.test.strmap")
+	RegisterMessage[strs]("troupe.test.strs")
+	// A map of empty strings: two wire bytes an entry, ~66 bytes decoded.
+	m := strMap{M: map[string]string{}}
+	for i := range 200_000 {
+		m.M[fmt.Sprint(i)] = ""
+	}
+	mt := typeOf(reflect.TypeFor[strMap]())
+	b, err := encodePayload(nil, nil, mt, m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// n entries of ("", ""), written by hand: a real map cannot hold
+	// repeated keys, and the receiver must refuse before it finds out.
+	n := 2_000_000
+	raw := binary.AppendUvarint(nil, uint64(n)+1)
+	raw = append(raw, make([]byte, 2*n)...)
+	if _, err := decodePayload(nil, nil, mt, raw); !errors.Is(err, ErrMalformed) || !strings.Contains(err.Error(), "allocate") {
+		t.Fatalf("a 4 MB map of empty strings: %v, want refused for its allocation", err)
+	}
+	if _, err := decodePayload(nil, nil, mt, b); err != nil {
+		t.Fatalf("an ordinary map: %v", err)
+	}
+	// A slice of empty strings (16 bytes of header per wire byte) fits.
+	raw = binary.AppendUvarint(nil, uint64(n)+1)
+	raw = append(raw, make([]byte, n)...)
+	v, err := decodePayload(nil, nil, typeOf(reflect.TypeFor[strs]()), raw)
+	if err != nil || len(v.(strs).S) != n {
+		t.Fatalf("a slice of %d empty strings: %v", n, err)
+	}
 }

@@ -174,6 +174,9 @@ func (a *assoc) onTell(b []byte) error {
 			if id != uint64(len(a.inTargets))+1 || id > maxTableSize {
 				return fmt.Errorf("%w: target id %d defined out of sequence", ErrMalformed, id)
 			}
+			if len(it.path) > maxTableEntry {
+				return fmt.Errorf("%w: a %d-byte target path entered in the table (at most %d)", ErrMalformed, len(it.path), maxTableEntry)
+			}
 			a.inTargets = append(a.inTargets, it)
 		}
 	} else {
@@ -194,6 +197,9 @@ func (a *assoc) onTell(b []byte) error {
 		if tid != 0 {
 			if tid != uint64(len(a.inTypes))+1 || tid > maxTableSize {
 				return fmt.Errorf("%w: type id %d defined out of sequence", ErrMalformed, tid)
+			}
+			if len(ty.key) > maxTableEntry {
+				return fmt.Errorf("%w: a %d-byte wire key entered in the table (at most %d)", ErrMalformed, len(ty.key), maxTableEntry)
 			}
 			a.inTypes = append(a.inTypes, ty)
 		}

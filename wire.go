@@ -58,8 +58,13 @@ const (
 	// DefaultMaxFrameSize is the default of [Config.MaxFrameSize].
 	DefaultMaxFrameSize = 4 << 20
 	// maxTableSize bounds the per-association tables of target and type
-	// ids a peer may define.
-	maxTableSize = 1 << 16
+	// ids a peer may define: 4096 entries of at most maxTableEntry bytes,
+	// so each table holds at most 1 MiB of a peer's strings. A sender with
+	// more targets sends the rest inline (id 0), as it does a long path.
+	maxTableSize = 1 << 12
+	// maxTableEntry bounds one table entry's path or wire key (wire keys
+	// are at most 255 bytes anyway).
+	maxTableEntry = 256
 	// readBufferSize is the size of a connection's read buffer; a frame
 	// that fits is decoded in place without a copy.
 	readBufferSize = 64 << 10
