@@ -112,7 +112,7 @@ type assoc struct {
 	peerAddrs []Addr // as the peer announced them: claims, not proof
 	// proven (n.pmu) are the addresses this node dialed and found this
 	// peer at: this session's, and those of duplicates merged into it.
-	proven []Addr
+	proven    []Addr
 	conn      net.Conn
 	ready     chan struct{} // closed (once, by closeReady) when up, merged or closed
 	readyOnce sync.Once
