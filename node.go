@@ -73,6 +73,11 @@ type Config struct {
 	// directions, and nothing else. Default: 5 s.
 	HandshakeTimeout time.Duration
 
+	// QuarantineExpiry is how long a quarantine refuses the peer's proven
+	// addresses; after it, a new node may listen there and be reached,
+	// while the quarantined uid stays refused. Default: 1 h.
+	QuarantineExpiry time.Duration
+
 	// RegistryTimeout bounds one request to a registrar: a lookup, a
 	// registration, a wait's registration of its waiter. Default: 5 s.
 	RegistryTimeout time.Duration
@@ -184,6 +189,9 @@ func (c Config) withDefaults() Config {
 	if c.HandshakeTimeout == 0 {
 		c.HandshakeTimeout = 5 * time.Second
 	}
+	if c.QuarantineExpiry == 0 {
+		c.QuarantineExpiry = time.Hour
+	}
 	if c.RegistryTimeout == 0 {
 		c.RegistryTimeout = 5 * time.Second
 	}
@@ -276,8 +284,8 @@ type Node struct {
 	// handshaking holds inbound connections still in their handshake, so
 	// that Close need not wait for their deadline.
 	inHandshake map[net.Conn]struct{}
-	// quarantine lists the peer incarnations this node has given up on.
-	quarantine []*QuarantineInfo
+	// quarantine holds the peer incarnations this node has given up on.
+	quarantine quarantineTable
 
 	// Discovery, set in Start.
 	reg        *regTable             // the registry this node serves, if any

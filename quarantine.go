@@ -75,20 +75,142 @@ func (e *quarantineError) Unwrap() []error {
 	return []error{ErrPeerUnreachable, ErrQuarantined, e.cause}
 }
 
-// quarantineFor returns the quarantine entry covering uid or any of addrs.
-// The caller holds n.pmu.
-func (n *Node) quarantineFor(uid NodeUID, addrs ...Addr) *QuarantineInfo {
-	for _, q := range n.quarantine {
-		if q.UID == uid {
-			return q
-		}
-		for _, a := range addrs {
-			if slices.Contains(q.Addrs, a) {
-				return q
-			}
+// Quarantine entries are kept for QuarantineExpiry; then the addresses
+// they hold are freed (a new node may listen there) and the uid alone
+// stays refused, as a tombstone, until maxQuarantined newer entries push
+// it out. An incarnation's uid never comes back, so a tombstone only
+// refuses a peer that should not be there.
+const maxQuarantined = 1 << 16
+
+// quarantineTable is the node's quarantine: indexed by uid and by proven
+// address, in the order entries were added. Guarded by n.pmu.
+type quarantineTable struct {
+	byUID  map[NodeUID]*quarantineEntry
+	byAddr map[Addr]*quarantineEntry
+	order  []*quarantineEntry // oldest first; cleared entries are skipped
+	head   int                // order[:head] are gone
+	next   int                // order[head:next] have expired already
+}
+
+type quarantineEntry struct {
+	info    QuarantineInfo
+	expired bool // its addresses are freed; the uid is a tombstone
+	cleared bool
+}
+
+// find returns the live entry covering uid or one of addrs, expiring
+// entries older than expiry (relative to now) on the way.
+func (t *quarantineTable) find(now time.Time, expiry time.Duration, uid NodeUID, addrs ...Addr) *QuarantineInfo {
+	t.expire(now, expiry)
+	if e := t.byUID[uid]; e != nil {
+		return &e.info
+	}
+	for _, a := range addrs {
+		if e := t.byAddr[a]; e != nil {
+			return &e.info
 		}
 	}
 	return nil
+}
+
+// add records a quarantine, unless its uid is quarantined already.
+func (t *quarantineTable) add(q QuarantineInfo) {
+	if t.byUID == nil {
+		t.byUID, t.byAddr = make(map[NodeUID]*quarantineEntry), make(map[Addr]*quarantineEntry)
+	}
+	if t.byUID[q.UID] != nil {
+		return
+	}
+	e := &quarantineEntry{info: q}
+	t.byUID[q.UID] = e
+	for _, a := range q.Addrs {
+		t.byAddr[a] = e
+	}
+	t.order = append(t.order, e)
+	for len(t.byUID) > maxQuarantined || t.head < len(t.order) && t.order[t.head].cleared {
+		t.remove(t.order[t.head])
+		t.pop()
+	}
+}
+
+// pop drops the oldest slot of order, compacting now and then.
+func (t *quarantineTable) pop() {
+	t.order[t.head] = nil
+	t.head++
+	t.next = max(t.next, t.head)
+	if t.head > 1024 && t.head > len(t.order)/2 {
+		t.order = t.order[:copy(t.order, t.order[t.head:])]
+		t.next -= t.head
+		t.head = 0
+	}
+}
+
+// expire frees the addresses of entries older than expiry.
+func (t *quarantineTable) expire(now time.Time, expiry time.Duration) {
+	for ; t.next < len(t.order); t.next++ {
+		e := t.order[t.next]
+		if e.cleared {
+			continue
+		}
+		if now.Sub(e.info.Since) < expiry {
+			return
+		}
+		e.expired = true
+		t.freeAddrs(e)
+	}
+}
+
+func (t *quarantineTable) freeAddrs(e *quarantineEntry) {
+	for _, a := range e.info.Addrs {
+		if t.byAddr[a] == e {
+			delete(t.byAddr, a)
+		}
+	}
+}
+
+// remove lifts an entry entirely.
+func (t *quarantineTable) remove(e *quarantineEntry) {
+	if e == nil || e.cleared {
+		return
+	}
+	e.cleared = true
+	t.freeAddrs(e)
+	if t.byUID[e.info.UID] == e {
+		delete(t.byUID, e.info.UID)
+	}
+}
+
+// clear lifts every entry match selects; it reports whether any did.
+func (t *quarantineTable) clear(match func(*QuarantineInfo) bool) bool {
+	any := false
+	for _, e := range t.byUID {
+		if match(&e.info) {
+			t.remove(e)
+			any = true
+		}
+	}
+	return any
+}
+
+// list copies the entries whose addresses are still refused, oldest first.
+func (t *quarantineTable) list() []QuarantineInfo {
+	var out []QuarantineInfo
+	for _, e := range t.order[t.head:] {
+		if e == nil || e.cleared || e.expired {
+			continue
+		}
+		c := e.info
+		c.Addrs = slices.Clone(c.Addrs)
+		c.Announced = slices.Clone(c.Announced)
+		out = append(out, c)
+	}
+	return out
+}
+
+// quarantineFor returns the quarantine entry covering uid or any of addrs.
+// The caller holds n.pmu.
+func (n *Node) quarantineFor(uid NodeUID, addrs ...Addr) *QuarantineInfo {
+	return n.quarantine.find(time.Now(), n.cfg.QuarantineExpiry, uid, addrs...)
 }
 
 // addQuarantine records that this node gave up on a's peer.
@@ -98,25 +220,16 @@ func (n *Node) addQuarantine(a *assoc, cause error) {
 	// node's, which must not be refused for this peer's faults.
 	n.pmu.Lock()
 	defer n.pmu.Unlock()
-	addrs := slices.Clone(a.proven)
-	if q := n.quarantineFor(a.peerUID, addrs...); q != nil && q.UID == a.peerUID {
-		return
-	}
-	n.quarantine = append(n.quarantine, &QuarantineInfo{UID: a.peerUID, Name: a.peerName, Addrs: addrs, Announced: slices.Clone(a.peerAddrs), Since: time.Now(), Cause: cause})
+	n.quarantine.add(QuarantineInfo{UID: a.peerUID, Name: a.peerName, Addrs: slices.Clone(a.proven), Announced: slices.Clone(a.peerAddrs), Since: time.Now(), Cause: cause})
 }
 
-// Quarantined lists the peers this node has quarantined.
+// Quarantined lists the peers this node has quarantined and not yet
+// cleared, whose quarantine has not expired ([Config.QuarantineExpiry]).
 func (n *Node) Quarantined() []QuarantineInfo {
 	n.pmu.Lock()
 	defer n.pmu.Unlock()
-	out := make([]QuarantineInfo, 0, len(n.quarantine))
-	for _, q := range n.quarantine {
-		c := *q
-		c.Addrs = slices.Clone(q.Addrs)
-		c.Announced = slices.Clone(q.Announced)
-		out = append(out, c)
-	}
-	return out
+	n.quarantine.expire(time.Now(), n.cfg.QuarantineExpiry)
+	return n.quarantine.list()
 }
 
 // ClearQuarantine lifts this node's quarantine of the peer at address
@@ -131,11 +244,9 @@ func (n *Node) ClearQuarantine(address string) bool {
 	}
 	n.pmu.Lock()
 	defer n.pmu.Unlock()
-	before := len(n.quarantine)
-	n.quarantine = slices.DeleteFunc(n.quarantine, func(q *QuarantineInfo) bool {
+	return n.quarantine.clear(func(q *QuarantineInfo) bool {
 		return slices.Contains(q.Addrs, addr) || slices.Contains(q.Announced, addr)
 	})
-	return len(n.quarantine) != before
 }
 
 // ClearQuarantineUID lifts this node's quarantine of the peer incarnation
@@ -145,9 +256,7 @@ func (n *Node) ClearQuarantine(address string) bool {
 func (n *Node) ClearQuarantineUID(uid NodeUID) bool {
 	n.pmu.Lock()
 	defer n.pmu.Unlock()
-	before := len(n.quarantine)
-	n.quarantine = slices.DeleteFunc(n.quarantine, func(q *QuarantineInfo) bool { return q.UID == uid })
-	return len(n.quarantine) != before
+	return n.quarantine.clear(func(q *QuarantineInfo) bool { return q.UID == uid })
 }
 
 // Reconnect clears this node's quarantine of address (in any form
