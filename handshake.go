@@ -79,12 +79,12 @@ func (a *assoc) runOutbound() {
 }
 
 // serveInbound handshakes an accepted connection and then runs its reader.
-func (n *Node) serveInbound(c net.Conn) {
+func (n *Node) serveInbound(c net.Conn, src string) {
 	n.pmu.Lock()
 	if n.pclosing {
 		n.pmu.Unlock()
 		c.Close()
-		n.handshaking.Add(-1)
+		n.handshakeDone(src)
 		return
 	}
 	n.inHandshake[c] = struct{}{}
@@ -94,7 +94,7 @@ func (n *Node) serveInbound(c net.Conn) {
 		n.pmu.Lock()
 		delete(n.inHandshake, c)
 		n.pmu.Unlock()
-		n.handshaking.Add(-1)
+		n.handshakeDone(src)
 	}
 	defer func() {
 		if handshaking {

@@ -39,8 +39,9 @@ func FuzzHandshake(f *testing.F) {
 				theirs.Write(in)
 				theirs.Close()
 			}()
-			n.handshaking.Add(1)
-			n.serveInbound(ours)
+			src, _ := n.admit(ours)
+			n.serveInbound(ours, src)
+			n.inbound.Add(-1)
 			if n == guarded && guarded.liveAssocs() != 0 {
 				t.Fatalf("an unauthenticated dialer got an association from %x", in)
 			}

@@ -169,3 +169,41 @@ func TestAttacksDoNotDisturbHealthyPeers(t *testing.T) {
 	}
 	waitFor(t, 5*time.Second, "every attack connection to be gone", func() bool { return victim.handshaking.Load() == 0 && victim.inbound.Load() <= 2 })
 }
+
+// TestOneSourceCannotTakeEveryHandshake: a source holding every pending
+// handshake it may (a quarter of them) leaves room for peers elsewhere.
+func TestOneSourceCannotTakeEveryHandshake(t *testing.T) {
+	cfg := testConfig("tcp://0.0.0.0:0")
+	cfg.HandshakeTimeout = 30 * time.Second // the flood would hold its slots
+	cfg.MaxPendingHandshakes = 16
+	victim := startNode(t, cfg)
+	spawnEcho(t, victim, "echo")
+	_, port, _ := net.SplitHostPort(victim.Addrs()[0].Address())
+	// The attacker dials from 127.0.0.2 and never says a word.
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP("127.0.0.2")}}
+	var held []net.Conn
+	t.Cleanup(func() {
+		for _, c := range held {
+			c.Close()
+		}
+	})
+	for range 40 {
+		c, err := d.Dial("tcp", "127.0.0.1:"+port)
+		if err != nil {
+			t.Skipf("cannot dial from 127.0.0.2 here: %v", err)
+		}
+		held = append(held, c)
+	}
+	waitFor(t, 5*time.Second, "the flood to be admitted or refused", func() bool {
+		victim.hsMu.Lock()
+		defer victim.hsMu.Unlock()
+		return victim.hsBySource["127.0.0.2"] == cfg.MaxPendingHandshakes/4
+	})
+	// Peers from another source still get in, several of them.
+	for i := range 8 {
+		peer := startNode(t, testConfig())
+		if _, err := Resolve[testPing](ctxT(t, 5*time.Second), peer, FormatRef(TCPAddr("127.0.0.1:"+port), "/user/echo")); err != nil {
+			t.Fatalf("peer %d during the flood: %v", i, err)
+		}
+	}
+}

@@ -147,7 +147,8 @@ type Config struct {
 	MaxOutboundConns int
 
 	// MaxPendingHandshakes bounds the inbound connections still in their
-	// handshake; one more is closed at once. Each is also closed after
+	// handshake, and one source IP may hold at most a quarter of them (at
+	// least 4); one more is closed at once. Each is also closed after
 	// HandshakeTimeout. Default: 128.
 	MaxPendingHandshakes int
 
@@ -265,6 +266,8 @@ type Node struct {
 	inbound      atomic.Int64  // inbound connections open
 	acceptErrors atomic.Uint64 // failed Accept calls, retried
 	handshaking  atomic.Int64  // inbound connections in their handshake
+	hsMu         sync.Mutex
+	hsBySource   map[string]int // handshakes in progress by source (hsMu)
 
 	// amu guards actors and closing; actors maps a path to the handle of
 	// the actor, adapter or exported ask promise that lives there.
@@ -662,14 +665,13 @@ func (n *Node) acceptLoop(l net.Listener) {
 			n.log.Info("troupe: accepting again", "addr", l.Addr().String(), "failed", n.acceptErrors.Load())
 			backoff = 0
 		}
-		if n.inbound.Load() >= int64(n.cfg.MaxInboundConns) || n.handshaking.Load() >= int64(n.cfg.MaxPendingHandshakes) {
+		src, ok := n.admit(c)
+		if !ok {
 			n.log.Debug("troupe: refused a connection over the limits", "remote", c.RemoteAddr().String(),
 				"inbound", n.inbound.Load(), "handshaking", n.handshaking.Load())
 			c.Close()
 			continue
 		}
-		n.inbound.Add(1)
-		n.handshaking.Add(1)
 		if f := n.cfg.fault; f != nil {
 			c = f.accepted(n, c)
 		}
@@ -678,9 +680,50 @@ func (n *Node) acceptLoop(l net.Listener) {
 		}
 		n.wg.Go(func() {
 			defer n.inbound.Add(-1)
-			n.serveInbound(c)
+			n.serveInbound(c, src)
 		})
 	}
+}
+
+// sourceOf names where an accepted connection comes from, for the fair
+// share of handshakes: its IP address, or "unix" for a Unix socket.
+func sourceOf(c net.Conn) string {
+	if ta, ok := c.RemoteAddr().(*net.TCPAddr); ok {
+		return ta.IP.String()
+	}
+	return "unix"
+}
+
+// admit counts an accepted connection against the limits: open inbound
+// connections, pending handshakes, and the pending handshakes of its
+// source, which may hold at most a quarter of them (at least 4), so that
+// one source flooding the node cannot keep everyone else out. It returns
+// the source to release with endHandshake.
+func (n *Node) admit(c net.Conn) (string, bool) {
+	src := sourceOf(c)
+	n.hsMu.Lock()
+	defer n.hsMu.Unlock()
+	share := max(4, n.cfg.MaxPendingHandshakes/4)
+	if n.inbound.Load() >= int64(n.cfg.MaxInboundConns) || n.handshaking.Load() >= int64(n.cfg.MaxPendingHandshakes) || n.hsBySource[src] >= share {
+		return "", false
+	}
+	if n.hsBySource == nil {
+		n.hsBySource = make(map[string]int)
+	}
+	n.hsBySource[src]++
+	n.inbound.Add(1)
+	n.handshaking.Add(1)
+	return src, true
+}
+
+// handshakeDone releases what admit counted for a handshake from src.
+func (n *Node) handshakeDone(src string) {
+	n.hsMu.Lock()
+	defer n.hsMu.Unlock()
+	if n.hsBySource[src]--; n.hsBySource[src] <= 0 {
+		delete(n.hsBySource, src)
+	}
+	n.handshaking.Add(-1)
 }
 
 // peerLabel names a connection's remote end for logs and errors.
