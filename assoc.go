@@ -77,9 +77,10 @@ type ctlFrame []byte
 // write that fails can turn the messages it did not hand to the kernel into
 // dead letters.
 type inflightMsg struct {
-	h   *handle
-	msg any
-	end int // offset just past its frame in the buffer
+	h    *handle
+	msg  any
+	end  int // offset just past its frame in the buffer
+	size int // the frame's encoded size
 }
 
 // inWatch is a watch a remote actor placed on a local one: the local
@@ -149,9 +150,10 @@ type assoc struct {
 	// Delivery confirmation, guarded by mu: unacked[unackedHead:] are the
 	// tell frames written but not yet acknowledged by the peer, in order;
 	// acked counts those acknowledged.
-	unacked     []inflightMsg
-	unackedHead int
-	acked       uint64
+	unacked      []inflightMsg
+	unackedHead  int
+	acked        uint64
+	unackedBytes int // encoded size of unacked[unackedHead:]
 
 	// Owned by the node's heartbeat goroutine.
 	det      WindowDetector
@@ -527,7 +529,7 @@ func (a *assoc) fail(err error) {
 		// A retired duplicate: its work moved to the winner already.
 		a.state = assocClosed
 		unacked := a.unacked[a.unackedHead:]
-		a.unacked, a.unackedHead = nil, 0
+		a.unacked, a.unackedHead, a.unackedBytes = nil, 0, 0
 		a.mu.Unlock()
 		if conn != nil {
 			conn.Close()
@@ -549,6 +551,7 @@ func (a *assoc) fail(err error) {
 	unsent, unacked := a.unsent, a.unacked[a.unackedHead:]
 	watchedBy := a.watchedBy
 	a.pending, a.resolves, a.watches, a.unsent, a.unacked, a.unackedHead, a.watchedBy = nil, nil, nil, nil, nil, 0, nil
+	a.unackedBytes = 0
 	a.mu.Unlock()
 	a.dropWatchedBy(watchedBy)
 

@@ -53,9 +53,10 @@ func (a *assoc) writeLoop() {
 				return
 			}
 			var sent bool
+			start := len(buf)
 			buf, sent = a.encodeRec(buf, r)
 			if sent && r.h != nil {
-				a.inflight = append(a.inflight, inflightMsg{r.h, r.msg, len(buf)})
+				a.inflight = append(a.inflight, inflightMsg{r.h, r.msg, len(buf), len(buf) - start})
 			}
 			if len(buf) >= 256<<10 {
 				ok = a.write(buf)
@@ -116,8 +117,20 @@ func (a *assoc) write(b []byte) bool {
 		ended := a.state == assocClosed
 		if !ended {
 			a.unacked = append(a.unacked, a.inflight...)
+			for _, m := range a.inflight {
+				a.unackedBytes += m.size
+			}
 		}
+		over := a.unackedBytes
 		a.mu.Unlock()
+		if lim := a.n.cfg.UnackedLimit; lim > 0 && over > lim {
+			// A peer that reads but never confirms is as good as silent:
+			// what it holds unconfirmed must not grow without end.
+			a.abort(fmt.Errorf("%s has not acknowledged %d bytes of messages (Config.UnackedLimit is %d)", a.label(), over, lim))
+			clear(a.inflight)
+			a.inflight = a.inflight[:0]
+			return false
+		}
 		if ended {
 			reason := a.failure()
 			for _, m := range a.inflight {
@@ -143,6 +156,9 @@ func (a *assoc) write(b []byte) bool {
 			a.mu.Lock()
 			if a.state != assocClosed && len(a.unacked)-a.unackedHead >= unsent {
 				tail := len(a.unacked) - unsent
+				for _, m := range a.unacked[tail:] {
+					a.unackedBytes -= m.size
+				}
 				a.unsent = append(a.unsent, a.unacked[tail:]...)
 				clear(a.unacked[tail:])
 				a.unacked = a.unacked[:tail]
@@ -175,6 +191,9 @@ func (a *assoc) onAck(b []byte) error {
 		return fmt.Errorf("%w: acknowledgement of %d frames, %d were sent", ErrMalformed, count, a.acked+waiting)
 	}
 	release := int(count - a.acked)
+	for _, m := range a.unacked[a.unackedHead : a.unackedHead+release] {
+		a.unackedBytes -= m.size
+	}
 	clear(a.unacked[a.unackedHead : a.unackedHead+release])
 	a.unackedHead += release
 	a.acked = count

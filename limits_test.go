@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"fmt"
+	"io"
 	"net"
 	"runtime"
 	"strings"
@@ -204,6 +205,58 @@ func TestOneSourceCannotTakeEveryHandshake(t *testing.T) {
 		peer := startNode(t, testConfig())
 		if _, err := Resolve[testPing](ctxT(t, 5*time.Second), peer, FormatRef(TCPAddr("127.0.0.1:"+port), "/user/echo")); err != nil {
 			t.Fatalf("peer %d during the flood: %v", i, err)
+		}
+	}
+}
+
+// TestAPeerThatNeverAcknowledgesIsCutOff: messages kept for a peer that
+// reads everything and confirms nothing stay within UnackedLimit; past
+// it, the peer is treated as silent.
+func TestAPeerThatNeverAcknowledgesIsCutOff(t *testing.T) {
+	cfg := testConfig("tcp://127.0.0.1:0")
+	cfg.UnackedLimit = 256 << 10
+	victim := startNode(t, cfg)
+	unreachable := make(chan PeerUnreachable, 1)
+	SubscribeChan(victim.Events(), unreachable)
+	c := rawHandshake(t, victim)
+	go io.Copy(io.Discard, c) // reads everything, acknowledges nothing
+	var a *assoc
+	waitFor(t, 5*time.Second, "the association", func() bool {
+		victim.pmu.Lock()
+		defer victim.pmu.Unlock()
+		for _, x := range victim.byUID {
+			a = x
+		}
+		return a != nil
+	})
+	ref := Ref[string]{h: &handle{node: victim, key: refKey{node: a.peerUID, path: "/user/sink", uuid: UUID{1}}, assoc: a}}
+	payload := strings.Repeat("x", 1000)
+	for i := 0; ; i++ {
+		select {
+		case e := <-unreachable:
+			if !e.Quarantined || !strings.Contains(e.Reason.Error(), "UnackedLimit") {
+				t.Fatalf("PeerUnreachable = %+v", e)
+			}
+			return
+		default:
+		}
+		if i > 10_000 {
+			t.Fatal("10 MB sent to a peer that acknowledges nothing, and it is still connected")
+		}
+		ref.Tell(payload)
+		a.mu.Lock()
+		held := a.unackedBytes
+		a.mu.Unlock()
+		if held > cfg.UnackedLimit+(256<<10)+2000 {
+			t.Fatalf("%d bytes kept unacknowledged, the limit is %d (plus one write)", held, cfg.UnackedLimit)
+		}
+		if i%100 == 99 {
+			// Let the writer take what is queued before producing more.
+			waitFor(t, 5*time.Second, "the writer to drain its queue", func() bool {
+				a.mu.Lock()
+				defer a.mu.Unlock()
+				return a.queue.len() == 0 || a.state == assocClosed
+			})
 		}
 	}
 }

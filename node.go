@@ -66,6 +66,13 @@ type Config struct {
 	// [ErrSendQueueFull]. Default: 262,144. Negative means no limit.
 	SendQueueLimit int
 
+	// UnackedLimit bounds, in encoded bytes, the messages written to one
+	// peer and not yet acknowledged by it (each is kept until then, to be
+	// reported if the link fails). A peer past it is treated as silent:
+	// unreachable and quarantined. Default: 64 MiB. Negative means no
+	// limit.
+	UnackedLimit int
+
 	// DialTimeout bounds connecting to a peer. Default: 5 s.
 	DialTimeout time.Duration
 
@@ -183,6 +190,12 @@ func (c Config) withDefaults() Config {
 		c.SendQueueLimit = 1 << 18
 	case c.SendQueueLimit < 0:
 		c.SendQueueLimit = 0
+	}
+	switch {
+	case c.UnackedLimit == 0:
+		c.UnackedLimit = 64 << 20
+	case c.UnackedLimit < 0:
+		c.UnackedLimit = 0
 	}
 	if c.DialTimeout == 0 {
 		c.DialTimeout = 5 * time.Second
