@@ -126,6 +126,7 @@ type cell[T any] struct {
 	ctx    Context[T]
 	runFn  func()
 	limit  int // mailbox limit; 0 means none
+	bytes  int // limit of inBytes; 0 means none
 
 	// mu guards the mailbox lanes and the scheduling flags.
 	mu        sync.Mutex
@@ -135,6 +136,7 @@ type cell[T any] struct {
 	closed    bool     // the actor has stopped; nothing more is accepted
 	hasSys    atomic.Bool
 	entered   uint64 // user messages ever appended to in
+	inBytes   int    // encoded size of the messages in in that came over the wire
 
 	// The rest is owned by the goroutine running the cell.
 	batch      []T      // the user messages taken from in, being handled
@@ -250,7 +252,7 @@ func Spawn[T any](p Spawner, name string, b Behavior[T]) (Ref[T], error) {
 			return Ref[T]{}, err
 		}
 	}
-	c := &cell[T]{n: n, parent: parent, b: b, limit: n.cfg.MailboxLimit}
+	c := &cell[T]{n: n, parent: parent, b: b, limit: n.cfg.MailboxLimit, bytes: n.cfg.MailboxBytes}
 	c.ctx.c = c
 	c.runFn = c.run
 	base := "/user"
@@ -328,7 +330,11 @@ func (c *cell[T]) addChild(h *handle) error {
 }
 
 // push queues a user message and schedules the cell if it was idle.
-func (c *cell[T]) push(msg T) error {
+func (c *cell[T]) push(msg T) error { return c.pushSized(msg, 0) }
+
+// pushSized is push for a message that arrived over the wire in size
+// encoded bytes, counted against [Config.MailboxBytes].
+func (c *cell[T]) pushSized(msg T, size int) error {
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
@@ -338,6 +344,11 @@ func (c *cell[T]) push(msg T) error {
 		c.mu.Unlock()
 		return ErrMailboxFull
 	}
+	if size > 0 && c.bytes > 0 && c.inBytes+size > c.bytes {
+		c.mu.Unlock()
+		return fmt.Errorf("%w: %d bytes from other nodes waiting (Config.MailboxBytes is %d)", ErrMailboxFull, c.inBytes, c.bytes)
+	}
+	c.inBytes += size
 	c.in = append(c.in, msg)
 	c.entered++
 	start := !c.scheduled
@@ -347,6 +358,14 @@ func (c *cell[T]) push(msg T) error {
 		c.n.wg.Go(c.runFn)
 	}
 	return nil
+}
+
+func (c *cell[T]) tellWire(msg any, size int) error {
+	v, ok := msg.(T)
+	if !ok {
+		return c.tellAny(msg)
+	}
+	return c.pushSized(v, size)
 }
 
 func (c *cell[T]) tellAny(msg any) error {
@@ -390,6 +409,7 @@ func (c *cell[T]) run() {
 			return
 		}
 		c.batch, c.in = c.in, c.batch[:0]
+		c.inBytes = 0
 		c.mu.Unlock()
 		for i := 0; i < len(c.batch); i++ {
 			if c.hasSys.Load() && c.drainSys() {

@@ -3,6 +3,7 @@ package troupe
 import (
 	"context"
 	"crypto/rand"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -259,4 +260,39 @@ func TestAPeerThatNeverAcknowledgesIsCutOff(t *testing.T) {
 			})
 		}
 	}
+}
+
+// TestMailboxBytesBoundWireMessages: large messages from another node
+// stop at MailboxBytes, long before MailboxLimit counts them.
+func TestMailboxBytesBoundWireMessages(t *testing.T) {
+	cfg := testConfig("tcp://127.0.0.1:0")
+	cfg.MailboxBytes = 1 << 20
+	home := startNode(t, cfg)
+	gate := make(chan struct{})
+	release := sync.OnceFunc(func() { close(gate) })
+	t.Cleanup(release)
+	sink, _ := Spawn(home, "sink", Behavior[string]{Receive: func(*Context[string], string) { <-gate }})
+	full := make(chan DeadLetter, 1000)
+	SubscribeChan(home.Events(), full)
+	away := startNode(t, testConfig())
+	r, err := Resolve[string](ctxT(t, 5*time.Second), away, FormatRef(home.Addrs()[0], sink.Path()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	big := strings.Repeat("x", 16<<10)
+	for range 200 { // 3.2 MB, 200 messages: far below MailboxLimit
+		r.Tell(big)
+	}
+	d := recv(t, full, "a dead letter for the full mailbox")
+	if !errors.Is(d.Reason, ErrMailboxFull) || !strings.Contains(d.Reason.Error(), "MailboxBytes") {
+		t.Fatalf("dead letter %+v", d)
+	}
+	c := home.lookup(sink.Path(), UUID{}).local.(*cell[string])
+	c.mu.Lock()
+	held := c.inBytes
+	c.mu.Unlock()
+	if held > cfg.MailboxBytes {
+		t.Fatalf("%d bytes waiting, the limit is %d", held, cfg.MailboxBytes)
+	}
+	release()
 }

@@ -61,6 +61,13 @@ type Config struct {
 	// no limit.
 	MailboxLimit int
 
+	// MailboxBytes bounds, in encoded bytes, the messages from other nodes
+	// waiting in one actor's mailbox, so that a few large messages cannot
+	// hold far more memory than MailboxLimit suggests; one past it becomes
+	// a [DeadLetter] with [ErrMailboxFull]. Local messages are not
+	// counted. Default: 64 MiB. Negative means no limit.
+	MailboxBytes int
+
 	// SendQueueLimit is how many frames may wait to be written on one
 	// association; a Tell past it becomes a [DeadLetter] with
 	// [ErrSendQueueFull]. Default: 262,144. Negative means no limit.
@@ -184,6 +191,12 @@ func (c Config) withDefaults() Config {
 		c.MailboxLimit = 1 << 20
 	case c.MailboxLimit < 0:
 		c.MailboxLimit = 0
+	}
+	switch {
+	case c.MailboxBytes == 0:
+		c.MailboxBytes = 64 << 20
+	case c.MailboxBytes < 0:
+		c.MailboxBytes = 0
 	}
 	switch {
 	case c.SendQueueLimit == 0:

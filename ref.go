@@ -46,6 +46,9 @@ type localTarget interface {
 	// tellAny delivers msg, or returns why it could not (and publishes
 	// nothing: the caller turns the error into a DeadLetter).
 	tellAny(msg any) error
+	// tellWire is tellAny for a message that arrived over the wire in
+	// size encoded bytes.
+	tellWire(msg any, size int) error
 	// sysPush queues a signal on the system lane; false if the target has
 	// already stopped.
 	sysPush(m sysMsg) bool
@@ -303,9 +306,10 @@ func (p *promise[T]) tellAny(msg any) error {
 	return nil
 }
 
-func (p *promise[T]) sysPush(sysMsg) bool    { return !p.done.Load() }
-func (p *promise[T]) watchHandle() *handle   { return p.h }
-func (p *promise[T]) protocol() reflect.Type { return reflect.TypeFor[T]() }
+func (p *promise[T]) tellWire(msg any, _ int) error { return p.tellAny(msg) }
+func (p *promise[T]) sysPush(sysMsg) bool           { return !p.done.Load() }
+func (p *promise[T]) watchHandle() *handle          { return p.h }
+func (p *promise[T]) protocol() reflect.Type        { return reflect.TypeFor[T]() }
 
 // exporter is implemented by local targets that must be put in the path
 // table before their ref leaves the node.
@@ -341,6 +345,14 @@ func (a *adapter[U, T]) tellAny(msg any) error {
 		return fmt.Errorf("%w: adapter wants %s, got %T", ErrWrongType, reflect.TypeFor[U](), msg)
 	}
 	return a.owner.push(a.f(u))
+}
+
+func (a *adapter[U, T]) tellWire(msg any, size int) error {
+	u, ok := msg.(U)
+	if !ok {
+		return a.tellAny(msg)
+	}
+	return a.owner.pushSized(a.f(u), size)
 }
 
 func (a *adapter[U, T]) sysPush(m sysMsg) bool  { return a.owner.sysPush(m) }

@@ -224,7 +224,7 @@ func (a *assoc) onTell(b []byte) error {
 		n.deadLetter(n.localRefString(it.path), msg, ErrNoSuchActor)
 		return nil
 	}
-	if err := it.target.tellAny(msg); err != nil {
+	if err := it.target.tellWire(msg, len(b)); err != nil {
 		n.deadLetter(n.localRefString(it.path), msg, err)
 	}
 	return nil
@@ -436,7 +436,8 @@ func deadHandle(n *Node, key refKey) *handle {
 	return d.h
 }
 
-func (d *deadTarget) tellAny(any) error      { return ErrNoSuchActor }
-func (d *deadTarget) sysPush(sysMsg) bool    { return false }
-func (d *deadTarget) watchHandle() *handle   { return d.h }
-func (d *deadTarget) protocol() reflect.Type { return nil }
+func (d *deadTarget) tellAny(any) error       { return ErrNoSuchActor }
+func (d *deadTarget) tellWire(any, int) error { return ErrNoSuchActor }
+func (d *deadTarget) sysPush(sysMsg) bool     { return false }
+func (d *deadTarget) watchHandle() *handle    { return d.h }
+func (d *deadTarget) protocol() reflect.Type  { return nil }
