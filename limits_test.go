@@ -3,7 +3,9 @@ package troupe
 import (
 	"context"
 	"crypto/rand"
+	"encoding/binary"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -56,6 +58,10 @@ func troupeGoroutines() int {
 	buf = buf[:runtime.Stack(buf, true)]
 	return strings.Count(string(buf), "troupe.(*Node).serveInbound")
 }
+
+// soak makes TestAttacksDoNotDisturbHealthyPeers repeat each attack for
+// this long (CI runs it for a few seconds each).
+var soak = flag.Duration("troupe.soak", 0, "repeat each attack of TestAttacksDoNotDisturbHealthyPeers for this long")
 
 func TestAttacksDoNotDisturbHealthyPeers(t *testing.T) {
 	if testing.Short() {
@@ -142,6 +148,73 @@ func TestAttacksDoNotDisturbHealthyPeers(t *testing.T) {
 				expectClosed(t, c)
 			}
 		}},
+		{"claimed lengths with a trickle", func(stop <-chan struct{}) {
+			var before, after runtime.MemStats
+			runtime.GC()
+			runtime.ReadMemStats(&before)
+			var conns []net.Conn
+			for range 50 {
+				c := rawHandshake(t, victim)
+				c.Write(append(binary.AppendUvarint(nil, DefaultMaxFrameSize-1), byte(frameTell), 1, 2, 3))
+				conns = append(conns, c)
+			}
+			for _, c := range conns { // a byte each, then nothing
+				c.Write([]byte{4})
+			}
+			runtime.GC()
+			runtime.ReadMemStats(&after)
+			if grown := int64(after.HeapAlloc) - int64(before.HeapAlloc); grown > 32<<20 {
+				t.Errorf("the heap grew by %d MB for 50 claims of 4 MiB with 4 bytes each", grown>>20)
+			}
+			for _, c := range conns {
+				c.Close()
+			}
+		}},
+		{"table flood", func(stop <-chan struct{}) {
+			c := rawHandshake(t, victim)
+			var batch []byte
+			for id := 1; id <= maxTableSize+1; id++ {
+				body := []byte{byte(frameTell)}
+				body = binary.AppendUvarint(body, uint64(id)<<1|1)
+				body = appendString(body, fmt.Sprintf("/user/flood-%d", id))
+				body = append(body, make([]byte, 16)...)
+				body = append(body, 0<<1|1)
+				body = appendString(body, "no.such.key")
+				batch = append(batch, appendFrame(nil, func(b []byte) []byte { return append(b, body...) })...)
+			}
+			c.Write(batch)
+			expectClosed(t, c)
+		}},
+		{"refs to a thousand nodes", func(stop <-chan struct{}) {
+			attacker := startNode(t, testConfig())
+			sink, err := Spawn(victim, "bag-"+attacker.UID().String()[:8], Behavior[refBag]{Receive: func(*Context[refBag], refBag) {}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer victim.Stop(sink)
+			var bag refBag
+			for i := range 1000 {
+				a, err := attacker.assocAt(TCPAddr(fmt.Sprintf("127.0.0.1:%d", 30000+i)))
+				if err != nil {
+					t.Fatal(err)
+				}
+				bag.Refs = append(bag.Refs, Ref[int]{h: &handle{node: attacker, key: refKey{node: NodeUID{byte(i), byte(i >> 8), 1}, path: "/user/x"}, assoc: a}})
+			}
+			r, err := Resolve[refBag](ctxT(t, 5*time.Second), attacker, FormatRef(victim.Addrs()[0], sink.Path()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			before := troupeGoroutines()
+			r.Tell(bag)
+			r.Tell(bag)
+			if _, err := Resolve[testPing](ctxT(t, 5*time.Second), attacker, FormatRef(victim.Addrs()[0], "/user/echo")); err != nil {
+				t.Fatal(err)
+			}
+			if grown := troupeGoroutines() - before; grown > 20 {
+				t.Errorf("%d more goroutines after refs to 1000 nodes arrived", grown)
+			}
+			attacker.Close()
+		}},
 		{"frames for a missing actor", func(stop <-chan struct{}) {
 			c := rawHandshake(t, victim)
 			dead := make(chan DeadLetter, 1000)
@@ -161,7 +234,9 @@ func TestAttacksDoNotDisturbHealthyPeers(t *testing.T) {
 			stop := make(chan struct{})
 			done := healthyTraffic(t, friend, victim, stop)
 			before := time.Now()
-			at.run(stop)
+			for rounds := 0; rounds == 0 || time.Since(before) < *soak; rounds++ {
+				at.run(stop)
+			}
 			time.Sleep(100 * time.Millisecond) // let the healthy pair run past the end of the attack
 			close(stop)
 			if n := done(); n == 0 {
