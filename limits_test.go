@@ -371,3 +371,65 @@ func TestMailboxBytesBoundWireMessages(t *testing.T) {
 	}
 	release()
 }
+
+func TestMaxInboundConns(t *testing.T) {
+	cfg := testConfig("tcp://127.0.0.1:0")
+	cfg.MaxInboundConns = 3
+	n := startNode(t, cfg)
+	spawnEcho(t, n, "echo")
+	var peers []*Node
+	for i := range 3 {
+		p := startNode(t, testConfig())
+		if _, err := Resolve[testPing](ctxT(t, 5*time.Second), p, FormatRef(n.Addrs()[0], "/user/echo")); err != nil {
+			t.Fatalf("peer %d within the limit: %v", i, err)
+		}
+		peers = append(peers, p)
+	}
+	extra := startNode(t, testConfig())
+	if _, err := Resolve[testPing](ctxT(t, 5*time.Second), extra, FormatRef(n.Addrs()[0], "/user/echo")); err == nil {
+		t.Fatal("a fourth inbound connection was accepted with MaxInboundConns 3")
+	}
+	peers[0].Close()
+	waitFor(t, 5*time.Second, "room for another peer", func() bool {
+		_, err := Resolve[testPing](ctxT(t, 5*time.Second), extra, FormatRef(n.Addrs()[0], "/user/echo"))
+		return err == nil
+	})
+}
+
+func TestSendQueueLimit(t *testing.T) {
+	f := NewFaultNet()
+	cfg := failConfig("home", 50*time.Millisecond, 5*time.Second)
+	cfg.SendQueueLimit = 100
+	home := startOn(t, f, cfg)
+	away := startOn(t, f, failConfig("away", 50*time.Millisecond, 5*time.Second))
+	sink := spawnEcho(t, away, "sink")
+	r, err := Resolve[testPing](ctxT(t, 5*time.Second), home, FormatRef(away.Addrs()[0], sink.Path()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	full := make(chan DeadLetter, 10_000)
+	SubscribeChan(home.Events(), full)
+	f.Pause(away) // nothing drains: the writer blocks and the queue fills
+	defer f.Resume(away)
+	for range 10_000 {
+		r.Tell(testPing{})
+	}
+	d := recv(t, full, "a dead letter for the full queue")
+	if !errors.Is(d.Reason, ErrSendQueueFull) {
+		t.Fatalf("dead letter %+v, want ErrSendQueueFull", d)
+	}
+}
+
+func TestRegistryTimeout(t *testing.T) {
+	checkLeaks(t)
+	addr, _ := silentListener(t)
+	cfg := testConfig()
+	cfg.RegistryTimeout = 300 * time.Millisecond
+	cfg.HandshakeTimeout = time.Minute
+	n := startNode(t, cfg)
+	start := time.Now()
+	_, _, err := QueryActor(context.Background(), n, "x", WithRegistries("tcp://"+addr))
+	if !errors.Is(err, context.DeadlineExceeded) || time.Since(start) > 5*time.Second {
+		t.Fatalf("a lookup at a registrar that never answers: %v after %v", err, time.Since(start))
+	}
+}
