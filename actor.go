@@ -345,8 +345,9 @@ func (c *cell[T]) pushSized(msg T, size int) error {
 		return ErrMailboxFull
 	}
 	if size > 0 && c.bytes > 0 && c.inBytes+size > c.bytes {
+		waiting := c.inBytes
 		c.mu.Unlock()
-		return fmt.Errorf("%w: %d bytes from other nodes waiting (Config.MailboxBytes is %d)", ErrMailboxFull, c.inBytes, c.bytes)
+		return fmt.Errorf("%w: %d bytes from other nodes waiting (Config.MailboxBytes is %d)", ErrMailboxFull, waiting, c.bytes)
 	}
 	c.inBytes += size
 	c.in = append(c.in, msg)
