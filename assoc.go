@@ -231,7 +231,7 @@ func (a *assoc) label() string {
 // assocFor returns the association to use for addr, starting a dial if
 // there is none. Messages may be queued on it at once.
 func (n *Node) assocFor(addr Addr) (*assoc, error) {
-	a, err := n.assocAt(addr)
+	a, err := n.assocAt(addr, true)
 	if err != nil {
 		return nil, err
 	}
@@ -243,10 +243,21 @@ func (n *Node) assocFor(addr Addr) (*assoc, error) {
 // first use if there is none: a ref that arrives inside a message binds to
 // it without dialing anything (a peer cannot make this node dial by
 // naming addresses). New outbound associations are bounded by
-// [Config.MaxOutboundConns].
-func (n *Node) assocAt(addr Addr) (*assoc, error) {
+// [Config.MaxOutboundConns]. With wait, a check in progress of a peer's
+// claim to addr is waited for first (never from a reader: wait false).
+func (n *Node) assocAt(addr Addr, wait bool) (*assoc, error) {
 	n.pmu.Lock()
 	defer n.pmu.Unlock()
+	if cl := n.claims[addr]; wait && cl != nil && !n.pclosing && n.byAddr[addr] == nil {
+		// A peer that connected here claims addr, and the check is under
+		// way: its answer decides whether a new connection is needed.
+		n.pmu.Unlock()
+		select {
+		case <-cl.done:
+		case <-n.done:
+		}
+		n.pmu.Lock()
+	}
 	if n.pclosing {
 		return nil, ErrNodeClosed
 	}

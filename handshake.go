@@ -283,7 +283,74 @@ func (n *Node) attach(a *assoc, h *hello) bool {
 		}
 	}
 	n.events.Publish(PeerConnected{Addr: a.addr(), UID: a.peerUID, Name: a.peerName})
+	if !a.outbound {
+		n.proveClaims(a)
+	}
 	return true
+}
+
+// maxProvenClaims bounds how many of a peer's announced addresses are
+// checked by dialing back.
+const maxProvenClaims = 4
+
+// claim is the check of an address an inbound peer announced; done is
+// closed when it is over, proven or not.
+type claim struct{ done chan struct{} }
+
+// proveClaims checks, in the background, the first addresses an inbound
+// peer announced: a probe dialed to each (no association) must reach the
+// same uid before this node routes that address's traffic to the peer's
+// association. Until then a send to the address waits for the check
+// (assocAt), so that it does not open a second connection to the peer.
+func (n *Node) proveClaims(a *assoc) {
+	n.pmu.Lock()
+	defer n.pmu.Unlock()
+	for i, ad := range a.peerAddrs {
+		if i == maxProvenClaims || n.pclosing {
+			return
+		}
+		if n.byAddr[ad] != nil || n.claims[ad] != nil || n.isOwnAddr(ad) {
+			continue
+		}
+		if n.claims == nil {
+			n.claims = make(map[Addr]*claim)
+		}
+		cl := &claim{done: make(chan struct{})}
+		n.claims[ad] = cl
+		n.wg.Go(func() {
+			proven := n.probeUID(ad) == a.peerUID
+			n.pmu.Lock()
+			delete(n.claims, ad)
+			if proven && n.byUID[a.peerUID] == a && n.byAddr[ad] == nil {
+				n.byAddr[ad] = a
+				a.proven = append(a.proven, ad)
+			}
+			n.pmu.Unlock()
+			close(cl.done)
+		})
+	}
+}
+
+// probeUID dials addr and asks, without associating, which node answers
+// there; the zero uid if none does.
+func (n *Node) probeUID(addr Addr) NodeUID {
+	c, err := n.dial(addr)
+	if err != nil {
+		return NodeUID{}
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(n.cfg.HandshakeTimeout))
+	h := n.hello()
+	h.flags |= helloProbe
+	body, err := n.dialHandshake(c, newFrameReader(c, maxHelloSize), h)
+	if err != nil || frameKind(body[0]) != frameWelcome {
+		return NodeUID{}
+	}
+	w, err := parseHello(body)
+	if err != nil {
+		return NodeUID{}
+	}
+	return w.uid
 }
 
 // dialedByLower reports whether a's connection was dialed by the node with

@@ -194,7 +194,7 @@ func TestAttacksDoNotDisturbHealthyPeers(t *testing.T) {
 			defer victim.Stop(sink)
 			var bag refBag
 			for i := range 1000 {
-				a, err := attacker.assocAt(TCPAddr(fmt.Sprintf("127.0.0.1:%d", 30000+i)))
+				a, err := attacker.assocAt(TCPAddr(fmt.Sprintf("127.0.0.1:%d", 30000+i)), false)
 				if err != nil {
 					t.Fatal(err)
 				}

@@ -310,6 +310,9 @@ type Node struct {
 	awaiting map[NodeUID][]*assoc
 	pclosing bool
 	outbound int // outbound associations not yet finished
+	// claims are the announced addresses of inbound peers being checked
+	// by a dial-back probe (proveClaims).
+	claims map[Addr]*claim
 	// handshaking holds inbound connections still in their handshake, so
 	// that Close need not wait for their deadline.
 	inHandshake map[net.Conn]struct{}

@@ -419,7 +419,7 @@ func (n *Node) refFromWire(a *assoc, kind byte, key refKey, addr string) *handle
 	if err != nil || n.isOwnAddr(ad) {
 		return deadHandle(n, key)
 	}
-	via, err := n.assocAt(ad) // dials on first use, never from the decoder
+	via, err := n.assocAt(ad, false) // dials on first use, never from the decoder
 	if err != nil {
 		return deadHandle(n, key)
 	}
