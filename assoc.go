@@ -574,7 +574,9 @@ func (a *assoc) fail(err error) {
 	}
 	// Cluster members are never quarantined: they keep knocking on each
 	// other until one is downed.
-	quarantine := wasUp && !closing && !errors.Is(err, ErrPeerLeft) && !a.n.isMember(a.peerUID)
+	// Registrars neither: a registrar is infrastructure, not a peer whose
+	// actors anyone relies on, and discovery must come back with it.
+	quarantine := wasUp && !closing && !errors.Is(err, ErrPeerLeft) && !a.n.isMember(a.peerUID) && !a.n.isRegistrarAssoc(a)
 	reason := err
 	if quarantine {
 		a.n.addQuarantine(a, err)

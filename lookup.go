@@ -178,33 +178,93 @@ func (n *Node) registerNode(ctx context.Context) error {
 		}
 	}
 	if len(n.registrars) > 0 {
-		Subscribe(n.Events(), func(e PeerConnected) {
-			for _, a := range n.registrars {
-				if a == e.Addr && n.registeredOnce(a) {
-					n.wg.Go(func() { n.reregister(a) })
-				}
-			}
-		})
+		n.wg.Go(n.keepRegistrars)
 	}
 	return nil
 }
 
-// registeredOnce reports whether this node has registered with addr
-// before, so that only a re-association (not the first) re-registers.
-func (n *Node) registeredOnce(addr Addr) bool {
-	_, ok := n.regRefs.Load(addr)
-	return ok
+// isRegistrarAssoc reports whether a is the association with one of this
+// node's registrars (dialed at its address, or proven to answer there).
+func (n *Node) isRegistrarAssoc(a *assoc) bool {
+	n.pmu.Lock()
+	defer n.pmu.Unlock()
+	for _, r := range n.registrars {
+		if a.outbound && a.dialAddr == r || slices.Contains(a.proven, r) {
+			return true
+		}
+	}
+	return false
+}
+
+// registrarUp reports whether this node holds a live association with
+// the registrar at addr.
+func (n *Node) registrarUp(addr Addr) bool {
+	v, ok := n.regRefs.Load(addr)
+	return ok && v.(Ref[regRequest]).h.assoc.failure() == nil
+}
+
+// keepRegistrars watches this node's registrars, once a heartbeat
+// interval: when the association with one has ended (it restarted, was
+// killed, or a link broke), it associates again as soon as the registrar
+// answers, registers the node and every named actor with it, and has
+// every parked WaitForActor wait there again. Registrar associations are
+// never quarantined, so nothing stands in the way but the registrar's
+// absence.
+func (n *Node) keepRegistrars() {
+	t := time.NewTicker(n.cfg.HeartbeatInterval)
+	defer t.Stop()
+	lost := map[Addr]bool{}
+	for {
+		select {
+		case <-n.done:
+			return
+		case <-t.C:
+		}
+		for _, addr := range n.registrars {
+			if n.registrarUp(addr) {
+				continue
+			}
+			if !lost[addr] {
+				lost[addr] = true
+				n.log.Warn("troupe: registrar lost; registering again when it answers", "registrar", addr.String())
+			}
+			if n.reregister(addr) == nil {
+				delete(lost, addr)
+				n.log.Info("troupe: registered again", "registrar", addr.String())
+				n.bumpRegistrarEpoch()
+			}
+		}
+	}
 }
 
 // reregister sends every registration of this node to the registrar at
-// addr again, after the association with it was re-established.
-func (n *Node) reregister(addr Addr) {
+// addr again.
+func (n *Node) reregister(addr Addr) error {
 	ctx, cancel := context.WithTimeout(n.ctx, n.registryTimeout())
 	defer cancel()
 	req := regRequest{Op: regOpRegister, Regs: toWire(n.publicRegistrations())}
-	if _, err := n.askRegistrar(ctx, registrarSource{addr: addr}, req); err != nil {
-		n.log.Warn("troupe: could not register again", "registrar", addr.String(), "err", err)
+	_, err := n.askRegistrar(ctx, registrarSource{addr: addr}, req)
+	return err
+}
+
+// registrarEpoch returns a channel closed the next time this node
+// registers again with a registrar, so that parked waits park again.
+func (n *Node) registrarEpoch() <-chan struct{} {
+	n.regEpochMu.Lock()
+	defer n.regEpochMu.Unlock()
+	if n.regEpoch == nil {
+		n.regEpoch = make(chan struct{})
 	}
+	return n.regEpoch
+}
+
+func (n *Node) bumpRegistrarEpoch() {
+	n.regEpochMu.Lock()
+	defer n.regEpochMu.Unlock()
+	if n.regEpoch != nil {
+		close(n.regEpoch)
+	}
+	n.regEpoch = make(chan struct{})
 }
 
 // tellRegistrar sends req without waiting for an answer.
@@ -628,14 +688,36 @@ func (n *Node) awaitRegistration(ctx context.Context, srcs []registrarSource, na
 		c := conds[i]
 		r.Tell(regRequest{Op: regOpWait, Name: name, ReplyTo: Ref[regReply]{h: ps[i].h}, ActorsOnly: c.actorsOnly, After: c.after})
 	}
-	cases := make([]reflect.SelectCase, 0, len(ps)+2)
+	cases := make([]reflect.SelectCase, 0, len(ps)+3)
 	for _, p := range ps {
 		cases = append(cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(p.ch)})
 	}
 	cases = append(cases,
 		reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(ctx.Done())},
-		reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(n.done)})
-	i, v, _ := reflect.Select(cases)
+		reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(n.done)},
+		reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(n.registrarEpoch())})
+	var i int
+	var v reflect.Value
+	for {
+		i, v, _ = reflect.Select(cases)
+		if i != len(ps)+2 {
+			break
+		}
+		// This node registered again with a registrar (it restarted, or
+		// another took its place): the waits it held are gone, park them
+		// again wherever they are remote.
+		cases[i].Chan = reflect.ValueOf(n.registrarEpoch())
+		for j, s := range srcs {
+			if s.local {
+				continue
+			}
+			if r, err := n.registrarRef(ctx, s.addr); err == nil {
+				conds[j].after = 0 // a new registrar numbers from the start
+				c := conds[j]
+				r.Tell(regRequest{Op: regOpWait, Name: name, ReplyTo: Ref[regReply]{h: ps[j].h}, ActorsOnly: c.actorsOnly, After: c.after})
+			}
+		}
+	}
 	switch {
 	case i == len(ps):
 		return nil, 0, ctx.Err()

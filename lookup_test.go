@@ -109,3 +109,48 @@ func TestLookupsOnAClosedNode(t *testing.T) {
 		t.Errorf("Registry = %v", err)
 	}
 }
+
+// TestRegistrarRestartedAfterAKillGetsEverythingBack: a registrar killed
+// without a goodbye and started again on its address is not quarantined by
+// the nodes; within a few heartbeat intervals every node has registered
+// again, and a WaitForActor parked on the old registrar is answered by
+// the new one.
+func TestRegistrarRestartedAfterAKillGetsEverythingBack(t *testing.T) {
+	f := NewFaultNet()
+	reg := freeRegistryAddr(t, "tcp")
+	cfg := func(name string) Config {
+		c := failConfig(name, 20*time.Millisecond, 300*time.Millisecond)
+		c.RegistryAddrs = []string{reg}
+		return c
+	}
+	dedicated := cfg("registrar")
+	dedicated.EnsureRegistry = true
+	old, err := f.Start(ctxT(t, 5*time.Second), dedicated)
+	if err != nil {
+		t.Fatal(err)
+	}
+	service := startOn(t, f, cfg("service"))
+	client := startOn(t, f, cfg("client"))
+	spawnEcho(t, service, "svc")
+
+	waited := make(chan error, 1)
+	go func() { _, err := WaitForActor[testPing](ctxT(t, 20*time.Second), client, "late"); waited <- err }()
+	waitFor(t, 5*time.Second, "the wait to be parked", func() bool { return old.reg.waiting() == 1 })
+
+	lost := make(chan PeerUnreachable, 4)
+	SubscribeChan(service.Events(), lost)
+	f.Kill(old)
+	if e := recv(t, lost, "the service to lose the registrar"); e.Quarantined {
+		t.Fatalf("the registrar was quarantined: %+v", e)
+	}
+	fresh := startOn(t, f, dedicated)
+	waitFor(t, 5*time.Second, "the service to register again", func() bool { return len(fresh.reg.find("svc")) == 1 })
+	waitFor(t, 5*time.Second, "the client's wait to be parked again", func() bool { return fresh.reg.waiting() == 1 })
+	if _, found, err := FindActor[testPing](ctxT(t, 5*time.Second), client, "svc", WithRegistries(reg)); !found || err != nil {
+		t.Fatalf("FindActor after the restart: %v, %v", found, err)
+	}
+	spawnEcho(t, service, "late")
+	if err := recv(t, waited, "the wait to end"); err != nil {
+		t.Fatalf("WaitForActor across the restart: %v", err)
+	}
+}

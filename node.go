@@ -327,6 +327,11 @@ type Node struct {
 
 	dlog deadLetterLog
 
+	// regEpoch is closed (and replaced) each time this node registers
+	// again with a registrar; parked waits park again then.
+	regEpochMu sync.Mutex
+	regEpoch   chan struct{}
+
 	// members holds the uids of cluster members (NodeUID -> struct{}):
 	// peers exempt from quarantine while they are members.
 	members sync.Map
