@@ -251,10 +251,13 @@ func (n *Node) listenRegistry(ctx context.Context, regAddrs []Addr) error {
 		}
 	}
 	if err := n.listenAll(ctx, list); err != nil {
+		n.lmu.Lock()
 		for _, l := range n.listeners {
 			l.Close()
 		}
-		n.listeners, n.addrs = nil, nil
+		n.listeners = nil
+		n.addrsP.Store(nil)
+		n.lmu.Unlock()
 		return err
 	}
 	return nil

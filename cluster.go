@@ -182,7 +182,7 @@ func (c ClusterConfig) withDefaults(n *Node) ClusterConfig {
 // Close, or this member being downed. n must listen on at least one
 // address.
 func StartCluster(ctx context.Context, n *Node, cfg ClusterConfig) (*Cluster, error) {
-	if len(n.addrs) == 0 {
+	if len(n.addrList()) == 0 {
 		return nil, fmt.Errorf("%w: a cluster member must listen on an address", ErrBadConfig)
 	}
 	if _, ok := cfg.Downing.(LeaseMajority); ok && cfg.Lease == nil {
@@ -214,7 +214,7 @@ func StartCluster(ctx context.Context, n *Node, cfg ClusterConfig) (*Cluster, er
 	if first {
 		status, upNumber = MemberUp, 1
 	}
-	c.members[n.uid] = &Member{Addr: n.addrs[0], UID: n.uid, Status: status, UpNumber: upNumber}
+	c.members[n.uid] = &Member{Addr: n.addrList()[0], UID: n.uid, Status: status, UpNumber: upNumber}
 	n.members.Store(n.uid, struct{}{})
 	ref, err := Spawn(systemParent{n}, "cluster", Behavior[gossipMsg]{
 		Receive: func(_ *Context[gossipMsg], g gossipMsg) { c.receive(g) },
@@ -386,10 +386,10 @@ func (c *Cluster) cleanup() {
 	c.n.Stop(c.ref)
 	if c.cfg.SeedsFromRegistry {
 		name := "troupe.cluster." + cmp.Or(c.cfg.Name, "default")
-		if c.n.reg != nil {
-			c.n.reg.unregister(name, UUID(c.n.uid))
+		if c.n.reg() != nil {
+			c.n.reg().unregister(name, UUID(c.n.uid))
 		}
-		for _, a := range c.n.registrars {
+		for _, a := range c.n.remoteRegistrars() {
 			c.n.tellRegistrar(a, regRequest{Op: regOpUnregister, Regs: []regWire{{Name: name, UUID: UUID(c.n.uid)}}})
 		}
 	}

@@ -86,14 +86,14 @@ func TestReRegistersAfterReassociation(t *testing.T) {
 	lost := make(chan PeerUnreachable, 1)
 	SubscribeChan(service.Events(), lost)
 	f.Partition(registrar, service)
-	waitFor(t, 5*time.Second, "the registrar to drop the unreachable service", func() bool { return len(registrar.reg.find("svc")) == 0 })
+	waitFor(t, 5*time.Second, "the registrar to drop the unreachable service", func() bool { return len(registrar.reg().find("svc")) == 0 })
 	recv(t, lost, "the service gives up on the registrar")
 	f.Heal()
 	registrar.ClearQuarantineUID(service.UID())
 	if err := service.Reconnect(ctxT(t, 5*time.Second), registrar.Addrs()[0].String()); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 5*time.Second, "the service to register again", func() bool { return len(registrar.reg.find("svc")) == 1 })
+	waitFor(t, 5*time.Second, "the service to register again", func() bool { return len(registrar.reg().find("svc")) == 1 })
 }
 
 func TestRuntimeDirIsPrivate(t *testing.T) {

@@ -145,7 +145,7 @@ func TestEnsureRegistryAndProbeLeavesNothing(t *testing.T) {
 	if _, err := Start(ctxT(t, 5*time.Second), cfg); !errors.Is(err, ErrRegistryRunning) {
 		t.Fatalf("EnsureRegistry with a registrar running = %v, want ErrRegistryRunning", err)
 	}
-	if got := len(first.reg.list()); got != 1 {
+	if got := len(first.reg().list()); got != 1 {
 		t.Fatalf("registry holds %d entries after a probe, want just the registrar itself", got)
 	}
 	select {
@@ -188,7 +188,7 @@ func TestConcurrentFirstBootsEndWithOneRegistrar(t *testing.T) {
 			if !registrar.IsRegistrar() {
 				registrar = nodes[1]
 			}
-			if got := len(registrar.reg.list()); got != 2 {
+			if got := len(registrar.reg().list()); got != 2 {
 				t.Fatalf("round %d: registry has %d entries, want both nodes", round, got)
 			}
 		}
@@ -205,12 +205,12 @@ func TestWaitForActorIsPushedAndCancelReleases(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	errc := make(chan error, 1)
 	go func() { _, err := WaitForActor[testPing](ctx, client, "late"); errc <- err }()
-	waitFor(t, 5*time.Second, "the waiter to be parked", func() bool { return registrar.reg.waiting() == 1 })
+	waitFor(t, 5*time.Second, "the waiter to be parked", func() bool { return registrar.reg().waiting() == 1 })
 	cancel()
 	if err := recv(t, errc, "WaitForActor to return"); !errors.Is(err, context.Canceled) {
 		t.Fatalf("cancelled WaitForActor = %v", err)
 	}
-	waitFor(t, 5*time.Second, "the waiter to be released", func() bool { return registrar.reg.waiting() == 0 })
+	waitFor(t, 5*time.Second, "the waiter to be released", func() bool { return registrar.reg().waiting() == 0 })
 
 	// A registration is pushed to the waiter.
 	got := make(chan Ref[testPing], 1)
@@ -221,7 +221,7 @@ func TestWaitForActorIsPushedAndCancelReleases(t *testing.T) {
 		}
 		got <- r
 	}()
-	waitFor(t, 5*time.Second, "the waiter to be parked", func() bool { return registrar.reg.waiting() == 1 })
+	waitFor(t, 5*time.Second, "the waiter to be parked", func() bool { return registrar.reg().waiting() == 1 })
 	spawnEcho(t, service, "late")
 	r := recv(t, got, "WaitForActor")
 	if _, err := Ask(ctxT(t, 5*time.Second), r, func(rr Ref[testPong]) testPing { return testPing{ReplyTo: rr} }); err != nil {
@@ -240,7 +240,7 @@ func TestLocalFastPathSkipsTheRegistrar(t *testing.T) {
 	if _, found, err := FindActor[testPing](ctx, client, "svc"); !found || err != nil {
 		t.Fatalf("first lookup: %v, %v", found, err)
 	}
-	before := registrar.reg.requests.Load()
+	before := registrar.reg().requests.Load()
 	for _, name := range []string{"svc", "mine"} {
 		r, found, err := FindActor[testPing](ctx, client, name)
 		if !found || err != nil {
@@ -250,7 +250,7 @@ func TestLocalFastPathSkipsTheRegistrar(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if after := registrar.reg.requests.Load(); after != before {
+	if after := registrar.reg().requests.Load(); after != before {
 		t.Fatalf("the fast path made %d registrar requests", after-before)
 	}
 }
@@ -291,13 +291,13 @@ func TestStaleEntriesAreDeletedOnUse(t *testing.T) {
 	spawnEcho(t, service, "svc")
 	ghost := TCPAddr(freeRegistryAddr(t, "tcp")[len("tcp://"):])
 	// A newer registration of the same name on a node that is gone.
-	registrar.reg.register(Registration{Name: "svc", UUID: UUID{7}, Path: "/user/svc", Node: NodeUID{7}, Addrs: []Addr{ghost}})
+	registrar.reg().register(Registration{Name: "svc", UUID: UUID{7}, Path: "/user/svc", Node: NodeUID{7}, Addrs: []Addr{ghost}})
 	client := startNode(t, discoveryConfig("client", reg))
 	r, found, err := FindActor[testPing](ctxT(t, 10*time.Second), client, "svc")
 	if err != nil || !found || r.NodeUID() != service.UID() {
 		t.Fatalf("FindActor = %v, %v, %v; want the live service", r, found, err)
 	}
-	for _, e := range registrar.reg.find("svc") {
+	for _, e := range registrar.reg().find("svc") {
 		if e.Node == (NodeUID{7}) {
 			t.Fatalf("the stale registration is still there: %+v", e)
 		}
@@ -309,12 +309,12 @@ func TestRegistrarDropsNodesThatLeave(t *testing.T) {
 	registrar := startNode(t, discoveryConfig("registrar", reg))
 	service := startNode(t, discoveryConfig("service", reg))
 	spawnEcho(t, service, "svc")
-	if len(registrar.reg.find("svc")) != 1 {
+	if len(registrar.reg().find("svc")) != 1 {
 		t.Fatal("svc not registered")
 	}
 	service.Close()
 	waitFor(t, 5*time.Second, "the service's registrations to go", func() bool {
-		return len(registrar.reg.find("svc")) == 0 && len(registrar.reg.find("service")) == 0
+		return len(registrar.reg().find("svc")) == 0 && len(registrar.reg().find("service")) == 0
 	})
 }
 
@@ -324,5 +324,5 @@ func TestActorStopUnregisters(t *testing.T) {
 	service := startNode(t, discoveryConfig("service", reg))
 	r := spawnEcho(t, service, "svc")
 	service.Stop(r)
-	waitFor(t, 5*time.Second, "svc to be unregistered", func() bool { return len(registrar.reg.find("svc")) == 0 })
+	waitFor(t, 5*time.Second, "svc to be unregistered", func() bool { return len(registrar.reg().find("svc")) == 0 })
 }

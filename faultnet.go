@@ -3,6 +3,7 @@ package troupe
 import (
 	"context"
 	"net"
+	"slices"
 	"sync"
 )
 
@@ -51,7 +52,7 @@ func (f *FaultNet) Start(ctx context.Context, cfg Config) (*Node, error) {
 		return nil, err
 	}
 	f.mu.Lock()
-	for _, a := range n.addrs {
+	for _, a := range n.addrList() {
 		f.byAddr[a] = n
 	}
 	f.mu.Unlock()
@@ -123,6 +124,17 @@ func (f *FaultNet) dial(ctx context.Context, n *Node, addr Addr) (net.Conn, erro
 	f.mu.Lock()
 	f.dialers[c.LocalAddr().String()] = n
 	remote := f.byAddr[addr]
+	if remote == nil || remote.isClosed() {
+		// The address may have changed hands (a node that took over a
+		// registry address): find who listens there now.
+		for _, nd := range f.byAddr {
+			if !nd.isClosed() && slices.Contains(nd.addrList(), addr) {
+				remote = nd
+				f.byAddr[addr] = nd
+				break
+			}
+		}
+	}
 	f.mu.Unlock()
 	return &faultConn{Conn: c, f: f, local: n, remote: remote}, nil
 }

@@ -162,10 +162,10 @@ func rejectFrame(code byte, uid NodeUID, text string) []byte {
 
 func (n *Node) hello() *hello {
 	h := &hello{version: protocolVersion, uid: n.uid, name: n.name}
-	if n.reg != nil {
+	if n.reg() != nil {
 		h.flags |= helloRegistrar
 	}
-	for _, a := range n.addrs {
+	for _, a := range n.addrList() {
 		h.addrs = append(h.addrs, a.String())
 	}
 	return h
@@ -218,8 +218,11 @@ func (n *Node) attach(a *assoc, h *hello) bool {
 		switch {
 		case ex == nil || ex == a:
 		case !a.outbound && !ex.outbound:
-			// The peer dialed again: its old connection is gone for it.
-			loser = ex
+			// The peer dialed again (its old connection is gone for it,
+			// or it dialed another of this node's addresses): the new
+			// connection takes the old one's work over, as in a
+			// simultaneous dial, and the old one is retired, not failed.
+			loser, winner = ex, a
 		case dialedByLower(a, n.uid, h.uid):
 			loser, winner = ex, a
 		default:

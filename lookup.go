@@ -58,14 +58,14 @@ func (n *Node) lookupSources(opts []LookupOption) ([]registrarSource, lookupConf
 			if err != nil {
 				return nil, cfg, fmt.Errorf("WithRegistries: %w", err)
 			}
-			out = append(out, registrarSource{addr: a, local: n.reg != nil && n.isOwnAddr(a)})
+			out = append(out, registrarSource{addr: a, local: n.reg() != nil && n.isOwnAddr(a)})
 		}
 		return out, cfg, nil
 	}
-	if n.reg != nil {
+	if n.reg() != nil {
 		out = append(out, registrarSource{local: true})
 	}
-	for _, a := range n.registrars {
+	for _, a := range n.remoteRegistrars() {
 		out = append(out, registrarSource{addr: a})
 	}
 	if len(out) == 0 {
@@ -104,16 +104,16 @@ func (n *Node) registryTimeout() time.Duration { return n.cfg.RegistryTimeout }
 // ask sends req to the registrar src and waits for its reply.
 func (n *Node) askRegistrar(ctx context.Context, src registrarSource, req regRequest) ([]Registration, error) {
 	if src.local {
-		if n.reg == nil {
+		if n.reg() == nil {
 			return nil, ErrNoRegistry
 		}
 		switch req.Op {
 		case regOpFind:
-			n.reg.requests.Add(1)
-			return n.reg.find(req.Name), nil
+			n.reg().requests.Add(1)
+			return n.reg().find(req.Name), nil
 		case regOpList:
-			n.reg.requests.Add(1)
-			return n.reg.list(), nil
+			n.reg().requests.Add(1)
+			return n.reg().list(), nil
 		}
 	}
 	ctx, cancel := context.WithTimeout(ctx, n.registryTimeout())
@@ -138,7 +138,7 @@ func isPublic(path string) bool {
 	return !strings.HasPrefix(path[strings.LastIndexByte(path, '/')+1:], "$")
 }
 
-func (n *Node) discovering() bool { return n.reg != nil || len(n.registrars) > 0 }
+func (n *Node) discovering() bool { return n.reg() != nil || len(n.registrars) > 0 }
 
 func (n *Node) nodeRegistration() Registration {
 	return Registration{Name: n.name, UUID: UUID(n.uid), Node: n.uid, NodeName: n.name, Addrs: n.Addrs()}
@@ -168,10 +168,10 @@ func (n *Node) registerNode(ctx context.Context) error {
 	if !n.discovering() {
 		return nil
 	}
-	if n.reg != nil {
+	if n.reg() != nil {
 		n.registryRegister(n.nodeRegistration())
 	}
-	for _, a := range n.registrars {
+	for _, a := range n.remoteRegistrars() {
 		req := regRequest{Op: regOpRegister, Regs: toWire([]Registration{n.nodeRegistration()})}
 		if _, err := n.askRegistrar(ctx, registrarSource{addr: a}, req); err != nil {
 			return fmt.Errorf("register with %w", err)
@@ -181,6 +181,18 @@ func (n *Node) registerNode(ctx context.Context) error {
 		n.wg.Go(n.keepRegistrars)
 	}
 	return nil
+}
+
+// remoteRegistrars lists the registrars this node uses that are not this
+// node itself (it may have taken one's address over).
+func (n *Node) remoteRegistrars() []Addr {
+	out := make([]Addr, 0, len(n.registrars))
+	for _, a := range n.registrars {
+		if !n.isOwnAddr(a) {
+			out = append(out, a)
+		}
+	}
+	return out
 }
 
 // isRegistrarAssoc reports whether a is the association with one of this
@@ -196,11 +208,18 @@ func (n *Node) isRegistrarAssoc(a *assoc) bool {
 	return false
 }
 
-// registrarUp reports whether this node holds a live association with
-// the registrar at addr.
-func (n *Node) registrarUp(addr Addr) bool {
+// registrarAt returns the uid of the registrar this node holds a live
+// association with at addr, or the zero uid.
+func (n *Node) registrarAt(addr Addr) NodeUID {
 	v, ok := n.regRefs.Load(addr)
-	return ok && v.(Ref[regRequest]).h.assoc.failure() == nil
+	if !ok {
+		return NodeUID{}
+	}
+	r := v.(Ref[regRequest])
+	if r.h.assoc == nil || r.h.assoc.failure() != nil {
+		return NodeUID{}
+	}
+	return r.NodeUID()
 }
 
 // keepRegistrars watches this node's registrars, once a heartbeat
@@ -214,14 +233,21 @@ func (n *Node) keepRegistrars() {
 	t := time.NewTicker(n.cfg.HeartbeatInterval)
 	defer t.Stop()
 	lost := map[Addr]bool{}
+	// registered is the registrar incarnation this node last registered
+	// with at each address: another one there (a lookup may have found it
+	// first) has none of this node's registrations yet.
+	registered := map[Addr]NodeUID{}
+	for _, addr := range n.remoteRegistrars() {
+		registered[addr] = n.registrarAt(addr)
+	}
 	for {
 		select {
 		case <-n.done:
 			return
 		case <-t.C:
 		}
-		for _, addr := range n.registrars {
-			if n.registrarUp(addr) {
+		for _, addr := range n.remoteRegistrars() {
+			if uid := n.registrarAt(addr); uid != (NodeUID{}) && uid == registered[addr] {
 				continue
 			}
 			if !lost[addr] {
@@ -229,12 +255,52 @@ func (n *Node) keepRegistrars() {
 				n.log.Warn("troupe: registrar lost; registering again when it answers", "registrar", addr.String())
 			}
 			if n.reregister(addr) == nil {
+				registered[addr] = n.registrarAt(addr)
 				delete(lost, addr)
 				n.log.Info("troupe: registered again", "registrar", addr.String())
+				n.bumpRegistrarEpoch()
+				continue
+			}
+			if n.takeOver(addr) {
+				delete(lost, addr)
+				n.log.Warn("troupe: took over the registry address of a registrar that is gone", "registrar", addr.String())
 				n.bumpRegistrarEpoch()
 			}
 		}
 	}
+}
+
+// takeOver applies the bootstrap rule again to a registry address whose
+// registrar is gone: when nothing answers there any more, this node binds
+// it and becomes the registrar, with its own registrations. Binding is the
+// election: of the nodes that try at once exactly one succeeds, and the
+// others find it on their next round and register with it.
+func (n *Node) takeOver(addr Addr) bool {
+	ctx, cancel := context.WithTimeout(n.ctx, n.registryTimeout())
+	defer cancel()
+	if res, _ := n.probe(ctx, addr); res != probeAbsent {
+		return false // it answers again, or something else holds it
+	}
+	l, err := n.listenOne(ctx, addr)
+	if err != nil {
+		return false // another node bound it first: it is the registrar
+	}
+	if n.reg() == nil {
+		if err := n.startRegistrar(); err != nil {
+			return false
+		}
+	}
+	n.lmu.Lock()
+	if n.isClosed() {
+		n.lmu.Unlock()
+		return false // shutdown closes l with the others
+	}
+	n.wg.Go(func() { n.acceptLoop(l) })
+	n.lmu.Unlock()
+	for _, r := range n.publicRegistrations() {
+		n.registryRegister(r)
+	}
+	return true
 }
 
 // reregister sends every registration of this node to the registrar at
@@ -280,10 +346,10 @@ func (n *Node) tellRegistrar(addr Addr, req regRequest) {
 // when it re-associates with it.
 func (n *Node) registerActor(h *handle) {
 	r := n.actorRegistration(h)
-	if n.reg != nil {
+	if n.reg() != nil {
 		n.registryRegister(r)
 	}
-	for _, a := range n.registrars {
+	for _, a := range n.remoteRegistrars() {
 		req := regRequest{Op: regOpRegister, Regs: toWire([]Registration{r})}
 		if _, err := n.askRegistrar(n.ctx, registrarSource{addr: a}, req); err != nil {
 			n.log.Warn("troupe: could not register actor", "path", h.key.path, "registrar", a.String(), "err", err)
@@ -294,10 +360,10 @@ func (n *Node) registerActor(h *handle) {
 // unregisterActor removes a stopped public actor from every registrar,
 // without waiting.
 func (n *Node) unregisterActor(h *handle) {
-	if n.reg != nil {
-		n.reg.unregister(h.name(), h.key.uuid)
+	if n.reg() != nil {
+		n.reg().unregister(h.name(), h.key.uuid)
 	}
-	for _, a := range n.registrars {
+	for _, a := range n.remoteRegistrars() {
 		n.tellRegistrar(a, regRequest{Op: regOpUnregister, Regs: []regWire{{Name: h.name(), UUID: h.key.uuid}}})
 	}
 }
@@ -309,7 +375,7 @@ func (n *Node) unregisterAll() {
 		return
 	}
 	regs := toWire(n.publicRegistrations())
-	for _, a := range n.registrars {
+	for _, a := range n.remoteRegistrars() {
 		n.tellRegistrar(a, regRequest{Op: regOpUnregister, Regs: regs})
 	}
 }
@@ -505,10 +571,10 @@ func connect[T any](ctx context.Context, n *Node, src registrarSource, regs []Re
 func (n *Node) deleteStale(ctx context.Context, src registrarSource, node NodeUID, addr Addr) {
 	n.log.Info("troupe: deleting a stale registry address", "addr", addr.String(), "registrar", src.String())
 	if src.local {
-		if n.reg == nil {
+		if n.reg() == nil {
 			return
 		}
-		n.reg.deleteAddr(node, addr)
+		n.reg().deleteAddr(node, addr)
 		return
 	}
 	n.askRegistrar(ctx, src, regRequest{Op: regOpDeleteAddr, Node: node, Addr: addr.String()})
@@ -664,8 +730,8 @@ func (n *Node) awaitRegistration(ctx context.Context, srcs []registrarSource, na
 			p := ps[i]
 			p.finish()
 			switch {
-			case s.local && n.reg != nil:
-				n.reg.cancelWait(name, p.h.key)
+			case s.local && n.reg() != nil:
+				n.reg().cancelWait(name, p.h.key)
 			case !s.local:
 				n.tellRegistrar(s.addr, regRequest{Op: regOpCancelWait, Name: name, ReplyTo: Ref[regReply]{h: p.h}})
 			}
@@ -673,10 +739,10 @@ func (n *Node) awaitRegistration(ctx context.Context, srcs []registrarSource, na
 	}()
 	for i, s := range srcs {
 		if s.local {
-			if n.reg == nil {
+			if n.reg() == nil {
 				return nil, i, ErrNoRegistry
 			}
-			if found := n.reg.wait(name, ps[i].h, conds[i]); found != nil {
+			if found := n.reg().wait(name, ps[i].h, conds[i]); found != nil {
 				return found, i, nil
 			}
 			continue

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 )
@@ -16,7 +17,7 @@ func TestWaitForANameOnlyANodeHoldsReturnsAtItsDeadline(t *testing.T) {
 	startNode(t, discoveryConfig("billing", reg)) // a node, not an actor, named billing
 	client := startNode(t, discoveryConfig("client", reg))
 	for _, n := range []*Node{registrar, client} {
-		before := registrar.reg.requests.Load()
+		before := registrar.reg().requests.Load()
 		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
 		done := make(chan error, 1)
 		go func() { _, err := WaitForActor[testPing](ctx, n, "billing"); done <- err }()
@@ -30,7 +31,7 @@ func TestWaitForANameOnlyANodeHoldsReturnsAtItsDeadline(t *testing.T) {
 		}
 		cancel()
 		// Parked, not polled: a request to wait and one to cancel it.
-		if got := registrar.reg.requests.Load() - before; got > 4 {
+		if got := registrar.reg().requests.Load() - before; got > 4 {
 			t.Fatalf("%s: %d registry requests during one wait", n.Name(), got)
 		}
 	}
@@ -58,7 +59,7 @@ func TestWaitMeetingAStaleEntryOnANodeThatIsNotTheRegistrar(t *testing.T) {
 	plantStale(t, registrar, "svc")
 	waited := make(chan error, 1)
 	go func() { _, err := WaitForActor[testPing](ctxT(t, 10*time.Second), client, "svc"); waited <- err }()
-	waitFor(t, 5*time.Second, "the stale entry to be deleted", func() bool { return len(registrar.reg.find("svc")) == 0 })
+	waitFor(t, 5*time.Second, "the stale entry to be deleted", func() bool { return len(registrar.reg().find("svc")) == 0 })
 	spawnEcho(t, registrar, "svc")
 	if err := recv(t, waited, "the wait to end"); err != nil {
 		t.Fatalf("WaitForActor after a stale entry: %v", err)
@@ -135,7 +136,7 @@ func TestRegistrarRestartedAfterAKillGetsEverythingBack(t *testing.T) {
 
 	waited := make(chan error, 1)
 	go func() { _, err := WaitForActor[testPing](ctxT(t, 20*time.Second), client, "late"); waited <- err }()
-	waitFor(t, 5*time.Second, "the wait to be parked", func() bool { return old.reg.waiting() == 1 })
+	waitFor(t, 5*time.Second, "the wait to be parked", func() bool { return old.reg().waiting() == 1 })
 
 	lost := make(chan PeerUnreachable, 4)
 	SubscribeChan(service.Events(), lost)
@@ -144,8 +145,8 @@ func TestRegistrarRestartedAfterAKillGetsEverythingBack(t *testing.T) {
 		t.Fatalf("the registrar was quarantined: %+v", e)
 	}
 	fresh := startOn(t, f, dedicated)
-	waitFor(t, 5*time.Second, "the service to register again", func() bool { return len(fresh.reg.find("svc")) == 1 })
-	waitFor(t, 5*time.Second, "the client's wait to be parked again", func() bool { return fresh.reg.waiting() == 1 })
+	waitFor(t, 5*time.Second, "the service to register again", func() bool { return len(fresh.reg().find("svc")) == 1 })
+	waitFor(t, 5*time.Second, "the client's wait to be parked again", func() bool { return fresh.reg().waiting() == 1 })
 	if _, found, err := FindActor[testPing](ctxT(t, 5*time.Second), client, "svc", WithRegistries(reg)); !found || err != nil {
 		t.Fatalf("FindActor after the restart: %v, %v", found, err)
 	}
@@ -153,4 +154,52 @@ func TestRegistrarRestartedAfterAKillGetsEverythingBack(t *testing.T) {
 	if err := recv(t, waited, "the wait to end"); err != nil {
 		t.Fatalf("WaitForActor across the restart: %v", err)
 	}
+}
+
+// TestRegistrarFailover: when the node that was the registrar dies, the
+// survivors run the bootstrap rule again on the registry address: exactly
+// one becomes the registrar, the others register with it, and every
+// surviving named actor is found again — twenty times over.
+func TestRegistrarFailover(t *testing.T) {
+	forEachRegistryTransport(t, func(t *testing.T, tr string) {
+		for round := range 20 {
+			f := NewFaultNet()
+			reg := freeRegistryAddr(t, tr)
+			cfg := func(name string) Config {
+				c := failConfig(name, 20*time.Millisecond, 300*time.Millisecond)
+				c.RegistryAddrs = []string{reg}
+				return c
+			}
+			first, err := f.Start(ctxT(t, 5*time.Second), cfg("first"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !first.IsRegistrar() {
+				t.Fatal("the first node did not become the registrar")
+			}
+			a := startOn(t, f, cfg("a"))
+			b := startOn(t, f, cfg("b"))
+			spawnEcho(t, a, "svc-a")
+			spawnEcho(t, b, "svc-b")
+			f.Kill(first)
+			waitFor(t, 10*time.Second, fmt.Sprintf("round %d: a new registrar, found by both", round), func() bool {
+				if a.IsRegistrar() == b.IsRegistrar() {
+					return false
+				}
+				for _, n := range []*Node{a, b} {
+					for _, name := range []string{"svc-a", "svc-b"} {
+						if _, found, err := FindActor[testPing](ctxT(t, time.Second), n, name, WithRegistries(reg)); !found || err != nil {
+							return false
+						}
+					}
+				}
+				return true
+			})
+			if a.IsRegistrar() && b.IsRegistrar() {
+				t.Fatalf("round %d: two registrars", round)
+			}
+			a.Close()
+			b.Close()
+		}
+	})
 }

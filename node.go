@@ -274,7 +274,8 @@ type Node struct {
 	uid       NodeUID
 	name      string
 	log       *slog.Logger
-	addrs     []Addr // bound listen addresses
+	addrsP    atomic.Pointer[[]Addr] // bound listen addresses (see addrList)
+	lmu       sync.Mutex             // guards listeners, and changes of addrsP
 	listeners []net.Listener
 	events    Events
 	uuidBase  [16]byte // actor uuids are this with a counter mixed in
@@ -320,10 +321,10 @@ type Node struct {
 	quarantine quarantineTable
 
 	// Discovery, set in Start.
-	reg        *regTable             // the registry this node serves, if any
-	registrars []Addr                // the remote registrars this node registers with
-	regRefs    sync.Map              // Addr -> Ref[regRequest], resolved registrar actors
-	found      map[string][]foundRef // guarded by pmu: actors lookups found on peers
+	regP       atomic.Pointer[regTable] // the registry this node serves, if any (see reg)
+	registrars []Addr                   // the remote registrars this node registers with
+	regRefs    sync.Map                 // Addr -> Ref[regRequest], resolved registrar actors
+	found      map[string][]foundRef    // guarded by pmu: actors lookups found on peers
 
 	dlog deadLetterLog
 
@@ -389,7 +390,7 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 	default:
 		err = n.listenAll(ctx, cfg.Listen)
 	}
-	if err == nil && cfg.ServeRegistry && n.reg == nil {
+	if err == nil && cfg.ServeRegistry && n.reg() == nil {
 		err = n.startRegistrar()
 	}
 	if err != nil {
@@ -422,38 +423,62 @@ func (n *Node) listenAll(ctx context.Context, list []string) error {
 }
 
 func (n *Node) listen(ctx context.Context, a Addr) error {
+	_, err := n.listenOne(ctx, a)
+	return err
+}
+
+// listenOne binds a and adds it to the node's listeners and addresses;
+// the caller starts its accept loop.
+func (n *Node) listenOne(ctx context.Context, a Addr) (net.Listener, error) {
 	var lc net.ListenConfig
 	if a.IsUnix() {
 		if err := checkSocketPath(a.address); err != nil {
-			return err
+			return nil, err
 		}
 		// A missing directory is created for the socket, private to this
 		// user; an existing one is left as it is.
 		if err := os.MkdirAll(filepath.Dir(a.address), 0o700); err != nil {
-			return err
+			return nil, err
 		}
 		// Hold a lock beside the socket while deciding whether an existing
 		// file is stale: another process may be between its bind and its
 		// listen, when the file exists but refuses connections.
 		unlock, err := lockFile(a.address + ".lock")
 		if err != nil {
-			return err
+			return nil, err
 		}
 		defer unlock()
 		if err := removeStaleSocket(a.address); err != nil {
-			return err
+			return nil, err
 		}
 	}
 	l, err := lc.Listen(ctx, a.network, a.address)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	bound := a
 	if !a.IsUnix() {
 		bound = TCPAddr(l.Addr().String())
 	}
+	n.lmu.Lock()
+	if n.isClosed() {
+		n.lmu.Unlock()
+		l.Close()
+		return nil, ErrNodeClosed
+	}
 	n.listeners = append(n.listeners, l)
-	n.addrs = append(n.addrs, bound)
+	addrs := append(slices.Clone(n.addrList()), bound)
+	n.addrsP.Store(&addrs)
+	n.lmu.Unlock()
+	return l, nil
+}
+
+// addrList returns the node's bound addresses; the slice is never
+// changed (a node that binds another address stores a new one).
+func (n *Node) addrList() []Addr {
+	if p := n.addrsP.Load(); p != nil {
+		return *p
+	}
 	return nil
 }
 
@@ -552,10 +577,15 @@ func (n *Node) Name() string { return n.name }
 
 // Addrs returns the addresses the node actually bound, in the order of
 // [Config.Listen] (with real ports in place of port 0).
-func (n *Node) Addrs() []Addr { return append([]Addr(nil), n.addrs...) }
+func (n *Node) Addrs() []Addr { return slices.Clone(n.addrList()) }
 
 // Events returns the node's event stream.
 func (n *Node) Events() *Events { return &n.events }
+
+// reg returns the registry this node serves, or nil. A node may become a
+// registrar while it runs (taking over a registry address whose registrar
+// is gone), so it is read atomically.
+func (n *Node) reg() *regTable { return n.regP.Load() }
 
 // isClosed reports whether Close or Shutdown has begun.
 func (n *Node) isClosed() bool {
@@ -652,7 +682,7 @@ func (n *Node) newUUID() UUID {
 
 // isOwnAddr reports whether a is one of this node's bound addresses.
 func (n *Node) isOwnAddr(a Addr) bool {
-	for _, x := range n.addrs {
+	for _, x := range n.addrList() {
 		if x == a {
 			return true
 		}

@@ -100,8 +100,9 @@ func TestAcceptErrorsDoNotStopTheListener(t *testing.T) {
 	fl := &flakyListener{Listener: l}
 	fl.fails.Store(6)
 	// The node serves this listener as it serves its own; Close ends it.
+	n.lmu.Lock()
 	n.listeners = append(n.listeners, fl)
-	n.addrs = append(n.addrs, TCPAddr(l.Addr().String()))
+	n.lmu.Unlock()
 	n.wg.Go(func() { n.acceptLoop(fl) })
 	spawnEcho(t, n, "echo")
 	other := startNode(t, testConfig())

@@ -86,7 +86,7 @@ func (h *handle) String() string {
 	if h.assoc != nil {
 		return FormatRef(h.assoc.addr(), h.key.path)
 	}
-	if addrs := h.node.Addrs(); len(addrs) > 0 {
+	if addrs := h.node.addrList(); len(addrs) > 0 {
 		return FormatRef(addrs[0], h.key.path)
 	}
 	return "troupe:" + h.key.path

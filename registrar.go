@@ -299,7 +299,7 @@ func fromWire(ws []regWire, from Addr) []Registration {
 
 // serveRegistry handles one request to this node's registrar actor.
 func (n *Node) serveRegistry(req regRequest) {
-	g := n.reg
+	g := n.reg()
 	g.requests.Add(1)
 	reply := func(rs []Registration) {
 		if !req.ReplyTo.IsZero() {
@@ -343,7 +343,7 @@ func (n *Node) serveRegistry(req regRequest) {
 // registryRegister registers r in this node's registry and answers the
 // waiters it wakes.
 func (n *Node) registryRegister(r Registration) {
-	for _, w := range n.reg.register(r) {
+	for _, w := range n.reg().register(r) {
 		Ref[regReply]{h: w}.Tell(regReply{Regs: toWire([]Registration{r})})
 	}
 }
@@ -352,19 +352,19 @@ func (n *Node) registryRegister(r Registration) {
 // RegistrarPath, and the rule that a peer which leaves or becomes
 // unreachable takes its registrations with it.
 func (n *Node) startRegistrar() error {
-	n.reg = newRegTable()
+	n.regP.Store(newRegTable())
 	_, err := Spawn(systemParent{n}, "registrar", Behavior[regRequest]{
 		Receive: func(_ *Context[regRequest], req regRequest) { n.serveRegistry(req) },
 	})
 	if err != nil {
 		return err
 	}
-	Subscribe(n.Events(), func(e PeerUnreachable) { n.reg.dropNode(e.UID) })
+	Subscribe(n.Events(), func(e PeerUnreachable) { n.reg().dropNode(e.UID) })
 	return nil
 }
 
 // IsRegistrar reports whether this node serves a registry.
-func (n *Node) IsRegistrar() bool { return n.reg != nil }
+func (n *Node) IsRegistrar() bool { return n.reg() != nil }
 
 // systemParent spawns the node's own actors under /system.
 type systemParent struct{ n *Node }

@@ -232,8 +232,8 @@ func (a *assoc) onTell(b []byte) error {
 
 // localRefString is the ref string of a local path, for dead letters.
 func (n *Node) localRefString(path string) string {
-	if len(n.addrs) > 0 {
-		return FormatRef(n.addrs[0], path)
+	if len(n.addrList()) > 0 {
+		return FormatRef(n.addrList()[0], path)
 	}
 	return "troupe:" + path
 }

@@ -60,6 +60,7 @@ func (n *Node) shutdown(ctx context.Context, graceful bool) error {
 	close(n.done)
 	n.dialCancel() // a dial in progress has nobody left to serve
 	var errs []error
+	n.lmu.Lock() // no listener is added after this: the node is closed
 	for _, l := range n.listeners {
 		if err := l.Close(); err != nil && !errors.Is(err, net.ErrClosed) {
 			errs = append(errs, err)
@@ -68,6 +69,7 @@ func (n *Node) shutdown(ctx context.Context, graceful bool) error {
 			removeLockFile(a.Name + ".lock")
 		}
 	}
+	n.lmu.Unlock()
 	if graceful {
 		n.unregisterAll() // queued ahead of the goodbyes below
 	}
