@@ -1,6 +1,7 @@
 package troupe
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -342,6 +343,12 @@ func (n *Node) probeUID(addr Addr) NodeUID {
 		return NodeUID{}
 	}
 	defer c.Close()
+	// Bounded by the handshake timeout and by the node closing, whatever
+	// the connection does with deadlines.
+	ctx, cancel := context.WithTimeout(n.dialCtx, n.cfg.HandshakeTimeout)
+	defer cancel()
+	stop := context.AfterFunc(ctx, func() { c.Close() })
+	defer stop()
 	c.SetDeadline(time.Now().Add(n.cfg.HandshakeTimeout))
 	h := n.hello()
 	h.flags |= helloProbe

@@ -183,17 +183,7 @@ func TestRegistrarFailover(t *testing.T) {
 			spawnEcho(t, b, "svc-b")
 			f.Kill(first)
 			waitFor(t, 10*time.Second, fmt.Sprintf("round %d: a new registrar, found by both", round), func() bool {
-				if a.IsRegistrar() == b.IsRegistrar() {
-					return false
-				}
-				for _, n := range []*Node{a, b} {
-					for _, name := range []string{"svc-a", "svc-b"} {
-						if _, found, err := FindActor[testPing](ctxT(t, time.Second), n, name, WithRegistries(reg)); !found || err != nil {
-							return false
-						}
-					}
-				}
-				return true
+				return oneRegistrarFindingAll(t, reg, a, b)
 			})
 			if a.IsRegistrar() && b.IsRegistrar() {
 				t.Fatalf("round %d: two registrars", round)
@@ -202,4 +192,20 @@ func TestRegistrarFailover(t *testing.T) {
 			b.Close()
 		}
 	})
+}
+
+// oneRegistrarFindingAll reports whether exactly one of a and b is the
+// registrar at reg, and both find svc-a and svc-b through it.
+func oneRegistrarFindingAll(t *testing.T, reg string, a, b *Node) bool {
+	if a.IsRegistrar() == b.IsRegistrar() {
+		return false
+	}
+	for _, n := range []*Node{a, b} {
+		for _, name := range []string{"svc-a", "svc-b"} {
+			if _, found, err := FindActor[testPing](ctxT(t, time.Second), n, name, WithRegistries(reg)); !found || err != nil {
+				return false
+			}
+		}
+	}
+	return true
 }

@@ -2,6 +2,7 @@ package troupe
 
 import (
 	"fmt"
+	"net"
 	"os"
 	"slices"
 )
@@ -15,4 +16,22 @@ func (n *Node) allowPeerUID(uid, pid int) error {
 	}
 	n.log.Warn("troupe: refused a unix socket peer of another user", "uid", uid, "pid", pid)
 	return fmt.Errorf("%w: unix peer uid %d (pid %d) is not allowed; this node accepts uid %d and Config.AllowUIDs", ErrRejected, uid, pid, os.Getuid())
+}
+
+// unixConnFD runs f on the file descriptor of c if c is a Unix socket
+// connection; ok is false for any other connection.
+func unixConnFD(c net.Conn, f func(fd int) error) (ok bool, err error) {
+	uc, isUnix := c.(*net.UnixConn)
+	if !isUnix {
+		return false, nil
+	}
+	raw, err := uc.SyscallConn()
+	if err != nil {
+		return true, err
+	}
+	var ferr error
+	if err := raw.Control(func(fd uintptr) { ferr = f(int(fd)) }); err != nil {
+		return true, err
+	}
+	return true, ferr
 }

@@ -18,23 +18,16 @@ const peerCredSupported = true
 // accepts only this process's user or one of [Config.AllowUIDs]. Other
 // connections pass.
 func (n *Node) checkPeerCred(c net.Conn) error {
-	uc, ok := c.(*net.UnixConn)
-	if !ok {
-		return nil
-	}
-	raw, err := uc.SyscallConn()
-	if err != nil {
-		return err
-	}
 	var cred *unix.Xucred
-	var credErr error
-	if err := raw.Control(func(fd uintptr) {
-		cred, credErr = unix.GetsockoptXucred(int(fd), unix.SOL_LOCAL, unix.LOCAL_PEERCRED)
-	}); err != nil {
+	isUnix, err := unixConnFD(c, func(fd int) (err error) {
+		cred, err = unix.GetsockoptXucred(fd, unix.SOL_LOCAL, unix.LOCAL_PEERCRED)
 		return err
-	}
-	if credErr != nil {
-		return fmt.Errorf("read unix peer credentials: %w", credErr)
+	})
+	switch {
+	case !isUnix:
+		return nil
+	case err != nil:
+		return fmt.Errorf("read unix peer credentials: %w", err)
 	}
 	return n.allowPeerUID(int(cred.Uid), 0)
 }

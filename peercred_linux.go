@@ -15,23 +15,16 @@ const peerCredSupported = true
 // Unix socket (SO_PEERCRED) and accepts only this process's user or one of
 // [Config.AllowUIDs]. Other connections pass.
 func (n *Node) checkPeerCred(c net.Conn) error {
-	uc, ok := c.(*net.UnixConn)
-	if !ok {
-		return nil
-	}
-	raw, err := uc.SyscallConn()
-	if err != nil {
-		return err
-	}
 	var cred *unix.Ucred
-	var credErr error
-	if err := raw.Control(func(fd uintptr) {
-		cred, credErr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
-	}); err != nil {
+	isUnix, err := unixConnFD(c, func(fd int) (err error) {
+		cred, err = unix.GetsockoptUcred(fd, unix.SOL_SOCKET, unix.SO_PEERCRED)
 		return err
-	}
-	if credErr != nil {
-		return fmt.Errorf("read unix peer credentials: %w", credErr)
+	})
+	switch {
+	case !isUnix:
+		return nil
+	case err != nil:
+		return fmt.Errorf("read unix peer credentials: %w", err)
 	}
 	return n.allowPeerUID(int(cred.Uid), int(cred.Pid))
 }

@@ -144,11 +144,8 @@ func TestReplaceDirective(t *testing.T) {
 	buildAndRun(t, dir)
 }
 
-// snippetPrelude declares what the README's fragments use without
-// declaring: the message types and the variables of the surrounding code.
-const snippetPrelude = `package main
-
-import (
+// snippetImports are the packages every snippet file may use.
+const snippetImports = `import (
 	"context"
 	"log"
 	"testing"
@@ -157,7 +154,13 @@ import (
 	"troupe"
 	"troupe/hostnet"
 )
+`
 
+// snippetPrelude declares what the README's fragments use without
+// declaring: the message types and the variables of the surrounding code.
+const snippetPrelude = `package main
+
+` + snippetImports + `
 type Ping struct {
 	N       int
 	ReplyTo troupe.Ref[Pong]
@@ -220,23 +223,14 @@ func TestReadmeSnippetsCompile(t *testing.T) {
 		}
 		src := fmt.Sprintf(`package main
 
-import (
-	"context"
-	"log"
-	"testing"
-	"time"
-
-	"troupe"
-	"troupe/hostnet"
-)
-
+%s
 %s
 
 func snippet%d(ctx context.Context, t *testing.T, n, node, pingNode, pongNode *troupe.Node, a, b string) error {
 %s
 	return nil
 }
-`, strings.Join(decls, "\n"), i, strings.Join(body, "\n"))
+`, snippetImports, strings.Join(decls, "\n"), i, strings.Join(body, "\n"))
 		writeFile(t, dir, fmt.Sprintf("snippet%d.go", i), src)
 	}
 	if count < 5 {

@@ -101,39 +101,10 @@ func TestShutdownDeliversWhatIsQueued(t *testing.T) {
 	}
 }
 
-func TestShutdownReturnsWhenItsContextEnds(t *testing.T) {
-	f := NewFaultNet()
-	home := startOn(t, f, failConfig("home", 50*time.Millisecond, 5*time.Second))
-	away, err := f.Start(ctxT(t, 5*time.Second), failConfig("away", 50*time.Millisecond, 5*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
-	sink := spawnEcho(t, home, "sink")
-	r, err := Resolve[testPing](ctxT(t, 5*time.Second), away, FormatRef(home.Addrs()[0], sink.Path()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	f.Pause(home) // nothing away writes is delivered: its goodbye cannot finish
-	defer f.Resume(home)
-	for range 1000 {
-		r.Tell(testPing{})
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
-	defer cancel()
-	start := time.Now()
-	err = away.Shutdown(ctx)
-	if !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("Shutdown against a frozen peer = %v, want DeadlineExceeded", err)
-	}
-	if took := time.Since(start); took > 5*time.Second {
-		t.Fatalf("Shutdown took %v with a 300 ms context", took)
-	}
-	if err := away.Close(); !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("Close after Shutdown returns %v, want Shutdown's result", err)
-	}
-}
-
-func TestCloseCutsAShutdownShort(t *testing.T) {
+// frozenPeer starts a node away (closed by the caller) with a ref to an
+// actor on a peer whose network is frozen, so that nothing away writes is
+// delivered and its goodbye cannot finish.
+func frozenPeer(t *testing.T) (*Node, Ref[testPing]) {
 	f := NewFaultNet()
 	home := startOn(t, f, failConfig("home", 50*time.Millisecond, 5*time.Second))
 	away, err := f.Start(ctxT(t, 5*time.Second), failConfig("away", 50*time.Millisecond, 5*time.Second))
@@ -146,7 +117,32 @@ func TestCloseCutsAShutdownShort(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.Pause(home)
-	defer f.Resume(home)
+	t.Cleanup(func() { f.Resume(home) })
+	return away, r
+}
+
+func TestShutdownReturnsWhenItsContextEnds(t *testing.T) {
+	away, r := frozenPeer(t)
+	for range 1000 {
+		r.Tell(testPing{})
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	err := away.Shutdown(ctx)
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Shutdown against a frozen peer = %v, want DeadlineExceeded", err)
+	}
+	if took := time.Since(start); took > 5*time.Second {
+		t.Fatalf("Shutdown took %v with a 300 ms context", took)
+	}
+	if err := away.Close(); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Close after Shutdown returns %v, want Shutdown's result", err)
+	}
+}
+
+func TestCloseCutsAShutdownShort(t *testing.T) {
+	away, r := frozenPeer(t)
 	r.Tell(testPing{})
 	shut := make(chan error, 1)
 	go func() { shut <- away.Shutdown(context.Background()) }()

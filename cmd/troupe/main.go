@@ -271,7 +271,9 @@ func (c *call) printJSON(v any) int {
 	return 0
 }
 
-func ls(ctx context.Context, c *call) int {
+// withNode runs f with the command's own short-lived node and the
+// registrar's address, all within the command's timeout.
+func (c *call) withNode(ctx context.Context, f func(ctx context.Context, n *troupe.Node, addr troupe.Addr) int) int {
 	ctx, cancel := context.WithTimeout(ctx, c.timeout)
 	defer cancel()
 	n, addr, code := c.connect(ctx)
@@ -279,6 +281,14 @@ func ls(ctx context.Context, c *call) int {
 		return code
 	}
 	defer n.Close()
+	return f(ctx, n, addr)
+}
+
+func ls(ctx context.Context, c *call) int {
+	return c.withNode(ctx, c.ls)
+}
+
+func (c *call) ls(ctx context.Context, n *troupe.Node, addr troupe.Addr) int {
 	reg, err := n.Registry(troupe.WithRegistries(addr.String()))
 	if err != nil {
 		return c.noRegistrar(addr, err)
@@ -314,13 +324,10 @@ type queryResult struct {
 }
 
 func query(ctx context.Context, c *call) int {
-	ctx, cancel := context.WithTimeout(ctx, c.timeout)
-	defer cancel()
-	n, addr, code := c.connect(ctx)
-	if n == nil {
-		return code
-	}
-	defer n.Close()
+	return c.withNode(ctx, c.query)
+}
+
+func (c *call) query(ctx context.Context, n *troupe.Node, addr troupe.Addr) int {
 	name := c.args[0]
 	q, found, err := troupe.QueryActor(ctx, n, name, troupe.WithRegistries(addr.String()))
 	if err != nil {
