@@ -412,15 +412,22 @@ func (c *cell[T]) run() {
 		c.batch, c.in = c.in, c.batch[:0]
 		c.inBytes = 0
 		c.mu.Unlock()
+		// c.handled is brought up to date only where a signal needs it,
+		// so that the loop writes nothing per message.
+		base := c.handled
 		for i := 0; i < len(c.batch); i++ {
-			if c.hasSys.Load() && c.drainSys() {
-				c.terminate(c.batch[i:])
-				return
+			if c.hasSys.Load() {
+				c.handled = base + uint64(i)
+				if c.drainSys() {
+					c.terminate(c.batch[i:])
+					return
+				}
 			}
 			c.receive(c.batch[i])
-			c.handled++
-			if len(c.later) > 0 && c.later[0].after <= c.handled {
-				c.deliverLater()
+			if len(c.later) > 0 {
+				if c.handled = base + uint64(i+1); c.later[0].after <= c.handled {
+					c.deliverLater()
+				}
 			}
 			if c.stopping {
 				c.terminate(c.batch[i+1:])
@@ -430,6 +437,7 @@ func (c *cell[T]) run() {
 				runtime.Gosched()
 			}
 		}
+		c.handled = base + uint64(len(c.batch))
 		clear(c.batch)
 		if c.hasSys.Load() && c.drainSys() {
 			c.terminate(nil)
