@@ -97,14 +97,17 @@ const (
 	sysUnwatch
 	sysTerminated
 	sysChildStopped
+	sysTimer
 )
 
 // sysMsg is one entry of the system lane.
 type sysMsg struct {
-	kind   sysKind
-	ref    *handle // the watcher (watch, unwatch) or child (childStopped)
-	key    refKey  // the actor that stopped (terminated)
-	reason error   // stop or termination reason
+	kind     sysKind
+	ref      *handle // the watcher (watch, unwatch) or child (childStopped)
+	key      refKey  // the actor that stopped (terminated)
+	reason   error   // stop or termination reason
+	timerKey any     // the due timer's key (timer)
+	timerGen uint64  // and which start of it
 	// after is, for a termination, how many user messages had entered the
 	// mailbox when it arrived: it is handled only once they all have been,
 	// so that it follows everything the stopped actor sent.
@@ -126,7 +129,6 @@ type cell[T any] struct {
 	ctx    Context[T]
 	runFn  func()
 	limit  int // mailbox limit; 0 means none
-	bytes  int // limit of inBytes; 0 means none
 
 	// mu guards the mailbox lanes and the scheduling flags.
 	mu        sync.Mutex
@@ -139,9 +141,8 @@ type cell[T any] struct {
 	inBytes   int    // encoded size of the messages in in that came over the wire
 
 	// The rest is owned by the goroutine running the cell.
-	batch      []T      // the user messages taken from in, being handled
-	handled    uint64   // user messages taken out of the mailbox and handled
-	later      []sysMsg // terminations waiting for the messages ahead of them
+	batch      []T    // the user messages taken from in, being handled
+	handled    uint64 // user messages taken out of the mailbox and handled
 	stopping   bool
 	stopReason error
 	watchers   map[refKey]*handle // who watches this actor
@@ -150,6 +151,7 @@ type cell[T any] struct {
 	adapters   []string // paths of adapters to unregister at stop
 	adapterSeq uint64
 	childSeq   uint64
+	tools      *actorTools[T] // timers and context, made on first use
 }
 
 // Context is an actor's view of itself, passed to its handlers. It must only
@@ -252,7 +254,7 @@ func Spawn[T any](p Spawner, name string, b Behavior[T]) (Ref[T], error) {
 			return Ref[T]{}, err
 		}
 	}
-	c := &cell[T]{n: n, parent: parent, b: b, limit: n.cfg.MailboxLimit, bytes: n.cfg.MailboxBytes}
+	c := &cell[T]{n: n, parent: parent, b: b, limit: n.cfg.MailboxLimit}
 	c.ctx.c = c
 	c.runFn = c.run
 	base := "/user"
@@ -344,10 +346,10 @@ func (c *cell[T]) pushSized(msg T, size int) error {
 		c.mu.Unlock()
 		return ErrMailboxFull
 	}
-	if size > 0 && c.bytes > 0 && c.inBytes+size > c.bytes {
+	if lim := c.n.cfg.MailboxBytes; size > 0 && lim > 0 && c.inBytes+size > lim {
 		waiting := c.inBytes
 		c.mu.Unlock()
-		return fmt.Errorf("%w: %d bytes from other nodes waiting (Config.MailboxBytes is %d)", ErrMailboxFull, waiting, c.bytes)
+		return fmt.Errorf("%w: %d bytes from other nodes waiting (Config.MailboxBytes is %d)", ErrMailboxFull, waiting, lim)
 	}
 	c.inBytes += size
 	c.in = append(c.in, msg)
@@ -424,8 +426,8 @@ func (c *cell[T]) run() {
 				}
 			}
 			c.receive(c.batch[i])
-			if len(c.later) > 0 {
-				if c.handled = base + uint64(i+1); c.later[0].after <= c.handled {
+			if c.tools != nil && len(c.tools.later) > 0 {
+				if c.handled = base + uint64(i+1); c.tools.later[0].after <= c.handled {
 					c.deliverLater()
 				}
 			}
@@ -458,13 +460,14 @@ func (c *cell[T]) drainSys() bool {
 			return c.stopping
 		}
 		for _, m := range sys {
-			if m.kind == sysTerminated && (m.after > c.handled || len(c.later) > 0) {
-				c.later = append(c.later, m)
+			if m.kind == sysTerminated && (m.after > c.handled || c.tools != nil && len(c.tools.later) > 0) {
+				t := c.tooling()
+				t.later = append(t.later, m)
 				continue
 			}
 			c.handleSys(m)
 		}
-		if len(c.later) > 0 && c.later[0].after <= c.handled {
+		if c.tools != nil && len(c.tools.later) > 0 && c.tools.later[0].after <= c.handled {
 			c.deliverLater()
 		}
 		if c.stopping {
@@ -477,10 +480,11 @@ func (c *cell[T]) drainSys() bool {
 // been handled, in the order they arrived.
 func (c *cell[T]) deliverLater() {
 	i := 0
-	for ; i < len(c.later) && c.later[i].after <= c.handled && !c.stopping; i++ {
-		c.handleSys(c.later[i])
+	later := c.tools.later
+	for ; i < len(later) && later[i].after <= c.handled && !c.stopping; i++ {
+		c.handleSys(later[i])
 	}
-	c.later = c.later[:copy(c.later, c.later[i:])]
+	c.tools.later = later[:copy(later, later[i:])]
 }
 
 func (c *cell[T]) handleSys(m sysMsg) {
@@ -500,6 +504,8 @@ func (c *cell[T]) handleSys(m sysMsg) {
 		delete(c.watchers, m.ref.key)
 	case sysChildStopped:
 		delete(c.children, m.ref)
+	case sysTimer:
+		c.fireTimer(m.timerKey, m.timerGen)
 	case sysTerminated:
 		keys := []refKey{m.key}
 		if _, ok := c.watching[m.key]; !ok {
@@ -547,6 +553,7 @@ func (c *cell[T]) recoverPanic() {
 // ones into dead letters, stops its children, tells its watchers and its
 // parent, and leaves the node's tables.
 func (c *cell[T]) terminate(rest []T) {
+	c.stopTimers()
 	c.mu.Lock()
 	c.closed = true
 	waiting := c.in

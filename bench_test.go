@@ -8,6 +8,7 @@ import (
 	"net"
 	"runtime"
 	"testing"
+	"time"
 )
 
 // Floors: what the same work costs without troupe, measured in the same run.
@@ -259,5 +260,44 @@ func BenchmarkFindActorFastPath(b *testing.B) {
 		if _, found, err := FindActor[testPing](ctx, client, "svc"); !found || err != nil {
 			b.Fatal(found, err)
 		}
+	}
+}
+
+// BenchmarkActorTimers measures what an idle timer costs: 100,000 actors
+// each start one that is due in an hour, and the heap grown per timer
+// (beyond the actors themselves) is reported. No goroutine waits on them.
+func BenchmarkActorTimers(b *testing.B) {
+	const actors = 100_000
+	for range b.N {
+		b.StopTimer()
+		n := startNode(b, benchConfig())
+		started := make(chan struct{}, actors)
+		beh := Behavior[count]{Receive: func(c *Context[count], m count) {
+			if m.N == 1 {
+				c.StartTimer("t", time.Hour, count{N: 2})
+				started <- struct{}{}
+			}
+		}}
+		refs := make([]Ref[count], actors)
+		for i := range refs {
+			refs[i], _ = Spawn(n, "", beh)
+		}
+		var before, after runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		goroutines := runtime.NumGoroutine()
+		b.StartTimer()
+		for _, r := range refs {
+			r.Tell(count{N: 1})
+		}
+		for range actors {
+			<-started
+		}
+		b.StopTimer()
+		runtime.GC()
+		runtime.ReadMemStats(&after)
+		b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/actors, "B/timer")
+		b.ReportMetric(float64(runtime.NumGoroutine()-goroutines), "goroutines-added")
+		n.Close()
 	}
 }

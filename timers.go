@@ -1,0 +1,124 @@
+package troupe
+
+import (
+	"context"
+	"time"
+)
+
+// An actor's everyday tools tied to its lifetime: a context.Context that
+// ends when it stops, and timers that deliver messages to it.
+
+// actorTools holds what only some actors use — timers, a context, and
+// terminations waiting behind messages — so an idle actor does not pay for
+// them.
+type actorTools[T any] struct {
+	later    []sysMsg // terminations waiting for the messages ahead of them
+	timers   map[any]*actorTimer[T]
+	timerSeq uint64
+	ctx      context.Context
+	cancel   context.CancelFunc
+}
+
+// tooling returns the actor's tools, making them on first use.
+func (c *cell[T]) tooling() *actorTools[T] {
+	if c.tools == nil {
+		c.tools = &actorTools[T]{}
+	}
+	return c.tools
+}
+
+// Context returns a context.Context that is done when the actor stops (or
+// its node closes). Pass it to blocking calls a handler starts — an HTTP
+// request, a database query — so that they end with the actor.
+func (c *Context[T]) Context() context.Context {
+	t := c.c.tooling()
+	if t.ctx == nil {
+		t.ctx, t.cancel = context.WithCancel(c.c.n.ctx)
+	}
+	return t.ctx
+}
+
+// actorTimer is one of an actor's timers.
+type actorTimer[T any] struct {
+	t     *time.Timer
+	msg   T
+	every time.Duration // 0: once
+	gen   uint64        // which start of the key this is
+}
+
+// StartTimer delivers msg to the actor once, after d. Starting a timer
+// with a key that is running replaces it: the old one's message is not
+// delivered, even if it is already due. Timers are cancelled when the
+// actor stops. The message is handled on the actor's goroutine like any
+// other, and an idle timer holds no goroutine.
+func (c *Context[T]) StartTimer(key any, d time.Duration, msg T) {
+	c.c.startTimer(key, d, 0, msg)
+}
+
+// StartTicker delivers msg to the actor every period, starting one period
+// from now, until [Context.CancelTimer] or the actor stops. Keys are shared
+// with [Context.StartTimer].
+func (c *Context[T]) StartTicker(key any, period time.Duration, msg T) {
+	c.c.startTimer(key, period, max(period, time.Millisecond), msg)
+}
+
+// CancelTimer cancels the timer with key; its message is not delivered,
+// even if it is already due. It reports whether such a timer was running.
+func (c *Context[T]) CancelTimer(key any) bool {
+	if c.c.tools == nil {
+		return false
+	}
+	t, ok := c.c.tools.timers[key]
+	if ok {
+		t.t.Stop()
+		delete(c.c.tools.timers, key)
+	}
+	return ok
+}
+
+func (c *cell[T]) startTimer(key any, d, every time.Duration, msg T) {
+	tt := c.tooling()
+	if old, ok := tt.timers[key]; ok {
+		old.t.Stop()
+	}
+	if tt.timers == nil {
+		tt.timers = make(map[any]*actorTimer[T])
+	}
+	tt.timerSeq++
+	gen := tt.timerSeq
+	at := &actorTimer[T]{msg: msg, every: every, gen: gen}
+	at.t = time.AfterFunc(d, func() { c.sysPush(sysMsg{kind: sysTimer, timerKey: key, timerGen: gen}) })
+	tt.timers[key] = at
+}
+
+// fireTimer handles a due timer on the actor's goroutine: its message is
+// received unless the timer was cancelled or replaced meanwhile.
+func (c *cell[T]) fireTimer(key any, gen uint64) {
+	if c.tools == nil || c.stopping {
+		return
+	}
+	at, ok := c.tools.timers[key]
+	if !ok || at.gen != gen {
+		return // cancelled or replaced after it fell due
+	}
+	if at.every > 0 {
+		at.t.Reset(at.every)
+	} else {
+		delete(c.tools.timers, key)
+	}
+	c.receive(at.msg)
+}
+
+// stopTimers cancels every timer and the actor's context as it stops.
+func (c *cell[T]) stopTimers() {
+	if c.tools == nil {
+		return
+	}
+	for _, at := range c.tools.timers {
+		at.t.Stop()
+	}
+	c.tools.timers = nil
+	if c.tools.cancel != nil {
+		c.tools.cancel()
+	}
+}
