@@ -16,9 +16,12 @@
 //	if err != nil { ... }
 //	defer n.Close()
 //
-// [Node.Close] is idempotent; it tells peers the node is leaving, stops
-// every actor, closes every connection and waits for every goroutine the
-// node started. Each call to [Start] mints a fresh random [NodeUID], so a
+// [Node.Close] ends everything at once — dials and handshakes are aborted,
+// queued messages become dead letters, and only a goodbye is written — and
+// waits for every goroutine the node started. [Node.Shutdown] is the
+// graceful path: it delivers what is queued, has the peers acknowledge it,
+// says goodbye, and returns when done or when its context ends. Both are
+// idempotent. Each call to [Start] mints a fresh random [NodeUID], so a
 // node restarted at the same address is a different peer.
 //
 // # Actors
@@ -37,10 +40,14 @@
 // carrying a temporary reply ref and waits for the reply. [Context.Watch]
 // asks for a [Terminated] signal when another actor — local or remote —
 // stops; it is handled after every message from that actor that reached
-// the watcher's node first, and nothing from it follows. A handler that panics stops its actor (not the node), and the
-// panic is the stop reason. Children spawned from a [Context] stop with
-// their parent. [MessageAdapter] makes a ref of another message type that
-// converts into the actor's protocol; it is addressable across the wire.
+// the watcher's node first, and nothing from it follows. A handler that
+// panics stops its actor (not the node), and the panic is the stop reason.
+// Children spawned from a [Context] stop with their parent.
+// [MessageAdapter] makes a ref of another message type that converts into
+// the actor's protocol; it is addressable across the wire.
+// [Context.StartTimer], [Context.StartTicker] and [Context.CancelTimer]
+// give an actor keyed timers that end with it, and [Context.Context] a
+// context.Context that is done when it stops.
 //
 // # Remote messaging
 //
@@ -59,8 +66,11 @@
 // address held by anything else ([ErrRegistryOccupied]), and becomes the
 // registrar when every address is free. Nodes and named actors register
 // themselves; [FindActor], [FindActorAll], [WaitForActor], [QueryActor] and
-// [Node.Registry] look them up by name. The cmd/troupe command runs a
-// dedicated registrar and lists or queries one.
+// [Node.Registry] look them up by name. Nodes never quarantine a
+// registrar: they register everything again when one comes back, and when
+// the registry address is left empty, one of them binds it and becomes the
+// registrar (failover). The cmd/troupe command runs a dedicated registrar
+// and lists or queries one.
 //
 // # When a node stops answering
 //
@@ -71,7 +81,8 @@
 // quarantined (sends become dead letters wrapping [ErrQuarantined], pending
 // asks fail), and a [PeerUnreachable] event is published. Nothing
 // reconnects until [Node.Reconnect] or [Node.ClearQuarantine] is called.
-// Remote refs are bound to the association session they came from. A
+// Remote refs are bound to the association session they came from.
+// Registrars and cluster members are exempt from quarantine. A
 // [FaultNet] runs nodes over a network that tests can partition, pause,
 // heal and kill.
 //
