@@ -95,14 +95,11 @@ const ackEvery = 1024
 // one is due, and the acknowledgement of the tell frames received so far.
 func (a *assoc) writePriority(buf []byte) []byte {
 	if a.beat.Swap(false) {
-		buf = append(buf, 1, byte(frameHeartbeat))
+		buf = appendHeartbeat(buf)
 	}
 	if v := a.ackTo.Load(); v != a.ackSent {
 		a.ackSent = v
-		start := len(buf)
-		buf = append(buf, 0, byte(frameAck))
-		buf = binary.AppendUvarint(buf, v)
-		buf = fixLength(buf, start)
+		buf = appendAck(buf, v)
 	}
 	return buf
 }

@@ -47,6 +47,11 @@ func appendChallenge(b []byte, uid NodeUID, nonce, mac []byte) []byte {
 	return append(b, mac...)
 }
 
+// appendProof is the dialer's half: its proof that it knows the secret.
+func appendProof(b []byte, mac []byte) []byte {
+	return append(append(b, byte(frameProof)), mac...)
+}
+
 // dialHandshake sends h on c and returns the acceptor's verdict frame
 // (welcome or reject), answering an authentication challenge on the way.
 // With a secret, an acceptor that does not prove it knows the secret is
@@ -82,7 +87,7 @@ func (n *Node) dialHandshake(c net.Conn, fr *frameReader, h *hello) ([]byte, err
 			return nil, fmt.Errorf("%w: the peer does not know the shared secret", ErrAuth)
 		}
 		proof := authMAC(secret, "dialer", theirNonce, nonce, n.uid, uid)
-		if _, err := c.Write(appendFrame(nil, func(b []byte) []byte { return append(append(b, byte(frameProof)), proof...) })); err != nil {
+		if _, err := c.Write(appendFrame(nil, func(b []byte) []byte { return appendProof(b, proof) })); err != nil {
 			return nil, err
 		}
 		return fr.next()

@@ -314,25 +314,14 @@ func (a *assoc) onResolve(b []byte) error {
 	if d.err != nil {
 		return d.err
 	}
-	out := []byte{byte(frameResolved)}
-	out = binary.AppendUvarint(out, id)
-	h := a.n.lookup(path, UUID{})
-	switch {
-	case h == nil:
-		out = append(out, resolveNoSuchActor)
-		out = append(out, make([]byte, 16)...)
-		out = appendString(out, "")
-	default:
-		got := protocolName(h.local.protocol())
-		status := resolveOK
-		if got != proto {
-			status = resolveWrongType
+	ans := resolveAnswer{status: resolveNoSuchActor}
+	if h := a.n.lookup(path, UUID{}); h != nil {
+		ans = resolveAnswer{status: resolveOK, uuid: h.key.uuid, proto: protocolName(h.local.protocol())}
+		if ans.proto != proto {
+			ans.status = resolveWrongType
 		}
-		out = append(out, status)
-		out = append(out, h.key.uuid[:]...)
-		out = appendString(out, got)
 	}
-	a.control(out)
+	a.control(appendResolved(nil, id, ans))
 	return nil
 }
 

@@ -348,6 +348,29 @@ func reasonErr(code byte, text string) error {
 	return &RemoteError{Text: text}
 }
 
+// appendHeartbeat appends a whole heartbeat frame: a length and the kind,
+// nothing else.
+func appendHeartbeat(b []byte) []byte { return append(b, 1, byte(frameHeartbeat)) }
+
+// appendAck appends a whole acknowledgement frame: how many tell frames
+// this side has received on the connection.
+func appendAck(b []byte, received uint64) []byte {
+	start := len(b)
+	b = append(b, 0, byte(frameAck))
+	b = binary.AppendUvarint(b, received)
+	return fixLength(b, start)
+}
+
+// appendResolved appends the body of the answer to resolve request id:
+// status, the actor's uuid (zeros when there is none) and its protocol.
+func appendResolved(b []byte, id uint64, ans resolveAnswer) []byte {
+	b = append(b, byte(frameResolved))
+	b = binary.AppendUvarint(b, id)
+	b = append(b, ans.status)
+	b = append(b, ans.uuid[:]...)
+	return appendString(b, ans.proto)
+}
+
 // Resolve statuses in a frameResolved. Append only.
 const (
 	resolveOK byte = iota

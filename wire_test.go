@@ -66,6 +66,11 @@ func goldenFrames(t *testing.T) map[string][]byte {
 		"terminated": frame(append(appendWatch(nil, frameTerminated, target, "/user/watcher"), reasonOther, 4, 'b', 'o', 'o', 'm')),
 		"resolve":    frame([]byte{byte(frameResolve), 1, 10, '/', 'u', 's', 'e', 'r', '/', 'e', 'c', 'h', 'o', 1, 'x'}),
 		"bye":        frame(appendBye(nil, byeLeaving, "")),
+		"resolved":   frame(appendResolved(nil, 1, resolveAnswer{status: resolveOK, uuid: target.uuid, proto: "troupe.test.count"})),
+		"heartbeat":  appendHeartbeat(nil),
+		"ack":        appendAck(nil, 1025),
+		"challenge":  frame(appendChallenge(nil, uid, bytes.Repeat([]byte{0x5a}, nonceSize), bytes.Repeat([]byte{0xc3}, macSize))),
+		"proof":      frame(appendProof(nil, bytes.Repeat([]byte{0xc3}, macSize))),
 	}
 	return out
 }
