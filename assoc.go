@@ -110,6 +110,7 @@ type assoc struct {
 	// Set once when the handshake completes, before ready is closed.
 	peerUID   NodeUID
 	peerName  string
+	peerFlags uint8  // the peer's hello flags
 	peerAddrs []Addr // as the peer announced them: claims, not proof
 	// proven (n.pmu) are the addresses this node dialed and found this
 	// peer at: this session's, and those of duplicates merged into it.

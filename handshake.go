@@ -165,6 +165,9 @@ func (n *Node) hello() *hello {
 	h := &hello{version: protocolVersion, uid: n.uid, name: n.name}
 	if n.reg() != nil {
 		h.flags |= helloRegistrar
+		if n.cfg.EnsureRegistry {
+			h.flags |= helloDedicated
+		}
 	}
 	for _, a := range n.addrList() {
 		h.addrs = append(h.addrs, a.String())
@@ -194,7 +197,7 @@ func (n *Node) attach(a *assoc, h *hello) bool {
 		a.conn.Close()
 		return false
 	}
-	a.peerUID, a.peerName = h.uid, h.name
+	a.peerUID, a.peerName, a.peerFlags = h.uid, h.name, h.flags
 	for _, s := range h.addrs {
 		if ad, err := ParseAddr(s); err == nil {
 			a.peerAddrs = append(a.peerAddrs, ad)

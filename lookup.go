@@ -209,17 +209,21 @@ func (n *Node) isRegistrarAssoc(a *assoc) bool {
 }
 
 // registrarAt returns the uid of the registrar this node holds a live
-// association with at addr, or the zero uid.
-func (n *Node) registrarAt(addr Addr) NodeUID {
+// association with at addr (the zero uid if none), and whether it is a
+// dedicated registrar.
+func (n *Node) registrarAt(addr Addr) (NodeUID, bool) {
 	v, ok := n.regRefs.Load(addr)
 	if !ok {
-		return NodeUID{}
+		return NodeUID{}, false
 	}
 	r := v.(Ref[regRequest])
 	if r.h.assoc == nil || r.h.assoc.failure() != nil {
-		return NodeUID{}
+		return NodeUID{}, false
 	}
-	return r.NodeUID()
+	t := r.h.assoc.lockTarget()
+	flags := t.peerFlags
+	t.mu.Unlock()
+	return r.NodeUID(), flags&helloDedicated != 0
 }
 
 // keepRegistrars watches this node's registrars, once a heartbeat
@@ -232,22 +236,37 @@ func (n *Node) registrarAt(addr Addr) NodeUID {
 func (n *Node) keepRegistrars() {
 	t := time.NewTicker(n.cfg.HeartbeatInterval)
 	defer t.Stop()
+	// An association that ends wakes the keeper at once, so that a
+	// registrar that closes or whose process dies is replaced without
+	// waiting for the next tick.
+	ended := make(chan struct{}, 1)
+	sub := Subscribe(n.Events(), func(PeerUnreachable) {
+		select {
+		case ended <- struct{}{}:
+		default:
+		}
+	})
+	defer sub.Unsubscribe()
 	lost := map[Addr]bool{}
 	// registered is the registrar incarnation this node last registered
 	// with at each address: another one there (a lookup may have found it
 	// first) has none of this node's registrations yet.
 	registered := map[Addr]NodeUID{}
+	// dedicated marks the addresses served by a dedicated registrar: a
+	// node waits for one to come back rather than take its address over.
+	dedicated := map[Addr]bool{}
 	for _, addr := range n.remoteRegistrars() {
-		registered[addr] = n.registrarAt(addr)
+		registered[addr], dedicated[addr] = n.registrarAt(addr)
 	}
 	for {
 		select {
 		case <-n.done:
 			return
 		case <-t.C:
+		case <-ended:
 		}
 		for _, addr := range n.remoteRegistrars() {
-			if uid := n.registrarAt(addr); uid != (NodeUID{}) && uid == registered[addr] {
+			if uid, _ := n.registrarAt(addr); uid != (NodeUID{}) && uid == registered[addr] {
 				continue
 			}
 			if !lost[addr] {
@@ -255,13 +274,13 @@ func (n *Node) keepRegistrars() {
 				n.log.Warn("troupe: registrar lost; registering again when it answers", "registrar", addr.String())
 			}
 			if n.reregister(addr) == nil {
-				registered[addr] = n.registrarAt(addr)
+				registered[addr], dedicated[addr] = n.registrarAt(addr)
 				delete(lost, addr)
 				n.log.Info("troupe: registered again", "registrar", addr.String())
 				n.bumpRegistrarEpoch()
 				continue
 			}
-			if n.takeOver(addr) {
+			if !dedicated[addr] && n.takeOver(addr) {
 				delete(lost, addr)
 				n.log.Warn("troupe: took over the registry address of a registrar that is gone", "registrar", addr.String())
 				n.bumpRegistrarEpoch()

@@ -237,7 +237,7 @@ func fixLength(dst []byte, start int) []byte {
 // hello is the body of a frameHello or frameWelcome: who a node is.
 type hello struct {
 	version uint8
-	flags   uint8 // helloRegistrar, helloProbe
+	flags   uint8 // helloRegistrar, helloProbe, helloDedicated
 	uid     NodeUID
 	name    string
 	addrs   []string // listen addresses, URL form
@@ -262,6 +262,7 @@ func appendHello(b []byte, kind frameKind, h *hello) []byte {
 const (
 	helloRegistrar uint8 = 1 << iota // the sender serves a registry
 	helloProbe                       // the dialer only probes: answer and forget it
+	helloDedicated                   // the sender is a dedicated registrar (EnsureRegistry): nodes wait for it rather than take its address over
 )
 
 // maxHelloAddrs bounds the listen addresses a peer may announce.
