@@ -14,18 +14,19 @@ const deadLetterSummaryEvery = time.Minute
 // deadLetter reports a message that cannot be delivered: a DeadLetter
 // event (if anything listens) and the node's rate-limited log.
 func (n *Node) deadLetter(target string, msg any, reason error) {
-	n.dlog.note(n, target, msg, reason, false)
-	if n.events.hasSubscribers() {
-		n.events.Publish(DeadLetter{Target: target, Message: msg, Reason: reason})
-	}
+	n.reportDeadLetter(DeadLetter{Target: target, Message: msg, Reason: reason})
 }
 
 // deadLetterUnconfirmed reports a message that was sent but never
 // confirmed.
 func (n *Node) deadLetterUnconfirmed(target string, msg any, reason error) {
-	n.dlog.note(n, target, msg, reason, true)
+	n.reportDeadLetter(DeadLetter{Target: target, Message: msg, Reason: reason, Unconfirmed: true})
+}
+
+func (n *Node) reportDeadLetter(d DeadLetter) {
+	n.dlog.note(n, d)
 	if n.events.hasSubscribers() {
-		n.events.Publish(DeadLetter{Target: target, Message: msg, Reason: reason, Unconfirmed: true})
+		n.events.Publish(d)
 	}
 }
 
@@ -40,9 +41,9 @@ type deadLetterLog struct {
 }
 
 // note logs one dead letter, or counts it once the limit is reached.
-func (l *deadLetterLog) note(n *Node, target string, msg any, reason error, unconfirmed bool) {
+func (l *deadLetterLog) note(n *Node, d DeadLetter) {
 	limit := n.cfg.DeadLetterLog
-	if limit < 0 || errors.Is(reason, ErrNodeClosed) {
+	if limit < 0 || errors.Is(d.Reason, ErrNodeClosed) {
 		return // off, or this node is closing: nothing the user forgot
 	}
 	l.mu.Lock()
@@ -57,8 +58,8 @@ func (l *deadLetterLog) note(n *Node, target string, msg any, reason error, unco
 	l.logged++
 	last := l.logged == limit
 	l.mu.Unlock()
-	args := []any{"target", target, "reason", reason, "type", fmt.Sprintf("%T", msg)}
-	if unconfirmed {
+	args := []any{"target", d.Target, "reason", d.Reason, "type", fmt.Sprintf("%T", d.Message)}
+	if d.Unconfirmed {
 		args = append(args, "unconfirmed", true)
 	}
 	if last {

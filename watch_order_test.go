@@ -119,34 +119,21 @@ func backlog(w Ref[int], n int) {
 	}
 }
 
-func TestTerminatedAfterLocalSendersMessages(t *testing.T) {
-	for _, busy := range []int{0, 100_000} {
-		t.Run(fmt.Sprintf("backlog=%d", busy), func(t *testing.T) {
+// TestTerminatedAfterTheSendersMessages: a sender on the watcher's node or
+// on another node sends 1..1000 and stops; the watcher, idle or behind a
+// backlog of 100,000 messages from elsewhere, sees 1..1000, then
+// Terminated with a nil reason.
+func TestTerminatedAfterTheSendersMessages(t *testing.T) {
+	setups := map[string]func(t *testing.T) (home, away *Node, sender Ref[orderGo]){
+		"local": func(t *testing.T) (*Node, *Node, Ref[orderGo]) {
 			n := startNode(t, testConfig())
 			sender, err := Spawn(n, "sender", orderSender)
 			if err != nil {
 				t.Fatal(err)
 			}
-			w, log, release := spawnOrderWatcher(t, n, sender, busy > 0)
-			if busy > 0 {
-				backlog(w, busy)
-			}
-			sender.Tell(orderGo{To: w, N: 1000})
-			if busy > 0 {
-				waitFor(t, 10*time.Second, "the sender to stop", func() bool { return n.lookup("/user/sender", UUID{}) == nil })
-			}
-			release()
-			log.check(t, 1000)
-			if log.reason != nil {
-				t.Fatalf("reason = %v, want nil", log.reason)
-			}
-		})
-	}
-}
-
-func TestTerminatedAfterRemoteSendersMessages(t *testing.T) {
-	for _, busy := range []int{0, 100_000} {
-		t.Run(fmt.Sprintf("backlog=%d", busy), func(t *testing.T) {
+			return n, n, sender
+		},
+		"remote": func(t *testing.T) (*Node, *Node, Ref[orderGo]) {
 			home := startNode(t, testConfig("tcp://127.0.0.1:0"))
 			away := startNode(t, testConfig("tcp://127.0.0.1:0"))
 			if _, err := Spawn(away, "sender", orderSender); err != nil {
@@ -156,20 +143,28 @@ func TestTerminatedAfterRemoteSendersMessages(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			w, log, release := spawnOrderWatcher(t, home, sender, busy > 0)
-			if busy > 0 {
-				backlog(w, busy)
-			}
-			sender.Tell(orderGo{To: w, N: 1000})
-			if busy > 0 {
-				waitFor(t, 10*time.Second, "the sender to stop", func() bool { return away.lookup("/user/sender", UUID{}) == nil })
-			}
-			release()
-			log.check(t, 1000)
-			if log.reason != nil {
-				t.Fatalf("reason = %v, want nil", log.reason)
-			}
-		})
+			return home, away, sender
+		},
+	}
+	for where, setup := range setups {
+		for _, busy := range []int{0, 100_000} {
+			t.Run(fmt.Sprintf("%s/backlog=%d", where, busy), func(t *testing.T) {
+				home, away, sender := setup(t)
+				w, log, release := spawnOrderWatcher(t, home, sender, busy > 0)
+				if busy > 0 {
+					backlog(w, busy)
+				}
+				sender.Tell(orderGo{To: w, N: 1000})
+				if busy > 0 {
+					waitFor(t, 10*time.Second, "the sender to stop", func() bool { return away.lookup("/user/sender", UUID{}) == nil })
+				}
+				release()
+				log.check(t, 1000)
+				if log.reason != nil {
+					t.Fatalf("reason = %v, want nil", log.reason)
+				}
+			})
+		}
 	}
 }
 
