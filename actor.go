@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"reflect"
 	"runtime"
-	"runtime/debug"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -50,11 +49,15 @@ func (e *PanicError) Error() string { return fmt.Sprintf("troupe: actor panicked
 // Behavior is what an actor does. Receive handles each user message; Signal,
 // if set, handles signals such as [Terminated]; Setup, if set, runs once
 // before either. All three run on the actor's goroutine, one at a time, so
-// the actor's own state needs no locks.
+// the actor's own state needs no locks. A panic in any of them is a
+// failure: the actor stops, unless the behaviour was built by [Supervise]
+// with another [Strategy].
 type Behavior[T any] struct {
 	Setup   func(c *Context[T])
 	Receive func(c *Context[T], msg T)
 	Signal  func(c *Context[T], s Signal)
+
+	sup *supervisor[T] // set by Supervise
 }
 
 // Signal is a message from the runtime rather than from another actor.
@@ -98,6 +101,7 @@ const (
 	sysTerminated
 	sysChildStopped
 	sysTimer
+	sysRestart
 )
 
 // sysMsg is one entry of the system lane.
@@ -107,7 +111,7 @@ type sysMsg struct {
 	key      refKey  // the actor that stopped (terminated)
 	reason   error   // stop or termination reason
 	timerKey any     // the due timer's key (timer)
-	timerGen uint64  // and which start of it
+	timerGen uint64  // and which start of it, or which restart (restart)
 	// after is, for a termination, how many user messages had entered the
 	// mailbox when it arrived: it is handled only once they all have been,
 	// so that it follows everything the stopped actor sent.
@@ -136,6 +140,7 @@ type cell[T any] struct {
 	sys       []sysMsg // waiting signals
 	scheduled bool     // a goroutine is running (or about to run) the cell
 	closed    bool     // the actor has stopped; nothing more is accepted
+	held      bool     // a restart is pending: user messages wait in in
 	hasSys    atomic.Bool
 	entered   uint64 // user messages ever appended to in
 	inBytes   int    // encoded size of the messages in in that came over the wire
@@ -148,7 +153,7 @@ type cell[T any] struct {
 	watchers   map[refKey]*handle // who watches this actor
 	watching   map[refKey]AnyRef  // whom this actor watches
 	children   map[*handle]struct{}
-	adapters   []string // paths of adapters to unregister at stop
+	adapters   []*handle // adapters to unregister at stop or restart
 	adapterSeq uint64
 	childSeq   uint64
 	tools      *actorTools[T] // timers and context, made on first use
@@ -246,8 +251,9 @@ func (c *Context[T]) spawnParent() (*Node, parentCell) { return c.c.n, c.c }
 // holds no goroutine until it has a message (or a Setup to run).
 func Spawn[T any](p Spawner, name string, b Behavior[T]) (Ref[T], error) {
 	n, parent := p.spawnParent()
-	if b.Receive == nil {
-		return Ref[T]{}, errors.New("troupe: Spawn: Behavior.Receive is nil")
+	b, err := b.behavior()
+	if err != nil {
+		return Ref[T]{}, fmt.Errorf("Spawn: %w", err)
 	}
 	if name != "" {
 		if err := checkName(name); err != nil {
@@ -354,8 +360,8 @@ func (c *cell[T]) pushSized(msg T, size int) error {
 	c.inBytes += size
 	c.in = append(c.in, msg)
 	c.entered++
-	start := !c.scheduled
-	c.scheduled = true
+	start := !c.scheduled && !c.held
+	c.scheduled = c.scheduled || start
 	c.mu.Unlock()
 	if start {
 		c.n.wg.Go(c.runFn)
@@ -406,10 +412,18 @@ func (c *cell[T]) run() {
 	handled := 0
 	for {
 		c.mu.Lock()
-		if len(c.sys) == 0 && len(c.in) == 0 {
+		if len(c.sys) == 0 && (len(c.in) == 0 || c.held) {
 			c.scheduled = false
 			c.mu.Unlock()
 			return
+		}
+		if c.held {
+			c.mu.Unlock()
+			if c.drainSys() {
+				c.terminate(nil)
+				return
+			}
+			continue
 		}
 		c.batch, c.in = c.in, c.batch[:0]
 		c.inBytes = 0
@@ -417,12 +431,18 @@ func (c *cell[T]) run() {
 		// c.handled is brought up to date only where a signal needs it,
 		// so that the loop writes nothing per message.
 		base := c.handled
-		for i := 0; i < len(c.batch); i++ {
-			if c.hasSys.Load() {
+		n := len(c.batch)
+		for i := 0; i < n; i++ {
+			if c.hasSys.Load() || c.held {
 				c.handled = base + uint64(i)
 				if c.drainSys() {
 					c.terminate(c.batch[i:])
 					return
+				}
+				if c.held {
+					c.requeue(c.batch[i:])
+					n = i
+					break
 				}
 			}
 			c.receive(c.batch[i])
@@ -439,7 +459,7 @@ func (c *cell[T]) run() {
 				runtime.Gosched()
 			}
 		}
-		c.handled = base + uint64(len(c.batch))
+		c.handled = base + uint64(n)
 		clear(c.batch)
 		if c.hasSys.Load() && c.drainSys() {
 			c.terminate(nil)
@@ -490,7 +510,7 @@ func (c *cell[T]) deliverLater() {
 func (c *cell[T]) handleSys(m sysMsg) {
 	switch m.kind {
 	case sysStart:
-		c.guard(func() { c.b.Setup(&c.ctx) })
+		c.runSetup()
 	case sysStop:
 		if !c.stopping {
 			c.stopping, c.stopReason = true, m.reason
@@ -504,8 +524,11 @@ func (c *cell[T]) handleSys(m sysMsg) {
 		delete(c.watchers, m.ref.key)
 	case sysChildStopped:
 		delete(c.children, m.ref)
+		c.childGone()
 	case sysTimer:
 		c.fireTimer(m.timerKey, m.timerGen)
+	case sysRestart:
+		c.restart(m.timerGen)
 	case sysTerminated:
 		keys := []refKey{m.key}
 		if _, ok := c.watching[m.key]; !ok {
@@ -532,21 +555,28 @@ func (c *cell[T]) handleSys(m sysMsg) {
 }
 
 func (c *cell[T]) receive(msg T) {
-	defer c.recoverPanic()
+	defer c.recoverFailure(false)
 	c.b.Receive(&c.ctx, msg)
 }
 
 func (c *cell[T]) guard(f func()) {
-	defer c.recoverPanic()
+	defer c.recoverFailure(false)
 	f()
 }
 
-func (c *cell[T]) recoverPanic() {
-	if p := recover(); p != nil {
-		c.stopping = true
-		c.stopReason = &PanicError{Value: p, Stack: debug.Stack()}
-		c.n.log.Error("troupe: actor panicked; stopping it", "path", c.self.key.path, "panic", p)
-	}
+func (c *cell[T]) runSetup() {
+	defer c.recoverFailure(true)
+	c.b.Setup(&c.ctx)
+}
+
+// requeue puts messages taken from the mailbox back at its front, for a
+// restart to handle.
+func (c *cell[T]) requeue(rest []T) {
+	c.mu.Lock()
+	in := make([]T, 0, len(rest)+len(c.in))
+	c.in = append(append(in, rest...), c.in...)
+	c.mu.Unlock()
+	clear(c.batch)
 }
 
 // terminate stops the actor: it refuses further messages, turns waiting
@@ -571,23 +601,19 @@ func (c *cell[T]) terminate(rest []T) {
 	clear(c.batch)
 	c.batch = nil
 	for _, m := range sys {
-		if m.kind == sysWatch {
-			m.ref.signal(sysMsg{kind: sysTerminated, key: c.self.key, reason: ErrActorStopped})
+		if m.kind == sysWatch { // it came before the stop: the real reason
+			m.ref.signal(sysMsg{kind: sysTerminated, key: c.self.key, reason: c.stopReason})
 		}
 	}
 	for ch := range c.children {
 		ch.local.sysPush(sysMsg{kind: sysStop, reason: ErrParentStopped})
 	}
-	for key, r := range c.watching {
-		if h := r.handle(); h.assoc != nil {
-			h.assoc.unwatch(h, c.self)
-		} else if h.local != nil {
-			h.local.watchHandle().local.sysPush(sysMsg{kind: sysUnwatch, ref: c.self})
-		}
-		delete(c.watching, key)
+	c.dropWatches()
+	if c.b.Signal != nil && (c.tools == nil || c.tools.sup == nil || c.tools.sup.phase == restartNone) {
+		c.signalQuietly(PostStop{Reason: c.stopReason})
 	}
-	for _, p := range c.adapters {
-		c.n.removeActor(p)
+	for _, a := range c.adapters {
+		c.n.removeActor(a.key.path)
 	}
 	c.n.removeActor(c.self.key.path)
 	if c.n.discovering() && isPublic(c.self.key.path) {

@@ -40,9 +40,15 @@
 // carrying a temporary reply ref and waits for the reply. [Context.Watch]
 // asks for a [Terminated] signal when another actor — local or remote —
 // stops; it is handled after every message from that actor that reached
-// the watcher's node first, and nothing from it follows. A handler that
-// panics stops its actor (not the node), and the panic is the stop reason.
-// Children spawned from a [Context] stop with their parent.
+// the watcher's node first, and nothing from it follows. Children spawned
+// from a [Context] stop with their parent.
+//
+// A handler that panics, or reports an error with [Context.Fail], fails:
+// by default its actor (never the node) stops with the failure as the
+// reason. [Supervise] wraps a factory of behaviours in a [Strategy] —
+// [ResumeOnFailure], [RestartOnFailure], [RestartWithBackoff], with
+// [Strategy.WithLimit] — so that the actor resumes or restarts with fresh
+// state instead; [PreRestart] and [PostStop] let a behaviour clean up.
 // [MessageAdapter] makes a ref of another message type that converts into
 // the actor's protocol; it is addressable across the wire.
 // [Context.StartTimer], [Context.StartTicker] and [Context.CancelTimer]
@@ -108,7 +114,8 @@
 // Errors are values: compare with errors.Is against the exported sentinels
 // ([ErrNodeClosed], [ErrNoSuchActor], [ErrWrongType], [ErrPeerLeft],
 // [ErrSessionEnded], [ErrNotRegistered], [ErrMalformed], …) and use
-// errors.As for [*PanicError], [*FrameError] and [*RemoteError].
+// errors.As for [*PanicError], [*FailureError], [*FrameError] and
+// [*RemoteError].
 //
 // # Concurrency
 //

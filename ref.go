@@ -317,10 +317,16 @@ type exporter interface{ exportTemp() }
 
 // adapter is the target behind a ref made by [MessageAdapter].
 type adapter[U, T any] struct {
-	h     *handle
-	owner *cell[T]
-	f     func(U) T
+	h       *handle
+	owner   *cell[T]
+	f       func(U) T
+	retired atomic.Bool // its actor restarted: the adapter is gone
 }
+
+// retirable is an adapter, which a restart of its actor retires.
+type retirable interface{ retire() }
+
+func (a *adapter[U, T]) retire() { a.retired.Store(true) }
 
 // MessageAdapter returns a Ref[U] that converts each U with f and delivers
 // the result into the actor of c. The adapter ref is addressable across the
@@ -335,11 +341,14 @@ func MessageAdapter[U, T any](c *Context[T], f func(U) T) Ref[U] {
 	a := &adapter[U, T]{owner: cl, f: f}
 	a.h = &handle{node: cl.n, key: refKey{node: cl.n.uid, path: cl.self.key.path + "/$adapter" + formatBase36(cl.adapterSeq), uuid: cl.self.key.uuid}, local: a}
 	cl.n.registerPath(a.h.key.path, a.h)
-	cl.adapters = append(cl.adapters, a.h.key.path)
+	cl.adapters = append(cl.adapters, a.h)
 	return Ref[U]{h: a.h}
 }
 
 func (a *adapter[U, T]) tellAny(msg any) error {
+	if a.retired.Load() {
+		return errAdapterRetired
+	}
 	u, ok := msg.(U)
 	if !ok {
 		return fmt.Errorf("%w: adapter wants %s, got %T", ErrWrongType, reflect.TypeFor[U](), msg)
@@ -349,7 +358,7 @@ func (a *adapter[U, T]) tellAny(msg any) error {
 
 func (a *adapter[U, T]) tellWire(msg any, size int) error {
 	u, ok := msg.(U)
-	if !ok {
+	if !ok || a.retired.Load() {
 		return a.tellAny(msg)
 	}
 	return a.owner.pushSized(a.f(u), size)
@@ -358,6 +367,10 @@ func (a *adapter[U, T]) tellWire(msg any, size int) error {
 func (a *adapter[U, T]) sysPush(m sysMsg) bool  { return a.owner.sysPush(m) }
 func (a *adapter[U, T]) watchHandle() *handle   { return a.owner.self }
 func (a *adapter[U, T]) protocol() reflect.Type { return reflect.TypeFor[U]() }
+
+// errAdapterRetired is the dead-letter reason for a message to an adapter
+// whose actor has restarted since it was made.
+var errAdapterRetired = fmt.Errorf("%w: the adapter's actor restarted", ErrNoSuchActor)
 
 func formatBase36(v uint64) string {
 	return string(appendBase36(nil, v))

@@ -122,8 +122,8 @@ func TestRemoteWatch(t *testing.T) {
 		worker.Tell(count{N: -1})
 		term := recv(t, got, "remote Terminated")
 		var re *RemoteError
-		if !errors.As(term.Reason, &re) || re.Text != "troupe: actor panicked: negative" {
-			t.Fatalf("remote stop reason = %#v, want the panic's text", term.Reason)
+		if !errors.As(term.Reason, &re) || re.Text != "troupe: actor panicked: negative" || !re.Failed || !term.Failed() {
+			t.Fatalf("remote stop reason = %#v, want the panic's text, marked as a failure", term.Reason)
 		}
 		if term.Ref.Path() != "/user/worker" {
 			t.Fatalf("Terminated.Ref = %v", term.Ref)

@@ -17,6 +17,8 @@ type actorTools[T any] struct {
 	timerSeq uint64
 	ctx      context.Context
 	cancel   context.CancelFunc
+	failed   error     // reported by Context.Fail during the current handler
+	sup      *supState // failures and a pending restart (supervised actors)
 }
 
 // tooling returns the actor's tools, making them on first use.
@@ -34,6 +36,9 @@ func (c *Context[T]) Context() context.Context {
 	t := c.c.tooling()
 	if t.ctx == nil {
 		t.ctx, t.cancel = context.WithCancel(c.c.n.ctx)
+		if c.c.stopping {
+			t.cancel() // asked for in PostStop, or after Stop
+		}
 	}
 	return t.ctx
 }
@@ -120,5 +125,9 @@ func (c *cell[T]) stopTimers() {
 	c.tools.timers = nil
 	if c.tools.cancel != nil {
 		c.tools.cancel()
+	}
+	if st := c.tools.sup; st != nil && st.timer != nil {
+		st.timer.Stop()
+		st.timer = nil
 	}
 }

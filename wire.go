@@ -317,6 +317,7 @@ const (
 	reasonParentStopped             // ErrParentStopped
 	reasonNodeClosed                // ErrNodeClosed
 	reasonOther                     // text follows
+	reasonFailed                    // the actor failed (Terminated.Failed); text follows
 )
 
 var reasonErrs = [...]error{reasonActorStopped: ErrActorStopped, reasonNoSuchActor: ErrNoSuchActor, reasonParentStopped: ErrParentStopped, reasonNodeClosed: ErrNodeClosed}
@@ -330,12 +331,19 @@ func reasonCode(err error) (byte, string) {
 			return byte(code), ""
 		}
 	}
+	if isFailure(err) {
+		return reasonFailed, err.Error()
+	}
 	return reasonOther, err.Error()
 }
 
 // RemoteError carries the text of an error that happened on another node,
-// such as the panic that stopped a remote actor.
-type RemoteError struct{ Text string }
+// such as the panic that stopped a remote actor. Failed says that it
+// was the actor's failure (see [Terminated.Failed]).
+type RemoteError struct {
+	Text   string
+	Failed bool
+}
 
 func (e *RemoteError) Error() string { return e.Text }
 
@@ -346,7 +354,7 @@ func reasonErr(code byte, text string) error {
 	if int(code) < len(reasonErrs) && reasonErrs[code] != nil {
 		return reasonErrs[code]
 	}
-	return &RemoteError{Text: text}
+	return &RemoteError{Text: text, Failed: code == reasonFailed}
 }
 
 // appendHeartbeat appends a whole heartbeat frame: a length and the kind,

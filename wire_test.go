@@ -30,7 +30,7 @@ func TestWireValuesArePinned(t *testing.T) {
 	}{
 		{"refNil", refNil, 0}, {"refSender", refSender, 1}, {"refReceiver", refReceiver, 2}, {"refThird", refThird, 3},
 		{"refHasUUID", refHasUUID, 0x80}, {"rejectDuplicate", rejectDuplicate, 1}, {"rejectAuth", rejectAuth, 4}, {"rejectQuarantined", rejectQuarantined, 5},
-		{"reasonNodeClosed", reasonNodeClosed, 4}, {"reasonOther", reasonOther, 5}, {"byeDuplicate", byeDuplicate, 1},
+		{"reasonNodeClosed", reasonNodeClosed, 4}, {"reasonOther", reasonOther, 5}, {"reasonFailed", reasonFailed, 6}, {"byeDuplicate", byeDuplicate, 1},
 		{"resolveWrongType", resolveWrongType, 2}, {"protocolVersion", protocolVersion, 1},
 	}
 	for _, p := range pinned {

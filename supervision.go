@@ -1,0 +1,457 @@
+package troupe
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"runtime/debug"
+	"time"
+)
+
+// Supervision: what happens to an actor whose handler fails. A behaviour
+// built by [Supervise] carries a [Strategy]; any other behaviour stops on
+// its first failure.
+
+// Strategy says what an actor does when one of its handlers fails: stop
+// (the default for every actor), resume, restart, or restart after a
+// backoff, within optional limits. Make one with [StopOnFailure],
+// [ResumeOnFailure], [RestartOnFailure] or [RestartWithBackoff], refine it
+// with its With methods, and attach it with [Supervise].
+type Strategy struct {
+	action       failureAction
+	maxFailures  int           // 0: no limit
+	within       time.Duration // 0: the limit counts every failure ever
+	minBackoff   time.Duration
+	maxBackoff   time.Duration
+	randomFactor float64
+	keepChildren bool
+}
+
+type failureAction uint8
+
+const (
+	actStop failureAction = iota
+	actResume
+	actRestart
+)
+
+// StopOnFailure stops the actor on its first failure, with the failure as
+// the reason its watchers see. It is what every actor does unless it was
+// spawned with another strategy.
+func StopOnFailure() Strategy { return Strategy{action: actStop} }
+
+// ResumeOnFailure drops the message whose handling failed and goes on with
+// the next one, keeping the actor's state as the failed handler left it.
+// Use it when a failure cannot have corrupted the state (a bad input
+// rejected before anything changed). A failure in Setup still stops the
+// actor: it has no state to resume.
+func ResumeOnFailure() Strategy { return Strategy{action: actResume} }
+
+// RestartOnFailure drops the message whose handling failed, builds the
+// behaviour again from its factory (running its Setup) and goes on with the
+// next message. Use it when the state may be broken and a fresh one is
+// cheap. Without [Strategy.WithLimit], an actor that always fails restarts
+// forever.
+func RestartOnFailure() Strategy { return Strategy{action: actRestart} }
+
+// RestartWithBackoff is [RestartOnFailure] after a pause: minPause after
+// the first failure, doubling with each failure that follows within
+// maxPause of the last restart, never more than maxPause, and each pause stretched by up to
+// randomFactor of itself (0.2: up to 20% longer) so that actors failing
+// together do not restart together. Messages that arrive during the pause
+// wait in the mailbox (up to [Config.MailboxLimit]) and are handled by the
+// restarted actor. Use it when failures come from something outside that
+// needs time to recover, such as a database that is down.
+func RestartWithBackoff(minPause, maxPause time.Duration, randomFactor float64) Strategy {
+	if minPause <= 0 {
+		minPause = time.Millisecond
+	}
+	return Strategy{action: actRestart, minBackoff: minPause, maxBackoff: max(minPause, maxPause), randomFactor: max(randomFactor, 0)}
+}
+
+// WithLimit allows at most n failures within the window (every failure
+// ever when within is 0) to be resumed or restarted; the failure after
+// them stops the actor, with that failure as its reason.
+func (s Strategy) WithLimit(n int, within time.Duration) Strategy {
+	s.maxFailures, s.within = max(n, 0), max(within, 0)
+	if n <= 0 {
+		s.maxFailures = -1 // no failure is survived
+	}
+	return s
+}
+
+// WithKeepChildren keeps the actor's children running across a restart.
+// By default they are stopped, and the restart waits until they have
+// stopped, so that the fresh state can spawn children with the same names.
+func (s Strategy) WithKeepChildren() Strategy {
+	s.keepChildren = true
+	return s
+}
+
+// String describes the strategy, for logs.
+func (s Strategy) String() string {
+	var b []byte
+	switch {
+	case s.action == actResume:
+		b = append(b, "resume"...)
+	case s.action == actRestart && s.minBackoff > 0:
+		b = fmt.Appendf(b, "restart with backoff %v..%v", s.minBackoff, s.maxBackoff)
+	case s.action == actRestart:
+		b = append(b, "restart"...)
+	default:
+		return "stop"
+	}
+	if s.maxFailures < 0 {
+		b = append(b, ", no failure survived"...)
+	} else if s.maxFailures > 0 {
+		b = fmt.Appendf(b, ", at most %d failures", s.maxFailures)
+		if s.within > 0 {
+			b = fmt.Appendf(b, " within %v", s.within)
+		}
+	}
+	return string(b)
+}
+
+// supervisor is what [Supervise] attaches to a behaviour: how to build it
+// again and what to do when it fails. Every actor spawned with the same
+// behaviour shares it; the per-actor state lives in the cell's tools.
+type supervisor[T any] struct {
+	build    func() Behavior[T]
+	strategy Strategy
+}
+
+// Supervise returns a behaviour whose state is built by newBehavior and
+// whose failures are handled by s. newBehavior is called once when the
+// actor is spawned and again on every restart, so that a restarted actor
+// starts from fresh state: keep the state in variables that newBehavior
+// declares, not outside it.
+//
+// A restart keeps the actor's mailbox, its ref, its name and registrations,
+// and the watches others hold on it: nobody outside sees it stop. It drops
+// what the old behaviour set up: the failed message, the state, the
+// actor's own watches, its timers, its [Context.Context] (which is
+// cancelled), its message adapters (messages to them become dead letters;
+// the fresh Setup makes new ones) and, unless
+// [Strategy.WithKeepChildren], its children, which are stopped before the
+// fresh behaviour's Setup runs. The old behaviour gets [PreRestart] first.
+func Supervise[T any](newBehavior func() Behavior[T], s Strategy) Behavior[T] {
+	return Behavior[T]{sup: &supervisor[T]{build: newBehavior, strategy: s}}
+}
+
+// ErrBadBehavior is returned by [Spawn] for a behaviour without Receive,
+// or one whose factory (see [Supervise]) fails or builds one without it.
+var ErrBadBehavior = errors.New("troupe: bad behavior")
+
+// behavior builds the behaviour to run: b itself, or what its supervisor's
+// factory makes, carrying the supervisor along.
+func (b Behavior[T]) behavior() (built Behavior[T], err error) {
+	if b.sup == nil {
+		if b.Receive == nil {
+			return b, fmt.Errorf("%w: Receive is nil", ErrBadBehavior)
+		}
+		return b, nil
+	}
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("%w: its factory panicked: %v", ErrBadBehavior, p)
+		}
+	}()
+	if b.sup.build == nil {
+		return b, fmt.Errorf("%w: Supervise was given a nil factory", ErrBadBehavior)
+	}
+	built = b.sup.build()
+	if built.sup != nil {
+		return b, fmt.Errorf("%w: a supervised behaviour's factory returned a supervised behaviour", ErrBadBehavior)
+	}
+	if built.Receive == nil {
+		return b, fmt.Errorf("%w: the factory built a behaviour whose Receive is nil", ErrBadBehavior)
+	}
+	built.sup = b.sup
+	return built, nil
+}
+
+// PreRestart is the signal a supervised actor's behaviour gets just before
+// it is dropped for a restart: the last chance to release what the state
+// holds. Reason is the failure that caused the restart.
+type PreRestart struct{ Reason error }
+
+func (PreRestart) isSignal() {}
+
+// PostStop is the signal an actor's behaviour gets once the actor has
+// stopped: it no longer receives messages, its timers are cancelled, its
+// context is done and its children have been told to stop; its watchers
+// are told after the handler returns. Reason is the stop reason its
+// watchers will see. A behaviour that got [PreRestart] and was stopped
+// before its restart completed does not get PostStop.
+type PostStop struct{ Reason error }
+
+func (PostStop) isSignal() {}
+
+// FailureError is the stop reason of an actor that reported a failure with
+// [Context.Fail] and whose strategy stopped it.
+type FailureError struct{ Err error }
+
+func (e *FailureError) Error() string { return "troupe: actor failed: " + e.Err.Error() }
+
+// Unwrap returns the reported error.
+func (e *FailureError) Unwrap() error { return e.Err }
+
+// Failed reports whether the actor stopped because it failed — a panic in
+// a handler ([*PanicError]) or an error it reported with [Context.Fail]
+// ([*FailureError]) — rather than by stopping itself, being stopped, or
+// being cut off. It holds across nodes too: a remote actor's failure
+// arrives as a [*RemoteError] with Failed set. A parent that wants to fail
+// when its child fails calls [Context.Fail] from its Signal handler when it
+// sees this.
+func (t Terminated) Failed() bool { return isFailure(t.Reason) }
+
+func isFailure(err error) bool {
+	var pe *PanicError
+	var fe *FailureError
+	var re *RemoteError
+	return errors.As(err, &pe) || errors.As(err, &fe) || errors.As(err, &re) && re.Failed
+}
+
+// Fail reports that the current message (or signal, or Setup) failed with
+// err. Once the handler returns, the actor's strategy handles the failure
+// as it would a panic: by default the actor stops with a [*FailureError]
+// wrapping err. A nil err is ignored; a second call in the same handler
+// replaces the first.
+func (c *Context[T]) Fail(err error) {
+	if err != nil {
+		c.c.tooling().failed = err
+	}
+}
+
+// restartPhase is where a restart is: waiting for the children to stop,
+// waiting out the backoff, or due.
+type restartPhase uint8
+
+const (
+	restartNone restartPhase = iota
+	restartChildren
+	restartBackoff
+	restartDue
+)
+
+// supState is a supervised actor's failure history and pending restart.
+type supState struct {
+	failures    []time.Time // when survived failures happened, oldest first
+	backoffs    int         // consecutive restarts, for the backoff's exponent
+	lastRestart time.Time
+	phase       restartPhase
+	reason      error       // the failure being restarted from
+	timer       *time.Timer // the backoff's timer
+	gen         uint64      // which restart a sysRestart belongs to
+}
+
+// recoverFailure, deferred around every handler call, turns a panic or a
+// failure reported with Fail into the strategy's action. inSetup says
+// whether the handler was Setup.
+func (c *cell[T]) recoverFailure(inSetup bool) {
+	if p := recover(); p != nil {
+		c.onFailure(&PanicError{Value: p, Stack: debug.Stack()}, inSetup)
+		return
+	}
+	if c.tools != nil && c.tools.failed != nil {
+		err := c.tools.failed
+		c.tools.failed = nil
+		c.onFailure(&FailureError{Err: err}, inSetup)
+	}
+}
+
+// onFailure applies the strategy to a failure, logging it once.
+func (c *cell[T]) onFailure(reason error, inSetup bool) {
+	if c.tools != nil {
+		c.tools.failed = nil
+	}
+	if c.stopping {
+		// It was stopping anyway (Stop, then a panic): the failure is
+		// the better reason.
+		c.stopReason = reason
+		c.n.log.Error("troupe: actor failed while stopping", "path", c.self.key.path, "error", reason)
+		return
+	}
+	s := StopOnFailure()
+	if c.b.sup != nil {
+		s = c.b.sup.strategy
+	}
+	action, why := actStop, ""
+	if s.action != actStop {
+		st := c.supervision()
+		action, st.failures, why = s.decide(st.failures, inSetup, time.Now())
+	}
+	attrs := []any{"path", c.self.key.path, "error", reason}
+	if pe, ok := reason.(*PanicError); ok {
+		attrs = append(attrs, "stack", string(pe.Stack))
+	}
+	switch action {
+	case actResume:
+		c.n.log.Error("troupe: actor failed; resuming it", attrs...)
+	case actRestart:
+		c.n.log.Error("troupe: actor failed; restarting it", attrs...)
+		c.beginRestart(reason, s)
+	default:
+		c.n.log.Error("troupe: actor failed; stopping it"+why, append(attrs, "strategy", s.String())...)
+		c.stopping, c.stopReason = true, reason
+	}
+}
+
+// decide is the strategy's answer to a failure at now, given when the
+// failures it survived before happened (oldest first). It returns the
+// history to keep and, for a stop the strategy alone would not have
+// chosen, why.
+func (s Strategy) decide(history []time.Time, inSetup bool, now time.Time) (failureAction, []time.Time, string) {
+	switch {
+	case s.action == actStop:
+		return actStop, history, ""
+	case s.action == actResume && inSetup:
+		return actStop, history, " (it failed in Setup, so there is no state to resume)"
+	case s.maxFailures < 0:
+		return actStop, history, " (its limit allows no failure)"
+	case s.maxFailures == 0:
+		return s.action, history, ""
+	}
+	if s.within > 0 {
+		i := 0
+		for i < len(history) && now.Sub(history[i]) >= s.within {
+			i++
+		}
+		history = history[:copy(history, history[i:])]
+	}
+	if len(history) >= s.maxFailures {
+		return actStop, history, fmt.Sprintf(" (it survived %d failures already, its limit)", len(history))
+	}
+	return s.action, append(history, now), ""
+}
+
+// supervision returns the actor's supervision state, making it on first
+// use.
+func (c *cell[T]) supervision() *supState {
+	t := c.tooling()
+	if t.sup == nil {
+		t.sup = &supState{}
+	}
+	return t.sup
+}
+
+// beginRestart holds the mailbox, tells the old behaviour, drops what a
+// restart drops and then waits for the children, the backoff, or nothing.
+func (c *cell[T]) beginRestart(reason error, s Strategy) {
+	c.mu.Lock()
+	c.held = true
+	c.mu.Unlock()
+	if c.b.Signal != nil {
+		c.signalQuietly(PreRestart{Reason: reason})
+	}
+	st := c.supervision()
+	c.stopTimers()
+	c.tools.ctx, c.tools.cancel = nil, nil // the fresh state gets a new one
+	c.dropWatches()
+	for _, a := range c.adapters {
+		a.local.(retirable).retire()
+		c.n.removeActor(a.key.path)
+	}
+	c.adapters = nil
+	st.reason = reason
+	st.gen++
+	if !s.keepChildren && len(c.children) > 0 {
+		st.phase = restartChildren
+		for ch := range c.children {
+			ch.local.sysPush(sysMsg{kind: sysStop, reason: ErrParentStopped})
+		}
+		return
+	}
+	c.afterChildren(s)
+}
+
+// afterChildren starts the backoff, or makes the restart due at once.
+func (c *cell[T]) afterChildren(s Strategy) {
+	st := c.tools.sup
+	now := time.Now()
+	if s.minBackoff <= 0 {
+		st.phase = restartDue
+		c.sysPush(sysMsg{kind: sysRestart, timerGen: st.gen})
+		return
+	}
+	if !st.lastRestart.IsZero() && now.Sub(st.lastRestart) > s.maxBackoff {
+		st.backoffs = 0 // it ran long enough to count as recovered
+	}
+	st.phase = restartBackoff
+	d := backoff(s, st.backoffs, rand.Float64())
+	st.backoffs++
+	gen := st.gen
+	st.timer = time.AfterFunc(d, func() { c.sysPush(sysMsg{kind: sysRestart, timerGen: gen}) })
+}
+
+// backoff is the pause before restart number k (from 0) given a random
+// number r in [0, 1).
+func backoff(s Strategy, k int, r float64) time.Duration {
+	d := s.maxBackoff
+	if k < 62 {
+		if e := s.minBackoff << k; e > 0 && e < d {
+			d = e
+		}
+	}
+	return d + time.Duration(float64(d)*s.randomFactor*r)
+}
+
+// childGone notes a stopped child during a restart that waits for them.
+func (c *cell[T]) childGone() {
+	if c.tools != nil && c.tools.sup != nil && c.tools.sup.phase == restartChildren && len(c.children) == 0 {
+		c.afterChildren(c.b.sup.strategy)
+	}
+}
+
+// restart builds the behaviour again and runs its Setup; gen names the
+// restart the message belongs to.
+func (c *cell[T]) restart(gen uint64) {
+	if c.tools == nil || c.tools.sup == nil || c.tools.sup.gen != gen || c.stopping {
+		return
+	}
+	st := c.tools.sup
+	if st.phase != restartDue && st.phase != restartBackoff {
+		return
+	}
+	st.phase, st.timer, st.reason = restartNone, nil, nil
+	st.lastRestart = time.Now()
+	b, err := c.b.behavior()
+	if err != nil {
+		c.n.log.Error("troupe: actor could not be restarted; stopping it", "path", c.self.key.path, "error", err)
+		c.stopping, c.stopReason = true, err
+		return
+	}
+	c.b = b
+	c.mu.Lock()
+	c.held = false
+	c.mu.Unlock()
+	if b.Setup != nil {
+		c.runSetup()
+	}
+}
+
+// signalQuietly delivers a lifecycle signal; a failure in its handler is
+// logged and changes nothing.
+func (c *cell[T]) signalQuietly(s Signal) {
+	defer func() {
+		if p := recover(); p != nil {
+			c.n.log.Error("troupe: actor panicked handling a lifecycle signal; ignored", "path", c.self.key.path, "signal", fmt.Sprintf("%T", s), "panic", p)
+		}
+		if c.tools != nil {
+			c.tools.failed = nil
+		}
+	}()
+	c.b.Signal(&c.ctx, s)
+}
+
+// dropWatches cancels every watch this actor holds.
+func (c *cell[T]) dropWatches() {
+	for key, r := range c.watching {
+		if h := r.handle(); h.assoc != nil {
+			h.assoc.unwatch(h, c.self)
+		} else if h.local != nil {
+			h.local.watchHandle().local.sysPush(sysMsg{kind: sysUnwatch, ref: c.self})
+		}
+		delete(c.watching, key)
+	}
+}
