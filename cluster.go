@@ -51,13 +51,18 @@ type ClusterConfig struct {
 
 	// DownAllWhenUnstable: if the situation is still unstable this long
 	// after members first became unreachable (beyond StableAfter), every
-	// member is downed. Default: StableAfter.
+	// member is downed. Default: 3/4 of StableAfter, at least 4 s.
 	DownAllWhenUnstable time.Duration
 
 	// LeaseMinorityDelay is how long the minority side waits before trying
 	// to acquire the lease, so that the majority wins a fair race. Default:
-	// StableAfter / 4.
+	// 2 s.
 	LeaseMinorityDelay time.Duration
+
+	// LeaseReleaseAfter is how long a member that took the lease and
+	// downed nobody keeps it; one that downed members releases it as soon
+	// as they are removed. Default: 40 s.
+	LeaseReleaseAfter time.Duration
 
 	// GossipInterval is how often a member sends its view to the others.
 	// Default: the node's HeartbeatInterval.
@@ -115,6 +120,10 @@ type Cluster struct {
 	lastHeard map[NodeUID]int64
 	stopped   bool
 
+	leaseHeld   bool      // this member took the lease for a decision
+	leaseAt     time.Time // when
+	leaseDowned []Member  // whom it downed under the lease
+
 	ref   Ref[gossipMsg] // this member's cluster actor
 	seeds []Addr         // where to knock until some member answers
 	stop  chan struct{}
@@ -156,10 +165,13 @@ func (c ClusterConfig) withDefaults(n *Node) ClusterConfig {
 		c.StableAfter = 20 * time.Second
 	}
 	if c.DownAllWhenUnstable == 0 {
-		c.DownAllWhenUnstable = c.StableAfter
+		c.DownAllWhenUnstable = max(4*time.Second, c.StableAfter*3/4)
 	}
 	if c.LeaseMinorityDelay == 0 {
-		c.LeaseMinorityDelay = c.StableAfter / 4
+		c.LeaseMinorityDelay = 2 * time.Second
+	}
+	if c.LeaseReleaseAfter == 0 {
+		c.LeaseReleaseAfter = 40 * time.Second
 	}
 	if c.GossipInterval == 0 {
 		c.GossipInterval = n.cfg.HeartbeatInterval
@@ -398,12 +410,14 @@ func (c *Cluster) cleanup() {
 // live reports whether a member is still part of the membership.
 func live(m *Member) bool { return m.Status < MemberDown }
 
-// unreachableLocked is the set of live members some live observer cannot
-// reach.
+// unreachableLocked is the set of live members some up or leaving member
+// cannot reach. A joining member's observations do not count: it is not
+// yet part of the cluster, and one that reaches only its seed must not
+// make the whole cluster look unreachable.
 func (c *Cluster) unreachableLocked() map[NodeUID]bool {
 	out := map[NodeUID]bool{}
 	for obs, r := range c.reach {
-		if m := c.members[obs]; m == nil || !live(m) {
+		if m := c.members[obs]; m == nil || !m.counts() {
 			continue
 		}
 		for _, u := range r.unreachable {
@@ -734,22 +748,13 @@ func (c *Cluster) downing(now time.Time) bool {
 		c.selfDowned(*self)
 		return true
 	}
+	c.releaseLeaseLocked(now)
 	unreachable := c.unreachableLocked()
 	if c.cfg.Downing == nil || len(unreachable) == 0 || c.decided {
 		c.mu.Unlock()
 		return false
 	}
-	var view SplitView
-	for uid, m := range c.members {
-		if !live(m) {
-			continue
-		}
-		if unreachable[uid] {
-			view.Unreachable = append(view.Unreachable, *m)
-		} else {
-			view.Reachable = append(view.Reachable, *m)
-		}
-	}
+	view := c.splitViewLocked(unreachable)
 	// The leader of this side decides: the lowest-addressed counting
 	// member it can reach.
 	var sideLeader *Member
@@ -761,30 +766,71 @@ func (c *Cluster) downing(now time.Time) bool {
 	}
 	tooLong := !c.unstable.IsZero() && now.Sub(c.unstable) > c.cfg.StableAfter+c.cfg.DownAllWhenUnstable
 	stable := now.Sub(c.changed) >= c.cfg.StableAfter
-	if sideLeader == nil || sideLeader.UID != c.self || !stable && !tooLong {
+	if !stable && !tooLong || sideLeader != nil && sideLeader.UID != c.self && !tooLong {
 		c.mu.Unlock()
+		return false
+	}
+	if sideLeader == nil || sideLeader.UID != c.self {
+		// Unstable for too long, and no leader of this side to say so
+		// (this member is itself reported unreachable): it can always
+		// down itself, which never leaves two sides.
+		c.decided = true
+		events := c.downLocked([]Member{*self})
+		c.mu.Unlock()
+		c.publish(events)
+		c.n.log.Warn("troupe: cluster unstable for too long and no side leader; downing this member")
+		c.gossip()
 		return false
 	}
 	c.decided = true
 	strategy := c.cfg.Downing
 	c.mu.Unlock()
 
-	decision := DownEveryone
+	decision, down := DownEveryone, view.members(DownEveryone)
 	if !tooLong {
-		decision = c.decide(strategy, view)
+		decision, down = resolve(view, func(v SplitView) Downing { return c.decide(strategy, v) })
 	}
-	c.n.log.Warn("troupe: cluster split resolved", "decision", decision.String(),
+	c.n.log.Warn("troupe: cluster split resolved", "decision", decision.String(), "downed", len(down),
 		"reachable", len(view.Reachable), "unreachable", len(view.Unreachable), "strategy", fmt.Sprintf("%T", strategy))
 	c.mu.Lock()
-	var down []Member
-	switch decision {
-	case DownUnreachable:
-		down = view.Unreachable
-	case DownReachable:
-		down = view.Reachable
-	case DownEveryone:
-		down = append(view.Reachable, view.Unreachable...)
+	events := c.downLocked(down)
+	if c.leaseHeld && c.leaseDowned == nil {
+		c.leaseDowned = down
 	}
+	c.mu.Unlock()
+	c.publish(events)
+	c.gossip() // tell this side before stopping
+	return false
+}
+
+// splitViewLocked is this member's view of the split, with the
+// observations of the members that count.
+func (c *Cluster) splitViewLocked(unreachable map[NodeUID]bool) SplitView {
+	var view SplitView
+	for uid, m := range c.members {
+		if !live(m) {
+			continue
+		}
+		if unreachable[uid] {
+			view.Unreachable = append(view.Unreachable, *m)
+		} else {
+			view.Reachable = append(view.Reachable, *m)
+		}
+	}
+	for obs, r := range c.reach {
+		if m := c.members[obs]; m == nil || !m.counts() {
+			continue
+		}
+		for _, u := range r.unreachable {
+			view.Observations = append(view.Observations, Observation{Observer: obs, Subject: u})
+		}
+	}
+	return view
+}
+
+// downLocked marks members down and returns the events to publish once
+// the lock is released.
+func (c *Cluster) downLocked(down []Member) []MemberEvent {
 	var events []MemberEvent
 	for _, d := range down {
 		if m := c.members[d.UID]; m != nil && m.Status < MemberDown {
@@ -793,15 +839,47 @@ func (c *Cluster) downing(now time.Time) bool {
 		}
 	}
 	c.changed = time.Now()
-	c.mu.Unlock()
+	return events
+}
+
+// publish hands events to the node's stream; call it without c.mu held,
+// for subscribers run on the publishing goroutine.
+func (c *Cluster) publish(events []MemberEvent) {
 	for _, e := range events {
 		c.n.events.Publish(e)
 	}
-	c.gossip() // tell this side before stopping
-	return false
 }
 
-// decide runs the strategy; LeaseMajority races for the lease.
+// releaseLeaseLocked gives the lease back once what it was taken for is
+// done: every member downed under it removed, or, when it downed nobody,
+// ClusterConfig.LeaseReleaseAfter after it was taken. Holding it longer
+// would let this side win the next split by an old victory.
+func (c *Cluster) releaseLeaseLocked(now time.Time) {
+	if !c.leaseHeld {
+		return
+	}
+	done := len(c.leaseDowned) > 0
+	for _, d := range c.leaseDowned {
+		if m := c.members[d.UID]; m != nil && m.Status != MemberRemoved {
+			done = false
+		}
+	}
+	if !done && (len(c.leaseDowned) > 0 || now.Sub(c.leaseAt) < c.cfg.LeaseReleaseAfter) {
+		return
+	}
+	c.leaseHeld, c.leaseDowned = false, nil
+	lease, owner := c.cfg.Lease, c.n.uid.String()
+	c.n.wg.Go(func() {
+		ctx, cancel := context.WithTimeout(c.n.ctx, max(c.cfg.StableAfter, time.Second))
+		defer cancel()
+		if err := lease.Release(ctx, owner); err != nil {
+			c.n.log.Warn("troupe: could not release the cluster lease", "err", err)
+		}
+	})
+}
+
+// decide runs the strategy on a clean split; LeaseMajority races for the
+// lease.
 func (c *Cluster) decide(s DowningStrategy, v SplitView) Downing {
 	if _, ok := s.(LeaseMajority); !ok {
 		return s.Decide(v)
@@ -823,6 +901,11 @@ func (c *Cluster) decide(s DowningStrategy, v SplitView) Downing {
 	if err != nil {
 		c.n.log.Warn("troupe: could not reach the lease; downing this side", "err", err)
 	}
+	if acquired && err == nil {
+		c.mu.Lock()
+		c.leaseHeld, c.leaseAt, c.leaseDowned = true, time.Now(), nil
+		c.mu.Unlock()
+	}
 	return LeaseDecision(acquired && err == nil)
 }
 
@@ -839,7 +922,7 @@ func (c *Cluster) selfDowned(m Member) {
 
 // LeaseMajority is the downing strategy that lets a lease decide: the side
 // that acquires [ClusterConfig.Lease] downs the other; the minority side
-// (by the KeepMajority rule) waits [ClusterConfig.LeaseMinorityDelay]
+// (see [MinorityDelay]) waits [ClusterConfig.LeaseMinorityDelay]
 // before trying, so the majority wins a fair race; a side that cannot
 // acquire it — including when the lease is unreachable — downs itself.
 // Never two surviving sides.

@@ -4,14 +4,17 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 )
 
 // clusterRig is a set of cluster members on a fault network.
 type clusterRig struct {
-	t       *testing.T
-	f       *FaultNet
+	t *testing.T
+	f *FaultNet
+
+	mu      sync.Mutex // guards nodes and members against the invariant's watcher
 	nodes   []*Node
 	members []*Cluster
 }
@@ -37,6 +40,7 @@ func newClusterRig(t *testing.T, n int, cfg ClusterConfig) *clusterRig {
 	}
 	r.waitUp(n)
 	t.Cleanup(r.f.Heal) // runs first: lets the nodes close without waiting on a cut network
+	r.watchInvariant()
 	return r
 }
 
@@ -50,8 +54,10 @@ func (r *clusterRig) add(name string, cfg ClusterConfig) *Cluster {
 		r.t.Fatal(err)
 	}
 	r.t.Cleanup(func() { c.Close() })
+	r.mu.Lock()
 	r.nodes = append(r.nodes, node)
 	r.members = append(r.members, c)
+	r.mu.Unlock()
 	return c
 }
 
@@ -245,6 +251,18 @@ func TestClusterLeaseMajority(t *testing.T) {
 			}
 			r.f.Partition(r.nodes[0], r.nodes[1])
 			r.expectSurvivors(10*time.Second, tc.survive...)
+			if len(tc.survive) == 0 {
+				return
+			}
+			// The winner gives the lease back once the member it downed is
+			// removed, so the next split is decided afresh.
+			other := startOn(t, r.f, failConfig("next", 20*time.Millisecond, 2*time.Second))
+			next := NewNodeLease(other, leaseNode.Addrs()[0].String(), "cluster", time.Second)
+			waitFor(t, 10*time.Second, "the lease to be released", func() bool {
+				ok, _ := next.Acquire(ctxT(t, time.Second), "next")
+				return ok
+			})
+			next.Release(ctxT(t, time.Second), "next")
 		})
 	}
 }
@@ -266,7 +284,9 @@ func (r *clusterRig) addLeaseMembers(lease func(i int, node *Node) Lease) {
 			r.t.Fatal(err)
 		}
 		r.t.Cleanup(func() { c.Close() })
+		r.mu.Lock()
 		r.nodes, r.members = append(r.nodes, node), append(r.members, c)
+		r.mu.Unlock()
 	}
 	r.waitUp(2)
 }
@@ -373,4 +393,176 @@ func TestClusterSeedsFromTheRegistry(t *testing.T) {
 		t.Cleanup(func() { c.Close() })
 	}
 	r.waitUp(3)
+}
+
+// watchInvariant samples every member until the test ends and fails the
+// test if two running members that each consider themselves up ever
+// regard each other as down or removed — two surviving sides. The bound is
+// zero: a side that downs the other never does so while the other, still
+// up, has downed it.
+func (r *clusterRig) watchInvariant() {
+	stop, done := make(chan struct{}), make(chan struct{})
+	var violation string
+	go func() {
+		defer close(done)
+		tick := time.NewTicker(5 * time.Millisecond)
+		defer tick.Stop()
+		for violation == "" {
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+			}
+			violation = r.twoSides()
+		}
+	}()
+	r.t.Cleanup(func() {
+		close(stop)
+		<-done
+		if violation != "" {
+			r.t.Errorf("two surviving sides: %s", violation)
+		}
+	})
+}
+
+// twoSides describes a pair of running, up members that have downed each
+// other, or returns "".
+func (r *clusterRig) twoSides() string {
+	r.mu.Lock()
+	members := slices.Clone(r.members)
+	r.mu.Unlock()
+	type view struct {
+		uid    NodeUID
+		status map[NodeUID]MemberStatus
+	}
+	var up []view
+	for _, c := range members {
+		if c == nil || stopped(c) || c.Self().Status != MemberUp {
+			continue
+		}
+		v := view{uid: c.Self().UID, status: map[NodeUID]MemberStatus{}}
+		for _, m := range c.Members() {
+			v.status[m.UID] = m.Status
+		}
+		up = append(up, v)
+	}
+	for i, a := range up {
+		for _, b := range up[i+1:] {
+			sa, okA := a.status[b.uid]
+			sb, okB := b.status[a.uid]
+			if okA && okB && sa >= MemberDown && sb >= MemberDown {
+				return fmt.Sprintf("%v sees %v %v, and %v sees %v %v", a.uid, b.uid, sa, b.uid, a.uid, sb)
+			}
+		}
+	}
+	return ""
+}
+
+// expectOneSide waits until a split is resolved into one side: some
+// member has stopped, the members in must are running, and every running
+// member sees every other running one up and nobody unreachable.
+func (r *clusterRig) expectOneSide(within time.Duration, must ...int) {
+	r.t.Helper()
+	start := time.Now()
+	waitFor(r.t, within, fmt.Sprintf("one side holding %v", must), func() bool {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		running := map[NodeUID]bool{}
+		for i, c := range r.members {
+			if !stopped(c) {
+				running[r.nodes[i].UID()] = true
+			} else if slices.Contains(must, i) {
+				return false
+			}
+		}
+		if len(running) == len(r.members) {
+			return false
+		}
+		for _, c := range r.members {
+			if stopped(c) {
+				continue
+			}
+			if len(c.Unreachable()) > 0 {
+				return false
+			}
+			for _, m := range c.Members() {
+				if running[m.UID] != (m.Status == MemberUp) {
+					return false
+				}
+			}
+		}
+		return true
+	})
+	r.t.Logf("one side after %v", time.Since(start).Round(time.Millisecond))
+}
+
+// A partial partition in three members: A and B cannot hear each other,
+// C hears both. A and B are indirectly connected; the member connected to
+// both keeps the cluster, never two sides.
+func TestClusterPartialPartition(t *testing.T) {
+	r := newClusterRig(t, 3, clusterCfg(KeepMajority{}))
+	r.f.Partition(r.nodes[0], r.nodes[1])
+	r.expectOneSide(10*time.Second, 2)
+}
+
+// A member that joins through its seed but reaches nobody else is downed
+// alone; the members that were up stay up, as one cluster.
+func TestClusterJoinerReachingOnlyItsSeed(t *testing.T) {
+	r := newClusterRig(t, 5, clusterCfg(KeepMajority{}))
+	node := startOn(t, r.f, failConfig("joiner", 20*time.Millisecond, 2*time.Second))
+	for _, n := range r.nodes[1:] {
+		r.f.Partition(node, n)
+	}
+	cfg := clusterCfg(KeepMajority{})
+	cfg.Seeds = []string{r.nodes[0].Addrs()[0].String()}
+	c, err := StartCluster(ctxT(t, 5*time.Second), node, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	r.mu.Lock()
+	r.nodes, r.members = append(r.nodes, node), append(r.members, c)
+	r.mu.Unlock()
+	defer r.dumpOnFailure()
+	r.expectOneSide(10*time.Second, 0, 1, 2, 3, 4)
+	if !stopped(c) {
+		t.Fatal("the joiner that reaches only its seed is still running")
+	}
+}
+
+// A one-way partition of one member of five, in each direction: that
+// member is downed, the four carry on.
+func TestClusterOneWayPartition(t *testing.T) {
+	for _, dir := range []string{"cannot send", "cannot receive"} {
+		t.Run(dir, func(t *testing.T) {
+			r := newClusterRig(t, 5, clusterCfg(KeepMajority{}))
+			x := r.nodes[4]
+			for _, n := range r.nodes[:4] {
+				if dir == "cannot send" {
+					r.f.Drop(x, n)
+				} else {
+					r.f.Drop(n, x)
+				}
+			}
+			r.expectOneSide(10*time.Second, 0, 1, 2, 3)
+		})
+	}
+}
+
+// dumpOnFailure logs every member's view when the test has failed.
+func (r *clusterRig) dumpOnFailure() {
+	if !r.t.Failed() {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for i, c := range r.members {
+		r.t.Logf("member %d %v stopped=%v self=%v", i, r.nodes[i].UID(), stopped(c), c.Self().Status)
+		for _, m := range c.Members() {
+			r.t.Logf("    sees %v %v up#%d", m.UID, m.Status, m.UpNumber)
+		}
+		for _, m := range c.Unreachable() {
+			r.t.Logf("    unreachable %v", m.UID)
+		}
+	}
 }

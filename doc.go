@@ -98,8 +98,11 @@
 // a [PhiAccrual] detector per member, a deterministic leader, and a
 // [DowningStrategy] ([KeepMajority], [StaticQuorum], [KeepOldest],
 // [DownAll], [LeaseMajority] with a [Lease]) so that the surviving side of
-// a split is a fact. Without a strategy an unreachable member blocks the
-// cluster, which is the safe default.
+// a split is a fact. The strategies follow Akka's Split Brain Resolver
+// rule for rule, and members that are only indirectly connected (a
+// partial or one-way partition) are downed first: [ResolveSplit] is the
+// whole decision as a pure function. Without a strategy an unreachable
+// member blocks the cluster, which is the safe default.
 //
 // # Events and dead letters
 //

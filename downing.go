@@ -54,10 +54,21 @@ func lowerAddr(a, b Member) int {
 }
 
 // SplitView is one side's view of a split: the members it can reach
-// (itself included) and those it cannot.
+// (itself included) and those it cannot, each with its status (joining,
+// up, leaving or exiting), and the observations behind the split.
 type SplitView struct {
 	Reachable   []Member
 	Unreachable []Member
+	// Observations are who cannot reach whom, as gossiped. Only those made
+	// by up or leaving members count. With none, the split is taken as
+	// clean.
+	Observations []Observation
+}
+
+// Observation is one member's finding that it cannot reach another.
+type Observation struct {
+	Observer NodeUID
+	Subject  NodeUID
 }
 
 // Downing is what a strategy decides for one side.
@@ -65,102 +76,180 @@ type Downing uint8
 
 // Decisions. A side either downs the others and survives, or downs itself.
 const (
-	DownUnreachable Downing = iota // this side survives; the unreachable are downed
-	DownReachable                  // this side downs itself (the other side survives, or nobody)
-	DownEveryone                   // everyone is downed
+	DownUnreachable         Downing = iota // this side survives; the unreachable are downed
+	DownReachable                          // this side downs itself (the other side survives, or nobody)
+	DownEveryone                           // everyone is downed
+	DownIndirectlyConnected                // only the indirectly connected members are downed
 )
 
-var downingNames = [...]string{"down the unreachable", "down this side", "down everyone"}
+var downingNames = [...]string{"down the unreachable", "down this side", "down everyone", "down the indirectly connected"}
 
-func (d Downing) String() string { return downingNames[d] }
+func (d Downing) String() string {
+	if int(d) < len(downingNames) {
+		return downingNames[d]
+	}
+	return "unknown"
+}
 
-// DowningStrategy decides, for one side of a split, who is downed.
-// Implementations are pure functions of the view.
+// DowningStrategy decides, for one side of a clean split, who is downed.
+// Implementations are pure functions of the view. [ResolveSplit] takes the
+// indirectly connected members out before it asks.
 type DowningStrategy interface {
 	Decide(v SplitView) Downing
 }
 
-func counting(ms []Member) []Member {
+// counted selects the members a decision counts: up and leaving always,
+// joining members too when possiblyUp (they may be up on the other side),
+// leaving ones not when possiblyExiting (they may be exiting there).
+func counted(ms []Member, possiblyUp, possiblyExiting bool) []Member {
 	var out []Member
 	for _, m := range ms {
-		if m.counts() {
-			out = append(out, m)
+		switch m.Status {
+		case MemberUp:
+		case MemberJoining:
+			if !possiblyUp {
+				continue
+			}
+		case MemberLeaving:
+			if possiblyExiting {
+				continue
+			}
+		default:
+			continue
 		}
+		out = append(out, m)
 	}
 	return out
 }
 
+// lowestIsHere reports whether the lowest-addressed of the counted
+// members of both sides is on this side.
+func lowestIsHere(here, there []Member) bool {
+	all := append(slices.Clone(here), there...)
+	lowest := slices.MinFunc(all, lowerAddr)
+	return slices.ContainsFunc(here, func(m Member) bool { return m.UID == lowest.UID })
+}
+
+// majority is the keep-majority rule on the sizes of the sides.
+func majority(here, there int, lowestHere bool) Downing {
+	switch {
+	case here > there:
+		return DownUnreachable
+	case here < there:
+		return DownReachable
+	case lowestHere:
+		return DownUnreachable
+	}
+	return DownReachable
+}
+
 // KeepMajority keeps the side with more members (up or leaving); on a tie,
-// the side holding the member with the lowest address survives.
+// the side holding the member with the lowest address survives. A
+// decision to survive is checked again with the membership changes the
+// other side may have made meanwhile: counting its joining members (they
+// may be up there) and not this side's leaving ones (they may be exiting
+// there). If that changes the answer, everyone is downed.
 type KeepMajority struct{}
 
 // Decide applies the rule.
 func (KeepMajority) Decide(v SplitView) Downing {
-	r, u := counting(v.Reachable), counting(v.Unreachable)
-	switch {
-	case len(u) == 0:
-		return DownUnreachable
-	case len(r) > len(u):
-		return DownUnreachable
-	case len(r) < len(u):
-		return DownReachable
+	here, there := counted(v.Reachable, false, false), counted(v.Unreachable, false, false)
+	if len(here)+len(there) == 0 {
+		return DownEveryone
 	}
-	all := append(slices.Clone(r), u...)
-	lowest := slices.MinFunc(all, lowerAddr)
-	if slices.ContainsFunc(r, func(m Member) bool { return m.UID == lowest.UID }) {
-		return DownUnreachable
+	if d := majority(len(here), len(there), lowestIsHere(here, there)); d != DownUnreachable {
+		return d
 	}
-	return DownReachable
+	stayHere, stayThere := counted(v.Reachable, false, true), counted(v.Unreachable, false, true)
+	if len(stayHere)+len(stayThere) == 0 {
+		return DownEveryone
+	}
+	there = counted(v.Unreachable, true, false)
+	if majority(len(stayHere), len(there), lowestIsHere(stayHere, stayThere)) != DownUnreachable {
+		return DownEveryone
+	}
+	return DownUnreachable
 }
 
-// StaticQuorum keeps a side that has at least Size members and downs a side
-// with fewer. A cluster of more than 2·Size−1 members could hold two
-// quorums at once: that is a configuration error, and everyone is downed.
+// StaticQuorum keeps a side that has at least Size members (up or leaving)
+// and downs a side with fewer. A cluster of more than 2·Size−1 members
+// could hold two quorums at once: that is a configuration error, and
+// everyone is downed.
 type StaticQuorum struct{ Size int }
 
 // Decide applies the rule.
 func (q StaticQuorum) Decide(v SplitView) Downing {
-	r, u := counting(v.Reachable), counting(v.Unreachable)
-	if len(r)+len(u) > 2*q.Size-1 {
+	here, there := counted(v.Reachable, false, false), counted(v.Unreachable, false, false)
+	switch {
+	case len(here)+len(there) > 2*q.Size-1, len(here)+len(there) == 0:
 		return DownEveryone
-	}
-	if len(r) >= q.Size {
+	case len(here) >= q.Size:
 		return DownUnreachable
 	}
 	return DownReachable
 }
 
-// KeepOldest keeps the side with the oldest member. With DownIfAlone, an
-// oldest member cut off from everyone else is downed instead, and the
-// others survive.
+// KeepOldest keeps the side with the oldest member (by up number). With
+// DownIfAlone, an oldest member cut off from two or more others is downed
+// instead and the others survive; in a cluster of two, the oldest always
+// survives. A decision to survive is checked again as for [KeepMajority]
+// (without this side's leaving members and, with DownIfAlone, counting
+// joining members on both sides); if that changes the answer, everyone is
+// downed.
 type KeepOldest struct{ DownIfAlone bool }
 
 // Decide applies the rule.
 func (k KeepOldest) Decide(v SplitView) Downing {
-	r, u := counting(v.Reachable), counting(v.Unreachable)
-	if len(u) == 0 {
-		return DownUnreachable
+	d := k.oldest(counted(v.Reachable, false, false), counted(v.Unreachable, false, false))
+	if d != DownUnreachable {
+		return d
 	}
-	if len(r) == 0 {
-		return DownReachable
+	// The re-check: the oldest among the members that cannot have moved
+	// on, the counts with those that may have.
+	ms := append(counted(v.Reachable, false, true), counted(v.Unreachable, false, true)...)
+	if len(ms) == 0 {
+		return DownEveryone
 	}
-	all := append(slices.Clone(r), u...)
-	oldest := slices.MinFunc(all, func(a, b Member) int {
-		if c := cmp.Compare(a.UpNumber, b.UpNumber); c != 0 {
-			return c
-		}
-		return lowerAddr(a, b)
-	})
-	here := slices.ContainsFunc(r, func(m Member) bool { return m.UID == oldest.UID })
+	oldest := slices.MinFunc(ms, olderFirst)
+	here := counted(v.Reachable, k.DownIfAlone, true)
+	there := counted(v.Unreachable, k.DownIfAlone, true)
+	if k.decide(isIn(v.Reachable, oldest), len(here), len(there)) != DownUnreachable {
+		return DownEveryone
+	}
+	return DownUnreachable
+}
+
+func (k KeepOldest) oldest(here, there []Member) Downing {
+	if len(here)+len(there) == 0 {
+		return DownEveryone
+	}
+	oldest := slices.MinFunc(append(slices.Clone(here), there...), olderFirst)
+	return k.decide(isIn(here, oldest), len(here), len(there))
+}
+
+// decide is the keep-oldest rule on the sides' sizes.
+func (k KeepOldest) decide(oldestHere bool, here, there int) Downing {
 	switch {
-	case here && k.DownIfAlone && len(r) == 1:
-		return DownReachable
-	case !here && k.DownIfAlone && len(u) == 1:
+	case oldestHere && k.DownIfAlone && here == 1 && there >= 2:
+		return DownReachable // the oldest is alone: the others carry on
+	case oldestHere:
 		return DownUnreachable
-	case here:
-		return DownUnreachable
+	case k.DownIfAlone && there == 1 && here >= 2:
+		return DownUnreachable // the oldest is alone over there
 	}
 	return DownReachable
+}
+
+// olderFirst orders members by up number, then address.
+func olderFirst(a, b Member) int {
+	if c := cmp.Compare(a.UpNumber, b.UpNumber); c != 0 {
+		return c
+	}
+	return lowerAddr(a, b)
+}
+
+func isIn(ms []Member, m Member) bool {
+	return slices.ContainsFunc(ms, func(x Member) bool { return x.UID == m.UID })
 }
 
 // DownAll downs every member whenever there is a split: the safest answer
@@ -177,9 +266,7 @@ func (DownAll) Decide(v SplitView) Downing {
 
 // LeaseDecision is the pure rule of LeaseMajority once the side knows
 // whether it acquired the lease: the side that holds it downs the other;
-// a side that could not acquire it downs itself. The minority side (by the
-// KeepMajority rule) should wait before trying, so that the majority wins a
-// fair race; MinorityDelay says whether this side must.
+// a side that could not acquire it downs itself.
 func LeaseDecision(acquired bool) Downing {
 	if acquired {
 		return DownUnreachable
@@ -188,5 +275,205 @@ func LeaseDecision(acquired bool) Downing {
 }
 
 // MinorityDelay reports whether this side is the minority and must wait
-// before trying to acquire the lease.
-func MinorityDelay(v SplitView) bool { return KeepMajority{}.Decide(v) == DownReachable }
+// before trying to acquire the lease, so that the majority wins a fair
+// race: more than half of the members (up or leaving) are unreachable, or
+// exactly half and the lowest address is among them.
+func MinorityDelay(v SplitView) bool {
+	here, there := counted(v.Reachable, false, false), counted(v.Unreachable, false, false)
+	switch total := len(here) + len(there); {
+	case total == 0:
+		return false
+	case 2*len(there) == total:
+		return !lowestIsHere(here, there)
+	default:
+		return 2*len(there) > total
+	}
+}
+
+// IndirectlyConnected returns the members to take out of v so that what
+// remains is a clean split (every member on this side cannot reach every
+// member on the other, and no pair on the same side has lost each other)
+// or no split at all. A clean partition or a crash has none. A partial or
+// one-way partition has some: the members at the heart of the broken
+// links, chosen greedily — the one in the most lost pairs first; on a tie
+// one on the other side, then a joining one, then the youngest, then the
+// highest address. Only observations made by up or leaving members count.
+func IndirectlyConnected(v SplitView) []Member {
+	var out []Member
+	g := newReachGraph(v)
+	for !g.clean() {
+		m := g.worst()
+		out = append(out, m)
+		g.remove(m.UID)
+	}
+	return out
+}
+
+// reachGraph is the undirected graph of lost pairs among a view's live
+// members.
+type reachGraph struct {
+	members map[NodeUID]Member
+	here    map[NodeUID]bool // on this side in the original view
+	lost    map[NodeUID]map[NodeUID]bool
+}
+
+func newReachGraph(v SplitView) *reachGraph {
+	g := &reachGraph{members: map[NodeUID]Member{}, here: map[NodeUID]bool{}, lost: map[NodeUID]map[NodeUID]bool{}}
+	for _, m := range v.Reachable {
+		g.members[m.UID], g.here[m.UID] = m, true
+	}
+	for _, m := range v.Unreachable {
+		g.members[m.UID] = m
+	}
+	for _, o := range v.Observations {
+		obs, ok := g.members[o.Observer]
+		_, known := g.members[o.Subject]
+		if !ok || !known || !obs.counts() || o.Observer == o.Subject {
+			continue
+		}
+		g.link(o.Observer, o.Subject)
+		g.link(o.Subject, o.Observer)
+	}
+	return g
+}
+
+func (g *reachGraph) link(a, b NodeUID) {
+	if g.lost[a] == nil {
+		g.lost[a] = map[NodeUID]bool{}
+	}
+	g.lost[a][b] = true
+}
+
+func (g *reachGraph) remove(uid NodeUID) {
+	for other := range g.lost[uid] {
+		delete(g.lost[other], uid)
+	}
+	delete(g.lost, uid)
+	delete(g.members, uid)
+}
+
+// sides splits the remaining members into this side (in no lost pair,
+// or on this side of the original view) and the other.
+func (g *reachGraph) sides() (here, there []Member) {
+	for uid, m := range g.members {
+		if len(g.lost[uid]) == 0 || g.here[uid] {
+			here = append(here, m)
+		} else {
+			there = append(there, m)
+		}
+	}
+	return here, there
+}
+
+// clean reports whether the remaining members form a clean split: every
+// lost pair joins this side to the other, and every member of this side
+// that observes has lost every member of the other.
+func (g *reachGraph) clean() bool {
+	here, there := g.sides()
+	for _, a := range here {
+		for b := range g.lost[a.UID] {
+			if g.here[b] || len(g.lost[b]) == 0 {
+				return false // a lost pair within this side
+			}
+		}
+		if a.counts() && len(g.lost[a.UID]) != len(there) {
+			return false // reaches some of the other side
+		}
+	}
+	for _, a := range there {
+		for b := range g.lost[a.UID] {
+			if !g.here[b] {
+				return false // a lost pair within the other side
+			}
+		}
+	}
+	return true
+}
+
+// worst is the member to take out next.
+func (g *reachGraph) worst() Member {
+	var best Member
+	first := true
+	for _, m := range g.members {
+		if first || g.worse(m, best) {
+			best, first = m, false
+		}
+	}
+	return best
+}
+
+// worse reports whether a should go before b.
+func (g *reachGraph) worse(a, b Member) bool {
+	if da, db := len(g.lost[a.UID]), len(g.lost[b.UID]); da != db {
+		return da > db
+	}
+	if g.here[a.UID] != g.here[b.UID] {
+		return !g.here[a.UID] // the other side first
+	}
+	if ja, jb := a.Status == MemberJoining, b.Status == MemberJoining; ja != jb {
+		return ja
+	}
+	if a.UpNumber != b.UpNumber {
+		return a.UpNumber > b.UpNumber // the youngest first
+	}
+	return lowerAddr(a, b) > 0
+}
+
+// ResolveSplit is the whole decision for one side of a split: the
+// indirectly connected members are taken out first (see
+// [IndirectlyConnected]); the strategy then decides on what remains, with
+// them counted on the other side. They are downed whatever it decides,
+// and with this side when this side downs itself. It returns the
+// decision (DownIndirectlyConnected when only they are downed) and the
+// members this side downs.
+func ResolveSplit(s DowningStrategy, v SplitView) (Downing, []Member) {
+	return resolve(v, s.Decide)
+}
+
+func resolve(v SplitView, decide func(SplitView) Downing) (Downing, []Member) {
+	indirect := IndirectlyConnected(v)
+	if len(indirect) == 0 {
+		d := decide(v)
+		return d, v.members(d)
+	}
+	g := newReachGraph(v)
+	for _, m := range indirect {
+		g.remove(m.UID)
+	}
+	here, there := g.sides()
+	clean := SplitView{Reachable: here, Unreachable: append(there, indirect...)}
+	d := decide(clean)
+	switch d {
+	case DownUnreachable:
+		if len(there) == 0 {
+			return DownIndirectlyConnected, downable(indirect)
+		}
+	case DownReachable:
+		return d, downable(append(here, indirect...))
+	}
+	return d, clean.members(d)
+}
+
+// members lists who decision d downs.
+func (v SplitView) members(d Downing) []Member {
+	switch d {
+	case DownUnreachable:
+		return downable(v.Unreachable)
+	case DownReachable:
+		return downable(v.Reachable)
+	case DownEveryone:
+		return downable(append(slices.Clone(v.Reachable), v.Unreachable...))
+	}
+	return nil
+}
+
+// downable is ms without the members already on their way out.
+func downable(ms []Member) []Member {
+	var out []Member
+	for _, m := range ms {
+		if m.Status < MemberExiting {
+			out = append(out, m)
+		}
+	}
+	return out
+}

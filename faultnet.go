@@ -23,6 +23,7 @@ type FaultNet struct {
 	byAddr  map[Addr]*Node   // listen address -> node
 	dialers map[string]*Node // local address of an outbound connection -> its node
 	cuts    map[[2]*Node]bool
+	drops   map[[2]*Node]bool // one way: {from, to}
 	paused  map[*Node]bool
 	killed  map[*Node]bool
 }
@@ -33,6 +34,7 @@ func NewFaultNet() *FaultNet {
 		byAddr:  make(map[Addr]*Node),
 		dialers: make(map[string]*Node),
 		cuts:    make(map[[2]*Node]bool),
+		drops:   make(map[[2]*Node]bool),
 		paused:  make(map[*Node]bool),
 		killed:  make(map[*Node]bool),
 	}
@@ -79,6 +81,13 @@ func (f *FaultNet) Partition(a, b *Node) {
 	f.change(func() { f.cuts[pairOf(a, b)] = true })
 }
 
+// Drop cuts the network one way: what from sends to to is held until
+// [FaultNet.Heal], while to's traffic to from still flows — the
+// asymmetric failure a firewall rule or a half-broken link causes.
+func (f *FaultNet) Drop(from, to *Node) {
+	f.change(func() { f.drops[[2]*Node{from, to}] = true })
+}
+
 // Isolate cuts n off from every other node started on f so far.
 func (f *FaultNet) Isolate(n *Node) {
 	f.change(func() {
@@ -95,6 +104,7 @@ func (f *FaultNet) Isolate(n *Node) {
 func (f *FaultNet) Heal() {
 	f.change(func() {
 		clear(f.cuts)
+		clear(f.drops)
 		clear(f.paused)
 	})
 }
@@ -164,9 +174,10 @@ func (c *faultConn) peerLocked() *Node {
 	return c.remote
 }
 
-// stateLocked says whether traffic on c is cut (held until healed) or dead
-// (a killed node at either end).
-func (c *faultConn) stateLocked() (cut, dead bool) {
+// stateLocked says whether traffic on c in one direction (out: written
+// by this end) is cut (held until healed) or dead (a killed node at either
+// end).
+func (c *faultConn) stateLocked(out bool) (cut, dead bool) {
 	f, r := c.f, c.peerLocked()
 	if f.killed[c.local] || r != nil && f.killed[r] {
 		return false, true
@@ -174,7 +185,11 @@ func (c *faultConn) stateLocked() (cut, dead bool) {
 	if r == nil {
 		return false, false
 	}
-	return f.cuts[pairOf(c.local, r)] || f.paused[c.local] || f.paused[r], false
+	dir := [2]*Node{r, c.local}
+	if out {
+		dir = [2]*Node{c.local, r}
+	}
+	return f.cuts[pairOf(c.local, r)] || f.drops[dir] || f.paused[c.local] || f.paused[r], false
 }
 
 // Write waits while the link is cut; to or from a killed node it swallows
@@ -187,7 +202,7 @@ func (c *faultConn) Write(p []byte) (int, error) {
 			f.mu.Unlock()
 			return 0, net.ErrClosed
 		}
-		cut, dead := c.stateLocked()
+		cut, dead := c.stateLocked(true)
 		if dead {
 			f.mu.Unlock()
 			return len(p), nil
@@ -215,7 +230,7 @@ func (c *faultConn) Read(p []byte) (int, error) {
 		if c.closed {
 			return 0, net.ErrClosed
 		}
-		cut, dead := c.stateLocked()
+		cut, dead := c.stateLocked(false)
 		if !cut && !dead {
 			return n, err
 		}
