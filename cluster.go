@@ -124,8 +124,8 @@ type Cluster struct {
 	leaseAt     time.Time // when
 	leaseDowned []Member  // whom it downed under the lease
 
-	ref   Ref[gossipMsg] // this member's cluster actor
-	seeds []Addr         // where to knock until some member answers
+	ref   Ref[clusterMsg] // this member's cluster actor
+	seeds []Addr          // where to knock until some member answers
 	stop  chan struct{}
 	done  chan struct{} // closed when the cluster has stopped
 	once  sync.Once
@@ -158,7 +158,57 @@ type gossipReach struct {
 	Unreachable []NodeUID
 }
 
-func init() { RegisterMessage[gossipMsg]("troupe.cluster.gossip") }
+// clusterMsg is the cluster actor's protocol: gossip between members, and
+// requests from outside.
+type clusterMsg interface{ isClusterMsg() }
+
+func (gossipMsg) isClusterMsg() {}
+
+// downRequest asks a member to down the member at Addr (DownMember).
+type downRequest struct {
+	Addr    string
+	ReplyTo Ref[downReply]
+}
+
+func (downRequest) isClusterMsg() {}
+
+// downReply answers a downRequest; Err is empty on success.
+type downReply struct{ Err string }
+
+func init() {
+	RegisterMessage[gossipMsg]("troupe.cluster.gossip")
+	RegisterMessage[downRequest]("troupe.cluster.down")
+	RegisterMessage[downReply]("troupe.cluster.down-reply")
+}
+
+// DownMember asks the cluster member listening at node to down the member
+// at member (both in any form [ParseAddr] accepts) and waits for its
+// answer: manual downing from outside the cluster, as troupe down does.
+// n is any node that can reach node; the member checks n's credentials
+// (Config.Secret, TLS, peer credentials) like any peer's, and any peer it
+// admits may down members. Errors: the member's answer (such as
+// [ErrNotMember]'s text), or why it could not be asked.
+func DownMember(ctx context.Context, n *Node, node, member string) error {
+	addr, err := ParseAddr(node)
+	if err != nil {
+		return err
+	}
+	if _, err := ParseAddr(member); err != nil {
+		return err
+	}
+	ref, err := Resolve[clusterMsg](ctx, n, FormatRef(addr, ClusterPath))
+	if err != nil {
+		return fmt.Errorf("no cluster member at %s: %w", addr, err)
+	}
+	reply, err := Ask(ctx, ref, func(r Ref[downReply]) clusterMsg { return downRequest{Addr: member, ReplyTo: r} })
+	if err != nil {
+		return err
+	}
+	if reply.Err != "" {
+		return &RemoteError{Text: reply.Err}
+	}
+	return nil
+}
 
 func (c ClusterConfig) withDefaults(n *Node) ClusterConfig {
 	if c.StableAfter == 0 {
@@ -228,8 +278,19 @@ func StartCluster(ctx context.Context, n *Node, cfg ClusterConfig) (*Cluster, er
 	}
 	c.members[n.uid] = &Member{Addr: n.addrList()[0], UID: n.uid, Status: status, UpNumber: upNumber}
 	n.members.Store(n.uid, struct{}{})
-	ref, err := Spawn(systemParent{n}, "cluster", Behavior[gossipMsg]{
-		Receive: func(_ *Context[gossipMsg], g gossipMsg) { c.receive(g) },
+	ref, err := Spawn(systemParent{n}, "cluster", Behavior[clusterMsg]{
+		Receive: func(_ *Context[clusterMsg], m clusterMsg) {
+			switch m := m.(type) {
+			case gossipMsg:
+				c.receive(m)
+			case downRequest:
+				var reply downReply
+				if err := c.Down(m.Addr); err != nil {
+					reply.Err = err.Error()
+				}
+				m.ReplyTo.Tell(reply)
+			}
+		},
 	})
 	if err != nil {
 		return nil, err
@@ -552,9 +613,91 @@ func (c *Cluster) sendTo(addr Addr, uid NodeUID) {
 	Ref[gossipMsg]{h: &handle{node: c.n, key: refKey{node: peer, path: ClusterPath}, assoc: a}}.Tell(g)
 }
 
+// replaceIncarnationLocked handles a member new to this member: if a live
+// member with another uid has its address, that is an earlier incarnation
+// of the same process, which is gone — two processes cannot listen on one
+// address. It is downed (the leader then removes it) and its association
+// is ended, so that sends to the address reach the new incarnation. The
+// uids to end are added to ended, for after the lock is released.
+func (c *Cluster) replaceIncarnationLocked(m *Member, ended *[]NodeUID) []MemberEvent {
+	var events []MemberEvent
+	for uid, old := range c.members {
+		if uid == m.UID || uid == c.self || old.Status >= MemberDown || old.Addr != m.Addr {
+			continue
+		}
+		old.Status = MemberDown
+		c.changed = time.Now()
+		events = append(events, MemberEvent{Member: *old, Kind: EventMemberStatus})
+		*ended = append(*ended, uid)
+		c.n.log.Info("troupe: cluster member restarted; its earlier incarnation is downed", "addr", m.Addr.String(), "old", uid.String(), "new", m.UID.String())
+	}
+	return events
+}
+
+// ErrMemberDowned is what [Cluster.Err] returns once this member has been
+// downed or removed: it can never rejoin with this node's uid, so the
+// node must restart (a new uid) to join again.
+var ErrMemberDowned = errors.New("troupe: this cluster member was downed; restart its node to join again")
+
+// ErrNotMember is returned by [Cluster.Down] for an address no live member
+// has.
+var ErrNotMember = errors.New("troupe: no such cluster member")
+
+// Err reports why this member stopped: nil while it runs,
+// [ErrMemberDowned] when it was downed or removed (including when it
+// tried to join with a uid the cluster had downed), [ErrClusterStopped]
+// after Close or Leave.
+func (c *Cluster) Err() error {
+	select {
+	case <-c.done:
+	default:
+		return nil
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.members[c.self].Status >= MemberDown {
+		return ErrMemberDowned
+	}
+	return ErrClusterStopped
+}
+
+// Down marks the member listening at addr (in any form [ParseAddr]
+// accepts) down: manual downing, for an operator (troupe down) or a
+// program that knows the member is gone — the only way to unblock a
+// cluster without a downing strategy when a member has crashed. The
+// leader removes it once the others have seen the change; its node must
+// restart to join again. Downing this member itself stops it.
+func (c *Cluster) Down(addr string) error {
+	a, err := ParseAddr(addr)
+	if err != nil {
+		return err
+	}
+	c.mu.Lock()
+	if c.stopped {
+		c.mu.Unlock()
+		return ErrClusterStopped
+	}
+	var down []Member
+	for _, m := range c.members {
+		if m.Addr == a && m.Status < MemberDown {
+			down = append(down, *m)
+		}
+	}
+	events := c.downLocked(down)
+	c.mu.Unlock()
+	if len(down) == 0 {
+		return fmt.Errorf("%w at %s", ErrNotMember, a)
+	}
+	c.n.log.Warn("troupe: cluster member downed by hand", "addr", a.String())
+	c.publish(events)
+	c.gossip()
+	return nil
+}
+
 // receive merges a gossiped state into this member's.
 func (c *Cluster) receive(g gossipMsg) {
 	var events []MemberEvent
+	var ended []NodeUID // earlier incarnations whose associations to end
 	c.mu.Lock()
 	if c.stopped {
 		c.mu.Unlock()
@@ -573,6 +716,9 @@ func (c *Cluster) receive(g gossipMsg) {
 			c.members[gm.UID] = m
 			c.n.members.Store(gm.UID, struct{}{})
 			events = append(events, MemberEvent{Member: *m, Kind: EventMemberStatus})
+			if m.Status < MemberDown {
+				events = append(events, c.replaceIncarnationLocked(m, &ended)...)
+			}
 			continue
 		}
 		changed := false
@@ -596,6 +742,20 @@ func (c *Cluster) receive(g gossipMsg) {
 	}
 	after := c.digestLocked()
 	c.seen[g.From] = digestOf(g)
+	// A sender this member has downed or removed may not know: tell it,
+	// so that it stops instead of knocking as a joiner for ever.
+	var tell *Member
+	if m := c.members[g.From]; m != nil && m.Status >= MemberDown && g.From != c.self {
+		tell = &Member{Addr: m.Addr, UID: m.UID}
+	}
+	defer func() {
+		for _, uid := range ended {
+			c.n.endMemberAssoc(uid, errors.New("a new incarnation of this cluster member joined at its address"))
+		}
+		if tell != nil {
+			c.sendTo(tell.Addr, tell.UID)
+		}
+	}()
 	if before != after {
 		c.changed = time.Now()
 	}

@@ -2,8 +2,10 @@ package troupe
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -344,6 +346,16 @@ func TestDownedMemberCannotRejoinWithTheSameUID(t *testing.T) {
 	r.expectSurvivors(10*time.Second, 0, 1)
 	r.f.Heal()
 	downed := r.nodes[2]
+	// Wait until the survivors have removed it, and so no longer gossip to
+	// it: it must still be told when it knocks.
+	waitFor(t, 10*time.Second, "the downed member to be removed", func() bool {
+		for _, m := range r.members[0].Members() {
+			if m.UID == downed.UID() {
+				return m.Status == MemberRemoved
+			}
+		}
+		return false
+	})
 	downed.ClearQuarantineUID(r.nodes[0].UID())
 	again, err := StartCluster(ctxT(t, 5*time.Second), downed, ClusterConfig{Seeds: []string{r.nodes[0].Addrs()[0].String()}, GossipInterval: 20 * time.Millisecond, Detector: clusterDetector})
 	if err != nil {
@@ -353,7 +365,10 @@ func TestDownedMemberCannotRejoinWithTheSameUID(t *testing.T) {
 	select {
 	case <-again.Done():
 	case <-time.After(10 * time.Second):
-		t.Fatalf("a downed incarnation rejoined: it sees itself %v", again.Self().Status)
+		t.Fatalf("a downed incarnation was never told: it sees itself %v", again.Self().Status)
+	}
+	if err := again.Err(); !errors.Is(err, ErrMemberDowned) {
+		t.Fatalf("Err() = %v, want ErrMemberDowned", err)
 	}
 	for _, m := range r.members[0].Members() {
 		if m.UID == downed.UID() && m.Status < MemberDown {
@@ -564,5 +579,86 @@ func (r *clusterRig) dumpOnFailure() {
 		for _, m := range c.Unreachable() {
 			r.t.Logf("    unreachable %v", m.UID)
 		}
+	}
+}
+
+// memberStatus is how c sees the member with uid (MemberRemoved when it
+// does not know it).
+func memberStatus(c *Cluster, uid NodeUID) MemberStatus {
+	for _, m := range c.Members() {
+		if m.UID == uid {
+			return m.Status
+		}
+	}
+	return MemberRemoved
+}
+
+// Without a downing strategy a crashed member blocks the cluster until
+// someone downs it by hand: with DownMember from outside (what troupe down
+// does), or Cluster.Down.
+func TestClusterManualDown(t *testing.T) {
+	r := newClusterRig(t, 3, clusterCfg(nil))
+	dead := r.nodes[2]
+	deadAddr := dead.Addrs()[0].String()
+	r.f.Kill(dead)
+	waitFor(t, 10*time.Second, "the dead member to be unreachable", func() bool { return len(r.members[0].Unreachable()) == 1 })
+
+	operator := startOn(t, r.f, failConfig("operator", 20*time.Millisecond, 2*time.Second))
+	err := DownMember(ctxT(t, 5*time.Second), operator, r.nodes[1].Addrs()[0].String(), "tcp://127.0.0.1:1")
+	if err == nil || !strings.Contains(err.Error(), "no such cluster member") {
+		t.Fatalf("DownMember of an unknown address: %v, want the member's ErrNotMember", err)
+	}
+	if err := DownMember(ctxT(t, 5*time.Second), operator, r.nodes[1].Addrs()[0].String(), deadAddr); err != nil {
+		t.Fatalf("DownMember: %v", err)
+	}
+	waitFor(t, 10*time.Second, "the dead member removed everywhere", func() bool {
+		return memberStatus(r.members[0], dead.UID()) == MemberRemoved && memberStatus(r.members[1], dead.UID()) == MemberRemoved
+	})
+	// Unblocked: a new member becomes up.
+	r.add("late", clusterCfg(nil))
+	waitFor(t, 10*time.Second, "the late member up", func() bool {
+		return memberStatus(r.members[0], r.nodes[3].UID()) == MemberUp
+	})
+	if err := r.members[0].Down("tcp://127.0.0.1:1"); !errors.Is(err, ErrNotMember) {
+		t.Fatalf("Down of an unknown address: %v, want ErrNotMember", err)
+	}
+}
+
+// A member that crashes and restarts at the same address (a new uid)
+// joins again: the earlier incarnation is downed and its association
+// ended, with or without a downing strategy, and nobody healthy is downed.
+func TestClusterMemberRestartedAtSameAddress(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		downing DowningStrategy
+	}{{"no downing", nil}, {"keep majority", KeepMajority{}}} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newClusterRig(t, 3, clusterCfg(tc.downing))
+			old := r.nodes[2]
+			addr := old.Addrs()[0].String()
+			r.f.Kill(old)
+			cfg := failConfig("reborn", 20*time.Millisecond, 2*time.Second)
+			cfg.Listen = []string{addr}
+			reborn := startOn(t, r.f, cfg)
+			ccfg := clusterCfg(tc.downing)
+			ccfg.Seeds = []string{r.nodes[0].Addrs()[0].String()}
+			c, err := StartCluster(ctxT(t, 5*time.Second), reborn, ccfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { c.Close() })
+			r.mu.Lock()
+			r.nodes, r.members = append(r.nodes, reborn), append(r.members, c)
+			r.mu.Unlock()
+			defer r.dumpOnFailure()
+			waitFor(t, 15*time.Second, "the new incarnation up everywhere, the old one gone", func() bool {
+				for _, i := range []int{0, 1, 3} {
+					if stopped(r.members[i]) || memberStatus(r.members[i], reborn.UID()) != MemberUp || memberStatus(r.members[i], old.UID()) < MemberDown {
+						return false
+					}
+				}
+				return true
+			})
+		})
 	}
 }

@@ -839,6 +839,17 @@ func (n *Node) dial(addr Addr) (net.Conn, error) {
 	return tc, nil
 }
 
+// endMemberAssoc ends the association to a cluster member's uid, if any,
+// without quarantine (members are never quarantined).
+func (n *Node) endMemberAssoc(uid NodeUID, cause error) {
+	n.pmu.Lock()
+	a := n.byUID[uid]
+	n.pmu.Unlock()
+	if a != nil {
+		a.fail(cause)
+	}
+}
+
 // isMember reports whether uid is a member of a cluster this node is in.
 func (n *Node) isMember(uid NodeUID) bool {
 	_, ok := n.members.Load(uid)

@@ -3,6 +3,7 @@
 //	troupe registrar [--addr ADDR ...]
 //	troupe ls [--registry ADDR] [--json]
 //	troupe query NAME [--registry ADDR] [--json]
+//	troupe down MEMBER --node ADDR
 //	troupe version
 //
 // Every command takes --help. Flags may come before or after the
@@ -50,6 +51,7 @@ type call struct {
 	cmd            *command
 	args           []string
 	registry       string
+	node           string
 	addrs          addrList
 	asJSON         bool
 	timeout        time.Duration
@@ -96,6 +98,18 @@ registration. Exits 1 with "not registered" when no actor has that
 name, and with a message when no registrar answers.`,
 		args: 1,
 		run:  query,
+	},
+	{
+		name:    "down",
+		summary: "down a cluster member by hand",
+		usage:   "troupe down MEMBER --node ADDR [--timeout D]",
+		about: `Asks the cluster member listening at --node to mark the member
+listening at MEMBER down: manual downing, the way to unblock a cluster
+without a downing strategy after a member crashed. The leader then
+removes it; its node must restart to join again. Exits 1 with a message
+when no member answers at --node or MEMBER is not a live member.`,
+		args: 1,
+		run:  down,
 	},
 	{
 		name:    "version",
@@ -162,6 +176,9 @@ func (cmd *command) invoke(ctx context.Context, args []string, stdout, stderr io
 		fs.StringVar(&c.registry, "registry", troupe.DefaultRegistryTCP, "the registrar's address")
 		fs.BoolVar(&c.asJSON, "json", false, "print JSON")
 		fs.DurationVar(&c.timeout, "timeout", 5*time.Second, "how long to wait for the registrar, in all")
+	case "down":
+		fs.StringVar(&c.node, "node", "", "the address of a cluster member to ask (required)")
+		fs.DurationVar(&c.timeout, "timeout", 5*time.Second, "how long to wait for the member's answer, in all")
 	}
 	for {
 		err := fs.Parse(args)
@@ -340,5 +357,24 @@ func (c *call) query(ctx context.Context, n *troupe.Node, addr troupe.Addr) int 
 		return c.printJSON(queryResult{Addr: q.Addr.String(), Registration: toJSON(q.Registration)})
 	}
 	fmt.Fprintln(c.stdout, q.Addr)
+	return 0
+}
+
+func down(ctx context.Context, c *call) int {
+	if c.node == "" {
+		fmt.Fprintf(c.stderr, "troupe down: --node is required\nusage: %s\n", c.cmd.usage)
+		return 2
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.timeout)
+	defer cancel()
+	n, err := troupe.Start(ctx, troupe.Config{Name: "troupe-cli", Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		return c.failf("%v", err)
+	}
+	defer n.Close()
+	if err := troupe.DownMember(ctx, n, c.node, c.args[0]); err != nil {
+		return c.failf("%v", err)
+	}
+	fmt.Fprintf(c.stdout, "%s is down\n", c.args[0])
 	return 0
 }

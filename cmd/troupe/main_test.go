@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
+	"log/slog"
 	"net"
 	"strings"
 	"sync"
@@ -114,7 +116,7 @@ func TestNoRegistrarAnswers(t *testing.T) {
 }
 
 func TestHelpForEveryCommand(t *testing.T) {
-	for _, args := range [][]string{{"--help"}, {"help"}, {"registrar", "--help"}, {"ls", "--help"}, {"query", "-h"}, {"version", "--help"}} {
+	for _, args := range [][]string{{"--help"}, {"help"}, {"registrar", "--help"}, {"ls", "--help"}, {"query", "-h"}, {"down", "--help"}, {"version", "--help"}} {
 		var out, errOut bytes.Buffer
 		if code := run(context.Background(), args, &out, &errOut); code != 0 || out.Len() == 0 || errOut.Len() != 0 {
 			t.Errorf("%v: exit %d, stdout %q, stderr %q", args, code, out.String(), errOut.String())
@@ -135,7 +137,7 @@ func TestVersion(t *testing.T) {
 }
 
 func TestUsageErrors(t *testing.T) {
-	for _, args := range [][]string{{}, {"bogus"}, {"ls", "--bogus"}, {"query"}, {"query", "a", "b"}, {"ls", "--registry", "/ip4/1.2.3.4/udp/1"}} {
+	for _, args := range [][]string{{}, {"bogus"}, {"ls", "--bogus"}, {"query"}, {"query", "a", "b"}, {"ls", "--registry", "/ip4/1.2.3.4/udp/1"}, {"down", "tcp://127.0.0.1:1"}} {
 		var errOut bytes.Buffer
 		if code := run(context.Background(), args, io.Discard, &errOut); code != 2 || errOut.Len() == 0 {
 			t.Errorf("%v: exit %d, %q", args, code, errOut.String())
@@ -195,5 +197,49 @@ func TestTimeoutIsHonouredAgainstASilentPeer(t *testing.T) {
 	code := run(context.Background(), []string{"ls", "--registry", l.Addr().String(), "--timeout", "1s"}, io.Discard, &errOut)
 	if took := time.Since(start); code != 1 || took > 4*time.Second {
 		t.Fatalf("ls --timeout 1s against a silent peer: exit %d after %v: %s", code, took, errOut.String())
+	}
+}
+
+func TestDownAMember(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	start := func(name string, seeds ...string) (*troupe.Node, *troupe.Cluster) {
+		n, err := troupe.Start(ctx, troupe.Config{Name: name, Listen: []string{"tcp://127.0.0.1:0"}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), HeartbeatInterval: 20 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := troupe.StartCluster(ctx, n, troupe.ClusterConfig{Seeds: seeds})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n, c
+	}
+	first, c1 := start("first")
+	defer first.Close()
+	defer c1.Close()
+	second, c2 := start("second", first.Addrs()[0].String())
+	defer second.Close()
+	defer c2.Close()
+	gone := second.Addrs()[0].String()
+	for len(c1.Members()) != 2 || c1.Members()[0].Status != troupe.MemberUp || c1.Members()[1].Status != troupe.MemberUp {
+		if ctx.Err() != nil {
+			t.Fatal("the two members never came up")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	var out, errOut bytes.Buffer
+	if code := run(ctx, []string{"down", "tcp://127.0.0.1:1", "--node", first.Addrs()[0].String()}, &out, &errOut); code != 1 || !strings.Contains(errOut.String(), "no such cluster member") || strings.Count(errOut.String(), "\n") != 1 {
+		t.Fatalf("down of a non-member: exit %d, %q", code, errOut.String())
+	}
+	if code := run(ctx, []string{"down", gone, "--node", first.Addrs()[0].String()}, &out, &errOut); code != 0 || !strings.Contains(out.String(), "is down") {
+		t.Fatalf("down: exit %d, %q %q", code, out.String(), errOut.String())
+	}
+	select {
+	case <-c2.Done():
+	case <-ctx.Done():
+		t.Fatal("the downed member never stopped")
+	}
+	if err := c2.Err(); !errors.Is(err, troupe.ErrMemberDowned) {
+		t.Fatalf("the downed member's Err() = %v", err)
 	}
 }
