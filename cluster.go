@@ -296,6 +296,8 @@ func StartCluster(ctx context.Context, n *Node, cfg ClusterConfig) (*Cluster, er
 		return nil, err
 	}
 	c.ref = ref
+	onQuarantine := c.quarantinedBy
+	n.quarantinedBy.Store(&onQuarantine)
 	for _, s := range seeds {
 		if !n.isOwnAddr(s) {
 			c.seeds = append(c.seeds, s)
@@ -446,6 +448,7 @@ func (c *Cluster) run() {
 }
 
 func (c *Cluster) cleanup() {
+	c.n.quarantinedBy.Store(nil)
 	c.mu.Lock()
 	c.stopped = true
 	uids := make([]NodeUID, 0, len(c.members))
@@ -632,6 +635,23 @@ func (c *Cluster) replaceIncarnationLocked(m *Member, ended *[]NodeUID) []Member
 		c.n.log.Info("troupe: cluster member restarted; its earlier incarnation is downed", "addr", m.Addr.String(), "old", uid.String(), "new", m.UID.String())
 	}
 	return events
+}
+
+// quarantinedBy hears that the peer uid refused this node because it
+// has quarantined it. If uid is a current member (up or leaving), this
+// member can never be heard by it again: it downs itself, and only
+// itself (Akka's rule for a member quarantined by a remote).
+func (c *Cluster) quarantinedBy(uid NodeUID) {
+	c.mu.Lock()
+	m, self := c.members[uid], c.members[c.self]
+	if c.stopped || m == nil || !m.counts() || self.Status >= MemberDown {
+		c.mu.Unlock()
+		return
+	}
+	events := c.downLocked([]Member{*self})
+	c.mu.Unlock()
+	c.n.log.Warn("troupe: a cluster member has quarantined this node; downing this member", "by", m.Addr.String())
+	c.publish(events)
 }
 
 // ErrMemberDowned is what [Cluster.Err] returns once this member has been

@@ -662,3 +662,48 @@ func TestClusterMemberRestartedAtSameAddress(t *testing.T) {
 		})
 	}
 }
+
+// A node that a member has quarantined cannot be heard by it again: when
+// it joins anyway and that member refuses it, it downs itself, and only
+// itself.
+func TestClusterJoinerQuarantinedByAMember(t *testing.T) {
+	// No downing strategy: nothing but the refusal can down it.
+	r := newClusterRig(t, 2, clusterCfg(nil))
+	// A long window: the outcast itself quarantines nobody.
+	outcast := startOn(t, r.f, failConfig("outcast", 20*time.Millisecond, 30*time.Second))
+	spawnEcho(t, r.nodes[0], "echo")
+	if _, err := Resolve[testPing](ctxT(t, 5*time.Second), outcast, FormatRef(r.nodes[0].Addrs()[0], "/user/echo")); err != nil {
+		t.Fatal(err)
+	}
+	r.f.Partition(outcast, r.nodes[0])
+	waitFor(t, 10*time.Second, "member 0 to quarantine the outcast", func() bool {
+		for _, q := range r.nodes[0].Quarantined() {
+			if q.UID == outcast.UID() {
+				return true
+			}
+		}
+		return false
+	})
+	cfg := clusterCfg(nil)
+	cfg.Seeds = []string{r.nodes[1].Addrs()[0].String()}
+	c, err := StartCluster(ctxT(t, 5*time.Second), outcast, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	waitFor(t, 10*time.Second, "the outcast to learn of member 0", func() bool { return memberStatus(c, r.nodes[0].UID()) == MemberUp })
+	r.f.Heal()
+	select {
+	case <-c.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatalf("the quarantined joiner is still a member: %v", c.Self().Status)
+	}
+	if err := c.Err(); !errors.Is(err, ErrMemberDowned) {
+		t.Fatalf("Err() = %v, want ErrMemberDowned", err)
+	}
+	for i, m := range r.members {
+		if stopped(m) {
+			t.Fatalf("member %d stopped: only the quarantined one may go", i)
+		}
+	}
+}

@@ -55,6 +55,9 @@ func (a *assoc) runOutbound() {
 		}
 		if code == rejectQuarantined {
 			a.fail(fmt.Errorf("%w: %w: %s", ErrRejected, ErrQuarantinedByPeer, text))
+			if f := n.quarantinedBy.Load(); f != nil && d.err == nil {
+				(*f)(uid)
+			}
 			return
 		}
 		if code == rejectAuth {

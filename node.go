@@ -336,6 +336,9 @@ type Node struct {
 	// members holds the uids of cluster members (NodeUID -> struct{}):
 	// peers exempt from quarantine while they are members.
 	members sync.Map
+	// quarantinedBy, set while a cluster runs, hears that a peer refused
+	// this node because it has quarantined it.
+	quarantinedBy atomic.Pointer[func(NodeUID)]
 
 	// Lifecycle.
 	closeOnce sync.Once
