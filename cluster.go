@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"slices"
 	"sync"
 	"time"
@@ -108,14 +107,8 @@ type Cluster struct {
 	cfg ClusterConfig
 
 	// mu guards the state below.
-	mu        sync.Mutex
-	self      NodeUID
-	members   map[NodeUID]*Member
-	reach     map[NodeUID]reachRecord // per observer: whom it cannot reach
-	seen      map[NodeUID]uint64      // digest of the last state received from each member
-	changed   time.Time               // when the state last changed
-	unstable  time.Time               // when members first became unreachable (zero if none)
-	decided   bool                    // the downing strategy already acted for this split
+	mu sync.Mutex
+	membership
 	detectors map[NodeUID]FailureDetector
 	lastHeard map[NodeUID]int64
 	stopped   bool
@@ -129,13 +122,6 @@ type Cluster struct {
 	stop  chan struct{}
 	done  chan struct{} // closed when the cluster has stopped
 	once  sync.Once
-}
-
-// reachRecord is one observer's view: whom it cannot reach, versioned so
-// that the newest view of each observer wins a merge.
-type reachRecord struct {
-	version     uint64
-	unreachable []NodeUID
 }
 
 // gossipMsg is the whole state, sent between members.
@@ -264,19 +250,16 @@ func StartCluster(ctx context.Context, n *Node, cfg ClusterConfig) (*Cluster, er
 			return nil, err
 		}
 	}
-	c := &Cluster{
-		n: n, cfg: cfg.withDefaults(n), self: n.uid,
-		members: map[NodeUID]*Member{}, reach: map[NodeUID]reachRecord{}, seen: map[NodeUID]uint64{},
-		detectors: map[NodeUID]FailureDetector{}, lastHeard: map[NodeUID]int64{},
-		changed: time.Now(), stop: make(chan struct{}), done: make(chan struct{}),
-	}
 	first := len(seeds) == 0 || len(seeds) == 1 && n.isOwnAddr(seeds[0])
-	status := MemberJoining
-	upNumber := 0
+	self := Member{Addr: n.addrList()[0], UID: n.uid, Status: MemberJoining}
 	if first {
-		status, upNumber = MemberUp, 1
+		self.Status, self.UpNumber = MemberUp, 1
 	}
-	c.members[n.uid] = &Member{Addr: n.addrList()[0], UID: n.uid, Status: status, UpNumber: upNumber}
+	c := &Cluster{
+		n: n, cfg: cfg.withDefaults(n), membership: newMembership(self, time.Now()),
+		detectors: map[NodeUID]FailureDetector{}, lastHeard: map[NodeUID]int64{},
+		stop: make(chan struct{}), done: make(chan struct{}),
+	}
 	n.members.Store(n.uid, struct{}{})
 	ref, err := Spawn(systemParent{n}, "cluster", Behavior[clusterMsg]{
 		Receive: func(_ *Context[clusterMsg], m clusterMsg) {
@@ -360,10 +343,7 @@ func (c *Cluster) Close() error {
 // it has been removed (or ctx ends).
 func (c *Cluster) Leave(ctx context.Context) error {
 	c.mu.Lock()
-	if m := c.members[c.self]; m != nil && m.Status <= MemberUp {
-		m.Status = MemberLeaving
-		c.changed = time.Now()
-	}
+	c.leave(time.Now())
 	c.mu.Unlock()
 	c.gossip()
 	select {
@@ -400,7 +380,7 @@ func (c *Cluster) Unreachable() []Member {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	var out []Member
-	for uid := range c.unreachableLocked() {
+	for uid := range c.unreachable() {
 		if m := c.members[uid]; m != nil {
 			out = append(out, *m)
 		}
@@ -414,7 +394,7 @@ func (c *Cluster) Unreachable() []Member {
 func (c *Cluster) Leader() (Member, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	l := c.leaderLocked()
+	l := c.leader()
 	if l == nil {
 		return Member{}, false
 	}
@@ -471,97 +451,6 @@ func (c *Cluster) cleanup() {
 	}
 }
 
-// live reports whether a member is still part of the membership.
-func live(m *Member) bool { return m.Status < MemberDown }
-
-// unreachableLocked is the set of live members some up or leaving member
-// cannot reach. A joining member's observations do not count: it is not
-// yet part of the cluster, and one that reaches only its seed must not
-// make the whole cluster look unreachable.
-func (c *Cluster) unreachableLocked() map[NodeUID]bool {
-	out := map[NodeUID]bool{}
-	for obs, r := range c.reach {
-		if m := c.members[obs]; m == nil || !m.counts() {
-			continue
-		}
-		for _, u := range r.unreachable {
-			if m := c.members[u]; m != nil && live(m) {
-				out[u] = true
-			}
-		}
-	}
-	return out
-}
-
-// digestLocked summarizes the state, so members can tell they have seen
-// the same one.
-func (c *Cluster) digestLocked() uint64 {
-	h := fnv.New64a()
-	uids := make([]NodeUID, 0, len(c.members))
-	for uid := range c.members {
-		uids = append(uids, uid)
-	}
-	slices.SortFunc(uids, func(a, b NodeUID) int { return cmp.Compare(string(a[:]), string(b[:])) })
-	for _, uid := range uids {
-		m := c.members[uid]
-		fmt.Fprintf(h, "%x:%d:%d;", uid, m.Status, m.UpNumber)
-	}
-	obs := make([]NodeUID, 0, len(c.reach))
-	for o := range c.reach {
-		obs = append(obs, o)
-	}
-	slices.SortFunc(obs, func(a, b NodeUID) int { return cmp.Compare(string(a[:]), string(b[:])) })
-	for _, o := range obs {
-		fmt.Fprintf(h, "%x:%d;", o, c.reach[o].version)
-	}
-	return h.Sum64()
-}
-
-// convergedLocked reports whether every live member is reachable and has
-// seen this member's state.
-func (c *Cluster) convergedLocked() bool {
-	if len(c.unreachableLocked()) > 0 {
-		return false
-	}
-	d := c.digestLocked()
-	for uid, m := range c.members {
-		if uid == c.self || m.Status >= MemberExiting {
-			continue // an exiting member has stopped listening
-		}
-		if c.seen[uid] != d {
-			return false
-		}
-	}
-	return true
-}
-
-// leaderLocked is the lowest-addressed up or leaving member this member can
-// reach. (The first member of a cluster starts up; joiners never lead.)
-func (c *Cluster) leaderLocked() *Member {
-	unreachable := c.unreachableLocked()
-	var best *Member
-	for uid, m := range c.members {
-		if !m.counts() || unreachable[uid] && uid != c.self {
-			continue
-		}
-		if best == nil || lowerAddr(*m, *best) < 0 {
-			best = m
-		}
-	}
-	return best
-}
-
-func (c *Cluster) snapshotLocked() gossipMsg {
-	g := gossipMsg{From: c.self}
-	for _, m := range c.members {
-		g.Members = append(g.Members, gossipMember{Addr: m.Addr.String(), UID: m.UID, Status: uint8(m.Status), UpNumber: m.UpNumber})
-	}
-	for o, r := range c.reach {
-		g.Reach = append(g.Reach, gossipReach{Observer: o, Version: r.version, Unreachable: r.unreachable})
-	}
-	return g
-}
-
 // gossip sends the state to every other live member (dialing anew when
 // an association has ended: members keep knocking).
 func (c *Cluster) gossip() {
@@ -601,7 +490,7 @@ func (c *Cluster) knock() {
 
 func (c *Cluster) sendTo(addr Addr, uid NodeUID) {
 	c.mu.Lock()
-	g := c.snapshotLocked()
+	g := c.snapshot()
 	c.mu.Unlock()
 	a, err := c.n.assocFor(addr)
 	if err != nil {
@@ -616,27 +505,6 @@ func (c *Cluster) sendTo(addr Addr, uid NodeUID) {
 	Ref[gossipMsg]{h: &handle{node: c.n, key: refKey{node: peer, path: ClusterPath}, assoc: a}}.Tell(g)
 }
 
-// replaceIncarnationLocked handles a member new to this member: if a live
-// member with another uid has its address, that is an earlier incarnation
-// of the same process, which is gone — two processes cannot listen on one
-// address. It is downed (the leader then removes it) and its association
-// is ended, so that sends to the address reach the new incarnation. The
-// uids to end are added to ended, for after the lock is released.
-func (c *Cluster) replaceIncarnationLocked(m *Member, ended *[]NodeUID) []MemberEvent {
-	var events []MemberEvent
-	for uid, old := range c.members {
-		if uid == m.UID || uid == c.self || old.Status >= MemberDown || old.Addr != m.Addr {
-			continue
-		}
-		old.Status = MemberDown
-		c.changed = time.Now()
-		events = append(events, MemberEvent{Member: *old, Kind: EventMemberStatus})
-		*ended = append(*ended, uid)
-		c.n.log.Info("troupe: cluster member restarted; its earlier incarnation is downed", "addr", m.Addr.String(), "old", uid.String(), "new", m.UID.String())
-	}
-	return events
-}
-
 // quarantinedBy hears that the peer uid refused this node because it
 // has quarantined it. If uid is a current member (up or leaving), this
 // member can never be heard by it again: it downs itself, and only
@@ -648,7 +516,7 @@ func (c *Cluster) quarantinedBy(uid NodeUID) {
 		c.mu.Unlock()
 		return
 	}
-	events := c.downLocked([]Member{*self})
+	events := c.down([]Member{*self}, time.Now())
 	c.mu.Unlock()
 	c.n.log.Warn("troupe: a cluster member has quarantined this node; downing this member", "by", m.Addr.String())
 	c.publish(events)
@@ -703,7 +571,7 @@ func (c *Cluster) Down(addr string) error {
 			down = append(down, *m)
 		}
 	}
-	events := c.downLocked(down)
+	events := c.membership.down(down, time.Now())
 	c.mu.Unlock()
 	if len(down) == 0 {
 		return fmt.Errorf("%w at %s", ErrNotMember, a)
@@ -716,109 +584,24 @@ func (c *Cluster) Down(addr string) error {
 
 // receive merges a gossiped state into this member's.
 func (c *Cluster) receive(g gossipMsg) {
-	var events []MemberEvent
-	var ended []NodeUID // earlier incarnations whose associations to end
 	c.mu.Lock()
 	if c.stopped {
 		c.mu.Unlock()
 		return
 	}
-	before := c.digestLocked()
-	oldUnreach := c.unreachableLocked()
-	for _, gm := range g.Members {
-		addr, err := ParseAddr(gm.Addr)
-		if err != nil {
-			continue
-		}
-		m := c.members[gm.UID]
-		if m == nil {
-			m = &Member{Addr: addr, UID: gm.UID, Status: MemberStatus(gm.Status), UpNumber: gm.UpNumber}
-			c.members[gm.UID] = m
-			c.n.members.Store(gm.UID, struct{}{})
-			events = append(events, MemberEvent{Member: *m, Kind: EventMemberStatus})
-			if m.Status < MemberDown {
-				events = append(events, c.replaceIncarnationLocked(m, &ended)...)
-			}
-			continue
-		}
-		changed := false
-		if s := MemberStatus(gm.Status); s > m.Status {
-			m.Status, changed = s, true
-		}
-		if gm.UpNumber != 0 && (m.UpNumber == 0 || gm.UpNumber < m.UpNumber) {
-			m.UpNumber, changed = gm.UpNumber, true
-		}
-		if changed {
-			events = append(events, MemberEvent{Member: *m, Kind: EventMemberStatus})
-		}
-	}
-	for _, r := range g.Reach {
-		if r.Observer == c.self {
-			continue // only this member speaks for itself
-		}
-		if cur, ok := c.reach[r.Observer]; !ok || r.Version > cur.version {
-			c.reach[r.Observer] = reachRecord{version: r.Version, unreachable: r.Unreachable}
-		}
-	}
-	after := c.digestLocked()
-	c.seen[g.From] = digestOf(g)
-	// A sender this member has downed or removed may not know: tell it,
-	// so that it stops instead of knocking as a joiner for ever.
-	var tell *Member
-	if m := c.members[g.From]; m != nil && m.Status >= MemberDown && g.From != c.self {
-		tell = &Member{Addr: m.Addr, UID: m.UID}
-	}
-	defer func() {
-		for _, uid := range ended {
-			c.n.endMemberAssoc(uid, errors.New("a new incarnation of this cluster member joined at its address"))
-		}
-		if tell != nil {
-			c.sendTo(tell.Addr, tell.UID)
-		}
-	}()
-	if before != after {
-		c.changed = time.Now()
-	}
-	events = append(events, c.reachEventsLocked(oldUnreach)...)
+	out := c.merge(g, time.Now())
 	c.mu.Unlock()
-	for _, e := range events {
-		c.n.events.Publish(e)
+	for _, uid := range out.added {
+		c.n.members.Store(uid, struct{}{})
 	}
-}
-
-// digestOf computes the digest of a gossiped state the way digestLocked
-// does for this member's own.
-func digestOf(g gossipMsg) uint64 {
-	tmp := &Cluster{members: map[NodeUID]*Member{}, reach: map[NodeUID]reachRecord{}}
-	for _, gm := range g.Members {
-		tmp.members[gm.UID] = &Member{UID: gm.UID, Status: MemberStatus(gm.Status), UpNumber: gm.UpNumber}
+	for _, uid := range out.ended {
+		c.n.log.Info("troupe: cluster member restarted; its earlier incarnation is downed", "uid", uid.String())
+		c.n.endMemberAssoc(uid, errors.New("a new incarnation of this cluster member joined at its address"))
 	}
-	for _, r := range g.Reach {
-		tmp.reach[r.Observer] = reachRecord{version: r.Version}
+	c.publish(out.events)
+	if out.tellTo != nil {
+		c.sendTo(out.tellTo.Addr, out.tellTo.UID)
 	}
-	return tmp.digestLocked()
-}
-
-func (c *Cluster) reachEventsLocked(old map[NodeUID]bool) []MemberEvent {
-	var out []MemberEvent
-	now := c.unreachableLocked()
-	for uid := range now {
-		if !old[uid] {
-			out = append(out, MemberEvent{Member: *c.members[uid], Kind: EventMemberUnreachable})
-		}
-	}
-	for uid := range old {
-		if !now[uid] && c.members[uid] != nil {
-			out = append(out, MemberEvent{Member: *c.members[uid], Kind: EventMemberReachable, Reachable: true})
-		}
-	}
-	if len(now) > 0 && c.unstable.IsZero() {
-		c.unstable = time.Now()
-	}
-	if len(now) == 0 {
-		c.unstable, c.decided = time.Time{}, false
-	}
-	return out
 }
 
 // detect feeds each member's failure detector the last time anything
@@ -834,14 +617,9 @@ func (c *Cluster) detect(now time.Time) {
 	c.n.pmu.Unlock()
 
 	var events []MemberEvent
-	defer func() {
-		for _, e := range events { // published outside the lock
-			c.n.events.Publish(e)
-		}
-	}()
+	defer func() { c.publish(events) }() // outside the lock
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	old := c.unreachableLocked()
 	var mine []NodeUID
 	for uid, m := range c.members {
 		if uid == c.self || !live(m) {
@@ -861,101 +639,38 @@ func (c *Cluster) detect(now time.Time) {
 			mine = append(mine, uid)
 		}
 	}
-	slices.SortFunc(mine, func(a, b NodeUID) int { return cmp.Compare(string(a[:]), string(b[:])) })
-	cur := c.reach[c.self]
-	if !slices.Equal(cur.unreachable, mine) {
-		c.reach[c.self] = reachRecord{version: cur.version + 1, unreachable: mine}
-		c.changed = now
-		events = c.reachEventsLocked(old)
-	}
+	events = c.observe(mine, now)
 }
 
 // lead performs the leader's transitions once the state has converged.
 func (c *Cluster) lead() {
-	var events []MemberEvent
 	c.mu.Lock()
-	if l := c.leaderLocked(); l == nil || l.UID != c.self || !c.convergedLocked() {
-		c.mu.Unlock()
-		return
-	}
-	maxUp := 0
-	for _, m := range c.members {
-		maxUp = max(maxUp, m.UpNumber)
-	}
-	// Joining members in address order, so up numbers are deterministic.
-	var joining []*Member
-	for _, m := range c.members {
-		if m.Status == MemberJoining {
-			joining = append(joining, m)
-		}
-	}
-	slices.SortFunc(joining, func(a, b *Member) int { return lowerAddr(*a, *b) })
-	for _, m := range joining {
-		maxUp++
-		m.Status, m.UpNumber = MemberUp, maxUp
-		events = append(events, MemberEvent{Member: *m, Kind: EventMemberStatus})
-	}
-	for _, m := range c.members {
-		switch m.Status {
-		case MemberLeaving:
-			m.Status = MemberExiting
-		case MemberExiting, MemberDown:
-			m.Status = MemberRemoved
-		default:
-			continue
-		}
-		events = append(events, MemberEvent{Member: *m, Kind: EventMemberStatus})
-	}
-	if len(events) > 0 {
-		c.changed = time.Now()
-	}
+	events := c.membership.lead(time.Now())
 	c.mu.Unlock()
-	for _, e := range events {
-		c.n.events.Publish(e)
-	}
+	c.publish(events)
 }
 
 // downing applies the strategy; it returns true when this member is down
 // or removed and the cluster must stop.
 func (c *Cluster) downing(now time.Time) bool {
 	c.mu.Lock()
-	self := c.members[c.self]
-	if self.Status >= MemberExiting {
+	c.releaseLeaseLocked(now)
+	step := c.nextDowning(now, c.cfg.Downing != nil, timing{c.cfg.StableAfter, c.cfg.DownAllWhenUnstable})
+	self := *c.members[c.self]
+	switch step {
+	case stepWait:
+		c.mu.Unlock()
+		return false
+	case stepStop:
 		c.mu.Unlock()
 		// Tell the others before going: this member may have been the
 		// leader that moved itself on, and nobody else knows it yet.
 		c.gossip()
-		c.selfDowned(*self)
+		c.selfDowned(self)
 		return true
-	}
-	c.releaseLeaseLocked(now)
-	unreachable := c.unreachableLocked()
-	if c.cfg.Downing == nil || len(unreachable) == 0 || c.decided {
-		c.mu.Unlock()
-		return false
-	}
-	view := c.splitViewLocked(unreachable)
-	// The leader of this side decides: the lowest-addressed counting
-	// member it can reach.
-	var sideLeader *Member
-	for i := range view.Reachable {
-		m := &view.Reachable[i]
-		if m.counts() && (sideLeader == nil || lowerAddr(*m, *sideLeader) < 0) {
-			sideLeader = m
-		}
-	}
-	tooLong := !c.unstable.IsZero() && now.Sub(c.unstable) > c.cfg.StableAfter+c.cfg.DownAllWhenUnstable
-	stable := now.Sub(c.changed) >= c.cfg.StableAfter
-	if !stable && !tooLong || sideLeader != nil && sideLeader.UID != c.self && !tooLong {
-		c.mu.Unlock()
-		return false
-	}
-	if sideLeader == nil || sideLeader.UID != c.self {
-		// Unstable for too long, and no leader of this side to say so
-		// (this member is itself reported unreachable): it can always
-		// down itself, which never leaves two sides.
+	case stepSelf:
 		c.decided = true
-		events := c.downLocked([]Member{*self})
+		events := c.down([]Member{self}, now)
 		c.mu.Unlock()
 		c.publish(events)
 		c.n.log.Warn("troupe: cluster unstable for too long and no side leader; downing this member")
@@ -963,17 +678,18 @@ func (c *Cluster) downing(now time.Time) bool {
 		return false
 	}
 	c.decided = true
+	view := c.splitView()
 	strategy := c.cfg.Downing
 	c.mu.Unlock()
 
 	decision, down := DownEveryone, view.members(DownEveryone)
-	if !tooLong {
+	if step == stepDecide {
 		decision, down = resolve(view, func(v SplitView) Downing { return c.decide(strategy, v) })
 	}
 	c.n.log.Warn("troupe: cluster split resolved", "decision", decision.String(), "downed", len(down),
 		"reachable", len(view.Reachable), "unreachable", len(view.Unreachable), "strategy", fmt.Sprintf("%T", strategy))
 	c.mu.Lock()
-	events := c.downLocked(down)
+	events := c.down(down, time.Now())
 	if c.leaseHeld && c.leaseDowned == nil {
 		c.leaseDowned = down
 	}
@@ -981,45 +697,6 @@ func (c *Cluster) downing(now time.Time) bool {
 	c.publish(events)
 	c.gossip() // tell this side before stopping
 	return false
-}
-
-// splitViewLocked is this member's view of the split, with the
-// observations of the members that count.
-func (c *Cluster) splitViewLocked(unreachable map[NodeUID]bool) SplitView {
-	var view SplitView
-	for uid, m := range c.members {
-		if !live(m) {
-			continue
-		}
-		if unreachable[uid] {
-			view.Unreachable = append(view.Unreachable, *m)
-		} else {
-			view.Reachable = append(view.Reachable, *m)
-		}
-	}
-	for obs, r := range c.reach {
-		if m := c.members[obs]; m == nil || !m.counts() {
-			continue
-		}
-		for _, u := range r.unreachable {
-			view.Observations = append(view.Observations, Observation{Observer: obs, Subject: u})
-		}
-	}
-	return view
-}
-
-// downLocked marks members down and returns the events to publish once
-// the lock is released.
-func (c *Cluster) downLocked(down []Member) []MemberEvent {
-	var events []MemberEvent
-	for _, d := range down {
-		if m := c.members[d.UID]; m != nil && m.Status < MemberDown {
-			m.Status = MemberDown
-			events = append(events, MemberEvent{Member: *m, Kind: EventMemberStatus})
-		}
-	}
-	c.changed = time.Now()
-	return events
 }
 
 // publish hands events to the node's stream; call it without c.mu held,

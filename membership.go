@@ -1,0 +1,410 @@
+package troupe
+
+import (
+	"cmp"
+	"fmt"
+	"hash/fnv"
+	"slices"
+	"time"
+)
+
+// This file holds the pure half of a cluster member: its membership as
+// plain data, and the functions that change it — merging gossip, recording
+// what this member cannot reach, the leader's transitions, downing — each
+// given the time explicitly, like etcd raft's Step. cluster.go runs them
+// on its goroutine with the network and the timers; it decides nothing.
+
+// membership is the state of a cluster as one member knows it.
+type membership struct {
+	self     NodeUID
+	members  map[NodeUID]*Member
+	reach    map[NodeUID]reachRecord // per observer: whom it cannot reach
+	seen     map[NodeUID]uint64      // digest of the last state received from each member
+	changed  time.Time               // when the state last changed
+	unstable time.Time               // when members first became unreachable (zero if none)
+	decided  bool                    // the downing strategy already acted for this split
+}
+
+// reachRecord is one observer's view: whom it cannot reach, versioned so
+// that the newest view of each observer wins a merge.
+type reachRecord struct {
+	version     uint64
+	unreachable []NodeUID
+}
+
+// newMembership is the membership of a member that knows only itself.
+func newMembership(self Member, now time.Time) membership {
+	return membership{
+		self:    self.UID,
+		members: map[NodeUID]*Member{self.UID: &self},
+		reach:   map[NodeUID]reachRecord{},
+		seen:    map[NodeUID]uint64{},
+		changed: now,
+	}
+}
+
+// live reports whether a member is still part of the membership.
+func live(m *Member) bool { return m.Status < MemberDown }
+
+// unreachable is the set of live members some up or leaving member cannot
+// reach. A joining member's observations do not count: it is not yet part
+// of the cluster, and one that reaches only its seed must not make the
+// whole cluster look unreachable.
+func (ms *membership) unreachable() map[NodeUID]bool {
+	out := map[NodeUID]bool{}
+	for obs, r := range ms.reach {
+		if m := ms.members[obs]; m == nil || !m.counts() {
+			continue
+		}
+		for _, u := range r.unreachable {
+			if m := ms.members[u]; m != nil && live(m) {
+				out[u] = true
+			}
+		}
+	}
+	return out
+}
+
+func compareUID(a, b NodeUID) int { return cmp.Compare(string(a[:]), string(b[:])) }
+
+// digest summarizes the state, so members can tell they have seen the same
+// one.
+func (ms *membership) digest() uint64 {
+	h := fnv.New64a()
+	uids := make([]NodeUID, 0, len(ms.members))
+	for uid := range ms.members {
+		uids = append(uids, uid)
+	}
+	slices.SortFunc(uids, compareUID)
+	for _, uid := range uids {
+		m := ms.members[uid]
+		fmt.Fprintf(h, "%x:%d:%d;", uid, m.Status, m.UpNumber)
+	}
+	obs := make([]NodeUID, 0, len(ms.reach))
+	for o := range ms.reach {
+		obs = append(obs, o)
+	}
+	slices.SortFunc(obs, compareUID)
+	for _, o := range obs {
+		fmt.Fprintf(h, "%x:%d;", o, ms.reach[o].version)
+	}
+	return h.Sum64()
+}
+
+// digestOf computes the digest of a gossiped state the way digest does
+// for a member's own.
+func digestOf(g gossipMsg) uint64 {
+	tmp := membership{members: map[NodeUID]*Member{}, reach: map[NodeUID]reachRecord{}}
+	for _, gm := range g.Members {
+		tmp.members[gm.UID] = &Member{UID: gm.UID, Status: MemberStatus(gm.Status), UpNumber: gm.UpNumber}
+	}
+	for _, r := range g.Reach {
+		tmp.reach[r.Observer] = reachRecord{version: r.Version}
+	}
+	return tmp.digest()
+}
+
+// converged reports whether every live member is reachable and has seen
+// this member's state.
+func (ms *membership) converged() bool {
+	if len(ms.unreachable()) > 0 {
+		return false
+	}
+	d := ms.digest()
+	for uid, m := range ms.members {
+		if uid == ms.self || m.Status >= MemberExiting {
+			continue // an exiting member has stopped listening
+		}
+		if ms.seen[uid] != d {
+			return false
+		}
+	}
+	return true
+}
+
+// leader is the lowest-addressed up or leaving member this member can
+// reach. (The first member of a cluster starts up; joiners never lead.)
+func (ms *membership) leader() *Member {
+	unreachable := ms.unreachable()
+	var best *Member
+	for uid, m := range ms.members {
+		if !m.counts() || unreachable[uid] && uid != ms.self {
+			continue
+		}
+		if best == nil || lowerAddr(*m, *best) < 0 {
+			best = m
+		}
+	}
+	return best
+}
+
+// snapshot is the whole state, to gossip.
+func (ms *membership) snapshot() gossipMsg {
+	g := gossipMsg{From: ms.self}
+	for _, m := range ms.members {
+		g.Members = append(g.Members, gossipMember{Addr: m.Addr.String(), UID: m.UID, Status: uint8(m.Status), UpNumber: m.UpNumber})
+	}
+	for o, r := range ms.reach {
+		g.Reach = append(g.Reach, gossipReach{Observer: o, Version: r.version, Unreachable: r.unreachable})
+	}
+	return g
+}
+
+// merged is what merging a gossiped state changed besides the state.
+type merged struct {
+	events  []MemberEvent
+	added   []NodeUID // members this member had not known
+	ended   []NodeUID // earlier incarnations, downed: end their associations
+	tellTo  *Member   // the sender, downed or removed here: tell it so
+	changed bool
+}
+
+// merge folds a gossiped state into this one: a member's status only moves
+// forward, its up number keeps the lowest seen, and each observer's newest
+// reachability record wins (only this member speaks for itself).
+func (ms *membership) merge(g gossipMsg, now time.Time) merged {
+	var out merged
+	before := ms.digest()
+	oldUnreach := ms.unreachable()
+	for _, gm := range g.Members {
+		addr, err := ParseAddr(gm.Addr)
+		if err != nil {
+			continue
+		}
+		m := ms.members[gm.UID]
+		if m == nil {
+			m = &Member{Addr: addr, UID: gm.UID, Status: MemberStatus(gm.Status), UpNumber: gm.UpNumber}
+			ms.members[gm.UID] = m
+			out.added = append(out.added, gm.UID)
+			out.events = append(out.events, MemberEvent{Member: *m, Kind: EventMemberStatus})
+			if live(m) {
+				out.events = append(out.events, ms.replaceIncarnation(m, &out.ended)...)
+			}
+			continue
+		}
+		changed := false
+		if s := MemberStatus(gm.Status); s > m.Status {
+			m.Status, changed = s, true
+		}
+		if gm.UpNumber != 0 && (m.UpNumber == 0 || gm.UpNumber < m.UpNumber) {
+			m.UpNumber, changed = gm.UpNumber, true
+		}
+		if changed {
+			out.events = append(out.events, MemberEvent{Member: *m, Kind: EventMemberStatus})
+		}
+	}
+	for _, r := range g.Reach {
+		if r.Observer == ms.self {
+			continue // only this member speaks for itself
+		}
+		if cur, ok := ms.reach[r.Observer]; !ok || r.Version > cur.version {
+			ms.reach[r.Observer] = reachRecord{version: r.Version, unreachable: r.Unreachable}
+		}
+	}
+	ms.seen[g.From] = digestOf(g)
+	// A sender this member has downed or removed may not know: tell it,
+	// so that it stops instead of knocking as a joiner for ever.
+	if m := ms.members[g.From]; m != nil && !live(m) && g.From != ms.self {
+		out.tellTo = &Member{Addr: m.Addr, UID: m.UID}
+	}
+	if ms.digest() != before {
+		ms.changed, out.changed = now, true
+	}
+	out.events = append(out.events, ms.reachEvents(oldUnreach, now)...)
+	return out
+}
+
+// replaceIncarnation handles a member new to this one: a live member with
+// another uid at its address is an earlier incarnation of the same
+// process, which is gone — two processes cannot listen on one address. It
+// is downed (the leader then removes it), and its uid added to ended.
+func (ms *membership) replaceIncarnation(m *Member, ended *[]NodeUID) []MemberEvent {
+	var events []MemberEvent
+	for uid, old := range ms.members {
+		if uid == m.UID || uid == ms.self || !live(old) || old.Addr != m.Addr {
+			continue
+		}
+		old.Status = MemberDown
+		events = append(events, MemberEvent{Member: *old, Kind: EventMemberStatus})
+		*ended = append(*ended, uid)
+	}
+	return events
+}
+
+// reachEvents compares the unreachable set with old, and notes when the
+// cluster became unstable (or stable again).
+func (ms *membership) reachEvents(old map[NodeUID]bool, now time.Time) []MemberEvent {
+	var out []MemberEvent
+	cur := ms.unreachable()
+	for uid := range cur {
+		if !old[uid] {
+			out = append(out, MemberEvent{Member: *ms.members[uid], Kind: EventMemberUnreachable})
+		}
+	}
+	for uid := range old {
+		if !cur[uid] && ms.members[uid] != nil {
+			out = append(out, MemberEvent{Member: *ms.members[uid], Kind: EventMemberReachable, Reachable: true})
+		}
+	}
+	if len(cur) > 0 && ms.unstable.IsZero() {
+		ms.unstable = now
+	}
+	if len(cur) == 0 {
+		ms.unstable, ms.decided = time.Time{}, false
+	}
+	return out
+}
+
+// observe records the members this member's detectors find unreachable.
+func (ms *membership) observe(unreachable []NodeUID, now time.Time) []MemberEvent {
+	mine := slices.SortedFunc(slices.Values(unreachable), compareUID)
+	cur := ms.reach[ms.self]
+	if slices.Equal(cur.unreachable, mine) {
+		return nil
+	}
+	old := ms.unreachable()
+	ms.reach[ms.self] = reachRecord{version: cur.version + 1, unreachable: mine}
+	ms.changed = now
+	return ms.reachEvents(old, now)
+}
+
+// lead performs the leader's transitions, if this member is the leader
+// and the state has converged: joining members become up (up numbers in
+// address order), leaving ones exiting, exiting and down ones removed.
+func (ms *membership) lead(now time.Time) []MemberEvent {
+	if l := ms.leader(); l == nil || l.UID != ms.self || !ms.converged() {
+		return nil
+	}
+	var events []MemberEvent
+	maxUp := 0
+	for _, m := range ms.members {
+		maxUp = max(maxUp, m.UpNumber)
+	}
+	var joining []*Member
+	for _, m := range ms.members {
+		if m.Status == MemberJoining {
+			joining = append(joining, m)
+		}
+	}
+	slices.SortFunc(joining, func(a, b *Member) int { return lowerAddr(*a, *b) })
+	for _, m := range joining {
+		maxUp++
+		m.Status, m.UpNumber = MemberUp, maxUp
+		events = append(events, MemberEvent{Member: *m, Kind: EventMemberStatus})
+	}
+	for _, m := range ms.members {
+		switch m.Status {
+		case MemberLeaving:
+			m.Status = MemberExiting
+		case MemberExiting, MemberDown:
+			m.Status = MemberRemoved
+		default:
+			continue
+		}
+		events = append(events, MemberEvent{Member: *m, Kind: EventMemberStatus})
+	}
+	if len(events) > 0 {
+		ms.changed = now
+	}
+	return events
+}
+
+// leave marks this member leaving, if it is not already on its way out.
+func (ms *membership) leave(now time.Time) {
+	if m := ms.members[ms.self]; m.Status <= MemberUp {
+		m.Status = MemberLeaving
+		ms.changed = now
+	}
+}
+
+// down marks members down.
+func (ms *membership) down(down []Member, now time.Time) []MemberEvent {
+	var events []MemberEvent
+	for _, d := range down {
+		if m := ms.members[d.UID]; m != nil && live(m) {
+			m.Status = MemberDown
+			events = append(events, MemberEvent{Member: *m, Kind: EventMemberStatus})
+		}
+	}
+	ms.changed = now
+	return events
+}
+
+// splitView is this member's view of a split, with the observations of
+// the members that count.
+func (ms *membership) splitView() SplitView {
+	unreachable := ms.unreachable()
+	var view SplitView
+	for uid, m := range ms.members {
+		if !live(m) {
+			continue
+		}
+		if unreachable[uid] {
+			view.Unreachable = append(view.Unreachable, *m)
+		} else {
+			view.Reachable = append(view.Reachable, *m)
+		}
+	}
+	for obs, r := range ms.reach {
+		if m := ms.members[obs]; m == nil || !m.counts() {
+			continue
+		}
+		for _, u := range r.unreachable {
+			view.Observations = append(view.Observations, Observation{Observer: obs, Subject: u})
+		}
+	}
+	return view
+}
+
+// downingStep is what a member's downing must do at a moment.
+type downingStep uint8
+
+const (
+	stepWait    downingStep = iota // nothing to decide (yet), or not this member's to decide
+	stepStop                       // this member is exiting, down or removed: stop
+	stepSelf                       // unstable too long and no side leader speaks for it: down itself
+	stepDecide                     // this member leads its side: run the strategy
+	stepDownAll                    // this member leads its side, unstable too long: down everyone
+)
+
+// timing is the downing's clock settings.
+type timing struct {
+	stableAfter   time.Duration // ClusterConfig.StableAfter
+	unstableAfter time.Duration // ClusterConfig.DownAllWhenUnstable
+}
+
+// nextDowning says what downing must do now, given whether a strategy is
+// configured: decide once the state has been stable for stableAfter, and
+// only on the leader of this side (the lowest-addressed counting member
+// nobody reports unreachable); when the cluster has stayed unstable for
+// stableAfter+unstableAfter, down everyone, or, with no side leader,
+// this member. A split is decided once until it heals.
+func (ms *membership) nextDowning(now time.Time, strategy bool, t timing) downingStep {
+	self := ms.members[ms.self]
+	if self.Status >= MemberExiting {
+		return stepStop
+	}
+	if !strategy || ms.decided || len(ms.unreachable()) == 0 {
+		return stepWait
+	}
+	view := ms.splitView()
+	var sideLeader *Member
+	for i := range view.Reachable {
+		m := &view.Reachable[i]
+		if m.counts() && (sideLeader == nil || lowerAddr(*m, *sideLeader) < 0) {
+			sideLeader = m
+		}
+	}
+	leads := sideLeader != nil && sideLeader.UID == ms.self
+	tooLong := !ms.unstable.IsZero() && now.Sub(ms.unstable) > t.stableAfter+t.unstableAfter
+	stable := now.Sub(ms.changed) >= t.stableAfter
+	switch {
+	case tooLong && leads:
+		return stepDownAll
+	case tooLong:
+		return stepSelf
+	case stable && leads:
+		return stepDecide
+	}
+	return stepWait
+}

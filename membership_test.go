@@ -1,0 +1,229 @@
+package troupe
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+	"testing"
+	"time"
+)
+
+// The membership core is pure: these tests step it with explicit times
+// and gossip built by hand, no network.
+
+var t0 = time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+
+// at is t0 plus ms milliseconds.
+func at(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+
+// uidOf is the uid of test member i (1-based); its address is 10.0.0.i.
+func uidOf(i int) NodeUID { return NodeUID{byte(i)} }
+
+func memberOf(i int, s MemberStatus, up int) Member {
+	return Member{Addr: TCPAddr(fmt.Sprintf("10.0.0.%d:7000", i)), UID: uidOf(i), Status: s, UpNumber: up}
+}
+
+// state builds member self's membership holding the given members.
+func state(self int, ms ...Member) membership {
+	st := newMembership(ms[self-1], t0)
+	for _, m := range ms {
+		st.members[m.UID] = &m
+	}
+	return st
+}
+
+// gossipFrom is a gossip message from member i carrying ms.
+func gossipFrom(i int, ms ...Member) gossipMsg {
+	g := gossipMsg{From: uidOf(i)}
+	for _, m := range ms {
+		g.Members = append(g.Members, gossipMember{Addr: m.Addr.String(), UID: m.UID, Status: uint8(m.Status), UpNumber: m.UpNumber})
+	}
+	return g
+}
+
+// statuses lists each member's status and up number, in uid order.
+func statuses(st *membership) string {
+	var out []string
+	for _, uid := range slices.SortedFunc(maps.Keys(st.members), compareUID) {
+		m := st.members[uid]
+		out = append(out, fmt.Sprintf("%d:%v:%d", uid[0], m.Status, m.UpNumber))
+	}
+	return fmt.Sprint(out)
+}
+
+// Conflicting gossip converges whatever the order: a status only moves
+// forward and the lowest up number wins.
+func TestMergeIsOrderIndependent(t *testing.T) {
+	base := []Member{memberOf(1, MemberUp, 1), memberOf(2, MemberUp, 2), memberOf(3, MemberJoining, 0)}
+	a := gossipFrom(2, memberOf(1, MemberUp, 1), memberOf(2, MemberLeaving, 2), memberOf(3, MemberUp, 3))
+	b := gossipFrom(3, memberOf(1, MemberUp, 1), memberOf(2, MemberUp, 2), memberOf(3, MemberUp, 4), memberOf(4, MemberJoining, 0))
+	c := gossipFrom(2, memberOf(2, MemberDown, 2)) // downed while leaving
+	orders := [][]gossipMsg{{a, b, c}, {c, b, a}, {b, c, a}}
+	var want string
+	for i, order := range orders {
+		st := state(1, base...)
+		for j, g := range order {
+			st.merge(g, at(j))
+		}
+		got := statuses(&st)
+		if i == 0 {
+			want = got
+			if want != "[1:up:1 2:down:2 3:up:3 4:joining:0]" {
+				t.Fatalf("merged state %s", want)
+			}
+		} else if got != want {
+			t.Fatalf("order %d gives %s, order 0 gives %s", i, got, want)
+		}
+	}
+}
+
+// Each observer's newest record wins, and only a member speaks for
+// itself.
+func TestMergeReachability(t *testing.T) {
+	st := state(1, memberOf(1, MemberUp, 1), memberOf(2, MemberUp, 2), memberOf(3, MemberUp, 3))
+	st.observe([]NodeUID{uidOf(3)}, at(0))
+	g := gossipFrom(2)
+	g.Reach = []gossipReach{
+		{Observer: uidOf(2), Version: 2, Unreachable: []NodeUID{uidOf(3)}},
+		{Observer: uidOf(1), Version: 9, Unreachable: nil}, // about member 1: ignored
+	}
+	st.merge(g, at(10))
+	g.Reach = []gossipReach{{Observer: uidOf(2), Version: 1, Unreachable: nil}} // older: ignored
+	st.merge(g, at(20))
+	if r := st.reach[uidOf(2)]; r.version != 2 || len(r.unreachable) != 1 {
+		t.Fatalf("member 2's record %+v, want version 2", r)
+	}
+	if r := st.reach[uidOf(1)]; r.version != 1 || len(r.unreachable) != 1 {
+		t.Fatalf("this member's own record %+v was overwritten", r)
+	}
+	if !st.unreachable()[uidOf(3)] || !st.unstable.Equal(at(0)) {
+		t.Fatalf("unreachable %v since %v", st.unreachable(), st.unstable)
+	}
+	st.observe(nil, at(30))
+	g.Reach = []gossipReach{{Observer: uidOf(2), Version: 3}}
+	st.merge(g, at(40))
+	if len(st.unreachable()) != 0 || !st.unstable.IsZero() {
+		t.Fatalf("healed, but unreachable %v since %v", st.unreachable(), st.unstable)
+	}
+}
+
+// A joining member's observations do not make anyone unreachable.
+func TestJoiningObserverDoesNotCount(t *testing.T) {
+	st := state(1, memberOf(1, MemberUp, 1), memberOf(2, MemberUp, 2), memberOf(3, MemberJoining, 0))
+	g := gossipFrom(3)
+	g.Reach = []gossipReach{{Observer: uidOf(3), Version: 1, Unreachable: []NodeUID{uidOf(1), uidOf(2)}}}
+	st.merge(g, at(0))
+	if len(st.unreachable()) != 0 {
+		t.Fatalf("a joiner's observations count: %v", st.unreachable())
+	}
+}
+
+// The leader moves members on only once every live member has seen the
+// same state, and nobody is unreachable.
+func TestLeaderTransitions(t *testing.T) {
+	st := state(1,
+		memberOf(1, MemberUp, 1), memberOf(2, MemberLeaving, 2), memberOf(3, MemberExiting, 3),
+		memberOf(4, MemberDown, 4), memberOf(6, MemberJoining, 0), memberOf(5, MemberJoining, 0))
+	if ev := st.lead(at(0)); ev != nil {
+		t.Fatalf("led before convergence: %v", ev)
+	}
+	d := st.digest()
+	for _, i := range []int{2, 5, 6} { // exiting and down members are not waited for
+		st.seen[uidOf(i)] = d
+	}
+	if st.lead(at(10)) == nil {
+		t.Fatal("no transitions after convergence")
+	}
+	if got := statuses(&st); got != "[1:up:1 2:exiting:2 3:removed:3 4:removed:4 5:up:5 6:up:6]" {
+		t.Fatalf("after the leader's step: %s (joiners up in address order)", got)
+	}
+	if !st.changed.Equal(at(10)) {
+		t.Fatalf("changed at %v", st.changed)
+	}
+	// Not the leader: member 2's view of the same state does nothing.
+	st2 := state(2, memberOf(1, MemberUp, 1), memberOf(2, MemberUp, 2), memberOf(3, MemberJoining, 0))
+	st2.seen[uidOf(1)], st2.seen[uidOf(3)] = st2.digest(), st2.digest()
+	if ev := st2.lead(at(0)); ev != nil {
+		t.Fatalf("a member that is not the leader led: %v", ev)
+	}
+}
+
+// When the leader becomes unreachable mid-transition, the next member
+// leads, but only once the old leader is down (so nobody is unreachable
+// and the state converges).
+func TestLeaderChangesMidTransition(t *testing.T) {
+	st := state(2, memberOf(1, MemberUp, 1), memberOf(2, MemberUp, 2), memberOf(3, MemberUp, 3), memberOf(4, MemberJoining, 0))
+	if l := st.leader(); l.UID != uidOf(1) {
+		t.Fatalf("leader %v, want member 1", l.UID)
+	}
+	st.observe([]NodeUID{uidOf(1)}, at(0))
+	if l := st.leader(); l.UID != uidOf(2) {
+		t.Fatalf("with member 1 unreachable the leader is %v, want member 2", l.UID)
+	}
+	if ev := st.lead(at(10)); ev != nil {
+		t.Fatalf("led with a member unreachable: %v", ev)
+	}
+	st.down([]Member{*st.members[uidOf(1)]}, at(20))
+	d := st.digest()
+	st.seen[uidOf(3)], st.seen[uidOf(4)] = d, d
+	st.lead(at(30))
+	if got := statuses(&st); got != "[1:removed:1 2:up:2 3:up:3 4:up:4]" {
+		t.Fatalf("after the new leader's step: %s", got)
+	}
+}
+
+// A new uid at a live member's address is a new incarnation: the old one
+// is downed and its association is to be ended; a sender this member has
+// downed is to be told.
+func TestMergeNewIncarnationAndDownedSender(t *testing.T) {
+	st := state(1, memberOf(1, MemberUp, 1), memberOf(2, MemberUp, 2))
+	reborn := memberOf(2, MemberJoining, 0)
+	reborn.UID = NodeUID{42}
+	out := st.merge(gossipFrom(42, reborn), at(0))
+	if st.members[uidOf(2)].Status != MemberDown || !slices.Equal(out.ended, []NodeUID{uidOf(2)}) || !slices.Equal(out.added, []NodeUID{{42}}) {
+		t.Fatalf("old incarnation %v, ended %v, added %v", st.members[uidOf(2)].Status, out.ended, out.added)
+	}
+	out = st.merge(gossipFrom(2, memberOf(2, MemberJoining, 0)), at(10))
+	if out.tellTo == nil || out.tellTo.UID != uidOf(2) {
+		t.Fatalf("the downed sender is not told: %+v", out.tellTo)
+	}
+	if st.members[uidOf(2)].Status != MemberDown {
+		t.Fatal("a downed member's own gossip brought it back")
+	}
+}
+
+// When downing acts, and on which member.
+func TestNextDowning(t *testing.T) {
+	tm := timing{stableAfter: 100 * time.Millisecond, unstableAfter: 400 * time.Millisecond}
+	split := func(self int) membership {
+		// Members 1 and 2 cannot reach 3: member 1 leads that side.
+		st := state(self, memberOf(1, MemberUp, 1), memberOf(2, MemberUp, 2), memberOf(3, MemberUp, 3))
+		st.reach[uidOf(1)] = reachRecord{version: 1, unreachable: []NodeUID{uidOf(3)}}
+		st.reach[uidOf(2)] = reachRecord{version: 1, unreachable: []NodeUID{uidOf(3)}}
+		st.changed, st.unstable = at(0), at(0)
+		return st
+	}
+	cases := []struct {
+		name     string
+		st       membership
+		now      int
+		strategy bool
+		want     downingStep
+	}{
+		{"no strategy", split(1), 1000, false, stepWait},
+		{"not stable yet", split(1), 50, true, stepWait},
+		{"stable, the side leader", split(1), 100, true, stepDecide},
+		{"stable, not the side leader", split(2), 100, true, stepWait},
+		{"stable, on the unreachable side", split(3), 100, true, stepWait},
+		{"unstable too long, the side leader", split(1), 501, true, stepDownAll},
+		{"unstable too long, no side leader here", split(3), 501, true, stepSelf},
+		{"already decided", func() membership { st := split(1); st.decided = true; return st }(), 1000, true, stepWait},
+		{"this member is down", func() membership { st := split(1); st.members[uidOf(1)].Status = MemberDown; return st }(), 0, true, stepStop},
+		{"no split", state(1, memberOf(1, MemberUp, 1), memberOf(2, MemberUp, 2)), 1000, true, stepWait},
+	}
+	for _, tc := range cases {
+		if got := tc.st.nextDowning(at(tc.now), tc.strategy, tm); got != tc.want {
+			t.Errorf("%s: nextDowning = %d, want %d", tc.name, got, tc.want)
+		}
+	}
+}
