@@ -6,6 +6,7 @@ import (
 	"bufio"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"slices"
@@ -26,6 +27,9 @@ type numbered struct {
 }
 
 func init() { RegisterMessage[numbered]("troupe.test.numbered") }
+
+// netnsStableAfter is the clusters' StableAfter in the multi-host tests.
+const netnsStableAfter = time.Second
 
 // TestHelperNetnsNode is not a test: the multi-host tests run it inside a
 // network namespace. It starts a node and obeys line commands on stdin,
@@ -78,6 +82,7 @@ func TestHelperNetnsNode(t *testing.T) {
 	}})
 	refs := map[string]Ref[testPing]{}
 	sinks := map[string]Ref[numbered]{}
+	var cluster *Cluster
 	say("READY %s", n.UID())
 	in := bufio.NewScanner(os.Stdin)
 	for in.Scan() {
@@ -135,6 +140,48 @@ func TestHelperNetnsNode(t *testing.T) {
 				n.ClearQuarantineUID(q.UID)
 			}
 			say("OK")
+		case "cluster": // cluster majority|lease SEED|- [ETCD_ENDPOINT LEASE_KEY]
+			ccfg := ClusterConfig{Downing: KeepMajority{}, StableAfter: netnsStableAfter, GossipInterval: hb}
+			if f[1] == "lease" {
+				ccfg.Downing, ccfg.Lease, ccfg.LeaseMinorityDelay = LeaseMajority{}, NewEtcdLease(f[3], f[4], 2*time.Second), 500*time.Millisecond
+			}
+			if f[2] != "-" {
+				ccfg.Seeds = []string{f[2]}
+			}
+			c, err := StartCluster(ctxT(t, 5*time.Second), n, ccfg)
+			if err != nil {
+				say("ERR %v", err)
+				continue
+			}
+			cluster = c
+			go func() { <-c.Done(); say("CLUSTERSTOPPED %v", c.Err()) }()
+			say("OK")
+		case "members": // members: how many up, and how many down or removed
+			up, gone := 0, 0
+			for _, m := range cluster.Members() {
+				switch {
+				case m.Status == MemberUp:
+					up++
+				case m.Status >= MemberDown:
+					gone++
+				}
+			}
+			say("MEMBERS %d %d", up, gone)
+		case "etcdwait": // etcdwait ENDPOINT: until etcd answers there
+			deadline := time.Now().Add(20 * time.Second)
+			for {
+				resp, err := http.Get(f[1] + "/version")
+				if err == nil {
+					resp.Body.Close()
+					say("OK")
+					break
+				}
+				if time.Now().After(deadline) {
+					say("ERR %v", err)
+					break
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
 		case "reconnect": // reconnect ADDR
 			if err := n.Reconnect(ctxT(t, 5*time.Second), f[1]); err != nil {
 				say("ERR %v", err)
@@ -200,7 +247,7 @@ func startNS(t *testing.T, h *hostnet.Host, name string, port int, hb, window ti
 		sc.Buffer(make([]byte, 1<<20), 64<<20)
 		for sc.Scan() {
 			l := sc.Text()
-			if strings.HasPrefix(l, "UNREACHABLE") || strings.HasPrefix(l, "TERMINATED") {
+			if strings.HasPrefix(l, "UNREACHABLE") || strings.HasPrefix(l, "TERMINATED") || strings.HasPrefix(l, "CLUSTERSTOPPED") {
 				nn.events <- l
 				continue
 			}
@@ -509,4 +556,127 @@ func TestMultiHostNothingLost(t *testing.T) {
 			accountStreams(t, nodes, sent, !partition)
 		})
 	}
+}
+
+// A five-member cluster on five hosts, split 3|2 by the network: exactly
+// one side survives, within StableAfter plus a bound — with keep-majority,
+// and with lease-majority holding its lease in an etcd on a sixth host
+// that only the three can reach.
+func TestMultiHostClusterSplit(t *testing.T) {
+	// The bound: detection (phi over 100 ms heartbeats, about half a second
+	// at most), StableAfter, the lease's minority delay and round trips,
+	// and gossip to the downed side, generously for a loaded machine.
+	const hb, bound = 100 * time.Millisecond, 10 * time.Second
+	for _, strategy := range []string{"majority", "lease"} {
+		t.Run(strategy, func(t *testing.T) {
+			hosts := 5
+			if strategy == "lease" {
+				if _, err := exec.LookPath("etcd"); err != nil {
+					t.Skip("no etcd binary (apt-get install etcd-server)")
+				}
+				hosts = 6
+			}
+			net := hostnet.New(t, hosts)
+			var leaseArgs string
+			if strategy == "lease" {
+				leaseArgs = " " + startEtcdOn(t, net.Hosts[5]) + fmt.Sprintf(" troupe-netns-%d", time.Now().UnixNano())
+			}
+			var nodes []*nsNode
+			for i := range 5 {
+				nodes = append(nodes, startNS(t, net.Hosts[i], fmt.Sprintf("m%d", i), 7000, hb, 10*time.Second))
+			}
+			if strategy == "lease" {
+				nodes[0].must("etcdwait " + strings.Fields(leaseArgs)[0])
+			}
+			nodes[0].must("cluster " + strategy + " -" + leaseArgs)
+			for _, nn := range nodes[1:] {
+				nn.must("cluster " + strategy + " " + nodes[0].addr + leaseArgs)
+			}
+			waitMembers(t, nodes, 5, 0, 20*time.Second)
+
+			major, minor := nodes[:3], nodes[3:]
+			for _, a := range []int{0, 1, 2} {
+				for _, b := range []int{3, 4} {
+					net.Hosts[a].DropFrom(net.Hosts[b])
+					net.Hosts[b].DropFrom(net.Hosts[a])
+				}
+			}
+			if strategy == "lease" {
+				for _, b := range []int{3, 4} {
+					net.Hosts[5].DropFrom(net.Hosts[b])
+					net.Hosts[b].DropFrom(net.Hosts[5])
+				}
+			}
+			cut := time.Now()
+			for _, nn := range minor {
+				waitClusterStopped(t, nn, netnsStableAfter+bound)
+			}
+			waitMembers(t, major, 3, 2, netnsStableAfter+bound)
+			t.Logf("resolved in %v (StableAfter %v)", time.Since(cut).Round(time.Millisecond), netnsStableAfter)
+			for _, nn := range major {
+				if e, ok := nn.event(0); ok && strings.HasPrefix(e, "CLUSTERSTOPPED") {
+					t.Fatalf("%s, on the majority side, stopped: %s", nn.name, e)
+				}
+			}
+		})
+	}
+}
+
+// waitMembers polls until every node sees up members up and gone members
+// down or removed.
+func waitMembers(t *testing.T, nodes []*nsNode, up, gone int, within time.Duration) {
+	t.Helper()
+	want := fmt.Sprintf("MEMBERS %d %d", up, gone)
+	deadline := time.Now().Add(within)
+	for _, nn := range nodes {
+		for {
+			l := nn.do("members")
+			if l == want {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: %s, want %s", nn.name, l, want)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+}
+
+// waitClusterStopped waits for nn's cluster to stop because it was
+// downed.
+func waitClusterStopped(t *testing.T, nn *nsNode, within time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		e, ok := nn.event(time.Until(deadline))
+		if !ok {
+			t.Fatalf("%s: its cluster never stopped", nn.name)
+		}
+		if strings.HasPrefix(e, "CLUSTERSTOPPED") {
+			if !strings.Contains(e, "downed") {
+				t.Fatalf("%s: %s, want downed", nn.name, e)
+			}
+			return
+		}
+	}
+}
+
+// startEtcdOn runs a one-member etcd on host h and returns its client
+// endpoint.
+func startEtcdOn(t *testing.T, h *hostnet.Host) string {
+	t.Helper()
+	ip := h.IP.String()
+	endpoint := "http://" + ip + ":2379"
+	cmd := h.Command("etcd", "--name", "netns", "--data-dir", t.TempDir(),
+		"--listen-client-urls", endpoint, "--advertise-client-urls", endpoint,
+		"--listen-peer-urls", "http://"+ip+":2380", "--initial-advertise-peer-urls", "http://"+ip+":2380",
+		"--initial-cluster", "netns=http://"+ip+":2380")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+	})
+	return endpoint
 }
