@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/binary"
+	"fmt"
 	"io"
 	"net"
 	"runtime"
@@ -300,4 +301,118 @@ func BenchmarkActorTimers(b *testing.B) {
 		b.ReportMetric(float64(runtime.NumGoroutine()-goroutines), "goroutines-added")
 		n.Close()
 	}
+}
+
+// BenchmarkClusterScale runs clusters of 10, 30 and 100 members in one
+// process on the fault network (loopback TCP), heartbeat and gossip
+// interval 200 ms, no downing strategy, the rest defaults. Once every
+// member sees every other up it reports, per size: the bytes each member
+// writes per second at rest (measured over 3 s), the gossip intervals
+// from a new member's StartCluster until every member sees it up, and
+// the seconds from a member's silent death (FaultNet.Kill) until every
+// other member sees it unreachable. Run it with -benchtime=1x: each
+// iteration is a whole cluster.
+func BenchmarkClusterScale(b *testing.B) {
+	for _, size := range []int{10, 30, 100} {
+		b.Run(fmt.Sprintf("members=%d", size), func(b *testing.B) {
+			for range b.N {
+				clusterScale(b, size)
+			}
+		})
+	}
+}
+
+func clusterScale(b *testing.B, size int) {
+	const interval = 200 * time.Millisecond
+	f := NewFaultNet()
+	var nodes []*Node
+	var members []*Cluster
+	defer func() {
+		for _, c := range members {
+			c.Close()
+		}
+		for _, n := range nodes {
+			n.Close()
+		}
+	}()
+	start := func(seeds ...string) *Cluster {
+		cfg := Config{Logger: quietLogger(), HeartbeatInterval: interval}
+		n, err := f.Start(context.Background(), cfg)
+		if err != nil {
+			b.Fatal(err)
+		}
+		c, err := StartCluster(context.Background(), n, ClusterConfig{Seeds: seeds})
+		if err != nil {
+			b.Fatal(err)
+		}
+		nodes, members = append(nodes, n), append(members, c)
+		return c
+	}
+	start()
+	seed := nodes[0].Addrs()[0].String()
+	for range size - 1 {
+		start(seed)
+	}
+	// everywhere waits until cond holds for every running member.
+	everywhere := func(what string, limit time.Duration, cond func(c *Cluster) bool) time.Duration {
+		t0 := time.Now()
+		for {
+			ok := true
+			for _, c := range members {
+				if !stopped(c) && !cond(c) {
+					ok = false
+					break
+				}
+			}
+			if ok {
+				return time.Since(t0)
+			}
+			if time.Since(t0) > limit {
+				b.Fatalf("%d members: %s not reached within %v", size, what, limit)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	upCount := func(c *Cluster) int {
+		n := 0
+		for _, m := range c.Members() {
+			if m.Status == MemberUp {
+				n++
+			}
+		}
+		return n
+	}
+	everywhere("all up", 2*time.Minute, func(c *Cluster) bool { return upCount(c) == size })
+	time.Sleep(2 * time.Second) // let the joins' traffic settle
+
+	sent := func() (total uint64) {
+		for _, n := range nodes {
+			total += f.BytesSent(n)
+		}
+		return total
+	}
+	before := sent()
+	time.Sleep(3 * time.Second)
+	atRest := float64(sent()-before) / float64(size) / 3
+
+	joiner := start(seed)
+	join := everywhere("the new member up", time.Minute, func(c *Cluster) bool {
+		return memberStatus(c, joiner.Self().UID) == MemberUp
+	})
+	victim := nodes[size/2]
+	f.Kill(victim)
+	detect := everywhere("the dead member unreachable", time.Minute, func(c *Cluster) bool {
+		if c.Self().UID == victim.UID() {
+			return true
+		}
+		for _, m := range c.Unreachable() {
+			if m.UID == victim.UID() {
+				return true
+			}
+		}
+		return false
+	})
+	b.ReportMetric(atRest, "B/member/s")
+	b.ReportMetric(float64(join)/float64(interval), "join-intervals")
+	b.ReportMetric(detect.Seconds(), "detect-s")
 }

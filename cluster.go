@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"sync"
 	"time"
@@ -72,6 +73,13 @@ type ClusterConfig struct {
 	// (first estimate one interval, acceptable pause three).
 	Detector func() FailureDetector
 
+	// MonitoredMembers is how many other members each member watches with
+	// a failure detector (they heartbeat it; the rest of the cluster
+	// learns what it finds through gossip): the next ones on a ring
+	// ordered by a hash of their uids. Default: 9, as in Akka. A cluster
+	// of at most MonitoredMembers+1 members watches everyone.
+	MonitoredMembers int
+
 	// CloseNodeOnDown closes the node when this member is downed. Without
 	// it, watch [Cluster.Done] and decide yourself.
 	CloseNodeOnDown bool
@@ -129,7 +137,33 @@ type gossipMsg struct {
 	From    NodeUID
 	Members []gossipMember
 	Reach   []gossipReach
+	Seen    []NodeUID // members known to hold exactly this state
+	// ReplyTo is the sender's cluster actor: answers go back over the
+	// connection the gossip came on.
+	ReplyTo Ref[clusterMsg]
 }
+
+// gossipStatus is what a member sends instead of its state when every
+// member has seen it: the state's digest, a few bytes. A receiver whose
+// digest differs answers with its state.
+type gossipStatus struct {
+	From    NodeUID
+	Digest  uint64
+	ReplyTo Ref[clusterMsg] // the sender's cluster actor
+	// Seen, in a confirmation of a gossip received, is who the sender
+	// knows holds this state, so that a member that gossips a state many
+	// have already seen learns it in one round (empty in the periodic
+	// status: it would cost bytes in proportion to the cluster).
+	Seen []NodeUID
+}
+
+func (gossipStatus) isClusterMsg() {}
+
+// gossipFanout is how many members get the state in a round in which some
+// have not seen it: enough to spread a change to a hundred members in a
+// few rounds (about log₃ n), few enough that the bytes per member do not
+// grow with the cluster.
+const gossipFanout = 5
 
 type gossipMember struct {
 	Addr     string
@@ -163,6 +197,7 @@ type downReply struct{ Err string }
 
 func init() {
 	RegisterMessage[gossipMsg]("troupe.cluster.gossip")
+	RegisterMessage[gossipStatus]("troupe.cluster.status")
 	RegisterMessage[downRequest]("troupe.cluster.down")
 	RegisterMessage[downReply]("troupe.cluster.down-reply")
 }
@@ -208,6 +243,9 @@ func (c ClusterConfig) withDefaults(n *Node) ClusterConfig {
 	}
 	if c.LeaseReleaseAfter == 0 {
 		c.LeaseReleaseAfter = 40 * time.Second
+	}
+	if c.MonitoredMembers <= 0 {
+		c.MonitoredMembers = 9
 	}
 	if c.GossipInterval == 0 {
 		c.GossipInterval = n.cfg.HeartbeatInterval
@@ -266,6 +304,8 @@ func StartCluster(ctx context.Context, n *Node, cfg ClusterConfig) (*Cluster, er
 			switch m := m.(type) {
 			case gossipMsg:
 				c.receive(m)
+			case gossipStatus:
+				c.status(m)
 			case downRequest:
 				var reply downReply
 				if err := c.Down(m.Addr); err != nil {
@@ -429,6 +469,7 @@ func (c *Cluster) run() {
 
 func (c *Cluster) cleanup() {
 	c.n.quarantinedBy.Store(nil)
+	c.n.beatMembers.Store(nil)
 	c.mu.Lock()
 	c.stopped = true
 	uids := make([]NodeUID, 0, len(c.members))
@@ -451,28 +492,64 @@ func (c *Cluster) cleanup() {
 	}
 }
 
-// gossip sends the state to every other live member (dialing anew when
-// an association has ended: members keep knocking).
+// gossip sends the state to a few members that have not seen it, or,
+// when all have, its digest to one (dialing anew when an association has
+// ended: members keep knocking).
 func (c *Cluster) gossip() {
 	c.mu.Lock()
 	if c.stopped {
 		c.mu.Unlock()
 		return
 	}
-	type dest struct {
-		addr Addr
-		uid  NodeUID
+	targets, full := c.gossipTargets(gossipFanout, rand.IntN)
+	var msg clusterMsg = gossipStatus{From: c.self, Digest: c.digested, ReplyTo: c.ref}
+	if full {
+		g := c.snapshot()
+		g.ReplyTo = c.ref
+		msg = g
 	}
-	var to []dest
-	for uid, m := range c.members {
-		if uid != c.self && m.Status < MemberRemoved {
-			to = append(to, dest{m.Addr, uid})
-		}
+	addrs := make([]Addr, len(targets))
+	for i, uid := range targets {
+		addrs[i] = c.members[uid].Addr
 	}
 	c.mu.Unlock()
-	for _, d := range to {
-		c.sendTo(d.addr, d.uid)
+	for _, a := range addrs {
+		c.tell(a, msg)
 	}
+}
+
+// status handles a member's digest: a differing one gets this member's
+// state in return; an equal one says the sender holds this state.
+func (c *Cluster) status(s gossipStatus) {
+	c.mu.Lock()
+	m := c.members[s.From]
+	same := s.Digest == c.digested
+	if same && m != nil {
+		c.seen[s.From] = true
+		for _, uid := range s.Seen {
+			c.seen[uid] = true
+		}
+	}
+	var g gossipMsg
+	if !same {
+		g = c.snapshot()
+		g.ReplyTo = c.ref
+	}
+	c.mu.Unlock()
+	if !same && m != nil {
+		c.reply(s.ReplyTo, m.Addr, g)
+	}
+}
+
+// reply sends msg back to the member that sent this one: through its
+// ReplyTo ref, over the connection the message came on, or failing that
+// to its address.
+func (c *Cluster) reply(to Ref[clusterMsg], addr Addr, msg clusterMsg) {
+	if !to.IsZero() {
+		to.Tell(msg)
+		return
+	}
+	c.tell(addr, msg)
 }
 
 // knock sends this member's state to the seeds while it knows no other
@@ -488,10 +565,18 @@ func (c *Cluster) knock() {
 	}
 }
 
+// sendTo sends this member's state to the member at addr.
 func (c *Cluster) sendTo(addr Addr, uid NodeUID) {
 	c.mu.Lock()
 	g := c.snapshot()
+	g.ReplyTo = c.ref
 	c.mu.Unlock()
+	c.tell(addr, g)
+}
+
+// tell sends msg to the cluster actor of the node at addr, once an
+// association with it is up.
+func (c *Cluster) tell(addr Addr, msg clusterMsg) {
 	a, err := c.n.assocFor(addr)
 	if err != nil {
 		return
@@ -502,7 +587,7 @@ func (c *Cluster) sendTo(addr Addr, uid NodeUID) {
 	if !up {
 		return // still dialing (or gone): knock again next round
 	}
-	Ref[gossipMsg]{h: &handle{node: c.n, key: refKey{node: peer, path: ClusterPath}, assoc: a}}.Tell(g)
+	Ref[clusterMsg]{h: &handle{node: c.n, key: refKey{node: peer, path: ClusterPath}, assoc: a}}.Tell(msg)
 }
 
 // quarantinedBy hears that the peer uid refused this node because it
@@ -590,7 +675,22 @@ func (c *Cluster) receive(g gossipMsg) {
 		return
 	}
 	out := c.merge(g, time.Now())
+	confirm := gossipStatus{From: c.self, Digest: c.digested, ReplyTo: c.ref}
+	if out.confirm {
+		for uid := range c.seen {
+			confirm.Seen = append(confirm.Seen, uid)
+		}
+	}
+	var state gossipMsg
+	if out.tellTo != nil {
+		state = c.snapshot()
+		state.ReplyTo = c.ref
+	}
+	sender := c.members[g.From]
 	c.mu.Unlock()
+	if out.confirm && sender != nil {
+		c.reply(g.ReplyTo, sender.Addr, confirm) // so that it counts this member as having seen it
+	}
 	for _, uid := range out.added {
 		c.n.members.Store(uid, struct{}{})
 	}
@@ -600,7 +700,12 @@ func (c *Cluster) receive(g gossipMsg) {
 	}
 	c.publish(out.events)
 	if out.tellTo != nil {
-		c.sendTo(out.tellTo.Addr, out.tellTo.UID)
+		c.reply(g.ReplyTo, out.tellTo.Addr, state)
+	}
+	if out.changed {
+		// Pass news on at once rather than at the next tick: a change
+		// reaches a hundred members in a few hops, not a few intervals.
+		c.gossip()
 	}
 }
 
@@ -617,13 +722,30 @@ func (c *Cluster) detect(now time.Time) {
 	c.n.pmu.Unlock()
 
 	var events []MemberEvent
-	defer func() { c.publish(events) }() // outside the lock
+	var dial []Addr
+	defer func() { // outside the lock
+		c.publish(events)
+		for _, a := range dial {
+			c.n.assocFor(a)
+		}
+	}()
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	monitored := c.monitorsOf(c.self, c.cfg.MonitoredMembers, c.ring())
+	for uid := range c.detectors {
+		if !slices.Contains(monitored, uid) {
+			delete(c.detectors, uid) // watched afresh if it comes back on the ring
+			delete(c.lastHeard, uid)
+		}
+	}
+	watchers := c.watchers(c.cfg.MonitoredMembers)
+	c.n.beatMembers.Store(&watchers)
 	var mine []NodeUID
-	for uid, m := range c.members {
-		if uid == c.self || !live(m) {
-			continue
+	for _, uid := range monitored {
+		if heard[uid] == 0 {
+			// No association yet: dial it, so that its heartbeats reach
+			// this member (gossip alone may never have connected them).
+			dial = append(dial, c.members[uid].Addr)
 		}
 		d := c.detectors[uid]
 		if d == nil {

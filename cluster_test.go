@@ -572,7 +572,9 @@ func (r *clusterRig) dumpOnFailure() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for i, c := range r.members {
-		r.t.Logf("member %d %v stopped=%v self=%v", i, r.nodes[i].UID(), stopped(c), c.Self().Status)
+		c.mu.Lock()
+		r.t.Logf("member %d %v stopped=%v self=%v digest=%x seen=%v leader=%v converged=%v", i, r.nodes[i].UID(), stopped(c), c.members[c.self].Status, c.digested, len(c.seen), c.leader().UID, c.converged())
+		c.mu.Unlock()
 		for _, m := range c.Members() {
 			r.t.Logf("    sees %v %v up#%d", m.UID, m.Status, m.UpNumber)
 		}
@@ -598,6 +600,7 @@ func memberStatus(c *Cluster, uid NodeUID) MemberStatus {
 // does), or Cluster.Down.
 func TestClusterManualDown(t *testing.T) {
 	r := newClusterRig(t, 3, clusterCfg(nil))
+	defer r.dumpOnFailure()
 	dead := r.nodes[2]
 	deadAddr := dead.Addrs()[0].String()
 	r.f.Kill(dead)
@@ -706,4 +709,29 @@ func TestClusterJoinerQuarantinedByAMember(t *testing.T) {
 			t.Fatalf("member %d stopped: only the quarantined one may go", i)
 		}
 	}
+}
+
+// In a cluster larger than MonitoredMembers+1 each member watches only
+// some others; a crashed member is still found by those that watch it,
+// the news spreads by gossip, and keep-majority downs it alone.
+func TestClusterWatchesPartOfALargerCluster(t *testing.T) {
+	cfg := clusterCfg(KeepMajority{})
+	cfg.MonitoredMembers = 3
+	r := newClusterRig(t, 8, cfg)
+	victim := r.nodes[5]
+	r.f.Kill(victim)
+	waitFor(t, 15*time.Second, "the dead member removed everywhere", func() bool {
+		for i, c := range r.members {
+			if i == 5 {
+				continue
+			}
+			if stopped(c) {
+				t.Fatalf("member %d stopped", i)
+			}
+			if memberStatus(c, victim.UID()) != MemberRemoved {
+				return false
+			}
+		}
+		return true
+	})
 }

@@ -291,9 +291,10 @@ func MinorityDelay(v SplitView) bool {
 }
 
 // IndirectlyConnected returns the members to take out of v so that what
-// remains is a clean split (every member on this side cannot reach every
-// member on the other, and no pair on the same side has lost each other)
-// or no split at all. A clean partition or a crash has none. A partial or
+// remains is a clean split (every pair of members that lost each other has
+// one on this side and one on the other: no pair on the same side has) or
+// no split at all. Completeness is not required: a member watches only
+// some others (ClusterConfig.MonitoredMembers). A clean partition or a crash has none. A partial or
 // one-way partition has some: the members at the heart of the broken
 // links, chosen greedily — the one in the most lost pairs first; on a tie
 // one on the other side, then a joining one, then the youngest, then the
@@ -366,8 +367,7 @@ func (g *reachGraph) sides() (here, there []Member) {
 }
 
 // clean reports whether the remaining members form a clean split: every
-// lost pair joins this side to the other, and every member of this side
-// that observes has lost every member of the other.
+// lost pair joins this side to the other.
 func (g *reachGraph) clean() bool {
 	here, there := g.sides()
 	for _, a := range here {
@@ -375,9 +375,6 @@ func (g *reachGraph) clean() bool {
 			if g.here[b] || len(g.lost[b]) == 0 {
 				return false // a lost pair within this side
 			}
-		}
-		if a.counts() && len(g.lost[a.UID]) != len(there) {
-			return false // reaches some of the other side
 		}
 	}
 	for _, a := range there {

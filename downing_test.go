@@ -138,10 +138,10 @@ func TestResolveSplit(t *testing.T) {
 		{"a crash", "uuu", []int{0, 1}, []string{"1>3", "2>3"}, DownUnreachable, "3"},
 		{"partial partition in 3: the younger of the pair goes", "uuu", []int{2}, []string{"1>2", "2>1"}, DownIndirectlyConnected, "2"},
 		{"a joiner that became up reaching only its seed is downed alone", "uuuuuu", []int{0}, []string{"2>6", "3>6", "4>6", "5>6", "6>2", "6>3", "6>4", "6>5"}, DownIndirectlyConnected, "6"},
-		{"a joining member that reaches only its seed is downed alone", "uuuuuj", []int{0, 1, 2, 3, 4}, []string{"2>6", "3>6", "4>6", "5>6", "6>2", "6>3", "6>4", "6>5"}, DownIndirectlyConnected, "6"},
+		{"a joining member that reaches only its seed is downed alone", "uuuuuj", []int{0, 1, 2, 3, 4}, []string{"2>6", "3>6", "4>6", "5>6", "6>2", "6>3", "6>4", "6>5"}, DownUnreachable, "6"},
 		{"one-way: 1 of 5 cannot send", "uuuuu", []int{0, 1, 2, 3}, []string{"1>5", "2>5", "3>5", "4>5"}, DownUnreachable, "5"},
 		{"one-way: 1 of 5 cannot receive, its own view", "uuuuu", []int{4}, []string{"5>1", "5>2", "5>3", "5>4"}, DownReachable, "5"},
-		{"one member of three cannot reach another: the unreachable one is downed", "uuu", []int{0, 2}, []string{"1>2"}, DownIndirectlyConnected, "2"},
+		{"one member of three cannot reach another: the unreachable one is downed", "uuu", []int{0, 2}, []string{"1>2"}, DownUnreachable, "2"},
 		{"indirect plus a clean split: indirect first, then the strategy", "uuuuu", []int{0}, []string{"1>4", "1>5", "2>4", "2>5", "3>4", "3>5", "2>3", "3>2"}, DownReachable, "12345"},
 		{"indirect plus a clean split, the bigger side", "uuuuuuu", []int{0, 1, 2, 3}, []string{"1>6", "1>7", "2>6", "2>7", "3>6", "3>7", "4>6", "4>7", "3>4", "4>3"}, DownIndirectlyConnected, "467"},
 	}

@@ -24,6 +24,7 @@ type FaultNet struct {
 	dialers map[string]*Node // local address of an outbound connection -> its node
 	cuts    map[[2]*Node]bool
 	drops   map[[2]*Node]bool // one way: {from, to}
+	sent    map[*Node]uint64  // bytes each node wrote
 	paused  map[*Node]bool
 	killed  map[*Node]bool
 }
@@ -35,6 +36,7 @@ func NewFaultNet() *FaultNet {
 		dialers: make(map[string]*Node),
 		cuts:    make(map[[2]*Node]bool),
 		drops:   make(map[[2]*Node]bool),
+		sent:    make(map[*Node]uint64),
 		paused:  make(map[*Node]bool),
 		killed:  make(map[*Node]bool),
 	}
@@ -86,6 +88,16 @@ func (f *FaultNet) Partition(a, b *Node) {
 // asymmetric failure a firewall rule or a half-broken link causes.
 func (f *FaultNet) Drop(from, to *Node) {
 	f.change(func() { f.drops[[2]*Node{from, to}] = true })
+}
+
+// BytesSent reports how many bytes n has written to its connections on
+// f: what troupe puts on the wire (frames, handshakes), not TCP/IP
+// headers. Bytes held by a cut count once they are written; bytes
+// swallowed because a node at either end was killed do not count.
+func (f *FaultNet) BytesSent(n *Node) uint64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.sent[n]
 }
 
 // Isolate cuts n off from every other node started on f so far.
@@ -212,6 +224,7 @@ func (c *faultConn) Write(p []byte) (int, error) {
 		}
 		f.cond.Wait()
 	}
+	f.sent[c.local] += uint64(len(p))
 	f.mu.Unlock()
 	return c.Conn.Write(p)
 }

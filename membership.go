@@ -19,7 +19,8 @@ type membership struct {
 	self     NodeUID
 	members  map[NodeUID]*Member
 	reach    map[NodeUID]reachRecord // per observer: whom it cannot reach
-	seen     map[NodeUID]uint64      // digest of the last state received from each member
+	seen     map[NodeUID]bool        // who is known to hold exactly this state
+	digested uint64                  // the digest seen is about
 	changed  time.Time               // when the state last changed
 	unstable time.Time               // when members first became unreachable (zero if none)
 	decided  bool                    // the downing strategy already acted for this split
@@ -34,13 +35,31 @@ type reachRecord struct {
 
 // newMembership is the membership of a member that knows only itself.
 func newMembership(self Member, now time.Time) membership {
-	return membership{
+	ms := membership{
 		self:    self.UID,
 		members: map[NodeUID]*Member{self.UID: &self},
 		reach:   map[NodeUID]reachRecord{},
-		seen:    map[NodeUID]uint64{},
 		changed: now,
 	}
+	ms.resetSeen()
+	return ms
+}
+
+// resetSeen notes that the state changed: only this member has seen it.
+func (ms *membership) resetSeen() {
+	ms.seen = map[NodeUID]bool{ms.self: true}
+	ms.digested = ms.digest()
+}
+
+// touched is called after anything that may have changed the state: when
+// the digest moved, the seen set starts again and the time is noted.
+func (ms *membership) touched(now time.Time) bool {
+	if ms.digest() == ms.digested {
+		return false
+	}
+	ms.resetSeen()
+	ms.changed = now
+	return true
 }
 
 // live reports whether a member is still part of the membership.
@@ -110,12 +129,11 @@ func (ms *membership) converged() bool {
 	if len(ms.unreachable()) > 0 {
 		return false
 	}
-	d := ms.digest()
 	for uid, m := range ms.members {
-		if uid == ms.self || m.Status >= MemberExiting {
+		if m.Status >= MemberExiting {
 			continue // an exiting member has stopped listening
 		}
-		if ms.seen[uid] != d {
+		if !ms.seen[uid] {
 			return false
 		}
 	}
@@ -141,6 +159,9 @@ func (ms *membership) leader() *Member {
 // snapshot is the whole state, to gossip.
 func (ms *membership) snapshot() gossipMsg {
 	g := gossipMsg{From: ms.self}
+	for uid := range ms.seen {
+		g.Seen = append(g.Seen, uid)
+	}
 	for _, m := range ms.members {
 		g.Members = append(g.Members, gossipMember{Addr: m.Addr.String(), UID: m.UID, Status: uint8(m.Status), UpNumber: m.UpNumber})
 	}
@@ -156,6 +177,7 @@ type merged struct {
 	added   []NodeUID // members this member had not known
 	ended   []NodeUID // earlier incarnations, downed: end their associations
 	tellTo  *Member   // the sender, downed or removed here: tell it so
+	confirm bool      // the sender does not know this member now holds its state
 	changed bool
 }
 
@@ -164,7 +186,6 @@ type merged struct {
 // reachability record wins (only this member speaks for itself).
 func (ms *membership) merge(g gossipMsg, now time.Time) merged {
 	var out merged
-	before := ms.digest()
 	oldUnreach := ms.unreachable()
 	for _, gm := range g.Members {
 		addr, err := ParseAddr(gm.Addr)
@@ -201,31 +222,43 @@ func (ms *membership) merge(g gossipMsg, now time.Time) merged {
 			ms.reach[r.Observer] = reachRecord{version: r.Version, unreachable: r.Unreachable}
 		}
 	}
-	ms.seen[g.From] = digestOf(g)
+	out.changed = ms.touched(now)
+	if ms.digested == digestOf(g) {
+		// Both hold the same state now: whoever had seen the sender's has
+		// seen this one.
+		ms.seen[g.From] = true
+		for _, uid := range g.Seen {
+			ms.seen[uid] = true
+		}
+		out.confirm = !slices.Contains(g.Seen, ms.self)
+	}
 	// A sender this member has downed or removed may not know: tell it,
 	// so that it stops instead of knocking as a joiner for ever.
 	if m := ms.members[g.From]; m != nil && !live(m) && g.From != ms.self {
 		out.tellTo = &Member{Addr: m.Addr, UID: m.UID}
 	}
-	if ms.digest() != before {
-		ms.changed, out.changed = now, true
-	}
 	out.events = append(out.events, ms.reachEvents(oldUnreach, now)...)
 	return out
 }
 
-// replaceIncarnation handles a member new to this one: a live member with
+// replaceIncarnation handles a member new to this one: a member with
 // another uid at its address is an earlier incarnation of the same
 // process, which is gone — two processes cannot listen on one address. It
-// is downed (the leader then removes it), and its uid added to ended.
+// is downed if it was live (the leader then removes it), and its uid
+// added to ended.
 func (ms *membership) replaceIncarnation(m *Member, ended *[]NodeUID) []MemberEvent {
 	var events []MemberEvent
 	for uid, old := range ms.members {
-		if uid == m.UID || uid == ms.self || !live(old) || old.Addr != m.Addr {
+		if uid == m.UID || uid == ms.self || old.Addr != m.Addr {
 			continue
 		}
-		old.Status = MemberDown
-		events = append(events, MemberEvent{Member: *old, Kind: EventMemberStatus})
+		if live(old) {
+			old.Status = MemberDown
+			events = append(events, MemberEvent{Member: *old, Kind: EventMemberStatus})
+		}
+		// Ended even when already downed (the same gossip may have said
+		// so): sends to the address must reach the new incarnation, not
+		// a connection to the old one.
 		*ended = append(*ended, uid)
 	}
 	return events
@@ -264,7 +297,7 @@ func (ms *membership) observe(unreachable []NodeUID, now time.Time) []MemberEven
 	}
 	old := ms.unreachable()
 	ms.reach[ms.self] = reachRecord{version: cur.version + 1, unreachable: mine}
-	ms.changed = now
+	ms.touched(now)
 	return ms.reachEvents(old, now)
 }
 
@@ -303,9 +336,7 @@ func (ms *membership) lead(now time.Time) []MemberEvent {
 		}
 		events = append(events, MemberEvent{Member: *m, Kind: EventMemberStatus})
 	}
-	if len(events) > 0 {
-		ms.changed = now
-	}
+	ms.touched(now)
 	return events
 }
 
@@ -313,7 +344,7 @@ func (ms *membership) lead(now time.Time) []MemberEvent {
 func (ms *membership) leave(now time.Time) {
 	if m := ms.members[ms.self]; m.Status <= MemberUp {
 		m.Status = MemberLeaving
-		ms.changed = now
+		ms.touched(now)
 	}
 }
 
@@ -326,7 +357,7 @@ func (ms *membership) down(down []Member, now time.Time) []MemberEvent {
 			events = append(events, MemberEvent{Member: *m, Kind: EventMemberStatus})
 		}
 	}
-	ms.changed = now
+	ms.touched(now)
 	return events
 }
 
@@ -407,4 +438,111 @@ func (ms *membership) nextDowning(now time.Time, strategy bool, t timing) downin
 		return stepDecide
 	}
 	return stepWait
+}
+
+// ringPos is a member's place on the monitoring ring: a hash of its uid,
+// so that the ring is the same on every member and spreads neighbours
+// evenly whatever the addresses.
+func ringPos(uid NodeUID) uint64 {
+	h := fnv.New64a()
+	h.Write(uid[:])
+	return h.Sum64()
+}
+
+// ring is the live members in ring order.
+func (ms *membership) ring() []NodeUID {
+	var r []NodeUID
+	for uid, m := range ms.members {
+		if live(m) {
+			r = append(r, uid)
+		}
+	}
+	slices.SortFunc(r, func(a, b NodeUID) int {
+		if c := cmp.Compare(ringPos(a), ringPos(b)); c != 0 {
+			return c
+		}
+		return compareUID(a, b)
+	})
+	return r
+}
+
+// monitorsOf is whom member uid watches with a failure detector: the
+// members after it on ring r until k of them are ones it has not found
+// unreachable, and the unreachable ones among them (so that it sees them
+// come back). With k or fewer other members, that is all of them.
+func (ms *membership) monitorsOf(uid NodeUID, k int, r []NodeUID) []NodeUID {
+	i := slices.Index(r, uid)
+	if i < 0 {
+		return nil
+	}
+	lost := map[NodeUID]bool{}
+	for _, u := range ms.reach[uid].unreachable {
+		lost[u] = true
+	}
+	var out []NodeUID
+	for j, reachable := 1, 0; j < len(r) && reachable < k; j++ {
+		v := r[(i+j)%len(r)]
+		out = append(out, v)
+		if !lost[v] {
+			reachable++
+		}
+	}
+	return out
+}
+
+// watchers is the set of members that watch this member, and so need its
+// heartbeats.
+func (ms *membership) watchers(k int) map[NodeUID]bool {
+	r := ms.ring()
+	out := map[NodeUID]bool{}
+	for _, uid := range r {
+		if uid != ms.self && slices.Contains(ms.monitorsOf(uid, k, r), ms.self) {
+			out[uid] = true
+		}
+	}
+	return out
+}
+
+// gossipTargets picks whom to send the state to this round: up to fanout
+// members that have not seen it (they need it), chosen with pick; when
+// every member has seen it, one member, for a digest only (the state costs
+// nothing to confirm). full says which of the two.
+func (ms *membership) gossipTargets(fanout int, pick func(n int) int) (to []NodeUID, full bool) {
+	var unseen, all []NodeUID
+	unreachable := ms.unreachable()
+	for uid, m := range ms.members {
+		if uid == ms.self || m.Status == MemberRemoved {
+			continue // a member just downed still needs to hear it
+		}
+		all = append(all, uid)
+		if !ms.seen[uid] {
+			unseen = append(unseen, uid)
+		}
+	}
+	// pick decides, not map order; those that can be reached first.
+	slices.SortFunc(unseen, func(a, b NodeUID) int {
+		if unreachable[a] != unreachable[b] {
+			if unreachable[a] {
+				return 1
+			}
+			return -1
+		}
+		return compareUID(a, b)
+	})
+	if n := slices.IndexFunc(unseen, func(u NodeUID) bool { return unreachable[u] }); n > 0 {
+		unseen = unseen[:n]
+	}
+	slices.SortFunc(all, compareUID)
+	if len(unseen) > 0 {
+		for len(to) < fanout && len(unseen) > 0 {
+			i := pick(len(unseen))
+			to = append(to, unseen[i])
+			unseen = slices.Delete(unseen, i, i+1)
+		}
+		return to, true
+	}
+	if len(all) == 0 {
+		return nil, false
+	}
+	return []NodeUID{all[pick(len(all))]}, false
 }

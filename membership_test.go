@@ -29,6 +29,7 @@ func state(self int, ms ...Member) membership {
 	for _, m := range ms {
 		st.members[m.UID] = &m
 	}
+	st.resetSeen()
 	return st
 }
 
@@ -127,9 +128,8 @@ func TestLeaderTransitions(t *testing.T) {
 	if ev := st.lead(at(0)); ev != nil {
 		t.Fatalf("led before convergence: %v", ev)
 	}
-	d := st.digest()
 	for _, i := range []int{2, 5, 6} { // exiting and down members are not waited for
-		st.seen[uidOf(i)] = d
+		st.seen[uidOf(i)] = true
 	}
 	if st.lead(at(10)) == nil {
 		t.Fatal("no transitions after convergence")
@@ -142,7 +142,7 @@ func TestLeaderTransitions(t *testing.T) {
 	}
 	// Not the leader: member 2's view of the same state does nothing.
 	st2 := state(2, memberOf(1, MemberUp, 1), memberOf(2, MemberUp, 2), memberOf(3, MemberJoining, 0))
-	st2.seen[uidOf(1)], st2.seen[uidOf(3)] = st2.digest(), st2.digest()
+	st2.seen[uidOf(1)], st2.seen[uidOf(3)] = true, true
 	if ev := st2.lead(at(0)); ev != nil {
 		t.Fatalf("a member that is not the leader led: %v", ev)
 	}
@@ -164,8 +164,7 @@ func TestLeaderChangesMidTransition(t *testing.T) {
 		t.Fatalf("led with a member unreachable: %v", ev)
 	}
 	st.down([]Member{*st.members[uidOf(1)]}, at(20))
-	d := st.digest()
-	st.seen[uidOf(3)], st.seen[uidOf(4)] = d, d
+	st.seen[uidOf(3)], st.seen[uidOf(4)] = true, true
 	st.lead(at(30))
 	if got := statuses(&st); got != "[1:removed:1 2:up:2 3:up:3 4:up:4]" {
 		t.Fatalf("after the new leader's step: %s", got)
@@ -225,5 +224,68 @@ func TestNextDowning(t *testing.T) {
 		if got := tc.st.nextDowning(at(tc.now), tc.strategy, tm); got != tc.want {
 			t.Errorf("%s: nextDowning = %d, want %d", tc.name, got, tc.want)
 		}
+	}
+}
+
+// Each member watches the next k on a ring every member computes alike,
+// plus the unreachable ones it passes; watchers is the inverse.
+func TestMonitoringRing(t *testing.T) {
+	var ms []Member
+	for i := 1; i <= 12; i++ {
+		ms = append(ms, memberOf(i, MemberUp, i))
+	}
+	st := state(1, ms...)
+	r := st.ring()
+	if len(r) != 12 {
+		t.Fatalf("ring of %d", len(r))
+	}
+	for _, uid := range r {
+		mon := st.monitorsOf(uid, 3, r)
+		if len(mon) != 3 || slices.Contains(mon, uid) {
+			t.Fatalf("%v monitors %v, want 3 others", uid, mon)
+		}
+	}
+	// Every member is watched by exactly k others.
+	for i := 1; i <= 12; i++ {
+		other := state(i, ms...)
+		if w := other.watchers(3); len(w) != 3 {
+			t.Fatalf("member %d has %d watchers, want 3", i, len(w))
+		}
+	}
+	// An unreachable one is kept, and one more is watched in its place.
+	self := r[0]
+	first := st.monitorsOf(self, 3, r)
+	st.reach[self] = reachRecord{version: 1, unreachable: []NodeUID{first[0]}}
+	if got := st.monitorsOf(self, 3, r); len(got) != 4 || got[0] != first[0] {
+		t.Fatalf("with %v unreachable, monitors %v", first[0], got)
+	}
+	// A small cluster watches everyone.
+	small := state(1, ms[:4]...)
+	if got := small.monitorsOf(uidOf(1), 9, small.ring()); len(got) != 3 {
+		t.Fatalf("4 members, k=9: monitors %v", got)
+	}
+}
+
+// Gossip goes to members that have not seen the state, reachable ones
+// first; when all have, a digest goes to one.
+func TestGossipTargets(t *testing.T) {
+	st := state(1, memberOf(1, MemberUp, 1), memberOf(2, MemberUp, 2), memberOf(3, MemberUp, 3), memberOf(4, MemberUp, 4), memberOf(5, MemberRemoved, 5))
+	first := func(int) int { return 0 }
+	to, full := st.gossipTargets(2, first)
+	if !full || !slices.Equal(to, []NodeUID{uidOf(2), uidOf(3)}) {
+		t.Fatalf("targets %v full %v", to, full)
+	}
+	st.reach[uidOf(1)] = reachRecord{version: 1, unreachable: []NodeUID{uidOf(2)}}
+	st.resetSeen()
+	if to, _ := st.gossipTargets(5, first); !slices.Equal(to, []NodeUID{uidOf(3), uidOf(4)}) {
+		t.Fatalf("with 2 unreachable, targets %v, want the reachable unseen", to)
+	}
+	st.seen[uidOf(3)], st.seen[uidOf(4)] = true, true
+	if to, _ := st.gossipTargets(5, first); !slices.Equal(to, []NodeUID{uidOf(2)}) {
+		t.Fatalf("only the unreachable is unseen: targets %v, want it", to)
+	}
+	st.seen[uidOf(2)] = true
+	if to, full := st.gossipTargets(5, first); full || len(to) != 1 {
+		t.Fatalf("all seen: targets %v full %v, want one digest", to, full)
 	}
 }

@@ -339,6 +339,9 @@ type Node struct {
 	// quarantinedBy, set while a cluster runs, hears that a peer refused
 	// this node because it has quarantined it.
 	quarantinedBy atomic.Pointer[func(NodeUID)]
+	// beatMembers, set while a cluster runs, is the set of members that
+	// watch this one: the only members its associations heartbeat.
+	beatMembers atomic.Pointer[map[NodeUID]bool]
 
 	// Lifecycle.
 	closeOnce sync.Once

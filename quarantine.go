@@ -323,9 +323,23 @@ func (a *assoc) checkLiveness(now time.Time) {
 	}
 	if now.Sub(a.lastBeat) >= a.n.cfg.HeartbeatInterval {
 		a.lastBeat = now
-		a.beat.Store(true)
-		a.notify()
+		if a.needsBeat() {
+			a.beat.Store(true)
+		}
+		a.notify() // the writer acknowledges what arrived, beat or not
 	}
+}
+
+// needsBeat reports whether a's peer needs this node's heartbeats: every
+// peer does, except a cluster member that does not watch this one (see
+// ClusterConfig.MonitoredMembers) — in a large cluster, heartbeats to
+// every member would cost each member bytes in proportion to the cluster.
+func (a *assoc) needsBeat() bool {
+	if !a.n.isMember(a.peerUID) {
+		return true
+	}
+	w := a.n.beatMembers.Load()
+	return w == nil || (*w)[a.peerUID]
 }
 
 // declareUnreachable ends an association whose peer went silent. It closes
