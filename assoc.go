@@ -573,11 +573,7 @@ func (a *assoc) fail(err error) {
 		closing = true
 	default:
 	}
-	// Cluster members are never quarantined: they keep knocking on each
-	// other until one is downed.
-	// Registrars neither: a registrar is infrastructure, not a peer whose
-	// actors anyone relies on, and discovery must come back with it.
-	quarantine := wasUp && !closing && !errors.Is(err, ErrPeerLeft) && !a.n.isMember(a.peerUID) && !a.n.isRegistrarAssoc(a)
+	quarantine := a.quarantines(err, wasUp, closing)
 	reason := err
 	if quarantine {
 		a.n.addQuarantine(a, err)

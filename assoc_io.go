@@ -5,29 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
-	"sync/atomic"
-	"time"
 )
 
 // An association's two loops: the one writer that coalesces queued frames
 // (heartbeats and acknowledgements first), and the one reader.
-
-// stampReader is a connection's reading side; it records when bytes last
-// arrived, for the failure detector. Any bytes count as a sign of life.
-type stampReader struct {
-	c     net.Conn
-	epoch time.Time
-	heard atomic.Int64 // nanoseconds after epoch of the last read, 0 if none
-}
-
-func (r *stampReader) Read(p []byte) (int, error) {
-	n, err := r.c.Read(p)
-	if n > 0 {
-		r.heard.Store(int64(time.Since(r.epoch)))
-	}
-	return n, err
-}
 
 // writeLoop is the association's only writer: it takes everything queued,
 // encodes it into one buffer and writes it with one call.

@@ -1,9 +1,116 @@
 package troupe
 
 import (
+	"fmt"
 	"math"
+	"net"
+	"sync/atomic"
 	"time"
 )
+
+// Liveness, end to end: the read timestamps every connection keeps, the
+// node's heartbeat loop that feeds them to each association's detector,
+// asks for heartbeats and declares silent peers unreachable, and the
+// detectors themselves (a fixed window for a plain association,
+// phi-accrual for cluster members). What happens to a peer declared
+// unreachable — quarantine — is in quarantine.go.
+
+// stampReader is a connection's reading side; it records when bytes last
+// arrived, for the failure detector. Any bytes count as a sign of life.
+type stampReader struct {
+	c     net.Conn
+	epoch time.Time
+	heard atomic.Int64 // nanoseconds after epoch of the last read, 0 if none
+}
+
+func (r *stampReader) Read(p []byte) (int, error) {
+	n, err := r.c.Read(p)
+	if n > 0 {
+		r.heard.Store(int64(time.Since(r.epoch)))
+	}
+	return n, err
+}
+
+// startDetector starts a's window detector as its handshake completes.
+func (a *assoc) startDetector(now time.Time) {
+	a.det = WindowDetector{Window: a.n.cfg.UnreachableAfter, Start: now}
+}
+
+// heartbeatLoop is the node's one liveness goroutine: every quarter
+// interval it feeds each association's detector the time it last heard from
+// the peer, quarantines the silent ones, and asks each writer for a
+// heartbeat once per interval.
+func (n *Node) heartbeatLoop() {
+	t := time.NewTicker(n.cfg.HeartbeatInterval / 4)
+	defer t.Stop()
+	for {
+		select {
+		case <-n.done:
+			return
+		case now := <-t.C:
+			n.pmu.Lock()
+			assocs := make([]*assoc, 0, len(n.byUID))
+			for _, a := range n.byUID {
+				assocs = append(assocs, a)
+			}
+			n.pmu.Unlock()
+			for _, a := range assocs {
+				a.checkLiveness(now)
+			}
+			n.dlog.summarize(n, now)
+		}
+	}
+}
+
+// checkLiveness steps a's detector; it runs on the heartbeat goroutine,
+// which owns det and lastBeat.
+func (a *assoc) checkLiveness(now time.Time) {
+	if a.in == nil {
+		return
+	}
+	if at := a.in.heard.Load(); at != 0 {
+		a.det.Heartbeat(a.n.epoch.Add(time.Duration(at)))
+	}
+	if !a.det.Available(now) && !a.n.isMember(a.peerUID) {
+		a.declareUnreachable(fmt.Errorf("nothing heard for %v (the limit is %v)", now.Sub(a.det.LastHeard()).Round(time.Millisecond), a.n.cfg.UnreachableAfter))
+		return
+	}
+	if now.Sub(a.lastBeat) >= a.n.cfg.HeartbeatInterval {
+		a.lastBeat = now
+		if a.needsBeat() {
+			a.beat.Store(true)
+		}
+		a.notify() // the writer acknowledges what arrived, beat or not
+	}
+}
+
+// needsBeat reports whether a's peer needs this node's heartbeats: every
+// peer does, except a cluster member that does not watch this one (see
+// ClusterConfig.MonitoredMembers) — in a large cluster, heartbeats to
+// every member would cost each member bytes in proportion to the cluster.
+func (a *assoc) needsBeat() bool {
+	if !a.n.isMember(a.peerUID) {
+		return true
+	}
+	w := a.n.beatMembers.Load()
+	return w == nil || (*w)[a.peerUID]
+}
+
+// declareUnreachable ends an association whose peer went silent. It closes
+// the connection and leaves the rest to the reader, which ends the session
+// once it has delivered its last frame: nothing from the peer is delivered
+// after its watchers are told.
+func (a *assoc) declareUnreachable(cause error) {
+	a.mu.Lock()
+	if a.state != assocUp || a.doom != nil {
+		a.mu.Unlock()
+		return
+	}
+	a.doom = cause
+	conn := a.conn
+	a.mu.Unlock()
+	conn.Close()
+}
 
 // FailureDetector decides, from the times heartbeats arrived, whether a peer
 // is still available. Implementations are pure: they are stepped with

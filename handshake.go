@@ -260,7 +260,7 @@ func (n *Node) attach(a *assoc, h *hello) bool {
 		a.state = assocUp
 	}
 	a.mu.Unlock()
-	a.det = WindowDetector{Window: n.cfg.UnreachableAfter, Start: time.Now()}
+	a.startDetector(time.Now())
 	if loser == a {
 		// This connection lost to one that is already up: retire it
 		// (the peer is told, and both ends drain it).

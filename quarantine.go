@@ -213,6 +213,16 @@ func (n *Node) quarantineFor(uid NodeUID, addrs ...Addr) *QuarantineInfo {
 	return n.quarantine.find(time.Now(), n.cfg.QuarantineExpiry, uid, addrs...)
 }
 
+// quarantines decides whether an association that ended with err
+// quarantines its peer: only one that was up, ended by neither side's
+// goodbye nor this node's closing. Cluster members are never
+// quarantined: they keep knocking on each other until one is downed.
+// Registrars neither: a registrar is infrastructure, not a peer whose
+// actors anyone relies on, and discovery must come back with it.
+func (a *assoc) quarantines(err error, wasUp, closing bool) bool {
+	return wasUp && !closing && !errors.Is(err, ErrPeerLeft) && !a.n.isMember(a.peerUID) && !a.n.isRegistrarAssoc(a)
+}
+
 // addQuarantine records that this node gave up on a's peer.
 func (n *Node) addQuarantine(a *assoc, cause error) {
 	// Only a proven address is quarantined: one this node dialed and found
@@ -282,78 +292,3 @@ func (n *Node) Reconnect(ctx context.Context, address string) error {
 	return nil
 }
 
-// heartbeatLoop is the node's one liveness goroutine: every quarter
-// interval it feeds each association's detector the time it last heard from
-// the peer, quarantines the silent ones, and asks each writer for a
-// heartbeat once per interval.
-func (n *Node) heartbeatLoop() {
-	t := time.NewTicker(n.cfg.HeartbeatInterval / 4)
-	defer t.Stop()
-	for {
-		select {
-		case <-n.done:
-			return
-		case now := <-t.C:
-			n.pmu.Lock()
-			assocs := make([]*assoc, 0, len(n.byUID))
-			for _, a := range n.byUID {
-				assocs = append(assocs, a)
-			}
-			n.pmu.Unlock()
-			for _, a := range assocs {
-				a.checkLiveness(now)
-			}
-			n.dlog.summarize(n, now)
-		}
-	}
-}
-
-// checkLiveness steps a's detector; it runs on the heartbeat goroutine,
-// which owns det and lastBeat.
-func (a *assoc) checkLiveness(now time.Time) {
-	if a.in == nil {
-		return
-	}
-	if at := a.in.heard.Load(); at != 0 {
-		a.det.Heartbeat(a.n.epoch.Add(time.Duration(at)))
-	}
-	if !a.det.Available(now) && !a.n.isMember(a.peerUID) {
-		a.declareUnreachable(fmt.Errorf("nothing heard for %v (the limit is %v)", now.Sub(a.det.LastHeard()).Round(time.Millisecond), a.n.cfg.UnreachableAfter))
-		return
-	}
-	if now.Sub(a.lastBeat) >= a.n.cfg.HeartbeatInterval {
-		a.lastBeat = now
-		if a.needsBeat() {
-			a.beat.Store(true)
-		}
-		a.notify() // the writer acknowledges what arrived, beat or not
-	}
-}
-
-// needsBeat reports whether a's peer needs this node's heartbeats: every
-// peer does, except a cluster member that does not watch this one (see
-// ClusterConfig.MonitoredMembers) — in a large cluster, heartbeats to
-// every member would cost each member bytes in proportion to the cluster.
-func (a *assoc) needsBeat() bool {
-	if !a.n.isMember(a.peerUID) {
-		return true
-	}
-	w := a.n.beatMembers.Load()
-	return w == nil || (*w)[a.peerUID]
-}
-
-// declareUnreachable ends an association whose peer went silent. It closes
-// the connection and leaves the rest to the reader, which ends the session
-// once it has delivered its last frame: nothing from the peer is delivered
-// after its watchers are told.
-func (a *assoc) declareUnreachable(cause error) {
-	a.mu.Lock()
-	if a.state != assocUp || a.doom != nil {
-		a.mu.Unlock()
-		return
-	}
-	a.doom = cause
-	conn := a.conn
-	a.mu.Unlock()
-	conn.Close()
-}
