@@ -291,4 +291,3 @@ func (n *Node) Reconnect(ctx context.Context, address string) error {
 	}
 	return nil
 }
-
