@@ -140,6 +140,8 @@ type assoc struct {
 
 	written atomic.Uint64 // bytes written to the connection
 	in      *stampReader  // the connection's reading side; nil until connected
+	upAt    time.Time     // when the handshake completed (under mu)
+	sent    atomic.Uint64 // bytes written to the connection
 	beat    atomic.Bool   // the writer owes the peer a heartbeat
 	doom    error         // why the session must end, set before its conn is closed (mu)
 	// byeOnAck (mu): a graceful leave waits, before its bye, until the

@@ -120,6 +120,7 @@ func (a *assoc) write(b []byte) bool {
 		}
 	}
 	n, err := a.conn.Write(b)
+	a.sent.Add(uint64(n))
 	a.written.Add(uint64(n))
 	if err != nil {
 		a.abort(fmt.Errorf("write to %s: %w", a.label(), err))

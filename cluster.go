@@ -321,6 +321,7 @@ func StartCluster(ctx context.Context, n *Node, cfg ClusterConfig) (*Cluster, er
 	c.ref = ref
 	onQuarantine := c.quarantinedBy
 	n.quarantinedBy.Store(&onQuarantine)
+	n.cluster.Store(c)
 	for _, s := range seeds {
 		if !n.isOwnAddr(s) {
 			c.seeds = append(c.seeds, s)
@@ -470,6 +471,7 @@ func (c *Cluster) run() {
 func (c *Cluster) cleanup() {
 	c.n.quarantinedBy.Store(nil)
 	c.n.beatMembers.Store(nil)
+	c.n.cluster.CompareAndSwap(c, nil)
 	c.mu.Lock()
 	c.stopped = true
 	uids := make([]NodeUID, 0, len(c.members))

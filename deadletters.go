@@ -3,6 +3,7 @@ package troupe
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"sync"
 	"time"
 )
@@ -25,6 +26,7 @@ func (n *Node) deadLetterUnconfirmed(target string, msg any, reason error) {
 
 func (n *Node) reportDeadLetter(d DeadLetter) {
 	n.dlog.note(n, d)
+	n.dlCount.add(d.Reason)
 	if n.events.hasSubscribers() {
 		n.events.Publish(d)
 	}
@@ -80,4 +82,44 @@ func (l *deadLetterLog) summarize(n *Node, now time.Time) {
 	l.suppressed = 0
 	l.mu.Unlock()
 	n.log.Warn("troupe: dead letters not logged one by one", "count", count, "since", since.Format(time.RFC3339))
+}
+
+// deadLetterCounts counts dead letters by reason, for Stats.
+type deadLetterCounts struct {
+	mu     sync.Mutex
+	counts map[string]uint64
+}
+
+// deadLetterReasons are the reasons Stats counts by name; anything else
+// counts as "other".
+var deadLetterReasons = []struct {
+	name string
+	err  error
+}{
+	{"actor-stopped", ErrActorStopped}, {"no-such-actor", ErrNoSuchActor}, {"wrong-type", ErrWrongType},
+	{"mailbox-full", ErrMailboxFull}, {"send-queue-full", ErrSendQueueFull}, {"quarantined", ErrQuarantined},
+	{"peer-left", ErrPeerLeft}, {"node-closed", ErrNodeClosed}, {"session-ended", ErrSessionEnded},
+	{"not-registered", ErrNotRegistered},
+}
+
+func (c *deadLetterCounts) add(reason error) {
+	name := "other"
+	for _, r := range deadLetterReasons {
+		if errors.Is(reason, r.err) {
+			name = r.name
+			break
+		}
+	}
+	c.mu.Lock()
+	if c.counts == nil {
+		c.counts = map[string]uint64{}
+	}
+	c.counts[name]++
+	c.mu.Unlock()
+}
+
+func (c *deadLetterCounts) snapshot() map[string]uint64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return maps.Clone(c.counts)
 }

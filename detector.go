@@ -20,13 +20,15 @@ import (
 type stampReader struct {
 	c     net.Conn
 	epoch time.Time
-	heard atomic.Int64 // nanoseconds after epoch of the last read, 0 if none
+	heard atomic.Int64  // nanoseconds after epoch of the last read, 0 if none
+	bytes atomic.Uint64 // bytes read
 }
 
 func (r *stampReader) Read(p []byte) (int, error) {
 	n, err := r.c.Read(p)
 	if n > 0 {
 		r.heard.Store(int64(time.Since(r.epoch)))
+		r.bytes.Add(uint64(n))
 	}
 	return n, err
 }

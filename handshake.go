@@ -252,12 +252,16 @@ func (n *Node) attach(a *assoc, h *hello) bool {
 		a.finish()
 		return false
 	}
+	// The welcome is written once the peer table is unlocked: a slow
+	// write must not hold up the heartbeat loop or other handshakes. No
+	// other frame can go first: the writer starts after attach returns.
+	var welcome []byte
 	if !a.outbound {
-		a.conn.Write(appendFrame(nil, func(b []byte) []byte { return appendHello(b, frameWelcome, n.hello()) }))
+		welcome = appendFrame(nil, func(b []byte) []byte { return appendHello(b, frameWelcome, n.hello()) })
 	}
 	a.mu.Lock()
 	if a.state == assocConnecting {
-		a.state = assocUp
+		a.state, a.upAt = assocUp, time.Now()
 	}
 	a.mu.Unlock()
 	a.startDetector(time.Now())
@@ -265,6 +269,7 @@ func (n *Node) attach(a *assoc, h *hello) bool {
 		// This connection lost to one that is already up: retire it
 		// (the peer is told, and both ends drain it).
 		n.pmu.Unlock()
+		writeWelcome(a.conn, welcome)
 		a.mergeInto(winner)
 		return true
 	}
@@ -281,6 +286,7 @@ func (n *Node) attach(a *assoc, h *hello) bool {
 	delete(n.awaiting, h.uid)
 	a.closeReady()
 	n.pmu.Unlock()
+	writeWelcome(a.conn, welcome)
 
 	for _, w := range waiting {
 		w.mergeInto(a)
@@ -297,6 +303,14 @@ func (n *Node) attach(a *assoc, h *hello) bool {
 		n.proveClaims(a)
 	}
 	return true
+}
+
+// writeWelcome writes an acceptor's welcome, if it has one to write; a
+// failed write ends the session through the reader.
+func writeWelcome(c net.Conn, welcome []byte) {
+	if welcome != nil {
+		c.Write(welcome)
+	}
 }
 
 // maxProvenClaims bounds how many of a peer's announced addresses are

@@ -342,6 +342,9 @@ type Node struct {
 	// beatMembers, set while a cluster runs, is the set of members that
 	// watch this one: the only members its associations heartbeat.
 	beatMembers atomic.Pointer[map[NodeUID]bool]
+	// cluster is the cluster this node is a member of, if any (Stats).
+	cluster atomic.Pointer[Cluster]
+	dlCount deadLetterCounts
 
 	// Lifecycle.
 	closeOnce sync.Once

@@ -148,6 +148,7 @@ func TestReplaceDirective(t *testing.T) {
 const snippetImports = `import (
 	"context"
 	"log"
+	"net/http"
 	"testing"
 	"time"
 
@@ -175,6 +176,7 @@ type Quote struct{ Price float64 }
 
 var (
 	_ = log.Println
+	_ = http.NewServeMux
 	_ = time.Second
 	_ = hostnet.New
 )

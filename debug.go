@@ -1,0 +1,163 @@
+package troupe
+
+import (
+	"encoding/json"
+	"expvar"
+	"fmt"
+	"html/template"
+	"maps"
+	"net/http"
+	"slices"
+	"strings"
+	"time"
+)
+
+// DebugHandler serves a live view of n for operators: an HTML page of
+// [Node.Stats] (peers and how close each is to being declared unreachable,
+// quarantines and why, the deepest mailboxes, dead letters by reason, the
+// cluster's members) that refreshes itself every two seconds, and the same
+// snapshot as JSON when asked with ?format=json or an Accept header of
+// application/json. Mount it where you like, behind your own
+// authentication: it shows addresses and names to whoever can reach it.
+func DebugHandler(n *Node) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s := n.Stats()
+		if r.URL.Query().Get("format") == "json" || strings.Contains(r.Header.Get("Accept"), "application/json") {
+			w.Header().Set("Content-Type", "application/json")
+			enc := json.NewEncoder(w)
+			enc.SetIndent("", "  ")
+			enc.Encode(statsJSON(s))
+			return
+		}
+		w.Header().Set("Content-Type", "text/html; charset=utf-8")
+		if err := debugPage.Execute(w, pageData(s)); err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+		}
+	})
+}
+
+// statsJSON is Stats with its addresses, uids and durations as text.
+func statsJSON(s Stats) map[string]any {
+	peers := []map[string]any{}
+	for _, p := range s.Peers {
+		peers = append(peers, map[string]any{
+			"addr": p.Addr.String(), "uid": p.UID.String(), "name": p.Name, "state": p.State, "outbound": p.Outbound,
+			"since": p.Since, "last_heard": p.LastHeard, "window_left": p.WindowLeft.String(), "member": p.Member,
+			"bytes_in": p.BytesIn, "bytes_out": p.BytesOut, "queued": p.Queued, "unacked_bytes": p.Unacked,
+		})
+	}
+	quarantined := []map[string]any{}
+	for _, q := range s.Quarantined {
+		quarantined = append(quarantined, map[string]any{"uid": q.UID.String(), "name": q.Name, "addrs": addrStrings(q.Addrs), "since": q.Since, "cause": fmt.Sprint(q.Cause)})
+	}
+	members := []map[string]any{}
+	for _, m := range s.Members {
+		members = append(members, map[string]any{"addr": m.Addr.String(), "uid": m.UID.String(), "status": m.Status.String(), "up_number": m.UpNumber, "reachable": m.Reachable})
+	}
+	return map[string]any{
+		"name": s.Name, "uid": s.UID.String(), "addrs": addrStrings(s.Addrs), "taken": s.Taken,
+		"peers": peers, "quarantined": quarantined, "actors": s.Actors, "mailboxes": s.Mailboxes,
+		"dead_letters": s.DeadLetters, "members": members,
+	}
+}
+
+func addrStrings(as []Addr) []string {
+	out := []string{}
+	for _, a := range as {
+		out = append(out, a.String())
+	}
+	return out
+}
+
+// pageData is what the page template shows.
+func pageData(s Stats) map[string]any {
+	reasons := slices.Sorted(maps.Keys(s.DeadLetters))
+	return map[string]any{"S": s, "Reasons": reasons, "Taken": s.Taken.Format(time.RFC3339)}
+}
+
+var debugPage = template.Must(template.New("debug").Parse(`<!doctype html>
+<html><head><meta charset="utf-8"><meta http-equiv="refresh" content="2">
+<title>troupe {{.S.Name}}</title>
+<style>body{font-family:sans-serif;margin:1em}table{border-collapse:collapse;margin-bottom:1em}td,th{border:1px solid #ccc;padding:2px 6px;text-align:left}.bad{color:#b00}</style>
+</head><body>
+<h1>troupe node {{.S.Name}}</h1>
+<p>uid {{.S.UID}} · listening on {{range .S.Addrs}}{{.}} {{end}}· {{.S.Actors}} actors · taken {{.Taken}} (refreshes every 2 s; <a href="?format=json">JSON</a>)</p>
+<h2>Peers</h2>
+<table id="peers"><tr><th>address</th><th>name</th><th>uid</th><th>state</th><th>since</th><th>window left</th><th>in</th><th>out</th><th>queued</th><th>unacked</th></tr>
+{{range .S.Peers}}<tr class="peer" data-uid="{{.UID}}"><td>{{.Addr}}</td><td>{{.Name}}</td><td>{{.UID}}</td><td class="state">{{.State}}{{if .Member}} (member){{end}}</td><td>{{.Since.Format "15:04:05"}}</td><td>{{.WindowLeft}}</td><td>{{.BytesIn}}</td><td>{{.BytesOut}}</td><td>{{.Queued}}</td><td>{{.Unacked}}</td></tr>
+{{else}}<tr><td colspan="10">no peers</td></tr>{{end}}</table>
+<h2>Quarantined</h2>
+<table id="quarantined"><tr><th>name</th><th>uid</th><th>addresses</th><th>since</th><th>cause</th></tr>
+{{range .S.Quarantined}}<tr class="quarantined bad" data-uid="{{.UID}}"><td>{{.Name}}</td><td>{{.UID}}</td><td>{{range .Addrs}}{{.}} {{end}}</td><td>{{.Since.Format "15:04:05"}}</td><td>{{.Cause}}</td></tr>
+{{else}}<tr><td colspan="5">nobody</td></tr>{{end}}</table>
+<h2>Deepest mailboxes</h2>
+<table id="mailboxes"><tr><th>actor</th><th>waiting</th></tr>
+{{range .S.Mailboxes}}<tr><td>{{.Path}}</td><td>{{.Waiting}}</td></tr>{{else}}<tr><td colspan="2">all empty</td></tr>{{end}}</table>
+<h2>Dead letters</h2>
+<table id="deadletters"><tr><th>reason</th><th>count</th></tr>
+{{range .Reasons}}<tr><td>{{.}}</td><td>{{index $.S.DeadLetters .}}</td></tr>{{else}}<tr><td colspan="2">none</td></tr>{{end}}</table>
+{{if .S.Members}}<h2>Cluster</h2>
+<table id="members"><tr><th>address</th><th>uid</th><th>status</th><th>up number</th><th>reachable</th></tr>
+{{range .S.Members}}<tr><td>{{.Addr}}</td><td>{{.UID}}</td><td>{{.Status}}</td><td>{{.UpNumber}}</td><td{{if not .Reachable}} class="bad"{{end}}>{{.Reachable}}</td></tr>{{end}}</table>{{end}}
+</body></html>
+`))
+
+// MetricsHandler serves n's numbers in the Prometheus text format, for
+// the usual scrapers: peers by state, bytes in and out per peer,
+// quarantines, actors, dead letters by reason, cluster members by status.
+// It is written by hand, with no dependency.
+func MetricsHandler(n *Node) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+		writeMetrics(w, n.Stats())
+	})
+}
+
+func writeMetrics(w http.ResponseWriter, s Stats) {
+	metric := func(name, help, kind string) {
+		fmt.Fprintf(w, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, kind)
+	}
+	label := func(v string) string { return strings.NewReplacer(`\`, `\\`, `"`, `\"`, "\n", `\n`).Replace(v) }
+	metric("troupe_peers", "Associations with other nodes, by state.", "gauge")
+	byState := map[string]int{}
+	for _, p := range s.Peers {
+		byState[p.State]++
+	}
+	for _, st := range []string{"connecting", "up", "leaving", "closed"} {
+		fmt.Fprintf(w, "troupe_peers{state=%q} %d\n", st, byState[st])
+	}
+	metric("troupe_peer_received_bytes_total", "Bytes read from a peer's connection.", "counter")
+	for _, p := range s.Peers {
+		fmt.Fprintf(w, "troupe_peer_received_bytes_total{peer=\"%s\",uid=\"%s\"} %d\n", label(p.Addr.String()), p.UID, p.BytesIn)
+	}
+	metric("troupe_peer_sent_bytes_total", "Bytes written to a peer's connection.", "counter")
+	for _, p := range s.Peers {
+		fmt.Fprintf(w, "troupe_peer_sent_bytes_total{peer=\"%s\",uid=\"%s\"} %d\n", label(p.Addr.String()), p.UID, p.BytesOut)
+	}
+	metric("troupe_quarantined_peers", "Peers this node has quarantined.", "gauge")
+	fmt.Fprintf(w, "troupe_quarantined_peers %d\n", len(s.Quarantined))
+	metric("troupe_actors", "Actors living on the node.", "gauge")
+	fmt.Fprintf(w, "troupe_actors %d\n", s.Actors)
+	metric("troupe_dead_letters_total", "Messages that could not be delivered, by reason.", "counter")
+	for _, r := range pageData(s)["Reasons"].([]string) {
+		fmt.Fprintf(w, "troupe_dead_letters_total{reason=%q} %d\n", r, s.DeadLetters[r])
+	}
+	if len(s.Members) > 0 {
+		metric("troupe_cluster_members", "Cluster members as this member sees them, by status.", "gauge")
+		byStatus := map[string]int{}
+		for _, m := range s.Members {
+			byStatus[m.Status.String()]++
+		}
+		for _, st := range memberStatusNames {
+			fmt.Fprintf(w, "troupe_cluster_members{status=%q} %d\n", st, byStatus[st])
+		}
+	}
+}
+
+// PublishExpvar publishes n's [Node.Stats] through the standard library's
+// expvar under name (served at /debug/vars by expvar's handler), as the
+// JSON that [DebugHandler] serves. Like expvar.Publish, it panics if name
+// is already published.
+func (n *Node) PublishExpvar(name string) {
+	expvar.Publish(name, expvar.Func(func() any { return statsJSON(n.Stats()) }))
+}

@@ -1,0 +1,154 @@
+package troupe
+
+import (
+	"cmp"
+	"slices"
+	"time"
+)
+
+// Stats is a snapshot of what a node is doing and what it thinks of its
+// peers, made by [Node.Stats]. It is plain data: encode it as JSON, print
+// it, or serve it with [DebugHandler] and [MetricsHandler].
+type Stats struct {
+	Name  string
+	UID   NodeUID
+	Addrs []Addr
+	Taken time.Time // when the snapshot was made
+
+	// Peers are the associations with other nodes, by address.
+	Peers []PeerStats
+	// Quarantined are the peers this node has given up on, with why.
+	Quarantined []QuarantineInfo
+	// Actors is how many actors live on the node (system actors included).
+	Actors int
+	// Mailboxes are the deepest mailboxes, deepest first (at most 10, and
+	// only those with messages waiting).
+	Mailboxes []MailboxStats
+	// DeadLetters counts the node's dead letters since it started, by
+	// reason: "actor-stopped", "no-such-actor", "wrong-type",
+	// "mailbox-full", "send-queue-full", "quarantined", "peer-left",
+	// "node-closed", "session-ended", "not-registered" or "other".
+	DeadLetters map[string]uint64
+	// Members is the cluster membership as this node sees it, when it is
+	// a cluster member.
+	Members []MemberStats
+}
+
+// PeerStats is one association with another node.
+type PeerStats struct {
+	Addr     Addr
+	UID      NodeUID
+	Name     string
+	State    string // "connecting", "up", "leaving" or "closed"
+	Outbound bool   // this node dialed
+	Since    time.Time
+	// LastHeard is when anything last arrived from the peer.
+	LastHeard time.Time
+	// WindowLeft is how long the peer may stay silent before it is
+	// declared unreachable ([Config.UnreachableAfter] minus its silence);
+	// zero for a cluster member, whose detector is the cluster's.
+	WindowLeft time.Duration
+	Member     bool   // a cluster member (never quarantined)
+	BytesIn    uint64 // bytes read from the connection
+	BytesOut   uint64 // bytes written to it
+	Queued     int    // frames waiting to be written
+	Unacked    int    // bytes of messages written and not yet acknowledged
+}
+
+// MailboxStats is one actor's mailbox depth.
+type MailboxStats struct {
+	Path string
+	// Waiting counts the messages queued behind the batch the actor is
+	// working through (it takes all that are waiting at once): a mailbox
+	// that keeps growing here is one whose actor cannot keep up.
+	Waiting int
+}
+
+// MemberStats is one cluster member as this member sees it.
+type MemberStats struct {
+	Member
+	Reachable bool
+}
+
+var assocStateNames = [...]string{assocConnecting: "connecting", assocUp: "up", assocLeaving: "leaving", assocClosed: "closed"}
+
+// Stats returns a snapshot of the node: its associations, quarantines,
+// actors and deepest mailboxes, dead letters by reason, and its cluster
+// membership. It takes each table's lock briefly, one at a time, so the
+// parts are each consistent but not taken at one instant.
+func (n *Node) Stats() Stats {
+	now := time.Now()
+	s := Stats{Name: n.name, UID: n.uid, Addrs: n.Addrs(), Taken: now, DeadLetters: n.dlCount.snapshot()}
+	if s.DeadLetters == nil {
+		s.DeadLetters = map[string]uint64{}
+	}
+	n.pmu.Lock()
+	assocs := make([]*assoc, 0, len(n.byUID))
+	for _, a := range n.byUID {
+		assocs = append(assocs, a)
+	}
+	n.pmu.Unlock()
+	for _, a := range assocs {
+		a.mu.Lock()
+		p := PeerStats{Addr: a.addr(), UID: a.peerUID, Name: a.peerName, State: assocStateNames[a.state], Outbound: a.outbound,
+			Since: a.upAt, Queued: a.queue.len(), Unacked: a.unackedBytes, BytesOut: a.sent.Load(), Member: n.isMember(a.peerUID)}
+		in := a.in
+		a.mu.Unlock()
+		if in != nil {
+			p.BytesIn = in.bytes.Load()
+			if at := in.heard.Load(); at != 0 {
+				p.LastHeard = n.epoch.Add(time.Duration(at))
+			}
+		}
+		if !p.Member {
+			last := p.LastHeard
+			if p.Since.After(last) {
+				last = p.Since
+			}
+			p.WindowLeft = max(0, n.cfg.UnreachableAfter-now.Sub(last))
+		}
+		s.Peers = append(s.Peers, p)
+	}
+	slices.SortFunc(s.Peers, func(a, b PeerStats) int { return cmp.Compare(a.Addr.String(), b.Addr.String()) })
+	s.Quarantined = n.Quarantined()
+
+	n.amu.Lock()
+	handles := make([]*handle, 0, len(n.actors))
+	for _, h := range n.actors {
+		handles = append(handles, h)
+	}
+	n.amu.Unlock()
+	for _, h := range handles {
+		if h.local == nil || h.local.watchHandle() != h {
+			continue // adapters and temporary refs are not actors
+		}
+		s.Actors++
+		if w, ok := h.local.(interface{ waiting() int }); ok {
+			if depth := w.waiting(); depth > 0 {
+				s.Mailboxes = append(s.Mailboxes, MailboxStats{Path: h.key.path, Waiting: depth})
+			}
+		}
+	}
+	slices.SortFunc(s.Mailboxes, func(a, b MailboxStats) int {
+		return cmp.Or(cmp.Compare(b.Waiting, a.Waiting), cmp.Compare(a.Path, b.Path))
+	})
+	s.Mailboxes = s.Mailboxes[:min(len(s.Mailboxes), 10)]
+
+	if c := n.cluster.Load(); c != nil {
+		c.mu.Lock()
+		unreachable := c.unreachable()
+		for _, m := range c.members {
+			s.Members = append(s.Members, MemberStats{Member: *m, Reachable: !unreachable[m.UID]})
+		}
+		c.mu.Unlock()
+		slices.SortFunc(s.Members, func(a, b MemberStats) int { return lowerAddr(a.Member, b.Member) })
+	}
+	return s
+}
+
+// waiting is how many user messages wait in the actor's mailbox.
+func (c *cell[T]) waiting() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.in)
+}

@@ -1,0 +1,257 @@
+package troupe_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"troupe"
+)
+
+// faultPair starts two nodes on a fault network with a short window, and
+// makes them associate by resolving an actor of b from a.
+func faultPair(t *testing.T) (*troupe.FaultNet, *troupe.Node, *troupe.Node) {
+	t.Helper()
+	f := troupe.NewFaultNet()
+	start := func(name string) *troupe.Node {
+		n, err := f.Start(ctxFor(t), troupe.Config{Name: name, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+			HeartbeatInterval: 50 * time.Millisecond, UnreachableAfter: time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { n.Close() })
+		return n
+	}
+	a, b := start("a"), start("b")
+	t.Cleanup(f.Heal) // first: the nodes close without waiting on a cut network
+	if _, err := troupe.Spawn(b, "echo", troupe.Behavior[string]{Receive: func(*troupe.Context[string], string) {}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := troupe.Resolve[string](ctxFor(t), a, troupe.FormatRef(b.Addrs()[0], "/user/echo")); err != nil {
+		t.Fatal(err)
+	}
+	return f, a, b
+}
+
+func ctxFor(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// Stats shows a peer while it is up, with the window it has left, and
+// the quarantine once it is cut off.
+func TestStatsPeersAndQuarantine(t *testing.T) {
+	f, a, b := faultPair(t)
+	s := a.Stats()
+	if len(s.Peers) != 1 {
+		t.Fatalf("peers %+v, want b", s.Peers)
+	}
+	p := s.Peers[0]
+	if p.UID != b.UID() || p.State != "up" || p.WindowLeft <= 0 || p.WindowLeft > time.Second || p.BytesIn == 0 || p.BytesOut == 0 || p.Since.IsZero() {
+		t.Fatalf("peer %+v", p)
+	}
+	unreachable := make(chan troupe.PeerUnreachable, 1)
+	sub := troupe.SubscribeChan(a.Events(), unreachable)
+	defer sub.Unsubscribe()
+	f.Partition(a, b)
+	within(t, unreachable, 10*time.Second, "PeerUnreachable")
+	s = a.Stats()
+	if len(s.Quarantined) != 1 || s.Quarantined[0].UID != b.UID() || s.Quarantined[0].Cause == nil {
+		t.Fatalf("quarantined %+v, want b with its cause", s.Quarantined)
+	}
+	for _, p := range s.Peers {
+		if p.UID == b.UID() && p.State == "up" {
+			t.Fatalf("b is still up: %+v", p)
+		}
+	}
+}
+
+// The deepest mailboxes and the dead letters by reason.
+func TestStatsMailboxesAndDeadLetters(t *testing.T) {
+	n := quietNode(t, nil)
+	release, inside := make(chan struct{}), make(chan struct{}, 1)
+	busy, _ := troupe.Spawn(n, "busy", troupe.Behavior[int]{Receive: func(*troupe.Context[int], int) {
+		select {
+		case inside <- struct{}{}:
+		default:
+		}
+		<-release
+	}})
+	busy.Tell(0)
+	within(t, inside, 10*time.Second, "the first message being handled")
+	for i := range 4 {
+		busy.Tell(i + 1)
+	}
+	var depth int
+	for deadline := time.Now().Add(10 * time.Second); depth != 4 && time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		s := n.Stats()
+		if len(s.Mailboxes) > 0 && s.Mailboxes[0].Path == "/user/busy" {
+			depth = s.Mailboxes[0].Waiting
+		}
+	}
+	close(release)
+	if depth != 4 {
+		t.Fatalf("busy's mailbox depth %d, want the 4 that arrived behind the one being handled", depth)
+	}
+	gone, _ := troupe.Spawn(n, "gone", troupe.Behavior[int]{Receive: func(c *troupe.Context[int], _ int) { c.Stop() }})
+	term := watchOn(t, n, gone)
+	gone.Tell(1)
+	within(t, term, 10*time.Second, "gone's stop")
+	gone.Tell(2)
+	gone.Tell(3)
+	if got := n.Stats().DeadLetters["actor-stopped"]; got != 2 {
+		t.Fatalf("actor-stopped dead letters %d, want 2 (all: %v)", got, n.Stats().DeadLetters)
+	}
+	if n.Stats().Actors < 2 {
+		t.Fatalf("actors %d", n.Stats().Actors)
+	}
+}
+
+// The debug page and its JSON, and the Prometheus text, against a live
+// node, before and after its peer is cut off.
+func TestDebugAndMetricsHandlers(t *testing.T) {
+	f, a, b := faultPair(t)
+	srv := httptest.NewServer(troupe.DebugHandler(a))
+	defer srv.Close()
+	metrics := httptest.NewServer(troupe.MetricsHandler(a))
+	defer metrics.Close()
+	get := func(url string, accept string) string {
+		req, _ := http.NewRequest("GET", url, nil)
+		if accept != "" {
+			req.Header.Set("Accept", accept)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return string(body)
+	}
+	page := get(srv.URL, "")
+	if !strings.Contains(page, b.UID().String()) || !strings.Contains(page, `class="state">up`) || !strings.Contains(page, `http-equiv="refresh"`) {
+		t.Fatalf("the page does not show the peer up:\n%s", page)
+	}
+	var js struct {
+		Name  string `json:"name"`
+		Peers []struct {
+			UID   string `json:"uid"`
+			State string `json:"state"`
+		} `json:"peers"`
+		Quarantined []struct {
+			UID string `json:"uid"`
+		} `json:"quarantined"`
+	}
+	if err := json.Unmarshal([]byte(get(srv.URL+"?format=json", "")), &js); err != nil || js.Name != "a" || len(js.Peers) != 1 || js.Peers[0].UID != b.UID().String() {
+		t.Fatalf("JSON %+v (%v)", js, err)
+	}
+	m := get(metrics.URL, "")
+	for _, want := range []string{`troupe_peers{state="up"} 1`, "# TYPE troupe_actors gauge", "troupe_quarantined_peers 0", "troupe_peer_sent_bytes_total{peer="} {
+		if !strings.Contains(m, want) {
+			t.Fatalf("metrics lack %q:\n%s", want, m)
+		}
+	}
+
+	unreachable := make(chan troupe.PeerUnreachable, 1)
+	sub := troupe.SubscribeChan(a.Events(), unreachable)
+	defer sub.Unsubscribe()
+	f.Partition(a, b)
+	within(t, unreachable, 10*time.Second, "PeerUnreachable")
+	page = get(srv.URL, "")
+	if !strings.Contains(page, `class="quarantined bad" data-uid="`+b.UID().String()) {
+		t.Fatalf("the page does not show the peer quarantined:\n%s", page)
+	}
+	if err := json.Unmarshal([]byte(get(srv.URL, "application/json")), &js); err != nil || len(js.Quarantined) != 1 {
+		t.Fatalf("JSON after the cut %+v (%v)", js, err)
+	}
+	if m := get(metrics.URL, ""); !strings.Contains(m, "troupe_quarantined_peers 1") {
+		t.Fatalf("metrics after the cut:\n%s", m)
+	}
+}
+
+// A cluster member's Stats lists the members and whether each is
+// reachable.
+func TestStatsClusterMembers(t *testing.T) {
+	f := troupe.NewFaultNet()
+	var nodes []*troupe.Node
+	var members []*troupe.Cluster
+	for i := range 2 {
+		n, err := f.Start(ctxFor(t), troupe.Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), HeartbeatInterval: 20 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { n.Close() })
+		cfg := troupe.ClusterConfig{}
+		if i > 0 {
+			cfg.Seeds = []string{nodes[0].Addrs()[0].String()}
+		}
+		c, err := troupe.StartCluster(ctxFor(t), n, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		nodes, members = append(nodes, n), append(members, c)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		s := nodes[0].Stats()
+		if len(s.Members) == 2 && s.Members[0].Status == troupe.MemberUp && s.Members[1].Status == troupe.MemberUp && s.Members[0].Reachable && s.Members[1].Reachable {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("members %+v", s.Members)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := members[1].Close(); err != nil && !errors.Is(err, troupe.ErrClusterStopped) {
+		t.Fatal(err)
+	}
+}
+
+// The debug page as an operator sees it, in a real browser: headless
+// Chromium loads it and dumps the DOM it rendered, once with the peer up
+// and once after a partition, when it must show the peer quarantined.
+// `.ci/run` installs Debian's chromium; elsewhere the test skips.
+func TestDebugPageInABrowser(t *testing.T) {
+	browser, err := exec.LookPath("chromium")
+	if err != nil {
+		t.Skip("no chromium on PATH (apt-get install chromium)")
+	}
+	f, a, b := faultPair(t)
+	srv := httptest.NewServer(troupe.DebugHandler(a))
+	defer srv.Close()
+	dom := func() string {
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+			"--disable-background-networking", "--disable-component-update", "--disable-sync",
+			"--user-data-dir="+t.TempDir(), "--dump-dom", srv.URL)
+		out, err := cmd.Output()
+		if err != nil {
+			t.Fatalf("chromium: %v", err)
+		}
+		return string(out)
+	}
+	page := dom()
+	if !strings.Contains(page, `data-uid="`+b.UID().String()+`"`) || !strings.Contains(page, `<td class="state">up</td>`) {
+		t.Fatalf("the browser's page does not show the peer up:\n%s", page)
+	}
+	unreachable := make(chan troupe.PeerUnreachable, 1)
+	sub := troupe.SubscribeChan(a.Events(), unreachable)
+	defer sub.Unsubscribe()
+	f.Partition(a, b)
+	within(t, unreachable, 10*time.Second, "PeerUnreachable")
+	page = dom()
+	if !strings.Contains(page, `<tr class="quarantined bad" data-uid="`+b.UID().String()+`"`) {
+		t.Fatalf("the browser's page does not show the peer quarantined:\n%s", page)
+	}
+}
