@@ -584,7 +584,11 @@ func (c *Cluster) tell(addr Addr, msg clusterMsg) {
 		return
 	}
 	t := a.lockTarget()
-	peer, up := t.peerUID, t.state == assocUp
+	up := t.state == assocUp
+	var peer NodeUID
+	if up {
+		peer = t.peerUID // written by the handshake before it set the state, under mu
+	}
 	t.mu.Unlock()
 	if !up {
 		return // still dialing (or gone): knock again next round

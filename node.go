@@ -402,6 +402,9 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 	if err == nil && cfg.ServeRegistry && n.reg() == nil {
 		err = n.startRegistrar()
 	}
+	if err == nil {
+		err = n.startStatsActor()
+	}
 	if err != nil {
 		n.Close()
 		return nil, err

@@ -2,6 +2,9 @@ package troupe
 
 import (
 	"cmp"
+	"context"
+	"encoding/json"
+	"fmt"
 	"slices"
 	"time"
 )
@@ -151,4 +154,85 @@ func (c *cell[T]) waiting() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return len(c.in)
+}
+
+// StatsPath is where every node's introspection actor lives: it answers
+// [FetchStats] (and so troupe peers, actors and stats) over the protocol,
+// behind the same authentication as everything else.
+const StatsPath = "/system/stats"
+
+// statsRequest asks a node's introspection actor for its Stats.
+type statsRequest struct {
+	ReplyTo Ref[statsReply]
+}
+
+// statsReply is a node's Stats as the JSON DebugHandler serves, with
+// every actor's mailbox depth added as "actor_list".
+type statsReply struct{ JSON []byte }
+
+func init() {
+	RegisterMessage[statsRequest]("troupe.stats.request")
+	RegisterMessage[statsReply]("troupe.stats.reply")
+}
+
+// maxActorList bounds how many actors a stats reply lists.
+const maxActorList = 10000
+
+// startStatsActor spawns the node's introspection actor.
+func (n *Node) startStatsActor() error {
+	_, err := Spawn(systemParent{n}, "stats", Behavior[statsRequest]{Receive: func(_ *Context[statsRequest], r statsRequest) {
+		doc := statsJSON(n.Stats())
+		doc["actor_list"] = n.actorList(maxActorList)
+		b, err := json.Marshal(doc)
+		if err != nil {
+			b = fmt.Appendf(nil, `{"error":%q}`, err.Error())
+		}
+		r.ReplyTo.Tell(statsReply{JSON: b})
+	}})
+	return err
+}
+
+// actorList is every actor's path and mailbox depth, by path, at most
+// limit of them.
+func (n *Node) actorList(limit int) []MailboxStats {
+	n.amu.Lock()
+	handles := make([]*handle, 0, len(n.actors))
+	for _, h := range n.actors {
+		handles = append(handles, h)
+	}
+	n.amu.Unlock()
+	out := []MailboxStats{}
+	for _, h := range handles {
+		if h.local == nil || h.local.watchHandle() != h {
+			continue
+		}
+		m := MailboxStats{Path: h.key.path}
+		if w, ok := h.local.(interface{ waiting() int }); ok {
+			m.Waiting = w.waiting()
+		}
+		out = append(out, m)
+	}
+	slices.SortFunc(out, func(a, b MailboxStats) int { return cmp.Compare(a.Path, b.Path) })
+	return out[:min(len(out), limit)]
+}
+
+// FetchStats asks the node listening at address for its [Node.Stats],
+// through n, and returns them as the JSON document [DebugHandler] serves,
+// with every actor's path and mailbox depth added as "actor_list" (at
+// most 10,000). The node checks n's credentials like any peer's. This is
+// what troupe peers, actors and stats print.
+func FetchStats(ctx context.Context, n *Node, address string) ([]byte, error) {
+	addr, err := ParseAddr(address)
+	if err != nil {
+		return nil, err
+	}
+	ref, err := Resolve[statsRequest](ctx, n, FormatRef(addr, StatsPath))
+	if err != nil {
+		return nil, fmt.Errorf("no troupe node answers at %s: %w", addr, err)
+	}
+	reply, err := Ask(ctx, ref, func(r Ref[statsReply]) statsRequest { return statsRequest{ReplyTo: r} })
+	if err != nil {
+		return nil, err
+	}
+	return reply.JSON, nil
 }

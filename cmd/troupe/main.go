@@ -4,6 +4,8 @@
 //	troupe ls [--registry ADDR] [--json]
 //	troupe query NAME [--registry ADDR] [--json]
 //	troupe down MEMBER --node ADDR
+//	troupe peers|actors|stats --node ADDR [--json]
+//	troupe watch [--registry ADDR]
 //	troupe version
 //
 // Every command takes --help. Flags may come before or after the
@@ -22,6 +24,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
+	"slices"
 	"strings"
 	"syscall"
 	"text/tabwriter"
@@ -112,6 +115,45 @@ when no member answers at --node or MEMBER is not a live member.`,
 		run:  down,
 	},
 	{
+		name:    "peers",
+		summary: "list a node's associations and how close each peer is to unreachable",
+		usage:   "troupe peers --node ADDR [--json] [--timeout D]",
+		about: `Asks the node at --node (over the protocol, through its introspection
+actor) for its associations: each peer's address, name, state, the time
+left before it would be declared unreachable, and bytes in and out; then
+the peers it has quarantined, and why. --json prints the node's whole
+stats document.`,
+		run: remoteStats,
+	},
+	{
+		name:    "actors",
+		summary: "list a node's actors and their mailbox depths",
+		usage:   "troupe actors --node ADDR [--json] [--timeout D]",
+		about: `Asks the node at --node for its actors (system actors included) and how
+many messages wait in each mailbox, deepest first.`,
+		run: remoteStats,
+	},
+	{
+		name:    "stats",
+		summary: "summarize a node: peers, quarantines, actors, dead letters, cluster",
+		usage:   "troupe stats --node ADDR [--json] [--timeout D]",
+		about: `Asks the node at --node for its stats and prints a summary: how many
+peers in each state, the quarantines, the actor count and the deepest
+mailboxes, dead letters by reason, and the cluster's members if it is
+one. --json prints the whole document, as the node's DebugHandler
+serves it.`,
+		run: remoteStats,
+	},
+	{
+		name:    "watch",
+		summary: "stream a registrar's registrations and removals",
+		usage:   "troupe watch [--registry ADDR] [--interval D]",
+		about: `Prints every registration the registrar holds, then, as they happen,
+each new one ("+") and each removal ("-"), until interrupted. It asks the
+registrar for its table every --interval (default 500ms).`,
+		run: watch,
+	},
+	{
 		name:    "version",
 		summary: "print the version of troupe and of its wire protocol",
 		usage:   "troupe version",
@@ -179,6 +221,13 @@ func (cmd *command) invoke(ctx context.Context, args []string, stdout, stderr io
 	case "down":
 		fs.StringVar(&c.node, "node", "", "the address of a cluster member to ask (required)")
 		fs.DurationVar(&c.timeout, "timeout", 5*time.Second, "how long to wait for the member's answer, in all")
+	case "peers", "actors", "stats":
+		fs.StringVar(&c.node, "node", "", "the address of the node to ask (required)")
+		fs.BoolVar(&c.asJSON, "json", false, "print the node's stats document as JSON")
+		fs.DurationVar(&c.timeout, "timeout", 5*time.Second, "how long to wait for the node's answer, in all")
+	case "watch":
+		fs.StringVar(&c.registry, "registry", troupe.DefaultRegistryTCP, "the registrar's address")
+		fs.DurationVar(&c.timeout, "interval", 500*time.Millisecond, "how often to ask the registrar")
 	}
 	for {
 		err := fs.Parse(args)
@@ -377,4 +426,171 @@ func down(ctx context.Context, c *call) int {
 	}
 	fmt.Fprintf(c.stdout, "%s is down\n", c.args[0])
 	return 0
+}
+
+// nodeStats is the part of a node's stats document the tables print.
+type nodeStats struct {
+	Name  string   `json:"name"`
+	UID   string   `json:"uid"`
+	Addrs []string `json:"addrs"`
+	Peers []struct {
+		Addr       string `json:"addr"`
+		UID        string `json:"uid"`
+		Name       string `json:"name"`
+		State      string `json:"state"`
+		WindowLeft string `json:"window_left"`
+		Member     bool   `json:"member"`
+		BytesIn    uint64 `json:"bytes_in"`
+		BytesOut   uint64 `json:"bytes_out"`
+	} `json:"peers"`
+	Quarantined []struct {
+		UID   string   `json:"uid"`
+		Name  string   `json:"name"`
+		Addrs []string `json:"addrs"`
+		Cause string   `json:"cause"`
+	} `json:"quarantined"`
+	Actors    int `json:"actors"`
+	ActorList []struct {
+		Path    string
+		Waiting int
+	} `json:"actor_list"`
+	DeadLetters map[string]uint64 `json:"dead_letters"`
+	Members     []struct {
+		Addr      string `json:"addr"`
+		Status    string `json:"status"`
+		Reachable bool   `json:"reachable"`
+	} `json:"members"`
+}
+
+// remoteStats asks a node for its stats and prints what the command
+// shows.
+func remoteStats(ctx context.Context, c *call) int {
+	if c.node == "" {
+		fmt.Fprintf(c.stderr, "troupe %s: --node is required\nusage: %s\n", c.cmd.name, c.cmd.usage)
+		return 2
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.timeout)
+	defer cancel()
+	n, err := troupe.Start(ctx, troupe.Config{Name: "troupe-cli", Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		return c.failf("%v", err)
+	}
+	defer n.Close()
+	doc, err := troupe.FetchStats(ctx, n, c.node)
+	if err != nil {
+		return c.failf("%v", err)
+	}
+	if c.asJSON {
+		var v any
+		json.Unmarshal(doc, &v)
+		return c.printJSON(v)
+	}
+	var s nodeStats
+	if err := json.Unmarshal(doc, &s); err != nil {
+		return c.failf("the node's answer is not a stats document: %v", err)
+	}
+	tw := tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0)
+	defer tw.Flush()
+	switch c.cmd.name {
+	case "peers":
+		fmt.Fprintln(tw, "ADDR\tNAME\tUID\tSTATE\tWINDOW LEFT\tIN\tOUT")
+		for _, p := range s.Peers {
+			state, left := p.State, p.WindowLeft
+			if p.Member {
+				state, left = state+" (member)", "-"
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%d\n", p.Addr, p.Name, short(p.UID), state, left, p.BytesIn, p.BytesOut)
+		}
+		for _, q := range s.Quarantined {
+			fmt.Fprintf(tw, "%s\t%s\t%s\tquarantined\t-\t-\t-\t(%s)\n", strings.Join(q.Addrs, ","), q.Name, short(q.UID), q.Cause)
+		}
+	case "actors":
+		slices.SortStableFunc(s.ActorList, func(a, b struct {
+			Path    string
+			Waiting int
+		}) int {
+			return b.Waiting - a.Waiting
+		})
+		fmt.Fprintln(tw, "PATH\tWAITING")
+		for _, a := range s.ActorList {
+			fmt.Fprintf(tw, "%s\t%d\n", a.Path, a.Waiting)
+		}
+	default:
+		byState := map[string]int{}
+		for _, p := range s.Peers {
+			byState[p.State]++
+		}
+		fmt.Fprintf(tw, "node\t%s (%s) on %s\n", s.Name, short(s.UID), strings.Join(s.Addrs, ","))
+		fmt.Fprintf(tw, "peers\t%d up, %d connecting, %d leaving\n", byState["up"], byState["connecting"], byState["leaving"])
+		fmt.Fprintf(tw, "quarantined\t%d\n", len(s.Quarantined))
+		fmt.Fprintf(tw, "actors\t%d\n", s.Actors)
+		var reasons []string
+		for r, n := range s.DeadLetters {
+			reasons = append(reasons, fmt.Sprintf("%s %d", r, n))
+		}
+		slices.Sort(reasons)
+		fmt.Fprintf(tw, "dead letters\t%s\n", strings.Join(reasons, ", "))
+		for _, m := range s.Members {
+			fmt.Fprintf(tw, "member\t%s %s reachable=%v\n", m.Addr, m.Status, m.Reachable)
+		}
+	}
+	return 0
+}
+
+func short(uid string) string { return uid[:min(len(uid), 12)] }
+
+// watch prints the registrar's table, then its changes, until ctx ends.
+func watch(ctx context.Context, c *call) int {
+	addr, err := troupe.ParseAddr(c.registry)
+	if err != nil {
+		fmt.Fprintf(c.stderr, "troupe watch: --registry: %v\n", err)
+		return 2
+	}
+	n, err := troupe.Start(ctx, troupe.Config{Name: "troupe-cli", Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		return c.failf("%v", err)
+	}
+	defer n.Close()
+	reg, err := n.Registry(troupe.WithRegistries(addr.String()))
+	if err != nil {
+		return c.noRegistrar(addr, err)
+	}
+	seen := map[string]troupe.Registration{}
+	tick := time.NewTicker(max(c.timeout, 10*time.Millisecond))
+	defer tick.Stop()
+	for first := true; ; first = false {
+		lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		list, err := reg.List(lctx)
+		cancel()
+		if ctx.Err() != nil {
+			return 0
+		}
+		if err != nil {
+			if first {
+				return c.noRegistrar(addr, err)
+			}
+			fmt.Fprintf(c.stderr, "troupe watch: %v\n", err)
+		} else {
+			now := map[string]troupe.Registration{}
+			for _, r := range list {
+				key := r.Name + " " + r.UUID.String()
+				now[key] = r
+				if _, ok := seen[key]; !ok {
+					e := toJSON(r)
+					fmt.Fprintf(c.stdout, "+ %s %s %s %s\n", e.Name, e.UUID[:12], e.NodeName, strings.Join(e.Addrs, ","))
+				}
+			}
+			for key, r := range seen {
+				if _, ok := now[key]; !ok {
+					fmt.Fprintf(c.stdout, "- %s %s\n", r.Name, r.UUID.String()[:12])
+				}
+			}
+			seen = now
+		}
+		select {
+		case <-ctx.Done():
+			return 0
+		case <-tick.C:
+		}
+	}
 }

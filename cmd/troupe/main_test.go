@@ -116,7 +116,7 @@ func TestNoRegistrarAnswers(t *testing.T) {
 }
 
 func TestHelpForEveryCommand(t *testing.T) {
-	for _, args := range [][]string{{"--help"}, {"help"}, {"registrar", "--help"}, {"ls", "--help"}, {"query", "-h"}, {"down", "--help"}, {"version", "--help"}} {
+	for _, args := range [][]string{{"--help"}, {"help"}, {"registrar", "--help"}, {"ls", "--help"}, {"query", "-h"}, {"down", "--help"}, {"peers", "--help"}, {"actors", "--help"}, {"stats", "--help"}, {"watch", "--help"}, {"version", "--help"}} {
 		var out, errOut bytes.Buffer
 		if code := run(context.Background(), args, &out, &errOut); code != 0 || out.Len() == 0 || errOut.Len() != 0 {
 			t.Errorf("%v: exit %d, stdout %q, stderr %q", args, code, out.String(), errOut.String())
@@ -241,5 +241,106 @@ func TestDownAMember(t *testing.T) {
 	}
 	if err := c2.Err(); !errors.Is(err, troupe.ErrMemberDowned) {
 		t.Fatalf("the downed member's Err() = %v", err)
+	}
+}
+
+func TestPeersActorsStats(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	a, err := troupe.Start(ctx, troupe.Config{Name: "alpha", Listen: []string{"tcp://127.0.0.1:0"}, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	b, err := troupe.Start(ctx, troupe.Config{Name: "beta", Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	if _, err := troupe.Spawn(a, "echo", troupe.Behavior[string]{Receive: func(*troupe.Context[string], string) {}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := troupe.Resolve[string](ctx, b, troupe.FormatRef(a.Addrs()[0], "/user/echo")); err != nil {
+		t.Fatal(err)
+	}
+	node := a.Addrs()[0].String()
+	run1 := func(args ...string) (string, string, int) {
+		var out, errOut bytes.Buffer
+		code := run(ctx, args, &out, &errOut)
+		return out.String(), errOut.String(), code
+	}
+	if out, errOut, code := run1("peers", "--node", node); code != 0 || !strings.Contains(out, "beta") || !strings.Contains(out, "WINDOW LEFT") {
+		t.Fatalf("peers: exit %d\n%s%s", code, out, errOut)
+	}
+	if out, errOut, code := run1("actors", "--node", node); code != 0 || !strings.Contains(out, "/user/echo") || !strings.Contains(out, "/system/stats") {
+		t.Fatalf("actors: exit %d\n%s%s", code, out, errOut)
+	}
+	if out, errOut, code := run1("stats", "--node", node); code != 0 || !strings.Contains(out, "alpha") || !strings.Contains(out, "peers") {
+		t.Fatalf("stats: exit %d\n%s%s", code, out, errOut)
+	}
+	out, _, code := run1("stats", "--node", node, "--json")
+	var doc map[string]any
+	if code != 0 || json.Unmarshal([]byte(out), &doc) != nil || doc["name"] != "alpha" {
+		t.Fatalf("stats --json: exit %d\n%s", code, out)
+	}
+	if _, errOut, code := run1("peers", "--node", "127.0.0.1:1", "--timeout", "3s"); code != 1 || strings.Count(errOut, "\n") != 1 {
+		t.Fatalf("peers of nobody: exit %d, %q", code, errOut)
+	}
+	if _, errOut, code := run1("actors"); code != 2 || !strings.Contains(errOut, "--node is required") {
+		t.Fatalf("actors without --node: exit %d, %q", code, errOut)
+	}
+}
+
+// lockedBuffer is a bytes.Buffer that a command and a test share.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+func TestWatchStreamsRegistrations(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	reg, err := troupe.Start(ctx, troupe.Config{Name: "reg", RegistryAddrs: []string{"127.0.0.1:0"}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reg.Close()
+	wctx, stop := context.WithCancel(ctx)
+	var out lockedBuffer
+	done := make(chan int)
+	go func() {
+		done <- run(wctx, []string{"watch", "--registry", reg.Addrs()[0].String(), "--interval", "20ms"}, &out, io.Discard)
+	}()
+	waitOut := func(want string) {
+		for !strings.Contains(out.String(), want) {
+			if ctx.Err() != nil {
+				t.Fatalf("watch never printed %q:\n%s", want, out.String())
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	billing, err := troupe.Spawn(reg, "billing", troupe.Behavior[string]{Receive: func(*troupe.Context[string], string) {}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitOut("+ billing ")
+	reg.Stop(billing)
+	waitOut("- billing ")
+	stop()
+	if code := <-done; code != 0 {
+		t.Fatalf("watch exited %d", code)
 	}
 }
