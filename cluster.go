@@ -318,7 +318,9 @@ func StartCluster(ctx context.Context, n *Node, cfg ClusterConfig) (*Cluster, er
 	if err != nil {
 		return nil, err
 	}
+	c.mu.Lock() // the actor may already be answering gossip, which reads ref
 	c.ref = ref
+	c.mu.Unlock()
 	onQuarantine := c.quarantinedBy
 	n.quarantinedBy.Store(&onQuarantine)
 	n.cluster.Store(c)
