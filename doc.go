@@ -112,6 +112,16 @@
 // that sends bytes this node cannot accept has its connection closed and a
 // [ProtocolError] event published, and nothing else is disturbed.
 //
+// # Seeing into a node
+//
+// [Node.Stats] is a snapshot of a node: its associations and how close
+// each peer is to being declared unreachable, quarantines, actors and the
+// deepest mailboxes, dead letters by reason, cluster members.
+// [DebugHandler] serves it as a live HTML page and as JSON,
+// [MetricsHandler] in the Prometheus text format, [Node.PublishExpvar]
+// through expvar, and [FetchStats] fetches another node's over the
+// protocol (troupe peers, actors and stats).
+//
 // # Errors
 //
 // Errors are values: compare with errors.Is against the exported sentinels
