@@ -138,12 +138,13 @@ type assoc struct {
 	stop       chan struct{} // closed when the session ends
 	writerDone chan struct{} // closed when the writer has exited
 
-	written atomic.Uint64 // bytes written to the connection
-	in      *stampReader  // the connection's reading side; nil until connected
-	upAt    time.Time     // when the handshake completed (under mu)
-	sent    atomic.Uint64 // bytes written to the connection
-	beat    atomic.Bool   // the writer owes the peer a heartbeat
-	doom    error         // why the session must end, set before its conn is closed (mu)
+	written  atomic.Uint64 // bytes written to the connection
+	in       *stampReader  // the connection's reading side; nil until connected
+	upAt     time.Time     // when the handshake completed (under mu)
+	tellsOut atomic.Uint64 // tell frames written to the connection
+	rtt      time.Duration // the handshake's round trip (outbound; under mu)
+	beat     atomic.Bool   // the writer owes the peer a heartbeat
+	doom     error         // why the session must end, set before its conn is closed (mu)
 	// byeOnAck (mu): a graceful leave waits, before its bye, until the
 	// queue is written and the peer acknowledged every tell in it.
 	byeOnAck bool

@@ -120,8 +120,8 @@ func (a *assoc) write(b []byte) bool {
 		}
 	}
 	n, err := a.conn.Write(b)
-	a.sent.Add(uint64(n))
 	a.written.Add(uint64(n))
+	a.tellsOut.Add(uint64(len(a.inflight)))
 	if err != nil {
 		a.abort(fmt.Errorf("write to %s: %w", a.label(), err))
 		cut := len(a.inflight)

@@ -43,7 +43,8 @@ func statsJSON(s Stats) map[string]any {
 		peers = append(peers, map[string]any{
 			"addr": p.Addr.String(), "uid": p.UID.String(), "name": p.Name, "state": p.State, "outbound": p.Outbound,
 			"since": p.Since, "last_heard": p.LastHeard, "window_left": p.WindowLeft.String(), "member": p.Member,
-			"bytes_in": p.BytesIn, "bytes_out": p.BytesOut, "queued": p.Queued, "unacked_bytes": p.Unacked,
+			"bytes_in": p.BytesIn, "bytes_out": p.BytesOut, "messages_in": p.MessagesIn, "messages_out": p.MessagesOut,
+			"phi": p.Phi, "round_trip": p.RoundTrip.String(), "queued": p.Queued, "unacked_bytes": p.Unacked,
 		})
 	}
 	quarantined := []map[string]any{}
@@ -57,7 +58,7 @@ func statsJSON(s Stats) map[string]any {
 	return map[string]any{
 		"name": s.Name, "uid": s.UID.String(), "addrs": addrStrings(s.Addrs), "taken": s.Taken,
 		"peers": peers, "quarantined": quarantined, "actors": s.Actors, "mailboxes": s.Mailboxes,
-		"dead_letters": s.DeadLetters, "members": members,
+		"dead_letters": s.DeadLetters, "members": members, "registrar": s.Registrar, "registrations": s.Registrations,
 	}
 }
 
@@ -81,11 +82,11 @@ var debugPage = template.Must(template.New("debug").Parse(`<!doctype html>
 <style>body{font-family:sans-serif;margin:1em}table{border-collapse:collapse;margin-bottom:1em}td,th{border:1px solid #ccc;padding:2px 6px;text-align:left}.bad{color:#b00}</style>
 </head><body>
 <h1>troupe node {{.S.Name}}</h1>
-<p>uid {{.S.UID}} · listening on {{range .S.Addrs}}{{.}} {{end}}· {{.S.Actors}} actors · taken {{.Taken}} (refreshes every 2 s; <a href="?format=json">JSON</a>)</p>
+<p>uid {{.S.UID}} · listening on {{range .S.Addrs}}{{.}} {{end}}· {{.S.Actors}} actors{{if .S.Registrar}} · registrar of {{.S.Registrations}} registrations{{end}} · taken {{.Taken}} (refreshes every 2 s; <a href="?format=json">JSON</a>)</p>
 <h2>Peers</h2>
-<table id="peers"><tr><th>address</th><th>name</th><th>uid</th><th>state</th><th>since</th><th>window left</th><th>in</th><th>out</th><th>queued</th><th>unacked</th></tr>
-{{range .S.Peers}}<tr class="peer" data-uid="{{.UID}}"><td>{{.Addr}}</td><td>{{.Name}}</td><td>{{.UID}}</td><td class="state">{{.State}}{{if .Member}} (member){{end}}</td><td>{{.Since.Format "15:04:05"}}</td><td>{{.WindowLeft}}</td><td>{{.BytesIn}}</td><td>{{.BytesOut}}</td><td>{{.Queued}}</td><td>{{.Unacked}}</td></tr>
-{{else}}<tr><td colspan="10">no peers</td></tr>{{end}}</table>
+<table id="peers"><tr><th>address</th><th>name</th><th>uid</th><th>state</th><th>since</th><th>window left / phi</th><th>round trip</th><th>messages in/out</th><th>bytes in/out</th><th>queued</th><th>unacked</th></tr>
+{{range .S.Peers}}<tr class="peer" data-uid="{{.UID}}"><td>{{.Addr}}</td><td>{{.Name}}</td><td>{{.UID}}</td><td class="state">{{.State}}{{if .Member}} (member){{end}}</td><td>{{.Since.Format "15:04:05"}}</td><td>{{if .Member}}phi {{printf "%.2f" .Phi}}{{else}}{{.WindowLeft}}{{end}}</td><td>{{.RoundTrip}}</td><td>{{.MessagesIn}} / {{.MessagesOut}}</td><td>{{.BytesIn}} / {{.BytesOut}}</td><td>{{.Queued}}</td><td>{{.Unacked}}</td></tr>
+{{else}}<tr><td colspan="11">no peers</td></tr>{{end}}</table>
 <h2>Quarantined</h2>
 <table id="quarantined"><tr><th>name</th><th>uid</th><th>addresses</th><th>since</th><th>cause</th></tr>
 {{range .S.Quarantined}}<tr class="quarantined bad" data-uid="{{.UID}}"><td>{{.Name}}</td><td>{{.UID}}</td><td>{{range .Addrs}}{{.}} {{end}}</td><td>{{.Since.Format "15:04:05"}}</td><td>{{.Cause}}</td></tr>
@@ -136,6 +137,14 @@ func writeMetrics(w http.ResponseWriter, s Stats) {
 	}
 	metric("troupe_quarantined_peers", "Peers this node has quarantined.", "gauge")
 	fmt.Fprintf(w, "troupe_quarantined_peers %d\n", len(s.Quarantined))
+	metric("troupe_peer_sent_messages_total", "Messages written to a peer.", "counter")
+	for _, p := range s.Peers {
+		fmt.Fprintf(w, "troupe_peer_sent_messages_total{peer=\"%s\",uid=\"%s\"} %d\n", label(p.Addr.String()), p.UID, p.MessagesOut)
+	}
+	if s.Registrar {
+		metric("troupe_registrations", "Registrations this registrar holds.", "gauge")
+		fmt.Fprintf(w, "troupe_registrations %d\n", s.Registrations)
+	}
 	metric("troupe_actors", "Actors living on the node.", "gauge")
 	fmt.Fprintf(w, "troupe_actors %d\n", s.Actors)
 	metric("troupe_dead_letters_total", "Messages that could not be delivered, by reason.", "counter")

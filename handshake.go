@@ -35,7 +35,19 @@ func (a *assoc) runOutbound() {
 	c.SetDeadline(time.Now().Add(n.cfg.HandshakeTimeout))
 	a.in = &stampReader{c: c, epoch: n.epoch}
 	fr := newFrameReader(a.in, n.cfg.MaxFrameSize)
+	sentHello := time.Now()
 	body, err := n.dialHandshake(c, fr, n.hello())
+	if at := a.in.heard.Load(); err == nil && at != 0 {
+		// The verdict came back one round trip after the hello, or two
+		// with a secret (challenge, then proof): an estimate for Stats.
+		trips := time.Duration(1)
+		if n.cfg.Secret != nil {
+			trips = 2
+		}
+		a.mu.Lock()
+		a.rtt = max(0, n.epoch.Add(time.Duration(at)).Sub(sentHello)/trips)
+		a.mu.Unlock()
+	}
 	if err != nil {
 		a.fail(fmt.Errorf("handshake: %w", err))
 		return

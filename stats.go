@@ -35,6 +35,10 @@ type Stats struct {
 	// Members is the cluster membership as this node sees it, when it is
 	// a cluster member.
 	Members []MemberStats
+	// Registrations is how many registrations this node holds when it is
+	// a registrar (Registrar true).
+	Registrar     bool
+	Registrations int
 }
 
 // PeerStats is one association with another node.
@@ -51,11 +55,21 @@ type PeerStats struct {
 	// declared unreachable ([Config.UnreachableAfter] minus its silence);
 	// zero for a cluster member, whose detector is the cluster's.
 	WindowLeft time.Duration
-	Member     bool   // a cluster member (never quarantined)
-	BytesIn    uint64 // bytes read from the connection
-	BytesOut   uint64 // bytes written to it
-	Queued     int    // frames waiting to be written
-	Unacked    int    // bytes of messages written and not yet acknowledged
+	Member     bool // a cluster member (never quarantined)
+	// Phi is, for a cluster member this member watches, its phi-accrual
+	// detector's suspicion now (unreachable at the detector's threshold,
+	// 8 by default); 0 otherwise.
+	Phi         float64
+	BytesIn     uint64 // bytes read from the connection
+	BytesOut    uint64 // bytes written to it
+	MessagesIn  uint64 // messages received (as of the last acknowledgement)
+	MessagesOut uint64 // messages written
+	// RoundTrip estimates the round trip to the peer: how long the
+	// handshake's reply took, on an association this node dialed (0 on
+	// one the peer dialed).
+	RoundTrip time.Duration
+	Queued    int // frames waiting to be written
+	Unacked   int // bytes of messages written and not yet acknowledged
 }
 
 // MailboxStats is one actor's mailbox depth.
@@ -94,7 +108,8 @@ func (n *Node) Stats() Stats {
 	for _, a := range assocs {
 		a.mu.Lock()
 		p := PeerStats{Addr: a.addr(), UID: a.peerUID, Name: a.peerName, State: assocStateNames[a.state], Outbound: a.outbound,
-			Since: a.upAt, Queued: a.queue.len(), Unacked: a.unackedBytes, BytesOut: a.sent.Load(), Member: n.isMember(a.peerUID)}
+			Since: a.upAt, Queued: a.queue.len(), Unacked: a.unackedBytes, BytesOut: a.written.Load(), Member: n.isMember(a.peerUID),
+			MessagesIn: a.ackTo.Load(), MessagesOut: a.tellsOut.Load(), RoundTrip: a.rtt}
 		in := a.in
 		a.mu.Unlock()
 		if in != nil {
@@ -137,8 +152,18 @@ func (n *Node) Stats() Stats {
 	})
 	s.Mailboxes = s.Mailboxes[:min(len(s.Mailboxes), 10)]
 
+	if g := n.reg(); g != nil {
+		g.mu.Lock()
+		s.Registrar, s.Registrations = true, len(g.entries)
+		g.mu.Unlock()
+	}
 	if c := n.cluster.Load(); c != nil {
 		c.mu.Lock()
+		for i := range s.Peers {
+			if d, ok := c.detectors[s.Peers[i].UID].(*PhiAccrual); ok {
+				s.Peers[i].Phi = d.Phi(now)
+			}
+		}
 		unreachable := c.unreachable()
 		for _, m := range c.members {
 			s.Members = append(s.Members, MemberStats{Member: *m, Reachable: !unreachable[m.UID]})

@@ -56,7 +56,7 @@ func TestStatsPeersAndQuarantine(t *testing.T) {
 		t.Fatalf("peers %+v, want b", s.Peers)
 	}
 	p := s.Peers[0]
-	if p.UID != b.UID() || p.State != "up" || p.WindowLeft <= 0 || p.WindowLeft > time.Second || p.BytesIn == 0 || p.BytesOut == 0 || p.Since.IsZero() {
+	if p.UID != b.UID() || p.State != "up" || p.WindowLeft <= 0 || p.WindowLeft > time.Second || p.BytesIn == 0 || p.BytesOut == 0 || p.Since.IsZero() || p.RoundTrip <= 0 || p.RoundTrip > 5*time.Second {
 		t.Fatalf("peer %+v", p)
 	}
 	unreachable := make(chan troupe.PeerUnreachable, 1)
@@ -212,6 +212,17 @@ func TestStatsClusterMembers(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+	var peer *troupe.PeerStats
+	for deadline := time.Now().Add(10 * time.Second); peer == nil && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		for _, p := range nodes[0].Stats().Peers {
+			if p.UID == nodes[1].UID() && p.Member && p.MessagesOut > 0 && p.MessagesIn > 0 {
+				peer = &p
+			}
+		}
+	}
+	if peer == nil || peer.Phi < 0 || peer.Phi >= 8 || peer.WindowLeft != 0 {
+		t.Fatalf("the member peer %+v, want messages both ways and a low phi", peer)
+	}
 	if err := members[1].Close(); err != nil && !errors.Is(err, troupe.ErrClusterStopped) {
 		t.Fatal(err)
 	}
@@ -253,5 +264,24 @@ func TestDebugPageInABrowser(t *testing.T) {
 	page = dom()
 	if !strings.Contains(page, `<tr class="quarantined bad" data-uid="`+b.UID().String()+`"`) {
 		t.Fatalf("the browser's page does not show the peer quarantined:\n%s", page)
+	}
+}
+
+// A registrar's Stats count its registrations.
+func TestStatsRegistrations(t *testing.T) {
+	reg, err := troupe.Start(ctxFor(t), troupe.Config{Name: "reg", RegistryAddrs: []string{"127.0.0.1:0"}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reg.Close()
+	before := reg.Stats()
+	if !before.Registrar {
+		t.Fatal("the registrar's Stats do not say it is one")
+	}
+	if _, err := troupe.Spawn(reg, "billing", troupe.Behavior[string]{Receive: func(*troupe.Context[string], string) {}}); err != nil {
+		t.Fatal(err)
+	}
+	if after := reg.Stats(); after.Registrations != before.Registrations+1 {
+		t.Fatalf("registrations %d, then %d after one more actor", before.Registrations, after.Registrations)
 	}
 }
