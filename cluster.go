@@ -564,13 +564,13 @@ func (c *Cluster) knock() {
 	c.mu.Unlock()
 	if alone {
 		for _, s := range c.seeds {
-			c.sendTo(s, NodeUID{})
+			c.sendTo(s)
 		}
 	}
 }
 
 // sendTo sends this member's state to the member at addr.
-func (c *Cluster) sendTo(addr Addr, uid NodeUID) {
+func (c *Cluster) sendTo(addr Addr) {
 	c.mu.Lock()
 	g := c.snapshot()
 	g.ReplyTo = c.ref

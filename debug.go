@@ -72,8 +72,7 @@ func addrStrings(as []Addr) []string {
 
 // pageData is what the page template shows.
 func pageData(s Stats) map[string]any {
-	reasons := slices.Sorted(maps.Keys(s.DeadLetters))
-	return map[string]any{"S": s, "Reasons": reasons, "Taken": s.Taken.Format(time.RFC3339)}
+	return map[string]any{"S": s, "Reasons": slices.Sorted(maps.Keys(s.DeadLetters)), "Taken": s.Taken.Format(time.RFC3339)}
 }
 
 var debugPage = template.Must(template.New("debug").Parse(`<!doctype html>
@@ -148,7 +147,7 @@ func writeMetrics(w http.ResponseWriter, s Stats) {
 	metric("troupe_actors", "Actors living on the node.", "gauge")
 	fmt.Fprintf(w, "troupe_actors %d\n", s.Actors)
 	metric("troupe_dead_letters_total", "Messages that could not be delivered, by reason.", "counter")
-	for _, r := range pageData(s)["Reasons"].([]string) {
+	for _, r := range slices.Sorted(maps.Keys(s.DeadLetters)) {
 		fmt.Fprintf(w, "troupe_dead_letters_total{reason=%q} %d\n", r, s.DeadLetters[r])
 	}
 	if len(s.Members) > 0 {

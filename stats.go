@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"slices"
 	"time"
 )
@@ -130,21 +131,11 @@ func (n *Node) Stats() Stats {
 	slices.SortFunc(s.Peers, func(a, b PeerStats) int { return cmp.Compare(a.Addr.String(), b.Addr.String()) })
 	s.Quarantined = n.Quarantined()
 
-	n.amu.Lock()
-	handles := make([]*handle, 0, len(n.actors))
-	for _, h := range n.actors {
-		handles = append(handles, h)
-	}
-	n.amu.Unlock()
-	for _, h := range handles {
-		if h.local == nil || h.local.watchHandle() != h {
-			continue // adapters and temporary refs are not actors
-		}
-		s.Actors++
-		if w, ok := h.local.(interface{ waiting() int }); ok {
-			if depth := w.waiting(); depth > 0 {
-				s.Mailboxes = append(s.Mailboxes, MailboxStats{Path: h.key.path, Waiting: depth})
-			}
+	all := n.actorList(math.MaxInt)
+	s.Actors = len(all)
+	for _, m := range all {
+		if m.Waiting > 0 {
+			s.Mailboxes = append(s.Mailboxes, m)
 		}
 	}
 	slices.SortFunc(s.Mailboxes, func(a, b MailboxStats) int {
@@ -229,7 +220,7 @@ func (n *Node) actorList(limit int) []MailboxStats {
 	out := []MailboxStats{}
 	for _, h := range handles {
 		if h.local == nil || h.local.watchHandle() != h {
-			continue
+			continue // adapters and temporary refs are not actors
 		}
 		m := MailboxStats{Path: h.key.path}
 		if w, ok := h.local.(interface{ waiting() int }); ok {

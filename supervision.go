@@ -71,7 +71,8 @@ func RestartWithBackoff(minPause, maxPause time.Duration, randomFactor float64) 
 
 // WithLimit allows at most n failures within the window (every failure
 // ever when within is 0) to be resumed or restarted; the failure after
-// them stops the actor, with that failure as its reason.
+// them stops the actor, with that failure as its reason. With n of 0 or
+// less, no failure is survived.
 func (s Strategy) WithLimit(n int, within time.Duration) Strategy {
 	s.maxFailures, s.within = max(n, 0), max(within, 0)
 	if n <= 0 {

@@ -577,3 +577,69 @@ func TestManyRestartsLeakNothing(t *testing.T) {
 		t.Fatalf("the heap grew by %d bytes over %d restarts", grown, restarts)
 	}
 }
+
+// A panic in PreRestart or PostStop is logged and changes nothing: the
+// restart goes on, and the stop keeps its reason.
+func TestLifecycleSignalPanicsAreIgnored(t *testing.T) {
+	var logs syncBuffer
+	n := quietNode(t, &logs)
+	var builds atomic.Int32
+	r, _ := troupe.Spawn(n, "clumsy", troupe.Supervise(func() troupe.Behavior[sup] {
+		inner := counter(&builds, "receive", nil)()
+		inner.Signal = func(*troupe.Context[sup], troupe.Signal) { panic("in a lifecycle signal") }
+		return inner
+	}, troupe.RestartOnFailure()))
+	term := watchOn(t, n, r)
+	r.Tell(sup{Op: "trigger"})
+	if got := ask(t, r, "count", 0); got != "build 2 count 1" {
+		t.Fatalf("after a panic in PreRestart: %q, want the restarted build", got)
+	}
+	r.Tell(sup{Op: "stop"})
+	if tm := within(t, term, 10*time.Second, "Terminated"); tm.Reason != nil {
+		t.Fatalf("a panic in PostStop changed the stop reason to %v", tm.Reason)
+	}
+	if c := strings.Count(logs.String(), "lifecycle signal; ignored"); c != 2 {
+		t.Fatalf("%d log lines about the ignored panics, want 2:\n%s", c, logs.String())
+	}
+}
+
+// During a backoff the mailbox keeps what arrives up to MailboxLimit; the
+// rest become dead letters saying the mailbox is full.
+func TestBackoffRespectsMailboxLimit(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	n, err := troupe.Start(ctx, troupe.Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), MailboxLimit: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	dead := make(chan troupe.DeadLetter, 16)
+	sub := troupe.SubscribeChan(n.Events(), dead)
+	defer sub.Unsubscribe()
+	var builds atomic.Int32
+	signals := make(chan string, 4)
+	r, _ := troupe.Spawn(n, "held", troupe.Supervise(counter(&builds, "receive", signals), troupe.RestartWithBackoff(300*time.Millisecond, time.Second, 0)))
+	r.Tell(sup{Op: "trigger"})
+	within(t, signals, 10*time.Second, "PreRestart") // the backoff has begun
+	replies := make(chan string, 16)
+	for range 5 {
+		r.Tell(sup{Op: "count", Reply: replies})
+	}
+	for range 2 {
+		if dl := within(t, dead, 10*time.Second, "a dead letter"); !errors.Is(dl.Reason, troupe.ErrMailboxFull) {
+			t.Fatalf("dead letter %v, want mailbox full", dl.Reason)
+		}
+	}
+	for i := range 3 {
+		if got, want := within(t, replies, 10*time.Second, "a reply"), fmt.Sprintf("build 2 count %d", i+1); got != want {
+			t.Fatalf("reply %q, want %q", got, want)
+		}
+	}
+	select {
+	case rep := <-replies:
+		t.Fatalf("a fourth message was kept: %q", rep)
+	case dl := <-dead:
+		t.Fatalf("a third dead letter: %+v", dl)
+	default:
+	}
+}
