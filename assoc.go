@@ -208,8 +208,7 @@ func newAssoc(n *Node, outbound bool, dial Addr) *assoc {
 		outTypes:   make(map[*msgType]uint32),
 		outTargets: make(map[refKey]uint32),
 	}
-	a.enc.a = a
-	a.dec.a, a.dec.n = a, n
+	a.dec.binder = a
 	return a
 }
 
@@ -443,7 +442,7 @@ func (a *assoc) watch(target, watcher *handle) error {
 	}
 	a.watches[watchPair{target.key, watcher}] = struct{}{}
 	a.mu.Unlock()
-	a.control(appendWatch(nil, frameWatch, target.key, watcher.key.path))
+	a.control(appendWatch(nil, frameWatch, watchBody{path: target.key.path, uuid: target.key.uuid, watcher: watcher.key.path}))
 	return nil
 }
 
@@ -451,14 +450,7 @@ func (a *assoc) unwatch(target, watcher *handle) {
 	a = a.lockTarget()
 	delete(a.watches, watchPair{target.key, watcher})
 	a.mu.Unlock()
-	a.control(appendWatch(nil, frameUnwatch, target.key, watcher.key.path))
-}
-
-func appendWatch(b []byte, kind frameKind, target refKey, watcher string) []byte {
-	b = append(b, byte(kind))
-	b = appendString(b, target.path)
-	b = append(b, target.uuid[:]...)
-	return appendString(b, watcher)
+	a.control(appendWatch(nil, frameUnwatch, watchBody{path: target.key.path, uuid: target.key.uuid, watcher: watcher.key.path}))
 }
 
 // dropWatchedBy ends the peer's watches of this node's actors, with the
@@ -478,20 +470,7 @@ func (a *assoc) signal(h *handle, m sysMsg) {
 	delete(a.watchedBy, inWatch{m.key.path, m.key.uuid, h.key.path})
 	a.mu.Unlock()
 	code, text := reasonCode(m.reason)
-	b := appendWatch(nil, frameTerminated, m.key, h.key.path)
-	b = append(b, code)
-	a.control(appendString(b, text))
-}
-
-// Bye codes. Append only: values are on the wire.
-const (
-	byeLeaving   byte = iota // the node is closing
-	byeDuplicate             // this connection lost a simultaneous dial
-)
-
-func appendBye(b []byte, code byte, text string) []byte {
-	b = append(b, byte(frameBye), code)
-	return appendString(b, text)
+	a.control(appendWatch(nil, frameTerminated, watchBody{path: m.key.path, uuid: m.key.uuid, watcher: h.key.path, code: code, text: text}))
 }
 
 // leave queues a bye: the peer learns this node is closing. Nothing more is

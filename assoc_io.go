@@ -75,12 +75,13 @@ const ackEvery = 1024
 // writePriority appends what goes ahead of queued frames: a heartbeat when
 // one is due, and the acknowledgement of the tell frames received so far.
 func (a *assoc) writePriority(buf []byte) []byte {
+	var body [1 + binary.MaxVarintLen64]byte
 	if a.beat.Swap(false) {
-		buf = appendHeartbeat(buf)
+		buf = appendWhole(buf, appendHeartbeat(body[:0]))
 	}
 	if v := a.ackTo.Load(); v != a.ackSent {
 		a.ackSent = v
-		buf = appendAck(buf, v)
+		buf = appendWhole(buf, appendAck(body[:0], v))
 	}
 	return buf
 }
@@ -152,10 +153,9 @@ func (a *assoc) write(b []byte) bool {
 
 // onAck releases the messages the peer confirmed it received.
 func (a *assoc) onAck(b []byte) error {
-	d := decoder{b: b}
-	count := d.uvarint()
-	if d.err != nil || d.remaining() != 0 {
-		return fmt.Errorf("%w: bad acknowledgement", ErrMalformed)
+	count, err := parseAck(b)
+	if err != nil {
+		return err
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -215,32 +215,30 @@ func (a *assoc) encodeRec(buf []byte, r *outRec) ([]byte, bool) {
 		return buf, false
 	}
 	start := len(buf)
-	buf = append(buf, 0, byte(frameTell))
+	buf = append(buf, 0)
 	// New table entries are committed only once the frame is complete,
 	// so a message that fails to encode leaves the tables as they were.
+	var th tellHeader
 	id, knownTarget := a.outTargets[r.h.key]
 	newTarget := !knownTarget && r.h.key.uuid != (UUID{}) && len(a.outTargets) < maxTableSize && len(r.h.key.path) <= maxTableEntry
 	if newTarget {
 		id = uint32(len(a.outTargets) + 1)
 	}
-	if knownTarget {
-		buf = binary.AppendUvarint(buf, uint64(id)<<1)
-	} else {
-		buf = binary.AppendUvarint(buf, uint64(id)<<1|1)
-		buf = appendString(buf, r.h.key.path)
-		buf = append(buf, r.h.key.uuid[:]...)
+	th.target, th.targetInline = uint64(id), !knownTarget
+	if !knownTarget {
+		th.path, th.uuid = r.h.key.path, r.h.key.uuid
 	}
 	tid, knownType := a.outTypes[r.mt]
 	newType := !knownType && len(a.outTypes) < maxTableSize
 	if newType {
 		tid = uint32(len(a.outTypes) + 1)
 	}
-	if knownType {
-		buf = binary.AppendUvarint(buf, uint64(tid)<<1)
-	} else {
-		buf = binary.AppendUvarint(buf, uint64(tid)<<1|1)
-		buf = appendString(buf, r.mt.key)
+	th.typ, th.typInline = uint64(tid), !knownType
+	if !knownType {
+		th.key = r.mt.key
 	}
+	buf = appendTellHeader(buf, &th)
+	a.enc.peer = a.peerUID
 	buf, err := a.enc.payload(buf, r.mt, r.msg)
 	if err == nil && len(buf)-start-1 > a.n.cfg.MaxFrameSize {
 		err = fmt.Errorf("%w: %d bytes, the limit is %d", ErrFrameTooBig, len(buf)-start-1, a.n.cfg.MaxFrameSize)
@@ -248,6 +246,9 @@ func (a *assoc) encodeRec(buf []byte, r *outRec) ([]byte, bool) {
 	if err != nil {
 		a.n.deadLetter(r.h.String(), r.msg, err)
 		return buf[:start], false
+	}
+	for _, x := range a.enc.exports {
+		x.exportTemp() // reachable by path before the frame is written
 	}
 	if newTarget {
 		a.outTargets[r.h.key] = id

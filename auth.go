@@ -14,12 +14,6 @@ import (
 // authentication: a missing or wrong shared secret, on either side.
 var ErrAuth = errors.New("troupe: authentication failed")
 
-// nonceSize is the length of each side's fresh challenge.
-const nonceSize = 32
-
-// macSize is the length of an HMAC-SHA256.
-const macSize = sha256.Size
-
 func newNonce() []byte {
 	b := make([]byte, nonceSize)
 	rand.Read(b)
@@ -37,19 +31,6 @@ func authMAC(secret []byte, role string, mine, theirs []byte, me, them NodeUID) 
 	m.Write(me[:])
 	m.Write(them[:])
 	return m.Sum(nil)
-}
-
-// appendChallenge is the acceptor's half: its uid, its nonce and its proof.
-func appendChallenge(b []byte, uid NodeUID, nonce, mac []byte) []byte {
-	b = append(b, byte(frameChallenge))
-	b = append(b, uid[:]...)
-	b = append(b, nonce...)
-	return append(b, mac...)
-}
-
-// appendProof is the dialer's half: its proof that it knows the secret.
-func appendProof(b []byte, mac []byte) []byte {
-	return append(append(b, byte(frameProof)), mac...)
 }
 
 // dialHandshake sends h on c and returns the acceptor's verdict frame
@@ -75,18 +56,15 @@ func (n *Node) dialHandshake(c net.Conn, fr *frameReader, h *hello) ([]byte, err
 		if secret == nil {
 			return nil, fmt.Errorf("%w: the peer requires a shared secret and this node has none (Config.Secret)", ErrAuth)
 		}
-		d := decoder{b: body[1:]}
-		var uid NodeUID
-		copy(uid[:], d.take(16))
-		theirNonce := append([]byte(nil), d.take(nonceSize)...)
-		mac := d.take(macSize)
-		if d.err != nil || d.remaining() != 0 {
+		ch, err := parseChallenge(body[1:])
+		if err != nil {
 			return nil, fmt.Errorf("%w: bad challenge frame", ErrMalformed)
 		}
-		if !hmac.Equal(mac, authMAC(secret, "acceptor", nonce, theirNonce, uid, n.uid)) {
+		theirNonce := append([]byte(nil), ch.nonce...) // the frame buffer is reused
+		if !hmac.Equal(ch.mac, authMAC(secret, "acceptor", nonce, theirNonce, ch.uid, n.uid)) {
 			return nil, fmt.Errorf("%w: the peer does not know the shared secret", ErrAuth)
 		}
-		proof := authMAC(secret, "dialer", theirNonce, nonce, n.uid, uid)
+		proof := authMAC(secret, "dialer", theirNonce, nonce, n.uid, ch.uid)
 		if _, err := c.Write(appendFrame(nil, func(b []byte) []byte { return appendProof(b, proof) })); err != nil {
 			return nil, err
 		}
@@ -110,17 +88,21 @@ func (n *Node) acceptAuth(c net.Conn, fr *frameReader, h *hello) error {
 	}
 	nonce := newNonce()
 	mac := authMAC(secret, "acceptor", h.auth, nonce, n.uid, h.uid)
-	if _, err := c.Write(appendFrame(nil, func(b []byte) []byte { return appendChallenge(b, n.uid, nonce, mac) })); err != nil {
+	if _, err := c.Write(appendFrame(nil, func(b []byte) []byte { return appendChallenge(b, challengeBody{uid: n.uid, nonce: nonce, mac: mac}) })); err != nil {
 		return err
 	}
 	body, err := fr.next()
 	if err != nil {
 		return fmt.Errorf("%w: no proof of the shared secret (the peer does not know it?): %v", ErrAuth, err)
 	}
-	if frameKind(body[0]) != frameProof || len(body) != 1+macSize {
+	var proof []byte
+	if frameKind(body[0]) == frameProof {
+		proof, err = parseProof(body[1:])
+	}
+	if proof == nil || err != nil {
 		return fmt.Errorf("%w: expected a proof of the shared secret", ErrAuth)
 	}
-	if !hmac.Equal(body[1:], authMAC(secret, "dialer", nonce, h.auth, h.uid, n.uid)) {
+	if !hmac.Equal(proof, authMAC(secret, "dialer", nonce, h.auth, h.uid, n.uid)) {
 		return fmt.Errorf("%w: wrong shared secret", ErrAuth)
 	}
 	return nil

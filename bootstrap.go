@@ -149,7 +149,7 @@ func (n *Node) probeConn(c net.Conn) (res probeResult, why string, retry bool) {
 	}
 	switch frameKind(body[0]) {
 	case frameWelcome:
-		w, err := parseHello(body)
+		w, err := parseHello(body[1:])
 		if err != nil {
 			return probeOccupied, err.Error(), false
 		}
@@ -158,10 +158,8 @@ func (n *Node) probeConn(c net.Conn) (res probeResult, why string, retry bool) {
 		}
 		return probeOccupied, fmt.Sprintf("troupe node %q does not serve a registry", w.name), false
 	case frameReject:
-		d := decoder{b: body[1:]}
-		d.byte()
-		d.take(16)
-		return probeOccupied, "a troupe node refused the probe: " + d.string(), false
+		r, _ := parseReject(body[1:])
+		return probeOccupied, "a troupe node refused the probe: " + r.text, false
 	}
 	return probeOccupied, "not a troupe handshake", false
 }

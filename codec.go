@@ -515,13 +515,16 @@ func buildPlan(t reflect.Type, building map[reflect.Type]*plan) (*plan, error) {
 	return p, nil
 }
 
-// encoder appends one payload. It runs on an association's writer
-// goroutine; refs are encoded relative to that association.
+// encoder appends one payload. It has no effect beyond its buffer: refs
+// are encoded relative to the receiving node (peer), and the temporary
+// reply refs it meets are listed in exports for the caller to make
+// reachable before the payload is sent.
 type encoder struct {
-	b     []byte
-	a     *assoc // the association the payload is for (nil in codec tests)
-	depth int
-	err   error
+	b       []byte
+	peer    NodeUID // the node the payload is for (zero in codec tests)
+	exports []exporter
+	depth   int
+	err     error
 }
 
 func (e *encoder) enter() bool {
@@ -565,9 +568,9 @@ func (e *encoder) appendRef(h *handle) {
 	case h.local != nil:
 		kind = refSender
 		if x, ok := h.local.(exporter); ok {
-			x.exportTemp()
+			e.exports = append(e.exports, x)
 		}
-	case e.a != nil && h.key.node == e.a.peerUID:
+	case e.peer != (NodeUID{}) && h.key.node == e.peer:
 		kind = refReceiver
 	}
 	if h.key.uuid != (UUID{}) {
@@ -584,20 +587,29 @@ func (e *encoder) appendRef(h *handle) {
 		if h.assoc != nil {
 			addr = h.assoc.addr().String()
 		}
-		e.appendString(addr)
+		e.appendString(addr) // empty: the receiver cannot reach it
 	}
 }
 
-// decoder reads one payload. The first error sticks; every read after it
-// returns zero values, so plans need not check after each step.
+// decoder reads one payload, or one frame body. The first error sticks;
+// every read after it returns zero values, so plans need not check after
+// each step. It has no effect beyond the value it builds: a ref is read as
+// its key and address, and handed to binder, which the frame handler
+// supplies, to be bound to an actor or an association.
 type decoder struct {
 	b      []byte
 	off    int
-	a      *assoc // the association the payload came from (nil in codec tests)
-	n      *Node  // the receiving node (nil in codec tests)
+	binder refBinder // nil: refs keep their identity only (codec tests)
 	depth  int
 	err    error
 	budget int // bytes the payload's slices, maps and pointers may still allocate
+}
+
+// refBinder turns a ref read from a payload into the handle the decoded
+// value holds. The association a payload arrived on is the binder of its
+// refs (see assoc.bindRef): only it knows which node is the sender.
+type refBinder interface {
+	bindRef(kind byte, key refKey, addr string) *handle
 }
 
 // A decoded payload may allocate, for its slices, maps and pointers,
@@ -754,16 +766,18 @@ func (d *decoder) readRef() *handle {
 	if d.err != nil {
 		return nil
 	}
-	if d.n == nil {
-		return &handle{key: key} // codec tests: identity only
+	if d.binder == nil {
+		return &handle{key: key}
 	}
-	return d.n.refFromWire(d.a, base, key, addr)
+	return d.binder.bindRef(base, key, addr)
 }
 
 // payload appends the encoding of msg (of registered type mt). The encoder
 // is reused message after message, so encoding allocates nothing of its
 // own.
 func (e *encoder) payload(dst []byte, mt *msgType, msg any) ([]byte, error) {
+	clear(e.exports)
+	e.exports = e.exports[:0]
 	if mt.fast {
 		return msg.(WireMarshaler).AppendWire(dst), nil
 	}
@@ -794,15 +808,4 @@ func (d *decoder) payload(mt *msgType, b []byte) (any, error) {
 		return nil, fmt.Errorf("payload %q: %w", mt.key, d.err)
 	}
 	return mt.box(v), nil
-}
-
-// encodePayload and decodePayload are the one-shot forms, for tests.
-func encodePayload(dst []byte, a *assoc, mt *msgType, msg any) ([]byte, error) {
-	e := encoder{a: a}
-	return e.payload(dst, mt, msg)
-}
-
-func decodePayload(n *Node, a *assoc, mt *msgType, b []byte) (any, error) {
-	d := decoder{a: a, n: n}
-	return d.payload(mt, b)
 }

@@ -88,11 +88,11 @@ func sampleEverything() everything {
 func TestCodecRoundTrip(t *testing.T) {
 	in := sampleEverything()
 	mt := typeOf(reflect.TypeFor[everything]())
-	b, err := encodePayload(nil, nil, mt, in)
+	b, err := encodePayload(nil, mt, in)
 	if err != nil {
 		t.Fatal(err)
 	}
-	v, err := decodePayload(nil, nil, mt, b)
+	v, err := decodePayload(mt, b)
 	if err != nil {
 		t.Fatalf("decode: %v", err)
 	}
@@ -118,16 +118,16 @@ func TestCodecRoundTrip(t *testing.T) {
 func TestCodecFastPath(t *testing.T) {
 	for _, v := range []any{selfEncoded{X: 3, Y: 4}, holdsSelfEncoded{A: selfEncoded{1, 2}, B: []selfEncoded{{5, 6}}}} {
 		mt := typeOf(reflect.TypeOf(v))
-		b, err := encodePayload(nil, nil, mt, v)
+		b, err := encodePayload(nil, mt, v)
 		if err != nil {
 			t.Fatal(err)
 		}
-		got, err := decodePayload(nil, nil, mt, b)
+		got, err := decodePayload(mt, b)
 		if err != nil || !reflect.DeepEqual(got, v) {
 			t.Errorf("round trip of %#v = %#v, %v", v, got, err)
 		}
 	}
-	if b, _ := encodePayload(nil, nil, typeOf(reflect.TypeFor[selfEncoded]()), selfEncoded{X: 9, Y: 8}); !bytes.Equal(b, []byte{9, 8}) {
+	if b, _ := encodePayload(nil, typeOf(reflect.TypeFor[selfEncoded]()), selfEncoded{X: 9, Y: 8}); !bytes.Equal(b, []byte{9, 8}) {
 		t.Errorf("fast path payload = %x, want 0908", b)
 	}
 }
@@ -161,9 +161,9 @@ func TestRegisterMessageRejects(t *testing.T) {
 
 func TestDecodeRejectsHostileLengths(t *testing.T) {
 	mt := typeOf(reflect.TypeFor[everything]())
-	good, _ := encodePayload(nil, nil, mt, sampleEverything())
+	good, _ := encodePayload(nil, mt, sampleEverything())
 	for cut := range len(good) {
-		if _, err := decodePayload(nil, nil, mt, good[:cut]); !errors.Is(err, ErrMalformed) {
+		if _, err := decodePayload(mt, good[:cut]); !errors.Is(err, ErrMalformed) {
 			t.Fatalf("truncated at %d: err = %v, want ErrMalformed", cut, err)
 		}
 	}
@@ -174,14 +174,14 @@ func TestDecodeRejectsHostileLengths(t *testing.T) {
 	}
 	huge := []byte{0x81, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x10}
 	allocs := testing.AllocsPerRun(10, func() {
-		if _, err := decodePayload(nil, nil, typeOf(reflect.TypeFor[many]()), huge); !errors.Is(err, ErrMalformed) {
+		if _, err := decodePayload(typeOf(reflect.TypeFor[many]()), huge); !errors.Is(err, ErrMalformed) {
 			t.Fatalf("huge count: %v", err)
 		}
 	})
 	if allocs > 64 { // error formatting only; never the claimed 2^60 elements
 		t.Fatalf("decoding a hostile count made %v allocations", allocs)
 	}
-	if _, err := decodePayload(nil, nil, mt, append(good, 0)); !errors.Is(err, ErrMalformed) {
+	if _, err := decodePayload(mt, append(good, 0)); !errors.Is(err, ErrMalformed) {
 		t.Fatalf("trailing byte: %v", err)
 	}
 }
@@ -194,29 +194,29 @@ func TestDecodeDepthLimit(t *testing.T) {
 	}
 	b := bytes.Repeat([]byte{1}, 10000)
 	b = append(b, 0)
-	if _, err := decodePayload(nil, nil, typeOf(reflect.TypeFor[deep]()), b); !errors.Is(err, ErrMalformed) {
+	if _, err := decodePayload(typeOf(reflect.TypeFor[deep]()), b); !errors.Is(err, ErrMalformed) {
 		t.Fatalf("deep nesting: %v, want ErrMalformed", err)
 	}
 }
 
 func FuzzDecodePayload(f *testing.F) {
 	mt := typeOf(reflect.TypeFor[everything]())
-	good, _ := encodePayload(nil, nil, mt, sampleEverything())
+	good, _ := encodePayload(nil, mt, sampleEverything())
 	f.Add(good)
 	f.Add([]byte{})
 	f.Fuzz(func(t *testing.T, b []byte) {
-		v, err := decodePayload(nil, nil, mt, b)
+		v, err := decodePayload(mt, b)
 		if err != nil {
 			if !errors.Is(err, ErrMalformed) {
 				t.Fatalf("error %v does not wrap ErrMalformed", err)
 			}
 			return
 		}
-		again, err := encodePayload(nil, nil, mt, v)
+		again, err := encodePayload(nil, mt, v)
 		if err != nil {
 			t.Fatalf("re-encode: %v", err)
 		}
-		if _, err := decodePayload(nil, nil, mt, again); err != nil {
+		if _, err := decodePayload(mt, again); err != nil {
 			t.Fatalf("decoding the re-encoding of %x: %v", b, err)
 		}
 	})
@@ -233,7 +233,7 @@ func TestDecodeAmplificationIsBounded(t *testing.T) {
 		m.M[fmt.Sprint(i)] = ""
 	}
 	mt := typeOf(reflect.TypeFor[strMap]())
-	b, err := encodePayload(nil, nil, mt, m)
+	b, err := encodePayload(nil, mt, m)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -242,17 +242,29 @@ func TestDecodeAmplificationIsBounded(t *testing.T) {
 	n := 2_000_000
 	raw := binary.AppendUvarint(nil, uint64(n)+1)
 	raw = append(raw, make([]byte, 2*n)...)
-	if _, err := decodePayload(nil, nil, mt, raw); !errors.Is(err, ErrMalformed) || !strings.Contains(err.Error(), "allocate") {
+	if _, err := decodePayload(mt, raw); !errors.Is(err, ErrMalformed) || !strings.Contains(err.Error(), "allocate") {
 		t.Fatalf("a 4 MB map of empty strings: %v, want refused for its allocation", err)
 	}
-	if _, err := decodePayload(nil, nil, mt, b); err != nil {
+	if _, err := decodePayload(mt, b); err != nil {
 		t.Fatalf("an ordinary map: %v", err)
 	}
 	// A slice of empty strings (16 bytes of header per wire byte) fits.
 	raw = binary.AppendUvarint(nil, uint64(n)+1)
 	raw = append(raw, make([]byte, n)...)
-	v, err := decodePayload(nil, nil, typeOf(reflect.TypeFor[strs]()), raw)
+	v, err := decodePayload(typeOf(reflect.TypeFor[strs]()), raw)
 	if err != nil || len(v.(strs).S) != n {
 		t.Fatalf("a slice of %d empty strings: %v", n, err)
 	}
+}
+
+// encodePayload and decodePayload are one-shot forms of the codec, with
+// refs relative to no node.
+func encodePayload(dst []byte, mt *msgType, msg any) ([]byte, error) {
+	var e encoder
+	return e.payload(dst, mt, msg)
+}
+
+func decodePayload(mt *msgType, b []byte) (any, error) {
+	var d decoder
+	return d.payload(mt, b)
 }

@@ -55,34 +55,30 @@ func (a *assoc) runOutbound() {
 	switch frameKind(body[0]) {
 	case frameWelcome:
 	case frameReject:
-		d := decoder{b: body[1:]}
-		code := d.byte()
-		var uid NodeUID
-		copy(uid[:], d.take(16))
-		text := d.string()
-		if code == rejectDuplicate && d.err == nil {
+		r, perr := parseReject(body[1:])
+		if r.code == rejectDuplicate && perr == nil {
 			c.Close()
-			n.awaitWinner(a, uid)
+			n.awaitWinner(a, r.uid)
 			return
 		}
-		if code == rejectQuarantined {
-			a.fail(fmt.Errorf("%w: %w: %s", ErrRejected, ErrQuarantinedByPeer, text))
-			if f := n.quarantinedBy.Load(); f != nil && d.err == nil {
-				(*f)(uid)
+		if r.code == rejectQuarantined {
+			a.fail(fmt.Errorf("%w: %w: %s", ErrRejected, ErrQuarantinedByPeer, r.text))
+			if f := n.quarantinedBy.Load(); f != nil && perr == nil {
+				(*f)(r.uid)
 			}
 			return
 		}
-		if code == rejectAuth {
-			a.fail(fmt.Errorf("%w: %w: %s", ErrRejected, ErrAuth, text))
+		if r.code == rejectAuth {
+			a.fail(fmt.Errorf("%w: %w: %s", ErrRejected, ErrAuth, r.text))
 			return
 		}
-		a.fail(fmt.Errorf("%w: %s", ErrRejected, text))
+		a.fail(fmt.Errorf("%w: %s", ErrRejected, r.text))
 		return
 	default:
 		a.fail(&FrameError{Peer: a.dialAddr.String(), Kind: frameKind(body[0]).String(), Reason: fmt.Errorf("%w: expected a welcome", ErrMalformed)})
 		return
 	}
-	h, err := parseHello(body)
+	h, err := parseHello(body[1:])
 	if err != nil {
 		a.fail(&FrameError{Peer: a.dialAddr.String(), Kind: "welcome", Reason: err})
 		return
@@ -129,7 +125,7 @@ func (n *Node) serveInbound(c net.Conn, src string) {
 	body, err := fr.hello()
 	var h *hello
 	if err == nil {
-		h, err = parseHello(body)
+		h, err = parseHello(body[1:])
 	}
 	if err != nil {
 		if h != nil && h.version != protocolVersion {
@@ -168,12 +164,9 @@ func (n *Node) serveInbound(c net.Conn, src string) {
 	a.run(fr)
 }
 
+// rejectFrame is the whole frame that refuses a dialer.
 func rejectFrame(code byte, uid NodeUID, text string) []byte {
-	return appendFrame(nil, func(b []byte) []byte {
-		b = append(b, byte(frameReject), code)
-		b = append(b, uid[:]...)
-		return appendString(b, text)
-	})
+	return appendWhole(nil, appendReject(nil, rejectBody{code: code, uid: uid, text: text}))
 }
 
 func (n *Node) hello() *hello {
@@ -388,7 +381,7 @@ func (n *Node) probeUID(addr Addr) NodeUID {
 	if err != nil || frameKind(body[0]) != frameWelcome {
 		return NodeUID{}
 	}
-	w, err := parseHello(body)
+	w, err := parseHello(body[1:])
 	if err != nil {
 		return NodeUID{}
 	}

@@ -17,7 +17,7 @@ func FuzzHandshake(f *testing.F) {
 	f.Add(append(appendFrame(nil, func(b []byte) []byte { return appendHello(b, frameHello, h) }),
 		appendFrame(nil, func(b []byte) []byte { return append(append(b, byte(frameProof)), make([]byte, macSize)...) })...))
 	f.Add(appendFrame(nil, func(b []byte) []byte {
-		return appendChallenge(b, NodeUID{9}, make([]byte, nonceSize), make([]byte, macSize))
+		return appendChallenge(b, challengeBody{uid: NodeUID{9}, nonce: make([]byte, nonceSize), mac: make([]byte, macSize)})
 	}))
 	f.Add([]byte{0x05, 0x01, 'T', 'R', 'P', 0x01})
 

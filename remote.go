@@ -2,7 +2,6 @@ package troupe
 
 import (
 	"context"
-	"encoding/binary"
 	"fmt"
 	"reflect"
 	"time"
@@ -100,10 +99,7 @@ func (a *assoc) resolve(ctx context.Context, path, proto string) (resolveAnswer,
 	id := a.n.reqSeq.Add(1)
 	t.resolves[id] = ch
 	t.mu.Unlock()
-	b := []byte{byte(frameResolve)}
-	b = binary.AppendUvarint(b, id)
-	b = appendString(b, path)
-	t.control(appendString(b, proto))
+	t.control(appendResolve(nil, resolveBody{id: id, path: path, proto: proto}))
 	select {
 	case ans := <-ch:
 		return ans, ans.err
@@ -138,7 +134,7 @@ func (a *assoc) handleFrame(kind frameKind, b []byte) (done bool, err error) {
 		a.mu.Unlock()
 		return done, err
 	case frameHeartbeat:
-		return false, nil
+		return false, parseHeartbeat(b)
 	case frameAck:
 		return false, a.onAck(b)
 	case frameHello, frameWelcome, frameReject, frameChallenge, frameProof:
@@ -157,16 +153,15 @@ type inType struct {
 func (a *assoc) onTell(b []byte) error {
 	n := a.n
 	a.rcvTells++
-	d := decoder{b: b}
-	t := d.uvarint()
-	id := t >> 1
+	var th tellHeader
+	payload, err := parseTell(b, &th)
+	if err != nil {
+		return err
+	}
+	id := th.target
 	var it inTarget
-	if t&1 == 1 {
-		it.path = d.string()
-		copy(it.uuid[:], d.take(16))
-		if d.err != nil {
-			return d.err
-		}
+	if th.targetInline {
+		it.path, it.uuid = th.path, th.uuid
 		if h := n.lookup(it.path, it.uuid); h != nil {
 			it.target = h.local
 		}
@@ -185,14 +180,10 @@ func (a *assoc) onTell(b []byte) error {
 		}
 		it = a.inTargets[id-1]
 	}
-	y := d.uvarint()
-	tid := y >> 1
+	tid := th.typ
 	var ty inType
-	if y&1 == 1 {
-		ty.key = d.string()
-		if d.err != nil {
-			return d.err
-		}
+	if th.typInline {
+		ty.key = th.key
 		ty.mt = typeByKey(ty.key)
 		if tid != 0 {
 			if tid != uint64(len(a.inTypes))+1 || tid > maxTableSize {
@@ -209,14 +200,11 @@ func (a *assoc) onTell(b []byte) error {
 		}
 		ty = a.inTypes[tid-1]
 	}
-	if d.err != nil {
-		return d.err
-	}
 	if ty.mt == nil {
 		n.deadLetter(n.localRefString(it.path), nil, fmt.Errorf("%w: unknown wire key %q from %s", ErrNotRegistered, ty.key, a.label()))
 		return nil
 	}
-	msg, err := a.dec.payload(ty.mt, b[d.off:])
+	msg, err := a.dec.payload(ty.mt, payload)
 	if err != nil {
 		return err
 	}
@@ -240,14 +228,11 @@ func (n *Node) localRefString(path string) string {
 
 func (a *assoc) onWatch(kind frameKind, b []byte) error {
 	n := a.n
-	d := decoder{b: b}
-	path := d.string()
-	var uuid UUID
-	copy(uuid[:], d.take(16))
-	wpath := d.string()
-	if d.err != nil {
-		return d.err
+	wb, err := parseWatch(kind, b)
+	if err != nil {
+		return err
 	}
+	path, uuid, wpath := wb.path, wb.uuid, wb.watcher
 	watcher := &handle{node: n, key: refKey{node: a.peerUID, path: wpath}, assoc: a}
 	h := n.lookup(path, uuid)
 	w := inWatch{path, uuid, wpath}
@@ -285,16 +270,12 @@ func (a *assoc) onWatch(kind frameKind, b []byte) error {
 
 func (a *assoc) onTerminated(b []byte) error {
 	n := a.n
-	d := decoder{b: b}
-	key := refKey{node: a.peerUID, path: d.string()}
-	copy(key.uuid[:], d.take(16))
-	wpath := d.string()
-	code := d.byte()
-	text := d.string()
-	if d.err != nil {
-		return d.err
+	wb, err := parseWatch(frameTerminated, b)
+	if err != nil {
+		return err
 	}
-	w := n.lookup(wpath, UUID{})
+	key := refKey{node: a.peerUID, path: wb.path, uuid: wb.uuid}
+	w := n.lookup(wb.watcher, UUID{})
 	if w == nil {
 		return nil // the watcher has stopped meanwhile
 	}
@@ -302,38 +283,30 @@ func (a *assoc) onTerminated(b []byte) error {
 	t := a.lockTarget()
 	delete(t.watches, watchPair{key, wh})
 	t.mu.Unlock()
-	wh.local.sysPush(sysMsg{kind: sysTerminated, key: key, reason: reasonErr(code, text)})
+	wh.local.sysPush(sysMsg{kind: sysTerminated, key: key, reason: reasonErr(wb.code, wb.text)})
 	return nil
 }
 
 func (a *assoc) onResolve(b []byte) error {
-	d := decoder{b: b}
-	id := d.uvarint()
-	path := d.string()
-	proto := d.string()
-	if d.err != nil {
-		return d.err
+	r, err := parseResolve(b)
+	if err != nil {
+		return err
 	}
 	ans := resolveAnswer{status: resolveNoSuchActor}
-	if h := a.n.lookup(path, UUID{}); h != nil {
+	if h := a.n.lookup(r.path, UUID{}); h != nil {
 		ans = resolveAnswer{status: resolveOK, uuid: h.key.uuid, proto: protocolName(h.local.protocol())}
-		if ans.proto != proto {
+		if ans.proto != r.proto {
 			ans.status = resolveWrongType
 		}
 	}
-	a.control(appendResolved(nil, id, ans))
+	a.control(appendResolved(nil, r.id, ans))
 	return nil
 }
 
 func (a *assoc) onResolved(b []byte) error {
-	d := decoder{b: b}
-	id := d.uvarint()
-	var ans resolveAnswer
-	ans.status = d.byte()
-	copy(ans.uuid[:], d.take(16))
-	ans.proto = d.string()
-	if d.err != nil {
-		return d.err
+	id, ans, err := parseResolved(b)
+	if err != nil {
+		return err
 	}
 	t := a.lockTarget()
 	ch := t.resolves[id]
@@ -346,10 +319,9 @@ func (a *assoc) onResolved(b []byte) error {
 }
 
 func (a *assoc) onBye(b []byte) error {
-	d := decoder{b: b}
-	code := d.byte()
-	if d.err != nil {
-		return d.err
+	code, err := parseBye(b)
+	if err != nil {
+		return err
 	}
 	if code != byeDuplicate {
 		a.fail(ErrPeerLeft)
@@ -384,9 +356,11 @@ func (a *assoc) onBye(b []byte) error {
 	return nil
 }
 
-// refFromWire builds the handle for a ref decoded from a payload that came
-// over a.
-func (n *Node) refFromWire(a *assoc, kind byte, key refKey, addr string) *handle {
+// bindRef binds a ref read from a payload that came over a: to an actor
+// of this node, to the peer's actor through a, or to a third node's actor
+// through an association that dials on first use (never from the reader).
+func (a *assoc) bindRef(kind byte, key refKey, addr string) *handle {
+	n := a.n
 	if kind == refThird && key.node == n.uid {
 		kind = refReceiver
 	}
@@ -408,7 +382,7 @@ func (n *Node) refFromWire(a *assoc, kind byte, key refKey, addr string) *handle
 	if err != nil || n.isOwnAddr(ad) {
 		return deadHandle(n, key)
 	}
-	via, err := n.assocAt(ad, false) // dials on first use, never from the decoder
+	via, err := n.assocAt(ad, false)
 	if err != nil {
 		return deadHandle(n, key)
 	}

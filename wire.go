@@ -2,6 +2,7 @@ package troupe
 
 import (
 	"bufio"
+	"crypto/sha256"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -268,8 +269,9 @@ const (
 // maxHelloAddrs bounds the listen addresses a peer may announce.
 const maxHelloAddrs = 64
 
-func parseHello(body []byte) (*hello, error) {
-	d := decoder{b: body[1:]}
+// parseHello parses the body of a hello or welcome after its kind byte.
+func parseHello(b []byte) (*hello, error) {
+	d := decoder{b: b}
 	if string(d.take(len(magic))) != magic {
 		return nil, fmt.Errorf("%w: not a troupe handshake", ErrMalformed)
 	}
@@ -278,7 +280,7 @@ func parseHello(body []byte) (*hello, error) {
 		return h, fmt.Errorf("%w: protocol version %d, want %d", ErrMalformed, h.version, protocolVersion)
 	}
 	h.flags = d.byte()
-	copy(h.uid[:], d.take(16))
+	copy(h.uid[:], d.take(idSize))
 	h.name = d.string()
 	n := d.uvarint()
 	if n > maxHelloAddrs {
@@ -357,27 +359,166 @@ func reasonErr(code byte, text string) error {
 	return &RemoteError{Text: text, Failed: code == reasonFailed}
 }
 
-// appendHeartbeat appends a whole heartbeat frame: a length and the kind,
-// nothing else.
-func appendHeartbeat(b []byte) []byte { return append(b, 1, byte(frameHeartbeat)) }
+// Sizes of the fixed-size fields of frames.
+const (
+	// idSize is the size of a NodeUID or an actor UUID: 16 random bytes,
+	// so that two incarnations never share one.
+	idSize = 16
+	// nonceSize is the size of an authentication nonce: 32 random bytes,
+	// as many as the MAC's hash, so that no nonce repeats.
+	nonceSize = 32
+	// macSize is the size of an authentication proof (HMAC-SHA-256).
+	macSize = sha256.Size
+)
 
-// appendAck appends a whole acknowledgement frame: how many tell frames
-// this side has received on the connection.
-func appendAck(b []byte, received uint64) []byte {
-	start := len(b)
-	b = append(b, 0, byte(frameAck))
-	b = binary.AppendUvarint(b, received)
-	return fixLength(b, start)
+// The frame bodies, one append and one parse function per kind, in the
+// order of the kinds. An append function appends the body, kind byte
+// first; appendFrame (or appendWhole) puts the length in front. A parse
+// function takes the body after its kind byte and fails, wrapping
+// ErrMalformed, unless it is consumed whole. They have no side effects:
+// what a frame means is decided by its handler.
+
+// appendWhole appends a whole frame, length first, whose body append
+// appends: the writer's form, which allocates nothing.
+func appendWhole(dst []byte, body []byte) []byte {
+	start := len(dst)
+	dst = append(dst, 0)
+	dst = append(dst, body...)
+	return fixLength(dst, start)
 }
 
-// appendResolved appends the body of the answer to resolve request id:
-// status, the actor's uuid (zeros when there is none) and its protocol.
-func appendResolved(b []byte, id uint64, ans resolveAnswer) []byte {
-	b = append(b, byte(frameResolved))
-	b = binary.AppendUvarint(b, id)
-	b = append(b, ans.status)
-	b = append(b, ans.uuid[:]...)
-	return appendString(b, ans.proto)
+// rejectBody is an acceptor's refusal: a reject code, its uid and why.
+type rejectBody struct {
+	code byte
+	uid  NodeUID
+	text string
+}
+
+func appendReject(b []byte, r rejectBody) []byte {
+	b = append(b, byte(frameReject), r.code)
+	b = append(b, r.uid[:]...)
+	return appendString(b, r.text)
+}
+
+func parseReject(b []byte) (rejectBody, error) {
+	d := decoder{b: b}
+	var r rejectBody
+	r.code = d.byte()
+	copy(r.uid[:], d.take(idSize))
+	r.text = d.string()
+	return r, d.whole("reject")
+}
+
+// tellHeader precedes a tell frame's payload: the target actor and the
+// message type, each either a table id or defined inline. An inline
+// definition with a nonzero id also enters the table under that id.
+type tellHeader struct {
+	target       uint64 // table id, 0 if none
+	targetInline bool   // path and uuid follow
+	path         string
+	uuid         UUID
+	typ          uint64 // table id, 0 if none
+	typInline    bool   // the wire key follows
+	key          string
+}
+
+// appendTellHeader appends the body of a tell frame up to its payload,
+// which the caller appends.
+func appendTellHeader(b []byte, h *tellHeader) []byte {
+	b = append(b, byte(frameTell))
+	if h.targetInline {
+		b = binary.AppendUvarint(b, h.target<<1|1)
+		b = appendString(b, h.path)
+		b = append(b, h.uuid[:]...)
+	} else {
+		b = binary.AppendUvarint(b, h.target<<1)
+	}
+	if h.typInline {
+		b = binary.AppendUvarint(b, h.typ<<1|1)
+		return appendString(b, h.key)
+	}
+	return binary.AppendUvarint(b, h.typ<<1)
+}
+
+// parseTell parses a tell frame's header into h and returns its payload,
+// the rest of the body.
+func parseTell(b []byte, h *tellHeader) ([]byte, error) {
+	d := decoder{b: b}
+	t := d.uvarint()
+	h.target, h.targetInline = t>>1, t&1 == 1
+	if h.targetInline {
+		h.path = d.string()
+		copy(h.uuid[:], d.take(idSize))
+	}
+	y := d.uvarint()
+	h.typ, h.typInline = y>>1, y&1 == 1
+	if h.typInline {
+		h.key = d.string()
+	}
+	if d.err != nil {
+		return nil, d.err
+	}
+	return b[d.off:], nil
+}
+
+// watchBody is a watch, an unwatch or (with a reason) a termination: the
+// watched actor on the receiving node (watch, unwatch) or on the sending
+// node (terminated), and the path of the watcher on the other.
+type watchBody struct {
+	path    string
+	uuid    UUID
+	watcher string
+	code    byte   // terminated only: the reason code
+	text    string // terminated only: the reason text
+}
+
+func appendWatch(b []byte, kind frameKind, w watchBody) []byte {
+	b = append(b, byte(kind))
+	b = appendString(b, w.path)
+	b = append(b, w.uuid[:]...)
+	b = appendString(b, w.watcher)
+	if kind == frameTerminated {
+		b = append(b, w.code)
+		b = appendString(b, w.text)
+	}
+	return b
+}
+
+func parseWatch(kind frameKind, b []byte) (watchBody, error) {
+	d := decoder{b: b}
+	var w watchBody
+	w.path = d.string()
+	copy(w.uuid[:], d.take(idSize))
+	w.watcher = d.string()
+	if kind == frameTerminated {
+		w.code = d.byte()
+		w.text = d.string()
+	}
+	return w, d.whole(kind.String())
+}
+
+// resolveBody asks for the actor at path, expecting protocol proto; id
+// pairs the answer with the request.
+type resolveBody struct {
+	id    uint64
+	path  string
+	proto string
+}
+
+func appendResolve(b []byte, r resolveBody) []byte {
+	b = append(b, byte(frameResolve))
+	b = binary.AppendUvarint(b, r.id)
+	b = appendString(b, r.path)
+	return appendString(b, r.proto)
+}
+
+func parseResolve(b []byte) (resolveBody, error) {
+	d := decoder{b: b}
+	var r resolveBody
+	r.id = d.uvarint()
+	r.path = d.string()
+	r.proto = d.string()
+	return r, d.whole("resolve")
 }
 
 // Resolve statuses in a frameResolved. Append only.
@@ -386,3 +527,113 @@ const (
 	resolveNoSuchActor
 	resolveWrongType
 )
+
+// appendResolved appends the answer to resolve request id: a status, the
+// actor's uuid (zeros when there is none) and its protocol.
+func appendResolved(b []byte, id uint64, ans resolveAnswer) []byte {
+	b = append(b, byte(frameResolved))
+	b = binary.AppendUvarint(b, id)
+	b = append(b, ans.status)
+	b = append(b, ans.uuid[:]...)
+	return appendString(b, ans.proto)
+}
+
+func parseResolved(b []byte) (id uint64, ans resolveAnswer, err error) {
+	d := decoder{b: b}
+	id = d.uvarint()
+	ans.status = d.byte()
+	copy(ans.uuid[:], d.take(idSize))
+	ans.proto = d.string()
+	return id, ans, d.whole("resolved")
+}
+
+// Bye codes. Append only: values are on the wire.
+const (
+	byeLeaving   byte = iota // the node is closing
+	byeDuplicate             // this connection lost a simultaneous dial
+)
+
+// appendBye appends a goodbye: a bye code and a text (empty today).
+func appendBye(b []byte, code byte, text string) []byte {
+	b = append(b, byte(frameBye), code)
+	return appendString(b, text)
+}
+
+// parseBye returns the bye code. The text is optional, for older peers
+// that sent the code alone.
+func parseBye(b []byte) (byte, error) {
+	d := decoder{b: b}
+	code := d.byte()
+	if d.err == nil && d.remaining() > 0 {
+		d.string()
+	}
+	return code, d.whole("bye")
+}
+
+// appendHeartbeat appends a heartbeat: the kind alone.
+func appendHeartbeat(b []byte) []byte { return append(b, byte(frameHeartbeat)) }
+
+// parseHeartbeat checks that a heartbeat is empty.
+func parseHeartbeat(b []byte) error {
+	d := decoder{b: b}
+	return d.whole("heartbeat")
+}
+
+// challengeBody is the acceptor's half of the secret handshake: its uid,
+// its nonce and its proof that it knows the secret.
+type challengeBody struct {
+	uid   NodeUID
+	nonce []byte
+	mac   []byte
+}
+
+func appendChallenge(b []byte, c challengeBody) []byte {
+	b = append(b, byte(frameChallenge))
+	b = append(b, c.uid[:]...)
+	b = append(b, c.nonce...)
+	return append(b, c.mac...)
+}
+
+// parseChallenge parses a challenge; the slices it returns point into b.
+func parseChallenge(b []byte) (challengeBody, error) {
+	d := decoder{b: b}
+	var c challengeBody
+	copy(c.uid[:], d.take(idSize))
+	c.nonce = d.take(nonceSize)
+	c.mac = d.take(macSize)
+	return c, d.whole("challenge")
+}
+
+// appendProof appends the dialer's half: its proof that it knows the secret.
+func appendProof(b []byte, mac []byte) []byte {
+	return append(append(b, byte(frameProof)), mac...)
+}
+
+// parseProof returns the proof, which points into b.
+func parseProof(b []byte) ([]byte, error) {
+	d := decoder{b: b}
+	mac := d.take(macSize)
+	return mac, d.whole("proof")
+}
+
+// appendAck appends an acknowledgement: how many tell frames this side has
+// received on the connection.
+func appendAck(b []byte, received uint64) []byte {
+	b = append(b, byte(frameAck))
+	return binary.AppendUvarint(b, received)
+}
+
+func parseAck(b []byte) (uint64, error) {
+	d := decoder{b: b}
+	count := d.uvarint()
+	return count, d.whole("ack")
+}
+
+// whole returns the decoder's error, or one if bytes are left over: every
+// frame body must be consumed whole.
+func (d *decoder) whole(what string) error {
+	if d.err == nil && d.remaining() != 0 {
+		d.fail("%d bytes after the %s frame", d.remaining(), what)
+	}
+	return d.err
+}

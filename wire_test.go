@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"flag"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -45,7 +46,10 @@ func goldenFrames(t *testing.T) map[string][]byte {
 	uid := NodeUID{0xa1, 0xa2, 0xa3, 0xa4, 0xa5, 0xa6, 0xa7, 0xa8, 0xa9, 0xaa, 0xab, 0xac, 0xad, 0xae, 0xaf, 0xb0}
 	target := refKey{node: uid, path: "/user/echo", uuid: UUID{0x10, 0x11, 0x12, 0x13, 0x14, 0x15, 0x16, 0x17, 0x18, 0x19, 0x1a, 0x1b, 0x1c, 0x1d, 0x1e, 0x1f}}
 	h := &hello{version: protocolVersion, uid: uid, name: "alpha", addrs: []string{"tcp://127.0.0.1:7001", "unix:///run/a.sock"}}
-	frame := func(body []byte) []byte { return appendFrame(nil, func(b []byte) []byte { return append(b, body...) }) }
+	frame := func(body []byte) []byte { return appendWhole(nil, body) }
+	watch := watchBody{path: target.path, uuid: target.uuid, watcher: "/user/watcher"}
+	dead := watch
+	dead.code, dead.text = reasonOther, "boom"
 
 	a := newAssoc(nil, true, TCPAddr("127.0.0.1:7001"))
 	a.n = &Node{cfg: Config{MaxFrameSize: DefaultMaxFrameSize}}
@@ -61,15 +65,15 @@ func goldenFrames(t *testing.T) map[string][]byte {
 		"reject":     rejectFrame(rejectDuplicate, uid, "the other connection between these nodes wins"),
 		"tell-first": tellTo(count{N: 3}),
 		"tell-again": tellTo(count{N: 3}),
-		"watch":      frame(appendWatch(nil, frameWatch, target, "/user/watcher")),
-		"unwatch":    frame(appendWatch(nil, frameUnwatch, target, "/user/watcher")),
-		"terminated": frame(append(appendWatch(nil, frameTerminated, target, "/user/watcher"), reasonOther, 4, 'b', 'o', 'o', 'm')),
-		"resolve":    frame([]byte{byte(frameResolve), 1, 10, '/', 'u', 's', 'e', 'r', '/', 'e', 'c', 'h', 'o', 1, 'x'}),
+		"watch":      frame(appendWatch(nil, frameWatch, watch)),
+		"unwatch":    frame(appendWatch(nil, frameUnwatch, watch)),
+		"terminated": frame(appendWatch(nil, frameTerminated, dead)),
+		"resolve":    frame(appendResolve(nil, resolveBody{id: 1, path: "/user/echo", proto: "x"})),
 		"bye":        frame(appendBye(nil, byeLeaving, "")),
 		"resolved":   frame(appendResolved(nil, 1, resolveAnswer{status: resolveOK, uuid: target.uuid, proto: "troupe.test.count"})),
-		"heartbeat":  appendHeartbeat(nil),
-		"ack":        appendAck(nil, 1025),
-		"challenge":  frame(appendChallenge(nil, uid, bytes.Repeat([]byte{0x5a}, nonceSize), bytes.Repeat([]byte{0xc3}, macSize))),
+		"heartbeat":  frame(appendHeartbeat(nil)),
+		"ack":        frame(appendAck(nil, 1025)),
+		"challenge":  frame(appendChallenge(nil, challengeBody{uid: uid, nonce: bytes.Repeat([]byte{0x5a}, nonceSize), mac: bytes.Repeat([]byte{0xc3}, macSize)})),
 		"proof":      frame(appendProof(nil, bytes.Repeat([]byte{0xc3}, macSize))),
 	}
 	return out
@@ -166,7 +170,7 @@ func FuzzDecodeFrame(f *testing.F) {
 			}
 			kind := frameKind(body[0])
 			if kind == frameHello || kind == frameWelcome {
-				parseHello(body)
+				parseHello(body[1:])
 				continue
 			}
 			if kind == frameBye {
@@ -219,5 +223,105 @@ func TestClaimedFrameLengthIsNotAllocated(t *testing.T) {
 	got, err := fr.next()
 	if err != nil || !bytes.Equal(got, body) {
 		t.Fatalf("a 3 MiB frame: %v, equal %v", err, bytes.Equal(got, body))
+	}
+}
+
+// TestFrameBodiesParseBack parses every frame kind's golden vector with its
+// parse function and checks that it gives back what built it, and that a
+// byte more or a byte less is refused.
+func TestFrameBodiesParseBack(t *testing.T) {
+	frames := goldenFrames(t)
+	body := func(name string) []byte {
+		fr := newFrameReader(bytes.NewReader(frames[name]), DefaultMaxFrameSize)
+		b, err := fr.next()
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		return append([]byte(nil), b[1:]...)
+	}
+	uid := NodeUID{0xa1, 0xa2, 0xa3, 0xa4, 0xa5, 0xa6, 0xa7, 0xa8, 0xa9, 0xaa, 0xab, 0xac, 0xad, 0xae, 0xaf, 0xb0}
+	uuid := UUID{0x10, 0x11, 0x12, 0x13, 0x14, 0x15, 0x16, 0x17, 0x18, 0x19, 0x1a, 0x1b, 0x1c, 0x1d, 0x1e, 0x1f}
+	sprint := func(v ...any) string { return strings.TrimSuffix(fmt.Sprintln(v...), "\n") }
+	parsers := map[string]func(b []byte) (any, error){
+		"hello": func(b []byte) (any, error) {
+			h, err := parseHello(b)
+			return h.name + "|" + strings.Join(h.addrs, ","), err
+		},
+		"welcome": func(b []byte) (any, error) { h, err := parseHello(b); return h.uid, err },
+		"reject":  func(b []byte) (any, error) { return parseReject(b) },
+		"tell-first": func(b []byte) (any, error) {
+			var h tellHeader
+			p, err := parseTell(b, &h)
+			return sprint(h.target, h.targetInline, h.path, h.typ, h.typInline, h.key, len(p)), err
+		},
+		"tell-again": func(b []byte) (any, error) {
+			var h tellHeader
+			p, err := parseTell(b, &h)
+			return sprint(h.target, h.targetInline, h.typ, h.typInline, len(p)), err
+		},
+		"watch":      func(b []byte) (any, error) { return parseWatch(frameWatch, b) },
+		"unwatch":    func(b []byte) (any, error) { return parseWatch(frameUnwatch, b) },
+		"terminated": func(b []byte) (any, error) { return parseWatch(frameTerminated, b) },
+		"resolve":    func(b []byte) (any, error) { return parseResolve(b) },
+		"resolved": func(b []byte) (any, error) {
+			id, ans, err := parseResolved(b)
+			return sprint(id, ans.status, ans.uuid == uuid, ans.proto), err
+		},
+		"bye":       func(b []byte) (any, error) { return parseBye(b) },
+		"heartbeat": func(b []byte) (any, error) { return nil, parseHeartbeat(b) },
+		"challenge": func(b []byte) (any, error) {
+			c, err := parseChallenge(b)
+			if err != nil {
+				return nil, err
+			}
+			return sprint(c.uid == uid, c.nonce[0], len(c.nonce), c.mac[0], len(c.mac)), err
+		},
+		"proof": func(b []byte) (any, error) {
+			m, err := parseProof(b)
+			if err != nil {
+				return nil, err
+			}
+			return sprint(m[0], len(m)), nil
+		},
+		"ack": func(b []byte) (any, error) { return parseAck(b) },
+	}
+	watch := watchBody{path: "/user/echo", uuid: uuid, watcher: "/user/watcher"}
+	want := map[string]any{
+		"hello":      "alpha|tcp://127.0.0.1:7001,unix:///run/a.sock",
+		"welcome":    uid,
+		"reject":     rejectBody{code: rejectDuplicate, uid: uid, text: "the other connection between these nodes wins"},
+		"tell-first": "1 true /user/echo 1 true troupe.test.count 1",
+		"tell-again": "1 false 1 false 1",
+		"watch":      watch,
+		"unwatch":    watch,
+		"terminated": watchBody{path: "/user/echo", uuid: uuid, watcher: "/user/watcher", code: reasonOther, text: "boom"},
+		"resolve":    resolveBody{id: 1, path: "/user/echo", proto: "x"},
+		"resolved":   "1 0 true troupe.test.count",
+		"bye":        byeLeaving,
+		"heartbeat":  nil,
+		"challenge":  sprint(true, 0x5a, nonceSize, 0xc3, macSize),
+		"proof":      sprint(0xc3, macSize),
+		"ack":        uint64(1025),
+	}
+	if len(parsers) != len(frames) {
+		t.Fatalf("%d parsers for %d golden frames", len(parsers), len(frames))
+	}
+	for name, parse := range parsers {
+		b := body(name)
+		got, err := parse(b)
+		if err != nil || !reflect.DeepEqual(got, want[name]) {
+			t.Errorf("%s: parsed %#v, %v; want %#v", name, got, err, want[name])
+		}
+		if strings.HasPrefix(name, "tell") {
+			continue // the payload is the rest of the body: no byte is extra
+		}
+		if _, err := parse(append(b, 0)); !errors.Is(err, ErrMalformed) {
+			t.Errorf("%s with a byte more: %v, want ErrMalformed", name, err)
+		}
+		if len(b) > 0 && name != "bye" {
+			if _, err := parse(b[:len(b)-1]); !errors.Is(err, ErrMalformed) {
+				t.Errorf("%s with a byte less: %v, want ErrMalformed", name, err)
+			}
+		}
 	}
 }
