@@ -53,15 +53,6 @@ func (e *sessionError) Error() string {
 
 func (e *sessionError) Unwrap() []error { return []error{ErrSessionEnded, e.cause} }
 
-type assocState uint8
-
-const (
-	assocConnecting assocState = iota // dialing or in handshake
-	assocUp                           // handshake done, frames flow
-	assocLeaving                      // bye queued: nothing new accepted
-	assocClosed                       // finished; err says why
-)
-
 // outRec is one frame waiting to be written: a user message for h, or
 // (h nil) a control frame already encoded, kind byte first, in msg.
 type outRec struct {
@@ -122,14 +113,16 @@ type assoc struct {
 	dialOnce  sync.Once // an outbound association dials on first use
 
 	// mu guards everything below up to the writer's fields.
-	mu       sync.Mutex
-	state    assocState
-	queue    recQueue
-	fwd      *assoc // merged into this association; send there
-	err      error  // why it ended (closed only)
-	pending  map[pendingAsk]struct{}
-	resolves map[uint64]chan resolveAnswer
-	watches  map[watchPair]struct{}
+	mu    sync.Mutex
+	state assocState // moved only by step (assoc_state.go)
+	queue recQueue
+	// mergedInto is the association that won a simultaneous dial over
+	// this one (retiring, or closed while connecting): sends go there.
+	mergedInto *assoc
+	err        error // why it ended (closed only)
+	pending    map[pendingAsk]struct{}
+	resolves   map[uint64]chan resolveAnswer
+	watches    map[watchPair]struct{}
 	// watchedBy holds the watches the peer's actors placed on this node's
 	// actors, so that they are dropped when the session ends.
 	watchedBy map[inWatch]*handle
@@ -144,7 +137,7 @@ type assoc struct {
 	tellsOut atomic.Uint64 // tell frames written to the connection
 	rtt      time.Duration // the handshake's round trip (outbound; under mu)
 	beat     atomic.Bool   // the writer owes the peer a heartbeat
-	doom     error         // why the session must end, set before its conn is closed (mu)
+	endCause error         // why this node gave up on the session (ending; mu), set before its conn is closed
 	// byeOnAck (mu): a graceful leave waits, before its bye, until the
 	// queue is written and the peer acknowledged every tell in it.
 	byeOnAck bool
@@ -352,7 +345,7 @@ func (a *assoc) run(fr *frameReader) {
 func (a *assoc) failure() error {
 	a = a.lockTarget()
 	defer a.mu.Unlock()
-	if a.state != assocClosed && a.state != assocLeaving {
+	if a.state < assocLeaving {
 		return nil
 	}
 	if a.state == assocLeaving || a.err == nil {
@@ -365,8 +358,8 @@ func (a *assoc) failure() error {
 // merges), locked. The caller unlocks it.
 func (a *assoc) lockTarget() *assoc {
 	a.mu.Lock()
-	for a.fwd != nil {
-		next := a.fwd
+	for a.mergedInto != nil {
+		next := a.mergedInto
 		a.mu.Unlock()
 		a = next
 		a.mu.Lock()
@@ -478,20 +471,25 @@ func (a *assoc) signal(h *handle, m sysMsg) {
 // letters) and the bye goes in its place; otherwise it follows the queue.
 func (a *assoc) leave(now bool) {
 	a.mu.Lock()
-	if a.state >= assocLeaving || a.fwd != nil {
+	next, ok := step(a.state, evLeave)
+	if !ok || a.mergedInto != nil {
 		a.mu.Unlock()
 		return
 	}
-	up := a.state == assocUp
-	a.state = assocLeaving
+	if next == assocClosed {
+		// Never came up: nothing to say goodbye on.
+		a.mu.Unlock()
+		a.fail(ErrNodeClosed)
+		return
+	}
+	a.state = next
 	var dropped recQueue
 	if now {
 		dropped = a.queue.take()
 	}
-	switch {
-	case up && now:
+	if now {
 		a.queue.push(outRec{msg: ctlFrame(appendBye(nil, byeLeaving, ""))})
-	case up:
+	} else {
 		a.byeOnAck = true // the writer says bye once the peer confirmed all
 	}
 	pend := a.pending
@@ -502,9 +500,6 @@ func (a *assoc) leave(now bool) {
 	}
 	a.deadLetters(dropped, ErrNodeClosed)
 	a.notify()
-	if !up {
-		a.fail(ErrNodeClosed)
-	}
 }
 
 // fail ends the session with err: queued messages become dead letters,
@@ -514,14 +509,26 @@ func (a *assoc) leave(now bool) {
 // it sent something malformed) quarantines the peer.
 func (a *assoc) fail(err error) {
 	a.mu.Lock()
-	if a.state == assocClosed {
+	from := a.state
+	if _, ok := step(from, evEnded); !ok {
 		a.mu.Unlock()
 		return
 	}
+	a.state = assocClosed
+	if a.endCause != nil {
+		err = a.endCause
+	}
 	conn := a.conn
-	if a.fwd != nil {
+	closing := errors.Is(err, ErrNodeClosed)
+	select {
+	case <-a.n.done:
+		closing = true
+	default:
+	}
+	peerLeft := errors.Is(err, ErrPeerLeft)
+	end := endingOf(from, peerLeft, closing, false)
+	if end.retired {
 		// A retired duplicate: its work moved to the winner already.
-		a.state = assocClosed
 		unacked := a.unacked[a.unackedHead:]
 		a.unacked, a.unackedHead, a.unackedBytes = nil, 0, 0
 		a.mu.Unlock()
@@ -534,12 +541,6 @@ func (a *assoc) fail(err error) {
 		}
 		return
 	}
-	wasUp := a.state == assocUp || a.state == assocLeaving
-	leaving := a.state == assocLeaving
-	if a.doom != nil {
-		err = a.doom
-	}
-	a.state = assocClosed
 	a.err = err
 	queue, pending, resolves, watches := a.queue.take(), a.pending, a.resolves, a.watches
 	unsent, unacked := a.unsent, a.unacked[a.unackedHead:]
@@ -548,16 +549,14 @@ func (a *assoc) fail(err error) {
 	a.unackedBytes = 0
 	a.mu.Unlock()
 	a.dropWatchedBy(watchedBy)
-
-	closing := leaving || errors.Is(err, ErrNodeClosed)
-	select {
-	case <-a.n.done:
-		closing = true
-	default:
+	if end.quarantine {
+		// Whether the peer is exempt takes the peer-table lock, so it is
+		// asked outside mu, and only of a peer that was up.
+		end = endingOf(from, peerLeft, closing, a.exemptFromQuarantine())
 	}
-	quarantine := a.quarantines(err, wasUp, closing)
+
 	reason := err
-	if quarantine {
+	if end.quarantine {
 		a.n.addQuarantine(a, err)
 		reason = &quarantineError{peer: a.label(), uid: a.peerUID, cause: err}
 		a.mu.Lock()
@@ -570,8 +569,8 @@ func (a *assoc) fail(err error) {
 	}
 	a.finish()
 	serr := &sessionError{peer: a.label(), cause: reason}
-	if wasUp && !closing {
-		a.n.events.Publish(PeerUnreachable{Addr: a.addr(), UID: a.peerUID, Name: a.peerName, Quarantined: quarantine, Reason: reason, LastHeard: a.lastHeard()})
+	if end.publish {
+		a.n.events.Publish(PeerUnreachable{Addr: a.addr(), UID: a.peerUID, Name: a.peerName, Quarantined: end.quarantine, Reason: reason, LastHeard: a.lastHeard()})
 	}
 	for _, m := range unacked {
 		a.n.deadLetterUnconfirmed(m.h.String(), m.msg, serr)
@@ -589,7 +588,7 @@ func (a *assoc) fail(err error) {
 	for w := range watches {
 		w.watcher.signal(sysMsg{kind: sysTerminated, key: w.target, reason: reason})
 	}
-	if wasUp {
+	if from != assocConnecting {
 		a.n.log.Debug("troupe: association ended", "peer", a.label(), "reason", reason)
 	}
 }

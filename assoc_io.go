@@ -22,7 +22,7 @@ func (a *assoc) writeLoop() {
 		}
 		a.mu.Lock()
 		recs := a.queue.take()
-		leaving := a.state == assocLeaving
+		draining := a.state == assocLeaving || a.state == assocRetiring
 		a.mu.Unlock()
 		buf := a.writePriority(a.wbuf[:0]) // heartbeat and acknowledgement first
 		ok := true
@@ -50,7 +50,7 @@ func (a *assoc) writeLoop() {
 		if cap(buf) <= 1<<20 {
 			a.wbuf = buf
 		}
-		if leaving {
+		if draining {
 			a.mu.Lock()
 			empty := a.queue.len() == 0
 			if empty && a.byeOnAck && a.unackedHead == len(a.unacked) {
@@ -164,7 +164,7 @@ func (a *assoc) onAck(b []byte) error {
 	}
 	waiting := uint64(len(a.unacked) - a.unackedHead)
 	if count < a.acked || count-a.acked > waiting {
-		if a.state == assocClosed || a.fwd != nil {
+		if a.mergedInto != nil {
 			return nil
 		}
 		return fmt.Errorf("%w: acknowledgement of %d frames, %d were sent", ErrMalformed, count, a.acked+waiting)
@@ -193,8 +193,11 @@ func (a *assoc) onAck(b []byte) error {
 // after its last delivery.
 func (a *assoc) abort(cause error) {
 	a.mu.Lock()
-	if a.doom == nil {
-		a.doom = cause
+	if s, ok := step(a.state, evGiveUp); ok {
+		a.state = s
+		if a.endCause == nil {
+			a.endCause = cause
+		}
 	}
 	conn := a.conn
 	a.mu.Unlock()

@@ -104,11 +104,12 @@ func (a *assoc) needsBeat() bool {
 // after its watchers are told.
 func (a *assoc) declareUnreachable(cause error) {
 	a.mu.Lock()
-	if a.state != assocUp || a.doom != nil {
+	if a.state != assocUp {
 		a.mu.Unlock()
 		return
 	}
-	a.doom = cause
+	a.state, _ = step(a.state, evGiveUp)
+	a.endCause = cause
 	conn := a.conn
 	a.mu.Unlock()
 	conn.Close()

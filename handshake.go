@@ -226,22 +226,14 @@ func (n *Node) attach(a *assoc, h *hello) bool {
 	default:
 		// Only the uid decides which connection is a duplicate: the
 		// addresses a peer announces are claims, not proof.
-		ex := n.byUID[h.uid]
-		switch {
-		case ex == nil || ex == a:
-		case !a.outbound && !ex.outbound:
-			// The peer dialed again (its old connection is gone for it,
-			// or it dialed another of this node's addresses): the new
-			// connection takes the old one's work over, as in a
-			// simultaneous dial, and the old one is retired, not failed.
-			loser, winner = ex, a
-		case dialedByLower(a, n.uid, h.uid):
-			loser, winner = ex, a
-		default:
-			if !a.outbound {
-				reject, text = rejectDuplicate, "the other connection between these nodes wins"
-			} else {
+		if ex := n.byUID[h.uid]; ex != nil && ex != a {
+			switch chooseDuplicate(a.outbound, ex.outbound, n.uid, h.uid) {
+			case keepFresh:
+				loser, winner = ex, a
+			case keepHeld:
 				loser, winner = a, ex
+			case refuseFresh:
+				reject, text = rejectDuplicate, "the other connection between these nodes wins"
 			}
 		}
 	}
@@ -265,8 +257,8 @@ func (n *Node) attach(a *assoc, h *hello) bool {
 		welcome = appendFrame(nil, func(b []byte) []byte { return appendHello(b, frameWelcome, n.hello()) })
 	}
 	a.mu.Lock()
-	if a.state == assocConnecting {
-		a.state, a.upAt = assocUp, time.Now()
+	if s, ok := step(a.state, evHandshaken); ok {
+		a.state, a.upAt = s, time.Now()
 	}
 	a.mu.Unlock()
 	a.startDetector(time.Now())
@@ -297,11 +289,7 @@ func (n *Node) attach(a *assoc, h *hello) bool {
 		w.mergeInto(a)
 	}
 	if loser != nil {
-		if winner == a {
-			loser.mergeInto(a)
-		} else {
-			loser.fail(errors.New("troupe: replaced by a new connection from the peer"))
-		}
+		loser.mergeInto(a)
 	}
 	n.events.Publish(PeerConnected{Addr: a.addr(), UID: a.peerUID, Name: a.peerName})
 	if !a.outbound {
@@ -388,13 +376,6 @@ func (n *Node) probeUID(addr Addr) NodeUID {
 	return w.uid
 }
 
-// dialedByLower reports whether a's connection was dialed by the node with
-// the lower uid of the pair (self, peer).
-func dialedByLower(a *assoc, self, peer NodeUID) bool {
-	selfLower := string(self[:]) < string(peer[:])
-	return a.outbound == selfLower
-}
-
 // awaitWinner parks an outbound association whose connection lost a
 // simultaneous dial: it is merged into the peer's connection once that is
 // attached, or fails after mergeWait.
@@ -427,19 +408,19 @@ func (n *Node) awaitWinner(a *assoc, uid NodeUID) {
 // the peer answers with its own bye, so nothing in flight is lost.
 func (a *assoc) mergeInto(w *assoc) {
 	a.mu.Lock()
-	if a.state == assocClosed || a.fwd != nil {
+	next, ok := step(a.state, evLostMerge)
+	if !ok || a.mergedInto != nil {
 		a.mu.Unlock()
 		return
 	}
-	up := a.state == assocUp
+	a.state = next
+	up := next == assocRetiring
 	conn := a.conn
-	a.fwd = w
+	a.mergedInto = w
 	var moved recQueue
 	if up {
-		a.state = assocLeaving
 		a.queue.push(outRec{msg: ctlFrame(appendBye(nil, byeDuplicate, ""))})
 	} else {
-		a.state = assocClosed
 		moved = a.queue.take()
 	}
 	pending, watches, resolves, watchedBy := a.pending, a.watches, a.resolves, a.watchedBy

@@ -219,8 +219,8 @@ func (n *Node) quarantineFor(uid NodeUID, addrs ...Addr) *QuarantineInfo {
 // quarantined: they keep knocking on each other until one is downed.
 // Registrars neither: a registrar is infrastructure, not a peer whose
 // actors anyone relies on, and discovery must come back with it.
-func (a *assoc) quarantines(err error, wasUp, closing bool) bool {
-	return wasUp && !closing && !errors.Is(err, ErrPeerLeft) && !a.n.isMember(a.peerUID) && !a.n.isRegistrarAssoc(a)
+func (a *assoc) exemptFromQuarantine() bool {
+	return a.n.isMember(a.peerUID) || a.n.isRegistrarAssoc(a)
 }
 
 // addQuarantine records that this node gave up on a's peer.

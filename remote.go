@@ -328,7 +328,7 @@ func (a *assoc) onBye(b []byte) error {
 		return nil
 	}
 	a.mu.Lock()
-	retired := a.fwd != nil
+	retired := a.mergedInto != nil
 	a.mu.Unlock()
 	if retired {
 		// The answer to our own duplicate-bye: the connection is drained.

@@ -47,7 +47,7 @@ type PeerStats struct {
 	Addr     Addr
 	UID      NodeUID
 	Name     string
-	State    string // "connecting", "up", "leaving" or "closed"
+	State    string // "connecting", "up", "ending", "leaving", "retiring" or "closed"
 	Outbound bool   // this node dialed
 	Since    time.Time
 	// LastHeard is when anything last arrived from the peer.
@@ -88,8 +88,6 @@ type MemberStats struct {
 	Reachable bool
 }
 
-var assocStateNames = [...]string{assocConnecting: "connecting", assocUp: "up", assocLeaving: "leaving", assocClosed: "closed"}
-
 // Stats returns a snapshot of the node: its associations, quarantines,
 // actors and deepest mailboxes, dead letters by reason, and its cluster
 // membership. It takes each table's lock briefly, one at a time, so the
@@ -108,7 +106,7 @@ func (n *Node) Stats() Stats {
 	n.pmu.Unlock()
 	for _, a := range assocs {
 		a.mu.Lock()
-		p := PeerStats{Addr: a.addr(), UID: a.peerUID, Name: a.peerName, State: assocStateNames[a.state], Outbound: a.outbound,
+		p := PeerStats{Addr: a.addr(), UID: a.peerUID, Name: a.peerName, State: a.state.String(), Outbound: a.outbound,
 			Since: a.upAt, Queued: a.queue.len(), Unacked: a.unackedBytes, BytesOut: a.written.Load(), Member: n.isMember(a.peerUID),
 			MessagesIn: a.ackTo.Load(), MessagesOut: a.tellsOut.Load(), RoundTrip: a.rtt}
 		in := a.in
