@@ -10,6 +10,23 @@ import (
 // An association's two loops: the one writer that coalesces queued frames
 // (heartbeats and acknowledgements first), and the one reader.
 
+// Sizes of the writer's buffer.
+const (
+	// writeChunk is how much the writer encodes before it writes: large
+	// enough that a burst costs few system calls, small enough that the
+	// first frames of a long queue leave without waiting for the last
+	// ones to be encoded.
+	writeChunk = 256 << 10
+	// writeBufferKeep is the largest buffer the writer keeps between
+	// bursts; one grown by an outsized message is let go.
+	writeBufferKeep = 1 << 20
+	// unackedCompactAfter is how many confirmed entries the front of the
+	// unacknowledged list may hold before it is moved down, so that a
+	// steady stream neither copies on every acknowledgement nor grows
+	// the list without end.
+	unackedCompactAfter = 1024
+)
+
 // writeLoop is the association's only writer: it takes everything queued,
 // encodes it into one buffer and writes it with one call.
 func (a *assoc) writeLoop() {
@@ -39,7 +56,7 @@ func (a *assoc) writeLoop() {
 			if sent && r.h != nil {
 				a.inflight = append(a.inflight, inflightMsg{r.h, r.msg, len(buf), len(buf) - start})
 			}
-			if len(buf) >= 256<<10 {
+			if len(buf) >= writeChunk {
 				ok = a.write(buf)
 				buf = a.writePriority(buf[:0])
 			}
@@ -47,7 +64,7 @@ func (a *assoc) writeLoop() {
 		if !ok || len(buf) > 0 && !a.write(buf) {
 			return
 		}
-		if cap(buf) <= 1<<20 {
+		if cap(buf) <= writeBufferKeep {
 			a.wbuf = buf
 		}
 		if draining {
@@ -181,7 +198,7 @@ func (a *assoc) onAck(b []byte) error {
 		if a.byeOnAck {
 			a.notify() // the writer may say bye now
 		}
-	} else if a.unackedHead > 1024 && a.unackedHead > len(a.unacked)/2 {
+	} else if a.unackedHead > unackedCompactAfter && a.unackedHead > len(a.unacked)/2 {
 		n := copy(a.unacked, a.unacked[a.unackedHead:])
 		a.unacked, a.unackedHead = a.unacked[:n], 0
 	}

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"reflect"
 	"runtime"
 	"testing"
 	"time"
@@ -424,32 +423,4 @@ type boxed struct {
 	N    int
 	Name string
 	At   int64
-}
-
-// BenchmarkBox measures what box.go saves when a decoded value becomes an
-// interface: box reuses the decoder's allocation, where reflect's
-// Interface copies the value into a second one. Both sides allocate the
-// value itself (reflect.New) as the decoder does; values vary with i.
-func BenchmarkBox(b *testing.B) {
-	mt := &msgType{t: reflect.TypeFor[boxed]()}
-	mt.initBox()
-	var sink any
-	for _, way := range []struct {
-		name string
-		f    func(p reflect.Value) any
-	}{
-		{"box", mt.box},
-		{"reflect-Interface", func(p reflect.Value) any { return p.Elem().Interface() }},
-	} {
-		b.Run(way.name, func(b *testing.B) {
-			b.ReportAllocs()
-			for i := range b.N {
-				p := reflect.New(mt.t)
-				v := p.Interface().(*boxed)
-				v.N, v.At = i, int64(i)*7
-				sink = way.f(p)
-			}
-		})
-	}
-	_ = sink
 }

@@ -79,8 +79,8 @@ func RegisterMessage[T any](key string) {
 }
 
 func registerType(t reflect.Type, key string) error {
-	if key == "" || len(key) > 255 {
-		return fmt.Errorf("troupe: RegisterMessage[%s]: key must be 1 to 255 bytes", t)
+	if key == "" || len(key) > maxWireKey {
+		return fmt.Errorf("troupe: RegisterMessage[%s]: key must be 1 to %d bytes", t, maxWireKey)
 	}
 	wireTypes.mu.Lock()
 	defer wireTypes.mu.Unlock()
@@ -810,6 +810,15 @@ func (d *decoder) varint() int64 {
 	return x
 }
 
+// maxWireKey bounds a wire key: long enough for any reverse-domain name,
+// and short enough that a type table entry stays small (maxTableEntry).
+const maxWireKey = 255
+
+// zeroSizeCount is how many elements of a zero-size type (which take no
+// bytes on the wire) a payload may declare: enough for any real use, and
+// bounded so that a hostile count costs no time.
+const zeroSizeCount = 1024
+
 // count reads a nil-or-length prefix (0 = nil, n+1 = n elements) and checks
 // that n elements of at least min bytes each can fit in what is left, so a
 // hostile length never makes the decoder allocate. ok is false for nil or
@@ -823,8 +832,8 @@ func (d *decoder) count(min int) (int, bool) {
 	limit := uint64(d.remaining())
 	if min > 0 {
 		limit /= uint64(min)
-	} else if limit < 1024 {
-		limit = 1024 // zero-size elements: still bounded
+	} else if limit < zeroSizeCount {
+		limit = zeroSizeCount
 	}
 	if n > limit {
 		d.fail("%d elements cannot fit in %d bytes", n, d.remaining())

@@ -1,7 +1,10 @@
 package troupe
 
 import (
+	"errors"
 	"math"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -127,4 +130,86 @@ func TestPhiAccrualDetector(t *testing.T) {
 	if len(seeded.intervals) != 2 || seeded.intervals[0] != 750 || seeded.intervals[1] != 1250 {
 		t.Fatalf("seed = %v", seeded.intervals)
 	}
+}
+
+func TestConfigRejectsShortWindow(t *testing.T) {
+	cfg := testConfig()
+	cfg.HeartbeatInterval = time.Second
+	cfg.UnreachableAfter = 2 * time.Second
+	if _, err := Start(ctxT(t, time.Second), cfg); !errors.Is(err, ErrBadConfig) {
+		t.Fatalf("Start with a window of 2 intervals = %v, want ErrBadConfig", err)
+	}
+}
+
+func TestDetectionTimeBounds(t *testing.T) {
+	const interval, window = 50 * time.Millisecond, 500 * time.Millisecond
+	p := newPair(t, interval, window)
+	p.home.pmu.Lock()
+	a := p.home.byUID[p.away.UID()]
+	p.home.pmu.Unlock()
+	detected := make(chan time.Time, 1)
+	Subscribe(p.home.Events(), func(PeerUnreachable) { detected <- time.Now() })
+	p.f.Kill(p.away)
+	at := recv(t, detected, "detection")
+	last := p.home.epoch.Add(time.Duration(a.in.heard.Load()))
+	silent := at.Sub(last)
+	if silent < window {
+		t.Errorf("declared unreachable %v after the last frame, sooner than the window %v", silent, window)
+	}
+	if limit := window + interval + time.Second; silent > limit {
+		t.Errorf("declared unreachable %v after the last frame, later than %v", silent, limit)
+	}
+	t.Logf("detected %v after the last frame (window %v, interval %v)", silent, window, interval)
+}
+
+func TestNoFalsePositiveUnderHeavyLoad(t *testing.T) {
+	if testing.Short() {
+		t.Skip("streams for several windows")
+	}
+	const interval, window = 100 * time.Millisecond, time.Second // the default ratio
+	cfg := func(name string) Config {
+		c := failConfig(name, interval, window)
+		c.Listen = []string{"tcp://127.0.0.1:0"}
+		return c
+	}
+	a, b := startNode(t, cfg("a")), startNode(t, cfg("b"))
+	var events atomic.Int64
+	for _, n := range []*Node{a, b} {
+		Subscribe(n.Events(), func(PeerUnreachable) { events.Add(1) })
+		Spawn(n, "sink", Behavior[bulk]{Receive: func(*Context[bulk], bulk) {}})
+		spawnEcho(t, n, "echo")
+	}
+	payload := make([]byte, 64<<10)
+	deadline := time.Now().Add(4 * window)
+	var wg sync.WaitGroup
+	var sent atomic.Int64
+	for _, dir := range [][2]*Node{{a, b}, {b, a}} {
+		from, to := dir[0], dir[1]
+		ctx := ctxT(t, 30*time.Second)
+		sink, err := Resolve[bulk](ctx, from, FormatRef(to.Addrs()[0], "/user/sink"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		echo, err := Resolve[testPing](ctx, from, FormatRef(to.Addrs()[0], "/user/echo"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		wg.Go(func() {
+			for seq := 0; time.Now().Before(deadline); seq++ {
+				sink.Tell(bulk{Seq: seq, Data: payload})
+				sent.Add(1)
+				if seq%32 == 31 { // keep the link full without an unbounded queue
+					if _, err := Ask(ctx, echo, func(r Ref[testPong]) testPing { return testPing{ReplyTo: r} }); err != nil {
+						t.Errorf("Ask during the stream: %v", err)
+						return
+					}
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if n := events.Load(); n != 0 {
+		t.Fatalf("%d PeerUnreachable events on a busy but healthy link", n)
+	}
+	t.Logf("streamed %d messages of 64 KiB (%d MiB) in %v", sent.Load(), sent.Load()/16, 4*window)
 }

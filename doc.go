@@ -136,4 +136,15 @@
 // concurrent use. A [Context] belongs to its actor's goroutine and must be
 // used only inside that actor's handlers. Event callbacks run on the
 // goroutine that published the event and must not block.
+//
+// # Reading the source
+//
+// One flat package, a file per concern, and x_test.go beside x.go. Frames
+// are laid out in wire.go (one append and one parse function per kind, as
+// wire.md specifies them) and payloads in codec.go, which has no effect
+// beyond the bytes and values it builds. An association's life is a pure
+// state machine in assoc_state.go; assoc.go, handshake.go and assoc_io.go
+// apply its transitions and do the I/O. Liveness is detector.go, the
+// quarantine decision and table quarantine.go. The README's "Where things
+// are" says which file answers which question.
 package troupe

@@ -212,7 +212,8 @@ func (n *Node) attach(a *assoc, h *hello) bool {
 		}
 	}
 	n.pmu.Lock()
-	var reject byte = 255
+	const accept = 255 // no reject code: the connection is accepted
+	var reject byte = accept
 	var text string
 	var loser, winner *assoc
 	switch {
@@ -237,7 +238,7 @@ func (n *Node) attach(a *assoc, h *hello) bool {
 			}
 		}
 	}
-	if reject != 255 {
+	if reject != accept {
 		n.forgetAssoc(a)
 		n.pmu.Unlock()
 		if a.outbound {

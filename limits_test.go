@@ -7,7 +7,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"net"
 	"runtime"
 	"strings"
@@ -285,58 +284,6 @@ func TestOneSourceCannotTakeEveryHandshake(t *testing.T) {
 	}
 }
 
-// TestAPeerThatNeverAcknowledgesIsCutOff: messages kept for a peer that
-// reads everything and confirms nothing stay within UnackedLimit; past
-// it, the peer is treated as silent.
-func TestAPeerThatNeverAcknowledgesIsCutOff(t *testing.T) {
-	cfg := testConfig("tcp://127.0.0.1:0")
-	cfg.UnackedLimit = 256 << 10
-	victim := startNode(t, cfg)
-	unreachable := make(chan PeerUnreachable, 1)
-	SubscribeChan(victim.Events(), unreachable)
-	c := rawHandshake(t, victim)
-	go io.Copy(io.Discard, c) // reads everything, acknowledges nothing
-	var a *assoc
-	waitFor(t, 5*time.Second, "the association", func() bool {
-		victim.pmu.Lock()
-		defer victim.pmu.Unlock()
-		for _, x := range victim.byUID {
-			a = x
-		}
-		return a != nil
-	})
-	ref := Ref[string]{h: &handle{node: victim, key: refKey{node: a.peerUID, path: "/user/sink", uuid: UUID{1}}, assoc: a}}
-	payload := strings.Repeat("x", 1000)
-	for i := 0; ; i++ {
-		select {
-		case e := <-unreachable:
-			if !e.Quarantined || !strings.Contains(e.Reason.Error(), "UnackedLimit") {
-				t.Fatalf("PeerUnreachable = %+v", e)
-			}
-			return
-		default:
-		}
-		if i > 10_000 {
-			t.Fatal("10 MB sent to a peer that acknowledges nothing, and it is still connected")
-		}
-		ref.Tell(payload)
-		a.mu.Lock()
-		held := a.unackedBytes
-		a.mu.Unlock()
-		if held > cfg.UnackedLimit+(256<<10)+2000 {
-			t.Fatalf("%d bytes kept unacknowledged, the limit is %d (plus one write)", held, cfg.UnackedLimit)
-		}
-		if i%100 == 99 {
-			// Let the writer take what is queued before producing more.
-			waitFor(t, 5*time.Second, "the writer to drain its queue", func() bool {
-				a.mu.Lock()
-				defer a.mu.Unlock()
-				return a.queue.len() == 0 || a.state == assocClosed
-			})
-		}
-	}
-}
-
 // TestMailboxBytesBoundWireMessages: large messages from another node
 // stop at MailboxBytes, long before MailboxLimit counts them.
 func TestMailboxBytesBoundWireMessages(t *testing.T) {
@@ -394,30 +341,6 @@ func TestMaxInboundConns(t *testing.T) {
 		_, err := Resolve[testPing](ctxT(t, 5*time.Second), extra, FormatRef(n.Addrs()[0], "/user/echo"))
 		return err == nil
 	})
-}
-
-func TestSendQueueLimit(t *testing.T) {
-	f := NewFaultNet()
-	cfg := failConfig("home", 50*time.Millisecond, 5*time.Second)
-	cfg.SendQueueLimit = 100
-	home := startOn(t, f, cfg)
-	away := startOn(t, f, failConfig("away", 50*time.Millisecond, 5*time.Second))
-	sink := spawnEcho(t, away, "sink")
-	r, err := Resolve[testPing](ctxT(t, 5*time.Second), home, FormatRef(away.Addrs()[0], sink.Path()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	full := make(chan DeadLetter, 10_000)
-	SubscribeChan(home.Events(), full)
-	f.Pause(away) // nothing drains: the writer blocks and the queue fills
-	defer f.Resume(away)
-	for range 10_000 {
-		r.Tell(testPing{})
-	}
-	d := recv(t, full, "a dead letter for the full queue")
-	if !errors.Is(d.Reason, ErrSendQueueFull) {
-		t.Fatalf("dead letter %+v, want ErrSendQueueFull", d)
-	}
 }
 
 func TestRegistryTimeout(t *testing.T) {

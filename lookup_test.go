@@ -223,3 +223,133 @@ func oneRegistrarFindingAll(t *testing.T, reg string, a, b *Node) bool {
 	}
 	return true
 }
+
+func TestWaitForActorIsPushedAndCancelReleases(t *testing.T) {
+	reg := freeRegistryAddr(t, "tcp")
+	registrar := startNode(t, discoveryConfig("registrar", reg))
+	client := startNode(t, discoveryConfig("client", reg))
+	service := startNode(t, discoveryConfig("service", reg))
+
+	// Cancelling releases the waiter on the registrar.
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() { _, err := WaitForActor[testPing](ctx, client, "late"); errc <- err }()
+	waitFor(t, 5*time.Second, "the waiter to be parked", func() bool { return registrar.reg().waiting() == 1 })
+	cancel()
+	if err := recv(t, errc, "WaitForActor to return"); !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled WaitForActor = %v", err)
+	}
+	waitFor(t, 5*time.Second, "the waiter to be released", func() bool { return registrar.reg().waiting() == 0 })
+
+	// A registration is pushed to the waiter.
+	got := make(chan Ref[testPing], 1)
+	go func() {
+		r, err := WaitForActor[testPing](ctxT(t, 10*time.Second), client, "late")
+		if err != nil {
+			t.Error(err)
+		}
+		got <- r
+	}()
+	waitFor(t, 5*time.Second, "the waiter to be parked", func() bool { return registrar.reg().waiting() == 1 })
+	spawnEcho(t, service, "late")
+	r := recv(t, got, "WaitForActor")
+	if _, err := Ask(ctxT(t, 5*time.Second), r, func(rr Ref[testPong]) testPing { return testPing{ReplyTo: rr} }); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestLocalFastPathSkipsTheRegistrar(t *testing.T) {
+	reg := freeRegistryAddr(t, "tcp")
+	registrar := startNode(t, discoveryConfig("registrar", reg))
+	client := startNode(t, discoveryConfig("client", reg))
+	service := startNode(t, discoveryConfig("service", reg))
+	spawnEcho(t, service, "svc")
+	spawnEcho(t, client, "mine")
+	ctx := ctxT(t, 5*time.Second)
+	if _, found, err := FindActor[testPing](ctx, client, "svc"); !found || err != nil {
+		t.Fatalf("first lookup: %v, %v", found, err)
+	}
+	before := registrar.reg().requests.Load()
+	for _, name := range []string{"svc", "mine"} {
+		r, found, err := FindActor[testPing](ctx, client, name)
+		if !found || err != nil {
+			t.Fatalf("fast lookup of %s: %v, %v", name, found, err)
+		}
+		if _, err := Ask(ctx, r, func(rr Ref[testPong]) testPing { return testPing{ReplyTo: rr} }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if after := registrar.reg().requests.Load(); after != before {
+		t.Fatalf("the fast path made %d registrar requests", after-before)
+	}
+}
+
+func TestAddressPreference(t *testing.T) {
+	uds, loop, remote := UnixAddr("/run/a.sock"), TCPAddr("127.0.0.1:1"), TCPAddr("203.0.113.9:1")
+	older := Registration{Name: "x", Seq: 1, Addrs: []Addr{remote, loop}}
+	newer := Registration{Name: "x", Seq: 2, Addrs: []Addr{remote, loop, uds}}
+	tests := []struct {
+		name string
+		regs []Registration
+		want []Addr
+	}{
+		{"unix before local tcp before remote", []Registration{newer}, []Addr{uds, loop, remote}},
+		{"newest first within a tier", []Registration{older, newer}, []Addr{uds, loop, loop, remote, remote}},
+		{"remote only", []Registration{{Seq: 1, Addrs: []Addr{remote}}}, []Addr{remote}},
+	}
+	for _, tt := range tests {
+		got := preferAddrs(tt.regs)
+		if len(got) != len(tt.want) {
+			t.Fatalf("%s: %d candidates, want %d", tt.name, len(got), len(tt.want))
+		}
+		for i := range got {
+			if got[i].addr != tt.want[i] {
+				t.Errorf("%s: candidate %d = %v, want %v", tt.name, i, got[i].addr, tt.want[i])
+			}
+		}
+		if tt.name == "newest first within a tier" && got[1].reg.Seq != 2 {
+			t.Errorf("%s: the newer registration's loopback address is not first in its tier", tt.name)
+		}
+	}
+}
+
+func TestStaleEntriesAreDeletedOnUse(t *testing.T) {
+	reg := freeRegistryAddr(t, "tcp")
+	registrar := startNode(t, discoveryConfig("registrar", reg))
+	service := startNode(t, discoveryConfig("service", reg))
+	spawnEcho(t, service, "svc")
+	ghost := TCPAddr(freeRegistryAddr(t, "tcp")[len("tcp://"):])
+	// A newer registration of the same name on a node that is gone.
+	registrar.reg().register(Registration{Name: "svc", UUID: UUID{7}, Path: "/user/svc", Node: NodeUID{7}, Addrs: []Addr{ghost}})
+	client := startNode(t, discoveryConfig("client", reg))
+	r, found, err := FindActor[testPing](ctxT(t, 10*time.Second), client, "svc")
+	if err != nil || !found || r.NodeUID() != service.UID() {
+		t.Fatalf("FindActor = %v, %v, %v; want the live service", r, found, err)
+	}
+	for _, e := range registrar.reg().find("svc") {
+		if e.Node == (NodeUID{7}) {
+			t.Fatalf("the stale registration is still there: %+v", e)
+		}
+	}
+}
+
+func TestLookupNoneIsNotAnError(t *testing.T) {
+	reg := freeRegistryAddr(t, "tcp")
+	n := startNode(t, discoveryConfig("only", reg))
+	ctx := ctxT(t, 5*time.Second)
+	if _, found, err := FindActor[testPing](ctx, n, "ghost"); found || err != nil {
+		t.Fatalf("FindActor of a missing name = %v, %v; want not found and no error", found, err)
+	}
+	_, _, err := FindActor[testPing](ctx, n, "ghost", RequireFound())
+	if !errors.Is(err, ErrNotFound) {
+		t.Fatalf("RequireFound: %v, want ErrNotFound", err)
+	}
+	dead := TCPAddr(freeRegistryAddr(t, "tcp")[len("tcp://"):])
+	if _, _, err := FindActor[testPing](ctx, n, "ghost", WithRegistries(dead.String())); err == nil || errors.Is(err, ErrNotFound) {
+		t.Fatalf("FindActor against an unreachable registrar = %v, want a connection error", err)
+	}
+	plain := startNode(t, testConfig())
+	if _, _, err := FindActor[testPing](ctx, plain, "x"); !errors.Is(err, ErrNoRegistry) {
+		t.Fatalf("FindActor without discovery = %v, want ErrNoRegistry", err)
+	}
+}

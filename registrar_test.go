@@ -187,3 +187,26 @@ func TestAnyNodeCanServeARegistry(t *testing.T) {
 		t.Fatalf("FindActor via a node serving a registry: %v, %v", found, err)
 	}
 }
+
+func TestRegistrarDropsNodesThatLeave(t *testing.T) {
+	reg := freeRegistryAddr(t, "tcp")
+	registrar := startNode(t, discoveryConfig("registrar", reg))
+	service := startNode(t, discoveryConfig("service", reg))
+	spawnEcho(t, service, "svc")
+	if len(registrar.reg().find("svc")) != 1 {
+		t.Fatal("svc not registered")
+	}
+	service.Close()
+	waitFor(t, 5*time.Second, "the service's registrations to go", func() bool {
+		return len(registrar.reg().find("svc")) == 0 && len(registrar.reg().find("service")) == 0
+	})
+}
+
+func TestActorStopUnregisters(t *testing.T) {
+	reg := freeRegistryAddr(t, "tcp")
+	registrar := startNode(t, discoveryConfig("registrar", reg))
+	service := startNode(t, discoveryConfig("service", reg))
+	r := spawnEcho(t, service, "svc")
+	service.Stop(r)
+	waitFor(t, 5*time.Second, "svc to be unregistered", func() bool { return len(registrar.reg().find("svc")) == 0 })
+}

@@ -4,9 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 )
@@ -229,35 +227,6 @@ func TestAdapterRefAcrossTheWire(t *testing.T) {
 	})
 }
 
-func TestSimultaneousDialEndsWithOneAssociation(t *testing.T) {
-	for i := range 10 {
-		a := startNode(t, testConfig("tcp://127.0.0.1:0"))
-		b := startNode(t, testConfig("tcp://127.0.0.1:0"))
-		ea, eb := spawnEcho(t, a, "echo"), spawnEcho(t, b, "echo")
-		_, _ = ea, eb
-		ctx := ctxT(t, 5*time.Second)
-		type res struct {
-			r   Ref[testPing]
-			err error
-		}
-		ra, rb := make(chan res, 1), make(chan res, 1)
-		go func() { r, err := Resolve[testPing](ctx, a, FormatRef(b.Addrs()[0], "/user/echo")); ra <- res{r, err} }()
-		go func() { r, err := Resolve[testPing](ctx, b, FormatRef(a.Addrs()[0], "/user/echo")); rb <- res{r, err} }()
-		x, y := <-ra, <-rb
-		if x.err != nil || y.err != nil {
-			t.Fatalf("round %d: Resolve: %v, %v", i, x.err, y.err)
-		}
-		for _, r := range []Ref[testPing]{x.r, y.r} {
-			if _, err := Ask(ctx, r, func(rr Ref[testPong]) testPing { return testPing{ReplyTo: rr} }); err != nil {
-				t.Fatalf("round %d: Ask over the merged association: %v", i, err)
-			}
-		}
-		waitFor(t, 5*time.Second, "one association on each side", func() bool {
-			return a.liveAssocs() == 1 && b.liveAssocs() == 1
-		})
-	}
-}
-
 func TestPendingAskFailsWhenPeerLeaves(t *testing.T) {
 	a := startNode(t, testConfig("tcp://127.0.0.1:0"))
 	b := startNode(t, testConfig("tcp://127.0.0.1:0"))
@@ -319,56 +288,6 @@ func TestWatchARemoteAdapterRef(t *testing.T) {
 	term := recv(t, got, "Terminated for the adapter's actor")
 	if term.Ref.Path() != adapter.Path() || term.Reason != nil {
 		t.Fatalf("Terminated = %v (%v), want the adapter ref with a normal stop", term.Ref, term.Reason)
-	}
-}
-
-// TestConcurrentResolvesAcrossASimultaneousDial resolves dozens of
-// actors from both sides at once, on nodes listening on a wildcard address
-// and dialled on loopback (so neither knows the other's dialled address in
-// advance): every Resolve gets its own actor's identity, or an error, and
-// none waits for its deadline.
-func TestConcurrentResolvesAcrossASimultaneousDial(t *testing.T) {
-	const actors = 40
-	for round := range 40 {
-		a := startNode(t, testConfig("tcp://0.0.0.0:0"))
-		b := startNode(t, testConfig("tcp://0.0.0.0:0"))
-		want := map[*Node]map[string]AID{a: {}, b: {}}
-		for _, n := range []*Node{a, b} {
-			for i := range actors {
-				r := spawnEcho(t, n, fmt.Sprintf("echo-%d", i))
-				want[n][r.Path()] = r.AID()
-			}
-		}
-		loopback := func(n *Node) Addr {
-			_, port, _ := net.SplitHostPort(n.Addrs()[0].Address())
-			return TCPAddr("127.0.0.1:" + port)
-		}
-		ctx := ctxT(t, 10*time.Second)
-		var wg sync.WaitGroup
-		errs := make(chan error, 2*actors)
-		for _, pair := range [][2]*Node{{a, b}, {b, a}} {
-			from, to := pair[0], pair[1]
-			for i := range actors {
-				wg.Go(func() {
-					path := fmt.Sprintf("/user/echo-%d", i)
-					r, err := Resolve[testPing](ctx, from, FormatRef(loopback(to), path))
-					switch {
-					case err != nil && ctx.Err() != nil:
-						errs <- fmt.Errorf("%s: waited for the deadline: %v", path, err)
-					case err == nil && r.AID() != want[to][path]:
-						errs <- fmt.Errorf("%s: got the identity %v, want %v", path, r.AID(), want[to][path])
-					}
-				})
-			}
-		}
-		wg.Wait()
-		close(errs)
-		for err := range errs {
-			t.Errorf("round %d: %v", round, err)
-		}
-		if t.Failed() {
-			return
-		}
 	}
 }
 

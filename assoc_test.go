@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -29,15 +28,6 @@ func startOn(t testing.TB, f *FaultNet, cfg Config) *Node {
 	}
 	t.Cleanup(func() { n.Close() })
 	return n
-}
-
-func TestConfigRejectsShortWindow(t *testing.T) {
-	cfg := testConfig()
-	cfg.HeartbeatInterval = time.Second
-	cfg.UnreachableAfter = 2 * time.Second
-	if _, err := Start(ctxT(t, time.Second), cfg); !errors.Is(err, ErrBadConfig) {
-		t.Fatalf("Start with a window of 2 intervals = %v, want ErrBadConfig", err)
-	}
 }
 
 // pair starts two nodes on a fault network, an echo actor on each, and
@@ -153,85 +143,12 @@ func TestReconnectRefusedWhilePeerQuarantinesUs(t *testing.T) {
 	roundTrip(t, p.away, p.home, "/user/echo")
 }
 
-func TestDetectionTimeBounds(t *testing.T) {
-	const interval, window = 50 * time.Millisecond, 500 * time.Millisecond
-	p := newPair(t, interval, window)
-	p.home.pmu.Lock()
-	a := p.home.byUID[p.away.UID()]
-	p.home.pmu.Unlock()
-	detected := make(chan time.Time, 1)
-	Subscribe(p.home.Events(), func(PeerUnreachable) { detected <- time.Now() })
-	p.f.Kill(p.away)
-	at := recv(t, detected, "detection")
-	last := p.home.epoch.Add(time.Duration(a.in.heard.Load()))
-	silent := at.Sub(last)
-	if silent < window {
-		t.Errorf("declared unreachable %v after the last frame, sooner than the window %v", silent, window)
-	}
-	if limit := window + interval + time.Second; silent > limit {
-		t.Errorf("declared unreachable %v after the last frame, later than %v", silent, limit)
-	}
-	t.Logf("detected %v after the last frame (window %v, interval %v)", silent, window, interval)
-}
-
 type bulk struct {
 	Seq  int
 	Data []byte
 }
 
 func init() { RegisterMessage[bulk]("troupe.test.bulk") }
-
-func TestNoFalsePositiveUnderHeavyLoad(t *testing.T) {
-	if testing.Short() {
-		t.Skip("streams for several windows")
-	}
-	const interval, window = 100 * time.Millisecond, time.Second // the default ratio
-	cfg := func(name string) Config {
-		c := failConfig(name, interval, window)
-		c.Listen = []string{"tcp://127.0.0.1:0"}
-		return c
-	}
-	a, b := startNode(t, cfg("a")), startNode(t, cfg("b"))
-	var events atomic.Int64
-	for _, n := range []*Node{a, b} {
-		Subscribe(n.Events(), func(PeerUnreachable) { events.Add(1) })
-		Spawn(n, "sink", Behavior[bulk]{Receive: func(*Context[bulk], bulk) {}})
-		spawnEcho(t, n, "echo")
-	}
-	payload := make([]byte, 64<<10)
-	deadline := time.Now().Add(4 * window)
-	var wg sync.WaitGroup
-	var sent atomic.Int64
-	for _, dir := range [][2]*Node{{a, b}, {b, a}} {
-		from, to := dir[0], dir[1]
-		ctx := ctxT(t, 30*time.Second)
-		sink, err := Resolve[bulk](ctx, from, FormatRef(to.Addrs()[0], "/user/sink"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		echo, err := Resolve[testPing](ctx, from, FormatRef(to.Addrs()[0], "/user/echo"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		wg.Go(func() {
-			for seq := 0; time.Now().Before(deadline); seq++ {
-				sink.Tell(bulk{Seq: seq, Data: payload})
-				sent.Add(1)
-				if seq%32 == 31 { // keep the link full without an unbounded queue
-					if _, err := Ask(ctx, echo, func(r Ref[testPong]) testPing { return testPing{ReplyTo: r} }); err != nil {
-						t.Errorf("Ask during the stream: %v", err)
-						return
-					}
-				}
-			}
-		})
-	}
-	wg.Wait()
-	if n := events.Load(); n != 0 {
-		t.Fatalf("%d PeerUnreachable events on a busy but healthy link", n)
-	}
-	t.Logf("streamed %d messages of 64 KiB (%d MiB) in %v", sent.Load(), sent.Load()/16, 4*window)
-}
 
 func TestEveryMessageToAQuarantinedPeerIsOneDeadLetter(t *testing.T) {
 	p := newPair(t, 20*time.Millisecond, 300*time.Millisecond)
@@ -305,92 +222,5 @@ func TestKilledPeerOverLoopbackAfterClose(t *testing.T) {
 	}
 	if q := a.Quarantined(); len(q) != 0 {
 		t.Fatalf("a graceful close quarantined %v", q)
-	}
-}
-
-func TestEveryMessageIsDeliveredOrDeadLetteredAcrossAPartition(t *testing.T) {
-	p := newPair(t, 20*time.Millisecond, 300*time.Millisecond)
-	const total = 20000
-	var mu sync.Mutex
-	delivered := make([]int, 0, total)
-	dead := map[int]bool{}
-	unconfirmed := map[int]bool{}
-	Spawn(p.away, "sink", Behavior[count]{Receive: func(_ *Context[count], m count) {
-		mu.Lock()
-		delivered = append(delivered, m.N)
-		mu.Unlock()
-	}})
-	Subscribe(p.home.Events(), func(d DeadLetter) {
-		if m, ok := d.Message.(count); ok {
-			mu.Lock()
-			if dead[m.N] {
-				t.Errorf("message %d has two dead letters", m.N)
-			}
-			dead[m.N] = true
-			if d.Unconfirmed {
-				unconfirmed[m.N] = true
-			}
-			mu.Unlock()
-		}
-	})
-	sink, err := Resolve[count](ctxT(t, 5*time.Second), p.home, FormatRef(p.away.Addrs()[0], "/user/sink"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i := range total / 2 {
-		sink.Tell(count{N: i})
-	}
-	// Cut the network while the first half is still streaming.
-	waitFor(t, 10*time.Second, "part of the stream to arrive", func() bool {
-		mu.Lock()
-		defer mu.Unlock()
-		return len(delivered) >= total/8
-	})
-	p.f.Partition(p.home, p.away)
-	for i := total / 2; i < total; i++ {
-		sink.Tell(count{N: i})
-	}
-	waitFor(t, 10*time.Second, "every message to be accounted for", func() bool {
-		mu.Lock()
-		defer mu.Unlock()
-		seen := map[int]bool{}
-		for _, n := range delivered {
-			seen[n] = true
-		}
-		for n := range dead {
-			seen[n] = true
-		}
-		return len(seen) == total
-	})
-	mu.Lock()
-	defer mu.Unlock()
-	for i := 1; i < len(delivered); i++ {
-		if delivered[i] <= delivered[i-1] {
-			t.Fatalf("delivered out of order or twice: %d after %d", delivered[i], delivered[i-1])
-		}
-	}
-	both := 0
-	for _, n := range delivered {
-		if dead[n] {
-			if !unconfirmed[n] {
-				t.Fatalf("message %d was delivered and reported as certainly undelivered", n)
-			}
-			both++
-		}
-	}
-	t.Logf("%d delivered, %d dead letters (%d unconfirmed, %d of those delivered after all)", len(delivered), len(dead), len(unconfirmed), both)
-}
-
-// An acknowledgement that arrives after the session ended (the node closed
-// while the peer's last ack was in flight) is ignored.
-func TestLateAckAfterTheSessionEnded(t *testing.T) {
-	n := startNode(t, testConfig())
-	a := newAssoc(n, false, Addr{})
-	a.state = assocUp
-	a.unacked = []inflightMsg{{h: &handle{node: n}, msg: count{}}, {h: &handle{node: n}, msg: count{}}}
-	a.onAck([]byte{1})
-	a.fail(ErrNodeClosed)
-	if err := a.onAck([]byte{2}); err != nil {
-		t.Fatalf("late ack: %v", err)
 	}
 }

@@ -1,0 +1,173 @@
+package troupe
+
+import (
+	"errors"
+	"io"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// An acknowledgement that arrives after the session ended (the node closed
+// while the peer's last ack was in flight) is ignored.
+func TestLateAckAfterTheSessionEnded(t *testing.T) {
+	n := startNode(t, testConfig())
+	a := newAssoc(n, false, Addr{})
+	a.state = assocUp
+	a.unacked = []inflightMsg{{h: &handle{node: n}, msg: count{}}, {h: &handle{node: n}, msg: count{}}}
+	a.onAck([]byte{1})
+	a.fail(ErrNodeClosed)
+	if err := a.onAck([]byte{2}); err != nil {
+		t.Fatalf("late ack: %v", err)
+	}
+}
+
+func TestEveryMessageIsDeliveredOrDeadLetteredAcrossAPartition(t *testing.T) {
+	p := newPair(t, 20*time.Millisecond, 300*time.Millisecond)
+	const total = 20000
+	var mu sync.Mutex
+	delivered := make([]int, 0, total)
+	dead := map[int]bool{}
+	unconfirmed := map[int]bool{}
+	Spawn(p.away, "sink", Behavior[count]{Receive: func(_ *Context[count], m count) {
+		mu.Lock()
+		delivered = append(delivered, m.N)
+		mu.Unlock()
+	}})
+	Subscribe(p.home.Events(), func(d DeadLetter) {
+		if m, ok := d.Message.(count); ok {
+			mu.Lock()
+			if dead[m.N] {
+				t.Errorf("message %d has two dead letters", m.N)
+			}
+			dead[m.N] = true
+			if d.Unconfirmed {
+				unconfirmed[m.N] = true
+			}
+			mu.Unlock()
+		}
+	})
+	sink, err := Resolve[count](ctxT(t, 5*time.Second), p.home, FormatRef(p.away.Addrs()[0], "/user/sink"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range total / 2 {
+		sink.Tell(count{N: i})
+	}
+	// Cut the network while the first half is still streaming.
+	waitFor(t, 10*time.Second, "part of the stream to arrive", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(delivered) >= total/8
+	})
+	p.f.Partition(p.home, p.away)
+	for i := total / 2; i < total; i++ {
+		sink.Tell(count{N: i})
+	}
+	waitFor(t, 10*time.Second, "every message to be accounted for", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		seen := map[int]bool{}
+		for _, n := range delivered {
+			seen[n] = true
+		}
+		for n := range dead {
+			seen[n] = true
+		}
+		return len(seen) == total
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	for i := 1; i < len(delivered); i++ {
+		if delivered[i] <= delivered[i-1] {
+			t.Fatalf("delivered out of order or twice: %d after %d", delivered[i], delivered[i-1])
+		}
+	}
+	both := 0
+	for _, n := range delivered {
+		if dead[n] {
+			if !unconfirmed[n] {
+				t.Fatalf("message %d was delivered and reported as certainly undelivered", n)
+			}
+			both++
+		}
+	}
+	t.Logf("%d delivered, %d dead letters (%d unconfirmed, %d of those delivered after all)", len(delivered), len(dead), len(unconfirmed), both)
+}
+
+// TestAPeerThatNeverAcknowledgesIsCutOff: messages kept for a peer that
+// reads everything and confirms nothing stay within UnackedLimit; past
+// it, the peer is treated as silent.
+func TestAPeerThatNeverAcknowledgesIsCutOff(t *testing.T) {
+	cfg := testConfig("tcp://127.0.0.1:0")
+	cfg.UnackedLimit = 256 << 10
+	victim := startNode(t, cfg)
+	unreachable := make(chan PeerUnreachable, 1)
+	SubscribeChan(victim.Events(), unreachable)
+	c := rawHandshake(t, victim)
+	go io.Copy(io.Discard, c) // reads everything, acknowledges nothing
+	var a *assoc
+	waitFor(t, 5*time.Second, "the association", func() bool {
+		victim.pmu.Lock()
+		defer victim.pmu.Unlock()
+		for _, x := range victim.byUID {
+			a = x
+		}
+		return a != nil
+	})
+	ref := Ref[string]{h: &handle{node: victim, key: refKey{node: a.peerUID, path: "/user/sink", uuid: UUID{1}}, assoc: a}}
+	payload := strings.Repeat("x", 1000)
+	for i := 0; ; i++ {
+		select {
+		case e := <-unreachable:
+			if !e.Quarantined || !strings.Contains(e.Reason.Error(), "UnackedLimit") {
+				t.Fatalf("PeerUnreachable = %+v", e)
+			}
+			return
+		default:
+		}
+		if i > 10_000 {
+			t.Fatal("10 MB sent to a peer that acknowledges nothing, and it is still connected")
+		}
+		ref.Tell(payload)
+		a.mu.Lock()
+		held := a.unackedBytes
+		a.mu.Unlock()
+		if held > cfg.UnackedLimit+(256<<10)+2000 {
+			t.Fatalf("%d bytes kept unacknowledged, the limit is %d (plus one write)", held, cfg.UnackedLimit)
+		}
+		if i%100 == 99 {
+			// Let the writer take what is queued before producing more.
+			waitFor(t, 5*time.Second, "the writer to drain its queue", func() bool {
+				a.mu.Lock()
+				defer a.mu.Unlock()
+				return a.queue.len() == 0 || a.state == assocClosed
+			})
+		}
+	}
+}
+
+func TestSendQueueLimit(t *testing.T) {
+	f := NewFaultNet()
+	cfg := failConfig("home", 50*time.Millisecond, 5*time.Second)
+	cfg.SendQueueLimit = 100
+	home := startOn(t, f, cfg)
+	away := startOn(t, f, failConfig("away", 50*time.Millisecond, 5*time.Second))
+	sink := spawnEcho(t, away, "sink")
+	r, err := Resolve[testPing](ctxT(t, 5*time.Second), home, FormatRef(away.Addrs()[0], sink.Path()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	full := make(chan DeadLetter, 10_000)
+	SubscribeChan(home.Events(), full)
+	f.Pause(away) // nothing drains: the writer blocks and the queue fills
+	defer f.Resume(away)
+	for range 10_000 {
+		r.Tell(testPing{})
+	}
+	d := recv(t, full, "a dead letter for the full queue")
+	if !errors.Is(d.Reason, ErrSendQueueFull) {
+		t.Fatalf("dead letter %+v, want ErrSendQueueFull", d)
+	}
+}

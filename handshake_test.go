@@ -1,0 +1,144 @@
+package troupe
+
+import (
+	"fmt"
+	"net"
+	"sync"
+	"testing"
+	"time"
+)
+
+// FuzzHandshake plays arbitrary bytes as a dialer to an accepting node (one
+// with a shared secret and one without), and as an acceptor to a dialing
+// node. Nothing may panic or hang; a node must not be left with an
+// association to a peer that never completed the handshake properly.
+func FuzzHandshake(f *testing.F) {
+	h := &hello{version: protocolVersion, uid: NodeUID{1, 2, 3}, name: "fuzz", addrs: []string{"tcp://127.0.0.1:1"}}
+	f.Add(appendFrame(nil, func(b []byte) []byte { return appendHello(b, frameHello, h) }))
+	h.auth = make([]byte, nonceSize)
+	f.Add(append(appendFrame(nil, func(b []byte) []byte { return appendHello(b, frameHello, h) }),
+		appendFrame(nil, func(b []byte) []byte { return append(append(b, byte(frameProof)), make([]byte, macSize)...) })...))
+	f.Add(appendFrame(nil, func(b []byte) []byte {
+		return appendChallenge(b, challengeBody{uid: NodeUID{9}, nonce: make([]byte, nonceSize), mac: make([]byte, macSize)})
+	}))
+	f.Add([]byte{0x05, 0x01, 'T', 'R', 'P', 0x01})
+
+	open, err := Start(ctxT(f, 5*time.Second), Config{Logger: quietLogger(), HandshakeTimeout: time.Second})
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Cleanup(func() { open.Close() })
+	guarded, err := Start(ctxT(f, 5*time.Second), Config{Logger: quietLogger(), HandshakeTimeout: time.Second, Secret: []byte("sixteen byte key")})
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Cleanup(func() { guarded.Close() })
+
+	f.Fuzz(func(t *testing.T, in []byte) {
+		for _, n := range []*Node{open, guarded} {
+			ours, theirs := net.Pipe()
+			go func() {
+				theirs.Write(in)
+				theirs.Close()
+			}()
+			src, _ := n.admit(ours)
+			n.serveInbound(ours, src)
+			n.inbound.Add(-1)
+			if n == guarded && guarded.liveAssocs() != 0 {
+				t.Fatalf("an unauthenticated dialer got an association from %x", in)
+			}
+		}
+		for _, n := range []*Node{open, guarded} {
+			ours, theirs := net.Pipe()
+			go func() {
+				buf := make([]byte, 4096)
+				theirs.SetDeadline(time.Now().Add(time.Second))
+				theirs.Read(buf) // the hello
+				theirs.Write(in)
+				theirs.Close()
+			}()
+			ours.SetDeadline(time.Now().Add(time.Second))
+			n.dialHandshake(ours, newFrameReader(ours, DefaultMaxFrameSize), n.hello())
+			ours.Close()
+		}
+	})
+}
+
+func TestSimultaneousDialEndsWithOneAssociation(t *testing.T) {
+	for i := range 10 {
+		a := startNode(t, testConfig("tcp://127.0.0.1:0"))
+		b := startNode(t, testConfig("tcp://127.0.0.1:0"))
+		ea, eb := spawnEcho(t, a, "echo"), spawnEcho(t, b, "echo")
+		_, _ = ea, eb
+		ctx := ctxT(t, 5*time.Second)
+		type res struct {
+			r   Ref[testPing]
+			err error
+		}
+		ra, rb := make(chan res, 1), make(chan res, 1)
+		go func() { r, err := Resolve[testPing](ctx, a, FormatRef(b.Addrs()[0], "/user/echo")); ra <- res{r, err} }()
+		go func() { r, err := Resolve[testPing](ctx, b, FormatRef(a.Addrs()[0], "/user/echo")); rb <- res{r, err} }()
+		x, y := <-ra, <-rb
+		if x.err != nil || y.err != nil {
+			t.Fatalf("round %d: Resolve: %v, %v", i, x.err, y.err)
+		}
+		for _, r := range []Ref[testPing]{x.r, y.r} {
+			if _, err := Ask(ctx, r, func(rr Ref[testPong]) testPing { return testPing{ReplyTo: rr} }); err != nil {
+				t.Fatalf("round %d: Ask over the merged association: %v", i, err)
+			}
+		}
+		waitFor(t, 5*time.Second, "one association on each side", func() bool {
+			return a.liveAssocs() == 1 && b.liveAssocs() == 1
+		})
+	}
+}
+
+// TestConcurrentResolvesAcrossASimultaneousDial resolves dozens of
+// actors from both sides at once, on nodes listening on a wildcard address
+// and dialled on loopback (so neither knows the other's dialled address in
+// advance): every Resolve gets its own actor's identity, or an error, and
+// none waits for its deadline.
+func TestConcurrentResolvesAcrossASimultaneousDial(t *testing.T) {
+	const actors = 40
+	for round := range 40 {
+		a := startNode(t, testConfig("tcp://0.0.0.0:0"))
+		b := startNode(t, testConfig("tcp://0.0.0.0:0"))
+		want := map[*Node]map[string]AID{a: {}, b: {}}
+		for _, n := range []*Node{a, b} {
+			for i := range actors {
+				r := spawnEcho(t, n, fmt.Sprintf("echo-%d", i))
+				want[n][r.Path()] = r.AID()
+			}
+		}
+		loopback := func(n *Node) Addr {
+			_, port, _ := net.SplitHostPort(n.Addrs()[0].Address())
+			return TCPAddr("127.0.0.1:" + port)
+		}
+		ctx := ctxT(t, 10*time.Second)
+		var wg sync.WaitGroup
+		errs := make(chan error, 2*actors)
+		for _, pair := range [][2]*Node{{a, b}, {b, a}} {
+			from, to := pair[0], pair[1]
+			for i := range actors {
+				wg.Go(func() {
+					path := fmt.Sprintf("/user/echo-%d", i)
+					r, err := Resolve[testPing](ctx, from, FormatRef(loopback(to), path))
+					switch {
+					case err != nil && ctx.Err() != nil:
+						errs <- fmt.Errorf("%s: waited for the deadline: %v", path, err)
+					case err == nil && r.AID() != want[to][path]:
+						errs <- fmt.Errorf("%s: got the identity %v, want %v", path, r.AID(), want[to][path])
+					}
+				})
+			}
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Errorf("round %d: %v", round, err)
+		}
+		if t.Failed() {
+			return
+		}
+	}
+}

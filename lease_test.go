@@ -1,0 +1,40 @@
+package troupe
+
+import (
+	"testing"
+	"time"
+)
+
+func TestNodeLease(t *testing.T) {
+	server := startNode(t, testConfig("tcp://127.0.0.1:0"))
+	if err := ServeLeases(server); err != nil {
+		t.Fatal(err)
+	}
+	a, b := startNode(t, testConfig()), startNode(t, testConfig())
+	la := NewNodeLease(a, server.Addrs()[0].String(), "x", 300*time.Millisecond)
+	lb := NewNodeLease(b, server.Addrs()[0].String(), "x", 300*time.Millisecond)
+	ctx := ctxT(t, 5*time.Second)
+	if ok, err := la.Acquire(ctx, "a"); !ok || err != nil {
+		t.Fatalf("a: %v %v", ok, err)
+	}
+	time.Sleep(600 * time.Millisecond) // two TTLs: the keep-alive must hold it
+	if ok, _ := lb.Acquire(ctx, "b"); ok {
+		t.Fatal("b acquired a lease a holds")
+	}
+	if !la.CheckHeld("a") || lb.CheckHeld("b") {
+		t.Fatal("CheckHeld is wrong")
+	}
+	if err := la.Release(ctx, "a"); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := lb.Acquire(ctx, "b"); !ok || err != nil {
+		t.Fatalf("b after release: %v %v", ok, err)
+	}
+	lost := lb.Lost()
+	server.Close()
+	select {
+	case <-lost:
+	case <-time.After(5 * time.Second):
+		t.Fatal("losing the lease server did not report the lease lost")
+	}
+}
