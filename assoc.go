@@ -68,8 +68,9 @@ type ctlFrame []byte
 // write that fails can turn the messages it did not hand to the kernel into
 // dead letters.
 type inflightMsg struct {
-	h    *handle
+	h    *handle // nil for a control frame (msg is its ctlFrame)
 	msg  any
+	mt   *msgType
 	end  int // offset just past its frame in the buffer
 	size int // the frame's encoded size
 }
@@ -105,8 +106,15 @@ type assoc struct {
 	peerAddrs []Addr // as the peer announced them: claims, not proof
 	// proven (n.pmu) are the addresses this node dialed and found this
 	// peer at: this session's, and those of duplicates merged into it.
-	proven    []Addr
-	conn      net.Conn
+	proven []Addr
+	conn   net.Conn
+	// resumable: both sides sequence every queued frame, and a broken
+	// connection suspends the session instead of ending it (set by the
+	// handshake, before the reader and writer start).
+	resumable bool
+	resumeOf  *assoc        // outbound: the suspended session this connection was dialed to resume
+	resumed   bool          // this connection resumes a session: its first frame is a resume
+	resumeRcv uint64        // what that resume frame says this side received
 	ready     chan struct{} // closed (once, by closeReady) when up, merged or closed
 	readyOnce sync.Once
 	stopOnce  sync.Once
@@ -128,8 +136,15 @@ type assoc struct {
 	watchedBy map[inWatch]*handle
 
 	wake       chan struct{} // capacity 1: the writer has work
-	stop       chan struct{} // closed when the session ends
+	stop       chan struct{} // closed when the session ends or is suspended: the writer exits
 	writerDone chan struct{} // closed when the writer has exited
+	readerDone chan struct{} // closed when the reader has exited
+	// A suspended session (mu): when and why its connection broke. A
+	// resumed one holds its queue (holdQueue) until the peer's resume
+	// frame says what to send again.
+	lostAt    time.Time
+	lostCause error
+	holdQueue bool
 
 	written  atomic.Uint64 // bytes written to the connection
 	in       *stampReader  // the connection's reading side; nil until connected
@@ -195,6 +210,7 @@ func newAssoc(n *Node, outbound bool, dial Addr) *assoc {
 		wake:       make(chan struct{}, 1),
 		stop:       make(chan struct{}),
 		writerDone: make(chan struct{}),
+		readerDone: make(chan struct{}),
 		pending:    make(map[pendingAsk]struct{}),
 		resolves:   make(map[uint64]chan resolveAnswer),
 		watches:    make(map[watchPair]struct{}),
@@ -338,6 +354,7 @@ func (a *assoc) closeReady() { a.readyOnce.Do(func() { close(a.ready) }) }
 func (a *assoc) run(fr *frameReader) {
 	a.n.wg.Go(a.writeLoop)
 	a.readLoop(fr)
+	close(a.readerDone)
 }
 
 // failure returns the error a send through this session gets once it has
@@ -537,7 +554,9 @@ func (a *assoc) fail(err error) {
 		}
 		a.finish()
 		for _, m := range unacked {
-			a.n.deadLetterUnconfirmed(m.h.String(), m.msg, &sessionError{peer: a.label(), cause: errors.New("duplicate connection retired before the peer confirmed")})
+			if m.h != nil {
+				a.n.deadLetterUnconfirmed(m.h.String(), m.msg, &sessionError{peer: a.label(), cause: errors.New("duplicate connection retired before the peer confirmed")})
+			}
 		}
 		return
 	}
@@ -573,10 +592,14 @@ func (a *assoc) fail(err error) {
 		a.n.events.Publish(PeerUnreachable{Addr: a.addr(), UID: a.peerUID, Name: a.peerName, Quarantined: end.quarantine, Reason: reason, LastHeard: a.lastHeard()})
 	}
 	for _, m := range unacked {
-		a.n.deadLetterUnconfirmed(m.h.String(), m.msg, serr)
+		if m.h != nil {
+			a.n.deadLetterUnconfirmed(m.h.String(), m.msg, serr)
+		}
 	}
 	for _, m := range unsent {
-		a.n.deadLetter(m.h.String(), m.msg, serr)
+		if m.h != nil {
+			a.n.deadLetter(m.h.String(), m.msg, serr)
+		}
 	}
 	a.deadLetters(queue, serr)
 	for p := range pending {

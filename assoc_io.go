@@ -31,6 +31,9 @@ const (
 // encodes it into one buffer and writes it with one call.
 func (a *assoc) writeLoop() {
 	defer close(a.writerDone)
+	if a.resumed && !a.write(appendWhole(nil, appendResume(nil, a.resumeRcv))) {
+		return
+	}
 	for {
 		select {
 		case <-a.wake:
@@ -38,14 +41,20 @@ func (a *assoc) writeLoop() {
 			return
 		}
 		a.mu.Lock()
-		recs := a.queue.take()
+		var recs recQueue
+		if !a.holdQueue {
+			recs = a.queue.take()
+		}
 		draining := a.state == assocLeaving || a.state == assocRetiring
 		a.mu.Unlock()
 		buf := a.writePriority(a.wbuf[:0]) // heartbeat and acknowledgement first
 		ok := true
+		var requeue recQueue // a resumable session's frames not yet written
 		recs.each(func(r *outRec) {
 			if !ok {
-				if r.h != nil {
+				if a.resumable {
+					requeue.push(*r)
+				} else if r.h != nil {
 					a.n.deadLetter(r.h.String(), r.msg, a.failure())
 				}
 				return
@@ -53,15 +62,24 @@ func (a *assoc) writeLoop() {
 			var sent bool
 			start := len(buf)
 			buf, sent = a.encodeRec(buf, r)
-			if sent && r.h != nil {
-				a.inflight = append(a.inflight, inflightMsg{r.h, r.msg, len(buf), len(buf) - start})
+			if sent && (r.h != nil || a.resumable) {
+				a.inflight = append(a.inflight, inflightMsg{r.h, r.msg, r.mt, len(buf), len(buf) - start})
 			}
 			if len(buf) >= writeChunk {
 				ok = a.write(buf)
 				buf = a.writePriority(buf[:0])
 			}
 		})
-		if !ok || len(buf) > 0 && !a.write(buf) {
+		if ok && len(buf) > 0 {
+			ok = a.write(buf)
+		}
+		if !ok {
+			if requeue.len() > 0 {
+				a.mu.Lock()
+				requeue.appendQueue(a.queue.take())
+				a.queue = requeue
+				a.mu.Unlock()
+			}
 			return
 		}
 		if cap(buf) <= writeBufferKeep {
@@ -130,7 +148,9 @@ func (a *assoc) write(b []byte) bool {
 		if ended {
 			reason := a.failure()
 			for _, m := range a.inflight {
-				a.n.deadLetter(m.h.String(), m.msg, reason)
+				if m.h != nil {
+					a.n.deadLetter(m.h.String(), m.msg, reason)
+				}
 			}
 			clear(a.inflight)
 			a.inflight = a.inflight[:0]
@@ -139,9 +159,19 @@ func (a *assoc) write(b []byte) bool {
 	}
 	n, err := a.conn.Write(b)
 	a.written.Add(uint64(n))
-	a.tellsOut.Add(uint64(len(a.inflight)))
+	for _, m := range a.inflight {
+		if m.h != nil {
+			a.tellsOut.Add(1)
+		}
+	}
 	if err != nil {
-		a.abort(fmt.Errorf("write to %s: %w", a.label(), err))
+		if a.resumable {
+			// A broken connection: the reader finds it broken too and
+			// suspends the session (unless something else ended it).
+			a.conn.Close()
+		} else {
+			a.abort(fmt.Errorf("write to %s: %w", a.label(), err))
+		}
 		cut := len(a.inflight)
 		for i, m := range a.inflight {
 			if m.end > n {
@@ -149,7 +179,9 @@ func (a *assoc) write(b []byte) bool {
 				break
 			}
 		}
-		if unsent := len(a.inflight) - cut; unsent > 0 {
+		if unsent := len(a.inflight) - cut; unsent > 0 && !a.resumable {
+			// (A resumable session keeps them unconfirmed: a resume
+			// sends them again.)
 			a.mu.Lock()
 			if a.state != assocClosed && len(a.unacked)-a.unackedHead >= unsent {
 				tail := len(a.unacked) - unsent
@@ -298,9 +330,9 @@ func (a *assoc) readLoop(fr *frameReader) {
 				a.n.protocolError(a.label(), "", err)
 				a.fail(&FrameError{Peer: a.label(), Reason: err})
 			case errors.Is(err, io.EOF):
-				a.fail(fmt.Errorf("connection to %s closed by the peer: %w", a.label(), io.EOF))
+				a.lost(fmt.Errorf("connection to %s closed by the peer: %w", a.label(), io.EOF))
 			default:
-				a.fail(fmt.Errorf("read from %s: %w", a.label(), err))
+				a.lost(fmt.Errorf("read from %s: %w", a.label(), err))
 			}
 			return
 		}

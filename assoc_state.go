@@ -7,8 +7,13 @@ package troupe
 //
 //	connecting ──handshaken──▶ up ──leave──▶ leaving ──ended──▶ closed
 //	    │                      │ ╲──give up──▶ ending ──ended──▶ closed
+//	    │                      │ ╲──link lost──▶ suspended ──resumed (lost merge)──▶ closed
 //	    │                      ╰──lost merge──▶ retiring ──ended──▶ closed
 //	    ╰──lost merge, leave or ended──▶ closed
+//
+// A suspended session lost its connection without a goodbye; a new
+// connection to the same incarnation resumes it by taking it over, as the
+// winner of a merge does.
 //
 // Dialing and the handshake are one state: until the peer is accepted,
 // nothing but the dialer and the acceptor's handshake touch it.
@@ -21,6 +26,7 @@ type assocState uint8
 const (
 	assocConnecting assocState = iota // dialing, or in the handshake
 	assocUp                           // the peer was accepted: frames flow both ways
+	assocSuspended                    // the connection broke without a goodbye: sends queue up while a new connection is sought (resumable sessions only)
 	assocEnding                       // this node gave up on the session (endCause says why): its connection is closed, and the reader ends it after the last frame it read
 	assocLeaving                      // this node is closing: the queue drains, then a bye
 	assocRetiring                     // lost a simultaneous dial while up: merged into the winner (mergedInto); drains what it holds and a duplicate-bye
@@ -29,7 +35,7 @@ const (
 )
 
 var assocStateNames = [...]string{
-	assocConnecting: "connecting", assocUp: "up", assocEnding: "ending", assocLeaving: "leaving",
+	assocConnecting: "connecting", assocUp: "up", assocSuspended: "suspended", assocEnding: "ending", assocLeaving: "leaving",
 	assocRetiring: "retiring", assocClosed: "closed",
 }
 
@@ -44,10 +50,11 @@ const (
 	evLeave                        // this node is closing
 	evGiveUp                       // this node gave up: the peer is silent, confirms nothing, or a write failed
 	evEnded                        // the session is over: the reader or the dialer stopped, or the node closed it
+	evLinkLost                     // the connection of a resumable session broke without a goodbye
 	assocEventCount
 )
 
-var assocEventNames = [...]string{"handshaken", "lost merge", "leave", "give up", "ended"}
+var assocEventNames = [...]string{"handshaken", "lost merge", "leave", "give up", "ended", "link lost"}
 
 func (e assocEvent) String() string { return assocEventNames[e] }
 
@@ -56,9 +63,12 @@ func (e assocEvent) String() string { return assocEventNames[e] }
 // session is past it), in which case nothing is to be done.
 //
 // A lost merge retires an association that is up (it drains over its own
-// connection, so nothing in flight is lost); one that has no session to
-// drain yet (connecting), or one that is already being closed (leaving),
-// ends at once and hands its queue to the winner. Giving up while leaving
+// connection, so nothing in flight is lost); one that has no connection
+// to drain (connecting, suspended), or one that is already being closed
+// (leaving), ends at once and hands its queue to the winner. For a
+// suspended session that is the resume: the winner is the new connection
+// to the same incarnation, and it also takes over the sequence numbers
+// and what the peer has not yet confirmed. Giving up while leaving
 // or retiring keeps the state: the cause is recorded, and the end comes
 // from the reader as for an ending session.
 func step(s assocState, ev assocEvent) (assocState, bool) {
@@ -69,14 +79,14 @@ func step(s assocState, ev assocEvent) (assocState, bool) {
 		}
 	case evLostMerge:
 		switch s {
-		case assocConnecting, assocLeaving:
+		case assocConnecting, assocLeaving, assocSuspended:
 			return assocClosed, true
 		case assocUp, assocEnding:
 			return assocRetiring, true
 		}
 	case evLeave:
 		switch s {
-		case assocConnecting:
+		case assocConnecting, assocSuspended:
 			return assocClosed, true
 		case assocUp, assocEnding:
 			return assocLeaving, true
@@ -91,6 +101,10 @@ func step(s assocState, ev assocEvent) (assocState, bool) {
 	case evEnded:
 		if s != assocClosed {
 			return assocClosed, true
+		}
+	case evLinkLost:
+		if s == assocUp {
+			return assocSuspended, true
 		}
 	}
 	return s, false
@@ -117,7 +131,7 @@ func endingOf(from assocState, peerLeft, closing, exempt bool) ending {
 	if from == assocRetiring {
 		return ending{retired: true}
 	}
-	wasUp := from == assocUp || from == assocEnding || from == assocLeaving
+	wasUp := from == assocUp || from == assocSuspended || from == assocEnding || from == assocLeaving
 	closing = closing || from == assocLeaving
 	publish := wasUp && !closing
 	return ending{publish: publish, quarantine: publish && !peerLeft && !exempt}

@@ -6,17 +6,18 @@ import "testing"
 // every event.
 func TestAssocTransitions(t *testing.T) {
 	const (
-		C, U, E, L, R, X = assocConnecting, assocUp, assocEnding, assocLeaving, assocRetiring, assocClosed
-		no               = assocStateCount // the event does not apply
+		C, U, S, E, L, R, X = assocConnecting, assocUp, assocSuspended, assocEnding, assocLeaving, assocRetiring, assocClosed
+		no                  = assocStateCount // the event does not apply
 	)
 	table := map[assocState][assocEventCount]assocState{
-		//       handshaken lost merge leave give up ended
-		C: {U, X, X, no, X},
-		U: {no, R, L, E, X},
-		E: {no, R, L, E, X},
-		L: {no, X, no, L, X},
-		R: {no, no, no, R, X},
-		X: {no, no, no, no, no},
+		//  handshaken lost merge leave give up ended link lost
+		C: {U, X, X, no, X, no},
+		U: {no, R, L, E, X, S},
+		S: {no, X, X, no, X, no},
+		E: {no, R, L, E, X, no},
+		L: {no, X, no, L, X, no},
+		R: {no, no, no, R, X, no},
+		X: {no, no, no, no, no, no},
 	}
 	if len(table) != int(assocStateCount) {
 		t.Fatalf("the table covers %d states of %d", len(table), assocStateCount)
@@ -52,6 +53,9 @@ func TestAssocLives(t *testing.T) {
 		{"simultaneous dial lost during the handshake", []assocEvent{evLostMerge, evHandshaken}, assocClosed},
 		{"a late handshake after the end changes nothing", []assocEvent{evEnded, evHandshaken}, assocClosed},
 		{"a second end is ignored", []assocEvent{evHandshaken, evEnded, evEnded}, assocClosed},
+		{"a flap, then the resume takes the session over", []assocEvent{evHandshaken, evLinkLost, evLostMerge}, assocClosed},
+		{"a flap during a leave is an end", []assocEvent{evHandshaken, evLeave, evLinkLost}, assocLeaving},
+		{"a suspended session is not given up on, it is ended", []assocEvent{evHandshaken, evLinkLost, evGiveUp}, assocSuspended},
 	}
 	for _, l := range lives {
 		s := assocConnecting
@@ -72,18 +76,19 @@ func TestEndingOf(t *testing.T) {
 		peerLeft, closing, exempt bool
 		want                      ending
 	}{
-		{assocConnecting, false, false, false, ending{}},                            // a failed dial or handshake: nobody relied on it
-		{assocUp, false, false, false, ending{publish: true, quarantine: true}},     // broke or misbehaved
-		{assocEnding, false, false, false, ending{publish: true, quarantine: true}}, // silent past the window
-		{assocUp, true, false, false, ending{publish: true}},                        // the peer said goodbye
-		{assocUp, false, true, false, ending{}},                                     // this node is closing
-		{assocLeaving, false, false, false, ending{}},                               // this node was leaving
-		{assocUp, false, false, true, ending{publish: true}},                        // a cluster member or a registrar
-		{assocEnding, false, false, true, ending{publish: true}},                    // exempt even when silent
-		{assocRetiring, false, false, false, ending{retired: true}},                 // a merged duplicate
-		{assocRetiring, false, true, false, ending{retired: true}},                  // whatever else holds
-		{assocEnding, true, false, false, ending{publish: true}},                    // given up, then the bye came
-		{assocUp, false, false, false, endingOf(assocEnding, false, false, false)},  // up and ending end alike
+		{assocConnecting, false, false, false, ending{}},                               // a failed dial or handshake: nobody relied on it
+		{assocUp, false, false, false, ending{publish: true, quarantine: true}},        // broke or misbehaved
+		{assocEnding, false, false, false, ending{publish: true, quarantine: true}},    // silent past the window
+		{assocSuspended, false, false, false, ending{publish: true, quarantine: true}}, // not resumed within the window, or refused
+		{assocUp, true, false, false, ending{publish: true}},                           // the peer said goodbye
+		{assocUp, false, true, false, ending{}},                                        // this node is closing
+		{assocLeaving, false, false, false, ending{}},                                  // this node was leaving
+		{assocUp, false, false, true, ending{publish: true}},                           // a cluster member or a registrar
+		{assocEnding, false, false, true, ending{publish: true}},                       // exempt even when silent
+		{assocRetiring, false, false, false, ending{retired: true}},                    // a merged duplicate
+		{assocRetiring, false, true, false, ending{retired: true}},                     // whatever else holds
+		{assocEnding, true, false, false, ending{publish: true}},                       // given up, then the bye came
+		{assocUp, false, false, false, endingOf(assocEnding, false, false, false)},     // up and ending end alike
 		{assocConnecting, false, true, false, endingOf(assocConnecting, false, false, false)},
 	}
 	for i, tt := range tests {

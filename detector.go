@@ -104,6 +104,13 @@ func (a *assoc) needsBeat() bool {
 // after its watchers are told.
 func (a *assoc) declareUnreachable(cause error) {
 	a.mu.Lock()
+	if a.state == assocSuspended {
+		// No connection, no reader: the wait for a new connection is over.
+		lost := a.lostCause
+		a.mu.Unlock()
+		a.fail(fmt.Errorf("%v, and no new connection: %w", lost, cause))
+		return
+	}
 	if a.state != assocUp {
 		a.mu.Unlock()
 		return

@@ -80,9 +80,13 @@
 //
 // # When a node stops answering
 //
-// Associations heartbeat every [Config.HeartbeatInterval]; a peer silent
-// for [Config.UnreachableAfter] (or whose connection breaks without a
-// goodbye) is declared unreachable: watchers of its actors get
+// Associations heartbeat every [Config.HeartbeatInterval]. A connection
+// that breaks without a goodbye suspends the session ([PeerLinkLost]):
+// the side that dialed dials again, and the same incarnation answering
+// resumes it, every queued frame arriving once and in order
+// ([PeerResumed]). A peer silent for [Config.UnreachableAfter], or whose
+// address refuses the new connection or answers as another incarnation,
+// is declared unreachable: watchers of its actors get
 // [Terminated] with a reason wrapping [ErrPeerUnreachable], the peer is
 // quarantined (sends become dead letters wrapping [ErrQuarantined], pending
 // asks fail), and a [PeerUnreachable] event is published. Nothing
@@ -90,7 +94,7 @@
 // Remote refs are bound to the association session they came from.
 // Registrars and cluster members are exempt from quarantine. A
 // [FaultNet] runs nodes over a network that tests can partition, pause,
-// heal and kill.
+// reset, heal and kill.
 //
 // # Clusters
 //

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // Events is a node's event stream: the node publishes [DeadLetter],
@@ -186,4 +187,29 @@ type PeerConnected struct {
 type ProtocolError struct {
 	Remote string // the remote network address of the connection
 	Err    error
+}
+
+// PeerLinkLost is published when the connection of a session with a peer
+// broke without a goodbye (EOF, a reset) and the session is suspended
+// rather than ended: the dialing side dials again at once. [PeerResumed]
+// follows if the same incarnation answers; [PeerUnreachable] if it does
+// not within [Config.UnreachableAfter], or the address refuses
+// connections, or another incarnation answers.
+type PeerLinkLost struct {
+	Addr  Addr
+	UID   NodeUID
+	Name  string
+	Cause error
+}
+
+// PeerResumed is published when a suspended session continues over a new
+// connection to the same incarnation. Resent counts the messages and
+// control frames sent again because the peer had not confirmed them; each
+// arrives once. Down is how long the session had no connection.
+type PeerResumed struct {
+	Addr   Addr
+	UID    NodeUID
+	Name   string
+	Resent int
+	Down   time.Duration
 }

@@ -27,6 +27,7 @@ type FaultNet struct {
 	sent    map[*Node]uint64  // bytes each node wrote
 	paused  map[*Node]bool
 	killed  map[*Node]bool
+	conns   map[*faultConn]struct{} // open connections, for Reset
 }
 
 // NewFaultNet returns a fault network with nothing cut.
@@ -39,6 +40,7 @@ func NewFaultNet() *FaultNet {
 		sent:    make(map[*Node]uint64),
 		paused:  make(map[*Node]bool),
 		killed:  make(map[*Node]bool),
+		conns:   make(map[*faultConn]struct{}),
 	}
 	f.cond = sync.NewCond(&f.mu)
 	return f
@@ -157,13 +159,43 @@ func (f *FaultNet) dial(ctx context.Context, n *Node, addr Addr) (net.Conn, erro
 			}
 		}
 	}
+	fc := &faultConn{Conn: c, f: f, local: n, remote: remote}
+	f.conns[fc] = struct{}{}
 	f.mu.Unlock()
-	return &faultConn{Conn: c, f: f, local: n, remote: remote}, nil
+	return fc, nil
 }
 
 // accepted wraps a connection n accepted.
 func (f *FaultNet) accepted(n *Node, c net.Conn) net.Conn {
-	return &faultConn{Conn: c, f: f, local: n, remoteKey: c.RemoteAddr().String()}
+	fc := &faultConn{Conn: c, f: f, local: n, remoteKey: c.RemoteAddr().String()}
+	f.mu.Lock()
+	f.conns[fc] = struct{}{}
+	f.mu.Unlock()
+	return fc
+}
+
+// Reset breaks every connection between a and b the way a middlebox or a
+// flapping link does: both ends see it reset, without a goodbye, while
+// both nodes keep running. It reports how many connection ends it broke.
+// A resumable session (every session between two nodes of this version)
+// is then resumed by the side that dialed; see [PeerLinkLost].
+func (f *FaultNet) Reset(a, b *Node) int {
+	pair := pairOf(a, b)
+	f.mu.Lock()
+	var ends []*faultConn
+	for c := range f.conns {
+		if r := c.peerLocked(); r != nil && pairOf(c.local, r) == pair {
+			ends = append(ends, c)
+		}
+	}
+	f.mu.Unlock()
+	for _, c := range ends {
+		if tc, ok := c.Conn.(*net.TCPConn); ok {
+			tc.SetLinger(0) // close with a reset, not a goodbye
+		}
+		c.Conn.Close()
+	}
+	return len(ends)
 }
 
 // faultConn is one end of a connection on the fault network.
@@ -253,6 +285,9 @@ func (c *faultConn) Read(p []byte) (int, error) {
 
 // Close closes this end and wakes anything waiting on it.
 func (c *faultConn) Close() error {
-	c.f.change(func() { c.closed = true })
+	c.f.change(func() {
+		c.closed = true
+		delete(c.f.conns, c)
+	})
 	return c.Conn.Close()
 }

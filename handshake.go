@@ -16,12 +16,17 @@ import (
 
 // runOutbound dials, handshakes and then runs the reader.
 func (a *assoc) runOutbound() {
-	n := a.n
-	c, err := n.dial(a.dialAddr)
+	c, err := a.n.dial(a.dialAddr)
 	if err != nil {
 		a.fail(err)
 		return
 	}
+	a.runDialed(c)
+}
+
+// runDialed handshakes over c, which a dialed, and then runs the reader.
+func (a *assoc) runDialed(c net.Conn) {
+	n := a.n
 	a.mu.Lock()
 	merged := a.state == assocClosed
 	if !merged {
@@ -36,7 +41,11 @@ func (a *assoc) runOutbound() {
 	a.in = &stampReader{c: c, epoch: n.epoch}
 	fr := newFrameReader(a.in, n.cfg.MaxFrameSize)
 	sentHello := time.Now()
-	body, err := n.dialHandshake(c, fr, n.hello())
+	h := n.hello()
+	if a.resumeOf != nil {
+		h.flags |= helloResuming
+	}
+	body, err := n.dialHandshake(c, fr, h)
 	if at := a.in.heard.Load(); err == nil && at != 0 {
 		// The verdict came back one round trip after the hello, or two
 		// with a secret (challenge, then proof): an estimate for Stats.
@@ -78,11 +87,12 @@ func (a *assoc) runOutbound() {
 		a.fail(&FrameError{Peer: a.dialAddr.String(), Kind: frameKind(body[0]).String(), Reason: fmt.Errorf("%w: expected a welcome", ErrMalformed)})
 		return
 	}
-	h, err := parseHello(body[1:])
+	w, err := parseHello(body[1:])
 	if err != nil {
 		a.fail(&FrameError{Peer: a.dialAddr.String(), Kind: "welcome", Reason: err})
 		return
 	}
+	h = w
 	c.SetDeadline(time.Time{})
 	if !n.attach(a, h) {
 		return
@@ -137,6 +147,9 @@ func (n *Node) serveInbound(c net.Conn, src string) {
 		}
 		return
 	}
+	if h.flags&helloResuming != 0 {
+		n.suspendFor(h.uid)
+	}
 	if err := n.acceptAuth(c, fr, h); err != nil {
 		n.log.Warn("troupe: refused a peer that failed authentication", "peer", label, "claimed_name", h.name, "err", err)
 		c.Write(rejectFrame(rejectAuth, n.uid, err.Error()))
@@ -170,7 +183,7 @@ func rejectFrame(code byte, uid NodeUID, text string) []byte {
 }
 
 func (n *Node) hello() *hello {
-	h := &hello{version: protocolVersion, uid: n.uid, name: n.name}
+	h := &hello{version: protocolVersion, uid: n.uid, name: n.name, flags: helloResumable}
 	if n.reg() != nil {
 		h.flags |= helloRegistrar
 		if n.cfg.EnsureRegistry {
@@ -205,7 +218,25 @@ func (n *Node) attach(a *assoc, h *hello) bool {
 		a.conn.Close()
 		return false
 	}
+	if r := a.resumeOf; r != nil && (h.uid != r.peerUID || h.flags&helloResuming == 0) {
+		// The incarnation the suspended session was with is gone (another
+		// answers), or it no longer holds the session: it ended there.
+		why := "another incarnation answers at " + a.dialAddr.String()
+		if h.uid == r.peerUID {
+			why = "the peer no longer holds the session"
+		}
+		r.mu.Lock()
+		cause := r.lostCause
+		r.mu.Unlock()
+		r.fail(fmt.Errorf("%v, and %s", cause, why))
+		if h.uid == r.peerUID {
+			a.fail(errors.New(why))
+			return false
+		}
+		a.resumeOf = nil // a new peer at the address: a new association
+	}
 	a.peerUID, a.peerName, a.peerFlags = h.uid, h.name, h.flags
+	a.resumable = h.flags&helloResumable != 0
 	for _, s := range h.addrs {
 		if ad, err := ParseAddr(s); err == nil {
 			a.peerAddrs = append(a.peerAddrs, ad)
@@ -216,6 +247,7 @@ func (n *Node) attach(a *assoc, h *hello) bool {
 	var reject byte = accept
 	var text string
 	var loser, winner *assoc
+	resume := false
 	switch {
 	case n.pclosing:
 		reject, text = rejectClosing, "node is closing"
@@ -228,6 +260,13 @@ func (n *Node) attach(a *assoc, h *hello) bool {
 		// Only the uid decides which connection is a duplicate: the
 		// addresses a peer announces are claims, not proof.
 		if ex := n.byUID[h.uid]; ex != nil && ex != a {
+			ex.mu.Lock()
+			suspended := ex.state == assocSuspended
+			ex.mu.Unlock()
+			if suspended && a.resumable && (a.resumeOf == ex || !a.outbound && h.flags&helloResuming != 0) {
+				loser, winner, resume = ex, a, true
+				break
+			}
 			switch chooseDuplicate(a.outbound, ex.outbound, n.uid, h.uid) {
 			case keepFresh:
 				loser, winner = ex, a
@@ -255,7 +294,11 @@ func (n *Node) attach(a *assoc, h *hello) bool {
 	// other frame can go first: the writer starts after attach returns.
 	var welcome []byte
 	if !a.outbound {
-		welcome = appendFrame(nil, func(b []byte) []byte { return appendHello(b, frameWelcome, n.hello()) })
+		w := n.hello()
+		if resume {
+			w.flags |= helloResuming
+		}
+		welcome = appendFrame(nil, func(b []byte) []byte { return appendHello(b, frameWelcome, w) })
 	}
 	a.mu.Lock()
 	if s, ok := step(a.state, evHandshaken); ok {
@@ -292,7 +335,9 @@ func (n *Node) attach(a *assoc, h *hello) bool {
 	if loser != nil {
 		loser.mergeInto(a)
 	}
-	n.events.Publish(PeerConnected{Addr: a.addr(), UID: a.peerUID, Name: a.peerName})
+	if !resume && a.resumeOf == nil {
+		n.events.Publish(PeerConnected{Addr: a.addr(), UID: a.peerUID, Name: a.peerName})
+	}
 	if !a.outbound {
 		n.proveClaims(a)
 	}
@@ -414,6 +459,7 @@ func (a *assoc) mergeInto(w *assoc) {
 		a.mu.Unlock()
 		return
 	}
+	resuming := a.state == assocSuspended
 	a.state = next
 	up := next == assocRetiring
 	conn := a.conn
@@ -433,7 +479,11 @@ func (a *assoc) mergeInto(w *assoc) {
 		a.endMoved(moved, pending, watches, resolves, t.failure())
 		a.dropWatchedBy(watchedBy)
 	} else {
-		t.queue.appendQueue(moved)
+		if resuming {
+			a.takeOver(t, moved)
+		} else {
+			t.queue.appendQueue(moved)
+		}
 		for p := range pending {
 			t.pending[p] = struct{}{}
 		}

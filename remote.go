@@ -116,6 +116,9 @@ func (a *assoc) resolve(ctx context.Context, path, proto string) (resolveAnswer,
 // handleFrame acts on one frame read after the handshake. done means the
 // reader must stop (the peer said goodbye).
 func (a *assoc) handleFrame(kind frameKind, b []byte) (done bool, err error) {
+	if kind == frameTell || a.resumable && kind.sequenced() {
+		a.rcvTells++
+	}
 	switch kind {
 	case frameTell:
 		return false, a.onTell(b)
@@ -137,6 +140,8 @@ func (a *assoc) handleFrame(kind frameKind, b []byte) (done bool, err error) {
 		return false, parseHeartbeat(b)
 	case frameAck:
 		return false, a.onAck(b)
+	case frameResume:
+		return false, a.onResume(b)
 	case frameHello, frameWelcome, frameReject, frameChallenge, frameProof:
 		return false, fmt.Errorf("%w: %s after the handshake", ErrMalformed, kind)
 	}
@@ -152,7 +157,6 @@ type inType struct {
 
 func (a *assoc) onTell(b []byte) error {
 	n := a.n
-	a.rcvTells++
 	var th tellHeader
 	payload, err := parseTell(b, &th)
 	if err != nil {

@@ -41,11 +41,24 @@ const (
 	frameHeartbeat                   // a sign of life
 	frameChallenge                   // acceptor → dialer: prove you know the secret
 	frameProof                       // dialer → acceptor: the proof
-	frameAck                         // how many tell frames have been received
+	frameAck                         // how many tell (or sequenced) frames have been received
+	frameResume                      // a resumed session: how many sequenced frames were received
 	frameKindCount                   // one past the last kind
 )
 
-var frameNames = [...]string{"invalid", "hello", "welcome", "reject", "tell", "watch", "unwatch", "terminated", "resolve", "resolved", "bye", "heartbeat", "challenge", "proof", "ack"}
+var frameNames = [...]string{"invalid", "hello", "welcome", "reject", "tell", "watch", "unwatch", "terminated", "resolve", "resolved", "bye", "heartbeat", "challenge", "proof", "ack", "resume"}
+
+// sequenced reports whether frames of kind k are counted, acknowledged and,
+// after a link flap, sent again: every frame written from the send queue.
+// Handshake frames, heartbeats, acknowledgements and resumes belong to one
+// connection and are not.
+func (k frameKind) sequenced() bool {
+	switch k {
+	case frameTell, frameWatch, frameUnwatch, frameTerminated, frameResolve, frameResolved, frameBye:
+		return true
+	}
+	return false
+}
 
 func (k frameKind) String() string {
 	if int(k) < len(frameNames) {
@@ -264,6 +277,8 @@ const (
 	helloRegistrar uint8 = 1 << iota // the sender serves a registry
 	helloProbe                       // the dialer only probes: answer and forget it
 	helloDedicated                   // the sender is a dedicated registrar (EnsureRegistry): nodes wait for it rather than take its address over
+	helloResumable                   // the sender sequences every queued frame and can resume a session over a new connection
+	helloResuming                    // hello: this connection resumes the session with you; welcome: resumed
 )
 
 // maxHelloAddrs bounds the listen addresses a peer may announce.
@@ -627,6 +642,19 @@ func parseAck(b []byte) (uint64, error) {
 	d := decoder{b: b}
 	count := d.uvarint()
 	return count, d.whole("ack")
+}
+
+// appendResume appends the first frame of a resumed session: how many
+// sequenced frames this side has received in the session so far.
+func appendResume(b []byte, received uint64) []byte {
+	b = append(b, byte(frameResume))
+	return binary.AppendUvarint(b, received)
+}
+
+func parseResume(b []byte) (uint64, error) {
+	d := decoder{b: b}
+	count := d.uvarint()
+	return count, d.whole("resume")
 }
 
 // whole returns the decoder's error, or one if bytes are left over: every

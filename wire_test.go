@@ -19,7 +19,7 @@ var update = flag.Bool("update", false, "rewrite the golden files in testdata/wi
 
 func TestWireValuesArePinned(t *testing.T) {
 	kinds := map[frameKind]uint8{frameHello: 1, frameWelcome: 2, frameReject: 3, frameTell: 4, frameWatch: 5,
-		frameUnwatch: 6, frameTerminated: 7, frameResolve: 8, frameResolved: 9, frameBye: 10, frameHeartbeat: 11, frameChallenge: 12, frameProof: 13, frameAck: 14}
+		frameUnwatch: 6, frameTerminated: 7, frameResolve: 8, frameResolved: 9, frameBye: 10, frameHeartbeat: 11, frameChallenge: 12, frameProof: 13, frameAck: 14, frameResume: 15}
 	for k, v := range kinds {
 		if uint8(k) != v {
 			t.Errorf("%s = %d, want %d", k, k, v)
@@ -73,6 +73,7 @@ func goldenFrames(t *testing.T) map[string][]byte {
 		"resolved":   frame(appendResolved(nil, 1, resolveAnswer{status: resolveOK, uuid: target.uuid, proto: "troupe.test.count"})),
 		"heartbeat":  frame(appendHeartbeat(nil)),
 		"ack":        frame(appendAck(nil, 1025)),
+		"resume":     frame(appendResume(nil, 70000)),
 		"challenge":  frame(appendChallenge(nil, challengeBody{uid: uid, nonce: bytes.Repeat([]byte{0x5a}, nonceSize), mac: bytes.Repeat([]byte{0xc3}, macSize)})),
 		"proof":      frame(appendProof(nil, bytes.Repeat([]byte{0xc3}, macSize))),
 	}
@@ -283,7 +284,8 @@ func TestFrameBodiesParseBack(t *testing.T) {
 			}
 			return sprint(m[0], len(m)), nil
 		},
-		"ack": func(b []byte) (any, error) { return parseAck(b) },
+		"ack":    func(b []byte) (any, error) { return parseAck(b) },
+		"resume": func(b []byte) (any, error) { return parseResume(b) },
 	}
 	watch := watchBody{path: "/user/echo", uuid: uuid, watcher: "/user/watcher"}
 	want := map[string]any{
@@ -302,6 +304,7 @@ func TestFrameBodiesParseBack(t *testing.T) {
 		"challenge":  sprint(true, 0x5a, nonceSize, 0xc3, macSize),
 		"proof":      sprint(0xc3, macSize),
 		"ack":        uint64(1025),
+		"resume":     uint64(70000),
 	}
 	if len(parsers) != len(frames) {
 		t.Fatalf("%d parsers for %d golden frames", len(parsers), len(frames))

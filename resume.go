@@ -1,0 +1,214 @@
+package troupe
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// A link flap: a resumable session whose connection broke without a
+// goodbye is suspended, not ended. Sends to the peer queue up; the side
+// that dialed dials again at once and keeps trying; the same incarnation
+// answering resumes the session, and each side sends again what the other
+// had not confirmed, so every sequenced frame arrives once and in order.
+// A refusal or a new incarnation ends the session at once; silence past
+// Config.UnreachableAfter ends it as it ends a session that stays up.
+
+// Bounds of the dialer's retries after a flap: the first is immediate,
+// then the wait doubles from redialMin, capped at redialMax, until
+// UnreachableAfter has passed since the peer was last heard.
+const (
+	redialMin = 10 * time.Millisecond
+	redialMax = 250 * time.Millisecond
+)
+
+// lost is how the reader ends on a broken connection: a resumable session
+// that was up is suspended; anything else ends.
+func (a *assoc) lost(err error) {
+	a.mu.Lock()
+	_, ok := step(a.state, evLinkLost)
+	resumable := a.resumable && ok && a.endCause == nil && a.mergedInto == nil && !a.n.isClosed()
+	conn := a.conn
+	a.mu.Unlock()
+	if !resumable {
+		a.fail(err)
+		return
+	}
+	// The writer exits first, so that what it held is either written and
+	// unconfirmed (sent again on resume) or back in the queue.
+	conn.Close()
+	a.stopOnce.Do(func() { close(a.stop) })
+	<-a.writerDone
+	a.mu.Lock()
+	next, ok := step(a.state, evLinkLost)
+	if !ok || a.endCause != nil || a.mergedInto != nil {
+		a.mu.Unlock()
+		a.fail(err)
+		return
+	}
+	a.state = next
+	a.lostAt, a.lostCause = time.Now(), err
+	a.mu.Unlock()
+	a.n.log.Info("troupe: connection to peer lost; resuming", "peer", a.label(), "cause", err)
+	a.n.events.Publish(PeerLinkLost{Addr: a.addr(), UID: a.peerUID, Name: a.peerName, Cause: err})
+	if a.outbound {
+		a.n.wg.Go(a.redial)
+	}
+	// The acceptor waits for the dialer's new connection; the heartbeat
+	// loop ends the wait after UnreachableAfter.
+}
+
+// silentSince is when the peer was last heard, or the session came up.
+func (a *assoc) silentSince() time.Time {
+	a.mu.Lock()
+	since := a.upAt
+	a.mu.Unlock()
+	if h := a.lastHeard(); h.After(since) {
+		since = h
+	}
+	return since
+}
+
+// redial dials a suspended session's peer again until the session is
+// resumed, or it is clear that it cannot be.
+func (a *assoc) redial() {
+	n := a.n
+	var wait time.Duration
+	for {
+		if wait > 0 {
+			t := time.NewTimer(wait)
+			select {
+			case <-n.done:
+				t.Stop()
+				return
+			case <-t.C:
+			}
+		}
+		wait = min(max(2*wait, redialMin), redialMax)
+		a.mu.Lock()
+		suspended, cause := a.state == assocSuspended, a.lostCause
+		a.mu.Unlock()
+		if !suspended {
+			return
+		}
+		if silent := time.Since(a.silentSince()); silent >= n.cfg.UnreachableAfter {
+			a.fail(fmt.Errorf("%v, and no new connection within %v", cause, n.cfg.UnreachableAfter))
+			return
+		}
+		c, err := n.dial(a.dialAddr)
+		if err != nil {
+			if isRefused(err) {
+				a.fail(fmt.Errorf("%v, and %s now refuses connections", cause, a.dialAddr))
+				return
+			}
+			continue
+		}
+		fresh := newAssoc(n, true, a.dialAddr)
+		fresh.resumeOf = a
+		fresh.dialOnce.Do(func() {}) // it never dials by itself
+		n.pmu.Lock()
+		if n.pclosing {
+			n.pmu.Unlock()
+			c.Close()
+			return
+		}
+		n.all[fresh] = struct{}{}
+		n.outbound++
+		n.pmu.Unlock()
+		fresh.runDialed(c) // on success, reads until that session ends
+		a.mu.Lock()
+		suspended = a.state == assocSuspended
+		a.mu.Unlock()
+		if !suspended {
+			return
+		}
+		if err := fresh.failure(); errors.Is(err, ErrRejected) {
+			a.fail(fmt.Errorf("%v, and the peer refused the new connection: %w", cause, err))
+			return
+		}
+	}
+}
+
+// suspendFor prepares the resume an inbound hello asks for: if the
+// session with uid is still up here (this side has not yet seen its
+// connection break), its connection is closed and its reader awaited, so
+// that the session is suspended, with everything it received counted,
+// before the new connection takes it over.
+func (n *Node) suspendFor(uid NodeUID) {
+	n.pmu.Lock()
+	ex := n.byUID[uid]
+	n.pmu.Unlock()
+	if ex == nil || !ex.resumable {
+		return
+	}
+	ex.mu.Lock()
+	up, conn := ex.state == assocUp && ex.endCause == nil, ex.conn
+	ex.mu.Unlock()
+	if !up {
+		return
+	}
+	conn.Close()
+	t := time.NewTimer(n.cfg.HandshakeTimeout)
+	defer t.Stop()
+	select {
+	case <-ex.readerDone:
+	case <-t.C:
+	case <-n.done:
+	}
+}
+
+// takeOver moves a suspended session's sequence state into w, the new
+// connection that resumes it, before w's reader and writer start: what
+// this side received (for w's resume frame and acknowledgements) and what
+// the peer had not confirmed (sent again once the peer's resume frame says
+// where to start). w holds its queue until then. Both are locked.
+func (a *assoc) takeOver(w *assoc, moved recQueue) {
+	w.unacked = append(w.unacked[:0], a.unacked[a.unackedHead:]...)
+	w.unackedHead, w.acked, w.unackedBytes = 0, a.acked, a.unackedBytes
+	a.unacked, a.unackedHead, a.unackedBytes = nil, 0, 0
+	w.rcvTells, w.ackQueued, w.ackSent = a.rcvTells, a.ackQueued, a.ackSent
+	w.ackTo.Store(a.ackTo.Load())
+	w.resumeRcv, w.resumed, w.holdQueue, w.lostAt = a.rcvTells, true, true, a.lostAt
+	// What waited here goes before anything sent to w meanwhile.
+	moved.appendQueue(w.queue.take())
+	w.queue = moved
+}
+
+// onResume acts on the peer's resume frame: it releases what the peer
+// confirmed, and queues the rest to be sent again, in order, ahead of
+// everything else.
+func (a *assoc) onResume(b []byte) error {
+	count, err := parseResume(b)
+	if err != nil {
+		return err
+	}
+	a.mu.Lock()
+	if !a.holdQueue {
+		a.mu.Unlock()
+		return fmt.Errorf("%w: resume on a session that was not resumed", ErrMalformed)
+	}
+	waiting := uint64(len(a.unacked) - a.unackedHead)
+	if count < a.acked || count-a.acked > waiting {
+		a.mu.Unlock()
+		return fmt.Errorf("%w: resume after %d frames, %d were sent", ErrMalformed, count, a.acked+waiting)
+	}
+	resend := a.unacked[a.unackedHead+int(count-a.acked):]
+	var q recQueue
+	for _, m := range resend {
+		if m.h == nil {
+			q.push(outRec{msg: m.msg})
+		} else {
+			q.push(outRec{h: m.h, msg: m.msg, mt: m.mt})
+		}
+	}
+	q.appendQueue(a.queue.take())
+	a.queue = q
+	a.unacked, a.unackedHead, a.unackedBytes, a.acked = nil, 0, 0, count
+	a.holdQueue = false
+	down := a.upAt.Sub(a.lostAt)
+	a.mu.Unlock()
+	a.notify()
+	a.n.log.Info("troupe: session with peer resumed", "peer", a.label(), "down", down, "resent", len(resend))
+	a.n.events.Publish(PeerResumed{Addr: a.addr(), UID: a.peerUID, Name: a.peerName, Resent: len(resend), Down: down})
+	return nil
+}

@@ -1,0 +1,112 @@
+package troupe
+
+import (
+	"errors"
+	"testing"
+	"time"
+)
+
+// TestResetsResumeExactlyOnceInOrder resets the connection between two
+// running nodes 100 times while one streams numbered messages to the
+// other: every message arrives once and in order, the watch placed before
+// the first reset survives them all (no Terminated, no quarantine), and
+// after the last one the watched actor's stop is seen once.
+func TestResetsResumeExactlyOnceInOrder(t *testing.T) {
+	f := NewFaultNet()
+	home := startOn(t, f, failConfig("home", 50*time.Millisecond, 5*time.Second))
+	away := startOn(t, f, failConfig("away", 50*time.Millisecond, 5*time.Second))
+	sinkHere, got := spawnCollector[count](t, away, "sink", 1<<20)
+	unreachable := make(chan PeerUnreachable, 4)
+	SubscribeChan(home.Events(), unreachable)
+	SubscribeChan(away.Events(), unreachable)
+	resumed := make(chan PeerResumed, 256)
+	SubscribeChan(home.Events(), resumed)
+	dead := make(chan DeadLetter, 16)
+	SubscribeChan(home.Events(), dead)
+
+	sink, err := Resolve[count](ctxT(t, 5*time.Second), home, FormatRef(away.Addrs()[0], "/user/sink"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	mourner := watcher(t, home, "mourner", sink)
+
+	const resets, perRound = 100, 200
+	next := 0
+	for r := range resets {
+		for range perRound {
+			next++
+			sink.Tell(count{N: next})
+		}
+		if f.Reset(home, away) == 0 {
+			t.Fatalf("reset %d found no connection", r)
+		}
+		select {
+		case <-resumed:
+		case ev := <-unreachable:
+			t.Fatalf("reset %d: %+v", r, ev)
+		case <-time.After(10 * time.Second):
+			t.Fatalf("reset %d: no resume", r)
+		}
+	}
+	for i := 1; i <= next; i++ {
+		select {
+		case m := <-got:
+			if m.N != i {
+				t.Fatalf("message %d arrived as %d", i, m.N)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("message %d of %d never arrived", i, next)
+		}
+	}
+	select {
+	case m := <-got:
+		t.Fatalf("message %d arrived twice", m.N)
+	case d := <-dead:
+		t.Fatalf("dead letter: %+v", d)
+	case ev := <-unreachable:
+		t.Fatalf("%+v", ev)
+	case tm := <-mourner:
+		t.Fatalf("Terminated across resets: %+v", tm)
+	default:
+	}
+	if q := home.Quarantined(); len(q) != 0 {
+		t.Fatalf("quarantined: %+v", q)
+	}
+	if err := away.Stop(sinkHere); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case tm := <-mourner:
+		if tm.Reason != nil {
+			t.Fatalf("Terminated reason %v, want a normal stop", tm.Reason)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the stop after the resets was never seen")
+	}
+}
+
+// TestResetThenSilenceIsDetectedByTheWindow resets the link and cuts it
+// before the redial can get through: the suspended session ends when
+// UnreachableAfter has passed since the peer was last heard.
+func TestResetThenSilenceIsDetectedByTheWindow(t *testing.T) {
+	p := newPair(t, 20*time.Millisecond, 400*time.Millisecond)
+	lost := make(chan PeerLinkLost, 4)
+	SubscribeChan(p.home.Events(), lost)
+	// The link is cut the moment the flap is seen, before the redial.
+	Subscribe(p.home.Events(), func(PeerLinkLost) { p.f.Partition(p.home, p.away) })
+	cut := time.Now()
+	p.f.Reset(p.home, p.away)
+	ev := recv(t, p.homeEvents, "PeerUnreachable")
+	if !ev.Quarantined || !errors.Is(ev.Reason, ErrPeerUnreachable) {
+		t.Fatalf("PeerUnreachable = %+v", ev)
+	}
+	if waited := time.Since(cut); waited < 300*time.Millisecond {
+		t.Fatalf("declared unreachable %v after the cut, before the window", waited)
+	}
+	select {
+	case <-lost:
+	default:
+		t.Fatal("no PeerLinkLost before the window ran out")
+	}
+	recv(t, p.awayEv, "PeerUnreachable")
+}
