@@ -545,10 +545,13 @@ func (a *assoc) fail(err error) {
 	peerLeft := errors.Is(err, ErrPeerLeft)
 	end := endingOf(from, peerLeft, closing, false)
 	if end.retired {
-		// A retired duplicate: its work moved to the winner already.
+		// A retired duplicate: its work moved to the winner already, but
+		// for what it had not written or the peer had not confirmed.
 		unacked := a.unacked[a.unackedHead:]
 		a.unacked, a.unackedHead, a.unackedBytes = nil, 0, 0
+		queue := a.queue.take()
 		a.mu.Unlock()
+		a.deadLetters(queue, &sessionError{peer: a.label(), cause: errors.New("duplicate connection retired before it wrote this")})
 		if conn != nil {
 			conn.Close()
 		}

@@ -55,7 +55,7 @@ func (a *assoc) writeLoop() {
 				if a.resumable {
 					requeue.push(*r)
 				} else if r.h != nil {
-					a.n.deadLetter(r.h.String(), r.msg, a.failure())
+					a.n.deadLetter(r.h.String(), r.msg, a.unwritten())
 				}
 				return
 			}
@@ -76,9 +76,15 @@ func (a *assoc) writeLoop() {
 		if !ok {
 			if requeue.len() > 0 {
 				a.mu.Lock()
-				requeue.appendQueue(a.queue.take())
-				a.queue = requeue
+				ended := a.state == assocClosed // its queue was already reported
+				if !ended {
+					requeue.appendQueue(a.queue.take())
+					a.queue = requeue
+				}
 				a.mu.Unlock()
+				if ended {
+					a.deadLetters(requeue, a.unwritten())
+				}
 			}
 			return
 		}
@@ -309,6 +315,15 @@ func (a *assoc) encodeRec(buf []byte, r *outRec) ([]byte, bool) {
 		a.outTypes[r.mt] = tid
 	}
 	return fixLength(buf, start), true
+}
+
+// unwritten is the dead-letter reason of a message this session's
+// connection broke before it was written.
+func (a *assoc) unwritten() error {
+	if err := a.failure(); err != nil {
+		return err
+	}
+	return &sessionError{peer: a.label(), cause: errors.New("the connection broke before the message was written")}
 }
 
 // deadLetters publishes a dead letter for every message in q.

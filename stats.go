@@ -47,7 +47,7 @@ type PeerStats struct {
 	Addr     Addr
 	UID      NodeUID
 	Name     string
-	State    string // "connecting", "up", "ending", "leaving", "retiring" or "closed"
+	State    string // "connecting", "up", "suspended" (a flap: see PeerLinkLost), "ending", "leaving", "retiring" or "closed"
 	Outbound bool   // this node dialed
 	Since    time.Time
 	// LastHeard is when anything last arrived from the peer.
