@@ -41,6 +41,7 @@ func RequireFound() LookupOption {
 type registrarSource struct {
 	addr  Addr
 	local bool
+	etcd  *etcdRegistry // an etcd registry (addr zero)
 }
 
 func (n *Node) lookupSources(opts []LookupOption) ([]registrarSource, lookupConfig, error) {
@@ -54,6 +55,14 @@ func (n *Node) lookupSources(opts []LookupOption) ([]registrarSource, lookupConf
 	var out []registrarSource
 	if cfg.registries != nil {
 		for _, s := range cfg.registries {
+			if isEtcdURL(s) {
+				r, err := n.etcdFor(s)
+				if err != nil {
+					return nil, cfg, fmt.Errorf("WithRegistries: %w", err)
+				}
+				out = append(out, registrarSource{etcd: r})
+				continue
+			}
 			a, err := ParseAddr(s)
 			if err != nil {
 				return nil, cfg, fmt.Errorf("WithRegistries: %w", err)
@@ -68,6 +77,9 @@ func (n *Node) lookupSources(opts []LookupOption) ([]registrarSource, lookupConf
 	for _, a := range n.remoteRegistrars() {
 		out = append(out, registrarSource{addr: a})
 	}
+	if n.etcd != nil {
+		out = append(out, registrarSource{etcd: n.etcd})
+	}
 	if len(out) == 0 {
 		return nil, cfg, ErrNoRegistry
 	}
@@ -75,6 +87,9 @@ func (n *Node) lookupSources(opts []LookupOption) ([]registrarSource, lookupConf
 }
 
 func (s registrarSource) String() string {
+	if s.etcd != nil {
+		return s.etcd.String()
+	}
 	if s.local {
 		return "this node's registry"
 	}
@@ -103,6 +118,9 @@ func (n *Node) registryTimeout() time.Duration { return n.cfg.RegistryTimeout }
 
 // ask sends req to the registrar src and waits for its reply.
 func (n *Node) askRegistrar(ctx context.Context, src registrarSource, req regRequest) ([]Registration, error) {
+	if src.etcd != nil {
+		return n.askEtcd(ctx, src.etcd, req)
+	}
 	if src.local {
 		if n.reg() == nil {
 			return nil, ErrNoRegistry
@@ -138,7 +156,7 @@ func isPublic(path string) bool {
 	return !strings.HasPrefix(path[strings.LastIndexByte(path, '/')+1:], "$")
 }
 
-func (n *Node) discovering() bool { return n.reg() != nil || len(n.registrars) > 0 }
+func (n *Node) discovering() bool { return n.reg() != nil || len(n.registrars) > 0 || n.etcd != nil }
 
 func (n *Node) nodeRegistration() Registration {
 	return Registration{Name: n.name, UUID: UUID(n.uid), Node: n.uid, NodeName: n.name, Addrs: n.Addrs()}
@@ -179,6 +197,9 @@ func (n *Node) registerNode(ctx context.Context) error {
 	}
 	if len(n.registrars) > 0 {
 		n.wg.Go(n.keepRegistrars)
+	}
+	if n.etcd != nil {
+		return n.registerEtcd(ctx)
 	}
 	return nil
 }
@@ -374,6 +395,11 @@ func (n *Node) registerActor(h *handle) {
 			n.log.Warn("troupe: could not register actor", "path", h.key.path, "registrar", a.String(), "err", err)
 		}
 	}
+	if n.etcd != nil {
+		if err := n.etcdPut(r); err != nil {
+			n.log.Warn("troupe: could not register actor", "path", h.key.path, "registry", n.etcd.String(), "err", err)
+		}
+	}
 }
 
 // unregisterActor removes a stopped public actor from every registrar,
@@ -384,6 +410,13 @@ func (n *Node) unregisterActor(h *handle) {
 	}
 	for _, a := range n.remoteRegistrars() {
 		n.tellRegistrar(a, regRequest{Op: regOpUnregister, Regs: []regWire{{Name: h.name(), UUID: h.key.uuid}}})
+	}
+	if n.etcd != nil {
+		n.wg.Go(func() {
+			ctx, cancel := context.WithTimeout(n.ctx, n.registryTimeout())
+			defer cancel()
+			n.etcd.del(ctx, h.name(), h.key.uuid)
+		})
 	}
 }
 
@@ -589,6 +622,10 @@ func connect[T any](ctx context.Context, n *Node, src registrarSource, regs []Re
 // registrar's table.
 func (n *Node) deleteStale(ctx context.Context, src registrarSource, node NodeUID, addr Addr) {
 	n.log.Info("troupe: deleting a stale registry address", "addr", addr.String(), "registrar", src.String())
+	if src.etcd != nil {
+		src.etcd.deleteAddr(ctx, node, addr)
+		return
+	}
 	if src.local {
 		if n.reg() == nil {
 			return
@@ -744,11 +781,17 @@ func (n *Node) awaitRegistration(ctx context.Context, srcs []registrarSource, na
 	for i := range ps {
 		ps[i] = newPromise[regReply](n)
 	}
+	// An etcd source waits on a goroutine of its own, which ends with
+	// wctx; what it found is in etcdFound[i] before its promise completes.
+	wctx, stopEtcd := context.WithCancel(ctx)
+	etcdFound := make([][]Registration, len(srcs))
 	defer func() {
+		stopEtcd()
 		for i, s := range srcs {
 			p := ps[i]
 			p.finish()
 			switch {
+			case s.etcd != nil:
 			case s.local && n.reg() != nil:
 				n.reg().cancelWait(name, p.h.key)
 			case !s.local:
@@ -757,6 +800,15 @@ func (n *Node) awaitRegistration(ctx context.Context, srcs []registrarSource, na
 		}
 	}()
 	for i, s := range srcs {
+		if s.etcd != nil {
+			p, c := ps[i], conds[i]
+			n.wg.Go(func() {
+				regs, err := s.etcd.wait(wctx, name, c)
+				etcdFound[i] = regs
+				p.complete(regReply{}, err)
+			})
+			continue
+		}
 		if s.local {
 			if n.reg() == nil {
 				return nil, i, ErrNoRegistry
@@ -793,8 +845,8 @@ func (n *Node) awaitRegistration(ctx context.Context, srcs []registrarSource, na
 		// again wherever they are remote.
 		cases[i].Chan = reflect.ValueOf(n.registrarEpoch())
 		for j, s := range srcs {
-			if s.local {
-				continue
+			if s.local || s.etcd != nil {
+				continue // (an etcd wait follows the store itself)
 			}
 			if r, err := n.registrarRef(ctx, s.addr); err == nil {
 				conds[j].after = 0 // a new registrar numbers from the start
@@ -812,6 +864,9 @@ func (n *Node) awaitRegistration(ctx context.Context, srcs []registrarSource, na
 	res := v.Interface().(result[regReply])
 	if res.err != nil {
 		return nil, i, res.err
+	}
+	if srcs[i].etcd != nil {
+		return etcdFound[i], i, nil
 	}
 	return fromWire(res.v.Regs, srcs[i].addr), i, nil
 }

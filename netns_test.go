@@ -4,6 +4,8 @@ package troupe
 
 import (
 	"bufio"
+	"cmp"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -43,6 +45,9 @@ func TestHelperNetnsNode(t *testing.T) {
 	window, _ := time.ParseDuration(os.Getenv("TROUPE_NETNS_WINDOW"))
 	cfg := failConfig(os.Getenv("TROUPE_NETNS_NAME"), hb, window)
 	cfg.Listen = []string{listen}
+	if reg := os.Getenv("TROUPE_NETNS_REGISTRY"); reg != "" {
+		cfg.RegistryAddrs = []string{reg}
+	}
 	cfg.SendQueueLimit = -1
 	n, err := Start(ctxT(t, 5*time.Second), cfg)
 	if err != nil {
@@ -224,7 +229,7 @@ type nsNode struct {
 }
 
 // startNS runs a helper node on host h listening on port.
-func startNS(t *testing.T, h *hostnet.Host, name string, port int, hb, window time.Duration) *nsNode {
+func startNS(t *testing.T, h *hostnet.Host, name string, port int, hb, window time.Duration, env ...string) *nsNode {
 	t.Helper()
 	exe, err := os.Executable()
 	if err != nil {
@@ -234,6 +239,7 @@ func startNS(t *testing.T, h *hostnet.Host, name string, port int, hb, window ti
 	nn.cmd = h.Command(exe, "-test.run=^TestHelperNetnsNode$")
 	nn.cmd.Env = append(os.Environ(), "TROUPE_NETNS_LISTEN="+nn.addr, "TROUPE_NETNS_NAME="+name,
 		"TROUPE_NETNS_HB="+hb.String(), "TROUPE_NETNS_WINDOW="+window.String())
+	nn.cmd.Env = append(nn.cmd.Env, env...)
 	nn.cmd.Stderr = os.Stderr
 	nn.stdin, _ = nn.cmd.StdinPipe()
 	stdout, _ := nn.cmd.StdoutPipe()
@@ -679,4 +685,50 @@ func startEtcdOn(t *testing.T, h *hostnet.Host) string {
 		cmd.Wait()
 	})
 	return endpoint
+}
+
+// TestMultiHostEtcdCutOff registers a node on one host with an etcd on
+// another, then drops everything etcd sends it: the node's lease runs out
+// and its entries go, with no registrar to notice; when the network is
+// back, the node finds its lease gone and registers everything again.
+func TestMultiHostEtcdCutOff(t *testing.T) {
+	if _, err := exec.LookPath("etcd"); err != nil {
+		t.Skip("no etcd binary (apt-get install etcd-server)")
+	}
+	if _, err := exec.LookPath("curl"); err != nil {
+		t.Skip("no curl to read etcd from its host")
+	}
+	net := hostnet.New(t, 2)
+	endpoint := startEtcdOn(t, net.Hosts[0])
+	waitFor(t, 30*time.Second, "etcd to answer", func() bool {
+		return net.Hosts[0].Command("curl", "-sf", "-m", "1", endpoint+"/health").Run() == nil
+	})
+	prefix := fmt.Sprintf("troupe-cut-%d", time.Now().UnixNano())
+	const window = time.Second // the lease's TTL is etcdMinTTL, 2 s
+	startNS(t, net.Hosts[1], "n1", 7000, 100*time.Millisecond, window,
+		"TROUPE_NETNS_REGISTRY=etcd://"+strings.TrimPrefix(endpoint, "http://")+"/"+prefix)
+	// sinks counts the registrations of n1's "sink" actor, asking etcd on
+	// its own host.
+	key := "/" + prefix + "/sink/"
+	sinks := func() int {
+		body := fmt.Sprintf(`{"key":%q,"range_end":%q,"count_only":true}`, b64(key), b64(rangeEnd(key)))
+		out, err := net.Hosts[0].Command("curl", "-sf", "-m", "2", "-X", "POST", endpoint+"/v3/kv/range", "-d", body).Output()
+		if err != nil {
+			return -1
+		}
+		var res struct{ Count string }
+		if json.Unmarshal(out, &res) != nil {
+			return -1
+		}
+		n, _ := strconv.Atoi(cmp.Or(res.Count, "0"))
+		return n
+	}
+	waitFor(t, 30*time.Second, "n1's sink to be registered in etcd", func() bool { return sinks() == 1 })
+	cut := time.Now()
+	net.Hosts[1].DropFrom(net.Hosts[0])
+	waitFor(t, etcdMinTTL+10*time.Second, "n1's entries to expire", func() bool { return sinks() == 0 })
+	gone := time.Since(cut)
+	net.Hosts[1].Clear()
+	waitFor(t, etcdMinTTL+10*time.Second, "n1 to register again", func() bool { return sinks() == 1 })
+	t.Logf("entries gone %v after the cut (ttl %v); back %v after the repair", gone.Round(time.Millisecond), etcdMinTTL, time.Since(cut.Add(gone)).Round(time.Millisecond))
 }

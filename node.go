@@ -119,6 +119,13 @@ type Config struct {
 	// becomes the registrar itself (binding the addresses) when none does.
 	// Default with Discovery on: tcp://127.0.0.1:1616, or, for a node that
 	// listens only on Unix sockets, registry@1616.sock in [RuntimeDir].
+	//
+	// Alternatively it names one etcd cluster as the registry:
+	// "etcd://host:port,host:port/prefix" (plain HTTP) or "etcds://…"
+	// (HTTPS with [Config.RegistryTLS]: its RootCAs verify etcd, its Certificates
+	// are the client certificate). The endpoints are tried in turn; the
+	// node holds one etcd lease of [Config.UnreachableAfter] and attaches
+	// its registrations to it. See the README's discovery section.
 	RegistryAddrs []string
 
 	// Discovery turns discovery on with the default RegistryAddrs. It is
@@ -149,6 +156,13 @@ type Config struct {
 	// it was dialed by. Unix sockets are not wrapped; they rely on peer
 	// credentials.
 	TLS *tls.Config
+
+	// RegistryTLS is the client TLS config for an etcd registry named
+	// "etcds://…" in RegistryAddrs: RootCAs verify etcd's certificate,
+	// Certificates hold the client certificate etcd's --client-cert-auth
+	// asks for. Nil means TLS (and, that nil too, the system's roots and no
+	// client certificate).
+	RegistryTLS *tls.Config
 
 	// MaxInboundConns bounds the inbound connections open at once; one
 	// more is closed as soon as it is accepted. Default: 4096.
@@ -323,6 +337,8 @@ type Node struct {
 	// Discovery, set in Start.
 	regP       atomic.Pointer[regTable] // the registry this node serves, if any (see reg)
 	registrars []Addr                   // the remote registrars this node registers with
+	etcd       *etcdRegistry            // the etcd registry this node registers with, if any
+	etcdOthers sync.Map                 // URL -> *etcdRegistry: those named in WithRegistries
 	regRefs    sync.Map                 // Addr -> Ref[regRequest], resolved registrar actors
 	found      map[string][]foundRef    // guarded by pmu: actors lookups found on peers
 
@@ -394,6 +410,8 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 	n.epoch = time.Now()
 	var err error
 	switch {
+	case n.etcdConfigured():
+		err = n.startEtcdRegistry(ctx)
 	case cfg.Discovery || len(cfg.RegistryAddrs) > 0 || cfg.EnsureRegistry:
 		err = n.bootstrap(ctx)
 	default:

@@ -26,6 +26,9 @@ func TestHelperNodeProcess(t *testing.T) {
 	}
 	cfg := failConfig("child", 50*time.Millisecond, 500*time.Millisecond)
 	cfg.Listen = []string{listen}
+	if reg := os.Getenv("TROUPE_HELPER_REGISTRY"); reg != "" {
+		cfg.RegistryAddrs = []string{reg}
+	}
 	n, err := Start(ctxT(t, 5*time.Second), cfg)
 	if err != nil {
 		fmt.Println("ERR", err)
@@ -54,15 +57,16 @@ type child struct {
 	uid   string
 }
 
-// startChild runs a helper node listening on listen.
-func startChild(t *testing.T, listen string) *child {
+// startChild runs a helper node listening on listen (and registering
+// with the registry in env, if given).
+func startChild(t *testing.T, listen string, env ...string) *child {
 	t.Helper()
 	exe, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
 	}
 	c := &child{cmd: exec.Command(exe, "-test.run=^TestHelperNodeProcess$")}
-	c.cmd.Env = append(os.Environ(), "TROUPE_HELPER_NODE="+listen)
+	c.cmd.Env = append(append(os.Environ(), "TROUPE_HELPER_NODE="+listen), env...)
 	c.cmd.Stderr = os.Stderr
 	c.stdin, _ = c.cmd.StdinPipe()
 	stdout, _ := c.cmd.StdoutPipe()
@@ -226,5 +230,33 @@ func TestProcessRestartedAtSameAddressIsANewPeer(t *testing.T) {
 	}
 	if _, err := Ask(ctxT(t, 5*time.Second), fresh, func(r Ref[testPong]) testPing { return testPing{ReplyTo: r} }); err != nil {
 		t.Fatalf("Ask the new incarnation: %v", err)
+	}
+}
+
+// TestEtcdRegistryKilledProcessExpires kills -9 a node process that
+// registered with etcd: nobody unregisters it, and its entries are gone
+// when its lease runs out.
+func TestEtcdRegistryKilledProcessExpires(t *testing.T) {
+	cl := startEtcdCluster(t)
+	url := cl.url(t)
+	c := startChild(t, "tcp://127.0.0.1:0", "TROUPE_HELPER_REGISTRY="+url)
+	n := etcdNode(t, "parent", url)
+	reg, err := n.Registry()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := ctxT(t, 30*time.Second)
+	if regs, err := reg.Find(ctx, "echo"); err != nil || len(regs) != 1 || regs[0].Node.String() != c.uid {
+		t.Fatalf("the child's echo: %+v, %v", regs, err)
+	}
+	killed := time.Now()
+	c.signal(t, syscall.SIGKILL)
+	ttl := etcdMinTTL // the child's UnreachableAfter is shorter
+	waitFor(t, ttl+5*time.Second, "the killed child's entries to expire", func() bool {
+		regs, err := reg.Find(ctx, "echo")
+		return err == nil && len(regs) == 0
+	})
+	if took := time.Since(killed); took > ttl+time.Second {
+		t.Fatalf("entries outlived the lease: gone %v after the kill (ttl %v)", took, ttl)
 	}
 }

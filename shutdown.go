@@ -73,6 +73,15 @@ func (n *Node) shutdown(ctx context.Context, graceful bool) error {
 	if graceful {
 		n.unregisterAll() // queued ahead of the goodbyes below
 	}
+	if n.etcd != nil {
+		// Revoking the lease removes every entry at once; Close gives it
+		// as long as it gives a goodbye.
+		wait := closeByeWait
+		if graceful {
+			wait = min(n.registryTimeout(), time.Second)
+		}
+		n.revokeEtcd(wait)
+	}
 	// Peers first, so they hear that this node left rather than that
 	// each actor stopped.
 	n.pmu.Lock()
@@ -129,5 +138,6 @@ func (n *Node) shutdown(ctx context.Context, graceful bool) error {
 	}
 	n.cancel()
 	n.wg.Wait()
+	n.closeEtcdClients()
 	return errors.Join(errs...)
 }

@@ -215,7 +215,7 @@ func (cmd *command) invoke(ctx context.Context, args []string, stdout, stderr io
 	case "registrar":
 		fs.Var(&c.addrs, "addr", "an address to serve the registry on (repeatable): host:port, unix:///path or a multiaddr (default "+troupe.DefaultRegistryTCP+")")
 	case "ls", "query":
-		fs.StringVar(&c.registry, "registry", troupe.DefaultRegistryTCP, "the registrar's address")
+		fs.StringVar(&c.registry, "registry", troupe.DefaultRegistryTCP, "the registrar's address, or an etcd registry: etcd://host:port[,host:port]/prefix")
 		fs.BoolVar(&c.asJSON, "json", false, "print JSON")
 		fs.DurationVar(&c.timeout, "timeout", 5*time.Second, "how long to wait for the registrar, in all")
 	case "down":
@@ -226,7 +226,7 @@ func (cmd *command) invoke(ctx context.Context, args []string, stdout, stderr io
 		fs.BoolVar(&c.asJSON, "json", false, "print the node's stats document as JSON")
 		fs.DurationVar(&c.timeout, "timeout", 5*time.Second, "how long to wait for the node's answer, in all")
 	case "watch":
-		fs.StringVar(&c.registry, "registry", troupe.DefaultRegistryTCP, "the registrar's address")
+		fs.StringVar(&c.registry, "registry", troupe.DefaultRegistryTCP, "the registrar's address, or an etcd registry: etcd://host:port[,host:port]/prefix")
 		fs.DurationVar(&c.timeout, "interval", 500*time.Millisecond, "how often to ask the registrar")
 	}
 	for {
@@ -286,27 +286,44 @@ func registrar(ctx context.Context, c *call) int {
 
 // connect starts the command's own short-lived node, bounded by the
 // command's timeout, and returns it with the registrar's address.
-func (c *call) connect(ctx context.Context) (*troupe.Node, troupe.Addr, int) {
-	addr, err := troupe.ParseAddr(c.registry)
+func (c *call) connect(ctx context.Context) (*troupe.Node, string, int) {
+	addr, err := c.registryAddr()
 	if err != nil {
 		fmt.Fprintf(c.stderr, "troupe %s: --registry: %v\n", c.cmd.name, err)
-		return nil, troupe.Addr{}, 2
+		return nil, "", 2
 	}
 	n, err := troupe.Start(ctx, troupe.Config{Name: "troupe-cli", Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
-		return nil, troupe.Addr{}, c.failf("%v", err)
+		return nil, "", c.failf("%v", err)
 	}
 	return n, addr, 0
 }
 
+// registryAddr is --registry in the form WithRegistries takes: a
+// registrar's address, or an etcd registry as given
+// (etcd://host:port,host:port/prefix).
+func (c *call) registryAddr() (string, error) {
+	if strings.HasPrefix(c.registry, "etcd://") || strings.HasPrefix(c.registry, "etcds://") {
+		return c.registry, nil
+	}
+	addr, err := troupe.ParseAddr(c.registry)
+	if err != nil {
+		return "", err
+	}
+	return addr.String(), nil
+}
+
 // noRegistrar explains a failed registry request in one line: what
 // failed, and what to check.
-func (c *call) noRegistrar(addr troupe.Addr, err error) int {
-	hint := "is a registrar running there? (troupe registrar --addr " + addr.String() + ")"
+func (c *call) noRegistrar(addr string, err error) int {
+	hint := "is a registrar running there? (troupe registrar --addr " + addr + ")"
+	if strings.HasPrefix(addr, "etcd") {
+		hint = "does etcd answer at those endpoints (curl http://HOST:PORT/version)?"
+	}
 	if errors.Is(err, context.DeadlineExceeded) {
 		hint = fmt.Sprintf("nothing answered within --timeout %v; is the address a troupe registrar, and do this machine's firewall and the registrar's secret or TLS settings allow it?", c.timeout)
 	}
-	why := strings.TrimPrefix(err.Error(), "registrar "+addr.String()+": ")
+	why := strings.TrimPrefix(err.Error(), "registrar "+addr+": ")
 	return c.failf("no registrar answers at %s: %s; %s", addr, why, hint)
 }
 
@@ -339,7 +356,7 @@ func (c *call) printJSON(v any) int {
 
 // withNode runs f with the command's own short-lived node and the
 // registrar's address, all within the command's timeout.
-func (c *call) withNode(ctx context.Context, f func(ctx context.Context, n *troupe.Node, addr troupe.Addr) int) int {
+func (c *call) withNode(ctx context.Context, f func(ctx context.Context, n *troupe.Node, addr string) int) int {
 	ctx, cancel := context.WithTimeout(ctx, c.timeout)
 	defer cancel()
 	n, addr, code := c.connect(ctx)
@@ -354,8 +371,8 @@ func ls(ctx context.Context, c *call) int {
 	return c.withNode(ctx, c.ls)
 }
 
-func (c *call) ls(ctx context.Context, n *troupe.Node, addr troupe.Addr) int {
-	reg, err := n.Registry(troupe.WithRegistries(addr.String()))
+func (c *call) ls(ctx context.Context, n *troupe.Node, addr string) int {
+	reg, err := n.Registry(troupe.WithRegistries(addr))
 	if err != nil {
 		return c.noRegistrar(addr, err)
 	}
@@ -393,9 +410,9 @@ func query(ctx context.Context, c *call) int {
 	return c.withNode(ctx, c.query)
 }
 
-func (c *call) query(ctx context.Context, n *troupe.Node, addr troupe.Addr) int {
+func (c *call) query(ctx context.Context, n *troupe.Node, addr string) int {
 	name := c.args[0]
-	q, found, err := troupe.QueryActor(ctx, n, name, troupe.WithRegistries(addr.String()))
+	q, found, err := troupe.QueryActor(ctx, n, name, troupe.WithRegistries(addr))
 	if err != nil {
 		return c.noRegistrar(addr, err)
 	}
@@ -541,7 +558,7 @@ func short(uid string) string { return uid[:min(len(uid), 12)] }
 
 // watch prints the registrar's table, then its changes, until ctx ends.
 func watch(ctx context.Context, c *call) int {
-	addr, err := troupe.ParseAddr(c.registry)
+	addr, err := c.registryAddr()
 	if err != nil {
 		fmt.Fprintf(c.stderr, "troupe watch: --registry: %v\n", err)
 		return 2
@@ -551,7 +568,7 @@ func watch(ctx context.Context, c *call) int {
 		return c.failf("%v", err)
 	}
 	defer n.Close()
-	reg, err := n.Registry(troupe.WithRegistries(addr.String()))
+	reg, err := n.Registry(troupe.WithRegistries(addr))
 	if err != nil {
 		return c.noRegistrar(addr, err)
 	}

@@ -5,9 +5,12 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -341,6 +344,59 @@ func TestWatchStreamsRegistrations(t *testing.T) {
 	waitOut("- billing ")
 	stop()
 	if code := <-done; code != 0 {
+		t.Fatalf("watch exited %d", code)
+	}
+}
+
+// TestLsQueryWatchAgainstEtcd points ls, query and watch at an etcd
+// registry: the one .ci/run starts (TROUPE_ETCD_ENDPOINT), else skipped.
+func TestLsQueryWatchAgainstEtcd(t *testing.T) {
+	ep := os.Getenv("TROUPE_ETCD_ENDPOINT")
+	if ep == "" {
+		ep = "http://127.0.0.1:2379"
+	}
+	if resp, err := (&http.Client{Timeout: time.Second}).Get(ep + "/version"); err != nil {
+		t.Skipf("no etcd at %s (.ci/run starts one): %v", ep, err)
+	} else {
+		resp.Body.Close()
+	}
+	url := "etcd://" + strings.TrimPrefix(ep, "http://") + fmt.Sprintf("/troupe-cli-%d", time.Now().UnixNano())
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	svc, err := troupe.Start(ctx, troupe.Config{Name: "svc-node", RegistryAddrs: []string{url}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer svc.Close()
+	if _, err := troupe.Spawn(svc, "billing", troupe.Behavior[string]{Receive: func(*troupe.Context[string], string) {}}); err != nil {
+		t.Fatal(err)
+	}
+	var stdout bytes.Buffer
+	if code := run(ctx, []string{"ls", "--registry", url}, &stdout, io.Discard); code != 0 || !strings.Contains(stdout.String(), "/user/billing") {
+		t.Fatalf("ls: exit %d:\n%s", code, stdout.String())
+	}
+	stdout.Reset()
+	if code := run(ctx, []string{"query", "billing", "--registry", url}, &stdout, io.Discard); code != 0 || strings.TrimSpace(stdout.String()) != svc.Addrs()[0].String() {
+		t.Fatalf("query: exit %d, %q", code, stdout.String())
+	}
+	out := &lineWriter{lines: make(chan string, 8)}
+	wctx, wcancel := context.WithCancel(ctx)
+	exited := make(chan int, 1)
+	go func() {
+		exited <- run(wctx, []string{"watch", "--registry", url, "--interval", "50ms"}, out, io.Discard)
+	}()
+	for seen := 0; seen < 2; {
+		select {
+		case l := <-out.lines:
+			if strings.HasPrefix(l, "+ ") {
+				seen++
+			}
+		case <-ctx.Done():
+			t.Fatal("watch printed no registrations")
+		}
+	}
+	wcancel()
+	if code := <-exited; code != 0 {
 		t.Fatalf("watch exited %d", code)
 	}
 }

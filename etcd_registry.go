@@ -1,0 +1,618 @@
+package troupe
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/tls"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// A registry kept in etcd rather than in a registrar: named in
+// Config.RegistryAddrs (or WithRegistries) as
+//
+//	etcd://host:port[,host:port...]/prefix     plain HTTP
+//	etcds://host:port[,host:port...]/prefix    HTTPS, with Config.TLS
+//
+// It is reached through etcd's JSON gateway with net/http, as EtcdLease is.
+// Each registration is one key, prefix/name/uuid (the uuid in hex), whose
+// value is the JSON of etcdEntry, attached to the node's one etcd lease.
+// The lease's time to live is Config.UnreachableAfter (at least etcd's
+// minimum): a node that dies, or is cut off from etcd, loses its entries
+// when it expires, and registers everything again when it regains etcd.
+
+// Bounds of the etcd client.
+const (
+	// etcdAttempt bounds one request to one endpoint: a member that does
+	// not answer within it is passed over for the next. A lookup through
+	// an etcd whose first member is dead fails over within this bound.
+	etcdAttempt = time.Second
+	// etcdMinTTL is the shortest lease etcd grants reliably (its minimum
+	// depends on its election timeout; 2 s covers the default).
+	etcdMinTTL = 2 * time.Second
+)
+
+// etcdEntry is the value of a registration key: a layout other tools can
+// read.
+type etcdEntry struct {
+	Name       string    `json:"name"`
+	UUID       string    `json:"uuid"`           // hex
+	Path       string    `json:"path,omitempty"` // "" for a node's own registration
+	Node       string    `json:"node"`           // the node incarnation's uid, hex
+	NodeName   string    `json:"node_name"`
+	Addrs      []string  `json:"addrs"` // URL form: tcp://host:port, unix:///path
+	Registered time.Time `json:"registered"`
+}
+
+// etcdRegistry is one etcd registry as a node uses it.
+type etcdRegistry struct {
+	url       string   // as configured
+	endpoints []string // http(s)://host:port, tried in turn
+	prefix    string   // "/" + the path, with a trailing "/"
+	client    *http.Client
+
+	mu    sync.Mutex
+	first int    // the endpoint that answered last
+	lease string // the node's lease ID, "" before the first grant
+}
+
+// isEtcdURL reports whether s names an etcd registry.
+func isEtcdURL(s string) bool {
+	return strings.HasPrefix(s, "etcd://") || strings.HasPrefix(s, "etcds://")
+}
+
+// parseEtcdURL reads an etcd registry address. tlsCfg is used for etcds.
+func parseEtcdURL(s string, tlsCfg *tls.Config) (*etcdRegistry, error) {
+	scheme, rest, _ := strings.Cut(s, "://")
+	hosts, path, _ := strings.Cut(rest, "/")
+	path = strings.Trim(path, "/")
+	if path == "" {
+		path = "troupe"
+	}
+	r := &etcdRegistry{url: s, prefix: "/" + path + "/"}
+	web := "http://"
+	tr := &http.Transport{MaxIdleConnsPerHost: 16, IdleConnTimeout: time.Minute}
+	if scheme == "etcds" {
+		web = "https://"
+		if tlsCfg != nil {
+			tr.TLSClientConfig = tlsCfg.Clone()
+		}
+	}
+	for h := range strings.SplitSeq(hosts, ",") {
+		if h == "" {
+			continue
+		}
+		if _, err := parseHostPort(h); err != nil {
+			return nil, fmt.Errorf("%w: etcd endpoint %q in %q: %v", ErrBadAddr, h, s, err)
+		}
+		r.endpoints = append(r.endpoints, web+h)
+	}
+	if len(r.endpoints) == 0 {
+		return nil, fmt.Errorf("%w: %q names no etcd endpoint", ErrBadAddr, s)
+	}
+	r.client = &http.Client{Transport: tr}
+	return r, nil
+}
+
+func (r *etcdRegistry) String() string { return r.url }
+
+// call posts in to the gateway path on the first endpoint that answers,
+// trying each in turn, and decodes the answer into out.
+func (r *etcdRegistry) call(ctx context.Context, path string, in, out any) error {
+	body, err := json.Marshal(in)
+	if err != nil {
+		return err
+	}
+	r.mu.Lock()
+	first := r.first
+	r.mu.Unlock()
+	var errs []error
+	for i := range r.endpoints {
+		k := (first + i) % len(r.endpoints)
+		err := r.callOne(ctx, r.endpoints[k], path, body, out)
+		if err == nil {
+			r.mu.Lock()
+			r.first = k
+			r.mu.Unlock()
+			return nil
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		errs = append(errs, err)
+	}
+	return fmt.Errorf("etcd %s: %w", r.url, errors.Join(errs...))
+}
+
+func (r *etcdRegistry) callOne(ctx context.Context, endpoint, path string, body []byte, out any) error {
+	ctx, cancel := context.WithTimeout(ctx, etcdAttempt)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, endpoint+path, bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := r.client.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		return fmt.Errorf("%s%s: %s: %s", endpoint, path, resp.Status, bytes.TrimSpace(msg))
+	}
+	return json.NewDecoder(io.LimitReader(resp.Body, 64<<20)).Decode(out)
+}
+
+// key is the key of the registration of name with uuid.
+func (r *etcdRegistry) key(name string, uuid UUID) string {
+	return r.prefix + name + "/" + hex.EncodeToString(uuid[:])
+}
+
+// rangeEnd is the end of the range of every key that starts with p.
+func rangeEnd(p string) string {
+	b := []byte(p)
+	for i := len(b) - 1; i >= 0; i-- {
+		if b[i] < 0xff {
+			b[i]++
+			return string(b[:i+1])
+		}
+	}
+	return "\x00"
+}
+
+// grant takes a new lease for the node, with ttl.
+func (r *etcdRegistry) grant(ctx context.Context, ttl time.Duration) (string, error) {
+	var res struct{ ID string }
+	secs := int64((max(ttl, etcdMinTTL) + time.Second - 1) / time.Second)
+	if err := r.call(ctx, "/v3/lease/grant", map[string]any{"TTL": secs}, &res); err != nil {
+		return "", err
+	}
+	if res.ID == "" {
+		return "", fmt.Errorf("etcd %s: a lease grant without an id", r.url)
+	}
+	return res.ID, nil
+}
+
+// keepAlive renews lease once: false when etcd no longer has it.
+func (r *etcdRegistry) keepAlive(ctx context.Context, lease string) (bool, error) {
+	var res struct {
+		Result struct{ TTL string }
+	}
+	if err := r.call(ctx, "/v3/lease/keepalive", map[string]any{"ID": lease}, &res); err != nil {
+		return false, err
+	}
+	ttl, _ := strconv.ParseInt(res.Result.TTL, 10, 64)
+	return ttl > 0, nil
+}
+
+// put writes reg under the node's lease.
+func (r *etcdRegistry) put(ctx context.Context, lease string, reg Registration) error {
+	e := etcdEntry{Name: reg.Name, UUID: hex.EncodeToString(reg.UUID[:]), Path: reg.Path, Node: hex.EncodeToString(reg.Node[:]),
+		NodeName: reg.NodeName, Registered: time.Now().UTC()}
+	for _, a := range reg.Addrs {
+		e.Addrs = append(e.Addrs, a.String())
+	}
+	v, err := json.Marshal(e)
+	if err != nil {
+		return err
+	}
+	put := map[string]any{"key": b64(r.key(reg.Name, reg.UUID)), "value": base64.StdEncoding.EncodeToString(v), "lease": lease}
+	return r.call(ctx, "/v3/kv/put", put, &struct{}{})
+}
+
+// del removes the registration of name with uuid.
+func (r *etcdRegistry) del(ctx context.Context, name string, uuid UUID) error {
+	return r.call(ctx, "/v3/kv/deleterange", map[string]any{"key": b64(r.key(name, uuid))}, &struct{}{})
+}
+
+// etcdKV is a key and value as the gateway returns them.
+type etcdKV struct {
+	Key            string `json:"key"`
+	Value          string `json:"value"`
+	CreateRevision string `json:"create_revision"`
+}
+
+// decode turns a kv into a registration; false for a value that is not
+// one (another tool's key under the prefix).
+func (kv etcdKV) decode() (Registration, bool) {
+	raw, err := base64.StdEncoding.DecodeString(kv.Value)
+	if err != nil {
+		return Registration{}, false
+	}
+	var e etcdEntry
+	if json.Unmarshal(raw, &e) != nil || e.Name == "" {
+		return Registration{}, false
+	}
+	reg := Registration{Name: e.Name, Path: e.Path, NodeName: e.NodeName}
+	if hex.DecodedLen(len(e.UUID)) != len(reg.UUID) || hex.DecodedLen(len(e.Node)) != len(reg.Node) {
+		return Registration{}, false
+	}
+	if _, err := hex.Decode(reg.UUID[:], []byte(e.UUID)); err != nil {
+		return Registration{}, false
+	}
+	if _, err := hex.Decode(reg.Node[:], []byte(e.Node)); err != nil {
+		return Registration{}, false
+	}
+	for _, s := range e.Addrs {
+		if a, err := ParseAddr(s); err == nil {
+			reg.Addrs = append(reg.Addrs, a)
+		}
+	}
+	reg.Seq, _ = strconv.ParseUint(kv.CreateRevision, 10, 64)
+	return reg, true
+}
+
+// rangeOf returns the registrations whose keys start with p, oldest
+// first, and the store's revision they were read at.
+func (r *etcdRegistry) rangeOf(ctx context.Context, p string) ([]Registration, uint64, error) {
+	var res struct {
+		Header struct{ Revision string }
+		Kvs    []etcdKV
+	}
+	req := map[string]any{"key": b64(p), "range_end": b64(rangeEnd(p)), "sort_target": "CREATE", "sort_order": "ASCEND"}
+	if err := r.call(ctx, "/v3/kv/range", req, &res); err != nil {
+		return nil, 0, err
+	}
+	rev, _ := strconv.ParseUint(res.Header.Revision, 10, 64)
+	out := make([]Registration, 0, len(res.Kvs))
+	for _, kv := range res.Kvs {
+		if reg, ok := kv.decode(); ok {
+			out = append(out, reg)
+		}
+	}
+	return out, rev, nil
+}
+
+// named returns the registrations under name, oldest first, and the
+// revision they were read at. (A name with a slash in it shares a key
+// range with its first segment: entries of other names are left out.)
+func (r *etcdRegistry) named(ctx context.Context, name string) ([]Registration, uint64, error) {
+	regs, rev, err := r.rangeOf(ctx, r.prefix+name+"/")
+	regs = slices.DeleteFunc(regs, func(reg Registration) bool { return reg.Name != name })
+	return regs, rev, err
+}
+
+// find returns the registrations under name, newest first.
+func (r *etcdRegistry) find(ctx context.Context, name string) ([]Registration, error) {
+	regs, _, err := r.named(ctx, name)
+	slices.Reverse(regs)
+	return regs, err
+}
+
+// list returns every registration, oldest first.
+func (r *etcdRegistry) list(ctx context.Context) ([]Registration, error) {
+	regs, _, err := r.rangeOf(ctx, r.prefix)
+	return regs, err
+}
+
+// wait returns the registrations under name once one that c admits
+// exists: at once if one does, else when etcd's watch stream reports it
+// (pushed, not polled). A broken stream is opened again from where it
+// stopped, on the next endpoint.
+func (r *etcdRegistry) wait(ctx context.Context, name string, c waitCond) ([]Registration, error) {
+	p := r.prefix + name + "/"
+	for {
+		regs, rev, err := r.named(ctx, name)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			if !sleepCtx(ctx, etcdAttempt/4) {
+				return nil, ctx.Err()
+			}
+			continue
+		}
+		for _, reg := range regs {
+			if c.admits(&reg) {
+				slices.Reverse(regs)
+				return regs, nil
+			}
+		}
+		if err := r.watchFrom(ctx, p, rev+1, name, c); err != nil {
+			// The stream broke (a member died, the revision was
+			// compacted): read again after a pause, on the next member.
+			if ctx.Err() != nil || !sleepCtx(ctx, etcdAttempt/4) {
+				return nil, ctx.Err()
+			}
+		}
+		// Something admitted was put, or the stream broke: read again.
+	}
+}
+
+// watchFrom follows the keys under p from revision rev until a put that c
+// admits, the stream ends, or ctx ends.
+func (r *etcdRegistry) watchFrom(ctx context.Context, p string, rev uint64, name string, c waitCond) error {
+	r.mu.Lock()
+	endpoint := r.endpoints[r.first]
+	r.mu.Unlock()
+	body, _ := json.Marshal(map[string]any{"create_request": map[string]any{
+		"key": b64(p), "range_end": b64(rangeEnd(p)), "start_revision": strconv.FormatUint(rev, 10)}})
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, endpoint+"/v3/watch", bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	resp, err := r.client.Do(req)
+	if err != nil {
+		r.rotate(endpoint)
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		r.rotate(endpoint)
+		return fmt.Errorf("etcd watch: %s", resp.Status)
+	}
+	dec := json.NewDecoder(bufio.NewReader(resp.Body))
+	for {
+		var msg struct {
+			Result struct {
+				Canceled bool
+				Events   []struct {
+					Type string
+					Kv   etcdKV
+				}
+			}
+		}
+		if err := dec.Decode(&msg); err != nil {
+			r.rotate(endpoint)
+			return err
+		}
+		if msg.Result.Canceled {
+			return errors.New("etcd watch canceled")
+		}
+		for _, ev := range msg.Result.Events {
+			if ev.Type == "DELETE" {
+				continue
+			}
+			if reg, ok := ev.Kv.decode(); ok && reg.Name == name && c.admits(&reg) {
+				return nil
+			}
+		}
+	}
+}
+
+// rotate makes the endpoint after failed the first to try.
+func (r *etcdRegistry) rotate(failed string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.endpoints[r.first] == failed {
+		r.first = (r.first + 1) % len(r.endpoints)
+	}
+}
+
+// sleepCtx waits d; false if ctx ended first.
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// deleteAddr removes the registrations of the node incarnation uid that
+// list addr: a lookup found that address refusing connections.
+func (r *etcdRegistry) deleteAddr(ctx context.Context, uid NodeUID, addr Addr) {
+	regs, _, err := r.rangeOf(ctx, r.prefix)
+	if err != nil {
+		return
+	}
+	for _, reg := range regs {
+		if reg.Node == uid && containsAddr(reg.Addrs, addr) {
+			r.del(ctx, reg.Name, reg.UUID)
+		}
+	}
+}
+
+// revoke ends lease, and with it every key attached to it.
+func (r *etcdRegistry) revoke(ctx context.Context, lease string) error {
+	return r.call(ctx, "/v3/lease/revoke", map[string]any{"ID": lease}, &struct{}{})
+}
+
+func (r *etcdRegistry) currentLease() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.lease
+}
+
+func (r *etcdRegistry) setLease(lease string) {
+	r.mu.Lock()
+	r.lease = lease
+	r.mu.Unlock()
+}
+
+// etcdConfigured reports whether Config.RegistryAddrs names an etcd.
+func (n *Node) etcdConfigured() bool {
+	for _, s := range n.cfg.RegistryAddrs {
+		if isEtcdURL(s) {
+			return true
+		}
+	}
+	return false
+}
+
+// startEtcdRegistry sets the node up to use the etcd registry of its
+// config, and binds its own addresses (tcp://127.0.0.1:0 by default).
+func (n *Node) startEtcdRegistry(ctx context.Context) error {
+	if len(n.cfg.RegistryAddrs) != 1 {
+		return fmt.Errorf("%w: RegistryAddrs: an etcd registry must be the only entry (list its endpoints with commas: etcd://h1:2379,h2:2379/prefix)", ErrBadConfig)
+	}
+	if n.cfg.EnsureRegistry || n.cfg.ServeRegistry {
+		return fmt.Errorf("%w: EnsureRegistry and ServeRegistry serve a registrar; with an etcd registry there is none to serve", ErrBadConfig)
+	}
+	r, err := parseEtcdURL(n.cfg.RegistryAddrs[0], n.registryTLS())
+	if err != nil {
+		return fmt.Errorf("%w: RegistryAddrs: %v", ErrBadConfig, err)
+	}
+	n.etcd = r
+	listen := n.cfg.Listen
+	if len(listen) == 0 {
+		listen = []string{"tcp://127.0.0.1:0"}
+	}
+	return n.listenAll(ctx, listen)
+}
+
+// etcdFor returns the etcd registry named s: the node's own, or one kept
+// for lookups through WithRegistries.
+func (n *Node) etcdFor(s string) (*etcdRegistry, error) {
+	if n.etcd != nil && n.etcd.url == s {
+		return n.etcd, nil
+	}
+	if v, ok := n.etcdOthers.Load(s); ok {
+		return v.(*etcdRegistry), nil
+	}
+	r, err := parseEtcdURL(s, n.registryTLS())
+	if err != nil {
+		return nil, err
+	}
+	v, _ := n.etcdOthers.LoadOrStore(s, r)
+	return v.(*etcdRegistry), nil
+}
+
+// registryTLS is the TLS config for an etcds registry.
+func (n *Node) registryTLS() *tls.Config {
+	if n.cfg.RegistryTLS != nil {
+		return n.cfg.RegistryTLS
+	}
+	return n.cfg.TLS
+}
+
+// etcdTTL is the time to live of the node's etcd lease.
+func (n *Node) etcdTTL() time.Duration { return max(n.cfg.UnreachableAfter, etcdMinTTL) }
+
+// registerEtcd takes the node's etcd lease and registers the node with
+// it before Start returns; a goroutine then keeps the lease alive.
+func (n *Node) registerEtcd(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, n.registryTimeout())
+	defer cancel()
+	lease, err := n.etcd.grant(ctx, n.etcdTTL())
+	if err == nil {
+		err = n.etcd.put(ctx, lease, n.nodeRegistration())
+	}
+	if err != nil {
+		return fmt.Errorf("register with %w", err)
+	}
+	n.etcd.setLease(lease)
+	n.wg.Go(n.keepEtcd)
+	return nil
+}
+
+// etcdPut registers reg under the node's current lease.
+func (n *Node) etcdPut(reg Registration) error {
+	ctx, cancel := context.WithTimeout(n.ctx, n.registryTimeout())
+	defer cancel()
+	return n.etcd.put(ctx, n.etcd.currentLease(), reg)
+}
+
+// keepEtcd renews the node's lease every third of its time to live. When
+// etcd says the lease has expired (the node was cut off from etcd for
+// longer than that), it takes a new one and registers everything again.
+func (n *Node) keepEtcd() {
+	r, ttl := n.etcd, n.etcdTTL()
+	t := time.NewTicker(ttl / 3)
+	defer t.Stop()
+	unreachable := false
+	for {
+		select {
+		case <-n.done:
+			return
+		case <-t.C:
+		}
+		ctx, cancel := context.WithTimeout(n.ctx, ttl/3)
+		alive, err := r.keepAlive(ctx, r.currentLease())
+		switch {
+		case err != nil:
+			if !unreachable {
+				n.log.Warn("troupe: etcd registry unreachable; this node's entries expire if it stays so", "registry", r.String(), "ttl", ttl, "err", err)
+				unreachable = true
+			}
+		case alive:
+			if unreachable {
+				n.log.Info("troupe: etcd registry reachable again", "registry", r.String())
+				unreachable = false
+			}
+		default:
+			if err := n.reregisterEtcd(ctx); err != nil {
+				n.log.Warn("troupe: could not register again with the etcd registry", "registry", r.String(), "err", err)
+			} else {
+				n.log.Info("troupe: etcd lease had expired; registered again", "registry", r.String())
+				unreachable = false
+				n.bumpRegistrarEpoch()
+			}
+		}
+		cancel()
+	}
+}
+
+// reregisterEtcd takes a new lease and puts every registration under it.
+func (n *Node) reregisterEtcd(ctx context.Context) error {
+	lease, err := n.etcd.grant(ctx, n.etcdTTL())
+	if err != nil {
+		return err
+	}
+	for _, reg := range n.publicRegistrations() {
+		if err := n.etcd.put(ctx, lease, reg); err != nil {
+			return err
+		}
+	}
+	n.etcd.setLease(lease)
+	return nil
+}
+
+// revokeEtcd removes the node's entries as it closes (within d), by
+// revoking its lease; an etcd that does not answer lets them expire.
+func (n *Node) revokeEtcd(d time.Duration) {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	if lease := n.etcd.currentLease(); lease != "" {
+		n.etcd.revoke(ctx, lease)
+	}
+}
+
+// closeEtcdClients releases the idle connections of every etcd client.
+func (n *Node) closeEtcdClients() {
+	if n.etcd != nil {
+		n.etcd.client.CloseIdleConnections()
+	}
+	n.etcdOthers.Range(func(_, v any) bool {
+		v.(*etcdRegistry).client.CloseIdleConnections()
+		return true
+	})
+}
+
+// askEtcd answers a lookup request from an etcd registry.
+func (n *Node) askEtcd(ctx context.Context, r *etcdRegistry, req regRequest) ([]Registration, error) {
+	ctx, cancel := context.WithTimeout(ctx, n.registryTimeout())
+	defer cancel()
+	switch req.Op {
+	case regOpFind:
+		return r.find(ctx, req.Name)
+	case regOpList:
+		return r.list(ctx)
+	case regOpRegister:
+		lease := r.currentLease()
+		if lease == "" {
+			return nil, fmt.Errorf("etcd %s: only a node's own registry (Config.RegistryAddrs) takes its registrations", r.url)
+		}
+		for _, reg := range fromWire(req.Regs, Addr{}) {
+			if err := r.put(ctx, lease, reg); err != nil {
+				return nil, err
+			}
+		}
+		return nil, nil
+	}
+	return nil, fmt.Errorf("etcd %s: request %d is for a registrar", r.url, req.Op)
+}
