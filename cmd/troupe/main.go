@@ -10,7 +10,8 @@
 //
 // Every command takes --help. Flags may come before or after the
 // positional arguments. The registry address defaults to
-// 127.0.0.1:1616 for every command, the registrar's included.
+// 127.0.0.1:1616 for every command, the registrar's included; ls, query
+// and watch also read an etcd registry (--registry etcd://host:port/prefix).
 package main
 
 import (
