@@ -174,6 +174,15 @@ func TestEtcdRegistry(t *testing.T) {
 		t.Fatalf("List = %v", names)
 	}
 
+	// A key under the prefix that is not a registration is ignored.
+	junk := map[string]any{"key": b64(a.etcd.prefix + "echo/not-a-uuid"), "value": b64("{not json")}
+	if err := a.etcd.call(ctx, "/v3/kv/put", junk, &struct{}{}); err != nil {
+		t.Fatal(err)
+	}
+	if regs, err := reg.Find(ctx, "echo"); err != nil || len(regs) != 2 {
+		t.Fatalf("Find with a junk key = %+v, %v", regs, err)
+	}
+
 	// A stopped actor is unregistered; a node that shuts down takes its
 	// entries with it.
 	if err := b.Stop(mustFind(t, b, "echo")); err != nil {
@@ -186,9 +195,24 @@ func TestEtcdRegistry(t *testing.T) {
 	if err := a.Shutdown(ctx); err != nil {
 		t.Fatal(err)
 	}
+	if _, err := reg.Find(ctx, "echo"); !errors.Is(err, ErrNodeClosed) {
+		t.Fatalf("a lookup on a closed node: %v, want ErrNodeClosed", err)
+	}
+	reg, err = b.Registry()
+	if err != nil {
+		t.Fatal(err)
+	}
 	regs, err := reg.Find(ctx, "alpha")
 	if err != nil || len(regs) != 0 {
 		t.Fatalf("alpha after its Shutdown: %v, %v", regs, err)
+	}
+	// So does one that closes (Close revokes its lease too).
+	other := etcdNode(t, "gamma", url)
+	if err := other.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if regs, err := reg.Find(ctx, "gamma"); err != nil || len(regs) != 0 {
+		t.Fatalf("gamma after its Close: %v, %v", regs, err)
 	}
 }
 

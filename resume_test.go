@@ -2,6 +2,7 @@ package troupe
 
 import (
 	"errors"
+	"net"
 	"testing"
 	"time"
 )
@@ -109,4 +110,30 @@ func TestResetThenSilenceIsDetectedByTheWindow(t *testing.T) {
 		t.Fatal("no PeerLinkLost before the window ran out")
 	}
 	recv(t, p.awayEv, "PeerUnreachable")
+}
+
+// TestAPeerThatCannotResumeEndsAtOnce speaks as a node of an older
+// version (its hello lacks the resumable flag): when its connection
+// breaks, the session ends and the peer is quarantined at once, as before
+// sessions could resume.
+func TestAPeerThatCannotResumeEndsAtOnce(t *testing.T) {
+	cfg := failConfig("n", 100*time.Millisecond, 5*time.Second)
+	cfg.Listen = []string{"tcp://127.0.0.1:0"}
+	n := startNode(t, cfg)
+	unreachable := make(chan PeerUnreachable, 1)
+	SubscribeChan(n.Events(), unreachable)
+	lost := make(chan PeerLinkLost, 1)
+	SubscribeChan(n.Events(), lost)
+	c := rawHandshake(t, n)
+	waitFor(t, 5*time.Second, "the raw peer to be up", func() bool { return len(n.Stats().Peers) == 1 })
+	c.(*net.TCPConn).SetLinger(0)
+	c.Close()
+	if ev := recv(t, unreachable, "PeerUnreachable"); !ev.Quarantined {
+		t.Fatalf("PeerUnreachable = %+v, want quarantined", ev)
+	}
+	select {
+	case ev := <-lost:
+		t.Fatalf("a peer that cannot resume was suspended: %+v", ev)
+	default:
+	}
 }
