@@ -8,6 +8,7 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"errors"
+	"io"
 	"math/big"
 	"net"
 	"sync/atomic"
@@ -175,5 +176,44 @@ func TestRegistryIsBehindTheSecret(t *testing.T) {
 	}
 	if got := registrar.reg().find("svc"); len(got) != 1 {
 		t.Fatalf("registry holds %v", got)
+	}
+}
+
+// TestAResumeClaimNeedsTheSecret sends, without the secret, a hello that
+// claims a connected peer's uid and asks to resume its session: it is
+// refused before it can touch that session, which stays up.
+func TestAResumeClaimNeedsTheSecret(t *testing.T) {
+	const secret = "correct horse battery staple"
+	server := startNode(t, secretConfig(secret))
+	spawnEcho(t, server, "echo")
+	friend := startNode(t, secretConfig(secret))
+	echo, err := Resolve[testPing](ctxT(t, 5*time.Second), friend, FormatRef(server.Addrs()[0], "/user/echo"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lost := make(chan PeerLinkLost, 1)
+	SubscribeChan(server.Events(), lost)
+	addr := server.Addrs()[0]
+	c, err := net.Dial(addr.Network(), addr.Address())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	h := &hello{version: protocolVersion, name: "impostor", uid: friend.UID(), flags: helloResumable | helloResuming}
+	if _, err := c.Write(appendFrame(nil, func(b []byte) []byte { return appendHello(b, frameHello, h) })); err != nil {
+		t.Fatal(err)
+	}
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	io.Copy(io.Discard, c) // refused: the server closes after its verdict
+	select {
+	case ev := <-lost:
+		t.Fatalf("an unauthenticated resume claim broke the session: %+v", ev)
+	default:
+	}
+	if _, err := Ask(ctxT(t, 5*time.Second), echo, func(r Ref[testPong]) testPing { return testPing{ReplyTo: r} }); err != nil {
+		t.Fatalf("the friend's session after the claim: %v", err)
+	}
+	if p := server.Stats().Peers; len(p) != 1 || p[0].UID != friend.UID() || p[0].State != "up" {
+		t.Fatalf("server's peers after the claim: %+v", p)
 	}
 }

@@ -147,9 +147,6 @@ func (n *Node) serveInbound(c net.Conn, src string) {
 		}
 		return
 	}
-	if h.flags&helloResuming != 0 {
-		n.suspendFor(h.uid)
-	}
 	if err := n.acceptAuth(c, fr, h); err != nil {
 		n.log.Warn("troupe: refused a peer that failed authentication", "peer", label, "claimed_name", h.name, "err", err)
 		c.Write(rejectFrame(rejectAuth, n.uid, err.Error()))
@@ -162,6 +159,11 @@ func (n *Node) serveInbound(c net.Conn, src string) {
 		c.Write(appendFrame(nil, func(b []byte) []byte { return appendHello(b, frameWelcome, n.hello()) }))
 		c.Close()
 		return
+	}
+	if h.flags&helloResuming != 0 {
+		// Only once the dialer has authenticated: a stranger must not be
+		// able to break a live session by claiming its peer's uid.
+		n.suspendFor(h.uid)
 	}
 	a := newAssoc(n, false, Addr{})
 	a.conn, a.in = c, in
