@@ -277,7 +277,13 @@ func (a *assoc) encodeRec(buf []byte, r *outRec) ([]byte, bool) {
 	// New table entries are committed only once the frame is complete,
 	// so a message that fails to encode leaves the tables as they were.
 	var th tellHeader
-	id, knownTarget := a.outTargets[r.h.key]
+	var id uint32
+	var knownTarget bool
+	if w := r.h.wire.Load(); w != nil && w.a == a {
+		id, knownTarget = w.id, true
+	} else if id, knownTarget = a.outTargets[r.h.key]; knownTarget {
+		r.h.wire.Store(&wireID{a, id})
+	}
 	newTarget := !knownTarget && r.h.key.uuid != (UUID{}) && len(a.outTargets) < maxTableSize && len(r.h.key.path) <= maxTableEntry
 	if newTarget {
 		id = uint32(len(a.outTargets) + 1)
@@ -310,6 +316,7 @@ func (a *assoc) encodeRec(buf []byte, r *outRec) ([]byte, bool) {
 	}
 	if newTarget {
 		a.outTargets[r.h.key] = id
+		r.h.wire.Store(&wireID{a, id})
 	}
 	if newType {
 		a.outTypes[r.mt] = tid

@@ -66,6 +66,16 @@ type handle struct {
 	key   refKey
 	local localTarget
 	assoc *assoc // remote: the association session the ref is bound to
+	// wire caches the target's id in the target table of the association
+	// that last wrote a tell to it, so a steady stream to one actor skips
+	// the table's lookup (a hash of the path) on every message.
+	wire atomic.Pointer[wireID]
+}
+
+// wireID is a target's id in one association's target table.
+type wireID struct {
+	a  *assoc
+	id uint32
 }
 
 func (h *handle) name() string {
