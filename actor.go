@@ -1,6 +1,7 @@
 package troupe
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"reflect"
@@ -144,6 +145,9 @@ type cell[T any] struct {
 	hasSys    atomic.Bool
 	entered   uint64 // user messages ever appended to in
 	inBytes   int    // encoded size of the messages in in that came over the wire
+	// room, made by a sender waiting for room (Ref.Send), is closed when
+	// the mailbox is emptied into a batch or the actor stops.
+	room chan struct{}
 
 	// The rest is owned by the goroutine running the cell.
 	batch      []T    // the user messages taken from in, being handled
@@ -340,6 +344,34 @@ func (c *cell[T]) addChild(h *handle) error {
 // push queues a user message and schedules the cell if it was idle.
 func (c *cell[T]) push(msg T) error { return c.pushSized(msg, 0) }
 
+// pushWait is push that waits while the mailbox is full: until there is
+// room, the actor stops, or ctx ends.
+func (c *cell[T]) pushWait(ctx context.Context, msg T) error {
+	for {
+		err := c.push(msg)
+		if !errors.Is(err, ErrMailboxFull) {
+			return err
+		}
+		c.mu.Lock()
+		if c.closed || c.limit <= 0 || len(c.in) < c.limit {
+			c.mu.Unlock()
+			continue // it changed meanwhile: try again
+		}
+		if c.room == nil {
+			c.room = make(chan struct{})
+		}
+		room := c.room
+		c.mu.Unlock()
+		select {
+		case <-room:
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-c.n.done:
+			return ErrNodeClosed
+		}
+	}
+}
+
 // pushSized is push for a message that arrived over the wire in size
 // encoded bytes, counted against [Config.MailboxBytes].
 func (c *cell[T]) pushSized(msg T, size int) error {
@@ -427,6 +459,10 @@ func (c *cell[T]) run() {
 		}
 		c.batch, c.in = c.in, c.batch[:0]
 		c.inBytes = 0
+		if c.room != nil {
+			close(c.room)
+			c.room = nil
+		}
 		c.mu.Unlock()
 		// c.handled is brought up to date only where a signal needs it,
 		// so that the loop writes nothing per message.
@@ -589,6 +625,10 @@ func (c *cell[T]) terminate(rest []T) {
 	waiting := c.in
 	sys := c.sys
 	c.in, c.sys = nil, nil
+	if c.room != nil {
+		close(c.room)
+		c.room = nil
+	}
 	c.mu.Unlock()
 
 	target := c.self.String()

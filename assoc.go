@@ -1,6 +1,7 @@
 package troupe
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -145,6 +146,9 @@ type assoc struct {
 	lostAt    time.Time
 	lostCause error
 	holdQueue bool
+	// room (mu), made by a sender waiting for room in the queue (Send), is
+	// closed when the writer takes the queue, or the session ends or moves.
+	room chan struct{}
 
 	written  atomic.Uint64 // bytes written to the connection
 	in       *stampReader  // the connection's reading side; nil until connected
@@ -415,6 +419,50 @@ func (a *assoc) enqueue(r outRec) error {
 	return nil
 }
 
+// sendWait queues a user message for the remote actor h, waiting while
+// SendQueueLimit frames are queued: until the writer takes them, the
+// session ends (its failure is returned), or ctx ends.
+func (a *assoc) sendWait(ctx context.Context, h *handle, msg any) error {
+	mt := typeOf(reflect.TypeOf(msg))
+	if mt == nil {
+		return fmt.Errorf("%w: %T (call RegisterMessage to send it to another node)", ErrNotRegistered, msg)
+	}
+	for {
+		t := a.lockTarget()
+		if t.state >= assocLeaving {
+			t.mu.Unlock()
+			return t.failure()
+		}
+		if lim := t.n.cfg.SendQueueLimit; lim <= 0 || t.queue.len() < lim {
+			t.mu.Unlock()
+			if err := t.enqueue(outRec{h: h, msg: msg, mt: mt}); !errors.Is(err, ErrSendQueueFull) {
+				return err
+			}
+			continue // another sender took the room first
+		}
+		if t.room == nil {
+			t.room = make(chan struct{})
+		}
+		room := t.room
+		t.mu.Unlock()
+		select {
+		case <-room:
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.n.done:
+			return ErrNodeClosed
+		}
+	}
+}
+
+// wakeSenders wakes the senders waiting for room (mu held).
+func (a *assoc) wakeSenders() {
+	if a.room != nil {
+		close(a.room)
+		a.room = nil
+	}
+}
+
 // control queues a control frame; false if the session has ended.
 func (a *assoc) control(body []byte) bool {
 	return a.enqueue(outRec{msg: ctlFrame(body)}) == nil
@@ -500,6 +548,7 @@ func (a *assoc) leave(now bool) {
 		return
 	}
 	a.state = next
+	a.wakeSenders() // nothing more is accepted
 	var dropped recQueue
 	if now {
 		dropped = a.queue.take()
@@ -532,6 +581,7 @@ func (a *assoc) fail(err error) {
 		return
 	}
 	a.state = assocClosed
+	a.wakeSenders()
 	if a.endCause != nil {
 		err = a.endCause
 	}

@@ -44,6 +44,7 @@ func (a *assoc) writeLoop() {
 		var recs recQueue
 		if !a.holdQueue {
 			recs = a.queue.take()
+			a.wakeSenders()
 		}
 		draining := a.state == assocLeaving || a.state == assocRetiring
 		a.mu.Unlock()

@@ -36,7 +36,8 @@
 //	counter.Tell(Add{N: 2})
 //
 // Handlers of one actor never run concurrently, so its state needs no
-// lock. [Ref.Tell] never blocks on the network. [Ask] sends a request
+// lock. [Ref.Tell] never blocks on the network: where there is no room it
+// makes a dead letter; [Ref.Send] waits for room instead. [Ask] sends a request
 // carrying a temporary reply ref and waits for the reply. [Context.Watch]
 // asks for a [Terminated] signal when another actor — local or remote —
 // stops; it is handled after every message from that actor that reached

@@ -463,6 +463,7 @@ func (a *assoc) mergeInto(w *assoc) {
 	}
 	resuming := a.state == assocSuspended
 	a.state = next
+	a.wakeSenders() // they follow mergedInto to the winner
 	up := next == assocRetiring
 	conn := a.conn
 	a.mergedInto = w

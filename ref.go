@@ -164,6 +164,42 @@ func (r Ref[T]) Tell(msg T) {
 	r.h.send(msg)
 }
 
+// Send delivers msg like Tell, but where Tell would make a dead letter
+// because there is no room — the actor's mailbox holds
+// [Config.MailboxLimit] messages, or the association with its node has
+// [Config.SendQueueLimit] frames waiting (the network, or the peer, is
+// slower than this producer) — Send waits for room. Use it for a producer
+// that must not lose messages to its own speed; use Tell where a message
+// may be dropped (and reported) rather than hold the sender up.
+//
+// It returns nil once msg is queued, which, as with Tell, is not a promise
+// of delivery; ctx.Err() if ctx ends first (msg is then not sent, and no
+// dead letter is published: the caller still holds it); or why msg cannot
+// be delivered at all (the actor stopped, its node is gone or
+// quarantined, this node closed, the type is not registered), in which
+// case a DeadLetter is published too, as Tell would. A session with the peer that is suspended
+// by a link flap keeps Send waiting until it resumes or ends.
+func (r Ref[T]) Send(ctx context.Context, msg T) error {
+	if r.h == nil {
+		panic("troupe: Send on a zero Ref")
+	}
+	var err error
+	switch {
+	case r.h.local != nil:
+		if c, ok := r.h.local.(*cell[T]); ok {
+			err = c.pushWait(ctx, msg)
+		} else {
+			err = r.h.local.tellAny(msg)
+		}
+	case r.h.assoc != nil:
+		err = r.h.assoc.sendWait(ctx, r.h, msg)
+	}
+	if err != nil && err != ctx.Err() {
+		r.h.node.deadLetter(r.h.String(), msg, err)
+	}
+	return err
+}
+
 // Path returns the actor's path on its node.
 func (r Ref[T]) Path() string { return r.h.key.path }
 

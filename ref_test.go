@@ -1,8 +1,13 @@
 package troupe
 
 import (
+	"context"
 	"errors"
+	"flag"
+	"fmt"
+	"sync/atomic"
 	"testing"
+	"time"
 )
 
 func TestRefStrings(t *testing.T) {
@@ -17,5 +22,218 @@ func TestRefStrings(t *testing.T) {
 		if _, _, err := ParseRef(bad); !errors.Is(err, ErrBadAddr) {
 			t.Errorf("ParseRef(%q) = %v, want ErrBadAddr", bad, err)
 		}
+	}
+}
+
+// TestSendWaitsForRoomInTheMailbox fills a local actor's mailbox while its
+// handler is held: Send waits rather than drop, a Send whose context ends
+// returns its error and leaves no dead letter, and once the handler moves
+// every message arrives, in order.
+func TestSendWaitsForRoomInTheMailbox(t *testing.T) {
+	cfg := testConfig()
+	cfg.MailboxLimit = 4
+	n := startNode(t, cfg)
+	gate, taken := make(chan struct{}), make(chan struct{}, 1)
+	got := make(chan int, 64)
+	r, err := Spawn(n, "slow", Behavior[int]{Receive: func(_ *Context[int], m int) {
+		select {
+		case taken <- struct{}{}:
+		default:
+		}
+		<-gate
+		got <- m
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := make(chan DeadLetter, 4)
+	SubscribeChan(n.Events(), dead)
+	ctx := ctxT(t, 10*time.Second)
+	if err := r.Send(ctx, 1); err != nil { // taken at once: the handler holds it
+		t.Fatal(err)
+	}
+	recv(t, taken, "the handler to take the first message")
+	for i := 2; i <= 5; i++ { // fills the mailbox
+		if err := r.Send(ctx, i); err != nil {
+			t.Fatal(err)
+		}
+	}
+	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel()
+	if err := r.Send(short, 99); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Send to a full mailbox with an ending context = %v", err)
+	}
+	sent := make(chan error, 1)
+	go func() { sent <- r.Send(ctx, 6) }()
+	select {
+	case err := <-sent:
+		t.Fatalf("Send to a full mailbox returned %v without waiting", err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	close(gate)
+	if err := <-sent; err != nil {
+		t.Fatal(err)
+	}
+	for i := 1; i <= 6; i++ {
+		if m := recv(t, got, "message"); m != i {
+			t.Fatalf("message %d arrived as %d", i, m)
+		}
+	}
+	select {
+	case d := <-dead:
+		t.Fatalf("dead letter: %+v", d)
+	default:
+	}
+}
+
+// TestSendWaitsForRoomOnTheWire streams numbered messages with Send over
+// a link that is cut for a while: the producer waits with at most
+// SendQueueLimit frames queued instead of making dead letters, and when
+// the link heals every message arrives once, in order.
+func TestSendWaitsForRoomOnTheWire(t *testing.T) {
+	f := NewFaultNet()
+	cfg := failConfig("home", 50*time.Millisecond, 10*time.Second)
+	cfg.SendQueueLimit = 64
+	home := startOn(t, f, cfg)
+	away := startOn(t, f, failConfig("away", 50*time.Millisecond, 10*time.Second))
+	_, got := spawnCollector[count](t, away, "sink", 1<<16)
+	sink, err := Resolve[count](ctxT(t, 5*time.Second), home, FormatRef(away.Addrs()[0], "/user/sink"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := make(chan DeadLetter, 4)
+	SubscribeChan(home.Events(), dead)
+	f.Partition(home, away)
+	const total = 20000
+	ctx := ctxT(t, 60*time.Second)
+	done := make(chan error, 1)
+	go func() {
+		for i := 1; i <= total; i++ {
+			if err := sink.Send(ctx, count{N: i}); err != nil {
+				done <- fmt.Errorf("Send %d: %w", i, err)
+				return
+			}
+		}
+		done <- nil
+	}()
+	waitFor(t, 10*time.Second, "the queue to fill while the link is cut", func() bool {
+		p := home.Stats().Peers
+		return len(p) == 1 && p[0].Queued >= cfg.SendQueueLimit
+	})
+	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel()
+	if err := sink.Send(short, count{N: -1}); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Send with a full queue and an ending context = %v", err)
+	}
+	if p := home.Stats().Peers; p[0].Queued > cfg.SendQueueLimit {
+		t.Fatalf("%d frames queued, the limit is %d", p[0].Queued, cfg.SendQueueLimit)
+	}
+	f.Heal()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	for i := 1; i <= total; i++ {
+		if m := recv(t, got, "message"); m.N != i {
+			t.Fatalf("message %d arrived as %d", i, m.N)
+		}
+	}
+	select {
+	case d := <-dead:
+		t.Fatalf("dead letter: %+v", d)
+	default:
+	}
+}
+
+// TestSendToAGonePeerFails: Send to a quarantined peer returns why, at
+// once, and publishes the dead letter Tell would.
+func TestSendToAGonePeerFails(t *testing.T) {
+	p := newPair(t, 20*time.Millisecond, 300*time.Millisecond)
+	dead := make(chan DeadLetter, 4)
+	SubscribeChan(p.home.Events(), dead)
+	p.f.Partition(p.home, p.away)
+	recv(t, p.homeEvents, "PeerUnreachable")
+	err := p.toAway.Send(ctxT(t, 5*time.Second), testPing{N: 1})
+	if !errors.Is(err, ErrQuarantined) {
+		t.Fatalf("Send to a quarantined peer = %v", err)
+	}
+	if d := recv(t, dead, "DeadLetter"); !errors.Is(d.Reason, ErrQuarantined) {
+		t.Fatalf("dead letter reason %v", d.Reason)
+	}
+}
+
+// burst is how many messages TestSendCarriesABurst sends; CI's default
+// keeps the race-detector run short, -troupe.burst=10000000 is the full
+// figure.
+var burst = flag.Int("troupe.burst", 1_000_000, "messages TestSendCarriesABurst sends")
+
+// TestSendCarriesABurst sends a burst far larger than the send queue from
+// a producer that outruns the connection, with the default Config but for
+// a send queue of 4,096 frames (the default is 262,144), so that the
+// producer waits often: Tell would turn the overflow into dead letters;
+// Send waits, the queue never holds more than SendQueueLimit frames, and
+// the receiver counts every message, in order.
+func TestSendCarriesABurst(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a large burst")
+	}
+	cfg := testConfig("tcp://127.0.0.1:0")
+	cfg.SendQueueLimit = 4096 // the default is 262,144: a smaller queue makes the producer wait often
+	home := startNode(t, cfg)
+	away := startNode(t, testConfig("tcp://127.0.0.1:0"))
+	var seen, outOfOrder atomic.Int64
+	done := make(chan struct{})
+	total := int64(*burst)
+	if _, err := Spawn(away, "sink", Behavior[count]{Receive: func(_ *Context[count], m count) {
+		if int64(m.N) != seen.Load()+1 {
+			outOfOrder.Add(1)
+		}
+		if seen.Add(1) == total {
+			close(done)
+		}
+	}}); err != nil {
+		t.Fatal(err)
+	}
+	sink, err := Resolve[count](ctxT(t, 5*time.Second), home, FormatRef(away.Addrs()[0], "/user/sink"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := make(chan DeadLetter, 4)
+	SubscribeChan(home.Events(), dead)
+	stop := make(chan struct{})
+	var maxQueued atomic.Int64
+	go func() {
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(time.Millisecond):
+			}
+			if p := home.Stats().Peers; len(p) == 1 && int64(p[0].Queued) > maxQueued.Load() {
+				maxQueued.Store(int64(p[0].Queued))
+			}
+		}
+	}()
+	defer close(stop)
+	ctx := ctxT(t, 5*time.Minute)
+	for i := int64(1); i <= total; i++ {
+		if err := sink.Send(ctx, count{N: int(i)}); err != nil {
+			t.Fatalf("Send %d: %v", i, err)
+		}
+	}
+	select {
+	case <-done:
+	case <-ctx.Done():
+		t.Fatalf("the receiver counted %d of %d", seen.Load(), total)
+	}
+	if outOfOrder.Load() != 0 {
+		t.Fatalf("%d messages out of order", outOfOrder.Load())
+	}
+	if q := maxQueued.Load(); q > int64(cfg.SendQueueLimit) {
+		t.Fatalf("%d frames queued, the limit is %d", q, cfg.SendQueueLimit)
+	}
+	select {
+	case d := <-dead:
+		t.Fatalf("dead letter: %+v", d)
+	default:
 	}
 }
