@@ -354,8 +354,14 @@ func TestClusterSeedsFromTheRegistry(t *testing.T) {
 	}
 	// All three start at once; the registrar's order decides who founds the
 	// cluster and who joins.
-	r := &clusterRig{t: t, f: f, nodes: nodes, members: make([]*Cluster, 3)}
-	errs := make(chan error, 3)
+	startFromRegistry(t, f, nodes).waitUp(3)
+}
+
+// startFromRegistry starts a cluster member on every node at once, each
+// finding its seeds through the node's registry.
+func startFromRegistry(t *testing.T, f *FaultNet, nodes []*Node) *clusterRig {
+	r := &clusterRig{t: t, f: f, nodes: nodes, members: make([]*Cluster, len(nodes))}
+	errs := make(chan error, len(nodes))
 	for i, n := range nodes {
 		go func() {
 			cfg := clusterCfg(nil)
@@ -365,7 +371,7 @@ func TestClusterSeedsFromTheRegistry(t *testing.T) {
 			errs <- err
 		}()
 	}
-	for range 3 {
+	for range nodes {
 		if err := recv(t, errs, "StartCluster"); err != nil {
 			t.Fatal(err)
 		}
@@ -373,7 +379,7 @@ func TestClusterSeedsFromTheRegistry(t *testing.T) {
 	for _, c := range r.members {
 		t.Cleanup(func() { c.Close() })
 	}
-	r.waitUp(3)
+	return r
 }
 
 // watchInvariant samples every member until the test ends and fails the

@@ -149,7 +149,8 @@
 // wire.md specifies them) and payloads in codec.go, which has no effect
 // beyond the bytes and values it builds. An association's life is a pure
 // state machine in assoc_state.go; assoc.go, handshake.go and assoc_io.go
-// apply its transitions and do the I/O. Liveness is detector.go, the
-// quarantine decision and table quarantine.go. The README's "Where things
+// apply its transitions and do the I/O; resume.go resumes a session after
+// a link flap. Liveness is detector.go, the quarantine decision and table
+// quarantine.go; etcd_registry.go keeps the registry in etcd. The README's "Where things
 // are" says which file answers which question.
 package troupe

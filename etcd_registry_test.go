@@ -352,26 +352,7 @@ func TestEtcdRegistryClusterSeeds(t *testing.T) {
 		cfg.RegistryAddrs = []string{url}
 		nodes = append(nodes, startOn(t, f, cfg))
 	}
-	r := &clusterRig{t: t, f: f, nodes: nodes, members: make([]*Cluster, 3)}
-	errs := make(chan error, 3)
-	for i, n := range nodes {
-		go func() {
-			cfg := clusterCfg(nil)
-			cfg.SeedsFromRegistry, cfg.Name = true, "orders"
-			m, err := StartCluster(context.Background(), n, cfg)
-			r.members[i] = m
-			errs <- err
-		}()
-	}
-	for range 3 {
-		if err := recv(t, errs, "StartCluster"); err != nil {
-			t.Fatal(err)
-		}
-	}
-	for _, m := range r.members {
-		t.Cleanup(func() { m.Close() })
-	}
-	r.waitUp(3)
+	startFromRegistry(t, f, nodes).waitUp(3)
 }
 
 // BenchmarkRegistryBackends compares the built-in registrar (another
