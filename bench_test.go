@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"runtime"
+	"slices"
 	"testing"
 	"time"
 )
@@ -156,6 +157,31 @@ func BenchmarkLocalAsk(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// BenchmarkLocalAskDeadline is BenchmarkLocalAsk with a deadline per call
+// (context.WithTimeout), as real callers write it, and reports the median
+// and the 99th percentile of the round trips.
+func BenchmarkLocalAskDeadline(b *testing.B) {
+	n := startNode(b, benchConfig())
+	echo := spawnEcho(b, n, "echo")
+	took := make([]time.Duration, 0, b.N)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := range b.N {
+		start := time.Now()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		_, err := Ask(ctx, echo, func(r Ref[testPong]) testPing { return testPing{N: i, ReplyTo: r} })
+		cancel()
+		took = append(took, time.Since(start))
+		if err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.StopTimer()
+	slices.Sort(took)
+	b.ReportMetric(float64(took[len(took)/2].Nanoseconds()), "p50-ns")
+	b.ReportMetric(float64(took[len(took)*99/100].Nanoseconds()), "p99-ns")
 }
 
 func benchTransports(b *testing.B, body func(b *testing.B, listen string)) {

@@ -155,9 +155,15 @@ func (r Ref[T]) Tell(msg T) {
 	if r.h == nil {
 		panic("troupe: Tell on a zero Ref")
 	}
-	if c, ok := r.h.local.(*cell[T]); ok {
-		if err := c.push(msg); err != nil {
+	switch l := r.h.local.(type) {
+	case *cell[T]:
+		if err := l.push(msg); err != nil {
 			r.h.node.deadLetter(r.h.String(), msg, err)
+		}
+		return
+	case *promise[T]: // the reply to a local Ask: no box on the way
+		if !l.complete(msg, nil) {
+			r.h.node.deadLetter(r.h.String(), msg, errAskOver)
 		}
 		return
 	}
@@ -347,10 +353,14 @@ func (p *promise[T]) tellAny(msg any) error {
 		return fmt.Errorf("%w: ask reply wants %s, got %T", ErrWrongType, reflect.TypeFor[T](), msg)
 	}
 	if !p.complete(v, nil) {
-		return fmt.Errorf("%w: the ask already has its reply or ended", ErrActorStopped)
+		return errAskOver
 	}
 	return nil
 }
+
+// errAskOver is the dead-letter reason of a reply to an Ask that already
+// has its reply or has ended.
+var errAskOver = fmt.Errorf("%w: the ask already has its reply or ended", ErrActorStopped)
 
 func (p *promise[T]) tellWire(msg any, _ int) error { return p.tellAny(msg) }
 func (p *promise[T]) sysPush(sysMsg) bool           { return !p.done.Load() }
