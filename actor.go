@@ -142,6 +142,7 @@ type cell[T any] struct {
 	scheduled bool     // a goroutine is running (or about to run) the cell
 	closed    bool     // the actor has stopped; nothing more is accepted
 	held      bool     // a restart is pending: user messages wait in in
+	stopping  bool     // (owned by the goroutine running the cell; here, it packs with the flags above)
 	hasSys    atomic.Bool
 	entered   uint64 // user messages ever appended to in
 	inBytes   int    // encoded size of the messages in in that came over the wire
@@ -152,7 +153,6 @@ type cell[T any] struct {
 	// The rest is owned by the goroutine running the cell.
 	batch      []T    // the user messages taken from in, being handled
 	handled    uint64 // user messages taken out of the mailbox and handled
-	stopping   bool
 	stopReason error
 	watchers   map[refKey]*handle // who watches this actor
 	watching   map[refKey]AnyRef  // whom this actor watches
