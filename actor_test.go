@@ -3,6 +3,7 @@ package troupe
 import (
 	"errors"
 	"fmt"
+	"runtime"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -334,4 +335,35 @@ func TestSpawnUnderAStoppingParentFailsAndCloseStillReturns(t *testing.T) {
 	if err := recv(t, closed, "Close to return"); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestIdleActorCostsAtMost500Bytes spawns 20,000 idle actors and checks
+// the heap they hold: an actor with an empty mailbox holds no goroutine
+// and at most 500 bytes (466 today; a field too many pushes the cell into
+// the next allocation size class, which this catches).
+func TestIdleActorCostsAtMost500Bytes(t *testing.T) {
+	if testing.Short() {
+		t.Skip("measures the heap")
+	}
+	n := startNode(t, testConfig())
+	beh := Behavior[count]{Receive: func(*Context[count], count) {}}
+	const actors = 20000
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	for range actors {
+		if _, err := Spawn(n, "", beh); err != nil {
+			t.Fatal(err)
+		}
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	per := float64(int64(after.HeapAlloc)-int64(before.HeapAlloc)) / actors
+	if per > 500 {
+		t.Fatalf("an idle actor holds %.0f bytes, more than 500", per)
+	}
+	if g := runtime.NumGoroutine(); g > 1000 {
+		t.Fatalf("%d goroutines for %d idle actors", g, actors)
+	}
+	t.Logf("%.0f bytes per idle actor", per)
 }
