@@ -41,6 +41,11 @@ const (
 	// etcdMinTTL is the shortest lease etcd grants reliably (its minimum
 	// depends on its election timeout; 2 s covers the default).
 	etcdMinTTL = 2 * time.Second
+	// etcdWatchRenew bounds one watch stream: a member that stops
+	// answering without closing the stream (a partition) holds a wait up
+	// for at most this long before the wait reads again and fails over.
+	// Quiet streams cost one read per waiter per period.
+	etcdWatchRenew = 30 * time.Second
 )
 
 // etcdEntry is the value of a registration key: a layout other tools can
@@ -334,6 +339,8 @@ func (r *etcdRegistry) wait(ctx context.Context, name string, c waitCond) ([]Reg
 // watchFrom follows the keys under p from revision rev until a put that c
 // admits, the stream ends, or ctx ends.
 func (r *etcdRegistry) watchFrom(ctx context.Context, p string, rev uint64, name string, c waitCond) error {
+	ctx, cancel := context.WithTimeout(ctx, etcdWatchRenew)
+	defer cancel()
 	r.mu.Lock()
 	endpoint := r.endpoints[r.first]
 	r.mu.Unlock()
@@ -365,7 +372,9 @@ func (r *etcdRegistry) watchFrom(ctx context.Context, p string, rev uint64, name
 			}
 		}
 		if err := dec.Decode(&msg); err != nil {
-			r.rotate(endpoint)
+			if ctx.Err() == nil {
+				r.rotate(endpoint)
+			}
 			return err
 		}
 		if msg.Result.Canceled {
