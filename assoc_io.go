@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"time"
 )
 
 // An association's two loops: the one writer that coalesces queued frames
@@ -20,6 +21,10 @@ const (
 	// writeBufferKeep is the largest buffer the writer keeps between
 	// bursts; one grown by an outsized message is let go.
 	writeBufferKeep = 1 << 20
+	// brokenWriteDrain is how long the reader of a resumable session may
+	// go on reading after a write failed: what the peer sent before the
+	// connection broke is already here, so it takes no longer than that.
+	brokenWriteDrain = 250 * time.Millisecond
 	// unackedCompactAfter is how many confirmed entries the front of the
 	// unacknowledged list may hold before it is moved down, so that a
 	// steady stream neither copies on every acknowledgement nor grows
@@ -173,9 +178,11 @@ func (a *assoc) write(b []byte) bool {
 	}
 	if err != nil {
 		if a.resumable {
-			// A broken connection: the reader finds it broken too and
-			// suspends the session (unless something else ended it).
-			a.conn.Close()
+			// A broken connection. The reader finds it broken too, and
+			// suspends the session, once it has read what did arrive —
+			// perhaps the peer's goodbye, which closing the connection
+			// here would throw away. The deadline makes sure it looks.
+			a.conn.SetReadDeadline(time.Now().Add(brokenWriteDrain))
 		} else {
 			a.abort(fmt.Errorf("write to %s: %w", a.label(), err))
 		}
