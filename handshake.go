@@ -399,9 +399,16 @@ func (n *Node) proveClaims(a *assoc) {
 // probeUID dials addr and asks, without associating, which node answers
 // there; the zero uid if none does.
 func (n *Node) probeUID(addr Addr) NodeUID {
+	uid, _ := n.probeAt(addr)
+	return uid
+}
+
+// probeAt is probeUID that also returns why nobody answered: the dial's
+// error, or nil for a connection that gave no troupe welcome.
+func (n *Node) probeAt(addr Addr) (NodeUID, error) {
 	c, err := n.dial(addr)
 	if err != nil {
-		return NodeUID{}
+		return NodeUID{}, err
 	}
 	defer c.Close()
 	// Bounded by the handshake timeout and by the node closing, whatever
@@ -415,13 +422,13 @@ func (n *Node) probeUID(addr Addr) NodeUID {
 	h.flags |= helloProbe
 	body, err := n.dialHandshake(c, newFrameReader(c, maxHelloSize), h)
 	if err != nil || frameKind(body[0]) != frameWelcome {
-		return NodeUID{}
+		return NodeUID{}, nil
 	}
 	w, err := parseHello(body[1:])
 	if err != nil {
-		return NodeUID{}
+		return NodeUID{}, nil
 	}
-	return w.uid
+	return w.uid, nil
 }
 
 // awaitWinner parks an outbound association whose connection lost a

@@ -18,7 +18,8 @@ import (
 // TestHelperNodeProcess is not a test: the process tests run it in a child
 // process. It starts a node listening on $TROUPE_HELPER_NODE with an echo
 // actor, prints its address and uid, and obeys commands on stdin ("clear"
-// lifts every quarantine) until stdin closes.
+// lifts every quarantine; "dial HOST:PORT" resolves the echo actor there)
+// until stdin closes.
 func TestHelperNodeProcess(t *testing.T) {
 	listen := os.Getenv("TROUPE_HELPER_NODE")
 	if listen == "" {
@@ -39,6 +40,13 @@ func TestHelperNodeProcess(t *testing.T) {
 	fmt.Printf("READY %s %s\n", n.Addrs()[0], n.UID())
 	in := bufio.NewScanner(os.Stdin)
 	for in.Scan() {
+		if addr, ok := strings.CutPrefix(in.Text(), "dial "); ok {
+			if _, err := Resolve[testPing](ctxT(t, 5*time.Second), n, FormatRef(TCPAddr(addr), "/user/echo")); err != nil {
+				fmt.Println("ERR", err)
+				continue
+			}
+			fmt.Println("DIALED")
+		}
 		if in.Text() == "clear" {
 			for _, q := range n.Quarantined() {
 				n.ClearQuarantineUID(q.UID)
@@ -258,5 +266,42 @@ func TestEtcdRegistryKilledProcessExpires(t *testing.T) {
 	})
 	if took := time.Since(killed); took > ttl+time.Second {
 		t.Fatalf("entries outlived the lease: gone %v after the kill (ttl %v)", took, ttl)
+	}
+}
+
+// TestProcessThatDialedUsKilledIsDetected kills -9 a process that dialed
+// this node: the connection breaks, the session is suspended, and this
+// side, which cannot dial it back, asks its proven address who answers:
+// nobody, so the peer is declared unreachable before the 500 ms window.
+func TestProcessThatDialedUsKilledIsDetected(t *testing.T) {
+	cfg := failConfig("parent", 50*time.Millisecond, 500*time.Millisecond)
+	cfg.Listen = []string{"tcp://127.0.0.1:0"}
+	n := startNode(t, cfg)
+	spawnEcho(t, n, "echo")
+	events := make(chan PeerUnreachable, 4)
+	SubscribeChan(n.Events(), events)
+	c := startChild(t, "tcp://127.0.0.1:0")
+	fmt.Fprintln(c.stdin, "dial "+n.Addrs()[0].Address())
+	if l := c.line(t); l != "DIALED" {
+		t.Fatalf("child said %q", l)
+	}
+	// The child's announced address is proven by a dial-back probe.
+	waitFor(t, 5*time.Second, "the child's address to be proven", func() bool {
+		n.pmu.Lock()
+		defer n.pmu.Unlock()
+		for _, a := range n.byUID {
+			if len(a.proven) > 0 {
+				return true
+			}
+		}
+		return false
+	})
+	killed := time.Now()
+	c.signal(t, syscall.SIGKILL)
+	if ev := recv(t, events, "PeerUnreachable"); !ev.Quarantined || ev.UID.String() != c.uid {
+		t.Fatalf("PeerUnreachable = %+v", ev)
+	}
+	if took := time.Since(killed); took > 400*time.Millisecond {
+		t.Fatalf("a killed process that had dialed us was declared unreachable after %v", took)
 	}
 }

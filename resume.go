@@ -53,9 +53,58 @@ func (a *assoc) lost(err error) {
 	a.n.events.Publish(PeerLinkLost{Addr: a.addr(), UID: a.peerUID, Name: a.peerName, Cause: err})
 	if a.outbound {
 		a.n.wg.Go(a.redial)
+		return
 	}
 	// The acceptor waits for the dialer's new connection; the heartbeat
-	// loop ends the wait after UnreachableAfter.
+	// loop ends the wait after UnreachableAfter. Meanwhile it asks the
+	// dialer's proven address, if it has one, who answers there.
+	a.n.pmu.Lock()
+	var back Addr
+	if len(a.proven) > 0 {
+		back = a.proven[0]
+	}
+	a.n.pmu.Unlock()
+	if !back.IsZero() {
+		a.n.wg.Go(func() { a.watchBack(back) })
+	}
+}
+
+// watchBack follows a suspended session on the side that was dialed: it
+// cannot dial the session back, but it can ask the peer's proven address
+// who answers there, without associating. A refusal, or another
+// incarnation, means the peer is gone: the session ends at once (a killed
+// process is seen in milliseconds by both sides). The same incarnation
+// means it is alive and will dial back; the window decides if it does not.
+func (a *assoc) watchBack(addr Addr) {
+	n := a.n
+	var wait time.Duration
+	for {
+		if wait > 0 {
+			t := time.NewTimer(wait)
+			select {
+			case <-n.done:
+				t.Stop()
+				return
+			case <-t.C:
+			}
+		}
+		wait = min(max(2*wait, redialMin), redialMax)
+		a.mu.Lock()
+		suspended, cause := a.state == assocSuspended, a.lostCause
+		a.mu.Unlock()
+		if !suspended || time.Since(a.silentSince()) >= n.cfg.UnreachableAfter {
+			return // resumed, ended, or the heartbeat loop's to end
+		}
+		uid, err := n.probeAt(addr)
+		switch {
+		case err != nil && isRefused(err):
+			a.fail(fmt.Errorf("%v, and %s now refuses connections", cause, addr))
+			return
+		case uid != (NodeUID{}) && uid != a.peerUID:
+			a.fail(fmt.Errorf("%v, and another incarnation answers at %s", cause, addr))
+			return
+		}
+	}
 }
 
 // silentSince is when the peer was last heard, or the session came up.
