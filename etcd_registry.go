@@ -455,16 +455,31 @@ func (n *Node) etcdConfigured() bool {
 
 // startEtcdRegistry sets the node up to use the etcd registry of its
 // config, and binds its own addresses (tcp://127.0.0.1:0 by default).
+//
+// Several entries name the endpoints of one etcd cluster, as commas in one
+// entry do: they must agree on the scheme and the prefix, and none may be
+// a registrar's address.
 func (n *Node) startEtcdRegistry(ctx context.Context) error {
-	if len(n.cfg.RegistryAddrs) != 1 {
-		return fmt.Errorf("%w: RegistryAddrs: an etcd registry must be the only entry (list its endpoints with commas: etcd://h1:2379,h2:2379/prefix)", ErrBadConfig)
-	}
 	if n.cfg.EnsureRegistry || n.cfg.ServeRegistry {
 		return fmt.Errorf("%w: EnsureRegistry and ServeRegistry serve a registrar; with an etcd registry there is none to serve", ErrBadConfig)
 	}
-	r, err := parseEtcdURL(n.cfg.RegistryAddrs[0], n.registryTLS())
-	if err != nil {
-		return fmt.Errorf("%w: RegistryAddrs: %v", ErrBadConfig, err)
+	var r *etcdRegistry
+	for _, s := range n.cfg.RegistryAddrs {
+		if !isEtcdURL(s) {
+			return fmt.Errorf("%w: RegistryAddrs: %q is not an etcd endpoint; an etcd registry and registrars cannot be mixed", ErrBadConfig, s)
+		}
+		one, err := parseEtcdURL(s, n.registryTLS())
+		if err != nil {
+			return fmt.Errorf("%w: RegistryAddrs: %v", ErrBadConfig, err)
+		}
+		switch {
+		case r == nil:
+			r = one
+		case one.prefix != r.prefix || strings.HasPrefix(one.endpoints[0], "https") != strings.HasPrefix(r.endpoints[0], "https"):
+			return fmt.Errorf("%w: RegistryAddrs: %q and %q name different etcd registries (scheme or prefix)", ErrBadConfig, r.url, s)
+		default:
+			r.endpoints = append(r.endpoints, one.endpoints...)
+		}
 	}
 	n.etcd = r
 	listen := n.cfg.Listen

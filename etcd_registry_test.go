@@ -240,7 +240,15 @@ func roundTripRef(t *testing.T, n *Node, r Ref[testPing]) {
 func TestEtcdRegistryFailover(t *testing.T) {
 	c := startEtcdCluster(t)
 	url := c.url(t)
-	a, b := etcdNode(t, "alpha", url), etcdNode(t, "beta", url)
+	a := etcdNode(t, "alpha", url)
+	// Beta names the same members one entry each, as RegistryAddrs also
+	// allows.
+	prefix := url[strings.LastIndex(url, "/"):]
+	cfg := failConfig("beta", 100*time.Millisecond, time.Second)
+	for _, m := range c.clients {
+		cfg.RegistryAddrs = append(cfg.RegistryAddrs, "etcd://"+m+prefix)
+	}
+	b := startNode(t, cfg)
 	spawnEcho(t, a, "echo")
 	bound := time.Duration(len(c.clients))*etcdAttempt + time.Second
 
@@ -331,6 +339,8 @@ func TestEtcdRegistryBadConfig(t *testing.T) {
 	for _, addrs := range [][]string{
 		{"etcd://"},
 		{"etcd://127.0.0.1:2379/a", "tcp://127.0.0.1:1616"},
+		{"etcd://127.0.0.1:2379/a", "etcd://127.0.0.1:2380/b"},
+		{"etcd://127.0.0.1:2379/a", "etcds://127.0.0.1:2380/a"},
 		{"etcd://no-port/a"},
 	} {
 		_, err := Start(context.Background(), Config{RegistryAddrs: addrs, Logger: quietLogger()})
