@@ -123,7 +123,8 @@ type Config struct {
 	// Alternatively it names one etcd cluster as the registry:
 	// "etcd://host:port,host:port/prefix" (plain HTTP) or "etcds://…"
 	// (HTTPS with [Config.RegistryTLS]: its RootCAs verify etcd, its Certificates
-	// are the client certificate). The endpoints are tried in turn; the
+	// are the client certificate), or several such entries with the same
+	// scheme and prefix, one per member. The endpoints are tried in turn; the
 	// node holds one etcd lease of [Config.UnreachableAfter] and attaches
 	// its registrations to it. See the README's discovery section.
 	RegistryAddrs []string
