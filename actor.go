@@ -409,6 +409,44 @@ func (c *cell[T]) tellWire(msg any, size int) error {
 	return c.pushSized(v, size)
 }
 
+func (c *cell[T]) tellWireBatch(ms []wireMsg) (int, error) {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return 0, ErrActorStopped
+	}
+	var err error
+	var conv convCache
+	conv.iface = isMethodIface[T]()
+	k := 0
+	for ; k < len(ms); k++ {
+		v, ok := convert[T](ms[k].msg, &conv)
+		if !ok {
+			err = fmt.Errorf("%w: %s accepts %s, not %T", ErrWrongType, c.self.key.path, reflect.TypeFor[T](), ms[k].msg)
+			break
+		}
+		if c.limit > 0 && len(c.in) >= c.limit {
+			err = ErrMailboxFull
+			break
+		}
+		size := ms[k].size
+		if lim := c.n.cfg.MailboxBytes; size > 0 && lim > 0 && c.inBytes+size > lim {
+			err = fmt.Errorf("%w: %d bytes from other nodes waiting (Config.MailboxBytes is %d)", ErrMailboxFull, c.inBytes, lim)
+			break
+		}
+		c.inBytes += size
+		c.in = append(c.in, v)
+		c.entered++
+	}
+	start := k > 0 && !c.scheduled && !c.held
+	c.scheduled = c.scheduled || start
+	c.mu.Unlock()
+	if start {
+		c.n.wg.Go(c.runFn)
+	}
+	return k, err
+}
+
 func (c *cell[T]) tellAny(msg any) error {
 	v, ok := msg.(T)
 	if !ok {

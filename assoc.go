@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"reflect"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -21,8 +20,9 @@ var (
 	// a ref whose association has ended; the error also wraps the cause.
 	// Resolve the actor again to reach it over a new association.
 	ErrSessionEnded = errors.New("troupe: association session ended")
-	// ErrSendQueueFull is the dead-letter reason when an association has
-	// [Config.SendQueueLimit] frames waiting to be written.
+	// ErrSendQueueFull is the dead-letter reason when an association holds
+	// [Config.SendQueueLimit] bytes for its peer (waiting to be written,
+	// or not yet acknowledged).
 	ErrSendQueueFull = errors.New("troupe: send queue full")
 	// ErrTooManyConns is wrapped by the error of a dial past
 	// [Config.MaxOutboundConns].
@@ -64,17 +64,6 @@ type outRec struct {
 
 // ctlFrame is the body of a control frame in an outRec.
 type ctlFrame []byte
-
-// inflightMsg remembers a message encoded into the write buffer, so that a
-// write that fails can turn the messages it did not hand to the kernel into
-// dead letters.
-type inflightMsg struct {
-	h    *handle // nil for a control frame (msg is its ctlFrame)
-	msg  any
-	mt   *msgType
-	end  int // offset just past its frame in the buffer
-	size int // the frame's encoded size
-}
 
 // inWatch is a watch a remote actor placed on a local one: the local
 // target's path and uuid, and the remote watcher's path.
@@ -124,7 +113,13 @@ type assoc struct {
 	// mu guards everything below up to the writer's fields.
 	mu    sync.Mutex
 	state assocState // moved only by step (assoc_state.go)
-	queue recQueue
+	// queue holds frames as records until the writer has started, so
+	// that the session's tables are final (a resume takes them over);
+	// from then on (encoding) senders encode into out on their own
+	// goroutines, and the writer moves queued records into out first.
+	queue    recQueue
+	encoding bool
+	out      frameChain // encoded frames waiting to be written
 	// mergedInto is the association that won a simultaneous dial over
 	// this one (retiring, or closed while connecting): sends go there.
 	mergedInto *assoc
@@ -160,35 +155,49 @@ type assoc struct {
 	// byeOnAck (mu): a graceful leave waits, before its bye, until the
 	// queue is written and the peer acknowledged every tell in it.
 	byeOnAck bool
-	unsent   []inflightMsg // messages a failed write did not send (mu)
 	ackTo    atomic.Uint64 // tell frames received that the writer should acknowledge
 
-	// Delivery confirmation, guarded by mu: unacked[unackedHead:] are the
-	// tell frames written but not yet acknowledged by the peer, in order;
-	// acked counts those acknowledged.
-	unacked      []inflightMsg
-	unackedHead  int
-	acked        uint64
-	unackedBytes int // encoded size of unacked[unackedHead:]
+	// Delivery confirmation, guarded by mu: unacked holds the frames
+	// written and not yet acknowledged by the peer, in order; unackedN
+	// counts the sequenced ones among them (tells, or every frame of a
+	// resumable session) and acked those acknowledged. While the writer
+	// writes (writing), blocks an acknowledgement frees wait in freed.
+	unacked  frameChain
+	unackedN int
+	acked    uint64
+	writing  bool
+	freed    []*frameBlock
+
+	// The out tables and the encoder, guarded by mu: the senders encode.
+	// outTargetKeys and outTypeList are the tables by id less one, to
+	// decode a held frame again for its dead letter.
+	outTypes      map[*msgType]uint32
+	outTargets    map[refKey]uint32
+	outTargetKeys []refKey
+	outTypeList   []*msgType
+	lastType      *msgType // the type of the last message encoded, if in the table
+	lastTypeID    uint32
+	enc           encoder
 
 	// Owned by the node's heartbeat goroutine.
 	det      WindowDetector
 	lastBeat time.Time
 
 	// Owned by the writer goroutine.
-	outTypes   map[*msgType]uint32
-	outTargets map[refKey]uint32
-	wbuf       []byte
-	enc        encoder
-	inflight   []inflightMsg // the messages encoded in wbuf, until it is written
-	ackSent    uint64        // the last acknowledgement written
+	iov     net.Buffers // the buffers of one write
+	bufs    [][]byte    // the blocks it writes
+	prio    []byte      // its heartbeat and acknowledgement
+	ackSent uint64      // the last acknowledgement written
 
 	// Owned by the reader goroutine.
 	inTypes   []inType
 	inTargets []inTarget
 	dec       decoder
 	rcvTells  uint64 // tell frames received
-	ackQueued uint64 // the last count handed to the writer to acknowledge
+	batch     []wireMsg
+	batchTo   batchTarget // the target of batch
+	batchPath string      // its path, for dead letters
+	ackQueued uint64      // the last count handed to the writer to acknowledge
 }
 
 // inTarget is an entry of the receive-side target table.
@@ -390,11 +399,29 @@ func (a *assoc) lockTarget() *assoc {
 
 // tell queues a user message for the remote actor h.
 func (a *assoc) tell(h *handle, msg any) error {
-	mt := typeOf(reflect.TypeOf(msg))
+	mt := typeOfValue(msg)
 	if mt == nil {
 		return fmt.Errorf("%w: %T (call RegisterMessage to send it to another node)", ErrNotRegistered, msg)
 	}
 	return a.enqueue(outRec{h: h, msg: msg, mt: mt})
+}
+
+// recordCharge is what a frame queued as a record (before the session's
+// writer has started) counts against SendQueueLimit: it is not encoded
+// yet, so its size is not known.
+const recordCharge = 64
+
+// held is what the session holds against SendQueueLimit, in bytes: frames
+// waiting to be written and frames the peer has not acknowledged (mu
+// held).
+func (a *assoc) held() int {
+	return a.out.bytes + a.unacked.bytes + a.queue.len()*recordCharge
+}
+
+// full says whether a user message must wait for room (mu held).
+func (a *assoc) full() bool {
+	lim := a.n.cfg.SendQueueLimit
+	return lim > 0 && a.held() >= lim
 }
 
 func (a *assoc) enqueue(r outRec) error {
@@ -406,24 +433,36 @@ func (a *assoc) enqueue(r outRec) error {
 	a.use()
 	// Control frames (watches, terminations) are never refused for a full
 	// queue: a lost termination would leave a watcher waiting forever.
-	if lim := a.n.cfg.SendQueueLimit; lim > 0 && r.h != nil && a.queue.len() >= lim {
+	if r.h != nil && a.full() {
+		held := a.held()
 		a.mu.Unlock()
-		return fmt.Errorf("%w: %d frames waiting for %s", ErrSendQueueFull, lim, a.label())
+		return fmt.Errorf("%w: %d bytes held for %s (Config.SendQueueLimit)", ErrSendQueueFull, held, a.label())
 	}
-	a.queue.push(r)
-	first := a.queue.len() == 1
+	err := a.push(&r)
+	first := a.out.frames+a.queue.len() == 1
 	a.mu.Unlock()
 	if first {
 		a.notify()
 	}
-	return nil
+	return err
+}
+
+// push queues r (mu held): encoded into out at once once the writer has
+// started, as a record before.
+func (a *assoc) push(r *outRec) error {
+	if !a.encoding || a.queue.len() > 0 {
+		a.queue.push(*r)
+		return nil
+	}
+	return a.encode(r)
 }
 
 // sendWait queues a user message for the remote actor h, waiting while
-// SendQueueLimit frames are queued: until the writer takes them, the
-// session ends (its failure is returned), or ctx ends.
+// the session holds SendQueueLimit bytes: until the peer acknowledges
+// enough of them, the session ends (its failure is returned), or ctx
+// ends.
 func (a *assoc) sendWait(ctx context.Context, h *handle, msg any) error {
-	mt := typeOf(reflect.TypeOf(msg))
+	mt := typeOfValue(msg)
 	if mt == nil {
 		return fmt.Errorf("%w: %T (call RegisterMessage to send it to another node)", ErrNotRegistered, msg)
 	}
@@ -433,7 +472,7 @@ func (a *assoc) sendWait(ctx context.Context, h *handle, msg any) error {
 			t.mu.Unlock()
 			return t.failure()
 		}
-		if lim := t.n.cfg.SendQueueLimit; lim <= 0 || t.queue.len() < lim {
+		if !t.full() {
 			t.mu.Unlock()
 			if err := t.enqueue(outRec{h: h, msg: msg, mt: mt}); !errors.Is(err, ErrSendQueueFull) {
 				return err
@@ -442,6 +481,10 @@ func (a *assoc) sendWait(ctx context.Context, h *handle, msg any) error {
 		}
 		if t.room == nil {
 			t.room = make(chan struct{})
+			// A heartbeat asks the peer to acknowledge what it has read
+			// at once, not with its next frame: room comes from that.
+			t.beat.Store(true)
+			t.notify()
 		}
 		room := t.room
 		t.mu.Unlock()
@@ -550,11 +593,10 @@ func (a *assoc) leave(now bool) {
 	a.state = next
 	a.wakeSenders() // nothing more is accepted
 	var dropped recQueue
+	var droppedOut frameChain
 	if now {
-		dropped = a.queue.take()
-	}
-	if now {
-		a.queue.push(outRec{msg: ctlFrame(appendBye(nil, byeLeaving, ""))})
+		dropped, droppedOut = a.queue.take(), a.out.take()
+		a.push(&outRec{msg: ctlFrame(appendBye(nil, byeLeaving, ""))})
 	} else {
 		a.byeOnAck = true // the writer says bye once the peer confirmed all
 	}
@@ -564,8 +606,19 @@ func (a *assoc) leave(now bool) {
 	for p := range pend {
 		p.fail(ErrNodeClosed)
 	}
+	a.deadLettersOf(&droppedOut, ErrNodeClosed, false)
 	a.deadLetters(dropped, ErrNodeClosed)
 	a.notify()
+}
+
+// takeHeld empties what the session holds for the peer (mu held): the
+// frames written and not acknowledged, those encoded and not written,
+// and the records not yet encoded. Their blocks are left to the garbage
+// collector, not recycled: the writer may still be writing them.
+func (a *assoc) takeHeld() (unacked, out frameChain, queue recQueue) {
+	unacked, out, queue = a.unacked.take(), a.out.take(), a.queue.take()
+	a.unackedN = 0
+	return
 }
 
 // fail ends the session with err: queued messages become dead letters,
@@ -597,28 +650,23 @@ func (a *assoc) fail(err error) {
 	if end.retired {
 		// A retired duplicate: its work moved to the winner already, but
 		// for what it had not written or the peer had not confirmed.
-		unacked := a.unacked[a.unackedHead:]
-		a.unacked, a.unackedHead, a.unackedBytes = nil, 0, 0
-		queue := a.queue.take()
+		unacked, out, queue := a.takeHeld()
 		a.mu.Unlock()
-		a.deadLetters(queue, &sessionError{peer: a.label(), cause: errors.New("duplicate connection retired before it wrote this")})
+		unwritten := &sessionError{peer: a.label(), cause: errors.New("duplicate connection retired before it wrote this")}
+		a.deadLettersOf(&out, unwritten, false)
+		a.deadLetters(queue, unwritten)
 		if conn != nil {
 			conn.Close()
 		}
 		a.finish()
-		for _, m := range unacked {
-			if m.h != nil {
-				a.n.deadLetterUnconfirmed(m.h.String(), m.msg, &sessionError{peer: a.label(), cause: errors.New("duplicate connection retired before the peer confirmed")})
-			}
-		}
+		a.deadLettersOf(&unacked, &sessionError{peer: a.label(), cause: errors.New("duplicate connection retired before the peer confirmed")}, true)
 		return
 	}
 	a.err = err
-	queue, pending, resolves, watches := a.queue.take(), a.pending, a.resolves, a.watches
-	unsent, unacked := a.unsent, a.unacked[a.unackedHead:]
+	unacked, out, queue := a.takeHeld()
+	pending, resolves, watches := a.pending, a.resolves, a.watches
 	watchedBy := a.watchedBy
-	a.pending, a.resolves, a.watches, a.unsent, a.unacked, a.unackedHead, a.watchedBy = nil, nil, nil, nil, nil, 0, nil
-	a.unackedBytes = 0
+	a.pending, a.resolves, a.watches, a.watchedBy = nil, nil, nil, nil
 	a.mu.Unlock()
 	a.dropWatchedBy(watchedBy)
 	if end.quarantine {
@@ -644,16 +692,8 @@ func (a *assoc) fail(err error) {
 	if end.publish {
 		a.n.events.Publish(PeerUnreachable{Addr: a.addr(), UID: a.peerUID, Name: a.peerName, Quarantined: end.quarantine, Reason: reason, LastHeard: a.lastHeard()})
 	}
-	for _, m := range unacked {
-		if m.h != nil {
-			a.n.deadLetterUnconfirmed(m.h.String(), m.msg, serr)
-		}
-	}
-	for _, m := range unsent {
-		if m.h != nil {
-			a.n.deadLetter(m.h.String(), m.msg, serr)
-		}
-	}
+	a.deadLettersOf(&unacked, serr, true)
+	a.deadLettersOf(&out, serr, false)
 	a.deadLetters(queue, serr)
 	for p := range pending {
 		p.fail(serr)

@@ -5,40 +5,35 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
+	"syscall"
 	"time"
 )
 
-// An association's two loops: the one writer that coalesces queued frames
-// (heartbeats and acknowledgements first), and the one reader.
+// An association's two loops: the one writer, which writes what the
+// senders encoded (a heartbeat and an acknowledgement first) with one
+// vectored write, and the one reader.
 
-// Sizes of the writer's buffer.
-const (
-	// writeChunk is how much the writer encodes before it writes: large
-	// enough that a burst costs few system calls, small enough that the
-	// first frames of a long queue leave without waiting for the last
-	// ones to be encoded.
-	writeChunk = 256 << 10
-	// writeBufferKeep is the largest buffer the writer keeps between
-	// bursts; one grown by an outsized message is let go.
-	writeBufferKeep = 1 << 20
-	// brokenWriteDrain is how long the reader of a resumable session may
-	// go on reading after a write failed: what the peer sent before the
-	// connection broke is already here, so it takes no longer than that.
-	brokenWriteDrain = 250 * time.Millisecond
-	// unackedCompactAfter is how many confirmed entries the front of the
-	// unacknowledged list may hold before it is moved down, so that a
-	// steady stream neither copies on every acknowledgement nor grows
-	// the list without end.
-	unackedCompactAfter = 1024
-)
+// brokenWriteDrain is how long the reader of a resumable session may go
+// on reading after a write failed: what the peer sent before the
+// connection broke is already here, so it takes no longer than that.
+const brokenWriteDrain = 250 * time.Millisecond
 
-// writeLoop is the association's only writer: it takes everything queued,
-// encodes it into one buffer and writes it with one call.
+// prioKeep is the largest buffer for the frames that go ahead that the
+// writer keeps between writes (it also gathers a write for a connection
+// without vectored writes).
+const prioKeep = 1 << 20
+
+// writeLoop is the association's only writer: it takes everything
+// encoded, records it as unacknowledged and writes it with one call.
 func (a *assoc) writeLoop() {
 	defer close(a.writerDone)
-	if a.resumed && !a.write(appendWhole(nil, appendResume(nil, a.resumeRcv))) {
+	if a.resumed && !a.write(net.Buffers{appendWhole(nil, appendResume(nil, a.resumeRcv))}) {
 		return
 	}
+	_, vectored := a.conn.(interface {
+		SyscallConn() (syscall.RawConn, error)
+	})
 	for {
 		select {
 		case <-a.wake:
@@ -46,63 +41,61 @@ func (a *assoc) writeLoop() {
 			return
 		}
 		a.mu.Lock()
-		var recs recQueue
+		failed := a.encodeQueued()
+		var out frameChain
+		var spent []*frameBlock
+		bufs := a.bufs[:0]
 		if !a.holdQueue {
-			recs = a.queue.take()
-			a.wakeSenders()
+			out = a.out.take()
+			bufs = out.buffers(bufs) // before keepUnacked relinks the blocks
+			spent = a.keepUnacked(&out)
+			a.writing = out.frames > 0
 		}
 		draining := a.state == assocLeaving || a.state == assocRetiring
+		over := a.unacked.bytes
 		a.mu.Unlock()
-		buf := a.writePriority(a.wbuf[:0]) // heartbeat and acknowledgement first
-		ok := true
-		var requeue recQueue // a resumable session's frames not yet written
-		recs.each(func(r *outRec) {
-			if !ok {
-				if a.resumable {
-					requeue.push(*r)
-				} else if r.h != nil {
-					a.n.deadLetter(r.h.String(), r.msg, a.unwritten())
-				}
-				return
-			}
-			var sent bool
-			start := len(buf)
-			buf, sent = a.encodeRec(buf, r)
-			if sent && (r.h != nil || a.resumable) {
-				a.inflight = append(a.inflight, inflightMsg{r.h, r.msg, r.mt, len(buf), len(buf) - start})
-			}
-			if len(buf) >= writeChunk {
-				ok = a.write(buf)
-				buf = a.writePriority(buf[:0])
-			}
-		})
-		if ok && len(buf) > 0 {
-			ok = a.write(buf)
+		for _, f := range failed {
+			a.n.deadLetter(f.h.String(), f.msg, f.err)
 		}
-		if !ok {
-			if requeue.len() > 0 {
-				a.mu.Lock()
-				ended := a.state == assocClosed // its queue was already reported
-				if !ended {
-					requeue.appendQueue(a.queue.take())
-					a.queue = requeue
-				}
-				a.mu.Unlock()
-				if ended {
-					a.deadLetters(requeue, a.unwritten())
-				}
-			}
+		if lim := a.n.cfg.UnackedLimit; lim > 0 && over >= lim {
+			// A peer that reads but never confirms is as good as silent:
+			// what it holds unconfirmed must not grow without end.
+			a.abort(fmt.Errorf("%s has not acknowledged %d bytes of messages (Config.UnackedLimit is %d)", a.label(), over, lim))
+			a.doneWriting(spent)
 			return
 		}
-		if cap(buf) <= writeBufferKeep {
-			a.wbuf = buf
+		a.prio = a.writePriority(a.prio[:0])
+		iov := a.iov[:0]
+		if !vectored {
+			for _, b := range bufs {
+				a.prio = append(a.prio, b...)
+			}
+			bufs = bufs[:0]
+		}
+		if len(a.prio) > 0 {
+			iov = append(iov, a.prio)
+		}
+		iov = append(iov, bufs...)
+		ok := len(iov) == 0 || a.write(iov)
+		if ok {
+			a.tellsOut.Add(uint64(out.tells))
+		}
+		clear(iov)
+		clear(bufs)
+		a.iov, a.bufs = iov[:0], bufs[:0]
+		if cap(a.prio) > prioKeep {
+			a.prio = nil
+		}
+		a.doneWriting(spent)
+		if !ok {
+			return
 		}
 		if draining {
 			a.mu.Lock()
-			empty := a.queue.len() == 0
-			if empty && a.byeOnAck && a.unackedHead == len(a.unacked) {
+			empty := a.queue.len() == 0 && a.out.frames == 0
+			if empty && a.byeOnAck && a.unackedN == 0 {
 				a.byeOnAck, empty = false, false
-				a.queue.push(outRec{msg: ctlFrame(appendBye(nil, byeLeaving, ""))})
+				a.push(&outRec{msg: ctlFrame(appendBye(nil, byeLeaving, ""))})
 				a.notify()
 			}
 			last := empty && !a.byeOnAck
@@ -111,6 +104,84 @@ func (a *assoc) writeLoop() {
 				return
 			}
 		}
+	}
+}
+
+// failedRec is a queued message that could not be encoded, and why.
+type failedRec struct {
+	h   *handle
+	msg any
+	err error
+}
+
+// encodeQueued lets senders encode from now on, and encodes what was
+// queued as records before (mu held). It returns the messages that could
+// not be encoded, for dead letters.
+func (a *assoc) encodeQueued() []failedRec {
+	if a.state == assocClosed {
+		return nil
+	}
+	a.encoding = true
+	if a.queue.len() == 0 {
+		return nil
+	}
+	var failed []failedRec
+	a.queue.take().each(func(r *outRec) {
+		if err := a.encode(r); err != nil {
+			failed = append(failed, failedRec{r.h, r.msg, err})
+		}
+	})
+	a.wakeSenders() // a record counted more than its frame, perhaps
+	return failed
+}
+
+// keepUnacked records the frames of out, about to be written, as
+// unacknowledged (mu held): before the write, since the acknowledgement
+// may come back before Write returns. A block with room for it is
+// copied into unacked's last block, and returned to be recycled once
+// written; any other block becomes unacked's.
+func (a *assoc) keepUnacked(out *frameChain) []*frameBlock {
+	if out.frames == 0 {
+		return nil
+	}
+	var spent []*frameBlock
+	u := &a.unacked
+	off := out.off
+	for b := out.head; b != nil; {
+		next := b.next
+		data := b.b[off:]
+		if u.tail != nil && cap(u.tail.b)-len(u.tail.b) >= len(data) {
+			u.tail.b = append(u.tail.b, data...)
+			spent = append(spent, b)
+		} else {
+			u.link(b, off)
+		}
+		off, b = 0, next
+	}
+	u.bytes += out.bytes
+	u.frames += out.frames
+	u.tells += out.tells
+	if a.resumable {
+		a.unackedN += out.frames
+	} else {
+		a.unackedN += out.tells
+	}
+	return spent
+}
+
+// doneWriting recycles the blocks a write has finished with: the ones it
+// copied, and those an acknowledgement freed meanwhile.
+func (a *assoc) doneWriting(spent []*frameBlock) {
+	for _, b := range spent {
+		recycle(b)
+	}
+	a.mu.Lock()
+	a.writing = false
+	freed := a.freed
+	a.freed = nil
+	a.mu.Unlock()
+	for _, b := range freed {
+		recycle(b)
 	}
 }
 
@@ -133,85 +204,26 @@ func (a *assoc) writePriority(buf []byte) []byte {
 	return buf
 }
 
-// write writes b. The messages it carries wait for the peer's
-// acknowledgement (they are recorded before the write, since the ack may
-// come back before Write returns); what the kernel did not take becomes
-// dead letters with the session's final reason.
-func (a *assoc) write(b []byte) bool {
-	if len(a.inflight) > 0 {
-		a.mu.Lock()
-		ended := a.state == assocClosed
-		if !ended {
-			a.unacked = append(a.unacked, a.inflight...)
-			for _, m := range a.inflight {
-				a.unackedBytes += m.size
-			}
-		}
-		over := a.unackedBytes
-		a.mu.Unlock()
-		if lim := a.n.cfg.UnackedLimit; lim > 0 && over > lim {
-			// A peer that reads but never confirms is as good as silent:
-			// what it holds unconfirmed must not grow without end.
-			a.abort(fmt.Errorf("%s has not acknowledged %d bytes of messages (Config.UnackedLimit is %d)", a.label(), over, lim))
-			clear(a.inflight)
-			a.inflight = a.inflight[:0]
-			return false
-		}
-		if ended {
-			reason := a.failure()
-			for _, m := range a.inflight {
-				if m.h != nil {
-					a.n.deadLetter(m.h.String(), m.msg, reason)
-				}
-			}
-			clear(a.inflight)
-			a.inflight = a.inflight[:0]
-			return false
-		}
-	}
-	n, err := a.conn.Write(b)
+// write writes iov. On failure a session that cannot resume is ended;
+// what it held unacknowledged becomes dead letters, as possibly
+// delivered, since what the kernel took before the failure cannot be
+// told apart from what it did not.
+func (a *assoc) write(iov net.Buffers) bool {
+	n, err := iov.WriteTo(a.conn)
 	a.written.Add(uint64(n))
-	for _, m := range a.inflight {
-		if m.h != nil {
-			a.tellsOut.Add(1)
-		}
+	if err == nil {
+		return true
 	}
-	if err != nil {
-		if a.resumable {
-			// A broken connection. The reader finds it broken too, and
-			// suspends the session, once it has read what did arrive —
-			// perhaps the peer's goodbye, which closing the connection
-			// here would throw away. The deadline makes sure it looks.
-			a.conn.SetReadDeadline(time.Now().Add(brokenWriteDrain))
-		} else {
-			a.abort(fmt.Errorf("write to %s: %w", a.label(), err))
-		}
-		cut := len(a.inflight)
-		for i, m := range a.inflight {
-			if m.end > n {
-				cut = i
-				break
-			}
-		}
-		if unsent := len(a.inflight) - cut; unsent > 0 && !a.resumable {
-			// (A resumable session keeps them unconfirmed: a resume
-			// sends them again.)
-			a.mu.Lock()
-			if a.state != assocClosed && len(a.unacked)-a.unackedHead >= unsent {
-				tail := len(a.unacked) - unsent
-				for _, m := range a.unacked[tail:] {
-					a.unackedBytes -= m.size
-				}
-				a.unsent = append(a.unsent, a.unacked[tail:]...)
-				clear(a.unacked[tail:])
-				a.unacked = a.unacked[:tail]
-			}
-			a.mu.Unlock()
-		}
+	if a.resumable {
+		// A broken connection. The reader finds it broken too, and
+		// suspends the session, once it has read what did arrive —
+		// perhaps the peer's goodbye, which closing the connection here
+		// would throw away. The deadline makes sure it looks.
+		a.conn.SetReadDeadline(time.Now().Add(brokenWriteDrain))
+	} else {
+		a.abort(fmt.Errorf("write to %s: %w", a.label(), err))
 	}
-	clear(a.inflight)
-	a.inflight = a.inflight[:0]
-	return err == nil
+	return false
 }
 
 // onAck releases the messages the peer confirmed it received.
@@ -225,30 +237,47 @@ func (a *assoc) onAck(b []byte) error {
 	if a.state == assocClosed {
 		return nil // the session ended; its unacknowledged messages are reported
 	}
-	waiting := uint64(len(a.unacked) - a.unackedHead)
-	if count < a.acked || count-a.acked > waiting {
+	if count < a.acked || count-a.acked > uint64(a.unackedN) {
 		if a.mergedInto != nil {
 			return nil
 		}
-		return fmt.Errorf("%w: acknowledgement of %d frames, %d were sent", ErrMalformed, count, a.acked+waiting)
+		return fmt.Errorf("%w: acknowledgement of %d frames, %d were sent", ErrMalformed, count, a.acked+uint64(a.unackedN))
 	}
-	release := int(count - a.acked)
-	for _, m := range a.unacked[a.unackedHead : a.unackedHead+release] {
-		a.unackedBytes -= m.size
-	}
-	clear(a.unacked[a.unackedHead : a.unackedHead+release])
-	a.unackedHead += release
+	a.release(int(count - a.acked))
 	a.acked = count
-	if a.unackedHead == len(a.unacked) {
-		a.unacked, a.unackedHead = a.unacked[:0], 0
-		if a.byeOnAck {
-			a.notify() // the writer may say bye now
-		}
-	} else if a.unackedHead > unackedCompactAfter && a.unackedHead > len(a.unacked)/2 {
-		n := copy(a.unacked, a.unacked[a.unackedHead:])
-		a.unacked, a.unackedHead = a.unacked[:n], 0
+	if a.unackedN == 0 && a.byeOnAck {
+		a.notify() // the writer may say bye now
+	}
+	if a.room != nil && !a.full() {
+		a.wakeSenders()
 	}
 	return nil
+}
+
+// release drops the first k sequenced frames from unacked, with the
+// frames that are not sequenced before and among them (mu held).
+func (a *assoc) release(k int) {
+	a.unackedN -= k
+	a.unacked.drop(func(kind frameKind) bool {
+		if !a.resumable && kind != frameTell {
+			return true
+		}
+		if k == 0 {
+			return false
+		}
+		k--
+		return true
+	}, a.free)
+}
+
+// free recycles a block an acknowledgement emptied, or keeps it for the
+// writer to recycle if a write may still be reading it (mu held).
+func (a *assoc) free(b *frameBlock) {
+	if a.writing {
+		a.freed = append(a.freed, b)
+		return
+	}
+	recycle(b)
 }
 
 // abort ends an up session from a goroutine other than its reader: it
@@ -267,19 +296,21 @@ func (a *assoc) abort(cause error) {
 	conn.Close()
 }
 
-// encodeRec appends the frame for r and reports whether it did. A message
-// that cannot be encoded becomes a dead letter and adds nothing.
-func (a *assoc) encodeRec(buf []byte, r *outRec) ([]byte, bool) {
+// encode appends r's frame to out (mu held). A message that cannot be
+// encoded adds nothing; the error says why, for its dead letter.
+func (a *assoc) encode(r *outRec) error {
 	if r.h == nil {
+		buf := a.out.room()
 		start := len(buf)
 		buf = append(buf, 0)
 		buf = append(buf, r.msg.(ctlFrame)...)
-		return fixLength(buf, start), true
+		a.out.commit(fixLength(buf, start), false)
+		return nil
 	}
 	if r.h.key.node != a.peerUID {
-		a.n.deadLetter(r.h.String(), r.msg, fmt.Errorf("%w: the node incarnation %s is gone", ErrNoSuchActor, r.h.key.node.String()[:8]))
-		return buf, false
+		return fmt.Errorf("%w: the node incarnation %s is gone", ErrNoSuchActor, r.h.key.node.String()[:8])
 	}
+	buf := a.out.room()
 	start := len(buf)
 	buf = append(buf, 0)
 	// New table entries are committed only once the frame is complete,
@@ -300,7 +331,13 @@ func (a *assoc) encodeRec(buf []byte, r *outRec) ([]byte, bool) {
 	if !knownTarget {
 		th.path, th.uuid = r.h.key.path, r.h.key.uuid
 	}
-	tid, knownType := a.outTypes[r.mt]
+	var tid uint32
+	var knownType bool
+	if r.mt == a.lastType {
+		tid, knownType = a.lastTypeID, true
+	} else if tid, knownType = a.outTypes[r.mt]; knownType {
+		a.lastType, a.lastTypeID = r.mt, tid
+	}
 	newType := !knownType && len(a.outTypes) < maxTableSize
 	if newType {
 		tid = uint32(len(a.outTypes) + 1)
@@ -316,20 +353,22 @@ func (a *assoc) encodeRec(buf []byte, r *outRec) ([]byte, bool) {
 		err = fmt.Errorf("%w: %d bytes, the limit is %d", ErrFrameTooBig, len(buf)-start-1, a.n.cfg.MaxFrameSize)
 	}
 	if err != nil {
-		a.n.deadLetter(r.h.String(), r.msg, err)
-		return buf[:start], false
+		return err // (out is as it was: nothing was committed)
 	}
 	for _, x := range a.enc.exports {
 		x.exportTemp() // reachable by path before the frame is written
 	}
 	if newTarget {
 		a.outTargets[r.h.key] = id
+		a.outTargetKeys = append(a.outTargetKeys, r.h.key)
 		r.h.wire.Store(&wireID{a, id})
 	}
 	if newType {
 		a.outTypes[r.mt] = tid
+		a.outTypeList = append(a.outTypeList, r.mt)
 	}
-	return fixLength(buf, start), true
+	a.out.commit(fixLength(buf, start), true)
+	return nil
 }
 
 // unwritten is the dead-letter reason of a message this session's
@@ -350,11 +389,90 @@ func (a *assoc) deadLetters(q recQueue, err error) {
 	})
 }
 
+// deadLettersOf publishes a dead letter for every tell frame in c, which
+// this session encoded: its message is decoded again (an equal value,
+// not the one sent). unconfirmed: the frames were written, and the peer
+// may have received them.
+func (a *assoc) deadLettersOf(c *frameChain, err error, unconfirmed bool) {
+	if c.tells == 0 {
+		return
+	}
+	c.each(func(f []byte) bool {
+		body := f[frameBodyAt(f):]
+		if frameKind(body[0]) != frameTell {
+			return true
+		}
+		target, msg := a.decodeHeld(body[1:])
+		if unconfirmed {
+			a.n.deadLetterUnconfirmed(target, msg, err)
+		} else {
+			a.n.deadLetter(target, msg, err)
+		}
+		return true
+	})
+}
+
+// decodeHeld reads back a tell frame's body that this session encoded:
+// the target's ref string and the message.
+func (a *assoc) decodeHeld(b []byte) (string, any) {
+	var th tellHeader
+	payload, err := parseTell(b, &th)
+	if err != nil {
+		return "", nil
+	}
+	path := th.path
+	if !th.targetInline && th.target > 0 && th.target <= uint64(len(a.outTargetKeys)) {
+		path = a.outTargetKeys[th.target-1].path
+	}
+	target := FormatRef(a.addr(), path)
+	var mt *msgType
+	switch {
+	case th.typInline:
+		mt = typeByKey(th.key)
+	case th.typ > 0 && th.typ <= uint64(len(a.outTypeList)):
+		mt = a.outTypeList[th.typ-1]
+	}
+	if mt == nil {
+		return target, nil
+	}
+	d := decoder{binder: heldBinder{a}}
+	msg, err := d.payload(mt, payload)
+	if err != nil {
+		return target, nil
+	}
+	return target, msg
+}
+
+// heldBinder binds the refs of a payload this node encoded for the peer,
+// read back: the sender's actors are this node's, the receiver's the
+// peer's.
+type heldBinder struct{ a *assoc }
+
+func (b heldBinder) bindRef(kind byte, key refKey, addr string) *handle {
+	n := b.a.n
+	switch kind {
+	case refSender:
+		key.node = n.uid
+		if h := n.lookup(key.path, key.uuid); h != nil {
+			return h
+		}
+		return deadHandle(n, key)
+	case refReceiver:
+		key.node = b.a.peerUID
+		return &handle{node: n, key: key, assoc: b.a}
+	}
+	return b.a.bindRef(kind, key, addr)
+}
+
 // readLoop reads frames until the connection ends or misbehaves.
 func (a *assoc) readLoop(fr *frameReader) {
 	for {
+		if len(a.batch) > 0 && !fr.complete() {
+			a.flushBatch() // before waiting for the connection
+		}
 		body, err := fr.next()
 		if err != nil {
+			a.flushBatch()
 			switch {
 			case errors.Is(err, ErrMalformed) || errors.Is(err, ErrFrameTooBig):
 				a.n.protocolError(a.label(), "", err)
@@ -367,8 +485,12 @@ func (a *assoc) readLoop(fr *frameReader) {
 			return
 		}
 		kind := frameKind(body[0])
+		if kind != frameTell && len(a.batch) > 0 {
+			a.flushBatch()
+		}
 		done, err := a.handleFrame(kind, body[1:])
 		if err != nil {
+			a.flushBatch()
 			a.n.protocolError(a.label(), kind.String(), err)
 			a.fail(&FrameError{Peer: a.label(), Kind: kind.String(), Reason: err})
 			return
@@ -380,9 +502,10 @@ func (a *assoc) readLoop(fr *frameReader) {
 			// About to wait for more, or a steady stream: confirm what
 			// arrived. The acknowledgement rides on the next frame this node
 			// writes (a reply, at the latest the next heartbeat); only a
-			// large backlog wakes the writer for it alone.
+			// large backlog, or a heartbeat (a sender waiting for room in
+			// its send budget sends one), wakes the writer for it alone.
 			a.ackTo.Store(a.rcvTells)
-			if a.rcvTells-a.ackQueued >= ackEvery {
+			if a.rcvTells-a.ackQueued >= ackEvery || kind == frameHeartbeat {
 				a.notify()
 			}
 			a.ackQueued = a.rcvTells

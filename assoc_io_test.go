@@ -15,7 +15,12 @@ func TestLateAckAfterTheSessionEnded(t *testing.T) {
 	n := startNode(t, testConfig())
 	a := newAssoc(n, false, Addr{})
 	a.state = assocUp
-	a.unacked = []inflightMsg{{h: &handle{node: n}, msg: count{}}, {h: &handle{node: n}, msg: count{}}}
+	for range 2 {
+		b := a.unacked.room()
+		b = appendWhole(b, appendTellHeader(nil, &tellHeader{target: 1, typ: 1}))
+		a.unacked.commit(b, true)
+		a.unackedN++
+	}
 	a.onAck([]byte{1})
 	a.fail(ErrNodeClosed)
 	if err := a.onAck([]byte{2}); err != nil {
@@ -132,7 +137,7 @@ func TestAPeerThatNeverAcknowledgesIsCutOff(t *testing.T) {
 		}
 		ref.Tell(payload)
 		a.mu.Lock()
-		held := a.unackedBytes
+		held := a.unacked.bytes
 		a.mu.Unlock()
 		if held > cfg.UnackedLimit+(256<<10)+2000 {
 			t.Fatalf("%d bytes kept unacknowledged, the limit is %d (plus one write)", held, cfg.UnackedLimit)
@@ -142,7 +147,7 @@ func TestAPeerThatNeverAcknowledgesIsCutOff(t *testing.T) {
 			waitFor(t, 5*time.Second, "the writer to drain its queue", func() bool {
 				a.mu.Lock()
 				defer a.mu.Unlock()
-				return a.queue.len() == 0 || a.state == assocClosed
+				return a.queue.len()+a.out.frames == 0 || a.state == assocClosed
 			})
 		}
 	}

@@ -51,3 +51,46 @@ func isDirectIface(t reflect.Type) bool {
 	}
 	return false
 }
+
+// iface is the layout of an interface value with methods.
+type iface struct {
+	tab  unsafe.Pointer // the itab: the interface's methods for the dynamic type
+	data unsafe.Pointer
+}
+
+// convCache remembers, across a batch of messages converted to one
+// protocol type, the itab of the last dynamic type seen, so that a run of
+// messages of one type costs one itab lookup, not one each.
+type convCache struct {
+	iface bool           // the protocol is an interface with methods
+	typ   unsafe.Pointer // the last dynamic type's type word
+	tab   unsafe.Pointer // its itab for the protocol
+}
+
+// isMethodIface reports whether T is an interface type with methods (an
+// iface, not an eface).
+func isMethodIface[T any]() bool {
+	t := reflect.TypeFor[T]()
+	return t.Kind() == reflect.Interface && t.NumMethod() > 0
+}
+
+// convert is msg.(T). For an interface T with methods it builds the
+// result from the cached itab when msg's dynamic type is the last one
+// seen: the same two words msg.(T) would produce.
+func convert[T any](msg any, c *convCache) (T, bool) {
+	if !c.iface {
+		v, ok := msg.(T)
+		return v, ok
+	}
+	e := (*eface)(unsafe.Pointer(&msg))
+	if e.typ != nil && e.typ == c.typ {
+		var v T
+		*(*iface)(unsafe.Pointer(&v)) = iface{c.tab, e.data}
+		return v, true
+	}
+	v, ok := msg.(T)
+	if ok {
+		c.typ, c.tab = e.typ, (*iface)(unsafe.Pointer(&v)).tab
+	}
+	return v, ok
+}

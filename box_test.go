@@ -53,3 +53,34 @@ func TestBoxEqualsReflect(t *testing.T) {
 		}
 	}
 }
+
+type shape interface{ area() int }
+
+type square struct{ s int }
+type rect struct{ w, h int }
+
+func (q square) area() int { return q.s * q.s }
+func (r rect) area() int   { return r.w * r.h }
+
+// TestConvertMatchesTheAssertion: converting a run of messages of mixed
+// dynamic types to an interface protocol through the itab cache gives
+// what the type assertion gives, and refuses what it refuses.
+func TestConvertMatchesTheAssertion(t *testing.T) {
+	msgs := []any{square{2}, square{3}, rect{2, 5}, rect{1, 1}, square{4}, "not a shape", square{5}}
+	var c convCache
+	c.iface = isMethodIface[shape]()
+	if !c.iface || isMethodIface[any]() || isMethodIface[square]() {
+		t.Fatal("isMethodIface is wrong")
+	}
+	for _, m := range msgs {
+		got, ok := convert[shape](m, &c)
+		want, wantOK := m.(shape)
+		if ok != wantOK || ok && (got != want || got.area() != want.area()) {
+			t.Fatalf("convert(%#v) = %#v, %v; the assertion gives %#v, %v", m, got, ok, want, wantOK)
+		}
+	}
+	var plain convCache
+	if v, ok := convert[square](square{7}, &plain); !ok || v.s != 7 {
+		t.Fatalf("convert to a concrete type = %v, %v", v, ok)
+	}
+}

@@ -39,10 +39,12 @@ type WireUnmarshaler interface {
 
 // msgType is a registered message type: its wire key and its codec plan.
 type msgType struct {
-	key  string
-	t    reflect.Type
-	p    *plan
-	fast bool // encodes itself (WireMarshaler)
+	key   string
+	t     reflect.Type
+	p     *plan
+	fast  bool                  // encodes itself (WireMarshaler)
+	flat  []flatField           // non-nil: made of scalars only (see flat.go)
+	alloc func() unsafe.Pointer // a new zero value (nil: reflect.New)
 
 	direct   bool           // stored directly in an interface (see box)
 	typeWord unsafe.Pointer // the interface type word of t
@@ -54,6 +56,7 @@ var wireTypes struct {
 	mu     sync.Mutex
 	byKey  atomic.Pointer[map[string]*msgType]
 	byType atomic.Pointer[map[reflect.Type]*msgType]
+	byWord atomic.Pointer[map[unsafe.Pointer]*msgType] // by interface type word
 }
 
 // RegisterMessage gives T the wire key key, so that values of T can cross a
@@ -73,12 +76,15 @@ var wireTypes struct {
 // cannot be encoded: these are programming errors, found at start-up.
 // Registering the same pair twice is allowed.
 func RegisterMessage[T any](key string) {
-	if err := registerType(reflect.TypeFor[T](), key); err != nil {
+	alloc := func() unsafe.Pointer { return unsafe.Pointer(new(T)) }
+	if err := registerType(reflect.TypeFor[T](), key, alloc); err != nil {
 		panic(err)
 	}
 }
 
-func registerType(t reflect.Type, key string) error {
+// registerType registers t under key; alloc, if not nil, allocates a zero
+// value of t (faster than reflect.New).
+func registerType(t reflect.Type, key string, alloc func() unsafe.Pointer) error {
 	if key == "" || len(key) > maxWireKey {
 		return fmt.Errorf("troupe: RegisterMessage[%s]: key must be 1 to %d bytes", t, maxWireKey)
 	}
@@ -100,7 +106,7 @@ func registerType(t reflect.Type, key string) error {
 	if old, ok := byType[t]; ok {
 		return fmt.Errorf("troupe: RegisterMessage[%s]: type already registered as %q", t, old.key)
 	}
-	mt := &msgType{key: key, t: t}
+	mt := &msgType{key: key, t: t, alloc: alloc}
 	if t.Implements(wireMarshalerType) || reflect.PointerTo(t).Implements(wireUnmarshalerType) {
 		if !t.Implements(wireMarshalerType) || !reflect.PointerTo(t).Implements(wireUnmarshalerType) {
 			return fmt.Errorf("troupe: RegisterMessage[%s]: implement both AppendWire on %s and UnmarshalWire on *%s", t, t, t)
@@ -112,11 +118,19 @@ func registerType(t reflect.Type, key string) error {
 		return fmt.Errorf("RegisterMessage[%s]: %w", t, err)
 	}
 	mt.p = p
+	if !mt.fast {
+		mt.flat = flatFields(t)
+	}
 	mt.initBox()
 	byKey[key] = mt
 	byType[t] = mt
+	byWord := make(map[unsafe.Pointer]*msgType, len(byType))
+	for _, v := range byType {
+		byWord[v.typeWord] = v
+	}
 	wireTypes.byKey.Store(&byKey)
 	wireTypes.byType.Store(&byType)
+	wireTypes.byWord.Store(&byWord)
 	return nil
 }
 
@@ -143,6 +157,15 @@ func typeByKey(key string) *msgType {
 func typeOf(t reflect.Type) *msgType {
 	if m := wireTypes.byType.Load(); m != nil {
 		return (*m)[t]
+	}
+	return nil
+}
+
+// typeOfValue returns the registered type of msg's dynamic type, or nil:
+// typeOf without reflect, by the interface's type word.
+func typeOfValue(msg any) *msgType {
+	if m := wireTypes.byWord.Load(); m != nil {
+		return (*m)[(*eface)(unsafe.Pointer(&msg)).typ]
 	}
 	return nil
 }
@@ -893,6 +916,9 @@ func (e *encoder) payload(dst []byte, mt *msgType, msg any) ([]byte, error) {
 	if mt.fast {
 		return msg.(WireMarshaler).AppendWire(dst), nil
 	}
+	if mt.flat != nil {
+		return appendFlatValue(dst, mt.flat, (*eface)(unsafe.Pointer(&msg)).data), nil
+	}
 	e.b, e.depth, e.err = dst, 0, nil
 	mt.p.enc(e, reflect.ValueOf(msg))
 	dst, err := e.b, e.err
@@ -902,6 +928,22 @@ func (e *encoder) payload(dst []byte, mt *msgType, msg any) ([]byte, error) {
 
 // payload decodes a value of mt from b, which must be consumed whole.
 func (d *decoder) payload(mt *msgType, b []byte) (any, error) {
+	if mt.flat != nil && mt.alloc != nil && !mt.direct {
+		p := mt.alloc()
+		d.b, d.off, d.depth, d.err = b, 0, 0, nil
+		d.decodeFlat(mt.flat, p)
+		if d.err == nil && d.remaining() != 0 {
+			d.fail("%d bytes left over after %s", d.remaining(), mt.key)
+		}
+		d.b = nil
+		if d.err != nil {
+			return nil, fmt.Errorf("payload %q: %w", mt.key, d.err)
+		}
+		var x any
+		e := (*eface)(unsafe.Pointer(&x))
+		e.typ, e.data = mt.typeWord, p
+		return x, nil
+	}
 	v := reflect.New(mt.t)
 	if mt.fast {
 		if err := v.Interface().(WireUnmarshaler).UnmarshalWire(b); err != nil {
@@ -911,7 +953,11 @@ func (d *decoder) payload(mt *msgType, b []byte) (any, error) {
 	}
 	d.b, d.off, d.depth, d.err = b, 0, 0, nil
 	d.budget = decodeBudgetFactor*len(b) + decodeBudgetBase
-	mt.p.dec(d, v.Elem())
+	if mt.flat != nil {
+		d.decodeFlat(mt.flat, v.UnsafePointer())
+	} else {
+		mt.p.dec(d, v.Elem())
+	}
 	if d.err == nil && d.remaining() != 0 {
 		d.fail("%d bytes left over after %s", d.remaining(), mt.key)
 	}

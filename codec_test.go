@@ -149,12 +149,12 @@ func TestRegisterMessageRejects(t *testing.T) {
 		{"type taken", reflect.TypeFor[testPing](), "other.key", "already registered"},
 	}
 	for _, tt := range tests {
-		err := registerType(tt.t, tt.key)
+		err := registerType(tt.t, tt.key, nil)
 		if err == nil || !strings.Contains(err.Error(), tt.want) {
 			t.Errorf("%s: registerType = %v, want an error mentioning %q", tt.name, err, tt.want)
 		}
 	}
-	if err := registerType(reflect.TypeFor[testPing](), "troupe.test.ping"); err != nil {
+	if err := registerType(reflect.TypeFor[testPing](), "troupe.test.ping", nil); err != nil {
 		t.Errorf("registering the same pair again: %v", err)
 	}
 }
@@ -169,7 +169,7 @@ func TestDecodeRejectsHostileLengths(t *testing.T) {
 	}
 	// A slice claiming 2^60 elements must fail before allocating.
 	type many struct{ X []uint64 }
-	if err := registerType(reflect.TypeFor[many](), "troupe.test.many"); err != nil {
+	if err := registerType(reflect.TypeFor[many](), "troupe.test.many", nil); err != nil {
 		t.Fatal(err)
 	}
 	huge := []byte{0x81, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x10}
@@ -189,7 +189,7 @@ func TestDecodeRejectsHostileLengths(t *testing.T) {
 type deep struct{ Next *deep }
 
 func TestDecodeDepthLimit(t *testing.T) {
-	if err := registerType(reflect.TypeFor[deep](), "troupe.test.deep"); err != nil {
+	if err := registerType(reflect.TypeFor[deep](), "troupe.test.deep", nil); err != nil {
 		t.Fatal(err)
 	}
 	b := bytes.Repeat([]byte{1}, 10000)

@@ -68,16 +68,23 @@ type Config struct {
 	// counted. Default: 64 MiB. Negative means no limit.
 	MailboxBytes int
 
-	// SendQueueLimit is how many frames may wait to be written on one
-	// association; a Tell past it becomes a [DeadLetter] with
-	// [ErrSendQueueFull]. Default: 262,144. Negative means no limit.
+	// SendQueueLimit is the send budget of one association, in encoded
+	// bytes: the messages to its peer that wait to be written, and those
+	// written that the peer has not yet acknowledged (each is kept, as
+	// bytes, until then, to be reported if the link fails). It bounds the
+	// memory a slow or stalled peer, or a producer faster than the
+	// network, can make this node hold. A Tell past it becomes a
+	// [DeadLetter] with [ErrSendQueueFull]; [Ref.Send] waits for room.
+	// Control frames (watches, terminations) are never refused. Default:
+	// 64 MiB, room for a burst of several million small messages.
+	// Negative means no limit.
 	SendQueueLimit int
 
 	// UnackedLimit bounds, in encoded bytes, the messages written to one
-	// peer and not yet acknowledged by it (each is kept until then, to be
-	// reported if the link fails). A peer past it is treated as silent:
-	// unreachable and quarantined. Default: 64 MiB. Negative means no
-	// limit.
+	// peer and not yet acknowledged by it. A peer that reaches it is
+	// treated as silent: unreachable and quarantined (a peer that reads
+	// and never acknowledges would otherwise hold the send budget for
+	// ever). Default: 64 MiB. Negative means no limit.
 	UnackedLimit int
 
 	// DialTimeout bounds connecting to a peer. Default: 5 s.
@@ -215,7 +222,7 @@ func (c Config) withDefaults() Config {
 	}
 	switch {
 	case c.SendQueueLimit == 0:
-		c.SendQueueLimit = 1 << 18
+		c.SendQueueLimit = 64 << 20
 	case c.SendQueueLimit < 0:
 		c.SendQueueLimit = 0
 	}

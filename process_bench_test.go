@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"runtime/pprof"
 	"slices"
 	"strings"
 	"testing"
@@ -33,6 +34,15 @@ func init() { RegisterMessage[sinkQuery]("troupe.test.sink-query") }
 func TestHelperSinkProcess(t *testing.T) {
 	if os.Getenv("TROUPE_HELPER_SINK") == "" {
 		t.Skip("helper for BenchmarkRemoteTellProcess")
+	}
+	if path := os.Getenv("TROUPE_HELPER_CPUPROFILE"); path != "" {
+		// The receiver's profile, for looking into the process benchmarks.
+		f, err := os.Create(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pprof.StartCPUProfile(f)
+		defer pprof.StopCPUProfile()
 	}
 	n, err := Start(context.Background(), benchConfig("tcp://127.0.0.1:0"))
 	if err != nil {

@@ -1,6 +1,9 @@
 package troupe
 
-import "sync"
+import (
+	"encoding/binary"
+	"sync"
+)
 
 // chunkSize is how many records one chunk of a send queue holds.
 const chunkSize = 128
@@ -73,4 +76,192 @@ func (q recQueue) each(f func(r *outRec)) {
 		chunkPool.Put(c)
 		c = next
 	}
+}
+
+// Encoded frames. A sender encodes its message on its own goroutine into
+// the association's frameChain (assoc.out); the writer takes the chain,
+// copies it into the chain of frames the peer has not yet acknowledged
+// (assoc.unacked) and writes it. Both hold bytes only: no boxed values
+// for the garbage collector to scan, and memory close to the encoded
+// size of what they hold.
+
+// Sizes of a frame chain's blocks.
+const (
+	// blockSize is the size of a pooled block: a frame of up to
+	// blockSize-blockRoom bytes never needs a block of its own.
+	blockSize = 64 << 10
+	// blockRoom is the room a block must have left for the next frame
+	// to be encoded into it; with less, a new block is started. A frame
+	// larger than the room grows its block.
+	blockRoom = 1 << 10
+)
+
+// frameBlock is one block of a frame chain: whole frames, back to back.
+type frameBlock struct {
+	b    []byte
+	next *frameBlock
+}
+
+var blockPool = sync.Pool{New: func() any { return &frameBlock{b: make([]byte, 0, blockSize)} }}
+
+// frameChain is a FIFO of encoded frames (each a uvarint length and a
+// body, kind byte first) in blocks; a frame never spans two blocks. It
+// is not safe for concurrent use; the association's lock guards it.
+type frameChain struct {
+	head, tail *frameBlock
+	off        int // where the first frame starts in head
+	bytes      int // bytes held, from off
+	frames     int // frames held
+	tells      int // tell frames among them
+}
+
+// room returns the tail block's bytes with room for a frame appended, to
+// be handed back through commit.
+func (c *frameChain) room() []byte {
+	if c.tail == nil || cap(c.tail.b)-len(c.tail.b) < blockRoom {
+		b := blockPool.Get().(*frameBlock)
+		if c.tail == nil {
+			c.head, c.off = b, 0
+		} else {
+			c.tail.next = b
+		}
+		c.tail = b
+	}
+	return c.tail.b
+}
+
+// commit stores b, which room returned with one frame appended.
+func (c *frameChain) commit(b []byte, tell bool) {
+	c.bytes += len(b) - len(c.tail.b)
+	c.frames++
+	if tell {
+		c.tells++
+	}
+	c.tail.b = b
+}
+
+// link appends b, whose frames from off on are c's now, as a block: the
+// bytes, frames and tells it adds are the caller's to count.
+func (c *frameChain) link(b *frameBlock, off int) {
+	b.next = nil
+	if c.tail == nil {
+		c.head, c.tail, c.off = b, b, off
+		return
+	}
+	if off > 0 {
+		b.b = b.b[off:]
+	}
+	c.tail.next = b
+	c.tail = b
+}
+
+// take empties c and returns what it held.
+func (c *frameChain) take() frameChain {
+	out := *c
+	*c = frameChain{}
+	return out
+}
+
+// appendChain moves everything in o to the end of c.
+func (c *frameChain) appendChain(o frameChain) {
+	if o.head == nil {
+		return
+	}
+	if o.off > 0 {
+		o.head.b = o.head.b[o.off:] // (a chain's head is kept whole: see drop)
+	}
+	if c.tail == nil {
+		o.off = 0
+		*c = o
+		return
+	}
+	c.tail.next = o.head
+	c.tail = o.tail
+	c.bytes += o.bytes
+	c.frames += o.frames
+	c.tells += o.tells
+}
+
+// buffers appends the chain's bytes to v, a block a buffer, for one
+// vectored write.
+func (c *frameChain) buffers(v [][]byte) [][]byte {
+	off := c.off
+	for b := c.head; b != nil; b = b.next {
+		if len(b.b) > off {
+			v = append(v, b.b[off:])
+		}
+		off = 0
+	}
+	return v
+}
+
+// each calls f with every frame (length prefix included) in order, until
+// f returns false.
+func (c *frameChain) each(f func(frame []byte) bool) {
+	off := c.off
+	for b := c.head; b != nil; b = b.next {
+		for off < len(b.b) {
+			n := frameLen(b.b[off:])
+			if !f(b.b[off : off+n]) {
+				return
+			}
+			off += n
+		}
+		off = 0
+	}
+}
+
+// drop removes frames from the front of c until skip says stop, and hands
+// the blocks it empties to free. skip is called with each frame's kind in
+// turn and says whether that frame goes.
+func (c *frameChain) drop(skip func(kind frameKind) bool, free func(*frameBlock)) {
+	for c.head != nil {
+		b := c.head
+		for c.off < len(b.b) {
+			f := b.b[c.off:]
+			n, body := int(f[0])+1, 1 // a length below 128 is one byte
+			if f[0] >= 0x80 {
+				n, body = frameLen(f), frameBodyAt(f)
+			}
+			kind := frameKind(f[body])
+			if !skip(kind) {
+				return
+			}
+			c.off += n
+			c.bytes -= n
+			c.frames--
+			if kind == frameTell {
+				c.tells--
+			}
+		}
+		if b == c.tail {
+			b.b = b.b[:0] // an empty tail stays, to be filled again
+			c.off = 0
+			return
+		}
+		c.head, c.off = b.next, 0
+		free(b)
+	}
+}
+
+// recycle puts a block back in the pool if it has the pooled size.
+func recycle(b *frameBlock) {
+	if cap(b.b) != blockSize {
+		return // grown by a large frame: let it go
+	}
+	b.b, b.next = b.b[:0], nil
+	blockPool.Put(b)
+}
+
+// frameLen is the size of the encoded frame that starts f, length
+// prefix included. f holds a whole frame this node encoded.
+func frameLen(f []byte) int {
+	size, k := binary.Uvarint(f)
+	return k + int(size)
+}
+
+// frameBodyAt is where the body of the frame that starts f begins.
+func frameBodyAt(f []byte) int {
+	_, k := binary.Uvarint(f)
+	return k
 }

@@ -88,12 +88,12 @@ func TestSendWaitsForRoomInTheMailbox(t *testing.T) {
 
 // TestSendWaitsForRoomOnTheWire streams numbered messages with Send over
 // a link that is cut for a while: the producer waits with at most
-// SendQueueLimit frames queued instead of making dead letters, and when
-// the link heals every message arrives once, in order.
+// SendQueueLimit bytes held instead of making dead letters, and when the
+// link heals every message arrives once, in order.
 func TestSendWaitsForRoomOnTheWire(t *testing.T) {
 	f := NewFaultNet()
 	cfg := failConfig("home", 50*time.Millisecond, 10*time.Second)
-	cfg.SendQueueLimit = 64
+	cfg.SendQueueLimit = 512
 	home := startOn(t, f, cfg)
 	away := startOn(t, f, failConfig("away", 50*time.Millisecond, 10*time.Second))
 	_, got := spawnCollector[count](t, away, "sink", 1<<16)
@@ -118,15 +118,15 @@ func TestSendWaitsForRoomOnTheWire(t *testing.T) {
 	}()
 	waitFor(t, 10*time.Second, "the queue to fill while the link is cut", func() bool {
 		p := home.Stats().Peers
-		return len(p) == 1 && p[0].Queued >= cfg.SendQueueLimit
+		return len(p) == 1 && p[0].Held >= cfg.SendQueueLimit
 	})
 	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
 	defer cancel()
 	if err := sink.Send(short, count{N: -1}); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Send with a full queue and an ending context = %v", err)
 	}
-	if p := home.Stats().Peers; p[0].Queued > cfg.SendQueueLimit {
-		t.Fatalf("%d frames queued, the limit is %d", p[0].Queued, cfg.SendQueueLimit)
+	if p := home.Stats().Peers; p[0].Held >= cfg.SendQueueLimit+maxCountFrame {
+		t.Fatalf("%d bytes held, the limit is %d", p[0].Held, cfg.SendQueueLimit)
 	}
 	f.Heal()
 	if err := <-done; err != nil {
@@ -161,23 +161,27 @@ func TestSendToAGonePeerFails(t *testing.T) {
 	}
 }
 
+// maxCountFrame bounds the encoded size of a tell frame of count: the
+// most a send past a full budget's last room can add to it.
+const maxCountFrame = 64
+
 // burst is how many messages TestSendCarriesABurst sends; CI's default
 // keeps the race-detector run short, -troupe.burst=10000000 is the full
 // figure.
 var burst = flag.Int("troupe.burst", 1_000_000, "messages TestSendCarriesABurst sends")
 
-// TestSendCarriesABurst sends a burst far larger than the send queue from
-// a producer that outruns the connection, with the default Config but for
-// a send queue of 4,096 frames (the default is 262,144), so that the
+// TestSendCarriesABurst sends a burst far larger than the send budget
+// from a producer that outruns the connection, with the default Config
+// but for a budget of 32 KiB (the default is 64 MiB), so that the
 // producer waits often: Tell would turn the overflow into dead letters;
-// Send waits, the queue never holds more than SendQueueLimit frames, and
-// the receiver counts every message, in order.
+// Send waits, the association never holds more than SendQueueLimit bytes
+// (and one message), and the receiver counts every message, in order.
 func TestSendCarriesABurst(t *testing.T) {
 	if testing.Short() {
 		t.Skip("a large burst")
 	}
 	cfg := testConfig("tcp://127.0.0.1:0")
-	cfg.SendQueueLimit = 4096 // the default is 262,144: a smaller queue makes the producer wait often
+	cfg.SendQueueLimit = 32 << 10 // the default is 64 MiB: a smaller budget makes the producer wait often
 	home := startNode(t, cfg)
 	away := startNode(t, testConfig("tcp://127.0.0.1:0"))
 	var seen, outOfOrder atomic.Int64
@@ -200,7 +204,7 @@ func TestSendCarriesABurst(t *testing.T) {
 	dead := make(chan DeadLetter, 4)
 	SubscribeChan(home.Events(), dead)
 	stop := make(chan struct{})
-	var maxQueued atomic.Int64
+	var maxHeld atomic.Int64
 	go func() {
 		for {
 			select {
@@ -208,8 +212,8 @@ func TestSendCarriesABurst(t *testing.T) {
 				return
 			case <-time.After(time.Millisecond):
 			}
-			if p := home.Stats().Peers; len(p) == 1 && int64(p[0].Queued) > maxQueued.Load() {
-				maxQueued.Store(int64(p[0].Queued))
+			if p := home.Stats().Peers; len(p) == 1 && int64(p[0].Held) > maxHeld.Load() {
+				maxHeld.Store(int64(p[0].Held))
 			}
 		}
 	}()
@@ -228,8 +232,8 @@ func TestSendCarriesABurst(t *testing.T) {
 	if outOfOrder.Load() != 0 {
 		t.Fatalf("%d messages out of order", outOfOrder.Load())
 	}
-	if q := maxQueued.Load(); q > int64(cfg.SendQueueLimit) {
-		t.Fatalf("%d frames queued, the limit is %d", q, cfg.SendQueueLimit)
+	if h := maxHeld.Load(); h >= int64(cfg.SendQueueLimit+maxCountFrame) {
+		t.Fatalf("%d bytes held, the limit is %d", h, cfg.SendQueueLimit)
 	}
 	select {
 	case d := <-dead:

@@ -163,9 +163,9 @@ func (a *assoc) onTell(b []byte) error {
 		return err
 	}
 	id := th.target
-	var it inTarget
+	var it *inTarget
 	if th.targetInline {
-		it.path, it.uuid = th.path, th.uuid
+		it = &inTarget{path: th.path, uuid: th.uuid}
 		if h := n.lookup(it.path, it.uuid); h != nil {
 			it.target = h.local
 		}
@@ -176,19 +176,18 @@ func (a *assoc) onTell(b []byte) error {
 			if len(it.path) > maxTableEntry {
 				return fmt.Errorf("%w: a %d-byte target path entered in the table (at most %d)", ErrMalformed, len(it.path), maxTableEntry)
 			}
-			a.inTargets = append(a.inTargets, it)
+			a.inTargets = append(a.inTargets, *it)
 		}
 	} else {
 		if id == 0 || id > uint64(len(a.inTargets)) {
 			return fmt.Errorf("%w: undefined target id %d", ErrMalformed, id)
 		}
-		it = a.inTargets[id-1]
+		it = &a.inTargets[id-1]
 	}
 	tid := th.typ
-	var ty inType
+	var ty *inType
 	if th.typInline {
-		ty.key = th.key
-		ty.mt = typeByKey(ty.key)
+		ty = &inType{key: th.key, mt: typeByKey(th.key)}
 		if tid != 0 {
 			if tid != uint64(len(a.inTypes))+1 || tid > maxTableSize {
 				return fmt.Errorf("%w: type id %d defined out of sequence", ErrMalformed, tid)
@@ -196,13 +195,13 @@ func (a *assoc) onTell(b []byte) error {
 			if len(ty.key) > maxTableEntry {
 				return fmt.Errorf("%w: a %d-byte wire key entered in the table (at most %d)", ErrMalformed, len(ty.key), maxTableEntry)
 			}
-			a.inTypes = append(a.inTypes, ty)
+			a.inTypes = append(a.inTypes, *ty)
 		}
 	} else {
 		if tid == 0 || tid > uint64(len(a.inTypes)) {
 			return fmt.Errorf("%w: undefined type id %d", ErrMalformed, tid)
 		}
-		ty = a.inTypes[tid-1]
+		ty = &a.inTypes[tid-1]
 	}
 	if ty.mt == nil {
 		n.deadLetter(n.localRefString(it.path), nil, fmt.Errorf("%w: unknown wire key %q from %s", ErrNotRegistered, ty.key, a.label()))
@@ -216,10 +215,61 @@ func (a *assoc) onTell(b []byte) error {
 		n.deadLetter(n.localRefString(it.path), msg, ErrNoSuchActor)
 		return nil
 	}
+	if bt, ok := it.target.(batchTarget); ok {
+		if a.batchTo != bt {
+			a.flushBatch()
+			a.batchTo, a.batchPath = bt, it.path
+		}
+		a.batch = append(a.batch, wireMsg{msg, len(b)})
+		if len(a.batch) >= maxBatch {
+			a.flushBatch()
+		}
+		return nil
+	}
 	if err := it.target.tellWire(msg, len(b)); err != nil {
 		n.deadLetter(n.localRefString(it.path), msg, err)
 	}
 	return nil
+}
+
+// Delivery in batches: the reader gathers the messages of consecutive
+// tell frames for one actor and hands them to its mailbox together, with
+// one lock and at most one wake-up. The batch is delivered before any
+// other frame is handled, before the reader waits for the connection,
+// and before the session ends, so order and the ordering of Terminated
+// are those of the frames.
+
+// maxBatch bounds a batch, so that a steady stream reaches the actor
+// without waiting for the stream to pause.
+const maxBatch = 256
+
+// wireMsg is a decoded message waiting in a batch, with its encoded size.
+type wireMsg struct {
+	msg  any
+	size int
+}
+
+// batchTarget is a local target that takes a batch: tellWireBatch
+// delivers ms in order until one fails, and returns how many it
+// delivered and, if not all, why the next one failed.
+type batchTarget interface {
+	tellWireBatch(ms []wireMsg) (int, error)
+}
+
+// flushBatch delivers the batch; a message its target refuses becomes a
+// dead letter, and the rest are offered again.
+func (a *assoc) flushBatch() {
+	ms := a.batch
+	for len(ms) > 0 {
+		k, err := a.batchTo.tellWireBatch(ms)
+		if k >= len(ms) {
+			break
+		}
+		a.n.deadLetter(a.n.localRefString(a.batchPath), ms[k].msg, err)
+		ms = ms[k+1:]
+	}
+	clear(a.batch)
+	a.batch, a.batchTo = a.batch[:0], nil
 }
 
 // localRefString is the ref string of a local path, for dead letters.

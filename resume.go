@@ -212,9 +212,14 @@ func (n *Node) suspendFor(uid NodeUID) {
 // the peer had not confirmed (sent again once the peer's resume frame says
 // where to start). w holds its queue until then. Both are locked.
 func (a *assoc) takeOver(w *assoc, moved recQueue) {
-	w.unacked = append(w.unacked[:0], a.unacked[a.unackedHead:]...)
-	w.unackedHead, w.acked, w.unackedBytes = 0, a.acked, a.unackedBytes
-	a.unacked, a.unackedHead, a.unackedBytes = nil, 0, 0
+	w.unacked, w.unackedN, w.acked = a.unacked.take(), a.unackedN, a.acked
+	a.unackedN = 0
+	// What a encoded refers to a's tables, which the peer keeps for the
+	// session: w goes on with them, and its reader with a's in tables.
+	// (w encodes nothing before its writer starts.)
+	w.out = a.out.take()
+	w.outTypes, w.outTargets, w.outTargetKeys, w.outTypeList = a.outTypes, a.outTargets, a.outTargetKeys, a.outTypeList
+	w.inTypes, w.inTargets = a.inTypes, a.inTargets
 	w.rcvTells, w.ackQueued, w.ackSent = a.rcvTells, a.ackQueued, a.ackSent
 	w.ackTo.Store(a.ackTo.Load())
 	w.resumeRcv, w.resumed, w.holdQueue, w.lostAt = a.rcvTells, true, true, a.lostAt
@@ -236,28 +241,22 @@ func (a *assoc) onResume(b []byte) error {
 		a.mu.Unlock()
 		return fmt.Errorf("%w: resume on a session that was not resumed", ErrMalformed)
 	}
-	waiting := uint64(len(a.unacked) - a.unackedHead)
-	if count < a.acked || count-a.acked > waiting {
+	if count < a.acked || count-a.acked > uint64(a.unackedN) {
 		a.mu.Unlock()
-		return fmt.Errorf("%w: resume after %d frames, %d were sent", ErrMalformed, count, a.acked+waiting)
+		return fmt.Errorf("%w: resume after %d frames, %d were sent", ErrMalformed, count, a.acked+uint64(a.unackedN))
 	}
-	resend := a.unacked[a.unackedHead+int(count-a.acked):]
-	var q recQueue
-	for _, m := range resend {
-		if m.h == nil {
-			q.push(outRec{msg: m.msg})
-		} else {
-			q.push(outRec{h: m.h, msg: m.msg, mt: m.mt})
-		}
-	}
-	q.appendQueue(a.queue.take())
-	a.queue = q
-	a.unacked, a.unackedHead, a.unackedBytes, a.acked = nil, 0, 0, count
+	a.release(int(count - a.acked))
+	resend := a.unackedN
+	rest := a.unacked.take()
+	a.unackedN = 0
+	rest.appendChain(a.out.take())
+	a.out = rest
+	a.acked = count
 	a.holdQueue = false
 	down := a.upAt.Sub(a.lostAt)
 	a.mu.Unlock()
 	a.notify()
-	a.n.log.Info("troupe: session with peer resumed", "peer", a.label(), "down", down, "resent", len(resend))
-	a.n.events.Publish(PeerResumed{Addr: a.addr(), UID: a.peerUID, Name: a.peerName, Resent: len(resend), Down: down})
+	a.n.log.Info("troupe: session with peer resumed", "peer", a.label(), "down", down, "resent", resend)
+	a.n.events.Publish(PeerResumed{Addr: a.addr(), UID: a.peerUID, Name: a.peerName, Resent: resend, Down: down})
 	return nil
 }

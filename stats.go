@@ -71,6 +71,10 @@ type PeerStats struct {
 	RoundTrip time.Duration
 	Queued    int // frames waiting to be written
 	Unacked   int // bytes of messages written and not yet acknowledged
+	// Held is what the association holds against Config.SendQueueLimit,
+	// in bytes: frames waiting to be written (those not yet encoded, before
+	// the connection is up, count 64 bytes each) and Unacked.
+	Held int
 }
 
 // MailboxStats is one actor's mailbox depth.
@@ -107,7 +111,7 @@ func (n *Node) Stats() Stats {
 	for _, a := range assocs {
 		a.mu.Lock()
 		p := PeerStats{Addr: a.addr(), UID: a.peerUID, Name: a.peerName, State: a.state.String(), Outbound: a.outbound,
-			Since: a.upAt, Queued: a.queue.len(), Unacked: a.unackedBytes, BytesOut: a.written.Load(), Member: n.isMember(a.peerUID),
+			Since: a.upAt, Queued: a.queue.len() + a.out.frames, Unacked: a.unacked.bytes, Held: a.held(), BytesOut: a.written.Load(), Member: n.isMember(a.peerUID),
 			MessagesIn: a.ackTo.Load(), MessagesOut: a.tellsOut.Load(), RoundTrip: a.rtt}
 		in := a.in
 		a.mu.Unlock()

@@ -120,6 +120,14 @@ func newFrameReader(r io.Reader, max int) *frameReader {
 // next returns the body of the next frame. The slice is valid only until
 // the next call. io.EOF means the peer closed cleanly between frames.
 func (fr *frameReader) next() ([]byte, error) {
+	if b, _ := fr.r.Peek(min(fr.r.Buffered(), 2)); len(b) == 2 && b[0] < 0x80 && b[0] > 0 && int(b[0]) < fr.r.Buffered() && int(b[0]) <= fr.max {
+		// A small frame already buffered whole: no reads, two steps.
+		n := int(b[0])
+		fr.r.Discard(1)
+		b, _ = fr.r.Peek(n)
+		fr.r.Discard(n)
+		return b, nil
+	}
 	n, err := fr.length()
 	if err != nil {
 		return nil, err
@@ -131,8 +139,15 @@ func (fr *frameReader) next() ([]byte, error) {
 // hold any frame size up to 32 GiB, far beyond every allowed maximum.
 const maxLengthBytes = 5
 
-// length reads a frame's uvarint length prefix.
+// length reads a frame's uvarint length prefix: from the buffer in one
+// step when it holds the whole prefix, else a byte at a time.
 func (fr *frameReader) length() (uint64, error) {
+	if b, _ := fr.r.Peek(min(fr.r.Buffered(), maxLengthBytes)); len(b) > 0 {
+		if x, k := binary.Uvarint(b); k > 0 {
+			fr.r.Discard(k)
+			return x, nil
+		}
+	}
 	var x uint64
 	for i := 0; i < maxLengthBytes; i++ {
 		c, err := fr.r.ReadByte()
@@ -148,6 +163,18 @@ func (fr *frameReader) length() (uint64, error) {
 		}
 	}
 	return 0, fmt.Errorf("%w: length prefix longer than %d bytes", ErrMalformed, maxLengthBytes)
+}
+
+// complete reports whether the read buffer holds the next frame whole,
+// so that next returns it without waiting for the connection.
+func (fr *frameReader) complete() bool {
+	n := fr.r.Buffered()
+	if n == 0 {
+		return false
+	}
+	b, _ := fr.r.Peek(min(n, maxLengthBytes))
+	size, k := binary.Uvarint(b)
+	return k > 0 && uint64(n-k) >= size
 }
 
 // maxHelloSize bounds the first frame of a connection.
@@ -458,6 +485,11 @@ func appendTellHeader(b []byte, h *tellHeader) []byte {
 // parseTell parses a tell frame's header into h and returns its payload,
 // the rest of the body.
 func parseTell(b []byte, h *tellHeader) ([]byte, error) {
+	if len(b) >= 2 && b[0] < 0x80 && b[0]&1 == 0 && b[1] < 0x80 && b[1]&1 == 0 {
+		// The usual frame: both ids from the tables, each one byte.
+		*h = tellHeader{target: uint64(b[0] >> 1), typ: uint64(b[1] >> 1)}
+		return b[2:], nil
+	}
 	d := decoder{b: b}
 	t := d.uvarint()
 	h.target, h.targetInline = t>>1, t&1 == 1

@@ -56,7 +56,12 @@ func goldenFrames(t *testing.T) map[string][]byte {
 	a.peerUID = uid
 	tellTo := func(msg any) []byte {
 		r := outRec{h: &handle{key: target}, msg: msg, mt: typeOf(reflect.TypeOf(msg))}
-		b, _ := a.encodeRec(nil, &r)
+		if err := a.encode(&r); err != nil {
+			t.Fatal(err)
+		}
+		out := a.out.take()
+		var b []byte
+		out.each(func(f []byte) bool { b = append(b, f...); return true })
 		return b
 	}
 	out := map[string][]byte{
