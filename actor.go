@@ -409,7 +409,7 @@ func (c *cell[T]) tellWire(msg any, size int) error {
 	return c.pushSized(v, size)
 }
 
-func (c *cell[T]) tellWireBatch(ms []wireMsg) (int, error) {
+func (c *cell[T]) tellWireBatch(ms []wireMsg, arena []uint64) (int, error) {
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
@@ -418,12 +418,19 @@ func (c *cell[T]) tellWireBatch(ms []wireMsg) (int, error) {
 	var err error
 	var conv convCache
 	conv.iface = isMethodIface[T]()
+	own := flatTypeFor[T]() // a plain value of this type is copied straight in
 	k := 0
 	for ; k < len(ms); k++ {
-		v, ok := convert[T](ms[k].msg, &conv)
-		if !ok {
-			err = fmt.Errorf("%w: %s accepts %s, not %T", ErrWrongType, c.self.key.path, reflect.TypeFor[T](), ms[k].msg)
-			break
+		var v T
+		if m := &ms[k]; m.msg == nil && m.mt != nil && m.mt == own {
+			v = *(*T)(unsafe.Pointer(&arena[m.at]))
+		} else {
+			var ok bool
+			msg := m.value(arena)
+			if v, ok = convert[T](msg, &conv); !ok {
+				err = fmt.Errorf("%w: %s accepts %s, not %T", ErrWrongType, c.self.key.path, reflect.TypeFor[T](), msg)
+				break
+			}
 		}
 		if c.limit > 0 && len(c.in) >= c.limit {
 			err = ErrMailboxFull

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 )
 
 // Errors about associations.
@@ -197,6 +198,7 @@ type assoc struct {
 	batch     []wireMsg
 	batchTo   batchTarget // the target of batch
 	batchPath string      // its path, for dead letters
+	arena     []uint64    // the plain values of batch
 	ackQueued uint64      // the last count handed to the writer to acknowledge
 }
 
@@ -404,6 +406,28 @@ func (a *assoc) tell(h *handle, msg any) error {
 		return fmt.Errorf("%w: %T (call RegisterMessage to send it to another node)", ErrNotRegistered, msg)
 	}
 	return a.enqueue(outRec{h: h, msg: msg, mt: mt})
+}
+
+// tellFlat encodes a flat message for the remote actor h from p, where
+// the caller's value lies, if the session encodes now and has room, and
+// reports whether it did; otherwise nothing happened (the caller takes
+// the general way, which queues, waits or reports).
+func (a *assoc) tellFlat(h *handle, mt *msgType, p unsafe.Pointer) bool {
+	t := a.lockTarget()
+	if t.state >= assocLeaving || !t.encoding || t.queue.len() > 0 || t.full() {
+		t.mu.Unlock()
+		return false
+	}
+	if t.encodeTell(h, mt, nil, p) != nil {
+		t.mu.Unlock()
+		return false
+	}
+	first := t.out.frames == 1
+	t.mu.Unlock()
+	if first {
+		t.notify()
+	}
+	return true
 }
 
 // recordCharge is what a frame queued as a record (before the session's

@@ -8,11 +8,18 @@ import (
 	"net"
 	"syscall"
 	"time"
+	"unsafe"
 )
 
 // An association's two loops: the one writer, which writes what the
 // senders encoded (a heartbeat and an acknowledgement first) with one
 // vectored write, and the one reader.
+
+// writeChunk is about how much the writer writes at once: large enough
+// that a burst costs few system calls, small enough that what counts as
+// unacknowledged (UnackedLimit) is what the connection has taken, and not
+// a backlog still waiting to be written.
+const writeChunk = 256 << 10
 
 // brokenWriteDrain is how long the reader of a resumable session may go
 // on reading after a write failed: what the peer sent before the
@@ -46,7 +53,12 @@ func (a *assoc) writeLoop() {
 		var spent []*frameBlock
 		bufs := a.bufs[:0]
 		if !a.holdQueue {
-			out = a.out.take()
+			// A part at a time, so that what counts as unacknowledged
+			// is what the connection took, not what waits to be written.
+			out = a.out.takePrefix(writeChunk)
+			if a.out.frames > 0 {
+				a.notify() // the rest, next
+			}
 			bufs = out.buffers(bufs) // before keepUnacked relinks the blocks
 			spent = a.keepUnacked(&out)
 			a.writing = out.frames > 0
@@ -152,6 +164,8 @@ func (a *assoc) keepUnacked(out *frameChain) []*frameBlock {
 		data := b.b[off:]
 		if u.tail != nil && cap(u.tail.b)-len(u.tail.b) >= len(data) {
 			u.tail.b = append(u.tail.b, data...)
+			u.tail.frames += b.frames
+			u.tail.tells += b.tells
 			spent = append(spent, b)
 		} else {
 			u.link(b, off)
@@ -307,8 +321,14 @@ func (a *assoc) encode(r *outRec) error {
 		a.out.commit(fixLength(buf, start), false)
 		return nil
 	}
-	if r.h.key.node != a.peerUID {
-		return fmt.Errorf("%w: the node incarnation %s is gone", ErrNoSuchActor, r.h.key.node.String()[:8])
+	return a.encodeTell(r.h, r.mt, r.msg, nil)
+}
+
+// encodeTell appends the tell frame of msg, of type mt, for h to out (mu
+// held); or, msg nil, of the flat value at p, which it does not keep.
+func (a *assoc) encodeTell(h *handle, mt *msgType, msg any, p unsafe.Pointer) error {
+	if h.key.node != a.peerUID {
+		return fmt.Errorf("%w: the node incarnation %s is gone", ErrNoSuchActor, h.key.node.String()[:8])
 	}
 	buf := a.out.room()
 	start := len(buf)
@@ -318,25 +338,25 @@ func (a *assoc) encode(r *outRec) error {
 	var th tellHeader
 	var id uint32
 	var knownTarget bool
-	if w := r.h.wire.Load(); w != nil && w.a == a {
+	if w := h.wire.Load(); w != nil && w.a == a {
 		id, knownTarget = w.id, true
-	} else if id, knownTarget = a.outTargets[r.h.key]; knownTarget {
-		r.h.wire.Store(&wireID{a, id})
+	} else if id, knownTarget = a.outTargets[h.key]; knownTarget {
+		h.wire.Store(&wireID{a, id})
 	}
-	newTarget := !knownTarget && r.h.key.uuid != (UUID{}) && len(a.outTargets) < maxTableSize && len(r.h.key.path) <= maxTableEntry
+	newTarget := !knownTarget && h.key.uuid != (UUID{}) && len(a.outTargets) < maxTableSize && len(h.key.path) <= maxTableEntry
 	if newTarget {
 		id = uint32(len(a.outTargets) + 1)
 	}
 	th.target, th.targetInline = uint64(id), !knownTarget
 	if !knownTarget {
-		th.path, th.uuid = r.h.key.path, r.h.key.uuid
+		th.path, th.uuid = h.key.path, h.key.uuid
 	}
 	var tid uint32
 	var knownType bool
-	if r.mt == a.lastType {
+	if mt == a.lastType {
 		tid, knownType = a.lastTypeID, true
-	} else if tid, knownType = a.outTypes[r.mt]; knownType {
-		a.lastType, a.lastTypeID = r.mt, tid
+	} else if tid, knownType = a.outTypes[mt]; knownType {
+		a.lastType, a.lastTypeID = mt, tid
 	}
 	newType := !knownType && len(a.outTypes) < maxTableSize
 	if newType {
@@ -344,11 +364,16 @@ func (a *assoc) encode(r *outRec) error {
 	}
 	th.typ, th.typInline = uint64(tid), !knownType
 	if !knownType {
-		th.key = r.mt.key
+		th.key = mt.key
 	}
 	buf = appendTellHeader(buf, &th)
-	a.enc.peer = a.peerUID
-	buf, err := a.enc.payload(buf, r.mt, r.msg)
+	var err error
+	if msg == nil {
+		buf = appendFlatValue(buf, mt.flat, p)
+	} else {
+		a.enc.peer = a.peerUID
+		buf, err = a.enc.payload(buf, mt, msg)
+	}
 	if err == nil && len(buf)-start-1 > a.n.cfg.MaxFrameSize {
 		err = fmt.Errorf("%w: %d bytes, the limit is %d", ErrFrameTooBig, len(buf)-start-1, a.n.cfg.MaxFrameSize)
 	}
@@ -359,13 +384,13 @@ func (a *assoc) encode(r *outRec) error {
 		x.exportTemp() // reachable by path before the frame is written
 	}
 	if newTarget {
-		a.outTargets[r.h.key] = id
-		a.outTargetKeys = append(a.outTargetKeys, r.h.key)
-		r.h.wire.Store(&wireID{a, id})
+		a.outTargets[h.key] = id
+		a.outTargetKeys = append(a.outTargetKeys, h.key)
+		h.wire.Store(&wireID{a, id})
 	}
 	if newType {
-		a.outTypes[r.mt] = tid
-		a.outTypeList = append(a.outTypeList, r.mt)
+		a.outTypes[mt] = tid
+		a.outTypeList = append(a.outTypeList, mt)
 	}
 	a.out.commit(fixLength(buf, start), true)
 	return nil
@@ -498,7 +523,7 @@ func (a *assoc) readLoop(fr *frameReader) {
 		if done {
 			return
 		}
-		if a.rcvTells != a.ackQueued && (fr.r.Buffered() == 0 || a.rcvTells-a.ackQueued >= ackEvery) {
+		if a.rcvTells != a.ackQueued && (fr.buffered() == 0 || a.rcvTells-a.ackQueued >= ackEvery) {
 			// About to wait for more, or a steady stream: confirm what
 			// arrived. The acknowledgement rides on the next frame this node
 			// writes (a reply, at the latest the next heartbeat); only a

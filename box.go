@@ -20,6 +20,23 @@ func (mt *msgType) box(p reflect.Value) any {
 	return x
 }
 
+// boxAt returns the value at p, a value of mt's type that nothing else
+// refers to (allocated for it), as an interface. mt is not direct.
+func (mt *msgType) boxAt(p unsafe.Pointer) any {
+	var x any
+	e := (*eface)(unsafe.Pointer(&x))
+	e.typ, e.data = mt.typeWord, p
+	return x
+}
+
+// boxCopy returns a copy of the plain value at p as an interface.
+func (mt *msgType) boxCopy(p unsafe.Pointer) any {
+	q := mt.alloc()
+	n := int(mt.t.Size())
+	copy(unsafe.Slice((*byte)(q), n), unsafe.Slice((*byte)(p), n))
+	return mt.boxAt(q)
+}
+
 // eface is the layout of an empty interface value.
 type eface struct {
 	typ  unsafe.Pointer

@@ -45,6 +45,9 @@ type msgType struct {
 	fast  bool                  // encodes itself (WireMarshaler)
 	flat  []flatField           // non-nil: made of scalars only (see flat.go)
 	alloc func() unsafe.Pointer // a new zero value (nil: reflect.New)
+	// plain: flat, without strings, and not empty: no pointers, so a value
+	// may be decoded into, and copied out of, plain memory (see box.go).
+	plain bool
 
 	direct   bool           // stored directly in an interface (see box)
 	typeWord unsafe.Pointer // the interface type word of t
@@ -120,6 +123,10 @@ func registerType(t reflect.Type, key string, alloc func() unsafe.Pointer) error
 	mt.p = p
 	if !mt.fast {
 		mt.flat = flatFields(t)
+		mt.plain = mt.flat != nil && alloc != nil && t.Size() > 0
+		for _, f := range mt.flat {
+			mt.plain = mt.plain && f.kind != reflect.String
+		}
 	}
 	mt.initBox()
 	byKey[key] = mt
@@ -164,8 +171,13 @@ func typeOf(t reflect.Type) *msgType {
 // typeOfValue returns the registered type of msg's dynamic type, or nil:
 // typeOf without reflect, by the interface's type word.
 func typeOfValue(msg any) *msgType {
+	return typeOfWord((*eface)(unsafe.Pointer(&msg)).typ)
+}
+
+// typeOfWord returns the registered type whose interface type word is w.
+func typeOfWord(w unsafe.Pointer) *msgType {
 	if m := wireTypes.byWord.Load(); m != nil {
-		return (*m)[(*eface)(unsafe.Pointer(&msg)).typ]
+		return (*m)[w]
 	}
 	return nil
 }
@@ -926,23 +938,29 @@ func (e *encoder) payload(dst []byte, mt *msgType, msg any) ([]byte, error) {
 	return dst, err
 }
 
+// flatInto decodes the flat value of mt in b, which must be consumed
+// whole, into the zeroed value at p.
+func (d *decoder) flatInto(mt *msgType, b []byte, p unsafe.Pointer) error {
+	d.b, d.off, d.depth, d.err = b, 0, 0, nil
+	d.decodeFlat(mt.flat, p)
+	if d.err == nil && d.remaining() != 0 {
+		d.fail("%d bytes left over after %s", d.remaining(), mt.key)
+	}
+	d.b = nil
+	if d.err != nil {
+		return fmt.Errorf("payload %q: %w", mt.key, d.err)
+	}
+	return nil
+}
+
 // payload decodes a value of mt from b, which must be consumed whole.
 func (d *decoder) payload(mt *msgType, b []byte) (any, error) {
 	if mt.flat != nil && mt.alloc != nil && !mt.direct {
 		p := mt.alloc()
-		d.b, d.off, d.depth, d.err = b, 0, 0, nil
-		d.decodeFlat(mt.flat, p)
-		if d.err == nil && d.remaining() != 0 {
-			d.fail("%d bytes left over after %s", d.remaining(), mt.key)
+		if err := d.flatInto(mt, b, p); err != nil {
+			return nil, err
 		}
-		d.b = nil
-		if d.err != nil {
-			return nil, fmt.Errorf("payload %q: %w", mt.key, d.err)
-		}
-		var x any
-		e := (*eface)(unsafe.Pointer(&x))
-		e.typ, e.data = mt.typeWord, p
-		return x, nil
+		return mt.boxAt(p), nil
 	}
 	v := reflect.New(mt.t)
 	if mt.fast {

@@ -9,9 +9,11 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"runtime"
 	"runtime/pprof"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -19,7 +21,19 @@ import (
 // sinkMsg is the protocol of the counting sink in the child process.
 type sinkMsg interface{ isSink() }
 
-type sinkQuery struct{ ReplyTo Ref[count] }
+// sinkQuery asks the sink for a count: of the messages it took, or (What)
+// of those the counter took, or of the child's heap allocations so far.
+type sinkQuery struct {
+	ReplyTo Ref[count]
+	What    int
+}
+
+// What a sinkQuery asks.
+const (
+	querySink    = iota // messages the sink took
+	queryCounter        // messages the counter took
+	queryMallocs        // the child's heap allocations
+)
 
 func (count) isSink()     {}
 func (sinkQuery) isSink() {}
@@ -27,10 +41,12 @@ func (sinkQuery) isSink() {}
 func init() { RegisterMessage[sinkQuery]("troupe.test.sink-query") }
 
 // TestHelperSinkProcess is not a test: the process benchmarks run it in a
-// child process. It serves, over loopback TCP, a node with a counting sink
-// and an echo actor, and the raw floors: a stream sink and a
-// request-reply echo of length-prefixed 8-byte integers (see floorFrame).
-// It prints the three addresses and serves until its stdin closes.
+// child process. It serves, over loopback TCP or (TROUPE_HELPER_NET=unix)
+// Unix sockets, a node with a counting sink (protocol sinkMsg, an
+// interface), a counter (protocol count, the message type itself) and an
+// echo actor, and the raw floors: a stream sink and a request-reply echo
+// of length-prefixed 8-byte integers (see floorFrame). It prints the
+// three addresses and serves until its stdin closes.
 func TestHelperSinkProcess(t *testing.T) {
 	if os.Getenv("TROUPE_HELPER_SINK") == "" {
 		t.Skip("helper for BenchmarkRemoteTellProcess")
@@ -44,22 +60,44 @@ func TestHelperSinkProcess(t *testing.T) {
 		pprof.StartCPUProfile(f)
 		defer pprof.StopCPUProfile()
 	}
-	n, err := Start(context.Background(), benchConfig("tcp://127.0.0.1:0"))
+	network, listen := "tcp", "tcp://127.0.0.1:0"
+	floorAt := func(string) string { return "127.0.0.1:0" }
+	if os.Getenv("TROUPE_HELPER_NET") == "unix" {
+		dir, err := os.MkdirTemp("", "troupe-bench")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer os.RemoveAll(dir)
+		network, listen = "unix", "unix://"+dir+"/node.sock"
+		floorAt = func(name string) string { return dir + "/" + name + ".sock" }
+	}
+	n, err := Start(context.Background(), benchConfig(listen))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer n.Close()
+	var counted atomic.Int64
+	Spawn(n, "counter", Behavior[count]{Receive: func(*Context[count], count) { counted.Add(1) }})
 	seen := 0
 	Spawn(n, "sink", Behavior[sinkMsg]{Receive: func(_ *Context[sinkMsg], m sinkMsg) {
 		switch m := m.(type) {
 		case count:
 			seen++
 		case sinkQuery:
-			m.ReplyTo.Tell(count{N: seen})
+			switch m.What {
+			case querySink:
+				m.ReplyTo.Tell(count{N: seen})
+			case queryCounter:
+				m.ReplyTo.Tell(count{N: int(counted.Load())})
+			case queryMallocs:
+				var ms runtime.MemStats
+				runtime.ReadMemStats(&ms)
+				m.ReplyTo.Tell(count{N: int(ms.Mallocs)})
+			}
 		}
 	}})
 	spawnEcho(t, n, "echo")
-	stream, rr := serveFloor(t, floorCount), serveFloor(t, floorEcho)
+	stream, rr := serveFloor(t, network, floorAt("stream"), floorCount), serveFloor(t, network, floorAt("rr"), floorEcho)
 	os.Stdout.WriteString("ADDR " + n.Addrs()[0].String() + " " + stream + " " + rr + "\n")
 	bufio.NewReader(os.Stdin).ReadString('\n')
 }
@@ -80,9 +118,9 @@ const (
 	floorEcho                   // answer every frame with itself
 )
 
-// serveFloor serves one raw floor on loopback TCP and returns its address.
-func serveFloor(t *testing.T, mode floorMode) string {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+// serveFloor serves one raw floor at addr and returns its address.
+func serveFloor(t *testing.T, network, addr string, mode floorMode) string {
+	l, err := net.Listen(network, addr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -131,25 +169,24 @@ func writeFloor(w *bufio.Writer, v uint64) {
 	w.Write(binary.BigEndian.AppendUint64(buf, v))
 }
 
-// child is what startSinkProcess started.
+// sinkChild is what startChildNode started.
 type sinkChild struct {
+	network       string // "tcp" or "unix"
 	sink          Ref[sinkMsg]
+	counter       Ref[count]
 	echo          Ref[testPing]
 	stream, reply string // the raw floors' addresses
 }
 
-// startSinkProcess runs the helper sink in a child process and returns a
-// ref to it.
-func startSinkProcess(b *testing.B, n *Node) Ref[sinkMsg] { return startChildNode(b, n).sink }
-
-// startChildNode runs the helper in a child process.
-func startChildNode(b *testing.B, n *Node) sinkChild {
+// startChildNode runs the helper in a child process, serving over network
+// ("tcp" or "unix").
+func startChildNode(b *testing.B, n *Node, network string) sinkChild {
 	exe, err := os.Executable()
 	if err != nil {
 		b.Fatal(err)
 	}
 	cmd := exec.Command(exe, "-test.run=^TestHelperSinkProcess$")
-	cmd.Env = append(os.Environ(), "TROUPE_HELPER_SINK=1")
+	cmd.Env = append(os.Environ(), "TROUPE_HELPER_SINK=1", "TROUPE_HELPER_NET="+network)
 	stdin, _ := cmd.StdinPipe()
 	stdout, _ := cmd.StdoutPipe()
 	if err := cmd.Start(); err != nil {
@@ -168,8 +205,11 @@ func startChildNode(b *testing.B, n *Node) sinkChild {
 	if err != nil {
 		b.Fatal(err)
 	}
-	c := sinkChild{stream: fields[1], reply: fields[2]}
+	c := sinkChild{network: network, stream: fields[1], reply: fields[2]}
 	if c.sink, err = Resolve[sinkMsg](ctxT(b, 10*time.Second), n, FormatRef(addr, "/user/sink")); err != nil {
+		b.Fatal(err)
+	}
+	if c.counter, err = Resolve[count](ctxT(b, 10*time.Second), n, FormatRef(addr, "/user/counter")); err != nil {
 		b.Fatal(err)
 	}
 	if c.echo, err = Resolve[testPing](ctxT(b, 10*time.Second), n, FormatRef(addr, "/user/echo")); err != nil {
@@ -178,66 +218,109 @@ func startChildNode(b *testing.B, n *Node) sinkChild {
 	return c
 }
 
-// BenchmarkRemoteTellProcess measures Tell throughput to an actor in
-// another OS process over loopback TCP: b.N tells of count{N: i} (values
-// that grow like real data: varints of 1 to 4 bytes, and boxes that
-// allocate), then a query that returns once all have been handled.
-// Deviation from the default Config: no mailbox or send-queue limit
-// (benchConfig), so that a burst of b.N is not cut short.
-func BenchmarkRemoteTellProcess(b *testing.B) {
-	n := startNode(b, benchConfig())
-	sink := startSinkProcess(b, n)
-	// Per sender→receiver order: the query is handled after every tell.
-	ask := func() int {
-		c, err := Ask(context.Background(), sink, func(r Ref[count]) sinkMsg { return sinkQuery{ReplyTo: r} })
-		if err != nil {
-			b.Fatal(err)
-		}
-		return c.N
-	}
-	start := ask()
-	before := n.bytesWritten()
-	b.ReportAllocs()
-	b.ResetTimer()
-	for i := range b.N {
-		sink.Tell(count{N: i})
-	}
-	got := ask()
-	b.StopTimer()
-	if got-start != b.N {
-		b.Fatalf("sink counted %d, want %d", got-start, b.N)
-	}
-	b.ReportMetric(float64(n.bytesWritten()-before)/float64(b.N), "wire-B/msg")
-}
-
-// BenchmarkFloorTCPStreamProcess is the raw floor of
-// BenchmarkRemoteTellProcess: b.N integers i, length-prefixed (9 bytes a
-// frame), through a bufio.Writer to another OS process that decodes and
-// counts them, then waits for its count.
-func BenchmarkFloorTCPStreamProcess(b *testing.B) {
-	n := startNode(b, benchConfig())
-	child := startChildNode(b, n)
-	c, err := net.Dial("tcp", child.stream)
+// query asks the child's sink a sinkQuery.
+func (c sinkChild) query(b *testing.B, what int) int {
+	got, err := Ask(ctxT(b, 30*time.Second), c.sink, func(r Ref[count]) sinkMsg { return sinkQuery{ReplyTo: r, What: what} })
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer c.Close()
-	w := bufio.NewWriterSize(c, 64<<10)
-	b.ResetTimer()
-	for i := range b.N {
-		writeFloor(w, uint64(i))
+	return got.N
+}
+
+// overNetworks runs bench as a sub-benchmark over loopback TCP and over
+// Unix sockets.
+func overNetworks(b *testing.B, bench func(b *testing.B, network string)) {
+	for _, network := range []string{"tcp", "unix"} {
+		b.Run(network, func(b *testing.B) { bench(b, network) })
 	}
-	writeFloor(w, floorEnd)
-	w.Flush()
-	var got [8]byte
-	if _, err := io.ReadFull(c, got[:]); err != nil {
-		b.Fatal(err)
-	}
-	b.StopTimer()
-	if v := binary.BigEndian.Uint64(got[:]); v != uint64(b.N) {
-		b.Fatalf("the floor's sink counted %d of %d", v, b.N)
-	}
-	b.ReportMetric(floorFrame, "wire-B/msg")
+}
+
+// BenchmarkRemoteTellProcess measures Tell throughput to an actor in
+// another OS process: b.N tells of count{N: i} (values that grow like real
+// data: varints of 1 to 4 bytes) to the counter, whose protocol is count
+// itself, then queries until it has taken all. It reports the
+// allocations per message on both sides: the sender's (B/op, allocs/op)
+// and the receiver's (recv-allocs/msg, its heap allocations over the run
+// divided by b.N). Deviation from the default Config: no mailbox or
+// send-queue limit (benchConfig), so that a burst of b.N is not cut short.
+func BenchmarkRemoteTellProcess(b *testing.B) {
+	overNetworks(b, func(b *testing.B, network string) {
+		n := startNode(b, benchConfig())
+		child := startChildNode(b, n, network)
+		start := child.query(b, queryCounter)
+		mallocs := child.query(b, queryMallocs)
+		before := n.bytesWritten()
+		b.ReportAllocs()
+		b.ResetTimer()
+		for i := range b.N {
+			child.counter.Tell(count{N: i})
+		}
+		for child.query(b, queryCounter)-start < b.N {
+			// (the counter and the sink are different actors: no order
+			// between them, so ask until all have been taken)
+		}
+		b.StopTimer()
+		b.ReportMetric(float64(child.query(b, queryMallocs)-mallocs)/float64(b.N), "recv-allocs/msg")
+		b.ReportMetric(float64(n.bytesWritten()-before)/float64(b.N), "wire-B/msg")
+	})
+}
+
+// BenchmarkRemoteTellProcessProtocol is BenchmarkRemoteTellProcess to an
+// actor whose protocol is an interface (sinkMsg) that count implements:
+// the sender's conversion to the interface, and the receiver's value,
+// each take an allocation.
+func BenchmarkRemoteTellProcessProtocol(b *testing.B) {
+	overNetworks(b, func(b *testing.B, network string) {
+		n := startNode(b, benchConfig())
+		child := startChildNode(b, n, network)
+		start := child.query(b, querySink)
+		mallocs := child.query(b, queryMallocs)
+		before := n.bytesWritten()
+		b.ReportAllocs()
+		b.ResetTimer()
+		for i := range b.N {
+			child.sink.Tell(count{N: i})
+		}
+		got := child.query(b, querySink) // per sender→receiver order: after every tell
+		b.StopTimer()
+		if got-start != b.N {
+			b.Fatalf("sink counted %d, want %d", got-start, b.N)
+		}
+		b.ReportMetric(float64(child.query(b, queryMallocs)-mallocs)/float64(b.N), "recv-allocs/msg")
+		b.ReportMetric(float64(n.bytesWritten()-before)/float64(b.N), "wire-B/msg")
+	})
+}
+
+// BenchmarkFloorStreamProcess is the raw floor of
+// BenchmarkRemoteTellProcess: b.N integers i, length-prefixed (9 bytes a
+// frame), through a bufio.Writer to another OS process that decodes and
+// counts them, then waits for its count.
+func BenchmarkFloorStreamProcess(b *testing.B) {
+	overNetworks(b, func(b *testing.B, network string) {
+		n := startNode(b, benchConfig())
+		child := startChildNode(b, n, network)
+		c, err := net.Dial(network, child.stream)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer c.Close()
+		w := bufio.NewWriterSize(c, 64<<10)
+		b.ResetTimer()
+		for i := range b.N {
+			writeFloor(w, uint64(i))
+		}
+		writeFloor(w, floorEnd)
+		w.Flush()
+		var got [8]byte
+		if _, err := io.ReadFull(c, got[:]); err != nil {
+			b.Fatal(err)
+		}
+		b.StopTimer()
+		if v := binary.BigEndian.Uint64(got[:]); v != uint64(b.N) {
+			b.Fatalf("the floor's sink counted %d of %d", v, b.N)
+		}
+		b.ReportMetric(floorFrame, "wire-B/msg")
+	})
 }
 
 // latencies reports the median and the 99th percentile of took.
@@ -248,51 +331,55 @@ func latencies(b *testing.B, took []time.Duration) {
 }
 
 // BenchmarkRemoteAskProcess measures an Ask round trip to an echo actor
-// in another OS process over loopback TCP, with a deadline per call.
+// in another OS process, with a deadline per call.
 func BenchmarkRemoteAskProcess(b *testing.B) {
-	n := startNode(b, benchConfig())
-	echo := startChildNode(b, n).echo
-	took := make([]time.Duration, 0, b.N)
-	b.ReportAllocs()
-	b.ResetTimer()
-	for i := range b.N {
-		start := time.Now()
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		_, err := Ask(ctx, echo, func(r Ref[testPong]) testPing { return testPing{N: i, ReplyTo: r} })
-		cancel()
-		took = append(took, time.Since(start))
+	overNetworks(b, func(b *testing.B, network string) {
+		n := startNode(b, benchConfig())
+		echo := startChildNode(b, n, network).echo
+		took := make([]time.Duration, 0, b.N)
+		b.ReportAllocs()
+		b.ResetTimer()
+		for i := range b.N {
+			start := time.Now()
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			_, err := Ask(ctx, echo, func(r Ref[testPong]) testPing { return testPing{N: i, ReplyTo: r} })
+			cancel()
+			took = append(took, time.Since(start))
+			if err != nil {
+				b.Fatal(err)
+			}
+		}
+		b.StopTimer()
+		latencies(b, took)
+	})
+}
+
+// BenchmarkFloorRequestReplyProcess is the raw floor of
+// BenchmarkRemoteAskProcess: one 9-byte frame out, flushed, and the same
+// frame back from another OS process.
+func BenchmarkFloorRequestReplyProcess(b *testing.B) {
+	overNetworks(b, func(b *testing.B, network string) {
+		n := startNode(b, benchConfig())
+		child := startChildNode(b, n, network)
+		c, err := net.Dial(network, child.reply)
 		if err != nil {
 			b.Fatal(err)
 		}
-	}
-	b.StopTimer()
-	latencies(b, took)
-}
-
-// BenchmarkFloorTCPRequestReplyProcess is the raw floor of
-// BenchmarkRemoteAskProcess: one 9-byte frame out, flushed, and the same
-// frame back from another OS process.
-func BenchmarkFloorTCPRequestReplyProcess(b *testing.B) {
-	n := startNode(b, benchConfig())
-	child := startChildNode(b, n)
-	c, err := net.Dial("tcp", child.reply)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer c.Close()
-	r, w := bufio.NewReader(c), bufio.NewWriter(c)
-	var back [floorFrame]byte
-	took := make([]time.Duration, 0, b.N)
-	b.ResetTimer()
-	for i := range b.N {
-		start := time.Now()
-		writeFloor(w, uint64(i))
-		w.Flush()
-		if _, err := io.ReadFull(r, back[:]); err != nil {
-			b.Fatal(err)
+		defer c.Close()
+		r, w := bufio.NewReader(c), bufio.NewWriter(c)
+		var back [floorFrame]byte
+		took := make([]time.Duration, 0, b.N)
+		b.ResetTimer()
+		for i := range b.N {
+			start := time.Now()
+			writeFloor(w, uint64(i))
+			w.Flush()
+			if _, err := io.ReadFull(r, back[:]); err != nil {
+				b.Fatal(err)
+			}
+			took = append(took, time.Since(start))
 		}
-		took = append(took, time.Since(start))
-	}
-	b.StopTimer()
-	latencies(b, took)
+		b.StopTimer()
+		latencies(b, took)
+	})
 }

@@ -96,10 +96,12 @@ const (
 	blockRoom = 1 << 10
 )
 
-// frameBlock is one block of a frame chain: whole frames, back to back.
+// frameBlock is one block of a frame chain: whole frames, back to back,
+// and how many (of them tells) it holds from where its chain starts.
 type frameBlock struct {
-	b    []byte
-	next *frameBlock
+	b             []byte
+	next          *frameBlock
+	frames, tells int
 }
 
 var blockPool = sync.Pool{New: func() any { return &frameBlock{b: make([]byte, 0, blockSize)} }}
@@ -134,14 +136,38 @@ func (c *frameChain) room() []byte {
 func (c *frameChain) commit(b []byte, tell bool) {
 	c.bytes += len(b) - len(c.tail.b)
 	c.frames++
+	c.tail.frames++
 	if tell {
 		c.tells++
+		c.tail.tells++
 	}
 	c.tail.b = b
 }
 
+// takePrefix removes and returns the blocks from the front of c that
+// hold at least max bytes, or all of c.
+func (c *frameChain) takePrefix(max int) frameChain {
+	var p frameChain
+	size := -c.off
+	for b := c.head; b != nil; b = b.next {
+		size += len(b.b)
+		p.frames += b.frames
+		p.tells += b.tells
+		if size >= max && b.next != nil {
+			p.head, p.tail, p.off, p.bytes = c.head, b, c.off, size
+			c.head, c.off = b.next, 0
+			b.next = nil
+			c.bytes -= size
+			c.frames -= p.frames
+			c.tells -= p.tells
+			return p
+		}
+	}
+	return c.take()
+}
+
 // link appends b, whose frames from off on are c's now, as a block: the
-// bytes, frames and tells it adds are the caller's to count.
+// bytes, frames and tells it adds to c are the caller's to count.
 func (c *frameChain) link(b *frameBlock, off int) {
 	b.next = nil
 	if c.tail == nil {
@@ -168,7 +194,7 @@ func (c *frameChain) appendChain(o frameChain) {
 		return
 	}
 	if o.off > 0 {
-		o.head.b = o.head.b[o.off:] // (a chain's head is kept whole: see drop)
+		o.head.b = o.head.b[o.off:] // (only a chain's head has an offset)
 	}
 	if c.tail == nil {
 		o.off = 0
@@ -230,12 +256,15 @@ func (c *frameChain) drop(skip func(kind frameKind) bool, free func(*frameBlock)
 			c.off += n
 			c.bytes -= n
 			c.frames--
+			b.frames--
 			if kind == frameTell {
 				c.tells--
+				b.tells--
 			}
 		}
 		if b == c.tail {
 			b.b = b.b[:0] // an empty tail stays, to be filled again
+			b.frames, b.tells = 0, 0
 			c.off = 0
 			return
 		}
@@ -249,7 +278,7 @@ func recycle(b *frameBlock) {
 	if cap(b.b) != blockSize {
 		return // grown by a large frame: let it go
 	}
-	b.b, b.next = b.b[:0], nil
+	b.b, b.next, b.frames, b.tells = b.b[:0], nil, 0, 0
 	blockPool.Put(b)
 }
 

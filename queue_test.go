@@ -1,6 +1,9 @@
 package troupe
 
-import "testing"
+import (
+	"encoding/binary"
+	"testing"
+)
 
 // TestRecQueueKeepsOrderAcrossChunks pushes, takes and appends queues that
 // span several chunks, and checks every record comes out once, in order.
@@ -43,5 +46,96 @@ func TestRecQueueKeepsOrderAcrossChunks(t *testing.T) {
 	again.each(func(*outRec) { n++ })
 	if n != 1 {
 		t.Fatalf("a recycled chunk held %d records, want 1", n)
+	}
+}
+
+// chainFrame is frame number i of a chain under test: a tell frame, or a
+// watch frame for every third i, with a body of i%300 bytes (so that
+// some lengths take two bytes) that starts with i.
+func chainFrame(i int) []byte {
+	kind := frameTell
+	if i%3 == 0 {
+		kind = frameWatch
+	}
+	body := append([]byte{byte(kind)}, binary.AppendUvarint(nil, uint64(i))...)
+	body = append(body, make([]byte, i%300)...)
+	return appendWhole(nil, body)
+}
+
+// chainNumbers lists the numbers of the frames in c, in order.
+func chainNumbers(t *testing.T, c *frameChain) []int {
+	t.Helper()
+	var got []int
+	c.each(func(f []byte) bool {
+		body := f[frameBodyAt(f):]
+		n, _ := binary.Uvarint(body[1:])
+		got = append(got, int(n))
+		return true
+	})
+	return got
+}
+
+// TestFrameChainKeepsOrderAcrossBlocks fills a chain over several blocks,
+// takes a prefix of it, drops acknowledged frames from the front, appends
+// chains with and without an offset, and checks the frames, bytes and
+// counts of tells at every step.
+func TestFrameChainKeepsOrderAcrossBlocks(t *testing.T) {
+	const total = 3000
+	var c frameChain
+	size, tells := 0, 0
+	for i := range total {
+		f := chainFrame(i)
+		c.commit(append(c.room(), f...), f[frameBodyAt(f)] == byte(frameTell))
+		size += len(f)
+		if i%3 != 0 {
+			tells++
+		}
+	}
+	blocks := 0
+	for b := c.head; b != nil; b = b.next {
+		blocks++
+	}
+	if blocks < 3 || c.frames != total || c.tells != tells || c.bytes != size {
+		t.Fatalf("%d blocks, %d frames (%d tells), %d bytes; want several blocks, %d frames (%d tells), %d bytes", blocks, c.frames, c.tells, c.bytes, total, tells, size)
+	}
+	front := c.takePrefix(blockSize)
+	if front.frames+c.frames != total || front.tells+c.tells != tells || front.bytes+c.bytes != size || front.bytes < blockSize {
+		t.Fatalf("a prefix of %d frames, %d bytes, and %d, %d left", front.frames, front.bytes, c.frames, c.bytes)
+	}
+	// Acknowledge 700 tells: they go, with the watches before and among them.
+	var freed []*frameBlock
+	k := 700
+	front.appendChain(c.take())
+	front.drop(func(kind frameKind) bool {
+		if kind != frameTell {
+			return true
+		}
+		if k == 0 {
+			return false
+		}
+		k--
+		return true
+	}, func(b *frameBlock) { freed = append(freed, b) })
+	got := chainNumbers(t, &front)
+	if len(got) == 0 || got[0] != 1051 || len(got) != total-1051 || front.frames != len(got) {
+		t.Fatalf("after 700 tells acknowledged the chain starts at %v with %d frames (counted %d), want 1051 and %d", got[:min(len(got), 3)], len(got), front.frames, total-1051)
+	}
+	if len(freed) == 0 || front.off == 0 {
+		t.Fatalf("%d blocks freed, head offset %d", len(freed), front.off)
+	}
+	// A chain with an offset appended to another: the offset is cut.
+	var onto frameChain
+	onto.commit(append(onto.room(), chainFrame(1)...), true)
+	onto.appendChain(front)
+	got = chainNumbers(t, &onto)
+	if got[0] != 1 || got[1] != 1051 || got[len(got)-1] != total-1 || onto.frames != len(got) {
+		t.Fatalf("appended: %v … %d (%d frames, counted %d)", got[:2], got[len(got)-1], len(got), onto.frames)
+	}
+	want := 0
+	for b := onto.head; b != nil; b = b.next {
+		want += b.frames
+	}
+	if want != onto.frames {
+		t.Fatalf("the blocks count %d frames, the chain %d", want, onto.frames)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"reflect"
 	"sync"
 	"sync/atomic"
+	"unsafe"
 )
 
 // NodeUID identifies one incarnation of a node: [Start] draws a fresh random
@@ -167,7 +168,31 @@ func (r Ref[T]) Tell(msg T) {
 		}
 		return
 	}
+	if a := r.h.assoc; a != nil && r.h.local == nil {
+		// A flat message is encoded from where it lies, without a box
+		// (escape analysis sees that nothing keeps the pointer, so msg
+		// stays on the stack). Anything the fast
+		// path does not take (a session not yet writing, a full budget,
+		// an error to report) goes the general way.
+		if mt := flatTypeFor[T](); mt != nil && a.tellFlat(r.h, mt, unsafe.Pointer(&msg)) {
+			return
+		}
+	}
 	r.h.send(msg)
+}
+
+// flatTypeFor returns T's registered type if T is a concrete flat type
+// (see flat.go), else nil.
+func flatTypeFor[T any]() *msgType {
+	rt := reflect.TypeFor[T]()
+	if rt.Kind() == reflect.Interface {
+		return nil
+	}
+	mt := typeOfWord((*iface)(unsafe.Pointer(&rt)).data) // a reflect.Type's data word is the type's descriptor
+	if mt == nil || mt.flat == nil {
+		return nil
+	}
+	return mt
 }
 
 // Send delivers msg like Tell, but where Tell would make a dead letter

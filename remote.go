@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"reflect"
+	"slices"
 	"time"
+	"unsafe"
 )
 
 // Resolve returns a ref to the actor named by ref (a string made by
@@ -207,6 +209,23 @@ func (a *assoc) onTell(b []byte) error {
 		n.deadLetter(n.localRefString(it.path), nil, fmt.Errorf("%w: unknown wire key %q from %s", ErrNotRegistered, ty.key, a.label()))
 		return nil
 	}
+	if bt, ok := it.target.(batchTarget); ok && ty.mt.plain {
+		// Decoded into the batch's memory, not a box of its own: an
+		// actor whose protocol is this very type takes it without an
+		// allocation (see cell.tellWireBatch).
+		mt := ty.mt
+		a.batchFor(bt, it.path) // (a flush empties the arena)
+		words := int(mt.t.Size()+7) / 8
+		at := len(a.arena)
+		a.arena = slices.Grow(a.arena, words)[:at+words]
+		clear(a.arena[at:])
+		if err := a.dec.flatInto(mt, payload, unsafe.Pointer(&a.arena[at])); err != nil {
+			a.arena = a.arena[:at]
+			return err
+		}
+		a.batchAdd(bt, it.path, wireMsg{size: len(b), mt: mt, at: at})
+		return nil
+	}
 	msg, err := a.dec.payload(ty.mt, payload)
 	if err != nil {
 		return err
@@ -216,14 +235,7 @@ func (a *assoc) onTell(b []byte) error {
 		return nil
 	}
 	if bt, ok := it.target.(batchTarget); ok {
-		if a.batchTo != bt {
-			a.flushBatch()
-			a.batchTo, a.batchPath = bt, it.path
-		}
-		a.batch = append(a.batch, wireMsg{msg, len(b)})
-		if len(a.batch) >= maxBatch {
-			a.flushBatch()
-		}
+		a.batchAdd(bt, it.path, wireMsg{msg: msg, size: len(b)})
 		return nil
 	}
 	if err := it.target.tellWire(msg, len(b)); err != nil {
@@ -243,17 +255,48 @@ func (a *assoc) onTell(b []byte) error {
 // without waiting for the stream to pause.
 const maxBatch = 256
 
-// wireMsg is a decoded message waiting in a batch, with its encoded size.
+// wireMsg is a decoded message waiting in a batch, with its encoded size:
+// msg, or a value of the plain type mt in the batch's arena at word at.
 type wireMsg struct {
 	msg  any
 	size int
+	mt   *msgType
+	at   int
+}
+
+// value returns the message as an interface (a plain one is copied out
+// of arena into a box of its own).
+func (m *wireMsg) value(arena []uint64) any {
+	if m.msg == nil && m.mt != nil {
+		return m.mt.boxCopy(unsafe.Pointer(&arena[m.at]))
+	}
+	return m.msg
 }
 
 // batchTarget is a local target that takes a batch: tellWireBatch
-// delivers ms in order until one fails, and returns how many it
-// delivered and, if not all, why the next one failed.
+// delivers ms (whose plain values lie in arena) in order until one fails,
+// and returns how many it delivered and, if not all, why the next one
+// failed.
 type batchTarget interface {
-	tellWireBatch(ms []wireMsg) (int, error)
+	tellWireBatch(ms []wireMsg, arena []uint64) (int, error)
+}
+
+// batchFor makes the batch one for bt at path, delivering the batch for
+// another target first.
+func (a *assoc) batchFor(bt batchTarget, path string) {
+	if a.batchTo != bt {
+		a.flushBatch()
+		a.batchTo, a.batchPath = bt, path
+	}
+}
+
+// batchAdd adds m, for bt at path, to the batch.
+func (a *assoc) batchAdd(bt batchTarget, path string, m wireMsg) {
+	a.batchFor(bt, path)
+	a.batch = append(a.batch, m)
+	if len(a.batch) >= maxBatch {
+		a.flushBatch()
+	}
 }
 
 // flushBatch delivers the batch; a message its target refuses becomes a
@@ -261,15 +304,15 @@ type batchTarget interface {
 func (a *assoc) flushBatch() {
 	ms := a.batch
 	for len(ms) > 0 {
-		k, err := a.batchTo.tellWireBatch(ms)
+		k, err := a.batchTo.tellWireBatch(ms, a.arena)
 		if k >= len(ms) {
 			break
 		}
-		a.n.deadLetter(a.n.localRefString(a.batchPath), ms[k].msg, err)
+		a.n.deadLetter(a.n.localRefString(a.batchPath), ms[k].value(a.arena), err)
 		ms = ms[k+1:]
 	}
 	clear(a.batch)
-	a.batch, a.batchTo = a.batch[:0], nil
+	a.batch, a.batchTo, a.arena = a.batch[:0], nil, a.arena[:0]
 }
 
 // localRefString is the ref string of a local path, for dead letters.

@@ -3,6 +3,7 @@ package troupe
 import (
 	"errors"
 	"net"
+	"strings"
 	"testing"
 	"time"
 )
@@ -134,6 +135,78 @@ func TestAPeerThatCannotResumeEndsAtOnce(t *testing.T) {
 	select {
 	case ev := <-lost:
 		t.Fatalf("a peer that cannot resume was suspended: %+v", ev)
+	default:
+	}
+}
+
+// padded is a message of some kilobytes, so that a round of them spans
+// several of an association's blocks.
+type padded struct {
+	N   int
+	Pad string
+}
+
+func init() { RegisterMessage[padded]("troupe.test.padded") }
+
+// TestResetsResumeLargeMessages is TestResetsResumeExactlyOnceInOrder with
+// messages of 5 KB, written and resent in parts of several blocks: a
+// first round waits for a paused receiver, then each reset comes, with
+// the receiver paused, while half a megabyte is waiting or
+// unacknowledged.
+func TestResetsResumeLargeMessages(t *testing.T) {
+	f := NewFaultNet()
+	home := startOn(t, f, failConfig("home", 50*time.Millisecond, 5*time.Second))
+	away := startOn(t, f, failConfig("away", 50*time.Millisecond, 5*time.Second))
+	_, got := spawnCollector[padded](t, away, "sink", 1<<12)
+	resumed := make(chan PeerResumed, 64)
+	SubscribeChan(home.Events(), resumed)
+	dead := make(chan DeadLetter, 16)
+	SubscribeChan(home.Events(), dead)
+	sink, err := Resolve[padded](ctxT(t, 5*time.Second), home, FormatRef(away.Addrs()[0], "/user/sink"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pad := strings.Repeat("x", 5000)
+	const resets, perRound = 10, 100
+	next := 0
+	// First a round with no reset: written in parts of several blocks.
+	f.Pause(away)
+	for range perRound {
+		next++
+		sink.Tell(padded{N: next, Pad: pad})
+	}
+	f.Resume(away)
+	for i := 1; i <= next; i++ {
+		if m := recv(t, got, "a message"); m.N != i {
+			t.Fatalf("message %d arrived as %d", i, m.N)
+		}
+	}
+	for r := range resets {
+		f.Pause(away) // what is sent now waits, or is lost in the reset
+		for range perRound {
+			next++
+			sink.Tell(padded{N: next, Pad: pad})
+		}
+		waitFor(t, 5*time.Second, "the round to be written or waiting", func() bool {
+			p := home.Stats().Peers
+			return len(p) == 1 && p[0].Held >= perRound*len(pad)
+		})
+		if f.Reset(home, away) == 0 {
+			t.Fatalf("reset %d found no connection", r)
+		}
+		f.Resume(away)
+		recv(t, resumed, "the resume")
+	}
+	for i := perRound + 1; i <= next; i++ {
+		if m := recv(t, got, "a message"); m.N != i || m.Pad != pad {
+			t.Fatalf("message %d arrived as %d (%d bytes of padding)", i, m.N, len(m.Pad))
+		}
+	}
+	select {
+	case m := <-got:
+		t.Fatalf("message %d arrived twice", m.N)
+	case d := <-dead:
+		t.Fatalf("dead letter: %+v", d)
 	default:
 	}
 }

@@ -106,11 +106,16 @@ func (e *FrameError) Unwrap() error { return e.Reason }
 // allocated for such a frame.
 var ErrFrameTooBig = errors.New("troupe: frame too big")
 
-// frameReader reads length-prefixed frames from a connection.
+// frameReader reads length-prefixed frames from a connection. Frames that
+// lie whole in what the buffer holds are cut from a window on it (win,
+// taken by one Peek) without a call into bufio each; took bytes of the
+// window have been returned, and are discarded before the next read.
 type frameReader struct {
 	r       *bufio.Reader
 	max     int
 	scratch []byte // for frames larger than the read buffer
+	win     []byte
+	took    int
 }
 
 func newFrameReader(r io.Reader, max int) *frameReader {
@@ -120,20 +125,54 @@ func newFrameReader(r io.Reader, max int) *frameReader {
 // next returns the body of the next frame. The slice is valid only until
 // the next call. io.EOF means the peer closed cleanly between frames.
 func (fr *frameReader) next() ([]byte, error) {
-	if b, _ := fr.r.Peek(min(fr.r.Buffered(), 2)); len(b) == 2 && b[0] < 0x80 && b[0] > 0 && int(b[0]) < fr.r.Buffered() && int(b[0]) <= fr.max {
-		// A small frame already buffered whole: no reads, two steps.
-		n := int(b[0])
-		fr.r.Discard(1)
-		b, _ = fr.r.Peek(n)
-		fr.r.Discard(n)
+	if size, k := fr.inWindow(); k > 0 {
+		b := fr.win[fr.took+k : fr.took+k+size]
+		fr.took += k + size
 		return b, nil
 	}
+	fr.sync()
 	n, err := fr.length()
 	if err != nil {
 		return nil, err
 	}
 	return fr.body(n)
 }
+
+// inWindow returns the size of the next frame and of its length prefix
+// if the window holds it whole, and it is a frame next may return (not
+// empty, not too big); k is 0 if not.
+func (fr *frameReader) inWindow() (size, k int) {
+	if fr.took == len(fr.win) {
+		fr.sync()
+		fr.win, _ = fr.r.Peek(fr.r.Buffered())
+	}
+	w := fr.win[fr.took:]
+	if len(w) == 0 {
+		return 0, 0
+	}
+	n, k := uint64(w[0]), 1
+	if n >= 0x80 {
+		if n, k = binary.Uvarint(w); k <= 0 || k > maxLengthBytes {
+			return 0, 0
+		}
+	}
+	if n == 0 || n > uint64(fr.max) || n > uint64(len(w)-k) {
+		return 0, 0
+	}
+	return int(n), k
+}
+
+// sync discards the window's returned bytes from the buffer, before the
+// buffer is read from.
+func (fr *frameReader) sync() {
+	if fr.took > 0 {
+		fr.r.Discard(fr.took)
+	}
+	fr.win, fr.took = nil, 0
+}
+
+// buffered is how many bytes the buffer holds that no frame returned yet.
+func (fr *frameReader) buffered() int { return fr.r.Buffered() - fr.took }
 
 // maxLengthBytes is the longest length prefix accepted: five uvarint bytes
 // hold any frame size up to 32 GiB, far beyond every allowed maximum.
@@ -168,13 +207,8 @@ func (fr *frameReader) length() (uint64, error) {
 // complete reports whether the read buffer holds the next frame whole,
 // so that next returns it without waiting for the connection.
 func (fr *frameReader) complete() bool {
-	n := fr.r.Buffered()
-	if n == 0 {
-		return false
-	}
-	b, _ := fr.r.Peek(min(n, maxLengthBytes))
-	size, k := binary.Uvarint(b)
-	return k > 0 && uint64(n-k) >= size
+	_, k := fr.inWindow()
+	return k > 0
 }
 
 // maxHelloSize bounds the first frame of a connection.
@@ -184,6 +218,7 @@ const maxHelloSize = 16 << 10
 // frame kind and the magic as soon as their bytes arrive, so a client of
 // another protocol is turned away without waiting for a whole frame.
 func (fr *frameReader) hello() ([]byte, error) {
+	fr.sync()
 	n, err := fr.length()
 	if err != nil {
 		return nil, err
