@@ -3,8 +3,10 @@ package troupe
 import (
 	"errors"
 	"io"
+	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -174,5 +176,107 @@ func TestSendQueueLimit(t *testing.T) {
 	d := recv(t, full, "a dead letter for the full queue")
 	if !errors.Is(d.Reason, ErrSendQueueFull) {
 		t.Fatalf("dead letter %+v, want ErrSendQueueFull", d)
+	}
+}
+
+// TestABurstHeldCostsAboutItsEncodedSize tells a burst of 1,000,000 small
+// messages, with the default send budget, to a node that is paused: none
+// is refused, the sender's heap grows by at most twice the encoded bytes
+// it holds for the peer (plus a constant), and once the peer resumes all
+// arrive, in order.
+func TestABurstHeldCostsAboutItsEncodedSize(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a large burst")
+	}
+	f := NewFaultNet()
+	home := startOn(t, f, failConfig("home", 100*time.Millisecond, 30*time.Second))
+	away := startOn(t, f, failConfig("away", 100*time.Millisecond, 30*time.Second))
+	const total = 1_000_000
+	var seen, disorder atomic.Int64
+	done := make(chan struct{})
+	if _, err := Spawn(away, "sink", Behavior[count]{Receive: func(_ *Context[count], m count) {
+		if int64(m.N) != seen.Load() {
+			disorder.Add(1)
+		}
+		if seen.Add(1) == total {
+			close(done)
+		}
+	}}); err != nil {
+		t.Fatal(err)
+	}
+	sink, err := Resolve[count](ctxT(t, 5*time.Second), home, FormatRef(away.Addrs()[0], "/user/sink"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := make(chan DeadLetter, 4)
+	SubscribeChan(home.Events(), dead)
+	f.Pause(away)
+	heap := func() uint64 {
+		var ms runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&ms)
+		return ms.HeapAlloc
+	}
+	before := heap()
+	for i := range total {
+		sink.Tell(count{N: i})
+	}
+	grown := int64(heap()) - int64(before)
+	held := home.Stats().Peers[0].Held
+	const constant = 2 << 20 // a block being filled, pools, the writer's buffers
+	t.Logf("held %d bytes (%.1f a message); the heap grew by %d", held, float64(held)/total, grown)
+	if held < 5*total || grown > 2*int64(held)+constant {
+		t.Fatalf("holding %d encoded bytes grew the heap by %d (at most twice, plus %d)", held, grown, constant)
+	}
+	f.Resume(away)
+	select {
+	case <-done:
+	case <-time.After(60 * time.Second):
+		t.Fatalf("%d of %d arrived", seen.Load(), total)
+	}
+	if disorder.Load() != 0 {
+		t.Fatalf("%d messages out of order", disorder.Load())
+	}
+	select {
+	case d := <-dead:
+		t.Fatalf("dead letter: %+v", d)
+	default:
+	}
+}
+
+// TestFlatMessagesCostNoAllocations: at steady state, telling a flat
+// message (a struct of scalars) to an actor of that type on another node
+// allocates nothing on either side. Both nodes are in this process, so
+// the count covers the sender, the writer, the reader and the actor.
+func TestFlatMessagesCostNoAllocations(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates")
+	}
+	home := startNode(t, testConfig("tcp://127.0.0.1:0"))
+	away := startNode(t, testConfig("tcp://127.0.0.1:0"))
+	var seen atomic.Int64
+	if _, err := Spawn(away, "sink", Behavior[count]{Receive: func(*Context[count], count) { seen.Add(1) }}); err != nil {
+		t.Fatal(err)
+	}
+	sink, err := Resolve[count](ctxT(t, 5*time.Second), home, FormatRef(away.Addrs()[0], "/user/sink"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const burst = 10_000
+	sent := 0
+	run := func() {
+		for range burst {
+			sink.Tell(count{N: sent})
+			sent++
+		}
+		for seen.Load() < int64(sent) {
+			runtime.Gosched()
+		}
+	}
+	run() // warm up: tables, blocks, buffers
+	perBurst := testing.AllocsPerRun(20, run)
+	t.Logf("%.4f allocations a message", perBurst/burst)
+	if perMsg := perBurst / burst; perMsg > 0.01 {
+		t.Fatalf("%.3f allocations a message (%.0f a burst of %d)", perMsg, perBurst, burst)
 	}
 }

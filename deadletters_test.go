@@ -2,6 +2,7 @@ package troupe
 
 import (
 	"bytes"
+	"errors"
 	"log/slog"
 	"strings"
 	"sync"
@@ -89,5 +90,30 @@ func TestDeadLetterLogOff(t *testing.T) {
 	recv(t, dead, "the dead letter event")
 	if strings.Contains(logs.String(), "dead letter") {
 		t.Fatalf("DeadLetterLog -1 still logged:\n%s", logs.String())
+	}
+}
+
+// TestADeadLetterOfAHeldMessageIsItsValue: a message held encoded for a
+// peer that becomes unreachable comes back in its dead letter as an equal
+// value, decoded again, whose refs reach the same actors.
+func TestADeadLetterOfAHeldMessageIsItsValue(t *testing.T) {
+	p := newPair(t, 20*time.Millisecond, 300*time.Millisecond)
+	back, got := spawnCollector[testPong](t, p.home, "back", 4)
+	dead := make(chan DeadLetter, 4)
+	SubscribeChan(p.home.Events(), dead)
+	p.f.Partition(p.home, p.away)
+	p.toAway.Tell(testPing{N: 41, ReplyTo: back})
+	recv(t, p.homeEvents, "PeerUnreachable")
+	d := recv(t, dead, "the dead letter")
+	m, ok := d.Message.(testPing)
+	if !ok || m.N != 41 || m.ReplyTo.Path() != back.Path() || !errors.Is(d.Reason, ErrSessionEnded) {
+		t.Fatalf("dead letter %+v", d)
+	}
+	if d.Target != p.toAway.String() {
+		t.Fatalf("dead letter for %q, want %q", d.Target, p.toAway.String())
+	}
+	m.ReplyTo.Tell(testPong{N: 42})
+	if pong := recv(t, got, "the pong through the ref in the dead letter"); pong.N != 42 {
+		t.Fatalf("pong %+v", pong)
 	}
 }
