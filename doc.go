@@ -147,7 +147,9 @@
 // One flat package, a file per concern, and x_test.go beside x.go. Frames
 // are laid out in wire.go (one append and one parse function per kind, as
 // wire.md specifies them) and payloads in codec.go, which has no effect
-// beyond the bytes and values it builds. An association's life is a pure
+// beyond the bytes and values it builds (flat.go is its fast path for
+// structs of scalars). Senders encode on their own goroutines into blocks
+// of frames (queue.go), kept as bytes until acknowledged. An association's life is a pure
 // state machine in assoc_state.go; assoc.go, handshake.go and assoc_io.go
 // apply its transitions and do the I/O; resume.go resumes a session after
 // a link flap. Liveness is detector.go, the quarantine decision and table

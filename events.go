@@ -159,7 +159,10 @@ type DeadLetter struct {
 	// "troupe://127.0.0.1:7001/user/worker", or a local actor path.
 	Target string
 	// Message is the undelivered message (nil when only its bytes were
-	// left, as for a frame that named an unknown actor).
+	// left, as for a frame that named an unknown actor). A message for
+	// another node is kept encoded once sent; its dead letter carries it
+	// decoded again: an equal value, not the one sent, whose refs reach
+	// the same actors.
 	Message any
 	// Reason says why; compare it with errors.Is against ErrActorStopped,
 	// ErrNoSuchActor, ErrNotRegistered, ErrMailboxFull, ErrSendQueueFull,

@@ -197,9 +197,9 @@ func flatTypeFor[T any]() *msgType {
 
 // Send delivers msg like Tell, but where Tell would make a dead letter
 // because there is no room — the actor's mailbox holds
-// [Config.MailboxLimit] messages, or the association with its node has
-// [Config.SendQueueLimit] frames waiting (the network, or the peer, is
-// slower than this producer) — Send waits for room. Use it for a producer
+// [Config.MailboxLimit] messages, or the association with its node holds
+// [Config.SendQueueLimit] bytes (the network, or the peer, is slower than
+// this producer) — Send waits for room. Use it for a producer
 // that must not lose messages to its own speed; use Tell where a message
 // may be dropped (and reported) rather than hold the sender up.
 //
