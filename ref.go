@@ -289,7 +289,17 @@ func Ask[Req, Resp any](ctx context.Context, to Ref[Req], mk func(replyTo Ref[Re
 		}
 		defer a.removePending(p)
 	}
-	if err := to.h.send(mk(Ref[Resp]{h: p.h})); err != nil {
+	req := mk(Ref[Resp]{h: p.h})
+	var err error
+	if c, ok := to.h.local.(*cell[Req]); ok {
+		// A local actor takes the request typed: no box on the way.
+		if err = c.push(req); err != nil {
+			n.deadLetter(to.h.String(), req, err)
+		}
+	} else {
+		err = to.h.send(req)
+	}
+	if err != nil {
 		return zero, err
 	}
 	select {
@@ -310,7 +320,8 @@ type result[T any] struct {
 // promise is the temporary actor behind an Ask's reply ref. It is put in the
 // node's path table only when its ref is encoded for the wire.
 type promise[T any] struct {
-	h    *handle
+	h    *handle // &hd
+	hd   handle  // (in the promise's allocation, not one of its own)
 	ch   chan result[T]
 	done atomic.Bool
 
@@ -328,12 +339,14 @@ var tempSeq atomic.Uint64
 
 func newPromise[T any](n *Node) *promise[T] {
 	p := &promise[T]{ch: make(chan result[T], 1)}
-	p.h = &handle{node: n, key: refKey{node: n.uid, path: tempPath(tempSeq.Add(1))}, local: p}
+	p.hd = handle{node: n, key: refKey{node: n.uid, path: tempPath(tempSeq.Add(1))}, local: p}
+	p.h = &p.hd
 	return p
 }
 
 func tempPath(seq uint64) string {
-	return "/temp/$" + formatBase36(seq)
+	var b [7 + 13]byte
+	return string(appendBase36(append(b[:0], "/temp/$"...), seq)) // one allocation
 }
 
 func (p *promise[T]) complete(v T, err error) bool {
