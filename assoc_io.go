@@ -469,22 +469,16 @@ func (a *assoc) decodeHeld(b []byte) (string, any) {
 }
 
 // heldBinder binds the refs of a payload this node encoded for the peer,
-// read back: the sender's actors are this node's, the receiver's the
-// peer's.
+// read back: sender and receiver swap places (the sender's actors are
+// this node's, the receiver's the peer's).
 type heldBinder struct{ a *assoc }
 
 func (b heldBinder) bindRef(kind byte, key refKey, addr string) *handle {
-	n := b.a.n
 	switch kind {
 	case refSender:
-		key.node = n.uid
-		if h := n.lookup(key.path, key.uuid); h != nil {
-			return h
-		}
-		return deadHandle(n, key)
+		kind = refReceiver
 	case refReceiver:
-		key.node = b.a.peerUID
-		return &handle{node: n, key: key, assoc: b.a}
+		kind = refSender
 	}
 	return b.a.bindRef(kind, key, addr)
 }

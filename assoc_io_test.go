@@ -192,18 +192,7 @@ func TestABurstHeldCostsAboutItsEncodedSize(t *testing.T) {
 	home := startOn(t, f, failConfig("home", 100*time.Millisecond, 30*time.Second))
 	away := startOn(t, f, failConfig("away", 100*time.Millisecond, 30*time.Second))
 	const total = 1_000_000
-	var seen, disorder atomic.Int64
-	done := make(chan struct{})
-	if _, err := Spawn(away, "sink", Behavior[count]{Receive: func(_ *Context[count], m count) {
-		if int64(m.N) != seen.Load() {
-			disorder.Add(1)
-		}
-		if seen.Add(1) == total {
-			close(done)
-		}
-	}}); err != nil {
-		t.Fatal(err)
-	}
+	c := spawnCounting(t, away, "sink", total)
 	sink, err := Resolve[count](ctxT(t, 5*time.Second), home, FormatRef(away.Addrs()[0], "/user/sink"))
 	if err != nil {
 		t.Fatal(err)
@@ -230,12 +219,12 @@ func TestABurstHeldCostsAboutItsEncodedSize(t *testing.T) {
 	}
 	f.Resume(away)
 	select {
-	case <-done:
+	case <-c.done:
 	case <-time.After(60 * time.Second):
-		t.Fatalf("%d of %d arrived", seen.Load(), total)
+		t.Fatalf("%d of %d arrived", c.seen.Load(), total)
 	}
-	if disorder.Load() != 0 {
-		t.Fatalf("%d messages out of order", disorder.Load())
+	if c.disorder.Load() != 0 {
+		t.Fatalf("%d messages out of order", c.disorder.Load())
 	}
 	select {
 	case d := <-dead:

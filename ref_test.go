@@ -184,19 +184,8 @@ func TestSendCarriesABurst(t *testing.T) {
 	cfg.SendQueueLimit = 32 << 10 // the default is 64 MiB: a smaller budget makes the producer wait often
 	home := startNode(t, cfg)
 	away := startNode(t, testConfig("tcp://127.0.0.1:0"))
-	var seen, outOfOrder atomic.Int64
-	done := make(chan struct{})
 	total := int64(*burst)
-	if _, err := Spawn(away, "sink", Behavior[count]{Receive: func(_ *Context[count], m count) {
-		if int64(m.N) != seen.Load()+1 {
-			outOfOrder.Add(1)
-		}
-		if seen.Add(1) == total {
-			close(done)
-		}
-	}}); err != nil {
-		t.Fatal(err)
-	}
+	c := spawnCounting(t, away, "sink", total)
 	sink, err := Resolve[count](ctxT(t, 5*time.Second), home, FormatRef(away.Addrs()[0], "/user/sink"))
 	if err != nil {
 		t.Fatal(err)
@@ -219,18 +208,18 @@ func TestSendCarriesABurst(t *testing.T) {
 	}()
 	defer close(stop)
 	ctx := ctxT(t, 5*time.Minute)
-	for i := int64(1); i <= total; i++ {
+	for i := range total {
 		if err := sink.Send(ctx, count{N: int(i)}); err != nil {
 			t.Fatalf("Send %d: %v", i, err)
 		}
 	}
 	select {
-	case <-done:
+	case <-c.done:
 	case <-ctx.Done():
-		t.Fatalf("the receiver counted %d of %d", seen.Load(), total)
+		t.Fatalf("the receiver counted %d of %d", c.seen.Load(), total)
 	}
-	if outOfOrder.Load() != 0 {
-		t.Fatalf("%d messages out of order", outOfOrder.Load())
+	if c.disorder.Load() != 0 {
+		t.Fatalf("%d messages out of order", c.disorder.Load())
 	}
 	if h := maxHeld.Load(); h >= int64(cfg.SendQueueLimit+maxCountFrame) {
 		t.Fatalf("%d bytes held, the limit is %d", h, cfg.SendQueueLimit)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -45,6 +46,31 @@ func spawnCollector[T any](t testing.TB, n *Node, name string, size int) (Ref[T]
 		t.Fatal(err)
 	}
 	return r, ch
+}
+
+// counting is a sink that counts numbered messages, expecting 0, 1, 2, …
+// in that order.
+type counting struct {
+	seen, disorder atomic.Int64
+	done           chan struct{} // closed at the total
+}
+
+// spawnCounting spawns a counting sink at /user/name that closes done
+// once it has taken total messages.
+func spawnCounting(t testing.TB, n *Node, name string, total int64) *counting {
+	t.Helper()
+	c := &counting{done: make(chan struct{})}
+	if _, err := Spawn(n, name, Behavior[count]{Receive: func(_ *Context[count], m count) {
+		if int64(m.N) != c.seen.Load() {
+			c.disorder.Add(1)
+		}
+		if c.seen.Add(1) == total {
+			close(c.done)
+		}
+	}}); err != nil {
+		t.Fatal(err)
+	}
+	return c
 }
 
 func TestRemoteAskAndOrderedTell(t *testing.T) {
