@@ -207,6 +207,7 @@ type inTarget struct {
 	path   string
 	uuid   UUID
 	target localTarget // nil if no such actor
+	batch  batchTarget // target, if it takes batches
 }
 
 type resolveAnswer struct {

@@ -46,8 +46,10 @@ type msgType struct {
 	flat  []flatField           // non-nil: made of scalars only (see flat.go)
 	alloc func() unsafe.Pointer // a new zero value (nil: reflect.New)
 	// plain: flat, without strings, and not empty: no pointers, so a value
-	// may be decoded into, and copied out of, plain memory (see box.go).
+	// may be decoded into, and copied out of, plain memory (see box.go),
+	// of words 8-byte words.
 	plain bool
+	words int
 
 	direct   bool           // stored directly in an interface (see box)
 	typeWord unsafe.Pointer // the interface type word of t
@@ -124,6 +126,7 @@ func registerType(t reflect.Type, key string, alloc func() unsafe.Pointer) error
 	if !mt.fast {
 		mt.flat = flatFields(t)
 		mt.plain = mt.flat != nil && alloc != nil && t.Size() > 0
+		mt.words = int(t.Size()+7) / 8
 		for _, f := range mt.flat {
 			mt.plain = mt.plain && f.kind != reflect.String
 		}

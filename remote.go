@@ -170,6 +170,7 @@ func (a *assoc) onTell(b []byte) error {
 		it = &inTarget{path: th.path, uuid: th.uuid}
 		if h := n.lookup(it.path, it.uuid); h != nil {
 			it.target = h.local
+			it.batch, _ = h.local.(batchTarget)
 		}
 		if id != 0 {
 			if id != uint64(len(a.inTargets))+1 || id > maxTableSize {
@@ -209,13 +210,13 @@ func (a *assoc) onTell(b []byte) error {
 		n.deadLetter(n.localRefString(it.path), nil, fmt.Errorf("%w: unknown wire key %q from %s", ErrNotRegistered, ty.key, a.label()))
 		return nil
 	}
-	if bt, ok := it.target.(batchTarget); ok && ty.mt.plain {
+	if bt := it.batch; bt != nil && ty.mt.plain {
 		// Decoded into the batch's memory, not a box of its own: an
 		// actor whose protocol is this very type takes it without an
 		// allocation (see cell.tellWireBatch).
 		mt := ty.mt
 		a.batchFor(bt, it.path) // (a flush empties the arena)
-		words := int(mt.t.Size()+7) / 8
+		words := mt.words
 		at := len(a.arena)
 		a.arena = slices.Grow(a.arena, words)[:at+words]
 		clear(a.arena[at:])
@@ -234,7 +235,7 @@ func (a *assoc) onTell(b []byte) error {
 		n.deadLetter(n.localRefString(it.path), msg, ErrNoSuchActor)
 		return nil
 	}
-	if bt, ok := it.target.(batchTarget); ok {
+	if bt := it.batch; bt != nil {
 		a.batchAdd(bt, it.path, wireMsg{msg: msg, size: len(b)})
 		return nil
 	}
