@@ -159,7 +159,7 @@ type inType struct {
 
 func (a *assoc) onTell(b []byte) error {
 	n := a.n
-	var th tellHeader
+	var th tellHeader // (set whole by parseTell)
 	payload, err := parseTell(b, &th)
 	if err != nil {
 		return err

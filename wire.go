@@ -116,6 +116,10 @@ type frameReader struct {
 	scratch []byte // for frames larger than the read buffer
 	win     []byte
 	took    int
+	// the next frame's place in the window, as inWindow found it (peeked
+	// set), for next to take without looking again
+	peeked       bool
+	peekN, peekK int
 }
 
 func newFrameReader(r io.Reader, max int) *frameReader {
@@ -125,7 +129,12 @@ func newFrameReader(r io.Reader, max int) *frameReader {
 // next returns the body of the next frame. The slice is valid only until
 // the next call. io.EOF means the peer closed cleanly between frames.
 func (fr *frameReader) next() ([]byte, error) {
-	if size, k := fr.inWindow(); k > 0 {
+	size, k := fr.peekN, fr.peekK
+	if !fr.peeked {
+		size, k = fr.inWindow()
+	}
+	fr.peeked = false
+	if k > 0 {
 		b := fr.win[fr.took+k : fr.took+k+size]
 		fr.took += k + size
 		return b, nil
@@ -207,8 +216,9 @@ func (fr *frameReader) length() (uint64, error) {
 // complete reports whether the read buffer holds the next frame whole,
 // so that next returns it without waiting for the connection.
 func (fr *frameReader) complete() bool {
-	_, k := fr.inWindow()
-	return k > 0
+	fr.peekN, fr.peekK = fr.inWindow()
+	fr.peeked = true
+	return fr.peekK > 0
 }
 
 // maxHelloSize bounds the first frame of a connection.
