@@ -197,6 +197,7 @@ type assoc struct {
 	rcvTells  uint64 // tell frames received
 	batch     []wireMsg
 	batchTo   batchTarget // the target of batch
+	batchID   uint64      // its table id (0: none, or defined inline)
 	batchPath string      // its path, for dead letters
 	arena     []uint64    // the plain values of batch
 	ackQueued uint64      // the last count handed to the writer to acknowledge

@@ -215,7 +215,7 @@ func (a *assoc) onTell(b []byte) error {
 		// actor whose protocol is this very type takes it without an
 		// allocation (see cell.tellWireBatch).
 		mt := ty.mt
-		a.batchFor(bt, it.path) // (a flush empties the arena)
+		a.batchFor(bt, it.path, id) // (a flush empties the arena)
 		words := mt.words
 		at := len(a.arena)
 		a.arena = slices.Grow(a.arena, words)[:at+words]
@@ -224,7 +224,7 @@ func (a *assoc) onTell(b []byte) error {
 			a.arena = a.arena[:at]
 			return err
 		}
-		a.batchAdd(bt, it.path, wireMsg{size: len(b), mt: mt, at: at})
+		a.batchPush(wireMsg{size: len(b), mt: mt, at: at})
 		return nil
 	}
 	msg, err := a.dec.payload(ty.mt, payload)
@@ -236,7 +236,8 @@ func (a *assoc) onTell(b []byte) error {
 		return nil
 	}
 	if bt := it.batch; bt != nil {
-		a.batchAdd(bt, it.path, wireMsg{msg: msg, size: len(b)})
+		a.batchFor(bt, it.path, id)
+		a.batchPush(wireMsg{msg: msg, size: len(b)})
 		return nil
 	}
 	if err := it.target.tellWire(msg, len(b)); err != nil {
@@ -282,18 +283,22 @@ type batchTarget interface {
 	tellWireBatch(ms []wireMsg, arena []uint64) (int, error)
 }
 
-// batchFor makes the batch one for bt at path, delivering the batch for
-// another target first.
-func (a *assoc) batchFor(bt batchTarget, path string) {
+// batchFor makes the batch one for bt at path, whose table id is id (0
+// for a target defined inline), delivering the batch for another target
+// first.
+func (a *assoc) batchFor(bt batchTarget, path string, id uint64) {
+	if id != 0 && id == a.batchID {
+		return // the same entry of the table: the same target
+	}
 	if a.batchTo != bt {
 		a.flushBatch()
 		a.batchTo, a.batchPath = bt, path
 	}
+	a.batchID = id
 }
 
-// batchAdd adds m, for bt at path, to the batch.
-func (a *assoc) batchAdd(bt batchTarget, path string, m wireMsg) {
-	a.batchFor(bt, path)
+// batchPush adds m to the batch, for the target batchFor named.
+func (a *assoc) batchPush(m wireMsg) {
 	a.batch = append(a.batch, m)
 	if len(a.batch) >= maxBatch {
 		a.flushBatch()
@@ -313,7 +318,7 @@ func (a *assoc) flushBatch() {
 		ms = ms[k+1:]
 	}
 	clear(a.batch)
-	a.batch, a.batchTo, a.arena = a.batch[:0], nil, a.arena[:0]
+	a.batch, a.batchTo, a.batchID, a.arena = a.batch[:0], nil, 0, a.arena[:0]
 }
 
 // localRefString is the ref string of a local path, for dead letters.
