@@ -76,6 +76,29 @@ func (a *assoc) lost(err error) {
 // process is seen in milliseconds by both sides). The same incarnation
 // means it is alive and will dial back; the window decides if it does not.
 func (a *assoc) watchBack(addr Addr) {
+	a.whileSuspended(func(cause error, silent bool) bool {
+		if silent {
+			return true // the heartbeat loop's to end it
+		}
+		uid, err := a.n.probeAt(addr)
+		switch {
+		case err != nil && isRefused(err):
+			a.fail(fmt.Errorf("%v, and %s now refuses connections", cause, addr))
+			return true
+		case uid != (NodeUID{}) && uid != a.peerUID:
+			a.fail(fmt.Errorf("%v, and another incarnation answers at %s", cause, addr))
+			return true
+		}
+		return false
+	})
+}
+
+// whileSuspended calls try at once, then after a wait that doubles from
+// redialMin up to redialMax, for as long as the session stays suspended
+// and the node open, until try says it is done. try is told why the
+// connection broke, and whether the peer has been silent for
+// UnreachableAfter.
+func (a *assoc) whileSuspended(try func(cause error, silent bool) (done bool)) {
 	n := a.n
 	var wait time.Duration
 	for {
@@ -92,16 +115,7 @@ func (a *assoc) watchBack(addr Addr) {
 		a.mu.Lock()
 		suspended, cause := a.state == assocSuspended, a.lostCause
 		a.mu.Unlock()
-		if !suspended || time.Since(a.silentSince()) >= n.cfg.UnreachableAfter {
-			return // resumed, ended, or the heartbeat loop's to end
-		}
-		uid, err := n.probeAt(addr)
-		switch {
-		case err != nil && isRefused(err):
-			a.fail(fmt.Errorf("%v, and %s now refuses connections", cause, addr))
-			return
-		case uid != (NodeUID{}) && uid != a.peerUID:
-			a.fail(fmt.Errorf("%v, and another incarnation answers at %s", cause, addr))
+		if !suspended || try(cause, time.Since(a.silentSince()) >= n.cfg.UnreachableAfter) {
 			return
 		}
 	}
@@ -122,35 +136,18 @@ func (a *assoc) silentSince() time.Time {
 // resumed, or it is clear that it cannot be.
 func (a *assoc) redial() {
 	n := a.n
-	var wait time.Duration
-	for {
-		if wait > 0 {
-			t := time.NewTimer(wait)
-			select {
-			case <-n.done:
-				t.Stop()
-				return
-			case <-t.C:
-			}
-		}
-		wait = min(max(2*wait, redialMin), redialMax)
-		a.mu.Lock()
-		suspended, cause := a.state == assocSuspended, a.lostCause
-		a.mu.Unlock()
-		if !suspended {
-			return
-		}
-		if silent := time.Since(a.silentSince()); silent >= n.cfg.UnreachableAfter {
+	a.whileSuspended(func(cause error, silent bool) bool {
+		if silent {
 			a.fail(fmt.Errorf("%v, and no new connection within %v", cause, n.cfg.UnreachableAfter))
-			return
+			return true
 		}
 		c, err := n.dial(a.dialAddr)
 		if err != nil {
 			if isRefused(err) {
 				a.fail(fmt.Errorf("%v, and %s now refuses connections", cause, a.dialAddr))
-				return
+				return true
 			}
-			continue
+			return false
 		}
 		fresh := newAssoc(n, true, a.dialAddr)
 		fresh.resumeOf = a
@@ -159,23 +156,24 @@ func (a *assoc) redial() {
 		if n.pclosing {
 			n.pmu.Unlock()
 			c.Close()
-			return
+			return true
 		}
 		n.all[fresh] = struct{}{}
 		n.outbound++
 		n.pmu.Unlock()
 		fresh.runDialed(c) // on success, reads until that session ends
 		a.mu.Lock()
-		suspended = a.state == assocSuspended
+		suspended := a.state == assocSuspended
 		a.mu.Unlock()
 		if !suspended {
-			return
+			return true // resumed, or ended
 		}
 		if err := fresh.failure(); errors.Is(err, ErrRejected) {
 			a.fail(fmt.Errorf("%v, and the peer refused the new connection: %w", cause, err))
-			return
+			return true
 		}
-	}
+		return false
+	})
 }
 
 // suspendFor prepares the resume an inbound hello asks for: if the
