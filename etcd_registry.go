@@ -38,6 +38,14 @@ const (
 	// not answer within it is passed over for the next. A lookup through
 	// an etcd whose first member is dead fails over within this bound.
 	etcdAttempt = time.Second
+	// etcdElection is how long a request goes on trying the endpoints
+	// again while some member answers "unavailable" or does not answer
+	// at all: an election after the leader's death (a few hundred
+	// milliseconds with etcd's default timeouts). Members that all refuse
+	// connections fail the request at once.
+	etcdElection = 2 * time.Second
+	// etcdRetryWait is the pause between two rounds of the endpoints.
+	etcdRetryWait = 100 * time.Millisecond
 	// etcdMinTTL is the shortest lease etcd grants reliably (its minimum
 	// depends on its election timeout; 2 s covers the default).
 	etcdMinTTL = 2 * time.Second
@@ -119,26 +127,37 @@ func (r *etcdRegistry) call(ctx context.Context, path string, in, out any) error
 	if err != nil {
 		return err
 	}
-	r.mu.Lock()
-	first := r.first
-	r.mu.Unlock()
-	var errs []error
-	for i := range r.endpoints {
-		k := (first + i) % len(r.endpoints)
-		err := r.callOne(ctx, r.endpoints[k], path, body, out)
-		if err == nil {
-			r.mu.Lock()
-			r.first = k
-			r.mu.Unlock()
-			return nil
+	start := time.Now()
+	for {
+		r.mu.Lock()
+		first := r.first
+		r.mu.Unlock()
+		var errs []error
+		electing := false
+		for i := range r.endpoints {
+			k := (first + i) % len(r.endpoints)
+			err := r.callOne(ctx, r.endpoints[k], path, body, out)
+			if err == nil {
+				r.mu.Lock()
+				r.first = k
+				r.mu.Unlock()
+				return nil
+			}
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			electing = electing || errors.Is(err, errEtcdUnavailable) || errors.Is(err, context.DeadlineExceeded)
+			errs = append(errs, err)
 		}
-		if ctx.Err() != nil {
-			return ctx.Err()
+		if !electing || time.Since(start) >= etcdElection || !sleepCtx(ctx, etcdRetryWait) {
+			return fmt.Errorf("etcd %s: %w", r.url, errors.Join(errs...))
 		}
-		errs = append(errs, err)
 	}
-	return fmt.Errorf("etcd %s: %w", r.url, errors.Join(errs...))
 }
+
+// errEtcdUnavailable is wrapped by the error of a member that answered
+// 503 Service Unavailable (no leader, or the leader changed).
+var errEtcdUnavailable = errors.New("unavailable")
 
 func (r *etcdRegistry) callOne(ctx context.Context, endpoint, path string, body []byte, out any) error {
 	ctx, cancel := context.WithTimeout(ctx, etcdAttempt)
@@ -155,7 +174,11 @@ func (r *etcdRegistry) callOne(ctx context.Context, endpoint, path string, body 
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
-		return fmt.Errorf("%s%s: %s: %s", endpoint, path, resp.Status, bytes.TrimSpace(msg))
+		err := fmt.Errorf("%s%s: %s: %s", endpoint, path, resp.Status, bytes.TrimSpace(msg))
+		if resp.StatusCode == http.StatusServiceUnavailable {
+			err = fmt.Errorf("%w (%w)", err, errEtcdUnavailable)
+		}
+		return err
 	}
 	return json.NewDecoder(io.LimitReader(resp.Body, 64<<20)).Decode(out)
 }

@@ -250,7 +250,7 @@ func TestEtcdRegistryFailover(t *testing.T) {
 	}
 	b := startNode(t, cfg)
 	spawnEcho(t, a, "echo")
-	bound := time.Duration(len(c.clients))*etcdAttempt + time.Second
+	bound := time.Duration(len(c.clients))*etcdAttempt + etcdElection + time.Second
 
 	var wg sync.WaitGroup
 	stop := make(chan struct{})
