@@ -41,6 +41,7 @@ func (a *assoc) writeLoop() {
 	_, vectored := a.conn.(interface {
 		SyscallConn() (syscall.RawConn, error)
 	})
+	vectored = vectored && !raceEnabled
 	for {
 		select {
 		case <-a.wake:
@@ -223,7 +224,15 @@ func (a *assoc) writePriority(buf []byte) []byte {
 // delivered, since what the kernel took before the failure cannot be
 // told apart from what it did not.
 func (a *assoc) write(iov net.Buffers) bool {
-	n, err := iov.WriteTo(a.conn)
+	var n int64
+	var err error
+	if len(iov) == 1 {
+		var k int
+		k, err = a.conn.Write(iov[0]) // (WriteTo would use writev for one buffer too)
+		n = int64(k)
+	} else {
+		n, err = iov.WriteTo(a.conn)
+	}
 	a.written.Add(uint64(n))
 	if err == nil {
 		return true
