@@ -159,15 +159,14 @@ type assoc struct {
 	ackTo    atomic.Uint64 // tell frames received that the writer should acknowledge
 
 	// Delivery confirmation, guarded by mu: unacked holds the frames
-	// written and not yet acknowledged by the peer, in order; unackedN
-	// counts the sequenced ones among them (tells, or every frame of a
-	// resumable session) and acked those acknowledged. While the writer
-	// writes (writing), blocks an acknowledgement frees wait in freed.
-	unacked  frameChain
-	unackedN int
-	acked    uint64
-	writing  bool
-	freed    []*frameBlock
+	// written and not yet acknowledged by the peer, in order (unackedSeq
+	// counts the sequenced ones), and acked counts those acknowledged.
+	// While the writer writes (writing), blocks an acknowledgement frees
+	// wait in freed.
+	unacked frameChain
+	acked   uint64
+	writing bool
+	freed   []*frameBlock
 
 	// The out tables and the encoder, guarded by mu: the senders encode.
 	// outTargetKeys and outTypeList are the tables by id less one, to
@@ -643,7 +642,6 @@ func (a *assoc) leave(now bool) {
 // collector, not recycled: the writer may still be writing them.
 func (a *assoc) takeHeld() (unacked, out frameChain, queue recQueue) {
 	unacked, out, queue = a.unacked.take(), a.out.take(), a.queue.take()
-	a.unackedN = 0
 	return
 }
 

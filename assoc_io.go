@@ -74,7 +74,7 @@ func (a *assoc) writeLoop() {
 			// A peer that reads but never confirms is as good as silent:
 			// what it holds unconfirmed must not grow without end.
 			a.abort(fmt.Errorf("%s has not acknowledged %d bytes of messages (Config.UnackedLimit is %d)", a.label(), over, lim))
-			a.doneWriting(spent)
+			a.doneWriting(out.frames > 0, spent)
 			return
 		}
 		a.prio = a.writePriority(a.prio[:0])
@@ -99,14 +99,14 @@ func (a *assoc) writeLoop() {
 		if cap(a.prio) > prioKeep {
 			a.prio = nil
 		}
-		a.doneWriting(spent)
+		a.doneWriting(out.frames > 0, spent)
 		if !ok {
 			return
 		}
 		if draining {
 			a.mu.Lock()
 			empty := a.queue.len() == 0 && a.out.frames == 0
-			if empty && a.byeOnAck && a.unackedN == 0 {
+			if empty && a.byeOnAck && a.unackedSeq() == 0 {
 				a.byeOnAck, empty = false, false
 				a.push(&outRec{msg: ctlFrame(appendBye(nil, byeLeaving, ""))})
 				a.notify()
@@ -176,19 +176,19 @@ func (a *assoc) keepUnacked(out *frameChain) []*frameBlock {
 	u.bytes += out.bytes
 	u.frames += out.frames
 	u.tells += out.tells
-	if a.resumable {
-		a.unackedN += out.frames
-	} else {
-		a.unackedN += out.tells
-	}
 	return spent
 }
 
 // doneWriting recycles the blocks a write has finished with: the ones it
 // copied, and those an acknowledgement freed meanwhile.
-func (a *assoc) doneWriting(spent []*frameBlock) {
+// A write of a heartbeat or an acknowledgement alone (wrote false) held
+// no blocks: it takes no lock.
+func (a *assoc) doneWriting(wrote bool, spent []*frameBlock) {
 	for _, b := range spent {
 		recycle(b)
+	}
+	if !wrote {
+		return
 	}
 	a.mu.Lock()
 	a.writing = false
@@ -260,15 +260,15 @@ func (a *assoc) onAck(b []byte) error {
 	if a.state == assocClosed {
 		return nil // the session ended; its unacknowledged messages are reported
 	}
-	if count < a.acked || count-a.acked > uint64(a.unackedN) {
+	if count < a.acked || count-a.acked > uint64(a.unackedSeq()) {
 		if a.mergedInto != nil {
 			return nil
 		}
-		return fmt.Errorf("%w: acknowledgement of %d frames, %d were sent", ErrMalformed, count, a.acked+uint64(a.unackedN))
+		return fmt.Errorf("%w: acknowledgement of %d frames, %d were sent", ErrMalformed, count, a.acked+uint64(a.unackedSeq()))
 	}
 	a.release(int(count - a.acked))
 	a.acked = count
-	if a.unackedN == 0 && a.byeOnAck {
+	if a.unackedSeq() == 0 && a.byeOnAck {
 		a.notify() // the writer may say bye now
 	}
 	if a.room != nil && !a.full() {
@@ -277,10 +277,18 @@ func (a *assoc) onAck(b []byte) error {
 	return nil
 }
 
+// unackedSeq counts the sequenced frames in unacked: its tells, or every
+// frame of a resumable session (mu held).
+func (a *assoc) unackedSeq() int {
+	if a.resumable {
+		return a.unacked.frames
+	}
+	return a.unacked.tells
+}
+
 // release drops the first k sequenced frames from unacked, with the
 // frames that are not sequenced before and among them (mu held).
 func (a *assoc) release(k int) {
-	a.unackedN -= k
 	a.unacked.drop(func(kind frameKind) bool {
 		if !a.resumable && kind != frameTell {
 			return true

@@ -21,7 +21,6 @@ func TestLateAckAfterTheSessionEnded(t *testing.T) {
 		b := a.unacked.room()
 		b = appendWhole(b, appendTellHeader(nil, &tellHeader{target: 1, typ: 1}))
 		a.unacked.commit(b, true)
-		a.unackedN++
 	}
 	a.onAck([]byte{1})
 	a.fail(ErrNodeClosed)

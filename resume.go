@@ -210,8 +210,7 @@ func (n *Node) suspendFor(uid NodeUID) {
 // the peer had not confirmed (sent again once the peer's resume frame says
 // where to start). w holds its queue until then. Both are locked.
 func (a *assoc) takeOver(w *assoc, moved recQueue) {
-	w.unacked, w.unackedN, w.acked = a.unacked.take(), a.unackedN, a.acked
-	a.unackedN = 0
+	w.unacked, w.acked = a.unacked.take(), a.acked
 	// What a encoded refers to a's tables, which the peer keeps for the
 	// session: w goes on with them, and its reader with a's in tables.
 	// (w encodes nothing before its writer starts.)
@@ -239,14 +238,13 @@ func (a *assoc) onResume(b []byte) error {
 		a.mu.Unlock()
 		return fmt.Errorf("%w: resume on a session that was not resumed", ErrMalformed)
 	}
-	if count < a.acked || count-a.acked > uint64(a.unackedN) {
+	if count < a.acked || count-a.acked > uint64(a.unackedSeq()) {
 		a.mu.Unlock()
-		return fmt.Errorf("%w: resume after %d frames, %d were sent", ErrMalformed, count, a.acked+uint64(a.unackedN))
+		return fmt.Errorf("%w: resume after %d frames, %d were sent", ErrMalformed, count, a.acked+uint64(a.unackedSeq()))
 	}
 	a.release(int(count - a.acked))
-	resend := a.unackedN
+	resend := a.unackedSeq()
 	rest := a.unacked.take()
-	a.unackedN = 0
 	rest.appendChain(a.out.take())
 	a.out = rest
 	a.acked = count
