@@ -25,6 +25,10 @@ var (
 	// [Config.SendQueueLimit] bytes for its peer (waiting to be written,
 	// or not yet acknowledged).
 	ErrSendQueueFull = errors.New("troupe: send queue full")
+	// errSessionReplaced ends a suspended session whose peer connected
+	// again without resuming it (the peer holds it no more), or a session
+	// the dialer refused after the welcome.
+	errSessionReplaced = errors.New("the peer started a new session")
 	// ErrTooManyConns is wrapped by the error of a dial past
 	// [Config.MaxOutboundConns].
 	ErrTooManyConns = errors.New("troupe: too many connections")
@@ -103,9 +107,12 @@ type assoc struct {
 	// connection suspends the session instead of ending it (set by the
 	// handshake, before the reader and writer start).
 	resumable bool
-	resumeOf  *assoc        // outbound: the suspended session this connection was dialed to resume
-	resumed   bool          // this connection resumes a session: its first frame is a resume
-	resumeRcv uint64        // what that resume frame says this side received
+	resumeOf  *assoc // outbound: the suspended session this connection was dialed to resume
+	resumed   bool   // this connection resumes a session: its first frame is a resume
+	resumeRcv uint64 // what that resume frame says this side received
+	// resumes (n.pmu) is the suspended session this connection takes
+	// over, set by attach before the merge.
+	resumes   *assoc
 	ready     chan struct{} // closed (once, by closeReady) when up, merged or closed
 	readyOnce sync.Once
 	stopOnce  sync.Once
@@ -177,7 +184,15 @@ type assoc struct {
 	outTypeList   []*msgType
 	lastType      *msgType // the type of the last message encoded, if in the table
 	lastTypeID    uint32
-	enc           encoder
+	hdr           []byte // scratch for a tell's header
+	// The window (mu): the writer stalled with UnackedLimit bytes
+	// unacknowledged, and when the peer's acknowledgements last moved
+	// (or something became outstanding).
+	stalled  bool
+	ackMoved time.Time
+	// writeDeadline (mu) is the connection's write deadline, moved ahead
+	// as the writer writes.
+	writeDeadline time.Time
 
 	// Owned by the node's heartbeat goroutine.
 	det      WindowDetector
@@ -200,6 +215,7 @@ type assoc struct {
 	batchPath string      // its path, for dead letters
 	arena     []uint64    // the plain values of batch
 	ackQueued uint64      // the last count handed to the writer to acknowledge
+	ackBytes  int         // bytes received since then
 }
 
 // inTarget is an entry of the receive-side target table.
@@ -400,22 +416,95 @@ func (a *assoc) lockTarget() *assoc {
 	return a
 }
 
-// tell queues a user message for the remote actor h.
-func (a *assoc) tell(h *handle, msg any) error {
+// tell queues a user message for the remote actor h, or says why it
+// cannot: a full send budget is ErrSendQueueFull.
+func (a *assoc) tell(h *handle, msg any) error { return a.send(nil, h, msg) }
+
+// sendWait queues a user message for the remote actor h, waiting while
+// the session holds SendQueueLimit bytes: until the peer acknowledges
+// enough of them, the session ends (its failure is returned), or ctx
+// ends.
+func (a *assoc) sendWait(ctx context.Context, h *handle, msg any) error { return a.send(ctx, h, msg) }
+
+// send queues a user message for the remote actor h. Its payload is
+// encoded on the caller's goroutine with no lock held (a WireMarshaler's
+// AppendWire may send, even to the same peer); under the association's
+// lock only the table ids are assigned and the frame is copied in.
+// Without ctx a full send budget is an error; with one, send waits for
+// room until ctx ends.
+func (a *assoc) send(ctx context.Context, h *handle, msg any) error {
 	mt := typeOfValue(msg)
 	if mt == nil {
 		return fmt.Errorf("%w: %T (call RegisterMessage to send it to another node)", ErrNotRegistered, msg)
 	}
-	return a.enqueue(outRec{h: h, msg: msg, mt: mt})
+	var pb *payloadBuf
+	defer func() {
+		if pb != nil {
+			pb.release()
+		}
+	}()
+	for {
+		t := a.lockTarget()
+		if t.state >= assocLeaving {
+			t.mu.Unlock()
+			return t.failure()
+		}
+		t.use()
+		if t.full() {
+			if ctx == nil {
+				held := t.held()
+				t.mu.Unlock()
+				return fmt.Errorf("%w: %d bytes held for %s (Config.SendQueueLimit)", ErrSendQueueFull, held, t.label())
+			}
+			room := t.waitRoom()
+			t.mu.Unlock()
+			select {
+			case <-room:
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-t.n.done:
+				return ErrNodeClosed
+			}
+			continue
+		}
+		if !t.encodesNow() {
+			// The writer has not started: the peer's uid, which refs in
+			// the payload are encoded against, may not be known yet.
+			t.queue.push(outRec{h: h, msg: msg, mt: mt})
+			first := t.queue.len() == 1 && t.out.frames == 0
+			t.mu.Unlock()
+			if first {
+				t.notify()
+			}
+			return nil
+		}
+		if pb == nil {
+			peer := t.peerUID
+			t.mu.Unlock()
+			var err error
+			if pb, err = encodeFor(peer, mt, msg); err != nil {
+				return err
+			}
+			continue // the session may have moved on meanwhile
+		}
+		err := t.encodeTell(h, mt, pb.b, nil)
+		first := t.out.frames == 1
+		t.mu.Unlock()
+		if first {
+			t.notify()
+		}
+		return err
+	}
 }
 
 // tellFlat encodes a flat message for the remote actor h from p, where
 // the caller's value lies, if the session encodes now and has room, and
 // reports whether it did; otherwise nothing happened (the caller takes
-// the general way, which queues, waits or reports).
+// the general way, which queues, waits or reports). A flat message runs
+// no user code: it is encoded under the lock, straight into the chain.
 func (a *assoc) tellFlat(h *handle, mt *msgType, p unsafe.Pointer) bool {
 	t := a.lockTarget()
-	if t.state >= assocLeaving || !t.encoding || t.queue.len() > 0 || t.full() {
+	if t.state >= assocLeaving || !t.encodesNow() || t.full() {
 		t.mu.Unlock()
 		return false
 	}
@@ -431,10 +520,60 @@ func (a *assoc) tellFlat(h *handle, mt *msgType, p unsafe.Pointer) bool {
 	return true
 }
 
+// payloadBuf is the scratch space a sender encodes a payload into, on
+// its own goroutine and with no lock held.
+type payloadBuf struct {
+	b   []byte
+	enc encoder
+}
+
+var payloadPool = sync.Pool{New: func() any { return new(payloadBuf) }}
+
+// payloadKeep is the largest scratch buffer kept in the pool.
+const payloadKeep = 256 << 10
+
+// encodeFor encodes msg, of registered type mt, for the node peer.
+// The temporary refs it carries (ask replies) are made reachable by path
+// before it returns, since the frame may be written at any time after.
+func encodeFor(peer NodeUID, mt *msgType, msg any) (*payloadBuf, error) {
+	pb := payloadPool.Get().(*payloadBuf)
+	pb.enc.peer = peer
+	var err error
+	pb.b, err = pb.enc.payload(pb.b[:0], mt, msg)
+	if err != nil {
+		pb.release()
+		return nil, err
+	}
+	for _, x := range pb.enc.exports {
+		x.exportTemp()
+	}
+	return pb, nil
+}
+
+func (pb *payloadBuf) release() {
+	clear(pb.enc.exports)
+	pb.enc.exports = pb.enc.exports[:0]
+	if cap(pb.b) > payloadKeep {
+		pb.b = nil
+	}
+	payloadPool.Put(pb)
+}
+
+// encodesNow says whether a frame may be encoded into out at once: the
+// writer has started, and no records wait to be encoded before it (mu
+// held).
+func (a *assoc) encodesNow() bool { return a.encoding && a.queue.len() == 0 }
+
 // recordCharge is what a frame queued as a record (before the session's
 // writer has started) counts against SendQueueLimit: it is not encoded
 // yet, so its size is not known.
 const recordCharge = 64
+
+// controlBudget is how far the control frames a peer provokes (resolve
+// answers, terminations, watch replies) may take what the session holds
+// past SendQueueLimit: a peer that provokes more than it reads is ended
+// with a protocol error, not allowed to grow this node's memory.
+const controlBudget = 1 << 20
 
 // held is what the session holds against SendQueueLimit, in bytes: frames
 // waiting to be written and frames the peer has not acknowledged (mu
@@ -449,78 +588,54 @@ func (a *assoc) full() bool {
 	return lim > 0 && a.held() >= lim
 }
 
-func (a *assoc) enqueue(r outRec) error {
-	a = a.lockTarget()
-	if a.state >= assocLeaving {
-		a.mu.Unlock()
-		return a.failure()
-	}
-	a.use()
-	// Control frames (watches, terminations) are never refused for a full
-	// queue: a lost termination would leave a watcher waiting forever.
-	if r.h != nil && a.full() {
-		held := a.held()
-		a.mu.Unlock()
-		return fmt.Errorf("%w: %d bytes held for %s (Config.SendQueueLimit)", ErrSendQueueFull, held, a.label())
-	}
-	err := a.push(&r)
-	first := a.out.frames+a.queue.len() == 1
-	a.mu.Unlock()
-	if first {
+// waitRoom returns a channel closed when there may be room again (mu
+// held).
+func (a *assoc) waitRoom() chan struct{} {
+	if a.room == nil {
+		a.room = make(chan struct{})
+		// A heartbeat asks the peer to acknowledge what it has read at
+		// once, not with its next frame: room comes from that.
+		a.beat.Store(true)
 		a.notify()
 	}
-	return err
+	return a.room
 }
 
-// push queues r (mu held): encoded into out at once once the writer has
-// started, as a record before.
-func (a *assoc) push(r *outRec) error {
-	if !a.encoding || a.queue.len() > 0 {
-		a.queue.push(*r)
-		return nil
+// pushControl queues the body of a control frame (mu held): encoded into
+// out at once once the writer has started, as a record before.
+func (a *assoc) pushControl(body []byte) {
+	if !a.encodesNow() {
+		a.queue.push(outRec{msg: ctlFrame(body)})
+		return
 	}
-	return a.encode(r)
+	a.encodeControl(body)
 }
 
-// sendWait queues a user message for the remote actor h, waiting while
-// the session holds SendQueueLimit bytes: until the peer acknowledges
-// enough of them, the session ends (its failure is returned), or ctx
-// ends.
-func (a *assoc) sendWait(ctx context.Context, h *handle, msg any) error {
-	mt := typeOfValue(msg)
-	if mt == nil {
-		return fmt.Errorf("%w: %T (call RegisterMessage to send it to another node)", ErrNotRegistered, msg)
-	}
-	for {
-		t := a.lockTarget()
-		if t.state >= assocLeaving {
-			t.mu.Unlock()
-			return t.failure()
-		}
-		if !t.full() {
-			t.mu.Unlock()
-			if err := t.enqueue(outRec{h: h, msg: msg, mt: mt}); !errors.Is(err, ErrSendQueueFull) {
-				return err
-			}
-			continue // another sender took the room first
-		}
-		if t.room == nil {
-			t.room = make(chan struct{})
-			// A heartbeat asks the peer to acknowledge what it has read
-			// at once, not with its next frame: room comes from that.
-			t.beat.Store(true)
-			t.notify()
-		}
-		room := t.room
+// control queues a control frame; false if the session has ended, or the
+// peer provoked more control frames than it reads (the session is then
+// ended with a protocol error).
+func (a *assoc) control(body []byte) bool {
+	t := a.lockTarget()
+	if t.state >= assocEnding {
 		t.mu.Unlock()
-		select {
-		case <-room:
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-t.n.done:
-			return ErrNodeClosed
-		}
+		return false
 	}
+	t.use()
+	if lim := t.n.cfg.SendQueueLimit; lim > 0 && t.held()+len(body) > lim+controlBudget && t.state == assocUp {
+		held := t.held()
+		t.mu.Unlock()
+		err := fmt.Errorf("%w: the peer provokes more than it reads: %d bytes held for it (Config.SendQueueLimit, and %d for control frames)", ErrMalformed, held, controlBudget)
+		t.n.protocolError(t.label(), frameKind(body[0]).String(), err)
+		t.abort(&FrameError{Peer: t.label(), Kind: frameKind(body[0]).String(), Reason: err})
+		return false
+	}
+	t.pushControl(body)
+	first := t.out.frames+t.queue.len() == 1
+	t.mu.Unlock()
+	if first {
+		t.notify()
+	}
+	return true
 }
 
 // wakeSenders wakes the senders waiting for room (mu held).
@@ -529,11 +644,6 @@ func (a *assoc) wakeSenders() {
 		close(a.room)
 		a.room = nil
 	}
-}
-
-// control queues a control frame; false if the session has ended.
-func (a *assoc) control(body []byte) bool {
-	return a.enqueue(outRec{msg: ctlFrame(body)}) == nil
 }
 
 func (a *assoc) notify() {
@@ -621,7 +731,7 @@ func (a *assoc) leave(now bool) {
 	var droppedOut frameChain
 	if now {
 		dropped, droppedOut = a.queue.take(), a.out.take()
-		a.push(&outRec{msg: ctlFrame(appendBye(nil, byeLeaving, ""))})
+		a.pushControl(appendBye(nil, byeLeaving, ""))
 	} else {
 		a.byeOnAck = true // the writer says bye once the peer confirmed all
 	}
@@ -670,6 +780,9 @@ func (a *assoc) fail(err error) {
 	default:
 	}
 	peerLeft := errors.Is(err, ErrPeerLeft)
+	// A session the peer replaced with a new one, or refused, is no
+	// failure: nothing is published or quarantined.
+	closing = closing || errors.Is(err, errSessionReplaced)
 	end := endingOf(from, peerLeft, closing, false)
 	if end.retired {
 		// A retired duplicate: its work moved to the winner already, but

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"syscall"
 	"time"
 	"unsafe"
@@ -31,8 +32,11 @@ const brokenWriteDrain = 250 * time.Millisecond
 // without vectored writes).
 const prioKeep = 1 << 20
 
-// writeLoop is the association's only writer: it takes everything
-// encoded, records it as unacknowledged and writes it with one call.
+// writeLoop is the association's only writer: it takes what the senders
+// encoded, a part at a time, records it as unacknowledged and writes it
+// with one call. It never has more than Config.UnackedLimit bytes
+// unacknowledged (the window): past it, it waits for the peer to
+// acknowledge, and asks it to with a heartbeat.
 func (a *assoc) writeLoop() {
 	defer close(a.writerDone)
 	if a.resumed && !a.write(net.Buffers{appendWhole(nil, appendResume(nil, a.resumeRcv))}) {
@@ -42,42 +46,54 @@ func (a *assoc) writeLoop() {
 		SyscallConn() (syscall.RawConn, error)
 	})
 	vectored = vectored && !raceEnabled
+	window := a.n.cfg.UnackedLimit
 	for {
 		select {
 		case <-a.wake:
 		case <-a.stop:
 			return
 		}
-		a.mu.Lock()
 		failed := a.encodeQueued()
+		for _, f := range failed {
+			a.n.deadLetter(f.h.String(), f.msg, f.err)
+		}
+		a.mu.Lock()
+		if a.state == assocEnding {
+			// This node gave up on the peer: say so, if the link still
+			// carries it, and close (abort bounded the write).
+			cause := a.endCause
+			a.mu.Unlock()
+			a.sayGaveUp(cause)
+			return
+		}
 		var out frameChain
 		var spent []*frameBlock
 		bufs := a.bufs[:0]
 		if !a.holdQueue {
-			// A part at a time, so that what counts as unacknowledged
-			// is what the connection took, not what waits to be written.
-			out = a.out.takePrefix(writeChunk)
-			if a.out.frames > 0 {
-				a.notify() // the rest, next
+			if window > 0 && a.unacked.bytes >= window {
+				if !a.stalled {
+					a.stalled = true
+					a.beat.Store(true) // ask for an acknowledgement now
+				}
+			} else {
+				// A part at a time, so that what counts as
+				// unacknowledged is what the connection took, not what
+				// waits to be written.
+				out = a.out.takePrefix(writeChunk)
+				if a.out.frames > 0 {
+					a.notify() // the rest, next
+				}
 			}
 			bufs = out.buffers(bufs) // before keepUnacked relinks the blocks
 			spent = a.keepUnacked(&out)
 			a.writing = out.frames > 0
 		}
 		draining := a.state == assocLeaving || a.state == assocRetiring
-		over := a.unacked.bytes
-		a.mu.Unlock()
-		for _, f := range failed {
-			a.n.deadLetter(f.h.String(), f.msg, f.err)
-		}
-		if lim := a.n.cfg.UnackedLimit; lim > 0 && over >= lim {
-			// A peer that reads but never confirms is as good as silent:
-			// what it holds unconfirmed must not grow without end.
-			a.abort(fmt.Errorf("%s has not acknowledged %d bytes of messages (Config.UnackedLimit is %d)", a.label(), over, lim))
-			a.doneWriting(out.frames > 0, spent)
-			return
-		}
 		a.prio = a.writePriority(a.prio[:0])
+		if len(a.prio) > 0 || len(bufs) > 0 {
+			a.extendWriteDeadline()
+		}
+		a.mu.Unlock()
 		iov := a.iov[:0]
 		if !vectored {
 			for _, b := range bufs {
@@ -108,7 +124,7 @@ func (a *assoc) writeLoop() {
 			empty := a.queue.len() == 0 && a.out.frames == 0
 			if empty && a.byeOnAck && a.unackedSeq() == 0 {
 				a.byeOnAck, empty = false, false
-				a.push(&outRec{msg: ctlFrame(appendBye(nil, byeLeaving, ""))})
+				a.pushControl(appendBye(nil, byeLeaving, ""))
 				a.notify()
 			}
 			last := empty && !a.byeOnAck
@@ -120,6 +136,38 @@ func (a *assoc) writeLoop() {
 	}
 }
 
+// extendWriteDeadline moves the connection's write deadline to
+// UnreachableAfter from now (mu held, so that it never undoes the short
+// deadline abort sets): a write the peer does not drain within about
+// UnreachableAfter fails, and the session ends. The deadline moves only
+// once a tenth of it has passed, so a busy writer seldom touches it.
+func (a *assoc) extendWriteDeadline() {
+	now := time.Now()
+	window := a.n.cfg.UnreachableAfter
+	if next := now.Add(window); next.Sub(a.writeDeadline) > window/10 {
+		a.writeDeadline = next
+		a.conn.SetWriteDeadline(next)
+	}
+}
+
+// byeGrace bounds the goodbye this node writes to a peer it gave up on:
+// a link that carries it carries it at once.
+const byeGrace = 100 * time.Millisecond
+
+// sayGaveUp writes the goodbye that tells the peer this node gave up on
+// it (and why), then closes the connection; the reader ends the session.
+func (a *assoc) sayGaveUp(cause error) {
+	text := ""
+	if cause != nil {
+		text = cause.Error()
+		if len(text) > maxByeText {
+			text = text[:maxByeText]
+		}
+	}
+	a.conn.Write(appendWhole(nil, appendBye(nil, byeGaveUp, text)))
+	a.conn.Close()
+}
+
 // failedRec is a queued message that could not be encoded, and why.
 type failedRec struct {
 	h   *handle
@@ -127,25 +175,63 @@ type failedRec struct {
 	err error
 }
 
-// encodeQueued lets senders encode from now on, and encodes what was
-// queued as records before (mu held). It returns the messages that could
-// not be encoded, for dead letters.
+// encodeQueued encodes, in order, what was queued as records: before the
+// writer started (the peer's uid was not known), or moved here by a
+// merge or a resume. Payloads are encoded with no lock held; meanwhile
+// senders go on queuing records behind them, so order holds. Once the
+// queue is empty, senders encode for themselves. It returns the messages
+// that could not be encoded, for dead letters.
 func (a *assoc) encodeQueued() []failedRec {
-	if a.state == assocClosed {
-		return nil
-	}
-	a.encoding = true
-	if a.queue.len() == 0 {
-		return nil
-	}
 	var failed []failedRec
-	a.queue.take().each(func(r *outRec) {
-		if err := a.encode(r); err != nil {
-			failed = append(failed, failedRec{r.h, r.msg, err})
-		}
-	})
-	a.wakeSenders() // a record counted more than its frame, perhaps
+	a.mu.Lock()
+	for a.state != assocClosed && a.queue.len() > 0 {
+		a.encoding = false
+		q := a.queue.take()
+		peer := a.peerUID
+		a.mu.Unlock()
+		q.each(func(r *outRec) {
+			var pb *payloadBuf
+			var err error
+			if r.h != nil {
+				pb, err = encodeFor(peer, r.mt, r.msg)
+			}
+			a.mu.Lock()
+			switch {
+			case a.state == assocClosed && r.h != nil:
+				err = a.endedErr()
+			case a.state == assocClosed:
+			case err != nil:
+			case r.h == nil:
+				a.encodeControl(r.msg.(ctlFrame))
+			default:
+				err = a.encodeTell(r.h, r.mt, pb.b, nil)
+			}
+			a.mu.Unlock()
+			if pb != nil {
+				pb.release()
+			}
+			if err != nil && r.h != nil {
+				failed = append(failed, failedRec{r.h, r.msg, err})
+			}
+		})
+		a.mu.Lock()
+		a.wakeSenders() // a record counted more than its frame, perhaps
+	}
+	if a.state != assocClosed {
+		a.encoding = true
+	}
+	a.mu.Unlock()
 	return failed
+}
+
+// endedErr is why a message could not be sent through this ended
+// session (mu held).
+func (a *assoc) endedErr() error {
+	cause := a.err
+	if cause == nil {
+		cause = ErrNodeClosed
+	}
+	return &sessionError{peer: a.label(), cause: cause}
 }
 
 // keepUnacked records the frames of out, about to be written, as
@@ -156,6 +242,9 @@ func (a *assoc) encodeQueued() []failedRec {
 func (a *assoc) keepUnacked(out *frameChain) []*frameBlock {
 	if out.frames == 0 {
 		return nil
+	}
+	if a.unackedSeq() == 0 {
+		a.ackMoved = time.Now() // something is outstanding from now on
 	}
 	var spent []*frameBlock
 	u := &a.unacked
@@ -205,6 +294,10 @@ func (a *assoc) doneWriting(wrote bool, spent []*frameBlock) {
 // under a steady stream.
 const ackEvery = 1024
 
+// ackBytes bounds, likewise, how many bytes a busy reader receives before
+// it acknowledges them: well below any sender's window.
+const ackBytes = 256 << 10
+
 // writePriority appends what goes ahead of queued frames: a heartbeat when
 // one is due, and the acknowledgement of the tell frames received so far.
 func (a *assoc) writePriority(buf []byte) []byte {
@@ -237,6 +330,21 @@ func (a *assoc) write(iov net.Buffers) bool {
 	if err == nil {
 		return true
 	}
+	a.mu.Lock()
+	gaveUp := a.state == assocEnding
+	a.mu.Unlock()
+	if gaveUp {
+		a.conn.Close() // the end abort asked for; the reader finishes it
+		return false
+	}
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		// The peer has not drained what this node writes for
+		// UnreachableAfter: it is as good as gone, though it may still
+		// send. The stream stops mid-frame: it cannot resume.
+		a.abort(fmt.Errorf("%s has not read what this node wrote for %v", a.label(), a.n.cfg.UnreachableAfter))
+		a.conn.Close()
+		return false
+	}
 	if a.resumable {
 		// A broken connection. The reader finds it broken too, and
 		// suspends the session, once it has read what did arrive —
@@ -260,7 +368,10 @@ func (a *assoc) onAck(b []byte) error {
 	if a.state == assocClosed {
 		return nil // the session ended; its unacknowledged messages are reported
 	}
-	if count < a.acked || count-a.acked > uint64(a.unackedSeq()) {
+	if count <= a.acked {
+		return nil // nothing new (an acknowledgement may repeat what a resume said)
+	}
+	if count-a.acked > uint64(a.unackedSeq()) {
 		if a.mergedInto != nil {
 			return nil
 		}
@@ -268,8 +379,13 @@ func (a *assoc) onAck(b []byte) error {
 	}
 	a.release(int(count - a.acked))
 	a.acked = count
+	a.ackMoved = time.Now()
 	if a.unackedSeq() == 0 && a.byeOnAck {
 		a.notify() // the writer may say bye now
+	}
+	if a.stalled && a.unacked.bytes < a.n.cfg.UnackedLimit {
+		a.stalled = false
+		a.notify() // the window is open again
 	}
 	if a.room != nil && !a.full() {
 		a.wakeSenders()
@@ -312,44 +428,72 @@ func (a *assoc) free(b *frameBlock) {
 }
 
 // abort ends an up session from a goroutine other than its reader: it
-// records why and closes the connection, and the reader ends the session
-// after its last delivery.
+// records why, and has the writer tell the peer that this node gave up
+// on it (a link that still carries bytes carries that at once) and close
+// the connection; the reader ends the session after its last delivery.
+// The goodbye gets byeGrace: a writer stuck on a peer that does not read
+// is cut off by then.
 func (a *assoc) abort(cause error) {
 	a.mu.Lock()
-	if s, ok := step(a.state, evGiveUp); ok {
-		a.state = s
+	next, ok := step(a.state, evGiveUp)
+	if ok {
+		a.state = next
 		if a.endCause == nil {
 			a.endCause = cause
 		}
 	}
 	conn := a.conn
-	a.mu.Unlock()
-	conn.Close()
-}
-
-// encode appends r's frame to out (mu held). A message that cannot be
-// encoded adds nothing; the error says why, for its dead letter.
-func (a *assoc) encode(r *outRec) error {
-	if r.h == nil {
-		buf := a.out.room()
-		start := len(buf)
-		buf = append(buf, 0)
-		buf = append(buf, r.msg.(ctlFrame)...)
-		a.out.commit(fixLength(buf, start), false)
-		return nil
+	sayBye := ok && next == assocEnding && conn != nil
+	if sayBye {
+		conn.SetWriteDeadline(time.Now().Add(byeGrace))
 	}
-	return a.encodeTell(r.h, r.mt, r.msg, nil)
+	a.mu.Unlock()
+	if conn == nil {
+		return
+	}
+	if !sayBye {
+		conn.Close()
+		return
+	}
+	a.notify()
+	select {
+	case <-a.writerDone:
+		conn.Close() // no writer to say it
+	default:
+	}
 }
 
-// encodeTell appends the tell frame of msg, of type mt, for h to out (mu
-// held); or, msg nil, of the flat value at p, which it does not keep.
-func (a *assoc) encodeTell(h *handle, mt *msgType, msg any, p unsafe.Pointer) error {
+// encodeControl appends a control frame, its body given, to out (mu
+// held).
+func (a *assoc) encodeControl(body []byte) {
+	buf := a.out.room(len(body) + binary.MaxVarintLen32)
+	start := len(buf)
+	buf = append(buf, 0)
+	buf = append(buf, body...)
+	a.out.commit(fixLength(buf, start), false)
+}
+
+// maxHeader bounds the size of a tell frame's length prefix and header
+// for a target path and wire key.
+func maxHeader(path, key string) int {
+	return 2*binary.MaxVarintLen32 + 1 + 2*binary.MaxVarintLen64 + len(path) + len(UUID{}) + len(key)
+}
+
+// encodeTell appends the tell frame of the payload for h, of type mt, to
+// out (mu held); or, payload nil, of the flat value at p, which it does
+// not keep. Nothing here runs user code: a payload that is not flat was
+// encoded before, with no lock held.
+func (a *assoc) encodeTell(h *handle, mt *msgType, payload []byte, p unsafe.Pointer) error {
 	if h.key.node != a.peerUID {
 		return fmt.Errorf("%w: the node incarnation %s is gone", ErrNoSuchActor, h.key.node.String()[:8])
 	}
-	buf := a.out.room()
-	start := len(buf)
-	buf = append(buf, 0)
+	size := len(payload)
+	if p != nil {
+		size = flatMaxSize(mt.flat, p)
+	}
+	if p == nil && size > a.n.cfg.MaxFrameSize {
+		return fmt.Errorf("%w: %d bytes, the limit is %d", ErrFrameTooBig, size, a.n.cfg.MaxFrameSize)
+	}
 	// New table entries are committed only once the frame is complete,
 	// so a message that fails to encode leaves the tables as they were.
 	var th tellHeader
@@ -383,22 +527,25 @@ func (a *assoc) encodeTell(h *handle, mt *msgType, msg any, p unsafe.Pointer) er
 	if !knownType {
 		th.key = mt.key
 	}
-	buf = appendTellHeader(buf, &th)
-	var err error
-	if msg == nil {
+	buf := a.out.room(size + maxHeader(h.key.path, mt.key))
+	start := len(buf)
+	if p != nil {
+		// Small, and of a size known only once written: the length goes
+		// in front afterwards.
+		buf = append(buf, 0)
+		buf = appendTellHeader(buf, &th)
 		buf = appendFlatValue(buf, mt.flat, p)
+		buf = fixLength(buf, start)
 	} else {
-		a.enc.peer = a.peerUID
-		buf, err = a.enc.payload(buf, mt, msg)
+		// The header first on its own, so that the length prefix goes
+		// in front of a large payload without moving it.
+		a.hdr = appendTellHeader(a.hdr[:0], &th)
+		buf = binary.AppendUvarint(buf, uint64(len(a.hdr)+len(payload)))
+		buf = append(buf, a.hdr...)
+		buf = append(buf, payload...)
 	}
-	if err == nil && len(buf)-start-1 > a.n.cfg.MaxFrameSize {
-		err = fmt.Errorf("%w: %d bytes, the limit is %d", ErrFrameTooBig, len(buf)-start-1, a.n.cfg.MaxFrameSize)
-	}
-	if err != nil {
-		return err // (out is as it was: nothing was committed)
-	}
-	for _, x := range a.enc.exports {
-		x.exportTemp() // reachable by path before the frame is written
+	if n := len(buf) - start - frameBodyAt(buf[start:]); n > a.n.cfg.MaxFrameSize {
+		return fmt.Errorf("%w: %d bytes, the limit is %d", ErrFrameTooBig, n, a.n.cfg.MaxFrameSize)
 	}
 	if newTarget {
 		a.outTargets[h.key] = id
@@ -409,7 +556,7 @@ func (a *assoc) encodeTell(h *handle, mt *msgType, msg any, p unsafe.Pointer) er
 		a.outTypes[mt] = tid
 		a.outTypeList = append(a.outTypeList, mt)
 	}
-	a.out.commit(fixLength(buf, start), true)
+	a.out.commit(buf, true)
 	return nil
 }
 
@@ -534,17 +681,26 @@ func (a *assoc) readLoop(fr *frameReader) {
 		if done {
 			return
 		}
-		if a.rcvTells != a.ackQueued && (fr.buffered() == 0 || a.rcvTells-a.ackQueued >= ackEvery) {
+		a.ackBytes += len(body)
+		if a.rcvTells != a.ackQueued {
 			// About to wait for more, or a steady stream: confirm what
-			// arrived. The acknowledgement rides on the next frame this node
-			// writes (a reply, at the latest the next heartbeat); only a
-			// large backlog, or a heartbeat (a sender waiting for room in
-			// its send budget sends one), wakes the writer for it alone.
-			a.ackTo.Store(a.rcvTells)
-			if a.rcvTells-a.ackQueued >= ackEvery || kind == frameHeartbeat {
-				a.notify()
+			// arrived. The acknowledgement rides on the next frame this
+			// node writes (a reply, at the latest the next heartbeat);
+			// every ackEvery frames or ackBytes bytes it wakes the writer
+			// for it alone, so that the sender's window keeps moving.
+			now := a.rcvTells-a.ackQueued >= ackEvery || a.ackBytes >= ackBytes
+			if now || fr.buffered() == 0 {
+				a.ackTo.Store(a.rcvTells)
+				a.ackQueued, a.ackBytes = a.rcvTells, 0
+				if now {
+					a.notify()
+				}
 			}
-			a.ackQueued = a.rcvTells
+		}
+		if kind == frameHeartbeat {
+			// A sender waiting for its window or its send budget sends
+			// one: what this side owes it goes out at once.
+			a.notify()
 		}
 	}
 }

@@ -27,6 +27,12 @@ var (
 // AppendWire appends the encoding of the value to b and returns the result.
 // A type that implements it must also implement [WireUnmarshaler] on its
 // pointer; [RegisterMessage] checks.
+//
+// AppendWire is called on the goroutine that sends the message (Tell,
+// Send, Ask), with no troupe lock held, so it may itself send, to the
+// same node too; for a message sent before its association's handshake
+// completes, it is called later on the association's writer goroutine,
+// likewise with no lock held. It must not retain b.
 type WireMarshaler interface {
 	AppendWire(b []byte) []byte
 }

@@ -78,12 +78,33 @@ func (a *assoc) checkLiveness(now time.Time) {
 		return
 	}
 	if now.Sub(a.lastBeat) >= a.n.cfg.HeartbeatInterval {
+		if stuck := a.ackStuck(now); stuck != nil && !a.n.isMember(a.peerUID) {
+			a.declareUnreachable(stuck)
+			return
+		}
 		a.lastBeat = now
 		if a.needsBeat() {
 			a.beat.Store(true)
 		}
 		a.notify() // the writer acknowledges what arrived, beat or not
 	}
+}
+
+// ackStuck says why a's peer counts as gone though it still sends: it
+// has acknowledged nothing for UnreachableAfter while frames wait for its
+// acknowledgement (a peer that reads and never confirms would otherwise
+// hold the window, and every sender waiting on it, for ever). Nil if it
+// has.
+func (a *assoc) ackStuck(now time.Time) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.state != assocUp || a.unackedSeq() == 0 {
+		return nil
+	}
+	if d := now.Sub(a.ackMoved); d >= a.n.cfg.UnreachableAfter {
+		return fmt.Errorf("%s has acknowledged nothing for %v while %d bytes wait for it (the limit is %v)", a.label(), d.Round(time.Millisecond), a.unacked.bytes, a.n.cfg.UnreachableAfter)
+	}
+	return nil
 }
 
 // needsBeat reports whether a's peer needs this node's heartbeats: every
@@ -111,15 +132,11 @@ func (a *assoc) declareUnreachable(cause error) {
 		a.fail(fmt.Errorf("%v, and no new connection: %w", lost, cause))
 		return
 	}
-	if a.state != assocUp {
-		a.mu.Unlock()
-		return
-	}
-	a.state, _ = step(a.state, evGiveUp)
-	a.endCause = cause
-	conn := a.conn
+	up := a.state == assocUp
 	a.mu.Unlock()
-	conn.Close()
+	if up {
+		a.abort(cause)
+	}
 }
 
 // FailureDetector decides, from the times heartbeats arrived, whether a peer

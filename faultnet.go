@@ -3,8 +3,10 @@ package troupe
 import (
 	"context"
 	"net"
+	"os"
 	"slices"
 	"sync"
+	"time"
 )
 
 // FaultNet runs several nodes in one process over real loopback TCP
@@ -14,7 +16,9 @@ import (
 // peer's death — heal it, pause a node's network, and kill a node silently.
 //
 // Start nodes with [FaultNet.Start]; close them as usual. FaultNet has no
-// goroutines of its own and needs no closing. It is safe for concurrent
+// goroutines of its own (a write deadline on a cut link is a timer) and
+// needs no closing. A write waiting on a cut link honours the
+// connection's write deadline. It is safe for concurrent
 // use.
 type FaultNet struct {
 	// mu guards everything below; cond is signalled on every change.
@@ -208,6 +212,37 @@ type faultConn struct {
 	// Guarded by f.mu.
 	remote *Node // nil until known
 	closed bool
+	// The write deadline: a write waiting on a cut link ends at it, as a
+	// blocked write on a real connection does. wake wakes the waiters then.
+	wdl  time.Time
+	wake *time.Timer
+}
+
+// SetWriteDeadline sets the write deadline, which a write waiting for a
+// cut link honours too.
+func (c *faultConn) SetWriteDeadline(t time.Time) error {
+	c.setWriteDeadline(t)
+	return c.Conn.SetWriteDeadline(t)
+}
+
+// SetDeadline sets both deadlines; see SetWriteDeadline.
+func (c *faultConn) SetDeadline(t time.Time) error {
+	c.setWriteDeadline(t)
+	return c.Conn.SetDeadline(t)
+}
+
+func (c *faultConn) setWriteDeadline(t time.Time) {
+	f := c.f
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	c.wdl = t
+	if c.wake != nil {
+		c.wake.Stop()
+		c.wake = nil
+	}
+	if !t.IsZero() && !c.closed {
+		c.wake = time.AfterFunc(time.Until(t), func() { f.change(func() {}) })
+	}
 }
 
 // peerLocked returns the node at the other end, if known.
@@ -245,6 +280,10 @@ func (c *faultConn) Write(p []byte) (int, error) {
 		if c.closed {
 			f.mu.Unlock()
 			return 0, net.ErrClosed
+		}
+		if !c.wdl.IsZero() && !time.Now().Before(c.wdl) {
+			f.mu.Unlock()
+			return 0, os.ErrDeadlineExceeded
 		}
 		cut, dead := c.stateLocked(true)
 		if dead {
@@ -288,6 +327,10 @@ func (c *faultConn) Close() error {
 	c.f.change(func() {
 		c.closed = true
 		delete(c.f.conns, c)
+		if c.wake != nil {
+			c.wake.Stop()
+			c.wake = nil
+		}
 	})
 	return c.Conn.Close()
 }

@@ -58,6 +58,19 @@ func appendFlat(fields *[]flatField, t reflect.Type, off uintptr) bool {
 	return true
 }
 
+// flatMaxSize is the most bytes appendFlatValue can write for the flat
+// value at p.
+func flatMaxSize(fields []flatField, p unsafe.Pointer) int {
+	size := 0
+	for _, f := range fields {
+		size += binary.MaxVarintLen64
+		if f.kind == reflect.String {
+			size += len(*(*string)(unsafe.Add(p, f.off)))
+		}
+	}
+	return size
+}
+
 // appendFlatValue appends the encoding of the flat value at p.
 func appendFlatValue(b []byte, fields []flatField, p unsafe.Pointer) []byte {
 	for _, f := range fields {

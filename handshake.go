@@ -8,6 +8,7 @@ import (
 	"maps"
 	"net"
 	"slices"
+	"syscall"
 	"time"
 )
 
@@ -142,7 +143,7 @@ func (n *Node) serveInbound(c net.Conn, src string) {
 			c.Write(rejectFrame(rejectVersion, n.uid, err.Error()))
 		}
 		c.Close()
-		if !errors.Is(err, io.EOF) {
+		if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) && !errors.Is(err, syscall.ECONNRESET) {
 			n.protocolError(label, "hello", err)
 		}
 		return
@@ -232,6 +233,9 @@ func (n *Node) attach(a *assoc, h *hello) bool {
 		r.mu.Unlock()
 		r.fail(fmt.Errorf("%v, and %s", cause, why))
 		if h.uid == r.peerUID {
+			// The peer holds an accepted session for this connection:
+			// it must not wait for it to come back.
+			sayBye(a.conn, byeRefused, why)
 			a.fail(errors.New(why))
 			return false
 		}
@@ -248,7 +252,7 @@ func (n *Node) attach(a *assoc, h *hello) bool {
 	const accept = 255 // no reject code: the connection is accepted
 	var reject byte = accept
 	var text string
-	var loser, winner *assoc
+	var loser, winner, replaced *assoc
 	resume := false
 	switch {
 	case n.pclosing:
@@ -267,6 +271,14 @@ func (n *Node) attach(a *assoc, h *hello) bool {
 			ex.mu.Unlock()
 			if suspended && a.resumable && (a.resumeOf == ex || !a.outbound && h.flags&helloResuming != 0) {
 				loser, winner, resume = ex, a, true
+				a.resumes = ex
+				break
+			}
+			if suspended {
+				// The same incarnation connected without resuming: it
+				// no longer holds the session (it gave up on it). The
+				// new connection is the association from now on.
+				replaced = ex
 				break
 			}
 			switch chooseDuplicate(a.outbound, ex.outbound, n.uid, h.uid) {
@@ -283,6 +295,9 @@ func (n *Node) attach(a *assoc, h *hello) bool {
 		n.forgetAssoc(a)
 		n.pmu.Unlock()
 		if a.outbound {
+			// The peer accepted this connection: tell it that this node
+			// does not, or it would wait for the session to come back.
+			sayBye(a.conn, byeRefused, text)
 			a.fail(errors.New(text))
 			return false
 		}
@@ -331,6 +346,9 @@ func (n *Node) attach(a *assoc, h *hello) bool {
 	n.pmu.Unlock()
 	writeWelcome(a.conn, welcome)
 
+	if replaced != nil {
+		replaced.fail(fmt.Errorf("%w: %s connected again without resuming", errSessionReplaced, a.label()))
+	}
 	for _, w := range waiting {
 		w.mergeInto(a)
 	}
@@ -344,6 +362,16 @@ func (n *Node) attach(a *assoc, h *hello) bool {
 		n.proveClaims(a)
 	}
 	return true
+}
+
+// sayBye writes a goodbye on a connection that no reader or writer uses
+// yet, within byeGrace.
+func sayBye(c net.Conn, code byte, text string) {
+	if len(text) > maxByeText {
+		text = text[:maxByeText]
+	}
+	c.SetWriteDeadline(time.Now().Add(byeGrace))
+	c.Write(appendWhole(nil, appendBye(nil, code, text)))
 }
 
 // writeWelcome writes an acceptor's welcome, if it has one to write; a
@@ -468,7 +496,7 @@ func (a *assoc) mergeInto(w *assoc) {
 		a.mu.Unlock()
 		return
 	}
-	resuming := a.state == assocSuspended
+	suspended := a.state == assocSuspended
 	a.state = next
 	a.wakeSenders() // they follow mergedInto to the winner
 	up := next == assocRetiring
@@ -483,12 +511,32 @@ func (a *assoc) mergeInto(w *assoc) {
 	pending, watches, resolves, watchedBy := a.pending, a.watches, a.resolves, a.watchedBy
 	a.pending, a.watches, a.resolves, a.watchedBy = map[pendingAsk]struct{}{}, map[watchPair]struct{}{}, map[uint64]chan resolveAnswer{}, nil
 	t := w.lockTarget() // lock order: a, then the winner
+	resuming := suspended && t.resumes == a
 	if t.state >= assocLeaving {
+		// What a held is encoded for its own tables: it cannot move to
+		// another session, and the winner is gone too. (A retiring a
+		// drains over its own connection.)
+		var unacked, out frameChain
+		if !up {
+			unacked, out, _ = a.takeHeld() // (queue was moved)
+		}
 		t.mu.Unlock()
 		a.mu.Unlock()
-		a.endMoved(moved, pending, watches, resolves, t.failure())
+		err := t.failure()
+		a.deadLettersOf(&unacked, err, true)
+		a.deadLettersOf(&out, err, false)
+		a.endMoved(moved, pending, watches, resolves, err)
 		a.dropWatchedBy(watchedBy)
 	} else {
+		var unacked, out frameChain
+		if !up && !resuming {
+			unacked, out, _ = a.takeHeld() // (queue was moved)
+		}
+		defer func() {
+			err := &sessionError{peer: a.label(), cause: errors.New("the connection was replaced before the peer confirmed")}
+			a.deadLettersOf(&unacked, err, true)
+			a.deadLettersOf(&out, err, false)
+		}()
 		if resuming {
 			a.takeOver(t, moved)
 		} else {

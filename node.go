@@ -75,16 +75,21 @@ type Config struct {
 	// memory a slow or stalled peer, or a producer faster than the
 	// network, can make this node hold. A Tell past it becomes a
 	// [DeadLetter] with [ErrSendQueueFull]; [Ref.Send] waits for room.
-	// Control frames (watches, terminations) are never refused. Default:
-	// 64 MiB, room for a burst of several million small messages.
-	// Negative means no limit.
+	// Control frames (watches, terminations, answers to the peer's
+	// lookups) are not refused for it: they may take the association 1 MiB
+	// past it, and a peer that provokes more than that without reading
+	// is ended with a [ProtocolError]. Default: 64 MiB, room for a burst
+	// of several million small messages. Negative means no limit.
 	SendQueueLimit int
 
-	// UnackedLimit bounds, in encoded bytes, the messages written to one
-	// peer and not yet acknowledged by it. A peer that reaches it is
-	// treated as silent: unreachable and quarantined (a peer that reads
-	// and never acknowledges would otherwise hold the send budget for
-	// ever). Default: 64 MiB. Negative means no limit.
+	// UnackedLimit is the window of one association, in encoded bytes:
+	// the most it writes to its peer before the peer acknowledges. Past
+	// it the writer waits for an acknowledgement (a reading peer
+	// acknowledges at least every 256 KiB), so a peer that reads is never
+	// dropped for what it has not yet confirmed. A peer that acknowledges
+	// nothing for UnreachableAfter while something waits for it is
+	// unreachable and quarantined. Default: 64 MiB. Negative means no
+	// window.
 	UnackedLimit int
 
 	// DialTimeout bounds connecting to a peer. Default: 5 s.
@@ -109,7 +114,9 @@ type Config struct {
 
 	// UnreachableAfter is how long a peer may stay silent (nothing at all
 	// arriving from it) before it is declared unreachable and quarantined.
-	// It must be at least three heartbeat intervals. Default: 10 s.
+	// It also bounds how long a peer may leave a write undrained, or what
+	// was written unacknowledged. It must be at least three heartbeat
+	// intervals. Default: 10 s.
 	UnreachableAfter time.Duration
 
 	// AllowUIDs lists the user ids, besides this process's own, whose

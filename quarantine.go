@@ -24,6 +24,9 @@ var (
 	// ErrQuarantinedByPeer is wrapped by the error of [Node.Reconnect] (or
 	// any dial) when the peer has quarantined this node and not yet
 	// cleared it: the peer must call ClearQuarantine or Reconnect first.
+	// It is also wrapped by the reason of the [PeerUnreachable] event, and
+	// of the [Terminated] signals, when a peer tells this node that it gave
+	// up on it (this node does not quarantine the peer in turn).
 	ErrQuarantinedByPeer = errors.New("troupe: the peer has quarantined this node")
 )
 

@@ -85,16 +85,11 @@ func (q recQueue) each(f func(r *outRec)) {
 // for the garbage collector to scan, and memory close to the encoded
 // size of what they hold.
 
-// Sizes of a frame chain's blocks.
-const (
-	// blockSize is the size of a pooled block: a frame of up to
-	// blockSize-blockRoom bytes never needs a block of its own.
-	blockSize = 64 << 10
-	// blockRoom is the room a block must have left for the next frame
-	// to be encoded into it; with less, a new block is started. A frame
-	// larger than the room grows its block.
-	blockRoom = 1 << 10
-)
+// blockSize is the size of a pooled block of a frame chain. A frame that
+// does not fit in the room its tail block has left starts a new block; a
+// frame larger than a block gets a block of its own, of its size, which
+// is not pooled.
+const blockSize = 64 << 10
 
 // frameBlock is one block of a frame chain: whole frames, back to back,
 // and how many (of them tells) it holds from where its chain starts.
@@ -117,11 +112,16 @@ type frameChain struct {
 	tells      int // tell frames among them
 }
 
-// room returns the tail block's bytes with room for a frame appended, to
-// be handed back through commit.
-func (c *frameChain) room() []byte {
-	if c.tail == nil || cap(c.tail.b)-len(c.tail.b) < blockRoom {
-		b := blockPool.Get().(*frameBlock)
+// room returns the tail block's bytes with room for a frame of up to n
+// bytes appended, to be handed back through commit.
+func (c *frameChain) room(n int) []byte {
+	if c.tail == nil || cap(c.tail.b)-len(c.tail.b) < n {
+		var b *frameBlock
+		if n <= blockSize {
+			b = blockPool.Get().(*frameBlock)
+		} else {
+			b = &frameBlock{b: make([]byte, 0, n)}
+		}
 		if c.tail == nil {
 			c.head, c.off = b, 0
 		} else {

@@ -85,7 +85,7 @@ func TestFrameChainKeepsOrderAcrossBlocks(t *testing.T) {
 	size, tells := 0, 0
 	for i := range total {
 		f := chainFrame(i)
-		c.commit(append(c.room(), f...), f[frameBodyAt(f)] == byte(frameTell))
+		c.commit(append(c.room(len(f)), f...), f[frameBodyAt(f)] == byte(frameTell))
 		size += len(f)
 		if i%3 != 0 {
 			tells++
@@ -125,7 +125,7 @@ func TestFrameChainKeepsOrderAcrossBlocks(t *testing.T) {
 	}
 	// A chain with an offset appended to another: the offset is cut.
 	var onto frameChain
-	onto.commit(append(onto.room(), chainFrame(1)...), true)
+	onto.commit(append(onto.room(len(chainFrame(1))), chainFrame(1)...), true)
 	onto.appendChain(front)
 	got = chainNumbers(t, &onto)
 	if got[0] != 1 || got[1] != 1051 || got[len(got)-1] != total-1 || onto.frames != len(got) {

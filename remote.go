@@ -422,11 +422,27 @@ func (a *assoc) onResolved(b []byte) error {
 }
 
 func (a *assoc) onBye(b []byte) error {
-	code, err := parseBye(b)
+	code, text, err := parseBye(b)
 	if err != nil {
 		return err
 	}
-	if code != byeDuplicate {
+	if len(text) > maxByeText {
+		text = text[:maxByeText]
+	}
+	switch code {
+	case byeGaveUp:
+		// The peer declared this node unreachable: this side learns it
+		// now rather than at its own window, and ends the session as it
+		// would have then.
+		a.fail(fmt.Errorf("%w: %s gave up on this node: %s", ErrQuarantinedByPeer, a.label(), text))
+		return nil
+	case byeRefused:
+		// The dialer refused the connection this node welcomed: nothing
+		// was ever sent over it, and the dialer is not unreachable.
+		a.fail(fmt.Errorf("%w: %w: %s", errSessionReplaced, ErrRejected, text))
+		return nil
+	case byeDuplicate:
+	default:
 		a.fail(ErrPeerLeft)
 		return nil
 	}

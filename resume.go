@@ -217,9 +217,13 @@ func (a *assoc) takeOver(w *assoc, moved recQueue) {
 	w.out = a.out.take()
 	w.outTypes, w.outTargets, w.outTargetKeys, w.outTypeList = a.outTypes, a.outTargets, a.outTargetKeys, a.outTypeList
 	w.inTypes, w.inTargets = a.inTypes, a.inTargets
-	w.rcvTells, w.ackQueued, w.ackSent = a.rcvTells, a.ackQueued, a.ackSent
-	w.ackTo.Store(a.ackTo.Load())
+	// The resume frame acknowledges everything received: an acknowledgement
+	// of less (a count the old reader had not yet handed on) must not
+	// follow it.
+	w.rcvTells, w.ackQueued, w.ackSent = a.rcvTells, a.rcvTells, a.rcvTells
+	w.ackTo.Store(a.rcvTells)
 	w.resumeRcv, w.resumed, w.holdQueue, w.lostAt = a.rcvTells, true, true, a.lostAt
+	w.ackMoved = time.Now() // the peer's acknowledgements may move again from now
 	// What waited here goes before anything sent to w meanwhile.
 	moved.appendQueue(w.queue.take())
 	w.queue = moved

@@ -643,23 +643,28 @@ func parseResolved(b []byte) (id uint64, ans resolveAnswer, err error) {
 const (
 	byeLeaving   byte = iota // the node is closing
 	byeDuplicate             // this connection lost a simultaneous dial
+	byeGaveUp                // the sender gave up on the receiver (the text says why): it declared it unreachable, and quarantines it unless exempt
+	byeRefused               // the dialer refuses the connection the receiver welcomed (the text says why)
 )
 
-// appendBye appends a goodbye: a bye code and a text (empty today).
+// maxByeText bounds the text of a goodbye this node writes.
+const maxByeText = 256
+
+// appendBye appends a goodbye: a bye code and a text.
 func appendBye(b []byte, code byte, text string) []byte {
 	b = append(b, byte(frameBye), code)
 	return appendString(b, text)
 }
 
-// parseBye returns the bye code. The text is optional, for older peers
-// that sent the code alone.
-func parseBye(b []byte) (byte, error) {
+// parseBye returns the bye code and text. The text is optional, for
+// older peers that sent the code alone.
+func parseBye(b []byte) (code byte, text string, err error) {
 	d := decoder{b: b}
-	code := d.byte()
+	code = d.byte()
 	if d.err == nil && d.remaining() > 0 {
-		d.string()
+		text = d.string()
 	}
-	return code, d.whole("bye")
+	return code, text, d.whole("bye")
 }
 
 // appendHeartbeat appends a heartbeat: the kind alone.

@@ -55,8 +55,7 @@ func goldenFrames(t *testing.T) map[string][]byte {
 	a.n = &Node{cfg: Config{MaxFrameSize: DefaultMaxFrameSize}}
 	a.peerUID = uid
 	tellTo := func(msg any) []byte {
-		r := outRec{h: &handle{key: target}, msg: msg, mt: typeOf(reflect.TypeOf(msg))}
-		if err := a.encode(&r); err != nil {
+		if err := a.sendTellLocked(&handle{key: target}, typeOf(reflect.TypeOf(msg)), msg); err != nil {
 			t.Fatal(err)
 		}
 		out := a.out.take()
@@ -273,7 +272,7 @@ func TestFrameBodiesParseBack(t *testing.T) {
 			id, ans, err := parseResolved(b)
 			return sprint(id, ans.status, ans.uuid == uuid, ans.proto), err
 		},
-		"bye":       func(b []byte) (any, error) { return parseBye(b) },
+		"bye":       func(b []byte) (any, error) { c, _, err := parseBye(b); return c, err },
 		"heartbeat": func(b []byte) (any, error) { return nil, parseHeartbeat(b) },
 		"challenge": func(b []byte) (any, error) {
 			c, err := parseChallenge(b)

@@ -1,0 +1,420 @@
+package troupe
+
+import (
+	"crypto/rand"
+	"errors"
+	"io"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// A frame larger than a block gets a block of its own, and blocks never
+// grow to hold several large frames (issue #24, defect 2: 100 frames of
+// 64 KiB ended in one block of 7 MB).
+func TestLargeFramesGetBlocksOfTheirOwn(t *testing.T) {
+	f := NewFaultNet()
+	home := startOn(t, f, failConfig("home", 50*time.Millisecond, 10*time.Second))
+	away := startOn(t, f, failConfig("away", 50*time.Millisecond, 10*time.Second))
+	t.Cleanup(f.Heal)
+	spawnCollector[padded](t, away, "sink", 1<<12)
+	sink, err := Resolve[padded](ctxT(t, 5*time.Second), home, FormatRef(away.Addrs()[0], "/user/sink"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Partition(home, away) // nothing is written: everything stays in the chains
+	pad := strings.Repeat("x", 64<<10)
+	for i := range 100 {
+		sink.Tell(padded{N: i, Pad: pad})
+	}
+	a := sink.h.assoc.lockTarget()
+	defer a.mu.Unlock()
+	for _, c := range []*frameChain{&a.out, &a.unacked} {
+		for b := c.head; b != nil; b = b.next {
+			if cap(b.b) > blockSize && b.frames > 1 {
+				t.Fatalf("a block of %d bytes holds %d frames", cap(b.b), b.frames)
+			}
+			if cap(b.b) > 2*(len(pad)+256) {
+				t.Fatalf("a block of %d bytes for frames of %d", cap(b.b), len(pad))
+			}
+		}
+	}
+}
+
+// An acknowledgement older than what a resume frame confirmed is not a
+// protocol error: 20 resets while 16 KiB messages stream end no session
+// and lose nothing (issue #24, defect 5: the take-over copied a stale
+// acknowledged count, and the first acknowledgement of the new connection
+// was refused as malformed, 8 runs of 8).
+func TestResetsWhileMidSizeMessagesStream(t *testing.T) {
+	for _, size := range []int{5 << 10, 16 << 10} {
+		f := NewFaultNet()
+		home := startOn(t, f, failConfig("home", 50*time.Millisecond, 5*time.Second))
+		away := startOn(t, f, failConfig("away", 50*time.Millisecond, 5*time.Second))
+		_, got := spawnCollector[padded](t, away, "sink", 1<<16)
+		var trouble firstOf
+		for _, n := range []*Node{home, away} {
+			Subscribe(n.Events(), func(ev PeerUnreachable) { trouble.CompareAndSwap(nil, ev) })
+			Subscribe(n.Events(), func(ev DeadLetter) { trouble.CompareAndSwap(nil, ev) })
+			Subscribe(n.Events(), func(ev ProtocolError) { trouble.CompareAndSwap(nil, ev) })
+		}
+		resumed := make(chan PeerResumed, 64)
+		SubscribeChan(home.Events(), resumed)
+		sink, err := Resolve[padded](ctxT(t, 5*time.Second), home, FormatRef(away.Addrs()[0], "/user/sink"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		pad := strings.Repeat("m", size)
+		stop := make(chan struct{})
+		sent := make(chan int, 1)
+		go func() {
+			n := 0
+			defer func() { sent <- n }()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				n++
+				if err := sink.Send(ctxT(t, 30*time.Second), padded{N: n, Pad: pad}); err != nil {
+					trouble.CompareAndSwap(nil, err)
+					return
+				}
+			}
+		}()
+		next := 1
+		drain := func(upTo int) {
+			for ; next <= upTo; next++ {
+				m := recv(t, got, "a message")
+				if m.N != next {
+					t.Fatalf("size %d: message %d arrived as %d", size, next, m.N)
+				}
+			}
+		}
+		for r := range 20 {
+			waitFor(t, 10*time.Second, "traffic", func() bool {
+				for {
+					select {
+					case m := <-got:
+						if m.N != next {
+							t.Fatalf("size %d: message %d arrived as %d", size, next, m.N)
+						}
+						next++
+						continue
+					default:
+					}
+					return next > (r+1)*50 || trouble.Load() != nil
+				}
+			})
+			if ev := trouble.Load(); ev != nil {
+				t.Fatalf("size %d, before reset %d: %+v", size, r, ev)
+			}
+			f.Reset(home, away)
+			select {
+			case <-resumed:
+			case <-time.After(10 * time.Second):
+				t.Fatalf("size %d, reset %d: no resume (trouble: %+v)", size, r, trouble.Load())
+			}
+		}
+		close(stop)
+		drain(<-sent)
+		if ev := trouble.Load(); ev != nil {
+			t.Fatalf("size %d: %+v", size, ev)
+		}
+	}
+}
+
+// A suspended session that a new connection resumes while the node is
+// leaving reports everything it held: the frames written and not
+// confirmed as unconfirmed dead letters, the others as dead letters
+// (issue #24, defect 8: only the records became dead letters).
+func TestAResumeIntoALeavingSessionLosesNothingSilently(t *testing.T) {
+	cfg := failConfig("n", 50*time.Millisecond, 5*time.Second)
+	n := startNode(t, cfg)
+	dead := make(chan DeadLetter, 64)
+	SubscribeChan(n.Events(), dead)
+	var peer NodeUID
+	rand.Read(peer[:])
+	a := newAssoc(n, true, TCPAddr("127.0.0.1:1"))
+	a.peerUID, a.state, a.resumable, a.encoding = peer, assocSuspended, true, true
+	h := &handle{node: n, key: refKey{node: peer, path: "/user/x", uuid: UUID{1}}, assoc: a}
+	a.mu.Lock()
+	for i := range 6 {
+		if err := a.sendTellLocked(h, typeOfValue(testPing{}), testPing{N: i}); err != nil {
+			a.mu.Unlock()
+			t.Fatal(err)
+		}
+		if i == 2 {
+			written := a.out.take()
+			a.keepUnacked(&written) // the first three were written
+		}
+	}
+	a.mu.Unlock()
+	w := newAssoc(n, true, TCPAddr("127.0.0.1:1"))
+	w.peerUID, w.state = peer, assocLeaving
+	a.mergeInto(w)
+	unconfirmed := 0
+	for range 6 {
+		d := recv(t, dead, "a dead letter")
+		if d.Unconfirmed {
+			unconfirmed++
+		}
+	}
+	if unconfirmed != 3 {
+		t.Fatalf("%d unconfirmed dead letters, want 3", unconfirmed)
+	}
+}
+
+// A peer that provokes answers and never reads them is ended, and the
+// node holds no more for it than its budgets meanwhile (issue #24,
+// defect 3: 1.5 M resolves made the node hold 30 MB against a 64 KiB
+// SendQueueLimit, the session still up).
+func TestAPeerThatNeverReadsIsEndedWithinItsBudget(t *testing.T) {
+	cfg := failConfig("n", 100*time.Millisecond, 2*time.Second)
+	cfg.Listen = []string{"tcp://127.0.0.1:0"}
+	cfg.SendQueueLimit = 64 << 10
+	n := startNode(t, cfg)
+	ended := make(chan PeerUnreachable, 1)
+	SubscribeChan(n.Events(), ended)
+	protocol := make(chan ProtocolError, 1)
+	SubscribeChan(n.Events(), protocol)
+	addr := n.Addrs()[0]
+	c, err := net.Dial(addr.Network(), addr.Address())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.(*net.TCPConn).SetReadBuffer(4 << 10)
+	h := &hello{version: protocolVersion, name: "greedy", flags: helloResumable}
+	rand.Read(h.uid[:])
+	c.Write(appendFrame(nil, func(b []byte) []byte { return appendHello(b, frameHello, h) }))
+	var batch []byte
+	for i := range 1000 {
+		batch = appendWhole(batch, appendResolve(nil, resolveBody{id: uint64(i + 1), path: "/user/" + strings.Repeat("n", 40), proto: "p"}))
+	}
+	var maxHeld atomic.Int64
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := 0; ; i++ {
+			c.SetWriteDeadline(time.Now().Add(15 * time.Second))
+			if _, err := c.Write(batch); err != nil {
+				return // the node closed the connection
+			}
+			if i%16 == 0 {
+				for _, p := range n.Stats().Peers {
+					if int64(p.Held) > maxHeld.Load() {
+						maxHeld.Store(int64(p.Held))
+					}
+				}
+			}
+		}
+	}()
+	select {
+	case <-done:
+	case <-time.After(20 * time.Second):
+		c.Close()
+		<-done
+		t.Fatalf("the session with a peer that never reads was not ended; the node held up to %d bytes for it", maxHeld.Load())
+	}
+	if held, budget := maxHeld.Load(), int64(cfg.SendQueueLimit+controlBudget); held > budget {
+		t.Fatalf("held %d bytes for the peer, more than %d", held, budget)
+	}
+	select {
+	case <-ended:
+	case <-protocol:
+	case <-time.After(5 * time.Second):
+		t.Fatal("neither PeerUnreachable nor ProtocolError")
+	}
+}
+
+var _ = errors.New
+
+// A redial that reaches a new incarnation of the peer at the same address
+// leaves no half-open session there: after ClearQuarantine the new
+// incarnation is reached, and stays reached (issue #24, defect 6: the
+// new incarnation kept a suspended session for the dialer, answered the
+// next connection with a resume, and was quarantined again).
+func TestARedialThatReachesANewIncarnationLeavesNoGhost(t *testing.T) {
+	f := NewFaultNet()
+	cfg := func(name string, listen ...string) Config {
+		return Config{Name: name, Logger: quietLogger(), Listen: listen, HeartbeatInterval: 50 * time.Millisecond, UnreachableAfter: 5 * time.Second}
+	}
+	home, err := f.Start(ctxT(t, 10*time.Second), cfg("home"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { home.Close() })
+	first, err := f.Start(ctxT(t, 10*time.Second), cfg("first"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := first.Addrs()[0]
+	if _, err := Resolve[string](ctxT(t, 10*time.Second), home, FormatRef(addr, "/user/nobody")); !errors.Is(err, ErrNoSuchActor) {
+		t.Fatalf("Resolve = %v, want ErrNoSuchActor", err)
+	}
+	gone := make(chan PeerUnreachable, 4)
+	SubscribeChan(home.Events(), gone)
+	f.Kill(first)
+	second, err := f.Start(ctxT(t, 10*time.Second), cfg("second", addr.String()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { second.Close() })
+	if _, err := Spawn(second, "echo", Behavior[string]{Receive: func(*Context[string], string) {}}); err != nil {
+		t.Fatal(err)
+	}
+	// The first incarnation's end of the connection closed without a
+	// goodbye; home reads the close now, and redials.
+	f.change(func() { delete(f.killed, first) })
+	if ev := recv(t, gone, "the first incarnation's end"); ev.UID != first.UID() {
+		t.Fatalf("%+v", ev)
+	}
+	if err := home.Reconnect(ctxT(t, 10*time.Second), addr.String()); err != nil {
+		t.Fatalf("Reconnect: %v", err)
+	}
+	ref, err := Resolve[string](ctxT(t, 10*time.Second), home, FormatRef(addr, "/user/echo"))
+	if err != nil {
+		t.Fatalf("Resolve after Reconnect: %v", err)
+	}
+	if ref.NodeUID() != second.UID() {
+		t.Fatalf("resolved on %v, want the second incarnation %v", ref.NodeUID(), second.UID())
+	}
+	// The session stays up: a heartbeat window's worth of round trips.
+	for i := range 10 {
+		if _, err := Resolve[string](ctxT(t, 10*time.Second), home, FormatRef(addr, "/user/echo")); err != nil {
+			t.Fatalf("round %d: %v", i, err)
+		}
+		select {
+		case ev := <-gone:
+			t.Fatalf("round %d: %+v", i, ev)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	for _, q := range home.Quarantined() {
+		if q.UID == second.UID() {
+			t.Fatalf("the second incarnation is quarantined: %+v", q)
+		}
+	}
+}
+
+// firstOf keeps the first of several kinds of event: what went wrong
+// first.
+type firstOf struct {
+	mu sync.Mutex
+	v  any
+}
+
+func (f *firstOf) CompareAndSwap(_, v any) {
+	f.mu.Lock()
+	if f.v == nil {
+		f.v = v
+	}
+	f.mu.Unlock()
+}
+
+func (f *firstOf) Load() any {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.v
+}
+
+// sendTellLocked encodes a tell of msg for h into a's chain (mu held), as
+// a sender would.
+func (a *assoc) sendTellLocked(h *handle, mt *msgType, msg any) error {
+	pb, err := encodeFor(a.peerUID, mt, msg)
+	if err != nil {
+		return err
+	}
+	defer pb.release()
+	return a.encodeTell(h, mt, pb.b, nil)
+}
+
+// rawPeer is a hand-driven peer: it handshakes as a resumable node, then
+// sends heartbeats (it stays audible) and, if it reads, drains and
+// discards everything, acknowledging nothing.
+func rawPeer(t *testing.T, n *Node, read bool) (net.Conn, NodeUID) {
+	t.Helper()
+	addr := n.Addrs()[0]
+	c, err := net.Dial(addr.Network(), addr.Address())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	h := &hello{version: protocolVersion, name: "raw", flags: helloResumable}
+	rand.Read(h.uid[:])
+	c.Write(appendFrame(nil, func(b []byte) []byte { return appendHello(b, frameHello, h) }))
+	fr := newFrameReader(c, DefaultMaxFrameSize)
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if body, err := fr.next(); err != nil || frameKind(body[0]) != frameWelcome {
+		t.Fatalf("handshake: %v", err)
+	}
+	c.SetReadDeadline(time.Time{})
+	done := make(chan struct{})
+	t.Cleanup(func() { c.Close(); <-done })
+	go func() {
+		defer close(done)
+		beat := appendWhole(nil, appendHeartbeat(nil))
+		tick := time.NewTicker(50 * time.Millisecond)
+		defer tick.Stop()
+		for range tick.C {
+			if _, err := c.Write(beat); err != nil {
+				return
+			}
+		}
+	}()
+	if read {
+		go io.Copy(io.Discard, c)
+	}
+	return c, h.uid
+}
+
+// A peer that reads but never acknowledges holds the window and the send
+// budget: it is given up on once nothing was acknowledged for
+// UnreachableAfter while something waited, and what it never confirmed
+// becomes Unconfirmed dead letters.
+func TestAPeerThatNeverAcknowledgesIsGivenUpOn(t *testing.T) {
+	for _, read := range []bool{true, false} {
+		cfg := failConfig("n", 50*time.Millisecond, time.Second)
+		cfg.Listen = []string{"tcp://127.0.0.1:0"}
+		n := startNode(t, cfg)
+		gone := make(chan PeerUnreachable, 1)
+		SubscribeChan(n.Events(), gone)
+		dead := make(chan DeadLetter, 64)
+		SubscribeChan(n.Events(), dead)
+		_, uid := rawPeer(t, n, read)
+		var a *assoc
+		waitFor(t, 5*time.Second, "the raw peer to be up", func() bool {
+			n.pmu.Lock()
+			defer n.pmu.Unlock()
+			a = n.byUID[uid]
+			return a != nil
+		})
+		h := &handle{node: n, key: refKey{node: uid, path: "/user/x", uuid: UUID{1}}, assoc: a}
+		pad := strings.Repeat("u", 256<<10)
+		const sent = 40 // 10 MiB: more than a socket takes when nobody reads
+		start := time.Now()
+		for i := range sent {
+			if err := a.tell(h, padded{N: i, Pad: pad}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		ev := recv(t, gone, "PeerUnreachable")
+		if !ev.Quarantined || !errors.Is(ev.Reason, ErrPeerUnreachable) {
+			t.Fatalf("read %v: %+v", read, ev)
+		}
+		if took := time.Since(start); took > 4*cfg.UnreachableAfter {
+			t.Fatalf("read %v: given up on after %v", read, took)
+		}
+		for range sent {
+			if d := recv(t, dead, "a dead letter"); !d.Unconfirmed && read {
+				t.Fatalf("read %v: %+v, want unconfirmed", read, d)
+			}
+		}
+		t.Logf("read %v: %v", read, ev.Reason)
+	}
+}
