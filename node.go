@@ -310,7 +310,12 @@ type Node struct {
 	uuidBase  [16]byte // actor uuids are this with a counter mixed in
 	ctx       context.Context
 	cancel    context.CancelFunc
-	epoch     time.Time // the zero of the monotonic stamps in connections
+	// actorsCtx is the parent of every actor's Context: cancelled when
+	// the node starts stopping its actors, so that a handler waiting on
+	// it returns.
+	actorsCtx    context.Context
+	cancelActors context.CancelFunc
+	epoch        time.Time // the zero of the monotonic stamps in connections
 
 	uuidSeq atomic.Uint64
 	// reqSeq numbers resolve requests node-wide, so that an answer that
@@ -421,6 +426,7 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 	}
 	n.log = n.log.With("node", n.name)
 	n.ctx, n.cancel = context.WithCancel(context.Background())
+	n.actorsCtx, n.cancelActors = context.WithCancel(n.ctx)
 	n.dialCtx, n.dialCancel = context.WithCancel(n.ctx)
 	n.epoch = time.Now()
 	var err error

@@ -3,6 +3,7 @@ package troupe
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"time"
 )
@@ -52,6 +53,35 @@ func (n *Node) Close() error {
 func (n *Node) Shutdown(ctx context.Context) error {
 	n.closeOnce.Do(func() { n.closeErr = n.shutdown(ctx, true) })
 	return n.closeErr
+}
+
+// waitActors waits until every actor has terminated, or ctx ends (or
+// Close hurries a Shutdown): a handler that ignores its context must not
+// hold a Shutdown past its deadline. It says which actors still run.
+func (n *Node) waitActors(ctx context.Context) error {
+	done := make(chan struct{})
+	go func() { n.live.Wait(); close(done) }()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+	case <-n.hurry:
+	}
+	n.amu.Lock()
+	var running []string
+	for path := range n.actors {
+		running = append(running, path)
+		if len(running) == 8 {
+			break
+		}
+	}
+	n.amu.Unlock()
+	n.log.Warn("troupe: shutdown went on without waiting for actors still in a handler", "actors", running)
+	err := ctx.Err()
+	if err == nil {
+		err = context.Canceled
+	}
+	return fmt.Errorf("%w: actors still in a handler: %v", err, running)
 }
 
 // shutdown closes the node; graceful says whether queued frames and
@@ -108,7 +138,16 @@ func (n *Node) shutdown(ctx context.Context, graceful bool) error {
 	for _, h := range targets {
 		h.local.sysPush(sysMsg{kind: sysStop, reason: ErrNodeClosed})
 	}
-	n.live.Wait()
+	// Every actor stops after the handler it runs: a handler waiting on
+	// its context returns now. Shutdown waits for the others within ctx.
+	n.cancelActors()
+	if graceful {
+		if err := n.waitActors(ctx); err != nil {
+			errs = append(errs, err)
+		}
+	} else {
+		n.live.Wait()
+	}
 
 	// Let the writers send what they hold and the goodbye: for as long as
 	// ctx allows when graceful, briefly otherwise.

@@ -29,13 +29,15 @@ func (c *cell[T]) tooling() *actorTools[T] {
 	return c.tools
 }
 
-// Context returns a context.Context that is done when the actor stops (or
-// its node closes). Pass it to blocking calls a handler starts — an HTTP
-// request, a database query — so that they end with the actor.
+// Context returns a context.Context that is done when the actor stops, or
+// as soon as its node starts closing ([Node.Close], [Node.Shutdown]).
+// Pass it to blocking calls a handler starts — an HTTP request, a
+// database query — so that they end with the actor, and the node's
+// Close does not wait on them.
 func (c *Context[T]) Context() context.Context {
 	t := c.c.tooling()
 	if t.ctx == nil {
-		t.ctx, t.cancel = context.WithCancel(c.c.n.ctx)
+		t.ctx, t.cancel = context.WithCancel(c.c.n.actorsCtx)
 		if c.c.stopping {
 			t.cancel() // asked for in PostStop, or after Stop
 		}

@@ -415,13 +415,15 @@ func reasonCode(err error) (byte, string) {
 	if err == nil {
 		return reasonNone, ""
 	}
+	if isFailure(err) {
+		// First: a failure may wrap one of troupe's errors (an Ask's
+		// error passed to Fail), and it is still the actor's failure.
+		return reasonFailed, err.Error()
+	}
 	for code, e := range reasonErrs {
 		if e != nil && errors.Is(err, e) {
 			return byte(code), ""
 		}
-	}
-	if isFailure(err) {
-		return reasonFailed, err.Error()
 	}
 	return reasonOther, err.Error()
 }

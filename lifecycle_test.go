@@ -1,0 +1,84 @@
+package troupe_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"troupe"
+)
+
+// blockedOnContext spawns an actor whose handler waits on its
+// c.Context(), as the README recommends for blocking calls, and returns
+// once the handler is waiting.
+func blockedOnContext(t *testing.T, n *troupe.Node) {
+	t.Helper()
+	waiting := make(chan struct{})
+	ref, err := troupe.Spawn(n, "blocked", troupe.Behavior[string]{Receive: func(c *troupe.Context[string], _ string) {
+		close(waiting)
+		<-c.Context().Done()
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref.Tell("wait")
+	within(t, waiting, 10*time.Second, "the handler to wait")
+}
+
+// Close and Shutdown end a handler that waits on its actor's context:
+// the context is cancelled when closing begins, not after the actors
+// stopped (issue #26, defect 1: both hung for ever).
+func TestCloseEndsAHandlerWaitingOnItsContext(t *testing.T) {
+	for _, how := range []string{"Close", "Shutdown"} {
+		t.Run(how, func(t *testing.T) {
+			n, err := troupe.Start(context.Background(), troupe.Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+			if err != nil {
+				t.Fatal(err)
+			}
+			blockedOnContext(t, n)
+			done := make(chan error, 1)
+			go func() {
+				if how == "Close" {
+					done <- n.Close()
+					return
+				}
+				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+				defer cancel()
+				done <- n.Shutdown(ctx)
+			}()
+			if err := within(t, done, 10*time.Second, how+" to return"); err != nil {
+				t.Fatalf("%s: %v", how, err)
+			}
+		})
+	}
+}
+
+// A failure that wraps one of troupe's own errors reaches a remote
+// watcher as a failure, with its text (issue #26, defect 7: it arrived as
+// a bare ErrActorStopped, Failed() false).
+func TestAFailureWrappingASentinelCrossesAsAFailure(t *testing.T) {
+	_, a, b := faultPair(t)
+	failing, err := troupe.Spawn(b, "failing", troupe.Behavior[string]{Receive: func(c *troupe.Context[string], _ string) {
+		c.Fail(fmt.Errorf("downstream gone: %w", troupe.ErrActorStopped))
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	remote, err := troupe.Resolve[string](ctxFor(t), a, troupe.FormatRef(b.Addrs()[0], "/user/failing"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	local := watchOn(t, b, failing)
+	got := watchOn(t, a, remote)
+	remote.Tell("go")
+	for where, ch := range map[string]<-chan troupe.Terminated{"local": local, "remote": got} {
+		term := within(t, ch, 10*time.Second, where+" Terminated")
+		if !term.Failed() || !strings.Contains(term.Reason.Error(), "downstream gone") {
+			t.Fatalf("%s watcher: Failed() = %v, reason %v", where, term.Failed(), term.Reason)
+		}
+	}
+}
