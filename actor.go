@@ -432,7 +432,7 @@ func (c *cell[T]) tellWireBatch(ms []wireMsg, arena []uint64) (int, error) {
 				break
 			}
 		}
-		if c.limit > 0 && len(c.in) >= c.limit {
+		if c.limit > 0 && len(c.in) >= c.limit && !ms[k].credited {
 			err = ErrMailboxFull
 			break
 		}
@@ -509,6 +509,9 @@ func (c *cell[T]) run() {
 			c.room = nil
 		}
 		c.mu.Unlock()
+		if c.n.creditWaiting.Load() > 0 {
+			c.n.wakeCredit(c.self)
+		}
 		// c.handled is brought up to date only where a signal needs it,
 		// so that the loop writes nothing per message.
 		base := c.handled
@@ -675,6 +678,9 @@ func (c *cell[T]) terminate(rest []T) {
 		c.room = nil
 	}
 	c.mu.Unlock()
+	if c.n.creditWaiting.Load() > 0 {
+		c.n.wakeCredit(c.self)
+	}
 
 	target := c.self.String()
 	for _, m := range rest {

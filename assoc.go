@@ -65,10 +65,15 @@ type outRec struct {
 	h   *handle
 	msg any
 	mt  *msgType
+	pb  *payloadBuf // msg already encoded (for this session's peer), if not nil
 }
 
-// ctlFrame is the body of a control frame in an outRec.
-type ctlFrame []byte
+// ctlFrame is the body of a control frame in an outRec; answerFrame the
+// body of an answer to one of the peer's requests.
+type (
+	ctlFrame    []byte
+	answerFrame []byte
+)
 
 // inWatch is a watch a remote actor placed on a local one: the local
 // target's path and uuid, and the remote watcher's path.
@@ -107,6 +112,14 @@ type assoc struct {
 	// connection suspends the session instead of ending it (set by the
 	// handshake, before the reader and writer start).
 	resumable bool
+	// credit: both sides grant and heed per-actor credit (set by the
+	// handshake, before the reader and writer start).
+	credit bool
+	// The credit due to the peer's senders (credit.go): accounts for the
+	// writer to consider granting.
+	cmu       sync.Mutex
+	due       []*creditAcct
+	hasDue    atomic.Bool
 	resumeOf  *assoc // outbound: the suspended session this connection was dialed to resume
 	resumed   bool   // this connection resumes a session: its first frame is a resume
 	resumeRcv uint64 // what that resume frame says this side received
@@ -121,6 +134,7 @@ type assoc struct {
 	// mu guards everything below up to the writer's fields.
 	mu    sync.Mutex
 	state assocState // moved only by step (assoc_state.go)
+	qgen  uint64     // counts the times queue was taken (see encodeQueued)
 	// queue holds frames as records until the writer has started, so
 	// that the session's tables are final (a resume takes them over);
 	// from then on (encoding) senders encode into out on their own
@@ -182,9 +196,16 @@ type assoc struct {
 	outTargets    map[refKey]uint32
 	outTargetKeys []refKey
 	outTypeList   []*msgType
-	lastType      *msgType // the type of the last message encoded, if in the table
-	lastTypeID    uint32
-	hdr           []byte // scratch for a tell's header
+	// Credit (mu; see credit.go): how many messages the peer's mailboxes
+	// take (0 not yet known, -1 no limit), and, for each target in
+	// outTargetKeys, the messages sent to it and the credit granted for
+	// it besides that.
+	peerMailbox int64
+	outSent     []int64
+	outGranted  []int64
+	lastType    *msgType // the type of the last message encoded, if in the table
+	lastTypeID  uint32
+	hdr         []byte // scratch for a tell's header
 	// The window (mu): the writer stalled with UnackedLimit bytes
 	// unacknowledged, and when the peer's acknowledgements last moved
 	// (or something became outstanding).
@@ -193,6 +214,10 @@ type assoc struct {
 	// writeDeadline (mu) is the connection's write deadline, moved ahead
 	// as the writer writes.
 	writeDeadline time.Time
+	// endingAt (Unix ns) is when this node gave up on the peer; the
+	// heartbeat loop closes the connection byeGrace after it, if the
+	// writer has not (see abort).
+	endingAt atomic.Int64
 
 	// Owned by the node's heartbeat goroutine.
 	det      WindowDetector
@@ -224,6 +249,7 @@ type inTarget struct {
 	uuid   UUID
 	target localTarget // nil if no such actor
 	batch  batchTarget // target, if it takes batches
+	acct   *creditAcct // its credit (a session with credit, a tabled target)
 }
 
 type resolveAnswer struct {
@@ -469,8 +495,11 @@ func (a *assoc) send(ctx context.Context, h *handle, msg any) error {
 		}
 		if !t.encodesNow() {
 			// The writer has not started: the peer's uid, which refs in
-			// the payload are encoded against, may not be known yet.
-			t.queue.push(outRec{h: h, msg: msg, mt: mt})
+			// the payload are encoded against, may not be known yet (or
+			// records wait before this one: it waits behind them, with
+			// its payload if it was encoded already).
+			t.queue.push(outRec{h: h, msg: msg, mt: mt, pb: pb})
+			pb = nil
 			first := t.queue.len() == 1 && t.out.frames == 0
 			t.mu.Unlock()
 			if first {
@@ -488,6 +517,20 @@ func (a *assoc) send(ctx context.Context, h *handle, msg any) error {
 			continue // the session may have moved on meanwhile
 		}
 		err := t.encodeTell(h, mt, pb.b, nil)
+		if err == errNoCredit && ctx != nil {
+			// The remote actor's mailbox is full: wait for its node to
+			// grant more (other actors on the connection go on).
+			room := t.waitRoom()
+			t.mu.Unlock()
+			select {
+			case <-room:
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-t.n.done:
+				return ErrNodeClosed
+			}
+			continue
+		}
 		first := t.out.frames == 1
 		t.mu.Unlock()
 		if first {
@@ -535,10 +578,16 @@ const payloadKeep = 256 << 10
 // encodeFor encodes msg, of registered type mt, for the node peer.
 // The temporary refs it carries (ask replies) are made reachable by path
 // before it returns, since the frame may be written at any time after.
-func encodeFor(peer NodeUID, mt *msgType, msg any) (*payloadBuf, error) {
-	pb := payloadPool.Get().(*payloadBuf)
+func encodeFor(peer NodeUID, mt *msgType, msg any) (pb *payloadBuf, err error) {
+	pb = payloadPool.Get().(*payloadBuf)
 	pb.enc.peer = peer
-	var err error
+	defer func() {
+		if v := recover(); v != nil {
+			// A panicking AppendWire: the message's fate, reported as
+			// its dead letter, on whichever goroutine encoded it.
+			pb, err = nil, fmt.Errorf("troupe: AppendWire of a %s panicked: %v", mt.key, v)
+		}
+	}()
 	pb.b, err = pb.enc.payload(pb.b[:0], mt, msg)
 	if err != nil {
 		pb.release()
@@ -569,11 +618,10 @@ func (a *assoc) encodesNow() bool { return a.encoding && a.queue.len() == 0 }
 // yet, so its size is not known.
 const recordCharge = 64
 
-// controlBudget is how far the control frames a peer provokes (resolve
-// answers, terminations, watch replies) may take what the session holds
-// past SendQueueLimit: a peer that provokes more than it reads is ended
-// with a protocol error, not allowed to grow this node's memory.
-const controlBudget = 1 << 20
+// answerBudget bounds the answers to the peer's requests (resolved,
+// terminated) waiting to be written: a peer that asks more than it reads
+// is ended with a protocol error, not allowed to grow this node's memory.
+const answerBudget = 1 << 20
 
 // held is what the session holds against SendQueueLimit, in bytes: frames
 // waiting to be written and frames the peer has not acknowledged (mu
@@ -608,12 +656,11 @@ func (a *assoc) pushControl(body []byte) {
 		a.queue.push(outRec{msg: ctlFrame(body)})
 		return
 	}
-	a.encodeControl(body)
+	a.encodeControl(body, false)
 }
 
-// control queues a control frame; false if the session has ended, or the
-// peer provoked more control frames than it reads (the session is then
-// ended with a protocol error).
+// control queues a control frame of this node's own (a watch, an
+// unwatch, a resolve); false if the session has ended.
 func (a *assoc) control(body []byte) bool {
 	t := a.lockTarget()
 	if t.state >= assocEnding {
@@ -621,15 +668,37 @@ func (a *assoc) control(body []byte) bool {
 		return false
 	}
 	t.use()
-	if lim := t.n.cfg.SendQueueLimit; lim > 0 && t.held()+len(body) > lim+controlBudget && t.state == assocUp {
-		held := t.held()
+	t.pushControl(body)
+	first := t.out.frames+t.queue.len() == 1
+	t.mu.Unlock()
+	if first {
+		t.notify()
+	}
+	return true
+}
+
+// answer queues an answer to one of the peer's requests (a resolved, a
+// terminated); false if the session has ended, or the peer asked for more
+// than answerBudget bytes of answers it has not read (the session is then
+// ended with a protocol error).
+func (a *assoc) answer(body []byte) bool {
+	t := a.lockTarget()
+	if t.state >= assocEnding {
 		t.mu.Unlock()
-		err := fmt.Errorf("%w: the peer provokes more than it reads: %d bytes held for it (Config.SendQueueLimit, and %d for control frames)", ErrMalformed, held, controlBudget)
+		return false
+	}
+	if waiting := t.out.answers + len(body); waiting > answerBudget {
+		t.mu.Unlock()
+		err := fmt.Errorf("%w: the peer asks more than it reads: %d bytes of answers wait for it (at most %d)", ErrMalformed, waiting, answerBudget)
 		t.n.protocolError(t.label(), frameKind(body[0]).String(), err)
 		t.abort(&FrameError{Peer: t.label(), Kind: frameKind(body[0]).String(), Reason: err})
 		return false
 	}
-	t.pushControl(body)
+	if !t.encodesNow() {
+		t.queue.push(outRec{msg: answerFrame(body)})
+	} else {
+		t.encodeControl(body, true)
+	}
 	first := t.out.frames+t.queue.len() == 1
 	t.mu.Unlock()
 	if first {
@@ -706,7 +775,7 @@ func (a *assoc) signal(h *handle, m sysMsg) {
 	delete(a.watchedBy, inWatch{m.key.path, m.key.uuid, h.key.path})
 	a.mu.Unlock()
 	code, text := reasonCode(m.reason)
-	a.control(appendWatch(nil, frameTerminated, watchBody{path: m.key.path, uuid: m.key.uuid, watcher: h.key.path, code: code, text: text}))
+	a.answer(appendWatch(nil, frameTerminated, watchBody{path: m.key.path, uuid: m.key.uuid, watcher: h.key.path, code: code, text: text}))
 }
 
 // leave queues a bye: the peer learns this node is closing. Nothing more is
@@ -730,7 +799,7 @@ func (a *assoc) leave(now bool) {
 	var dropped recQueue
 	var droppedOut frameChain
 	if now {
-		dropped, droppedOut = a.queue.take(), a.out.take()
+		dropped, droppedOut = a.takeQueue(), a.out.take()
 		a.pushControl(appendBye(nil, byeLeaving, ""))
 	} else {
 		a.byeOnAck = true // the writer says bye once the peer confirmed all
@@ -751,7 +820,7 @@ func (a *assoc) leave(now bool) {
 // and the records not yet encoded. Their blocks are left to the garbage
 // collector, not recycled: the writer may still be writing them.
 func (a *assoc) takeHeld() (unacked, out frameChain, queue recQueue) {
-	unacked, out, queue = a.unacked.take(), a.out.take(), a.queue.take()
+	unacked, out, queue = a.unacked.take(), a.out.take(), a.takeQueue()
 	return
 }
 

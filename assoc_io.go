@@ -57,6 +57,7 @@ func (a *assoc) writeLoop() {
 		for _, f := range failed {
 			a.n.deadLetter(f.h.String(), f.msg, f.err)
 		}
+		a.grantCredits()
 		a.mu.Lock()
 		if a.state == assocEnding {
 			// This node gave up on the peer: say so, if the link still
@@ -70,6 +71,11 @@ func (a *assoc) writeLoop() {
 		var spent []*frameBlock
 		bufs := a.bufs[:0]
 		if !a.holdQueue {
+			if !a.resumable {
+				// Frames that are not sequenced need no acknowledgement:
+				// those at the front go, so they never hold the window.
+				a.release(0)
+			}
 			if window > 0 && a.unacked.bytes >= window {
 				if !a.stalled {
 					a.stalled = true
@@ -186,35 +192,40 @@ func (a *assoc) encodeQueued() []failedRec {
 	a.mu.Lock()
 	for a.state != assocClosed && a.queue.len() > 0 {
 		a.encoding = false
-		q := a.queue.take()
-		peer := a.peerUID
-		a.mu.Unlock()
-		q.each(func(r *outRec) {
-			var pb *payloadBuf
-			var err error
-			if r.h != nil {
-				pb, err = encodeFor(peer, r.mt, r.msg)
-			}
-			a.mu.Lock()
-			switch {
-			case a.state == assocClosed && r.h != nil:
-				err = a.endedErr()
-			case a.state == assocClosed:
-			case err != nil:
-			case r.h == nil:
-				a.encodeControl(r.msg.(ctlFrame))
-			default:
-				err = a.encodeTell(r.h, r.mt, pb.b, nil)
-			}
+		// The record stays queued while its payload is encoded, with no
+		// lock held: whoever takes the queue meanwhile (a leave, the
+		// end, a merge) reports it, and its encoding is dropped here.
+		r, gen := *a.queue.peek(), a.qgen
+		if r.h != nil && r.pb == nil {
+			peer := a.peerUID
 			a.mu.Unlock()
-			if pb != nil {
-				pb.release()
+			pb, err := encodeFor(peer, r.mt, r.msg)
+			a.mu.Lock()
+			if a.qgen != gen {
+				if pb != nil {
+					pb.release()
+				}
+				continue
 			}
-			if err != nil && r.h != nil {
+			if err != nil {
+				a.queue.pop()
+				failed = append(failed, failedRec{r.h, r.msg, err})
+				continue
+			}
+			r.pb = pb
+		}
+		a.queue.pop()
+		switch {
+		case r.h != nil:
+			if err := a.encodeTell(r.h, r.mt, r.pb.b, nil); err != nil {
 				failed = append(failed, failedRec{r.h, r.msg, err})
 			}
-		})
-		a.mu.Lock()
+			r.pb.release()
+		case isAnswer(r.msg):
+			a.encodeControl(r.msg.(answerFrame), true)
+		default:
+			a.encodeControl(r.msg.(ctlFrame), false)
+		}
 		a.wakeSenders() // a record counted more than its frame, perhaps
 	}
 	if a.state != assocClosed {
@@ -224,14 +235,16 @@ func (a *assoc) encodeQueued() []failedRec {
 	return failed
 }
 
-// endedErr is why a message could not be sent through this ended
-// session (mu held).
-func (a *assoc) endedErr() error {
-	cause := a.err
-	if cause == nil {
-		cause = ErrNodeClosed
-	}
-	return &sessionError{peer: a.label(), cause: cause}
+func isAnswer(msg any) bool {
+	_, ok := msg.(answerFrame)
+	return ok
+}
+
+// takeQueue empties the queue of records and returns what it held (mu
+// held); an encoding of its first record in progress is dropped.
+func (a *assoc) takeQueue() recQueue {
+	a.qgen++
+	return a.queue.take()
 }
 
 // keepUnacked records the frames of out, about to be written, as
@@ -319,11 +332,18 @@ func (a *assoc) writePriority(buf []byte) []byte {
 func (a *assoc) write(iov net.Buffers) bool {
 	var n int64
 	var err error
-	if len(iov) == 1 {
+	total := 0
+	for _, b := range iov {
+		total += len(b)
+	}
+	switch {
+	case total > bigWrite:
+		n, err = a.writeSlices(iov)
+	case len(iov) == 1:
 		var k int
 		k, err = a.conn.Write(iov[0]) // (WriteTo would use writev for one buffer too)
 		n = int64(k)
-	} else {
+	default:
 		n, err = iov.WriteTo(a.conn)
 	}
 	a.written.Add(uint64(n))
@@ -355,6 +375,37 @@ func (a *assoc) write(iov net.Buffers) bool {
 		a.abort(fmt.Errorf("write to %s: %w", a.label(), err))
 	}
 	return false
+}
+
+// bigWrite is the most the writer hands the connection in one call: a
+// larger write (a large frame has a block of its own) goes in slices, the
+// write deadline moving on between them, so that a slow link that keeps
+// reading is not taken for one that stopped.
+const bigWrite = 1 << 20
+
+// writeSlices writes iov bigWrite bytes at a time.
+func (a *assoc) writeSlices(iov net.Buffers) (int64, error) {
+	var n int64
+	for _, b := range iov {
+		for len(b) > 0 {
+			k := min(len(b), bigWrite)
+			a.mu.Lock()
+			if a.state != assocEnding {
+				a.extendWriteDeadline()
+				// A frame is acknowledged only once all of it arrived:
+				// a slice the link took is progress too.
+				a.ackMoved = time.Now()
+			}
+			a.mu.Unlock()
+			m, err := a.conn.Write(b[:k])
+			n += int64(m)
+			if err != nil {
+				return n, err
+			}
+			b = b[m:]
+		}
+	}
+	return n, nil
 }
 
 // onAck releases the messages the peer confirmed it received.
@@ -440,6 +491,7 @@ func (a *assoc) abort(cause error) {
 		a.state = next
 		if a.endCause == nil {
 			a.endCause = cause
+			a.endingAt.Store(time.Now().UnixNano())
 		}
 	}
 	conn := a.conn
@@ -464,13 +516,24 @@ func (a *assoc) abort(cause error) {
 }
 
 // encodeControl appends a control frame, its body given, to out (mu
-// held).
-func (a *assoc) encodeControl(body []byte) {
+// held); answer: an answer to one of the peer's requests.
+func (a *assoc) encodeControl(body []byte, answer bool) {
 	buf := a.out.room(len(body) + binary.MaxVarintLen32)
 	start := len(buf)
 	buf = append(buf, 0)
 	buf = append(buf, body...)
+	if answer {
+		a.out.commitAnswer(fixLength(buf, start))
+		return
+	}
 	a.out.commit(fixLength(buf, start), false)
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // maxHeader bounds the size of a tell frame's length prefix and header
@@ -491,9 +554,12 @@ func (a *assoc) encodeTell(h *handle, mt *msgType, payload []byte, p unsafe.Poin
 	if p != nil {
 		size = flatMaxSize(mt.flat, p)
 	}
-	if p == nil && size > a.n.cfg.MaxFrameSize {
-		return fmt.Errorf("%w: %d bytes, the limit is %d", ErrFrameTooBig, size, a.n.cfg.MaxFrameSize)
+	// Too big for certain before anything is taken from the chain (a
+	// flat message's size is a bound, some bytes a field over).
+	if exact := size - binary.MaxVarintLen64*len(mt.flat)*btoi(p != nil); exact > a.n.cfg.MaxFrameSize {
+		return fmt.Errorf("%w: %d bytes, the limit is %d", ErrFrameTooBig, exact, a.n.cfg.MaxFrameSize)
 	}
+	need := size + maxHeader(h.key.path, mt.key)
 	// New table entries are committed only once the frame is complete,
 	// so a message that fails to encode leaves the tables as they were.
 	var th tellHeader
@@ -507,6 +573,8 @@ func (a *assoc) encodeTell(h *handle, mt *msgType, payload []byte, p unsafe.Poin
 	newTarget := !knownTarget && h.key.uuid != (UUID{}) && len(a.outTargets) < maxTableSize && len(h.key.path) <= maxTableEntry
 	if newTarget {
 		id = uint32(len(a.outTargets) + 1)
+	} else if knownTarget && !a.hasCredit(id) {
+		return errNoCredit
 	}
 	th.target, th.targetInline = uint64(id), !knownTarget
 	if !knownTarget {
@@ -527,7 +595,7 @@ func (a *assoc) encodeTell(h *handle, mt *msgType, payload []byte, p unsafe.Poin
 	if !knownType {
 		th.key = mt.key
 	}
-	buf := a.out.room(size + maxHeader(h.key.path, mt.key))
+	buf := a.out.room(need)
 	start := len(buf)
 	if p != nil {
 		// Small, and of a size known only once written: the length goes
@@ -550,7 +618,11 @@ func (a *assoc) encodeTell(h *handle, mt *msgType, payload []byte, p unsafe.Poin
 	if newTarget {
 		a.outTargets[h.key] = id
 		a.outTargetKeys = append(a.outTargetKeys, h.key)
+		a.outSent = append(a.outSent, 1)
+		a.outGranted = append(a.outGranted, 0)
 		h.wire.Store(&wireID{a, id})
+	} else if knownTarget {
+		a.outSent[id-1]++
 	}
 	if newType {
 		a.outTypes[mt] = tid

@@ -9,6 +9,7 @@ import (
 	"net"
 	"runtime"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -449,4 +450,65 @@ type boxed struct {
 	N    int
 	Name string
 	At   int64
+}
+
+// BenchmarkFastBesideSlow measures head-of-line blocking: the time per
+// message of a burst sent with Send to a fast remote actor, alone
+// ("solo-ns/msg") and while another sender waits for credit to a slow
+// actor on the same connection ("beside-ns/msg"); "ratio" is the
+// throughput beside over solo. The receiving node has MailboxLimit 50
+// (otherwise the default Config); the slow actor takes 1 ms a message.
+func BenchmarkFastBesideSlow(b *testing.B) {
+	cfg := testConfig("tcp://127.0.0.1:0")
+	cfg.MailboxLimit = 50
+	away := startNode(b, cfg)
+	home := startNode(b, testConfig())
+	if _, err := Spawn(away, "slow", Behavior[count]{Receive: func(*Context[count], count) { time.Sleep(time.Millisecond) }}); err != nil {
+		b.Fatal(err)
+	}
+	const burst = 200_000
+	var seen atomic.Int64
+	if _, err := Spawn(away, "fast", Behavior[count]{Receive: func(*Context[count], count) { seen.Add(1) }}); err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	fast, err := Resolve[count](ctx, home, FormatRef(away.Addrs()[0], "/user/fast"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	slow, err := Resolve[count](ctx, home, FormatRef(away.Addrs()[0], "/user/slow"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	run := func() time.Duration {
+		start := time.Now()
+		want := seen.Load() + burst
+		for i := range burst {
+			if err := fast.Send(ctx, count{N: i}); err != nil {
+				b.Fatal(err)
+			}
+		}
+		for seen.Load() < want {
+			runtime.Gosched()
+		}
+		return time.Since(start)
+	}
+	var solo, beside time.Duration
+	for range b.N {
+		run() // warm up
+		solo += run()
+		sctx, stop := context.WithCancel(ctx)
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			for i := 0; slow.Send(sctx, count{N: i}) == nil; i++ {
+			}
+		}()
+		beside += run()
+		stop()
+		<-done
+	}
+	b.ReportMetric(float64(solo.Nanoseconds())/float64(b.N*burst), "solo-ns/msg")
+	b.ReportMetric(float64(beside.Nanoseconds())/float64(b.N*burst), "beside-ns/msg")
+	b.ReportMetric(float64(solo)/float64(beside), "ratio")
 }

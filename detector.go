@@ -70,6 +70,9 @@ func (a *assoc) checkLiveness(now time.Time) {
 	if a.in == nil {
 		return
 	}
+	if a.closeLate(now) {
+		return
+	}
 	if at := a.in.heard.Load(); at != 0 {
 		a.det.Heartbeat(a.n.epoch.Add(time.Duration(at)))
 	}
@@ -88,6 +91,24 @@ func (a *assoc) checkLiveness(now time.Time) {
 		}
 		a.notify() // the writer acknowledges what arrived, beat or not
 	}
+}
+
+// closeLate closes the connection of a session this node gave up on more
+// than byeGrace ago, if nothing has closed it: the writer, which says
+// goodbye and closes it, may be busy (or gone, in a state that drains).
+// It reports whether the session is ending.
+func (a *assoc) closeLate(now time.Time) bool {
+	at := a.endingAt.Load()
+	if at == 0 {
+		return false
+	}
+	if now.Sub(time.Unix(0, at)) > byeGrace {
+		a.mu.Lock()
+		conn := a.conn
+		a.mu.Unlock()
+		conn.Close()
+	}
+	return true
 }
 
 // ackStuck says why a's peer counts as gone though it still sends: it

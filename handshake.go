@@ -186,7 +186,7 @@ func rejectFrame(code byte, uid NodeUID, text string) []byte {
 }
 
 func (n *Node) hello() *hello {
-	h := &hello{version: protocolVersion, uid: n.uid, name: n.name, flags: helloResumable}
+	h := &hello{version: protocolVersion, uid: n.uid, name: n.name, flags: helloResumable | helloCredit}
 	if n.reg() != nil {
 		h.flags |= helloRegistrar
 		if n.cfg.EnsureRegistry {
@@ -243,6 +243,7 @@ func (n *Node) attach(a *assoc, h *hello) bool {
 	}
 	a.peerUID, a.peerName, a.peerFlags = h.uid, h.name, h.flags
 	a.resumable = h.flags&helloResumable != 0
+	a.credit = h.flags&helloCredit != 0
 	for _, s := range h.addrs {
 		if ad, err := ParseAddr(s); err == nil {
 			a.peerAddrs = append(a.peerAddrs, ad)
@@ -274,10 +275,10 @@ func (n *Node) attach(a *assoc, h *hello) bool {
 				a.resumes = ex
 				break
 			}
-			if suspended {
-				// The same incarnation connected without resuming: it
-				// no longer holds the session (it gave up on it). The
-				// new connection is the association from now on.
+			if suspended && !a.outbound && h.flags&helloResuming == 0 {
+				// The same incarnation dialed without resuming: it no
+				// longer holds the session (it gave up on it). The new
+				// connection is the association from now on.
 				replaced = ex
 				break
 			}
@@ -320,6 +321,12 @@ func (n *Node) attach(a *assoc, h *hello) bool {
 	a.mu.Lock()
 	if s, ok := step(a.state, evHandshaken); ok {
 		a.state, a.upAt = s, time.Now()
+	}
+	if a.credit && !resume && a.resumeOf == nil {
+		// The peer's senders learn how many messages this node's
+		// mailboxes take (see credit.go); a resumed session keeps what
+		// it was told.
+		a.pushControl(appendCredit(nil, 0, uint64(n.mailboxCredit())))
 	}
 	a.mu.Unlock()
 	a.startDetector(time.Now())
@@ -506,7 +513,7 @@ func (a *assoc) mergeInto(w *assoc) {
 	if up {
 		a.queue.push(outRec{msg: ctlFrame(appendBye(nil, byeDuplicate, ""))})
 	} else {
-		moved = a.queue.take()
+		moved = a.takeQueue()
 	}
 	pending, watches, resolves, watchedBy := a.pending, a.watches, a.resolves, a.watchedBy
 	a.pending, a.watches, a.resolves, a.watchedBy = map[pendingAsk]struct{}{}, map[watchPair]struct{}{}, map[uint64]chan resolveAnswer{}, nil

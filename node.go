@@ -315,7 +315,12 @@ type Node struct {
 	// it returns.
 	actorsCtx    context.Context
 	cancelActors context.CancelFunc
-	epoch        time.Time // the zero of the monotonic stamps in connections
+	// creditWaiters (creditMu) holds, by actor, the credit accounts that
+	// wait for its mailbox to make room (see credit.go).
+	creditMu      sync.Mutex
+	creditWaiters map[*handle][]*creditAcct
+	creditWaiting atomic.Int32 // len(creditWaiters), read without the lock
+	epoch         time.Time    // the zero of the monotonic stamps in connections
 
 	uuidSeq atomic.Uint64
 	// reqSeq numbers resolve requests node-wide, so that an answer that

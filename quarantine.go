@@ -26,7 +26,8 @@ var (
 	// cleared it: the peer must call ClearQuarantine or Reconnect first.
 	// It is also wrapped by the reason of the [PeerUnreachable] event, and
 	// of the [Terminated] signals, when a peer tells this node that it gave
-	// up on it (this node does not quarantine the peer in turn).
+	// up on it: this node then ends the session at once, as it would at
+	// its own window, quarantining the peer in turn unless it is exempt.
 	ErrQuarantinedByPeer = errors.New("troupe: the peer has quarantined this node")
 )
 

@@ -23,6 +23,7 @@ var chunkPool = sync.Pool{New: func() any { return new(recChunk) }}
 // concurrent use; the association's lock guards it.
 type recQueue struct {
 	head, tail *recChunk
+	hoff       int // where the first record is in head
 	n          int
 }
 
@@ -50,10 +51,37 @@ func (q *recQueue) take() recQueue {
 	return out
 }
 
+// peek returns the first record (q not empty).
+func (q *recQueue) peek() *outRec { return &q.head.recs[q.hoff] }
+
+// pop removes the first record (q not empty).
+func (q *recQueue) pop() {
+	q.head.recs[q.hoff] = outRec{}
+	q.hoff++
+	q.n--
+	if q.hoff == q.head.n {
+		c := q.head
+		q.head, q.hoff = c.next, 0
+		if q.head == nil {
+			q.tail = nil
+		}
+		c.n, c.next = 0, nil
+		chunkPool.Put(c)
+	}
+}
+
 // appendQueue moves everything in o to the end of q.
 func (q *recQueue) appendQueue(o recQueue) {
 	if o.head == nil {
 		return
+	}
+	if o.hoff > 0 {
+		// Only q's own head may start past its first record.
+		h := o.head
+		copy(h.recs[:], h.recs[o.hoff:h.n])
+		clear(h.recs[h.n-o.hoff : h.n])
+		h.n -= o.hoff
+		o.hoff = 0
 	}
 	if q.tail == nil {
 		*q = o
@@ -66,15 +94,16 @@ func (q *recQueue) appendQueue(o recQueue) {
 
 // each calls f for every record in order, then recycles the chunks.
 func (q recQueue) each(f func(r *outRec)) {
+	start := q.hoff
 	for c := q.head; c != nil; {
-		for i := 0; i < c.n; i++ {
+		for i := start; i < c.n; i++ {
 			f(&c.recs[i])
 			c.recs[i] = outRec{}
 		}
 		next := c.next
 		c.n, c.next = 0, nil
 		chunkPool.Put(c)
-		c = next
+		c, start = next, 0
 	}
 }
 
@@ -97,6 +126,7 @@ type frameBlock struct {
 	b             []byte
 	next          *frameBlock
 	frames, tells int
+	answers       int // bytes of answers to the peer's requests (see assoc.answer)
 }
 
 var blockPool = sync.Pool{New: func() any { return &frameBlock{b: make([]byte, 0, blockSize)} }}
@@ -110,6 +140,10 @@ type frameChain struct {
 	bytes      int // bytes held, from off
 	frames     int // frames held
 	tells      int // tell frames among them
+	// answers counts the bytes of answers to the peer's requests while
+	// they wait to be written (maintained by commit, takePrefix, take
+	// and appendChain only: the chain of unacknowledged frames ignores it).
+	answers int
 }
 
 // room returns the tail block's bytes with room for a frame of up to n
@@ -130,6 +164,14 @@ func (c *frameChain) room(n int) []byte {
 		c.tail = b
 	}
 	return c.tail.b
+}
+
+// commitAnswer is commit for an answer to one of the peer's requests.
+func (c *frameChain) commitAnswer(b []byte) {
+	n := len(b) - len(c.tail.b)
+	c.answers += n
+	c.tail.answers += n
+	c.commit(b, false)
 }
 
 // commit stores b, which room returned with one frame appended.
@@ -153,6 +195,7 @@ func (c *frameChain) takePrefix(max int) frameChain {
 		size += len(b.b)
 		p.frames += b.frames
 		p.tells += b.tells
+		p.answers += b.answers
 		if size >= max && b.next != nil {
 			p.head, p.tail, p.off, p.bytes = c.head, b, c.off, size
 			c.head, c.off = b.next, 0
@@ -160,6 +203,7 @@ func (c *frameChain) takePrefix(max int) frameChain {
 			c.bytes -= size
 			c.frames -= p.frames
 			c.tells -= p.tells
+			c.answers -= p.answers
 			return p
 		}
 	}
@@ -206,6 +250,7 @@ func (c *frameChain) appendChain(o frameChain) {
 	c.bytes += o.bytes
 	c.frames += o.frames
 	c.tells += o.tells
+	c.answers += o.answers
 }
 
 // buffers appends the chain's bytes to v, a block a buffer, for one
@@ -264,7 +309,7 @@ func (c *frameChain) drop(skip func(kind frameKind) bool, free func(*frameBlock)
 		}
 		if b == c.tail {
 			b.b = b.b[:0] // an empty tail stays, to be filled again
-			b.frames, b.tells = 0, 0
+			b.frames, b.tells, b.answers = 0, 0, 0
 			c.off = 0
 			return
 		}
@@ -278,7 +323,7 @@ func recycle(b *frameBlock) {
 	if cap(b.b) != blockSize {
 		return // grown by a large frame: let it go
 	}
-	b.b, b.next, b.frames, b.tells = b.b[:0], nil, 0, 0
+	b.b, b.next, b.frames, b.tells, b.answers = b.b[:0], nil, 0, 0, 0
 	blockPool.Put(b)
 }
 

@@ -144,6 +144,8 @@ func (a *assoc) handleFrame(kind frameKind, b []byte) (done bool, err error) {
 		return false, a.onAck(b)
 	case frameResume:
 		return false, a.onResume(b)
+	case frameCredit:
+		return false, a.onCredit(b)
 	case frameHello, frameWelcome, frameReject, frameChallenge, frameProof:
 		return false, fmt.Errorf("%w: %s after the handshake", ErrMalformed, kind)
 	}
@@ -179,6 +181,9 @@ func (a *assoc) onTell(b []byte) error {
 			if len(it.path) > maxTableEntry {
 				return fmt.Errorf("%w: a %d-byte target path entered in the table (at most %d)", ErrMalformed, len(it.path), maxTableEntry)
 			}
+			if a.credit && n.mailboxCredit() > 0 {
+				it.acct = a.newCreditAcct(uint32(id), it.target)
+			}
 			a.inTargets = append(a.inTargets, *it)
 		}
 	} else {
@@ -186,6 +191,14 @@ func (a *assoc) onTell(b []byte) error {
 			return fmt.Errorf("%w: undefined target id %d", ErrMalformed, id)
 		}
 		it = &a.inTargets[id-1]
+	}
+	credited := false
+	if ac := it.acct; ac != nil {
+		// Within the credit this node granted, a message is taken past
+		// the mailbox's limit; past it (a sender that ignores its
+		// credit), it is held to the limit like any other.
+		a.creditReceived(ac)
+		credited = ac.received <= ac.granted.Load()
 	}
 	tid := th.typ
 	var ty *inType
@@ -224,7 +237,7 @@ func (a *assoc) onTell(b []byte) error {
 			a.arena = a.arena[:at]
 			return err
 		}
-		a.batchPush(wireMsg{size: len(b), mt: mt, at: at})
+		a.batchPush(wireMsg{size: len(b), mt: mt, at: at, credited: credited})
 		return nil
 	}
 	msg, err := a.dec.payload(ty.mt, payload)
@@ -237,7 +250,7 @@ func (a *assoc) onTell(b []byte) error {
 	}
 	if bt := it.batch; bt != nil {
 		a.batchFor(bt, it.path, id)
-		a.batchPush(wireMsg{msg: msg, size: len(b)})
+		a.batchPush(wireMsg{msg: msg, size: len(b), credited: credited})
 		return nil
 	}
 	if err := it.target.tellWire(msg, len(b)); err != nil {
@@ -264,6 +277,10 @@ type wireMsg struct {
 	size int
 	mt   *msgType
 	at   int
+	// credited: the sender spent credit on it, which this node granted
+	// from the mailbox's room; the mailbox takes it past its limit (by
+	// at most creditInit a session).
+	credited bool
 }
 
 // value returns the message as an interface (a plain one is copied out
@@ -402,7 +419,7 @@ func (a *assoc) onResolve(b []byte) error {
 			ans.status = resolveWrongType
 		}
 	}
-	a.control(appendResolved(nil, r.id, ans))
+	a.answer(appendResolved(nil, r.id, ans))
 	return nil
 }
 

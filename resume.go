@@ -217,6 +217,16 @@ func (a *assoc) takeOver(w *assoc, moved recQueue) {
 	w.out = a.out.take()
 	w.outTypes, w.outTargets, w.outTargetKeys, w.outTypeList = a.outTypes, a.outTargets, a.outTargetKeys, a.outTypeList
 	w.inTypes, w.inTargets = a.inTypes, a.inTargets
+	// Credit goes on with the tables: what the peer granted, and the
+	// accounts of what this side granted, which now answer to w.
+	w.peerMailbox, w.outSent, w.outGranted = a.peerMailbox, a.outSent, a.outGranted
+	for i := range w.inTargets {
+		if ac := w.inTargets[i].acct; ac != nil {
+			ac.a.Store(w)
+			ac.queued.Store(false)
+			w.creditDue(ac) // what was due on the old connection
+		}
+	}
 	// The resume frame acknowledges everything received: an acknowledgement
 	// of less (a count the old reader had not yet handed on) must not
 	// follow it.
@@ -225,7 +235,7 @@ func (a *assoc) takeOver(w *assoc, moved recQueue) {
 	w.resumeRcv, w.resumed, w.holdQueue, w.lostAt = a.rcvTells, true, true, a.lostAt
 	w.ackMoved = time.Now() // the peer's acknowledgements may move again from now
 	// What waited here goes before anything sent to w meanwhile.
-	moved.appendQueue(w.queue.take())
+	moved.appendQueue(w.takeQueue())
 	w.queue = moved
 }
 
@@ -253,6 +263,7 @@ func (a *assoc) onResume(b []byte) error {
 	a.out = rest
 	a.acked = count
 	a.holdQueue = false
+	a.wakeSenders() // what the peer confirmed made room
 	down := a.upAt.Sub(a.lostAt)
 	a.mu.Unlock()
 	a.notify()

@@ -177,6 +177,7 @@ func TestAPeerThatNeverReadsIsEndedWithinItsBudget(t *testing.T) {
 	cfg := failConfig("n", 100*time.Millisecond, 2*time.Second)
 	cfg.Listen = []string{"tcp://127.0.0.1:0"}
 	cfg.SendQueueLimit = 64 << 10
+	cfg.UnackedLimit = 64 << 10
 	n := startNode(t, cfg)
 	ended := make(chan PeerUnreachable, 1)
 	SubscribeChan(n.Events(), ended)
@@ -221,7 +222,9 @@ func TestAPeerThatNeverReadsIsEndedWithinItsBudget(t *testing.T) {
 		<-done
 		t.Fatalf("the session with a peer that never reads was not ended; the node held up to %d bytes for it", maxHeld.Load())
 	}
-	if held, budget := maxHeld.Load(), int64(cfg.SendQueueLimit+controlBudget); held > budget {
+	// Answers waiting (at most answerBudget), and what the window lets
+	// the writer have written and unacknowledged.
+	if held, budget := maxHeld.Load(), int64(answerBudget+cfg.UnackedLimit+writeChunk); held > budget {
 		t.Fatalf("held %d bytes for the peer, more than %d", held, budget)
 	}
 	select {

@@ -3,6 +3,7 @@ package troupe_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"strings"
@@ -233,8 +234,11 @@ func TestAQuarantinedPeerIsToldAtOnce(t *testing.T) {
 	}
 	gaveUp := time.Now()
 	ev = within(t, awaySaw, 5*time.Second, "away learning that home gave up on it")
-	if ev.UID != home.UID() || !errors.Is(ev.Reason, troupe.ErrQuarantinedByPeer) {
+	if ev.UID != home.UID() || !errors.Is(ev.Reason, troupe.ErrQuarantinedByPeer) || !ev.Quarantined {
 		t.Fatalf("away: %+v", ev)
+	}
+	if q := away.Quarantined(); len(q) != 1 || q[0].UID != home.UID() {
+		t.Fatalf("away quarantines %+v, want home, as it would have at its window", q)
 	}
 	t.Logf("away learned %v after home gave up", time.Since(gaveUp))
 }
@@ -258,4 +262,128 @@ func (f *firstOf) Load() any {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.v
+}
+
+// slowNode starts a node whose mailboxes take mailboxLimit messages.
+func limitedNode(t *testing.T, name string, mailboxLimit int) *troupe.Node {
+	t.Helper()
+	n, err := troupe.Start(ctxFor(t), troupe.Config{Name: name, Listen: []string{"tcp://127.0.0.1:0"},
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), MailboxLimit: mailboxLimit})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { n.Close() })
+	return n
+}
+
+// Back-pressure end to end: Send to a remote actor waits for room in that
+// actor's mailbox (2,000 Sends to an actor whose mailbox takes 50 are all
+// handled, no dead letter anywhere), and a slow actor holds up only its
+// own senders: a fast actor on the same connection gets a whole burst
+// through while the slow actor's sender is still waiting.
+func TestSendWaitsForRoomInARemoteMailbox(t *testing.T) {
+	home := defaultNode(t, "home")
+	away := limitedNode(t, "away", 50)
+	var dead firstOf
+	for _, n := range []*troupe.Node{home, away} {
+		s := troupe.Subscribe(n.Events(), func(ev troupe.DeadLetter) { dead.CompareAndSwap(nil, ev) })
+		t.Cleanup(s.Unsubscribe)
+	}
+	const slowN, fastN = 2000, 20000
+	slowGot := make(chan int, slowN)
+	if _, err := troupe.Spawn(away, "slow", troupe.Behavior[int]{Receive: func(_ *troupe.Context[int], n int) {
+		time.Sleep(time.Millisecond) // the work
+		slowGot <- n
+	}}); err != nil {
+		t.Fatal(err)
+	}
+	fast := spawnCountingSink(t, away, "fast", fastN)
+	slow, err := troupe.Resolve[int](ctxFor(t), home, troupe.FormatRef(away.Addrs()[0], "/user/slow"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fastRef, err := troupe.Resolve[bigMsg](ctxFor(t), home, troupe.FormatRef(away.Addrs()[0], "/user/fast"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	slowDone := make(chan error, 1)
+	go func() {
+		for i := 1; i <= slowN; i++ {
+			if err := slow.Send(ctx, i); err != nil {
+				slowDone <- fmt.Errorf("Send %d: %w", i, err)
+				return
+			}
+		}
+		slowDone <- nil
+	}()
+	// Once the slow actor's sender waits, a burst to the fast actor goes
+	// through meanwhile.
+	if n := within(t, slowGot, 10*time.Second, "the slow actor's first message"); n != 1 {
+		t.Fatalf("the slow actor's first message is %d", n)
+	}
+	for i := 1; i <= fastN; i++ {
+		if err := fastRef.Send(ctx, bigMsg{N: i}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	within(t, fast.completed, 30*time.Second, "the fast actor's burst")
+	select {
+	case err := <-slowDone:
+		t.Fatalf("the slow actor's sender finished (%v) before the fast burst: nothing showed that it waited", err)
+	default:
+	}
+	if err := within(t, slowDone, time.Minute, "the slow actor's sender"); err != nil {
+		t.Fatal(err)
+	}
+	for i := 2; i <= slowN; i++ {
+		if n := within(t, slowGot, 10*time.Second, "a slow message"); n != i {
+			t.Fatalf("slow message %d arrived as %d", i, n)
+		}
+	}
+	if d := dead.Load(); d != nil {
+		t.Fatalf("dead letter: %+v", d)
+	}
+}
+
+// A Tell to a remote actor whose mailbox is full is a dead letter on the
+// sending node, with the reason a local full mailbox gives.
+func TestTellToAFullRemoteMailboxIsADeadLetterTheSenderSees(t *testing.T) {
+	home := defaultNode(t, "home")
+	away := limitedNode(t, "away", 10)
+	release := make(chan struct{})
+	handled := make(chan int, 100)
+	if _, err := troupe.Spawn(away, "stuck", troupe.Behavior[int]{Receive: func(_ *troupe.Context[int], n int) {
+		<-release
+		handled <- n
+	}}); err != nil {
+		t.Fatal(err)
+	}
+	homeDead := make(chan troupe.DeadLetter, 100)
+	troupe.SubscribeChan(home.Events(), homeDead)
+	awayDead := make(chan troupe.DeadLetter, 100)
+	troupe.SubscribeChan(away.Events(), awayDead)
+	ref, err := troupe.Resolve[int](ctxFor(t), home, troupe.FormatRef(away.Addrs()[0], "/user/stuck"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 30 {
+		ref.Tell(i)
+	}
+	d := within(t, homeDead, 10*time.Second, "a dead letter on the sending node")
+	if !errors.Is(d.Reason, troupe.ErrMailboxFull) {
+		t.Fatalf("dead letter %+v, want ErrMailboxFull", d)
+	}
+	close(release)
+	got := 0
+	for got < 10 {
+		within(t, handled, 10*time.Second, "a handled message")
+		got++
+	}
+	select {
+	case d := <-awayDead:
+		t.Fatalf("dead letter on the receiving node: %+v", d)
+	default:
+	}
 }

@@ -43,10 +43,11 @@ const (
 	frameProof                       // dialer → acceptor: the proof
 	frameAck                         // how many tell (or sequenced) frames have been received
 	frameResume                      // a resumed session: how many sequenced frames were received
+	frameCredit                      // receiver → sender: more messages an actor's mailbox takes
 	frameKindCount                   // one past the last kind
 )
 
-var frameNames = [...]string{"invalid", "hello", "welcome", "reject", "tell", "watch", "unwatch", "terminated", "resolve", "resolved", "bye", "heartbeat", "challenge", "proof", "ack", "resume"}
+var frameNames = [...]string{"invalid", "hello", "welcome", "reject", "tell", "watch", "unwatch", "terminated", "resolve", "resolved", "bye", "heartbeat", "challenge", "proof", "ack", "resume", "credit"}
 
 // sequenced reports whether frames of kind k are counted, acknowledged and,
 // after a link flap, sent again: every frame written from the send queue.
@@ -54,7 +55,7 @@ var frameNames = [...]string{"invalid", "hello", "welcome", "reject", "tell", "w
 // connection and are not.
 func (k frameKind) sequenced() bool {
 	switch k {
-	case frameTell, frameWatch, frameUnwatch, frameTerminated, frameResolve, frameResolved, frameBye:
+	case frameTell, frameWatch, frameUnwatch, frameTerminated, frameResolve, frameResolved, frameBye, frameCredit:
 		return true
 	}
 	return false
@@ -351,6 +352,7 @@ const (
 	helloDedicated                   // the sender is a dedicated registrar (EnsureRegistry): nodes wait for it rather than take its address over
 	helloResumable                   // the sender sequences every queued frame and can resume a session over a new connection
 	helloResuming                    // hello: this connection resumes the session with you; welcome: resumed
+	helloCredit                      // the sender grants and heeds per-actor credit (frameCredit)
 )
 
 // maxHelloAddrs bounds the listen addresses a peer may announce.
@@ -739,6 +741,21 @@ func parseResume(b []byte) (uint64, error) {
 	d := decoder{b: b}
 	count := d.uvarint()
 	return count, d.whole("resume")
+}
+
+// appendCredit appends a grant of n more messages for the target with
+// table id id (in the direction the grant's receiver sends).
+func appendCredit(b []byte, id uint32, n uint64) []byte {
+	b = append(b, byte(frameCredit))
+	b = binary.AppendUvarint(b, uint64(id))
+	return binary.AppendUvarint(b, n)
+}
+
+func parseCredit(b []byte) (id, n uint64, err error) {
+	d := decoder{b: b}
+	id = d.uvarint()
+	n = d.uvarint()
+	return id, n, d.whole("credit")
 }
 
 // whole returns the decoder's error, or one if bytes are left over: every

@@ -77,6 +77,7 @@ func goldenFrames(t *testing.T) map[string][]byte {
 		"resolved":   frame(appendResolved(nil, 1, resolveAnswer{status: resolveOK, uuid: target.uuid, proto: "troupe.test.count"})),
 		"heartbeat":  frame(appendHeartbeat(nil)),
 		"ack":        frame(appendAck(nil, 1025)),
+		"credit":     frame(appendCredit(nil, 3, 50)),
 		"resume":     frame(appendResume(nil, 70000)),
 		"challenge":  frame(appendChallenge(nil, challengeBody{uid: uid, nonce: bytes.Repeat([]byte{0x5a}, nonceSize), mac: bytes.Repeat([]byte{0xc3}, macSize)})),
 		"proof":      frame(appendProof(nil, bytes.Repeat([]byte{0xc3}, macSize))),
@@ -290,6 +291,10 @@ func TestFrameBodiesParseBack(t *testing.T) {
 		},
 		"ack":    func(b []byte) (any, error) { return parseAck(b) },
 		"resume": func(b []byte) (any, error) { return parseResume(b) },
+		"credit": func(b []byte) (any, error) {
+			id, n, err := parseCredit(b)
+			return sprint(id, n), err
+		},
 	}
 	watch := watchBody{path: "/user/echo", uuid: uuid, watcher: "/user/watcher"}
 	want := map[string]any{
@@ -309,6 +314,7 @@ func TestFrameBodiesParseBack(t *testing.T) {
 		"proof":      sprint(0xc3, macSize),
 		"ack":        uint64(1025),
 		"resume":     uint64(70000),
+		"credit":     sprint(uint64(3), uint64(50)),
 	}
 	if len(parsers) != len(frames) {
 		t.Fatalf("%d parsers for %d golden frames", len(parsers), len(frames))

@@ -1,0 +1,192 @@
+package troupe
+
+import (
+	"fmt"
+	"sync/atomic"
+)
+
+// Per-actor flow control across the wire, like HTTP/2's stream windows: a
+// sender may have only so many messages outstanding for one remote actor
+// (its credit), and the receiving node grants more as that actor's
+// mailbox makes room. A slow actor then holds up its own senders only:
+// Send waits for credit, Tell makes a dead letter the sender sees, and
+// the connection, and every other actor on it, keeps moving.
+//
+// Each side's first frame in a session says how many messages its
+// mailboxes take (its MailboxLimit): that is every target's credit when
+// it enters the table, and the receiver grants more as the target's
+// mailbox drains, so that what a sender has outstanding never exceeds
+// the room the mailbox has. Both nodes must say so in their hellos
+// (helloCredit); with an older peer, or one without a mailbox limit, a
+// full remote mailbox makes dead letters on the receiving node, as
+// before.
+
+// maxCredit bounds a grant and a mailbox limit announced on the wire.
+const maxCredit = 1 << 40
+
+// errNoCredit is why a Tell to a remote actor fails when its sender has
+// no credit left for it: the actor has not taken what was sent to it.
+var errNoCredit = fmt.Errorf("%w: the remote actor has not yet taken what was sent to it (no credit from its node)", ErrMailboxFull)
+
+// creditAcct is the receiving side's account of one target of a session:
+// what the sender was granted in all, and what it sent.
+type creditAcct struct {
+	a        atomic.Pointer[assoc] // the session (it moves with a resume)
+	id       uint32
+	target   localTarget  // nil: no such actor
+	received int64        // tell frames received for it (the reader's)
+	seen     atomic.Int64 // received, as the reader last published it
+	granted  atomic.Int64 // credit granted in all, creditInit included
+	queued   atomic.Bool  // in the session's due list
+	waiting  atomic.Bool  // registered with the target's mailbox for room
+}
+
+// mailboxCredit is what this node announces: its MailboxLimit, or 0 for
+// none (no credit is counted).
+func (n *Node) mailboxCredit() int64 { return int64(min(n.cfg.MailboxLimit, maxCredit)) }
+
+// creditTarget is a local target whose mailbox has a limit: the room it
+// has for credit, and a wake-up when it makes more.
+type creditTarget interface {
+	// creditRoom returns how many more messages the mailbox takes, and
+	// registers ac to be told when it makes room if that is little.
+	creditRoom(ac *creditAcct) int
+}
+
+// newCreditAcct opens the account of a target the peer just defined
+// (reader; mu not held).
+func (a *assoc) newCreditAcct(id uint32, target localTarget) *creditAcct {
+	ac := &creditAcct{id: id, target: target}
+	ac.a.Store(a)
+	ac.granted.Store(a.n.mailboxCredit())
+	return ac
+}
+
+// received counts one tell frame for ac's target (reader) and, when the
+// sender runs low, has the writer consider a grant.
+func (a *assoc) creditReceived(ac *creditAcct) {
+	ac.received++
+	if ac.granted.Load()-ac.received <= a.n.mailboxCredit()/2 {
+		ac.seen.Store(ac.received)
+		a.creditDue(ac)
+	}
+}
+
+// creditDue queues ac for the writer to grant what its target has room
+// for.
+func (a *assoc) creditDue(ac *creditAcct) {
+	if !ac.queued.CompareAndSwap(false, true) {
+		return
+	}
+	a.cmu.Lock()
+	a.due = append(a.due, ac)
+	a.cmu.Unlock()
+	a.hasDue.Store(true)
+	a.notify()
+}
+
+// wake tells ac's session that the target's mailbox made room.
+func (ac *creditAcct) wake() {
+	ac.waiting.Store(false)
+	if a := ac.a.Load(); a != nil {
+		a.creditDue(ac)
+	}
+}
+
+// grantCredits grants each target that is due what its mailbox has room
+// for, as credit frames (writer; mu not held). A target with little room is left registered with its mailbox,
+// which wakes it when it drains.
+func (a *assoc) grantCredits() {
+	if !a.hasDue.Swap(false) {
+		return
+	}
+	a.cmu.Lock()
+	due := a.due
+	a.due = nil
+	a.cmu.Unlock()
+	for _, ac := range due {
+		ac.queued.Store(false)
+		limit := a.n.mailboxCredit()
+		room := limit
+		if ct, ok := ac.target.(creditTarget); ok {
+			room = min(int64(ct.creditRoom(ac)), limit)
+		}
+		out := ac.granted.Load() - ac.seen.Load()
+		g := room - out
+		if g <= 0 || g < limit/2 && out > 0 {
+			continue // the sender has enough for now
+		}
+		ac.granted.Add(g)
+		a.mu.Lock()
+		if a.state < assocClosed {
+			a.pushControl(appendCredit(nil, ac.id, uint64(g)))
+		}
+		a.mu.Unlock()
+	}
+}
+
+// onCredit takes the peer's credit frame: for target 0, how many messages
+// its mailboxes take (the session's first frame); otherwise a grant of
+// more for that target. It wakes the senders waiting for credit.
+func (a *assoc) onCredit(b []byte) error {
+	id, n, err := parseCredit(b)
+	if err != nil {
+		return err
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if id > uint64(len(a.outSent)) || n > maxCredit || id == 0 && a.peerMailbox != 0 {
+		return fmt.Errorf("%w: credit of %d for target %d (%d defined)", ErrMalformed, n, id, len(a.outSent))
+	}
+	if id == 0 {
+		a.peerMailbox = int64(n)
+		if n == 0 {
+			a.peerMailbox = -1 // no limit there
+		}
+	} else {
+		a.outGranted[id-1] = min(a.outGranted[id-1]+int64(n), 4*maxCredit)
+	}
+	a.wakeSenders()
+	return nil
+}
+
+// hasCredit says whether a message may go to the target with table id
+// id (mu held): always, until the peer's limit is known, or when it has
+// none.
+func (a *assoc) hasCredit(id uint32) bool {
+	return a.peerMailbox <= 0 || a.outSent[id-1] < a.peerMailbox+a.outGranted[id-1]
+}
+
+// creditRoom is the room a mailbox has for credit; with less than half
+// of its limit free, ac is registered to be woken when it drains.
+func (c *cell[T]) creditRoom(ac *creditAcct) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed || c.limit <= 0 {
+		return int(c.n.mailboxCredit()) // the receiving node reports what cannot be delivered
+	}
+	room := max(c.limit-len(c.in), 0)
+	if room < c.limit/2 && ac.waiting.CompareAndSwap(false, true) {
+		c.n.creditMu.Lock()
+		if c.n.creditWaiters == nil {
+			c.n.creditWaiters = make(map[*handle][]*creditAcct)
+		}
+		c.n.creditWaiters[c.self] = append(c.n.creditWaiters[c.self], ac)
+		c.n.creditWaiting.Store(int32(len(c.n.creditWaiters)))
+		c.n.creditMu.Unlock()
+	}
+	return room
+}
+
+// wakeCredit wakes the credit accounts waiting for room in the mailbox
+// of h (the mailbox drained, or its actor stopped).
+func (n *Node) wakeCredit(h *handle) {
+	n.creditMu.Lock()
+	ws := n.creditWaiters[h]
+	delete(n.creditWaiters, h)
+	n.creditWaiting.Store(int32(len(n.creditWaiters)))
+	n.creditMu.Unlock()
+	for _, ac := range ws {
+		ac.wake()
+	}
+}
