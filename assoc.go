@@ -66,6 +66,8 @@ type outRec struct {
 	msg any
 	mt  *msgType
 	pb  *payloadBuf // msg already encoded (for this session's peer), if not nil
+	// wait: sent with Send, which waits for credit rather than fail.
+	wait bool
 }
 
 // ctlFrame is the body of a control frame in an outRec; answerFrame the
@@ -166,6 +168,9 @@ type assoc struct {
 	// room (mu), made by a sender waiting for room in the queue (Send), is
 	// closed when the writer takes the queue, or the session ends or moves.
 	room chan struct{}
+	// credited (mu), made by a Send waiting for a remote actor's credit,
+	// is closed by a grant, or when the session ends or moves.
+	credited chan struct{}
 
 	written  atomic.Uint64 // bytes written to the connection
 	in       *stampReader  // the connection's reading side; nil until connected
@@ -386,6 +391,9 @@ func (n *Node) forgetAssoc(a *assoc) {
 // node's tables and anyone waiting on ready or stop.
 func (a *assoc) finish() {
 	n := a.n
+	if n.creditWaiting.Load() > 0 {
+		a.forgetCredit()
+	}
 	n.untable(a)
 	n.pmu.Lock()
 	n.forgetAssoc(a)
@@ -493,12 +501,33 @@ func (a *assoc) send(ctx context.Context, h *handle, msg any) error {
 			}
 			continue
 		}
+		if ctx != nil && t.waitsForCredit(h) {
+			// The remote actor's mailbox is full (or its node's limit not
+			// known yet): wait for its node to grant more (other actors
+			// on the connection go on).
+			room := t.waitCredit()
+			t.mu.Unlock()
+			select {
+			case <-room:
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-t.n.done:
+				return ErrNodeClosed
+			}
+			continue
+		}
+		if ctx == nil && t.credit && t.peerMailbox > 0 {
+			if id, ok := t.outTargets[h.key]; ok && !t.hasCredit(id) {
+				t.mu.Unlock()
+				return errNoCredit // (without encoding what would be refused)
+			}
+		}
 		if !t.encodesNow() {
 			// The writer has not started: the peer's uid, which refs in
 			// the payload are encoded against, may not be known yet (or
 			// records wait before this one: it waits behind them, with
 			// its payload if it was encoded already).
-			t.queue.push(outRec{h: h, msg: msg, mt: mt, pb: pb})
+			t.queue.push(outRec{h: h, msg: msg, mt: mt, pb: pb, wait: ctx != nil})
 			pb = nil
 			first := t.queue.len() == 1 && t.out.frames == 0
 			t.mu.Unlock()
@@ -520,7 +549,7 @@ func (a *assoc) send(ctx context.Context, h *handle, msg any) error {
 		if err == errNoCredit && ctx != nil {
 			// The remote actor's mailbox is full: wait for its node to
 			// grant more (other actors on the connection go on).
-			room := t.waitRoom()
+			room := t.waitCredit()
 			t.mu.Unlock()
 			select {
 			case <-room:
@@ -715,6 +744,23 @@ func (a *assoc) wakeSenders() {
 	}
 }
 
+// waitCredit returns a channel closed when a grant (or the session's
+// end, or a move) comes (mu held).
+func (a *assoc) waitCredit() chan struct{} {
+	if a.credited == nil {
+		a.credited = make(chan struct{})
+	}
+	return a.credited
+}
+
+// wakeCredited wakes the Sends waiting for credit (mu held).
+func (a *assoc) wakeCredited() {
+	if a.credited != nil {
+		close(a.credited)
+		a.credited = nil
+	}
+}
+
 func (a *assoc) notify() {
 	select {
 	case a.wake <- struct{}{}:
@@ -796,6 +842,7 @@ func (a *assoc) leave(now bool) {
 	}
 	a.state = next
 	a.wakeSenders() // nothing more is accepted
+	a.wakeCredited()
 	var dropped recQueue
 	var droppedOut frameChain
 	if now {
@@ -838,6 +885,7 @@ func (a *assoc) fail(err error) {
 	}
 	a.state = assocClosed
 	a.wakeSenders()
+	a.wakeCredited()
 	if a.endCause != nil {
 		err = a.endCause
 	}

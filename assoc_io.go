@@ -53,12 +53,16 @@ func (a *assoc) writeLoop() {
 		case <-a.stop:
 			return
 		}
-		failed := a.encodeQueued()
-		for _, f := range failed {
-			a.n.deadLetter(f.h.String(), f.msg, f.err)
-		}
 		a.grantCredits()
+		now := time.Now()
 		a.mu.Lock()
+		if !a.encodesNow() && a.state != assocClosed {
+			a.mu.Unlock()
+			for _, f := range a.encodeQueued() {
+				a.n.deadLetter(f.h.String(), f.msg, f.err)
+			}
+			a.mu.Lock()
+		}
 		if a.state == assocEnding {
 			// This node gave up on the peer: say so, if the link still
 			// carries it, and close (abort bounded the write).
@@ -97,7 +101,7 @@ func (a *assoc) writeLoop() {
 		draining := a.state == assocLeaving || a.state == assocRetiring
 		a.prio = a.writePriority(a.prio[:0])
 		if len(a.prio) > 0 || len(bufs) > 0 {
-			a.extendWriteDeadline()
+			a.extendWriteDeadline(now)
 		}
 		a.mu.Unlock()
 		iov := a.iov[:0]
@@ -147,8 +151,7 @@ func (a *assoc) writeLoop() {
 // deadline abort sets): a write the peer does not drain within about
 // UnreachableAfter fails, and the session ends. The deadline moves only
 // once a tenth of it has passed, so a busy writer seldom touches it.
-func (a *assoc) extendWriteDeadline() {
-	now := time.Now()
+func (a *assoc) extendWriteDeadline(now time.Time) {
 	window := a.n.cfg.UnreachableAfter
 	if next := now.Add(window); next.Sub(a.writeDeadline) > window/10 {
 		a.writeDeadline = next
@@ -214,16 +217,26 @@ func (a *assoc) encodeQueued() []failedRec {
 			}
 			r.pb = pb
 		}
-		a.queue.pop()
 		switch {
 		case r.h != nil:
-			if err := a.encodeTell(r.h, r.mt, r.pb.b, nil); err != nil {
+			err := a.encodeTell(r.h, r.mt, r.pb.b, nil)
+			if err == errNoCredit && r.wait {
+				// A Send waits for credit, at the head of the queue (with
+				// its payload): onCredit wakes the writer for it.
+				*a.queue.peek() = r
+				a.mu.Unlock()
+				return failed
+			}
+			a.queue.pop()
+			if err != nil {
 				failed = append(failed, failedRec{r.h, r.msg, err})
 			}
 			r.pb.release()
 		case isAnswer(r.msg):
+			a.queue.pop()
 			a.encodeControl(r.msg.(answerFrame), true)
 		default:
+			a.queue.pop()
 			a.encodeControl(r.msg.(ctlFrame), false)
 		}
 		a.wakeSenders() // a record counted more than its frame, perhaps
@@ -271,6 +284,7 @@ func (a *assoc) keepUnacked(out *frameChain) []*frameBlock {
 			u.tail.tells += b.tells
 			spent = append(spent, b)
 		} else {
+			b.answers = 0 // (counted only while waiting to be written)
 			u.link(b, off)
 		}
 		off, b = 0, next
@@ -389,9 +403,10 @@ func (a *assoc) writeSlices(iov net.Buffers) (int64, error) {
 	for _, b := range iov {
 		for len(b) > 0 {
 			k := min(len(b), bigWrite)
+			now := time.Now()
 			a.mu.Lock()
 			if a.state != assocEnding {
-				a.extendWriteDeadline()
+				a.extendWriteDeadline(now)
 				// A frame is acknowledged only once all of it arrived:
 				// a slice the link took is progress too.
 				a.ackMoved = time.Now()
@@ -552,7 +567,10 @@ func (a *assoc) encodeTell(h *handle, mt *msgType, payload []byte, p unsafe.Poin
 	}
 	size := len(payload)
 	if p != nil {
-		size = flatMaxSize(mt.flat, p)
+		size = mt.flatMax
+		if mt.flatStrings {
+			size = flatMaxSize(mt.flat, p)
+		}
 	}
 	// Too big for certain before anything is taken from the chain (a
 	// flat message's size is a bound, some bytes a field over).
@@ -597,23 +615,26 @@ func (a *assoc) encodeTell(h *handle, mt *msgType, payload []byte, p unsafe.Poin
 	}
 	buf := a.out.room(need)
 	start := len(buf)
+	var body int
 	if p != nil {
 		// Small, and of a size known only once written: the length goes
 		// in front afterwards.
 		buf = append(buf, 0)
 		buf = appendTellHeader(buf, &th)
 		buf = appendFlatValue(buf, mt.flat, p)
+		body = len(buf) - start - 1
 		buf = fixLength(buf, start)
 	} else {
 		// The header first on its own, so that the length prefix goes
 		// in front of a large payload without moving it.
 		a.hdr = appendTellHeader(a.hdr[:0], &th)
-		buf = binary.AppendUvarint(buf, uint64(len(a.hdr)+len(payload)))
+		body = len(a.hdr) + len(payload)
+		buf = binary.AppendUvarint(buf, uint64(body))
 		buf = append(buf, a.hdr...)
 		buf = append(buf, payload...)
 	}
-	if n := len(buf) - start - frameBodyAt(buf[start:]); n > a.n.cfg.MaxFrameSize {
-		return fmt.Errorf("%w: %d bytes, the limit is %d", ErrFrameTooBig, n, a.n.cfg.MaxFrameSize)
+	if body > a.n.cfg.MaxFrameSize {
+		return fmt.Errorf("%w: %d bytes, the limit is %d", ErrFrameTooBig, body, a.n.cfg.MaxFrameSize)
 	}
 	if newTarget {
 		a.outTargets[h.key] = id

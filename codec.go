@@ -45,12 +45,16 @@ type WireUnmarshaler interface {
 
 // msgType is a registered message type: its wire key and its codec plan.
 type msgType struct {
-	key   string
-	t     reflect.Type
-	p     *plan
-	fast  bool                  // encodes itself (WireMarshaler)
-	flat  []flatField           // non-nil: made of scalars only (see flat.go)
-	alloc func() unsafe.Pointer // a new zero value (nil: reflect.New)
+	key  string
+	t    reflect.Type
+	p    *plan
+	fast bool        // encodes itself (WireMarshaler)
+	flat []flatField // non-nil: made of scalars only (see flat.go)
+	// flatMax bounds a flat value's encoding, but for its strings'
+	// bytes; flatStrings says whether it has any.
+	flatMax     int
+	flatStrings bool
+	alloc       func() unsafe.Pointer // a new zero value (nil: reflect.New)
 	// plain: flat, without strings, and not empty: no pointers, so a value
 	// may be decoded into, and copied out of, plain memory (see box.go),
 	// of words 8-byte words.
@@ -135,7 +139,9 @@ func registerType(t reflect.Type, key string, alloc func() unsafe.Pointer) error
 		mt.words = int(t.Size()+7) / 8
 		for _, f := range mt.flat {
 			mt.plain = mt.plain && f.kind != reflect.String
+			mt.flatStrings = mt.flatStrings || f.kind == reflect.String
 		}
+		mt.flatMax = binary.MaxVarintLen64 * len(mt.flat)
 	}
 	mt.initBox()
 	byKey[key] = mt

@@ -2,6 +2,7 @@ package troupe
 
 import (
 	"fmt"
+	"slices"
 	"sync/atomic"
 )
 
@@ -79,10 +80,51 @@ func (a *assoc) creditDue(ac *creditAcct) {
 		return
 	}
 	a.cmu.Lock()
+	if now := ac.a.Load(); now != a {
+		// A resume moved the account meanwhile (under a.cmu): queue it
+		// on the session it answers to now.
+		a.cmu.Unlock()
+		ac.queued.Store(false)
+		now.creditDue(ac)
+		return
+	}
 	a.due = append(a.due, ac)
 	a.cmu.Unlock()
 	a.hasDue.Store(true)
 	a.notify()
+}
+
+// moveCredit hands a's credit accounts over to w, which resumes a's
+// session (both are a resume's, before w's writer starts): what was due
+// is due on w.
+func (a *assoc) moveCredit(w *assoc) {
+	a.cmu.Lock()
+	defer a.cmu.Unlock()
+	a.due = nil
+	for i := range w.inTargets {
+		if ac := w.inTargets[i].acct; ac != nil {
+			ac.a.Store(w)
+			ac.queued.Store(false)
+			w.creditDue(ac)
+		}
+	}
+}
+
+// forgetCredit takes a's accounts out of the mailboxes' waiting lists
+// when a ends: a stuck actor must not keep an ended session alive.
+func (a *assoc) forgetCredit() {
+	n := a.n
+	n.creditMu.Lock()
+	defer n.creditMu.Unlock()
+	for h, ws := range n.creditWaiters {
+		ws = slices.DeleteFunc(ws, func(ac *creditAcct) bool { return ac.a.Load() == a })
+		if len(ws) == 0 {
+			delete(n.creditWaiters, h)
+		} else {
+			n.creditWaiters[h] = ws
+		}
+	}
+	n.creditWaiting.Store(int32(len(n.creditWaiters)))
 }
 
 // wake tells ac's session that the target's mailbox made room.
@@ -97,7 +139,7 @@ func (ac *creditAcct) wake() {
 // for, as credit frames (writer; mu not held). A target with little room is left registered with its mailbox,
 // which wakes it when it drains.
 func (a *assoc) grantCredits() {
-	if !a.hasDue.Swap(false) {
+	if !a.hasDue.Load() || !a.hasDue.Swap(false) {
 		return
 	}
 	a.cmu.Lock()
@@ -119,7 +161,10 @@ func (a *assoc) grantCredits() {
 		ac.granted.Add(g)
 		a.mu.Lock()
 		if a.state < assocClosed {
-			a.pushControl(appendCredit(nil, ac.id, uint64(g)))
+			// Straight into the chain, past any records: a grant refers
+			// to the peer's table, not this side's, and a Send of this
+			// side's may be waiting behind it for the peer's grant.
+			a.encodeControl(appendCredit(nil, ac.id, uint64(g)), false)
 		}
 		a.mu.Unlock()
 	}
@@ -146,8 +191,25 @@ func (a *assoc) onCredit(b []byte) error {
 	} else {
 		a.outGranted[id-1] = min(a.outGranted[id-1]+int64(n), 4*maxCredit)
 	}
-	a.wakeSenders()
+	a.wakeCredited()
+	if a.queue.len() > 0 {
+		a.notify() // a Send's record may wait at the head for this
+	}
 	return nil
+}
+
+// waitsForCredit says whether a Send to h must wait before it may even
+// be queued (mu held): the peer's limit is not known yet, or h's target
+// has no credit left.
+func (a *assoc) waitsForCredit(h *handle) bool {
+	if !a.credit {
+		return false
+	}
+	if a.peerMailbox == 0 {
+		return a.state == assocUp // (before the handshake the peer is not known)
+	}
+	id, ok := a.outTargets[h.key]
+	return ok && !a.hasCredit(id)
 }
 
 // hasCredit says whether a message may go to the target with table id
@@ -166,7 +228,7 @@ func (c *cell[T]) creditRoom(ac *creditAcct) int {
 		return int(c.n.mailboxCredit()) // the receiving node reports what cannot be delivered
 	}
 	room := max(c.limit-len(c.in), 0)
-	if room < c.limit/2 && ac.waiting.CompareAndSwap(false, true) {
+	if (room == 0 || room < c.limit/2) && ac.waiting.CompareAndSwap(false, true) {
 		c.n.creditMu.Lock()
 		if c.n.creditWaiters == nil {
 			c.n.creditWaiters = make(map[*handle][]*creditAcct)
@@ -190,3 +252,7 @@ func (n *Node) wakeCredit(h *handle) {
 		ac.wake()
 	}
 }
+
+// creditRoom of a message adapter is its owner's: the messages land in
+// the owner's mailbox.
+func (a *adapter[U, T]) creditRoom(ac *creditAcct) int { return a.owner.creditRoom(ac) }

@@ -326,7 +326,7 @@ func (n *Node) attach(a *assoc, h *hello) bool {
 		// The peer's senders learn how many messages this node's
 		// mailboxes take (see credit.go); a resumed session keeps what
 		// it was told.
-		a.pushControl(appendCredit(nil, 0, uint64(n.mailboxCredit())))
+		a.encodeControl(appendCredit(nil, 0, uint64(n.mailboxCredit())), false) // the first frame
 	}
 	a.mu.Unlock()
 	a.startDetector(time.Now())
@@ -506,6 +506,7 @@ func (a *assoc) mergeInto(w *assoc) {
 	suspended := a.state == assocSuspended
 	a.state = next
 	a.wakeSenders() // they follow mergedInto to the winner
+	a.wakeCredited()
 	up := next == assocRetiring
 	conn := a.conn
 	a.mergedInto = w

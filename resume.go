@@ -220,13 +220,7 @@ func (a *assoc) takeOver(w *assoc, moved recQueue) {
 	// Credit goes on with the tables: what the peer granted, and the
 	// accounts of what this side granted, which now answer to w.
 	w.peerMailbox, w.outSent, w.outGranted = a.peerMailbox, a.outSent, a.outGranted
-	for i := range w.inTargets {
-		if ac := w.inTargets[i].acct; ac != nil {
-			ac.a.Store(w)
-			ac.queued.Store(false)
-			w.creditDue(ac) // what was due on the old connection
-		}
-	}
+	a.moveCredit(w)
 	// The resume frame acknowledges everything received: an acknowledgement
 	// of less (a count the old reader had not yet handed on) must not
 	// follow it.

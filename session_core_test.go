@@ -3,6 +3,7 @@ package troupe
 import (
 	"crypto/rand"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"strings"
@@ -419,5 +420,67 @@ func TestAPeerThatNeverAcknowledgesIsGivenUpOn(t *testing.T) {
 			}
 		}
 		t.Logf("read %v: %v", read, ev.Reason)
+	}
+}
+
+// Sends waiting for a remote actor's credit survive link resets: each is
+// handled once, in order, and none becomes a dead letter (a Send woken
+// by the resume used to be queued as a record and refused for credit).
+func TestSendsWaitingForCreditSurviveResets(t *testing.T) {
+	f := NewFaultNet()
+	home := startOn(t, f, failConfig("home", 50*time.Millisecond, 5*time.Second))
+	cfg := failConfig("away", 50*time.Millisecond, 5*time.Second)
+	cfg.MailboxLimit = 8
+	away := startOn(t, f, cfg)
+	var dead firstOf
+	for _, n := range []*Node{home, away} {
+		Subscribe(n.Events(), func(ev DeadLetter) { dead.CompareAndSwap(nil, ev) })
+	}
+	got := make(chan int, 4096)
+	if _, err := Spawn(away, "slow", Behavior[int]{Receive: func(_ *Context[int], n int) {
+		time.Sleep(200 * time.Microsecond)
+		got <- n
+	}}); err != nil {
+		t.Fatal(err)
+	}
+	slow, err := Resolve[int](ctxT(t, 5*time.Second), home, FormatRef(away.Addrs()[0], "/user/slow"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resumed := make(chan PeerResumed, 64)
+	SubscribeChan(home.Events(), resumed)
+	const total = 2000
+	sent := make(chan error, 1)
+	go func() {
+		ctx := ctxT(t, time.Minute)
+		for i := 1; i <= total; i++ {
+			if err := slow.Send(ctx, i); err != nil {
+				sent <- fmt.Errorf("Send %d: %w", i, err)
+				return
+			}
+		}
+		sent <- nil
+	}()
+	next := 1
+	for r := range 10 {
+		for next <= (r+1)*100 {
+			if n := recv(t, got, "a message"); n != next {
+				t.Fatalf("message %d arrived as %d", next, n)
+			}
+			next++
+		}
+		f.Reset(home, away)
+		recv(t, resumed, "the resume")
+	}
+	for ; next <= total; next++ {
+		if n := recv(t, got, "a message"); n != next {
+			t.Fatalf("message %d arrived as %d", next, n)
+		}
+	}
+	if err := recv(t, sent, "the sender"); err != nil {
+		t.Fatal(err)
+	}
+	if d := dead.Load(); d != nil {
+		t.Fatalf("dead letter: %+v", d)
 	}
 }

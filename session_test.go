@@ -387,3 +387,41 @@ func TestTellToAFullRemoteMailboxIsADeadLetterTheSenderSees(t *testing.T) {
 	default:
 	}
 }
+
+// Credit reaches an actor whose mailbox takes a single message.
+func TestSendWaitsForRoomInATinyRemoteMailbox(t *testing.T) {
+	home := defaultNode(t, "home")
+	away := limitedNode(t, "away", 1)
+	var dead firstOf
+	for _, n := range []*troupe.Node{home, away} {
+		s := troupe.Subscribe(n.Events(), func(ev troupe.DeadLetter) { dead.CompareAndSwap(nil, ev) })
+		t.Cleanup(s.Unsubscribe)
+	}
+	got := make(chan int, 512)
+	if _, err := troupe.Spawn(away, "tiny", troupe.Behavior[int]{Receive: func(_ *troupe.Context[int], n int) {
+		time.Sleep(100 * time.Microsecond) // the work
+		got <- n
+	}}); err != nil {
+		t.Fatal(err)
+	}
+	tiny, err := troupe.Resolve[int](ctxFor(t), home, troupe.FormatRef(away.Addrs()[0], "/user/tiny"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	const total = 200
+	for i := 1; i <= total; i++ {
+		if err := tiny.Send(ctx, i); err != nil {
+			t.Fatalf("Send %d: %v (dead letter: %v)", i, err, dead.Load())
+		}
+	}
+	for i := 1; i <= total; i++ {
+		if n := within(t, got, 10*time.Second, "a message"); n != i {
+			t.Fatalf("message %d arrived as %d", i, n)
+		}
+	}
+	if d := dead.Load(); d != nil {
+		t.Fatalf("dead letter: %+v", d)
+	}
+}
