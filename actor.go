@@ -146,9 +146,9 @@ type cell[T any] struct {
 	hasSys    atomic.Bool
 	entered   uint64 // user messages ever appended to in
 	inBytes   int    // encoded size of the messages in in that came over the wire
-	// room, made by a sender waiting for room (Ref.Send), is closed when
-	// the mailbox is emptied into a batch or the actor stops.
-	room chan struct{}
+	// waits holds what waiters on the mailbox wait on, made on first use
+	// (one pointer, so that an idle actor stays small).
+	waits *cellWaits
 
 	// The rest is owned by the goroutine running the cell.
 	batch      []T    // the user messages taken from in, being handled
@@ -357,10 +357,11 @@ func (c *cell[T]) pushWait(ctx context.Context, msg T) error {
 			c.mu.Unlock()
 			continue // it changed meanwhile: try again
 		}
-		if c.room == nil {
-			c.room = make(chan struct{})
+		w := c.waitsFor()
+		if w.room == nil {
+			w.room = make(chan struct{})
 		}
-		room := c.room
+		room := w.room
 		c.mu.Unlock()
 		select {
 		case <-room:
@@ -504,9 +505,9 @@ func (c *cell[T]) run() {
 		}
 		c.batch, c.in = c.in, c.batch[:0]
 		c.inBytes = 0
-		if c.room != nil {
-			close(c.room)
-			c.room = nil
+		if c.waits != nil && c.waits.room != nil {
+			close(c.waits.room)
+			c.waits.room = nil
 		}
 		c.mu.Unlock()
 		if c.n.creditWaiting.Load() > 0 {
@@ -673,13 +674,21 @@ func (c *cell[T]) terminate(rest []T) {
 	waiting := c.in
 	sys := c.sys
 	c.in, c.sys = nil, nil
-	if c.room != nil {
-		close(c.room)
-		c.room = nil
+	var note *stopNote
+	if w := c.waits; w != nil {
+		if w.room != nil {
+			close(w.room)
+			w.room = nil
+		}
+		note = w.stop
 	}
 	c.mu.Unlock()
 	if c.n.creditWaiting.Load() > 0 {
 		c.n.wakeCredit(c.self)
+	}
+	if note != nil {
+		note.reason = c.stopReason
+		close(note.ch) // the Asks waiting on this actor fail now
 	}
 
 	target := c.self.String()
@@ -717,6 +726,45 @@ func (c *cell[T]) terminate(rest []T) {
 		c.parent.sysPush(sysMsg{kind: sysChildStopped, ref: c.self})
 	}
 	c.n.live.Done()
+}
+
+// stopNote tells the Asks waiting on an actor that it stopped, and why.
+type stopNote struct {
+	ch     chan struct{}
+	reason error // set before ch is closed
+}
+
+// stopNotice returns the note closed when the actor stops, or nil if it
+// has stopped already.
+func (c *cell[T]) stopNotice() *stopNote {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil
+	}
+	w := c.waitsFor()
+	if w.stop == nil {
+		w.stop = &stopNote{ch: make(chan struct{})}
+	}
+	return w.stop
+}
+
+// cellWaits is what waiters on a mailbox wait on (mu).
+type cellWaits struct {
+	// room, made by a sender waiting for room (Ref.Send), is closed when
+	// the mailbox is emptied into a batch or the actor stops.
+	room chan struct{}
+	// stop, made for an Ask waiting on the actor, is closed when it
+	// stops.
+	stop *stopNote
+}
+
+// waitsFor returns the cell's waits, made on first use (mu held).
+func (c *cell[T]) waitsFor() *cellWaits {
+	if c.waits == nil {
+		c.waits = &cellWaits{}
+	}
+	return c.waits
 }
 
 // signal delivers a signal to the actor behind h, wherever it lives.

@@ -2,6 +2,7 @@ package troupe_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -79,6 +80,86 @@ func TestAFailureWrappingASentinelCrossesAsAFailure(t *testing.T) {
 		term := within(t, ch, 10*time.Second, where+" Terminated")
 		if !term.Failed() || !strings.Contains(term.Reason.Error(), "downstream gone") {
 			t.Fatalf("%s watcher: Failed() = %v, reason %v", where, term.Failed(), term.Reason)
+		}
+	}
+}
+
+// askReq asks for a reply; Mode says what the actor does with it.
+type askReq struct {
+	Mode    string
+	ReplyTo troupe.Ref[string]
+}
+
+func init() { troupe.RegisterMessage[askReq]("troupe.test.lifecycle.ask") }
+
+func askable(t *testing.T, n *troupe.Node, name string) troupe.Ref[askReq] {
+	t.Helper()
+	ref, err := troupe.Spawn(n, name, troupe.Behavior[askReq]{Receive: func(c *troupe.Context[askReq], r askReq) {
+		switch r.Mode {
+		case "panic":
+			panic("no answer for you")
+		case "stop":
+			c.Stop()
+		case "fail":
+			c.Fail(errors.New("cannot answer"))
+		case "reply-then-stop":
+			r.ReplyTo.Tell("bye")
+			c.Stop()
+		}
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ref
+}
+
+// An Ask fails at once, with the stop's reason, when its target stops
+// before replying — a panic, a failure or a stop, on this node or on
+// another (issue #26, defect 5: the caller waited for its whole
+// deadline). A reply sent before the stop still wins.
+func TestAskFailsWhenItsTargetStops(t *testing.T) {
+	_, a, b := faultPair(t)
+	for _, where := range []string{"local", "remote"} {
+		for _, mode := range []string{"panic", "stop", "fail", "reply-then-stop"} {
+			t.Run(where+"/"+mode, func(t *testing.T) {
+				name := where + "-" + mode
+				target := askable(t, b, name)
+				if where == "remote" {
+					var err error
+					if target, err = troupe.Resolve[askReq](ctxFor(t), a, troupe.FormatRef(b.Addrs()[0], "/user/"+name)); err != nil {
+						t.Fatal(err)
+					}
+				}
+				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+				defer cancel()
+				start := time.Now()
+				got, err := troupe.Ask(ctx, target, func(r troupe.Ref[string]) askReq { return askReq{Mode: mode, ReplyTo: r} })
+				if took := time.Since(start); took > 10*time.Second {
+					t.Fatalf("Ask took %v", took)
+				}
+				if mode == "reply-then-stop" {
+					if err != nil || got != "bye" {
+						t.Fatalf("Ask = %q, %v; want the reply", got, err)
+					}
+					return
+				}
+				var ae *troupe.AskError
+				if !errors.Is(err, troupe.ErrActorStopped) || !errors.As(err, &ae) {
+					t.Fatalf("Ask = %q, %v; want an AskError wrapping ErrActorStopped", got, err)
+				}
+				switch mode {
+				case "panic", "fail":
+					var term troupe.Terminated
+					term.Reason = ae.Reason
+					if !term.Failed() {
+						t.Fatalf("reason %v is not a failure", ae.Reason)
+					}
+				case "stop":
+					if ae.Reason != nil {
+						t.Fatalf("reason %v for a normal stop", ae.Reason)
+					}
+				}
+			})
 		}
 	}
 }

@@ -270,8 +270,11 @@ var refCarrierType = reflect.TypeFor[refCarrier]()
 // Ask returns ctx.Err() when ctx ends first, [ErrNodeClosed] when the node
 // closes, the dead-letter reason when the request could not be sent (for
 // example [ErrActorStopped]), and the association's error (such as
-// [ErrPeerLeft]) when the target's node goes away while it waits. A reply
-// that arrives after Ask returned becomes a [DeadLetter].
+// [ErrPeerLeft]) when the target's node goes away while it waits. When the
+// target stops before it replies — a panic, a failure, a stop — Ask
+// returns at once an [*AskError] with the stop's reason (for a target on
+// another node, Ask watches it while it waits). A reply that arrives
+// after Ask returned becomes a [DeadLetter].
 func Ask[Req, Resp any](ctx context.Context, to Ref[Req], mk func(replyTo Ref[Resp]) Req) (Resp, error) {
 	var zero Resp
 	if to.h == nil {
@@ -291,13 +294,27 @@ func Ask[Req, Resp any](ctx context.Context, to Ref[Req], mk func(replyTo Ref[Re
 	}
 	req := mk(Ref[Resp]{h: p.h})
 	var err error
+	var stopped <-chan struct{}
+	var note *stopNote
 	if c, ok := to.h.local.(*cell[Req]); ok {
-		// A local actor takes the request typed: no box on the way.
+		// A local actor takes the request typed: no box on the way. Its
+		// stop ends the wait.
+		if note = c.stopNotice(); note != nil {
+			stopped = note.ch
+		}
 		if err = c.push(req); err != nil {
 			n.deadLetter(to.h.String(), req, err)
 		}
 	} else {
 		err = to.h.send(req)
+		if a := to.h.assoc; err == nil && a != nil && to.h.key.uuid != (UUID{}) {
+			// The target's stop, on its node, ends the wait: the promise
+			// watches it for as long as the Ask lasts.
+			p.target = to.h
+			if a.watch(to.h, p.h) == nil {
+				defer a.unwatch(to.h, p.h)
+			}
+		}
 	}
 	if err != nil {
 		return zero, err
@@ -309,7 +326,39 @@ func Ask[Req, Resp any](ctx context.Context, to Ref[Req], mk func(replyTo Ref[Re
 		return zero, ctx.Err()
 	case <-n.done:
 		return zero, ErrNodeClosed
+	case <-stopped:
+		select {
+		case r := <-p.ch: // it replied, then stopped
+			return r.v, r.err
+		default:
+		}
+		return zero, &AskError{Target: to.h.String(), Reason: note.reason}
 	}
+}
+
+// AskError is the error of an [Ask] whose target stopped before it
+// replied: on this node or on another, by a panic, a failure, or a stop.
+// It wraps [ErrActorStopped] and the stop's reason (nil for a normal
+// stop; a [*PanicError] or [*FailureError] locally; a [*RemoteError] or
+// one of troupe's errors from another node).
+type AskError struct {
+	Target string // the ref string of the actor asked
+	Reason error  // why it stopped; nil for a normal stop
+}
+
+func (e *AskError) Error() string {
+	if e.Reason == nil {
+		return "troupe: " + e.Target + " stopped before it replied"
+	}
+	return "troupe: " + e.Target + " stopped before it replied: " + e.Reason.Error()
+}
+
+// Unwrap returns ErrActorStopped and the reason.
+func (e *AskError) Unwrap() []error {
+	if e.Reason == nil {
+		return []error{ErrActorStopped}
+	}
+	return []error{ErrActorStopped, e.Reason}
 }
 
 type result[T any] struct {
@@ -320,10 +369,11 @@ type result[T any] struct {
 // promise is the temporary actor behind an Ask's reply ref. It is put in the
 // node's path table only when its ref is encoded for the wire.
 type promise[T any] struct {
-	h    *handle // &hd
-	hd   handle  // (in the promise's allocation, not one of its own)
-	ch   chan result[T]
-	done atomic.Bool
+	h      *handle // &hd
+	hd     handle  // (in the promise's allocation, not one of its own)
+	target *handle // the actor asked, when it is on another node
+	ch     chan result[T]
+	done   atomic.Bool
 
 	mu         sync.Mutex // guards registered
 	registered bool       // in n.temps, so remote replies can find it
@@ -401,9 +451,20 @@ func (p *promise[T]) tellAny(msg any) error {
 var errAskOver = fmt.Errorf("%w: the ask already has its reply or ended", ErrActorStopped)
 
 func (p *promise[T]) tellWire(msg any, _ int) error { return p.tellAny(msg) }
-func (p *promise[T]) sysPush(sysMsg) bool           { return !p.done.Load() }
-func (p *promise[T]) watchHandle() *handle          { return p.h }
-func (p *promise[T]) protocol() reflect.Type        { return reflect.TypeFor[T]() }
+func (p *promise[T]) sysPush(m sysMsg) bool {
+	if m.kind == sysTerminated {
+		// The actor an Ask watches on another node stopped (or its node
+		// is gone) before the reply came.
+		target := m.key.path
+		if p.target != nil {
+			target = p.target.String()
+		}
+		p.fail(&AskError{Target: target, Reason: m.reason})
+	}
+	return !p.done.Load()
+}
+func (p *promise[T]) watchHandle() *handle   { return p.h }
+func (p *promise[T]) protocol() reflect.Type { return reflect.TypeFor[T]() }
 
 // exporter is implemented by local targets that must be put in the path
 // table before their ref leaves the node.
