@@ -820,6 +820,11 @@ func (a *assoc) signal(h *handle, m sysMsg) {
 	a.mu.Lock()
 	delete(a.watchedBy, inWatch{m.key.path, m.key.uuid, h.key.path})
 	a.mu.Unlock()
+	if errors.Is(m.reason, ErrNodeClosed) && a.n.isClosed() {
+		// This node is shutting down: the goodbye that follows tells the
+		// peer's watchers, as ErrPeerLeft, rather than one frame each.
+		return
+	}
 	code, text := reasonCode(m.reason)
 	a.answer(appendWatch(nil, frameTerminated, watchBody{path: m.key.path, uuid: m.key.uuid, watcher: h.key.path, code: code, text: text}))
 }

@@ -163,3 +163,39 @@ func TestAskFailsWhenItsTargetStops(t *testing.T) {
 		}
 	}
 }
+
+// A graceful Shutdown lets a handler in progress finish and its reply
+// reach the node that asked, before it says goodbye (issue #26, defect 2:
+// the goodbye went first, the Ask failed with ErrPeerLeft and the reply
+// was a dead letter).
+func TestShutdownDeliversTheReplyOfAHandlerInProgress(t *testing.T) {
+	_, a, b := faultPair(t)
+	started := make(chan struct{})
+	if _, err := troupe.Spawn(b, "slowpoke", troupe.Behavior[askReq]{Receive: func(_ *troupe.Context[askReq], r askReq) {
+		close(started)
+		time.Sleep(300 * time.Millisecond) // the work in progress
+		r.ReplyTo.Tell("done")
+	}}); err != nil {
+		t.Fatal(err)
+	}
+	ref, err := troupe.Resolve[askReq](ctxFor(t), a, troupe.FormatRef(b.Addrs()[0], "/user/slowpoke"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	type answer struct {
+		reply string
+		err   error
+	}
+	got := make(chan answer, 1)
+	go func() {
+		r, err := troupe.Ask(ctxFor(t), ref, func(r troupe.Ref[string]) askReq { return askReq{ReplyTo: r} })
+		got <- answer{r, err}
+	}()
+	within(t, started, 10*time.Second, "the handler to start")
+	if err := b.Shutdown(ctxFor(t)); err != nil {
+		t.Fatalf("Shutdown: %v", err)
+	}
+	if ans := within(t, got, 10*time.Second, "the Ask"); ans.err != nil || ans.reply != "done" {
+		t.Fatalf("Ask = %q, %v; want the reply", ans.reply, ans.err)
+	}
+}

@@ -45,8 +45,10 @@ func (n *Node) Close() error {
 
 // Shutdown stops the node gracefully: it stops accepting connections,
 // unregisters its actors and itself, stops every actor (each after the
-// handler it is running), writes everything queued for peers followed by
-// a goodbye, and then closes, as [Node.Close]. It returns nil when all of
+// handler it is running, whose replies still reach other nodes), writes
+// everything queued for peers followed by a goodbye, and then closes, as
+// [Node.Close]. Remote watchers of its actors hear [ErrPeerLeft] from the
+// goodbye. It returns nil when all of
 // that finished, or ctx.Err() when ctx ended first — the node is then
 // closed at once, as by Close, before Shutdown returns. A call to Close
 // during a Shutdown makes it finish at once too.
@@ -112,8 +114,35 @@ func (n *Node) shutdown(ctx context.Context, graceful bool) error {
 		}
 		n.revokeEtcd(wait)
 	}
-	// Peers first, so they hear that this node left rather than that
-	// each actor stopped.
+	stopActors := func() {
+		n.amu.Lock()
+		n.closing = true
+		targets := make([]*handle, 0, len(n.actors))
+		for _, h := range n.actors {
+			targets = append(targets, h)
+		}
+		n.amu.Unlock()
+		for _, h := range targets {
+			h.local.sysPush(sysMsg{kind: sysStop, reason: ErrNodeClosed})
+		}
+		// Every actor stops after the handler it runs: a handler waiting
+		// on its context returns now. Shutdown waits for the others
+		// within ctx.
+		n.cancelActors()
+		if graceful {
+			if err := n.waitActors(ctx); err != nil {
+				errs = append(errs, err)
+			}
+		} else {
+			n.live.Wait()
+		}
+	}
+	if graceful {
+		// Handlers in progress finish while the associations are up, so
+		// that their replies reach the peers that asked; the goodbyes
+		// follow them.
+		stopActors()
+	}
 	n.pmu.Lock()
 	n.pclosing = true
 	assocs := make([]*assoc, 0, len(n.all))
@@ -127,26 +156,10 @@ func (n *Node) shutdown(ctx context.Context, graceful bool) error {
 	for _, a := range assocs {
 		a.leave(!graceful)
 	}
-
-	n.amu.Lock()
-	n.closing = true
-	targets := make([]*handle, 0, len(n.actors))
-	for _, h := range n.actors {
-		targets = append(targets, h)
-	}
-	n.amu.Unlock()
-	for _, h := range targets {
-		h.local.sysPush(sysMsg{kind: sysStop, reason: ErrNodeClosed})
-	}
-	// Every actor stops after the handler it runs: a handler waiting on
-	// its context returns now. Shutdown waits for the others within ctx.
-	n.cancelActors()
-	if graceful {
-		if err := n.waitActors(ctx); err != nil {
-			errs = append(errs, err)
-		}
-	} else {
-		n.live.Wait()
+	if !graceful {
+		// Peers first, so they hear that this node left rather than that
+		// each actor stopped.
+		stopActors()
 	}
 
 	// Let the writers send what they hold and the goodbye: for as long as
