@@ -497,8 +497,7 @@ func (c *cell[T]) run() {
 		}
 		if c.held {
 			c.mu.Unlock()
-			if c.drainSys() {
-				c.terminate(nil)
+			if c.drainSys() && c.terminate(nil) {
 				return
 			}
 			continue
@@ -521,8 +520,11 @@ func (c *cell[T]) run() {
 			if c.hasSys.Load() || c.held {
 				c.handled = base + uint64(i)
 				if c.drainSys() {
-					c.terminate(c.batch[i:])
-					return
+					if c.terminate(c.batch[i:]) {
+						return
+					}
+					n = i // (the rest became dead letters)
+					break
 				}
 				if c.held {
 					c.requeue(c.batch[i:])
@@ -537,8 +539,11 @@ func (c *cell[T]) run() {
 				}
 			}
 			if c.stopping {
-				c.terminate(c.batch[i+1:])
-				return
+				if c.terminate(c.batch[i+1:]) {
+					return
+				}
+				n = i + 1
+				break
 			}
 			if handled++; handled%throughput == 0 {
 				runtime.Gosched()
@@ -546,8 +551,7 @@ func (c *cell[T]) run() {
 		}
 		c.handled = base + uint64(n)
 		clear(c.batch)
-		if c.hasSys.Load() && c.drainSys() {
-			c.terminate(nil)
+		if c.hasSys.Load() && c.drainSys() && c.terminate(nil) {
 			return
 		}
 	}
@@ -666,8 +670,32 @@ func (c *cell[T]) requeue(rest []T) {
 
 // terminate stops the actor: it refuses further messages, turns waiting
 // ones into dead letters, stops its children, tells its watchers and its
-// parent, and leaves the node's tables.
-func (c *cell[T]) terminate(rest []T) {
+// parent, and leaves the node's tables. As in Akka, an actor with
+// children stops them first and waits: its PostStop runs, and its
+// watchers and parent hear of it, only once every child has stopped
+// (each after its own children), so a tree stops as a tree and its names
+// are free when its watchers learn it. terminate reports whether the
+// actor is gone; false while it waits (it holds its mailbox meanwhile,
+// and is called again when its last child has stopped).
+func (c *cell[T]) terminate(rest []T) bool {
+	if len(c.children) > 0 {
+		t := c.tooling()
+		target := c.self.String()
+		for _, m := range rest {
+			c.n.deadLetter(target, m, ErrActorStopped)
+		}
+		if !t.awaitingChildren {
+			t.awaitingChildren = true
+			c.stopTimers()
+			c.mu.Lock()
+			c.held = true // user messages wait, to be dead letters at the end
+			c.mu.Unlock()
+			for ch := range c.children {
+				ch.local.sysPush(sysMsg{kind: sysStop, reason: ErrParentStopped})
+			}
+		}
+		return false
+	}
 	c.stopTimers()
 	c.mu.Lock()
 	c.closed = true
@@ -726,6 +754,7 @@ func (c *cell[T]) terminate(rest []T) {
 		c.parent.sysPush(sysMsg{kind: sysChildStopped, ref: c.self})
 	}
 	c.n.live.Done()
+	return true
 }
 
 // stopNote tells the Asks waiting on an actor that it stopped, and why.

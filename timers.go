@@ -19,6 +19,9 @@ type actorTools[T any] struct {
 	cancel   context.CancelFunc
 	failed   error     // reported by Context.Fail during the current handler
 	sup      *supState // failures and a pending restart (supervised actors)
+	// awaitingChildren: the actor is stopping, and waits for its children
+	// to stop first (see terminate).
+	awaitingChildren bool
 }
 
 // tooling returns the actor's tools, making them on first use.
