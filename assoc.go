@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -132,6 +133,9 @@ type assoc struct {
 	readyOnce sync.Once
 	stopOnce  sync.Once
 	dialOnce  sync.Once // an outbound association dials on first use
+	// binding (n.pmu): an outbound association made for a ref read from
+	// a message, not yet dialed: counted in n.bindings, not n.outbound.
+	binding bool
 
 	// mu guards everything below up to the writer's fields.
 	mu    sync.Mutex
@@ -342,6 +346,20 @@ func (n *Node) assocAt(addr Addr, wait bool) (*assoc, error) {
 	if q := n.quarantineFor(NodeUID{}, addr); q != nil {
 		return nil, fmt.Errorf("%s: %w since %s (%v); call Reconnect to try again", addr, ErrQuarantined, q.Since.Format(time.RFC3339), q.Cause)
 	}
+	if !wait {
+		// A ref read from a message: bound, not dialed. Bindings have a
+		// bound of their own, so that a message full of refs cannot take
+		// the room of the dials this node makes.
+		if n.bindings >= n.cfg.MaxOutboundConns {
+			return nil, fmt.Errorf("%s: %w: %d refs to nodes never dialed (Config.MaxOutboundConns)", addr, ErrTooManyConns, n.bindings)
+		}
+		a := newAssoc(n, true, addr)
+		a.binding = true
+		n.bindings++
+		n.byAddr[addr] = a
+		n.all[a] = struct{}{}
+		return a, nil
+	}
 	if n.outbound >= n.cfg.MaxOutboundConns {
 		return nil, fmt.Errorf("%s: %w: %d outbound associations (Config.MaxOutboundConns)", addr, ErrTooManyConns, n.outbound)
 	}
@@ -381,7 +399,10 @@ func (n *Node) untable(a *assoc) {
 func (n *Node) forgetAssoc(a *assoc) {
 	if _, ok := n.all[a]; ok {
 		delete(n.all, a)
-		if a.outbound {
+		switch {
+		case a.binding:
+			n.bindings--
+		case a.outbound:
 			n.outbound--
 		}
 	}
@@ -397,6 +418,15 @@ func (a *assoc) finish() {
 	n.untable(a)
 	n.pmu.Lock()
 	n.forgetAssoc(a)
+	if w := n.awaiting[a.peerUID]; len(w) > 0 {
+		// A duplicate parked for the winner it never saw: it must not
+		// hold its association for ever.
+		if w = slices.DeleteFunc(w, func(x *assoc) bool { return x == a }); len(w) == 0 {
+			delete(n.awaiting, a.peerUID)
+		} else {
+			n.awaiting[a.peerUID] = w
+		}
+	}
 	n.pmu.Unlock()
 	a.closeReady()
 	a.stopOnce.Do(func() { close(a.stop) })

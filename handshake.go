@@ -17,6 +17,20 @@ import (
 
 // runOutbound dials, handshakes and then runs the reader.
 func (a *assoc) runOutbound() {
+	n := a.n
+	n.pmu.Lock()
+	if a.binding {
+		// First use of a ref's binding: from now on it is a dial.
+		n.bindings--
+		a.binding = false
+		if n.outbound >= n.cfg.MaxOutboundConns {
+			n.pmu.Unlock()
+			a.fail(fmt.Errorf("%s: %w: %d outbound associations (Config.MaxOutboundConns)", a.dialAddr, ErrTooManyConns, n.outbound))
+			return
+		}
+		n.outbound++
+	}
+	n.pmu.Unlock()
 	c, err := a.n.dial(a.dialAddr)
 	if err != nil {
 		a.fail(err)

@@ -183,10 +183,11 @@ type Config struct {
 	// more is closed as soon as it is accepted. Default: 4096.
 	MaxInboundConns int
 
-	// MaxOutboundConns bounds the outbound associations at once (dialing,
-	// up, or waiting for first use); one more fails with
-	// [ErrTooManyConns], and a ref to a new node that arrives in a message
-	// past it is a dead ref. Default: 4096.
+	// MaxOutboundConns bounds the outbound associations at once (dialing
+	// or up); one more fails with [ErrTooManyConns]. It bounds, apart,
+	// the associations bound to refs to new nodes that arrived in messages
+	// and were never used (one past that is a dead ref): such refs do not
+	// take the room of this node's own dials. Default: 4096.
 	MaxOutboundConns int
 
 	// MaxPendingHandshakes bounds the inbound connections still in their
@@ -349,7 +350,8 @@ type Node struct {
 	all      map[*assoc]struct{} // every association not yet finished
 	awaiting map[NodeUID][]*assoc
 	pclosing bool
-	outbound int // outbound associations not yet finished
+	outbound int // outbound associations dialing or up, not yet finished
+	bindings int // outbound associations bound to refs read from messages, never dialed
 	// claims are the announced addresses of inbound peers being checked
 	// by a dial-back probe (proveClaims).
 	claims map[Addr]*claim

@@ -484,3 +484,39 @@ func TestSendsWaitingForCreditSurviveResets(t *testing.T) {
 		t.Fatalf("dead letter: %+v", d)
 	}
 }
+
+// A connection that says goodbye as a duplicate, from uids that never
+// connect again, leaves nothing parked once it ends (issue #26, defect 4:
+// each stayed in the waiting list, holding its association, for ever).
+func TestDuplicateGoodbyesLeaveNothingParked(t *testing.T) {
+	cfg := failConfig("n", 100*time.Millisecond, 2*time.Second)
+	cfg.Listen = []string{"tcp://127.0.0.1:0"}
+	n := startNode(t, cfg)
+	for range 20 {
+		c := rawHandshake(t, n)
+		c.Write(appendWhole(nil, appendBye(nil, byeDuplicate, "")))
+		c.Close()
+	}
+	waitFor(t, 10*time.Second, "the parked duplicates to go", func() bool {
+		n.pmu.Lock()
+		defer n.pmu.Unlock()
+		return len(n.awaiting) == 0 && len(n.all) == 0
+	})
+}
+
+// Refs to thousands of unknown nodes in messages do not stop this node
+// from dialing (issue #26, defect 3: undialed bindings counted against
+// MaxOutboundConns, and every later Resolve failed with ErrTooManyConns).
+func TestRefsInMessagesDoNotTakeTheRoomOfDials(t *testing.T) {
+	cfg := testConfig()
+	cfg.MaxOutboundConns = 100
+	n := startNode(t, cfg)
+	healthy := startNode(t, testConfig("tcp://127.0.0.1:0"))
+	spawnEcho(t, healthy, "echo")
+	for i := range 150 { // as a message's refs bind them: past the bound, dead refs
+		n.assocAt(TCPAddr(fmt.Sprintf("127.0.0.1:%d", 20000+i)), false)
+	}
+	if _, err := Resolve[testPing](ctxT(t, 5*time.Second), n, FormatRef(healthy.Addrs()[0], "/user/echo")); err != nil {
+		t.Fatalf("Resolve after 150 refs bound: %v", err)
+	}
+}
