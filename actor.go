@@ -611,6 +611,9 @@ func (c *cell[T]) handleSys(m sysMsg) {
 		c.watchers[m.ref.key] = m.ref
 	case sysUnwatch:
 		delete(c.watchers, m.ref.key)
+		if len(c.watchers) == 0 {
+			c.watchers = nil // an actor asked from afar goes back to its idle size
+		}
 	case sysChildStopped:
 		delete(c.children, m.ref)
 		c.childGone()
@@ -619,6 +622,9 @@ func (c *cell[T]) handleSys(m sysMsg) {
 	case sysRestart:
 		c.restart(m.timerGen)
 	case sysTerminated:
+		if c.stopping {
+			return // a stopping actor runs no more handlers but PostStop
+		}
 		keys := []refKey{m.key}
 		if _, ok := c.watching[m.key]; !ok {
 			// A remote actor reports its own stop; what is watched here may
@@ -708,7 +714,7 @@ func (c *cell[T]) terminate(rest []T) bool {
 			close(w.room)
 			w.room = nil
 		}
-		note = w.stop
+		note, w.stop = w.stop, nil
 	}
 	c.mu.Unlock()
 	if c.n.creditWaiting.Load() > 0 {
@@ -745,7 +751,9 @@ func (c *cell[T]) terminate(rest []T) bool {
 	}
 	c.n.removeActor(c.self.key.path)
 	if c.n.discovering() && isPublic(c.self.key.path) {
-		c.n.unregisterActor(c.self)
+		if !c.n.isClosed() { // (a closing node unregistered everything at once)
+			c.n.unregisterActor(c.self)
+		}
 	}
 	for _, w := range c.watchers {
 		w.signal(sysMsg{kind: sysTerminated, key: c.self.key, reason: c.stopReason})
@@ -761,6 +769,7 @@ func (c *cell[T]) terminate(rest []T) bool {
 type stopNote struct {
 	ch     chan struct{}
 	reason error // set before ch is closed
+	asks   int   // the Asks waiting on it (the cell's mu)
 }
 
 // stopNotice returns the note closed when the actor stops, or nil if it
@@ -775,7 +784,25 @@ func (c *cell[T]) stopNotice() *stopNote {
 	if w.stop == nil {
 		w.stop = &stopNote{ch: make(chan struct{})}
 	}
+	w.stop.asks++
 	return w.stop
+}
+
+// releaseStopNotice says that an Ask no longer waits on note: the last
+// one leaves the actor at its idle size.
+func (c *cell[T]) releaseStopNotice(note *stopNote) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	w := c.waits
+	if w == nil || w.stop != note {
+		return // (the actor stopped: the note was taken)
+	}
+	if note.asks--; note.asks == 0 {
+		w.stop = nil
+		if w.room == nil {
+			c.waits = nil
+		}
+	}
 }
 
 // cellWaits is what waiters on a mailbox wait on (mu).

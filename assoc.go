@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -850,12 +851,20 @@ func (a *assoc) signal(h *handle, m sysMsg) {
 	a.mu.Lock()
 	delete(a.watchedBy, inWatch{m.key.path, m.key.uuid, h.key.path})
 	a.mu.Unlock()
-	if errors.Is(m.reason, ErrNodeClosed) && a.n.isClosed() {
+	ask := strings.HasPrefix(h.key.path, "/temp/")
+	if m.reason == ErrNodeClosed && a.n.isClosed() && !ask {
 		// This node is shutting down: the goodbye that follows tells the
 		// peer's watchers, as ErrPeerLeft, rather than one frame each.
+		// (A peer's Ask is told at once.)
 		return
 	}
 	code, text := reasonCode(m.reason)
+	if ask {
+		// One per Ask in flight, which the peer's own Asks bound: not an
+		// answer the peer could pile up without reading.
+		a.control(appendWatch(nil, frameTerminated, watchBody{path: m.key.path, uuid: m.key.uuid, watcher: h.key.path, code: code, text: text}))
+		return
+	}
 	a.answer(appendWatch(nil, frameTerminated, watchBody{path: m.key.path, uuid: m.key.uuid, watcher: h.key.path, code: code, text: text}))
 }
 

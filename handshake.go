@@ -19,15 +19,16 @@ import (
 func (a *assoc) runOutbound() {
 	n := a.n
 	n.pmu.Lock()
-	if a.binding {
-		// First use of a ref's binding: from now on it is a dial.
-		n.bindings--
-		a.binding = false
+	if _, live := n.all[a]; a.binding && live {
+		// First use of a ref's binding: from now on it is a dial (one
+		// refused stays a binding, and ends as one).
 		if n.outbound >= n.cfg.MaxOutboundConns {
 			n.pmu.Unlock()
 			a.fail(fmt.Errorf("%s: %w: %d outbound associations (Config.MaxOutboundConns)", a.dialAddr, ErrTooManyConns, n.outbound))
 			return
 		}
+		n.bindings--
+		a.binding = false
 		n.outbound++
 	}
 	n.pmu.Unlock()

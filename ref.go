@@ -301,20 +301,24 @@ func Ask[Req, Resp any](ctx context.Context, to Ref[Req], mk func(replyTo Ref[Re
 		// stop ends the wait.
 		if note = c.stopNotice(); note != nil {
 			stopped = note.ch
+			defer c.releaseStopNotice(note)
 		}
 		if err = c.push(req); err != nil {
 			n.deadLetter(to.h.String(), req, err)
 		}
 	} else {
-		err = to.h.send(req)
-		if a := to.h.assoc; err == nil && a != nil && to.h.key.uuid != (UUID{}) {
+		if a := to.h.assoc; a != nil && to.h.key.uuid != (UUID{}) {
 			// The target's stop, on its node, ends the wait: the promise
-			// watches it for as long as the Ask lasts.
+			// watches it for as long as the Ask lasts. The watch goes
+			// first, so that the target's node has it before the request
+			// (a stop on the request itself reports its real reason).
 			p.target = to.h
+			p.exportTemp()
 			if a.watch(to.h, p.h) == nil {
 				defer a.unwatch(to.h, p.h)
 			}
 		}
+		err = to.h.send(req)
 	}
 	if err != nil {
 		return zero, err
@@ -452,14 +456,11 @@ var errAskOver = fmt.Errorf("%w: the ask already has its reply or ended", ErrAct
 
 func (p *promise[T]) tellWire(msg any, _ int) error { return p.tellAny(msg) }
 func (p *promise[T]) sysPush(m sysMsg) bool {
-	if m.kind == sysTerminated {
+	if t := p.target; m.kind == sysTerminated && t != nil && m.key == t.key {
 		// The actor an Ask watches on another node stopped (or its node
-		// is gone) before the reply came.
-		target := m.key.path
-		if p.target != nil {
-			target = p.target.String()
-		}
-		p.fail(&AskError{Target: target, Reason: m.reason})
+		// is gone) before the reply came; a Terminated about anything
+		// else (a peer naming this promise's path) is ignored.
+		p.fail(&AskError{Target: t.String(), Reason: m.reason})
 	}
 	return !p.done.Load()
 }

@@ -520,3 +520,27 @@ func TestRefsInMessagesDoNotTakeTheRoomOfDials(t *testing.T) {
 		t.Fatalf("Resolve after 150 refs bound: %v", err)
 	}
 }
+
+// An actor that was asked, here or from another node, goes back to its
+// idle size once the Asks are over: the stop note Asks wait on goes.
+func TestAnAskedActorGoesBackToItsIdleSize(t *testing.T) {
+	home := startNode(t, testConfig("tcp://127.0.0.1:0"))
+	away := startNode(t, testConfig("tcp://127.0.0.1:0"))
+	echo := spawnEcho(t, away, "echo")
+	c := echo.h.local.(*cell[testPing])
+	if _, err := Ask(ctxT(t, 5*time.Second), echo, func(r Ref[testPong]) testPing { return testPing{N: 1, ReplyTo: r} }); err != nil {
+		t.Fatal(err)
+	}
+	remote, err := Resolve[testPing](ctxT(t, 5*time.Second), home, FormatRef(away.Addrs()[0], "/user/echo"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Ask(ctxT(t, 5*time.Second), remote, func(r Ref[testPong]) testPing { return testPing{N: 2, ReplyTo: r} }); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "the asked actor to drop its stop note", func() bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return c.waits == nil
+	})
+}

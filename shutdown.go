@@ -62,7 +62,7 @@ func (n *Node) Shutdown(ctx context.Context) error {
 // hold a Shutdown past its deadline. It says which actors still run.
 func (n *Node) waitActors(ctx context.Context) error {
 	done := make(chan struct{})
-	go func() { n.live.Wait(); close(done) }()
+	n.wg.Go(func() { n.live.Wait(); close(done) }) // (ends before the node's last wait does)
 	select {
 	case <-done:
 		return nil
@@ -71,7 +71,10 @@ func (n *Node) waitActors(ctx context.Context) error {
 	}
 	n.amu.Lock()
 	var running []string
-	for path := range n.actors {
+	for path, h := range n.actors {
+		if _, ok := h.local.(batchTarget); !ok {
+			continue // an ask's promise or an adapter, not an actor
+		}
 		running = append(running, path)
 		if len(running) == 8 {
 			break
