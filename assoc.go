@@ -521,14 +521,8 @@ func (a *assoc) send(ctx context.Context, h *handle, msg any) error {
 				t.mu.Unlock()
 				return fmt.Errorf("%w: %d bytes held for %s (Config.SendQueueLimit)", ErrSendQueueFull, held, t.label())
 			}
-			room := t.waitRoom()
-			t.mu.Unlock()
-			select {
-			case <-room:
-			case <-ctx.Done():
-				return ctx.Err()
-			case <-t.n.done:
-				return ErrNodeClosed
+			if err := t.await(ctx, t.waitRoom()); err != nil {
+				return err
 			}
 			continue
 		}
@@ -536,14 +530,8 @@ func (a *assoc) send(ctx context.Context, h *handle, msg any) error {
 			// The remote actor's mailbox is full (or its node's limit not
 			// known yet): wait for its node to grant more (other actors
 			// on the connection go on).
-			room := t.waitCredit()
-			t.mu.Unlock()
-			select {
-			case <-room:
-			case <-ctx.Done():
-				return ctx.Err()
-			case <-t.n.done:
-				return ErrNodeClosed
+			if err := t.await(ctx, t.waitCredit()); err != nil {
+				return err
 			}
 			continue
 		}
@@ -580,14 +568,8 @@ func (a *assoc) send(ctx context.Context, h *handle, msg any) error {
 		if err == errNoCredit && ctx != nil {
 			// The remote actor's mailbox is full: wait for its node to
 			// grant more (other actors on the connection go on).
-			room := t.waitCredit()
-			t.mu.Unlock()
-			select {
-			case <-room:
-			case <-ctx.Done():
-				return ctx.Err()
-			case <-t.n.done:
-				return ErrNodeClosed
+			if err := t.await(ctx, t.waitCredit()); err != nil {
+				return err
 			}
 			continue
 		}
@@ -597,6 +579,20 @@ func (a *assoc) send(ctx context.Context, h *handle, msg any) error {
 			t.notify()
 		}
 		return err
+	}
+}
+
+// await unlocks a (mu held) and waits for ch to close: nil then, or
+// why the wait ended first.
+func (a *assoc) await(ctx context.Context, ch chan struct{}) error {
+	a.mu.Unlock()
+	select {
+	case <-ch:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-a.n.done:
+		return ErrNodeClosed
 	}
 }
 
