@@ -473,11 +473,20 @@ func (c *cell[T]) sysPush(m sysMsg) bool {
 	if m.kind == sysTerminated {
 		m.after = c.entered
 	}
+	var cancel context.CancelFunc
+	if m.kind == sysStop && c.waits != nil {
+		// A handler waiting on the actor's context returns now, so that
+		// the stop (and a stopping parent waiting for it) is not held up.
+		cancel = c.waits.cancel
+	}
 	c.sys = append(c.sys, m)
 	c.hasSys.Store(true)
 	start := !c.scheduled
 	c.scheduled = true
 	c.mu.Unlock()
+	if cancel != nil {
+		cancel()
+	}
 	if start {
 		c.n.wg.Go(c.runFn)
 	}
@@ -799,7 +808,7 @@ func (c *cell[T]) releaseStopNotice(note *stopNote) {
 	}
 	if note.asks--; note.asks == 0 {
 		w.stop = nil
-		if w.room == nil {
+		if w.room == nil && w.cancel == nil {
 			c.waits = nil
 		}
 	}
@@ -813,6 +822,9 @@ type cellWaits struct {
 	// stop, made for an Ask waiting on the actor, is closed when it
 	// stops.
 	stop *stopNote
+	// cancel cancels the actor's Context (see Context.Context): a stop
+	// pushed to the actor calls it at once.
+	cancel context.CancelFunc
 }
 
 // waitsFor returns the cell's waits, made on first use (mu held).

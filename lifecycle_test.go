@@ -284,3 +284,38 @@ func TestTreesStopAsTrees(t *testing.T) {
 	default:
 	}
 }
+
+// A parent whose child is in a handler waiting on its context stops:
+// the stop cancels the child's context at once, so the tree's stop is
+// not held up by it.
+func TestAParentStopsWhileItsChildWaitsOnItsContext(t *testing.T) {
+	n, err := troupe.Start(context.Background(), troupe.Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	waiting := make(chan struct{})
+	parent, err := troupe.Spawn(n, "parent", troupe.Behavior[string]{
+		Setup: func(c *troupe.Context[string]) {
+			child, err := troupe.Spawn(c, "child", troupe.Behavior[string]{Receive: func(c *troupe.Context[string], _ string) {
+				close(waiting)
+				<-c.Context().Done()
+			}})
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			child.Tell("block")
+		},
+		Receive: func(*troupe.Context[string], string) {},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	within(t, waiting, 10*time.Second, "the child to wait on its context")
+	stopped := watchOn(t, n, parent)
+	if err := n.Stop(parent); err != nil {
+		t.Fatal(err)
+	}
+	within(t, stopped, 10*time.Second, "the parent's Terminated")
+}

@@ -348,6 +348,11 @@ func (c *cell[T]) beginRestart(reason error, s Strategy) {
 	st := c.supervision()
 	c.stopTimers()
 	c.tools.ctx, c.tools.cancel = nil, nil // the fresh state gets a new one
+	c.mu.Lock()
+	if c.waits != nil {
+		c.waits.cancel = nil
+	}
+	c.mu.Unlock()
 	c.dropWatches()
 	for _, a := range c.adapters {
 		a.local.(retirable).retire()

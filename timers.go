@@ -44,6 +44,11 @@ func (c *Context[T]) Context() context.Context {
 		if c.c.stopping {
 			t.cancel() // asked for in PostStop, or after Stop
 		}
+		// A stop pushed from elsewhere cancels it at once, while a
+		// handler may still be waiting on it (see sysPush).
+		c.c.mu.Lock()
+		c.c.waitsFor().cancel = t.cancel
+		c.c.mu.Unlock()
 	}
 	return t.ctx
 }
