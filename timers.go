@@ -32,8 +32,10 @@ func (c *cell[T]) tooling() *actorTools[T] {
 	return c.tools
 }
 
-// Context returns a context.Context that is done when the actor stops, or
-// as soon as its node starts closing ([Node.Close], [Node.Shutdown]).
+// Context returns a context.Context that is done as soon as the actor is
+// asked to stop (by [Context.Stop] once the handler returns, by its
+// parent's stop, by [Node.Stop]), or its node starts closing
+// ([Node.Close], [Node.Shutdown]).
 // Pass it to blocking calls a handler starts — an HTTP request, a
 // database query — so that they end with the actor, and the node's
 // Close does not wait on them.
