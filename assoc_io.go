@@ -9,7 +9,6 @@ import (
 	"os"
 	"syscall"
 	"time"
-	"unsafe"
 )
 
 // An association's two loops: the one writer, which writes what the
@@ -528,129 +527,6 @@ func (a *assoc) abort(cause error) {
 		conn.Close() // no writer to say it
 	default:
 	}
-}
-
-// encodeControl appends a control frame, its body given, to out (mu
-// held); answer: an answer to one of the peer's requests.
-func (a *assoc) encodeControl(body []byte, answer bool) {
-	buf := a.out.room(len(body) + binary.MaxVarintLen32)
-	start := len(buf)
-	buf = append(buf, 0)
-	buf = append(buf, body...)
-	if answer {
-		a.out.commitAnswer(fixLength(buf, start))
-		return
-	}
-	a.out.commit(fixLength(buf, start), false)
-}
-
-func btoi(b bool) int {
-	if b {
-		return 1
-	}
-	return 0
-}
-
-// maxHeader bounds the size of a tell frame's length prefix and header
-// for a target path and wire key.
-func maxHeader(path, key string) int {
-	return 2*binary.MaxVarintLen32 + 1 + 2*binary.MaxVarintLen64 + len(path) + len(UUID{}) + len(key)
-}
-
-// encodeTell appends the tell frame of the payload for h, of type mt, to
-// out (mu held); or, payload nil, of the flat value at p, which it does
-// not keep. Nothing here runs user code: a payload that is not flat was
-// encoded before, with no lock held.
-func (a *assoc) encodeTell(h *handle, mt *msgType, payload []byte, p unsafe.Pointer) error {
-	if h.key.node != a.peerUID {
-		return fmt.Errorf("%w: the node incarnation %s is gone", ErrNoSuchActor, h.key.node.String()[:8])
-	}
-	size := len(payload)
-	if p != nil {
-		size = mt.flatMax
-		if mt.flatStrings {
-			size = flatMaxSize(mt.flat, p)
-		}
-	}
-	// Too big for certain before anything is taken from the chain (a
-	// flat message's size is a bound, some bytes a field over).
-	if exact := size - binary.MaxVarintLen64*len(mt.flat)*btoi(p != nil); exact > a.n.cfg.MaxFrameSize {
-		return fmt.Errorf("%w: %d bytes, the limit is %d", ErrFrameTooBig, exact, a.n.cfg.MaxFrameSize)
-	}
-	need := size + maxHeader(h.key.path, mt.key)
-	// New table entries are committed only once the frame is complete,
-	// so a message that fails to encode leaves the tables as they were.
-	var th tellHeader
-	var id uint32
-	var knownTarget bool
-	if w := h.wire.Load(); w != nil && w.a == a {
-		id, knownTarget = w.id, true
-	} else if id, knownTarget = a.outTargets[h.key]; knownTarget {
-		h.wire.Store(&wireID{a, id})
-	}
-	newTarget := !knownTarget && h.key.uuid != (UUID{}) && len(a.outTargets) < maxTableSize && len(h.key.path) <= maxTableEntry
-	if newTarget {
-		id = uint32(len(a.outTargets) + 1)
-	} else if knownTarget && !a.hasCredit(id) {
-		return errNoCredit
-	}
-	th.target, th.targetInline = uint64(id), !knownTarget
-	if !knownTarget {
-		th.path, th.uuid = h.key.path, h.key.uuid
-	}
-	var tid uint32
-	var knownType bool
-	if mt == a.lastType {
-		tid, knownType = a.lastTypeID, true
-	} else if tid, knownType = a.outTypes[mt]; knownType {
-		a.lastType, a.lastTypeID = mt, tid
-	}
-	newType := !knownType && len(a.outTypes) < maxTableSize
-	if newType {
-		tid = uint32(len(a.outTypes) + 1)
-	}
-	th.typ, th.typInline = uint64(tid), !knownType
-	if !knownType {
-		th.key = mt.key
-	}
-	buf := a.out.room(need)
-	start := len(buf)
-	var body int
-	if p != nil {
-		// Small, and of a size known only once written: the length goes
-		// in front afterwards.
-		buf = append(buf, 0)
-		buf = appendTellHeader(buf, &th)
-		buf = appendFlatValue(buf, mt.flat, p)
-		body = len(buf) - start - 1
-		buf = fixLength(buf, start)
-	} else {
-		// The header first on its own, so that the length prefix goes
-		// in front of a large payload without moving it.
-		a.hdr = appendTellHeader(a.hdr[:0], &th)
-		body = len(a.hdr) + len(payload)
-		buf = binary.AppendUvarint(buf, uint64(body))
-		buf = append(buf, a.hdr...)
-		buf = append(buf, payload...)
-	}
-	if body > a.n.cfg.MaxFrameSize {
-		return fmt.Errorf("%w: %d bytes, the limit is %d", ErrFrameTooBig, body, a.n.cfg.MaxFrameSize)
-	}
-	if newTarget {
-		a.outTargets[h.key] = id
-		a.outTargetKeys = append(a.outTargetKeys, h.key)
-		a.outSent = append(a.outSent, 1)
-		a.outGranted = append(a.outGranted, 0)
-		h.wire.Store(&wireID{a, id})
-	} else if knownTarget {
-		a.outSent[id-1]++
-	}
-	if newType {
-		a.outTypes[mt] = tid
-		a.outTypeList = append(a.outTypeList, mt)
-	}
-	a.out.commit(buf, true)
-	return nil
 }
 
 // unwritten is the dead-letter reason of a message this session's

@@ -151,7 +151,8 @@
 // structs of scalars). Senders encode on their own goroutines into blocks
 // of frames (queue.go), kept as bytes until acknowledged. An association's life is a pure
 // state machine in assoc_state.go; assoc.go, handshake.go and assoc_io.go
-// apply its transitions and do the I/O; resume.go resumes a session after
+// apply its transitions and do the I/O (send.go is the send path);
+// resume.go resumes a session after
 // a link flap; credit.go is the per-actor flow control across the wire. Liveness is detector.go, the quarantine decision and table
 // quarantine.go; etcd_registry.go keeps the registry in etcd. The README's "Where things
 // are" says which file answers which question.

@@ -265,48 +265,8 @@ func (n *Node) attach(a *assoc, h *hello) bool {
 		}
 	}
 	n.pmu.Lock()
-	const accept = 255 // no reject code: the connection is accepted
-	var reject byte = accept
-	var text string
-	var loser, winner, replaced *assoc
-	resume := false
-	switch {
-	case n.pclosing:
-		reject, text = rejectClosing, "node is closing"
-	case h.uid == n.uid:
-		reject, text = rejectOther, "a node cannot associate with itself"
-	case n.quarantineFor(h.uid, a.peerAddrs...) != nil:
-		q := n.quarantineFor(h.uid, a.peerAddrs...)
-		reject, text = rejectQuarantined, fmt.Sprintf("%s quarantined you at %s (%v); it must call ClearQuarantine or Reconnect first", n.name, q.Since.Format(time.RFC3339), q.Cause)
-	default:
-		// Only the uid decides which connection is a duplicate: the
-		// addresses a peer announces are claims, not proof.
-		if ex := n.byUID[h.uid]; ex != nil && ex != a {
-			ex.mu.Lock()
-			suspended := ex.state == assocSuspended
-			ex.mu.Unlock()
-			if suspended && a.resumable && (a.resumeOf == ex || !a.outbound && h.flags&helloResuming != 0) {
-				loser, winner, resume = ex, a, true
-				a.resumes = ex
-				break
-			}
-			if suspended && !a.outbound && h.flags&helloResuming == 0 {
-				// The same incarnation dialed without resuming: it no
-				// longer holds the session (it gave up on it). The new
-				// connection is the association from now on.
-				replaced = ex
-				break
-			}
-			switch chooseDuplicate(a.outbound, ex.outbound, n.uid, h.uid) {
-			case keepFresh:
-				loser, winner = ex, a
-			case keepHeld:
-				loser, winner = a, ex
-			case refuseFresh:
-				reject, text = rejectDuplicate, "the other connection between these nodes wins"
-			}
-		}
-	}
+	d := n.decideAttach(a, h)
+	reject, text, loser, winner, replaced, resume := d.reject, d.text, d.loser, d.winner, d.replaced, d.resume
 	if reject != accept {
 		n.forgetAssoc(a)
 		n.pmu.Unlock()
@@ -394,6 +354,65 @@ func sayBye(c net.Conn, code byte, text string) {
 	}
 	c.SetWriteDeadline(time.Now().Add(byeGrace))
 	c.Write(appendWhole(nil, appendBye(nil, code, text)))
+}
+
+// accept is no reject code: the connection is accepted.
+const accept = 255
+
+// admission is what attach decides for a connection whose handshake
+// completed: a refusal (reject, text), or which association stays when
+// there is another with the same peer (loser merges into winner), whether
+// the connection resumes a suspended session, or replaces one the peer no
+// longer holds.
+type admission struct {
+	reject        byte
+	text          string
+	loser, winner *assoc
+	replaced      *assoc
+	resume        bool
+}
+
+// decideAttach decides what becomes of a, whose peer said h (n.pmu held).
+func (n *Node) decideAttach(a *assoc, h *hello) admission {
+	d := admission{reject: accept}
+	switch {
+	case n.pclosing:
+		d.reject, d.text = rejectClosing, "node is closing"
+	case h.uid == n.uid:
+		d.reject, d.text = rejectOther, "a node cannot associate with itself"
+	case n.quarantineFor(h.uid, a.peerAddrs...) != nil:
+		q := n.quarantineFor(h.uid, a.peerAddrs...)
+		d.reject, d.text = rejectQuarantined, fmt.Sprintf("%s quarantined you at %s (%v); it must call ClearQuarantine or Reconnect first", n.name, q.Since.Format(time.RFC3339), q.Cause)
+	default:
+		// Only the uid decides which connection is a duplicate: the
+		// addresses a peer announces are claims, not proof.
+		if ex := n.byUID[h.uid]; ex != nil && ex != a {
+			ex.mu.Lock()
+			suspended := ex.state == assocSuspended
+			ex.mu.Unlock()
+			if suspended && a.resumable && (a.resumeOf == ex || !a.outbound && h.flags&helloResuming != 0) {
+				d.loser, d.winner, d.resume = ex, a, true
+				a.resumes = ex
+				break
+			}
+			if suspended && !a.outbound && h.flags&helloResuming == 0 {
+				// The same incarnation dialed without resuming: it no
+				// longer holds the session (it gave up on it). The new
+				// connection is the association from now on.
+				d.replaced = ex
+				break
+			}
+			switch chooseDuplicate(a.outbound, ex.outbound, n.uid, h.uid) {
+			case keepFresh:
+				d.loser, d.winner = ex, a
+			case keepHeld:
+				d.loser, d.winner = a, ex
+			case refuseFresh:
+				d.reject, d.text = rejectDuplicate, "the other connection between these nodes wins"
+			}
+		}
+	}
+	return d
 }
 
 // writeWelcome writes an acceptor's welcome, if it has one to write; a

@@ -1,0 +1,451 @@
+package troupe
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"sync"
+	"unsafe"
+)
+
+// The send path: how a message for a remote actor becomes a frame in its
+// association's chain. The payload is encoded on the sender's goroutine
+// with no lock held; under the association's lock only the table ids are
+// assigned, the credit and the budgets checked, and the frame copied in.
+// Before a session's writer starts, messages wait as records.
+// tell queues a user message for the remote actor h, or says why it
+// cannot: a full send budget is ErrSendQueueFull.
+func (a *assoc) tell(h *handle, msg any) error { return a.send(nil, h, msg) }
+
+// sendWait queues a user message for the remote actor h, waiting while
+// the session holds SendQueueLimit bytes: until the peer acknowledges
+// enough of them, the session ends (its failure is returned), or ctx
+// ends.
+func (a *assoc) sendWait(ctx context.Context, h *handle, msg any) error { return a.send(ctx, h, msg) }
+
+// send queues a user message for the remote actor h. Its payload is
+// encoded on the caller's goroutine with no lock held (a WireMarshaler's
+// AppendWire may send, even to the same peer); under the association's
+// lock only the table ids are assigned and the frame is copied in.
+// Without ctx a full send budget is an error; with one, send waits for
+// room until ctx ends.
+func (a *assoc) send(ctx context.Context, h *handle, msg any) error {
+	mt := typeOfValue(msg)
+	if mt == nil {
+		return fmt.Errorf("%w: %T (call RegisterMessage to send it to another node)", ErrNotRegistered, msg)
+	}
+	var pb *payloadBuf
+	defer func() {
+		if pb != nil {
+			pb.release()
+		}
+	}()
+	for {
+		t := a.lockTarget()
+		if t.state >= assocLeaving {
+			t.mu.Unlock()
+			return t.failure()
+		}
+		t.use()
+		if t.full() {
+			if ctx == nil {
+				held := t.held()
+				t.mu.Unlock()
+				return fmt.Errorf("%w: %d bytes held for %s (Config.SendQueueLimit)", ErrSendQueueFull, held, t.label())
+			}
+			if err := t.await(ctx, t.waitRoom()); err != nil {
+				return err
+			}
+			continue
+		}
+		if ctx != nil && t.waitsForCredit(h) {
+			// The remote actor's mailbox is full (or its node's limit not
+			// known yet): wait for its node to grant more (other actors
+			// on the connection go on).
+			if err := t.await(ctx, t.waitCredit()); err != nil {
+				return err
+			}
+			continue
+		}
+		if ctx == nil && t.credit && t.peerMailbox > 0 {
+			if id, ok := t.outTargets[h.key]; ok && !t.hasCredit(id) {
+				t.mu.Unlock()
+				return errNoCredit // (without encoding what would be refused)
+			}
+		}
+		if !t.encodesNow() {
+			// The writer has not started: the peer's uid, which refs in
+			// the payload are encoded against, may not be known yet (or
+			// records wait before this one: it waits behind them, with
+			// its payload if it was encoded already).
+			t.queue.push(outRec{h: h, msg: msg, mt: mt, pb: pb, wait: ctx != nil})
+			pb = nil
+			first := t.queue.len() == 1 && t.out.frames == 0
+			t.mu.Unlock()
+			if first {
+				t.notify()
+			}
+			return nil
+		}
+		if pb == nil {
+			peer := t.peerUID
+			t.mu.Unlock()
+			var err error
+			if pb, err = encodeFor(peer, mt, msg); err != nil {
+				return err
+			}
+			continue // the session may have moved on meanwhile
+		}
+		err := t.encodeTell(h, mt, pb.b, nil)
+		if err == errNoCredit && ctx != nil {
+			// The remote actor's mailbox is full: wait for its node to
+			// grant more (other actors on the connection go on).
+			if err := t.await(ctx, t.waitCredit()); err != nil {
+				return err
+			}
+			continue
+		}
+		first := t.out.frames == 1
+		t.mu.Unlock()
+		if first {
+			t.notify()
+		}
+		return err
+	}
+}
+
+// await unlocks a (mu held) and waits for ch to close: nil then, or
+// why the wait ended first.
+func (a *assoc) await(ctx context.Context, ch chan struct{}) error {
+	a.mu.Unlock()
+	select {
+	case <-ch:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-a.n.done:
+		return ErrNodeClosed
+	}
+}
+
+// tellFlat encodes a flat message for the remote actor h from p, where
+// the caller's value lies, if the session encodes now and has room, and
+// reports whether it did; otherwise nothing happened (the caller takes
+// the general way, which queues, waits or reports). A flat message runs
+// no user code: it is encoded under the lock, straight into the chain.
+func (a *assoc) tellFlat(h *handle, mt *msgType, p unsafe.Pointer) bool {
+	t := a.lockTarget()
+	if t.state >= assocLeaving || !t.encodesNow() || t.full() {
+		t.mu.Unlock()
+		return false
+	}
+	if t.encodeTell(h, mt, nil, p) != nil {
+		t.mu.Unlock()
+		return false
+	}
+	first := t.out.frames == 1
+	t.mu.Unlock()
+	if first {
+		t.notify()
+	}
+	return true
+}
+
+// payloadBuf is the scratch space a sender encodes a payload into, on
+// its own goroutine and with no lock held.
+type payloadBuf struct {
+	b   []byte
+	enc encoder
+}
+
+var payloadPool = sync.Pool{New: func() any { return new(payloadBuf) }}
+
+// payloadKeep is the largest scratch buffer kept in the pool.
+const payloadKeep = 256 << 10
+
+// encodeFor encodes msg, of registered type mt, for the node peer.
+// The temporary refs it carries (ask replies) are made reachable by path
+// before it returns, since the frame may be written at any time after.
+func encodeFor(peer NodeUID, mt *msgType, msg any) (pb *payloadBuf, err error) {
+	pb = payloadPool.Get().(*payloadBuf)
+	pb.enc.peer = peer
+	defer func() {
+		if v := recover(); v != nil {
+			// A panicking AppendWire: the message's fate, reported as
+			// its dead letter, on whichever goroutine encoded it.
+			pb, err = nil, fmt.Errorf("troupe: AppendWire of a %s panicked: %v", mt.key, v)
+		}
+	}()
+	pb.b, err = pb.enc.payload(pb.b[:0], mt, msg)
+	if err != nil {
+		pb.release()
+		return nil, err
+	}
+	for _, x := range pb.enc.exports {
+		x.exportTemp()
+	}
+	return pb, nil
+}
+
+func (pb *payloadBuf) release() {
+	clear(pb.enc.exports)
+	pb.enc.exports = pb.enc.exports[:0]
+	if cap(pb.b) > payloadKeep {
+		pb.b = nil
+	}
+	payloadPool.Put(pb)
+}
+
+// encodesNow says whether a frame may be encoded into out at once: the
+// writer has started, and no records wait to be encoded before it (mu
+// held).
+func (a *assoc) encodesNow() bool { return a.encoding && a.queue.len() == 0 }
+
+// recordCharge is what a frame queued as a record (before the session's
+// writer has started) counts against SendQueueLimit: it is not encoded
+// yet, so its size is not known.
+const recordCharge = 64
+
+// answerBudget bounds the answers to the peer's requests (resolved,
+// terminated) waiting to be written: a peer that asks more than it reads
+// is ended with a protocol error, not allowed to grow this node's memory.
+const answerBudget = 1 << 20
+
+// held is what the session holds against SendQueueLimit, in bytes: frames
+// waiting to be written and frames the peer has not acknowledged (mu
+// held).
+func (a *assoc) held() int {
+	return a.out.bytes + a.unacked.bytes + a.queue.len()*recordCharge
+}
+
+// full says whether a user message must wait for room (mu held).
+func (a *assoc) full() bool {
+	lim := a.n.cfg.SendQueueLimit
+	return lim > 0 && a.held() >= lim
+}
+
+// waitRoom returns a channel closed when there may be room again (mu
+// held).
+func (a *assoc) waitRoom() chan struct{} {
+	if a.room == nil {
+		a.room = make(chan struct{})
+		// A heartbeat asks the peer to acknowledge what it has read at
+		// once, not with its next frame: room comes from that.
+		a.beat.Store(true)
+		a.notify()
+	}
+	return a.room
+}
+
+// pushControl queues the body of a control frame (mu held): encoded into
+// out at once once the writer has started, as a record before.
+func (a *assoc) pushControl(body []byte) {
+	if !a.encodesNow() {
+		a.queue.push(outRec{msg: ctlFrame(body)})
+		return
+	}
+	a.encodeControl(body, false)
+}
+
+// control queues a control frame of this node's own (a watch, an
+// unwatch, a resolve); false if the session has ended.
+func (a *assoc) control(body []byte) bool {
+	t := a.lockTarget()
+	if t.state >= assocEnding {
+		t.mu.Unlock()
+		return false
+	}
+	t.use()
+	t.pushControl(body)
+	first := t.out.frames+t.queue.len() == 1
+	t.mu.Unlock()
+	if first {
+		t.notify()
+	}
+	return true
+}
+
+// answer queues an answer to one of the peer's requests (a resolved, a
+// terminated); false if the session has ended, or the peer asked for more
+// than answerBudget bytes of answers it has not read (the session is then
+// ended with a protocol error).
+func (a *assoc) answer(body []byte) bool {
+	t := a.lockTarget()
+	if t.state >= assocEnding {
+		t.mu.Unlock()
+		return false
+	}
+	if waiting := t.out.answers + len(body); waiting > answerBudget {
+		t.mu.Unlock()
+		err := fmt.Errorf("%w: the peer asks more than it reads: %d bytes of answers wait for it (at most %d)", ErrMalformed, waiting, answerBudget)
+		t.n.protocolError(t.label(), frameKind(body[0]).String(), err)
+		t.abort(&FrameError{Peer: t.label(), Kind: frameKind(body[0]).String(), Reason: err})
+		return false
+	}
+	if !t.encodesNow() {
+		t.queue.push(outRec{msg: answerFrame(body)})
+	} else {
+		t.encodeControl(body, true)
+	}
+	first := t.out.frames+t.queue.len() == 1
+	t.mu.Unlock()
+	if first {
+		t.notify()
+	}
+	return true
+}
+
+// wakeSenders wakes the senders waiting for room (mu held).
+func (a *assoc) wakeSenders() {
+	if a.room != nil {
+		close(a.room)
+		a.room = nil
+	}
+}
+
+// waitCredit returns a channel closed when a grant (or the session's
+// end, or a move) comes (mu held).
+func (a *assoc) waitCredit() chan struct{} {
+	if a.credited == nil {
+		a.credited = make(chan struct{})
+	}
+	return a.credited
+}
+
+// wakeCredited wakes the Sends waiting for credit (mu held).
+func (a *assoc) wakeCredited() {
+	if a.credited != nil {
+		close(a.credited)
+		a.credited = nil
+	}
+}
+
+func (a *assoc) notify() {
+	select {
+	case a.wake <- struct{}{}:
+	default:
+	}
+}
+
+// encodeControl appends a control frame, its body given, to out (mu
+// held); answer: an answer to one of the peer's requests.
+func (a *assoc) encodeControl(body []byte, answer bool) {
+	buf := a.out.room(len(body) + binary.MaxVarintLen32)
+	start := len(buf)
+	buf = append(buf, 0)
+	buf = append(buf, body...)
+	if answer {
+		a.out.commitAnswer(fixLength(buf, start))
+		return
+	}
+	a.out.commit(fixLength(buf, start), false)
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// maxHeader bounds the size of a tell frame's length prefix and header
+// for a target path and wire key.
+func maxHeader(path, key string) int {
+	return 2*binary.MaxVarintLen32 + 1 + 2*binary.MaxVarintLen64 + len(path) + len(UUID{}) + len(key)
+}
+
+// encodeTell appends the tell frame of the payload for h, of type mt, to
+// out (mu held); or, payload nil, of the flat value at p, which it does
+// not keep. Nothing here runs user code: a payload that is not flat was
+// encoded before, with no lock held.
+func (a *assoc) encodeTell(h *handle, mt *msgType, payload []byte, p unsafe.Pointer) error {
+	if h.key.node != a.peerUID {
+		return fmt.Errorf("%w: the node incarnation %s is gone", ErrNoSuchActor, h.key.node.String()[:8])
+	}
+	size := len(payload)
+	if p != nil {
+		size = mt.flatMax
+		if mt.flatStrings {
+			size = flatMaxSize(mt.flat, p)
+		}
+	}
+	// Too big for certain before anything is taken from the chain (a
+	// flat message's size is a bound, some bytes a field over).
+	if exact := size - binary.MaxVarintLen64*len(mt.flat)*btoi(p != nil); exact > a.n.cfg.MaxFrameSize {
+		return fmt.Errorf("%w: %d bytes, the limit is %d", ErrFrameTooBig, exact, a.n.cfg.MaxFrameSize)
+	}
+	need := size + maxHeader(h.key.path, mt.key)
+	// New table entries are committed only once the frame is complete,
+	// so a message that fails to encode leaves the tables as they were.
+	var th tellHeader
+	var id uint32
+	var knownTarget bool
+	if w := h.wire.Load(); w != nil && w.a == a {
+		id, knownTarget = w.id, true
+	} else if id, knownTarget = a.outTargets[h.key]; knownTarget {
+		h.wire.Store(&wireID{a, id})
+	}
+	newTarget := !knownTarget && h.key.uuid != (UUID{}) && len(a.outTargets) < maxTableSize && len(h.key.path) <= maxTableEntry
+	if newTarget {
+		id = uint32(len(a.outTargets) + 1)
+	} else if knownTarget && !a.hasCredit(id) {
+		return errNoCredit
+	}
+	th.target, th.targetInline = uint64(id), !knownTarget
+	if !knownTarget {
+		th.path, th.uuid = h.key.path, h.key.uuid
+	}
+	var tid uint32
+	var knownType bool
+	if mt == a.lastType {
+		tid, knownType = a.lastTypeID, true
+	} else if tid, knownType = a.outTypes[mt]; knownType {
+		a.lastType, a.lastTypeID = mt, tid
+	}
+	newType := !knownType && len(a.outTypes) < maxTableSize
+	if newType {
+		tid = uint32(len(a.outTypes) + 1)
+	}
+	th.typ, th.typInline = uint64(tid), !knownType
+	if !knownType {
+		th.key = mt.key
+	}
+	buf := a.out.room(need)
+	start := len(buf)
+	var body int
+	if p != nil {
+		// Small, and of a size known only once written: the length goes
+		// in front afterwards.
+		buf = append(buf, 0)
+		buf = appendTellHeader(buf, &th)
+		buf = appendFlatValue(buf, mt.flat, p)
+		body = len(buf) - start - 1
+		buf = fixLength(buf, start)
+	} else {
+		// The header first on its own, so that the length prefix goes
+		// in front of a large payload without moving it.
+		a.hdr = appendTellHeader(a.hdr[:0], &th)
+		body = len(a.hdr) + len(payload)
+		buf = binary.AppendUvarint(buf, uint64(body))
+		buf = append(buf, a.hdr...)
+		buf = append(buf, payload...)
+	}
+	if body > a.n.cfg.MaxFrameSize {
+		return fmt.Errorf("%w: %d bytes, the limit is %d", ErrFrameTooBig, body, a.n.cfg.MaxFrameSize)
+	}
+	if newTarget {
+		a.outTargets[h.key] = id
+		a.outTargetKeys = append(a.outTargetKeys, h.key)
+		a.outSent = append(a.outSent, 1)
+		a.outGranted = append(a.outGranted, 0)
+		h.wire.Store(&wireID{a, id})
+	} else if knownTarget {
+		a.outSent[id-1]++
+	}
+	if newType {
+		a.outTypes[mt] = tid
+		a.outTypeList = append(a.outTypeList, mt)
+	}
+	a.out.commit(buf, true)
+	return nil
+}
