@@ -626,6 +626,11 @@ func (a *assoc) readLoop(fr *frameReader) {
 		if err != nil {
 			a.flushBatch()
 			switch {
+			case errors.Is(err, io.ErrUnexpectedEOF):
+				// The connection ended inside a frame: a broken link (a
+				// resumable session resumes; the lost bytes are sent
+				// again), not a malformed frame.
+				a.lost(fmt.Errorf("connection to %s broke inside a frame: %w", a.label(), err))
 			case errors.Is(err, ErrMalformed) || errors.Is(err, ErrFrameTooBig):
 				a.n.protocolError(a.label(), "", err)
 				a.fail(&FrameError{Peer: a.label(), Reason: err})

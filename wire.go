@@ -291,7 +291,7 @@ const scratchKeep = 1 << 20
 
 func truncated(err error, want, got int) error {
 	if err == io.EOF || errors.Is(err, io.ErrUnexpectedEOF) {
-		return fmt.Errorf("%w: truncated frame (%d of %d bytes)", ErrMalformed, got, want)
+		return fmt.Errorf("%w: truncated frame (%d of %d bytes): %w", ErrMalformed, got, want, io.ErrUnexpectedEOF)
 	}
 	return err
 }
