@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 )
@@ -59,9 +60,13 @@ type ClusterConfig struct {
 	// 2 s.
 	LeaseMinorityDelay time.Duration
 
-	// LeaseReleaseAfter is how long a member that took the lease and
-	// downed nobody keeps it; one that downed members releases it as soon
-	// as they are removed. Default: 40 s.
+	// LeaseReleaseAfter is how long a member that took the lease keeps it
+	// at least (and until the members it downed are removed): long enough
+	// for the other side, which may not know it was downed, to have made
+	// its own decision and stopped. It is never less than that decision
+	// time, StableAfter + DownAllWhenUnstable + LeaseMinorityDelay + the
+	// lease call's timeout (max(StableAfter, 1 s)): 57 s with the
+	// defaults; a smaller value is raised to it. Default: that time.
 	LeaseReleaseAfter time.Duration
 
 	// GossipInterval is how often a member sends its view to the others.
@@ -121,9 +126,12 @@ type Cluster struct {
 	lastHeard map[NodeUID]int64
 	stopped   bool
 
-	leaseHeld   bool      // this member took the lease for a decision
-	leaseAt     time.Time // when
-	leaseDowned []Member  // whom it downed under the lease
+	leaseHeld   bool            // this member took the lease for a decision
+	leaseAt     time.Time       // when
+	leaseDowned []Member        // whom it downed under the lease
+	leaseLost   <-chan struct{} // the lease's Lost channel while held
+	paused      pauseMeter      // how long this process stood still in a split
+	blocked     blockedNote     // why convergence is blocked, with no strategy to act
 
 	ref   Ref[clusterMsg] // this member's cluster actor
 	seeds []Addr          // where to knock until some member answers
@@ -241,9 +249,7 @@ func (c ClusterConfig) withDefaults(n *Node) ClusterConfig {
 	if c.LeaseMinorityDelay == 0 {
 		c.LeaseMinorityDelay = 2 * time.Second
 	}
-	if c.LeaseReleaseAfter == 0 {
-		c.LeaseReleaseAfter = 40 * time.Second
-	}
+	c.LeaseReleaseAfter = max(c.LeaseReleaseAfter, leaseHold(c.StableAfter, c.DownAllWhenUnstable, c.LeaseMinorityDelay))
 	if c.MonitoredMembers <= 0 {
 		c.MonitoredMembers = 9
 	}
@@ -374,17 +380,43 @@ func (n *Node) clusterSeeds(ctx context.Context, name string) ([]Addr, error) {
 // downed.
 func (c *Cluster) Done() <-chan struct{} { return c.done }
 
-// Close stops this member's participation without leaving (the others
-// will see it unreachable); use Leave to leave gracefully.
+// Close leaves the cluster, as [Cluster.Leave] does, waiting at most a
+// few gossip intervals (3, at least 1 s and at most 5 s) for the leader to
+// move this member on, and then stops this member's participation. The
+// others see a leave rather than a crash; if the leave could not finish
+// (the cluster is split, say), they see this member unreachable.
 func (c *Cluster) Close() error {
+	ctx, cancel := context.WithTimeout(context.Background(), c.leaveWait())
+	defer cancel()
+	if err := c.leaveAndWait(ctx, nil); err != nil {
+		c.n.log.Warn("troupe: stopping without the cluster confirming this member's leave; the others may see it as unreachable", "err", err)
+	}
 	c.once.Do(func() { close(c.stop) })
 	<-c.done
 	return nil
 }
 
 // Leave asks the cluster to remove this member gracefully and waits until
-// it has been removed (or ctx ends).
+// the leader has moved it to exiting and this member has stopped (or ctx
+// ends). The others then remove it.
 func (c *Cluster) Leave(ctx context.Context) error {
+	return c.leaveAndWait(ctx, nil)
+}
+
+// leaveWait bounds the leave of Close: 3 gossip intervals, at least 1 s
+// and at most 5 s.
+func (c *Cluster) leaveWait() time.Duration {
+	return min(max(3*c.cfg.GossipInterval, time.Second), 5*time.Second)
+}
+
+// leaveAndWait marks this member leaving, tells the others, and waits
+// until this member has stopped, ctx ends or hurry is closed.
+func (c *Cluster) leaveAndWait(ctx context.Context, hurry <-chan struct{}) error {
+	select {
+	case <-c.done:
+		return nil // stopped already: downed, removed or closed
+	default:
+	}
 	c.mu.Lock()
 	c.leave(time.Now())
 	c.mu.Unlock()
@@ -394,6 +426,8 @@ func (c *Cluster) Leave(ctx context.Context) error {
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()
+	case <-hurry:
+		return errors.New("the node was closed during the leave")
 	}
 }
 
@@ -458,7 +492,10 @@ func (c *Cluster) run() {
 			return
 		case <-c.n.done:
 			return
+		case <-c.lostLease():
+			c.leaseLostInHold()
 		case now := <-t.C:
+			c.meterPause(now)
 			c.detect(now)
 			c.lead()
 			if c.downing(now) {
@@ -466,6 +503,7 @@ func (c *Cluster) run() {
 			}
 			c.gossip()
 			c.knock()
+			c.turnDone()
 		}
 	}
 }
@@ -784,6 +822,13 @@ func (c *Cluster) lead() {
 // or removed and the cluster must stop.
 func (c *Cluster) downing(now time.Time) bool {
 	c.mu.Lock()
+	held := c.leaseHeld
+	c.mu.Unlock()
+	if held && !c.cfg.Lease.CheckHeld(c.n.uid.String()) { // (user code: not under c.mu)
+		c.leaseLostInHold()
+	}
+	c.mu.Lock()
+	c.noteBlockedLocked(now)
 	c.releaseLeaseLocked(now)
 	step := c.nextDowning(now, c.cfg.Downing != nil, timing{c.cfg.StableAfter, c.cfg.DownAllWhenUnstable})
 	self := *c.members[c.self]
@@ -829,71 +874,37 @@ func (c *Cluster) downing(now time.Time) bool {
 	return false
 }
 
+// noteBlockedLocked tells, once per blocking set and after StableAfter,
+// that an unreachable member blocks the cluster and no downing strategy
+// will act, with the command that unblocks it; Stats shows it meanwhile.
+func (c *Cluster) noteBlockedLocked(now time.Time) {
+	var by []string
+	if c.cfg.Downing == nil {
+		by = c.blockedBy()
+	}
+	key := strings.Join(by, " ")
+	if key != c.blocked.key {
+		c.blocked = blockedNote{key: key, since: now}
+	}
+	if key == "" || c.blocked.text != "" || now.Sub(c.blocked.since) < c.cfg.StableAfter {
+		return
+	}
+	self := c.members[c.self].Addr.String()
+	cmds := make([]string, len(by))
+	for i, a := range by {
+		cmds[i] = fmt.Sprintf("troupe down %s --node %s", a, self)
+	}
+	c.blocked.text = fmt.Sprintf("unreachable for %v and no downing strategy: %s; no member becomes up or is removed until it is reachable again or downed (%s)",
+		now.Sub(c.blocked.since).Round(time.Second), key, strings.Join(cmds, "; "))
+	c.n.log.Warn("troupe: cluster blocked: "+c.blocked.text, "unreachable", by)
+}
+
 // publish hands events to the node's stream; call it without c.mu held,
 // for subscribers run on the publishing goroutine.
 func (c *Cluster) publish(events []MemberEvent) {
 	for _, e := range events {
 		c.n.events.Publish(e)
 	}
-}
-
-// releaseLeaseLocked gives the lease back once what it was taken for is
-// done: every member downed under it removed, or, when it downed nobody,
-// ClusterConfig.LeaseReleaseAfter after it was taken. Holding it longer
-// would let this side win the next split by an old victory.
-func (c *Cluster) releaseLeaseLocked(now time.Time) {
-	if !c.leaseHeld {
-		return
-	}
-	done := len(c.leaseDowned) > 0
-	for _, d := range c.leaseDowned {
-		if m := c.members[d.UID]; m != nil && m.Status != MemberRemoved {
-			done = false
-		}
-	}
-	if !done && (len(c.leaseDowned) > 0 || now.Sub(c.leaseAt) < c.cfg.LeaseReleaseAfter) {
-		return
-	}
-	c.leaseHeld, c.leaseDowned = false, nil
-	lease, owner := c.cfg.Lease, c.n.uid.String()
-	c.n.wg.Go(func() {
-		ctx, cancel := context.WithTimeout(c.n.ctx, max(c.cfg.StableAfter, time.Second))
-		defer cancel()
-		if err := lease.Release(ctx, owner); err != nil {
-			c.n.log.Warn("troupe: could not release the cluster lease", "err", err)
-		}
-	})
-}
-
-// decide runs the strategy on a clean split; LeaseMajority races for the
-// lease.
-func (c *Cluster) decide(s DowningStrategy, v SplitView) Downing {
-	if _, ok := s.(LeaseMajority); !ok {
-		return s.Decide(v)
-	}
-	if MinorityDelay(v) {
-		t := time.NewTimer(c.cfg.LeaseMinorityDelay)
-		defer t.Stop()
-		select {
-		case <-t.C:
-		case <-c.stop:
-			return DownReachable
-		case <-c.n.done:
-			return DownReachable
-		}
-	}
-	ctx, cancel := context.WithTimeout(c.n.ctx, max(c.cfg.StableAfter, time.Second))
-	defer cancel()
-	acquired, err := c.cfg.Lease.Acquire(ctx, c.n.uid.String())
-	if err != nil {
-		c.n.log.Warn("troupe: could not reach the lease; downing this side", "err", err)
-	}
-	if acquired && err == nil {
-		c.mu.Lock()
-		c.leaseHeld, c.leaseAt, c.leaseDowned = true, time.Now(), nil
-		c.mu.Unlock()
-	}
-	return LeaseDecision(acquired && err == nil)
 }
 
 // selfDowned ends this member's membership.

@@ -58,7 +58,7 @@ func statsJSON(s Stats) map[string]any {
 	return map[string]any{
 		"name": s.Name, "uid": s.UID.String(), "addrs": addrStrings(s.Addrs), "taken": s.Taken,
 		"peers": peers, "quarantined": quarantined, "actors": s.Actors, "mailboxes": s.Mailboxes,
-		"dead_letters": s.DeadLetters, "members": members, "registrar": s.Registrar, "registrations": s.Registrations,
+		"dead_letters": s.DeadLetters, "members": members, "cluster_blocked": s.ClusterBlocked, "registrar": s.Registrar, "registrations": s.Registrations,
 	}
 }
 
@@ -97,6 +97,7 @@ var debugPage = template.Must(template.New("debug").Parse(`<!doctype html>
 <table id="deadletters"><tr><th>reason</th><th>count</th></tr>
 {{range .Reasons}}<tr><td>{{.}}</td><td>{{index $.S.DeadLetters .}}</td></tr>{{else}}<tr><td colspan="2">none</td></tr>{{end}}</table>
 {{if .S.Members}}<h2>Cluster</h2>
+{{if .S.ClusterBlocked}}<p id="blocked" class="bad">{{.S.ClusterBlocked}}</p>{{end}}
 <table id="members"><tr><th>address</th><th>uid</th><th>status</th><th>up number</th><th>reachable</th></tr>
 {{range .S.Members}}<tr><td>{{.Addr}}</td><td>{{.UID}}</td><td>{{.Status}}</td><td>{{.UpNumber}}</td><td{{if not .Reachable}} class="bad"{{end}}>{{.Reachable}}</td></tr>{{end}}</table>{{end}}
 </body></html>

@@ -98,7 +98,8 @@ type NodeLease struct {
 	ttl       time.Duration
 
 	mu     sync.Mutex
-	owner  string // who holds it through this client, "" if nobody
+	owner  string    // who holds it through this client, "" if nobody
+	until  time.Time // when it expires at the server at the latest
 	lost   chan struct{}
 	cancel chan struct{} // stops the keep-alive
 }
@@ -130,12 +131,16 @@ func (l *NodeLease) call(ctx context.Context, op uint8, owner string) (leaseRepl
 
 // Acquire tries to take the lease; while held it is kept alive.
 func (l *NodeLease) Acquire(ctx context.Context, owner string) (bool, error) {
+	asked := time.Now()
 	rep, err := l.call(ctx, leaseOpAcquire, owner)
 	if err != nil || !rep.Granted {
 		return false, err
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	// The server counts the ttl from when it granted, which is after this
+	// client asked: counting from the asking errs on the safe side.
+	l.until = asked.Add(l.ttl)
 	if l.owner == owner {
 		return true, nil
 	}
@@ -148,7 +153,15 @@ func (l *NodeLease) Acquire(ctx context.Context, owner string) (bool, error) {
 
 func (l *NodeLease) keepAlive(owner string, cancel chan struct{}) {
 	keepLeaseAlive(l.ttl, cancel, l.n.done, func(ctx context.Context) (bool, error) {
+		asked := time.Now()
 		rep, err := l.call(ctx, leaseOpRenew, owner)
+		if err == nil && rep.Granted {
+			l.mu.Lock()
+			if l.owner == owner {
+				l.until = asked.Add(l.ttl)
+			}
+			l.mu.Unlock()
+		}
 		return rep.Granted, err
 	}, func() {
 		l.mu.Lock()
@@ -177,10 +190,11 @@ func keepLeaseAlive(ttl time.Duration, stop, quit <-chan struct{}, renew func(co
 		case <-t.C:
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), ttl/3)
+		asked := time.Now()
 		granted, err := renew(ctx)
 		cancel()
 		if err == nil && granted {
-			lastOK = time.Now()
+			lastOK = asked // the server's ttl runs from a moment after this
 			continue
 		}
 		if err == nil || time.Since(lastOK) >= ttl {
@@ -202,11 +216,13 @@ func (l *NodeLease) Release(ctx context.Context, owner string) error {
 	return err
 }
 
-// CheckHeld reports whether owner holds the lease through this client.
+// CheckHeld reports whether owner holds the lease through this client:
+// it took it, and the last renewal the server granted still runs, counted
+// from when it was asked for (so never past the server's own expiry).
 func (l *NodeLease) CheckHeld(owner string) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.owner == owner && owner != ""
+	return l.owner == owner && owner != "" && time.Now().Before(l.until)
 }
 
 // Lost returns a channel closed when the held lease is lost.

@@ -126,8 +126,10 @@ func digestOf(g gossipMsg) uint64 {
 // converged reports whether every live member is reachable and has seen
 // this member's state.
 func (ms *membership) converged() bool {
-	if len(ms.unreachable()) > 0 {
-		return false
+	for uid := range ms.unreachable() {
+		if ms.members[uid].Status < MemberExiting {
+			return false // an unreachable exiting member has just stopped
+		}
 	}
 	for uid, m := range ms.members {
 		if m.Status >= MemberExiting {
@@ -140,8 +142,11 @@ func (ms *membership) converged() bool {
 	return true
 }
 
-// leader is the lowest-addressed up or leaving member this member can
-// reach. (The first member of a cluster starts up; joiners never lead.)
+// leader is the lowest-addressed up member this member can reach, or when
+// none is, the lowest-addressed leaving one. (The first member of a
+// cluster starts up; joiners never lead.) A leaving member leads only when
+// it must: a leader that moved itself to exiting would stop before the
+// others heard of it, and they would see a crash.
 func (ms *membership) leader() *Member {
 	unreachable := ms.unreachable()
 	var best *Member
@@ -149,7 +154,8 @@ func (ms *membership) leader() *Member {
 		if !m.counts() || unreachable[uid] && uid != ms.self {
 			continue
 		}
-		if best == nil || lowerAddr(*m, *best) < 0 {
+		if best == nil || (m.Status == MemberUp) != (best.Status == MemberUp) && m.Status == MemberUp ||
+			m.Status == best.Status && lowerAddr(*m, *best) < 0 {
 			best = m
 		}
 	}
@@ -545,4 +551,27 @@ func (ms *membership) gossipTargets(fanout int, pick func(n int) int) (to []Node
 		return nil, false
 	}
 	return []NodeUID{all[pick(len(all))]}, false
+}
+
+// blockedNote is what a member without a downing strategy says about an
+// unreachable member that blocks convergence: once, when it has blocked
+// it for StableAfter, in the log, and for as long as it lasts in Stats.
+type blockedNote struct {
+	key   string    // the blocking members' addresses, "" when not blocked
+	since time.Time // when this set began to block
+	text  string    // shown once logged
+}
+
+// blockedBy is the sorted addresses of the live members that are
+// unreachable and not exiting: the ones that keep the cluster from
+// converging.
+func (ms *membership) blockedBy() []string {
+	var addrs []string
+	for uid := range ms.unreachable() {
+		if m := ms.members[uid]; m.Status < MemberExiting {
+			addrs = append(addrs, m.Addr.String())
+		}
+	}
+	slices.Sort(addrs)
+	return addrs
 }

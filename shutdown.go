@@ -39,8 +39,35 @@ const (
 // finish at once. Calls after the first return the first one's result.
 func (n *Node) Close() error {
 	n.hurryOnce.Do(func() { close(n.hurry) })
+	n.closeOnce.Do(func() {
+		n.leaveCluster(context.Background(), nil)
+		n.closeErr = n.shutdown(context.Background(), false)
+	})
+	return n.closeErr
+}
+
+// crash closes the node as a crash would look to others: no cluster
+// leave (FaultNet.Kill).
+func (n *Node) crash() error {
+	n.hurryOnce.Do(func() { close(n.hurry) })
 	n.closeOnce.Do(func() { n.closeErr = n.shutdown(context.Background(), false) })
 	return n.closeErr
+}
+
+// leaveCluster leaves the cluster this node is a member of, if any, before
+// the node stops: the others see a leave (leaving, exiting, removed), not
+// a crash. It waits until the leader has moved this member to exiting, for
+// at most the cluster's leave wait, ctx, or until hurry is closed.
+func (n *Node) leaveCluster(ctx context.Context, hurry <-chan struct{}) {
+	c := n.cluster.Load()
+	if c == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.leaveWait())
+	defer cancel()
+	if err := c.leaveAndWait(ctx, hurry); err != nil {
+		c.n.log.Warn("troupe: stopping without the cluster confirming this member's leave; the others may see it as unreachable", "err", err)
+	}
 }
 
 // Shutdown stops the node gracefully: it stops accepting connections,
@@ -53,7 +80,10 @@ func (n *Node) Close() error {
 // closed at once, as by Close, before Shutdown returns. A call to Close
 // during a Shutdown makes it finish at once too.
 func (n *Node) Shutdown(ctx context.Context) error {
-	n.closeOnce.Do(func() { n.closeErr = n.shutdown(ctx, true) })
+	n.closeOnce.Do(func() {
+		n.leaveCluster(ctx, n.hurry)
+		n.closeErr = n.shutdown(ctx, true)
+	})
 	return n.closeErr
 }
 

@@ -36,6 +36,10 @@ type Stats struct {
 	// Members is the cluster membership as this node sees it, when it is
 	// a cluster member.
 	Members []MemberStats
+	// ClusterBlocked, when not empty, says why this member's cluster
+	// cannot converge — an unreachable member and no downing strategy to
+	// act on it — and the command that would unblock it.
+	ClusterBlocked string
 	// Registrations is how many registrations this node holds when it is
 	// a registrar (Registrar true).
 	Registrar     bool
@@ -158,6 +162,7 @@ func (n *Node) Stats() Stats {
 			}
 		}
 		unreachable := c.unreachable()
+		s.ClusterBlocked = c.blocked.text
 		for _, m := range c.members {
 			s.Members = append(s.Members, MemberStats{Member: *m, Reachable: !unreachable[m.UID]})
 		}

@@ -1,0 +1,206 @@
+package troupe
+
+import (
+	"context"
+	"time"
+)
+
+// How a cluster uses its lease (LeaseMajority), and why it is safe.
+//
+// The side that acquires the lease downs the other side, which is
+// partitioned away and may never hear it. That side is still running its
+// own decision: it notices the split (within StableAfter of this side, we
+// assume: StableAfter is the margin for the difference), waits until its
+// view is stable — at most StableAfter + DownAllWhenUnstable after its
+// first unreachable member, when instability makes it down itself —
+// waits LeaseMinorityDelay if it is the minority, and asks for the lease
+// with a timeout of leaseCallTimeout. So the winner holds the lease for
+// at least leaseHold after taking it: by then the other side has been
+// denied (the lease was held) or given up (the lease was unreachable), and
+// has downed itself. A member whose own process stood still (SIGSTOP, a
+// long pause) for more than StableAfter/2 within the last hold does not
+// race for the lease: its clock no longer says what the other side's did.
+// A holder that loses the lease while holding it downs its own side.
+
+// leaseCallTimeout bounds one lease call of a downing decision.
+func leaseCallTimeout(stableAfter time.Duration) time.Duration {
+	return max(stableAfter, time.Second)
+}
+
+// leaseHold is the least time a side that took the lease keeps it: the
+// other side's whole decision time, with StableAfter as the margin for
+// when each side noticed the split.
+func leaseHold(stableAfter, unstableAfter, minorityDelay time.Duration) time.Duration {
+	return stableAfter + unstableAfter + minorityDelay + leaseCallTimeout(stableAfter)
+}
+
+// pauseMeter remembers when this member's loop stood still for longer
+// than it should, to tell how much of a recent window it missed.
+type pauseMeter struct {
+	last   time.Time // when the loop last finished a turn
+	pauses []pause
+}
+
+type pause struct{ from, to time.Time }
+
+// turn records a turn of the loop that began at now, after the previous
+// one ended at p.last: a gap of at least counted beyond the loop's
+// interval is a pause. Pauses older than keep are forgotten.
+func (p *pauseMeter) turn(now time.Time, interval, counted, keep time.Duration) {
+	if !p.last.IsZero() && now.Sub(p.last)-interval >= counted {
+		p.pauses = append(p.pauses, pause{p.last, now})
+	}
+	for len(p.pauses) > 0 && now.Sub(p.pauses[0].to) > keep {
+		p.pauses = p.pauses[1:]
+	}
+}
+
+// within is how long the loop stood still in (since, now].
+func (p *pauseMeter) within(since, now time.Time) time.Duration {
+	var d time.Duration
+	for _, q := range p.pauses {
+		from, to := q.from, q.to
+		if from.Before(since) {
+			from = since
+		}
+		if to.After(now) {
+			to = now
+		}
+		if to.After(from) {
+			d += to.Sub(from)
+		}
+	}
+	return d
+}
+
+// pauseBudget is how long a member may have stood still within the last
+// hold and still race for the lease.
+func (c *Cluster) pauseBudget() time.Duration { return c.cfg.StableAfter / 2 }
+
+// meterPause is called at the start of each turn of the loop, with the
+// tick's time; c.paused.last is set at the end of each turn.
+func (c *Cluster) meterPause(now time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.paused.turn(now, c.cfg.GossipInterval, c.cfg.StableAfter/4, c.cfg.LeaseReleaseAfter)
+}
+
+// turnDone marks the end of a turn of the loop.
+func (c *Cluster) turnDone() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.paused.last = time.Now()
+}
+
+// decide runs the strategy on a clean split; LeaseMajority races for the
+// lease.
+func (c *Cluster) decide(s DowningStrategy, v SplitView) Downing {
+	if _, ok := s.(LeaseMajority); !ok {
+		return s.Decide(v)
+	}
+	start := time.Now()
+	c.mu.Lock()
+	stood := c.paused.within(start.Add(-c.cfg.LeaseReleaseAfter), start)
+	c.mu.Unlock()
+	if stood > c.pauseBudget() {
+		c.n.log.Warn("troupe: this process stood still during the split; the other side may have decided meanwhile, so this side downs itself",
+			"stood", stood.String())
+		return DownReachable
+	}
+	delay := time.Duration(0)
+	if MinorityDelay(v) {
+		delay = c.cfg.LeaseMinorityDelay
+		t := time.NewTimer(delay)
+		defer t.Stop()
+		select {
+		case <-t.C:
+		case <-c.stop:
+			return DownReachable
+		case <-c.n.done:
+			return DownReachable
+		}
+	}
+	callTimeout := leaseCallTimeout(c.cfg.StableAfter)
+	ctx, cancel := context.WithTimeout(c.n.ctx, callTimeout)
+	defer cancel()
+	owner := c.n.uid.String()
+	acquired, err := c.cfg.Lease.Acquire(ctx, owner)
+	if err != nil {
+		c.n.log.Warn("troupe: could not reach the lease; downing this side", "err", err)
+		return DownReachable
+	}
+	if !acquired {
+		return DownReachable
+	}
+	if late := time.Since(start); late > delay+callTimeout+c.pauseBudget() {
+		// The answer came, but this process stood still on the way: the
+		// other side's hold may have ended before the lease was granted.
+		c.n.log.Warn("troupe: the lease was granted after this process stood still; giving it back and downing this side", "took", late.String())
+		c.releaseLease(owner)
+		return DownReachable
+	}
+	lost := c.cfg.Lease.Lost() // (user code: not under c.mu)
+	c.mu.Lock()
+	c.leaseHeld, c.leaseAt, c.leaseDowned, c.leaseLost = true, time.Now(), nil, lost
+	c.mu.Unlock()
+	return LeaseDecision(true)
+}
+
+// lostLease is the held lease's Lost channel, or nil.
+func (c *Cluster) lostLease() <-chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.leaseHeld {
+		return nil
+	}
+	return c.leaseLost
+}
+
+// leaseLostInHold: the lease this member took for a decision was lost
+// before the other side must have stopped. That side may take it now and
+// down this one, so this side downs itself: no side at all is better than
+// two.
+func (c *Cluster) leaseLostInHold() {
+	c.mu.Lock()
+	if !c.leaseHeld {
+		c.mu.Unlock()
+		return
+	}
+	c.leaseHeld, c.leaseDowned, c.leaseLost = false, nil, nil
+	side := c.splitView().Reachable
+	events := c.down(side, time.Now())
+	c.mu.Unlock()
+	c.n.log.Warn("troupe: the cluster lease was lost while the other side may still be deciding; downing this side", "members", len(side))
+	c.publish(events)
+	c.gossip()
+}
+
+// releaseLeaseLocked gives the lease back once what it was taken for is
+// done: ClusterConfig.LeaseReleaseAfter has passed since it was taken
+// (the other side has decided by then) and every member downed under it
+// is removed. Holding it longer would let this side win the next split by
+// an old victory.
+func (c *Cluster) releaseLeaseLocked(now time.Time) {
+	if !c.leaseHeld || now.Sub(c.leaseAt) < c.cfg.LeaseReleaseAfter {
+		return
+	}
+	for _, d := range c.leaseDowned {
+		if m := c.members[d.UID]; m != nil && m.Status != MemberRemoved {
+			return
+		}
+	}
+	c.leaseHeld, c.leaseDowned, c.leaseLost = false, nil, nil
+	c.releaseLease(c.n.uid.String())
+}
+
+// releaseLease gives the lease up on a goroutine of the node's.
+func (c *Cluster) releaseLease(owner string) {
+	lease, timeout := c.cfg.Lease, leaseCallTimeout(c.cfg.StableAfter)
+	c.n.wg.Go(func() {
+		ctx, cancel := context.WithTimeout(c.n.ctx, timeout)
+		defer cancel()
+		if err := lease.Release(ctx, owner); err != nil {
+			c.n.log.Warn("troupe: could not release the cluster lease", "err", err)
+		}
+	})
+}

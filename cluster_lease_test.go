@@ -1,0 +1,71 @@
+package troupe
+
+import (
+	"testing"
+	"time"
+)
+
+func TestLeaseHoldCoversTheOtherSidesDecision(t *testing.T) {
+	cases := []struct {
+		stable, unstable, delay, want time.Duration
+	}{
+		// The defaults: 20 s stable, 15 s unstable, 2 s delay, 20 s call.
+		{20 * time.Second, 15 * time.Second, 2 * time.Second, 57 * time.Second},
+		// The issue's: 1 s stable, 4 s unstable (the floor), 2 s delay, 1 s call.
+		{time.Second, 4 * time.Second, 2 * time.Second, 8 * time.Second},
+		// A short StableAfter still allows a whole second for the call.
+		{300 * time.Millisecond, 600 * time.Millisecond, 100 * time.Millisecond, 2 * time.Second},
+	}
+	for _, tc := range cases {
+		if got := leaseHold(tc.stable, tc.unstable, tc.delay); got != tc.want {
+			t.Errorf("leaseHold(%v, %v, %v) = %v, want %v", tc.stable, tc.unstable, tc.delay, got, tc.want)
+		}
+	}
+	// The configured release time is raised to the hold, never lowered.
+	n := &Node{cfg: Config{HeartbeatInterval: time.Second}}
+	if got := (ClusterConfig{LeaseReleaseAfter: time.Second}).withDefaults(n).LeaseReleaseAfter; got != 57*time.Second {
+		t.Errorf("LeaseReleaseAfter 1 s with default timings = %v, want the hold, 57 s", got)
+	}
+	if got := (ClusterConfig{LeaseReleaseAfter: time.Hour}).withDefaults(n).LeaseReleaseAfter; got != time.Hour {
+		t.Errorf("LeaseReleaseAfter 1 h = %v, want 1 h", got)
+	}
+}
+
+func TestPauseMeter(t *testing.T) {
+	t0 := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	const interval, counted, keep = 20 * time.Millisecond, 250 * time.Millisecond, 8 * time.Second
+	var p pauseMeter
+	// Turns every 20 ms, one late by 100 ms (not a pause), then one that
+	// follows a 3 s stop.
+	ends := []int{0, 20, 40, 160, 180, 3180, 3200}
+	for i, end := range ends {
+		if i > 0 {
+			p.turn(at(end), interval, counted, keep)
+		}
+		p.last = at(end)
+	}
+	if len(p.pauses) != 1 || !p.pauses[0].from.Equal(at(180)) || !p.pauses[0].to.Equal(at(3180)) {
+		t.Fatalf("pauses = %v, want one from 180 ms to 3180 ms", p.pauses)
+	}
+	for _, tc := range []struct {
+		since, now int
+		want       time.Duration
+	}{
+		{0, 3200, 3 * time.Second},             // the whole pause
+		{1180, 3200, 2 * time.Second},          // the part inside the window
+		{3180, 3200, 0},                        // after it
+		{0, 100, 0},                            // before it
+		{-8000, 1180, 1000 * time.Millisecond}, // its start
+	} {
+		if got := p.within(at(tc.since), at(tc.now)); got != tc.want {
+			t.Errorf("within(%d ms, %d ms) = %v, want %v", tc.since, tc.now, got, tc.want)
+		}
+	}
+	// Forgotten once older than keep.
+	p.last = at(3180 + 7981)
+	p.turn(at(3180+8001), interval, counted, keep)
+	if len(p.pauses) != 0 {
+		t.Errorf("a pause older than keep is remembered: %v", p.pauses)
+	}
+}
