@@ -903,8 +903,20 @@ func (c *Cluster) noteBlockedLocked(now time.Time) {
 // for subscribers run on the publishing goroutine.
 func (c *Cluster) publish(events []MemberEvent) {
 	for _, e := range events {
+		if e.Kind == EventMemberStatus && e.Member.UID != c.n.uid && e.Member.Status == MemberDown {
+			c.forgetDowned(e.Member)
+		}
 		c.n.events.Publish(e)
 	}
+}
+
+// forgetDowned ends this node's association with a member that was
+// downed: what was queued for it becomes dead letters, and watchers of
+// its actors get [Terminated] with [ErrPeerUnreachable] — exactly once, as
+// for any peer given up on. It is not quarantined: if it knocks again,
+// the cluster tells it it is down.
+func (c *Cluster) forgetDowned(m Member) {
+	c.n.endMemberAssoc(m.UID, fmt.Errorf("%w: cluster member %s was downed", ErrPeerUnreachable, m.Addr))
 }
 
 // selfDowned ends this member's membership.

@@ -34,7 +34,7 @@ func TestHelperClusterMember(t *testing.T) {
 	sigCtx, stopSig := signal.NotifyContext(context.Background(), syscall.SIGTERM)
 	defer stopSig()
 	n, err := troupe.Start(context.Background(), troupe.Config{Name: "member", Listen: []string{listen},
-		Logger:            slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})),
+		Logger:            slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError})),
 		HeartbeatInterval: 50 * time.Millisecond, UnreachableAfter: 2 * time.Second})
 	if err != nil {
 		fmt.Println("ERR", err)

@@ -2,6 +2,9 @@ package troupe_test
 
 import (
 	"bytes"
+	"errors"
+	"fmt"
+	"io"
 	"log/slog"
 	"strings"
 	"sync"
@@ -87,4 +90,80 @@ func TestABlockedClusterSaysHowToUnblockIt(t *testing.T) {
 	waitUntil(t, 10*time.Second, "the block to clear once the member is downed", func() bool {
 		return home.Stats().ClusterBlocked == ""
 	})
+}
+
+// A watcher of an actor on a cluster member that crashes gets Terminated
+// once the member is downed: members are exempt from the association's
+// quarantine, so the downing is what ends the watch. (The nemesis found
+// this: before, the watch waited for ever.)
+func TestAWatchOfADownedMemberEnds(t *testing.T) {
+	f := troupe.NewFaultNet()
+	var nodes []*troupe.Node
+	var members []*troupe.Cluster
+	for i := range 3 {
+		n, err := f.Start(ctxFor(t), troupe.Config{Name: fmt.Sprintf("m%d", i), Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+			HeartbeatInterval: 20 * time.Millisecond, UnreachableAfter: time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { n.Close() })
+		cfg := troupe.ClusterConfig{Downing: troupe.KeepMajority{}, StableAfter: 300 * time.Millisecond}
+		if i > 0 {
+			cfg.Seeds = []string{nodes[0].Addrs()[0].String()}
+		}
+		c, err := troupe.StartCluster(ctxFor(t), n, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		nodes, members = append(nodes, n), append(members, c)
+	}
+	waitUntil(t, 10*time.Second, "three members up", func() bool {
+		up := 0
+		for _, m := range members[0].Members() {
+			if m.Status == troupe.MemberUp {
+				up++
+			}
+		}
+		return up == 3
+	})
+	if _, err := troupe.Spawn(nodes[2], "worker", troupe.Behavior[string]{Receive: func(*troupe.Context[string], string) {}}); err != nil {
+		t.Fatal(err)
+	}
+	worker, err := troupe.Resolve[string](ctxFor(t), nodes[0], troupe.FormatRef(nodes[2].Addrs()[0], "/user/worker"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	terms := make(chan troupe.Terminated, 4)
+	watching := make(chan struct{})
+	w, err := troupe.Spawn(nodes[0], "watcher", troupe.Behavior[troupe.Ref[string]]{
+		Receive: func(c *troupe.Context[troupe.Ref[string]], r troupe.Ref[string]) { c.Watch(r); close(watching) },
+		Signal: func(_ *troupe.Context[troupe.Ref[string]], s troupe.Signal) {
+			if term, ok := s.(troupe.Terminated); ok {
+				terms <- term
+			}
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.Tell(worker)
+	within(t, watching, 5*time.Second, "the watch")
+	f.Kill(nodes[2])
+	term := within(t, terms, 15*time.Second, "Terminated for the crashed member's actor")
+	if !errors.Is(term.Reason, troupe.ErrPeerUnreachable) {
+		t.Errorf("Terminated.Reason = %v, want ErrPeerUnreachable", term.Reason)
+	}
+	waitUntil(t, 10*time.Second, "the crashed member removed", func() bool {
+		for _, m := range members[0].Members() {
+			if m.UID == nodes[2].UID() {
+				return m.Status == troupe.MemberRemoved
+			}
+		}
+		return true
+	})
+	select {
+	case again := <-terms:
+		t.Errorf("a second Terminated: %+v", again)
+	default:
+	}
 }
