@@ -187,6 +187,37 @@ func TestHelperNetnsNode(t *testing.T) {
 				}
 				time.Sleep(100 * time.Millisecond)
 			}
+		case "views": // views: a VIEW line every 25 ms from now on (the nemesis)
+			c := cluster
+			go func() {
+				for {
+					stopped := 0
+					select {
+					case <-c.Done():
+						stopped = 1
+					case <-n.Done():
+						return
+					case <-time.After(25 * time.Millisecond):
+					}
+					self := c.Self()
+					leader := "-"
+					if l, ok := c.Leader(); ok {
+						leader = l.UID.String()
+					}
+					var ms []string
+					for _, m := range c.Members() {
+						ms = append(ms, fmt.Sprintf("%s=%d", m.UID, m.Status))
+					}
+					say("VIEW %d %s %d %s %d %s", stopped, self.UID, self.Status, leader, len(c.Unreachable()), strings.Join(ms, ","))
+					if stopped == 1 {
+						return
+					}
+				}
+			}()
+			say("OK")
+		case "shutdown": // shutdown: Node.Shutdown, the SIGTERM path
+			n.Shutdown(ctxT(t, 10*time.Second))
+			say("SHUTDOWN")
 		case "reconnect": // reconnect ADDR
 			if err := n.Reconnect(ctxT(t, 5*time.Second), f[1]); err != nil {
 				say("ERR %v", err)
@@ -225,17 +256,25 @@ type nsNode struct {
 	cmd    *exec.Cmd
 	stdin  io.WriteCloser
 	lines  chan string
-	events chan string // UNREACHABLE and TERMINATED lines
+	events chan string   // UNREACHABLE and TERMINATED lines
+	views  func(string)  // takes VIEW lines, when set before start
+	ended  chan struct{} // closed when its output has ended
 }
 
 // startNS runs a helper node on host h listening on port.
 func startNS(t *testing.T, h *hostnet.Host, name string, port int, hb, window time.Duration, env ...string) *nsNode {
 	t.Helper()
+	return startNSViews(t, h, name, port, hb, window, nil, env...)
+}
+
+// startNSViews is startNS with views taking the node's VIEW lines.
+func startNSViews(t *testing.T, h *hostnet.Host, name string, port int, hb, window time.Duration, views func(string), env ...string) *nsNode {
+	t.Helper()
 	exe, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
 	}
-	nn := &nsNode{t: t, name: name, host: h, addr: fmt.Sprintf("tcp://%s:%d", h.IP, port), lines: make(chan string, 64), events: make(chan string, 64)}
+	nn := &nsNode{t: t, name: name, host: h, addr: fmt.Sprintf("tcp://%s:%d", h.IP, port), lines: make(chan string, 64), events: make(chan string, 64), views: views}
 	nn.cmd = h.Command(exe, "-test.run=^TestHelperNetnsNode$")
 	nn.cmd.Env = append(os.Environ(), "TROUPE_NETNS_LISTEN="+nn.addr, "TROUPE_NETNS_NAME="+name,
 		"TROUPE_NETNS_HB="+hb.String(), "TROUPE_NETNS_WINDOW="+window.String())
@@ -247,12 +286,17 @@ func startNS(t *testing.T, h *hostnet.Host, name string, port int, hb, window ti
 		t.Fatal(err)
 	}
 	readerDone := make(chan struct{})
+	nn.ended = readerDone
 	go func() {
 		defer close(readerDone)
 		sc := bufio.NewScanner(stdout)
 		sc.Buffer(make([]byte, 1<<20), 64<<20)
 		for sc.Scan() {
 			l := sc.Text()
+			if nn.views != nil && strings.HasPrefix(l, "VIEW ") {
+				nn.views(l)
+				continue
+			}
 			if strings.HasPrefix(l, "UNREACHABLE") || strings.HasPrefix(l, "TERMINATED") || strings.HasPrefix(l, "CLUSTERSTOPPED") {
 				nn.events <- l
 				continue
