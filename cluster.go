@@ -511,7 +511,9 @@ func (c *Cluster) run() {
 func (c *Cluster) cleanup() {
 	c.n.quarantinedBy.Store(nil)
 	c.n.beatMembers.Store(nil)
-	c.n.cluster.CompareAndSwap(c, nil)
+	if c.n.cluster.CompareAndSwap(c, nil) {
+		c.n.clusterEnded.Store(true)
+	}
 	c.mu.Lock()
 	c.stopped = true
 	uids := make([]NodeUID, 0, len(c.members))

@@ -10,7 +10,6 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
-	"os/signal"
 	"strings"
 	"syscall"
 	"testing"
@@ -31,8 +30,6 @@ func TestHelperClusterMember(t *testing.T) {
 	if listen == "" {
 		t.Skip("helper for the cluster process tests")
 	}
-	sigCtx, stopSig := signal.NotifyContext(context.Background(), syscall.SIGTERM)
-	defer stopSig()
 	n, err := troupe.Start(context.Background(), troupe.Config{Name: "member", Listen: []string{listen},
 		Logger:            slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError})),
 		HeartbeatInterval: 50 * time.Millisecond, UnreachableAfter: 2 * time.Second})
@@ -48,6 +45,10 @@ func TestHelperClusterMember(t *testing.T) {
 		n.Close()
 		return
 	}
+	n.OnShutdown(troupe.PhaseLeave, func(context.Context) error { fmt.Println("HOOK leave"); return nil })
+	n.OnShutdown(troupe.PhaseFlush, func(context.Context) error { fmt.Println("HOOK flush"); return nil })
+	signalled := make(chan error, 1)
+	go func() { signalled <- troupe.ShutdownOnSignal(n, 10*time.Second) }()
 	fmt.Printf("READY %s %s\n", n.Addrs()[0], n.UID())
 	cmds := make(chan string)
 	go func() {
@@ -60,10 +61,11 @@ func TestHelperClusterMember(t *testing.T) {
 	var cmd string
 	select {
 	case cmd = <-cmds:
-	case <-sigCtx.Done():
-		cmd = "shutdown"
+	case err := <-signalled:
+		fmt.Println("SIGNALLED", err)
 	}
 	switch cmd {
+	case "":
 	case "shutdown":
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		n.Shutdown(ctx)
@@ -196,8 +198,15 @@ func TestAMemberThatStopsLeaves(t *testing.T) {
 			if !seen[troupe.MemberExiting] {
 				t.Errorf("removed without exiting: statuses seen %v", seen)
 			}
-			if l := p.line(t); l != "STOPPED" {
-				t.Errorf("member process said %q", l)
+			want := []string{"STOPPED"}
+			switch how {
+			case "SIGTERM": // ShutdownOnSignal: Shutdown's phases, with the hooks
+				want = []string{"HOOK leave", "HOOK flush", "SIGNALLED <nil>", "STOPPED"}
+			}
+			for _, w := range want {
+				if l := p.line(t); l != w {
+					t.Errorf("member process said %q, want %q", l, w)
+				}
 			}
 			if got := len(c.Members()); got != 1 {
 				for _, m := range c.Members() {

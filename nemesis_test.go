@@ -564,8 +564,31 @@ func (z *nemesis) restartStopped() {
 func (z *nemesis) waitConverged(within time.Duration) {
 	z.t.Helper()
 	deadline := time.Now().Add(within)
+	noneUpSince := time.Time{}
 	for {
 		live := z.runningMembers()
+		// A cluster whose up members have all gone is dead: joiners wait
+		// for a leader that will never come back (none may declare itself
+		// up: its side could be a partition of a live cluster). An
+		// orchestrator then starts the cluster afresh, and so does this.
+		anyUp := false
+		for _, m := range live {
+			anyUp = anyUp || m.c.Self().Status == troupe.MemberUp
+		}
+		switch {
+		case anyUp:
+			noneUpSince = time.Time{}
+		case noneUpSince.IsZero():
+			noneUpSince = time.Now()
+		case time.Since(noneUpSince) > 3*time.Second:
+			z.note("no member is up: the cluster is dead; start it afresh")
+			for _, m := range live {
+				z.stopMember(m, "shut down", func() { m.node.Close() })
+			}
+			noneUpSince = time.Time{}
+			z.restartStopped()
+			continue
+		}
 		ok := len(live) > 0
 		var leader troupe.NodeUID
 		for i, m := range live {

@@ -343,7 +343,39 @@ func (z *procNemesis) healAll() {
 func (z *procNemesis) waitConverged(within time.Duration) {
 	z.t.Helper()
 	deadline := time.Now().Add(within)
+	noneUpSince := time.Time{}
 	for {
+		// A cluster whose up members have all gone is dead (see the
+		// in-process nemesis): start it afresh, as an orchestrator would.
+		z.mu.Lock()
+		anyUp := false
+		for _, s := range z.slots {
+			if v, ok := z.views[s.node.uid]; ok && !s.dead && !v.stopped && v.status == MemberUp {
+				anyUp = true
+			}
+		}
+		z.mu.Unlock()
+		switch {
+		case anyUp:
+			noneUpSince = time.Time{}
+		case noneUpSince.IsZero():
+			noneUpSince = time.Now()
+		case time.Since(noneUpSince) > 3*time.Second:
+			z.note("no member is up: the cluster is dead; start it afresh")
+			for _, s := range z.slots {
+				if !s.dead {
+					s.node.cmd.Process.Kill()
+					s.dead = true
+					z.forget(s)
+				}
+			}
+			z.slots[0].start(z, "-")
+			for _, s := range z.slots[1:] {
+				s.start(z, z.slots[0].node.addr)
+			}
+			noneUpSince = time.Time{}
+			continue
+		}
 		z.mu.Lock()
 		ok, leader, n := true, "", 0
 		for _, s := range z.slots {

@@ -395,6 +395,15 @@ type Node struct {
 	done      chan struct{} // closed when Close or Shutdown begins
 	hurry     chan struct{} // closed by Close: a Shutdown in progress stops waiting
 	hurryOnce sync.Once
+
+	// draining is set when a Shutdown begins: the node is no longer ready.
+	draining atomic.Bool
+	// clusterEnded is set when this node's cluster membership ended (it
+	// left, or was downed): it is no longer ready.
+	clusterEnded atomic.Bool
+	// hmu guards hooks, the work users added to Shutdown's phases.
+	hmu   sync.Mutex
+	hooks map[ShutdownPhase][]func(context.Context) error
 	// dialCtx ends every dial in progress when the node begins to close.
 	dialCtx    context.Context
 	dialCancel context.CancelFunc

@@ -81,8 +81,10 @@ func (n *Node) leaveCluster(ctx context.Context, hurry <-chan struct{}) {
 // during a Shutdown makes it finish at once too.
 func (n *Node) Shutdown(ctx context.Context) error {
 	n.closeOnce.Do(func() {
+		n.draining.Store(true)
+		hookErr := n.runHooks(ctx, PhaseLeave)
 		n.leaveCluster(ctx, n.hurry)
-		n.closeErr = n.shutdown(ctx, true)
+		n.closeErr = errors.Join(hookErr, n.shutdown(ctx, true))
 	})
 	return n.closeErr
 }
@@ -122,19 +124,18 @@ func (n *Node) waitActors(ctx context.Context) error {
 // shutdown closes the node; graceful says whether queued frames and
 // unregistrations are delivered first (within ctx).
 func (n *Node) shutdown(ctx context.Context, graceful bool) error {
+	n.draining.Store(true)
 	close(n.done)
 	n.dialCancel() // a dial in progress has nobody left to serve
 	var errs []error
-	n.lmu.Lock() // no listener is added after this: the node is closed
-	for _, l := range n.listeners {
-		if err := l.Close(); err != nil && !errors.Is(err, net.ErrClosed) {
-			errs = append(errs, err)
-		}
-		if a, ok := l.Addr().(*net.UnixAddr); ok {
-			removeLockFile(a.Name + ".lock")
+	phase := func(p ShutdownPhase) {
+		if graceful {
+			if err := n.runHooks(ctx, p); err != nil {
+				errs = append(errs, err)
+			}
 		}
 	}
-	n.lmu.Unlock()
+	phase(PhaseUnregister)
 	if graceful {
 		n.unregisterAll() // queued ahead of the goodbyes below
 	}
@@ -147,6 +148,17 @@ func (n *Node) shutdown(ctx context.Context, graceful bool) error {
 		}
 		n.revokeEtcd(wait)
 	}
+	phase(PhaseRefuse)
+	n.lmu.Lock() // no listener is added after this: the node is closed
+	for _, l := range n.listeners {
+		if err := l.Close(); err != nil && !errors.Is(err, net.ErrClosed) {
+			errs = append(errs, err)
+		}
+		if a, ok := l.Addr().(*net.UnixAddr); ok {
+			removeLockFile(a.Name + ".lock")
+		}
+	}
+	n.lmu.Unlock()
 	stopActors := func() {
 		n.amu.Lock()
 		n.closing = true
@@ -170,12 +182,14 @@ func (n *Node) shutdown(ctx context.Context, graceful bool) error {
 			n.live.Wait()
 		}
 	}
+	phase(PhaseActors)
 	if graceful {
 		// Handlers in progress finish while the associations are up, so
 		// that their replies reach the peers that asked; the goodbyes
 		// follow them.
 		stopActors()
 	}
+	phase(PhaseFlush)
 	n.pmu.Lock()
 	n.pclosing = true
 	assocs := make([]*assoc, 0, len(n.all))

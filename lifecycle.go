@@ -1,0 +1,165 @@
+package troupe
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+)
+
+// ShutdownPhase is one of the ordered phases of [Node.Shutdown]. Work
+// added with [Node.OnShutdown] runs at the start of its phase.
+type ShutdownPhase int
+
+// The phases of [Node.Shutdown], in order.
+const (
+	// PhaseLeave: the node is no longer ready ([Node.Ready]); a cluster
+	// member leaves its cluster (leaving, exiting, removed).
+	PhaseLeave ShutdownPhase = iota + 1
+	// PhaseUnregister: every name this node holds is removed from the
+	// registrar or etcd, so lookups stop returning it while it still
+	// answers.
+	PhaseUnregister
+	// PhaseRefuse: the listeners close; no new association is accepted.
+	// (Dials of the node's own were abandoned when PhaseLeave ended.)
+	PhaseRefuse
+	// PhaseActors: every actor stops after the handler it is running
+	// (whose replies still reach the nodes that asked), within ctx.
+	PhaseActors
+	// PhaseFlush: every association writes what it holds and says
+	// goodbye, within ctx; then the node closes.
+	PhaseFlush
+)
+
+var phaseNames = [...]string{PhaseLeave: "leave", PhaseUnregister: "unregister", PhaseRefuse: "refuse", PhaseActors: "actors", PhaseFlush: "flush"}
+
+func (p ShutdownPhase) String() string {
+	if p >= PhaseLeave && p <= PhaseFlush {
+		return phaseNames[p]
+	}
+	return fmt.Sprintf("ShutdownPhase(%d)", int(p))
+}
+
+// OnShutdown adds fn to phase of a graceful [Node.Shutdown]: it runs at the
+// start of the phase, after the work added before it to the same phase,
+// with Shutdown's ctx. Its error is part of what Shutdown returns; the
+// phases go on regardless. [Node.Close] runs no hooks: it is the stop that
+// does not wait. Adding work to a node that is shutting down or closed,
+// or to a phase that does not exist, returns an error.
+func (n *Node) OnShutdown(phase ShutdownPhase, fn func(ctx context.Context) error) error {
+	if phase < PhaseLeave || phase > PhaseFlush {
+		return fmt.Errorf("%w: no shutdown phase %d", ErrBadConfig, int(phase))
+	}
+	if n.draining.Load() {
+		return ErrNodeClosed
+	}
+	n.hmu.Lock()
+	defer n.hmu.Unlock()
+	if n.hooks == nil {
+		n.hooks = map[ShutdownPhase][]func(context.Context) error{}
+	}
+	n.hooks[phase] = append(n.hooks[phase], fn)
+	return nil
+}
+
+// runHooks runs the work added to phase, in order, outside any lock.
+func (n *Node) runHooks(ctx context.Context, phase ShutdownPhase) error {
+	n.hmu.Lock()
+	hooks := n.hooks[phase]
+	n.hmu.Unlock()
+	var errs []error
+	for _, fn := range hooks {
+		if err := fn(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("shutdown phase %v: %w", phase, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// ErrNotReady is wrapped by [Node.Ready]'s answer when the node is not
+// ready for work.
+var ErrNotReady = errors.New("troupe: node not ready")
+
+// Ready says whether the node is ready for work: nil, or an error wrapping
+// [ErrNotReady] that says why not — it is shutting down or closed, or it
+// is a cluster member that is not up (still joining, or leaving), or its
+// membership ended (it left, or was downed). A
+// readiness probe should route traffic to the node only while it is nil.
+func (n *Node) Ready() error {
+	if n.draining.Load() {
+		return fmt.Errorf("%w: shutting down", ErrNotReady)
+	}
+	if c := n.cluster.Load(); c != nil {
+		if s := c.Self().Status; s != MemberUp {
+			return fmt.Errorf("%w: cluster member %v", ErrNotReady, s)
+		}
+	} else if n.clusterEnded.Load() {
+		return fmt.Errorf("%w: no longer a cluster member", ErrNotReady)
+	}
+	return nil
+}
+
+// Alive says whether the node is alive: nil until its Close or Shutdown
+// has finished, [ErrNodeClosed] after. A liveness probe that fails
+// restarts the process; only a node that has stopped should fail it.
+func (n *Node) Alive() error {
+	select {
+	case <-n.ctx.Done():
+		return ErrNodeClosed
+	default:
+		return nil
+	}
+}
+
+// ProbeHandler serves the node's probes for an orchestrator: GET /readyz
+// answers 200 "ok" while [Node.Ready] is nil and 503 with the reason
+// otherwise; GET /livez does the same with [Node.Alive]. Mount it where
+// the probes look, e.g. mux.Handle("/readyz", ProbeHandler(n)) and
+// mux.Handle("/livez", ProbeHandler(n)).
+func ProbeHandler(n *Node) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var err error
+		switch r.URL.Path {
+		case "/readyz":
+			err = n.Ready()
+		case "/livez":
+			err = n.Alive()
+		default:
+			http.NotFound(w, r)
+			return
+		}
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		if err != nil {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			fmt.Fprintln(w, err)
+			return
+		}
+		fmt.Fprintln(w, "ok")
+	})
+}
+
+// ShutdownOnSignal waits until the process receives one of signals (by
+// default SIGINT and, where it exists, SIGTERM — what Kubernetes sends
+// before it kills), or until the node closes, and then shuts the node
+// down gracefully within grace: the way a service's main ends. It returns
+// what [Node.Shutdown] returns (nil when the node had closed by itself).
+func ShutdownOnSignal(n *Node, grace time.Duration, signals ...os.Signal) error {
+	if len(signals) == 0 {
+		signals = []os.Signal{os.Interrupt, syscall.SIGTERM}
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), signals...)
+	defer stop()
+	select {
+	case <-ctx.Done():
+	case <-n.done:
+		return nil
+	}
+	n.log.Info("troupe: signal received; shutting down", "grace", grace.String())
+	sctx, cancel := context.WithTimeout(context.Background(), grace)
+	defer cancel()
+	return n.Shutdown(sctx)
+}
