@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -65,8 +66,9 @@ type ClusterConfig struct {
 	// for the other side, which may not know it was downed, to have made
 	// its own decision and stopped. It is never less than that decision
 	// time, StableAfter + DownAllWhenUnstable + LeaseMinorityDelay + the
-	// lease call's timeout (max(StableAfter, 1 s)): 57 s with the
-	// defaults; a smaller value is raised to it. Default: that time.
+	// lease call's timeout (max(StableAfter, 1 s)) + StableAfter/2: 67 s
+	// with the defaults; a smaller value is raised to it. Default: that
+	// time. Every member must use the same timings.
 	LeaseReleaseAfter time.Duration
 
 	// GossipInterval is how often a member sends its view to the others.
@@ -126,12 +128,15 @@ type Cluster struct {
 	lastHeard map[NodeUID]int64
 	stopped   bool
 
-	leaseHeld   bool            // this member took the lease for a decision
-	leaseAt     time.Time       // when
-	leaseDowned []Member        // whom it downed under the lease
-	leaseLost   <-chan struct{} // the lease's Lost channel while held
-	paused      pauseMeter      // how long this process stood still in a split
-	blocked     blockedNote     // why convergence is blocked, with no strategy to act
+	leaseHeld   bool                   // this member took the lease for a decision
+	leaseAt     time.Time              // when
+	leaseDowned []Member               // whom it downed under the lease
+	leaseLost   <-chan struct{}        // the lease's Lost channel while held
+	releasing   chan struct{}          // closed when the last release of the lease is done
+	turnHook    atomic.Pointer[func()] // tests only: runs at the start of each turn
+	paused      pauseMeter             // how long this process stood still in a split
+	blocked     blockedNote            // why convergence is blocked, with no strategy to act
+	leftSeen    map[NodeUID]bool       // members seen leaving: their removal does not end their association
 
 	ref   Ref[clusterMsg] // this member's cluster actor
 	seeds []Addr          // where to knock until some member answers
@@ -301,7 +306,7 @@ func StartCluster(ctx context.Context, n *Node, cfg ClusterConfig) (*Cluster, er
 	}
 	c := &Cluster{
 		n: n, cfg: cfg.withDefaults(n), membership: newMembership(self, time.Now()),
-		detectors: map[NodeUID]FailureDetector{}, lastHeard: map[NodeUID]int64{},
+		detectors: map[NodeUID]FailureDetector{}, lastHeard: map[NodeUID]int64{}, leftSeen: map[NodeUID]bool{},
 		stop: make(chan struct{}), done: make(chan struct{}),
 	}
 	n.members.Store(n.uid, struct{}{})
@@ -494,8 +499,15 @@ func (c *Cluster) run() {
 			return
 		case <-c.lostLease():
 			c.leaseLostInHold()
-		case now := <-t.C:
+		case <-t.C:
+			// The tick's value is when it was due, which after a long
+			// turn or a stopped process is in the past: decide on the
+			// clock.
+			now := time.Now()
 			c.meterPause(now)
+			if h := c.turnHook.Load(); h != nil {
+				(*h)() // tests: the loop stands still here
+			}
 			c.detect(now)
 			c.lead()
 			if c.downing(now) {
@@ -509,6 +521,7 @@ func (c *Cluster) run() {
 }
 
 func (c *Cluster) cleanup() {
+	c.keepLeaseThroughHold()
 	c.n.quarantinedBy.Store(nil)
 	c.n.beatMembers.Store(nil)
 	if c.n.cluster.CompareAndSwap(c, nil) {
@@ -831,6 +844,7 @@ func (c *Cluster) downing(now time.Time) bool {
 	}
 	c.mu.Lock()
 	c.noteBlockedLocked(now)
+	defer c.logBlocked()
 	c.releaseLeaseLocked(now)
 	step := c.nextDowning(now, c.cfg.Downing != nil, timing{c.cfg.StableAfter, c.cfg.DownAllWhenUnstable})
 	self := *c.members[c.self]
@@ -846,7 +860,7 @@ func (c *Cluster) downing(now time.Time) bool {
 		c.selfDowned(self)
 		return true
 	case stepSelf:
-		c.decided = true
+		c.decided, c.decidedOn = true, c.unreachableKey()
 		events := c.down([]Member{self}, now)
 		c.mu.Unlock()
 		c.publish(events)
@@ -854,7 +868,7 @@ func (c *Cluster) downing(now time.Time) bool {
 		c.gossip()
 		return false
 	}
-	c.decided = true
+	c.decided, c.decidedOn = true, c.unreachableKey()
 	view := c.splitView()
 	strategy := c.cfg.Downing
 	c.mu.Unlock()
@@ -896,16 +910,28 @@ func (c *Cluster) noteBlockedLocked(now time.Time) {
 	for i, a := range by {
 		cmds[i] = fmt.Sprintf("troupe down %s --node %s", a, self)
 	}
+	c.blocked.logged = false
 	c.blocked.text = fmt.Sprintf("unreachable for %v and no downing strategy: %s; no member becomes up or is removed until it is reachable again or downed (%s)",
 		now.Sub(c.blocked.since).Round(time.Second), key, strings.Join(cmds, "; "))
-	c.n.log.Warn("troupe: cluster blocked: "+c.blocked.text, "unreachable", by)
+}
+
+// logBlocked logs a new blocked note once, outside c.mu (the log
+// handler is user code).
+func (c *Cluster) logBlocked() {
+	c.mu.Lock()
+	text, log := c.blocked.text, c.blocked.text != "" && !c.blocked.logged
+	c.blocked.logged = true
+	c.mu.Unlock()
+	if log {
+		c.n.log.Warn("troupe: cluster blocked: " + text)
+	}
 }
 
 // publish hands events to the node's stream; call it without c.mu held,
 // for subscribers run on the publishing goroutine.
 func (c *Cluster) publish(events []MemberEvent) {
 	for _, e := range events {
-		if e.Kind == EventMemberStatus && e.Member.UID != c.n.uid && e.Member.Status == MemberDown {
+		if e.Kind == EventMemberStatus && e.Member.UID != c.n.uid {
 			c.forgetDowned(e.Member)
 		}
 		c.n.events.Publish(e)
@@ -913,11 +939,30 @@ func (c *Cluster) publish(events []MemberEvent) {
 }
 
 // forgetDowned ends this node's association with a member that was
-// downed: what was queued for it becomes dead letters, and watchers of
-// its actors get [Terminated] with [ErrPeerUnreachable] — exactly once, as
-// for any peer given up on. It is not quarantined: if it knocks again,
-// the cluster tells it it is down.
+// downed (removed without leaving), once it is removed (not at once: the gossip that tells a
+// reachable downed member it is down goes over that association): what
+// was queued for it becomes dead letters, and watchers of its actors get
+// [Terminated] with [ErrPeerUnreachable] — exactly once, as for any peer
+// given up on. It is not quarantined: if it knocks again, the cluster
+// tells it it is down.
 func (c *Cluster) forgetDowned(m Member) {
+	c.mu.Lock()
+	switch m.Status {
+	case MemberLeaving, MemberExiting:
+		c.leftSeen[m.UID] = true // a graceful leave: its node may go on as a plain peer
+		c.mu.Unlock()
+		return
+	case MemberRemoved:
+	default:
+		c.mu.Unlock()
+		return
+	}
+	left := c.leftSeen[m.UID]
+	delete(c.leftSeen, m.UID)
+	c.mu.Unlock()
+	if left {
+		return
+	}
 	c.n.endMemberAssoc(m.UID, fmt.Errorf("%w: cluster member %s was downed", ErrPeerUnreachable, m.Addr))
 }
 

@@ -18,8 +18,10 @@ import (
 // at least leaseHold after taking it: by then the other side has been
 // denied (the lease was held) or given up (the lease was unreachable), and
 // has downed itself. A member whose own process stood still (SIGSTOP, a
-// long pause) for more than StableAfter/2 within the last hold does not
-// race for the lease: its clock no longer says what the other side's did.
+// long pause: gaps of StableAfter/4 or more) for more than StableAfter/2
+// in all within the last hold does not race for the lease, nor keeps one
+// granted after such a pause: its clock no longer says what the other
+// side's did. The hold has StableAfter/2 more for that.
 // A holder that loses the lease while holding it downs its own side.
 
 // leaseCallTimeout bounds one lease call of a downing decision.
@@ -29,16 +31,19 @@ func leaseCallTimeout(stableAfter time.Duration) time.Duration {
 
 // leaseHold is the least time a side that took the lease keeps it: the
 // other side's whole decision time, with StableAfter as the margin for
-// when each side noticed the split.
+// when each side noticed the split, and StableAfter/2 for the time the
+// other side's process may have stood still (pauseBudget).
 func leaseHold(stableAfter, unstableAfter, minorityDelay time.Duration) time.Duration {
-	return stableAfter + unstableAfter + minorityDelay + leaseCallTimeout(stableAfter)
+	return stableAfter + unstableAfter + minorityDelay + leaseCallTimeout(stableAfter) + stableAfter/2
 }
 
 // pauseMeter remembers when this member's loop stood still for longer
 // than it should, to tell how much of a recent window it missed.
 type pauseMeter struct {
-	last   time.Time // when the loop last finished a turn
-	pauses []pause
+	last      time.Time // when the loop last finished a turn
+	turnStart time.Time // when the current turn began
+	decided   bool      // the current turn raced for the lease: its wait is no pause
+	pauses    []pause
 }
 
 type pause struct{ from, to time.Time }
@@ -78,18 +83,24 @@ func (p *pauseMeter) within(since, now time.Time) time.Duration {
 func (c *Cluster) pauseBudget() time.Duration { return c.cfg.StableAfter / 2 }
 
 // meterPause is called at the start of each turn of the loop, with the
-// tick's time; c.paused.last is set at the end of each turn.
+// clock's time; c.paused.last is set at the end of each turn.
 func (c *Cluster) meterPause(now time.Time) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.paused.turn(now, c.cfg.GossipInterval, c.cfg.StableAfter/4, c.cfg.LeaseReleaseAfter)
+	c.paused.turnStart, c.paused.decided = now, false
 }
 
-// turnDone marks the end of a turn of the loop.
+// turnDone marks the end of a turn of the loop; a turn that took
+// StableAfter/4 or more, and did not race for the lease, stood still.
 func (c *Cluster) turnDone() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.paused.last = time.Now()
+	end := time.Now()
+	if p := &c.paused; !p.decided && !p.turnStart.IsZero() && end.Sub(p.turnStart) >= c.cfg.StableAfter/4 {
+		p.pauses = append(p.pauses, pause{p.turnStart, end})
+	}
+	c.paused.last = end
 }
 
 // decide runs the strategy on a clean split; LeaseMajority races for the
@@ -100,6 +111,11 @@ func (c *Cluster) decide(s DowningStrategy, v SplitView) Downing {
 	}
 	start := time.Now()
 	c.mu.Lock()
+	if ts := c.paused.turnStart; !ts.IsZero() && start.Sub(ts) >= c.cfg.StableAfter/4 {
+		// This turn stood still before it got here.
+		c.paused.pauses = append(c.paused.pauses, pause{ts, start})
+	}
+	c.paused.decided = true
 	stood := c.paused.within(start.Add(-c.cfg.LeaseReleaseAfter), start)
 	c.mu.Unlock()
 	if stood > c.pauseBudget() {
@@ -120,9 +136,30 @@ func (c *Cluster) decide(s DowningStrategy, v SplitView) Downing {
 			return DownReachable
 		}
 	}
+	// A release of this member's earlier hold still on its way must land
+	// first, or it would give up the lease about to be granted.
+	c.mu.Lock()
+	releasing := c.releasing
+	c.mu.Unlock()
+	if releasing != nil {
+		select {
+		case <-releasing:
+		case <-c.stop:
+			return DownReachable
+		case <-c.n.done:
+			return DownReachable
+		}
+	}
 	callTimeout := leaseCallTimeout(c.cfg.StableAfter)
 	ctx, cancel := context.WithTimeout(c.n.ctx, callTimeout)
 	defer cancel()
+	go func() { // Close does not wait for the call
+		select {
+		case <-c.stop:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
 	owner := c.n.uid.String()
 	acquired, err := c.cfg.Lease.Acquire(ctx, owner)
 	if err != nil {
@@ -130,9 +167,10 @@ func (c *Cluster) decide(s DowningStrategy, v SplitView) Downing {
 		return DownReachable
 	}
 	if !acquired {
+		c.n.log.Warn("troupe: the lease was denied (the other side holds it); downing this side")
 		return DownReachable
 	}
-	if late := time.Since(start); late > delay+callTimeout+c.pauseBudget() {
+	if late := time.Since(start) - delay - callTimeout; stood+late > c.pauseBudget() {
 		// The answer came, but this process stood still on the way: the
 		// other side's hold may have ended before the lease was granted.
 		c.n.log.Warn("troupe: the lease was granted after this process stood still; giving it back and downing this side", "took", late.String())
@@ -190,17 +228,50 @@ func (c *Cluster) releaseLeaseLocked(now time.Time) {
 		}
 	}
 	c.leaseHeld, c.leaseDowned, c.leaseLost = false, nil, nil
-	c.releaseLease(c.n.uid.String())
+	c.releaseLeaseAfterLocked(c.n.uid.String(), 0)
 }
 
 // releaseLease gives the lease up on a goroutine of the node's.
 func (c *Cluster) releaseLease(owner string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.releaseLeaseAfterLocked(owner, 0)
+}
+
+// releaseLeaseAfterLocked gives the lease up on a goroutine of the
+// node's, after wait; c.releasing is closed once it is done.
+func (c *Cluster) releaseLeaseAfterLocked(owner string, wait time.Duration) {
 	lease, timeout := c.cfg.Lease, leaseCallTimeout(c.cfg.StableAfter)
+	done := make(chan struct{})
+	c.releasing = done
 	c.n.wg.Go(func() {
+		defer close(done)
+		if wait > 0 {
+			t := time.NewTimer(wait)
+			defer t.Stop()
+			select {
+			case <-t.C:
+			case <-c.n.done:
+				return // the node's keep-alive ends with it: the lease expires by its TTL
+			}
+		}
 		ctx, cancel := context.WithTimeout(c.n.ctx, timeout)
 		defer cancel()
 		if err := lease.Release(ctx, owner); err != nil {
 			c.n.log.Warn("troupe: could not release the cluster lease", "err", err)
 		}
 	})
+}
+
+// keepLeaseThroughHold: this member stops while holding the lease for a
+// decision; it is released once the hold has passed, not before (the
+// other side may still be deciding), nor never (it would decide the next
+// split).
+func (c *Cluster) keepLeaseThroughHold() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.leaseHeld {
+		c.leaseHeld, c.leaseDowned, c.leaseLost = false, nil, nil
+		c.releaseLeaseAfterLocked(c.n.uid.String(), time.Until(c.leaseAt.Add(c.cfg.LeaseReleaseAfter)))
+	}
 }

@@ -1,6 +1,8 @@
 package troupe
 
 import (
+	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -9,12 +11,12 @@ func TestLeaseHoldCoversTheOtherSidesDecision(t *testing.T) {
 	cases := []struct {
 		stable, unstable, delay, want time.Duration
 	}{
-		// The defaults: 20 s stable, 15 s unstable, 2 s delay, 20 s call.
-		{20 * time.Second, 15 * time.Second, 2 * time.Second, 57 * time.Second},
-		// The issue's: 1 s stable, 4 s unstable (the floor), 2 s delay, 1 s call.
-		{time.Second, 4 * time.Second, 2 * time.Second, 8 * time.Second},
+		// The defaults: 20 s stable, 15 s unstable, 2 s delay, 20 s call, 10 s standing still.
+		{20 * time.Second, 15 * time.Second, 2 * time.Second, 67 * time.Second},
+		// The issue's: 1 s stable, 4 s unstable (the floor), 2 s delay, 1 s call, 0.5 s.
+		{time.Second, 4 * time.Second, 2 * time.Second, 8500 * time.Millisecond},
 		// A short StableAfter still allows a whole second for the call.
-		{300 * time.Millisecond, 600 * time.Millisecond, 100 * time.Millisecond, 2 * time.Second},
+		{300 * time.Millisecond, 600 * time.Millisecond, 100 * time.Millisecond, 2150 * time.Millisecond},
 	}
 	for _, tc := range cases {
 		if got := leaseHold(tc.stable, tc.unstable, tc.delay); got != tc.want {
@@ -23,8 +25,8 @@ func TestLeaseHoldCoversTheOtherSidesDecision(t *testing.T) {
 	}
 	// The configured release time is raised to the hold, never lowered.
 	n := &Node{cfg: Config{HeartbeatInterval: time.Second}}
-	if got := (ClusterConfig{LeaseReleaseAfter: time.Second}).withDefaults(n).LeaseReleaseAfter; got != 57*time.Second {
-		t.Errorf("LeaseReleaseAfter 1 s with default timings = %v, want the hold, 57 s", got)
+	if got := (ClusterConfig{LeaseReleaseAfter: time.Second}).withDefaults(n).LeaseReleaseAfter; got != 67*time.Second {
+		t.Errorf("LeaseReleaseAfter 1 s with default timings = %v, want the hold, 67 s", got)
 	}
 	if got := (ClusterConfig{LeaseReleaseAfter: time.Hour}).withDefaults(n).LeaseReleaseAfter; got != time.Hour {
 		t.Errorf("LeaseReleaseAfter 1 h = %v, want 1 h", got)
@@ -67,5 +69,46 @@ func TestPauseMeter(t *testing.T) {
 	p.turn(at(3180+8001), interval, counted, keep)
 	if len(p.pauses) != 0 {
 		t.Errorf("a pause older than keep is remembered: %v", p.pauses)
+	}
+}
+
+// The minority's leader stands still (a stopped process, a long pause)
+// as the split begins, before it notices, for longer than the winner
+// holds the lease. When it moves again the lease is free, but it must not take it:
+// its own clock no longer says what the other side's did. It downs its
+// side instead, and there are never two sides.
+func TestAMemberThatStoodStillDoesNotRaceForTheLease(t *testing.T) {
+	r := &clusterRig{t: t, f: NewFaultNet()}
+	leaseNode := startOn(t, r.f, failConfig("lease", 20*time.Millisecond, 2*time.Second))
+	if err := ServeLeases(leaseNode); err != nil {
+		t.Fatal(err)
+	}
+	serving := time.Now()
+	r.addLeaseMembers(func(_ int, node *Node) Lease {
+		return NewNodeLease(node, leaseNode.Addrs()[0].String(), "cluster", time.Second)
+	})
+	t.Cleanup(r.f.Heal)
+	r.watchInvariant()
+	time.Sleep(time.Until(serving.Add(time.Second))) // a fresh lease server grants nothing for one ttl
+	minority := r.members[1]                         // the higher address: it waits LeaseMinorityDelay
+	if lowerAddr(minority.Self(), r.members[0].Self()) < 0 {
+		minority = r.members[0]
+	}
+	hold := minority.cfg.LeaseReleaseAfter
+	var armed, stalled atomic.Bool
+	stall := func() {
+		if armed.Load() && stalled.CompareAndSwap(false, true) {
+			time.Sleep(hold + time.Second)
+		}
+	}
+	minority.turnHook.Store(&stall)
+	armed.Store(true)
+	r.f.Partition(r.nodes[0], r.nodes[1])
+	waitFor(t, hold+15*time.Second, "the minority to stop", func() bool { return stopped(minority) })
+	if !stalled.Load() {
+		t.Fatal("the minority never stood still")
+	}
+	if err := minority.Err(); !errors.Is(err, ErrMemberDowned) {
+		t.Errorf("the minority's Err() = %v, want ErrMemberDowned", err)
 	}
 }

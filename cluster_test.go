@@ -244,10 +244,12 @@ func TestClusterLeaseMajority(t *testing.T) {
 			if err := ServeLeases(leaseNode); err != nil {
 				t.Fatal(err)
 			}
+			serving := time.Now()
 			r.addLeaseMembers(func(_ int, node *Node) Lease {
 				return NewNodeLease(node, leaseNode.Addrs()[0].String(), "cluster", time.Second)
 			})
-			t.Cleanup(r.f.Heal) // runs first: the nodes close without waiting on a cut network
+			t.Cleanup(r.f.Heal)                              // runs first: the nodes close without waiting on a cut network
+			time.Sleep(time.Until(serving.Add(time.Second))) // a fresh lease server grants nothing for one ttl
 			for _, i := range tc.cutLease {
 				r.f.Partition(r.nodes[i], leaseNode)
 			}
@@ -322,6 +324,17 @@ func TestDownedMemberCannotRejoinWithTheSameUID(t *testing.T) {
 		}
 		return false
 	})
+	// At its removal the survivors end their association with it (the
+	// watchers of its actors hear of it); it then quarantines them, as a
+	// node no longer in a cluster does. Lift that, and knock again.
+	waitFor(t, 10*time.Second, "the downed member to quarantine the survivor", func() bool {
+		for _, q := range downed.Quarantined() {
+			if q.UID == r.nodes[0].UID() {
+				return true
+			}
+		}
+		return false
+	})
 	downed.ClearQuarantineUID(r.nodes[0].UID())
 	again, err := StartCluster(ctxT(t, 5*time.Second), downed, ClusterConfig{Seeds: []string{r.nodes[0].Addrs()[0].String()}, GossipInterval: 20 * time.Millisecond, Detector: clusterDetector})
 	if err != nil {
@@ -331,7 +344,7 @@ func TestDownedMemberCannotRejoinWithTheSameUID(t *testing.T) {
 	select {
 	case <-again.Done():
 	case <-time.After(10 * time.Second):
-		t.Fatalf("a downed incarnation was never told: it sees itself %v", again.Self().Status)
+		t.Fatalf("a downed incarnation was never told: it sees itself %v; quarantined %v; peers %+v", again.Self().Status, downed.Quarantined(), downed.Stats().Peers)
 	}
 	if err := again.Err(); !errors.Is(err, ErrMemberDowned) {
 		t.Fatalf("Err() = %v, want ErrMemberDowned", err)

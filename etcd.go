@@ -24,6 +24,7 @@ type EtcdLease struct {
 	mu      sync.Mutex
 	owner   string
 	leaseID string
+	until   time.Time // when etcd expires it at the latest, counted from the asking
 	lost    chan struct{}
 	stop    chan struct{}
 	wg      sync.WaitGroup // the keep-alive goroutine
@@ -69,6 +70,7 @@ func (l *EtcdLease) Acquire(ctx context.Context, owner string) (bool, error) {
 		return true, nil
 	}
 	var grant struct{ ID string }
+	asked := time.Now()
 	if err := l.post(ctx, "/v3/lease/grant", map[string]any{"TTL": int64(l.ttl / time.Second)}, &grant); err != nil {
 		return false, err
 	}
@@ -94,7 +96,7 @@ func (l *EtcdLease) Acquire(ctx context.Context, owner string) (bool, error) {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.owner, l.leaseID = owner, grant.ID
+	l.owner, l.leaseID, l.until = owner, grant.ID, asked.Add(l.ttl.Truncate(time.Second))
 	l.stop = make(chan struct{})
 	stop := l.stop
 	l.wg.Go(func() { l.keepAlive(owner, grant.ID, stop) })
@@ -106,8 +108,16 @@ func (l *EtcdLease) keepAlive(owner, id string, stop chan struct{}) {
 		var res struct {
 			Result struct{ TTL string }
 		}
+		asked := time.Now()
 		err := l.post(ctx, "/v3/lease/keepalive", map[string]any{"ID": id}, &res)
 		ttl, _ := strconv.Atoi(res.Result.TTL)
+		if err == nil && ttl > 0 {
+			l.mu.Lock()
+			if l.owner == owner {
+				l.until = asked.Add(time.Duration(ttl) * time.Second)
+			}
+			l.mu.Unlock()
+		}
 		return ttl > 0, err
 	}, func() {
 		l.mu.Lock()
@@ -154,7 +164,14 @@ func (l *EtcdLease) Close() error {
 func (l *EtcdLease) CheckHeld(owner string) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return owner != "" && l.owner == owner
+	return owner != "" && l.owner == owner && heldUntil(l.until, l.ttl)
+}
+
+// heldUntil reports whether a lease that expires at until at the latest
+// still counts as held: not within a fifth of its ttl of expiring, so that
+// a holder stops relying on it before anyone else can be granted it.
+func heldUntil(until time.Time, ttl time.Duration) bool {
+	return time.Now().Before(until.Add(-ttl / 5))
 }
 
 // Lost returns a channel closed when the held lease is lost.

@@ -58,17 +58,21 @@ func init() {
 // ServeLeases makes n serve leases at [LeasePath], for [NewNodeLease]
 // clients — for example on a dedicated registrar, so that the lease lives
 // on a third machine outside any partition of the cluster, with no extra
-// software.
+// software. It grants nothing for the first ttl of each request after it
+// starts: a restarted server may have forgotten a grant that still runs.
 func ServeLeases(n *Node) error {
 	type held struct {
 		owner   string
 		expires time.Time
 	}
 	table := map[string]held{}
+	started := time.Now()
 	_, err := Spawn(systemParent{n}, "lease", Behavior[leaseRequest]{Receive: func(_ *Context[leaseRequest], r leaseRequest) {
 		now := time.Now()
 		cur, ok := table[r.Name]
-		free := !ok || now.After(cur.expires) || cur.owner == r.Owner
+		// A server that has just started may have forgotten a grant of
+		// its previous run that still runs: it grants nothing for one ttl.
+		free := (!ok || now.After(cur.expires) || cur.owner == r.Owner) && now.Sub(started) >= r.TTL
 		granted := false
 		switch r.Op {
 		case leaseOpAcquire, leaseOpRenew:
@@ -218,11 +222,12 @@ func (l *NodeLease) Release(ctx context.Context, owner string) error {
 
 // CheckHeld reports whether owner holds the lease through this client:
 // it took it, and the last renewal the server granted still runs, counted
-// from when it was asked for (so never past the server's own expiry).
+// from when it was asked for (so never past the server's own expiry),
+// for more than a fifth of the ttl.
 func (l *NodeLease) CheckHeld(owner string) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.owner == owner && owner != "" && time.Now().Before(l.until)
+	return l.owner == owner && owner != "" && heldUntil(l.until, l.ttl)
 }
 
 // Lost returns a channel closed when the held lease is lost.

@@ -4,7 +4,9 @@ import (
 	"cmp"
 	"fmt"
 	"hash/fnv"
+	"maps"
 	"slices"
+	"strings"
 	"time"
 )
 
@@ -24,6 +26,18 @@ type membership struct {
 	changed  time.Time               // when the state last changed
 	unstable time.Time               // when members first became unreachable (zero if none)
 	decided  bool                    // the downing strategy already acted for this split
+	// decidedOn is the unreachable set the decision was about: when it
+	// changes (a member fails after the decision), there is a new split.
+	decidedOn string
+}
+
+// unreachableKey names the current set of unreachable live members.
+func (ms *membership) unreachableKey() string {
+	var b strings.Builder
+	for _, uid := range slices.SortedFunc(maps.Keys(ms.unreachable()), compareUID) {
+		b.Write(uid[:])
+	}
+	return b.String()
 }
 
 // reachRecord is one observer's view: whom it cannot reach, versioned so
@@ -421,6 +435,9 @@ func (ms *membership) nextDowning(now time.Time, strategy bool, t timing) downin
 	if self.Status >= MemberExiting {
 		return stepStop
 	}
+	if ms.decided && ms.unreachableKey() != ms.decidedOn {
+		ms.decided = false // members failed after the decision: a new split
+	}
 	if !strategy || ms.decided || len(ms.unreachable()) == 0 {
 		return stepWait
 	}
@@ -557,9 +574,10 @@ func (ms *membership) gossipTargets(fanout int, pick func(n int) int) (to []Node
 // unreachable member that blocks convergence: once, when it has blocked
 // it for StableAfter, in the log, and for as long as it lasts in Stats.
 type blockedNote struct {
-	key   string    // the blocking members' addresses, "" when not blocked
-	since time.Time // when this set began to block
-	text  string    // shown once logged
+	key    string    // the blocking members' addresses, "" when not blocked
+	since  time.Time // when this set began to block
+	text   string    // what Stats shows
+	logged bool      // text was logged
 }
 
 // blockedBy is the sorted addresses of the live members that are

@@ -216,7 +216,8 @@ func TestNextDowning(t *testing.T) {
 		{"stable, on the unreachable side", split(3), 100, true, stepWait},
 		{"unstable too long, the side leader", split(1), 501, true, stepDownAll},
 		{"unstable too long, no side leader here", split(3), 501, true, stepSelf},
-		{"already decided", func() membership { st := split(1); st.decided = true; return st }(), 1000, true, stepWait},
+		{"already decided", func() membership { st := split(1); st.decided, st.decidedOn = true, st.unreachableKey(); return st }(), 1000, true, stepWait},
+		{"decided, then another member failed: a new split", func() membership { st := split(1); st.decided, st.decidedOn = true, "an earlier set"; return st }(), 100, true, stepDecide},
 		{"this member is down", func() membership { st := split(1); st.members[uidOf(1)].Status = MemberDown; return st }(), 0, true, stepStop},
 		{"no split", state(1, memberOf(1, MemberUp, 1), memberOf(2, MemberUp, 2)), 1000, true, stepWait},
 	}

@@ -400,7 +400,9 @@ func (z *nemesis) check(stop <-chan struct{}) {
 			var holders []string
 			z.mu.Lock()
 			for _, m := range z.members {
-				if m.running() && m.lease.CheckHeld(m.uid()) {
+				// Any member whose node still runs, stopped by the
+				// schedule or not: a leaving holder may hold it still.
+				if m.node.Alive() == nil && m.lease.CheckHeld(m.uid()) {
 					holders = append(holders, m.name)
 				}
 			}
