@@ -270,22 +270,22 @@ func leaseSplit(t *testing.T, size int, reach string, rep int) {
 		if len(survivors) == 0 {
 			return true
 		}
+		alive := map[troupe.NodeUID]bool{}
 		for _, i := range survivors {
+			alive[nodes[i].UID()] = true
+		}
+		for _, i := range survivors {
+			// Each survivor sees exactly the survivors up (itself among
+			// them: one that has just downed itself is not a survivor
+			// yet to stop), and nobody unreachable.
 			c := members[i]
 			if len(c.Unreachable()) > 0 {
 				return false
 			}
-			up := 0
 			for _, m := range c.Members() {
-				switch {
-				case m.Status == troupe.MemberUp:
-					up++
-				case m.Status < troupe.MemberDown:
+				if (m.Status == troupe.MemberUp) != alive[m.UID] || m.Status < troupe.MemberDown && m.Status != troupe.MemberUp {
 					return false
 				}
-			}
-			if up != len(survivors) {
-				return false
 			}
 		}
 		return slices.Equal(survivors, sides[0]) || slices.Equal(survivors, sides[1])
