@@ -96,6 +96,7 @@ type procSlot struct {
 	host    *hostnet.Host
 	name    string
 	node    *nsNode
+	shut    bool // told to shut down: its process lives on, with its node closed
 	paused  bool
 	dead    bool // killed or shut down, not yet restarted
 	stopped bool // its cluster stopped (downed or left)
@@ -124,6 +125,29 @@ const procHB = 100 * time.Millisecond
 func (s *procSlot) start(z *procNemesis, seed string) {
 	z.t.Helper()
 	z.started++
+	if old := s.node; old != nil {
+		// The address is free once the old node has closed: a killed
+		// process has exited, a shut down one has said so.
+		if s.shut {
+			deadline := time.After(20 * time.Second)
+			for done := false; !done; {
+				select {
+				case l := <-old.lines:
+					done = l == "SHUTDOWN"
+				case <-old.ended:
+					done = true
+				case <-deadline:
+					z.t.Fatalf("%s did not finish its shutdown within 20 s", s.name)
+				}
+			}
+		} else {
+			select {
+			case <-old.ended:
+			case <-time.After(10 * time.Second):
+			}
+		}
+	}
+	s.shut = false
 	s.node = startNSViews(z.t, s.host, s.name, 7000, procHB, 10*time.Second, z.take)
 	s.dead, s.paused, s.stopped = false, false, false
 	go func(nn *nsNode) { // CLUSTERSTOPPED and the like, until its output ends
@@ -286,7 +310,7 @@ func (z *procNemesis) step() {
 		s := live[0]
 		z.note("shutdown " + s.name)
 		fmt.Fprintln(s.node.stdin, "shutdown")
-		s.dead = true
+		s.dead, s.shut = true, true
 		z.forget(s)
 	default: // restart one dead member at its address
 		for _, s := range z.slots {
@@ -327,7 +351,7 @@ func (z *procNemesis) healAll() {
 	for _, s := range z.slots {
 		if !s.dead && z.clusterStopped(s) {
 			fmt.Fprintln(s.node.stdin, "shutdown") // downed: its node goes, as CloseNodeOnDown would
-			s.dead = true
+			s.dead, s.shut = true, true
 			z.forget(s)
 		}
 	}
@@ -421,7 +445,7 @@ func (z *procNemesis) waitConverged(within time.Duration) {
 		for _, s := range z.slots {
 			if !s.dead && z.clusterStopped(s) {
 				fmt.Fprintln(s.node.stdin, "shutdown")
-				s.dead = true
+				s.dead, s.shut = true, true
 				z.forget(s)
 				z.restart(s)
 			}
