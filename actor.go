@@ -72,6 +72,9 @@ type Signal interface{ isSignal() }
 // normally; otherwise it says why: a [*PanicError], [ErrParentStopped],
 // [ErrNodeClosed], [ErrPeerLeft] when the actor's node closed gracefully,
 // [ErrNoSuchActor] when it did not exist, or the error that ended the link.
+// One reason is no stop: [ErrWatchRefused] says that the watch could not be
+// placed on the actor's node (see [Config.MaxWatchesPerPeer]); the actor
+// may still run.
 type Terminated struct {
 	Ref    AnyRef
 	Reason error

@@ -135,6 +135,10 @@ type assoc struct {
 	// binding (n.pmu): an outbound association made for a ref read from
 	// a message, not yet dialed: counted in n.bindings, not n.outbound.
 	binding bool
+	// refsOf (n.pmu) is the peer whose refs made this binding; dialFor
+	// is that peer once the binding dials, counted in n.refDials until
+	// the association ends. Zero for this node's own dials.
+	refsOf, dialFor NodeUID
 
 	// mu guards everything below up to the writer's fields.
 	mu    sync.Mutex
@@ -156,7 +160,7 @@ type assoc struct {
 	watches    map[watchPair]struct{}
 	// watchedBy holds the watches the peer's actors placed on this node's
 	// actors, so that they are dropped when the session ends.
-	watchedBy map[inWatch]*handle
+	watchedBy watchSet
 
 	wake       chan struct{} // capacity 1: the writer has work
 	stop       chan struct{} // closed when the session ends or is suspended: the writer exits
@@ -309,7 +313,7 @@ func (a *assoc) label() string {
 // assocFor returns the association to use for addr, starting a dial if
 // there is none. Messages may be queued on it at once.
 func (n *Node) assocFor(addr Addr) (*assoc, error) {
-	a, err := n.assocAt(addr, true)
+	a, err := n.assocAt(addr, true, NodeUID{})
 	if err != nil {
 		return nil, err
 	}
@@ -323,7 +327,10 @@ func (n *Node) assocFor(addr Addr) (*assoc, error) {
 // naming addresses). New outbound associations are bounded by
 // [Config.MaxOutboundConns]. With wait, a check in progress of a peer's
 // claim to addr is waited for first (never from a reader: wait false).
-func (n *Node) assocAt(addr Addr, wait bool) (*assoc, error) {
+// Without wait, the association is for a ref in a message from the peer
+// from: a new one is charged to it when it dials
+// ([Config.MaxRefDialsPerPeer]).
+func (n *Node) assocAt(addr Addr, wait bool, from NodeUID) (*assoc, error) {
 	n.pmu.Lock()
 	defer n.pmu.Unlock()
 	if cl := n.claims[addr]; wait && cl != nil && !n.pclosing && n.byAddr[addr] == nil {
@@ -340,6 +347,9 @@ func (n *Node) assocAt(addr Addr, wait bool) (*assoc, error) {
 		return nil, ErrNodeClosed
 	}
 	if a := n.byAddr[addr]; a != nil {
+		if wait {
+			n.ownDial(a)
+		}
 		return a, nil
 	}
 	if q := n.quarantineFor(NodeUID{}, addr); q != nil {
@@ -353,7 +363,7 @@ func (n *Node) assocAt(addr Addr, wait bool) (*assoc, error) {
 			return nil, fmt.Errorf("%s: %w: %d refs to nodes never dialed (Config.MaxOutboundConns)", addr, ErrTooManyConns, n.bindings)
 		}
 		a := newAssoc(n, true, addr)
-		a.binding = true
+		a.binding, a.refsOf = true, from
 		n.bindings++
 		n.byAddr[addr] = a
 		n.all[a] = struct{}{}
@@ -404,7 +414,39 @@ func (n *Node) forgetAssoc(a *assoc) {
 		case a.outbound:
 			n.outbound--
 		}
+		n.ownDial(a)
 	}
+}
+
+// ownDial makes a this node's own association, no longer charged to the
+// peer whose refs made it (pmu held).
+func (n *Node) ownDial(a *assoc) {
+	a.refsOf = NodeUID{}
+	if p := a.dialFor; p != (NodeUID{}) {
+		a.dialFor = NodeUID{}
+		if n.refDials[p]--; n.refDials[p] <= 0 {
+			delete(n.refDials, p)
+		}
+	}
+}
+
+// chargeRefDial charges the first dial of a, a binding, to the peer whose
+// refs made it; an error when that peer's refs hold their bound (pmu
+// held).
+func (n *Node) chargeRefDial(a *assoc) error {
+	p := a.refsOf
+	if p == (NodeUID{}) {
+		return nil
+	}
+	if k := n.refDials[p]; k >= n.cfg.MaxRefDialsPerPeer {
+		return fmt.Errorf("%s: %w: refs sent by peer %s already hold %d connections (Config.MaxRefDialsPerPeer)", a.dialAddr, ErrTooManyConns, p.String()[:8], k)
+	}
+	if n.refDials == nil {
+		n.refDials = make(map[NodeUID]int)
+	}
+	n.refDials[p]++
+	a.dialFor = p
+	return nil
 }
 
 // finish releases what every ended session releases: its place in the
@@ -497,6 +539,9 @@ func (a *assoc) removePending(p pendingAsk) {
 
 // watch registers watcher's interest in the remote actor target.
 func (a *assoc) watch(target, watcher *handle) error {
+	if len(watcher.key.path) > maxWatchPath {
+		return fmt.Errorf("%w: the watcher's path is %d bytes; at most %d cross to another node", ErrWatchRefused, len(watcher.key.path), maxWatchPath)
+	}
 	a = a.lockTarget()
 	if a.state >= assocLeaving {
 		a.mu.Unlock()
@@ -529,7 +574,7 @@ func (a *assoc) signal(h *handle, m sysMsg) {
 		return
 	}
 	a.mu.Lock()
-	delete(a.watchedBy, inWatch{m.key.path, m.key.uuid, h.key.path})
+	a.watchedBy.remove(inWatch{m.key.path, m.key.uuid, h.key.path})
 	a.mu.Unlock()
 	ask := strings.HasPrefix(h.key.path, "/temp/")
 	if m.reason == ErrNodeClosed && a.n.isClosed() && !ask {
@@ -643,8 +688,8 @@ func (a *assoc) fail(err error) {
 	a.err = err
 	unacked, out, queue := a.takeHeld()
 	pending, resolves, watches := a.pending, a.resolves, a.watches
-	watchedBy := a.watchedBy
-	a.pending, a.resolves, a.watches, a.watchedBy = nil, nil, nil, nil
+	watchedBy := a.watchedBy.take()
+	a.pending, a.resolves, a.watches = nil, nil, nil
 	a.mu.Unlock()
 	a.dropWatchedBy(watchedBy)
 	if end.quarantine {

@@ -27,6 +27,11 @@ func (a *assoc) runOutbound() {
 			a.fail(fmt.Errorf("%s: %w: %d outbound associations (Config.MaxOutboundConns)", a.dialAddr, ErrTooManyConns, n.outbound))
 			return
 		}
+		if err := n.chargeRefDial(a); err != nil {
+			n.pmu.Unlock()
+			a.fail(err)
+			return
+		}
 		n.bindings--
 		a.binding = false
 		n.outbound++
@@ -550,8 +555,8 @@ func (a *assoc) mergeInto(w *assoc) {
 	} else {
 		moved = a.takeQueue()
 	}
-	pending, watches, resolves, watchedBy := a.pending, a.watches, a.resolves, a.watchedBy
-	a.pending, a.watches, a.resolves, a.watchedBy = map[pendingAsk]struct{}{}, map[watchPair]struct{}{}, map[uint64]chan resolveAnswer{}, nil
+	pending, watches, resolves, watchedBy := a.pending, a.watches, a.resolves, a.watchedBy.take()
+	a.pending, a.watches, a.resolves = map[pendingAsk]struct{}{}, map[watchPair]struct{}{}, map[uint64]chan resolveAnswer{}
 	t := w.lockTarget() // lock order: a, then the winner
 	resuming := suspended && t.resumes == a
 	if t.state >= assocLeaving {
@@ -588,10 +593,7 @@ func (a *assoc) mergeInto(w *assoc) {
 			t.pending[p] = struct{}{}
 		}
 		maps.Copy(t.resolves, resolves)
-		if len(watchedBy) > 0 && t.watchedBy == nil {
-			t.watchedBy = make(map[inWatch]*handle)
-		}
-		maps.Copy(t.watchedBy, watchedBy)
+		t.watchedBy.merge(watchedBy)
 		for p := range watches {
 			t.watches[p] = struct{}{}
 		}

@@ -190,6 +190,21 @@ type Config struct {
 	// take the room of this node's own dials. Default: 4096.
 	MaxOutboundConns int
 
+	// MaxRefDialsPerPeer bounds the outbound associations (dialing or up)
+	// that refs received from one peer may cause at once: refs inside its
+	// messages to nodes this node had no association with, once used. A
+	// send through one more is a [DeadLetter] whose reason wraps
+	// [ErrTooManyConns]; this node's own dials (Resolve, lookups, the
+	// cluster) never count. Default: 256.
+	MaxRefDialsPerPeer int
+
+	// MaxWatchesPerPeer bounds the watches one peer's actors may place on
+	// this node's actors (and, whatever their count, they may hold at most
+	// 16 MiB of watcher paths; one watcher path is at most 1 KiB). One
+	// more is answered at once with a [Terminated] whose reason wraps
+	// [ErrWatchRefused]. Default: 65,536.
+	MaxWatchesPerPeer int
+
 	// MaxPendingHandshakes bounds the inbound connections still in their
 	// handshake, and one source IP may hold at most a quarter of them (at
 	// least 4); one more is closed at once. Each is also closed after
@@ -270,6 +285,12 @@ func (c Config) withDefaults() Config {
 	if c.MaxPendingHandshakes == 0 {
 		c.MaxPendingHandshakes = 128
 	}
+	if c.MaxRefDialsPerPeer == 0 {
+		c.MaxRefDialsPerPeer = 256
+	}
+	if c.MaxWatchesPerPeer == 0 {
+		c.MaxWatchesPerPeer = 65536
+	}
 	return c
 }
 
@@ -277,6 +298,8 @@ func (c Config) validate() error {
 	switch {
 	case c.MaxFrameSize < 1024 || c.MaxFrameSize > 1<<30:
 		return fmt.Errorf("%w: MaxFrameSize %d is outside 1 KiB to 1 GiB", ErrBadConfig, c.MaxFrameSize)
+	case c.MaxRefDialsPerPeer < 0 || c.MaxWatchesPerPeer < 0 || c.MaxInboundConns < 0 || c.MaxOutboundConns < 0 || c.MaxPendingHandshakes < 0:
+		return fmt.Errorf("%w: a negative connection or watch bound", ErrBadConfig)
 	case c.DialTimeout < 0 || c.HandshakeTimeout < 0 || c.RegistryTimeout < 0:
 		return fmt.Errorf("%w: negative timeout", ErrBadConfig)
 	case len(c.Name) > 255:
@@ -352,6 +375,9 @@ type Node struct {
 	pclosing bool
 	outbound int // outbound associations dialing or up, not yet finished
 	bindings int // outbound associations bound to refs read from messages, never dialed
+	// refDials counts, by peer, the outbound associations its refs made
+	// dial, live (see Config.MaxRefDialsPerPeer).
+	refDials map[NodeUID]int
 	// claims are the announced addresses of inbound peers being checked
 	// by a dial-back probe (proveClaims).
 	claims map[Addr]*claim

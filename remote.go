@@ -346,48 +346,6 @@ func (n *Node) localRefString(path string) string {
 	return "troupe:" + path
 }
 
-func (a *assoc) onWatch(kind frameKind, b []byte) error {
-	n := a.n
-	wb, err := parseWatch(kind, b)
-	if err != nil {
-		return err
-	}
-	path, uuid, wpath := wb.path, wb.uuid, wb.watcher
-	watcher := &handle{node: n, key: refKey{node: a.peerUID, path: wpath}, assoc: a}
-	h := n.lookup(path, uuid)
-	w := inWatch{path, uuid, wpath}
-	if kind == frameUnwatch {
-		a.mu.Lock()
-		delete(a.watchedBy, w)
-		a.mu.Unlock()
-		if h != nil {
-			h.local.watchHandle().local.sysPush(sysMsg{kind: sysUnwatch, ref: watcher})
-		}
-		return nil
-	}
-	reason := ErrNoSuchActor
-	if h != nil {
-		a.mu.Lock()
-		live := a.state < assocClosed
-		if live {
-			if a.watchedBy == nil {
-				a.watchedBy = make(map[inWatch]*handle)
-			}
-			a.watchedBy[w] = h.local.watchHandle()
-		}
-		a.mu.Unlock()
-		if live && h.local.watchHandle().local.sysPush(sysMsg{kind: sysWatch, ref: watcher}) {
-			return nil
-		}
-		a.mu.Lock()
-		delete(a.watchedBy, w)
-		a.mu.Unlock()
-		reason = ErrActorStopped
-	}
-	a.signal(watcher, sysMsg{kind: sysTerminated, key: refKey{node: n.uid, path: path, uuid: uuid}, reason: reason})
-	return nil
-}
-
 func (a *assoc) onTerminated(b []byte) error {
 	n := a.n
 	wb, err := parseWatch(frameTerminated, b)
@@ -518,7 +476,7 @@ func (a *assoc) bindRef(kind byte, key refKey, addr string) *handle {
 	if err != nil || n.isOwnAddr(ad) {
 		return deadHandle(n, key)
 	}
-	via, err := n.assocAt(ad, false)
+	via, err := n.assocAt(ad, false, a.peerUID)
 	if err != nil {
 		return deadHandle(n, key)
 	}

@@ -402,7 +402,7 @@ func TestRefsInAMessageDialNothing(t *testing.T) {
 		}
 		var uid NodeUID
 		uid[0], uid[1] = byte(i), byte(i>>8)
-		a, err := attacker.assocAt(TCPAddr(addr), false) // bound lazily: the attacker dials nothing either
+		a, err := attacker.assocAt(TCPAddr(addr), false, NodeUID{}) // bound lazily: the attacker dials nothing either
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -514,7 +514,7 @@ func TestRefsInMessagesDoNotTakeTheRoomOfDials(t *testing.T) {
 	healthy := startNode(t, testConfig("tcp://127.0.0.1:0"))
 	spawnEcho(t, healthy, "echo")
 	for i := range 150 { // as a message's refs bind them: past the bound, dead refs
-		n.assocAt(TCPAddr(fmt.Sprintf("127.0.0.1:%d", 20000+i)), false)
+		n.assocAt(TCPAddr(fmt.Sprintf("127.0.0.1:%d", 20000+i)), false, NodeUID{})
 	}
 	if _, err := Resolve[testPing](ctxT(t, 5*time.Second), n, FormatRef(healthy.Addrs()[0], "/user/echo")); err != nil {
 		t.Fatalf("Resolve after 150 refs bound: %v", err)

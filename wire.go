@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 )
 
 // The byte layout is specified in wire.md; change both together.
@@ -409,6 +410,7 @@ const (
 	reasonNodeClosed                // ErrNodeClosed
 	reasonOther                     // text follows
 	reasonFailed                    // the actor failed (Terminated.Failed); text follows
+	reasonWatchRefused              // ErrWatchRefused: the watch was not placed; text follows
 )
 
 var reasonErrs = [...]error{reasonActorStopped: ErrActorStopped, reasonNoSuchActor: ErrNoSuchActor, reasonParentStopped: ErrParentStopped, reasonNodeClosed: ErrNodeClosed}
@@ -421,6 +423,9 @@ func reasonCode(err error) (byte, string) {
 		// First: a failure may wrap one of troupe's errors (an Ask's
 		// error passed to Fail), and it is still the actor's failure.
 		return reasonFailed, err.Error()
+	}
+	if errors.Is(err, ErrWatchRefused) {
+		return reasonWatchRefused, strings.TrimPrefix(err.Error(), ErrWatchRefused.Error()+": ")
 	}
 	for code, e := range reasonErrs {
 		if e != nil && errors.Is(err, e) {
@@ -446,6 +451,9 @@ func reasonErr(code byte, text string) error {
 	}
 	if int(code) < len(reasonErrs) && reasonErrs[code] != nil {
 		return reasonErrs[code]
+	}
+	if code == reasonWatchRefused {
+		return fmt.Errorf("%w: %s", ErrWatchRefused, text)
 	}
 	return &RemoteError{Text: text, Failed: code == reasonFailed}
 }

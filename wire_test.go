@@ -31,13 +31,23 @@ func TestWireValuesArePinned(t *testing.T) {
 	}{
 		{"refNil", refNil, 0}, {"refSender", refSender, 1}, {"refReceiver", refReceiver, 2}, {"refThird", refThird, 3},
 		{"refHasUUID", refHasUUID, 0x80}, {"rejectDuplicate", rejectDuplicate, 1}, {"rejectAuth", rejectAuth, 4}, {"rejectQuarantined", rejectQuarantined, 5},
-		{"reasonNodeClosed", reasonNodeClosed, 4}, {"reasonOther", reasonOther, 5}, {"reasonFailed", reasonFailed, 6}, {"byeDuplicate", byeDuplicate, 1},
+		{"reasonNodeClosed", reasonNodeClosed, 4}, {"reasonOther", reasonOther, 5}, {"reasonFailed", reasonFailed, 6}, {"reasonWatchRefused", reasonWatchRefused, 7}, {"byeDuplicate", byeDuplicate, 1},
 		{"resolveWrongType", resolveWrongType, 2}, {"protocolVersion", protocolVersion, 1},
 	}
 	for _, p := range pinned {
 		if p.got != p.want {
 			t.Errorf("%s = %d, want %d", p.name, p.got, p.want)
 		}
+	}
+	// A refused watch keeps its sentinel and its text across the wire; a
+	// code this node does not know reads as text.
+	refused := fmt.Errorf("%w: the watched node holds 3 watches", ErrWatchRefused)
+	code, text := reasonCode(refused)
+	if back := reasonErr(code, text); code != reasonWatchRefused || !errors.Is(back, ErrWatchRefused) || back.Error() != refused.Error() {
+		t.Errorf("a refused watch crosses as %d %q and reads back as %v", code, text, back)
+	}
+	if back := reasonErr(200, "from a newer node"); back == nil || back.Error() != "from a newer node" {
+		t.Errorf("an unknown reason code reads as %v", back)
 	}
 }
 

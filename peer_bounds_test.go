@@ -1,0 +1,352 @@
+package troupe
+
+import (
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+	"reflect"
+	"runtime"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// What one connected peer can make this node hold or do is bounded per
+// peer (issue #34): the watches it places, and the dials the refs it sends
+// cause.
+
+// watchFrames returns n watch frames of the actor at path, from watchers
+// whose paths are prefix followed by a number.
+func watchFrames(path string, uuid UUID, prefix string, from, n int) []byte {
+	var b []byte
+	for i := from; i < from+n; i++ {
+		b = appendWhole(b, appendWatch(nil, frameWatch, watchBody{path: path, uuid: uuid, watcher: fmt.Sprintf("%s%d", prefix, i)}))
+	}
+	return b
+}
+
+// refusedWatches reads c until it has seen want terminated frames with the
+// watch-refused reason, and fails on any other termination.
+func refusedWatches(t *testing.T, c net.Conn, want int) {
+	t.Helper()
+	fr := newFrameReader(c, DefaultMaxFrameSize)
+	c.SetReadDeadline(time.Now().Add(20 * time.Second))
+	defer c.SetReadDeadline(time.Time{})
+	for got := 0; got < want; {
+		body, err := fr.next()
+		if err != nil {
+			t.Fatalf("after %d of %d refusals: %v", got, want, err)
+		}
+		if frameKind(body[0]) != frameTerminated {
+			continue
+		}
+		w, err := parseWatch(frameTerminated, body[1:])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if w.code != reasonWatchRefused {
+			t.Fatalf("a watch of a live actor was answered with termination code %d (%q)", w.code, w.text)
+		}
+		got++
+	}
+}
+
+func TestWatchesOfOnePeerAreBounded(t *testing.T) {
+	n := startNode(t, testConfig("tcp://127.0.0.1:0"))
+	target := spawnEcho(t, n, "watched")
+	key := target.h.key
+	held := func() (count, bytes int) {
+		n.pmu.Lock()
+		all := make([]*assoc, 0, len(n.all))
+		for a := range n.all {
+			all = append(all, a)
+		}
+		n.pmu.Unlock()
+		for _, a := range all {
+			a.mu.Lock()
+			count, bytes = max(count, len(a.watchedBy.m)), max(bytes, a.watchedBy.bytes)
+			a.mu.Unlock()
+		}
+		return
+	}
+
+	t.Run("count", func(t *testing.T) {
+		c, _ := rawPeer(t, n, false)
+		limit := n.cfg.MaxWatchesPerPeer
+		if limit != 65536 {
+			t.Fatalf("MaxWatchesPerPeer defaults to %d", limit)
+		}
+		// The same watch twice is one watch.
+		c.Write(watchFrames(key.path, key.uuid, "/user/w", 0, 1))
+		c.Write(watchFrames(key.path, key.uuid, "/user/w", 0, limit))
+		c.Write(watchFrames(key.path, key.uuid, "/user/w", limit, 10))
+		refusedWatches(t, c, 10)
+		if count, _ := held(); count != limit {
+			t.Fatalf("the node holds %d watches of the peer, want %d", count, limit)
+		}
+	})
+
+	t.Run("path bytes", func(t *testing.T) {
+		c, _ := rawPeer(t, n, false)
+		long := "/user/" + strings.Repeat("w", maxWatchPath-16)
+		fit := maxWatchBytes / (len(long) + 5)
+		c.Write(watchFrames(key.path, key.uuid, long, 10000, fit+3))
+		refusedWatches(t, c, 3)
+		if _, bytes := held(); bytes > maxWatchBytes {
+			t.Fatalf("the node holds %d bytes of the peer's watcher paths, more than %d", bytes, maxWatchBytes)
+		}
+	})
+
+	t.Run("path length", func(t *testing.T) {
+		errs := make(chan ProtocolError, 1)
+		SubscribeChan(n.Events(), errs)
+		c, _ := rawPeer(t, n, false)
+		c.Write(watchFrames(key.path, key.uuid, "/user/"+strings.Repeat("w", 1<<20), 0, 1))
+		expectClosed(t, c)
+		recv(t, errs, "a protocol error for a 1 MiB watcher path")
+	})
+
+	// Another node's watches are untouched by all this, and an actor
+	// whose path cannot cross is told so at once.
+	other := startNode(t, testConfig("tcp://127.0.0.1:0"))
+	remote, err := Resolve[testPing](ctxT(t, 5*time.Second), other, FormatRef(n.Addrs()[0], "/user/watched"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan error, 2)
+	near, _ := watcherOf(remote, got)
+	if _, err := Spawn(other, "near", near); err != nil {
+		t.Fatal(err)
+	}
+	// A watcher five levels deep under 250-byte names: a path over 1 KiB.
+	var nest func(depth int) Behavior[testPing]
+	nest = func(depth int) Behavior[testPing] {
+		if depth == 5 {
+			b, _ := watcherOf(remote, got)
+			return b
+		}
+		return Behavior[testPing]{
+			Setup: func(c *Context[testPing]) {
+				if _, err := Spawn(c, fmt.Sprintf("%s%d", strings.Repeat("d", 250), depth), nest(depth+1)); err != nil {
+					got <- err
+				}
+			},
+			Receive: func(*Context[testPing], testPing) {},
+		}
+	}
+	if _, err := Spawn(other, "deep", nest(0)); err != nil {
+		t.Fatal(err)
+	}
+	if err := recv(t, got, "the deep watcher's refusal"); !errors.Is(err, ErrWatchRefused) {
+		t.Fatalf("a watcher with a path over 1 KiB got %v, want ErrWatchRefused", err)
+	}
+	n.Close()
+	if err := recv(t, got, "the near watcher's termination"); errors.Is(err, ErrWatchRefused) {
+		t.Fatalf("the near watcher got %v", err)
+	}
+}
+
+// watcherOf is an actor that watches r and reports the reason of the
+// Terminated it gets.
+func watcherOf(r AnyRef, got chan<- error) (Behavior[testPing], error) {
+	return Behavior[testPing]{
+		Setup:   func(c *Context[testPing]) { c.Watch(r) },
+		Receive: func(*Context[testPing], testPing) {},
+		Signal: func(c *Context[testPing], s Signal) {
+			if t, ok := s.(Terminated); ok {
+				got <- t.Reason
+			}
+		},
+	}, nil
+}
+
+type refList struct{ Refs []Ref[testPing] }
+
+func init() { RegisterMessage[refList]("troupe.test.reflist") }
+
+// holdingListeners starts k listeners that accept connections and never
+// answer: a dial to one succeeds and its handshake waits.
+func holdingListeners(t *testing.T, k int) []Addr {
+	t.Helper()
+	var addrs []Addr
+	done := make(chan struct{})
+	for range k {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { l.Close() })
+		addrs = append(addrs, TCPAddr(l.Addr().String()))
+		go func() {
+			for {
+				c, err := l.Accept()
+				if err != nil {
+					return
+				}
+				go func() { <-done; c.Close() }() // held until the test ends
+			}
+		}()
+	}
+	t.Cleanup(func() { close(done) })
+	return addrs
+}
+
+func TestRefsFromOnePeerCauseBoundedDials(t *testing.T) {
+	n := startNode(t, testConfig("tcp://127.0.0.1:0"))
+	limit := n.cfg.MaxRefDialsPerPeer
+	if limit != 256 {
+		t.Fatalf("MaxRefDialsPerPeer defaults to %d", limit)
+	}
+	dead := make(chan DeadLetter, 1024)
+	SubscribeChan(n.Events(), dead)
+	// An actor that answers every ref it is sent, as an echo does.
+	told := make(chan struct{})
+	if _, err := Spawn(n, "fan", Behavior[refList]{Receive: func(_ *Context[refList], m refList) {
+		for _, r := range m.Refs {
+			r.Tell(testPing{})
+		}
+		close(told)
+	}}); err != nil {
+		t.Fatal(err)
+	}
+	peer := startNode(t, testConfig("tcp://127.0.0.1:0"))
+	fan, err := Resolve[refList](ctxT(t, 5*time.Second), peer, FormatRef(n.Addrs()[0], "/user/fan"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m refList
+	for _, ad := range holdingListeners(t, limit+44) {
+		a, err := peer.assocAt(ad, false, NodeUID{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var key refKey
+		rand.Read(key.node[:])
+		rand.Read(key.uuid[:])
+		key.path = "/user/x"
+		m.Refs = append(m.Refs, Ref[testPing]{h: &handle{node: peer, key: key, assoc: a}})
+	}
+	fan.Tell(m)
+	recv(t, told, "the fan actor's sends")
+	outbound := func() int {
+		n.pmu.Lock()
+		defer n.pmu.Unlock()
+		return n.outbound
+	}
+	refused := 0
+	deadline := time.After(10 * time.Second)
+	for refused < 44 {
+		if o := outbound(); o > limit {
+			t.Fatalf("the refs of one peer made the node dial %d connections at once, more than %d", o, limit)
+		}
+		select {
+		case d := <-dead:
+			if !errors.Is(d.Reason, ErrTooManyConns) || !strings.Contains(d.Reason.Error(), "MaxRefDialsPerPeer") {
+				t.Fatalf("dead letter: %v", d.Reason)
+			}
+			refused++
+		case <-deadline:
+			t.Fatalf("%d of 44 sends past the bound were dead letters (ErrTooManyConns); %d dials", refused, outbound())
+		}
+	}
+	// The node's own dials are not the peer's to spend.
+	healthy := startNode(t, testConfig("tcp://127.0.0.1:0"))
+	spawnEcho(t, healthy, "echo")
+	if _, err := Resolve[testPing](ctxT(t, 5*time.Second), n, FormatRef(healthy.Addrs()[0], "/user/echo")); err != nil {
+		t.Fatalf("Resolve while the peer's refs hold their dials: %v", err)
+	}
+}
+
+// The whole attack of a peer that asks and never reads, under the default
+// Config: resolves, watches of missing actors and tells whose replies go
+// back to it, 30,000 frames a second, from a peer that heartbeats but
+// reads nothing. The node ends the session within UnreachableAfter of its
+// writer stalling, holding no more than its budgets meanwhile (issue #34,
+// item 3).
+func TestAPeerThatAsksAndNeverReads(t *testing.T) {
+	cfg := Config{Listen: []string{"tcp://127.0.0.1:0"}}
+	n := startNode(t, cfg)
+	spawnEcho(t, n, "echo")
+	ended := make(chan PeerUnreachable, 1)
+	SubscribeChan(n.Events(), ended)
+	protocol := make(chan ProtocolError, 1)
+	SubscribeChan(n.Events(), protocol)
+	c, _ := rawPeer(t, n, false)
+	c.(*net.TCPConn).SetReadBuffer(4 << 10)
+
+	// A ping whose reply goes to the peer's /user/sink, built by hand.
+	ping := binary.AppendVarint(nil, 7)
+	ping = append(ping, refSender)
+	ping = appendString(ping, "/user/sink")
+	if v, err := decodePayload(typeOf(reflect.TypeFor[testPing]()), ping); err != nil || v.(testPing).ReplyTo.h.key.path != "/user/sink" {
+		t.Fatalf("the hand-built ping decodes as %+v, %v", v, err)
+	}
+	tell := []byte{byte(frameTell), 1}
+	tell = appendString(tell, "/user/echo")
+	tell = append(tell, make([]byte, 16)...)
+	tell = append(tell, 1)
+	tell = appendString(tell, "troupe.test.ping")
+	tell = append(tell, ping...)
+	var batch []byte
+	for i := range 100 {
+		batch = appendWhole(batch, appendResolve(nil, resolveBody{id: uint64(i + 1), path: "/user/echo", proto: "p"}))
+		batch = appendWhole(batch, appendWatch(nil, frameWatch, watchBody{path: fmt.Sprintf("/user/missing%d", i), watcher: "/user/w"}))
+		batch = appendWhole(batch, tell)
+	}
+	baseline := heapInUse()
+	var maxHeld, maxHeap atomic.Int64
+	start := time.Now()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		tick := time.NewTicker(10 * time.Millisecond) // 300 frames a tick
+		defer tick.Stop()
+		for i := 0; ; i++ {
+			c.SetWriteDeadline(time.Now().Add(30 * time.Second))
+			if _, err := c.Write(batch); err != nil {
+				return // the node closed the connection
+			}
+			if i%10 == 0 {
+				for _, p := range n.Stats().Peers {
+					maxHeld.Store(max(maxHeld.Load(), int64(p.Held)))
+				}
+				maxHeap.Store(max(maxHeap.Load(), int64(heapInUse())-int64(baseline)))
+			}
+			<-tick.C
+		}
+	}()
+	cfg = n.cfg
+	limit := cfg.UnreachableAfter + 20*time.Second // the writer stalls once the kernel's buffers fill
+	select {
+	case <-done:
+	case <-time.After(limit):
+		c.Close()
+		<-done
+		t.Fatalf("the session with a peer that asks and never reads still ran after %v; the node held up to %d bytes for it", limit, maxHeld.Load())
+	}
+	took := time.Since(start)
+	if held, budget := maxHeld.Load(), int64(answerBudget+cfg.SendQueueLimit+writeChunk); held > budget {
+		t.Fatalf("held %d bytes for the peer, more than %d", held, budget)
+	}
+	// What the node held, beyond its budgets' bytes: bounded too.
+	if grew, bound := maxHeap.Load(), int64(2*(answerBudget+cfg.SendQueueLimit)); grew > bound {
+		t.Fatalf("the heap grew by %d bytes, more than %d", grew, bound)
+	}
+	select {
+	case e := <-ended:
+		t.Logf("ended after %v: %v; held at most %d bytes, heap grew at most %d", took, e.Reason, maxHeld.Load(), maxHeap.Load())
+	case e := <-protocol:
+		t.Logf("ended after %v: %v; held at most %d bytes, heap grew at most %d", took, e.Err, maxHeld.Load(), maxHeap.Load())
+	case <-time.After(5 * time.Second):
+		t.Fatal("neither PeerUnreachable nor ProtocolError")
+	}
+}
+
+func heapInUse() uint64 {
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return ms.HeapInuse
+}
