@@ -118,8 +118,12 @@ type sysMsg struct {
 	timerGen uint64  // and which start of it, or which restart (restart)
 	// after is, for a termination, how many user messages had entered the
 	// mailbox when it arrived: it is handled only once they all have been,
-	// so that it follows everything the stopped actor sent.
+	// so that it follows everything the stopped actor sent. A draining
+	// stop waits for them the same way.
 	after uint64
+	// drain makes a stop wait for the messages already in the mailbox
+	// (Shutdown with Config.ShutdownDrain).
+	drain bool
 }
 
 // throughput is how many messages an actor handles before it yields its
@@ -325,6 +329,7 @@ func checkName(name string) error {
 }
 
 func (c *cell[T]) path() string         { return c.self.key.path }
+func (c *cell[T]) topLevel() bool       { return c.parent == nil }
 func (c *cell[T]) nextChild() uint64    { c.childSeq++; return c.childSeq }
 func (c *cell[T]) watchHandle() *handle { return c.self }
 func (c *cell[T]) protocol() reflect.Type {
@@ -473,11 +478,11 @@ func (c *cell[T]) sysPush(m sysMsg) bool {
 		c.mu.Unlock()
 		return false
 	}
-	if m.kind == sysTerminated {
+	if m.kind == sysTerminated || m.kind == sysStop && m.drain {
 		m.after = c.entered
 	}
 	var cancel context.CancelFunc
-	if m.kind == sysStop && c.waits != nil {
+	if m.kind == sysStop && !m.drain && c.waits != nil {
 		// A handler waiting on the actor's context returns now, so that
 		// the stop (and a stopping parent waiting for it) is not held up.
 		cancel = c.waits.cancel
@@ -581,7 +586,7 @@ func (c *cell[T]) drainSys() bool {
 			return c.stopping
 		}
 		for _, m := range sys {
-			if m.kind == sysTerminated && (m.after > c.handled || c.tools != nil && len(c.tools.later) > 0) {
+			if (m.kind == sysTerminated || m.kind == sysStop && m.drain) && (m.after > c.handled || c.tools != nil && len(c.tools.later) > 0) {
 				t := c.tooling()
 				t.later = append(t.later, m)
 				continue
@@ -709,7 +714,7 @@ func (c *cell[T]) terminate(rest []T) bool {
 			c.held = true // user messages wait, to be dead letters at the end
 			c.mu.Unlock()
 			for ch := range c.children {
-				ch.local.sysPush(sysMsg{kind: sysStop, reason: ErrParentStopped})
+				ch.local.sysPush(sysMsg{kind: sysStop, reason: ErrParentStopped, drain: c.n.drainingMailboxes.Load()})
 			}
 		}
 		return false
@@ -752,7 +757,7 @@ func (c *cell[T]) terminate(rest []T) bool {
 		}
 	}
 	for ch := range c.children {
-		ch.local.sysPush(sysMsg{kind: sysStop, reason: ErrParentStopped})
+		ch.local.sysPush(sysMsg{kind: sysStop, reason: ErrParentStopped, drain: c.n.drainingMailboxes.Load()})
 	}
 	c.dropWatches()
 	if c.b.Signal != nil && (c.tools == nil || c.tools.sup == nil || c.tools.sup.phase == restartNone) {

@@ -135,6 +135,13 @@ type assoc struct {
 	// binding (n.pmu): an outbound association made for a ref read from
 	// a message, not yet dialed: counted in n.bindings, not n.outbound.
 	binding bool
+	// bound (n.pmu) counts the refs bound to this binding that are still
+	// reachable: at zero, undialed and not pinned, it is forgotten
+	// (releaseBinding). pinned: this node's own use found it.
+	bound  int
+	pinned bool
+	// mergedTo is mergedInto, for readers that hold n.pmu, not mu.
+	mergedTo atomic.Pointer[assoc]
 	// refsOf (n.pmu) is the peer whose refs made this binding; dialFor
 	// is that peer once the binding dials, counted in n.refDials until
 	// the association ends. Zero for this node's own dials.
@@ -331,6 +338,14 @@ func (n *Node) assocFor(addr Addr) (*assoc, error) {
 // from: a new one is charged to it when it dials
 // ([Config.MaxRefDialsPerPeer]).
 func (n *Node) assocAt(addr Addr, wait bool, from NodeUID) (*assoc, error) {
+	a, _, err := n.assocHeld(addr, wait, from)
+	return a, err
+}
+
+// assocHeld is assocAt; held says that, without wait, a binding was
+// returned and counted as held by one more ref (see holdBinding): the
+// caller arranges its release.
+func (n *Node) assocHeld(addr Addr, wait bool, from NodeUID) (_ *assoc, held bool, _ error) {
 	n.pmu.Lock()
 	defer n.pmu.Unlock()
 	if cl := n.claims[addr]; wait && cl != nil && !n.pclosing && n.byAddr[addr] == nil {
@@ -344,39 +359,44 @@ func (n *Node) assocAt(addr Addr, wait bool, from NodeUID) (*assoc, error) {
 		n.pmu.Lock()
 	}
 	if n.pclosing {
-		return nil, ErrNodeClosed
+		return nil, false, ErrNodeClosed
 	}
 	if a := n.byAddr[addr]; a != nil {
 		if wait {
 			n.ownDial(a)
+			a.pinned = true
+		} else if a.binding {
+			a.bound++
+			held = true
 		}
-		return a, nil
+		return a, held, nil
 	}
 	if q := n.quarantineFor(NodeUID{}, addr); q != nil {
-		return nil, fmt.Errorf("%s: %w since %s (%v); call Reconnect to try again", addr, ErrQuarantined, q.Since.Format(time.RFC3339), q.Cause)
+		return nil, false, fmt.Errorf("%s: %w since %s (%v); call Reconnect to try again", addr, ErrQuarantined, q.Since.Format(time.RFC3339), q.Cause)
 	}
 	if !wait {
 		// A ref read from a message: bound, not dialed. Bindings have a
 		// bound of their own, so that a message full of refs cannot take
 		// the room of the dials this node makes.
 		if n.bindings >= n.cfg.MaxOutboundConns {
-			return nil, fmt.Errorf("%s: %w: %d refs to nodes never dialed (Config.MaxOutboundConns)", addr, ErrTooManyConns, n.bindings)
+			return nil, false, fmt.Errorf("%s: %w: %d refs to nodes never dialed (Config.MaxOutboundConns)", addr, ErrTooManyConns, n.bindings)
 		}
 		a := newAssoc(n, true, addr)
-		a.binding, a.refsOf = true, from
+		a.binding, a.refsOf, a.bound = true, from, 1
 		n.bindings++
 		n.byAddr[addr] = a
 		n.all[a] = struct{}{}
-		return a, nil
+		return a, true, nil
 	}
 	if n.outbound >= n.cfg.MaxOutboundConns {
-		return nil, fmt.Errorf("%s: %w: %d outbound associations (Config.MaxOutboundConns)", addr, ErrTooManyConns, n.outbound)
+		return nil, false, fmt.Errorf("%s: %w: %d outbound associations (Config.MaxOutboundConns)", addr, ErrTooManyConns, n.outbound)
 	}
 	a := newAssoc(n, true, addr)
+	a.pinned = true
 	n.outbound++
 	n.byAddr[addr] = a
 	n.all[a] = struct{}{}
-	return a, nil
+	return a, false, nil
 }
 
 // use starts an outbound association's dial, once; the caller has seen it
@@ -414,8 +434,35 @@ func (n *Node) forgetAssoc(a *assoc) {
 		case a.outbound:
 			n.outbound--
 		}
+		if p := a.dialFor; p != (NodeUID{}) {
+			// A session that merged into another with the same peer (a
+			// resume, a simultaneous dial): the charge moves to it.
+			w := a.mergedTo.Load()
+			if _, live := n.all[w]; w != nil && live && w.dialFor == (NodeUID{}) {
+				w.dialFor, a.dialFor = p, NodeUID{}
+			}
+		}
 		n.ownDial(a)
 	}
+}
+
+// releaseBinding runs when a ref bound to a became unreachable (a
+// cleanup): a binding that no reachable ref holds and that never dialed
+// is forgotten, so that refs nobody keeps do not fill the bound of
+// bindings ([Config.MaxOutboundConns]).
+func (n *Node) releaseBinding(a *assoc) {
+	n.pmu.Lock()
+	defer n.pmu.Unlock()
+	if a.bound--; a.bound > 0 || !a.binding || a.pinned {
+		return
+	}
+	if _, live := n.all[a]; !live {
+		return
+	}
+	if n.byAddr[a.dialAddr] == a {
+		delete(n.byAddr, a.dialAddr)
+	}
+	n.forgetAssoc(a)
 }
 
 // ownDial makes a this node's own association, no longer charged to the
@@ -573,9 +620,9 @@ func (a *assoc) signal(h *handle, m sysMsg) {
 	if m.kind != sysTerminated {
 		return
 	}
-	a.mu.Lock()
-	a.watchedBy.remove(inWatch{m.key.path, m.key.uuid, h.key.path})
-	a.mu.Unlock()
+	t := a.lockTarget() // the session that holds the peer's watches now
+	t.watchedBy.remove(inWatch{m.key.path, m.key.uuid, h.key.path})
+	t.mu.Unlock()
 	ask := strings.HasPrefix(h.key.path, "/temp/")
 	if m.reason == ErrNodeClosed && a.n.isClosed() && !ask {
 		// This node is shutting down: the goodbye that follows tells the

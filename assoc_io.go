@@ -613,14 +613,26 @@ func (b heldBinder) bindRef(kind byte, key refKey, addr string) *handle {
 	case refReceiver:
 		kind = refSender
 	}
-	return b.a.bindRef(kind, key, addr)
+	return b.a.bindRefFrom(kind, key, addr, NodeUID{}) // refs this node sent: nobody's to be charged
 }
+
+// What a reader keeps of its batch of tells, and of their arena, while
+// its link is quiet.
+const (
+	keepBatch = 16
+	keepArena = 1 << 10
+)
 
 // readLoop reads frames until the connection ends or misbehaves.
 func (a *assoc) readLoop(fr *frameReader) {
 	for {
 		if len(a.batch) > 0 && !fr.complete() {
 			a.flushBatch() // before waiting for the connection
+		}
+		if fr.quiet() && (cap(a.batch) > keepBatch || cap(a.arena) > keepArena) {
+			// About to wait on a link gone quiet: what a burst grew goes
+			// (the batch is empty: a quiet reader holds no whole frame).
+			a.batch, a.arena = nil, nil
 		}
 		body, err := fr.next()
 		if err != nil {

@@ -47,7 +47,7 @@ func (n *Node) heartbeatLoop() {
 	defer t.Stop()
 	for {
 		select {
-		case <-n.done:
+		case <-n.flushing:
 			return
 		case now := <-t.C:
 			n.pmu.Lock()

@@ -19,15 +19,24 @@ import (
 func (a *assoc) runOutbound() {
 	n := a.n
 	n.pmu.Lock()
+	if _, live := n.all[a]; a.binding && !live {
+		// Forgotten (the node closed, or no ref held it): nothing dials.
+		n.pmu.Unlock()
+		a.fail(fmt.Errorf("%s: the binding of a ref was forgotten: %w", a.dialAddr, ErrNodeClosed))
+		return
+	}
 	if _, live := n.all[a]; a.binding && live {
 		// First use of a ref's binding: from now on it is a dial (one
 		// refused stays a binding, and ends as one).
+		err := n.chargeRefDial(a)
 		if n.outbound >= n.cfg.MaxOutboundConns {
-			n.pmu.Unlock()
-			a.fail(fmt.Errorf("%s: %w: %d outbound associations (Config.MaxOutboundConns)", a.dialAddr, ErrTooManyConns, n.outbound))
-			return
+			err = fmt.Errorf("%s: %w: %d outbound associations (Config.MaxOutboundConns)", a.dialAddr, ErrTooManyConns, n.outbound)
 		}
-		if err := n.chargeRefDial(a); err != nil {
+		if err != nil {
+			// No dial of this node's own may find this binding from now on.
+			if n.byAddr[a.dialAddr] == a {
+				delete(n.byAddr, a.dialAddr)
+			}
 			n.pmu.Unlock()
 			a.fail(err)
 			return
@@ -47,6 +56,14 @@ func (a *assoc) runOutbound() {
 
 // runDialed handshakes over c, which a dialed, and then runs the reader.
 func (a *assoc) runDialed(c net.Conn) {
+	if fr := a.handshakeDialed(c); fr != nil {
+		a.run(fr) // with the handshake's frame off the stack the reader idles on
+	}
+}
+
+// handshakeDialed handshakes over c, which a dialed: the frame reader of
+// an association that is up, or nil.
+func (a *assoc) handshakeDialed(c net.Conn) *frameReader {
 	n := a.n
 	a.mu.Lock()
 	merged := a.state == assocClosed
@@ -56,7 +73,7 @@ func (a *assoc) runDialed(c net.Conn) {
 	a.mu.Unlock()
 	if merged {
 		c.Close()
-		return
+		return nil
 	}
 	c.SetDeadline(time.Now().Add(n.cfg.HandshakeTimeout))
 	a.in = &stampReader{c: c, epoch: n.epoch}
@@ -80,7 +97,7 @@ func (a *assoc) runDialed(c net.Conn) {
 	}
 	if err != nil {
 		a.fail(fmt.Errorf("handshake: %w", err))
-		return
+		return nil
 	}
 	switch frameKind(body[0]) {
 	case frameWelcome:
@@ -89,46 +106,54 @@ func (a *assoc) runDialed(c net.Conn) {
 		if r.code == rejectDuplicate && perr == nil {
 			c.Close()
 			n.awaitWinner(a, r.uid)
-			return
+			return nil
 		}
 		if r.code == rejectQuarantined {
 			a.fail(fmt.Errorf("%w: %w: %s", ErrRejected, ErrQuarantinedByPeer, r.text))
 			if f := n.quarantinedBy.Load(); f != nil && perr == nil {
 				(*f)(r.uid)
 			}
-			return
+			return nil
 		}
 		if r.code == rejectAuth {
 			a.fail(fmt.Errorf("%w: %w: %s", ErrRejected, ErrAuth, r.text))
-			return
+			return nil
 		}
 		a.fail(fmt.Errorf("%w: %s", ErrRejected, r.text))
-		return
+		return nil
 	default:
 		a.fail(&FrameError{Peer: a.dialAddr.String(), Kind: frameKind(body[0]).String(), Reason: fmt.Errorf("%w: expected a welcome", ErrMalformed)})
-		return
+		return nil
 	}
 	w, err := parseHello(body[1:])
 	if err != nil {
 		a.fail(&FrameError{Peer: a.dialAddr.String(), Kind: "welcome", Reason: err})
-		return
+		return nil
 	}
 	h = w
 	c.SetDeadline(time.Time{})
 	if !n.attach(a, h) {
-		return
+		return nil
 	}
-	a.run(fr)
+	return fr
 }
 
 // serveInbound handshakes an accepted connection and then runs its reader.
 func (n *Node) serveInbound(c net.Conn, src string) {
+	if a, fr := n.handshakeInbound(c, src); a != nil {
+		a.run(fr) // with the handshake's frame off the stack the reader idles on
+	}
+}
+
+// handshakeInbound handshakes an accepted connection: the association
+// that reads it from now on, or nil.
+func (n *Node) handshakeInbound(c net.Conn, src string) (*assoc, *frameReader) {
 	n.pmu.Lock()
 	if n.pclosing {
 		n.pmu.Unlock()
 		c.Close()
 		n.handshakeDone(src)
-		return
+		return nil, nil
 	}
 	n.inHandshake[c] = struct{}{}
 	n.pmu.Unlock()
@@ -149,7 +174,7 @@ func (n *Node) serveInbound(c net.Conn, src string) {
 	if err := n.checkPeerCred(c); err != nil {
 		c.Write(rejectFrame(rejectAuth, n.uid, err.Error()))
 		c.Close()
-		return
+		return nil, nil
 	}
 	in := &stampReader{c: c, epoch: n.epoch}
 	fr := newFrameReader(in, n.cfg.MaxFrameSize)
@@ -166,20 +191,20 @@ func (n *Node) serveInbound(c net.Conn, src string) {
 		if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) && !errors.Is(err, syscall.ECONNRESET) {
 			n.protocolError(label, "hello", err)
 		}
-		return
+		return nil, nil
 	}
 	if err := n.acceptAuth(c, fr, h); err != nil {
 		n.log.Warn("troupe: refused a peer that failed authentication", "peer", label, "claimed_name", h.name, "err", err)
 		c.Write(rejectFrame(rejectAuth, n.uid, err.Error()))
 		c.Close()
 		n.events.Publish(ProtocolError{Remote: label, Err: err})
-		return
+		return nil, nil
 	}
 	if h.flags&helloProbe != 0 {
 		// A registry probe: answer who we are, and forget it.
 		c.Write(appendFrame(nil, func(b []byte) []byte { return appendHello(b, frameWelcome, n.hello()) }))
 		c.Close()
-		return
+		return nil, nil
 	}
 	if h.flags&helloResuming != 0 {
 		// Only once the dialer has authenticated: a stranger must not be
@@ -192,12 +217,12 @@ func (n *Node) serveInbound(c net.Conn, src string) {
 	n.all[a] = struct{}{}
 	n.pmu.Unlock()
 	if !n.attach(a, h) {
-		return
+		return nil, nil
 	}
 	handshaking = false
 	endHandshake()
 	c.SetDeadline(time.Time{})
-	a.run(fr)
+	return a, fr
 }
 
 // rejectFrame is the whole frame that refuses a dialer.
@@ -549,6 +574,7 @@ func (a *assoc) mergeInto(w *assoc) {
 	up := next == assocRetiring
 	conn := a.conn
 	a.mergedInto = w
+	a.mergedTo.Store(w)
 	var moved recQueue
 	if up {
 		a.queue.push(outRec{msg: ctlFrame(appendBye(nil, byeDuplicate, ""))})

@@ -28,7 +28,9 @@ const (
 	// (Dials of the node's own were abandoned when PhaseLeave ended.)
 	PhaseRefuse
 	// PhaseActors: every actor stops after the handler it is running
-	// (whose replies still reach the nodes that asked), within ctx.
+	// (whose replies still reach the nodes that asked), or with
+	// [Config.ShutdownDrain] after the messages its mailbox holds, within
+	// ctx.
 	PhaseActors
 	// PhaseFlush: every association writes what it holds and says
 	// goodbye, within ctx; then the node closes.

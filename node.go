@@ -186,8 +186,9 @@ type Config struct {
 	// MaxOutboundConns bounds the outbound associations at once (dialing
 	// or up); one more fails with [ErrTooManyConns]. It bounds, apart,
 	// the associations bound to refs to new nodes that arrived in messages
-	// and were never used (one past that is a dead ref): such refs do not
-	// take the room of this node's own dials. Default: 4096.
+	// and were never used (one past that is a dead ref; one that no
+	// reachable ref holds is forgotten): such refs do not take the room of
+	// this node's own dials. Default: 4096.
 	MaxOutboundConns int
 
 	// MaxRefDialsPerPeer bounds the outbound associations (dialing or up)
@@ -210,6 +211,17 @@ type Config struct {
 	// least 4); one more is closed at once. Each is also closed after
 	// HandshakeTimeout. Default: 128.
 	MaxPendingHandshakes int
+
+	// ShutdownDrain makes [Node.Shutdown] let every actor handle the
+	// messages already in its mailbox before it stops (in PhaseActors, its
+	// context live, within Shutdown's ctx; a parent first, then its
+	// children); a message that arrives after that is a [DeadLetter]
+	// ([ErrActorStopped]). A draining handler may Tell, but an Ask, a
+	// Resolve or a Send that would wait returns [ErrNodeClosed]. Past ctx,
+	// the actors stop as without it, and Shutdown's error says that the
+	// mailboxes did not drain. Default false: every actor stops after the
+	// handler it is running. Close never drains.
+	ShutdownDrain bool
 
 	// DeadLetterLog is how many dead letters are logged one by one through
 	// Logger (target, reason, message type) before the rest are only
@@ -419,8 +431,14 @@ type Node struct {
 	closeOnce sync.Once
 	closeErr  error
 	done      chan struct{} // closed when Close or Shutdown begins
-	hurry     chan struct{} // closed by Close: a Shutdown in progress stops waiting
-	hurryOnce sync.Once
+	// flushing is closed when the shutdown reaches PhaseFlush: heartbeats
+	// go on until then, through a long drain of mailboxes.
+	flushing chan struct{}
+	// drainingMailboxes: Shutdown lets mailboxes drain (ShutdownDrain),
+	// and a stopping parent's children drain theirs too.
+	drainingMailboxes atomic.Bool
+	hurry             chan struct{} // closed by Close: a Shutdown in progress stops waiting
+	hurryOnce         sync.Once
 
 	// draining is set when a Shutdown begins: the node is no longer ready.
 	draining atomic.Bool
@@ -457,6 +475,7 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 		awaiting:    make(map[NodeUID][]*assoc),
 		inHandshake: make(map[net.Conn]struct{}),
 		done:        make(chan struct{}),
+		flushing:    make(chan struct{}),
 		hurry:       make(chan struct{}),
 	}
 	n.events.node = n

@@ -1,6 +1,7 @@
 package troupe
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/binary"
 	"errors"
@@ -291,9 +292,12 @@ func TestAPeerThatAsksAndNeverReads(t *testing.T) {
 	tell = appendString(tell, "troupe.test.ping")
 	tell = append(tell, ping...)
 	var batch []byte
+	long := strings.Repeat("x", 900)
 	for i := range 100 {
 		batch = appendWhole(batch, appendResolve(nil, resolveBody{id: uint64(i + 1), path: "/user/echo", proto: "p"}))
-		batch = appendWhole(batch, appendWatch(nil, frameWatch, watchBody{path: fmt.Sprintf("/user/missing%d", i), watcher: "/user/w"}))
+		// Answered by a terminated frame of about 1.8 KiB: the node's
+		// writer stalls within seconds even when it runs slowly.
+		batch = appendWhole(batch, appendWatch(nil, frameWatch, watchBody{path: fmt.Sprintf("/user/missing%d%s", i, long), watcher: "/user/w" + long}))
 		batch = appendWhole(batch, tell)
 	}
 	baseline := heapInUse()
@@ -349,4 +353,314 @@ func heapInUse() uint64 {
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
 	return ms.HeapInuse
+}
+
+// Refs to nodes never dialed that nobody keeps are forgotten: a message
+// of 4,096 refs to unknown nodes (the default bound of such bindings),
+// dropped by its handler, leaves room for the refs of later messages
+// (issue #26, defect 3: the bindings stayed, and every later ref to a new
+// node was a dead ref).
+func TestRefsNobodyKeepsAreForgotten(t *testing.T) {
+	n := startNode(t, testConfig("tcp://127.0.0.1:0"))
+	got := make(chan int, 2)
+	if _, err := Spawn(n, "fan", Behavior[refList]{Receive: func(_ *Context[refList], m refList) {
+		if len(m.Refs) == 1 {
+			m.Refs[0].Tell(testPing{N: 7})
+		}
+		got <- len(m.Refs)
+	}}); err != nil {
+		t.Fatal(err)
+	}
+	peer := startNode(t, testConfig("tcp://127.0.0.1:0"))
+	fan, err := Resolve[refList](ctxT(t, 5*time.Second), peer, FormatRef(n.Addrs()[0], "/user/fan"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	bindings := func() int {
+		n.pmu.Lock()
+		defer n.pmu.Unlock()
+		return n.bindings
+	}
+	var m refList
+	for i := range n.cfg.MaxOutboundConns {
+		ad := TCPAddr(fmt.Sprintf("127.0.0.%d:%d", 2+i/60000, 1024+i%60000))
+		a, err := peer.assocAt(ad, false, NodeUID{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var key refKey
+		rand.Read(key.node[:])
+		key.path = "/user/x"
+		m.Refs = append(m.Refs, Ref[testPing]{h: &handle{node: peer, key: key, assoc: a}})
+	}
+	fan.Tell(m)
+	recv(t, got, "the message of refs")
+	if b := bindings(); b != n.cfg.MaxOutboundConns {
+		t.Fatalf("%d bindings after a message of %d refs", b, n.cfg.MaxOutboundConns)
+	}
+	waitFor(t, 10*time.Second, "the bindings nobody keeps to be forgotten", func() bool {
+		runtime.GC()
+		return bindings() == 0
+	})
+	// A later ref to a new node is bound and works.
+	other := startNode(t, testConfig("tcp://127.0.0.1:0"))
+	echoed := make(chan testPing, 1)
+	target, err := Spawn(other, "target", Behavior[testPing]{Receive: func(_ *Context[testPing], p testPing) { echoed <- p }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref, err := Resolve[testPing](ctxT(t, 5*time.Second), peer, FormatRef(other.Addrs()[0], target.h.key.path))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fan.Tell(refList{Refs: []Ref[testPing]{ref}})
+	recv(t, got, "the message of one ref")
+	if p := recv(t, echoed, "the send through the later ref"); p.N != 7 {
+		t.Fatalf("got %+v", p)
+	}
+}
+
+// watchesHeld sums, over every association of n, the watches its peers'
+// actors hold on n's actors.
+func watchesHeld(n *Node) (count int) {
+	n.pmu.Lock()
+	all := make([]*assoc, 0, len(n.all))
+	for a := range n.all {
+		all = append(all, a)
+	}
+	n.pmu.Unlock()
+	for _, a := range all {
+		a.mu.Lock()
+		count += len(a.watchedBy.m)
+		a.mu.Unlock()
+	}
+	return count
+}
+
+// A watch ended after its session resumed frees its place: the bound
+// counts the watches a peer holds, not those it ever placed (from the
+// review of #34: the place stayed taken on the retired connection's set).
+func TestAWatchEndedAfterAResumeFreesItsPlace(t *testing.T) {
+	f := NewFaultNet()
+	cfg := failConfig("watched", 50*time.Millisecond, 5*time.Second)
+	cfg.MaxWatchesPerPeer = 2
+	watched := startOn(t, f, cfg)
+	from := startOn(t, f, failConfig("from", 50*time.Millisecond, 5*time.Second))
+	resumed := make(chan PeerResumed, 4)
+	SubscribeChan(from.Events(), resumed)
+	refs := make([]Ref[count], 3)
+	var locals []Ref[count]
+	for i := range refs {
+		local, _ := spawnCollector[count](t, watched, fmt.Sprintf("a%d", i), 1)
+		locals = append(locals, local)
+		r, err := Resolve[count](ctxT(t, 5*time.Second), from, FormatRef(watched.Addrs()[0], local.h.key.path))
+		if err != nil {
+			t.Fatal(err)
+		}
+		refs[i] = r
+	}
+	w0 := watcher(t, from, "w0", refs[0])
+	w1 := watcher(t, from, "w1", refs[1])
+	waitFor(t, 5*time.Second, "two watches placed", func() bool { return watchesHeld(watched) == 2 })
+	if f.Reset(watched, from) == 0 {
+		t.Fatal("no connection to reset")
+	}
+	recv(t, resumed, "the resume")
+	for _, r := range locals[:2] {
+		if err := watched.Stop(r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, w := range []chan Terminated{w0, w1} {
+		if term := recv(t, w, "a Terminated"); term.Reason != nil {
+			t.Fatalf("Terminated %v", term.Reason)
+		}
+	}
+	waitFor(t, 5*time.Second, "the ended watches to free their places", func() bool { return watchesHeld(watched) == 0 })
+	w2 := watcher(t, from, "w2", refs[2])
+	select {
+	case term := <-w2:
+		t.Fatalf("a watch within the bound got %v", term.Reason)
+	case <-time.After(200 * time.Millisecond):
+	}
+}
+
+// An Ask to a live actor is answered though its watch was refused: the
+// refusal is no stop (from the review of #34).
+func TestAnAskBeyondTheWatchBoundIsAnswered(t *testing.T) {
+	cfg := testConfig("tcp://127.0.0.1:0")
+	cfg.MaxWatchesPerPeer = 1
+	served := startNode(t, cfg)
+	spawnEcho(t, served, "echo")
+	spawnEcho(t, served, "other")
+	asker := startNode(t, testConfig("tcp://127.0.0.1:0"))
+	other, err := Resolve[testPing](ctxT(t, 5*time.Second), asker, FormatRef(served.Addrs()[0], "/user/other"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	watcher(t, asker, "w", other)
+	waitFor(t, 5*time.Second, "the watch placed", func() bool { return watchesHeld(served) == 1 })
+	echo, err := Resolve[testPing](ctxT(t, 5*time.Second), asker, FormatRef(served.Addrs()[0], "/user/echo"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 5 {
+		got, err := Ask(ctxT(t, 5*time.Second), echo, func(r Ref[testPong]) testPing { return testPing{N: i, ReplyTo: r} })
+		if err != nil || got.N != i {
+			t.Fatalf("Ask %d beyond the watch bound: %+v, %v", i, got, err)
+		}
+	}
+}
+
+// Watches sent over every connection a peer has open at once, with one
+// uid, count against one bound (from the review of #34: each connection
+// had a set of its own).
+func TestWatchesOverSeveralConnectionsShareOneBound(t *testing.T) {
+	cfg := testConfig("tcp://127.0.0.1:0")
+	cfg.MaxWatchesPerPeer = 4
+	n := startNode(t, cfg)
+	target := spawnEcho(t, n, "watched")
+	key := target.h.key
+	var uid NodeUID
+	rand.Read(uid[:])
+	var conns []net.Conn
+	for i := range 5 {
+		addr := n.Addrs()[0]
+		c, err := net.Dial(addr.Network(), addr.Address())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		h := &hello{version: protocolVersion, name: "raw", uid: uid, flags: helloResumable}
+		c.Write(appendFrame(nil, func(b []byte) []byte { return appendHello(b, frameHello, h) }))
+		conns = append(conns, c)
+		for j, c := range conns {
+			c.Write(watchFrames(key.path, key.uuid, fmt.Sprintf("/user/w%d-%d-", i, j), 0, 4))
+		}
+		time.Sleep(20 * time.Millisecond) // let the node read them before the next connection
+		if held := watchesHeld(n); held > 4 {
+			t.Fatalf("after %d connections, the node holds %d watches of the peer, more than 4", i+1, held)
+		}
+	}
+}
+
+// The dials a peer's refs caused stay charged to it across a resume of
+// those links (from the review of #34: the resumed session carried no
+// charge, and the peer's refs could dial again).
+func TestARefDialStaysChargedAcrossAResume(t *testing.T) {
+	f := NewFaultNet()
+	cfg := failConfig("n", 50*time.Millisecond, 5*time.Second)
+	cfg.MaxRefDialsPerPeer = 2
+	n := startOn(t, f, cfg)
+	dead := make(chan DeadLetter, 16)
+	SubscribeChan(n.Events(), dead)
+	resumed := make(chan PeerResumed, 4)
+	SubscribeChan(n.Events(), resumed)
+	if _, err := Spawn(n, "fan", Behavior[refList]{Receive: func(_ *Context[refList], m refList) {
+		for _, r := range m.Refs {
+			r.Tell(testPing{N: 1})
+		}
+	}}); err != nil {
+		t.Fatal(err)
+	}
+	peer := startOn(t, f, failConfig("peer", 50*time.Millisecond, 5*time.Second))
+	fan, err := Resolve[refList](ctxT(t, 5*time.Second), peer, FormatRef(n.Addrs()[0], "/user/fan"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var xs []*Node
+	var refs []Ref[testPing]
+	var got []chan testPing
+	for i := range 4 {
+		x := startOn(t, f, failConfig(fmt.Sprintf("x%d", i), 50*time.Millisecond, 5*time.Second))
+		_, ch := spawnCollector[testPing](t, x, "sink", 16)
+		r, err := Resolve[testPing](ctxT(t, 5*time.Second), peer, FormatRef(x.Addrs()[0], "/user/sink"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		xs, refs, got = append(xs, x), append(refs, r), append(got, ch)
+	}
+	fan.Tell(refList{Refs: refs[:2]})
+	for i := range 2 {
+		recv(t, got[i], "a send through the peer's ref")
+	}
+	for i := range 2 {
+		if f.Reset(n, xs[i]) == 0 {
+			t.Fatal("no connection to reset")
+		}
+		recv(t, resumed, "the resume")
+	}
+	fan.Tell(refList{Refs: refs[2:]})
+	for range 2 {
+		if d := recv(t, dead, "a dead letter past the bound"); !errors.Is(d.Reason, ErrTooManyConns) {
+			t.Fatalf("dead letter: %v", d.Reason)
+		}
+	}
+}
+
+// A binding that this node's own dial found, or that a second ref holds,
+// is not forgotten when a ref to it goes (from the review of #34: a
+// binding forgotten while it dialed left a connection nobody tracked).
+func TestABindingInUseIsNotForgotten(t *testing.T) {
+	n := startNode(t, testConfig("tcp://127.0.0.1:0"))
+	ad := TCPAddr("127.0.0.1:9")
+	live := func(a *assoc) bool {
+		n.pmu.Lock()
+		defer n.pmu.Unlock()
+		_, ok := n.all[a]
+		return ok && n.byAddr[ad] == a
+	}
+	a, held, err := n.assocHeld(ad, false, NodeUID{1})
+	if err != nil || !held {
+		t.Fatalf("a new binding: held %v, %v", held, err)
+	}
+	if b, held, _ := n.assocHeld(ad, false, NodeUID{2}); b != a || !held {
+		t.Fatal("a second ref to the same node did not share and hold the binding")
+	}
+	n.releaseBinding(a)
+	if !live(a) {
+		t.Fatal("a binding a second ref holds was forgotten")
+	}
+	if own, err := n.assocAt(ad, true, NodeUID{}); err != nil || own != a {
+		t.Fatalf("this node's own lookup: %v", err)
+	}
+	n.releaseBinding(a)
+	if !live(a) {
+		t.Fatal("a binding this node's own dial found was forgotten")
+	}
+	c, held, _ := n.assocHeld(TCPAddr("127.0.0.1:10"), false, NodeUID{1})
+	n.releaseBinding(c)
+	if live(c) {
+		t.Fatal("a binding no ref holds was kept")
+	}
+}
+
+// A remote Ask through an adapter ends when the adapter's actor stops,
+// and the watch it placed frees its place (from the review of #34).
+func TestARemoteAskThroughAnAdapterEndsWhenItsActorStops(t *testing.T) {
+	cfg := testConfig("tcp://127.0.0.1:0")
+	served := startNode(t, cfg)
+	adapters := make(chan Ref[testPing], 1)
+	if _, err := Spawn(served, "owner", Behavior[string]{
+		Setup: func(c *Context[string]) {
+			adapters <- MessageAdapter(c, func(testPing) string { return "boom" })
+		},
+		Receive: func(_ *Context[string], m string) { panic("the request stops the actor") },
+	}); err != nil {
+		t.Fatal(err)
+	}
+	ad := recv(t, adapters, "the adapter")
+	asker := startNode(t, testConfig("tcp://127.0.0.1:0"))
+	remote, err := Resolve[testPing](ctxT(t, 5*time.Second), asker, FormatRef(served.Addrs()[0], ad.h.key.path))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	_, err = Ask(ctx, remote, func(r Ref[testPong]) testPing { return testPing{ReplyTo: r} })
+	var ae *AskError
+	if !errors.As(err, &ae) {
+		t.Fatalf("a remote Ask through the adapter of an actor that panicked: %v", err)
+	}
+	waitFor(t, 5*time.Second, "the Ask's watch to free its place", func() bool { return watchesHeld(served) == 0 })
 }

@@ -102,11 +102,21 @@ func (a *assoc) onWatch(kind frameKind, b []byte) error {
 	}
 	watcher := &handle{node: n, key: refKey{node: a.peerUID, path: wpath}, assoc: a}
 	h := n.lookup(path, uuid)
-	w := inWatch{path, uuid, wpath}
+	var w inWatch
+	if h != nil {
+		// Kept, and ended, under the key of the actor that stops: a
+		// watch without a uuid under its uuid, a watch of an adapter
+		// under its actor's.
+		tk := h.local.watchHandle().key
+		w = inWatch{tk.path, tk.uuid, wpath}
+		uuid = h.key.uuid
+	}
+	// The peer's watches live in one set, the session's that sends go to:
+	// a connection retiring after a merge or a resume adds to the winner's.
 	if kind == frameUnwatch {
-		a.mu.Lock()
-		a.watchedBy.remove(w)
-		a.mu.Unlock()
+		t := a.lockTarget()
+		t.watchedBy.remove(w)
+		t.mu.Unlock()
 		if h != nil {
 			h.local.watchHandle().local.sysPush(sysMsg{kind: sysUnwatch, ref: watcher})
 		}
@@ -115,13 +125,13 @@ func (a *assoc) onWatch(kind frameKind, b []byte) error {
 	reason := ErrNoSuchActor
 	if h != nil {
 		target := h.local.watchHandle()
-		a.mu.Lock()
-		live := a.state < assocClosed
+		t := a.lockTarget()
+		live := t.state < assocClosed
 		var refused error
-		if live && !a.watchedBy.add(w, target, n.cfg.MaxWatchesPerPeer) {
-			refused = a.watchedBy.refusal(n.cfg.MaxWatchesPerPeer)
+		if live && !t.watchedBy.add(w, target, n.cfg.MaxWatchesPerPeer) {
+			refused = t.watchedBy.refusal(n.cfg.MaxWatchesPerPeer)
 		}
-		a.mu.Unlock()
+		t.mu.Unlock()
 		if refused != nil {
 			a.signal(watcher, sysMsg{kind: sysTerminated, key: refKey{node: n.uid, path: path, uuid: uuid}, reason: refused})
 			return nil
@@ -129,9 +139,9 @@ func (a *assoc) onWatch(kind frameKind, b []byte) error {
 		if live && target.local.sysPush(sysMsg{kind: sysWatch, ref: watcher}) {
 			return nil
 		}
-		a.mu.Lock()
-		a.watchedBy.remove(w)
-		a.mu.Unlock()
+		t = a.lockTarget()
+		t.watchedBy.remove(w)
+		t.mu.Unlock()
 		reason = ErrActorStopped
 	}
 	a.signal(watcher, sysMsg{kind: sysTerminated, key: refKey{node: n.uid, path: path, uuid: uuid}, reason: reason})

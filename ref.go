@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"unsafe"
@@ -307,6 +308,13 @@ func Ask[Req, Resp any](ctx context.Context, to Ref[Req], mk func(replyTo Ref[Re
 			n.deadLetter(to.h.String(), req, err)
 		}
 	} else {
+		if sn, ok := to.h.local.(stopNoticer); ok {
+			// An adapter of a local actor: the actor's stop ends the wait.
+			if note = sn.stopNotice(); note != nil {
+				stopped = note.ch
+				defer sn.releaseStopNotice(note)
+			}
+		}
 		if a := to.h.assoc; a != nil && to.h.key.uuid != (UUID{}) {
 			// The target's stop, on its node, ends the wait: the promise
 			// watches it for as long as the Ask lasts. The watch goes
@@ -456,10 +464,11 @@ var errAskOver = fmt.Errorf("%w: the ask already has its reply or ended", ErrAct
 
 func (p *promise[T]) tellWire(msg any, _ int) error { return p.tellAny(msg) }
 func (p *promise[T]) sysPush(m sysMsg) bool {
-	if t := p.target; m.kind == sysTerminated && t != nil && m.key == t.key {
+	if t := p.target; m.kind == sysTerminated && t != nil && stopOf(m.key, t.key) && !errors.Is(m.reason, ErrWatchRefused) {
 		// The actor an Ask watches on another node stopped (or its node
 		// is gone) before the reply came; a Terminated about anything
-		// else (a peer naming this promise's path) is ignored.
+		// else (a peer naming this promise's path) is ignored, and so is
+		// a refused watch: the Ask waits on without a stop notice.
 		p.fail(&AskError{Target: t.String(), Reason: m.reason})
 	}
 	return !p.done.Load()
@@ -478,6 +487,22 @@ type adapter[U, T any] struct {
 	f       func(U) T
 	retired atomic.Bool // its actor restarted: the adapter is gone
 }
+
+// stopOf reports whether the stop of the actor stopped is the stop of
+// target: the actor itself, or one of its adapters (same node and uuid, a
+// path below it), as a remote actor reports its own stop.
+func stopOf(stopped, target refKey) bool {
+	return stopped == target || stopped.node == target.node && stopped.uuid == target.uuid && strings.HasPrefix(target.path, stopped.path+"/$adapter")
+}
+
+// stopNoticer is a local target whose actor's stop an Ask can wait on.
+type stopNoticer interface {
+	stopNotice() *stopNote
+	releaseStopNotice(*stopNote)
+}
+
+func (a *adapter[U, T]) stopNotice() *stopNote            { return a.owner.stopNotice() }
+func (a *adapter[U, T]) releaseStopNotice(note *stopNote) { a.owner.releaseStopNotice(note) }
 
 // retirable is an adapter, which a restart of its actor retires.
 type retirable interface{ retire() }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"reflect"
+	"runtime"
 	"slices"
 	"time"
 	"unsafe"
@@ -454,6 +455,12 @@ func (a *assoc) onBye(b []byte) error {
 // of this node, to the peer's actor through a, or to a third node's actor
 // through an association that dials on first use (never from the reader).
 func (a *assoc) bindRef(kind byte, key refKey, addr string) *handle {
+	return a.bindRefFrom(kind, key, addr, a.peerUID)
+}
+
+// bindRefFrom is bindRef, a new node's binding charged to the peer from
+// once it dials (see [Config.MaxRefDialsPerPeer]).
+func (a *assoc) bindRefFrom(kind byte, key refKey, addr string, from NodeUID) *handle {
 	n := a.n
 	if kind == refThird && key.node == n.uid {
 		kind = refReceiver
@@ -476,11 +483,15 @@ func (a *assoc) bindRef(kind byte, key refKey, addr string) *handle {
 	if err != nil || n.isOwnAddr(ad) {
 		return deadHandle(n, key)
 	}
-	via, err := n.assocAt(ad, false, a.peerUID)
+	via, held, err := n.assocHeld(ad, false, from)
 	if err != nil {
 		return deadHandle(n, key)
 	}
-	return &handle{node: n, key: key, assoc: via}
+	h := &handle{node: n, key: key, assoc: via}
+	if held {
+		runtime.AddCleanup(h, n.releaseBinding, via)
+	}
+	return h
 }
 
 // deadTarget stands for an actor that does not exist: every message to it

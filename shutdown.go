@@ -167,6 +167,31 @@ func (n *Node) shutdown(ctx context.Context, graceful bool) error {
 			targets = append(targets, h)
 		}
 		n.amu.Unlock()
+		if graceful && n.cfg.ShutdownDrain {
+			// Every actor first handles what its mailbox holds, its
+			// context live, within ctx; past ctx, the rest stop as below.
+			// The stop goes to the top of each tree: a parent stops its
+			// children once it has drained, and they drain in turn what it
+			// sent them.
+			n.drainingMailboxes.Store(true)
+			for _, h := range targets {
+				if c, ok := h.local.(interface{ topLevel() bool }); ok && c.topLevel() {
+					h.local.sysPush(sysMsg{kind: sysStop, reason: ErrNodeClosed, drain: true})
+				}
+			}
+			err := n.waitActors(ctx)
+			if err == nil {
+				n.cancelActors()
+				return
+			}
+			errs = append(errs, fmt.Errorf("the mailboxes did not drain: %w", err))
+			n.drainingMailboxes.Store(false)
+			for _, h := range targets {
+				h.local.sysPush(sysMsg{kind: sysStop, reason: ErrNodeClosed})
+			}
+			n.cancelActors() // ctx has ended: nothing more is waited for
+			return
+		}
 		for _, h := range targets {
 			h.local.sysPush(sysMsg{kind: sysStop, reason: ErrNodeClosed})
 		}
@@ -190,6 +215,7 @@ func (n *Node) shutdown(ctx context.Context, graceful bool) error {
 		stopActors()
 	}
 	phase(PhaseFlush)
+	close(n.flushing)
 	n.pmu.Lock()
 	n.pclosing = true
 	assocs := make([]*assoc, 0, len(n.all))

@@ -1,7 +1,6 @@
 package troupe
 
 import (
-	"bufio"
 	"crypto/sha256"
 	"encoding/binary"
 	"errors"
@@ -113,7 +112,7 @@ var ErrFrameTooBig = errors.New("troupe: frame too big")
 // taken by one Peek) without a call into bufio each; took bytes of the
 // window have been returned, and are discarded before the next read.
 type frameReader struct {
-	r       *bufio.Reader
+	r       *readBuf
 	max     int
 	scratch []byte // for frames larger than the read buffer
 	win     []byte
@@ -125,7 +124,7 @@ type frameReader struct {
 }
 
 func newFrameReader(r io.Reader, max int) *frameReader {
-	return &frameReader{r: bufio.NewReaderSize(r, readBufferSize), max: max}
+	return &frameReader{r: newReadBuf(r), max: max}
 }
 
 // next returns the body of the next frame. The slice is valid only until
@@ -142,6 +141,9 @@ func (fr *frameReader) next() ([]byte, error) {
 		return b, nil
 	}
 	fr.sync()
+	if fr.r.Buffered() == 0 {
+		fr.scratch = nil // about to wait: an idle reader holds no large frame's buffer
+	}
 	n, err := fr.length()
 	if err != nil {
 		return nil, err
@@ -185,6 +187,10 @@ func (fr *frameReader) sync() {
 // buffered is how many bytes the buffer holds that no frame returned yet.
 func (fr *frameReader) buffered() int { return fr.r.Buffered() - fr.took }
 
+// quiet reports that the next frame waits for the connection, after a
+// read that brought little: the link is idle, or nearly.
+func (fr *frameReader) quiet() bool { return fr.buffered() == 0 && fr.r.last < idleReadSize }
+
 // maxLengthBytes is the longest length prefix accepted: five uvarint bytes
 // hold any frame size up to 32 GiB, far beyond every allowed maximum.
 const maxLengthBytes = 5
@@ -203,7 +209,9 @@ func (fr *frameReader) length() (uint64, error) {
 		c, err := fr.r.ReadByte()
 		if err != nil {
 			if i > 0 && err == io.EOF {
-				return 0, fmt.Errorf("%w: truncated length prefix", ErrMalformed)
+				// The connection ended inside a frame: a broken link,
+				// as inside a body (see truncated).
+				return 0, fmt.Errorf("%w: truncated length prefix: %w", ErrMalformed, io.ErrUnexpectedEOF)
 			}
 			return 0, err
 		}
@@ -231,6 +239,9 @@ const maxHelloSize = 16 << 10
 // another protocol is turned away without waiting for a whole frame.
 func (fr *frameReader) hello() ([]byte, error) {
 	fr.sync()
+	if fr.r.Buffered() == 0 {
+		fr.scratch = nil // about to wait: an idle reader holds no large frame's buffer
+	}
 	n, err := fr.length()
 	if err != nil {
 		return nil, err

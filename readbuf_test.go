@@ -1,0 +1,114 @@
+package troupe
+
+import (
+	"bytes"
+	"io"
+	"math/rand/v2"
+	"testing"
+	"testing/iotest"
+)
+
+// frameStream returns frames of sizes from 1 byte to 300 KiB (larger than
+// the read buffer), each body filled with its index.
+func frameStream(r *rand.Rand, count int) (stream []byte, bodies [][]byte) {
+	for i := range count {
+		var size int
+		switch r.IntN(4) {
+		case 0:
+			size = 1 + r.IntN(32)
+		case 1:
+			size = 1 + r.IntN(idleReadSize*2)
+		case 2:
+			size = 1 + r.IntN(readBufferSize*2)
+		default:
+			size = 1 + r.IntN(300<<10)
+		}
+		body := bytes.Repeat([]byte{byte(i)}, size)
+		bodies = append(bodies, body)
+		stream = appendWhole(stream, body)
+	}
+	return stream, bodies
+}
+
+// chunky reads at most a random count of bytes each time, as a socket
+// returns what has arrived.
+type chunky struct {
+	r   io.Reader
+	rnd *rand.Rand
+}
+
+func (c chunky) Read(p []byte) (int, error) {
+	if len(p) > 1 {
+		p = p[:1+c.rnd.IntN(min(len(p), 3000))]
+	}
+	return c.r.Read(p)
+}
+
+// Every frame comes back whole and in order, whatever the source returns
+// per read, the small buffer and the pooled one taking turns.
+func TestFrameReaderOverAnyChunking(t *testing.T) {
+	rnd := rand.New(rand.NewPCG(1, 2))
+	stream, bodies := frameStream(rnd, 300)
+	sources := map[string]func() io.Reader{
+		"whole":    func() io.Reader { return bytes.NewReader(stream) },
+		"one byte": func() io.Reader { return iotest.OneByteReader(bytes.NewReader(stream)) },
+		"half":     func() io.Reader { return iotest.HalfReader(bytes.NewReader(stream)) },
+		"data+err": func() io.Reader { return iotest.DataErrReader(bytes.NewReader(stream)) },
+		"chunky":   func() io.Reader { return chunky{bytes.NewReader(stream), rand.New(rand.NewPCG(3, 4))} },
+	}
+	for name, src := range sources {
+		t.Run(name, func(t *testing.T) {
+			fr := newFrameReader(src(), DefaultMaxFrameSize)
+			for i, want := range bodies {
+				got, err := fr.next()
+				if err != nil {
+					t.Fatalf("frame %d of %d bytes: %v", i, len(want), err)
+				}
+				if !bytes.Equal(got, want) {
+					t.Fatalf("frame %d: %d bytes, want %d", i, len(got), len(want))
+				}
+			}
+			if _, err := fr.next(); err != io.EOF {
+				t.Fatalf("after the last frame: %v, want io.EOF", err)
+			}
+		})
+	}
+}
+
+// A reader that took the pooled buffer for a burst gives it back once a
+// quiet read finds it empty: an idle association holds idleReadSize bytes
+// for reading.
+func TestAQuietReaderGivesBackItsBuffer(t *testing.T) {
+	pr, pw := io.Pipe()
+	fr := newFrameReader(pr, DefaultMaxFrameSize)
+	var burst []byte
+	for range 10 {
+		burst = appendWhole(burst, make([]byte, 20<<10))
+	}
+	go func() {
+		pw.Write(burst)
+		for range 3 {
+			pw.Write(appendWhole(nil, appendHeartbeat(nil))) // a quiet link's traffic
+		}
+		pw.Close()
+	}()
+	for i := range 10 {
+		if _, err := fr.next(); err != nil {
+			t.Fatal(err)
+		}
+		if fr.r.big == nil {
+			t.Fatalf("frame %d of a burst of 20 KiB frames was read without the pooled buffer", i)
+		}
+	}
+	for range 3 {
+		if _, err := fr.next(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := fr.next(); err != io.EOF {
+		t.Fatal(err)
+	}
+	if fr.r.big != nil || fr.scratch != nil {
+		t.Fatalf("a quiet reader holds %d bytes of buffer and %d of scratch", len(fr.r.buf), cap(fr.scratch))
+	}
+}
