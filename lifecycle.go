@@ -89,8 +89,10 @@ var ErrNotReady = errors.New("troupe: node not ready")
 // Ready says whether the node is ready for work: nil, or an error wrapping
 // [ErrNotReady] that says why not — it is shutting down or closed, or it
 // is a cluster member that is not up (still joining, or leaving), or its
-// membership ended (it left, or was downed). A
-// readiness probe should route traffic to the node only while it is nil.
+// membership ended (it left, or was downed), or a registrar it registers
+// with lacks some of its names (a registration failed, or the registrar
+// was lost; they are all sent again until it confirms). A readiness
+// probe should route traffic to the node only while it is nil.
 func (n *Node) Ready() error {
 	if n.draining.Load() {
 		return fmt.Errorf("%w: shutting down", ErrNotReady)
@@ -101,6 +103,9 @@ func (n *Node) Ready() error {
 		}
 	} else if n.clusterEnded.Load() {
 		return fmt.Errorf("%w: no longer a cluster member", ErrNotReady)
+	}
+	if a, ok := n.regPendingAt(); ok {
+		return fmt.Errorf("%w: the registrar at %s lacks some of this node's names (registering again)", ErrNotReady, a)
 	}
 	return nil
 }

@@ -287,21 +287,31 @@ func (n *Node) keepRegistrars() {
 		case <-ended:
 		}
 		for _, addr := range n.remoteRegistrars() {
-			if uid, _ := n.registrarAt(addr); uid != (NodeUID{}) && uid == registered[addr] {
+			uid, _ := n.registrarAt(addr)
+			if uid != (NodeUID{}) && uid == registered[addr] {
+				if n.regIsPending(addr) && n.reregister(addr) == nil {
+					// The same registrar missed a registration: it has
+					// them all now.
+					n.setRegPending(addr, false)
+					n.log.Info("troupe: registered again", "registrar", addr.String())
+				}
 				continue
 			}
+			n.setRegPending(addr, true)
 			if !lost[addr] {
 				lost[addr] = true
 				n.log.Warn("troupe: registrar lost; registering again when it answers", "registrar", addr.String())
 			}
 			if n.reregister(addr) == nil {
 				registered[addr], dedicated[addr] = n.registrarAt(addr)
+				n.setRegPending(addr, false)
 				delete(lost, addr)
 				n.log.Info("troupe: registered again", "registrar", addr.String())
 				n.bumpRegistrarEpoch()
 				continue
 			}
 			if !dedicated[addr] && n.takeOver(addr) {
+				n.setRegPending(addr, false) // this node serves its own registrations there
 				delete(lost, addr)
 				n.log.Warn("troupe: took over the registry address of a registrar that is gone", "registrar", addr.String())
 				n.bumpRegistrarEpoch()
@@ -341,6 +351,38 @@ func (n *Node) takeOver(addr Addr) bool {
 		n.registryRegister(r)
 	}
 	return true
+}
+
+// setRegPending records whether the registrar at addr lacks some of this
+// node's registrations.
+func (n *Node) setRegPending(addr Addr, pending bool) {
+	n.regEpochMu.Lock()
+	defer n.regEpochMu.Unlock()
+	if !pending {
+		delete(n.regPending, addr)
+		return
+	}
+	if n.regPending == nil {
+		n.regPending = make(map[Addr]bool)
+	}
+	n.regPending[addr] = true
+}
+
+func (n *Node) regIsPending(addr Addr) bool {
+	n.regEpochMu.Lock()
+	defer n.regEpochMu.Unlock()
+	return n.regPending[addr]
+}
+
+// regPendingAt returns a registrar that lacks some of this node's
+// registrations, if any.
+func (n *Node) regPendingAt() (Addr, bool) {
+	n.regEpochMu.Lock()
+	defer n.regEpochMu.Unlock()
+	for a := range n.regPending {
+		return a, true
+	}
+	return Addr{}, false
 }
 
 // reregister sends every registration of this node to the registrar at
@@ -392,7 +434,8 @@ func (n *Node) registerActor(h *handle) {
 	for _, a := range n.remoteRegistrars() {
 		req := regRequest{Op: regOpRegister, Regs: toWire([]Registration{r})}
 		if _, err := n.askRegistrar(n.ctx, registrarSource{addr: a}, req); err != nil {
-			n.log.Warn("troupe: could not register actor", "path", h.key.path, "registrar", a.String(), "err", err)
+			n.log.Warn("troupe: could not register actor; registering again when the registrar answers", "path", h.key.path, "registrar", a.String(), "err", err)
+			n.setRegPending(a, true)
 		}
 	}
 	if n.etcd != nil {

@@ -412,6 +412,11 @@ type Node struct {
 	// regEpoch is closed (and replaced) each time this node registers
 	// again with a registrar; parked waits park again then.
 	regEpochMu sync.Mutex
+	// regPending (regEpochMu) holds the registrars whose copy of this
+	// node's registrations is known to be incomplete: a registration
+	// failed, or the registrar was lost. keepRegistrars sends them all
+	// again; Ready is false meanwhile.
+	regPending map[Addr]bool
 	regEpoch   chan struct{}
 
 	// members holds the uids of cluster members (NodeUID -> struct{}):
