@@ -78,7 +78,9 @@ func (n *Node) leaveCluster(ctx context.Context, hurry <-chan struct{}) {
 // goodbye. It returns nil when all of
 // that finished, or ctx.Err() when ctx ended first — the node is then
 // closed at once, as by Close, before Shutdown returns. A call to Close
-// during a Shutdown makes it finish at once too.
+// during a Shutdown makes it finish at once too. One wait ctx cannot cut
+// short: a handler that ignores its Context (Go cannot stop it) holds the
+// node's last wait until it returns. The phases are [ShutdownPhase]'s.
 func (n *Node) Shutdown(ctx context.Context) error {
 	n.closeOnce.Do(func() {
 		n.draining.Store(true)
@@ -90,8 +92,9 @@ func (n *Node) Shutdown(ctx context.Context) error {
 }
 
 // waitActors waits until every actor has terminated, or ctx ends (or
-// Close hurries a Shutdown): a handler that ignores its context must not
-// hold a Shutdown past its deadline. It says which actors still run.
+// Close hurries a Shutdown), so that the phases after PhaseActors are not
+// held past the deadline by a handler that ignores its context (the
+// node's last wait still is). It says which actors still run.
 func (n *Node) waitActors(ctx context.Context) error {
 	done := make(chan struct{})
 	n.wg.Go(func() { n.live.Wait(); close(done) }) // (ends before the node's last wait does)
