@@ -162,60 +162,14 @@ func (n *Node) shutdown(ctx context.Context, graceful bool) error {
 		}
 	}
 	n.lmu.Unlock()
-	stopActors := func() {
-		n.amu.Lock()
-		n.closing = true
-		targets := make([]*handle, 0, len(n.actors))
-		for _, h := range n.actors {
-			targets = append(targets, h)
-		}
-		n.amu.Unlock()
-		if graceful && n.cfg.ShutdownDrain {
-			// Every actor first handles what its mailbox holds, its
-			// context live, within ctx; past ctx, the rest stop as below.
-			// The stop goes to the top of each tree: a parent stops its
-			// children once it has drained, and they drain in turn what it
-			// sent them.
-			n.drainingMailboxes.Store(true)
-			for _, h := range targets {
-				if c, ok := h.local.(interface{ topLevel() bool }); ok && c.topLevel() {
-					h.local.sysPush(sysMsg{kind: sysStop, reason: ErrNodeClosed, drain: true})
-				}
-			}
-			err := n.waitActors(ctx)
-			if err == nil {
-				n.cancelActors()
-				return
-			}
-			errs = append(errs, fmt.Errorf("the mailboxes did not drain: %w", err))
-			n.drainingMailboxes.Store(false)
-			for _, h := range targets {
-				h.local.sysPush(sysMsg{kind: sysStop, reason: ErrNodeClosed})
-			}
-			n.cancelActors() // ctx has ended: nothing more is waited for
-			return
-		}
-		for _, h := range targets {
-			h.local.sysPush(sysMsg{kind: sysStop, reason: ErrNodeClosed})
-		}
-		// Every actor stops after the handler it runs: a handler waiting
-		// on its context returns now. Shutdown waits for the others
-		// within ctx.
-		n.cancelActors()
-		if graceful {
-			if err := n.waitActors(ctx); err != nil {
-				errs = append(errs, err)
-			}
-		} else {
-			n.live.Wait()
-		}
-	}
 	phase(PhaseActors)
 	if graceful {
 		// Handlers in progress finish while the associations are up, so
 		// that their replies reach the peers that asked; the goodbyes
 		// follow them.
-		stopActors()
+		if err := n.stopActors(ctx, graceful); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	phase(PhaseFlush)
 	close(n.flushing)
@@ -235,7 +189,9 @@ func (n *Node) shutdown(ctx context.Context, graceful bool) error {
 	if !graceful {
 		// Peers first, so they hear that this node left rather than that
 		// each actor stopped.
-		stopActors()
+		if err := n.stopActors(ctx, graceful); err != nil {
+			errs = append(errs, err)
+		}
 	}
 
 	// Let the writers send what they hold and the goodbye: for as long as
@@ -268,4 +224,54 @@ func (n *Node) shutdown(ctx context.Context, graceful bool) error {
 	n.wg.Wait()
 	n.closeEtcdClients()
 	return errors.Join(errs...)
+}
+
+// stopActors stops every actor (PhaseActors; for Close, after the
+// goodbyes): each after the handler it runs, or with ShutdownDrain after
+// its mailbox, waiting for them within ctx when graceful.
+func (n *Node) stopActors(ctx context.Context, graceful bool) error {
+	n.amu.Lock()
+	n.closing = true
+	targets := make([]*handle, 0, len(n.actors))
+	for _, h := range n.actors {
+		targets = append(targets, h)
+	}
+	n.amu.Unlock()
+	if graceful && n.cfg.ShutdownDrain {
+		// Every actor first handles what its mailbox holds, its
+		// context live, within ctx; past ctx, the rest stop as below.
+		// The stop goes to the top of each tree: a parent stops its
+		// children once it has drained, and they drain in turn what it
+		// sent them.
+		n.drainingMailboxes.Store(true)
+		for _, h := range targets {
+			if c, ok := h.local.(interface{ topLevel() bool }); ok && c.topLevel() {
+				h.local.sysPush(sysMsg{kind: sysStop, reason: ErrNodeClosed, drain: true})
+			}
+		}
+		err := n.waitActors(ctx)
+		if err == nil {
+			n.cancelActors()
+			return nil
+		}
+		drainErr := fmt.Errorf("the mailboxes did not drain: %w", err)
+		n.drainingMailboxes.Store(false)
+		for _, h := range targets {
+			h.local.sysPush(sysMsg{kind: sysStop, reason: ErrNodeClosed})
+		}
+		n.cancelActors() // ctx has ended: nothing more is waited for
+		return drainErr
+	}
+	for _, h := range targets {
+		h.local.sysPush(sysMsg{kind: sysStop, reason: ErrNodeClosed})
+	}
+	// Every actor stops after the handler it runs: a handler waiting
+	// on its context returns now. Shutdown waits for the others
+	// within ctx.
+	n.cancelActors()
+	if graceful {
+		return n.waitActors(ctx)
+	}
+	n.live.Wait()
+	return nil
 }
