@@ -25,6 +25,11 @@ var (
 	// [Config.SendQueueLimit] bytes for its peer (waiting to be written,
 	// or not yet acknowledged).
 	ErrSendQueueFull = errors.New("troupe: send queue full")
+	// ErrPeerShuttingDown is the error of an [Ask] (or a [Resolve]) of an
+	// actor on a node that is shutting down: it said so (Shutdown's
+	// [PhaseRefuse]) and takes no new work, while it finishes what it
+	// has. Find the name again: the registry no longer lists that node.
+	ErrPeerShuttingDown = errors.New("troupe: peer node is shutting down")
 	// errSessionReplaced ends a suspended session whose peer connected
 	// again without resuming it (the peer holds it no more), or a session
 	// the dialer refused after the welcome.
@@ -117,6 +122,9 @@ type assoc struct {
 	// credit: both sides grant and heed per-actor credit (set by the
 	// handshake, before the reader and writer start).
 	credit bool
+	// peerDraining (mu): the peer said it is shutting down (a draining
+	// frame): asks and resolves of its users' actors are refused.
+	peerDraining bool
 	// The credit due to the peer's senders (credit.go): accounts for the
 	// writer to consider granting.
 	cmu       sync.Mutex
@@ -568,15 +576,41 @@ func (a *assoc) lockTarget() *assoc {
 	return a
 }
 
-func (a *assoc) addPending(p pendingAsk) bool {
+// addPending records an ask waiting on the peer, or says why it cannot
+// be made: the session ended, or (for new work, an ask of an actor the
+// peer's users spawned) the peer said it is shutting down.
+func (a *assoc) addPending(p pendingAsk, work bool) error {
 	a = a.lockTarget()
-	defer a.mu.Unlock()
 	if a.state >= assocLeaving {
-		return false
+		a.mu.Unlock()
+		return a.failure()
+	}
+	if work && a.peerDraining {
+		err := a.drainingError()
+		a.mu.Unlock()
+		return err
 	}
 	a.pending[p] = struct{}{}
-	return true
+	a.mu.Unlock()
+	return nil
 }
+
+// shuttingDown says whether the peer said it is shutting down.
+func (a *assoc) shuttingDown() bool {
+	t := a.lockTarget()
+	defer t.mu.Unlock()
+	return t.peerDraining
+}
+
+// drainingError is the error of new work refused because the peer is
+// shutting down (a.mu held).
+func (a *assoc) drainingError() error {
+	return fmt.Errorf("%w: %s takes no new asks", ErrPeerShuttingDown, a.label())
+}
+
+// isWork says whether path names an actor that users spawned (new work
+// for its node), not a system actor or an ask's reply address.
+func isWork(path string) bool { return strings.HasPrefix(path, "/user/") }
 
 func (a *assoc) removePending(p pendingAsk) {
 	a = a.lockTarget()

@@ -231,7 +231,7 @@ func rejectFrame(code byte, uid NodeUID, text string) []byte {
 }
 
 func (n *Node) hello() *hello {
-	h := &hello{version: protocolVersion, uid: n.uid, name: n.name, flags: helloResumable | helloCredit}
+	h := &hello{version: protocolVersion, uid: n.uid, name: n.name, flags: helloResumable | helloCredit | helloDrains}
 	if n.reg() != nil {
 		h.flags |= helloRegistrar
 		if n.cfg.EnsureRegistry {
@@ -332,6 +332,9 @@ func (n *Node) attach(a *assoc, h *hello) bool {
 		// mailboxes take (see credit.go); a resumed session keeps what
 		// it was told.
 		a.encodeControl(appendCredit(nil, 0, uint64(n.mailboxCredit())), false) // the first frame
+	}
+	if n.refusing.Load() && a.peerFlags&helloDrains != 0 {
+		a.encodeControl(appendDraining(nil), false) // (a peer told twice ignores the second)
 	}
 	a.mu.Unlock()
 	a.startDetector(time.Now())

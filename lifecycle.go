@@ -25,7 +25,11 @@ const (
 	// answers.
 	PhaseUnregister
 	// PhaseRefuse: the listeners close; no new association is accepted.
-	// (Dials of the node's own were abandoned when PhaseLeave ended.)
+	// Every peer is told that this node takes no new work: an [Ask] or a
+	// [Resolve] of one of its users' actors made there from now on fails
+	// at once with [ErrPeerShuttingDown] (Tells still go: they may be
+	// replies to the handlers still running). The node's own handlers
+	// may still ask, look up, send and dial until PhaseFlush.
 	PhaseRefuse
 	// PhaseActors: every actor stops after the handler it is running
 	// (whose replies still reach the nodes that asked), or with

@@ -46,7 +46,7 @@ type registrarSource struct {
 
 func (n *Node) lookupSources(opts []LookupOption) ([]registrarSource, lookupConfig, error) {
 	var cfg lookupConfig
-	if n.isClosed() {
+	if n.workOver() {
 		return nil, cfg, ErrNodeClosed
 	}
 	for _, o := range opts {
@@ -747,14 +747,15 @@ func (w *foundWatch) watchHandle() *handle   { return w.h }
 func (w *foundWatch) protocol() reflect.Type { return nil }
 
 // fastPath finds name among this node's own actors and the actors it found
-// before on peers it is still associated with. It is skipped when the
+// before on peers it is still associated with (and that are not shutting
+// down). It is skipped when the
 // caller names the registrars to ask.
 func fastPath[T any](n *Node, name string, opts []LookupOption) (Ref[T], bool) {
 	var cfg lookupConfig
 	for _, o := range opts {
 		o(&cfg)
 	}
-	if cfg.registries != nil || n.isClosed() {
+	if cfg.registries != nil || n.workOver() {
 		return Ref[T]{}, false // a closed node answers with ErrNodeClosed
 	}
 	want := reflect.TypeFor[T]()
@@ -771,7 +772,7 @@ func fastPath[T any](n *Node, name string, opts []LookupOption) (Ref[T], bool) {
 	n.pmu.Unlock()
 	for i := len(list) - 1; i >= 0; i-- {
 		f := list[i]
-		if f.proto == protocolName(want) && f.h.assoc.failure() == nil {
+		if f.proto == protocolName(want) && f.h.assoc.failure() == nil && !f.h.assoc.shuttingDown() {
 			return Ref[T]{h: f.h}, true
 		}
 	}
@@ -874,7 +875,7 @@ func (n *Node) awaitRegistration(ctx context.Context, srcs []registrarSource, na
 	}
 	cases = append(cases,
 		reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(ctx.Done())},
-		reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(n.done)},
+		reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(n.flushing)},
 		reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(n.registrarEpoch())})
 	var i int
 	var v reflect.Value

@@ -439,6 +439,10 @@ type Node struct {
 	// flushing is closed when the shutdown reaches PhaseFlush: heartbeats
 	// go on until then, through a long drain of mailboxes.
 	flushing chan struct{}
+	// refusing is set when the shutdown reaches PhaseRefuse: peers that
+	// understand it are told (a draining frame) that this node takes no
+	// new asks.
+	refusing atomic.Bool
 	// drainingMailboxes: Shutdown lets mailboxes drain (ShutdownDrain),
 	// and a stopping parent's children drain theirs too.
 	drainingMailboxes atomic.Bool
@@ -708,6 +712,18 @@ func (n *Node) reg() *regTable { return n.regP.Load() }
 func (n *Node) isClosed() bool {
 	select {
 	case <-n.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// workOver reports whether a closing node has stopped its actors
+// (PhaseFlush): until then, the handlers a Shutdown lets finish may still
+// ask, look up and send.
+func (n *Node) workOver() bool {
+	select {
+	case <-n.flushing:
 		return true
 	default:
 		return false

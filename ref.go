@@ -288,8 +288,8 @@ func Ask[Req, Resp any](ctx context.Context, to Ref[Req], mk func(replyTo Ref[Re
 	p := newPromise[Resp](n)
 	defer p.finish()
 	if a := to.h.assoc; a != nil {
-		if !a.addPending(p) {
-			return zero, a.failure()
+		if err := a.addPending(p, isWork(to.h.key.path)); err != nil {
+			return zero, err
 		}
 		defer a.removePending(p)
 	}
@@ -336,7 +336,7 @@ func Ask[Req, Resp any](ctx context.Context, to Ref[Req], mk func(replyTo Ref[Re
 		return r.v, r.err
 	case <-ctx.Done():
 		return zero, ctx.Err()
-	case <-n.done:
+	case <-n.flushing: // (handlers that a Shutdown lets finish may still ask)
 		return zero, ErrNodeClosed
 	case <-stopped:
 		select {

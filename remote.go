@@ -79,7 +79,7 @@ func (a *assoc) awaitUp(ctx context.Context) error {
 	case <-a.ready:
 	case <-ctx.Done():
 		return ctx.Err()
-	case <-a.n.done:
+	case <-a.n.flushing:
 		return ErrNodeClosed
 	}
 	if err := a.failure(); err != nil {
@@ -99,6 +99,11 @@ func (a *assoc) resolve(ctx context.Context, path, proto string) (resolveAnswer,
 		t.mu.Unlock()
 		return resolveAnswer{}, t.failure()
 	}
+	if t.peerDraining && isWork(path) {
+		err := t.drainingError()
+		t.mu.Unlock()
+		return resolveAnswer{}, err
+	}
 	id := a.n.reqSeq.Add(1)
 	t.resolves[id] = ch
 	t.mu.Unlock()
@@ -111,7 +116,7 @@ func (a *assoc) resolve(ctx context.Context, path, proto string) (resolveAnswer,
 		delete(t.resolves, id)
 		t.mu.Unlock()
 		return resolveAnswer{}, ctx.Err()
-	case <-a.n.done:
+	case <-a.n.flushing:
 		return resolveAnswer{}, ErrNodeClosed
 	}
 }
@@ -147,6 +152,14 @@ func (a *assoc) handleFrame(kind frameKind, b []byte) (done bool, err error) {
 		return false, a.onResume(b)
 	case frameCredit:
 		return false, a.onCredit(b)
+	case frameDraining:
+		if err := parseDraining(b); err != nil {
+			return false, err
+		}
+		t := a.lockTarget()
+		t.peerDraining = true
+		t.mu.Unlock()
+		return false, nil
 	case frameHello, frameWelcome, frameReject, frameChallenge, frameProof:
 		return false, fmt.Errorf("%w: %s after the handshake", ErrMalformed, kind)
 	}

@@ -70,9 +70,10 @@ func (n *Node) leaveCluster(ctx context.Context, hurry <-chan struct{}) {
 	}
 }
 
-// Shutdown stops the node gracefully: it stops accepting connections,
-// unregisters its actors and itself, stops every actor (each after the
-// handler it is running, whose replies still reach other nodes), writes
+// Shutdown stops the node gracefully: it unregisters its actors and
+// itself, stops accepting connections and tells its peers it takes no new
+// asks ([ErrPeerShuttingDown]), stops every actor (each after the handler
+// it is running, whose replies still reach other nodes), writes
 // everything queued for peers followed by a goodbye, and then closes, as
 // [Node.Close]. Remote watchers of its actors hear [ErrPeerLeft] from the
 // goodbye. It returns nil when all of
@@ -129,7 +130,9 @@ func (n *Node) waitActors(ctx context.Context) error {
 func (n *Node) shutdown(ctx context.Context, graceful bool) error {
 	n.draining.Store(true)
 	close(n.done)
-	n.dialCancel() // a dial in progress has nobody left to serve
+	if !graceful {
+		n.dialCancel() // a dial in progress has nobody left to serve
+	}
 	var errs []error
 	phase := func(p ShutdownPhase) {
 		if graceful {
@@ -162,6 +165,9 @@ func (n *Node) shutdown(ctx context.Context, graceful bool) error {
 		}
 	}
 	n.lmu.Unlock()
+	if graceful {
+		n.refuseWork()
+	}
 	phase(PhaseActors)
 	if graceful {
 		// Handlers in progress finish while the associations are up, so
@@ -173,6 +179,7 @@ func (n *Node) shutdown(ctx context.Context, graceful bool) error {
 	}
 	phase(PhaseFlush)
 	close(n.flushing)
+	n.dialCancel() // (the handlers Shutdown let finish might have dialed)
 	n.pmu.Lock()
 	n.pclosing = true
 	assocs := make([]*assoc, 0, len(n.all))
@@ -224,6 +231,32 @@ func (n *Node) shutdown(ctx context.Context, graceful bool) error {
 	n.wg.Wait()
 	n.closeEtcdClients()
 	return errors.Join(errs...)
+}
+
+// refuseWork tells every peer that understands it that this node is
+// shutting down (a draining frame, after everything queued before it):
+// its senders refuse new asks of this node's actors with
+// ErrPeerShuttingDown and look the names up again, while the replies of
+// the handlers still running reach them. A session that comes up later
+// is told in its handshake.
+func (n *Node) refuseWork() {
+	n.refusing.Store(true)
+	n.pmu.Lock()
+	assocs := make([]*assoc, 0, len(n.all))
+	for a := range n.all {
+		select {
+		case <-a.ready: // (the handshake set peerFlags before, under pmu)
+		default:
+			continue // its handshake, under pmu later, sees refusing
+		}
+		if a.peerFlags&helloDrains != 0 {
+			assocs = append(assocs, a)
+		}
+	}
+	n.pmu.Unlock()
+	for _, a := range assocs {
+		a.control(appendDraining(nil))
+	}
 }
 
 // stopActors stops every actor (PhaseActors; for Close, after the

@@ -44,10 +44,11 @@ const (
 	frameAck                         // how many tell (or sequenced) frames have been received
 	frameResume                      // a resumed session: how many sequenced frames were received
 	frameCredit                      // receiver → sender: more messages an actor's mailbox takes
+	frameDraining                    // the sender is shutting down: it takes no new asks
 	frameKindCount                   // one past the last kind
 )
 
-var frameNames = [...]string{"invalid", "hello", "welcome", "reject", "tell", "watch", "unwatch", "terminated", "resolve", "resolved", "bye", "heartbeat", "challenge", "proof", "ack", "resume", "credit"}
+var frameNames = [...]string{"invalid", "hello", "welcome", "reject", "tell", "watch", "unwatch", "terminated", "resolve", "resolved", "bye", "heartbeat", "challenge", "proof", "ack", "resume", "credit", "draining"}
 
 // sequenced reports whether frames of kind k are counted, acknowledged and,
 // after a link flap, sent again: every frame written from the send queue.
@@ -55,7 +56,7 @@ var frameNames = [...]string{"invalid", "hello", "welcome", "reject", "tell", "w
 // connection and are not.
 func (k frameKind) sequenced() bool {
 	switch k {
-	case frameTell, frameWatch, frameUnwatch, frameTerminated, frameResolve, frameResolved, frameBye, frameCredit:
+	case frameTell, frameWatch, frameUnwatch, frameTerminated, frameResolve, frameResolved, frameBye, frameCredit, frameDraining:
 		return true
 	}
 	return false
@@ -365,6 +366,7 @@ const (
 	helloResumable                   // the sender sequences every queued frame and can resume a session over a new connection
 	helloResuming                    // hello: this connection resumes the session with you; welcome: resumed
 	helloCredit                      // the sender grants and heeds per-actor credit (frameCredit)
+	helloDrains                      // the sender understands frameDraining
 )
 
 // maxHelloAddrs bounds the listen addresses a peer may announce.
@@ -775,6 +777,15 @@ func parseCredit(b []byte) (id, n uint64, err error) {
 	id = d.uvarint()
 	n = d.uvarint()
 	return id, n, d.whole("credit")
+}
+
+// appendDraining appends a draining frame: the sender is shutting down
+// and takes no new asks (it has no fields).
+func appendDraining(b []byte) []byte { return append(b, byte(frameDraining)) }
+
+func parseDraining(b []byte) error {
+	d := decoder{b: b}
+	return d.whole("draining")
 }
 
 // whole returns the decoder's error, or one if bytes are left over: every

@@ -88,6 +88,7 @@ func goldenFrames(t *testing.T) map[string][]byte {
 		"heartbeat":  frame(appendHeartbeat(nil)),
 		"ack":        frame(appendAck(nil, 1025)),
 		"credit":     frame(appendCredit(nil, 3, 50)),
+		"draining":   frame(appendDraining(nil)),
 		"resume":     frame(appendResume(nil, 70000)),
 		"challenge":  frame(appendChallenge(nil, challengeBody{uid: uid, nonce: bytes.Repeat([]byte{0x5a}, nonceSize), mac: bytes.Repeat([]byte{0xc3}, macSize)})),
 		"proof":      frame(appendProof(nil, bytes.Repeat([]byte{0xc3}, macSize))),
@@ -305,6 +306,7 @@ func TestFrameBodiesParseBack(t *testing.T) {
 			id, n, err := parseCredit(b)
 			return sprint(id, n), err
 		},
+		"draining": func(b []byte) (any, error) { return nil, parseDraining(b) },
 	}
 	watch := watchBody{path: "/user/echo", uuid: uuid, watcher: "/user/watcher"}
 	want := map[string]any{
@@ -325,6 +327,7 @@ func TestFrameBodiesParseBack(t *testing.T) {
 		"ack":        uint64(1025),
 		"resume":     uint64(70000),
 		"credit":     sprint(uint64(3), uint64(50)),
+		"draining":   nil,
 	}
 	if len(parsers) != len(frames) {
 		t.Fatalf("%d parsers for %d golden frames", len(parsers), len(frames))
