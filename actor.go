@@ -375,7 +375,7 @@ func (c *cell[T]) pushWait(ctx context.Context, msg T) error {
 		case <-room:
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-c.n.flushing:
+		case <-c.n.workDone():
 			return ErrNodeClosed
 		}
 	}

@@ -362,7 +362,7 @@ func (n *Node) assocHeld(addr Addr, wait bool, from NodeUID) (_ *assoc, held boo
 		n.pmu.Unlock()
 		select {
 		case <-cl.done:
-		case <-n.done:
+		case <-n.flushing:
 		}
 		n.pmu.Lock()
 	}

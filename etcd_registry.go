@@ -642,7 +642,7 @@ func (n *Node) closeEtcdClients() {
 
 // askEtcd answers a lookup request from an etcd registry.
 func (n *Node) askEtcd(ctx context.Context, r *etcdRegistry, req regRequest) ([]Registration, error) {
-	if n.isClosed() {
+	if n.workOver() {
 		return nil, ErrNodeClosed
 	}
 	ctx, cancel := context.WithTimeout(ctx, n.registryTimeout())

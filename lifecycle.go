@@ -29,7 +29,8 @@ const (
 	// [Resolve] of one of its users' actors made there from now on fails
 	// at once with [ErrPeerShuttingDown] (Tells still go: they may be
 	// replies to the handlers still running). The node's own handlers
-	// may still ask, look up, send and dial until PhaseFlush.
+	// may still ask, look up, send and dial until their contexts are
+	// cancelled in PhaseActors (with ShutdownDrain, after the drain).
 	PhaseRefuse
 	// PhaseActors: every actor stops after the handler it is running
 	// (whose replies still reach the nodes that asked), or with

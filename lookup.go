@@ -875,7 +875,7 @@ func (n *Node) awaitRegistration(ctx context.Context, srcs []registrarSource, na
 	}
 	cases = append(cases,
 		reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(ctx.Done())},
-		reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(n.flushing)},
+		reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(n.workDone())},
 		reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(n.registrarEpoch())})
 	var i int
 	var v reflect.Value

@@ -216,8 +216,8 @@ type Config struct {
 	// messages already in its mailbox before it stops (in PhaseActors, its
 	// context live, within Shutdown's ctx; a parent first, then its
 	// children); a message that arrives after that is a [DeadLetter]
-	// ([ErrActorStopped]). A draining handler may Tell, but an Ask, a
-	// Resolve or a Send that would wait returns [ErrNodeClosed]. Past ctx,
+	// ([ErrActorStopped]). A draining handler may Tell, Ask, Resolve,
+	// look up and Send, to this node or others. Past ctx,
 	// the actors stop as without it, and Shutdown's error says that the
 	// mailboxes did not drain. Default false: every actor stops after the
 	// handler it is running. Close never drains.
@@ -457,7 +457,8 @@ type Node struct {
 	// hmu guards hooks, the work users added to Shutdown's phases.
 	hmu   sync.Mutex
 	hooks map[ShutdownPhase][]func(context.Context) error
-	// dialCtx ends every dial in progress when the node begins to close.
+	// dialCtx ends every dial in progress when Close begins, or when a
+	// Shutdown reaches PhaseFlush.
 	dialCtx    context.Context
 	dialCancel context.CancelFunc
 	live       sync.WaitGroup // one count per actor not yet terminated
@@ -718,10 +719,19 @@ func (n *Node) isClosed() bool {
 	}
 }
 
-// workOver reports whether a closing node has stopped its actors
-// (PhaseFlush): until then, the handlers a Shutdown lets finish may still
-// ask, look up and send.
-func (n *Node) workOver() bool {
+// workDone is closed when a closing node cancels its actors' contexts
+// (Close at once; Shutdown at PhaseActors, or after the drain with
+// ShutdownDrain): until then, the handlers a Shutdown lets finish may
+// still ask, look up, send and dial, and a wait of theirs ends then with
+// ErrNodeClosed, so that none holds the shutdown.
+func (n *Node) workDone() <-chan struct{} { return n.actorsCtx.Done() }
+
+// workOver reports whether workDone is closed.
+func (n *Node) workOver() bool { return n.actorsCtx.Err() != nil }
+
+// flushBegun reports whether the shutdown reached PhaseFlush (at once for
+// Close): sessions are no longer resumed.
+func (n *Node) flushBegun() bool {
 	select {
 	case <-n.flushing:
 		return true

@@ -269,8 +269,10 @@ var refCarrierType = reflect.TypeFor[refCarrier]()
 // the calling goroutine.
 //
 // Ask returns ctx.Err() when ctx ends first, [ErrNodeClosed] when the node
-// closes, the dead-letter reason when the request could not be sent (for
-// example [ErrActorStopped]), and the association's error (such as
+// closes (for a handler that a Shutdown lets finish, when its Context is
+// cancelled), [ErrPeerShuttingDown] at once when the target's node is
+// shutting down, the dead-letter reason when the request could not be
+// sent (for example [ErrActorStopped]), and the association's error (such as
 // [ErrPeerLeft]) when the target's node goes away while it waits. When the
 // target stops before it replies — a panic, a failure, a stop — Ask
 // returns at once an [*AskError] with the stop's reason (for a target on
@@ -336,7 +338,7 @@ func Ask[Req, Resp any](ctx context.Context, to Ref[Req], mk func(replyTo Ref[Re
 		return r.v, r.err
 	case <-ctx.Done():
 		return zero, ctx.Err()
-	case <-n.flushing: // (handlers that a Shutdown lets finish may still ask)
+	case <-n.workDone(): // (handlers that a Shutdown lets finish may still ask)
 		return zero, ErrNodeClosed
 	case <-stopped:
 		select {

@@ -18,7 +18,10 @@ import (
 // Resolve fails with an error wrapping [ErrNoSuchActor] when no actor lives
 // at that path, [ErrWrongType] when the actor's protocol is not T, the
 // dial or handshake error when the node cannot be reached, ctx.Err() when
-// ctx ends first, and [ErrNodeClosed] when n closes. The returned ref is
+// ctx ends first, [ErrPeerShuttingDown] when that node is shutting down
+// (find the name again), and [ErrNodeClosed] when n closes (for a handler
+// that a Shutdown lets finish, when its Context is cancelled). The
+// returned ref is
 // bound to the association it was resolved over; if that association ends,
 // resolve again.
 func Resolve[T any](ctx context.Context, n *Node, ref string) (Ref[T], error) {
@@ -79,7 +82,7 @@ func (a *assoc) awaitUp(ctx context.Context) error {
 	case <-a.ready:
 	case <-ctx.Done():
 		return ctx.Err()
-	case <-a.n.flushing:
+	case <-a.n.workDone():
 		return ErrNodeClosed
 	}
 	if err := a.failure(); err != nil {
@@ -116,7 +119,7 @@ func (a *assoc) resolve(ctx context.Context, path, proto string) (resolveAnswer,
 		delete(t.resolves, id)
 		t.mu.Unlock()
 		return resolveAnswer{}, ctx.Err()
-	case <-a.n.flushing:
+	case <-a.n.workDone():
 		return resolveAnswer{}, ErrNodeClosed
 	}
 }

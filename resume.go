@@ -27,7 +27,7 @@ const (
 func (a *assoc) lost(err error) {
 	a.mu.Lock()
 	_, ok := step(a.state, evLinkLost)
-	resumable := a.resumable && ok && a.endCause == nil && a.mergedInto == nil && !a.n.isClosed()
+	resumable := a.resumable && ok && a.endCause == nil && a.mergedInto == nil && !a.n.flushBegun()
 	conn := a.conn
 	a.mu.Unlock()
 	if !resumable {
@@ -105,7 +105,7 @@ func (a *assoc) whileSuspended(try func(cause error, silent bool) (done bool)) {
 		if wait > 0 {
 			t := time.NewTimer(wait)
 			select {
-			case <-n.done:
+			case <-n.flushing: // (a flap during a drain resumes)
 				t.Stop()
 				return
 			case <-t.C:

@@ -123,7 +123,7 @@ func (a *assoc) await(ctx context.Context, ch chan struct{}) error {
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()
-	case <-a.n.flushing:
+	case <-a.n.workDone():
 		return ErrNodeClosed
 	}
 }

@@ -131,7 +131,8 @@ func (n *Node) shutdown(ctx context.Context, graceful bool) error {
 	n.draining.Store(true)
 	close(n.done)
 	if !graceful {
-		n.dialCancel() // a dial in progress has nobody left to serve
+		n.dialCancel()   // a dial in progress has nobody left to serve
+		n.cancelActors() // handlers waiting on their Context return now
 	}
 	var errs []error
 	phase := func(p ShutdownPhase) {

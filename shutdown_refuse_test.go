@@ -3,6 +3,8 @@ package troupe_test
 import (
 	"context"
 	"errors"
+	"io"
+	"log/slog"
 	"sync"
 	"testing"
 	"time"
@@ -147,9 +149,8 @@ func TestAShuttingDownNodeRefusesNewAsks(t *testing.T) {
 	}
 }
 
-// A handler that a Shutdown lets finish may still ask another node,
-// look a name up and resolve a ref: the node stops waiting on them only
-// when its actors have stopped (PhaseFlush).
+// A handler running during a Shutdown may still resolve a ref on another
+// node and ask it, until its Context is cancelled (PhaseActors).
 func TestAHandlerShutdownLetsFinishMayStillAsk(t *testing.T) {
 	svc := defaultNode(t, "svc")
 	other := defaultNode(t, "other")
@@ -189,12 +190,104 @@ func TestAHandlerShutdownLetsFinishMayStillAsk(t *testing.T) {
 	shut := make(chan error, 1)
 	go func() { shut <- svc.Shutdown(ctx) }()
 	within(t, holding, 5*time.Second, "PhaseActors")
-	release()
-	closeOnce(gate) // the handler goes on after the actors' stop came
+	closeOnce(gate) // the handler asks while the shutdown is under way
 	if err := within(t, result, 10*time.Second, "the handler's ask"); err != nil {
 		t.Fatalf("a handler that Shutdown lets finish could not ask: %v", err)
 	}
+	release()
 	if err := within(t, shut, 10*time.Second, "Shutdown"); err != nil {
 		t.Fatalf("Shutdown: %v", err)
+	}
+}
+
+// With ShutdownDrain, the handlers that drain a mailbox may ask another
+// node: the replies come, and every queued job is handled.
+func TestADrainingHandlerMayAskAnotherNode(t *testing.T) {
+	svc, err := troupe.Start(ctxFor(t), troupe.Config{Name: "drainer", ShutdownDrain: true,
+		Listen: []string{"tcp://127.0.0.1:0"}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { svc.Close() })
+	other := defaultNode(t, "other")
+	spawnRefuseEcho(t, other, "echo", nil, nil)
+	ctx := ctxFor(t)
+	echo, err := troupe.Resolve[refuseReq](ctx, svc, troupe.FormatRef(other.Addrs()[0], "/user/echo"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	gate, started := make(chan struct{}), make(chan struct{}, 1)
+	t.Cleanup(func() { closeOnce(gate) })
+	results := make(chan error, 20)
+	worker, err := troupe.Spawn(svc, "worker", troupe.Behavior[int]{
+		Receive: func(c *troupe.Context[int], n int) {
+			if n == 0 {
+				started <- struct{}{}
+				<-gate
+			}
+			r, err := askRefuse(c.Context(), echo, n+10)
+			if err == nil && r.N != n+10 {
+				err = errors.New("wrong reply")
+			}
+			results <- err
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 20 {
+		worker.Tell(i)
+	}
+	within(t, started, 5*time.Second, "the first job")
+	shut := make(chan error, 1)
+	go func() { shut <- svc.Shutdown(ctx) }()
+	<-svc.Done()
+	closeOnce(gate)
+	for i := range 20 {
+		if err := within(t, results, 10*time.Second, "a drained job's ask"); err != nil {
+			t.Fatalf("job %d: a draining handler's ask failed: %v", i, err)
+		}
+	}
+	if err := within(t, shut, 10*time.Second, "Shutdown"); err != nil {
+		t.Fatalf("Shutdown: %v", err)
+	}
+}
+
+// A handler that asks without a deadline an actor that never answers
+// does not hold a Shutdown without one: its ask ends with ErrNodeClosed
+// when the actors' contexts are cancelled.
+func TestAnAskWithoutDeadlineDoesNotHoldShutdown(t *testing.T) {
+	svc := defaultNode(t, "svc")
+	other := defaultNode(t, "other")
+	if _, err := troupe.Spawn(other, "mute", troupe.Behavior[refuseReq]{
+		Receive: func(*troupe.Context[refuseReq], refuseReq) {},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	ctx := ctxFor(t)
+	mute, err := troupe.Resolve[refuseReq](ctx, svc, troupe.FormatRef(other.Addrs()[0], "/user/mute"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	asking, result := make(chan struct{}), make(chan error, 1)
+	caller, err := troupe.Spawn(svc, "caller", troupe.Behavior[int]{
+		Receive: func(c *troupe.Context[int], _ int) {
+			close(asking)
+			_, err := askRefuse(context.Background(), mute, 1)
+			result <- err
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	caller.Tell(1)
+	within(t, asking, 5*time.Second, "the handler asking")
+	shut := make(chan error, 1)
+	go func() { shut <- svc.Shutdown(context.Background()) }()
+	if err := within(t, shut, 10*time.Second, "Shutdown"); err != nil {
+		t.Fatalf("Shutdown: %v", err)
+	}
+	if err := within(t, result, time.Second, "the ask's end"); !errors.Is(err, troupe.ErrNodeClosed) {
+		t.Fatalf("the ask ended with %v, want ErrNodeClosed", err)
 	}
 }
