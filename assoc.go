@@ -122,6 +122,9 @@ type assoc struct {
 	// credit: both sides grant and heed per-actor credit (set by the
 	// handshake, before the reader and writer start).
 	credit bool
+	// incompatLogged (the reader's) holds the wire keys whose
+	// incompatible messages this session has logged.
+	incompatLogged map[string]struct{}
 	// peerDraining (mu): the peer said it is shutting down (a draining
 	// frame): asks and resolves of its users' actors are refused.
 	peerDraining bool

@@ -21,6 +21,12 @@ var (
 	// ErrMalformed is wrapped by every error about bytes that do not decode:
 	// a truncated, oversized or inconsistent frame or payload.
 	ErrMalformed = errors.New("troupe: malformed input")
+	// ErrIncompatibleMessage is the dead-letter reason of a message whose
+	// frame was whole but whose payload does not decode into the type
+	// registered here under its wire key — most often a peer that runs
+	// another version of the type. The error names the key and, where it
+	// can, the field. Only that message is lost: the association goes on.
+	ErrIncompatibleMessage = errors.New("troupe: incompatible message")
 )
 
 // WireMarshaler is the fast path for a message type that encodes itself:
@@ -636,8 +642,9 @@ func pointerPlan(p *plan, t reflect.Type, building map[reflect.Type]*plan) error
 // structPlan writes the exported fields in order.
 func structPlan(p *plan, t reflect.Type, building map[reflect.Type]*plan) error {
 	type field struct {
-		i int
-		p *plan
+		i    int
+		p    *plan
+		name string
 	}
 	var fields []field
 	for i := range t.NumField() {
@@ -649,7 +656,7 @@ func structPlan(p *plan, t reflect.Type, building map[reflect.Type]*plan) error 
 		if err != nil {
 			return fmt.Errorf("field %s: %w", f.Name, err)
 		}
-		fields = append(fields, field{i, fp})
+		fields = append(fields, field{i, fp, f.Name})
 		p.min += fp.min
 	}
 	p.enc = func(e *encoder, v reflect.Value) {
@@ -663,6 +670,9 @@ func structPlan(p *plan, t reflect.Type, building map[reflect.Type]*plan) error 
 				return
 			}
 			f.p.dec(d, v.Field(f.i))
+			if d.err != nil {
+				d.err = fmt.Errorf("field %s: %w", f.name, d.err) // (the outer field wraps the inner)
+			}
 		}
 	}
 	return nil
@@ -959,13 +969,28 @@ func (d *decoder) flatInto(mt *msgType, b []byte, p unsafe.Pointer) error {
 	d.b, d.off, d.depth, d.err = b, 0, 0, nil
 	d.decodeFlat(mt.flat, p)
 	if d.err == nil && d.remaining() != 0 {
-		d.fail("%d bytes left over after %s", d.remaining(), mt.key)
+		d.fail("%d bytes left over after the last field of %s (the sender's type has more fields, or fields of other kinds)", d.remaining(), mt.key)
 	}
 	d.b = nil
 	if d.err != nil {
 		return fmt.Errorf("payload %q: %w", mt.key, d.err)
 	}
 	return nil
+}
+
+// explain decodes b as mt once more, field by field (not along the flat
+// fast path, which does not track fields), to say which field a payload
+// that failed to decode broke at.
+func (d *decoder) explain(mt *msgType, b []byte) error {
+	v := reflect.New(mt.t)
+	d.b, d.off, d.depth, d.err = b, 0, 0, nil
+	d.budget = decodeBudgetFactor*len(b) + decodeBudgetBase
+	mt.p.dec(d, v.Elem())
+	if d.err == nil && d.remaining() != 0 {
+		d.fail("%d bytes left over after the last field (the sender's type has more fields, or fields of other kinds)", d.remaining())
+	}
+	d.b = nil
+	return d.err
 }
 
 // payload decodes a value of mt from b, which must be consumed whole.
@@ -992,7 +1017,7 @@ func (d *decoder) payload(mt *msgType, b []byte) (any, error) {
 		mt.p.dec(d, v.Elem())
 	}
 	if d.err == nil && d.remaining() != 0 {
-		d.fail("%d bytes left over after %s", d.remaining(), mt.key)
+		d.fail("%d bytes left over after the last field of %s (the sender's type has more fields, or fields of other kinds)", d.remaining(), mt.key)
 	}
 	d.b = nil
 	if d.err != nil {

@@ -99,7 +99,7 @@ var deadLetterReasons = []struct {
 	{"actor-stopped", ErrActorStopped}, {"no-such-actor", ErrNoSuchActor}, {"wrong-type", ErrWrongType},
 	{"mailbox-full", ErrMailboxFull}, {"send-queue-full", ErrSendQueueFull}, {"quarantined", ErrQuarantined},
 	{"peer-left", ErrPeerLeft}, {"node-closed", ErrNodeClosed}, {"session-ended", ErrSessionEnded},
-	{"not-registered", ErrNotRegistered},
+	{"not-registered", ErrNotRegistered}, {"incompatible", ErrIncompatibleMessage},
 }
 
 func (c *deadLetterCounts) add(reason error) {

@@ -252,14 +252,16 @@ func (a *assoc) onTell(b []byte) error {
 		clear(a.arena[at:])
 		if err := a.dec.flatInto(mt, payload, unsafe.Pointer(&a.arena[at])); err != nil {
 			a.arena = a.arena[:at]
-			return err
+			a.incompatible(it.path, mt, payload, err)
+			return nil
 		}
 		a.batchPush(wireMsg{size: len(b), mt: mt, at: at, credited: credited})
 		return nil
 	}
 	msg, err := a.dec.payload(ty.mt, payload)
 	if err != nil {
-		return err
+		a.incompatible(it.path, ty.mt, payload, err)
+		return nil
 	}
 	if it.target == nil {
 		n.deadLetter(n.localRefString(it.path), msg, ErrNoSuchActor)
@@ -275,6 +277,36 @@ func (a *assoc) onTell(b []byte) error {
 	}
 	return nil
 }
+
+// incompatible dead-letters a message for path whose frame was whole but
+// whose payload does not decode as mt (why): one message, one fate — the
+// session goes on (a peer running another version of the type must not
+// lose its link). The first such message of each wire key in a session
+// is logged.
+func (a *assoc) incompatible(path string, mt *msgType, payload []byte, why error) {
+	n := a.n
+	if mt.flat != nil {
+		// The flat fast path does not track fields: decode once more,
+		// field by field, to name the one it broke at.
+		if err := a.dec.explain(mt, payload); err != nil {
+			why = err
+		}
+	}
+	err := fmt.Errorf("%w: %q from %s: %v", ErrIncompatibleMessage, mt.key, a.label(), why)
+	if _, seen := a.incompatLogged[mt.key]; !seen && len(a.incompatLogged) < maxIncompatLogged {
+		if a.incompatLogged == nil {
+			a.incompatLogged = map[string]struct{}{}
+		}
+		a.incompatLogged[mt.key] = struct{}{}
+		n.log.Warn("troupe: a message from a peer does not decode as the type registered here; it is a dead letter (the peer may run another version of the type)",
+			"peer", a.label(), "key", mt.key, "to", path, "err", why)
+	}
+	n.deadLetter(n.localRefString(path), nil, err)
+}
+
+// maxIncompatLogged bounds the wire keys a session logs incompatible
+// messages of.
+const maxIncompatLogged = 64
 
 // Delivery in batches: the reader gathers the messages of consecutive
 // tell frames for one actor and hands them to its mailbox together, with

@@ -31,7 +31,8 @@ type Stats struct {
 	// DeadLetters counts the node's dead letters since it started, by
 	// reason: "actor-stopped", "no-such-actor", "wrong-type",
 	// "mailbox-full", "send-queue-full", "quarantined", "peer-left",
-	// "node-closed", "session-ended", "not-registered" or "other".
+	// "node-closed", "session-ended", "not-registered", "incompatible" or
+	// "other".
 	DeadLetters map[string]uint64
 	// Members is the cluster membership as this node sees it, when it is
 	// a cluster member.
