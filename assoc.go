@@ -122,6 +122,11 @@ type assoc struct {
 	// credit: both sides grant and heed per-actor credit (set by the
 	// handshake, before the reader and writer start).
 	credit bool
+	// inShapes (the reader's) holds the shapes the peer sent for wire
+	// keys it has not yet defined in the session; shapeBytes counts all
+	// it sent (at most maxShapeSession are taken).
+	inShapes   map[string]*rawShape
+	shapeBytes int
 	// incompatLogged (the reader's) holds the wire keys whose
 	// incompatible messages this session has logged.
 	incompatLogged map[string]struct{}

@@ -67,6 +67,11 @@ type msgType struct {
 	plain bool
 	words int
 
+	// shape is the type's shape (see shape.go), sent once a session
+	// before its first message; nil for a WireMarshaler or a shape
+	// longer than maxShapeSize.
+	shape []byte
+
 	direct   bool           // stored directly in an interface (see box)
 	typeWord unsafe.Pointer // the interface type word of t
 }
@@ -140,6 +145,7 @@ func registerType(t reflect.Type, key string, alloc func() unsafe.Pointer) error
 	}
 	mt.p = p
 	if !mt.fast {
+		mt.shape = shapeOf(t)
 		mt.flat = flatFields(t)
 		mt.plain = mt.flat != nil && alloc != nil && t.Size() > 0
 		mt.words = int(t.Size()+7) / 8

@@ -1,6 +1,7 @@
 package troupe
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"reflect"
@@ -155,6 +156,8 @@ func (a *assoc) handleFrame(kind frameKind, b []byte) (done bool, err error) {
 		return false, a.onResume(b)
 	case frameCredit:
 		return false, a.onCredit(b)
+	case frameShape:
+		return false, a.onShape(b)
 	case frameDraining:
 		if err := parseDraining(b); err != nil {
 			return false, err
@@ -174,6 +177,11 @@ func (a *assoc) handleFrame(kind frameKind, b []byte) (done bool, err error) {
 type inType struct {
 	key string
 	mt  *msgType
+	// conv decodes the peer's shape of the key into mt, when the peer
+	// sent one that differs from mt's; incompat says why every message
+	// of the key is a dead letter, when the shapes cannot be matched.
+	conv     *conv
+	incompat error
 }
 
 func (a *assoc) onTell(b []byte) error {
@@ -221,6 +229,7 @@ func (a *assoc) onTell(b []byte) error {
 	var ty *inType
 	if th.typInline {
 		ty = &inType{key: th.key, mt: typeByKey(th.key)}
+		a.matchShape(ty)
 		if tid != 0 {
 			if tid != uint64(len(a.inTypes))+1 || tid > maxTableSize {
 				return fmt.Errorf("%w: type id %d defined out of sequence", ErrMalformed, tid)
@@ -240,6 +249,18 @@ func (a *assoc) onTell(b []byte) error {
 		n.deadLetter(n.localRefString(it.path), nil, fmt.Errorf("%w: unknown wire key %q from %s", ErrNotRegistered, ty.key, a.label()))
 		return nil
 	}
+	if ty.incompat != nil {
+		a.incompatible(it.path, ty.mt, ty.incompat)
+		return nil
+	}
+	if ty.conv != nil {
+		msg, err := a.dec.convert(ty.mt, ty.conv, payload)
+		if err != nil {
+			a.incompatible(it.path, ty.mt, err)
+			return nil
+		}
+		return a.deliver(it, id, msg, len(b), credited)
+	}
 	if bt := it.batch; bt != nil && ty.mt.plain {
 		// Decoded into the batch's memory, not a box of its own: an
 		// actor whose protocol is this very type takes it without an
@@ -252,7 +273,7 @@ func (a *assoc) onTell(b []byte) error {
 		clear(a.arena[at:])
 		if err := a.dec.flatInto(mt, payload, unsafe.Pointer(&a.arena[at])); err != nil {
 			a.arena = a.arena[:at]
-			a.incompatible(it.path, mt, payload, err)
+			a.incompatible(it.path, mt, a.explain(mt, payload, err))
 			return nil
 		}
 		a.batchPush(wireMsg{size: len(b), mt: mt, at: at, credited: credited})
@@ -260,22 +281,42 @@ func (a *assoc) onTell(b []byte) error {
 	}
 	msg, err := a.dec.payload(ty.mt, payload)
 	if err != nil {
-		a.incompatible(it.path, ty.mt, payload, err)
+		a.incompatible(it.path, ty.mt, a.explain(ty.mt, payload, err))
 		return nil
 	}
+	return a.deliver(it, id, msg, len(b), credited)
+}
+
+// deliver hands a decoded message to its target (in a batch when the
+// target takes them), or makes it a dead letter.
+func (a *assoc) deliver(it *inTarget, id uint64, msg any, size int, credited bool) error {
+	n := a.n
 	if it.target == nil {
 		n.deadLetter(n.localRefString(it.path), msg, ErrNoSuchActor)
 		return nil
 	}
 	if bt := it.batch; bt != nil {
 		a.batchFor(bt, it.path, id)
-		a.batchPush(wireMsg{msg: msg, size: len(b), credited: credited})
+		a.batchPush(wireMsg{msg: msg, size: size, credited: credited})
 		return nil
 	}
-	if err := it.target.tellWire(msg, len(b)); err != nil {
+	if err := it.target.tellWire(msg, size); err != nil {
 		n.deadLetter(n.localRefString(it.path), msg, err)
 	}
 	return nil
+}
+
+// explain says why payload does not decode as mt, given the decoder's
+// error: the flat fast path does not track fields, so a flat type's
+// payload is decoded once more, field by field, to name the one it broke
+// at.
+func (a *assoc) explain(mt *msgType, payload []byte, err error) error {
+	if mt.flat != nil {
+		if why := a.dec.explain(mt, payload); why != nil {
+			return why
+		}
+	}
+	return err
 }
 
 // incompatible dead-letters a message for path whose frame was whole but
@@ -283,15 +324,8 @@ func (a *assoc) onTell(b []byte) error {
 // session goes on (a peer running another version of the type must not
 // lose its link). The first such message of each wire key in a session
 // is logged.
-func (a *assoc) incompatible(path string, mt *msgType, payload []byte, why error) {
+func (a *assoc) incompatible(path string, mt *msgType, why error) {
 	n := a.n
-	if mt.flat != nil {
-		// The flat fast path does not track fields: decode once more,
-		// field by field, to name the one it broke at.
-		if err := a.dec.explain(mt, payload); err != nil {
-			why = err
-		}
-	}
 	err := fmt.Errorf("%w: %q from %s: %v", ErrIncompatibleMessage, mt.key, a.label(), why)
 	if _, seen := a.incompatLogged[mt.key]; !seen && len(a.incompatLogged) < maxIncompatLogged {
 		if a.incompatLogged == nil {
@@ -302,6 +336,56 @@ func (a *assoc) incompatible(path string, mt *msgType, payload []byte, why error
 			"peer", a.label(), "key", mt.key, "to", path, "err", why)
 	}
 	n.deadLetter(n.localRefString(path), nil, err)
+}
+
+// onShape keeps a shape the peer sent for a wire key it is about to
+// define (at most maxShapeSession bytes of them a session; past that, and
+// for a key this node has not registered or that encodes itself, the
+// shape is not kept: messages decode positionally).
+func (a *assoc) onShape(b []byte) error {
+	key, shape, err := parseShapeFrame(b)
+	if err != nil {
+		return err
+	}
+	rs, err := parseShape(shape)
+	if err != nil {
+		return err // (a troupe peer sends only shapes that parse)
+	}
+	a.shapeBytes += len(shape)
+	if a.shapeBytes > maxShapeSession || len(a.inShapes) >= maxTableSize {
+		return nil
+	}
+	if mt := typeByKey(key); mt == nil || mt.fast {
+		return nil
+	}
+	if a.inShapes == nil {
+		a.inShapes = map[string]*rawShape{}
+	}
+	rs.b = append([]byte(nil), shape...) // (b is the read buffer's)
+	a.inShapes[key] = rs
+	return nil
+}
+
+// matchShape compares the shape the peer sent for ty's key, if any, with
+// the registered type's: the same, and messages decode as always;
+// different, and they decode through a conversion by field name, or are
+// dead letters when a field's kind changed.
+func (a *assoc) matchShape(ty *inType) {
+	rs := a.inShapes[ty.key]
+	if rs == nil {
+		return
+	}
+	delete(a.inShapes, ty.key)
+	mt := ty.mt
+	if mt == nil || mt.fast || bytes.Equal(rs.b, mt.shape) {
+		return
+	}
+	c, err := buildConv(rs, mt.t)
+	if err != nil {
+		ty.incompat = fmt.Errorf("the shapes differ: %w", err)
+		return
+	}
+	ty.conv = c
 }
 
 // maxIncompatLogged bounds the wire keys a session logs incompatible

@@ -216,7 +216,8 @@ func (a *assoc) takeOver(w *assoc, moved recQueue) {
 	// (w encodes nothing before its writer starts.)
 	w.out = a.out.take()
 	w.outTypes, w.outTargets, w.outTargetKeys, w.outTypeList = a.outTypes, a.outTargets, a.outTargetKeys, a.outTypeList
-	w.inTypes, w.inTargets = a.inTypes, a.inTargets
+	w.inTypes, w.inTargets, w.inShapes, w.shapeBytes = a.inTypes, a.inTargets, a.inShapes, a.shapeBytes
+	w.peerDraining = a.peerDraining
 	// Credit goes on with the tables: what the peer granted, and the
 	// accounts of what this side granted, which now answer to w.
 	w.peerMailbox, w.outSent, w.outGranted = a.peerMailbox, a.outSent, a.outGranted

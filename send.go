@@ -410,6 +410,11 @@ func (a *assoc) encodeTell(h *handle, mt *msgType, payload []byte, p unsafe.Poin
 	if !knownType {
 		th.key = mt.key
 	}
+	if newType && mt.shape != nil && a.peerFlags&helloShapes != 0 {
+		// The peer learns the type's shape before its first message,
+		// once a session: it decodes by field name if its own differs.
+		a.encodeControl(appendShapeFrame(nil, mt.key, mt.shape), false)
+	}
 	buf := a.out.room(need)
 	start := len(buf)
 	var body int

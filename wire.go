@@ -45,10 +45,11 @@ const (
 	frameResume                      // a resumed session: how many sequenced frames were received
 	frameCredit                      // receiver → sender: more messages an actor's mailbox takes
 	frameDraining                    // the sender is shutting down: it takes no new asks
+	frameShape                       // a wire key's shape, before the first message of it (see shape.go)
 	frameKindCount                   // one past the last kind
 )
 
-var frameNames = [...]string{"invalid", "hello", "welcome", "reject", "tell", "watch", "unwatch", "terminated", "resolve", "resolved", "bye", "heartbeat", "challenge", "proof", "ack", "resume", "credit", "draining"}
+var frameNames = [...]string{"invalid", "hello", "welcome", "reject", "tell", "watch", "unwatch", "terminated", "resolve", "resolved", "bye", "heartbeat", "challenge", "proof", "ack", "resume", "credit", "draining", "shape"}
 
 // sequenced reports whether frames of kind k are counted, acknowledged and,
 // after a link flap, sent again: every frame written from the send queue.
@@ -56,7 +57,7 @@ var frameNames = [...]string{"invalid", "hello", "welcome", "reject", "tell", "w
 // connection and are not.
 func (k frameKind) sequenced() bool {
 	switch k {
-	case frameTell, frameWatch, frameUnwatch, frameTerminated, frameResolve, frameResolved, frameBye, frameCredit, frameDraining:
+	case frameTell, frameWatch, frameUnwatch, frameTerminated, frameResolve, frameResolved, frameBye, frameCredit, frameDraining, frameShape:
 		return true
 	}
 	return false
@@ -367,6 +368,7 @@ const (
 	helloResuming                    // hello: this connection resumes the session with you; welcome: resumed
 	helloCredit                      // the sender grants and heeds per-actor credit (frameCredit)
 	helloDrains                      // the sender understands frameDraining
+	helloShapes                      // the sender sends and heeds shapes (frameShape)
 )
 
 // maxHelloAddrs bounds the listen addresses a peer may announce.
@@ -786,6 +788,28 @@ func appendDraining(b []byte) []byte { return append(b, byte(frameDraining)) }
 func parseDraining(b []byte) error {
 	d := decoder{b: b}
 	return d.whole("draining")
+}
+
+// appendShapeFrame appends a shape frame: the wire key, then the shape
+// (the rest of the frame).
+func appendShapeFrame(b []byte, key string, shape []byte) []byte {
+	b = append(b, byte(frameShape))
+	b = binary.AppendUvarint(b, uint64(len(key)))
+	b = append(b, key...)
+	return append(b, shape...)
+}
+
+// parseShapeFrame returns a shape frame's key and shape (which aliases b).
+func parseShapeFrame(b []byte) (key string, shape []byte, err error) {
+	d := decoder{b: b}
+	key = d.string()
+	if d.err == nil && (len(key) == 0 || len(key) > maxWireKey) {
+		d.fail("a wire key of %d bytes in a shape", len(key))
+	}
+	if d.err != nil {
+		return "", nil, d.err
+	}
+	return key, b[d.off:], nil
 }
 
 // whole returns the decoder's error, or one if bytes are left over: every

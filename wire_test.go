@@ -89,6 +89,7 @@ func goldenFrames(t *testing.T) map[string][]byte {
 		"ack":        frame(appendAck(nil, 1025)),
 		"credit":     frame(appendCredit(nil, 3, 50)),
 		"draining":   frame(appendDraining(nil)),
+		"shape":      frame(appendShapeFrame(nil, "troupe.test.count", shapeOf(reflect.TypeFor[count]()))),
 		"resume":     frame(appendResume(nil, 70000)),
 		"challenge":  frame(appendChallenge(nil, challengeBody{uid: uid, nonce: bytes.Repeat([]byte{0x5a}, nonceSize), mac: bytes.Repeat([]byte{0xc3}, macSize)})),
 		"proof":      frame(appendProof(nil, bytes.Repeat([]byte{0xc3}, macSize))),
@@ -307,6 +308,13 @@ func TestFrameBodiesParseBack(t *testing.T) {
 			return sprint(id, n), err
 		},
 		"draining": func(b []byte) (any, error) { return nil, parseDraining(b) },
+		"shape": func(b []byte) (any, error) {
+			key, shape, err := parseShapeFrame(b)
+			if err == nil {
+				_, err = parseShape(shape)
+			}
+			return sprint(key, shape), err
+		},
 	}
 	watch := watchBody{path: "/user/echo", uuid: uuid, watcher: "/user/watcher"}
 	want := map[string]any{
@@ -328,6 +336,7 @@ func TestFrameBodiesParseBack(t *testing.T) {
 		"resume":     uint64(70000),
 		"credit":     sprint(uint64(3), uint64(50)),
 		"draining":   nil,
+		"shape":      sprint("troupe.test.count", []byte{shapeStruct, 1, 1, 'N', shapeInt}),
 	}
 	if len(parsers) != len(frames) {
 		t.Fatalf("%d parsers for %d golden frames", len(parsers), len(frames))
