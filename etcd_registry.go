@@ -40,9 +40,11 @@ const (
 	etcdAttempt = time.Second
 	// etcdElection is how long a request goes on trying the endpoints
 	// again while some member answers "unavailable" or does not answer
-	// at all: an election after the leader's death (a few hundred
-	// milliseconds with etcd's default timeouts). Members that all refuse
-	// connections fail the request at once.
+	// at all: an election after the leader's death (with etcd's default
+	// timeouts, 1 s randomised, writes stall for about 1 to 2 s:
+	// TestEtcdRegistrationsSurviveALeaderKill). A write that outlasts it
+	// is written again by the node's etcd writer (etcd_sync.go). Members
+	// that all refuse connections fail the request at once.
 	etcdElection = 2 * time.Second
 	// etcdRetryWait is the pause between two rounds of the endpoints.
 	etcdRetryWait = 100 * time.Millisecond
@@ -227,16 +229,11 @@ func (r *etcdRegistry) keepAlive(ctx context.Context, lease string) (bool, error
 
 // put writes reg under the node's lease.
 func (r *etcdRegistry) put(ctx context.Context, lease string, reg Registration) error {
-	e := etcdEntry{Name: reg.Name, UUID: hex.EncodeToString(reg.UUID[:]), Path: reg.Path, Node: hex.EncodeToString(reg.Node[:]),
-		NodeName: reg.NodeName, Registered: time.Now().UTC()}
-	for _, a := range reg.Addrs {
-		e.Addrs = append(e.Addrs, a.String())
-	}
-	v, err := json.Marshal(e)
+	v, err := entryValue(reg)
 	if err != nil {
 		return err
 	}
-	put := map[string]any{"key": b64(r.key(reg.Name, reg.UUID)), "value": base64.StdEncoding.EncodeToString(v), "lease": lease}
+	put := map[string]any{"key": b64(r.key(reg.Name, reg.UUID)), "value": v, "lease": lease}
 	return r.call(ctx, "/v3/kv/put", put, &struct{}{})
 }
 
@@ -546,22 +543,19 @@ func (n *Node) registerEtcd(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, n.registryTimeout())
 	defer cancel()
 	lease, err := n.etcd.grant(ctx, n.etcdTTL())
+	self := n.nodeRegistration()
 	if err == nil {
-		err = n.etcd.put(ctx, lease, n.nodeRegistration())
+		err = n.etcd.put(ctx, lease, self)
 	}
 	if err != nil {
 		return fmt.Errorf("register with %w", err)
 	}
 	n.etcd.setLease(lease)
+	n.etcdSync.init()
+	n.etcdSync.written[n.etcd.key(self.Name, self.UUID)] = struct{}{}
 	n.wg.Go(n.keepEtcd)
+	n.wg.Go(n.syncEtcd)
 	return nil
-}
-
-// etcdPut registers reg under the node's current lease.
-func (n *Node) etcdPut(reg Registration) error {
-	ctx, cancel := context.WithTimeout(n.ctx, n.registryTimeout())
-	defer cancel()
-	return n.etcd.put(ctx, n.etcd.currentLease(), reg)
 }
 
 // keepEtcd renews the node's lease every third of its time to live. When
@@ -592,31 +586,21 @@ func (n *Node) keepEtcd() {
 				unreachable = false
 			}
 		default:
-			if err := n.reregisterEtcd(ctx); err != nil {
-				n.log.Warn("troupe: could not register again with the etcd registry", "registry", r.String(), "err", err)
-			} else {
-				n.log.Info("troupe: etcd lease had expired; registered again", "registry", r.String())
-				unreachable = false
-				n.bumpRegistrarEpoch()
+			// The lease expired, and the entries with it: a new lease,
+			// and everything put again under it (in batches).
+			lease, err := r.grant(ctx, ttl)
+			if err != nil {
+				n.log.Warn("troupe: could not take a new etcd lease", "registry", r.String(), "err", err)
+				break
 			}
+			r.setLease(lease)
+			n.leaseLost()
+			n.log.Info("troupe: etcd lease had expired; registering everything again", "registry", r.String())
+			unreachable = false
+			n.bumpRegistrarEpoch()
 		}
 		cancel()
 	}
-}
-
-// reregisterEtcd takes a new lease and puts every registration under it.
-func (n *Node) reregisterEtcd(ctx context.Context) error {
-	lease, err := n.etcd.grant(ctx, n.etcdTTL())
-	if err != nil {
-		return err
-	}
-	for _, reg := range n.publicRegistrations() {
-		if err := n.etcd.put(ctx, lease, reg); err != nil {
-			return err
-		}
-	}
-	n.etcd.setLease(lease)
-	return nil
 }
 
 // revokeEtcd removes the node's entries as it closes (within d), by

@@ -38,7 +38,12 @@ func freePort(t testing.TB) int {
 
 // startEtcdCluster starts a three-member etcd cluster, or skips the test
 // when there is no etcd binary (apt-get install etcd-server).
-func startEtcdCluster(t testing.TB) *etcdCluster {
+func startEtcdCluster(t testing.TB) *etcdCluster { return startEtcdClusterWith(t, true) }
+
+// startEtcdClusterWith starts a three-member etcd cluster, with fast
+// elections (50 ms heartbeats, 500 ms election timeout) or etcd's
+// defaults (100 ms, 1 s).
+func startEtcdClusterWith(t testing.TB, fast bool) *etcdCluster {
 	t.Helper()
 	if _, err := exec.LookPath("etcd"); err != nil {
 		t.Skip("no etcd binary (apt-get install etcd-server; .ci/run installs it)")
@@ -53,11 +58,14 @@ func startEtcdCluster(t testing.TB) *etcdCluster {
 		peers = append(peers, fmt.Sprintf("m%d=%s", i, p))
 	}
 	for i := range 3 {
-		cmd := exec.Command("etcd", "--name", fmt.Sprintf("m%d", i), "--data-dir", t.TempDir(),
-			"--listen-client-urls", "http://"+c.clients[i], "--advertise-client-urls", "http://"+c.clients[i],
+		args := []string{"--name", fmt.Sprintf("m%d", i), "--data-dir", t.TempDir(),
+			"--listen-client-urls", "http://" + c.clients[i], "--advertise-client-urls", "http://" + c.clients[i],
 			"--listen-peer-urls", peerURLs[i], "--initial-advertise-peer-urls", peerURLs[i],
-			"--initial-cluster", strings.Join(peers, ","), "--initial-cluster-state", "new",
-			"--heartbeat-interval", "50", "--election-timeout", "500")
+			"--initial-cluster", strings.Join(peers, ","), "--initial-cluster-state", "new"}
+		if fast {
+			args = append(args, "--heartbeat-interval", "50", "--election-timeout", "500")
+		}
+		cmd := exec.Command("etcd", args...)
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}

@@ -112,6 +112,9 @@ func (n *Node) Ready() error {
 	if a, ok := n.regPendingAt(); ok {
 		return fmt.Errorf("%w: the registrar at %s lacks some of this node's names (registering again)", ErrNotReady, a)
 	}
+	if k := n.etcdPending(); k > 0 {
+		return fmt.Errorf("%w: %d of this node's registrations or removals are not yet in the etcd registry (trying again)", ErrNotReady, k)
+	}
 	return nil
 }
 

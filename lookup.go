@@ -439,9 +439,15 @@ func (n *Node) registerActor(h *handle) {
 		}
 	}
 	if n.etcd != nil {
-		if err := n.etcdPut(r); err != nil {
-			n.log.Warn("troupe: could not register actor", "path", h.key.path, "registry", n.etcd.String(), "err", err)
+		// The node's one writer puts it (with whatever else is due);
+		// Spawn waits for it, boundedly: past that, it is pending (Stats,
+		// Ready) until etcd takes it.
+		n.etcdSync.poke(false)
+		ctx, cancel := context.WithTimeout(n.ctx, n.registryTimeout())
+		if !n.awaitEtcd(ctx, r) {
+			n.log.Warn("troupe: etcd has not confirmed an actor's registration yet; it stays pending until etcd takes it", "path", h.key.path, "registry", n.etcd.String())
 		}
+		cancel()
 	}
 }
 
@@ -455,11 +461,7 @@ func (n *Node) unregisterActor(h *handle) {
 		n.tellRegistrar(a, regRequest{Op: regOpUnregister, Regs: []regWire{{Name: h.name(), UUID: h.key.uuid}}})
 	}
 	if n.etcd != nil {
-		n.wg.Go(func() {
-			ctx, cancel := context.WithTimeout(n.ctx, n.registryTimeout())
-			defer cancel()
-			n.etcd.del(ctx, h.name(), h.key.uuid)
-		})
+		n.etcdSync.poke(false) // the writer deletes it
 	}
 }
 

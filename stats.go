@@ -34,6 +34,10 @@ type Stats struct {
 	// "node-closed", "session-ended", "not-registered", "incompatible" or
 	// "other".
 	DeadLetters map[string]uint64
+	// RegistryPending counts the node's registrations and removals that
+	// its etcd registry has not confirmed yet (an election, an outage):
+	// the node writes them until etcd takes them.
+	RegistryPending int
 	// Members is the cluster membership as this node sees it, when it is
 	// a cluster member.
 	Members []MemberStats
@@ -103,7 +107,7 @@ type MemberStats struct {
 // parts are each consistent but not taken at one instant.
 func (n *Node) Stats() Stats {
 	now := time.Now()
-	s := Stats{Name: n.name, UID: n.uid, Addrs: n.Addrs(), Taken: now, DeadLetters: n.dlCount.snapshot()}
+	s := Stats{Name: n.name, UID: n.uid, Addrs: n.Addrs(), Taken: now, DeadLetters: n.dlCount.snapshot(), RegistryPending: n.etcdPending()}
 	if s.DeadLetters == nil {
 		s.DeadLetters = map[string]uint64{}
 	}

@@ -129,14 +129,35 @@ func TestHelperShapeV2(t *testing.T) {
 	}
 }
 
+// v2Process is the v2 helper process: its stdin, and its stdout's lines.
+type v2Process struct {
+	cmd   *exec.Cmd
+	stdin io.WriteCloser
+	lines chan string
+}
+
+func (p *v2Process) line(t *testing.T) string {
+	t.Helper()
+	select {
+	case l, ok := <-p.lines:
+		if !ok {
+			t.Fatal("the v2 process ended")
+		}
+		return l
+	case <-time.After(15 * time.Second):
+		t.Fatal("the v2 process said nothing")
+		return ""
+	}
+}
+
 // startV2 runs the v2 helper process and returns it with its address.
-func startV2(t *testing.T) (*memberProcess, string) {
+func startV2(t *testing.T) (*v2Process, string) {
 	t.Helper()
 	exe, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &memberProcess{cmd: exec.Command(exe, "-test.run=^TestHelperShapeV2$"), lines: make(chan string, 64)}
+	p := &v2Process{cmd: exec.Command(exe, "-test.run=^TestHelperShapeV2$"), lines: make(chan string, 64)}
 	p.cmd.Env = append(os.Environ(), "TROUPE_SHAPE_V2=1")
 	p.cmd.Stderr = os.Stderr
 	p.stdin, _ = p.cmd.StdinPipe()

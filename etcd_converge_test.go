@@ -1,0 +1,182 @@
+package troupe
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// cutProxy forwards TCP connections to target until it is cut: then it
+// closes every connection it holds and every new one at once, as a node
+// cut off from etcd sees it.
+type cutProxy struct {
+	l      net.Listener
+	target string
+	mu     sync.Mutex
+	down   bool
+	conns  map[net.Conn]struct{}
+	wg     sync.WaitGroup
+}
+
+// close stops the proxy and waits for its goroutines.
+func (p *cutProxy) close() {
+	p.l.Close()
+	p.cut()
+	p.wg.Wait()
+}
+
+func newCutProxy(t *testing.T, target string) *cutProxy {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &cutProxy{l: l, target: target, conns: map[net.Conn]struct{}{}}
+	p.wg.Go(func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			p.mu.Lock()
+			if p.down {
+				p.mu.Unlock()
+				c.Close()
+				continue
+			}
+			up, err := net.Dial("tcp", target)
+			if err != nil {
+				p.mu.Unlock()
+				c.Close()
+				continue
+			}
+			p.conns[c], p.conns[up] = struct{}{}, struct{}{}
+			p.mu.Unlock()
+			p.wg.Go(func() { io.Copy(up, c); up.Close() })
+			p.wg.Go(func() { io.Copy(c, up); c.Close() })
+		}
+	})
+	return p
+}
+
+func (p *cutProxy) addr() string { return p.l.Addr().String() }
+
+func (p *cutProxy) cut() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.down = true
+	for c := range p.conns {
+		c.Close()
+	}
+	clear(p.conns)
+}
+
+func (p *cutProxy) restore() {
+	p.mu.Lock()
+	p.down = false
+	p.mu.Unlock()
+}
+
+// A node cut off from etcd for less than its lease spawns an actor and
+// stops another meanwhile: Spawn returns, the registration and the
+// removal stay pending (Stats, Ready), and once etcd answers again the
+// registry holds exactly what the node holds.
+func TestEtcdEntriesConvergeAfterAnOutage(t *testing.T) {
+	url := sharedEtcdURL(t)
+	hosts, prefix, _ := strings.Cut(strings.TrimPrefix(url, "etcd://"), "/")
+	first, _, _ := strings.Cut(hosts, ",")
+	proxy := newCutProxy(t, first)
+	cfg := failConfig("cut", 100*time.Millisecond, 6*time.Second) // a 6 s lease
+	cfg.RegistryAddrs = []string{"etcd://" + proxy.addr() + "/" + prefix}
+	cfg.RegistryTimeout = time.Second
+	n := startNode(t, cfg)
+	observer := etcdNode(t, "observer", url)
+	t.Cleanup(proxy.close) // (before the nodes' cleanups check for leaks)
+	spawnEcho(t, n, "kept")
+	gone := spawnEcho(t, n, "gone")
+	found := func(name string) bool {
+		_, ok, err := QueryActor(ctxT(t, 5*time.Second), observer, name)
+		return err == nil && ok
+	}
+	waitFor(t, 5*time.Second, "kept and gone registered", func() bool { return found("kept") && found("gone") })
+
+	proxy.cut()
+	spawnEcho(t, n, "born") // returns: its registration is pending
+	if err := n.Stop(gone); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "two pending", func() bool { return n.Stats().RegistryPending == 2 })
+	if err := n.Ready(); !errors.Is(err, ErrNotReady) {
+		t.Fatalf("Ready while etcd lacks entries: %v", err)
+	}
+	proxy.restore()
+	waitFor(t, 10*time.Second, "the registry to hold what the node holds", func() bool {
+		return found("born") && !found("gone") && found("kept") && n.Stats().RegistryPending == 0 && n.Ready() == nil
+	})
+}
+
+// leader returns the index of the cluster's leader.
+func (c *etcdCluster) leader(t *testing.T) int {
+	t.Helper()
+	for i, m := range c.clients {
+		var st struct {
+			Header struct {
+				MemberID string `json:"member_id"`
+			}
+			Leader string
+		}
+		resp, err := http.Post("http://"+m+"/v3/maintenance/status", "application/json", strings.NewReader("{}"))
+		if err != nil {
+			continue
+		}
+		err = json.NewDecoder(resp.Body).Decode(&st)
+		resp.Body.Close()
+		if err == nil && st.Leader != "" && st.Leader == st.Header.MemberID {
+			return i
+		}
+	}
+	t.Fatal("no etcd member says it leads")
+	return -1
+}
+
+// With etcd's default timeouts, the leader killed while actors are
+// spawned one after another: every registration reaches etcd (none is
+// lost while Spawn returns nil), and Spawn is held at most for the
+// election plus RegistryTimeout.
+func TestEtcdRegistrationsSurviveALeaderKill(t *testing.T) {
+	c := startEtcdClusterWith(t, false)
+	url := c.url(t)
+	n := etcdNode(t, "spawner", url)
+	observer := etcdNode(t, "observer", url)
+	const total = 60
+	killed := make(chan time.Time, 1)
+	var slowest time.Duration
+	for i := range total {
+		if i == 10 {
+			leader := c.leader(t)
+			c.cmds[leader].Process.Kill()
+			killed <- time.Now()
+		}
+		start := time.Now()
+		spawnEcho(t, n, fmt.Sprintf("w%d", i))
+		slowest = max(slowest, time.Since(start))
+		time.Sleep(20 * time.Millisecond)
+	}
+	waitFor(t, 20*time.Second, "every registration in etcd", func() bool {
+		regs, err := n.etcd.list(ctxT(t, 5*time.Second))
+		return err == nil && len(regs) == 2*1+total && n.Stats().RegistryPending == 0
+	})
+	for i := range total {
+		if _, ok, err := QueryActor(ctxT(t, 5*time.Second), observer, fmt.Sprintf("w%d", i)); err != nil || !ok {
+			t.Fatalf("w%d: found %v, %v", i, ok, err)
+		}
+	}
+	t.Logf("the slowest Spawn took %v (RegistryTimeout %v); converged %v after the kill", slowest, n.registryTimeout(), time.Since(<-killed))
+}
