@@ -123,8 +123,8 @@ type assoc struct {
 	// handshake, before the reader and writer start).
 	credit bool
 	// inShapes (the reader's) holds the shapes the peer sent for wire
-	// keys it has not yet defined in the session; shapeBytes counts all
-	// it sent (at most maxShapeSession are taken).
+	// keys it has not yet defined in the session; shapeBytes counts
+	// their bytes (at most maxShapeSession are held).
 	inShapes   map[string]*rawShape
 	shapeBytes int
 	// incompatLogged (the reader's) holds the wire keys whose

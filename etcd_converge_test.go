@@ -7,8 +7,12 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	neturl "net/url"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -179,4 +183,106 @@ func TestEtcdRegistrationsSurviveALeaderKill(t *testing.T) {
 		}
 	}
 	t.Logf("the slowest Spawn took %v (RegistryTimeout %v); converged %v after the kill", slowest, n.registryTimeout(), time.Since(<-killed))
+}
+
+// Deployments whose prefixes nest ("p" and "p/canary") do not see each
+// other's entries.
+func TestEtcdNestedPrefixesAreIsolated(t *testing.T) {
+	url := sharedEtcdURL(t)
+	outer := etcdNode(t, "outer", url)
+	inner := etcdNode(t, "canary", url+"/canary")
+	spawnEcho(t, outer, "svc")
+	spawnEcho(t, inner, "svc")
+	spawnEcho(t, inner, "only-inner")
+	reg, err := outer.Registry()
+	if err != nil {
+		t.Fatal(err)
+	}
+	all, err := reg.List(ctxT(t, 5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range all {
+		if r.Node != outer.UID() {
+			t.Fatalf("the outer deployment lists %+v, of the inner one", r)
+		}
+	}
+	if len(all) != 2 {
+		t.Fatalf("the outer deployment lists %d entries, want its node and svc: %+v", len(all), all)
+	}
+	for _, name := range []string{"canary", "only-inner"} {
+		if _, ok, err := QueryActor(ctxT(t, 5*time.Second), outer, name); err != nil || ok {
+			t.Fatalf("the outer deployment finds %q: %v, %v", name, ok, err)
+		}
+	}
+	if _, ok, err := QueryActor(ctxT(t, 5*time.Second), inner, "only-inner"); err != nil || !ok {
+		t.Fatalf("the inner deployment does not find its own actor: %v, %v", ok, err)
+	}
+}
+
+// An actor that stops before etcd has its entry does not hold Spawn for
+// RegistryTimeout.
+func TestSpawnOfAnActorThatStopsAtOnceReturnsAtOnce(t *testing.T) {
+	url := sharedEtcdURL(t)
+	n := etcdNode(t, "spawner", url)
+	start := time.Now()
+	_, err := Spawn(n, "brief", Behavior[testPing]{Setup: func(c *Context[testPing]) { c.Stop() }, Receive: func(*Context[testPing], testPing) {}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	took := time.Since(start)
+	t.Logf("Spawn took %v", took)
+	if took > n.registryTimeout()/2 {
+		t.Fatalf("Spawn took %v for an actor that stopped in Setup (RegistryTimeout %v)", took, n.registryTimeout())
+	}
+	waitFor(t, 5*time.Second, "nothing pending", func() bool { return n.Stats().RegistryPending == 0 })
+}
+
+// lyingProxy passes HTTP requests to etcd; while lying, it answers 503
+// after etcd did the work (an answer lost in an election).
+type lyingProxy struct {
+	srv   *httptest.Server
+	lying atomic.Bool
+}
+
+func newLyingProxy(t *testing.T, target string) *lyingProxy {
+	p := &lyingProxy{}
+	rp := httputil.NewSingleHostReverseProxy(&neturl.URL{Scheme: "http", Host: target})
+	p.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !p.lying.Load() {
+			rp.ServeHTTP(w, r)
+			return
+		}
+		rp.ServeHTTP(httptest.NewRecorder(), r) // done, and the answer dropped
+		http.Error(w, "etcdserver: leader changed", http.StatusServiceUnavailable)
+	}))
+	return p
+}
+
+// A put whose answer was lost, for an actor that then stops, is deleted
+// once etcd answers again: the registry does not keep a stopped actor
+// until the lease ends.
+func TestAnUnconfirmedPutOfAStoppedActorIsDeleted(t *testing.T) {
+	url := sharedEtcdURL(t)
+	hosts, prefix, _ := strings.Cut(strings.TrimPrefix(url, "etcd://"), "/")
+	first, _, _ := strings.Cut(hosts, ",")
+	proxy := newLyingProxy(t, first)
+	cfg := failConfig("liar", 100*time.Millisecond, 6*time.Second)
+	cfg.RegistryAddrs = []string{"etcd://" + strings.TrimPrefix(proxy.srv.URL, "http://") + "/" + prefix}
+	cfg.RegistryTimeout = time.Second
+	n := startNode(t, cfg)
+	observer := etcdNode(t, "observer", url)
+	t.Cleanup(proxy.srv.Close)
+	proxy.lying.Store(true)
+	x := spawnEcho(t, n, "x") // put, and told it failed
+	found := func() bool {
+		_, ok, err := QueryActor(ctxT(t, 5*time.Second), observer, "x")
+		return err == nil && ok
+	}
+	waitFor(t, 5*time.Second, "x in etcd", found)
+	if err := n.Stop(x); err != nil {
+		t.Fatal(err)
+	}
+	proxy.lying.Store(false)
+	waitFor(t, 15*time.Second, "x gone from etcd", func() bool { return !found() && n.Stats().RegistryPending == 0 })
 }

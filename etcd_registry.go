@@ -279,6 +279,19 @@ func (kv etcdKV) decode() (Registration, bool) {
 	return reg, true
 }
 
+// decode turns a kv of this registry into a registration: false for one
+// that is not (another tool's key, or an entry of a deployment whose
+// prefix nests under this one's, such as "nest/canary" under "nest":
+// its key is not prefix/name/uuid of what its value says).
+func (r *etcdRegistry) decode(kv etcdKV) (Registration, bool) {
+	reg, ok := kv.decode()
+	if !ok {
+		return reg, false
+	}
+	key, err := base64.StdEncoding.DecodeString(kv.Key)
+	return reg, err == nil && string(key) == r.key(reg.Name, reg.UUID)
+}
+
 // rangeOf returns the registrations whose keys start with p, oldest
 // first, and the store's revision they were read at.
 func (r *etcdRegistry) rangeOf(ctx context.Context, p string) ([]Registration, uint64, error) {
@@ -293,7 +306,7 @@ func (r *etcdRegistry) rangeOf(ctx context.Context, p string) ([]Registration, u
 	rev, _ := strconv.ParseUint(res.Header.Revision, 10, 64)
 	out := make([]Registration, 0, len(res.Kvs))
 	for _, kv := range res.Kvs {
-		if reg, ok := kv.decode(); ok {
+		if reg, ok := r.decode(kv); ok {
 			out = append(out, reg)
 		}
 	}
@@ -404,7 +417,7 @@ func (r *etcdRegistry) watchFrom(ctx context.Context, p string, rev uint64, name
 			if ev.Type == "DELETE" {
 				continue
 			}
-			if reg, ok := ev.Kv.decode(); ok && reg.Name == name && c.admits(&reg) {
+			if reg, ok := r.decode(ev.Kv); ok && reg.Name == name && c.admits(&reg) {
 				return nil
 			}
 		}
@@ -586,6 +599,9 @@ func (n *Node) keepEtcd() {
 				unreachable = false
 			}
 		default:
+			if n.isClosed() {
+				break // (revoked by the shutdown)
+			}
 			// The lease expired, and the entries with it: a new lease,
 			// and everything put again under it (in batches).
 			lease, err := r.grant(ctx, ttl)

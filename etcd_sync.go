@@ -39,6 +39,9 @@ type etcdSync struct {
 	mu sync.Mutex
 	// written is what etcd confirmed, by key, under the current lease.
 	written map[string]struct{}
+	// maybe is what was put without an answer (an election, a cut): etcd
+	// may hold it, so it is deleted if the node no longer wants it.
+	maybe map[string]struct{}
 	// behind is how many puts and deletes the last pass left to do.
 	behind int
 	// changed is closed (and replaced) whenever written changes.
@@ -52,6 +55,7 @@ type etcdSync struct {
 
 func (s *etcdSync) init() {
 	s.written = map[string]struct{}{}
+	s.maybe = map[string]struct{}{}
 	s.changed = make(chan struct{})
 	s.kick = make(chan struct{}, 1)
 }
@@ -81,8 +85,9 @@ func (n *Node) etcdPending() int {
 	return s.behind
 }
 
-// awaitEtcd waits until etcd holds reg (true), or until ctx ends.
-func (n *Node) awaitEtcd(ctx context.Context, reg Registration) bool {
+// awaitEtcd waits until etcd holds the registration of the actor h
+// (true), the actor is gone (true: nothing to wait for), or ctx ends.
+func (n *Node) awaitEtcd(ctx context.Context, h *handle, reg Registration) bool {
 	key := n.etcd.key(reg.Name, reg.UUID)
 	s := &n.etcdSync
 	for {
@@ -90,7 +95,7 @@ func (n *Node) awaitEtcd(ctx context.Context, reg Registration) bool {
 		_, ok := s.written[key]
 		ch := s.changed
 		s.mu.Unlock()
-		if ok {
+		if ok || n.lookup(h.key.path, h.key.uuid) == nil {
 			return true
 		}
 		select {
@@ -119,6 +124,9 @@ func (n *Node) syncEtcd() {
 			s.poke(true)
 			continue
 		case <-retry:
+		}
+		if n.isClosed() {
+			return // (the lease is being revoked: nothing is put again)
 		}
 		retry = nil
 		ctx, cancel := context.WithTimeout(n.ctx, n.registryTimeout())
@@ -181,6 +189,11 @@ func (n *Node) reconcileEtcd(ctx context.Context) error {
 		}
 		var ops []etcdOp
 		s.mu.Lock()
+		for k := range s.maybe {
+			if _, ok := want[k]; !ok {
+				ops = append(ops, etcdOp{key: k, del: true}) // (etcd may hold it)
+			}
+		}
 		for k, reg := range want {
 			if _, ok := s.written[k]; ok {
 				continue
@@ -199,6 +212,7 @@ func (n *Node) reconcileEtcd(ctx context.Context) error {
 		s.verifiedHave = nil
 		s.behind = len(ops)
 		if len(ops) == 0 {
+			s.wake() // (an Spawn may wait for an actor that is gone)
 			s.mu.Unlock()
 			return nil
 		}
@@ -208,10 +222,18 @@ func (n *Node) reconcileEtcd(ctx context.Context) error {
 			batch := ops[:min(len(ops), etcdTxnOps)]
 			ops = ops[len(batch):]
 			if err := r.txn(ctx, lease, batch); err != nil {
+				s.mu.Lock()
+				for _, op := range batch {
+					if !op.del {
+						s.maybe[op.key] = struct{}{}
+					}
+				}
+				s.mu.Unlock()
 				return err
 			}
 			s.mu.Lock()
 			for _, op := range batch {
+				delete(s.maybe, op.key)
 				if op.del {
 					delete(s.written, op.key)
 				} else {
@@ -219,11 +241,16 @@ func (n *Node) reconcileEtcd(ctx context.Context) error {
 				}
 			}
 			s.behind -= len(batch)
-			close(s.changed)
-			s.changed = make(chan struct{})
+			s.wake()
 			s.mu.Unlock()
 		}
 	}
+}
+
+// wake tells the waiters that written changed (mu held).
+func (s *etcdSync) wake() {
+	close(s.changed)
+	s.changed = make(chan struct{})
 }
 
 // diffCount is how many puts and deletes make written hold want.
@@ -248,6 +275,7 @@ func (n *Node) leaseLost() {
 	s := &n.etcdSync
 	s.mu.Lock()
 	clear(s.written)
+	clear(s.maybe) // (gone with the lease too)
 	s.mu.Unlock()
 	s.poke(false)
 }

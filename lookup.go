@@ -444,7 +444,7 @@ func (n *Node) registerActor(h *handle) {
 		// Ready) until etcd takes it.
 		n.etcdSync.poke(false)
 		ctx, cancel := context.WithTimeout(n.ctx, n.registryTimeout())
-		if !n.awaitEtcd(ctx, r) {
+		if !n.awaitEtcd(ctx, h, r) {
 			n.log.Warn("troupe: etcd has not confirmed an actor's registration yet; it stays pending until etcd takes it", "path", h.key.path, "registry", n.etcd.String())
 		}
 		cancel()

@@ -351,11 +351,14 @@ func (a *assoc) onShape(b []byte) error {
 	if err != nil {
 		return err // (a troupe peer sends only shapes that parse)
 	}
-	a.shapeBytes += len(shape)
-	if a.shapeBytes > maxShapeSession || len(a.inShapes) >= maxTableSize {
+	if mt := typeByKey(key); mt == nil || mt.fast {
 		return nil
 	}
-	if mt := typeByKey(key); mt == nil || mt.fast {
+	if old := a.inShapes[key]; old != nil {
+		a.shapeBytes -= len(old.b) // (sent again: a message that failed to encode)
+		delete(a.inShapes, key)
+	}
+	if a.shapeBytes+len(shape) > maxShapeSession || len(a.inShapes) >= maxTableSize {
 		return nil
 	}
 	if a.inShapes == nil {
@@ -363,6 +366,7 @@ func (a *assoc) onShape(b []byte) error {
 	}
 	rs.b = append([]byte(nil), shape...) // (b is the read buffer's)
 	a.inShapes[key] = rs
+	a.shapeBytes += len(shape)
 	return nil
 }
 
@@ -376,6 +380,7 @@ func (a *assoc) matchShape(ty *inType) {
 		return
 	}
 	delete(a.inShapes, ty.key)
+	a.shapeBytes -= len(rs.b)
 	mt := ty.mt
 	if mt == nil || mt.fast || bytes.Equal(rs.b, mt.shape) {
 		return

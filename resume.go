@@ -217,7 +217,7 @@ func (a *assoc) takeOver(w *assoc, moved recQueue) {
 	w.out = a.out.take()
 	w.outTypes, w.outTargets, w.outTargetKeys, w.outTypeList = a.outTypes, a.outTargets, a.outTargetKeys, a.outTypeList
 	w.inTypes, w.inTargets, w.inShapes, w.shapeBytes = a.inTypes, a.inTargets, a.inShapes, a.shapeBytes
-	w.peerDraining = a.peerDraining
+	w.peerDraining, w.incompatLogged = a.peerDraining, a.incompatLogged
 	// Credit goes on with the tables: what the peer granted, and the
 	// accounts of what this side granted, which now answer to w.
 	w.peerMailbox, w.outSent, w.outGranted = a.peerMailbox, a.outSent, a.outGranted

@@ -68,12 +68,17 @@ const (
 	maxShapeName = 255
 )
 
-// shapeOf returns the shape of t, or nil when it is longer than
-// maxShapeSize.
+// shapeOf returns the shape of t, or nil when a receiver would refuse it
+// (longer than maxShapeSize, nested deeper than maxDepth, an array longer
+// than maxShapeArray, a field name longer than maxShapeName): such a type
+// is sent without a shape, and decodes positionally.
 func shapeOf(t reflect.Type) []byte {
 	var e shapeEnc
 	e.add(t)
 	if len(e.b) > maxShapeSize {
+		return nil
+	}
+	if _, err := parseShape(e.b); err != nil {
 		return nil
 	}
 	return e.b
@@ -324,6 +329,7 @@ func (p *shapeParser) node(at int) int {
 			break
 		}
 		zero = true
+		names := make(map[string]struct{}, n)
 		for range n {
 			l, r := p.uvarint(q)
 			if l > maxShapeName || l > uint64(len(s.b)-r) {
@@ -331,6 +337,11 @@ func (p *shapeParser) node(at int) int {
 				break
 			}
 			f := r + int(l)
+			if _, dup := names[string(s.b[r:f])]; dup {
+				p.fail("the field name %q twice in one struct", s.b[r:f])
+				break
+			}
+			names[string(s.b[r:f])] = struct{}{}
 			q = p.node(f)
 			if p.err != nil {
 				break
@@ -457,7 +468,7 @@ func (d *decoder) skipShape(s *rawShape, at int) {
 		if !d.enter() {
 			return
 		}
-		for i := uint64(0); i < n && d.err == nil; i++ {
+		for i := uint64(0); i < n && d.err == nil && d.spend(1); i++ {
 			l, q := binary.Uvarint(s.b[p:])
 			p += q + int(l)
 			d.skipShape(s, p)
@@ -616,6 +627,11 @@ func (b *convBuilder) slice(c *conv, elemAt int, t reflect.Type) error {
 
 func (b *convBuilder) mapConv(c *conv, keyAt int, t reflect.Type) error {
 	valAt := int(b.s.end[keyAt])
+	if b.s.hasBack(keyAt) || !bytes.Equal(b.s.b[keyAt:b.s.end[keyAt]], cachedShape(t.Key())) {
+		// Converting keys could merge two of them into one: a key type
+		// must not change.
+		return fmt.Errorf("the map's key type changed (here %s)", t.Key())
+	}
 	kc, err := b.conv(keyAt, t.Key())
 	if err != nil {
 		return fmt.Errorf("key: %w", err)
@@ -714,6 +730,9 @@ func (b *convBuilder) structConv(c *conv, at int, t reflect.Type) error {
 // first of which (its name) starts at at.
 func (d *decoder) skipFields(s *rawShape, at, n int) {
 	for range n {
+		if !d.spend(1) { // (a field skipped is work: a hostile shape of many empty fields is bounded by the payload's size)
+			return
+		}
 		l, q := binary.Uvarint(s.b[at:])
 		node := at + q + int(l)
 		d.skipShape(s, node)

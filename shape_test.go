@@ -2,6 +2,7 @@ package troupe
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"reflect"
 	"runtime"
@@ -73,11 +74,13 @@ type (
 		R    Ref[testPong]
 		When time.Time
 	}
+	shKeysV2 struct{ M map[shPartV2]int }
+	shKeys   struct{ M map[shPart]int }
 )
 
 func init() {
 	for i, v := range []any{shOld{}, shNew{}, shNoName{}, shSwapped{}, shNestV2{}, shNest{}, shListV2{}, shList{},
-		shNarrow{}, shWide{}, shCodeStr{}, shCodeInt{}, shInStr{}, shInInt{}, shSeq{}, shRefsV2{}, shRefs{}} {
+		shNarrow{}, shWide{}, shCodeStr{}, shCodeInt{}, shInStr{}, shInInt{}, shSeq{}, shRefsV2{}, shRefs{}, shKeysV2{}, shKeys{}} {
 		if err := registerType(reflect.TypeOf(v), "troupe.test.shape."+string(rune('a'+i)), nil); err != nil {
 			panic(err)
 		}
@@ -187,6 +190,7 @@ func TestShapesRefuseAChangedKind(t *testing.T) {
 		{"string to int64", func() error { _, err := sendAs[shCodeInt](t, shCodeStr{Code: "x"}); return err }, "field Code: the sender's is string, this node's int64"},
 		{"nested", func() error { _, err := sendAs[shInInt](t, shInStr{}); return err }, "field In: field Code"},
 		{"struct to slice", func() error { _, err := sendAs[shSeq](t, shNest{}); return err }, "field In: the sender's is a struct"},
+		{"a map's key type", func() error { _, err := sendAs[shKeys](t, shKeysV2{}); return err }, "field M: the map's key type changed"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := tc.conv()
@@ -230,6 +234,7 @@ func TestParseShapeRefusesBadShapes(t *testing.T) {
 		{"a reference without a pointer", []byte{shapeStruct, 1, 1, 'A', shapeBack, 0}},
 		{"a reference to a sibling", []byte{shapeStruct, 2, 1, 'A', shapeInt, 1, 'B', shapePointer, shapeBack, 4}},
 		{"a huge array", []byte{shapeArray, 0xff, 0xff, 0xff, 0xff, 0x0f, shapeInt}},
+		{"a name twice", []byte{shapeStruct, 2, 1, 'A', shapeInt, 1, 'A', shapeInt}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if _, err := parseShape(tc.shape); !errors.Is(err, ErrMalformed) {
@@ -245,12 +250,12 @@ func TestParseShapeRefusesBadShapes(t *testing.T) {
 // A hostile shape costs about three bytes of memory per byte it took,
 // however it is built, and a conversion to a small type stays small.
 func TestAShapeCostsAboutItsBytes(t *testing.T) {
-	// A struct of thousands of one-byte fields named by one byte: the most
-	// nodes per byte a shape can have.
+	// A struct of thousands of one-byte fields with two-byte names: about
+	// the most nodes per byte a shape can have.
 	var e []byte
 	e = append(e, shapeStruct, 0xa0, 0x1f) // 4,000 fields
 	for i := range 4000 {
-		e = append(e, 1, byte('a'+i%26), shapeBool)
+		e = append(e, 2, byte('a'+i%64), byte('a'+i/64), shapeBool)
 	}
 	var before, after runtime.MemStats
 	runtime.GC()
@@ -260,16 +265,19 @@ func TestAShapeCostsAboutItsBytes(t *testing.T) {
 		t.Fatal(err)
 	}
 	c, err := buildConv(rs, reflect.TypeFor[shOld]())
-	runtime.ReadMemStats(&after)
 	if err != nil || c == nil {
 		t.Fatal(err)
 	}
-	// About 3× (the bytes, where each node ends, two bitmaps), with room
-	// for what else the process allocates meanwhile; a tree of nodes
-	// would take about 100× (400 KB here).
-	if used := after.TotalAlloc - before.TotalAlloc; used > 8*uint64(len(e))+64<<10 {
-		t.Fatalf("a %d-byte shape took %d bytes to parse and convert", len(e), used)
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	// What a session keeps: about 3× (the bytes, where each node ends,
+	// two bitmaps), with room for what else the process holds meanwhile;
+	// a tree of nodes would keep about 100× (1.6 MB here).
+	if kept := int64(after.HeapAlloc) - int64(before.HeapAlloc); kept > 8*int64(len(e))+64<<10 {
+		t.Fatalf("a %d-byte shape keeps %d bytes once parsed and converted", len(e), kept)
 	}
+	runtime.KeepAlive(rs)
+	runtime.KeepAlive(c)
 }
 
 func FuzzShape(f *testing.F) {
@@ -298,4 +306,74 @@ func FuzzShape(f *testing.F) {
 			}
 		}
 	})
+}
+
+// A type a receiver would refuse the shape of (too deep, an array too
+// long) is sent without one, never with a shape that ends the link.
+func TestTypesBeyondTheShapeBoundsGoWithoutOne(t *testing.T) {
+	type hugeArray struct{ D *[maxShapeArray + 1]bool }
+	deep := reflect.TypeFor[int]()
+	for range 40 {
+		deep = reflect.SliceOf(reflect.StructOf([]reflect.StructField{{Name: "X", Type: deep}}))
+	}
+	for _, typ := range []reflect.Type{reflect.TypeFor[hugeArray](), deep} {
+		if s := shapeOf(typ); s != nil {
+			t.Fatalf("%s: a shape of %d bytes, which a receiver refuses", typ, len(s))
+		}
+	}
+}
+
+// Skipping a field is work charged to the payload: a shape of many empty
+// fields cannot make a receiver loop for long over a slice of them.
+func TestSkippingManyEmptyFieldsIsBounded(t *testing.T) {
+	var e []byte
+	e = append(e, shapeStruct, 1, 1, 'S', shapeSlice, shapeStruct)
+	e = binary.AppendUvarint(e, 6001)
+	for i := range 6000 {
+		e = append(e, 2, byte('a'+i%64), byte('a'+i/64))
+		e = append(e, shapeStruct, 0) // an empty struct
+	}
+	e = append(e, 1, '~', shapeBool)
+	rs, err := parseShape(e)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := buildConv(rs, reflect.TypeFor[shOld]()) // S is skipped
+	if err != nil {
+		t.Fatal(err)
+	}
+	payload := binary.AppendUvarint(nil, 200_001) // 200,000 elements of one bool each
+	payload = append(payload, make([]byte, 200_000)...)
+	var d decoder
+	_, err = d.convert(typeOf(reflect.TypeFor[shOld]()), c, payload)
+	if !errors.Is(err, ErrMalformed) || !strings.Contains(err.Error(), "allocate more") {
+		t.Fatalf("a payload that skips 1.2e9 empty fields: %v, want the decoder's budget refusing it", err)
+	}
+}
+
+// The shapes a session holds are counted while they wait for their key:
+// a session that defined many keys still decodes the next one by name.
+func TestShapesHeldAreCountedNotShapesEverSent(t *testing.T) {
+	a := newAssoc(nil, true, TCPAddr("127.0.0.1:7001"))
+	a.n = &Node{cfg: Config{MaxFrameSize: DefaultMaxFrameSize}}
+	old := typeOf(reflect.TypeFor[shOld]())
+	big := shapeOf(reflect.TypeFor[shNest]())
+	for range 2 * maxShapeSession / len(big) {
+		if err := a.onShape(appendShapeFrame(nil, old.key, big)[1:]); err != nil {
+			t.Fatal(err)
+		}
+		ty := &inType{key: old.key, mt: old}
+		a.matchShape(ty)
+		if ty.conv == nil && ty.incompat == nil {
+			t.Fatal("a shape was not matched")
+		}
+	}
+	if err := a.onShape(appendShapeFrame(nil, old.key, shapeOf(reflect.TypeFor[shSwapped]()))[1:]); err != nil {
+		t.Fatal(err)
+	}
+	ty := &inType{key: old.key, mt: old}
+	a.matchShape(ty)
+	if ty.conv == nil {
+		t.Fatalf("after %d bytes of shapes, a reordered type decodes positionally (held %d)", 2*maxShapeSession, a.shapeBytes)
+	}
 }
