@@ -515,23 +515,90 @@ func slicePlan(p *plan, t reflect.Type, building map[reflect.Type]*plan) error {
 			ep.enc(e, v.Index(i))
 		}
 	}
-	p.dec = func(d *decoder, v reflect.Value) {
-		n, ok := d.count(ep.min)
+	p.dec = sliceDecoder(t, &ep.min, &ep.dec)
+	return nil
+}
+
+// decodeFunc decodes into v, which is settable and zero.
+type decodeFunc = func(d *decoder, v reflect.Value)
+
+// The decoders of slices, maps and pointers, shared by the plans and by
+// the conversions of another version's shape (shape.go). They read min
+// and the element decoders through pointers at each call: a recursive
+// type's are filled in after the decoder is made.
+
+// sliceDecoder decodes a count, then that many elements of t by *elem,
+// each at least *min bytes.
+func sliceDecoder(t reflect.Type, min *int, elem *decodeFunc) decodeFunc {
+	size := int(t.Elem().Size())
+	return func(d *decoder, v reflect.Value) {
+		n, ok := d.count(*min)
 		if !ok || !d.enter() {
 			return
 		}
-		if !d.spend(n * int(t.Elem().Size())) {
+		if !d.spend(n * size) {
 			d.depth--
 			return
 		}
 		s := reflect.MakeSlice(t, n, n)
 		for i := 0; i < n && d.err == nil; i++ {
-			ep.dec(d, s.Index(i))
+			(*elem)(d, s.Index(i))
 		}
 		v.Set(s)
 		d.depth--
 	}
-	return nil
+}
+
+// mapDecoder decodes a count, then that many entries of t by *key and
+// *val, whose encodings take at least *kmin and *vmin bytes.
+func mapDecoder(t reflect.Type, kmin, vmin *int, key, val *decodeFunc) decodeFunc {
+	return func(d *decoder, v reflect.Value) {
+		n, ok := d.count(max(1, *kmin+*vmin))
+		if !ok || !d.enter() {
+			return
+		}
+		if !d.spend(n * mapEntryCost(t)) {
+			d.depth--
+			return
+		}
+		m := reflect.MakeMapWithSize(t, n)
+		k, x := reflect.New(t.Key()).Elem(), reflect.New(t.Elem()).Elem()
+		for i := 0; i < n && d.err == nil; i++ {
+			k.SetZero()
+			x.SetZero()
+			(*key)(d, k)
+			(*val)(d, x)
+			m.SetMapIndex(k, x)
+		}
+		v.Set(m)
+		d.depth--
+	}
+}
+
+// pointerDecoder decodes a flag, then, for 1, the value t points to by
+// *elem.
+func pointerDecoder(t reflect.Type, elem *decodeFunc) decodeFunc {
+	return func(d *decoder, v reflect.Value) {
+		switch d.byte() {
+		case 0:
+			return
+		case 1:
+		default:
+			d.fail("pointer flag is not 0 or 1")
+			return
+		}
+		if !d.enter() {
+			return
+		}
+		if !d.spend(int(t.Elem().Size())) {
+			d.depth--
+			return
+		}
+		x := reflect.New(t.Elem())
+		(*elem)(d, x.Elem())
+		v.Set(x)
+		d.depth--
+	}
 }
 
 // arrayPlan writes an array's elements, its length being its type's.
@@ -578,27 +645,7 @@ func mapPlan(p *plan, t reflect.Type, building map[reflect.Type]*plan) error {
 			vp.enc(e, it.Value())
 		}
 	}
-	p.dec = func(d *decoder, v reflect.Value) {
-		n, ok := d.count(max(1, kp.min+vp.min))
-		if !ok || !d.enter() {
-			return
-		}
-		if !d.spend(n * mapEntryCost(t)) {
-			d.depth--
-			return
-		}
-		m := reflect.MakeMapWithSize(t, n)
-		k, x := reflect.New(t.Key()).Elem(), reflect.New(t.Elem()).Elem()
-		for i := 0; i < n && d.err == nil; i++ {
-			k.SetZero()
-			x.SetZero()
-			kp.dec(d, k)
-			vp.dec(d, x)
-			m.SetMapIndex(k, x)
-		}
-		v.Set(m)
-		d.depth--
-	}
+	p.dec = mapDecoder(t, &kp.min, &vp.min, &kp.dec, &vp.dec)
 	return nil
 }
 
@@ -621,27 +668,7 @@ func pointerPlan(p *plan, t reflect.Type, building map[reflect.Type]*plan) error
 		ep.enc(e, v.Elem())
 		e.depth--
 	}
-	p.dec = func(d *decoder, v reflect.Value) {
-		switch d.byte() {
-		case 0:
-			return
-		case 1:
-		default:
-			d.fail("pointer flag is not 0 or 1")
-			return
-		}
-		if !d.enter() {
-			return
-		}
-		if !d.spend(int(t.Elem().Size())) {
-			d.depth--
-			return
-		}
-		x := reflect.New(t.Elem())
-		ep.dec(d, x.Elem())
-		v.Set(x)
-		d.depth--
-	}
+	p.dec = pointerDecoder(t, &ep.dec)
 	return nil
 }
 

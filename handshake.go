@@ -327,15 +327,7 @@ func (n *Node) attach(a *assoc, h *hello) bool {
 	if s, ok := step(a.state, evHandshaken); ok {
 		a.state, a.upAt = s, time.Now()
 	}
-	if a.credit && !resume && a.resumeOf == nil {
-		// The peer's senders learn how many messages this node's
-		// mailboxes take (see credit.go); a resumed session keeps what
-		// it was told.
-		a.encodeControl(appendCredit(nil, 0, uint64(n.mailboxCredit())), false) // the first frame
-	}
-	if n.refusing.Load() && a.peerFlags&helloDrains != 0 {
-		a.encodeControl(appendDraining(nil), false) // (a peer told twice ignores the second)
-	}
+	a.firstFrames(resume)
 	a.mu.Unlock()
 	a.startDetector(time.Now())
 	if loser == a {
@@ -377,6 +369,19 @@ func (n *Node) attach(a *assoc, h *hello) bool {
 		n.proveClaims(a)
 	}
 	return true
+}
+
+// firstFrames queues what a session that just came up tells the peer
+// first (a.mu held): how many messages this node's mailboxes take (see
+// credit.go; a resumed session keeps what it was told), and that this
+// node is shutting down if it is (a peer told twice ignores the second).
+func (a *assoc) firstFrames(resume bool) {
+	if a.credit && !resume && a.resumeOf == nil {
+		a.encodeControl(appendCredit(nil, 0, uint64(a.n.mailboxCredit())), false)
+	}
+	if a.n.refusing.Load() && a.peerFlags&helloDrains != 0 {
+		a.encodeControl(appendDraining(nil), false)
+	}
 }
 
 // sayBye writes a goodbye on a connection that no reader or writer uses

@@ -568,23 +568,7 @@ func (b *convBuilder) conv(at int, t reflect.Type) (*conv, error) {
 		if err != nil {
 			return nil, err
 		}
-		c.dec = func(d *decoder, v reflect.Value) {
-			switch d.byte() {
-			case 0:
-				return
-			case 1:
-			default:
-				d.fail("pointer flag is not 0 or 1")
-				return
-			}
-			if !d.enter() || !d.spend(int(t.Elem().Size())) {
-				return
-			}
-			x := reflect.New(t.Elem())
-			elem.dec(d, x.Elem())
-			v.Set(x)
-			d.depth--
-		}
+		c.dec = pointerDecoder(t, &elem.dec)
 		return c, nil
 	case shapeStruct:
 		return c, b.structConv(c, at+1, t)
@@ -605,23 +589,8 @@ func (b *convBuilder) slice(c *conv, elemAt int, t reflect.Type) error {
 	if err != nil {
 		return err
 	}
-	min, size := b.s.min(elemAt), int(t.Elem().Size())
-	c.dec = func(d *decoder, v reflect.Value) {
-		n, ok := d.count(min)
-		if !ok || !d.enter() {
-			return
-		}
-		if !d.spend(n * size) {
-			d.depth--
-			return
-		}
-		x := reflect.MakeSlice(t, n, n)
-		for i := 0; i < n && d.err == nil; i++ {
-			elem.dec(d, x.Index(i))
-		}
-		v.Set(x)
-		d.depth--
-	}
+	min := b.s.min(elemAt)
+	c.dec = sliceDecoder(t, &min, &elem.dec)
 	return nil
 }
 
@@ -640,28 +609,8 @@ func (b *convBuilder) mapConv(c *conv, keyAt int, t reflect.Type) error {
 	if err != nil {
 		return err
 	}
-	min := max(1, b.s.min(keyAt)+b.s.min(valAt))
-	c.dec = func(d *decoder, v reflect.Value) {
-		n, ok := d.count(min)
-		if !ok || !d.enter() {
-			return
-		}
-		if !d.spend(n * mapEntryCost(t)) {
-			d.depth--
-			return
-		}
-		m := reflect.MakeMapWithSize(t, n)
-		k, x := reflect.New(t.Key()).Elem(), reflect.New(t.Elem()).Elem()
-		for i := 0; i < n && d.err == nil; i++ {
-			k.SetZero()
-			x.SetZero()
-			kc.dec(d, k)
-			vc.dec(d, x)
-			m.SetMapIndex(k, x)
-		}
-		v.Set(m)
-		d.depth--
-	}
+	kmin, vmin := b.s.min(keyAt), b.s.min(valAt)
+	c.dec = mapDecoder(t, &kmin, &vmin, &kc.dec, &vc.dec)
 	return nil
 }
 
