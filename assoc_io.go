@@ -163,7 +163,12 @@ func (a *assoc) extendWriteDeadline(now time.Time) {
 const byeGrace = 100 * time.Millisecond
 
 // sayGaveUp writes the goodbye that tells the peer this node gave up on
-// it (and why), then closes the connection; the reader ends the session.
+// it (and why), then ends this node's half of the stream; the reader ends
+// the session once the peer closes its half. A peer that reads gets the
+// goodbye and closes at once. One that does not read would keep the
+// connection open in the kernel, its unread bytes held behind a FIN that
+// cannot go: byeGrace after the abort, the heartbeat loop closes it with
+// a reset (closeLate).
 func (a *assoc) sayGaveUp(cause error) {
 	text := ""
 	if cause != nil {
@@ -172,8 +177,41 @@ func (a *assoc) sayGaveUp(cause error) {
 			text = text[:maxByeText]
 		}
 	}
-	a.conn.Write(appendWhole(nil, appendBye(nil, byeGaveUp, text)))
+	if _, err := a.conn.Write(appendWhole(nil, appendBye(nil, byeGaveUp, text))); err != nil {
+		closeHard(a.conn) // the goodbye cannot reach the peer
+		return
+	}
+	if tc, ok := rawConn(a.conn).(*net.TCPConn); ok {
+		tc.CloseWrite()
+		return
+	}
 	a.conn.Close()
+}
+
+// rawConn is the network connection under c (a TLS connection's).
+func rawConn(c net.Conn) net.Conn {
+	if w, ok := c.(interface{ NetConn() net.Conn }); ok {
+		return w.NetConn()
+	}
+	return c
+}
+
+// closeHard closes c with a reset rather than a FIN: what this node wrote
+// and the peer never read is thrown away at once. Closed the ordinary way,
+// a connection whose peer stopped reading outlives its close in the
+// kernel, holding its unsent bytes behind a FIN that cannot go, and the
+// peer's writes can block for minutes on a window that never opens. It is
+// for a session this node gave up on; a peer that reads has had its
+// goodbye by then.
+func closeHard(c net.Conn) {
+	raw := rawConn(c)
+	if tc, ok := raw.(*net.TCPConn); ok {
+		tc.SetLinger(0)
+	}
+	raw.Close() // (for TLS: no close_notify to a peer that does not read)
+	if raw != c {
+		c.Close()
+	}
 }
 
 // failedRec is a queued message that could not be encoded, and why.
@@ -367,7 +405,7 @@ func (a *assoc) write(iov net.Buffers) bool {
 	gaveUp := a.state == assocEnding
 	a.mu.Unlock()
 	if gaveUp {
-		a.conn.Close() // the end abort asked for; the reader finishes it
+		closeHard(a.conn) // the end abort asked for; the reader finishes it
 		return false
 	}
 	if errors.Is(err, os.ErrDeadlineExceeded) {
@@ -375,7 +413,7 @@ func (a *assoc) write(iov net.Buffers) bool {
 		// UnreachableAfter: it is as good as gone, though it may still
 		// send. The stream stops mid-frame: it cannot resume.
 		a.abort(fmt.Errorf("%s has not read what this node wrote for %v", a.label(), a.n.cfg.UnreachableAfter))
-		a.conn.Close()
+		closeHard(a.conn)
 		return false
 	}
 	if a.resumable {
@@ -524,7 +562,7 @@ func (a *assoc) abort(cause error) {
 	a.notify()
 	select {
 	case <-a.writerDone:
-		conn.Close() // no writer to say it
+		closeHard(conn) // no writer to say it
 	default:
 	}
 }
@@ -654,6 +692,11 @@ func (a *assoc) readLoop(fr *frameReader) {
 			return
 		}
 		kind := frameKind(body[0])
+		if kind != frameBye && a.endingAt.Load() != 0 {
+			// This node gave up on the peer: what it still sends while
+			// its goodbye goes out is neither delivered nor acknowledged.
+			continue
+		}
 		if kind != frameTell && len(a.batch) > 0 {
 			a.flushBatch()
 		}

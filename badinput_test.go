@@ -16,25 +16,7 @@ import (
 // handshake, returning the connection for the test to misbehave on.
 func rawHandshake(t *testing.T, n *Node) net.Conn {
 	t.Helper()
-	addr := n.Addrs()[0]
-	c, err := net.Dial(addr.Network(), addr.Address())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
-	// A fresh uid each time: a peer that misbehaved is quarantined.
-	h := &hello{version: protocolVersion, name: "raw"}
-	rand.Read(h.uid[:])
-	if _, err := c.Write(appendFrame(nil, func(b []byte) []byte { return appendHello(b, frameHello, h) })); err != nil {
-		t.Fatal(err)
-	}
-	fr := newFrameReader(c, DefaultMaxFrameSize)
-	c.SetReadDeadline(time.Now().Add(5 * time.Second))
-	body, err := fr.next()
-	if err != nil || frameKind(body[0]) != frameWelcome {
-		t.Fatalf("handshake: %v %x", err, body)
-	}
-	c.SetReadDeadline(time.Time{})
+	c, _ := rawHandshakeWith(t, n, 0)
 	return c
 }
 

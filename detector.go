@@ -106,7 +106,7 @@ func (a *assoc) closeLate(now time.Time) bool {
 		a.mu.Lock()
 		conn := a.conn
 		a.mu.Unlock()
-		conn.Close()
+		closeHard(conn) // a goodbye that took longer will never arrive
 	}
 	return true
 }

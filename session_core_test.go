@@ -338,10 +338,10 @@ func (a *assoc) sendTellLocked(h *handle, mt *msgType, msg any) error {
 	return a.encodeTell(h, mt, pb.b, nil)
 }
 
-// rawPeer is a hand-driven peer: it handshakes as a resumable node, then
-// sends heartbeats (it stays audible) and, if it reads, drains and
-// discards everything, acknowledging nothing.
-func rawPeer(t *testing.T, n *Node, read bool) (net.Conn, NodeUID) {
+// rawHandshakeWith dials n like a troupe node named "raw" with the hello
+// flags given, and completes the handshake; then the connection is the
+// caller's to drive (or misbehave on).
+func rawHandshakeWith(t *testing.T, n *Node, flags uint8) (net.Conn, NodeUID) {
 	t.Helper()
 	addr := n.Addrs()[0]
 	c, err := net.Dial(addr.Network(), addr.Address())
@@ -349,15 +349,28 @@ func rawPeer(t *testing.T, n *Node, read bool) (net.Conn, NodeUID) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
-	h := &hello{version: protocolVersion, name: "raw", flags: helloResumable}
+	// A fresh uid each time: a peer that misbehaved is quarantined.
+	h := &hello{version: protocolVersion, name: "raw", flags: flags}
 	rand.Read(h.uid[:])
-	c.Write(appendFrame(nil, func(b []byte) []byte { return appendHello(b, frameHello, h) }))
+	if _, err := c.Write(appendFrame(nil, func(b []byte) []byte { return appendHello(b, frameHello, h) })); err != nil {
+		t.Fatal(err)
+	}
 	fr := newFrameReader(c, DefaultMaxFrameSize)
 	c.SetReadDeadline(time.Now().Add(5 * time.Second))
-	if body, err := fr.next(); err != nil || frameKind(body[0]) != frameWelcome {
-		t.Fatalf("handshake: %v", err)
+	body, err := fr.next()
+	if err != nil || frameKind(body[0]) != frameWelcome {
+		t.Fatalf("handshake: %v %x", err, body)
 	}
 	c.SetReadDeadline(time.Time{})
+	return c, h.uid
+}
+
+// rawPeer is a hand-driven peer: it handshakes as a resumable node, then
+// sends heartbeats (it stays audible) and, if it reads, drains and
+// discards everything, acknowledging nothing.
+func rawPeer(t *testing.T, n *Node, read bool) (net.Conn, NodeUID) {
+	t.Helper()
+	c, uid := rawHandshakeWith(t, n, helloResumable)
 	done := make(chan struct{})
 	t.Cleanup(func() { c.Close(); <-done })
 	go func() {
@@ -374,7 +387,7 @@ func rawPeer(t *testing.T, n *Node, read bool) (net.Conn, NodeUID) {
 	if read {
 		go io.Copy(io.Discard, c)
 	}
-	return c, h.uid
+	return c, uid
 }
 
 // A peer that reads but never acknowledges holds the window and the send
