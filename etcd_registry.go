@@ -34,22 +34,14 @@ import (
 
 // Bounds of the etcd client.
 const (
-	// etcdAttempt bounds one request to one endpoint: a member that does
-	// not answer within it is passed over for the next. A lookup through
-	// an etcd whose first member is dead fails over within this bound.
-	etcdAttempt = time.Second
-	// etcdElection is how long a request goes on trying the endpoints
-	// again while some member answers "unavailable" or does not answer
-	// at all: an election after the leader's death (with etcd's default
-	// timeouts, 1 s randomised, writes stall for about 1 to 2 s:
-	// TestEtcdRegistrationsSurviveALeaderKill). A write that outlasts it
-	// is written again by the node's etcd writer (etcd_sync.go). Members
-	// that all refuse connections fail the request at once.
-	etcdElection = 2 * time.Second
+	// DefaultEtcdElectionTimeout is etcd's own default election timeout
+	// (its --election-timeout), which Config.EtcdElectionTimeout assumes
+	// when it is zero.
+	DefaultEtcdElectionTimeout = time.Second
 	// etcdRetryWait is the pause between two rounds of the endpoints.
 	etcdRetryWait = 100 * time.Millisecond
-	// etcdMinTTL is the shortest lease etcd grants reliably (its minimum
-	// depends on its election timeout; 2 s covers the default).
+	// etcdMinTTL is the shortest lease this client asks of etcd, whatever
+	// its election timeout (etcd's own minimum is 1.5 election timeouts).
 	etcdMinTTL = 2 * time.Second
 	// etcdWatchRenew bounds one watch stream: a member that stops
 	// answering without closing the stream (a partition) holds a wait up
@@ -57,6 +49,40 @@ const (
 	// Quiet streams cost one read per waiter per period.
 	etcdWatchRenew = 30 * time.Second
 )
+
+// etcdTiming is what the etcd client derives from the election timeout
+// of the etcd cluster (Config.EtcdElectionTimeout, T below).
+//
+// When etcd's leader dies, its followers notice after a randomised
+// timeout between T and 2T from the leader's last heartbeat, and a vote
+// takes a round trip more: for up to about 2.5T no member can commit, and
+// each holds the writes and linearizable reads it is sent until a leader
+// is elected. So one attempt on one member is bounded by T (a member that
+// has said nothing for T is passed over for the next: a dead or cut-off
+// member costs at most T), and a request goes on trying the members,
+// every etcdRetryWait, for the whole election and one attempt more,
+// 3.5T: an election ends in the attempt that was in flight when the new
+// leader took over, not in an error. The measured stall, with etcd's
+// default T of 1 s, is in BENCHMARKS.md ("etcd: a leader kill").
+type etcdTiming struct {
+	attempt  time.Duration // one request to one member
+	election time.Duration // the longest no member can commit after the leader dies
+	window   time.Duration // how long a request goes on trying the members
+	minTTL   time.Duration // the shortest lease to ask for
+}
+
+func etcdTimingFor(t time.Duration) etcdTiming {
+	if t <= 0 {
+		t = DefaultEtcdElectionTimeout
+	}
+	election := 2*t + t/2
+	return etcdTiming{
+		attempt:  t,
+		election: election,
+		window:   election + t,
+		minTTL:   max(etcdMinTTL, (3*t/2+time.Second-1)/time.Second*time.Second),
+	}
+}
 
 // etcdEntry is the value of a registration key: a layout other tools can
 // read.
@@ -76,6 +102,7 @@ type etcdRegistry struct {
 	endpoints []string // http(s)://host:port, tried in turn
 	prefix    string   // "/" + the path, with a trailing "/"
 	client    *http.Client
+	timing    etcdTiming
 
 	mu    sync.Mutex
 	first int    // the endpoint that answered last
@@ -87,15 +114,16 @@ func isEtcdURL(s string) bool {
 	return strings.HasPrefix(s, "etcd://") || strings.HasPrefix(s, "etcds://")
 }
 
-// parseEtcdURL reads an etcd registry address. tlsCfg is used for etcds.
-func parseEtcdURL(s string, tlsCfg *tls.Config) (*etcdRegistry, error) {
+// parseEtcdURL reads an etcd registry address. tlsCfg is used for etcds;
+// election is the etcd cluster's election timeout (zero: etcd's default).
+func parseEtcdURL(s string, tlsCfg *tls.Config, election time.Duration) (*etcdRegistry, error) {
 	scheme, rest, _ := strings.Cut(s, "://")
 	hosts, path, _ := strings.Cut(rest, "/")
 	path = strings.Trim(path, "/")
 	if path == "" {
 		path = "troupe"
 	}
-	r := &etcdRegistry{url: s, prefix: "/" + path + "/"}
+	r := &etcdRegistry{url: s, prefix: "/" + path + "/", timing: etcdTimingFor(election)}
 	web := "http://"
 	tr := &http.Transport{MaxIdleConnsPerHost: 16, IdleConnTimeout: time.Minute}
 	if scheme == "etcds" {
@@ -151,7 +179,7 @@ func (r *etcdRegistry) call(ctx context.Context, path string, in, out any) error
 			electing = electing || errors.Is(err, errEtcdUnavailable) || errors.Is(err, context.DeadlineExceeded)
 			errs = append(errs, err)
 		}
-		if !electing || time.Since(start) >= etcdElection || !sleepCtx(ctx, etcdRetryWait) {
+		if !electing || time.Since(start) >= r.timing.window || !sleepCtx(ctx, etcdRetryWait) {
 			return fmt.Errorf("etcd %s: %w", r.url, errors.Join(errs...))
 		}
 	}
@@ -162,7 +190,7 @@ func (r *etcdRegistry) call(ctx context.Context, path string, in, out any) error
 var errEtcdUnavailable = errors.New("unavailable")
 
 func (r *etcdRegistry) callOne(ctx context.Context, endpoint, path string, body []byte, out any) error {
-	ctx, cancel := context.WithTimeout(ctx, etcdAttempt)
+	ctx, cancel := context.WithTimeout(ctx, r.timing.attempt)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, endpoint+path, bytes.NewReader(body))
 	if err != nil {
@@ -205,7 +233,7 @@ func rangeEnd(p string) string {
 // grant takes a new lease for the node, with ttl.
 func (r *etcdRegistry) grant(ctx context.Context, ttl time.Duration) (string, error) {
 	var res struct{ ID string }
-	secs := int64((max(ttl, etcdMinTTL) + time.Second - 1) / time.Second)
+	secs := int64((max(ttl, r.timing.minTTL) + time.Second - 1) / time.Second)
 	if err := r.call(ctx, "/v3/lease/grant", map[string]any{"TTL": secs}, &res); err != nil {
 		return "", err
 	}
@@ -347,7 +375,7 @@ func (r *etcdRegistry) wait(ctx context.Context, name string, c waitCond) ([]Reg
 			if ctx.Err() != nil {
 				return nil, ctx.Err()
 			}
-			if !sleepCtx(ctx, etcdAttempt/4) {
+			if !sleepCtx(ctx, r.timing.attempt/4) {
 				return nil, ctx.Err()
 			}
 			continue
@@ -361,7 +389,7 @@ func (r *etcdRegistry) wait(ctx context.Context, name string, c waitCond) ([]Reg
 		if err := r.watchFrom(ctx, p, rev+1, name, c); err != nil {
 			// The stream broke (a member died, the revision was
 			// compacted): read again after a pause, on the next member.
-			if ctx.Err() != nil || !sleepCtx(ctx, etcdAttempt/4) {
+			if ctx.Err() != nil || !sleepCtx(ctx, r.timing.attempt/4) {
 				return nil, ctx.Err()
 			}
 		}
@@ -501,7 +529,7 @@ func (n *Node) startEtcdRegistry(ctx context.Context) error {
 		if !isEtcdURL(s) {
 			return fmt.Errorf("%w: RegistryAddrs: %q is not an etcd endpoint; an etcd registry and registrars cannot be mixed", ErrBadConfig, s)
 		}
-		one, err := parseEtcdURL(s, n.registryTLS())
+		one, err := parseEtcdURL(s, n.registryTLS(), n.cfg.EtcdElectionTimeout)
 		if err != nil {
 			return fmt.Errorf("%w: RegistryAddrs: %v", ErrBadConfig, err)
 		}
@@ -531,7 +559,7 @@ func (n *Node) etcdFor(s string) (*etcdRegistry, error) {
 	if v, ok := n.etcdOthers.Load(s); ok {
 		return v.(*etcdRegistry), nil
 	}
-	r, err := parseEtcdURL(s, n.registryTLS())
+	r, err := parseEtcdURL(s, n.registryTLS(), n.cfg.EtcdElectionTimeout)
 	if err != nil {
 		return nil, err
 	}
@@ -548,7 +576,9 @@ func (n *Node) registryTLS() *tls.Config {
 }
 
 // etcdTTL is the time to live of the node's etcd lease.
-func (n *Node) etcdTTL() time.Duration { return max(n.cfg.UnreachableAfter, etcdMinTTL) }
+func (n *Node) etcdTTL() time.Duration {
+	return max(n.cfg.UnreachableAfter, etcdTimingFor(n.cfg.EtcdElectionTimeout).minTTL)
+}
 
 // registerEtcd takes the node's etcd lease and registers the node with
 // it before Start returns; a goroutine then keeps the lease alive.

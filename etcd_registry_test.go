@@ -258,7 +258,8 @@ func TestEtcdRegistryFailover(t *testing.T) {
 	}
 	b := startNode(t, cfg)
 	spawnEcho(t, a, "echo")
-	bound := time.Duration(len(c.clients))*etcdAttempt + etcdElection + time.Second
+	tm := etcdTimingFor(0)
+	bound := time.Duration(len(c.clients))*tm.attempt + tm.window + time.Second
 
 	var wg sync.WaitGroup
 	stop := make(chan struct{})

@@ -108,6 +108,15 @@ type Config struct {
 	// registration, a wait's registration of its waiter. Default: 5 s.
 	RegistryTimeout time.Duration
 
+	// EtcdElectionTimeout is the election timeout of the etcd cluster
+	// that RegistryAddrs names (etcd's --election-timeout), if it does.
+	// The etcd client derives its bounds from it: a member silent for
+	// one EtcdElectionTimeout is passed over for the next, and a request
+	// goes on trying the members for 3.5 of them, which outlasts an
+	// election (see the README's etcd section). Default:
+	// [DefaultEtcdElectionTimeout], etcd's own default.
+	EtcdElectionTimeout time.Duration
+
 	// HeartbeatInterval is how often each association sends a heartbeat.
 	// Default: 1 s.
 	HeartbeatInterval time.Duration
@@ -279,6 +288,9 @@ func (c Config) withDefaults() Config {
 	if c.RegistryTimeout == 0 {
 		c.RegistryTimeout = 5 * time.Second
 	}
+	if c.EtcdElectionTimeout == 0 {
+		c.EtcdElectionTimeout = DefaultEtcdElectionTimeout
+	}
 	if c.HeartbeatInterval == 0 {
 		c.HeartbeatInterval = time.Second
 	}
@@ -312,7 +324,7 @@ func (c Config) validate() error {
 		return fmt.Errorf("%w: MaxFrameSize %d is outside 1 KiB to 1 GiB", ErrBadConfig, c.MaxFrameSize)
 	case c.MaxRefDialsPerPeer < 0 || c.MaxWatchesPerPeer < 0 || c.MaxInboundConns < 0 || c.MaxOutboundConns < 0 || c.MaxPendingHandshakes < 0:
 		return fmt.Errorf("%w: a negative connection or watch bound", ErrBadConfig)
-	case c.DialTimeout < 0 || c.HandshakeTimeout < 0 || c.RegistryTimeout < 0:
+	case c.DialTimeout < 0 || c.HandshakeTimeout < 0 || c.RegistryTimeout < 0 || c.EtcdElectionTimeout < 0:
 		return fmt.Errorf("%w: negative timeout", ErrBadConfig)
 	case len(c.Name) > 255:
 		return fmt.Errorf("%w: Name longer than 255 bytes", ErrBadConfig)
