@@ -148,14 +148,21 @@ const (
 	refuseFresh                     // the held one wins; the fresh connection is refused (the peer dialed it and retires its own end)
 )
 
-// chooseDuplicate decides a simultaneous dial. Both nodes decide alike
-// without a word: the connection dialed by the node with the lower uid
-// wins. A fresh inbound connection when the held one is inbound too means
-// the peer dialed again (its old connection is gone for it, or it dialed
-// another of this node's addresses): the fresh one takes over.
+// chooseDuplicate decides which of two connections with one peer
+// incarnation stays. Both nodes decide alike without a word:
+//
+//   - Dialed one by each node (a simultaneous dial): the one dialed by the
+//     node with the lower uid wins.
+//   - Both dialed by the same node, seen by it or by the node it dialed:
+//     the fresh one wins. The dialer dialed again (its old connection is
+//     gone for it), or dialed another of this node's addresses not
+//     knowing where it led (a registrar's address that this node took
+//     over); either way the node it dialed keeps the fresh one, and so
+//     must the dialer, or each would retire the connection the other
+//     kept and neither would carry the session.
 func chooseDuplicate(freshOutbound, heldOutbound bool, self, peer NodeUID) mergeVerdict {
 	switch {
-	case !freshOutbound && !heldOutbound:
+	case freshOutbound == heldOutbound:
 		return keepFresh
 	case freshOutbound == (string(self[:]) < string(peer[:])):
 		return keepFresh // fresh was dialed by the lower uid

@@ -115,7 +115,7 @@ func TestChooseDuplicate(t *testing.T) {
 		{"the peer dialed again: fresh inbound replaces held inbound", false, false, low, high, keepFresh},
 		{"the peer dialed again, seen from the high side", false, false, high, low, keepFresh},
 		{"two dials of this node: the lower's fresh one wins", true, true, low, high, keepFresh},
-		{"two dials of this node: the higher keeps its held one", true, true, high, low, keepHeld},
+		{"two dials of this node: the higher's fresh one wins too, as the peer decides", true, true, high, low, keepFresh},
 	}
 	for _, tt := range tests {
 		if got := chooseDuplicate(tt.freshOut, tt.heldOut, tt.self, tt.peer); got != tt.want {
@@ -143,6 +143,23 @@ func TestChooseDuplicate(t *testing.T) {
 			if k := keptDialer(high, low, highHeldOwn); k != low {
 				t.Errorf("high side (held own %v) keeps the dial of %v", highHeldOwn, k[0])
 			}
+		}
+	}
+	// Two connections dialed by one node (to two addresses of the other,
+	// as after a registrar's address is taken over), seen in the same
+	// order on both: the dialer and the node it dialed keep the same one,
+	// whichever has the lower uid. (The dialer with the higher uid kept
+	// the old one while the other kept the fresh: each retired the one
+	// the other kept, and the session flapped every retireDrain.)
+	for _, dialerLow := range []bool{true, false} {
+		dialer, acceptor := low, high
+		if !dialerLow {
+			dialer, acceptor = high, low
+		}
+		d := chooseDuplicate(true, true, dialer, acceptor)
+		a := chooseDuplicate(false, false, acceptor, dialer)
+		if d != a {
+			t.Errorf("dialer (lower uid %v) decided %d, the node it dialed %d", dialerLow, d, a)
 		}
 	}
 }
