@@ -214,6 +214,10 @@ func closeHard(c net.Conn) {
 	}
 }
 
+// encodeRound bounds the time the writer spends encoding queued records
+// before it writes what it has.
+const encodeRound = 10 * time.Millisecond
+
 // failedRec is a queued message that could not be encoded, and why.
 type failedRec struct {
 	h   *handle
@@ -229,9 +233,20 @@ type failedRec struct {
 // that could not be encoded, for dead letters.
 func (a *assoc) encodeQueued() []failedRec {
 	var failed []failedRec
+	start := time.Now()
 	a.mu.Lock()
 	for a.state != assocClosed && a.queue.len() > 0 {
 		a.encoding = false
+		if a.out.bytes >= writeChunk || time.Since(start) >= encodeRound {
+			// Enough for one round: the writer writes it, with the
+			// heartbeats and acknowledgements due, and comes back for
+			// the rest. A long queue (or a sender that keeps adding to
+			// it) must not hold the connection silent for longer than
+			// the peer's window.
+			a.mu.Unlock()
+			a.notify()
+			return failed
+		}
 		// The record stays queued while its payload is encoded, with no
 		// lock held: whoever takes the queue meanwhile (a leave, the
 		// end, a merge) reports it, and its encoding is dropped here.
