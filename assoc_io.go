@@ -571,7 +571,7 @@ func (a *assoc) abort(cause error) {
 		return
 	}
 	if !sayBye {
-		conn.Close()
+		closeHard(conn) // no goodbye to say (the session was not up): what waits for the peer goes
 		return
 	}
 	a.notify()
