@@ -286,6 +286,8 @@ func (n *Node) attach(a *assoc, h *hello) bool {
 		}
 		a.resumeOf = nil // a new peer at the address: a new association
 	}
+	// Under mu: senders that queue to a (before it is up) read these.
+	a.mu.Lock()
 	a.peerUID, a.peerName, a.peerFlags = h.uid, h.name, h.flags
 	a.resumable = h.flags&helloResumable != 0
 	a.credit = h.flags&helloCredit != 0
@@ -294,6 +296,7 @@ func (n *Node) attach(a *assoc, h *hello) bool {
 			a.peerAddrs = append(a.peerAddrs, ad)
 		}
 	}
+	a.mu.Unlock()
 	n.pmu.Lock()
 	d := n.decideAttach(a, h)
 	reject, text, loser, winner, replaced, resume := d.reject, d.text, d.loser, d.winner, d.replaced, d.resume
