@@ -253,3 +253,46 @@ func snippet%d(ctx context.Context, t *testing.T, n, node, pingNode, pongNode *t
 		t.Fatalf("README snippets do not compile:\n%s", strings.Join(real, "\n"))
 	}
 }
+
+// README.md's "Where things are" names every library file of the package
+// (a name with * stands for the files it matches), and every file it
+// names exists: the map a newcomer opens first cannot rot (#30).
+func TestWhereThingsAreIsComplete(t *testing.T) {
+	b, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, section, ok := strings.Cut(string(b), "\n## Where things are\n")
+	if !ok {
+		t.Fatal(`README.md has no "## Where things are" section`)
+	}
+	section, _, _ = strings.Cut(section, "\n## ")
+	named := regexp.MustCompile("`([A-Za-z0-9_*]+\\.go)`").FindAllStringSubmatch(section, -1)
+	var patterns []string
+	for _, m := range named {
+		patterns = append(patterns, m[1])
+		files, _ := filepath.Glob(m[1])
+		if len(files) == 0 {
+			t.Errorf("README's table names %s, which is not in the package", m[1])
+		}
+	}
+	lib, err := filepath.Glob("*.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range lib {
+		if strings.HasSuffix(f, "_test.go") {
+			continue
+		}
+		listed := false
+		for _, p := range patterns {
+			if ok, _ := filepath.Match(p, f); ok {
+				listed = true
+				break
+			}
+		}
+		if !listed {
+			t.Errorf("%s is not in README's \"Where things are\" table", f)
+		}
+	}
+}
