@@ -124,7 +124,7 @@ func writeMetrics(w http.ResponseWriter, s Stats) {
 	for _, p := range s.Peers {
 		byState[p.State]++
 	}
-	for _, st := range []string{"connecting", "up", "leaving", "closed"} {
+	for _, st := range assocStateNames { // every state, so that a flapping link (suspended) is counted
 		fmt.Fprintf(w, "troupe_peers{state=%q} %d\n", st, byState[st])
 	}
 	metric("troupe_peer_received_bytes_total", "Bytes read from a peer's connection.", "counter")

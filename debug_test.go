@@ -52,7 +52,7 @@ func TestDebugAndMetricsHandlers(t *testing.T) {
 		t.Fatalf("JSON %+v (%v)", js, err)
 	}
 	m := get(metrics.URL, "")
-	for _, want := range []string{`troupe_peers{state="up"} 1`, "# TYPE troupe_actors gauge", "troupe_quarantined_peers 0", "troupe_peer_sent_bytes_total{peer="} {
+	for _, want := range []string{`troupe_peers{state="up"} 1`, `troupe_peers{state="suspended"} 0`, `troupe_peers{state="ending"} 0`, `troupe_peers{state="retiring"} 0`, "# TYPE troupe_actors gauge", "troupe_quarantined_peers 0", "troupe_peer_sent_bytes_total{peer="} {
 		if !strings.Contains(m, want) {
 			t.Fatalf("metrics lack %q:\n%s", want, m)
 		}

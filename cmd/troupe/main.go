@@ -395,7 +395,7 @@ func (c *call) ls(ctx context.Context, n *troupe.Node, addr string) int {
 		if path == "" {
 			path = "(node)"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", e.Name, e.UUID[:12], path, e.NodeName, strings.Join(e.Addrs, ","))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", e.Name, e.UUID, path, e.NodeName, strings.Join(e.Addrs, ","))
 	}
 	tw.Flush()
 	return 0
@@ -539,7 +539,13 @@ func remoteStats(ctx context.Context, c *call) int {
 			byState[p.State]++
 		}
 		fmt.Fprintf(tw, "node\t%s (%s) on %s\n", s.Name, short(s.UID), strings.Join(s.Addrs, ","))
-		fmt.Fprintf(tw, "peers\t%d up, %d connecting, %d leaving\n", byState["up"], byState["connecting"], byState["leaving"])
+		counts := []string{fmt.Sprintf("%d up", byState["up"])}
+		for _, st := range []string{"connecting", "suspended", "ending", "leaving", "retiring", "closed"} {
+			if byState[st] > 0 {
+				counts = append(counts, fmt.Sprintf("%d %s", byState[st], st))
+			}
+		}
+		fmt.Fprintf(tw, "peers\t%s\n", strings.Join(counts, ", "))
 		fmt.Fprintf(tw, "quarantined\t%d\n", len(s.Quarantined))
 		fmt.Fprintf(tw, "actors\t%d\n", s.Actors)
 		var reasons []string
@@ -595,12 +601,12 @@ func watch(ctx context.Context, c *call) int {
 				now[key] = r
 				if _, ok := seen[key]; !ok {
 					e := toJSON(r)
-					fmt.Fprintf(c.stdout, "+ %s %s %s %s\n", e.Name, e.UUID[:12], e.NodeName, strings.Join(e.Addrs, ","))
+					fmt.Fprintf(c.stdout, "+ %s %s %s %s\n", e.Name, e.UUID, e.NodeName, strings.Join(e.Addrs, ","))
 				}
 			}
 			for key, r := range seen {
 				if _, ok := now[key]; !ok {
-					fmt.Fprintf(c.stdout, "- %s %s\n", r.Name, r.UUID.String()[:12])
+					fmt.Fprintf(c.stdout, "- %s %s\n", r.Name, r.UUID.String())
 				}
 			}
 			seen = now

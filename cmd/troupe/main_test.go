@@ -98,6 +98,12 @@ func TestRegistrarLsQuery(t *testing.T) {
 	if err := json.Unmarshal(stdout.Bytes(), &entries); err != nil || len(entries) != 3 {
 		t.Fatalf("ls --json = %q (%v)", stdout.String(), err)
 	}
+	// UUIDs whole: the actors of one node share their first digits.
+	for _, e := range entries {
+		if !strings.Contains(table, " "+e.UUID+" ") && !strings.Contains(table, "\t"+e.UUID+"\t") {
+			t.Errorf("ls does not print %s's uuid %s whole:\n%s", e.Name, e.UUID, table)
+		}
+	}
 
 	stdout.Reset()
 	if code := run(context.Background(), []string{"query", "--registry", addr, "billing"}, &stdout, io.Discard); code != 0 || strings.TrimSpace(stdout.String()) != svc.Addrs()[0].String() {
