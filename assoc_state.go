@@ -143,10 +143,10 @@ func endingOf(from assocState, peerLeft, closing, exempt bool) ending {
 type mergeVerdict uint8
 
 const (
-	keepFresh   mergeVerdict = iota // the fresh one wins; the held one retires into it
-	keepHeld                        // the held one wins; the fresh one retires into it
-	refuseFresh                     // the held one wins; the fresh connection is refused (the peer dialed it and retires its own end)
-	standbyFresh                    // both stay up; the peer's duplicate-bye on one of them says which retires
+	keepFresh    mergeVerdict = iota // the fresh one wins; the held one retires into it
+	keepHeld                         // the held one wins; the fresh one retires into it
+	refuseFresh                      // the held one wins; the fresh connection is refused (the peer dialed it and retires its own end)
+	standbyFresh                     // both stay up; the peer's duplicate-bye on one of them says which retires
 )
 
 // chooseDuplicate decides which of two connections with one peer
