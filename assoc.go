@@ -429,14 +429,6 @@ func (n *Node) untable(a *assoc) {
 	defer n.pmu.Unlock()
 	if n.byUID[a.peerUID] == a {
 		delete(n.byUID, a.peerUID)
-		if s := n.standby[a.peerUID]; s != nil {
-			// The connection standing by carries the session now.
-			delete(n.standby, a.peerUID)
-			n.byUID[a.peerUID] = s
-		}
-	}
-	if n.standby[a.peerUID] == a {
-		delete(n.standby, a.peerUID)
 	}
 	if a.outbound && n.byAddr[a.dialAddr] == a {
 		delete(n.byAddr, a.dialAddr)

@@ -143,31 +143,26 @@ func endingOf(from assocState, peerLeft, closing, exempt bool) ending {
 type mergeVerdict uint8
 
 const (
-	keepFresh    mergeVerdict = iota // the fresh one wins; the held one retires into it
-	keepHeld                         // the held one wins; the fresh one retires into it
-	refuseFresh                      // the held one wins; the fresh connection is refused (the peer dialed it and retires its own end)
-	standbyFresh                     // both stay up; the peer's duplicate-bye on one of them says which retires
+	keepFresh   mergeVerdict = iota // the fresh one wins; the held one retires into it
+	keepHeld                        // the held one wins; the fresh one retires into it
+	refuseFresh                     // the held one wins; the fresh connection is refused (the peer dialed it and retires its own end)
 )
 
 // chooseDuplicate decides which of two connections with one peer
-// incarnation stays. Both nodes end with the same one:
+// incarnation stays. Both nodes decide alike without a word:
 //
 //   - Dialed one by each node (a simultaneous dial): the one dialed by the
-//     node with the lower uid wins, on both sides, decided without a word.
-//   - Both dialed by the peer: the fresh one wins, in the order this node
-//     attached them. The peer dialed again (its old connection is gone for
-//     it), or dialed another of this node's addresses not knowing where
-//     it led (a registrar's address this node took over).
-//   - Both dialed by this node: it cannot know in which order the peer
-//     attached them (two dials at once may finish in either order on each
-//     side), so it decides nothing: the fresh one stands by, up, until the
-//     peer's duplicate-bye on one of the two says which the peer retired,
-//     and the other carries the session.
+//     node with the lower uid wins.
+//   - Both dialed by the same node, seen by it or by the node it dialed:
+//     the fresh one wins. The dialer dialed again (its old connection is
+//     gone for it), or dialed another of this node's addresses not
+//     knowing where it led (a registrar's address that this node took
+//     over); either way the node it dialed keeps the fresh one, and so
+//     must the dialer, or each would retire the connection the other
+//     kept and neither would carry the session.
 func chooseDuplicate(freshOutbound, heldOutbound bool, self, peer NodeUID) mergeVerdict {
 	switch {
-	case freshOutbound && heldOutbound:
-		return standbyFresh
-	case !freshOutbound && !heldOutbound:
+	case freshOutbound == heldOutbound:
 		return keepFresh
 	case freshOutbound == (string(self[:]) < string(peer[:])):
 		return keepFresh // fresh was dialed by the lower uid

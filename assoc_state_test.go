@@ -114,8 +114,8 @@ func TestChooseDuplicate(t *testing.T) {
 		{"high side: the peer's fresh dial wins", false, true, high, low, keepFresh},
 		{"the peer dialed again: fresh inbound replaces held inbound", false, false, low, high, keepFresh},
 		{"the peer dialed again, seen from the high side", false, false, high, low, keepFresh},
-		{"two dials of this node: the fresh one stands by, whatever the uids", true, true, low, high, standbyFresh},
-		{"two dials of this node, seen from the high side", true, true, high, low, standbyFresh},
+		{"two dials of this node: the lower's fresh one wins", true, true, low, high, keepFresh},
+		{"two dials of this node: the higher's fresh one wins too, as the peer decides", true, true, high, low, keepFresh},
 	}
 	for _, tt := range tests {
 		if got := chooseDuplicate(tt.freshOut, tt.heldOut, tt.self, tt.peer); got != tt.want {
@@ -146,22 +146,20 @@ func TestChooseDuplicate(t *testing.T) {
 		}
 	}
 	// Two connections dialed by one node (to two addresses of the other,
-	// as after a registrar's address is taken over, or two refs resolved
-	// at once): the node it dialed decides, in the order it attached
-	// them; the dialer, which cannot know that order, decides nothing.
-	// (The dialer with the higher uid kept the old one while the other
-	// kept the fresh: each retired the one the other kept, and the session
-	// flapped every retireDrain.)
+	// as after a registrar's address is taken over), seen in the same
+	// order on both: the dialer and the node it dialed keep the same one,
+	// whichever has the lower uid. (The dialer with the higher uid kept
+	// the old one while the other kept the fresh: each retired the one
+	// the other kept, and the session flapped every retireDrain.)
 	for _, dialerLow := range []bool{true, false} {
 		dialer, acceptor := low, high
 		if !dialerLow {
 			dialer, acceptor = high, low
 		}
-		if d := chooseDuplicate(true, true, dialer, acceptor); d != standbyFresh {
-			t.Errorf("the dialer (lower uid %v) decided %d itself", dialerLow, d)
-		}
-		if a := chooseDuplicate(false, false, acceptor, dialer); a != keepFresh {
-			t.Errorf("the node dialed twice (lower uid %v) decided %d, want keepFresh", !dialerLow, a)
+		d := chooseDuplicate(true, true, dialer, acceptor)
+		a := chooseDuplicate(false, false, acceptor, dialer)
+		if d != a {
+			t.Errorf("dialer (lower uid %v) decided %d, the node it dialed %d", dialerLow, d, a)
 		}
 	}
 }

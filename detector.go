@@ -55,9 +55,6 @@ func (n *Node) heartbeatLoop() {
 			for _, a := range n.byUID {
 				assocs = append(assocs, a)
 			}
-			for _, a := range n.standby {
-				assocs = append(assocs, a)
-			}
 			n.pmu.Unlock()
 			for _, a := range assocs {
 				a.checkLiveness(now)

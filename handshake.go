@@ -341,20 +341,6 @@ func (n *Node) attach(a *assoc, h *hello) bool {
 		a.mergeInto(winner)
 		return true
 	}
-	if d.standby {
-		// Up beside the held connection, until the peer's duplicate-bye
-		// on one of the two says which it retired (onBye): sends go
-		// through the held one meanwhile, or through this one if they
-		// name the address it dialed.
-		n.standby[h.uid] = a
-		if a.outbound {
-			n.byAddr[a.dialAddr] = a
-			a.proven = append(a.proven, a.dialAddr)
-		}
-		a.closeReady()
-		n.pmu.Unlock()
-		return true
-	}
 	n.byUID[h.uid] = a
 	// Routing by address uses only what is proven: the address this node
 	// dialed and found this uid at. A peer's announced addresses are
@@ -425,7 +411,6 @@ type admission struct {
 	loser, winner *assoc
 	replaced      *assoc
 	resume        bool
-	standby       bool // a stands by beside the held one (standbyFresh)
 }
 
 // decideAttach decides what becomes of a, whose peer said h (n.pmu held).
@@ -465,14 +450,6 @@ func (n *Node) decideAttach(a *assoc, h *hello) admission {
 				d.loser, d.winner = a, ex
 			case refuseFresh:
 				d.reject, d.text = rejectDuplicate, "the other connection between these nodes wins"
-			case standbyFresh:
-				if n.standby[h.uid] != nil {
-					// A third dial: the fresh one takes over from the
-					// held one, as the peer decides too.
-					d.loser, d.winner = ex, a
-				} else {
-					d.standby = true
-				}
 			}
 		}
 	}

@@ -396,10 +396,6 @@ type Node struct {
 	byAddr   map[Addr]*assoc     // the association to use for an address
 	all      map[*assoc]struct{} // every association not yet finished
 	awaiting map[NodeUID][]*assoc
-	// standby holds a second connection this node dialed to a peer it
-	// already had one with, up but not routed to, until the peer says
-	// which of the two it retires (see chooseDuplicate).
-	standby  map[NodeUID]*assoc
 	pclosing bool
 	outbound int // outbound associations dialing or up, not yet finished
 	bindings int // outbound associations bound to refs read from messages, never dialed
@@ -500,7 +496,6 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 		byAddr:      make(map[Addr]*assoc),
 		all:         make(map[*assoc]struct{}),
 		awaiting:    make(map[NodeUID][]*assoc),
-		standby:     make(map[NodeUID]*assoc),
 		inHandshake: make(map[net.Conn]struct{}),
 		done:        make(chan struct{}),
 		flushing:    make(chan struct{}),

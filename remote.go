@@ -527,37 +527,9 @@ func (a *assoc) onResolved(b []byte) error {
 	t := a.lockTarget()
 	ch := t.resolves[id]
 	delete(t.resolves, id)
-	peer := t.peerUID
 	t.mu.Unlock()
-	if ch == nil {
-		// Asked over another connection with the same peer, whose
-		// requests move here once the peer says which of the two it
-		// keeps (a connection standing by): the answer may come first.
-		ch = a.n.resolveOnOther(peer, t, id)
-	}
 	if ch != nil {
 		ch <- ans
-	}
-	return nil
-}
-
-// resolveOnOther takes the pending resolve id from another live
-// connection with peer than t, if one holds it.
-func (n *Node) resolveOnOther(peer NodeUID, t *assoc, id uint64) chan resolveAnswer {
-	n.pmu.Lock()
-	others := []*assoc{n.byUID[peer], n.standby[peer]}
-	n.pmu.Unlock()
-	for _, o := range others {
-		if o == nil || o == t {
-			continue
-		}
-		ot := o.lockTarget()
-		ch := ot.resolves[id]
-		delete(ot.resolves, id)
-		ot.mu.Unlock()
-		if ch != nil {
-			return ch
-		}
 	}
 	return nil
 }
@@ -600,20 +572,10 @@ func (a *assoc) onBye(b []byte) error {
 	// answer with our own bye once what we queued here is written.
 	n := a.n
 	n.pmu.Lock()
-	if n.standby[a.peerUID] == a {
-		delete(n.standby, a.peerUID) // the peer retired the one standing by
-	}
 	w := n.byUID[a.peerUID]
 	if w == a {
 		w = nil
 		delete(n.byUID, a.peerUID)
-		if s := n.standby[a.peerUID]; s != nil {
-			// The peer keeps the connection standing by: it carries
-			// the session from now on.
-			delete(n.standby, a.peerUID)
-			n.byUID[a.peerUID] = s
-			w = s
-		}
 	}
 	if w == nil {
 		n.awaiting[a.peerUID] = append(n.awaiting[a.peerUID], a)
