@@ -575,19 +575,24 @@ func mapDecoder(t reflect.Type, kmin, vmin *int, key, val *decodeFunc) decodeFun
 	}
 }
 
+// present reads a pointer's flag: whether a value follows (0 no, 1 yes;
+// anything else fails d).
+func (d *decoder) present() bool {
+	switch d.byte() {
+	case 0:
+		return false
+	case 1:
+		return true
+	}
+	d.fail("pointer flag is not 0 or 1")
+	return false
+}
+
 // pointerDecoder decodes a flag, then, for 1, the value t points to by
 // *elem.
 func pointerDecoder(t reflect.Type, elem *decodeFunc) decodeFunc {
 	return func(d *decoder, v reflect.Value) {
-		switch d.byte() {
-		case 0:
-			return
-		case 1:
-		default:
-			d.fail("pointer flag is not 0 or 1")
-			return
-		}
-		if !d.enter() {
+		if !d.present() || !d.enter() {
 			return
 		}
 		if !d.spend(int(t.Elem().Size())) {

@@ -268,3 +268,28 @@ func decodePayload(mt *msgType, b []byte) (any, error) {
 	var d decoder
 	return d.payload(mt, b)
 }
+
+// A pointer's flag is 0 (nil) or 1 (a value follows): anything else is
+// refused.
+func TestAPointerFlagOtherThanZeroOrOneIsRefused(t *testing.T) {
+	mt := typeOf(reflect.TypeFor[withPtr]())
+	for flag, want := range map[byte]string{0: "", 1: "", 2: "pointer flag is not 0 or 1"} {
+		b := []byte{flag}
+		if flag == 1 {
+			b = binary.AppendVarint(b, 42)
+		}
+		v, err := decodePayload(mt, b)
+		switch {
+		case want == "" && err != nil:
+			t.Errorf("flag %d: %v", flag, err)
+		case want != "" && (err == nil || !strings.Contains(err.Error(), want)):
+			t.Errorf("flag %d: %+v, %v; want an error saying %q", flag, v, err, want)
+		case flag == 1 && (v.(withPtr).P == nil || *v.(withPtr).P != 42):
+			t.Errorf("flag 1: %+v", v)
+		}
+	}
+}
+
+type withPtr struct{ P *int64 }
+
+func init() { RegisterMessage[withPtr]("troupe.test.withptr") }

@@ -449,15 +449,7 @@ func (d *decoder) skipShape(s *rawShape, at int) {
 		}
 		d.depth--
 	case shapePointer:
-		switch d.byte() {
-		case 0:
-			return
-		case 1:
-		default:
-			d.fail("pointer flag is not 0 or 1")
-			return
-		}
-		if !d.enter() {
+		if !d.present() || !d.enter() {
 			return
 		}
 		d.skipShape(s, p)
