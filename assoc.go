@@ -107,10 +107,12 @@ type assoc struct {
 	dialAddr Addr // the address dialed (outbound only)
 
 	// Set once when the handshake completes, before ready is closed.
-	peerUID   NodeUID
-	peerName  string
-	peerFlags uint8  // the peer's hello flags
-	peerAddrs []Addr // as the peer announced them: claims, not proof
+	peerUID  NodeUID
+	peerName string
+	// peerAppVersion is the peer's Config.AppVersion, from its hello.
+	peerAppVersion string
+	peerFlags      uint8  // the peer's hello flags
+	peerAddrs      []Addr // as the peer announced them: claims, not proof
 	// proven (n.pmu) are the addresses this node dialed and found this
 	// peer at: this session's, and those of duplicates merged into it.
 	proven []Addr

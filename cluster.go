@@ -179,10 +179,11 @@ func (gossipStatus) isClusterMsg() {}
 const gossipFanout = 5
 
 type gossipMember struct {
-	Addr     string
-	UID      NodeUID
-	Status   uint8
-	UpNumber int
+	Addr       string
+	UID        NodeUID
+	Status     uint8
+	UpNumber   int
+	AppVersion string
 }
 
 type gossipReach struct {
@@ -300,7 +301,7 @@ func StartCluster(ctx context.Context, n *Node, cfg ClusterConfig) (*Cluster, er
 		}
 	}
 	first := len(seeds) == 0 || len(seeds) == 1 && n.isOwnAddr(seeds[0])
-	self := Member{Addr: n.addrList()[0], UID: n.uid, Status: MemberJoining}
+	self := Member{Addr: n.addrList()[0], UID: n.uid, Status: MemberJoining, AppVersion: n.cfg.AppVersion}
 	if first {
 		self.Status, self.UpNumber = MemberUp, 1
 	}

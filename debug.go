@@ -41,7 +41,7 @@ func statsJSON(s Stats) map[string]any {
 	peers := []map[string]any{}
 	for _, p := range s.Peers {
 		peers = append(peers, map[string]any{
-			"addr": p.Addr.String(), "uid": p.UID.String(), "name": p.Name, "state": p.State, "outbound": p.Outbound,
+			"addr": p.Addr.String(), "uid": p.UID.String(), "name": p.Name, "app_version": p.AppVersion, "state": p.State, "outbound": p.Outbound,
 			"since": p.Since, "last_heard": p.LastHeard, "window_left": p.WindowLeft.String(), "member": p.Member,
 			"bytes_in": p.BytesIn, "bytes_out": p.BytesOut, "messages_in": p.MessagesIn, "messages_out": p.MessagesOut,
 			"phi": p.Phi, "round_trip": p.RoundTrip.String(), "queued": p.Queued, "unacked_bytes": p.Unacked,
@@ -53,10 +53,10 @@ func statsJSON(s Stats) map[string]any {
 	}
 	members := []map[string]any{}
 	for _, m := range s.Members {
-		members = append(members, map[string]any{"addr": m.Addr.String(), "uid": m.UID.String(), "status": m.Status.String(), "up_number": m.UpNumber, "reachable": m.Reachable})
+		members = append(members, map[string]any{"addr": m.Addr.String(), "uid": m.UID.String(), "status": m.Status.String(), "up_number": m.UpNumber, "app_version": m.AppVersion, "reachable": m.Reachable})
 	}
 	return map[string]any{
-		"name": s.Name, "uid": s.UID.String(), "addrs": addrStrings(s.Addrs), "taken": s.Taken,
+		"name": s.Name, "uid": s.UID.String(), "app_version": s.AppVersion, "addrs": addrStrings(s.Addrs), "taken": s.Taken,
 		"peers": peers, "quarantined": quarantined, "actors": s.Actors, "mailboxes": s.Mailboxes,
 		"dead_letters": s.DeadLetters, "members": members, "cluster_blocked": s.ClusterBlocked, "registrar": s.Registrar, "registrations": s.Registrations,
 	}
@@ -81,11 +81,11 @@ var debugPage = template.Must(template.New("debug").Parse(`<!doctype html>
 <style>body{font-family:sans-serif;margin:1em}table{border-collapse:collapse;margin-bottom:1em}td,th{border:1px solid #ccc;padding:2px 6px;text-align:left}.bad{color:#b00}</style>
 </head><body>
 <h1>troupe node {{.S.Name}}</h1>
-<p>uid {{.S.UID}} · listening on {{range .S.Addrs}}{{.}} {{end}}· {{.S.Actors}} actors{{if .S.Registrar}} · registrar of {{.S.Registrations}} registrations{{end}} · taken {{.Taken}} (refreshes every 2 s; <a href="?format=json">JSON</a>)</p>
+<p>uid {{.S.UID}}{{if .S.AppVersion}} · version <span id="app-version">{{.S.AppVersion}}</span>{{end}} · listening on {{range .S.Addrs}}{{.}} {{end}}· {{.S.Actors}} actors{{if .S.Registrar}} · registrar of {{.S.Registrations}} registrations{{end}} · taken {{.Taken}} (refreshes every 2 s; <a href="?format=json">JSON</a>)</p>
 <h2>Peers</h2>
-<table id="peers"><tr><th>address</th><th>name</th><th>uid</th><th>state</th><th>since</th><th>window left / phi</th><th>round trip</th><th>messages in/out</th><th>bytes in/out</th><th>queued</th><th>unacked</th></tr>
-{{range .S.Peers}}<tr class="peer" data-uid="{{.UID}}"><td>{{.Addr}}</td><td>{{.Name}}</td><td>{{.UID}}</td><td class="state">{{.State}}{{if .Member}} (member){{end}}</td><td>{{.Since.Format "15:04:05"}}</td><td>{{if .Member}}phi {{printf "%.2f" .Phi}}{{else}}{{.WindowLeft}}{{end}}</td><td>{{.RoundTrip}}</td><td>{{.MessagesIn}} / {{.MessagesOut}}</td><td>{{.BytesIn}} / {{.BytesOut}}</td><td>{{.Queued}}</td><td>{{.Unacked}}</td></tr>
-{{else}}<tr><td colspan="11">no peers</td></tr>{{end}}</table>
+<table id="peers"><tr><th>address</th><th>name</th><th>version</th><th>uid</th><th>state</th><th>since</th><th>window left / phi</th><th>round trip</th><th>messages in/out</th><th>bytes in/out</th><th>queued</th><th>unacked</th></tr>
+{{range .S.Peers}}<tr class="peer" data-uid="{{.UID}}"><td>{{.Addr}}</td><td>{{.Name}}</td><td class="version">{{.AppVersion}}</td><td>{{.UID}}</td><td class="state">{{.State}}{{if .Member}} (member){{end}}</td><td>{{.Since.Format "15:04:05"}}</td><td>{{if .Member}}phi {{printf "%.2f" .Phi}}{{else}}{{.WindowLeft}}{{end}}</td><td>{{.RoundTrip}}</td><td>{{.MessagesIn}} / {{.MessagesOut}}</td><td>{{.BytesIn}} / {{.BytesOut}}</td><td>{{.Queued}}</td><td>{{.Unacked}}</td></tr>
+{{else}}<tr><td colspan="12">no peers</td></tr>{{end}}</table>
 <h2>Quarantined</h2>
 <table id="quarantined"><tr><th>name</th><th>uid</th><th>addresses</th><th>since</th><th>cause</th></tr>
 {{range .S.Quarantined}}<tr class="quarantined bad" data-uid="{{.UID}}"><td>{{.Name}}</td><td>{{.UID}}</td><td>{{range .Addrs}}{{.}} {{end}}</td><td>{{.Since.Format "15:04:05"}}</td><td>{{.Cause}}</td></tr>
@@ -98,8 +98,8 @@ var debugPage = template.Must(template.New("debug").Parse(`<!doctype html>
 {{range .Reasons}}<tr><td>{{.}}</td><td>{{index $.S.DeadLetters .}}</td></tr>{{else}}<tr><td colspan="2">none</td></tr>{{end}}</table>
 {{if .S.Members}}<h2>Cluster</h2>
 {{if .S.ClusterBlocked}}<p id="blocked" class="bad">{{.S.ClusterBlocked}}</p>{{end}}
-<table id="members"><tr><th>address</th><th>uid</th><th>status</th><th>up number</th><th>reachable</th></tr>
-{{range .S.Members}}<tr><td>{{.Addr}}</td><td>{{.UID}}</td><td>{{.Status}}</td><td>{{.UpNumber}}</td><td{{if not .Reachable}} class="bad"{{end}}>{{.Reachable}}</td></tr>{{end}}</table>{{end}}
+<table id="members"><tr><th>address</th><th>uid</th><th>version</th><th>status</th><th>up number</th><th>reachable</th></tr>
+{{range .S.Members}}<tr class="member"><td>{{.Addr}}</td><td>{{.UID}}</td><td class="version">{{.AppVersion}}</td><td>{{.Status}}</td><td>{{.UpNumber}}</td><td{{if not .Reachable}} class="bad"{{end}}>{{.Reachable}}</td></tr>{{end}}</table>{{end}}
 </body></html>
 `))
 

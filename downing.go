@@ -38,6 +38,9 @@ type Member struct {
 	UID      NodeUID
 	Status   MemberStatus
 	UpNumber int // the order in which members became up; lower is older
+	// AppVersion is the member's Config.AppVersion, as gossip carries it
+	// (empty until heard, and from a member that sets none).
+	AppVersion string
 }
 
 // counts reports whether m takes part in the majority and age arithmetic

@@ -119,6 +119,10 @@ func (a *assoc) handshakeDialed(c net.Conn) *frameReader {
 			a.fail(fmt.Errorf("%w: %w: %s", ErrRejected, ErrAuth, r.text))
 			return nil
 		}
+		if r.code == rejectVersion {
+			a.fail(fmt.Errorf("%w: the peer speaks another wire protocol version than this node's %d (it said: %s)", ErrRejected, ProtocolVersion, r.text))
+			return nil
+		}
 		a.fail(fmt.Errorf("%w: %s", ErrRejected, r.text))
 		return nil
 	default:
@@ -231,7 +235,7 @@ func rejectFrame(code byte, uid NodeUID, text string) []byte {
 }
 
 func (n *Node) hello() *hello {
-	h := &hello{version: protocolVersion, uid: n.uid, name: n.name, flags: helloResumable | helloCredit | helloDrains | helloShapes}
+	h := &hello{version: protocolVersion, uid: n.uid, name: n.name, flags: helloResumable | helloCredit | helloDrains | helloShapes, appVersion: n.cfg.AppVersion}
 	if n.reg() != nil {
 		h.flags |= helloRegistrar
 		if n.cfg.EnsureRegistry {
@@ -288,7 +292,7 @@ func (n *Node) attach(a *assoc, h *hello) bool {
 	}
 	// Under mu: senders that queue to a (before it is up) read these.
 	a.mu.Lock()
-	a.peerUID, a.peerName, a.peerFlags = h.uid, h.name, h.flags
+	a.peerUID, a.peerName, a.peerFlags, a.peerAppVersion = h.uid, h.name, h.flags, h.appVersion
 	a.resumable = h.flags&helloResumable != 0
 	a.credit = h.flags&helloCredit != 0
 	for _, s := range h.addrs {

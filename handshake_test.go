@@ -1,8 +1,10 @@
 package troupe
 
 import (
+	"errors"
 	"fmt"
 	"net"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -22,6 +24,12 @@ func FuzzHandshake(f *testing.F) {
 		return appendChallenge(b, challengeBody{uid: NodeUID{9}, nonce: make([]byte, nonceSize), mac: make([]byte, macSize)})
 	}))
 	f.Add([]byte{0x05, 0x01, 'T', 'R', 'P', 0x01})
+	h.auth, h.appVersion = nil, "v2.1.0"
+	f.Add(appendFrame(nil, func(b []byte) []byte { return appendHello(b, frameHello, h) }))
+	f.Add(appendFrame(nil, func(b []byte) []byte { // an extension of a later version: skipped
+		b = appendHello(b, frameHello, &hello{version: protocolVersion, uid: NodeUID{4}, name: "later"})
+		return append(b[:len(b)-1], 2, 9, 3, 'a', 'b', 'c', 1, 2, 'v', '3')
+	}))
 
 	open, err := Start(ctxT(f, 5*time.Second), Config{Logger: quietLogger(), HandshakeTimeout: time.Second})
 	if err != nil {
@@ -140,5 +148,49 @@ func TestConcurrentResolvesAcrossASimultaneousDial(t *testing.T) {
 		if t.Failed() {
 			return
 		}
+	}
+}
+
+// TestAnotherProtocolVersionIsRefusedInOneLine: a node refuses a hello of
+// protocol version 1 with reject code 3 and a text naming both versions;
+// a node whose peer refuses its version says so, with the peer's text.
+func TestAnotherProtocolVersionIsRefusedInOneLine(t *testing.T) {
+	n := startNode(t, testConfig("tcp://127.0.0.1:0"))
+	c, err := net.Dial("tcp", n.Addrs()[0].Address())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	// A version 1 hello, as a node of that version wrote it: no extensions.
+	old := appendHello(nil, frameHello, &hello{version: 1, uid: NodeUID{5}, name: "old"})
+	c.Write(appendWhole(nil, old[:len(old)-1]))
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	body, err := newFrameReader(c, DefaultMaxFrameSize).next()
+	if err != nil || frameKind(body[0]) != frameReject {
+		t.Fatalf("the answer to a version 1 hello: %v %v", body, err)
+	}
+	r, err := parseReject(body[1:])
+	if err != nil || r.code != rejectVersion || !strings.Contains(r.text, "protocol version 1, want 2") {
+		t.Fatalf("the refusal: %+v %v", r, err)
+	}
+
+	// The other way: a version 1 acceptor refuses this node's hello.
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	go func() {
+		c, err := l.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		newFrameReader(c, DefaultMaxFrameSize).hello()
+		c.Write(rejectFrame(rejectVersion, NodeUID{6}, "troupe: malformed frame: protocol version 2, want 1"))
+	}()
+	_, err = Resolve[string](ctxT(t, 5*time.Second), n, FormatRef(TCPAddr(l.Addr().String()), "/user/x"))
+	if !errors.Is(err, ErrRejected) || !strings.Contains(err.Error(), "another wire protocol version than this node's 2") || !strings.Contains(err.Error(), "want 1") {
+		t.Fatalf("Resolve at a version 1 node: %v", err)
 	}
 }

@@ -183,7 +183,7 @@ func (ms *membership) snapshot() gossipMsg {
 		g.Seen = append(g.Seen, uid)
 	}
 	for _, m := range ms.members {
-		g.Members = append(g.Members, gossipMember{Addr: m.Addr.String(), UID: m.UID, Status: uint8(m.Status), UpNumber: m.UpNumber})
+		g.Members = append(g.Members, gossipMember{Addr: m.Addr.String(), UID: m.UID, Status: uint8(m.Status), UpNumber: m.UpNumber, AppVersion: m.AppVersion})
 	}
 	for o, r := range ms.reach {
 		g.Reach = append(g.Reach, gossipReach{Observer: o, Version: r.version, Unreachable: r.unreachable})
@@ -214,7 +214,7 @@ func (ms *membership) merge(g gossipMsg, now time.Time) merged {
 		}
 		m := ms.members[gm.UID]
 		if m == nil {
-			m = &Member{Addr: addr, UID: gm.UID, Status: MemberStatus(gm.Status), UpNumber: gm.UpNumber}
+			m = &Member{Addr: addr, UID: gm.UID, Status: MemberStatus(gm.Status), UpNumber: gm.UpNumber, AppVersion: boundedAppVersion(gm.AppVersion)}
 			ms.members[gm.UID] = m
 			out.added = append(out.added, gm.UID)
 			out.events = append(out.events, MemberEvent{Member: *m, Kind: EventMemberStatus})
@@ -224,6 +224,11 @@ func (ms *membership) merge(g gossipMsg, now time.Time) merged {
 			continue
 		}
 		changed := false
+		if m.AppVersion == "" || gm.UID == g.From && gm.UID != ms.self {
+			// Heard late, or from the member itself, which speaks for
+			// its own version (a relay's copy may be a stale one).
+			m.AppVersion = boundedAppVersion(gm.AppVersion)
+		}
 		if s := MemberStatus(gm.Status); s > m.Status {
 			m.Status, changed = s, true
 		}
@@ -592,4 +597,12 @@ func (ms *membership) blockedBy() []string {
 	}
 	slices.Sort(addrs)
 	return addrs
+}
+
+// boundedAppVersion is a gossiped app version, or "" past MaxAppVersion.
+func boundedAppVersion(v string) string {
+	if len(v) > MaxAppVersion {
+		return ""
+	}
+	return v
 }

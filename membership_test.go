@@ -37,7 +37,7 @@ func state(self int, ms ...Member) membership {
 func gossipFrom(i int, ms ...Member) gossipMsg {
 	g := gossipMsg{From: uidOf(i)}
 	for _, m := range ms {
-		g.Members = append(g.Members, gossipMember{Addr: m.Addr.String(), UID: m.UID, Status: uint8(m.Status), UpNumber: m.UpNumber})
+		g.Members = append(g.Members, gossipMember{Addr: m.Addr.String(), UID: m.UID, Status: uint8(m.Status), UpNumber: m.UpNumber, AppVersion: m.AppVersion})
 	}
 	return g
 }
@@ -288,5 +288,41 @@ func TestGossipTargets(t *testing.T) {
 	st.seen[uidOf(2)] = true
 	if to, full := st.gossipTargets(5, first); full || len(to) != 1 {
 		t.Fatalf("all seen: targets %v full %v, want one digest", to, full)
+	}
+}
+
+// A member's app version: learned from any gossip when unknown, from the
+// member itself whenever it speaks (a relay's copy never overrides it),
+// and never longer than MaxAppVersion.
+func TestMergeAppVersion(t *testing.T) {
+	with := func(m Member, v string) Member { m.AppVersion = v; return m }
+	long := string(make([]byte, MaxAppVersion+1))
+	cases := []struct {
+		name   string
+		gossip []gossipMsg
+		want   string // member 2's version at member 1
+	}{
+		{"unknown", []gossipMsg{gossipFrom(3, with(memberOf(2, MemberUp, 2), ""))}, ""},
+		{"from a relay", []gossipMsg{gossipFrom(3, with(memberOf(2, MemberUp, 2), "v1"))}, "v1"},
+		{"a relay's stale copy after the member's own", []gossipMsg{gossipFrom(2, with(memberOf(2, MemberUp, 2), "v2")), gossipFrom(3, with(memberOf(2, MemberUp, 2), "v1"))}, "v2"},
+		{"the member's own after a relay's", []gossipMsg{gossipFrom(3, with(memberOf(2, MemberUp, 2), "v1")), gossipFrom(2, with(memberOf(2, MemberUp, 2), "v2"))}, "v2"},
+		{"too long", []gossipMsg{gossipFrom(2, with(memberOf(2, MemberUp, 2), long))}, ""},
+		{"a new member, too long", []gossipMsg{gossipFrom(3, with(memberOf(4, MemberUp, 4), long))}, ""},
+	}
+	for _, c := range cases {
+		st := state(1, with(memberOf(1, MemberUp, 1), "mine"), memberOf(2, MemberUp, 2), memberOf(3, MemberUp, 3))
+		for i, g := range c.gossip {
+			st.merge(g, at(i))
+		}
+		uid := uidOf(2)
+		if c.name == "a new member, too long" {
+			uid = uidOf(4)
+		}
+		if got := st.members[uid].AppVersion; got != c.want {
+			t.Errorf("%s: %q, want %q", c.name, got, c.want)
+		}
+		if st.members[uidOf(1)].AppVersion != "mine" {
+			t.Errorf("%s: this member's own version changed to %q", c.name, st.members[uidOf(1)].AppVersion)
+		}
 	}
 }

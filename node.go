@@ -18,10 +18,12 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode"
+	"unicode/utf8"
 )
 
 // Version is this release of troupe.
-const Version = "0.9.0"
+const Version = "0.10.0"
 
 // Errors about nodes.
 var (
@@ -39,6 +41,17 @@ type Config struct {
 	// Name is a human-readable name for logs and handshakes. Default:
 	// "node-" and the first 8 hex digits of the node's uid.
 	Name string
+
+	// AppVersion is the version of the program running this node, for
+	// people: it travels in the handshake and in cluster membership, and
+	// is shown by [Node.Stats] ([PeerStats.AppVersion],
+	// [MemberStats.AppVersion]), the debug page and troupe peers, so that
+	// during a rolling upgrade an operator sees which peer runs what. At
+	// most [MaxAppVersion] bytes of printable UTF-8. Default: empty.
+	// troupe never compares versions: whether two versions talk is
+	// decided per message type (see "Changing a message type during a
+	// rolling upgrade" in the README).
+	AppVersion string
 
 	// Listen lists the addresses to listen on, in any form [ParseAddr]
 	// accepts: "tcp://127.0.0.1:0" (port 0 picks a free port),
@@ -326,6 +339,10 @@ func (c Config) validate() error {
 		return fmt.Errorf("%w: a negative connection or watch bound", ErrBadConfig)
 	case c.DialTimeout < 0 || c.HandshakeTimeout < 0 || c.RegistryTimeout < 0 || c.EtcdElectionTimeout < 0:
 		return fmt.Errorf("%w: negative timeout", ErrBadConfig)
+	case len(c.AppVersion) > MaxAppVersion:
+		return fmt.Errorf("%w: AppVersion is %d bytes, at most %d", ErrBadConfig, len(c.AppVersion), MaxAppVersion)
+	case strings.ContainsFunc(c.AppVersion, func(r rune) bool { return r == utf8.RuneError || !unicode.IsPrint(r) }):
+		return fmt.Errorf("%w: AppVersion %q is not printable UTF-8", ErrBadConfig, c.AppVersion)
 	case len(c.Name) > 255:
 		return fmt.Errorf("%w: Name longer than 255 bytes", ErrBadConfig)
 	case c.Secret != nil && len(c.Secret) < 16:

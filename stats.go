@@ -14,10 +14,11 @@ import (
 // peers, made by [Node.Stats]. It is plain data: encode it as JSON, print
 // it, or serve it with [DebugHandler] and [MetricsHandler].
 type Stats struct {
-	Name  string
-	UID   NodeUID
-	Addrs []Addr
-	Taken time.Time // when the snapshot was made
+	Name       string
+	UID        NodeUID
+	AppVersion string // Config.AppVersion
+	Addrs      []Addr
+	Taken      time.Time // when the snapshot was made
 
 	// Peers are the associations with other nodes, by address.
 	Peers []PeerStats
@@ -53,12 +54,14 @@ type Stats struct {
 
 // PeerStats is one association with another node.
 type PeerStats struct {
-	Addr     Addr
-	UID      NodeUID
-	Name     string
-	State    string // "connecting", "up", "suspended" (a flap: see PeerLinkLost), "ending", "leaving", "retiring" or "closed"
-	Outbound bool   // this node dialed
-	Since    time.Time
+	Addr Addr
+	UID  NodeUID
+	Name string
+	// AppVersion is the peer's Config.AppVersion, as its handshake said.
+	AppVersion string
+	State      string // "connecting", "up", "suspended" (a flap: see PeerLinkLost), "ending", "leaving", "retiring" or "closed"
+	Outbound   bool   // this node dialed
+	Since      time.Time
 	// LastHeard is when anything last arrived from the peer.
 	LastHeard time.Time
 	// WindowLeft is how long the peer may stay silent before it is
@@ -107,7 +110,7 @@ type MemberStats struct {
 // parts are each consistent but not taken at one instant.
 func (n *Node) Stats() Stats {
 	now := time.Now()
-	s := Stats{Name: n.name, UID: n.uid, Addrs: n.Addrs(), Taken: now, DeadLetters: n.dlCount.snapshot(), RegistryPending: n.etcdPending()}
+	s := Stats{Name: n.name, UID: n.uid, AppVersion: n.cfg.AppVersion, Addrs: n.Addrs(), Taken: now, DeadLetters: n.dlCount.snapshot(), RegistryPending: n.etcdPending()}
 	if s.DeadLetters == nil {
 		s.DeadLetters = map[string]uint64{}
 	}
@@ -119,7 +122,7 @@ func (n *Node) Stats() Stats {
 	n.pmu.Unlock()
 	for _, a := range assocs {
 		a.mu.Lock()
-		p := PeerStats{Addr: a.addr(), UID: a.peerUID, Name: a.peerName, State: a.state.String(), Outbound: a.outbound,
+		p := PeerStats{Addr: a.addr(), UID: a.peerUID, Name: a.peerName, AppVersion: a.peerAppVersion, State: a.state.String(), Outbound: a.outbound,
 			Since: a.upAt, Queued: a.queue.len() + a.out.frames, Unacked: a.unacked.bytes, Held: a.held(), BytesOut: a.written.Load(), Member: n.isMember(a.peerUID),
 			MessagesIn: a.ackTo.Load(), MessagesOut: a.tellsOut.Load(), RoundTrip: a.rtt}
 		in := a.in
@@ -192,6 +195,9 @@ const StatsPath = "/system/stats"
 // statsRequest asks a node's introspection actor for its Stats.
 type statsRequest struct {
 	ReplyTo Ref[statsReply]
+	// Schema asks for the node's Schema, under "schema", instead of its
+	// actor list.
+	Schema bool
 }
 
 // statsReply is a node's Stats as the JSON DebugHandler serves, with
@@ -210,7 +216,11 @@ const maxActorList = 10000
 func (n *Node) startStatsActor() error {
 	_, err := Spawn(systemParent{n}, "stats", Behavior[statsRequest]{Receive: func(_ *Context[statsRequest], r statsRequest) {
 		doc := statsJSON(n.Stats())
-		doc["actor_list"] = n.actorList(maxActorList)
+		if r.Schema {
+			doc["schema"] = Schema()
+		} else {
+			doc["actor_list"] = n.actorList(maxActorList)
+		}
 		b, err := json.Marshal(doc)
 		if err != nil {
 			b = fmt.Appendf(nil, `{"error":%q}`, err.Error())
@@ -250,6 +260,12 @@ func (n *Node) actorList(limit int) []MailboxStats {
 // most 10,000). The node checks n's credentials like any peer's. This is
 // what troupe peers, actors and stats print.
 func FetchStats(ctx context.Context, n *Node, address string) ([]byte, error) {
+	return fetchStatsDoc(ctx, n, address, false)
+}
+
+// fetchStatsDoc asks the node at address for its stats document, with its
+// schema if schema is set.
+func fetchStatsDoc(ctx context.Context, n *Node, address string, schema bool) ([]byte, error) {
 	addr, err := ParseAddr(address)
 	if err != nil {
 		return nil, err
@@ -258,7 +274,7 @@ func FetchStats(ctx context.Context, n *Node, address string) ([]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("no troupe node answers at %s: %w", addr, err)
 	}
-	reply, err := Ask(ctx, ref, func(r Ref[statsReply]) statsRequest { return statsRequest{ReplyTo: r} })
+	reply, err := Ask(ctx, ref, func(r Ref[statsReply]) statsRequest { return statsRequest{ReplyTo: r, Schema: schema} })
 	if err != nil {
 		return nil, err
 	}

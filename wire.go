@@ -13,7 +13,7 @@ import (
 
 // ProtocolVersion is the wire protocol version a node speaks (see wire.md).
 // A peer with another version is refused in the handshake.
-const ProtocolVersion = 1
+const ProtocolVersion = 2
 
 // protocolVersion is [ProtocolVersion] as the hello frame carries it.
 const protocolVersion uint8 = ProtocolVersion
@@ -342,8 +342,23 @@ type hello struct {
 	uid     NodeUID
 	name    string
 	addrs   []string // listen addresses, URL form
-	auth    []byte   // reserved for authentication; empty today
+	auth    []byte   // the dialer's nonce, or the acceptor's proof (see auth.go)
+	// Extensions (version 2): tagged fields after auth, unknown tags
+	// skipped, so a field can be added without a new protocol version.
+	appVersion string // Config.AppVersion
 }
+
+// Hello extension tags. Append only: values are on the wire.
+const (
+	helloExtAppVersion uint64 = 1 // string: Config.AppVersion
+)
+
+// Bounds on a hello's extensions.
+const (
+	maxHelloExts = 16
+	// MaxAppVersion bounds [Config.AppVersion], in bytes.
+	MaxAppVersion = 128
+)
 
 func appendHello(b []byte, kind frameKind, h *hello) []byte {
 	b = append(b, byte(kind))
@@ -356,7 +371,13 @@ func appendHello(b []byte, kind frameKind, h *hello) []byte {
 		b = appendString(b, a)
 	}
 	b = binary.AppendUvarint(b, uint64(len(h.auth)))
-	return append(b, h.auth...)
+	b = append(b, h.auth...)
+	if h.appVersion == "" {
+		return append(b, 0) // no extension
+	}
+	b = append(b, 1)
+	b = binary.AppendUvarint(b, helloExtAppVersion)
+	return appendString(b, h.appVersion)
 }
 
 // Hello flags. Append only: values are on the wire.
@@ -395,6 +416,21 @@ func parseHello(b []byte) (*hello, error) {
 		h.addrs = append(h.addrs, d.string())
 	}
 	h.auth = append([]byte(nil), d.bytes()...) // the frame buffer is reused
+	exts := d.uvarint()
+	if d.err == nil && exts > maxHelloExts {
+		return nil, fmt.Errorf("%w: %d handshake extensions, at most %d", ErrMalformed, exts, maxHelloExts)
+	}
+	for i := uint64(0); i < exts && d.err == nil; i++ {
+		tag, v := d.uvarint(), d.bytes()
+		switch tag {
+		case helloExtAppVersion:
+			if len(v) > MaxAppVersion {
+				return nil, fmt.Errorf("%w: an app version of %d bytes, at most %d", ErrMalformed, len(v), MaxAppVersion)
+			}
+			h.appVersion = string(v)
+		}
+		// (an unknown tag is a later version's: skipped)
+	}
 	if d.err == nil && d.remaining() != 0 {
 		d.fail("%d bytes after handshake", d.remaining())
 	}

@@ -32,7 +32,7 @@ func TestWireValuesArePinned(t *testing.T) {
 		{"refNil", refNil, 0}, {"refSender", refSender, 1}, {"refReceiver", refReceiver, 2}, {"refThird", refThird, 3},
 		{"refHasUUID", refHasUUID, 0x80}, {"rejectDuplicate", rejectDuplicate, 1}, {"rejectAuth", rejectAuth, 4}, {"rejectQuarantined", rejectQuarantined, 5},
 		{"reasonNodeClosed", reasonNodeClosed, 4}, {"reasonOther", reasonOther, 5}, {"reasonFailed", reasonFailed, 6}, {"reasonWatchRefused", reasonWatchRefused, 7}, {"byeDuplicate", byeDuplicate, 1},
-		{"resolveWrongType", resolveWrongType, 2}, {"protocolVersion", protocolVersion, 1},
+		{"resolveWrongType", resolveWrongType, 2}, {"protocolVersion", protocolVersion, 2}, {"rejectVersion", rejectVersion, 3},
 	}
 	for _, p := range pinned {
 		if p.got != p.want {
@@ -55,7 +55,9 @@ func TestWireValuesArePinned(t *testing.T) {
 func goldenFrames(t *testing.T) map[string][]byte {
 	uid := NodeUID{0xa1, 0xa2, 0xa3, 0xa4, 0xa5, 0xa6, 0xa7, 0xa8, 0xa9, 0xaa, 0xab, 0xac, 0xad, 0xae, 0xaf, 0xb0}
 	target := refKey{node: uid, path: "/user/echo", uuid: UUID{0x10, 0x11, 0x12, 0x13, 0x14, 0x15, 0x16, 0x17, 0x18, 0x19, 0x1a, 0x1b, 0x1c, 0x1d, 0x1e, 0x1f}}
-	h := &hello{version: protocolVersion, uid: uid, name: "alpha", addrs: []string{"tcp://127.0.0.1:7001", "unix:///run/a.sock"}}
+	h := &hello{version: protocolVersion, uid: uid, name: "alpha", addrs: []string{"tcp://127.0.0.1:7001", "unix:///run/a.sock"}, appVersion: "1.4.2"}
+	w := *h
+	w.appVersion = "" // (a welcome without extensions)
 	frame := func(body []byte) []byte { return appendWhole(nil, body) }
 	watch := watchBody{path: target.path, uuid: target.uuid, watcher: "/user/watcher"}
 	dead := watch
@@ -75,7 +77,7 @@ func goldenFrames(t *testing.T) map[string][]byte {
 	}
 	out := map[string][]byte{
 		"hello":      appendFrame(nil, func(b []byte) []byte { return appendHello(b, frameHello, h) }),
-		"welcome":    appendFrame(nil, func(b []byte) []byte { return appendHello(b, frameWelcome, h) }),
+		"welcome":    appendFrame(nil, func(b []byte) []byte { return appendHello(b, frameWelcome, &w) }),
 		"reject":     rejectFrame(rejectDuplicate, uid, "the other connection between these nodes wins"),
 		"tell-first": tellTo(count{N: 3}),
 		"tell-again": tellTo(count{N: 3}),
@@ -263,7 +265,7 @@ func TestFrameBodiesParseBack(t *testing.T) {
 	parsers := map[string]func(b []byte) (any, error){
 		"hello": func(b []byte) (any, error) {
 			h, err := parseHello(b)
-			return h.name + "|" + strings.Join(h.addrs, ","), err
+			return h.name + "|" + strings.Join(h.addrs, ",") + "|" + h.appVersion, err
 		},
 		"welcome": func(b []byte) (any, error) { h, err := parseHello(b); return h.uid, err },
 		"reject":  func(b []byte) (any, error) { return parseReject(b) },
@@ -318,7 +320,7 @@ func TestFrameBodiesParseBack(t *testing.T) {
 	}
 	watch := watchBody{path: "/user/echo", uuid: uuid, watcher: "/user/watcher"}
 	want := map[string]any{
-		"hello":      "alpha|tcp://127.0.0.1:7001,unix:///run/a.sock",
+		"hello":      "alpha|tcp://127.0.0.1:7001,unix:///run/a.sock|1.4.2",
 		"welcome":    uid,
 		"reject":     rejectBody{code: rejectDuplicate, uid: uid, text: "the other connection between these nodes wins"},
 		"tell-first": "1 true /user/echo 1 true troupe.test.count 1",
@@ -358,5 +360,45 @@ func TestFrameBodiesParseBack(t *testing.T) {
 				t.Errorf("%s with a byte less: %v, want ErrMalformed", name, err)
 			}
 		}
+	}
+}
+
+// TestHelloExtensions: a hello's extensions carry the app version; a tag
+// from a later version is skipped; too many extensions, or an app version
+// past its bound, are malformed; a hello of version 1 is refused with a
+// text naming both versions.
+func TestHelloExtensions(t *testing.T) {
+	base := func(ext ...byte) []byte {
+		b := appendHello(nil, frameHello, &hello{version: protocolVersion, uid: NodeUID{7}, name: "x"})
+		return append(b[1:len(b)-1], ext...) // (without the kind byte, and the empty extension count)
+	}
+	cases := []struct {
+		name    string
+		body    []byte
+		version string
+		err     string
+	}{
+		{"none", base(0), "", ""},
+		{"app version", base(1, 1, 3, 'v', '1', '0'), "v10", ""},
+		{"a later tag first", base(2, 9, 2, 0xff, 0xfe, 1, 1, 'z'), "z", ""},
+		{"seventeen", base(append([]byte{17}, bytes.Repeat([]byte{9, 0}, 17)...)...), "", "17 handshake extensions"},
+		{"a long app version", base(append([]byte{1, 1, 129, 1}, bytes.Repeat([]byte{'v'}, 129)...)...), "", "app version of 129 bytes"},
+		{"truncated", base(1, 1, 5, 'v'), "", "exceeds"},
+		{"trailing", base(0, 0), "", "after handshake"},
+	}
+	for _, c := range cases {
+		h, err := parseHello(c.body)
+		switch {
+		case c.err == "" && err != nil:
+			t.Errorf("%s: %v", c.name, err)
+		case c.err != "" && (err == nil || !strings.Contains(err.Error(), c.err)):
+			t.Errorf("%s: error %v, want one with %q", c.name, err, c.err)
+		case c.err == "" && h.appVersion != c.version:
+			t.Errorf("%s: app version %q, want %q", c.name, h.appVersion, c.version)
+		}
+	}
+	old := appendHello(nil, frameHello, &hello{version: 1, uid: NodeUID{7}, name: "old"})
+	if _, err := parseHello(old[1:]); err == nil || !strings.Contains(err.Error(), "protocol version 1, want 2") {
+		t.Fatalf("a version 1 hello: %v", err)
 	}
 }

@@ -5,6 +5,8 @@
 //	troupe query NAME [--registry ADDR] [--json]
 //	troupe down MEMBER --node ADDR
 //	troupe peers|actors|stats --node ADDR [--json]
+//	troupe schema --node ADDR [--json]
+//	troupe schema diff --node A --node B [--json]
 //	troupe watch [--registry ADDR]
 //	troupe version
 //
@@ -30,6 +32,8 @@ import (
 	"syscall"
 	"text/tabwriter"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"troupe"
 )
@@ -56,7 +60,7 @@ type call struct {
 	args           []string
 	registry       string
 	node           string
-	addrs          addrList
+	addrs          addrList // --addr (registrar), --node (schema)
 	asJSON         bool
 	timeout        time.Duration
 	stdout, stderr io.Writer
@@ -146,6 +150,23 @@ serves it.`,
 		run: remoteStats,
 	},
 	{
+		name:    "schema",
+		summary: "print a node's message types, or whether two nodes' agree",
+		usage:   "troupe schema [diff] --node ADDR [--node ADDR] [--json] [--timeout D]",
+		about: `Asks the node at --node for the shape of every message type its process
+registered: wire key, Go type, and fields by name and kind. With diff and
+two --node flags, compares the two nodes type by type, in both
+directions, by the rules a session applies to each message (see
+"Changing a message type during a rolling upgrade" in the README):
+"same", "compatible" (with the fields only one side has), "incompatible"
+(with the field whose kind changed), "unchecked" (a type too large or
+too deep to have a shape), or "only on" one node. Exits 3 when a type is
+incompatible or unchecked, so a deploy script can stop before it rolls;
+1 when a node does not answer; 2 on a usage error.`,
+		args: -1,
+		run:  schema,
+	},
+	{
 		name:    "watch",
 		summary: "stream a registrar's registrations and removals",
 		usage:   "troupe watch [--registry ADDR] [--interval D]",
@@ -226,6 +247,10 @@ func (cmd *command) invoke(ctx context.Context, args []string, stdout, stderr io
 		fs.StringVar(&c.node, "node", "", "the address of the node to ask (required)")
 		fs.BoolVar(&c.asJSON, "json", false, "print the node's stats document as JSON")
 		fs.DurationVar(&c.timeout, "timeout", 5*time.Second, "how long to wait for the node's answer, in all")
+	case "schema":
+		fs.Var(&c.addrs, "node", "the address of a node to ask (required; twice with diff)")
+		fs.BoolVar(&c.asJSON, "json", false, "print JSON")
+		fs.DurationVar(&c.timeout, "timeout", 5*time.Second, "how long to wait for the nodes' answers, in all")
 	case "watch":
 		fs.StringVar(&c.registry, "registry", troupe.DefaultRegistryTCP, "the registrar's address, or an etcd registry: etcd://host:port[,host:port]/prefix")
 		fs.DurationVar(&c.timeout, "interval", 500*time.Millisecond, "how often to ask the registrar")
@@ -251,7 +276,12 @@ func (cmd *command) invoke(ctx context.Context, args []string, stdout, stderr io
 		c.args = append(c.args, fs.Arg(0))
 		args = fs.Args()[1:]
 	}
-	if len(c.args) != cmd.args {
+	if cmd.args < 0 { // schema: an optional "diff"
+		if len(c.args) > 1 || len(c.args) == 1 && c.args[0] != "diff" {
+			fmt.Fprintf(stderr, "troupe %s: unexpected argument(s) %q\nusage: %s\n", cmd.name, c.args, cmd.usage)
+			return 2
+		}
+	} else if len(c.args) != cmd.args {
 		fmt.Fprintf(stderr, "troupe %s: takes %d argument(s), got %d\nusage: %s\n", cmd.name, cmd.args, len(c.args), cmd.usage)
 		return 2
 	}
@@ -448,13 +478,15 @@ func down(ctx context.Context, c *call) int {
 
 // nodeStats is the part of a node's stats document the tables print.
 type nodeStats struct {
-	Name  string   `json:"name"`
-	UID   string   `json:"uid"`
-	Addrs []string `json:"addrs"`
-	Peers []struct {
+	Name       string   `json:"name"`
+	UID        string   `json:"uid"`
+	AppVersion string   `json:"app_version"`
+	Addrs      []string `json:"addrs"`
+	Peers      []struct {
 		Addr       string `json:"addr"`
 		UID        string `json:"uid"`
 		Name       string `json:"name"`
+		AppVersion string `json:"app_version"`
 		State      string `json:"state"`
 		WindowLeft string `json:"window_left"`
 		Member     bool   `json:"member"`
@@ -474,9 +506,10 @@ type nodeStats struct {
 	} `json:"actor_list"`
 	DeadLetters map[string]uint64 `json:"dead_letters"`
 	Members     []struct {
-		Addr      string `json:"addr"`
-		Status    string `json:"status"`
-		Reachable bool   `json:"reachable"`
+		Addr       string `json:"addr"`
+		AppVersion string `json:"app_version"`
+		Status     string `json:"status"`
+		Reachable  bool   `json:"reachable"`
 	} `json:"members"`
 }
 
@@ -511,16 +544,16 @@ func remoteStats(ctx context.Context, c *call) int {
 	defer tw.Flush()
 	switch c.cmd.name {
 	case "peers":
-		fmt.Fprintln(tw, "ADDR\tNAME\tUID\tSTATE\tWINDOW LEFT\tIN\tOUT")
+		fmt.Fprintln(tw, "ADDR\tNAME\tVERSION\tUID\tSTATE\tWINDOW LEFT\tIN\tOUT")
 		for _, p := range s.Peers {
 			state, left := p.State, p.WindowLeft
 			if p.Member {
 				state, left = state+" (member)", "-"
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%d\n", p.Addr, p.Name, short(p.UID), state, left, p.BytesIn, p.BytesOut)
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\n", p.Addr, p.Name, orDash(p.AppVersion), short(p.UID), state, left, p.BytesIn, p.BytesOut)
 		}
 		for _, q := range s.Quarantined {
-			fmt.Fprintf(tw, "%s\t%s\t%s\tquarantined\t-\t-\t-\t(%s)\n", strings.Join(q.Addrs, ","), q.Name, short(q.UID), q.Cause)
+			fmt.Fprintf(tw, "%s\t%s\t-\t%s\tquarantined\t-\t-\t-\t(%s)\n", strings.Join(q.Addrs, ","), q.Name, short(q.UID), q.Cause)
 		}
 	case "actors":
 		slices.SortStableFunc(s.ActorList, func(a, b struct {
@@ -539,6 +572,9 @@ func remoteStats(ctx context.Context, c *call) int {
 			byState[p.State]++
 		}
 		fmt.Fprintf(tw, "node\t%s (%s) on %s\n", s.Name, short(s.UID), strings.Join(s.Addrs, ","))
+		if s.AppVersion != "" {
+			fmt.Fprintf(tw, "version\t%s\n", s.AppVersion)
+		}
 		counts := []string{fmt.Sprintf("%d up", byState["up"])}
 		for _, st := range []string{"connecting", "suspended", "ending", "leaving", "retiring", "closed"} {
 			if byState[st] > 0 {
@@ -555,10 +591,17 @@ func remoteStats(ctx context.Context, c *call) int {
 		slices.Sort(reasons)
 		fmt.Fprintf(tw, "dead letters\t%s\n", strings.Join(reasons, ", "))
 		for _, m := range s.Members {
-			fmt.Fprintf(tw, "member\t%s %s reachable=%v\n", m.Addr, m.Status, m.Reachable)
+			fmt.Fprintf(tw, "member\t%s %s reachable=%v version=%s\n", m.Addr, m.Status, m.Reachable, orDash(m.AppVersion))
 		}
 	}
 	return 0
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
 }
 
 func short(uid string) string { return uid[:min(len(uid), 12)] }
@@ -617,4 +660,149 @@ func watch(ctx context.Context, c *call) int {
 		case <-tick.C:
 		}
 	}
+}
+
+// schemaDiffJSON is one wire key as `troupe schema diff --json` prints it.
+type schemaDiffJSON struct {
+	Key     string   `json:"key"`
+	Verdict string   `json:"verdict"` // same, compatible, incompatible, unchecked, only_a, only_b
+	OnlyA   []string `json:"only_a,omitempty"`
+	OnlyB   []string `json:"only_b,omitempty"`
+	AToB    string   `json:"a_to_b,omitempty"`
+	BToA    string   `json:"b_to_a,omitempty"`
+}
+
+// schema prints one node's message types, or compares two nodes'.
+func schema(ctx context.Context, c *call) int {
+	diff := len(c.args) == 1
+	if want := map[bool]int{false: 1, true: 2}[diff]; len(c.addrs) != want {
+		fmt.Fprintf(c.stderr, "troupe schema: give --node %d time(s), got %d\nusage: %s\n", want, len(c.addrs), c.cmd.usage)
+		return 2
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.timeout)
+	defer cancel()
+	n, err := troupe.Start(ctx, troupe.Config{Name: "troupe-cli", Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		return c.failf("%v", err)
+	}
+	defer n.Close()
+	var schemas [][]troupe.MessageSchema
+	for _, addr := range c.addrs {
+		s, err := troupe.FetchSchema(ctx, n, addr)
+		if err != nil {
+			return c.failf("%v", err)
+		}
+		schemas = append(schemas, s)
+	}
+	if !diff {
+		if c.asJSON {
+			return c.printJSON(schemas[0])
+		}
+		tw := tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "KEY\tTYPE\tSHAPE")
+		for _, s := range schemas[0] {
+			fmt.Fprintf(tw, "%s\t%s\t%s\n", printable(s.Key), printable(s.Type), printable(s.Shape))
+		}
+		tw.Flush()
+		return 0
+	}
+	a, b := map[string]troupe.MessageSchema{}, map[string]troupe.MessageSchema{}
+	var keys []string
+	for _, s := range schemas[0] {
+		a[s.Key] = s
+		keys = append(keys, s.Key)
+	}
+	for _, s := range schemas[1] {
+		b[s.Key] = s
+		if _, ok := a[s.Key]; !ok {
+			keys = append(keys, s.Key)
+		}
+	}
+	slices.Sort(keys)
+	var out []schemaDiffJSON
+	incompatible, same := 0, 0
+	for _, k := range keys {
+		sa, inA := a[k]
+		sb, inB := b[k]
+		e := schemaDiffJSON{Key: k}
+		switch {
+		case !inB:
+			e.Verdict = "only_a"
+		case !inA:
+			e.Verdict = "only_b"
+		default:
+			d := troupe.DiffSchemas(sa, sb)
+			e.OnlyA, e.OnlyB = d.OnlyA, d.OnlyB
+			switch {
+			case d.Same:
+				e.Verdict = "same"
+				same++
+			case d.Compatible():
+				e.Verdict = "compatible"
+			case sa.Raw == nil || sb.Raw == nil:
+				e.Verdict = "unchecked"
+				incompatible++
+			default:
+				e.Verdict = "incompatible"
+				incompatible++
+			}
+			if d.AToB != nil {
+				e.AToB = d.AToB.Error()
+			}
+			if d.BToA != nil {
+				e.BToA = d.BToA.Error()
+			}
+		}
+		out = append(out, e)
+	}
+	if c.asJSON {
+		if code := c.printJSON(out); code != 0 {
+			return code
+		}
+	} else {
+		tw := tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintf(tw, "KEY\tVERDICT\tDETAIL\n")
+		for _, e := range out {
+			var detail []string
+			switch e.Verdict {
+			case "same":
+				continue
+			case "only_a":
+				e.Verdict, detail = "only on A", []string{"B drops what A sends of it (dead letters: not registered)"}
+			case "only_b":
+				e.Verdict, detail = "only on B", []string{"A drops what B sends of it (dead letters: not registered)"}
+			}
+			if len(e.OnlyA) > 0 {
+				detail = append(detail, "fields only A has: "+strings.Join(e.OnlyA, ", "))
+			}
+			if len(e.OnlyB) > 0 {
+				detail = append(detail, "fields only B has: "+strings.Join(e.OnlyB, ", "))
+			}
+			if e.AToB != "" {
+				detail = append(detail, "A to B: "+strings.TrimPrefix(e.AToB, "troupe: "))
+			}
+			if e.BToA != "" {
+				detail = append(detail, "B to A: "+strings.TrimPrefix(e.BToA, "troupe: "))
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\n", printable(e.Key), e.Verdict, printable(strings.Join(detail, "; ")))
+		}
+		fmt.Fprintf(tw, "(%d of %d types the same; A is %s, B is %s)\n", same, len(keys), c.addrs[0], c.addrs[1])
+		tw.Flush()
+	}
+	if incompatible > 0 {
+		fmt.Fprintf(c.stderr, "troupe schema: %d incompatible or unchecked type(s)\n", incompatible)
+		return 3
+	}
+	return 0
+}
+
+// printable replaces what a terminal would interpret (control characters,
+// invalid UTF-8) in text that came from a node.
+func printable(s string) string {
+	return strings.Map(func(r rune) rune {
+		if r == utf8.RuneError || !unicode.IsPrint(r) {
+			return '?'
+		}
+		return r
+	}, s)
 }

@@ -257,12 +257,12 @@ func TestPeersActorsStats(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	a, err := troupe.Start(ctx, troupe.Config{Name: "alpha", Listen: []string{"tcp://127.0.0.1:0"}, Logger: quiet})
+	a, err := troupe.Start(ctx, troupe.Config{Name: "alpha", AppVersion: "alpha-1.0", Listen: []string{"tcp://127.0.0.1:0"}, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer a.Close()
-	b, err := troupe.Start(ctx, troupe.Config{Name: "beta", Logger: quiet})
+	b, err := troupe.Start(ctx, troupe.Config{Name: "beta", AppVersion: "beta-2.0", Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -279,13 +279,13 @@ func TestPeersActorsStats(t *testing.T) {
 		code := run(ctx, args, &out, &errOut)
 		return out.String(), errOut.String(), code
 	}
-	if out, errOut, code := run1("peers", "--node", node); code != 0 || !strings.Contains(out, "beta") || !strings.Contains(out, "WINDOW LEFT") {
+	if out, errOut, code := run1("peers", "--node", node); code != 0 || !strings.Contains(out, "beta") || !strings.Contains(out, "beta-2.0") || !strings.Contains(out, "WINDOW LEFT") {
 		t.Fatalf("peers: exit %d\n%s%s", code, out, errOut)
 	}
 	if out, errOut, code := run1("actors", "--node", node); code != 0 || !strings.Contains(out, "/user/echo") || !strings.Contains(out, "/system/stats") {
 		t.Fatalf("actors: exit %d\n%s%s", code, out, errOut)
 	}
-	if out, errOut, code := run1("stats", "--node", node); code != 0 || !strings.Contains(out, "alpha") || !strings.Contains(out, "peers") {
+	if out, errOut, code := run1("stats", "--node", node); code != 0 || !strings.Contains(out, "alpha") || !strings.Contains(out, "peers") || !strings.Contains(out, "alpha-1.0") {
 		t.Fatalf("stats: exit %d\n%s%s", code, out, errOut)
 	}
 	out, _, code := run1("stats", "--node", node, "--json")
