@@ -190,18 +190,35 @@ func (r *etcdRegistry) call(ctx context.Context, path string, in, out any) error
 var errEtcdUnavailable = errors.New("unavailable")
 
 func (r *etcdRegistry) callOne(ctx context.Context, endpoint, path string, body []byte, out any) error {
-	ctx, cancel := context.WithTimeout(ctx, r.timing.attempt)
+	// The attempt's bound is on the member's answer, not on reading it:
+	// a member that does not answer within it is given up for the next,
+	// but a large answer (a range of ten thousand entries on a slow
+	// machine) is read to its end within the caller's ctx.
+	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	answer := time.AfterFunc(r.timing.attempt, cancel)
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, endpoint+path, bytes.NewReader(body))
 	if err != nil {
+		answer.Stop()
 		return err
 	}
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := r.client.Do(req)
+	if !answer.Stop() {
+		if err == nil {
+			resp.Body.Close()
+		}
+		return fmt.Errorf("%s%s: no answer within %v: %w", endpoint, path, r.timing.attempt, context.DeadlineExceeded)
+	}
 	if err != nil {
 		return err
 	}
 	defer resp.Body.Close()
+	// (reading the answer: bounded by the caller's ctx, and by the
+	// window, so that a member that stalls mid-answer cannot hold a
+	// caller without one)
+	reading := time.AfterFunc(r.timing.window, cancel)
+	defer reading.Stop()
 	if resp.StatusCode != http.StatusOK {
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
 		err := fmt.Errorf("%s%s: %s: %s", endpoint, path, resp.Status, bytes.TrimSpace(msg))
