@@ -275,3 +275,15 @@ func (c *Cluster) keepLeaseThroughHold() {
 		c.releaseLeaseAfterLocked(c.n.uid.String(), time.Until(c.leaseAt.Add(c.cfg.LeaseReleaseAfter)))
 	}
 }
+
+// LeaseMajority is the downing strategy that lets a lease decide: the side
+// that acquires [ClusterConfig.Lease] downs the other; the minority side
+// (see [MinorityDelay]) waits [ClusterConfig.LeaseMinorityDelay]
+// before trying, so the majority wins a fair race; a side that cannot
+// acquire it — including when the lease is unreachable — downs itself.
+// Never two surviving sides.
+type LeaseMajority struct{}
+
+// Decide is the rule without a lease: it is only used when the lease
+// cannot be consulted, and then downs this side.
+func (LeaseMajority) Decide(SplitView) Downing { return DownReachable }

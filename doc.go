@@ -46,10 +46,10 @@
 //
 // A handler that panics, or reports an error with [Context.Fail], fails:
 // by default its actor (never the node) stops with the failure as the
-// reason. [Supervise] wraps a factory of behaviours in a [Strategy] —
+// reason. [Supervise] wraps a factory of behaviors in a [Strategy] —
 // [ResumeOnFailure], [RestartOnFailure], [RestartWithBackoff], with
 // [Strategy.WithLimit] — so that the actor resumes or restarts with fresh
-// state instead; [PreRestart] and [PostStop] let a behaviour clean up.
+// state instead; [PreRestart] and [PostStop] let a behavior clean up.
 // [MessageAdapter] makes a ref of another message type that converts into
 // the actor's protocol; it is addressable across the wire.
 // [Context.StartTimer], [Context.StartTicker] and [Context.CancelTimer]
@@ -146,12 +146,12 @@
 //
 // One flat package, a file per concern, and x_test.go beside x.go. Frames
 // are laid out in wire.go (one append and one parse function per kind, as
-// wire.md specifies them) and payloads in codec.go, which has no effect
-// beyond the bytes and values it builds (flat.go is its fast path for
-// structs of scalars). Senders encode on their own goroutines into blocks
+// wire.md specifies them) and payloads in codec.go and plan.go, which
+// have no effect beyond the bytes and values they build (flat.go is the
+// fast path for structs of scalars). Senders encode on their own goroutines into blocks
 // of frames (queue.go), kept as bytes until acknowledged. An association's life is a pure
-// state machine in assoc_state.go; assoc.go, handshake.go and assoc_io.go
-// apply its transitions and do the I/O (send.go is the send path);
+// state machine in assoc_state.go; assoc.go, handshake.go, assoc_io.go and
+// assoc_end.go apply its transitions and do the I/O (send.go is the send path);
 // resume.go resumes a session after
 // a link flap; credit.go is the per-actor flow control across the wire. Liveness is detector.go, the quarantine decision and table
 // quarantine.go; etcd_registry.go keeps the registry in etcd. The README's "Where things

@@ -6,7 +6,7 @@ import (
 )
 
 // This file holds the pure half of split-brain resolution: given one side's
-// view of the membership, which members to down. The cluster (cluster.go)
+// view of the membership, which members to down. The cluster (cluster_loop.go)
 // gathers the view and acts on the decision; the decisions themselves are
 // table-tested on snapshots.
 

@@ -13,7 +13,7 @@ import (
 // This file holds the pure half of a cluster member: its membership as
 // plain data, and the functions that change it — merging gossip, recording
 // what this member cannot reach, the leader's transitions, downing — each
-// given the time explicitly, like etcd raft's Step. cluster.go runs them
+// given the time explicitly, like etcd raft's Step. cluster_loop.go runs them
 // on its goroutine with the network and the timers; it decides nothing.
 
 // membership is the state of a cluster as one member knows it.

@@ -2,6 +2,9 @@ package troupe_test
 
 import (
 	"fmt"
+	"go/ast"
+	"go/parser"
+	"go/token"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -147,6 +150,7 @@ func TestReplaceDirective(t *testing.T) {
 // snippetImports are the packages every snippet file may use.
 const snippetImports = `import (
 	"context"
+	"expvar"
 	"log"
 	"net/http"
 	"testing"
@@ -175,6 +179,7 @@ type Pong struct {
 type Quote struct{ Price float64 }
 
 var (
+	_ = expvar.Handler
 	_ = log.Println
 	_ = http.NewServeMux
 	_ = time.Second
@@ -293,6 +298,38 @@ func TestWhereThingsAreIsComplete(t *testing.T) {
 		}
 		if !listed {
 			t.Errorf("%s is not in README's \"Where things are\" table", f)
+		}
+	}
+}
+
+// TestLibraryFilesStaySmall: no library file is over maxFileLines and no
+// function over maxFuncLines, so that each file keeps answering one
+// question (see "Where things are" in the README). A file that grows
+// past it is split by question, not trimmed.
+func TestLibraryFilesStaySmall(t *testing.T) {
+	const maxFileLines, maxFuncLines = 720, 120
+	lib, err := filepath.Glob("*.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fs := token.NewFileSet()
+	for _, name := range lib {
+		if strings.HasSuffix(name, "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(fs, name, nil, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := fs.File(f.Pos()).LineCount(); n > maxFileLines {
+			t.Errorf("%s has %d lines, more than %d: split it by question", name, n, maxFileLines)
+		}
+		for _, d := range f.Decls {
+			if fd, ok := d.(*ast.FuncDecl); ok {
+				if n := fs.Position(fd.End()).Line - fs.Position(fd.Pos()).Line + 1; n > maxFuncLines {
+					t.Errorf("%s: %s has %d lines, more than %d", name, fd.Name.Name, n, maxFuncLines)
+				}
+			}
 		}
 	}
 }

@@ -8,8 +8,8 @@ import (
 	"time"
 )
 
-// Supervision: what happens to an actor whose handler fails. A behaviour
-// built by [Supervise] carries a [Strategy]; any other behaviour stops on
+// Supervision: what happens to an actor whose handler fails. A behavior
+// built by [Supervise] carries a [Strategy]; any other behavior stops on
 // its first failure.
 
 // Strategy says what an actor does when one of its handlers fails: stop
@@ -48,7 +48,7 @@ func StopOnFailure() Strategy { return Strategy{action: actStop} }
 func ResumeOnFailure() Strategy { return Strategy{action: actResume} }
 
 // RestartOnFailure drops the message whose handling failed, builds the
-// behaviour again from its factory (running its Setup) and goes on with the
+// behavior again from its factory (running its Setup) and goes on with the
 // next message. Use it when the state may be broken and a fresh one is
 // cheap. Without [Strategy.WithLimit], an actor that always fails restarts
 // forever.
@@ -113,15 +113,15 @@ func (s Strategy) String() string {
 	return string(b)
 }
 
-// supervisor is what [Supervise] attaches to a behaviour: how to build it
+// supervisor is what [Supervise] attaches to a behavior: how to build it
 // again and what to do when it fails. Every actor spawned with the same
-// behaviour shares it; the per-actor state lives in the cell's tools.
+// behavior shares it; the per-actor state lives in the cell's tools.
 type supervisor[T any] struct {
 	build    func() Behavior[T]
 	strategy Strategy
 }
 
-// Supervise returns a behaviour whose state is built by newBehavior and
+// Supervise returns a behavior whose state is built by newBehavior and
 // whose failures are handled by s. newBehavior is called once when the
 // actor is spawned and again on every restart, so that a restarted actor
 // starts from fresh state: keep the state in variables that newBehavior
@@ -129,21 +129,21 @@ type supervisor[T any] struct {
 //
 // A restart keeps the actor's mailbox, its ref, its name and registrations,
 // and the watches others hold on it: nobody outside sees it stop. It drops
-// what the old behaviour set up: the failed message, the state, the
+// what the old behavior set up: the failed message, the state, the
 // actor's own watches, its timers, its [Context.Context] (which is
 // cancelled), its message adapters (messages to them become dead letters;
 // the fresh Setup makes new ones) and, unless
 // [Strategy.WithKeepChildren], its children, which are stopped before the
-// fresh behaviour's Setup runs. The old behaviour gets [PreRestart] first.
+// fresh behavior's Setup runs. The old behavior gets [PreRestart] first.
 func Supervise[T any](newBehavior func() Behavior[T], s Strategy) Behavior[T] {
 	return Behavior[T]{sup: &supervisor[T]{build: newBehavior, strategy: s}}
 }
 
-// ErrBadBehavior is returned by [Spawn] for a behaviour without Receive,
+// ErrBadBehavior is returned by [Spawn] for a behavior without Receive,
 // or one whose factory (see [Supervise]) fails or builds one without it.
 var ErrBadBehavior = errors.New("troupe: bad behavior")
 
-// behavior builds the behaviour to run: b itself, or what its supervisor's
+// behavior builds the behavior to run: b itself, or what its supervisor's
 // factory makes, carrying the supervisor along.
 func (b Behavior[T]) behavior() (built Behavior[T], err error) {
 	if b.sup == nil {
@@ -162,27 +162,27 @@ func (b Behavior[T]) behavior() (built Behavior[T], err error) {
 	}
 	built = b.sup.build()
 	if built.sup != nil {
-		return b, fmt.Errorf("%w: a supervised behaviour's factory returned a supervised behaviour", ErrBadBehavior)
+		return b, fmt.Errorf("%w: a supervised behavior's factory returned a supervised behavior", ErrBadBehavior)
 	}
 	if built.Receive == nil {
-		return b, fmt.Errorf("%w: the factory built a behaviour whose Receive is nil", ErrBadBehavior)
+		return b, fmt.Errorf("%w: the factory built a behavior whose Receive is nil", ErrBadBehavior)
 	}
 	built.sup = b.sup
 	return built, nil
 }
 
-// PreRestart is the signal a supervised actor's behaviour gets just before
+// PreRestart is the signal a supervised actor's behavior gets just before
 // it is dropped for a restart: the last chance to release what the state
 // holds. Reason is the failure that caused the restart.
 type PreRestart struct{ Reason error }
 
 func (PreRestart) isSignal() {}
 
-// PostStop is the signal an actor's behaviour gets once the actor has
+// PostStop is the signal an actor's behavior gets once the actor has
 // stopped: it no longer receives messages, its timers are cancelled, its
 // context is done and its children have been told to stop; its watchers
 // are told after the handler returns. Reason is the stop reason its
-// watchers will see. A behaviour that got [PreRestart] and was stopped
+// watchers will see. A behavior that got [PreRestart] and was stopped
 // before its restart completed does not get PostStop.
 type PostStop struct{ Reason error }
 
@@ -336,7 +336,7 @@ func (c *cell[T]) supervision() *supState {
 	return t.sup
 }
 
-// beginRestart holds the mailbox, tells the old behaviour, drops what a
+// beginRestart holds the mailbox, tells the old behavior, drops what a
 // restart drops and then waits for the children, the backoff, or nothing.
 func (c *cell[T]) beginRestart(reason error, s Strategy) {
 	c.mu.Lock()
@@ -409,7 +409,7 @@ func (c *cell[T]) childGone() {
 	}
 }
 
-// restart builds the behaviour again and runs its Setup; gen names the
+// restart builds the behavior again and runs its Setup; gen names the
 // restart the message belongs to.
 func (c *cell[T]) restart(gen uint64) {
 	if c.tools == nil || c.tools.sup == nil || c.tools.sup.gen != gen || c.stopping {

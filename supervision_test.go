@@ -89,7 +89,7 @@ func ask(t testing.TB, r troupe.Ref[sup], op string, n int) string {
 	return within(t, reply, 10*time.Second, "reply to "+op)
 }
 
-// counter is the supervised test behaviour: its state is a count of the
+// counter is the supervised test behavior: its state is a count of the
 // "count" messages it handled, and each build has a number. failIn names
 // the handler that fails on "trigger" ("receive", "fail", "signal"), or
 // "setup" for a Setup that fails in the first build only, once gate is
@@ -510,7 +510,7 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
-// Spawn refuses behaviours that cannot run, supervised or not.
+// Spawn refuses behaviors that cannot run, supervised or not.
 func TestSpawnBadBehavior(t *testing.T) {
 	n := quietNode(t, nil)
 	for name, b := range map[string]troupe.Behavior[int]{

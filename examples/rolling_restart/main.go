@@ -28,6 +28,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -226,7 +227,9 @@ func run(ctx context.Context, exe string, args []string) (result, error) {
 	stop := make(chan struct{})
 	clientDone := make(chan error, 1)
 	var latencies []time.Duration
+	var smu sync.Mutex
 	services := map[string]bool{}
+	answered := func() int { smu.Lock(); defer smu.Unlock(); return len(services) }
 	go func() {
 		refs := map[int]troupe.Ref[Echo]{}
 		for n := 0; ; n++ {
@@ -258,7 +261,9 @@ func run(ctx context.Context, exe string, args []string) (result, error) {
 				rep, err := troupe.Ask(actx, ref, func(r troupe.Ref[Reply]) Echo { return Echo{N: n, ReplyTo: r} })
 				cancel()
 				if err == nil && rep.N == n {
+					smu.Lock()
 					services[rep.Service] = true
+					smu.Unlock()
 					break
 				}
 				res.Failed++
@@ -288,6 +293,14 @@ func run(ctx context.Context, exe string, args []string) (result, error) {
 		if err := waitService(i); err != nil {
 			return res, err
 		}
+		// The new process takes requests before the next one goes: the
+		// three old and this new one have answered.
+		for deadline := time.Now().Add(20 * time.Second); answered() < slots+i+1; {
+			if time.Now().After(deadline) {
+				return res, fmt.Errorf("the new service %d answered nothing within 20 s", i)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
 		time.Sleep(300 * time.Millisecond)
 	}
 	close(stop)
@@ -305,6 +318,6 @@ func run(ctx context.Context, exe string, args []string) (result, error) {
 		res.P99 = latencies[len(latencies)*99/100]
 		res.Max = latencies[len(latencies)-1]
 	}
-	res.Services = len(services)
+	res.Services = answered()
 	return res, nil
 }

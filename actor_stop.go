@@ -1,0 +1,160 @@
+package troupe
+
+import (
+	"context"
+)
+
+// How an actor stops: what is left in its mailbox, its children, the
+// watchers it tells (Terminated), and those waiting for it to stop.
+
+// terminate stops the actor: it refuses further messages, turns waiting
+// ones into dead letters, stops its children, tells its watchers and its
+// parent, and leaves the node's tables. As in Akka, an actor with
+// children stops them first and waits: its PostStop runs, and its
+// watchers and parent hear of it, only once every child has stopped
+// (each after its own children), so a tree stops as a tree and its names
+// are free when its watchers learn it. terminate reports whether the
+// actor is gone; false while it waits (it holds its mailbox meanwhile,
+// and is called again when its last child has stopped).
+func (c *cell[T]) terminate(rest []T) bool {
+	if len(c.children) > 0 {
+		t := c.tooling()
+		target := c.self.String()
+		for _, m := range rest {
+			c.n.deadLetter(target, m, ErrActorStopped)
+		}
+		if !t.awaitingChildren {
+			t.awaitingChildren = true
+			c.stopTimers()
+			c.mu.Lock()
+			c.held = true // user messages wait, to be dead letters at the end
+			c.mu.Unlock()
+			for ch := range c.children {
+				ch.local.sysPush(sysMsg{kind: sysStop, reason: ErrParentStopped, drain: c.n.drainingMailboxes.Load()})
+			}
+		}
+		return false
+	}
+	c.stopTimers()
+	c.mu.Lock()
+	c.closed = true
+	waiting := c.in
+	sys := c.sys
+	c.in, c.sys = nil, nil
+	var note *stopNote
+	if w := c.waits; w != nil {
+		if w.room != nil {
+			close(w.room)
+			w.room = nil
+		}
+		note, w.stop = w.stop, nil
+	}
+	c.mu.Unlock()
+	if c.n.creditWaiting.Load() > 0 {
+		c.n.wakeCredit(c.self)
+	}
+	if note != nil {
+		note.reason = c.stopReason
+		close(note.ch) // the Asks waiting on this actor fail now
+	}
+
+	target := c.self.String()
+	for _, m := range rest {
+		c.n.deadLetter(target, m, ErrActorStopped)
+	}
+	for _, m := range waiting {
+		c.n.deadLetter(target, m, ErrActorStopped)
+	}
+	clear(c.batch)
+	c.batch = nil
+	for _, m := range sys {
+		if m.kind == sysWatch { // it came before the stop: the real reason
+			m.ref.signal(sysMsg{kind: sysTerminated, key: c.self.key, reason: c.stopReason})
+		}
+	}
+	for ch := range c.children {
+		ch.local.sysPush(sysMsg{kind: sysStop, reason: ErrParentStopped, drain: c.n.drainingMailboxes.Load()})
+	}
+	c.dropWatches()
+	if c.b.Signal != nil && (c.tools == nil || c.tools.sup == nil || c.tools.sup.phase == restartNone) {
+		c.signalQuietly(PostStop{Reason: c.stopReason})
+	}
+	for _, a := range c.adapters {
+		c.n.removeActor(a.key.path)
+	}
+	c.n.removeActor(c.self.key.path)
+	if c.n.discovering() && isPublic(c.self.key.path) {
+		if !c.n.isClosed() { // (a closing node unregistered everything at once)
+			c.n.unregisterActor(c.self)
+		}
+	}
+	for _, w := range c.watchers {
+		w.signal(sysMsg{kind: sysTerminated, key: c.self.key, reason: c.stopReason})
+	}
+	if c.parent != nil {
+		c.parent.sysPush(sysMsg{kind: sysChildStopped, ref: c.self})
+	}
+	c.n.live.Done()
+	return true
+}
+
+// stopNote tells the Asks waiting on an actor that it stopped, and why.
+type stopNote struct {
+	ch     chan struct{}
+	reason error // set before ch is closed
+	asks   int   // the Asks waiting on it (the cell's mu)
+}
+
+// stopNotice returns the note closed when the actor stops, or nil if it
+// has stopped already.
+func (c *cell[T]) stopNotice() *stopNote {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil
+	}
+	w := c.waitsFor()
+	if w.stop == nil {
+		w.stop = &stopNote{ch: make(chan struct{})}
+	}
+	w.stop.asks++
+	return w.stop
+}
+
+// releaseStopNotice says that an Ask no longer waits on note: the last
+// one leaves the actor at its idle size.
+func (c *cell[T]) releaseStopNotice(note *stopNote) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	w := c.waits
+	if w == nil || w.stop != note {
+		return // (the actor stopped: the note was taken)
+	}
+	if note.asks--; note.asks == 0 {
+		w.stop = nil
+		if w.room == nil && w.cancel == nil {
+			c.waits = nil
+		}
+	}
+}
+
+// cellWaits is what waiters on a mailbox wait on (mu).
+type cellWaits struct {
+	// room, made by a sender waiting for room (Ref.Send), is closed when
+	// the mailbox is emptied into a batch or the actor stops.
+	room chan struct{}
+	// stop, made for an Ask waiting on the actor, is closed when it
+	// stops.
+	stop *stopNote
+	// cancel cancels the actor's Context (see Context.Context): a stop
+	// pushed to the actor calls it at once.
+	cancel context.CancelFunc
+}
+
+// waitsFor returns the cell's waits, made on first use (mu held).
+func (c *cell[T]) waitsFor() *cellWaits {
+	if c.waits == nil {
+		c.waits = &cellWaits{}
+	}
+	return c.waits
+}

@@ -1,0 +1,445 @@
+package troupe
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"time"
+)
+
+// run is the member's one goroutine: it gossips, feeds the failure
+// detectors, moves members through their statuses when leader, and applies
+// the downing strategy.
+func (c *Cluster) run() {
+	defer close(c.done)
+	defer c.cleanup()
+	t := time.NewTicker(c.cfg.GossipInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-c.stop:
+			return
+		case <-c.n.done:
+			return
+		case <-c.lostLease():
+			c.leaseLostInHold()
+		case <-t.C:
+			// The tick's value is when it was due, which after a long
+			// turn or a stopped process is in the past: decide on the
+			// clock.
+			now := time.Now()
+			c.meterPause(now)
+			if h := c.turnHook.Load(); h != nil {
+				(*h)() // tests: the loop stands still here
+			}
+			c.detect(now)
+			c.lead()
+			if c.downing(now) {
+				return
+			}
+			c.gossip()
+			c.knock()
+			c.turnDone()
+		}
+	}
+}
+
+func (c *Cluster) cleanup() {
+	c.keepLeaseThroughHold()
+	c.n.quarantinedBy.Store(nil)
+	c.n.beatMembers.Store(nil)
+	if c.n.cluster.CompareAndSwap(c, nil) {
+		c.n.clusterEnded.Store(true)
+	}
+	c.mu.Lock()
+	c.stopped = true
+	uids := make([]NodeUID, 0, len(c.members))
+	for uid := range c.members {
+		uids = append(uids, uid)
+	}
+	c.mu.Unlock()
+	for _, uid := range uids {
+		c.n.members.Delete(uid)
+	}
+	c.n.Stop(c.ref)
+	if c.cfg.SeedsFromRegistry {
+		name := "troupe.cluster." + cmp.Or(c.cfg.Name, "default")
+		if c.n.reg() != nil {
+			c.n.reg().unregister(name, UUID(c.n.uid))
+		}
+		for _, a := range c.n.remoteRegistrars() {
+			c.n.tellRegistrar(a, regRequest{Op: regOpUnregister, Regs: []regWire{{Name: name, UUID: UUID(c.n.uid)}}})
+		}
+	}
+}
+
+// gossip sends the state to a few members that have not seen it, or,
+// when all have, its digest to one (dialing anew when an association has
+// ended: members keep knocking).
+func (c *Cluster) gossip() {
+	c.mu.Lock()
+	if c.stopped {
+		c.mu.Unlock()
+		return
+	}
+	targets, full := c.gossipTargets(gossipFanout, rand.IntN)
+	var msg clusterMsg = gossipStatus{From: c.self, Digest: c.digested, ReplyTo: c.ref}
+	if full {
+		g := c.snapshot()
+		g.ReplyTo = c.ref
+		msg = g
+	}
+	addrs := make([]Addr, len(targets))
+	for i, uid := range targets {
+		addrs[i] = c.members[uid].Addr
+	}
+	c.mu.Unlock()
+	for _, a := range addrs {
+		c.tell(a, msg)
+	}
+}
+
+// status handles a member's digest: a differing one gets this member's
+// state in return; an equal one says the sender holds this state.
+func (c *Cluster) status(s gossipStatus) {
+	c.mu.Lock()
+	m := c.members[s.From]
+	same := s.Digest == c.digested
+	if same && m != nil {
+		c.seen[s.From] = true
+		for _, uid := range s.Seen {
+			c.seen[uid] = true
+		}
+	}
+	var g gossipMsg
+	if !same {
+		g = c.snapshot()
+		g.ReplyTo = c.ref
+	}
+	c.mu.Unlock()
+	if !same && m != nil {
+		c.reply(s.ReplyTo, m.Addr, g)
+	}
+}
+
+// reply sends msg back to the member that sent this one: through its
+// ReplyTo ref, over the connection the message came on, or failing that
+// to its address.
+func (c *Cluster) reply(to Ref[clusterMsg], addr Addr, msg clusterMsg) {
+	if !to.IsZero() {
+		to.Tell(msg)
+		return
+	}
+	c.tell(addr, msg)
+}
+
+// knock sends this member's state to the seeds while it knows no other
+// member.
+func (c *Cluster) knock() {
+	c.mu.Lock()
+	alone := len(c.members) == 1
+	c.mu.Unlock()
+	if alone {
+		for _, s := range c.seeds {
+			c.sendTo(s)
+		}
+	}
+}
+
+// sendTo sends this member's state to the member at addr.
+func (c *Cluster) sendTo(addr Addr) {
+	c.mu.Lock()
+	g := c.snapshot()
+	g.ReplyTo = c.ref
+	c.mu.Unlock()
+	c.tell(addr, g)
+}
+
+// tell sends msg to the cluster actor of the node at addr, once an
+// association with it is up.
+func (c *Cluster) tell(addr Addr, msg clusterMsg) {
+	a, err := c.n.assocFor(addr)
+	if err != nil {
+		return
+	}
+	t := a.lockTarget()
+	up := t.state == assocUp
+	var peer NodeUID
+	if up {
+		peer = t.peerUID // written by the handshake before it set the state, under mu
+	}
+	t.mu.Unlock()
+	if !up {
+		return // still dialing (or gone): knock again next round
+	}
+	Ref[clusterMsg]{h: &handle{node: c.n, key: refKey{node: peer, path: ClusterPath}, assoc: a}}.Tell(msg)
+}
+
+// quarantinedBy hears that the peer uid refused this node because it
+// has quarantined it. If uid is a current member (up or leaving), this
+// member can never be heard by it again: it downs itself, and only
+// itself (Akka's rule for a member quarantined by a remote).
+func (c *Cluster) quarantinedBy(uid NodeUID) {
+	c.mu.Lock()
+	m, self := c.members[uid], c.members[c.self]
+	if c.stopped || m == nil || !m.counts() || self.Status >= MemberDown {
+		c.mu.Unlock()
+		return
+	}
+	events := c.down([]Member{*self}, time.Now())
+	c.mu.Unlock()
+	c.n.log.Warn("troupe: a cluster member has quarantined this node; downing this member", "by", m.Addr.String())
+	c.publish(events)
+}
+
+// receive merges a gossiped state into this member's.
+func (c *Cluster) receive(g gossipMsg) {
+	c.mu.Lock()
+	if c.stopped {
+		c.mu.Unlock()
+		return
+	}
+	out := c.merge(g, time.Now())
+	confirm := gossipStatus{From: c.self, Digest: c.digested, ReplyTo: c.ref}
+	if out.confirm {
+		for uid := range c.seen {
+			confirm.Seen = append(confirm.Seen, uid)
+		}
+	}
+	var state gossipMsg
+	if out.tellTo != nil {
+		state = c.snapshot()
+		state.ReplyTo = c.ref
+	}
+	sender := c.members[g.From]
+	c.mu.Unlock()
+	if out.confirm && sender != nil {
+		c.reply(g.ReplyTo, sender.Addr, confirm) // so that it counts this member as having seen it
+	}
+	for _, uid := range out.added {
+		c.n.members.Store(uid, struct{}{})
+	}
+	for _, uid := range out.ended {
+		c.n.log.Info("troupe: cluster member restarted; its earlier incarnation is downed", "uid", uid.String())
+		c.n.endMemberAssoc(uid, errors.New("a new incarnation of this cluster member joined at its address"))
+	}
+	c.publish(out.events)
+	if out.tellTo != nil {
+		c.reply(g.ReplyTo, out.tellTo.Addr, state)
+	}
+	if out.changed {
+		// Pass news on at once rather than at the next tick: a change
+		// reaches a hundred members in a few hops, not a few intervals.
+		c.gossip()
+	}
+}
+
+// detect feeds each member's failure detector the last time anything
+// arrived from it, and publishes this member's reachability view.
+func (c *Cluster) detect(now time.Time) {
+	c.n.pmu.Lock()
+	heard := map[NodeUID]int64{}
+	for uid, a := range c.n.byUID {
+		if a.in != nil {
+			heard[uid] = a.in.heard.Load()
+		}
+	}
+	c.n.pmu.Unlock()
+
+	var events []MemberEvent
+	var dial []Addr
+	defer func() { // outside the lock
+		c.publish(events)
+		for _, a := range dial {
+			c.n.assocFor(a)
+		}
+	}()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	monitored := c.monitorsOf(c.self, c.cfg.MonitoredMembers, c.ring())
+	for uid := range c.detectors {
+		if !slices.Contains(monitored, uid) {
+			delete(c.detectors, uid) // watched afresh if it comes back on the ring
+			delete(c.lastHeard, uid)
+		}
+	}
+	watchers := c.watchers(c.cfg.MonitoredMembers)
+	c.n.beatMembers.Store(&watchers)
+	var mine []NodeUID
+	for _, uid := range monitored {
+		if heard[uid] == 0 {
+			// No association yet: dial it, so that its heartbeats reach
+			// this member (gossip alone may never have connected them).
+			dial = append(dial, c.members[uid].Addr)
+		}
+		d := c.detectors[uid]
+		if d == nil {
+			d = c.cfg.Detector()
+			d.Heartbeat(now) // count from when this member learned of it
+			c.detectors[uid] = d
+		}
+		if at := heard[uid]; at != 0 && at != c.lastHeard[uid] {
+			c.lastHeard[uid] = at
+			d.Heartbeat(c.n.epoch.Add(time.Duration(at)))
+		}
+		if !d.Available(now) {
+			mine = append(mine, uid)
+		}
+	}
+	events = c.observe(mine, now)
+}
+
+// lead performs the leader's transitions once the state has converged.
+func (c *Cluster) lead() {
+	c.mu.Lock()
+	events := c.membership.lead(time.Now())
+	c.mu.Unlock()
+	c.publish(events)
+}
+
+// downing applies the strategy; it returns true when this member is down
+// or removed and the cluster must stop.
+func (c *Cluster) downing(now time.Time) bool {
+	c.mu.Lock()
+	held := c.leaseHeld
+	c.mu.Unlock()
+	if held && !c.cfg.Lease.CheckHeld(c.n.uid.String()) { // (user code: not under c.mu)
+		c.leaseLostInHold()
+	}
+	c.mu.Lock()
+	c.noteBlockedLocked(now)
+	defer c.logBlocked()
+	c.releaseLeaseLocked(now)
+	step := c.nextDowning(now, c.cfg.Downing != nil, timing{c.cfg.StableAfter, c.cfg.DownAllWhenUnstable})
+	self := *c.members[c.self]
+	switch step {
+	case stepWait:
+		c.mu.Unlock()
+		return false
+	case stepStop:
+		c.mu.Unlock()
+		// Tell the others before going: this member may have been the
+		// leader that moved itself on, and nobody else knows it yet.
+		c.gossip()
+		c.selfDowned(self)
+		return true
+	case stepSelf:
+		c.decided, c.decidedOn = true, c.unreachableKey()
+		events := c.down([]Member{self}, now)
+		c.mu.Unlock()
+		c.publish(events)
+		c.n.log.Warn("troupe: cluster unstable for too long and no side leader; downing this member")
+		c.gossip()
+		return false
+	}
+	c.decided, c.decidedOn = true, c.unreachableKey()
+	view := c.splitView()
+	strategy := c.cfg.Downing
+	c.mu.Unlock()
+
+	decision, down := DownEveryone, view.members(DownEveryone)
+	if step == stepDecide {
+		decision, down = resolve(view, func(v SplitView) Downing { return c.decide(strategy, v) })
+	}
+	c.n.log.Warn("troupe: cluster split resolved", "decision", decision.String(), "downed", len(down),
+		"reachable", len(view.Reachable), "unreachable", len(view.Unreachable), "strategy", fmt.Sprintf("%T", strategy))
+	c.mu.Lock()
+	events := c.down(down, time.Now())
+	if c.leaseHeld && c.leaseDowned == nil {
+		c.leaseDowned = down
+	}
+	c.mu.Unlock()
+	c.publish(events)
+	c.gossip() // tell this side before stopping
+	return false
+}
+
+// noteBlockedLocked tells, once per blocking set and after StableAfter,
+// that an unreachable member blocks the cluster and no downing strategy
+// will act, with the command that unblocks it; Stats shows it meanwhile.
+func (c *Cluster) noteBlockedLocked(now time.Time) {
+	var by []string
+	if c.cfg.Downing == nil {
+		by = c.blockedBy()
+	}
+	key := strings.Join(by, " ")
+	if key != c.blocked.key {
+		c.blocked = blockedNote{key: key, since: now}
+	}
+	if key == "" || c.blocked.text != "" || now.Sub(c.blocked.since) < c.cfg.StableAfter {
+		return
+	}
+	self := c.members[c.self].Addr.String()
+	cmds := make([]string, len(by))
+	for i, a := range by {
+		cmds[i] = fmt.Sprintf("troupe down %s --node %s", a, self)
+	}
+	c.blocked.logged = false
+	c.blocked.text = fmt.Sprintf("unreachable for %v and no downing strategy: %s; no member becomes up or is removed until it is reachable again or downed (%s)",
+		now.Sub(c.blocked.since).Round(time.Second), key, strings.Join(cmds, "; "))
+}
+
+// logBlocked logs a new blocked note once, outside c.mu (the log
+// handler is user code).
+func (c *Cluster) logBlocked() {
+	c.mu.Lock()
+	text, log := c.blocked.text, c.blocked.text != "" && !c.blocked.logged
+	c.blocked.logged = true
+	c.mu.Unlock()
+	if log {
+		c.n.log.Warn("troupe: cluster blocked: " + text)
+	}
+}
+
+// publish hands events to the node's stream; call it without c.mu held,
+// for subscribers run on the publishing goroutine.
+func (c *Cluster) publish(events []MemberEvent) {
+	for _, e := range events {
+		if e.Kind == EventMemberStatus && e.Member.UID != c.n.uid {
+			c.forgetDowned(e.Member)
+		}
+		c.n.events.Publish(e)
+	}
+}
+
+// forgetDowned ends this node's association with a member that was
+// downed (removed without leaving), once it is removed (not at once: the gossip that tells a
+// reachable downed member it is down goes over that association): what
+// was queued for it becomes dead letters, and watchers of its actors get
+// [Terminated] with [ErrPeerUnreachable] — exactly once, as for any peer
+// given up on. It is not quarantined: if it knocks again, the cluster
+// tells it it is down.
+func (c *Cluster) forgetDowned(m Member) {
+	c.mu.Lock()
+	switch m.Status {
+	case MemberLeaving, MemberExiting:
+		c.leftSeen[m.UID] = true // a graceful leave: its node may go on as a plain peer
+		c.mu.Unlock()
+		return
+	case MemberRemoved:
+	default:
+		c.mu.Unlock()
+		return
+	}
+	left := c.leftSeen[m.UID]
+	delete(c.leftSeen, m.UID)
+	c.mu.Unlock()
+	if left {
+		return
+	}
+	c.n.endMemberAssoc(m.UID, fmt.Errorf("%w: cluster member %s was downed", ErrPeerUnreachable, m.Addr))
+}
+
+// selfDowned ends this member's membership.
+func (c *Cluster) selfDowned(m Member) {
+	c.n.log.Info("troupe: this member is no longer in the cluster", "status", m.Status.String())
+	c.n.events.Publish(MemberEvent{Member: m, Kind: EventMemberStatus})
+	if c.cfg.CloseNodeOnDown {
+		// Close waits for the node's goroutines, this one among them, so it
+		// runs on its own goroutine; it ends when the node is closed.
+		go c.n.Close()
+	}
+}

@@ -1,0 +1,165 @@
+package troupe
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"reflect"
+	"unsafe"
+)
+
+// An actor's mailbox, from the sender's side: how a message is pushed
+// (Tell, Send, a batch decoded from a peer, a system message), and the
+// limits it meets there (MailboxLimit, MailboxBytes).
+
+// push queues a user message and schedules the cell if it was idle.
+func (c *cell[T]) push(msg T) error { return c.pushSized(msg, 0) }
+
+// pushWait is push that waits while the mailbox is full: until there is
+// room, the actor stops, or ctx ends.
+func (c *cell[T]) pushWait(ctx context.Context, msg T) error {
+	for {
+		err := c.push(msg)
+		if !errors.Is(err, ErrMailboxFull) {
+			return err
+		}
+		c.mu.Lock()
+		if c.closed || c.limit <= 0 || len(c.in) < c.limit {
+			c.mu.Unlock()
+			continue // it changed meanwhile: try again
+		}
+		w := c.waitsFor()
+		if w.room == nil {
+			w.room = make(chan struct{})
+		}
+		room := w.room
+		c.mu.Unlock()
+		select {
+		case <-room:
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-c.n.workDone():
+			return ErrNodeClosed
+		}
+	}
+}
+
+// pushSized is push for a message that arrived over the wire in size
+// encoded bytes, counted against [Config.MailboxBytes].
+func (c *cell[T]) pushSized(msg T, size int) error {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return ErrActorStopped
+	}
+	if c.limit > 0 && len(c.in) >= c.limit {
+		c.mu.Unlock()
+		return ErrMailboxFull
+	}
+	if lim := c.n.cfg.MailboxBytes; size > 0 && lim > 0 && c.inBytes+size > lim {
+		waiting := c.inBytes
+		c.mu.Unlock()
+		return fmt.Errorf("%w: %d bytes from other nodes waiting (Config.MailboxBytes is %d)", ErrMailboxFull, waiting, lim)
+	}
+	c.inBytes += size
+	c.in = append(c.in, msg)
+	c.entered++
+	start := !c.scheduled && !c.held
+	c.scheduled = c.scheduled || start
+	c.mu.Unlock()
+	if start {
+		c.n.wg.Go(c.runFn)
+	}
+	return nil
+}
+
+func (c *cell[T]) tellWire(msg any, size int) error {
+	v, ok := msg.(T)
+	if !ok {
+		return c.tellAny(msg)
+	}
+	return c.pushSized(v, size)
+}
+
+func (c *cell[T]) tellWireBatch(ms []wireMsg, arena []uint64) (int, error) {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return 0, ErrActorStopped
+	}
+	var err error
+	var conv convCache
+	conv.iface = isMethodIface[T]()
+	own := flatTypeFor[T]() // a plain value of this type is copied straight in
+	k := 0
+	for ; k < len(ms); k++ {
+		var v T
+		if m := &ms[k]; m.msg == nil && m.mt != nil && m.mt == own {
+			v = *(*T)(unsafe.Pointer(&arena[m.at]))
+		} else {
+			var ok bool
+			msg := m.value(arena)
+			if v, ok = convert[T](msg, &conv); !ok {
+				err = fmt.Errorf("%w: %s accepts %s, not %T", ErrWrongType, c.self.key.path, reflect.TypeFor[T](), msg)
+				break
+			}
+		}
+		if c.limit > 0 && len(c.in) >= c.limit && !ms[k].credited {
+			err = ErrMailboxFull
+			break
+		}
+		size := ms[k].size
+		if lim := c.n.cfg.MailboxBytes; size > 0 && lim > 0 && c.inBytes+size > lim {
+			err = fmt.Errorf("%w: %d bytes from other nodes waiting (Config.MailboxBytes is %d)", ErrMailboxFull, c.inBytes, lim)
+			break
+		}
+		c.inBytes += size
+		c.in = append(c.in, v)
+		c.entered++
+	}
+	start := k > 0 && !c.scheduled && !c.held
+	c.scheduled = c.scheduled || start
+	c.mu.Unlock()
+	if start {
+		c.n.wg.Go(c.runFn)
+	}
+	return k, err
+}
+
+func (c *cell[T]) tellAny(msg any) error {
+	v, ok := msg.(T)
+	if !ok {
+		return fmt.Errorf("%w: %s accepts %s, not %T", ErrWrongType, c.self.key.path, reflect.TypeFor[T](), msg)
+	}
+	return c.push(v)
+}
+
+// sysPush queues a signal; false if the actor has stopped.
+func (c *cell[T]) sysPush(m sysMsg) bool {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return false
+	}
+	if m.kind == sysTerminated || m.kind == sysStop && m.drain {
+		m.after = c.entered
+	}
+	var cancel context.CancelFunc
+	if m.kind == sysStop && !m.drain && c.waits != nil {
+		// A handler waiting on the actor's context returns now, so that
+		// the stop (and a stopping parent waiting for it) is not held up.
+		cancel = c.waits.cancel
+	}
+	c.sys = append(c.sys, m)
+	c.hasSys.Store(true)
+	start := !c.scheduled
+	c.scheduled = true
+	c.mu.Unlock()
+	if cancel != nil {
+		cancel()
+	}
+	if start {
+		c.n.wg.Go(c.runFn)
+	}
+	return true
+}

@@ -1,0 +1,343 @@
+package troupe
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Registration: what a node registers (itself and its named actors),
+// with which registrars, and how it keeps them: re-registering after a
+// registrar restarts, and taking over a registrar's address when it dies.
+
+// isPublic reports whether an actor at path registers with registrars:
+// named actors under /user.
+func isPublic(path string) bool {
+	if !strings.HasPrefix(path, "/user/") {
+		return false
+	}
+	return !strings.HasPrefix(path[strings.LastIndexByte(path, '/')+1:], "$")
+}
+
+func (n *Node) discovering() bool { return n.reg() != nil || len(n.registrars) > 0 || n.etcd != nil }
+
+func (n *Node) nodeRegistration() Registration {
+	return Registration{Name: n.name, UUID: UUID(n.uid), Node: n.uid, NodeName: n.name, Addrs: n.Addrs()}
+}
+
+func (n *Node) actorRegistration(h *handle) Registration {
+	return Registration{Name: h.name(), UUID: h.key.uuid, Path: h.key.path, Node: n.uid, NodeName: n.name, Addrs: n.Addrs()}
+}
+
+// publicRegistrations lists the node and its public actors.
+func (n *Node) publicRegistrations() []Registration {
+	out := []Registration{n.nodeRegistration()}
+	n.amu.RLock()
+	for p, h := range n.actors {
+		if isPublic(p) {
+			out = append(out, n.actorRegistration(h))
+		}
+	}
+	n.amu.RUnlock()
+	return out
+}
+
+// registerNode registers the node itself with every registrar before Start
+// returns, and arranges to register everything again whenever it
+// re-associates with a registrar.
+func (n *Node) registerNode(ctx context.Context) error {
+	if !n.discovering() {
+		return nil
+	}
+	if n.reg() != nil {
+		n.registryRegister(n.nodeRegistration())
+	}
+	for _, a := range n.remoteRegistrars() {
+		req := regRequest{Op: regOpRegister, Regs: toWire([]Registration{n.nodeRegistration()})}
+		if _, err := n.askRegistrar(ctx, registrarSource{addr: a}, req); err != nil {
+			return fmt.Errorf("register with %w", err)
+		}
+	}
+	if len(n.registrars) > 0 {
+		n.wg.Go(n.keepRegistrars)
+	}
+	if n.etcd != nil {
+		return n.registerEtcd(ctx)
+	}
+	return nil
+}
+
+// remoteRegistrars lists the registrars this node uses that are not this
+// node itself (it may have taken one's address over).
+func (n *Node) remoteRegistrars() []Addr {
+	out := make([]Addr, 0, len(n.registrars))
+	for _, a := range n.registrars {
+		if !n.isOwnAddr(a) {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+// isRegistrarAssoc reports whether a is the association with one of this
+// node's registrars (dialed at its address, or proven to answer there).
+func (n *Node) isRegistrarAssoc(a *assoc) bool {
+	n.pmu.Lock()
+	defer n.pmu.Unlock()
+	for _, r := range n.registrars {
+		if a.outbound && a.dialAddr == r || slices.Contains(a.proven, r) {
+			return true
+		}
+	}
+	return false
+}
+
+// registrarAt returns the uid of the registrar this node holds a live
+// association with at addr (the zero uid if none), and whether it is a
+// dedicated registrar.
+func (n *Node) registrarAt(addr Addr) (NodeUID, bool) {
+	v, ok := n.regRefs.Load(addr)
+	if !ok {
+		return NodeUID{}, false
+	}
+	r := v.(Ref[regRequest])
+	if r.h.assoc == nil || r.h.assoc.failure() != nil {
+		return NodeUID{}, false
+	}
+	t := r.h.assoc.lockTarget()
+	flags := t.peerFlags
+	t.mu.Unlock()
+	return r.NodeUID(), flags&helloDedicated != 0
+}
+
+// keepRegistrars watches this node's registrars, once a heartbeat
+// interval: when the association with one has ended (it restarted, was
+// killed, or a link broke), it associates again as soon as the registrar
+// answers, registers the node and every named actor with it, and has
+// every parked WaitForActor wait there again. Registrar associations are
+// never quarantined, so nothing stands in the way but the registrar's
+// absence.
+func (n *Node) keepRegistrars() {
+	t := time.NewTicker(n.cfg.HeartbeatInterval)
+	defer t.Stop()
+	// An association that ends wakes the keeper at once, so that a
+	// registrar that closes or whose process dies is replaced without
+	// waiting for the next tick.
+	ended := make(chan struct{}, 1)
+	sub := Subscribe(n.Events(), func(PeerUnreachable) {
+		select {
+		case ended <- struct{}{}:
+		default:
+		}
+	})
+	defer sub.Unsubscribe()
+	lost := map[Addr]bool{}
+	// registered is the registrar incarnation this node last registered
+	// with at each address: another one there (a lookup may have found it
+	// first) has none of this node's registrations yet.
+	registered := map[Addr]NodeUID{}
+	// dedicated marks the addresses served by a dedicated registrar: a
+	// node waits for one to come back rather than take its address over.
+	dedicated := map[Addr]bool{}
+	for _, addr := range n.remoteRegistrars() {
+		registered[addr], dedicated[addr] = n.registrarAt(addr)
+	}
+	for {
+		select {
+		case <-n.done:
+			return
+		case <-t.C:
+		case <-ended:
+		}
+		for _, addr := range n.remoteRegistrars() {
+			uid, _ := n.registrarAt(addr)
+			if uid != (NodeUID{}) && uid == registered[addr] {
+				if n.regIsPending(addr) && n.reregister(addr) == nil {
+					// The same registrar missed a registration: it has
+					// them all now.
+					n.setRegPending(addr, false)
+					n.log.Info("troupe: registered again", "registrar", addr.String())
+				}
+				continue
+			}
+			n.setRegPending(addr, true)
+			if !lost[addr] {
+				lost[addr] = true
+				n.log.Warn("troupe: registrar lost; registering again when it answers", "registrar", addr.String())
+			}
+			if n.reregister(addr) == nil {
+				registered[addr], dedicated[addr] = n.registrarAt(addr)
+				n.setRegPending(addr, false)
+				delete(lost, addr)
+				n.log.Info("troupe: registered again", "registrar", addr.String())
+				n.bumpRegistrarEpoch()
+				continue
+			}
+			if !dedicated[addr] && n.takeOver(addr) {
+				n.setRegPending(addr, false) // this node serves its own registrations there
+				delete(lost, addr)
+				n.log.Warn("troupe: took over the registry address of a registrar that is gone", "registrar", addr.String())
+				n.bumpRegistrarEpoch()
+			}
+		}
+	}
+}
+
+// takeOver applies the bootstrap rule again to a registry address whose
+// registrar is gone: when nothing answers there any more, this node binds
+// it and becomes the registrar, with its own registrations. Binding is the
+// election: of the nodes that try at once exactly one succeeds, and the
+// others find it on their next round and register with it.
+func (n *Node) takeOver(addr Addr) bool {
+	ctx, cancel := context.WithTimeout(n.ctx, n.registryTimeout())
+	defer cancel()
+	if res, _ := n.probe(ctx, addr); res != probeAbsent {
+		return false // it answers again, or something else holds it
+	}
+	l, err := n.listenOne(ctx, addr)
+	if err != nil {
+		return false // another node bound it first: it is the registrar
+	}
+	if n.reg() == nil {
+		if err := n.startRegistrar(); err != nil {
+			return false
+		}
+	}
+	n.lmu.Lock()
+	if n.isClosed() {
+		n.lmu.Unlock()
+		return false // shutdown closes l with the others
+	}
+	n.wg.Go(func() { n.acceptLoop(l) })
+	n.lmu.Unlock()
+	for _, r := range n.publicRegistrations() {
+		n.registryRegister(r)
+	}
+	return true
+}
+
+// setRegPending records whether the registrar at addr lacks some of this
+// node's registrations.
+func (n *Node) setRegPending(addr Addr, pending bool) {
+	n.regEpochMu.Lock()
+	defer n.regEpochMu.Unlock()
+	if !pending {
+		delete(n.regPending, addr)
+		return
+	}
+	if n.regPending == nil {
+		n.regPending = make(map[Addr]bool)
+	}
+	n.regPending[addr] = true
+}
+
+func (n *Node) regIsPending(addr Addr) bool {
+	n.regEpochMu.Lock()
+	defer n.regEpochMu.Unlock()
+	return n.regPending[addr]
+}
+
+// regPendingAt returns a registrar that lacks some of this node's
+// registrations, if any.
+func (n *Node) regPendingAt() (Addr, bool) {
+	n.regEpochMu.Lock()
+	defer n.regEpochMu.Unlock()
+	for a := range n.regPending {
+		return a, true
+	}
+	return Addr{}, false
+}
+
+// reregister sends every registration of this node to the registrar at
+// addr again.
+func (n *Node) reregister(addr Addr) error {
+	ctx, cancel := context.WithTimeout(n.ctx, n.registryTimeout())
+	defer cancel()
+	req := regRequest{Op: regOpRegister, Regs: toWire(n.publicRegistrations())}
+	_, err := n.askRegistrar(ctx, registrarSource{addr: addr}, req)
+	return err
+}
+
+// registrarEpoch returns a channel closed the next time this node
+// registers again with a registrar, so that parked waits park again.
+func (n *Node) registrarEpoch() <-chan struct{} {
+	n.regEpochMu.Lock()
+	defer n.regEpochMu.Unlock()
+	if n.regEpoch == nil {
+		n.regEpoch = make(chan struct{})
+	}
+	return n.regEpoch
+}
+
+func (n *Node) bumpRegistrarEpoch() {
+	n.regEpochMu.Lock()
+	defer n.regEpochMu.Unlock()
+	if n.regEpoch != nil {
+		close(n.regEpoch)
+	}
+	n.regEpoch = make(chan struct{})
+}
+
+// tellRegistrar sends req without waiting for an answer.
+func (n *Node) tellRegistrar(addr Addr, req regRequest) {
+	if v, ok := n.regRefs.Load(addr); ok {
+		v.(Ref[regRequest]).Tell(req)
+	}
+}
+
+// registerActor registers a newly spawned public actor with every
+// registrar, waiting (boundedly) for each remote one. A registrar that does
+// not answer is logged, not fatal: the node registers everything again
+// when it re-associates with it.
+func (n *Node) registerActor(h *handle) {
+	r := n.actorRegistration(h)
+	if n.reg() != nil {
+		n.registryRegister(r)
+	}
+	for _, a := range n.remoteRegistrars() {
+		req := regRequest{Op: regOpRegister, Regs: toWire([]Registration{r})}
+		if _, err := n.askRegistrar(n.ctx, registrarSource{addr: a}, req); err != nil {
+			n.log.Warn("troupe: could not register actor; registering again when the registrar answers", "path", h.key.path, "registrar", a.String(), "err", err)
+			n.setRegPending(a, true)
+		}
+	}
+	if n.etcd != nil {
+		// The node's one writer puts it (with whatever else is due);
+		// Spawn waits for it, boundedly: past that, it is pending (Stats,
+		// Ready) until etcd takes it.
+		n.etcdSync.poke(false)
+		ctx, cancel := context.WithTimeout(n.ctx, n.registryTimeout())
+		if !n.awaitEtcd(ctx, h, r) {
+			n.log.Warn("troupe: etcd has not confirmed an actor's registration yet; it stays pending until etcd takes it", "path", h.key.path, "registry", n.etcd.String())
+		}
+		cancel()
+	}
+}
+
+// unregisterActor removes a stopped public actor from every registrar,
+// without waiting.
+func (n *Node) unregisterActor(h *handle) {
+	if n.reg() != nil {
+		n.reg().unregister(h.name(), h.key.uuid)
+	}
+	for _, a := range n.remoteRegistrars() {
+		n.tellRegistrar(a, regRequest{Op: regOpUnregister, Regs: []regWire{{Name: h.name(), UUID: h.key.uuid}}})
+	}
+	if n.etcd != nil {
+		n.etcdSync.poke(false) // the writer deletes it
+	}
+}
+
+// unregisterAll removes the node and its actors from the remote registrars
+// as it closes; the frames go out ahead of the goodbye.
+func (n *Node) unregisterAll() {
+	if len(n.registrars) == 0 {
+		return
+	}
+	regs := toWire(n.publicRegistrations())
+	for _, a := range n.remoteRegistrars() {
+		n.tellRegistrar(a, regRequest{Op: regOpUnregister, Regs: regs})
+	}
+}
