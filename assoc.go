@@ -111,8 +111,11 @@ type assoc struct {
 	peerName string
 	// peerAppVersion is the peer's Config.AppVersion, from its hello.
 	peerAppVersion string
-	peerFlags      uint8  // the peer's hello flags
-	peerAddrs      []Addr // as the peer announced them: claims, not proof
+	// What the connections of this session before this one carried (a
+	// resumed session's counts go on; mu).
+	bytesInBase, bytesOutBase, tellsOutBase uint64
+	peerFlags                               uint8  // the peer's hello flags
+	peerAddrs                               []Addr // as the peer announced them: claims, not proof
 	// proven (n.pmu) are the addresses this node dialed and found this
 	// peer at: this session's, and those of duplicates merged into it.
 	proven []Addr

@@ -311,6 +311,11 @@ func (a *assoc) fail(err error) {
 	a.finish()
 	serr := &sessionError{peer: a.label(), cause: reason}
 	if end.publish {
+		if peerLeft {
+			a.n.totals.peersLeft.Add(1)
+		} else {
+			a.n.totals.peersGivenUp.Add(1) // (quarantined, unless a cluster member or a registrar)
+		}
 		a.n.events.Publish(PeerUnreachable{Addr: a.addr(), UID: a.peerUID, Name: a.peerName, Quarantined: end.quarantine, Reason: reason, LastHeard: a.lastHeard()})
 	}
 	a.deadLettersOf(&unacked, serr, true)

@@ -5,9 +5,13 @@ import (
 	"expvar"
 	"fmt"
 	"html/template"
+	"io"
 	"maps"
+	"math"
 	"net/http"
+	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -58,7 +62,11 @@ func statsJSON(s Stats) map[string]any {
 	return map[string]any{
 		"name": s.Name, "uid": s.UID.String(), "app_version": s.AppVersion, "addrs": addrStrings(s.Addrs), "taken": s.Taken,
 		"peers": peers, "quarantined": quarantined, "actors": s.Actors, "mailboxes": s.Mailboxes,
-		"dead_letters": s.DeadLetters, "members": members, "cluster_blocked": s.ClusterBlocked, "registrar": s.Registrar, "registrations": s.Registrations,
+		"dead_letters": s.DeadLetters, "members": members, "totals": map[string]uint64{
+			"actor_failures": s.Totals.ActorFailures, "actor_restarts": s.Totals.ActorRestarts, "peer_sessions": s.Totals.PeersConnected,
+			"peers_given_up": s.Totals.PeersGivenUp, "peers_left": s.Totals.PeersLeft, "peer_links_lost": s.Totals.LinksLost,
+			"peer_links_resumed": s.Totals.LinksResumed, "protocol_errors": s.Totals.ProtocolErrors,
+		}, "cluster_blocked": s.ClusterBlocked, "registrar": s.Registrar, "registrations": s.Registrations,
 	}
 }
 
@@ -104,9 +112,15 @@ var debugPage = template.Must(template.New("debug").Parse(`<!doctype html>
 `))
 
 // MetricsHandler serves n's numbers in the Prometheus text format, for
-// the usual scrapers: peers by state, bytes in and out per peer,
-// quarantines, actors, dead letters by reason, cluster members by status.
-// It is written by hand, with no dependency.
+// the usual scrapers: a build-info series; peers by state; per peer
+// (labelled by its address and name, never by its uid, so that a peer's
+// restart does not start new series) bytes and messages in and out,
+// frames queued, bytes unacknowledged and held, the window left or phi,
+// and the round trip; quarantines; actors and the deepest mailboxes (at
+// most 10, labelled by path); dead letters by reason; the totals since
+// the node started (actor failures and restarts, sessions, peers given up
+// on or gone, link flaps and resumes, protocol errors); cluster members
+// by status. It is written by hand, with no dependency.
 func MetricsHandler(n *Node) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
@@ -114,11 +128,48 @@ func MetricsHandler(n *Node) http.Handler {
 	})
 }
 
-func writeMetrics(w http.ResponseWriter, s Stats) {
+// newerSession reports whether p is the session a peer's series follows
+// rather than q (the same address and name): one that is up, then the
+// newest, then by uid, so that the choice does not change from scrape to
+// scrape.
+func newerSession(p, q PeerStats) bool {
+	if (p.State == "up") != (q.State == "up") {
+		return p.State == "up"
+	}
+	if !p.Since.Equal(q.Since) {
+		return p.Since.After(q.Since)
+	}
+	return p.UID.String() > q.UID.String()
+}
+
+// metricsValue writes a sample's value: whole numbers without an
+// exponent, others in the shortest form that reads back the same.
+func metricsValue(v float64) string {
+	if v == math.Trunc(v) && math.Abs(v) < 1e15 {
+		return strconv.FormatFloat(v, 'f', -1, 64)
+	}
+	return strconv.FormatFloat(v, 'g', -1, 64)
+}
+
+// metricsLabel makes a label value valid UTF-8 of at most 255 bytes (a
+// peer's name comes from its hello: one invalid byte would make a scraper
+// refuse the whole page) and escapes it as the text format asks.
+func metricsLabel(v string) string {
+	if len(v) > 255 {
+		v = v[:255]
+	}
+	return labelEscaper.Replace(strings.ToValidUTF8(v, "\uFFFD"))
+}
+
+var labelEscaper = strings.NewReplacer(`\`, `\\`, `"`, `\"`, "\n", `\n`)
+
+func writeMetrics(w io.Writer, s Stats) {
 	metric := func(name, help, kind string) {
 		fmt.Fprintf(w, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, kind)
 	}
-	label := func(v string) string { return strings.NewReplacer(`\`, `\\`, `"`, `\"`, "\n", `\n`).Replace(v) }
+	metric("troupe_build_info", "troupe's version, its wire protocol, the Go version, and the node's Config.AppVersion; always 1.", "gauge")
+	fmt.Fprintf(w, "troupe_build_info{version=\"%s\",protocol=\"%d\",go_version=\"%s\",app_version=\"%s\"} 1\n",
+		metricsLabel(Version), ProtocolVersion, metricsLabel(runtime.Version()), metricsLabel(s.AppVersion))
 	metric("troupe_peers", "Associations with other nodes, by state.", "gauge")
 	byState := map[string]int{}
 	for _, p := range s.Peers {
@@ -127,29 +178,77 @@ func writeMetrics(w http.ResponseWriter, s Stats) {
 	for _, st := range assocStateNames { // every state, so that a flapping link (suspended) is counted
 		fmt.Fprintf(w, "troupe_peers{state=%q} %d\n", st, byState[st])
 	}
-	metric("troupe_peer_received_bytes_total", "Bytes read from a peer's connection.", "counter")
+	// One series per peer address and name: of two sessions with one
+	// (a new incarnation while the old one ends), the one up.
+	var peers []PeerStats
+	seen := map[string]int{}
 	for _, p := range s.Peers {
-		fmt.Fprintf(w, "troupe_peer_received_bytes_total{peer=\"%s\",uid=\"%s\"} %d\n", label(p.Addr.String()), p.UID, p.BytesIn)
+		k := p.Addr.String() + "\x00" + p.Name
+		if i, ok := seen[k]; ok {
+			if newerSession(p, peers[i]) {
+				peers[i] = p
+			}
+			continue
+		}
+		seen[k] = len(peers)
+		peers = append(peers, p)
 	}
-	metric("troupe_peer_sent_bytes_total", "Bytes written to a peer's connection.", "counter")
-	for _, p := range s.Peers {
-		fmt.Fprintf(w, "troupe_peer_sent_bytes_total{peer=\"%s\",uid=\"%s\"} %d\n", label(p.Addr.String()), p.UID, p.BytesOut)
+	perPeer := func(name, help, kind string, value func(PeerStats) (float64, bool)) {
+		metric(name, help, kind)
+		for _, p := range peers {
+			if v, ok := value(p); ok {
+				fmt.Fprintf(w, "%s{peer=\"%s\",name=\"%s\"} %s\n", name, metricsLabel(p.Addr.String()), metricsLabel(p.Name), metricsValue(v))
+			}
+		}
 	}
+	always := func(f func(PeerStats) float64) func(PeerStats) (float64, bool) {
+		return func(p PeerStats) (float64, bool) { return f(p), true }
+	}
+	perPeer("troupe_peer_received_bytes_total", "Bytes read from a peer's connection.", "counter", always(func(p PeerStats) float64 { return float64(p.BytesIn) }))
+	perPeer("troupe_peer_sent_bytes_total", "Bytes written to a peer's connection.", "counter", always(func(p PeerStats) float64 { return float64(p.BytesOut) }))
+	perPeer("troupe_peer_received_messages_total", "Messages received from a peer (as of the last acknowledgement).", "counter", always(func(p PeerStats) float64 { return float64(p.MessagesIn) }))
+	perPeer("troupe_peer_sent_messages_total", "Messages written to a peer.", "counter", always(func(p PeerStats) float64 { return float64(p.MessagesOut) }))
+	perPeer("troupe_peer_queued_frames", "Frames waiting to be written to a peer.", "gauge", always(func(p PeerStats) float64 { return float64(p.Queued) }))
+	perPeer("troupe_peer_unacked_bytes", "Bytes of messages written to a peer and not yet acknowledged.", "gauge", always(func(p PeerStats) float64 { return float64(p.Unacked) }))
+	perPeer("troupe_peer_held_bytes", "Bytes a peer's association holds against Config.SendQueueLimit.", "gauge", always(func(p PeerStats) float64 { return float64(p.Held) }))
+	perPeer("troupe_peer_window_left_seconds", "How long a peer (not a cluster member) may stay silent before it is declared unreachable.", "gauge",
+		func(p PeerStats) (float64, bool) { return p.WindowLeft.Seconds(), !p.Member })
+	perPeer("troupe_peer_phi", "A cluster member's phi-accrual suspicion (unreachable at the detector's threshold, 8 by default).", "gauge",
+		func(p PeerStats) (float64, bool) { return p.Phi, p.Member })
+	perPeer("troupe_peer_round_trip_seconds", "The round trip to a peer, as the handshake measured it (this node dialed).", "gauge",
+		func(p PeerStats) (float64, bool) { return p.RoundTrip.Seconds(), p.RoundTrip > 0 })
 	metric("troupe_quarantined_peers", "Peers this node has quarantined.", "gauge")
 	fmt.Fprintf(w, "troupe_quarantined_peers %d\n", len(s.Quarantined))
-	metric("troupe_peer_sent_messages_total", "Messages written to a peer.", "counter")
-	for _, p := range s.Peers {
-		fmt.Fprintf(w, "troupe_peer_sent_messages_total{peer=\"%s\",uid=\"%s\"} %d\n", label(p.Addr.String()), p.UID, p.MessagesOut)
-	}
 	if s.Registrar {
 		metric("troupe_registrations", "Registrations this registrar holds.", "gauge")
 		fmt.Fprintf(w, "troupe_registrations %d\n", s.Registrations)
 	}
 	metric("troupe_actors", "Actors living on the node.", "gauge")
 	fmt.Fprintf(w, "troupe_actors %d\n", s.Actors)
+	metric("troupe_mailbox_waiting_messages", "Messages waiting in the deepest mailboxes (at most 10, with messages waiting), by actor path.", "gauge")
+	for _, m := range s.Mailboxes {
+		fmt.Fprintf(w, "troupe_mailbox_waiting_messages{actor=\"%s\"} %d\n", metricsLabel(m.Path), m.Waiting)
+	}
 	metric("troupe_dead_letters_total", "Messages that could not be delivered, by reason.", "counter")
 	for _, r := range slices.Sorted(maps.Keys(s.DeadLetters)) {
 		fmt.Fprintf(w, "troupe_dead_letters_total{reason=%q} %d\n", r, s.DeadLetters[r])
+	}
+	t := s.Totals
+	for _, c := range []struct {
+		name, help string
+		v          uint64
+	}{
+		{"troupe_actor_failures_total", "Actors that failed (a panic or a reported failure).", t.ActorFailures},
+		{"troupe_actor_restarts_total", "Failed actors their supervision restarted.", t.ActorRestarts},
+		{"troupe_peer_sessions_total", "Sessions with a peer that came up.", t.PeersConnected},
+		{"troupe_peers_given_up_total", "Peers declared unreachable: silent, broken or misbehaving (quarantined unless cluster members or registrars).", t.PeersGivenUp},
+		{"troupe_peers_left_total", "Peers that said goodbye.", t.PeersLeft},
+		{"troupe_peer_links_lost_total", "Links that broke under a session that may resume.", t.LinksLost},
+		{"troupe_peer_links_resumed_total", "Sessions resumed over a new connection.", t.LinksResumed},
+		{"troupe_protocol_errors_total", "Connections closed for a protocol error.", t.ProtocolErrors},
+	} {
+		metric(c.name, c.help, "counter")
+		fmt.Fprintf(w, "%s %d\n", c.name, c.v)
 	}
 	if len(s.Members) > 0 {
 		metric("troupe_cluster_members", "Cluster members as this member sees them, by status.", "gauge")

@@ -72,6 +72,8 @@ func TestDebugAndMetricsHandlers(t *testing.T) {
 	}
 	if m := get(metrics.URL, ""); !strings.Contains(m, "troupe_quarantined_peers 1") {
 		t.Fatalf("metrics after the cut:\n%s", m)
+	} else if s := parseMetrics(t, m); s["troupe_peers_given_up_total{}"] != 1 || s["troupe_peers_left_total{}"] != 0 {
+		t.Fatalf("metrics after the cut: given up %v, left %v; want 1 and 0", s["troupe_peers_given_up_total{}"], s["troupe_peers_left_total{}"])
 	}
 }
 

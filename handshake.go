@@ -201,6 +201,7 @@ func (n *Node) handshakeInbound(c net.Conn, src string) (*assoc, *frameReader) {
 		n.log.Warn("troupe: refused a peer that failed authentication", "peer", label, "claimed_name", h.name, "err", err)
 		c.Write(rejectFrame(rejectAuth, n.uid, err.Error()))
 		c.Close()
+		n.totals.protocolErrors.Add(1)
 		n.events.Publish(ProtocolError{Remote: label, Err: err})
 		return nil, nil
 	}
@@ -251,6 +252,7 @@ func (n *Node) hello() *hello {
 func (n *Node) protocolError(remote, kind string, err error) {
 	fe := &FrameError{Peer: remote, Kind: kind, Reason: err}
 	n.log.Warn("troupe: closing connection after a protocol error", "peer", remote, "err", err)
+	n.totals.protocolErrors.Add(1)
 	n.events.Publish(ProtocolError{Remote: remote, Err: fe})
 }
 
@@ -370,6 +372,7 @@ func (n *Node) attach(a *assoc, h *hello) bool {
 		loser.mergeInto(a)
 	}
 	if !resume && a.resumeOf == nil {
+		n.totals.peersConnected.Add(1)
 		n.events.Publish(PeerConnected{Addr: a.addr(), UID: a.peerUID, Name: a.peerName})
 	}
 	if !a.outbound {

@@ -34,6 +34,8 @@ var (
 //
 // All methods are safe for concurrent use.
 type Node struct {
+	totals nodeTotals // counted since Start (see Totals)
+
 	// Set once in Start, then read-only.
 	cfg       Config
 	uid       NodeUID

@@ -50,6 +50,7 @@ func (a *assoc) lost(err error) {
 	a.lostAt, a.lostCause = time.Now(), err
 	a.mu.Unlock()
 	a.n.log.Info("troupe: connection to peer lost; resuming", "peer", a.label(), "cause", err)
+	a.n.totals.linksLost.Add(1)
 	a.n.events.Publish(PeerLinkLost{Addr: a.addr(), UID: a.peerUID, Name: a.peerName, Cause: err})
 	if a.outbound {
 		a.n.wg.Go(a.redial)
@@ -211,6 +212,13 @@ func (n *Node) suspendFor(uid NodeUID) {
 // where to start). w holds its queue until then. Both are locked.
 func (a *assoc) takeOver(w *assoc, moved recQueue) {
 	w.unacked, w.acked = a.unacked.take(), a.acked
+	// The session's counts go on (Stats, /metrics): what the old
+	// connections carried, beside what w's will.
+	w.bytesOutBase, w.tellsOutBase = a.bytesOutBase+a.written.Load(), a.tellsOutBase+a.tellsOut.Load()
+	w.bytesInBase = a.bytesInBase
+	if a.in != nil {
+		w.bytesInBase += a.in.bytes.Load()
+	}
 	// What a encoded refers to a's tables, which the peer keeps for the
 	// session: w goes on with them, and its reader with a's in tables.
 	// (w encodes nothing before its writer starts.)
@@ -263,6 +271,7 @@ func (a *assoc) onResume(b []byte) error {
 	a.mu.Unlock()
 	a.notify()
 	a.n.log.Info("troupe: session with peer resumed", "peer", a.label(), "down", down, "resent", resend)
+	a.n.totals.linksResumed.Add(1)
 	a.n.events.Publish(PeerResumed{Addr: a.addr(), UID: a.peerUID, Name: a.peerName, Resent: resend, Down: down})
 	return nil
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"sync/atomic"
 	"time"
 )
 
@@ -50,6 +51,31 @@ type Stats struct {
 	// a registrar (Registrar true).
 	Registrar     bool
 	Registrations int
+	// Totals counts what happened since the node started.
+	Totals Totals
+}
+
+// Totals are a node's counts of what happened since it started.
+type Totals struct {
+	ActorFailures  uint64 // actors that failed (a panic, or a reported failure)
+	ActorRestarts  uint64 // of those, the ones their supervision restarted
+	PeersConnected uint64 // sessions with a peer that came up (a resumed one is not counted again)
+	PeersGivenUp   uint64 // peers declared unreachable: silent, broken or misbehaving (quarantined, unless cluster members or registrars)
+	PeersLeft      uint64 // peers that said goodbye
+	LinksLost      uint64 // links that broke under a session that may resume (PeerLinkLost)
+	LinksResumed   uint64 // sessions resumed over a new connection (PeerResumed)
+	ProtocolErrors uint64 // connections closed for a protocol error (ProtocolError)
+}
+
+// nodeTotals are the counters behind Totals.
+type nodeTotals struct {
+	actorFailures, actorRestarts, peersConnected, peersGivenUp, peersLeft, linksLost, linksResumed, protocolErrors atomic.Uint64
+}
+
+func (t *nodeTotals) snapshot() Totals {
+	return Totals{ActorFailures: t.actorFailures.Load(), ActorRestarts: t.actorRestarts.Load(), PeersConnected: t.peersConnected.Load(),
+		PeersGivenUp: t.peersGivenUp.Load(), PeersLeft: t.peersLeft.Load(), LinksLost: t.linksLost.Load(),
+		LinksResumed: t.linksResumed.Load(), ProtocolErrors: t.protocolErrors.Load()}
 }
 
 // PeerStats is one association with another node.
@@ -110,7 +136,7 @@ type MemberStats struct {
 // parts are each consistent but not taken at one instant.
 func (n *Node) Stats() Stats {
 	now := time.Now()
-	s := Stats{Name: n.name, UID: n.uid, AppVersion: n.cfg.AppVersion, Addrs: n.Addrs(), Taken: now, DeadLetters: n.dlCount.snapshot(), RegistryPending: n.etcdPending()}
+	s := Stats{Name: n.name, UID: n.uid, AppVersion: n.cfg.AppVersion, Addrs: n.Addrs(), Taken: now, DeadLetters: n.dlCount.snapshot(), RegistryPending: n.etcdPending(), Totals: n.totals.snapshot()}
 	if s.DeadLetters == nil {
 		s.DeadLetters = map[string]uint64{}
 	}
@@ -123,12 +149,12 @@ func (n *Node) Stats() Stats {
 	for _, a := range assocs {
 		a.mu.Lock()
 		p := PeerStats{Addr: a.addr(), UID: a.peerUID, Name: a.peerName, AppVersion: a.peerAppVersion, State: a.state.String(), Outbound: a.outbound,
-			Since: a.upAt, Queued: a.queue.len() + a.out.frames, Unacked: a.unacked.bytes, Held: a.held(), BytesOut: a.written.Load(), Member: n.isMember(a.peerUID),
-			MessagesIn: a.ackTo.Load(), MessagesOut: a.tellsOut.Load(), RoundTrip: a.rtt}
+			Since: a.upAt, Queued: a.queue.len() + a.out.frames, Unacked: a.unacked.bytes, Held: a.held(), BytesOut: a.bytesOutBase + a.written.Load(), Member: n.isMember(a.peerUID),
+			MessagesIn: a.ackTo.Load(), MessagesOut: a.tellsOutBase + a.tellsOut.Load(), RoundTrip: a.rtt, BytesIn: a.bytesInBase}
 		in := a.in
 		a.mu.Unlock()
 		if in != nil {
-			p.BytesIn = in.bytes.Load()
+			p.BytesIn += in.bytes.Load()
 			if at := in.heard.Load(); at != 0 {
 				p.LastHeard = n.epoch.Add(time.Duration(at))
 			}

@@ -263,6 +263,7 @@ func (c *cell[T]) recoverFailure(inSetup bool) {
 
 // onFailure applies the strategy to a failure, logging it once.
 func (c *cell[T]) onFailure(reason error, inSetup bool) {
+	c.n.totals.actorFailures.Add(1)
 	if c.tools != nil {
 		c.tools.failed = nil
 	}
@@ -428,6 +429,7 @@ func (c *cell[T]) restart(gen uint64) {
 		return
 	}
 	c.b = b
+	c.n.totals.actorRestarts.Add(1)
 	c.mu.Lock()
 	c.held = false
 	c.mu.Unlock()

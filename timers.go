@@ -2,6 +2,7 @@ package troupe
 
 import (
 	"context"
+	"log/slog"
 	"time"
 )
 
@@ -17,7 +18,8 @@ type actorTools[T any] struct {
 	timerSeq uint64
 	ctx      context.Context
 	cancel   context.CancelFunc
-	failed   error     // reported by Context.Fail during the current handler
+	failed   error // reported by Context.Fail during the current handler
+	log      *slog.Logger
 	sup      *supState // failures and a pending restart (supervised actors)
 	// awaitingChildren: the actor is stopping, and waits for its children
 	// to stop first (see terminate).
@@ -53,6 +55,19 @@ func (c *Context[T]) Context() context.Context {
 		c.c.mu.Unlock()
 	}
 	return t.ctx
+}
+
+// Log returns the node's logger (Config.Logger, which names the node as
+// "node") with the actor's path as "path", the key troupe's own logs about
+// an actor use, so that what a handler logs says where it came from. Call
+// it on the actor's goroutine, like every Context method; the logger it
+// returns may be used anywhere. It is made once per actor.
+func (c *Context[T]) Log() *slog.Logger {
+	t := c.c.tooling()
+	if t.log == nil {
+		t.log = c.c.n.log.With("path", c.c.self.key.path)
+	}
+	return t.log
 }
 
 // actorTimer is one of an actor's timers.

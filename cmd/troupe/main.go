@@ -1,6 +1,6 @@
 // Command troupe runs a dedicated registrar and inspects a live system.
 //
-//	troupe registrar [--addr ADDR ...]
+//	troupe registrar [--addr ADDR ...] [--http ADDR]
 //	troupe ls [--registry ADDR] [--json]
 //	troupe query NAME [--registry ADDR] [--json]
 //	troupe down MEMBER --node ADDR
@@ -17,13 +17,18 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
+	"expvar"
 	"flag"
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/signal"
 	"runtime"
@@ -61,6 +66,7 @@ type call struct {
 	registry       string
 	node           string
 	addrs          addrList // --addr (registrar), --node (schema)
+	httpAddr       string   // --http (registrar)
 	asJSON         bool
 	timeout        time.Duration
 	stdout, stderr io.Writer
@@ -77,14 +83,17 @@ var commands = []*command{
 	{
 		name:    "registrar",
 		summary: "serve a registry and nothing else",
-		usage:   "troupe registrar [--addr ADDR ...]",
+		usage:   "troupe registrar [--addr ADDR ...] [--http ADDR]",
 		about: `Runs a dedicated registrar: nodes started with this address in
 Config.RegistryAddrs register their named actors with it, and ls and
 query read it. It serves until SIGINT or SIGTERM, logs with log/slog on
 standard error, and prints each address it bound on standard output.
 It refuses to start (exit 1) when a registrar already answers on an
 address. For a Unix socket address, the socket's directory is created
-(mode 0700) if it is missing.`,
+(mode 0700) if it is missing. With --http, it also serves its debug page
+at /debug/troupe, Prometheus metrics at /metrics and expvar at
+/debug/vars on that address (put it behind your own access control), and
+prints "registrar serving HTTP on http://ADDR".`,
 		run: registrar,
 	},
 	{
@@ -236,6 +245,7 @@ func (cmd *command) invoke(ctx context.Context, args []string, stdout, stderr io
 	switch cmd.name {
 	case "registrar":
 		fs.Var(&c.addrs, "addr", "an address to serve the registry on (repeatable): host:port, unix:///path or a multiaddr (default "+troupe.DefaultRegistryTCP+")")
+		fs.StringVar(&c.httpAddr, "http", "", "a host:port to serve the debug page, /metrics and /debug/vars on (default: none)")
 	case "ls", "query":
 		fs.StringVar(&c.registry, "registry", troupe.DefaultRegistryTCP, "the registrar's address, or an etcd registry: etcd://host:port[,host:port]/prefix")
 		fs.BoolVar(&c.asJSON, "json", false, "print JSON")
@@ -303,6 +313,27 @@ func registrar(ctx context.Context, c *call) int {
 	}
 	for _, a := range n.Addrs() {
 		fmt.Fprintf(c.stdout, "registrar listening on %s\n", a)
+	}
+	if c.httpAddr != "" {
+		l, err := net.Listen("tcp", c.httpAddr)
+		if err != nil {
+			n.Close()
+			return c.failf("--http: %v", err)
+		}
+		mux := http.NewServeMux()
+		mux.Handle("/debug/troupe", troupe.DebugHandler(n))
+		mux.Handle("/metrics", troupe.MetricsHandler(n))
+		mux.Handle("/debug/vars", varsHandler(n))
+		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+		served := make(chan struct{})
+		go func() {
+			defer close(served)
+			if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				logger.Error("registrar: the HTTP server stopped", "err", err)
+			}
+		}()
+		defer func() { srv.Close(); <-served }()
+		fmt.Fprintf(c.stdout, "registrar serving HTTP on http://%s\n", l.Addr())
 	}
 	logger.Info("registrar started", "addrs", fmt.Sprint(n.Addrs()), "uid", n.UID().String())
 	<-ctx.Done()
@@ -805,4 +836,23 @@ func printable(s string) string {
 		}
 		return r
 	}, s)
+}
+
+// varsHandler serves expvar's variables, as expvar.Handler does, with the
+// node's stats document added as "troupe" (without publishing it in the
+// process-wide expvar table, which would outlive the node).
+func varsHandler(n *troupe.Node) http.Handler {
+	debug := troupe.DebugHandler(n)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		doc := httptest.NewRecorder()
+		debug.ServeHTTP(doc, httptest.NewRequest(http.MethodGet, "/?format=json", nil))
+		w.Header().Set("Content-Type", "application/json; charset=utf-8")
+		fmt.Fprintf(w, "{\n%q: %s", "troupe", bytes.TrimSpace(doc.Body.Bytes()))
+		expvar.Do(func(kv expvar.KeyValue) {
+			if kv.Key != "troupe" {
+				fmt.Fprintf(w, ",\n%q: %s", kv.Key, kv.Value)
+			}
+		})
+		fmt.Fprintf(w, "\n}\n")
+	})
 }

@@ -406,3 +406,60 @@ func TestLsQueryWatchAgainstEtcd(t *testing.T) {
 		t.Fatalf("watch exited %d", code)
 	}
 }
+
+// troupe registrar --http serves the registrar's debug page, metrics and
+// expvar, and stops serving with it.
+func TestRegistrarServesHTTP(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	out := &lineWriter{lines: make(chan string, 8)}
+	exited := make(chan int, 1)
+	go func() {
+		exited <- run(ctx, []string{"registrar", "--addr", "127.0.0.1:0", "--http", "127.0.0.1:0"}, out, io.Discard)
+	}()
+	var base string
+	for base == "" {
+		select {
+		case line := <-out.lines:
+			if u, ok := strings.CutPrefix(line, "registrar serving HTTP on "); ok {
+				base = u
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("the registrar printed no HTTP address")
+		}
+	}
+	get := func(path string) string {
+		resp, err := http.Get(base + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("GET %s: %s", path, resp.Status)
+		}
+		return string(b)
+	}
+	if m := get("/metrics"); !strings.Contains(m, "troupe_registrations ") || !strings.Contains(m, "troupe_build_info{") {
+		t.Fatalf("/metrics:\n%s", m)
+	}
+	if p := get("/debug/troupe"); !strings.Contains(p, "troupe node registrar") || !strings.Contains(p, "registrar of ") {
+		t.Fatalf("/debug/troupe:\n%s", p)
+	}
+	var vars struct {
+		Troupe struct {
+			Name string `json:"name"`
+		} `json:"troupe"`
+		Memstats map[string]any `json:"memstats"`
+	}
+	if v := get("/debug/vars"); json.Unmarshal([]byte(v), &vars) != nil || vars.Troupe.Name != "registrar" || len(vars.Memstats) == 0 {
+		t.Fatalf("/debug/vars:\n%s", v)
+	}
+	cancel()
+	if code := <-exited; code != 0 {
+		t.Fatalf("registrar exited %d", code)
+	}
+	if _, err := http.Get(base + "/metrics"); err == nil {
+		t.Fatal("the HTTP server still answers after the registrar stopped")
+	}
+}
