@@ -3,7 +3,6 @@ package troupe_test
 import (
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -13,7 +12,7 @@ import (
 // Context.Log is the node's logger (which names the node) with the
 // actor's path as an attribute.
 func TestContextLogNamesTheActorAndNode(t *testing.T) {
-	var out lockedLog
+	var out lockedBuffer
 	n, err := troupe.Start(ctxFor(t), troupe.Config{Name: "logger-node", Logger: slog.New(slog.NewTextHandler(&out, nil))})
 	if err != nil {
 		t.Fatal(err)
@@ -35,22 +34,4 @@ func TestContextLogNamesTheActorAndNode(t *testing.T) {
 	if got := out.String(); !strings.Contains(got, `msg=handled node=logger-node path=/user/talker said=hi`) {
 		t.Fatalf("the log line: %q", got)
 	}
-}
-
-// lockedLog is a log destination a handler and the test share.
-type lockedLog struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *lockedLog) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedLog) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
