@@ -46,6 +46,9 @@ var (
 type sessionError struct {
 	peer  string
 	cause error
+	// observer: the peer was an Observer; what could not be delivered to
+	// it is logged at debug level only.
+	observer bool
 }
 
 // Error says what ended. A dial that failed is reported by its cause
@@ -124,6 +127,9 @@ type assoc struct {
 	// connection suspends the session instead of ending it (set by the
 	// handshake, before the reader and writer start).
 	resumable bool
+	// observer: the peer is an Observer (Config.Observer): it is not
+	// listed, published, resumed or quarantined (set by the handshake).
+	observer bool
 	// credit: both sides grant and heed per-actor credit (set by the
 	// handshake, before the reader and writer start).
 	credit bool
@@ -392,9 +398,9 @@ func (a *assoc) failure() error {
 		return nil
 	}
 	if a.state == assocLeaving || a.err == nil {
-		return &sessionError{peer: a.label(), cause: ErrNodeClosed}
+		return &sessionError{peer: a.label(), cause: ErrNodeClosed, observer: a.observer}
 	}
-	return &sessionError{peer: a.label(), cause: a.err}
+	return &sessionError{peer: a.label(), cause: a.err, observer: a.observer}
 }
 
 // target returns the association that frames for a go to (following

@@ -267,6 +267,11 @@ func (a *assoc) fail(err error) {
 	// A session the peer replaced with a new one, or refused, is no
 	// failure: nothing is published or quarantined.
 	closing = closing || errors.Is(err, errSessionReplaced)
+	// An observer's session ends quietly, whatever ended it, on both ends:
+	// the observer does not quarantine what it inspects either (it dials
+	// again on its next call).
+	observer := a.observer
+	closing = closing || observer || a.n.cfg.Observer
 	end := endingOf(from, peerLeft, closing, false)
 	if end.retired {
 		// A retired duplicate: its work moved to the winner already, but
@@ -309,7 +314,7 @@ func (a *assoc) fail(err error) {
 		conn.Close()
 	}
 	a.finish()
-	serr := &sessionError{peer: a.label(), cause: reason}
+	serr := &sessionError{peer: a.label(), cause: reason, observer: observer}
 	if end.publish {
 		if peerLeft {
 			a.n.totals.peersLeft.Add(1)

@@ -1,6 +1,8 @@
 package troupe
 
 import (
+	"bytes"
+	"context"
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
@@ -8,11 +10,37 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
+	"unicode/utf8"
 )
 
 // ErrAuth is wrapped by the error of a connection that failed
 // authentication: a missing or wrong shared secret, on either side.
 var ErrAuth = errors.New("troupe: authentication failed")
+
+// ReadSecretFile reads a shared secret for [Config.Secret] from a file, as
+// the troupe command's --secret-file does, so that a service and the
+// command read one file alike: its bytes as they are, but that one
+// trailing newline ("\n" or "\r\n") is dropped when the rest is one line
+// of text (valid UTF-8 without another line break or a NUL), as echo and
+// editors write it. A binary secret is taken whole. It fails for a
+// secret under 16 bytes, wrapping [ErrBadConfig].
+func ReadSecretFile(path string) ([]byte, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	if line, ok := bytes.CutSuffix(b, []byte("\n")); ok {
+		line = bytes.TrimSuffix(line, []byte("\r"))
+		if utf8.Valid(line) && !bytes.ContainsAny(line, "\n\r\x00") {
+			b = line
+		}
+	}
+	if len(b) < 16 {
+		return nil, fmt.Errorf("%w: the secret in %s is %d bytes, at least 16 are needed", ErrBadConfig, path, len(b))
+	}
+	return b, nil
+}
 
 func newNonce() []byte {
 	b := make([]byte, nonceSize)
@@ -84,7 +112,7 @@ func (n *Node) acceptAuth(c net.Conn, fr *frameReader, h *hello) error {
 		return nil
 	}
 	if len(h.auth) != nonceSize {
-		return fmt.Errorf("%w: this node requires the shared secret", ErrAuth)
+		return fmt.Errorf("%w: a shared secret is required (Config.Secret) and the dialer offered none", ErrAuth)
 	}
 	nonce := newNonce()
 	mac := authMAC(secret, "acceptor", h.auth, nonce, n.uid, h.uid)
@@ -106,6 +134,26 @@ func (n *Node) acceptAuth(c net.Conn, fr *frameReader, h *hello) error {
 		return fmt.Errorf("%w: wrong shared secret", ErrAuth)
 	}
 	return nil
+}
+
+// tlsRefusal reports whether err is one end of a TLS handshake refusing
+// the other's certificate: an alert from the peer, or this end's failed
+// verification. A stream that is not TLS at all is not one.
+func tlsRefusal(err error) bool {
+	if _, ok := errors.AsType[*tls.CertificateVerificationError](err); ok {
+		return true
+	}
+	op, ok := errors.AsType[*net.OpError](err)
+	return ok && op.Op == "remote error"
+}
+
+// isTimeout reports whether err is a deadline passing.
+func isTimeout(err error) bool {
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, os.ErrDeadlineExceeded) {
+		return true
+	}
+	ne, ok := errors.AsType[net.Error](err)
+	return ok && ne.Timeout()
 }
 
 // clientTLS wraps an outbound TCP connection in TLS, verifying the server

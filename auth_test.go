@@ -11,6 +11,7 @@ import (
 	"io"
 	"math/big"
 	"net"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -215,5 +216,61 @@ func TestAResumeClaimNeedsTheSecret(t *testing.T) {
 	}
 	if p := server.Stats().Peers; len(p) != 1 || p[0].UID != friend.UID() || p[0].State != "up" {
 		t.Fatalf("server's peers after the claim: %+v", p)
+	}
+}
+
+// A node with mutual TLS joins a registrar with mutual TLS from the same
+// CA; one whose certificate another CA signed fails with ErrAuth, saying
+// the TLS handshake failed.
+func TestARegistrarOverTLS(t *testing.T) {
+	pki := newTestPKI(t)
+	reg := freeRegistryAddr(t, "tcp")
+	cfg := discoveryConfig("registrar", reg)
+	cfg.TLS = pki.config(t, "registrar")
+	startNode(t, cfg)
+	member := discoveryConfig("member", reg)
+	member.TLS = pki.config(t, "member")
+	m := startNode(t, member)
+	spawnEcho(t, m, "svc")
+	if _, _, err := FindActor[testPing](ctxT(t, 5*time.Second), m, "svc"); err != nil {
+		t.Fatalf("a member over TLS cannot find its own actor in the registry: %v", err)
+	}
+	rogue := discoveryConfig("rogue", reg)
+	rogue.TLS = newTestPKI(t).config(t, "rogue")
+	noCert := discoveryConfig("no-cert", reg)
+	noCert.TLS = &tls.Config{RootCAs: pki.pool, MinVersion: tls.VersionTLS13} // trusts the registrar, presents nothing
+	for name, cfg := range map[string]Config{"another CA's certificate": rogue, "no certificate": noCert} {
+		n, err := Start(ctxT(t, 5*time.Second), cfg)
+		if n != nil {
+			n.Close()
+		}
+		if !errors.Is(err, ErrAuth) || errors.Is(err, ErrRegistryOccupied) || !strings.Contains(err.Error(), "TLS") {
+			t.Fatalf("a node with %s: Start = %v, want ErrAuth naming TLS", name, err)
+		}
+	}
+	// Something that is not a TLS server at all is no authentication
+	// failure: the address is occupied.
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			c.Write([]byte("SSH-2.0-OpenSSH_9.6\r\n"))
+			c.Close()
+		}
+	}()
+	banner := discoveryConfig("member", l.Addr().String())
+	banner.TLS = pki.config(t, "member")
+	if n, err := Start(ctxT(t, 5*time.Second), banner); !errors.Is(err, ErrRegistryOccupied) || errors.Is(err, ErrAuth) {
+		if n != nil {
+			n.Close()
+		}
+		t.Fatalf("a TLS node probing an SSH banner: Start = %v, want ErrRegistryOccupied", err)
 	}
 }

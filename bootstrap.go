@@ -34,6 +34,7 @@ const (
 	probeAbsent    probeResult = iota // refused, or no socket file
 	probeRegistrar                    // a troupe node that serves a registry
 	probeOccupied                     // anything else
+	probeAuth                         // a troupe node whose secret differs
 )
 
 // RuntimeDirName names the per-user directory troupe keeps sockets in,
@@ -126,6 +127,28 @@ func (n *Node) probe(ctx context.Context, addr Addr) (probeResult, string) {
 			why = err.Error()
 			continue
 		}
+		if n.cfg.TLS != nil && !addr.IsUnix() {
+			tc := n.clientTLS(c, addr)
+			tctx, cancel := context.WithTimeout(ctx, probeAttemptTimeout)
+			err := tc.HandshakeContext(tctx)
+			cancel()
+			if err != nil {
+				c.Close()
+				switch {
+				case ctx.Err() != nil:
+					return probeOccupied, ctx.Err().Error()
+				case tlsRefusal(err):
+					// A TLS server that does not accept this node's
+					// certificate, or whose this node does not accept.
+					return probeAuth, "the TLS handshake failed: " + err.Error()
+				case isTimeout(err):
+					why = "a slow TLS handshake: " + err.Error()
+					continue
+				}
+				return probeOccupied, "no TLS server: " + err.Error()
+			}
+			c = tc
+		}
 		res, reason, retry := n.probeConn(c)
 		c.Close()
 		if !retry {
@@ -142,7 +165,13 @@ func (n *Node) probeConn(c net.Conn) (res probeResult, why string, retry bool) {
 	h.flags |= helloProbe
 	body, err := n.dialHandshake(c, newFrameReader(c, maxHelloSize), h)
 	if errors.Is(err, ErrAuth) {
-		return probeOccupied, err.Error(), false
+		return probeAuth, strings.TrimPrefix(err.Error(), ErrAuth.Error()+": "), false
+	}
+	if err != nil && tlsRefusal(err) {
+		// (TLS 1.3: the server checks the client's certificate after the
+		// client's side of the handshake is done, and says so on the
+		// first read.)
+		return probeAuth, "the TLS handshake failed: " + err.Error(), false
 	}
 	if err != nil {
 		return probeOccupied, "no troupe handshake: " + err.Error(), true
@@ -159,9 +188,24 @@ func (n *Node) probeConn(c net.Conn) (res probeResult, why string, retry bool) {
 		return probeOccupied, fmt.Sprintf("troupe node %q does not serve a registry", w.name), false
 	case frameReject:
 		r, _ := parseReject(body[1:])
+		if r.code == rejectAuth {
+			return probeAuth, "it refused this node: " + strings.TrimPrefix(r.text, ErrAuth.Error()+": "), false
+		}
 		return probeOccupied, "a troupe node refused the probe: " + r.text, false
 	}
 	return probeOccupied, "not a troupe handshake", false
+}
+
+// authHint says what to change about a failed authentication with a
+// registrar, from the reason given.
+func authHint(why string) string {
+	switch {
+	case strings.Contains(why, "unix peer uid"):
+		return "the registrar's Config.AllowUIDs must list this process's user"
+	case strings.Contains(why, "TLS"):
+		return "the registrar's and this node's Config.TLS must accept each other's certificates"
+	}
+	return "the registrar and this node must have the same Config.Secret"
 }
 
 // probeAll probes every address concurrently.
@@ -185,16 +229,22 @@ func (n *Node) bootstrap(ctx context.Context) error {
 	}
 	for round := 0; ; round++ {
 		res, why := n.probeAll(ctx, regAddrs)
-		var occupied, answering []string
+		var occupied, answering, auth []string
 		var registrars []Addr
 		for i, r := range res {
 			switch r {
 			case probeOccupied:
 				occupied = append(occupied, regAddrs[i].String()+" ("+why[i]+")")
+			case probeAuth:
+				auth = append(auth, "the registrar at "+regAddrs[i].String()+": "+why[i])
 			case probeRegistrar:
 				registrars = append(registrars, regAddrs[i])
 				answering = append(answering, regAddrs[i].String())
 			}
+		}
+		if len(auth) > 0 {
+			why := strings.Join(auth, ", ")
+			return fmt.Errorf("%w: %s; %s", ErrAuth, why, authHint(why))
 		}
 		if len(occupied) > 0 {
 			return fmt.Errorf("%w: %s", ErrRegistryOccupied, strings.Join(occupied, ", "))

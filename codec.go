@@ -71,6 +71,10 @@ type msgType struct {
 	// longer than maxShapeSize.
 	shape []byte
 
+	// internal: one of troupe's own messages (gossip, stats, registry),
+	// not a user's, nor a built-in like string.
+	internal bool
+
 	direct   bool           // stored directly in an interface (see box)
 	typeWord unsafe.Pointer // the interface type word of t
 }
@@ -107,6 +111,9 @@ func RegisterMessage[T any](key string) {
 	}
 }
 
+// ownPkgPath is troupe's import path, which its own message types have.
+var ownPkgPath = reflect.TypeFor[Node]().PkgPath()
+
 // registerType registers t under key; alloc, if not nil, allocates a zero
 // value of t (faster than reflect.New).
 func registerType(t reflect.Type, key string, alloc func() unsafe.Pointer) error {
@@ -131,7 +138,7 @@ func registerType(t reflect.Type, key string, alloc func() unsafe.Pointer) error
 	if old, ok := byType[t]; ok {
 		return fmt.Errorf("troupe: RegisterMessage[%s]: type already registered as %q", t, old.key)
 	}
-	mt := &msgType{key: key, t: t, alloc: alloc}
+	mt := &msgType{key: key, t: t, alloc: alloc, internal: t.PkgPath() == ownPkgPath}
 	if t.Implements(wireMarshalerType) || reflect.PointerTo(t).Implements(wireUnmarshalerType) {
 		if !t.Implements(wireMarshalerType) || !reflect.PointerTo(t).Implements(wireUnmarshalerType) {
 			return fmt.Errorf("troupe: RegisterMessage[%s]: implement both AppendWire on %s and UnmarshalWire on *%s", t, t, t)

@@ -157,6 +157,16 @@ type Config struct {
 	// addresses, whether or not it uses other registrars.
 	ServeRegistry bool
 
+	// Observer marks a node that only inspects others, as the troupe
+	// command does (Erlang calls such a node hidden): the nodes it
+	// connects to do not list it among their peers (Stats counts it under
+	// Observers), publish no peer events about it, never resume or
+	// quarantine its session, and end it quietly when its connection
+	// breaks; what they could not deliver to it is counted as dead letters
+	// and logged at debug level only. An observer cannot listen, serve a
+	// registry or register with one; it asks through [WithRegistries].
+	Observer bool
+
 	// Secret, if set, is a shared secret every peer must know: each new
 	// connection runs a mutual HMAC-SHA256 challenge-response with fresh
 	// nonces on both sides (the secret itself never crosses the wire), and a
@@ -227,7 +237,10 @@ type Config struct {
 	// Logger (target, reason, message type) before the rest are only
 	// counted, with one line a minute saying how many were not logged.
 	// Dead letters of a node that is closing (reason [ErrNodeClosed]) are
-	// not logged. Default: 10. Negative turns the log off; the
+	// not logged; troupe's own messages (gossip, stats, registry traffic)
+	// and those an Observer's session could not deliver are logged at
+	// debug level, outside the count. Default: 10. Negative turns the log
+	// off; the
 	// [DeadLetter] events are published either way.
 	DeadLetterLog int
 
@@ -323,6 +336,8 @@ func (c Config) validate() error {
 		return fmt.Errorf("%w: AppVersion %q is not printable UTF-8", ErrBadConfig, c.AppVersion)
 	case len(c.Name) > 255:
 		return fmt.Errorf("%w: Name longer than 255 bytes", ErrBadConfig)
+	case c.Observer && (len(c.Listen) > 0 || c.ServeRegistry || c.EnsureRegistry || len(c.RegistryAddrs) > 0 || c.Discovery):
+		return fmt.Errorf("%w: an Observer cannot listen, serve a registry or register with one (set none of Listen, ServeRegistry, EnsureRegistry, RegistryAddrs, Discovery)", ErrBadConfig)
 	case c.Secret != nil && len(c.Secret) < 16:
 		return fmt.Errorf("%w: Secret must be at least 16 bytes", ErrBadConfig)
 	case c.HeartbeatInterval < time.Millisecond:

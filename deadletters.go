@@ -1,8 +1,10 @@
 package troupe
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"maps"
 	"sync"
 	"time"
@@ -25,11 +27,36 @@ func (n *Node) deadLetterUnconfirmed(target string, msg any, reason error) {
 }
 
 func (n *Node) reportDeadLetter(d DeadLetter) {
-	n.dlog.note(n, d)
+	switch {
+	case n.cfg.DeadLetterLog < 0 || errors.Is(d.Reason, ErrNodeClosed) || n.isClosed():
+		// off, or this node is closing (whatever the session's own end
+		// says, as when the peer answers the goodbye first): nothing the
+		// user forgot
+	case quietDeadLetter(d):
+		if n.log.Enabled(context.Background(), slog.LevelDebug) {
+			n.log.Debug("troupe: dead letter", "target", d.Target, "reason", d.Reason, "type", fmt.Sprintf("%T", d.Message))
+		}
+	default:
+		n.dlog.note(n, d)
+	}
 	n.dlCount.add(d.Reason)
 	if n.events.hasSubscribers() {
 		n.events.Publish(d)
 	}
+}
+
+// quietDeadLetter reports whether d is logged at debug level only, not
+// one by one at warning level: a message of troupe's own (gossip, stats,
+// registry traffic), which the user cannot have forgotten to register or
+// handle, or one that an Observer's session could not deliver.
+func quietDeadLetter(d DeadLetter) bool {
+	if se, ok := errors.AsType[*sessionError](d.Reason); ok && se.observer {
+		return true
+	}
+	if mt := typeOfValue(d.Message); mt != nil {
+		return mt.internal
+	}
+	return false
 }
 
 // deadLetterLog logs the first [Config.DeadLetterLog] dead letters, then
@@ -45,9 +72,6 @@ type deadLetterLog struct {
 // note logs one dead letter, or counts it once the limit is reached.
 func (l *deadLetterLog) note(n *Node, d DeadLetter) {
 	limit := n.cfg.DeadLetterLog
-	if limit < 0 || errors.Is(d.Reason, ErrNodeClosed) {
-		return // off, or this node is closing: nothing the user forgot
-	}
 	l.mu.Lock()
 	if l.logged >= limit {
 		if l.suppressed == 0 {

@@ -117,3 +117,40 @@ func TestADeadLetterOfAHeldMessageIsItsValue(t *testing.T) {
 		t.Fatalf("pong %+v", pong)
 	}
 }
+
+// troupe's own messages that cannot be delivered (gossip, stats replies)
+// are counted and published, but logged at debug level: they do not use
+// up the lines meant for the user's forgotten types.
+func TestInternalDeadLettersDoNotUseTheLogBudget(t *testing.T) {
+	var logs syncBuffer
+	cfg := testConfig()
+	cfg.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	cfg.DeadLetterLog = 2
+	n := startNode(t, cfg)
+	published := make(chan DeadLetter, 64)
+	SubscribeChan(n.Events(), published)
+	for range 20 {
+		n.deadLetter("troupe://gone/user/x", statsReply{JSON: []byte("{}")}, ErrNoSuchActor)
+	}
+	n.deadLetter("troupe://gone/user/x", unregistered{N: 1}, ErrNoSuchActor)
+	for range 21 {
+		<-published
+	}
+	warn, debug := 0, 0
+	for _, line := range strings.Split(logs.String(), "\n") {
+		switch {
+		case strings.Contains(line, "level=WARN") && strings.Contains(line, "troupe.unregistered"):
+			warn++
+		case strings.Contains(line, "level=WARN") && strings.Contains(line, "dead letter"):
+			t.Fatalf("an internal dead letter at warning level: %s", line)
+		case strings.Contains(line, "level=DEBUG") && strings.Contains(line, "statsReply"):
+			debug++
+		}
+	}
+	if warn != 1 || debug != 20 {
+		t.Fatalf("%d user dead letters at WARN (want 1), %d internal at DEBUG (want 20):\n%s", warn, debug, logs.String())
+	}
+	if got := n.Stats().DeadLetters["no-such-actor"]; got != 21 {
+		t.Fatalf("counted %d dead letters, want 21", got)
+	}
+}

@@ -61,12 +61,12 @@ func statsJSON(s Stats) map[string]any {
 	}
 	return map[string]any{
 		"name": s.Name, "uid": s.UID.String(), "app_version": s.AppVersion, "addrs": addrStrings(s.Addrs), "taken": s.Taken,
-		"peers": peers, "quarantined": quarantined, "actors": s.Actors, "mailboxes": s.Mailboxes,
+		"peers": peers, "observers": s.Observers, "quarantined": quarantined, "actors": s.Actors, "mailboxes": s.Mailboxes,
 		"dead_letters": s.DeadLetters, "members": members, "totals": map[string]uint64{
 			"actor_failures": s.Totals.ActorFailures, "actor_restarts": s.Totals.ActorRestarts, "peer_sessions": s.Totals.PeersConnected,
 			"peers_given_up": s.Totals.PeersGivenUp, "peers_left": s.Totals.PeersLeft, "peer_links_lost": s.Totals.LinksLost,
 			"peer_links_resumed": s.Totals.LinksResumed, "protocol_errors": s.Totals.ProtocolErrors,
-		}, "cluster_blocked": s.ClusterBlocked, "registrar": s.Registrar, "registrations": s.Registrations,
+		}, "cluster_blocked": s.ClusterBlocked, "registrar": s.Registrar, "registrations": s.Registrations, "registry_pending": s.RegistryPending,
 	}
 }
 
@@ -94,6 +94,7 @@ var debugPage = template.Must(template.New("debug").Parse(`<!doctype html>
 <table id="peers"><tr><th>address</th><th>name</th><th>version</th><th>uid</th><th>state</th><th>since</th><th>window left / phi</th><th>round trip</th><th>messages in/out</th><th>bytes in/out</th><th>queued</th><th>unacked</th></tr>
 {{range .S.Peers}}<tr class="peer" data-uid="{{.UID}}"><td>{{.Addr}}</td><td>{{.Name}}</td><td class="version">{{.AppVersion}}</td><td>{{.UID}}</td><td class="state">{{.State}}{{if .Member}} (member){{end}}</td><td>{{.Since.Format "15:04:05"}}</td><td>{{if .Member}}phi {{printf "%.2f" .Phi}}{{else}}{{.WindowLeft}}{{end}}</td><td>{{.RoundTrip}}</td><td>{{.MessagesIn}} / {{.MessagesOut}}</td><td>{{.BytesIn}} / {{.BytesOut}}</td><td>{{.Queued}}</td><td>{{.Unacked}}</td></tr>
 {{else}}<tr><td colspan="12">no peers</td></tr>{{end}}</table>
+{{if .S.Observers}}<p id="observers">and {{.S.Observers}} observer(s) (such as the troupe command), not listed</p>{{end}}
 <h2>Quarantined</h2>
 <table id="quarantined"><tr><th>name</th><th>uid</th><th>addresses</th><th>since</th><th>cause</th></tr>
 {{range .S.Quarantined}}<tr class="quarantined bad" data-uid="{{.UID}}"><td>{{.Name}}</td><td>{{.UID}}</td><td>{{range .Addrs}}{{.}} {{end}}</td><td>{{.Since.Format "15:04:05"}}</td><td>{{.Cause}}</td></tr>
@@ -178,6 +179,8 @@ func writeMetrics(w io.Writer, s Stats) {
 	for _, st := range assocStateNames { // every state, so that a flapping link (suspended) is counted
 		fmt.Fprintf(w, "troupe_peers{state=%q} %d\n", st, byState[st])
 	}
+	metric("troupe_observers", "Observers (Config.Observer, such as the troupe command) connected; not counted as peers.", "gauge")
+	fmt.Fprintf(w, "troupe_observers %d\n", s.Observers)
 	// One series per peer address and name: of two sessions with one
 	// (a new incarnation while the old one ends), the one up.
 	var peers []PeerStats

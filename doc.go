@@ -70,7 +70,8 @@
 //
 // With [Config.RegistryAddrs] (or [Config.Discovery]) a node probes the
 // registry addresses at start: it joins a registrar that answers, refuses an
-// address held by anything else ([ErrRegistryOccupied]), and becomes the
+// address held by anything else ([ErrRegistryOccupied]) or by a registrar
+// whose shared secret differs ([ErrAuth]), and becomes the
 // registrar when every address is free. Nodes and named actors register
 // themselves; [FindActor], [FindActorAll], [WaitForActor], [QueryActor] and
 // [Node.Registry] look them up by name. Nodes never quarantine a

@@ -51,9 +51,10 @@ func NewFaultNet() *FaultNet {
 }
 
 // Start starts a node on the fault network. Its Listen addresses must be
-// loopback TCP; when cfg.Listen is empty it listens on tcp://127.0.0.1:0.
+// loopback TCP; when cfg.Listen is empty it listens on tcp://127.0.0.1:0,
+// but for an Observer, which only dials.
 func (f *FaultNet) Start(ctx context.Context, cfg Config) (*Node, error) {
-	if len(cfg.Listen) == 0 {
+	if len(cfg.Listen) == 0 && !cfg.Observer {
 		cfg.Listen = []string{"tcp://127.0.0.1:0"}
 	}
 	cfg.fault = f
@@ -181,8 +182,10 @@ func (f *FaultNet) accepted(n *Node, c net.Conn) net.Conn {
 // Reset breaks every connection between a and b the way a middlebox or a
 // flapping link does: both ends see it reset, without a goodbye, while
 // both nodes keep running. It reports how many connection ends it broke.
-// A resumable session (every session between two nodes of this version)
-// is then resumed by the side that dialed; see [PeerLinkLost].
+// A resumable session (every session between two nodes of this version
+// that are not Observers) is then resumed by the side that dialed; see
+// [PeerLinkLost]. An Observer's session ends quietly, and its next call
+// dials again.
 func (f *FaultNet) Reset(a, b *Node) int {
 	pair := pairOf(a, b)
 	f.mu.Lock()

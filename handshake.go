@@ -8,6 +8,7 @@ import (
 	"maps"
 	"net"
 	"slices"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -176,7 +177,8 @@ func (n *Node) handshakeInbound(c net.Conn, src string) (*assoc, *frameReader) {
 	label := peerLabel(c)
 	c.SetDeadline(time.Now().Add(n.cfg.HandshakeTimeout))
 	if err := n.checkPeerCred(c); err != nil {
-		c.Write(rejectFrame(rejectAuth, n.uid, err.Error()))
+		// The dialer wraps the text in its own ErrRejected and ErrAuth.
+		c.Write(rejectFrame(rejectAuth, n.uid, strings.TrimPrefix(err.Error(), ErrRejected.Error()+": ")))
 		c.Close()
 		return nil, nil
 	}
@@ -199,7 +201,8 @@ func (n *Node) handshakeInbound(c net.Conn, src string) (*assoc, *frameReader) {
 	}
 	if err := n.acceptAuth(c, fr, h); err != nil {
 		n.log.Warn("troupe: refused a peer that failed authentication", "peer", label, "claimed_name", h.name, "err", err)
-		c.Write(rejectFrame(rejectAuth, n.uid, err.Error()))
+		// The dialer wraps the text in its own ErrAuth.
+		c.Write(rejectFrame(rejectAuth, n.uid, strings.TrimPrefix(err.Error(), ErrAuth.Error()+": ")))
 		c.Close()
 		n.totals.protocolErrors.Add(1)
 		n.events.Publish(ProtocolError{Remote: label, Err: err})
@@ -237,6 +240,12 @@ func rejectFrame(code byte, uid NodeUID, text string) []byte {
 
 func (n *Node) hello() *hello {
 	h := &hello{version: protocolVersion, uid: n.uid, name: n.name, flags: helloResumable | helloCredit | helloDrains | helloShapes, appVersion: n.cfg.AppVersion}
+	if n.cfg.Observer {
+		// An observer's session ends with its connection: nothing to
+		// resume.
+		h.flags &^= helloResumable
+		h.observer = true
+	}
 	if n.reg() != nil {
 		h.flags |= helloRegistrar
 		if n.cfg.EnsureRegistry {
@@ -295,7 +304,8 @@ func (n *Node) attach(a *assoc, h *hello) bool {
 	// Under mu: senders that queue to a (before it is up) read these.
 	a.mu.Lock()
 	a.peerUID, a.peerName, a.peerFlags, a.peerAppVersion = h.uid, h.name, h.flags, h.appVersion
-	a.resumable = h.flags&helloResumable != 0
+	a.resumable = h.flags&helloResumable != 0 && !h.observer && !n.cfg.Observer
+	a.observer = h.observer
 	a.credit = h.flags&helloCredit != 0
 	for _, s := range h.addrs {
 		if ad, err := ParseAddr(s); err == nil {
@@ -371,7 +381,7 @@ func (n *Node) attach(a *assoc, h *hello) bool {
 	if loser != nil {
 		loser.mergeInto(a)
 	}
-	if !resume && a.resumeOf == nil {
+	if !resume && a.resumeOf == nil && !a.observer {
 		n.totals.peersConnected.Add(1)
 		n.events.Publish(PeerConnected{Addr: a.addr(), UID: a.peerUID, Name: a.peerName})
 	}

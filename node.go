@@ -16,7 +16,7 @@ import (
 )
 
 // Version is this release of troupe.
-const Version = "0.10.0"
+const Version = "0.11.0"
 
 // Errors about nodes.
 var (

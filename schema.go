@@ -59,7 +59,7 @@ func Schema() []MessageSchema {
 // FetchSchema asks the node listening at address, through n, for its
 // [Schema], the way [FetchStats] asks for its stats.
 func FetchSchema(ctx context.Context, n *Node, address string) ([]MessageSchema, error) {
-	doc, err := fetchStatsDoc(ctx, n, address, true)
+	doc, err := fetchStats(ctx, n, address, statsRequest{Schema: true})
 	if err != nil {
 		return nil, err
 	}

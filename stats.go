@@ -3,6 +3,7 @@ package troupe
 import (
 	"cmp"
 	"context"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"math"
@@ -23,6 +24,9 @@ type Stats struct {
 
 	// Peers are the associations with other nodes, by address.
 	Peers []PeerStats
+	// Observers is how many Observers (Config.Observer: the troupe
+	// command, for one) are connected; they are not listed in Peers.
+	Observers int
 	// Quarantined are the peers this node has given up on, with why.
 	Quarantined []QuarantineInfo
 	// Actors is how many actors live on the node (system actors included).
@@ -117,11 +121,11 @@ type PeerStats struct {
 
 // MailboxStats is one actor's mailbox depth.
 type MailboxStats struct {
-	Path string
+	Path string `json:"path"`
 	// Waiting counts the messages queued behind the batch the actor is
 	// working through (it takes all that are waiting at once): a mailbox
 	// that keeps growing here is one whose actor cannot keep up.
-	Waiting int
+	Waiting int `json:"waiting"`
 }
 
 // MemberStats is one cluster member as this member sees it.
@@ -148,6 +152,11 @@ func (n *Node) Stats() Stats {
 	n.pmu.Unlock()
 	for _, a := range assocs {
 		a.mu.Lock()
+		if a.observer {
+			a.mu.Unlock()
+			s.Observers++
+			continue
+		}
 		p := PeerStats{Addr: a.addr(), UID: a.peerUID, Name: a.peerName, AppVersion: a.peerAppVersion, State: a.state.String(), Outbound: a.outbound,
 			Since: a.upAt, Queued: a.queue.len() + a.out.frames, Unacked: a.unacked.bytes, Held: a.held(), BytesOut: a.bytesOutBase + a.written.Load(), Member: n.isMember(a.peerUID),
 			MessagesIn: a.ackTo.Load(), MessagesOut: a.tellsOutBase + a.tellsOut.Load(), RoundTrip: a.rtt, BytesIn: a.bytesInBase}
@@ -224,6 +233,10 @@ type statsRequest struct {
 	// Schema asks for the node's Schema, under "schema", instead of its
 	// actor list.
 	Schema bool
+	// Clear, when not empty, asks the node to lift its quarantine of the
+	// peer at that address, or of that peer uid (in hex), first; the
+	// reply says under "cleared" whether anything was quarantined.
+	Clear string
 }
 
 // statsReply is a node's Stats as the JSON DebugHandler serves, with
@@ -241,7 +254,14 @@ const maxActorList = 10000
 // startStatsActor spawns the node's introspection actor.
 func (n *Node) startStatsActor() error {
 	_, err := Spawn(systemParent{n}, "stats", Behavior[statsRequest]{Receive: func(_ *Context[statsRequest], r statsRequest) {
+		var cleared bool
+		if r.Clear != "" {
+			cleared = n.clearQuarantineOf(r.Clear)
+		}
 		doc := statsJSON(n.Stats())
+		if r.Clear != "" {
+			doc["cleared"] = cleared
+		}
 		if r.Schema {
 			doc["schema"] = Schema()
 		} else {
@@ -280,18 +300,64 @@ func (n *Node) actorList(limit int) []MailboxStats {
 	return out[:min(len(out), limit)]
 }
 
+// isUIDText reports whether s is a node uid as NodeUID.String writes it.
+func isUIDText(s string) bool {
+	b, err := hex.DecodeString(s)
+	return err == nil && len(b) == len(NodeUID{})
+}
+
+// clearQuarantineOf lifts the quarantine of the peer named by an address
+// or by its uid in hex (as Stats and troupe peers print it).
+func (n *Node) clearQuarantineOf(peer string) bool {
+	if n.ClearQuarantine(peer) {
+		return true
+	}
+	var uid NodeUID
+	if b, err := hex.DecodeString(peer); err == nil && len(b) == len(uid) {
+		copy(uid[:], b)
+		return n.ClearQuarantineUID(uid)
+	}
+	return false
+}
+
+// ClearQuarantineAt asks the node listening at address, through n, to lift
+// its quarantine of peer: an address in any form [ParseAddr] accepts, or
+// a peer's uid in hex as [Stats] and troupe peers print it. It reports
+// whether that node had the peer quarantined; as with
+// [Node.ClearQuarantine], it does not connect them. The node checks n's
+// credentials like any peer's. This is what troupe quarantine clear does.
+func ClearQuarantineAt(ctx context.Context, n *Node, address, peer string) (bool, error) {
+	if _, err := ParseAddr(peer); err != nil && !isUIDText(peer) {
+		return false, fmt.Errorf("%w: %q is neither an address nor a peer uid (32 hex digits)", ErrBadAddr, peer)
+	}
+	doc, err := fetchStats(ctx, n, address, statsRequest{Clear: peer})
+	if err != nil {
+		return false, err
+	}
+	var v struct {
+		Cleared *bool `json:"cleared"`
+	}
+	if err := json.Unmarshal(doc, &v); err != nil {
+		return false, fmt.Errorf("the node at %s answered with something else than its stats: %w", address, err)
+	}
+	if v.Cleared == nil {
+		return false, fmt.Errorf("the node at %s cannot lift a quarantine when asked over the protocol (troupe before 0.11.0): call ClearQuarantine there", address)
+	}
+	return *v.Cleared, nil
+}
+
 // FetchStats asks the node listening at address for its [Node.Stats],
 // through n, and returns them as the JSON document [DebugHandler] serves,
 // with every actor's path and mailbox depth added as "actor_list" (at
 // most 10,000). The node checks n's credentials like any peer's. This is
 // what troupe peers, actors and stats print.
 func FetchStats(ctx context.Context, n *Node, address string) ([]byte, error) {
-	return fetchStatsDoc(ctx, n, address, false)
+	return fetchStats(ctx, n, address, statsRequest{})
 }
 
-// fetchStatsDoc asks the node at address for its stats document, with its
-// schema if schema is set.
-func fetchStatsDoc(ctx context.Context, n *Node, address string, schema bool) ([]byte, error) {
+// fetchStats asks the node at address for its stats document, with req's
+// options (its ReplyTo is set here).
+func fetchStats(ctx context.Context, n *Node, address string, req statsRequest) ([]byte, error) {
 	addr, err := ParseAddr(address)
 	if err != nil {
 		return nil, err
@@ -300,7 +366,7 @@ func fetchStatsDoc(ctx context.Context, n *Node, address string, schema bool) ([
 	if err != nil {
 		return nil, fmt.Errorf("no troupe node answers at %s: %w", addr, err)
 	}
-	reply, err := Ask(ctx, ref, func(r Ref[statsReply]) statsRequest { return statsRequest{ReplyTo: r, Schema: schema} })
+	reply, err := Ask(ctx, ref, func(r Ref[statsReply]) statsRequest { req.ReplyTo = r; return req })
 	if err != nil {
 		return nil, err
 	}

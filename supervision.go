@@ -3,8 +3,11 @@ package troupe
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"runtime/debug"
+	"strconv"
+	"strings"
 	"time"
 )
 
@@ -285,7 +288,7 @@ func (c *cell[T]) onFailure(reason error, inSetup bool) {
 	}
 	attrs := []any{"path", c.self.key.path, "error", reason}
 	if pe, ok := reason.(*PanicError); ok {
-		attrs = append(attrs, "stack", string(pe.Stack))
+		attrs = append(attrs, stackAttr(pe.Stack))
 	}
 	switch action {
 	case actResume:
@@ -462,4 +465,37 @@ func (c *cell[T]) dropWatches() {
 		}
 		delete(c.watching, key)
 	}
+}
+
+// maxStackFrames bounds the frames a failure's log line shows.
+const maxStackFrames = 32
+
+// stackAttr is a panic's stack as a log attribute: a group of frames
+// "function file:line", numbered from the one that panicked, so that a
+// text handler writes one readable key per frame (not one escaped
+// string of tabs and newlines) and a JSON handler an object.
+func stackAttr(stack []byte) slog.Attr {
+	lines := strings.Split(strings.TrimSpace(string(stack)), "\n")
+	var frames []any
+	for i := 1; i+1 < len(lines); i += 2 { // (lines[0] is "goroutine N [running]:")
+		fn := lines[i]
+		if by, ok := strings.CutPrefix(fn, "created by "); ok {
+			fn, _, _ = strings.Cut(by, " in goroutine ")
+			fn = "created by " + fn
+		} else if j := strings.LastIndexByte(fn, '('); j > 0 {
+			fn = fn[:j]
+		}
+		file := strings.TrimSpace(lines[i+1])
+		if j := strings.LastIndex(file, " +0x"); j > 0 {
+			file = file[:j]
+		}
+		if fn == "panic" {
+			frames = frames[:0] // what led to the panic's recovery is troupe's
+			continue
+		}
+		if len(frames) < 2*maxStackFrames {
+			frames = append(frames, strconv.Itoa(len(frames)/2), fn+" "+file)
+		}
+	}
+	return slog.Group("stack", frames...)
 }

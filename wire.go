@@ -139,11 +139,13 @@ type hello struct {
 	// Extensions (version 2): tagged fields after auth, unknown tags
 	// skipped, so a field can be added without a new protocol version.
 	appVersion string // Config.AppVersion
+	observer   bool   // Config.Observer
 }
 
 // Hello extension tags. Append only: values are on the wire.
 const (
 	helloExtAppVersion uint64 = 1 // string: Config.AppVersion
+	helloExtObserver   uint64 = 2 // empty: the sender is an Observer
 )
 
 // Bounds on a hello's extensions.
@@ -165,12 +167,23 @@ func appendHello(b []byte, kind frameKind, h *hello) []byte {
 	}
 	b = binary.AppendUvarint(b, uint64(len(h.auth)))
 	b = append(b, h.auth...)
-	if h.appVersion == "" {
-		return append(b, 0) // no extension
+	exts := byte(0)
+	if h.appVersion != "" {
+		exts++
 	}
-	b = append(b, 1)
-	b = binary.AppendUvarint(b, helloExtAppVersion)
-	return appendString(b, h.appVersion)
+	if h.observer {
+		exts++
+	}
+	b = append(b, exts)
+	if h.appVersion != "" {
+		b = binary.AppendUvarint(b, helloExtAppVersion)
+		b = appendString(b, h.appVersion)
+	}
+	if h.observer {
+		b = binary.AppendUvarint(b, helloExtObserver)
+		b = append(b, 0) // an empty value
+	}
+	return b
 }
 
 // Hello flags. Append only: values are on the wire.
@@ -221,6 +234,8 @@ func parseHello(b []byte) (*hello, error) {
 				return nil, fmt.Errorf("%w: an app version of %d bytes, at most %d", ErrMalformed, len(v), MaxAppVersion)
 			}
 			h.appVersion = string(v)
+		case helloExtObserver:
+			h.observer = true
 		}
 		// (an unknown tag is a later version's: skipped)
 	}

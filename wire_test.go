@@ -58,6 +58,8 @@ func goldenFrames(t *testing.T) map[string][]byte {
 	h := &hello{version: protocolVersion, uid: uid, name: "alpha", addrs: []string{"tcp://127.0.0.1:7001", "unix:///run/a.sock"}, appVersion: "1.4.2"}
 	w := *h
 	w.appVersion = "" // (a welcome without extensions)
+	o := *h
+	o.name, o.addrs, o.flags, o.appVersion, o.observer = "troupe-cli", nil, helloCredit|helloDrains|helloShapes, "", true
 	frame := func(body []byte) []byte { return appendWhole(nil, body) }
 	watch := watchBody{path: target.path, uuid: target.uuid, watcher: "/user/watcher"}
 	dead := watch
@@ -76,25 +78,26 @@ func goldenFrames(t *testing.T) map[string][]byte {
 		return b
 	}
 	out := map[string][]byte{
-		"hello":      appendFrame(nil, func(b []byte) []byte { return appendHello(b, frameHello, h) }),
-		"welcome":    appendFrame(nil, func(b []byte) []byte { return appendHello(b, frameWelcome, &w) }),
-		"reject":     rejectFrame(rejectDuplicate, uid, "the other connection between these nodes wins"),
-		"tell-first": tellTo(count{N: 3}),
-		"tell-again": tellTo(count{N: 3}),
-		"watch":      frame(appendWatch(nil, frameWatch, watch)),
-		"unwatch":    frame(appendWatch(nil, frameUnwatch, watch)),
-		"terminated": frame(appendWatch(nil, frameTerminated, dead)),
-		"resolve":    frame(appendResolve(nil, resolveBody{id: 1, path: "/user/echo", proto: "x"})),
-		"bye":        frame(appendBye(nil, byeLeaving, "")),
-		"resolved":   frame(appendResolved(nil, 1, resolveAnswer{status: resolveOK, uuid: target.uuid, proto: "troupe.test.count"})),
-		"heartbeat":  frame(appendHeartbeat(nil)),
-		"ack":        frame(appendAck(nil, 1025)),
-		"credit":     frame(appendCredit(nil, 3, 50)),
-		"draining":   frame(appendDraining(nil)),
-		"shape":      frame(appendShapeFrame(nil, "troupe.test.count", shapeOf(reflect.TypeFor[count]()))),
-		"resume":     frame(appendResume(nil, 70000)),
-		"challenge":  frame(appendChallenge(nil, challengeBody{uid: uid, nonce: bytes.Repeat([]byte{0x5a}, nonceSize), mac: bytes.Repeat([]byte{0xc3}, macSize)})),
-		"proof":      frame(appendProof(nil, bytes.Repeat([]byte{0xc3}, macSize))),
+		"hello":          appendFrame(nil, func(b []byte) []byte { return appendHello(b, frameHello, h) }),
+		"welcome":        appendFrame(nil, func(b []byte) []byte { return appendHello(b, frameWelcome, &w) }),
+		"hello-observer": appendFrame(nil, func(b []byte) []byte { return appendHello(b, frameHello, &o) }),
+		"reject":         rejectFrame(rejectDuplicate, uid, "the other connection between these nodes wins"),
+		"tell-first":     tellTo(count{N: 3}),
+		"tell-again":     tellTo(count{N: 3}),
+		"watch":          frame(appendWatch(nil, frameWatch, watch)),
+		"unwatch":        frame(appendWatch(nil, frameUnwatch, watch)),
+		"terminated":     frame(appendWatch(nil, frameTerminated, dead)),
+		"resolve":        frame(appendResolve(nil, resolveBody{id: 1, path: "/user/echo", proto: "x"})),
+		"bye":            frame(appendBye(nil, byeLeaving, "")),
+		"resolved":       frame(appendResolved(nil, 1, resolveAnswer{status: resolveOK, uuid: target.uuid, proto: "troupe.test.count"})),
+		"heartbeat":      frame(appendHeartbeat(nil)),
+		"ack":            frame(appendAck(nil, 1025)),
+		"credit":         frame(appendCredit(nil, 3, 50)),
+		"draining":       frame(appendDraining(nil)),
+		"shape":          frame(appendShapeFrame(nil, "troupe.test.count", shapeOf(reflect.TypeFor[count]()))),
+		"resume":         frame(appendResume(nil, 70000)),
+		"challenge":      frame(appendChallenge(nil, challengeBody{uid: uid, nonce: bytes.Repeat([]byte{0x5a}, nonceSize), mac: bytes.Repeat([]byte{0xc3}, macSize)})),
+		"proof":          frame(appendProof(nil, bytes.Repeat([]byte{0xc3}, macSize))),
 	}
 	return out
 }
@@ -268,7 +271,11 @@ func TestFrameBodiesParseBack(t *testing.T) {
 			return h.name + "|" + strings.Join(h.addrs, ",") + "|" + h.appVersion, err
 		},
 		"welcome": func(b []byte) (any, error) { h, err := parseHello(b); return h.uid, err },
-		"reject":  func(b []byte) (any, error) { return parseReject(b) },
+		"hello-observer": func(b []byte) (any, error) {
+			h, err := parseHello(b)
+			return sprint(h.name, h.observer, h.flags&helloResumable != 0, h.appVersion == ""), err
+		},
+		"reject": func(b []byte) (any, error) { return parseReject(b) },
 		"tell-first": func(b []byte) (any, error) {
 			var h tellHeader
 			p, err := parseTell(b, &h)
@@ -320,25 +327,26 @@ func TestFrameBodiesParseBack(t *testing.T) {
 	}
 	watch := watchBody{path: "/user/echo", uuid: uuid, watcher: "/user/watcher"}
 	want := map[string]any{
-		"hello":      "alpha|tcp://127.0.0.1:7001,unix:///run/a.sock|1.4.2",
-		"welcome":    uid,
-		"reject":     rejectBody{code: rejectDuplicate, uid: uid, text: "the other connection between these nodes wins"},
-		"tell-first": "1 true /user/echo 1 true troupe.test.count 1",
-		"tell-again": "1 false 1 false 1",
-		"watch":      watch,
-		"unwatch":    watch,
-		"terminated": watchBody{path: "/user/echo", uuid: uuid, watcher: "/user/watcher", code: reasonOther, text: "boom"},
-		"resolve":    resolveBody{id: 1, path: "/user/echo", proto: "x"},
-		"resolved":   "1 0 true troupe.test.count",
-		"bye":        byeLeaving,
-		"heartbeat":  nil,
-		"challenge":  sprint(true, 0x5a, nonceSize, 0xc3, macSize),
-		"proof":      sprint(0xc3, macSize),
-		"ack":        uint64(1025),
-		"resume":     uint64(70000),
-		"credit":     sprint(uint64(3), uint64(50)),
-		"draining":   nil,
-		"shape":      sprint("troupe.test.count", []byte{shapeStruct, 1, 1, 'N', shapeInt}),
+		"hello":          "alpha|tcp://127.0.0.1:7001,unix:///run/a.sock|1.4.2",
+		"welcome":        uid,
+		"hello-observer": "troupe-cli true false true",
+		"reject":         rejectBody{code: rejectDuplicate, uid: uid, text: "the other connection between these nodes wins"},
+		"tell-first":     "1 true /user/echo 1 true troupe.test.count 1",
+		"tell-again":     "1 false 1 false 1",
+		"watch":          watch,
+		"unwatch":        watch,
+		"terminated":     watchBody{path: "/user/echo", uuid: uuid, watcher: "/user/watcher", code: reasonOther, text: "boom"},
+		"resolve":        resolveBody{id: 1, path: "/user/echo", proto: "x"},
+		"resolved":       "1 0 true troupe.test.count",
+		"bye":            byeLeaving,
+		"heartbeat":      nil,
+		"challenge":      sprint(true, 0x5a, nonceSize, 0xc3, macSize),
+		"proof":          sprint(0xc3, macSize),
+		"ack":            uint64(1025),
+		"resume":         uint64(70000),
+		"credit":         sprint(uint64(3), uint64(50)),
+		"draining":       nil,
+		"shape":          sprint("troupe.test.count", []byte{shapeStruct, 1, 1, 'N', shapeInt}),
 	}
 	if len(parsers) != len(frames) {
 		t.Fatalf("%d parsers for %d golden frames", len(parsers), len(frames))

@@ -5,30 +5,35 @@
 //	troupe query NAME [--registry ADDR] [--json]
 //	troupe down MEMBER --node ADDR
 //	troupe peers|actors|stats --node ADDR [--json]
+//	troupe quarantine ls|clear PEER --node ADDR [--json]
 //	troupe schema --node ADDR [--json]
 //	troupe schema diff --node A --node B [--json]
-//	troupe watch [--registry ADDR]
+//	troupe watch [--registry ADDR] [--json]
 //	troupe version
 //
-// Every command takes --help. Flags may come before or after the
-// positional arguments. The registry address defaults to
-// 127.0.0.1:1616 for every command, the registrar's included; ls, query
-// and watch also read an etcd registry (--registry etcd://host:port/prefix).
+// Every command takes --help. Flags may come before or after the command
+// name and its arguments. The registry address defaults to 127.0.0.1:1616
+// for every command, the registrar's included; ls, query and watch also
+// read an etcd registry (--registry etcd://host:port/prefix). Every command
+// but version takes --secret-file, --tls-cert, --tls-key and --tls-ca for a
+// secured node; TROUPE_SECRET_FILE, TROUPE_TLS_CERT, TROUPE_TLS_KEY,
+// TROUPE_TLS_CA, TROUPE_REGISTRY and TROUPE_NODE set their defaults.
+//
+// Exit codes: 0 success; 1 a runtime failure (nothing answers, not
+// registered, authentication failed); 2 a usage error (an unknown command
+// or flag, a missing argument, a file a flag names cannot be read); 3 from
+// schema diff, incompatible types; 130 interrupted (SIGINT or SIGTERM,
+// but for registrar and watch, which end cleanly with 0).
 package main
 
 import (
-	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
-	"expvar"
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
-	"net"
-	"net/http"
-	"net/http/httptest"
 	"os"
 	"os/signal"
 	"runtime"
@@ -37,8 +42,6 @@ import (
 	"syscall"
 	"text/tabwriter"
 	"time"
-	"unicode"
-	"unicode/utf8"
 
 	"troupe"
 )
@@ -67,15 +70,28 @@ type call struct {
 	node           string
 	addrs          addrList // --addr (registrar), --node (schema)
 	httpAddr       string   // --http (registrar)
+	secretFile     string   // --secret-file
+	tlsCert        string   // --tls-cert
+	tlsKey         string   // --tls-key
+	tlsCA          string   // --tls-ca
 	asJSON         bool
 	timeout        time.Duration
 	stdout, stderr io.Writer
+	ctx            context.Context // the command's, which SIGINT and SIGTERM cancel
 }
 
 // failf prints one line saying what failed, prefixed with the command,
 // and returns exit code 1.
+// Once the command is interrupted it prints nothing: run says
+// "interrupted" instead of blaming what the interruption cut short.
 func (c *call) failf(format string, a ...any) int {
-	fmt.Fprintf(c.stderr, "troupe %s: %s\n", c.cmd.name, fmt.Sprintf(format, a...))
+	if c.ctx != nil && c.ctx.Err() != nil {
+		return 1
+	}
+	// (an error of the library's starts with "troupe: ", which the
+	// command's own prefix already says)
+	msg := strings.TrimPrefix(fmt.Sprintf(format, a...), "troupe: ")
+	fmt.Fprintf(c.stderr, "troupe %s: %s\n", c.cmd.name, msg)
 	return 1
 }
 
@@ -159,6 +175,19 @@ serves it.`,
 		run: remoteStats,
 	},
 	{
+		name:    "quarantine",
+		summary: "list a node's quarantined peers, or lift one quarantine",
+		usage:   "troupe quarantine ls|clear PEER --node ADDR [--json] [--timeout D]",
+		about: `With ls, lists the peers the node at --node has quarantined (it declared
+them unreachable and refuses them until cleared): address, name, uid,
+since when and why. With clear, lifts that node's quarantine of PEER, an
+address or a uid as ls prints it, so that the peer may connect again
+(what Node.ClearQuarantine does, asked over the protocol); it exits 1
+when PEER was not quarantined there.`,
+		args: -1,
+		run:  quarantine,
+	},
+	{
 		name:    "schema",
 		summary: "print a node's message types, or whether two nodes' agree",
 		usage:   "troupe schema [diff] --node ADDR [--node ADDR] [--json] [--timeout D]",
@@ -178,10 +207,13 @@ incompatible or unchecked, so a deploy script can stop before it rolls;
 	{
 		name:    "watch",
 		summary: "stream a registrar's registrations and removals",
-		usage:   "troupe watch [--registry ADDR] [--interval D]",
+		usage:   "troupe watch [--registry ADDR] [--interval D] [--json]",
 		about: `Prints every registration the registrar holds, then, as they happen,
-each new one ("+") and each removal ("-"), until interrupted. It asks the
-registrar for its table every --interval (default 500ms).`,
+each new one ("+") and each removal ("-"), until interrupted (exit 0):
+name, uuid, the node it belongs or belonged to, and that node's
+addresses; with --json, one JSON object a line ({"op": "+" or "-",
+"registration": {...}}, as ls --json prints each). It asks the registrar
+for its table every --interval (default 500ms).`,
 		run: watch,
 	},
 	{
@@ -216,54 +248,102 @@ func (a *addrList) Set(s string) error { *a = append(*a, s); return nil }
 
 // run executes one command and returns the exit code.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	if len(args) == 0 {
+	at := commandAt(args)
+	if at < 0 {
+		for _, a := range args {
+			if a == "-h" || a == "-help" || a == "--help" {
+				overview(stdout)
+				return 0
+			}
+		}
 		overview(stderr)
 		return 2
 	}
-	switch args[0] {
-	case "-h", "-help", "--help", "help":
+	name := args[at]
+	if name == "help" {
 		overview(stdout)
 		return 0
 	}
+	rest := append(slices.Clone(args[:at]), args[at+1:]...)
 	for _, cmd := range commands {
-		if cmd.name == args[0] {
-			return cmd.invoke(ctx, args[1:], stdout, stderr)
+		if cmd.name == name {
+			code := cmd.invoke(ctx, rest, stdout, stderr)
+			if ctx.Err() != nil && code != 0 {
+				// Interrupted: whatever failed, failed because of it.
+				fmt.Fprintf(stderr, "troupe %s: interrupted\n", name)
+				return 130
+			}
+			return code
 		}
 	}
-	fmt.Fprintf(stderr, "troupe: unknown command %q\n", args[0])
+	fmt.Fprintf(stderr, "troupe: unknown command %q\n", name)
 	overview(stderr)
 	return 2
+}
+
+// boolFlags are the flags that take no value, so that commandAt does not
+// mistake the word after one for its value.
+var boolFlags = map[string]bool{"json": true, "h": true, "help": true}
+
+// commandAt finds the command name among args: the first word that is
+// not a flag or a flag's value, so that flags may come before it
+// (troupe --registry ADDR ls). -1 if there is none.
+func commandAt(args []string) int {
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		if a == "--" {
+			return -1
+		}
+		name, isFlag := strings.CutPrefix(a, "-")
+		if !isFlag || a == "-" {
+			return i
+		}
+		name = strings.TrimPrefix(name, "-")
+		if !strings.Contains(name, "=") && !boolFlags[name] {
+			i++ // its value
+		}
+	}
+	return -1
 }
 
 // invoke parses the command's flags, which may stand before, between or
 // after its positional arguments, and runs it.
 func (cmd *command) invoke(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	c := &call{cmd: cmd, stdout: stdout, stderr: stderr}
+	c := &call{cmd: cmd, stdout: stdout, stderr: stderr, ctx: ctx}
 	fs := flag.NewFlagSet(cmd.name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {}
+	if cmd.name != "version" {
+		fs.StringVar(&c.secretFile, "secret-file", os.Getenv("TROUPE_SECRET_FILE"), "a `FILE` holding the shared secret (Config.Secret) of the nodes to reach; env TROUPE_SECRET_FILE")
+		fs.StringVar(&c.tlsCert, "tls-cert", os.Getenv("TROUPE_TLS_CERT"), "a PEM certificate `FILE` to present over TLS (Config.TLS), with --tls-key; env TROUPE_TLS_CERT")
+		fs.StringVar(&c.tlsKey, "tls-key", os.Getenv("TROUPE_TLS_KEY"), "the PEM private key `FILE` of --tls-cert; env TROUPE_TLS_KEY")
+		fs.StringVar(&c.tlsCA, "tls-ca", os.Getenv("TROUPE_TLS_CA"), "a `FILE` of PEM CA certificates that verify the other side's certificate (default: the system's); env TROUPE_TLS_CA")
+	}
+	defaultRegistry := cmp.Or(os.Getenv("TROUPE_REGISTRY"), troupe.DefaultRegistryTCP)
+	defaultNode := os.Getenv("TROUPE_NODE")
 	switch cmd.name {
 	case "registrar":
-		fs.Var(&c.addrs, "addr", "an address to serve the registry on (repeatable): host:port, unix:///path or a multiaddr (default "+troupe.DefaultRegistryTCP+")")
-		fs.StringVar(&c.httpAddr, "http", "", "a host:port to serve the debug page, /metrics and /debug/vars on (default: none)")
+		fs.Var(&c.addrs, "addr", "an `ADDR` to serve the registry on (repeatable): host:port, unix:///path or a multiaddr (default: TROUPE_REGISTRY unless it names etcd, else "+troupe.DefaultRegistryTCP+")")
+		fs.StringVar(&c.httpAddr, "http", "", "a host:port `ADDR` to serve the debug page, /metrics and /debug/vars on (default: none)")
 	case "ls", "query":
-		fs.StringVar(&c.registry, "registry", troupe.DefaultRegistryTCP, "the registrar's address, or an etcd registry: etcd://host:port[,host:port]/prefix")
+		fs.StringVar(&c.registry, "registry", defaultRegistry, "the registrar's `ADDR`, or an etcd registry: etcd://host:port[,host:port]/prefix; env TROUPE_REGISTRY")
 		fs.BoolVar(&c.asJSON, "json", false, "print JSON")
 		fs.DurationVar(&c.timeout, "timeout", 5*time.Second, "how long to wait for the registrar, in all")
 	case "down":
-		fs.StringVar(&c.node, "node", "", "the address of a cluster member to ask (required)")
+		fs.StringVar(&c.node, "node", defaultNode, "the `ADDR` of a cluster member to ask (required); env TROUPE_NODE")
 		fs.DurationVar(&c.timeout, "timeout", 5*time.Second, "how long to wait for the member's answer, in all")
-	case "peers", "actors", "stats":
-		fs.StringVar(&c.node, "node", "", "the address of the node to ask (required)")
+	case "peers", "actors", "stats", "quarantine":
+		fs.StringVar(&c.node, "node", defaultNode, "the `ADDR` of the node to ask (required); env TROUPE_NODE")
 		fs.BoolVar(&c.asJSON, "json", false, "print the node's stats document as JSON")
 		fs.DurationVar(&c.timeout, "timeout", 5*time.Second, "how long to wait for the node's answer, in all")
 	case "schema":
-		fs.Var(&c.addrs, "node", "the address of a node to ask (required; twice with diff)")
+		fs.Var(&c.addrs, "node", "the `ADDR` of a node to ask (required; twice with diff); env TROUPE_NODE for one")
 		fs.BoolVar(&c.asJSON, "json", false, "print JSON")
 		fs.DurationVar(&c.timeout, "timeout", 5*time.Second, "how long to wait for the nodes' answers, in all")
 	case "watch":
-		fs.StringVar(&c.registry, "registry", troupe.DefaultRegistryTCP, "the registrar's address, or an etcd registry: etcd://host:port[,host:port]/prefix")
+		fs.StringVar(&c.registry, "registry", defaultRegistry, "the registrar's `ADDR`, or an etcd registry: etcd://host:port[,host:port]/prefix; env TROUPE_REGISTRY")
 		fs.DurationVar(&c.timeout, "interval", 500*time.Millisecond, "how often to ask the registrar")
+		fs.BoolVar(&c.asJSON, "json", false, "print each registration and removal as a JSON object on its own line")
 	}
 	for {
 		err := fs.Parse(args)
@@ -271,8 +351,7 @@ func (cmd *command) invoke(ctx context.Context, args []string, stdout, stderr io
 			fmt.Fprintf(stdout, "usage: %s\n\n%s\n", cmd.usage, cmd.about)
 			if cmd.name != "version" {
 				fmt.Fprintln(stdout, "\nFlags:")
-				fs.SetOutput(stdout)
-				fs.PrintDefaults()
+				printFlags(stdout, fs)
 			}
 			return 0
 		}
@@ -286,7 +365,12 @@ func (cmd *command) invoke(ctx context.Context, args []string, stdout, stderr io
 		c.args = append(c.args, fs.Arg(0))
 		args = fs.Args()[1:]
 	}
-	if cmd.args < 0 { // schema: an optional "diff"
+	if cmd.name == "quarantine" {
+		if len(c.args) == 0 || !(c.args[0] == "ls" && len(c.args) == 1 || c.args[0] == "clear" && len(c.args) == 2) {
+			fmt.Fprintf(c.stderr, "troupe %s: give ls, or clear and a peer; got %q\nusage: %s\n", cmd.name, c.args, cmd.usage)
+			return 2
+		}
+	} else if cmd.args < 0 { // schema: an optional "diff"
 		if len(c.args) > 1 || len(c.args) == 1 && c.args[0] != "diff" {
 			fmt.Fprintf(stderr, "troupe %s: unexpected argument(s) %q\nusage: %s\n", cmd.name, c.args, cmd.usage)
 			return 2
@@ -298,113 +382,24 @@ func (cmd *command) invoke(ctx context.Context, args []string, stdout, stderr io
 	return cmd.run(ctx, c)
 }
 
-func registrar(ctx context.Context, c *call) int {
-	addrs := c.addrs
-	if len(addrs) == 0 {
-		addrs = addrList{troupe.DefaultRegistryTCP}
-	}
-	logger := slog.New(slog.NewTextHandler(c.stderr, nil))
-	n, err := troupe.Start(ctx, troupe.Config{Name: "registrar", RegistryAddrs: addrs, EnsureRegistry: true, Logger: logger})
-	switch {
-	case errors.Is(err, troupe.ErrRegistryRunning):
-		return c.failf("a registrar already serves %s; stop it first, or pick another --addr", strings.Join(addrs, ", "))
-	case err != nil:
-		return c.failf("%v", err)
-	}
-	for _, a := range n.Addrs() {
-		fmt.Fprintf(c.stdout, "registrar listening on %s\n", a)
-	}
-	if c.httpAddr != "" {
-		l, err := net.Listen("tcp", c.httpAddr)
-		if err != nil {
-			n.Close()
-			return c.failf("--http: %v", err)
+// printFlags lists a command's flags as they are written, with two
+// dashes (flag.PrintDefaults writes one).
+func printFlags(w io.Writer, fs *flag.FlagSet) {
+	fs.VisitAll(func(f *flag.Flag) {
+		kind, usage := flag.UnquoteUsage(f)
+		if kind == "value" || kind == "" && !boolFlags[f.Name] {
+			kind = "VALUE"
 		}
-		mux := http.NewServeMux()
-		mux.Handle("/debug/troupe", troupe.DebugHandler(n))
-		mux.Handle("/metrics", troupe.MetricsHandler(n))
-		mux.Handle("/debug/vars", varsHandler(n))
-		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-		served := make(chan struct{})
-		go func() {
-			defer close(served)
-			if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				logger.Error("registrar: the HTTP server stopped", "err", err)
-			}
-		}()
-		defer func() { srv.Close(); <-served }()
-		fmt.Fprintf(c.stdout, "registrar serving HTTP on http://%s\n", l.Addr())
-	}
-	logger.Info("registrar started", "addrs", fmt.Sprint(n.Addrs()), "uid", n.UID().String())
-	<-ctx.Done()
-	logger.Info("registrar stopping")
-	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if err := n.Shutdown(sctx); err != nil {
-		return c.failf("shutdown: %v", err)
-	}
-	return 0
-}
-
-// connect starts the command's own short-lived node, bounded by the
-// command's timeout, and returns it with the registrar's address.
-func (c *call) connect(ctx context.Context) (*troupe.Node, string, int) {
-	addr, err := c.registryAddr()
-	if err != nil {
-		fmt.Fprintf(c.stderr, "troupe %s: --registry: %v\n", c.cmd.name, err)
-		return nil, "", 2
-	}
-	n, err := troupe.Start(ctx, troupe.Config{Name: "troupe-cli", Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		return nil, "", c.failf("%v", err)
-	}
-	return n, addr, 0
-}
-
-// registryAddr is --registry in the form WithRegistries takes: a
-// registrar's address, or an etcd registry as given
-// (etcd://host:port,host:port/prefix).
-func (c *call) registryAddr() (string, error) {
-	if strings.HasPrefix(c.registry, "etcd://") || strings.HasPrefix(c.registry, "etcds://") {
-		return c.registry, nil
-	}
-	addr, err := troupe.ParseAddr(c.registry)
-	if err != nil {
-		return "", err
-	}
-	return addr.String(), nil
-}
-
-// noRegistrar explains a failed registry request in one line: what
-// failed, and what to check.
-func (c *call) noRegistrar(addr string, err error) int {
-	hint := "is a registrar running there? (troupe registrar --addr " + addr + ")"
-	if strings.HasPrefix(addr, "etcd") {
-		hint = "does etcd answer at those endpoints (curl http://HOST:PORT/version)?"
-	}
-	if errors.Is(err, context.DeadlineExceeded) {
-		hint = fmt.Sprintf("nothing answered within --timeout %v; is the address a troupe registrar, and do this machine's firewall and the registrar's secret or TLS settings allow it?", c.timeout)
-	}
-	why := strings.TrimPrefix(err.Error(), "registrar "+addr+": ")
-	return c.failf("no registrar answers at %s: %s; %s", addr, why, hint)
-}
-
-// registration is one registration as the --json outputs print it.
-type registration struct {
-	Name     string   `json:"name"`
-	UUID     string   `json:"uuid"`
-	Path     string   `json:"path,omitempty"`
-	Node     string   `json:"node"`
-	NodeName string   `json:"node_name"`
-	Addrs    []string `json:"addrs"`
-}
-
-func toJSON(r troupe.Registration) registration {
-	e := registration{Name: r.Name, UUID: r.UUID.String(), Path: r.Path, Node: r.Node.String(), NodeName: r.NodeName, Addrs: []string{}}
-	for _, a := range r.Addrs {
-		e.Addrs = append(e.Addrs, a.String())
-	}
-	return e
+		line := "  --" + f.Name
+		if !boolFlags[f.Name] {
+			line += " " + strings.ToUpper(kind)
+		}
+		fmt.Fprintf(w, "%s\n    \t%s", line, usage)
+		if f.DefValue != "" && f.DefValue != "false" && f.DefValue != "[]" {
+			fmt.Fprintf(w, " (default %s)", f.DefValue)
+		}
+		fmt.Fprintln(w)
+	})
 }
 
 func (c *call) printJSON(v any) int {
@@ -414,445 +409,4 @@ func (c *call) printJSON(v any) int {
 		return c.failf("%v", err)
 	}
 	return 0
-}
-
-// withNode runs f with the command's own short-lived node and the
-// registrar's address, all within the command's timeout.
-func (c *call) withNode(ctx context.Context, f func(ctx context.Context, n *troupe.Node, addr string) int) int {
-	ctx, cancel := context.WithTimeout(ctx, c.timeout)
-	defer cancel()
-	n, addr, code := c.connect(ctx)
-	if n == nil {
-		return code
-	}
-	defer n.Close()
-	return f(ctx, n, addr)
-}
-
-func ls(ctx context.Context, c *call) int {
-	return c.withNode(ctx, c.ls)
-}
-
-func (c *call) ls(ctx context.Context, n *troupe.Node, addr string) int {
-	reg, err := n.Registry(troupe.WithRegistries(addr))
-	if err != nil {
-		return c.noRegistrar(addr, err)
-	}
-	list, err := reg.List(ctx)
-	if err != nil {
-		return c.noRegistrar(addr, err)
-	}
-	entries := make([]registration, 0, len(list))
-	for _, r := range list {
-		entries = append(entries, toJSON(r))
-	}
-	if c.asJSON {
-		return c.printJSON(entries)
-	}
-	tw := tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAME\tUUID\tPATH\tNODE\tADDRS")
-	for _, e := range entries {
-		path := e.Path
-		if path == "" {
-			path = "(node)"
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", e.Name, e.UUID, path, e.NodeName, strings.Join(e.Addrs, ","))
-	}
-	tw.Flush()
-	return 0
-}
-
-// queryResult is what `troupe query --json` prints.
-type queryResult struct {
-	Addr         string       `json:"addr"`
-	Registration registration `json:"registration"`
-}
-
-func query(ctx context.Context, c *call) int {
-	return c.withNode(ctx, c.query)
-}
-
-func (c *call) query(ctx context.Context, n *troupe.Node, addr string) int {
-	name := c.args[0]
-	q, found, err := troupe.QueryActor(ctx, n, name, troupe.WithRegistries(addr))
-	if err != nil {
-		return c.noRegistrar(addr, err)
-	}
-	if !found {
-		return c.failf("%s: not registered at %s", name, addr)
-	}
-	if c.asJSON {
-		return c.printJSON(queryResult{Addr: q.Addr.String(), Registration: toJSON(q.Registration)})
-	}
-	fmt.Fprintln(c.stdout, q.Addr)
-	return 0
-}
-
-func down(ctx context.Context, c *call) int {
-	if c.node == "" {
-		fmt.Fprintf(c.stderr, "troupe down: --node is required\nusage: %s\n", c.cmd.usage)
-		return 2
-	}
-	ctx, cancel := context.WithTimeout(ctx, c.timeout)
-	defer cancel()
-	n, err := troupe.Start(ctx, troupe.Config{Name: "troupe-cli", Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		return c.failf("%v", err)
-	}
-	defer n.Close()
-	if err := troupe.DownMember(ctx, n, c.node, c.args[0]); err != nil {
-		return c.failf("%v", err)
-	}
-	fmt.Fprintf(c.stdout, "%s is down\n", c.args[0])
-	return 0
-}
-
-// nodeStats is the part of a node's stats document the tables print.
-type nodeStats struct {
-	Name       string   `json:"name"`
-	UID        string   `json:"uid"`
-	AppVersion string   `json:"app_version"`
-	Addrs      []string `json:"addrs"`
-	Peers      []struct {
-		Addr       string `json:"addr"`
-		UID        string `json:"uid"`
-		Name       string `json:"name"`
-		AppVersion string `json:"app_version"`
-		State      string `json:"state"`
-		WindowLeft string `json:"window_left"`
-		Member     bool   `json:"member"`
-		BytesIn    uint64 `json:"bytes_in"`
-		BytesOut   uint64 `json:"bytes_out"`
-	} `json:"peers"`
-	Quarantined []struct {
-		UID   string   `json:"uid"`
-		Name  string   `json:"name"`
-		Addrs []string `json:"addrs"`
-		Cause string   `json:"cause"`
-	} `json:"quarantined"`
-	Actors    int `json:"actors"`
-	ActorList []struct {
-		Path    string
-		Waiting int
-	} `json:"actor_list"`
-	DeadLetters map[string]uint64 `json:"dead_letters"`
-	Members     []struct {
-		Addr       string `json:"addr"`
-		AppVersion string `json:"app_version"`
-		Status     string `json:"status"`
-		Reachable  bool   `json:"reachable"`
-	} `json:"members"`
-}
-
-// remoteStats asks a node for its stats and prints what the command
-// shows.
-func remoteStats(ctx context.Context, c *call) int {
-	if c.node == "" {
-		fmt.Fprintf(c.stderr, "troupe %s: --node is required\nusage: %s\n", c.cmd.name, c.cmd.usage)
-		return 2
-	}
-	ctx, cancel := context.WithTimeout(ctx, c.timeout)
-	defer cancel()
-	n, err := troupe.Start(ctx, troupe.Config{Name: "troupe-cli", Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		return c.failf("%v", err)
-	}
-	defer n.Close()
-	doc, err := troupe.FetchStats(ctx, n, c.node)
-	if err != nil {
-		return c.failf("%v", err)
-	}
-	if c.asJSON {
-		var v any
-		json.Unmarshal(doc, &v)
-		return c.printJSON(v)
-	}
-	var s nodeStats
-	if err := json.Unmarshal(doc, &s); err != nil {
-		return c.failf("the node's answer is not a stats document: %v", err)
-	}
-	tw := tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0)
-	defer tw.Flush()
-	switch c.cmd.name {
-	case "peers":
-		fmt.Fprintln(tw, "ADDR\tNAME\tVERSION\tUID\tSTATE\tWINDOW LEFT\tIN\tOUT")
-		for _, p := range s.Peers {
-			state, left := p.State, p.WindowLeft
-			if p.Member {
-				state, left = state+" (member)", "-"
-			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\n", p.Addr, p.Name, orDash(p.AppVersion), short(p.UID), state, left, p.BytesIn, p.BytesOut)
-		}
-		for _, q := range s.Quarantined {
-			fmt.Fprintf(tw, "%s\t%s\t-\t%s\tquarantined\t-\t-\t-\t(%s)\n", strings.Join(q.Addrs, ","), q.Name, short(q.UID), q.Cause)
-		}
-	case "actors":
-		slices.SortStableFunc(s.ActorList, func(a, b struct {
-			Path    string
-			Waiting int
-		}) int {
-			return b.Waiting - a.Waiting
-		})
-		fmt.Fprintln(tw, "PATH\tWAITING")
-		for _, a := range s.ActorList {
-			fmt.Fprintf(tw, "%s\t%d\n", a.Path, a.Waiting)
-		}
-	default:
-		byState := map[string]int{}
-		for _, p := range s.Peers {
-			byState[p.State]++
-		}
-		fmt.Fprintf(tw, "node\t%s (%s) on %s\n", s.Name, short(s.UID), strings.Join(s.Addrs, ","))
-		if s.AppVersion != "" {
-			fmt.Fprintf(tw, "version\t%s\n", s.AppVersion)
-		}
-		counts := []string{fmt.Sprintf("%d up", byState["up"])}
-		for _, st := range []string{"connecting", "suspended", "ending", "leaving", "retiring", "closed"} {
-			if byState[st] > 0 {
-				counts = append(counts, fmt.Sprintf("%d %s", byState[st], st))
-			}
-		}
-		fmt.Fprintf(tw, "peers\t%s\n", strings.Join(counts, ", "))
-		fmt.Fprintf(tw, "quarantined\t%d\n", len(s.Quarantined))
-		fmt.Fprintf(tw, "actors\t%d\n", s.Actors)
-		var reasons []string
-		for r, n := range s.DeadLetters {
-			reasons = append(reasons, fmt.Sprintf("%s %d", r, n))
-		}
-		slices.Sort(reasons)
-		fmt.Fprintf(tw, "dead letters\t%s\n", strings.Join(reasons, ", "))
-		for _, m := range s.Members {
-			fmt.Fprintf(tw, "member\t%s %s reachable=%v version=%s\n", m.Addr, m.Status, m.Reachable, orDash(m.AppVersion))
-		}
-	}
-	return 0
-}
-
-func orDash(s string) string {
-	if s == "" {
-		return "-"
-	}
-	return s
-}
-
-func short(uid string) string { return uid[:min(len(uid), 12)] }
-
-// watch prints the registrar's table, then its changes, until ctx ends.
-func watch(ctx context.Context, c *call) int {
-	addr, err := c.registryAddr()
-	if err != nil {
-		fmt.Fprintf(c.stderr, "troupe watch: --registry: %v\n", err)
-		return 2
-	}
-	n, err := troupe.Start(ctx, troupe.Config{Name: "troupe-cli", Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		return c.failf("%v", err)
-	}
-	defer n.Close()
-	reg, err := n.Registry(troupe.WithRegistries(addr))
-	if err != nil {
-		return c.noRegistrar(addr, err)
-	}
-	seen := map[string]troupe.Registration{}
-	tick := time.NewTicker(max(c.timeout, 10*time.Millisecond))
-	defer tick.Stop()
-	for first := true; ; first = false {
-		lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		list, err := reg.List(lctx)
-		cancel()
-		if ctx.Err() != nil {
-			return 0
-		}
-		if err != nil {
-			if first {
-				return c.noRegistrar(addr, err)
-			}
-			fmt.Fprintf(c.stderr, "troupe watch: %v\n", err)
-		} else {
-			now := map[string]troupe.Registration{}
-			for _, r := range list {
-				key := r.Name + " " + r.UUID.String()
-				now[key] = r
-				if _, ok := seen[key]; !ok {
-					e := toJSON(r)
-					fmt.Fprintf(c.stdout, "+ %s %s %s %s\n", e.Name, e.UUID, e.NodeName, strings.Join(e.Addrs, ","))
-				}
-			}
-			for key, r := range seen {
-				if _, ok := now[key]; !ok {
-					fmt.Fprintf(c.stdout, "- %s %s\n", r.Name, r.UUID.String())
-				}
-			}
-			seen = now
-		}
-		select {
-		case <-ctx.Done():
-			return 0
-		case <-tick.C:
-		}
-	}
-}
-
-// schemaDiffJSON is one wire key as `troupe schema diff --json` prints it.
-type schemaDiffJSON struct {
-	Key     string   `json:"key"`
-	Verdict string   `json:"verdict"` // same, compatible, incompatible, unchecked, only_a, only_b
-	OnlyA   []string `json:"only_a,omitempty"`
-	OnlyB   []string `json:"only_b,omitempty"`
-	AToB    string   `json:"a_to_b,omitempty"`
-	BToA    string   `json:"b_to_a,omitempty"`
-}
-
-// schema prints one node's message types, or compares two nodes'.
-func schema(ctx context.Context, c *call) int {
-	diff := len(c.args) == 1
-	if want := map[bool]int{false: 1, true: 2}[diff]; len(c.addrs) != want {
-		fmt.Fprintf(c.stderr, "troupe schema: give --node %d time(s), got %d\nusage: %s\n", want, len(c.addrs), c.cmd.usage)
-		return 2
-	}
-	ctx, cancel := context.WithTimeout(ctx, c.timeout)
-	defer cancel()
-	n, err := troupe.Start(ctx, troupe.Config{Name: "troupe-cli", Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		return c.failf("%v", err)
-	}
-	defer n.Close()
-	var schemas [][]troupe.MessageSchema
-	for _, addr := range c.addrs {
-		s, err := troupe.FetchSchema(ctx, n, addr)
-		if err != nil {
-			return c.failf("%v", err)
-		}
-		schemas = append(schemas, s)
-	}
-	if !diff {
-		if c.asJSON {
-			return c.printJSON(schemas[0])
-		}
-		tw := tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "KEY\tTYPE\tSHAPE")
-		for _, s := range schemas[0] {
-			fmt.Fprintf(tw, "%s\t%s\t%s\n", printable(s.Key), printable(s.Type), printable(s.Shape))
-		}
-		tw.Flush()
-		return 0
-	}
-	a, b := map[string]troupe.MessageSchema{}, map[string]troupe.MessageSchema{}
-	var keys []string
-	for _, s := range schemas[0] {
-		a[s.Key] = s
-		keys = append(keys, s.Key)
-	}
-	for _, s := range schemas[1] {
-		b[s.Key] = s
-		if _, ok := a[s.Key]; !ok {
-			keys = append(keys, s.Key)
-		}
-	}
-	slices.Sort(keys)
-	var out []schemaDiffJSON
-	incompatible, same := 0, 0
-	for _, k := range keys {
-		sa, inA := a[k]
-		sb, inB := b[k]
-		e := schemaDiffJSON{Key: k}
-		switch {
-		case !inB:
-			e.Verdict = "only_a"
-		case !inA:
-			e.Verdict = "only_b"
-		default:
-			d := troupe.DiffSchemas(sa, sb)
-			e.OnlyA, e.OnlyB = d.OnlyA, d.OnlyB
-			switch {
-			case d.Same:
-				e.Verdict = "same"
-				same++
-			case d.Compatible():
-				e.Verdict = "compatible"
-			case sa.Raw == nil || sb.Raw == nil:
-				e.Verdict = "unchecked"
-				incompatible++
-			default:
-				e.Verdict = "incompatible"
-				incompatible++
-			}
-			if d.AToB != nil {
-				e.AToB = d.AToB.Error()
-			}
-			if d.BToA != nil {
-				e.BToA = d.BToA.Error()
-			}
-		}
-		out = append(out, e)
-	}
-	if c.asJSON {
-		if code := c.printJSON(out); code != 0 {
-			return code
-		}
-	} else {
-		tw := tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintf(tw, "KEY\tVERDICT\tDETAIL\n")
-		for _, e := range out {
-			var detail []string
-			switch e.Verdict {
-			case "same":
-				continue
-			case "only_a":
-				e.Verdict, detail = "only on A", []string{"B drops what A sends of it (dead letters: not registered)"}
-			case "only_b":
-				e.Verdict, detail = "only on B", []string{"A drops what B sends of it (dead letters: not registered)"}
-			}
-			if len(e.OnlyA) > 0 {
-				detail = append(detail, "fields only A has: "+strings.Join(e.OnlyA, ", "))
-			}
-			if len(e.OnlyB) > 0 {
-				detail = append(detail, "fields only B has: "+strings.Join(e.OnlyB, ", "))
-			}
-			if e.AToB != "" {
-				detail = append(detail, "A to B: "+strings.TrimPrefix(e.AToB, "troupe: "))
-			}
-			if e.BToA != "" {
-				detail = append(detail, "B to A: "+strings.TrimPrefix(e.BToA, "troupe: "))
-			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\n", printable(e.Key), e.Verdict, printable(strings.Join(detail, "; ")))
-		}
-		fmt.Fprintf(tw, "(%d of %d types the same; A is %s, B is %s)\n", same, len(keys), c.addrs[0], c.addrs[1])
-		tw.Flush()
-	}
-	if incompatible > 0 {
-		fmt.Fprintf(c.stderr, "troupe schema: %d incompatible or unchecked type(s)\n", incompatible)
-		return 3
-	}
-	return 0
-}
-
-// printable replaces what a terminal would interpret (control characters,
-// invalid UTF-8) in text that came from a node.
-func printable(s string) string {
-	return strings.Map(func(r rune) rune {
-		if r == utf8.RuneError || !unicode.IsPrint(r) {
-			return '?'
-		}
-		return r
-	}, s)
-}
-
-// varsHandler serves expvar's variables, as expvar.Handler does, with the
-// node's stats document added as "troupe" (without publishing it in the
-// process-wide expvar table, which would outlive the node).
-func varsHandler(n *troupe.Node) http.Handler {
-	debug := troupe.DebugHandler(n)
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		doc := httptest.NewRecorder()
-		debug.ServeHTTP(doc, httptest.NewRequest(http.MethodGet, "/?format=json", nil))
-		w.Header().Set("Content-Type", "application/json; charset=utf-8")
-		fmt.Fprintf(w, "{\n%q: %s", "troupe", bytes.TrimSpace(doc.Body.Bytes()))
-		expvar.Do(func(kv expvar.KeyValue) {
-			if kv.Key != "troupe" {
-				fmt.Fprintf(w, ",\n%q: %s", kv.Key, kv.Value)
-			}
-		})
-		fmt.Fprintf(w, "\n}\n")
-	})
 }

@@ -1,0 +1,204 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"troupe"
+)
+
+// Flags may come before the command name, as the README says.
+func TestFlagsBeforeTheCommandName(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	reg, err := troupe.Start(ctx, troupe.Config{Name: "reg", RegistryAddrs: []string{"127.0.0.1:0"}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reg.Close()
+	if _, err := troupe.Spawn(reg, "billing", troupe.Behavior[string]{Receive: func(*troupe.Context[string], string) {}}); err != nil {
+		t.Fatal(err)
+	}
+	addr := reg.Addrs()[0].String()
+	for _, args := range [][]string{
+		{"--registry", addr, "--json", "query", "billing"},
+		{"--json", "query", "--registry=" + addr, "billing"},
+		{"query", "billing", "--registry", addr, "--json"},
+	} {
+		var out, errOut bytes.Buffer
+		var q queryResult
+		if code := run(ctx, args, &out, &errOut); code != 0 || json.Unmarshal(out.Bytes(), &q) != nil || q.Registration.Name != "billing" {
+			t.Fatalf("%v: exit %d, %q %q", args, code, out.String(), errOut.String())
+		}
+	}
+}
+
+// Help lists flags as they are written, with two dashes.
+func TestHelpWritesFlagsWithTwoDashes(t *testing.T) {
+	for _, cmd := range commands {
+		if cmd.name == "version" {
+			continue
+		}
+		var out bytes.Buffer
+		run(context.Background(), []string{cmd.name, "--help"}, &out, io.Discard)
+		if !strings.Contains(out.String(), "\n  --secret-file FILE\n") || strings.Contains(out.String(), "\n  -") && !strings.Contains(out.String(), "\n  --") {
+			t.Fatalf("%s --help:\n%s", cmd.name, out.String())
+		}
+		for _, line := range strings.Split(out.String(), "\n") {
+			if strings.HasPrefix(line, "  -") && !strings.HasPrefix(line, "  --") {
+				t.Fatalf("%s --help writes a flag with one dash: %q", cmd.name, line)
+			}
+		}
+	}
+}
+
+// The same mistake gets the same exit code on every command: 2 for an
+// unknown flag, and for a missing --node where one is required.
+func TestExitCodesAreTheSameEverywhere(t *testing.T) {
+	t.Setenv("TROUPE_NODE", "")
+	for _, cmd := range commands {
+		var errOut bytes.Buffer
+		if code := run(context.Background(), []string{cmd.name, "--no-such-flag"}, io.Discard, &errOut); code != 2 || !strings.Contains(errOut.String(), "usage:") {
+			t.Errorf("%s --no-such-flag: exit %d, %q; want 2 and the usage", cmd.name, code, errOut.String())
+		}
+	}
+	for _, args := range [][]string{{"peers"}, {"actors"}, {"stats"}, {"down", "tcp://127.0.0.1:1"}, {"quarantine", "ls"}, {"schema"}} {
+		var errOut bytes.Buffer
+		if code := run(context.Background(), args, io.Discard, &errOut); code != 2 || !strings.Contains(errOut.String(), "--node") {
+			t.Errorf("%v without --node: exit %d, %q; want 2 naming --node", args, code, errOut.String())
+		}
+	}
+}
+
+// Interrupted (Ctrl-C) while it waits for a node that never answers, a
+// command exits 130 and says it was interrupted, without blaming the
+// address.
+func TestInterruptedExits130(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+		}
+	}()
+	for _, args := range [][]string{{"peers", "--node", l.Addr().String()}, {"ls", "--registry", l.Addr().String()}} {
+		ctx, cancel := context.WithCancel(context.Background())
+		time.AfterFunc(200*time.Millisecond, cancel)
+		var errOut bytes.Buffer
+		code := run(ctx, append(args, "--timeout", "30s"), io.Discard, &errOut)
+		if code != 130 || strings.TrimSpace(errOut.String()) != "troupe "+args[0]+": interrupted" {
+			t.Fatalf("%v interrupted: exit %d, %q; want 130 and one line saying interrupted", args, code, errOut.String())
+		}
+	}
+}
+
+// stats prints the deepest mailboxes, as its help says; peers and stats
+// print uids whole; errors do not say "troupe" twice.
+func TestStatsShowsDeepestMailboxesAndWholeUIDs(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	a, err := troupe.Start(ctx, troupe.Config{Name: "alpha", Listen: []string{"tcp://127.0.0.1:0"}, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	release, started := make(chan struct{}), make(chan struct{}, 1)
+	defer close(release)
+	slow, err := troupe.Spawn(a, "slow", troupe.Behavior[int]{Receive: func(*troupe.Context[int], int) {
+		select {
+		case started <- struct{}{}:
+		default:
+		}
+		<-release
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	slow.Tell(0)
+	<-started
+	for i := 1; i <= 3; i++ {
+		slow.Tell(i)
+	}
+	var out, errOut bytes.Buffer
+	if code := run(ctx, []string{"stats", "--node", a.Addrs()[0].String()}, &out, &errOut); code != 0 {
+		t.Fatalf("stats: exit %d, %s", code, errOut.String())
+	}
+	if !strings.Contains(out.String(), "deepest mailboxes") || !strings.Contains(out.String(), "/user/slow 3 waiting") || !strings.Contains(out.String(), a.UID().String()) {
+		t.Fatalf("stats does not show the deepest mailbox and the whole uid:\n%s", out.String())
+	}
+	if !strings.Contains(out.String(), "observer") {
+		t.Fatalf("stats does not count the command as an observer:\n%s", out.String())
+	}
+	errOut.Reset()
+	run(ctx, []string{"query", "nobody", "--registry", "127.0.0.1:1"}, io.Discard, &errOut)
+	if strings.Contains(errOut.String(), "troupe: ") {
+		t.Fatalf("an error says troupe twice: %q", errOut.String())
+	}
+}
+
+// watch --json prints one JSON object a line, and a removal names the
+// node the entry belonged to.
+func TestWatchJSON(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	reg, err := troupe.Start(ctx, troupe.Config{Name: "reg", RegistryAddrs: []string{"127.0.0.1:0"}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reg.Close()
+	wctx, stop := context.WithCancel(ctx)
+	defer stop()
+	pr, pw := io.Pipe()
+	done := make(chan int, 1)
+	go func() {
+		done <- run(wctx, []string{"watch", "--json", "--registry", reg.Addrs()[0].String(), "--interval", "20ms"}, pw, io.Discard)
+		pw.Close()
+	}()
+	lines := bufio.NewScanner(pr)
+	next := func(op, name string) watchEvent {
+		t.Helper()
+		for lines.Scan() {
+			var e watchEvent
+			if err := json.Unmarshal(lines.Bytes(), &e); err != nil {
+				t.Fatalf("watch --json printed %q: %v", lines.Text(), err)
+			}
+			if e.Op == op && e.Registration.Name == name {
+				return e
+			}
+		}
+		t.Fatalf("watch --json ended before %s %s", op, name)
+		return watchEvent{}
+	}
+	billing, err := troupe.Spawn(reg, "billing", troupe.Behavior[string]{Receive: func(*troupe.Context[string], string) {}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e := next("+", "billing"); e.Registration.NodeName != "reg" || e.Registration.UUID == "" {
+		t.Fatalf("+ billing = %+v", e)
+	}
+	reg.Stop(billing)
+	if e := next("-", "billing"); e.Registration.NodeName != "reg" {
+		t.Fatalf("- billing does not name its node: %+v", e)
+	}
+	stop()
+	go io.Copy(io.Discard, pr)
+	if code := <-done; code != 0 {
+		t.Fatalf("watch exited %d after an interrupt; want 0", code)
+	}
+}

@@ -1,0 +1,226 @@
+package main
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"troupe"
+)
+
+// connect starts the command's own short-lived node, bounded by the
+// command's timeout, and returns it with the registrar's address.
+func (c *call) connect(ctx context.Context) (*troupe.Node, string, int) {
+	addr, err := c.registryAddr()
+	if err != nil {
+		fmt.Fprintf(c.stderr, "troupe %s: --registry: %v\n", c.cmd.name, err)
+		return nil, "", 2
+	}
+	n, code := c.cliNode(ctx)
+	return n, addr, code
+}
+
+// registryAddr is --registry in the form WithRegistries takes: a
+// registrar's address, or an etcd registry as given
+// (etcd://host:port,host:port/prefix).
+func (c *call) registryAddr() (string, error) {
+	if strings.HasPrefix(c.registry, "etcd://") || strings.HasPrefix(c.registry, "etcds://") {
+		return c.registry, nil
+	}
+	addr, err := troupe.ParseAddr(c.registry)
+	if err != nil {
+		return "", err
+	}
+	return addr.String(), nil
+}
+
+// noRegistrar explains a failed registry request in one line: what
+// failed, and what to check.
+func (c *call) noRegistrar(addr string, err error) int {
+	if errors.Is(err, troupe.ErrAuth) || tlsFailure(err) {
+		return c.fail(err)
+	}
+	hint := "is a registrar running there? (troupe registrar --addr " + addr + ")"
+	if strings.HasPrefix(addr, "etcd") {
+		hint = "does etcd answer at those endpoints (curl http://HOST:PORT/version)?"
+	}
+	if errors.Is(err, context.DeadlineExceeded) {
+		hint = fmt.Sprintf("nothing answered within --timeout %v; is the address a troupe registrar, and do this machine's firewall and the registrar's secret or TLS settings allow it?", c.timeout)
+	}
+	why := strings.TrimPrefix(err.Error(), "registrar "+addr+": ")
+	return c.failf("no registrar answers at %s: %s; %s", addr, why, hint)
+}
+
+// registration is one registration as the --json outputs print it.
+type registration struct {
+	Name     string   `json:"name"`
+	UUID     string   `json:"uuid"`
+	Path     string   `json:"path,omitempty"`
+	Node     string   `json:"node"`
+	NodeName string   `json:"node_name"`
+	Addrs    []string `json:"addrs"`
+}
+
+func toJSON(r troupe.Registration) registration {
+	e := registration{Name: r.Name, UUID: r.UUID.String(), Path: r.Path, Node: r.Node.String(), NodeName: r.NodeName, Addrs: []string{}}
+	for _, a := range r.Addrs {
+		e.Addrs = append(e.Addrs, a.String())
+	}
+	return e
+}
+
+// withNode runs f with the command's own short-lived node and the
+// registrar's address, all within the command's timeout.
+func (c *call) withNode(ctx context.Context, f func(ctx context.Context, n *troupe.Node, addr string) int) int {
+	ctx, cancel := context.WithTimeout(ctx, c.timeout)
+	defer cancel()
+	n, addr, code := c.connect(ctx)
+	if n == nil {
+		return code
+	}
+	defer n.Close()
+	return f(ctx, n, addr)
+}
+
+func ls(ctx context.Context, c *call) int {
+	return c.withNode(ctx, c.ls)
+}
+
+func (c *call) ls(ctx context.Context, n *troupe.Node, addr string) int {
+	reg, err := n.Registry(troupe.WithRegistries(addr))
+	if err != nil {
+		return c.noRegistrar(addr, err)
+	}
+	list, err := reg.List(ctx)
+	if err != nil {
+		return c.noRegistrar(addr, err)
+	}
+	entries := make([]registration, 0, len(list))
+	for _, r := range list {
+		entries = append(entries, toJSON(r))
+	}
+	if c.asJSON {
+		return c.printJSON(entries)
+	}
+	tw := tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "NAME\tUUID\tPATH\tNODE\tADDRS")
+	for _, e := range entries {
+		path := e.Path
+		if path == "" {
+			path = "(node)"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", e.Name, e.UUID, path, e.NodeName, strings.Join(e.Addrs, ","))
+	}
+	tw.Flush()
+	return 0
+}
+
+// queryResult is what `troupe query --json` prints.
+type queryResult struct {
+	Addr         string       `json:"addr"`
+	Registration registration `json:"registration"`
+}
+
+func query(ctx context.Context, c *call) int {
+	return c.withNode(ctx, c.query)
+}
+
+func (c *call) query(ctx context.Context, n *troupe.Node, addr string) int {
+	name := c.args[0]
+	q, found, err := troupe.QueryActor(ctx, n, name, troupe.WithRegistries(addr))
+	if err != nil {
+		return c.noRegistrar(addr, err)
+	}
+	if !found {
+		return c.failf("%s: not registered at %s", name, addr)
+	}
+	if c.asJSON {
+		return c.printJSON(queryResult{Addr: q.Addr.String(), Registration: toJSON(q.Registration)})
+	}
+	fmt.Fprintln(c.stdout, q.Addr)
+	return 0
+}
+
+// watch prints the registrar's table, then its changes, until ctx ends.
+// watchEvent is one line of `troupe watch --json`.
+type watchEvent struct {
+	Op           string       `json:"op"` // "+" registered, "-" removed
+	Registration registration `json:"registration"`
+}
+
+// watchLine prints one registration (op "+") or removal ("-"): name,
+// uuid, the node it belongs (or belonged) to and that node's addresses.
+func (c *call) watchLine(op string, r troupe.Registration) {
+	e := toJSON(r)
+	if c.asJSON {
+		b, _ := json.Marshal(watchEvent{Op: op, Registration: e})
+		fmt.Fprintf(c.stdout, "%s\n", b)
+		return
+	}
+	fmt.Fprintf(c.stdout, "%s %s %s %s %s\n", op, printable(e.Name), e.UUID, orDash(printable(e.NodeName)), orDash(strings.Join(e.Addrs, ",")))
+}
+
+func watch(ctx context.Context, c *call) int {
+	addr, err := c.registryAddr()
+	if err != nil {
+		fmt.Fprintf(c.stderr, "troupe watch: --registry: %v\n", err)
+		return 2
+	}
+	n, code := c.cliNode(ctx)
+	if n == nil {
+		return code
+	}
+	defer n.Close()
+	reg, err := n.Registry(troupe.WithRegistries(addr))
+	if err != nil {
+		return c.noRegistrar(addr, err)
+	}
+	seen := map[string]troupe.Registration{}
+	tick := time.NewTicker(max(c.timeout, 10*time.Millisecond))
+	defer tick.Stop()
+	for first := true; ; first = false {
+		lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		list, err := reg.List(lctx)
+		cancel()
+		if ctx.Err() != nil {
+			return 0
+		}
+		if err != nil {
+			if first {
+				return c.noRegistrar(addr, err)
+			}
+			fmt.Fprintf(c.stderr, "troupe watch: %v\n", err)
+		} else {
+			now := map[string]troupe.Registration{}
+			for _, r := range list {
+				key := r.Name + " " + r.UUID.String()
+				now[key] = r
+				if _, ok := seen[key]; !ok {
+					c.watchLine("+", r)
+				}
+			}
+			var gone []troupe.Registration
+			for key, r := range seen {
+				if _, ok := now[key]; !ok {
+					gone = append(gone, r)
+				}
+			}
+			slices.SortFunc(gone, func(a, b troupe.Registration) int { return cmp.Compare(a.Name, b.Name) })
+			for _, r := range gone {
+				c.watchLine("-", r)
+			}
+			seen = now
+		}
+		select {
+		case <-ctx.Done():
+			return 0
+		case <-tick.C:
+		}
+	}
+}
