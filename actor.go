@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 	"unsafe"
 )
 
@@ -378,6 +379,10 @@ func (c *cell[T]) run() {
 		}
 		// c.handled is brought up to date only where a signal needs it,
 		// so that the loop writes nothing per message.
+		var hist *latencyHist
+		if lat := c.n.lat.Load(); lat != nil {
+			hist = lat.handler.of(reflect.TypeFor[T]())
+		}
 		base := c.handled
 		n := len(c.batch)
 		for i := 0; i < n; i++ {
@@ -396,7 +401,13 @@ func (c *cell[T]) run() {
 					break
 				}
 			}
-			c.receive(c.batch[i])
+			if hist != nil {
+				t0 := time.Now()
+				c.receive(c.batch[i])
+				hist.observe(time.Since(t0))
+			} else {
+				c.receive(c.batch[i])
+			}
 			if c.tools != nil && len(c.tools.later) > 0 {
 				if c.handled = base + uint64(i+1); c.tools.later[0].after <= c.handled {
 					c.deliverLater()

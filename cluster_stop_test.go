@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -78,6 +79,12 @@ func TestABlockedClusterSaysHowToUnblockIt(t *testing.T) {
 	want := "troupe down " + awayAddr + " --node " + home.Addrs()[0].String()
 	if b := home.Stats().ClusterBlocked; !strings.Contains(b, want) {
 		t.Errorf("Stats.ClusterBlocked = %q, want it to name %q", b, want)
+	}
+	// The debug page says it in a banner at the top.
+	rec := httptest.NewRecorder()
+	troupe.DebugHandler(home).ServeHTTP(rec, httptest.NewRequest("GET", "/debug/troupe", nil))
+	if page := rec.Body.String(); !strings.Contains(page, `<p id="banner" class="banner bad">`) || !strings.Contains(page, want) || strings.Index(page, `id="banner"`) > strings.Index(page, `id="peers"`) {
+		t.Errorf("the debug page has no banner above the peers naming %q:\n%s", want, page)
 	}
 	// Logged once, however long it lasts.
 	time.Sleep(500 * time.Millisecond) // more turns of the loop, each of which could log again

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"reflect"
 	"sync"
 	"time"
 )
@@ -28,16 +29,19 @@ func (n *Node) deadLetterUnconfirmed(target string, msg any, reason error) {
 
 func (n *Node) reportDeadLetter(d DeadLetter) {
 	switch {
-	case n.cfg.DeadLetterLog < 0 || errors.Is(d.Reason, ErrNodeClosed) || n.isClosed():
-		// off, or this node is closing (whatever the session's own end
-		// says, as when the peer answers the goodbye first): nothing the
-		// user forgot
+	case errors.Is(d.Reason, ErrNodeClosed) || n.isClosed():
+		// This node is closing (whatever the session's own end says, as
+		// when the peer answers the goodbye first): nothing the user
+		// forgot.
 	case quietDeadLetter(d):
-		if n.log.Enabled(context.Background(), slog.LevelDebug) {
+		if n.cfg.DeadLetterLog >= 0 && n.log.Enabled(context.Background(), slog.LevelDebug) {
 			n.log.Debug("troupe: dead letter", "target", d.Target, "reason", d.Reason, "type", fmt.Sprintf("%T", d.Message))
 		}
 	default:
-		n.dlog.note(n, d)
+		n.dlSamples.add(d) // (the user's only: troupe's own would crowd them out)
+		if n.cfg.DeadLetterLog >= 0 {
+			n.dlog.note(n, d)
+		}
 	}
 	n.dlCount.add(d.Reason)
 	if n.events.hasSubscribers() {
@@ -146,4 +150,49 @@ func (c *deadLetterCounts) snapshot() map[string]uint64 {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return maps.Clone(c.counts)
+}
+
+// deadLetterSampleCount is how many recent dead letters Stats keeps.
+const deadLetterSampleCount = 16
+
+// deadLetterSamples keeps the node's last dead letters, for Stats and the
+// debug page. A sample's type and reason are made into text only when
+// read.
+type deadLetterSamples struct {
+	mu   sync.Mutex
+	ring [deadLetterSampleCount]struct {
+		at     time.Time
+		target string
+		typ    reflect.Type
+		reason error
+	}
+	n int // how many were added, ever
+}
+
+func (s *deadLetterSamples) add(d DeadLetter) {
+	s.mu.Lock()
+	e := &s.ring[s.n%deadLetterSampleCount]
+	e.at, e.target, e.typ, e.reason = time.Now(), d.Target, reflect.TypeOf(d.Message), d.Reason
+	s.n++
+	s.mu.Unlock()
+}
+
+// list returns the samples, newest first.
+func (s *deadLetterSamples) list() []DeadLetterSample {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := []DeadLetterSample{}
+	for i := s.n - 1; i >= 0 && i >= s.n-deadLetterSampleCount; i-- {
+		e := s.ring[i%deadLetterSampleCount]
+		typ := "<nil>"
+		if e.typ != nil {
+			typ = e.typ.String()
+		}
+		reason := ""
+		if e.reason != nil {
+			reason = e.reason.Error()
+		}
+		out = append(out, DeadLetterSample{At: e.at, Target: e.target, Type: typ, Reason: reason})
+	}
+	return out
 }

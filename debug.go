@@ -18,8 +18,10 @@ import (
 
 // DebugHandler serves a live view of n for operators: an HTML page of
 // [Node.Stats] (peers and how close each is to being declared unreachable,
-// quarantines and why, the deepest mailboxes, dead letters by reason, the
-// cluster's members) that refreshes itself every two seconds, and the same
+// quarantines and why, the deepest mailboxes, the actor tree with
+// restarts, dead letters by reason and the recent ones, the cluster's
+// members with a banner when it cannot converge, the process's numbers)
+// that refreshes itself every two seconds, and the same
 // snapshot as JSON when asked with ?format=json or an Accept header of
 // application/json. Mount it where you like, behind your own
 // authentication: it shows addresses and names to whoever can reach it.
@@ -34,7 +36,7 @@ func DebugHandler(n *Node) http.Handler {
 			return
 		}
 		w.Header().Set("Content-Type", "text/html; charset=utf-8")
-		if err := debugPage.Execute(w, pageData(s)); err != nil {
+		if err := debugPage.Execute(w, pageData(s, n.actorList(math.MaxInt))); err != nil {
 			http.Error(w, err.Error(), http.StatusInternalServerError)
 		}
 	})
@@ -57,7 +59,11 @@ func statsJSON(s Stats) map[string]any {
 	}
 	members := []map[string]any{}
 	for _, m := range s.Members {
-		members = append(members, map[string]any{"addr": m.Addr.String(), "uid": m.UID.String(), "status": m.Status.String(), "up_number": m.UpNumber, "app_version": m.AppVersion, "reachable": m.Reachable})
+		members = append(members, map[string]any{"addr": m.Addr.String(), "uid": m.UID.String(), "name": m.Name, "status": m.Status.String(), "up_number": m.UpNumber, "app_version": m.AppVersion, "reachable": m.Reachable, "self": m.Self, "leader": m.Leader})
+	}
+	recent := []map[string]any{}
+	for _, d := range s.RecentDeadLetters {
+		recent = append(recent, map[string]any{"at": d.At, "target": d.Target, "type": d.Type, "reason": d.Reason})
 	}
 	return map[string]any{
 		"name": s.Name, "uid": s.UID.String(), "app_version": s.AppVersion, "addrs": addrStrings(s.Addrs), "taken": s.Taken,
@@ -67,6 +73,10 @@ func statsJSON(s Stats) map[string]any {
 			"peers_given_up": s.Totals.PeersGivenUp, "peers_left": s.Totals.PeersLeft, "peer_links_lost": s.Totals.LinksLost,
 			"peer_links_resumed": s.Totals.LinksResumed, "protocol_errors": s.Totals.ProtocolErrors,
 		}, "cluster_blocked": s.ClusterBlocked, "registrar": s.Registrar, "registrations": s.Registrations, "registry_pending": s.RegistryPending,
+		"recent_dead_letters": recent, "runtime": map[string]any{
+			"version": s.Runtime.Version, "go_version": s.Runtime.GoVersion, "uptime": s.Runtime.Uptime.String(), "goroutines": s.Runtime.Goroutines,
+			"heap_bytes": s.Runtime.HeapBytes, "gc_cycles": s.Runtime.GCCycles, "gc_pause_p99": s.Runtime.GCPauseP99.String(),
+		},
 	}
 }
 
@@ -79,20 +89,88 @@ func addrStrings(as []Addr) []string {
 }
 
 // pageData is what the page template shows.
-func pageData(s Stats) map[string]any {
-	return map[string]any{"S": s, "Reasons": slices.Sorted(maps.Keys(s.DeadLetters)), "Taken": s.Taken.Format(time.RFC3339)}
+// maxPageActors bounds the actors the page's tree shows.
+const maxPageActors = 500
+
+// pageActor is one row of the page's actor tree.
+type pageActor struct {
+	MailboxStats
+	Name   string // the last element of the path
+	Indent int    // its depth below /user or /system, in em
 }
 
-var debugPage = template.Must(template.New("debug").Parse(`<!doctype html>
+func pageData(s Stats, actors []MailboxStats) map[string]any {
+	more := 0
+	if len(actors) > maxPageActors {
+		more, actors = len(actors)-maxPageActors, actors[:maxPageActors]
+	}
+	tree := make([]pageActor, 0, len(actors))
+	for _, a := range actors {
+		depth := strings.Count(a.Path, "/") - 1
+		tree = append(tree, pageActor{MailboxStats: a, Name: a.Path[strings.LastIndexByte(a.Path, '/')+1:], Indent: 1 + 2*max(0, depth-1)})
+	}
+	return map[string]any{"S": s, "Reasons": slices.Sorted(maps.Keys(s.DeadLetters)), "Taken": s.Taken.Format(time.RFC3339),
+		"Tree": tree, "MoreActors": more}
+}
+
+// pageDuration writes a duration for people: to the millisecond from a
+// second up, to the microsecond below; "-" for one never measured (zero).
+func pageDuration(d time.Duration) string {
+	switch {
+	case d == 0:
+		return "-"
+	case d >= time.Second || d <= -time.Second:
+		return d.Round(time.Millisecond).String()
+	case d < time.Microsecond && d > -time.Microsecond:
+		return d.String()
+	}
+	return d.Round(time.Microsecond).String()
+}
+
+// pageLeft writes the window a peer has left: rounded as pageDuration
+// does, and "0s (expired)" when it has run out.
+func pageLeft(d time.Duration) string {
+	if d <= 0 {
+		return "0s (expired)"
+	}
+	return pageDuration(d)
+}
+
+// pagePhi writes a phi value to two decimals, without the "-0.00" of a
+// tiny negative.
+func pagePhi(phi float64) string {
+	if phi < 0.005 {
+		phi = 0
+	}
+	return strconv.FormatFloat(phi, 'f', 2, 64)
+}
+
+// pageBytes writes a byte count with a binary unit.
+func pageBytes(b uint64) string {
+	const unit = 1024
+	if b < unit {
+		return strconv.FormatUint(b, 10) + " B"
+	}
+	div, exp := uint64(unit), 0
+	for n := b / unit; n >= unit; n /= unit {
+		div *= unit
+		exp++
+	}
+	return strconv.FormatFloat(float64(b)/float64(div), 'f', 1, 64) + " " + "KMGTPE"[exp:exp+1] + "iB"
+}
+
+var debugPage = template.Must(template.New("debug").Funcs(template.FuncMap{"dur": pageDuration, "left": pageLeft, "phi": pagePhi, "bytes": pageBytes}).Parse(`<!doctype html>
 <html><head><meta charset="utf-8"><meta http-equiv="refresh" content="2">
 <title>troupe {{.S.Name}}</title>
-<style>body{font-family:sans-serif;margin:1em}table{border-collapse:collapse;margin-bottom:1em}td,th{border:1px solid #ccc;padding:2px 6px;text-align:left}.bad{color:#b00}</style>
+<style>body{font-family:sans-serif;margin:1em}table{border-collapse:collapse;margin-bottom:1em}td,th{border:1px solid #ccc;padding:2px 6px;text-align:left}.bad{color:#b00}.banner{background:#fee;border:1px solid #b00;padding:6px;font-weight:bold}</style>
 </head><body>
 <h1>troupe node {{.S.Name}}</h1>
+{{if .S.ClusterBlocked}}<p id="banner" class="banner bad">{{.S.ClusterBlocked}}</p>{{end}}
+<p id="runtime">troupe {{.S.Runtime.Version}} · {{.S.Runtime.GoVersion}} · up {{dur .S.Runtime.Uptime}} · {{.S.Runtime.Goroutines}} goroutines · heap {{bytes .S.Runtime.HeapBytes}} · {{.S.Runtime.GCCycles}} GC cycles, pauses p99 {{dur .S.Runtime.GCPauseP99}}</p>
 <p>uid {{.S.UID}}{{if .S.AppVersion}} · version <span id="app-version">{{.S.AppVersion}}</span>{{end}} · listening on {{range .S.Addrs}}{{.}} {{end}}· {{.S.Actors}} actors{{if .S.Registrar}} · registrar of {{.S.Registrations}} registrations{{end}} · taken {{.Taken}} (refreshes every 2 s; <a href="?format=json">JSON</a>)</p>
 <h2>Peers</h2>
 <table id="peers"><tr><th>address</th><th>name</th><th>version</th><th>uid</th><th>state</th><th>since</th><th>window left / phi</th><th>round trip</th><th>messages in/out</th><th>bytes in/out</th><th>queued</th><th>unacked</th></tr>
-{{range .S.Peers}}<tr class="peer" data-uid="{{.UID}}"><td>{{.Addr}}</td><td>{{.Name}}</td><td class="version">{{.AppVersion}}</td><td>{{.UID}}</td><td class="state">{{.State}}{{if .Member}} (member){{end}}</td><td>{{.Since.Format "15:04:05"}}</td><td>{{if .Member}}phi {{printf "%.2f" .Phi}}{{else}}{{.WindowLeft}}{{end}}</td><td>{{.RoundTrip}}</td><td>{{.MessagesIn}} / {{.MessagesOut}}</td><td>{{.BytesIn}} / {{.BytesOut}}</td><td>{{.Queued}}</td><td>{{.Unacked}}</td></tr>
+{{range .S.Peers}}<tr class="peer" data-uid="{{.UID}}"><td>{{.Addr}}</td><td>{{.Name}}</td><td class="version">{{.AppVersion}}</td><td>{{.UID}}</td><td class="state">{{.State}}{{if .Member}} (member){{end}}</td><td>{{.Since.Format "15:04:05"}}</td><td>{{if .Member}}phi {{phi .Phi}}{{else}}{{left .WindowLeft}}{{end}}</td><td>{{dur .RoundTrip}}</td><td>{{.MessagesIn}} / {{.MessagesOut}}</td><td>{{.BytesIn}} / {{.BytesOut}}</td><td>{{.Queued}}</td><td>{{.Unacked}}</td></tr>
 {{else}}<tr><td colspan="12">no peers</td></tr>{{end}}</table>
 {{if .S.Observers}}<p id="observers">and {{.S.Observers}} observer(s) (such as the troupe command), not listed</p>{{end}}
 <h2>Quarantined</h2>
@@ -102,13 +180,20 @@ var debugPage = template.Must(template.New("debug").Parse(`<!doctype html>
 <h2>Deepest mailboxes</h2>
 <table id="mailboxes"><tr><th>actor</th><th>waiting</th></tr>
 {{range .S.Mailboxes}}<tr><td>{{.Path}}</td><td>{{.Waiting}}</td></tr>{{else}}<tr><td colspan="2">all empty</td></tr>{{end}}</table>
+<h2>Actors</h2>
+<table id="actors"><tr><th>actor (children below their parent)</th><th>path</th><th>waiting</th><th>restarts</th></tr>
+{{range .Tree}}<tr class="actor" data-path="{{.Path}}"><td style="padding-left:{{.Indent}}em">{{.Name}}</td><td>{{.Path}}</td><td>{{.Waiting}}</td><td{{if .Restarts}} class="bad"{{end}}>{{.Restarts}}</td></tr>
+{{end}}{{if .MoreActors}}<tr><td colspan="4">and {{.MoreActors}} more (troupe actors --node lists up to 10,000)</td></tr>{{end}}</table>
 <h2>Dead letters</h2>
 <table id="deadletters"><tr><th>reason</th><th>count</th></tr>
 {{range .Reasons}}<tr><td>{{.}}</td><td>{{index $.S.DeadLetters .}}</td></tr>{{else}}<tr><td colspan="2">none</td></tr>{{end}}</table>
+{{if .S.RecentDeadLetters}}<table id="recent-deadletters"><tr><th>when</th><th>target</th><th>type</th><th>reason</th></tr>
+{{range .S.RecentDeadLetters}}<tr class="deadletter"><td>{{.At.Format "15:04:05.000"}}</td><td>{{.Target}}</td><td>{{.Type}}</td><td>{{.Reason}}</td></tr>
+{{end}}</table>{{end}}
 {{if .S.Members}}<h2>Cluster</h2>
 {{if .S.ClusterBlocked}}<p id="blocked" class="bad">{{.S.ClusterBlocked}}</p>{{end}}
-<table id="members"><tr><th>address</th><th>uid</th><th>version</th><th>status</th><th>up number</th><th>reachable</th></tr>
-{{range .S.Members}}<tr class="member"><td>{{.Addr}}</td><td>{{.UID}}</td><td class="version">{{.AppVersion}}</td><td>{{.Status}}</td><td>{{.UpNumber}}</td><td{{if not .Reachable}} class="bad"{{end}}>{{.Reachable}}</td></tr>{{end}}</table>{{end}}
+<table id="members"><tr><th>address</th><th>name</th><th>uid</th><th>version</th><th>status</th><th>up number</th><th>reachable</th><th></th></tr>
+{{range .S.Members}}<tr class="member{{if .Self}} self{{end}}{{if .Leader}} leader{{end}}"><td>{{.Addr}}</td><td>{{.Name}}</td><td>{{.UID}}</td><td class="version">{{.AppVersion}}</td><td>{{.Status}}</td><td>{{.UpNumber}}</td><td{{if not .Reachable}} class="bad"{{end}}>{{.Reachable}}</td><td>{{if .Self}}(this node) {{end}}{{if .Leader}}leader{{end}}</td></tr>{{end}}</table>{{end}}
 </body></html>
 `))
 
@@ -121,11 +206,15 @@ var debugPage = template.Must(template.New("debug").Parse(`<!doctype html>
 // most 10, labelled by path); dead letters by reason; the totals since
 // the node started (actor failures and restarts, sessions, peers given up
 // on or gone, link flaps and resumes, protocol errors); cluster members
-// by status. It is written by hand, with no dependency.
+// by status; and, kept from the moment MetricsHandler is called for n,
+// histograms of handler time and Ask round trips by message type
+// (latency.go). It is written by hand, with no dependency.
 func MetricsHandler(n *Node) http.Handler {
+	n.measure()
 	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
 		writeMetrics(w, n.Stats())
+		writeLatencies(w, n.lat.Load())
 	})
 }
 

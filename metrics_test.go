@@ -164,7 +164,18 @@ func parseMetricsText(text string) (_ map[string]float64, err error) {
 		} else {
 			name, value, _ = strings.Cut(line, " ")
 		}
-		if name != current || types[name] == "" || !helps[name] {
+		family := name
+		if types[current] == "histogram" {
+			for _, suffix := range []string{"_bucket", "_sum", "_count"} {
+				if name == current+suffix {
+					family = current
+				}
+			}
+			if name == current+"_bucket" && !strings.Contains(rest, `le="`) {
+				fail("a histogram bucket without le")
+			}
+		}
+		if family != current || types[family] == "" || !helps[family] {
 			fail("a sample outside its family's HELP and TYPE")
 		}
 		v, err := strconv.ParseFloat(value, 64)

@@ -75,10 +75,13 @@ type Node struct {
 
 	// amu guards actors and closing; actors maps a path to the handle of
 	// the actor, adapter or exported ask promise that lives there.
-	amu     sync.RWMutex
-	actors  map[string]*handle
-	byName  map[string][]*handle // public actors by name, for the lookup fast path
-	closing bool
+	amu    sync.RWMutex
+	actors map[string]*handle
+	// restarts counts the restarts of the actors at these paths (only
+	// of those restarted), for Stats; guarded by amu.
+	restarts map[string]uint32
+	byName   map[string][]*handle // public actors by name, for the lookup fast path
+	closing  bool
 
 	// pmu guards the peer tables.
 	pmu      sync.Mutex
@@ -134,6 +137,11 @@ type Node struct {
 	// cluster is the cluster this node is a member of, if any (Stats).
 	cluster atomic.Pointer[Cluster]
 	dlCount deadLetterCounts
+	// lat holds the latency histograms once a MetricsHandler exists
+	// (latency.go); nil until then.
+	lat atomic.Pointer[nodeLatencies]
+	// dlSamples are the last dead letters, for Stats.
+	dlSamples deadLetterSamples
 
 	// Lifecycle.
 	closeOnce sync.Once
@@ -342,6 +350,7 @@ func (n *Node) removeActor(path string) {
 	defer n.amu.Unlock()
 	h := n.actors[path]
 	delete(n.actors, path)
+	delete(n.restarts, path)
 	if h == nil || !isPublic(path) {
 		return
 	}

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 	"unsafe"
 )
 
@@ -296,6 +297,10 @@ func Ask[Req, Resp any](ctx context.Context, to Ref[Req], mk func(replyTo Ref[Re
 		defer a.removePending(p)
 	}
 	req := mk(Ref[Resp]{h: p.h})
+	var sent time.Time
+	if n.lat.Load() != nil {
+		sent = time.Now()
+	}
 	var err error
 	var stopped <-chan struct{}
 	var note *stopNote
@@ -335,6 +340,9 @@ func Ask[Req, Resp any](ctx context.Context, to Ref[Req], mk func(replyTo Ref[Re
 	}
 	select {
 	case r := <-p.ch:
+		if lat := n.lat.Load(); lat != nil && !sent.IsZero() && r.err == nil {
+			lat.ask.of(reflect.TypeFor[Req]()).observe(time.Since(sent))
+		}
 		return r.v, r.err
 	case <-ctx.Done():
 		return zero, ctx.Err()
@@ -343,6 +351,9 @@ func Ask[Req, Resp any](ctx context.Context, to Ref[Req], mk func(replyTo Ref[Re
 	case <-stopped:
 		select {
 		case r := <-p.ch: // it replied, then stopped
+			if lat := n.lat.Load(); lat != nil && !sent.IsZero() && r.err == nil {
+				lat.ask.of(reflect.TypeFor[Req]()).observe(time.Since(sent))
+			}
 			return r.v, r.err
 		default:
 		}

@@ -6,8 +6,12 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"math"
+	"runtime"
+	"runtime/metrics"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"time"
 )
@@ -57,6 +61,11 @@ type Stats struct {
 	Registrations int
 	// Totals counts what happened since the node started.
 	Totals Totals
+	// RecentDeadLetters are the node's last dead letters, newest first
+	// (at most 16), with what they were for and why.
+	RecentDeadLetters []DeadLetterSample
+	// Runtime describes the process.
+	Runtime RuntimeStats
 }
 
 // Totals are a node's counts of what happened since it started.
@@ -122,6 +131,8 @@ type PeerStats struct {
 // MailboxStats is one actor's mailbox depth.
 type MailboxStats struct {
 	Path string `json:"path"`
+	// Restarts counts the times its supervisor restarted it.
+	Restarts int `json:"restarts"`
 	// Waiting counts the messages queued behind the batch the actor is
 	// working through (it takes all that are waiting at once): a mailbox
 	// that keeps growing here is one whose actor cannot keep up.
@@ -132,6 +143,34 @@ type MailboxStats struct {
 type MemberStats struct {
 	Member
 	Reachable bool
+	// Name is the member's node name, from this node's association with
+	// it (empty without one).
+	Name string
+	// Self marks this node's own member; Leader the member this node
+	// sees as the leader.
+	Self, Leader bool
+}
+
+// DeadLetterSample is one of a node's recent dead letters, as the debug
+// page lists them.
+type DeadLetterSample struct {
+	At     time.Time
+	Target string
+	Type   string // the message's Go type
+	Reason string
+}
+
+// RuntimeStats are the numbers of the process a node runs in.
+type RuntimeStats struct {
+	Version    string        // troupe's Version
+	GoVersion  string        // runtime.Version()
+	Uptime     time.Duration // since the node started
+	Goroutines int
+	HeapBytes  uint64 // bytes in live and not yet swept heap objects
+	GCCycles   uint64 // completed since the process started
+	// GCPauseP99 is the 99th percentile of the process's stop-the-world
+	// pauses since it started (an upper bound: the histogram bucket's).
+	GCPauseP99 time.Duration
 }
 
 // Stats returns a snapshot of the node: its associations, quarantines,
@@ -206,13 +245,79 @@ func (n *Node) Stats() Stats {
 		}
 		unreachable := c.unreachable()
 		s.ClusterBlocked = c.blocked.text
+		var leader NodeUID
+		if l := c.leader(); l != nil {
+			leader = l.UID
+		}
 		for _, m := range c.members {
-			s.Members = append(s.Members, MemberStats{Member: *m, Reachable: !unreachable[m.UID]})
+			s.Members = append(s.Members, MemberStats{Member: *m, Reachable: !unreachable[m.UID], Self: m.UID == n.uid, Leader: m.UID == leader})
 		}
 		c.mu.Unlock()
+		names := map[NodeUID]string{}
+		for _, q := range s.Quarantined {
+			names[q.UID] = q.Name
+		}
+		for _, p := range s.Peers {
+			names[p.UID] = p.Name
+		}
+		for i := range s.Members {
+			s.Members[i].Name = names[s.Members[i].UID]
+			if s.Members[i].Self {
+				s.Members[i].Name = n.name
+			}
+		}
 		slices.SortFunc(s.Members, func(a, b MemberStats) int { return lowerAddr(a.Member, b.Member) })
 	}
+	s.RecentDeadLetters = n.dlSamples.list()
+	s.Runtime = n.runtimeStats(now)
 	return s
+}
+
+// runtimeStats reads the process's numbers from runtime/metrics, which
+// does not stop the world.
+func (n *Node) runtimeStats(now time.Time) RuntimeStats {
+	r := RuntimeStats{Version: Version, GoVersion: runtime.Version(), Uptime: now.Sub(n.epoch)}
+	samples := []metrics.Sample{{Name: "/sched/goroutines:goroutines"}, {Name: "/memory/classes/heap/objects:bytes"},
+		{Name: "/gc/cycles/total:gc-cycles"}, {Name: "/sched/pauses/total/gc:seconds"}}
+	metrics.Read(samples)
+	if v := samples[0].Value; v.Kind() == metrics.KindUint64 {
+		r.Goroutines = int(v.Uint64())
+	}
+	if v := samples[1].Value; v.Kind() == metrics.KindUint64 {
+		r.HeapBytes = v.Uint64()
+	}
+	if v := samples[2].Value; v.Kind() == metrics.KindUint64 {
+		r.GCCycles = v.Uint64()
+	}
+	if v := samples[3].Value; v.Kind() == metrics.KindFloat64Histogram {
+		r.GCPauseP99 = histogramQuantile(v.Float64Histogram(), 0.99)
+	}
+	return r
+}
+
+// histogramQuantile is the upper bound of the bucket that holds the q-th
+// quantile of h's counts, as a duration in seconds; 0 for no counts.
+func histogramQuantile(h *metrics.Float64Histogram, q float64) time.Duration {
+	var total uint64
+	for _, c := range h.Counts {
+		total += c
+	}
+	if total == 0 {
+		return 0
+	}
+	want := uint64(math.Ceil(q * float64(total)))
+	var seen uint64
+	for i, c := range h.Counts {
+		seen += c
+		if seen >= want {
+			upper := h.Buckets[i+1]
+			if math.IsInf(upper, 1) {
+				upper = h.Buckets[i]
+			}
+			return time.Duration(upper * float64(time.Second))
+		}
+	}
+	return 0
 }
 
 // waiting is how many user messages wait in the actor's mailbox.
@@ -284,20 +389,43 @@ func (n *Node) actorList(limit int) []MailboxStats {
 	for _, h := range n.actors {
 		handles = append(handles, h)
 	}
+	restarts := maps.Clone(n.restarts)
 	n.amu.Unlock()
 	out := []MailboxStats{}
 	for _, h := range handles {
 		if h.local == nil || h.local.watchHandle() != h {
 			continue // adapters and temporary refs are not actors
 		}
-		m := MailboxStats{Path: h.key.path}
+		m := MailboxStats{Path: h.key.path, Restarts: int(restarts[h.key.path])}
 		if w, ok := h.local.(interface{ waiting() int }); ok {
 			m.Waiting = w.waiting()
 		}
 		out = append(out, m)
 	}
-	slices.SortFunc(out, func(a, b MailboxStats) int { return cmp.Compare(a.Path, b.Path) })
+	// By path element, so that a child comes right after its parent even
+	// when a sibling's name sorts between them ("a-b" < "a/x").
+	slices.SortFunc(out, func(a, b MailboxStats) int { return comparePaths(a.Path, b.Path) })
 	return out[:min(len(out), limit)]
+}
+
+// comparePaths orders actor paths element by element.
+func comparePaths(a, b string) int {
+	for {
+		ea, ra, moreA := strings.Cut(a, "/")
+		eb, rb, moreB := strings.Cut(b, "/")
+		if c := cmp.Compare(ea, eb); c != 0 {
+			return c
+		}
+		switch {
+		case !moreA && !moreB:
+			return 0
+		case !moreA:
+			return -1
+		case !moreB:
+			return 1
+		}
+		a, b = ra, rb
+	}
 }
 
 // isUIDText reports whether s is a node uid as NodeUID.String writes it.

@@ -433,6 +433,12 @@ func (c *cell[T]) restart(gen uint64) {
 	}
 	c.b = b
 	c.n.totals.actorRestarts.Add(1)
+	c.n.amu.Lock()
+	if c.n.restarts == nil {
+		c.n.restarts = map[string]uint32{}
+	}
+	c.n.restarts[c.self.key.path]++
+	c.n.amu.Unlock()
 	c.mu.Lock()
 	c.held = false
 	c.mu.Unlock()
