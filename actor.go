@@ -369,9 +369,13 @@ func (c *cell[T]) run() {
 		}
 		c.batch, c.in = c.in, c.batch[:0]
 		c.inBytes = 0
-		if c.waits != nil && c.waits.room != nil {
-			close(c.waits.room)
-			c.waits.room = nil
+		var firstAt int64
+		if c.waits != nil {
+			if c.waits.room != nil {
+				close(c.waits.room)
+				c.waits.room = nil
+			}
+			firstAt, c.waits.firstAt = c.waits.firstAt, 0
 		}
 		c.mu.Unlock()
 		if c.n.creditWaiting.Load() > 0 {
@@ -382,6 +386,9 @@ func (c *cell[T]) run() {
 		var hist *latencyHist
 		if lat := c.n.lat.Load(); lat != nil {
 			hist = lat.handler.of(reflect.TypeFor[T]())
+			if firstAt != 0 {
+				lat.mailbox.of(reflect.TypeFor[T]()).observe(time.Since(c.n.epoch) - time.Duration(firstAt))
+			}
 		}
 		base := c.handled
 		n := len(c.batch)

@@ -149,6 +149,12 @@ type cellWaits struct {
 	// cancel cancels the actor's Context (see Context.Context): a stop
 	// pushed to the actor calls it at once.
 	cancel context.CancelFunc
+	// firstAt is when the oldest message waiting arrived in an empty
+	// mailbox, in nanoseconds since the node's epoch (8 bytes, not a
+	// time.Time's 24: this struct is made per Ask), set only while the
+	// node keeps latency histograms (latency.go): the batch that takes it
+	// observes the mailbox wait.
+	firstAt int64
 }
 
 // waitsFor returns the cell's waits, made on first use (mu held).

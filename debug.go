@@ -207,7 +207,7 @@ var debugPage = template.Must(template.New("debug").Funcs(template.FuncMap{"dur"
 // the node started (actor failures and restarts, sessions, peers given up
 // on or gone, link flaps and resumes, protocol errors); cluster members
 // by status; and, kept from the moment MetricsHandler is called for n,
-// histograms of handler time and Ask round trips by message type
+// histograms of handler time, mailbox wait and Ask round trips by message type
 // (latency.go). It is written by hand, with no dependency.
 func MetricsHandler(n *Node) http.Handler {
 	n.measure()

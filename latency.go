@@ -11,7 +11,7 @@ import (
 	"time"
 )
 
-// How long things take: handler time and Ask round trips, as histograms
+// How long things take: handler time, mailbox wait and Ask round trips, as histograms
 // for MetricsHandler. They are kept only for a node that has a
 // MetricsHandler (kept from the moment one is made), so that a node
 // without one pays one pointer load per batch and two per Ask.
@@ -69,6 +69,7 @@ func (s *latencySet) of(t reflect.Type) *latencyHist {
 // nodeLatencies are a node's histograms.
 type nodeLatencies struct {
 	handler latencySet // time in Receive, per message
+	mailbox latencySet // the wait of the oldest message of each batch
 	ask     latencySet // Ask, from the request's send to its reply
 }
 
@@ -124,5 +125,6 @@ func writeLatencies(w io.Writer, l *nodeLatencies) {
 		}
 	}
 	family("troupe_handler_seconds", "Time an actor's Receive took per message, by the actor's message type.", &l.handler)
+	family("troupe_mailbox_wait_seconds", "How long the oldest message of each batch an actor took had waited in its mailbox, by the actor's message type.", &l.mailbox)
 	family("troupe_ask_seconds", "Ask round trips that were answered, from the request's send to the reply, by the request's type.", &l.ask)
 }

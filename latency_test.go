@@ -14,6 +14,8 @@ type histoWork struct{ N int }
 
 type histoPing struct{ ReplyTo troupe.Ref[int] }
 
+type histoQueued struct{ N int }
+
 // With a MetricsHandler, /metrics has histograms of handler time and of
 // Ask round trips, by message type (never by path or uid): buckets that
 // only grow, a +Inf bucket equal to the count, and a count equal to what
@@ -52,6 +54,29 @@ func TestMetricsHaveLatencyHistograms(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// Messages that wait behind a slow one: the next batch's oldest
+	// waited at least as long as the slow one took.
+	started, release, queued := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	q, err := troupe.Spawn(n, "queue", troupe.Behavior[histoQueued]{Receive: func(_ *troupe.Context[histoQueued], m histoQueued) {
+		switch m.N {
+		case 0:
+			close(started)
+			<-release
+		case 10:
+			close(queued)
+		}
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	q.Tell(histoQueued{N: 0})
+	<-started
+	for i := 1; i <= 10; i++ {
+		q.Tell(histoQueued{N: i})
+	}
+	time.Sleep(3 * time.Millisecond) // how long the ten wait: what the histogram must see
+	close(release)
+	<-queued
 	rec := httptest.NewRecorder()
 	metrics.ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
 	body, _ := io.ReadAll(rec.Body)
@@ -80,6 +105,10 @@ func TestMetricsHaveLatencyHistograms(t *testing.T) {
 	}
 	check("troupe_handler_seconds", "troupe_test.histoWork", work)
 	check("troupe_ask_seconds", "troupe_test.histoPing", 10)
+	k := `kind="troupe_test.histoQueued"`
+	if waits, fast := sampleOf(t, s, "troupe_mailbox_wait_seconds_count", k), sampleOf(t, s, "troupe_mailbox_wait_seconds_bucket", k, `le="0.0025"`); waits != 2 || waits-fast != 1 {
+		t.Fatalf("mailbox waits: %v batches, %v under 2.5 ms; want 2 batches, one that waited 3 ms or more", waits, fast)
+	}
 	if slow := sampleOf(t, s, "troupe_handler_seconds_count", `kind="troupe_test.histoWork"`) - sampleOf(t, s, "troupe_handler_seconds_bucket", `kind="troupe_test.histoWork"`, `le="0.001"`); slow < 4 {
 		t.Fatalf("%s handlers took over 1 ms; want the 4 that slept 2 ms", strconv.FormatFloat(slow, 'f', -1, 64))
 	}

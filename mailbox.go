@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"time"
 	"unsafe"
 )
 
@@ -62,6 +63,9 @@ func (c *cell[T]) pushSized(msg T, size int) error {
 		return fmt.Errorf("%w: %d bytes from other nodes waiting (Config.MailboxBytes is %d)", ErrMailboxFull, waiting, lim)
 	}
 	c.inBytes += size
+	if len(c.in) == 0 && c.n.lat.Load() != nil {
+		c.waitsFor().firstAt = int64(time.Since(c.n.epoch))
+	}
 	c.in = append(c.in, msg)
 	c.entered++
 	start := !c.scheduled && !c.held
@@ -88,6 +92,9 @@ func (c *cell[T]) tellWireBatch(ms []wireMsg, arena []uint64) (int, error) {
 		return 0, ErrActorStopped
 	}
 	var err error
+	if len(c.in) == 0 && len(ms) > 0 && c.n.lat.Load() != nil {
+		c.waitsFor().firstAt = int64(time.Since(c.n.epoch))
+	}
 	var conv convCache
 	conv.iface = isMethodIface[T]()
 	own := flatTypeFor[T]() // a plain value of this type is copied straight in

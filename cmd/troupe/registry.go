@@ -43,7 +43,7 @@ func (c *call) registryAddr() (string, error) {
 // noRegistrar explains a failed registry request in one line: what
 // failed, and what to check.
 func (c *call) noRegistrar(addr string, err error) int {
-	if errors.Is(err, troupe.ErrAuth) || tlsFailure(err) {
+	if errors.Is(err, troupe.ErrAuth) || tlsFailure(err) || c.maybeTLS(err) {
 		return c.fail(err)
 	}
 	hint := "is a registrar running there? (troupe registrar --addr " + addr + ")"

@@ -200,6 +200,17 @@ func TestCommandsReachASecuredNode(t *testing.T) {
 	if code != 1 || strings.Count(errOut, "\n") != 1 || !strings.Contains(errOut, "TLS") {
 		t.Fatalf("peers with another CA's certificate: exit %d, %q; want one line saying TLS failed", code, errOut)
 	}
+	// With the secret and no TLS at all: one line that says TLS may be
+	// what is missing.
+	t.Setenv("TROUPE_TLS_CERT", "")
+	t.Setenv("TROUPE_TLS_KEY", "")
+	t.Setenv("TROUPE_TLS_CA", "")
+	for _, args := range [][]string{{"ls"}, {"peers"}} {
+		_, errOut, code := run1(append(args, "--timeout", "5s")...)
+		if code != 1 || strings.Count(errOut, "\n") != 1 || !strings.Contains(errOut, "--tls-") {
+			t.Fatalf("%v without TLS against a TLS node: exit %d, %q; want one line naming the TLS flags", args, code, errOut)
+		}
+	}
 	// A flag naming a file that is not there is a usage error.
 	if _, errOut, code := run1("peers", "--secret-file", filepath.Join(dir, "missing")); code != 2 || !strings.Contains(errOut, "--secret-file") {
 		t.Fatalf("peers with a missing secret file: exit %d, %q", code, errOut)

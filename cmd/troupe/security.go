@@ -101,10 +101,19 @@ func (c *call) fail(err error) int {
 		}
 		return c.failf("authentication failed: %s; %s", why, hint)
 	}
+	if c.maybeTLS(err) {
+		return c.failf("%v; if the node serves TLS (Config.TLS), give --tls-cert, --tls-key and --tls-ca (or TROUPE_TLS_CERT, TROUPE_TLS_KEY, TROUPE_TLS_CA)", err)
+	}
 	if tlsFailure(err) {
 		return c.failf("TLS failed: %v; check --tls-cert, --tls-key and --tls-ca (or TROUPE_TLS_CERT, TROUPE_TLS_KEY, TROUPE_TLS_CA)", err)
 	}
 	return c.failf("%v", err)
+}
+
+// maybeTLS reports whether err is a handshake the node cut short while
+// this command spoke no TLS: what a TLS node does with a plain hello.
+func (c *call) maybeTLS(err error) bool {
+	return c.tlsCert == "" && c.tlsCA == "" && strings.Contains(err.Error(), "handshake: EOF")
 }
 
 // tlsFailure reports whether err came from a TLS handshake.
