@@ -56,8 +56,18 @@ type regTable struct {
 	entries map[regKey]*Registration
 	seq     uint64
 	waiters map[string]map[*handle]waitCond // name -> reply refs of parked waits
+	// subs are the subscribers of Registry.Watch, by their ref; pending
+	// are the events made and not yet sent, in the order of the changes
+	// (see registry_watch.go).
+	subs    map[refKey]*regSub
+	pending []regPending
 
 	requests atomic.Uint64 // requests served, for tests and introspection
+	// pubMu orders the sending of events: whoever holds it sends all that
+	// is pending, oldest first. hasPending says, without a lock, whether
+	// there is anything to send.
+	pubMu      sync.Mutex
+	hasPending atomic.Bool
 }
 
 func newRegTable() *regTable {
@@ -79,8 +89,10 @@ func (c waitCond) admits(r *Registration) bool {
 // restarted on the same address); an entry left with no address goes.
 // Waiters for r.Name are answered and released.
 func (g *regTable) register(r Registration) (woken []*handle) {
+	defer g.publish()
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	var added, removed []Registration
 	for k, e := range g.entries {
 		if e.Node == r.Node {
 			continue
@@ -89,15 +101,32 @@ func (g *regTable) register(r Registration) (woken []*handle) {
 		if len(kept) == len(e.Addrs) {
 			continue
 		}
+		watched := g.watched()
+		if watched {
+			removed = append(removed, copyReg(e))
+		}
 		if len(kept) == 0 {
 			delete(g.entries, k)
 			continue
 		}
 		e.Addrs = kept
+		if watched {
+			added = append(added, copyReg(e))
+		}
 	}
 	g.seq++
 	r.Seq = g.seq
 	r.Addrs = slices.Clone(r.Addrs)
+	if g.watched() {
+		old := g.entries[regKey{r.Name, r.UUID}]
+		if old == nil || !sameRegistration(old, &r) { // (a refresh that changes nothing is no change)
+			if old != nil {
+				removed = append(removed, copyReg(old))
+			}
+			added = append(added, copyReg(&r))
+		}
+		g.changed(added, removed)
+	}
 	g.entries[regKey{r.Name, r.UUID}] = &r
 	for h, c := range g.waiters[r.Name] {
 		if c.admits(&r) {
@@ -112,37 +141,64 @@ func (g *regTable) register(r Registration) (woken []*handle) {
 }
 
 func (g *regTable) unregister(name string, uuid UUID) {
+	defer g.publish()
 	g.mu.Lock()
-	delete(g.entries, regKey{name, uuid})
-	g.mu.Unlock()
+	defer g.mu.Unlock()
+	if e := g.entries[regKey{name, uuid}]; e != nil {
+		delete(g.entries, regKey{name, uuid})
+		if g.watched() {
+			g.changed(nil, []Registration{*e})
+		}
+	}
 }
 
 // dropNode removes every registration of a node incarnation.
 func (g *regTable) dropNode(uid NodeUID) {
+	defer g.publish()
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	// A subscriber on that node is gone with it.
+	for k := range g.subs {
+		if k.node == uid {
+			delete(g.subs, k)
+		}
+	}
+	var removed []Registration
 	for k, e := range g.entries {
 		if e.Node == uid {
 			delete(g.entries, k)
+			if g.watched() {
+				removed = append(removed, *e)
+			}
 		}
 	}
+	g.changed(nil, removed)
 }
 
 // deleteAddr removes a stale address from a registration (and the
 // registration, if it has none left) — and from every other registration of
 // the same node, which listens on the same addresses.
 func (g *regTable) deleteAddr(node NodeUID, addr Addr) {
+	defer g.publish()
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	var added, removed []Registration
 	for k, e := range g.entries {
-		if e.Node != node {
+		if e.Node != node || !slices.Contains(e.Addrs, addr) {
 			continue
+		}
+		watched := g.watched()
+		if watched {
+			removed = append(removed, copyReg(e))
 		}
 		e.Addrs = slices.DeleteFunc(e.Addrs, func(a Addr) bool { return a == addr })
 		if len(e.Addrs) == 0 {
 			delete(g.entries, k)
+		} else if watched {
+			added = append(added, copyReg(e))
 		}
 	}
+	g.changed(added, removed)
 }
 
 // find returns copies of the registrations under name, newest first.
@@ -218,6 +274,11 @@ func (g *regTable) waiting() int {
 	return n
 }
 
+// sameRegistration reports whether a and b say the same, but for Seq.
+func sameRegistration(a, b *Registration) bool {
+	return a.Name == b.Name && a.UUID == b.UUID && a.Path == b.Path && a.Node == b.Node && a.NodeName == b.NodeName && slices.Equal(a.Addrs, b.Addrs)
+}
+
 func copyReg(e *Registration) Registration {
 	c := *e
 	c.Addrs = slices.Clone(e.Addrs)
@@ -233,6 +294,8 @@ const (
 	regOpWait
 	regOpCancelWait
 	regOpDeleteAddr
+	regOpSubscribe   // ReplyTo (a Ref[regEvent]'s handle, sent as a Ref[regReply]) gets the table, then each change; After is the subscription's generation
+	regOpUnsubscribe // that subscriber is forgotten
 )
 
 // regRequest is what a node sends a remote registrar.
@@ -248,6 +311,23 @@ type regRequest struct {
 	// only those registered after Seq After.
 	ActorsOnly bool
 	After      uint64
+}
+
+// regEvent is what a registrar pushes to a Registry.Watch subscriber:
+// the whole table first (Snapshot, in pieces: More on all but the last),
+// then each change. Gen is the subscription's generation, as the
+// subscriber numbered it (regRequest.After); Seq counts its events from 1.
+// A gap means one was lost (a full mailbox): the subscriber subscribes
+// again with the next generation and ignores the older one's events.
+type regEvent struct {
+	Gen      uint64
+	Seq      uint64
+	Snapshot bool
+	More     bool
+	Added    []regWire
+	Removed  []regWire
+	// Refused: the registrar has as many subscribers as it takes.
+	Refused bool
 }
 
 // regReply is a registrar's answer.
@@ -269,6 +349,7 @@ type regWire struct {
 func init() {
 	RegisterMessage[regRequest]("troupe.registry.request")
 	RegisterMessage[regReply]("troupe.registry.reply")
+	RegisterMessage[regEvent]("troupe.registry.event")
 }
 
 func toWire(rs []Registration) []regWire {
@@ -337,6 +418,19 @@ func (n *Node) serveRegistry(req regRequest) {
 			g.deleteAddr(req.Node, a)
 		}
 		reply(nil)
+	case regOpSubscribe:
+		if req.ReplyTo.IsZero() {
+			break
+		}
+		if !g.subscribe(req.ReplyTo.h, req.After) {
+			Ref[regEvent]{h: req.ReplyTo.h}.Tell(regEvent{Gen: req.After, Refused: true})
+			break
+		}
+		g.publish()
+	case regOpUnsubscribe:
+		if !req.ReplyTo.IsZero() {
+			g.unsubscribe(req.ReplyTo.h.key)
+		}
 	}
 }
 

@@ -3,10 +3,12 @@ package troupe
 import (
 	"context"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -209,4 +211,129 @@ func TestActorStopUnregisters(t *testing.T) {
 	r := spawnEcho(t, service, "svc")
 	service.Stop(r)
 	waitFor(t, 5*time.Second, "svc to be unregistered", func() bool { return len(registrar.reg().find("svc")) == 0 })
+}
+
+// A registrar takes at most maxRegistrySubscribers Registry.Watch
+// subscribers; one more is refused, and one that goes makes room.
+func TestRegistrySubscribersAreBounded(t *testing.T) {
+	g := newRegTable()
+	hs := make([]*handle, maxRegistrySubscribers+1)
+	for i := range hs {
+		hs[i] = &handle{key: refKey{path: fmt.Sprintf("/system/w%d", i)}}
+	}
+	for _, h := range hs[:maxRegistrySubscribers] {
+		if !g.subscribe(h, 1) {
+			t.Fatal("a subscriber under the bound was refused")
+		}
+	}
+	// The same ref again (a new handle, as each message that carries a
+	// ref makes one) subscribes again: it takes no second place.
+	again := &handle{key: hs[0].key}
+	if !g.subscribe(again, 2) || len(g.subs) != maxRegistrySubscribers {
+		t.Fatalf("a subscriber that subscribed again: %d subscribers", len(g.subs))
+	}
+	if g.subscribe(hs[maxRegistrySubscribers], 1) {
+		t.Fatal("one subscriber past the bound was taken")
+	}
+	g.unsubscribe(hs[0].key)
+	if !g.subscribe(hs[maxRegistrySubscribers], 1) {
+		t.Fatal("a subscriber was refused after another went")
+	}
+}
+
+// A table larger than one piece goes as several snapshot events, all
+// but the last marked More, numbered in order.
+func TestARegistrySnapshotGoesInPieces(t *testing.T) {
+	g := newRegTable()
+	for i := range 2*snapshotPiece + 5 {
+		g.register(Registration{Name: fmt.Sprintf("a%d", i), UUID: UUID{byte(i), byte(i >> 8)}, Node: NodeUID{1}, Addrs: []Addr{TCPAddr("127.0.0.1:1")}})
+	}
+	h := &handle{key: refKey{path: "/system/w"}}
+	g.subscribe(h, 7)
+	if len(g.pending) != 3 {
+		t.Fatalf("%d snapshot events, want 3", len(g.pending))
+	}
+	total := 0
+	for i, p := range g.pending {
+		ev := p.ev
+		if ev.Gen != 7 || ev.Seq != uint64(i+1) || !ev.Snapshot || ev.More != (i < 2) {
+			t.Fatalf("event %d: %+v", i, ev)
+		}
+		total += len(ev.Added)
+	}
+	if total != 2*snapshotPiece+5 {
+		t.Fatalf("the pieces hold %d registrations", total)
+	}
+}
+
+// Without subscribers, a registration allocates nothing for them.
+func TestRegisteringWithoutSubscribersCostsNothingMore(t *testing.T) {
+	g := newRegTable()
+	r := Registration{Name: "a", UUID: UUID{1}, Node: NodeUID{1}, Addrs: []Addr{TCPAddr("127.0.0.1:1")}}
+	g.register(r) // (the entry exists: a refresh)
+	allocs := testing.AllocsPerRun(100, func() { g.register(r) })
+	if allocs > 2 { // the entry and its addresses' copy
+		t.Fatalf("a refresh without subscribers allocates %v times", allocs)
+	}
+}
+
+// A lost event (a gap in the numbers) makes the watcher subscribe again:
+// exactly one more snapshot, whatever else was in flight, and the table
+// it rebuilt is the registrar's.
+func TestAWatchRecoversFromALostEvent(t *testing.T) {
+	reg := freeRegistryAddr(t, "tcp")
+	n := startNode(t, discoveryConfig("registrar", reg))
+	r, err := n.Registry()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	table := map[regKey]bool{}
+	snapshots := 0
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ended := make(chan error, 1)
+	go func() {
+		ended <- r.Watch(ctx, func(c RegistryChange) {
+			mu.Lock()
+			defer mu.Unlock()
+			if c.Snapshot {
+				snapshots++
+				clear(table)
+			}
+			for _, x := range c.Removed {
+				delete(table, regKey{x.Name, x.UUID})
+			}
+			for _, x := range c.Added {
+				table[regKey{x.Name, x.UUID}] = true
+			}
+		})
+	}()
+	waitFor(t, 5*time.Second, "the snapshot", func() bool { mu.Lock(); defer mu.Unlock(); return snapshots == 1 })
+	// Lose one event: the registrar numbers it, and nobody gets it.
+	g := n.reg()
+	g.mu.Lock()
+	for _, s := range g.subs {
+		s.seq++
+	}
+	g.mu.Unlock()
+	for i := range 5 {
+		spawnEcho(t, n, fmt.Sprintf("svc%d", i))
+	}
+	want := func() map[regKey]bool {
+		m := map[regKey]bool{}
+		for _, x := range g.list() {
+			m[regKey{x.Name, x.UUID}] = true
+		}
+		return m
+	}
+	waitFor(t, 5*time.Second, "the rebuilt table", func() bool { mu.Lock(); defer mu.Unlock(); return maps.Equal(table, want()) })
+	mu.Lock()
+	defer mu.Unlock()
+	if snapshots != 2 {
+		t.Fatalf("%d snapshots after one lost event, want 2", snapshots)
+	}
+	if len(g.subs) != 1 {
+		t.Fatalf("%d subscriptions after subscribing again, want 1", len(g.subs))
+	}
 }

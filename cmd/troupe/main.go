@@ -212,8 +212,11 @@ incompatible or unchecked, so a deploy script can stop before it rolls;
 each new one ("+") and each removal ("-"), until interrupted (exit 0):
 name, uuid, the node it belongs or belonged to, and that node's
 addresses; with --json, one JSON object a line ({"op": "+" or "-",
-"registration": {...}}, as ls --json prints each). It asks the registrar
-for its table every --interval (default 500ms).`,
+"registration": {...}}, as ls --json prints each). A registrar pushes
+each change as it makes it (Registry.Watch); when it is lost, watch says
+so on standard error and follows whoever answers at the address next,
+printing what changed meanwhile. An etcd registry is asked for its table
+every --interval (default 500ms).`,
 		run: watch,
 	},
 	{
@@ -342,7 +345,7 @@ func (cmd *command) invoke(ctx context.Context, args []string, stdout, stderr io
 		fs.DurationVar(&c.timeout, "timeout", 5*time.Second, "how long to wait for the nodes' answers, in all")
 	case "watch":
 		fs.StringVar(&c.registry, "registry", defaultRegistry, "the registrar's `ADDR`, or an etcd registry: etcd://host:port[,host:port]/prefix; env TROUPE_REGISTRY")
-		fs.DurationVar(&c.timeout, "interval", 500*time.Millisecond, "how often to ask the registrar")
+		fs.DurationVar(&c.timeout, "interval", 500*time.Millisecond, "how often to ask an etcd registry, and how long to wait before watching a lost registrar again")
 		fs.BoolVar(&c.asJSON, "json", false, "print each registration and removal as a JSON object on its own line")
 	}
 	for {

@@ -202,3 +202,50 @@ func TestWatchJSON(t *testing.T) {
 		t.Fatalf("watch exited %d after an interrupt; want 0", code)
 	}
 }
+
+// watch follows a registrar that is replaced at its address: it says the
+// first is lost, and goes on with what the second holds.
+func TestWatchFollowsARestartedRegistrar(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	first, err := troupe.Start(ctx, troupe.Config{Name: "first", RegistryAddrs: []string{"127.0.0.1:0"}, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := first.Addrs()[0].String()
+	if _, err := troupe.Spawn(first, "billing", troupe.Behavior[string]{Receive: func(*troupe.Context[string], string) {}}); err != nil {
+		t.Fatal(err)
+	}
+	wctx, stop := context.WithCancel(ctx)
+	defer stop()
+	var out, errOut lockedBuffer
+	done := make(chan int, 1)
+	go func() { done <- run(wctx, []string{"watch", "--registry", addr, "--interval", "50ms"}, &out, &errOut) }()
+	waitFor := func(b *lockedBuffer, want string) {
+		t.Helper()
+		for !strings.Contains(b.String(), want) {
+			if ctx.Err() != nil {
+				t.Fatalf("watch never printed %q:\n%s\n%s", want, out.String(), errOut.String())
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	waitFor(&out, "+ billing ")
+	first.Close()
+	waitFor(&errOut, "watching again")
+	second, err := troupe.Start(ctx, troupe.Config{Name: "second", RegistryAddrs: []string{addr}, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer second.Close()
+	if _, err := troupe.Spawn(second, "shipping", troupe.Behavior[string]{Receive: func(*troupe.Context[string], string) {}}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(&out, "- billing ")
+	waitFor(&out, "+ shipping ")
+	stop()
+	if code := <-done; code != 0 {
+		t.Fatalf("watch exited %d", code)
+	}
+}

@@ -177,37 +177,17 @@ func watch(ctx context.Context, c *call) int {
 		return code
 	}
 	defer n.Close()
-	reg, err := n.Registry(troupe.WithRegistries(addr))
-	if err != nil {
-		return c.noRegistrar(addr, err)
-	}
 	seen := map[string]troupe.Registration{}
-	tick := time.NewTicker(max(c.timeout, 10*time.Millisecond))
-	defer tick.Stop()
-	for first := true; ; first = false {
-		lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		list, err := reg.List(lctx)
-		cancel()
-		if ctx.Err() != nil {
-			return 0
-		}
-		if err != nil {
-			if first {
-				return c.noRegistrar(addr, err)
-			}
-			fmt.Fprintf(c.stderr, "troupe watch: %v\n", err)
-		} else {
+	key := func(r troupe.Registration) string { return r.Name + " " + r.UUID.String() }
+	apply := func(ch troupe.RegistryChange) {
+		if ch.Snapshot {
 			now := map[string]troupe.Registration{}
-			for _, r := range list {
-				key := r.Name + " " + r.UUID.String()
-				now[key] = r
-				if _, ok := seen[key]; !ok {
-					c.watchLine("+", r)
-				}
+			for _, r := range ch.Added {
+				now[key(r)] = r
 			}
 			var gone []troupe.Registration
-			for key, r := range seen {
-				if _, ok := now[key]; !ok {
+			for k, r := range seen {
+				if _, ok := now[k]; !ok {
 					gone = append(gone, r)
 				}
 			}
@@ -215,7 +195,67 @@ func watch(ctx context.Context, c *call) int {
 			for _, r := range gone {
 				c.watchLine("-", r)
 			}
+			for _, r := range ch.Added {
+				if _, ok := seen[key(r)]; !ok {
+					c.watchLine("+", r)
+				}
+			}
 			seen = now
+			return
+		}
+		for _, r := range ch.Removed {
+			delete(seen, key(r))
+			c.watchLine("-", r)
+		}
+		for _, r := range ch.Added {
+			seen[key(r)] = r
+			c.watchLine("+", r)
+		}
+	}
+	for first := true; ; first = false {
+		reg, err := n.Registry(troupe.WithRegistries(addr))
+		if err != nil {
+			return c.noRegistrar(addr, err)
+		}
+		heard := false
+		err = reg.Watch(ctx, func(ch troupe.RegistryChange) { heard = true; apply(ch) })
+		switch {
+		case ctx.Err() != nil:
+			return 0
+		case errors.Is(err, errors.ErrUnsupported):
+			return c.pollWatch(ctx, reg, addr, apply)
+		case first && !heard:
+			return c.noRegistrar(addr, err)
+		}
+		if heard { // (said once a streak: the tries that follow fail the same way)
+			fmt.Fprintf(c.stderr, "troupe watch: %s; watching again\n", strings.TrimPrefix(err.Error(), "troupe: "))
+		}
+		select {
+		case <-ctx.Done():
+			return 0
+		case <-time.After(max(c.timeout, 10*time.Millisecond)):
+		}
+	}
+}
+
+// pollWatch follows a registry that cannot push (etcd, for now) by asking
+// for its table every --interval and printing the difference.
+func (c *call) pollWatch(ctx context.Context, reg *troupe.Registry, addr string, apply func(troupe.RegistryChange)) int {
+	tick := time.NewTicker(max(c.timeout, 10*time.Millisecond))
+	defer tick.Stop()
+	for first := true; ; first = false {
+		lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		list, err := reg.List(lctx)
+		cancel()
+		switch {
+		case ctx.Err() != nil:
+			return 0
+		case err != nil && first:
+			return c.noRegistrar(addr, err)
+		case err != nil:
+			fmt.Fprintf(c.stderr, "troupe watch: %v\n", err)
+		default:
+			apply(troupe.RegistryChange{Snapshot: true, Added: list})
 		}
 		select {
 		case <-ctx.Done():

@@ -274,6 +274,13 @@ func run(ctx context.Context, exe string, args []string) (result, error) {
 		}
 	}()
 
+	// abort stops the client before the result is read: it writes it.
+	abort := func(err error) (result, error) {
+		close(stop)
+		<-clientDone
+		return res, err
+	}
+
 	// The deploy: each service in turn gets SIGTERM, exits, and is
 	// replaced by a new process, which registers before the next goes.
 	time.Sleep(300 * time.Millisecond)
@@ -282,22 +289,22 @@ func run(ctx context.Context, exe string, args []string) (result, error) {
 		select {
 		case <-procs[i].done:
 		case <-time.After(20 * time.Second):
-			return res, errors.New("a service did not exit within 20 s of SIGTERM")
+			return abort(errors.New("a service did not exit within 20 s of SIGTERM"))
 		}
 		p, err := startService(exe, registry, i, args)
 		if err != nil {
-			return res, err
+			return abort(err)
 		}
 		procs[i] = p
 		res.Restarts++
 		if err := waitService(i); err != nil {
-			return res, err
+			return abort(err)
 		}
 		// The new process takes requests before the next one goes: the
 		// three old and this new one have answered.
 		for deadline := time.Now().Add(20 * time.Second); answered() < slots+i+1; {
 			if time.Now().After(deadline) {
-				return res, fmt.Errorf("the new service %d answered nothing within 20 s", i)
+				return abort(fmt.Errorf("the new service %d answered nothing within 20 s", i))
 			}
 			time.Sleep(10 * time.Millisecond)
 		}

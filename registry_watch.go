@@ -1,0 +1,294 @@
+package troupe
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync/atomic"
+	"time"
+)
+
+// Following a registrar's table as it changes: Registry.Watch subscribes,
+// and the registrar pushes the table, then each change (regEvent).
+
+// RegistryChange is one step of [Registry.Watch]: registrations that came
+// and those that went (a registration whose addresses changed goes as it
+// was and comes as it is, in one change). With Snapshot, Added is the
+// registrar's whole table: whatever was known before is to be forgotten.
+type RegistryChange struct {
+	Snapshot bool
+	Added    []Registration
+	Removed  []Registration
+}
+
+// ErrWatchLost is wrapped by the error [Registry.Watch] returns when the
+// registrar it followed is gone (its node stopped, or it cannot be
+// reached): watch again, through [Node.Registry], to follow its
+// successor.
+var ErrWatchLost = errors.New("troupe: the registrar being watched is gone")
+
+// ErrTooManySubscribers is wrapped by the error [Registry.Watch] returns
+// when the registrar has as many subscribers as it takes (1,024).
+var ErrTooManySubscribers = errors.New("troupe: the registrar has as many subscribers as it takes")
+
+// The registrar's side.
+
+// maxRegistrySubscribers bounds a registrar's Registry.Watch subscribers.
+const maxRegistrySubscribers = 1024
+
+// snapshotPiece bounds the registrations one snapshot event carries, so
+// that a large table goes in frames well under MaxFrameSize.
+const snapshotPiece = 256
+
+// regSub is one subscriber.
+type regSub struct {
+	h   *handle // the latest handle of its ref (one is made per message that carries it)
+	gen uint64  // its subscription's generation
+	seq uint64  // the number of the last event made for it
+}
+
+// regPending is one event for one subscriber.
+type regPending struct {
+	to *handle
+	ev regEvent
+}
+
+// watched reports whether anyone subscribes (mu held): without
+// subscribers, a change costs nothing more.
+func (g *regTable) watched() bool { return len(g.subs) > 0 }
+
+// changed queues an event for every subscriber (mu held).
+func (g *regTable) changed(added, removed []Registration) {
+	if len(g.subs) == 0 || len(added)+len(removed) == 0 {
+		return
+	}
+	a, r := toWire(added), toWire(removed)
+	for _, sub := range g.subs {
+		sub.seq++
+		g.pending = append(g.pending, regPending{to: sub.h, ev: regEvent{Gen: sub.gen, Seq: sub.seq, Added: a, Removed: r}})
+	}
+	g.hasPending.Store(true)
+}
+
+// publish sends what is pending, in order. It reports no dead letter (no
+// user code runs under pubMu): a full mailbox loses that one event, which
+// the subscriber sees as a gap; any other failure loses the subscriber.
+func (g *regTable) publish() {
+	if !g.hasPending.Load() {
+		return
+	}
+	g.pubMu.Lock()
+	defer g.pubMu.Unlock()
+	g.mu.Lock()
+	pending := g.pending
+	g.pending = nil
+	g.hasPending.Store(false)
+	g.mu.Unlock()
+	for _, p := range pending {
+		var err error
+		switch {
+		case p.to.local != nil:
+			err = p.to.local.tellAny(p.ev)
+		case p.to.assoc != nil:
+			err = p.to.assoc.tell(p.to, p.ev)
+		default:
+			err = ErrActorStopped
+		}
+		if err != nil && !errors.Is(err, ErrMailboxFull) && !errors.Is(err, ErrSendQueueFull) {
+			g.mu.Lock()
+			if sub := g.subs[p.to.key]; sub != nil && sub.h == p.to {
+				delete(g.subs, p.to.key)
+			}
+			g.mu.Unlock()
+		}
+	}
+}
+
+// subscribe adds a subscriber, or starts its subscription again with
+// generation gen, and queues the whole table for it, in pieces. Past
+// maxRegistrySubscribers it first forgets subscribers whose session has
+// ended (an observer's, which no event reports), and then refuses.
+func (g *regTable) subscribe(h *handle, gen uint64) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	sub := g.subs[h.key]
+	if sub == nil && len(g.subs) >= maxRegistrySubscribers {
+		for k, s := range g.subs {
+			if s.h.assoc != nil && s.h.assoc.failure() != nil {
+				delete(g.subs, k)
+			}
+		}
+		if len(g.subs) >= maxRegistrySubscribers {
+			return false
+		}
+	}
+	if g.subs == nil {
+		g.subs = map[refKey]*regSub{}
+	}
+	if sub == nil {
+		sub = &regSub{}
+		g.subs[h.key] = sub
+	}
+	sub.h, sub.gen, sub.seq = h, gen, 0
+	all := make([]Registration, 0, len(g.entries))
+	for _, e := range g.entries {
+		all = append(all, *e)
+	}
+	slices.SortFunc(all, func(a, b Registration) int { return cmp.Compare(a.Seq, b.Seq) })
+	for start := 0; ; start += snapshotPiece {
+		end := min(start+snapshotPiece, len(all))
+		sub.seq++
+		g.pending = append(g.pending, regPending{to: h, ev: regEvent{Gen: gen, Seq: sub.seq, Snapshot: true, More: end < len(all), Added: toWire(all[start:end])}})
+		if end == len(all) {
+			break
+		}
+	}
+	g.hasPending.Store(true)
+	return true
+}
+
+// unsubscribe forgets a subscriber, by its ref.
+func (g *regTable) unsubscribe(key refKey) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	delete(g.subs, key)
+}
+
+// The subscriber's side.
+
+// watchSeq names Registry.Watch's receiving actors.
+var watchSeq atomic.Uint64
+
+// Watch calls each with the registrar's whole table (a Snapshot), then
+// with every change as the registrar makes it — pushed, not polled — until
+// ctx ends (it returns ctx.Err()), the node closes ([ErrNodeClosed]) or
+// the registrar is lost (an error wrapping [ErrWatchLost]). each runs on
+// the caller's goroutine, one change at a time, in the registrar's order;
+// while it runs, changes wait (in a mailbox of this node's). When changes
+// come faster than each takes them and some are lost, the next call is a
+// Snapshot again, so what each has seen always adds up to the table. A
+// registrar takes at most 1,024 subscribers; one more fails at once
+// ([ErrTooManySubscribers]). A registrar that does not push (troupe
+// before 0.11), and an etcd registry, fail with errors.ErrUnsupported
+// (the first after RegistryTimeout).
+func (r *Registry) Watch(ctx context.Context, each func(RegistryChange)) error {
+	if r.src.etcd != nil {
+		return fmt.Errorf("%w: Registry.Watch of an etcd registry", errors.ErrUnsupported)
+	}
+	n := r.n
+	events := make(chan regEvent, 16)
+	gone := make(chan error, 1)
+	var target Ref[regRequest]
+	if !r.src.local {
+		rctx, cancel := context.WithTimeout(ctx, n.registryTimeout())
+		var err error
+		target, err = n.registrarRef(rctx, r.src.addr)
+		cancel()
+		if err != nil {
+			return fmt.Errorf("registrar %s: %w", r.src.addr, err)
+		}
+	} else if n.reg() == nil {
+		return ErrNoRegistry
+	}
+	name := fmt.Sprintf("registry-watch-%d", watchSeq.Add(1))
+	self, err := Spawn(systemParent{n}, name, Behavior[regEvent]{
+		Setup: func(c *Context[regEvent]) {
+			if !target.IsZero() {
+				c.Watch(target)
+			}
+		},
+		Receive: func(c *Context[regEvent], ev regEvent) {
+			select {
+			case events <- ev:
+			case <-c.Context().Done():
+			}
+		},
+		Signal: func(_ *Context[regEvent], s Signal) {
+			if t, ok := s.(Terminated); ok {
+				select {
+				case gone <- fmt.Errorf("%w: %s: %v", ErrWatchLost, r.src.addr, t.Reason):
+				default:
+				}
+			}
+		},
+	})
+	if err != nil {
+		return err
+	}
+	defer n.Stop(self)
+	var gen uint64
+	subscribe := func() error {
+		gen++
+		if r.src.local {
+			g := n.reg()
+			if g == nil {
+				return ErrNodeClosed
+			}
+			if !g.subscribe(self.h, gen) {
+				return fmt.Errorf("registrar %s: %w", r.src.addr, ErrTooManySubscribers)
+			}
+			g.publish()
+			return nil
+		}
+		target.Tell(regRequest{Op: regOpSubscribe, ReplyTo: Ref[regReply]{h: self.h}, After: gen})
+		return nil
+	}
+	defer func() {
+		if r.src.local {
+			if g := n.reg(); g != nil {
+				g.unsubscribe(self.h.key)
+			}
+			return
+		}
+		target.Tell(regRequest{Op: regOpUnsubscribe, ReplyTo: Ref[regReply]{h: self.h}})
+	}()
+	if err := subscribe(); err != nil {
+		return err
+	}
+	// A registrar that does not know the subscription never answers it.
+	first := time.NewTimer(n.registryTimeout())
+	defer first.Stop()
+	var want uint64 = 1 // the next event's number in this generation
+	var snap []Registration
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-n.workDone():
+			return ErrNodeClosed
+		case err := <-gone:
+			return err
+		case <-first.C:
+			return fmt.Errorf("registrar %s: %w: it sent no table within %v (a registrar before troupe 0.11 does not push)", r.src.addr, errors.ErrUnsupported, n.registryTimeout())
+		case ev := <-events:
+			switch {
+			case ev.Gen != gen:
+				continue // an older subscription's
+			case ev.Refused:
+				return fmt.Errorf("registrar %s: %w", r.src.addr, ErrTooManySubscribers)
+			case ev.Seq != want:
+				// One was lost: subscribe again, and ignore what the
+				// older subscription still sends.
+				if err := subscribe(); err != nil {
+					return err
+				}
+				want, snap = 1, nil
+				continue
+			}
+			want++
+			if ev.Snapshot {
+				snap = append(snap, fromWire(ev.Added, r.src.addr)...)
+				if ev.More {
+					continue
+				}
+				first.Stop()
+				each(RegistryChange{Snapshot: true, Added: snap})
+				snap = nil
+				continue
+			}
+			each(RegistryChange{Added: fromWire(ev.Added, r.src.addr), Removed: fromWire(ev.Removed, r.src.addr)})
+		}
+	}
+}
