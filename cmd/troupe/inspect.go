@@ -13,17 +13,10 @@ import (
 )
 
 func down(ctx context.Context, c *call) int {
-	if c.node == "" {
-		fmt.Fprintf(c.stderr, "troupe down: --node is required\nusage: %s\n", c.cmd.usage)
-		return 2
-	}
-	ctx, cancel := context.WithTimeout(ctx, c.timeout)
-	defer cancel()
-	n, code := c.cliNode(ctx)
-	if n == nil {
-		return code
-	}
-	defer n.Close()
+	return c.atNode(ctx, c.down)
+}
+
+func (c *call) down(ctx context.Context, n *troupe.Node) int {
 	if err := troupe.DownMember(ctx, n, c.node, c.args[0]); err != nil {
 		return c.fail(err)
 	}
@@ -76,17 +69,10 @@ type mailbox struct {
 // remoteStats asks a node for its stats and prints what the command
 // shows.
 func remoteStats(ctx context.Context, c *call) int {
-	if c.node == "" {
-		fmt.Fprintf(c.stderr, "troupe %s: --node is required\nusage: %s\n", c.cmd.name, c.cmd.usage)
-		return 2
-	}
-	ctx, cancel := context.WithTimeout(ctx, c.timeout)
-	defer cancel()
-	n, code := c.cliNode(ctx)
-	if n == nil {
-		return code
-	}
-	defer n.Close()
+	return c.atNode(ctx, c.remoteStats)
+}
+
+func (c *call) remoteStats(ctx context.Context, n *troupe.Node) int {
 	doc, err := troupe.FetchStats(ctx, n, c.node)
 	if err != nil {
 		return c.fail(err)
@@ -177,17 +163,10 @@ type quarantineRow struct {
 
 // quarantine lists a node's quarantines, or clears one.
 func quarantine(ctx context.Context, c *call) int {
-	if c.node == "" {
-		fmt.Fprintf(c.stderr, "troupe %s: --node is required\nusage: %s\n", c.cmd.name, c.cmd.usage)
-		return 2
-	}
-	ctx, cancel := context.WithTimeout(ctx, c.timeout)
-	defer cancel()
-	n, code := c.cliNode(ctx)
-	if n == nil {
-		return code
-	}
-	defer n.Close()
+	return c.atNode(ctx, c.quarantine)
+}
+
+func (c *call) quarantine(ctx context.Context, n *troupe.Node) int {
 	if c.args[0] == "clear" {
 		peer := c.args[1]
 		cleared, err := troupe.ClearQuarantineAt(ctx, n, c.node, peer)

@@ -185,22 +185,37 @@ func TestNoRegistrarIsOneLine(t *testing.T) {
 	}
 }
 
-func TestTimeoutIsHonouredAgainstASilentPeer(t *testing.T) {
-	// Something that accepts connections and never answers the handshake.
+// silentListener accepts connections and never answers the handshake,
+// until the test ends.
+func silentListener(t *testing.T) net.Listener {
+	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.Close()
+	done := make(chan struct{})
+	t.Cleanup(func() { l.Close(); <-done })
 	go func() {
+		defer close(done)
+		var conns []net.Conn
+		defer func() {
+			for _, c := range conns {
+				c.Close()
+			}
+		}()
 		for {
 			c, err := l.Accept()
 			if err != nil {
 				return
 			}
-			defer c.Close()
+			conns = append(conns, c)
 		}
 	}()
+	return l
+}
+
+func TestTimeoutIsHonouredAgainstASilentPeer(t *testing.T) {
+	l := silentListener(t)
 	start := time.Now()
 	var errOut bytes.Buffer
 	code := run(context.Background(), []string{"ls", "--registry", l.Addr().String(), "--timeout", "1s"}, io.Discard, &errOut)

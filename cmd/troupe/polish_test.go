@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"io"
 	"log/slog"
-	"net"
 	"strings"
 	"testing"
 	"time"
@@ -82,20 +81,7 @@ func TestExitCodesAreTheSameEverywhere(t *testing.T) {
 // command exits 130 and says it was interrupted, without blaming the
 // address.
 func TestInterruptedExits130(t *testing.T) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			defer c.Close()
-		}
-	}()
+	l := silentListener(t)
 	for _, args := range [][]string{{"peers", "--node", l.Addr().String()}, {"ls", "--registry", l.Addr().String()}} {
 		ctx, cancel := context.WithCancel(context.Background())
 		time.AfterFunc(200*time.Millisecond, cancel)

@@ -14,18 +14,6 @@ import (
 	"troupe"
 )
 
-// connect starts the command's own short-lived node, bounded by the
-// command's timeout, and returns it with the registrar's address.
-func (c *call) connect(ctx context.Context) (*troupe.Node, string, int) {
-	addr, err := c.registryAddr()
-	if err != nil {
-		fmt.Fprintf(c.stderr, "troupe %s: --registry: %v\n", c.cmd.name, err)
-		return nil, "", 2
-	}
-	n, code := c.cliNode(ctx)
-	return n, addr, code
-}
-
 // registryAddr is --registry in the form WithRegistries takes: a
 // registrar's address, or an etcd registry as given
 // (etcd://host:port,host:port/prefix).
@@ -78,14 +66,12 @@ func toJSON(r troupe.Registration) registration {
 // withNode runs f with the command's own short-lived node and the
 // registrar's address, all within the command's timeout.
 func (c *call) withNode(ctx context.Context, f func(ctx context.Context, n *troupe.Node, addr string) int) int {
-	ctx, cancel := context.WithTimeout(ctx, c.timeout)
-	defer cancel()
-	n, addr, code := c.connect(ctx)
-	if n == nil {
-		return code
+	addr, err := c.registryAddr()
+	if err != nil {
+		fmt.Fprintf(c.stderr, "troupe %s: --registry: %v\n", c.cmd.name, err)
+		return 2
 	}
-	defer n.Close()
-	return f(ctx, n, addr)
+	return c.withCLINode(ctx, func(ctx context.Context, n *troupe.Node) int { return f(ctx, n, addr) })
 }
 
 func ls(ctx context.Context, c *call) int {

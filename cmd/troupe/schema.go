@@ -33,13 +33,12 @@ func schema(ctx context.Context, c *call) int {
 		fmt.Fprintf(c.stderr, "troupe schema: give --node %d time(s), got %d\nusage: %s\n", want, len(c.addrs), c.cmd.usage)
 		return 2
 	}
-	ctx, cancel := context.WithTimeout(ctx, c.timeout)
-	defer cancel()
-	n, code := c.cliNode(ctx)
-	if n == nil {
-		return code
-	}
-	defer n.Close()
+	return c.withCLINode(ctx, func(ctx context.Context, n *troupe.Node) int { return c.schema(ctx, n, diff) })
+}
+
+// schema fetches the nodes' schemas through n and prints them, or their
+// diff.
+func (c *call) schema(ctx context.Context, n *troupe.Node, diff bool) int {
 	var schemas [][]troupe.MessageSchema
 	for _, addr := range c.addrs {
 		s, err := troupe.FetchSchema(ctx, n, addr)

@@ -30,6 +30,30 @@ func (c *call) cliNode(ctx context.Context) (*troupe.Node, int) {
 	return n, 0
 }
 
+// atNode runs f with the command's own node, within the command's
+// timeout, for a command that asks the node at --node (required: a usage
+// error without it).
+func (c *call) atNode(ctx context.Context, f func(ctx context.Context, n *troupe.Node) int) int {
+	if c.node == "" {
+		fmt.Fprintf(c.stderr, "troupe %s: --node is required\nusage: %s\n", c.cmd.name, c.cmd.usage)
+		return 2
+	}
+	return c.withCLINode(ctx, f)
+}
+
+// withCLINode runs f with the command's own node, within the command's
+// timeout, and closes the node after.
+func (c *call) withCLINode(ctx context.Context, f func(ctx context.Context, n *troupe.Node) int) int {
+	ctx, cancel := context.WithTimeout(ctx, c.timeout)
+	defer cancel()
+	n, code := c.cliNode(ctx)
+	if n == nil {
+		return code
+	}
+	defer n.Close()
+	return f(ctx, n)
+}
+
 // security reads the secret and TLS flags: the shared secret (nil without
 // --secret-file) and the TLS config (nil without any --tls flag). For a
 // server (the registrar), a --tls-ca also makes it require and verify the
