@@ -402,6 +402,11 @@ func (a *assoc) firstFrames(resume bool) {
 	if a.n.refusing.Load() && a.peerFlags&helloDrains != 0 {
 		a.encodeControl(appendDraining(nil), false)
 	}
+	if a.out.frames > 0 {
+		// The writer, once it starts, is to find them at once: a frame
+		// queued behind them does not wake it (it is not the first).
+		a.notify()
+	}
 }
 
 // sayBye writes a goodbye on a connection that no reader or writer uses

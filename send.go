@@ -96,6 +96,7 @@ func (a *assoc) send(ctx context.Context, h *handle, msg any) error {
 			}
 			continue // the session may have moved on meanwhile
 		}
+		idle := t.out.frames == 0
 		err := t.encodeTell(h, mt, pb.b, nil)
 		if err == errNoCredit && ctx != nil {
 			// The remote actor's mailbox is full: wait for its node to
@@ -105,7 +106,9 @@ func (a *assoc) send(ctx context.Context, h *handle, msg any) error {
 			}
 			continue
 		}
-		first := t.out.frames == 1
+		// A frame is one or two (a shape goes before a type's first
+		// message): the writer is woken when there was nothing before.
+		first := idle && t.out.frames > 0
 		t.mu.Unlock()
 		if first {
 			t.notify()
@@ -139,11 +142,12 @@ func (a *assoc) tellFlat(h *handle, mt *msgType, p unsafe.Pointer) bool {
 		t.mu.Unlock()
 		return false
 	}
+	idle := t.out.frames == 0
 	if t.encodeTell(h, mt, nil, p) != nil {
 		t.mu.Unlock()
 		return false
 	}
-	first := t.out.frames == 1
+	first := idle && t.out.frames > 0
 	t.mu.Unlock()
 	if first {
 		t.notify()
