@@ -136,11 +136,16 @@ func (c *Cluster) reply(to Ref[clusterMsg], addr Addr, msg clusterMsg) {
 	c.tell(addr, msg)
 }
 
-// knock sends this member's state to the seeds while it knows no other
-// member.
+// knock sends this member's state to the seeds while it knows no member
+// that can admit it (none up or leaving): knowing only other joiners — ones
+// that joined through it, say — is still being alone, and none of them
+// will ever carry this member's state to the cluster.
 func (c *Cluster) knock() {
 	c.mu.Lock()
-	alone := len(c.members) == 1
+	alone := true
+	for _, m := range c.members {
+		alone = alone && !m.counts()
+	}
 	c.mu.Unlock()
 	if alone {
 		for _, s := range c.seeds {

@@ -558,7 +558,11 @@ func (r *clusterRig) dumpOnFailure() {
 	defer r.mu.Unlock()
 	for i, c := range r.members {
 		c.mu.Lock()
-		r.t.Logf("member %d %v stopped=%v self=%v digest=%x seen=%v leader=%v converged=%v", i, r.nodes[i].UID(), stopped(c), c.members[c.self].Status, c.digested, len(c.seen), c.leader().UID, c.converged())
+		leader := "none"
+		if l := c.leader(); l != nil {
+			leader = l.UID.String()
+		}
+		r.t.Logf("member %d %v stopped=%v self=%v digest=%x seen=%v leader=%v converged=%v", i, r.nodes[i].UID(), stopped(c), c.members[c.self].Status, c.digested, len(c.seen), leader, c.converged())
 		c.mu.Unlock()
 		for _, m := range c.Members() {
 			r.t.Logf("    sees %v %v up#%d", m.UID, m.Status, m.UpNumber)
