@@ -1,8 +1,10 @@
 package troupe
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"reflect"
 	"runtime"
 	"strings"
@@ -375,7 +377,15 @@ func (c *cell[T]) run() {
 				close(c.waits.room)
 				c.waits.room = nil
 			}
-			firstAt, c.waits.firstAt = c.waits.firstAt, 0
+			if m := c.waits.more; m != nil {
+				firstAt, m.firstAt = m.firstAt, 0
+				if len(m.hdrs) > 0 {
+					t := c.tooling()
+					t.hdrs = append(t.hdrs, m.hdrs...)
+					clear(m.hdrs)
+					m.hdrs = m.hdrs[:0]
+				}
+			}
 		}
 		c.mu.Unlock()
 		if c.n.creditWaiting.Load() > 0 {
@@ -408,11 +418,18 @@ func (c *cell[T]) run() {
 					break
 				}
 			}
-			if hist != nil {
+			var hd Headers
+			if t := c.tools; t != nil && len(t.hdrs) > 0 {
+				hd = t.headersOf(base + uint64(i))
+			}
+			switch {
+			case hd != nil:
+				c.receiveHeaders(c.batch[i], hd, hist)
+			case hist != nil:
 				t0 := time.Now()
 				c.receive(c.batch[i])
 				hist.observe(time.Since(t0))
-			} else {
+			default:
 				c.receive(c.batch[i])
 			}
 			if c.tools != nil && len(c.tools.later) > 0 {
@@ -534,6 +551,44 @@ func (c *cell[T]) handleSys(m sysMsg) {
 func (c *cell[T]) receive(msg T) {
 	defer c.recoverFailure(false)
 	c.b.Receive(&c.ctx, msg)
+}
+
+// receiveHeaders handles msg, which carries headers hd: through
+// Config.OnReceive when it is set, with Context.Context carrying them.
+func (c *cell[T]) receiveHeaders(msg T, hd Headers, hist *latencyHist) {
+	t := c.tools
+	t.cur = hd
+	defer func() { t.cur, t.curCtx = nil, nil }()
+	on := c.n.cfg.OnReceive
+	if on == nil || !userPath(c.self.key.path) {
+		c.receiveTimed(msg, hist)
+		return
+	}
+	defer c.recoverFailure(false) // (a panic in OnReceive itself)
+	called, returned := false, false
+	// Its own copy: the message's map may be its sender's too.
+	on(c.ctx.Context(), c.self.key.path, maps.Clone(hd), func(ctx context.Context) {
+		if called || returned {
+			return // once, and only while OnReceive runs
+		}
+		called = true
+		if ctx != nil {
+			t.curCtx = ctx
+		}
+		c.receiveTimed(msg, hist)
+	})
+	returned = true
+}
+
+// receiveTimed is receive, observed by hist if not nil.
+func (c *cell[T]) receiveTimed(msg T, hist *latencyHist) {
+	if hist == nil {
+		c.receive(msg)
+		return
+	}
+	t0 := time.Now()
+	c.receive(msg)
+	hist.observe(time.Since(t0))
 }
 
 func (c *cell[T]) guard(f func()) {

@@ -132,7 +132,7 @@ func (c *cell[T]) releaseStopNotice(note *stopNote) {
 	}
 	if note.asks--; note.asks == 0 {
 		w.stop = nil
-		if w.room == nil && w.cancel == nil {
+		if w.room == nil && w.more == nil {
 			c.waits = nil
 		}
 	}
@@ -146,15 +146,25 @@ type cellWaits struct {
 	// stop, made for an Ask waiting on the actor, is closed when it
 	// stops.
 	stop *stopNote
+	// more holds what fewer actors need, made on first use: this struct
+	// is made per local Ask (and dropped after it), so it stays at 24
+	// bytes.
+	more *cellMore
+}
+
+// cellMore is the part of an actor's waits that, once made, stays.
+type cellMore struct {
 	// cancel cancels the actor's Context (see Context.Context): a stop
 	// pushed to the actor calls it at once.
 	cancel context.CancelFunc
 	// firstAt is when the oldest message waiting arrived in an empty
-	// mailbox, in nanoseconds since the node's epoch (8 bytes, not a
-	// time.Time's 24: this struct is made per Ask), set only while the
+	// mailbox, in nanoseconds since the node's epoch, set only while the
 	// node keeps latency histograms (latency.go): the batch that takes it
 	// observes the mailbox wait.
 	firstAt int64
+	// hdrs are the headers of the messages waiting that carry some, in
+	// the order of their index (see heldHeaders).
+	hdrs []heldHeaders
 }
 
 // waitsFor returns the cell's waits, made on first use (mu held).
@@ -163,4 +173,13 @@ func (c *cell[T]) waitsFor() *cellWaits {
 		c.waits = &cellWaits{}
 	}
 	return c.waits
+}
+
+// moreFor returns the cell's lasting waits, made on first use (mu held).
+func (c *cell[T]) moreFor() *cellMore {
+	w := c.waitsFor()
+	if w.more == nil {
+		w.more = &cellMore{}
+	}
+	return w.more
 }

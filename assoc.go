@@ -76,6 +76,7 @@ type outRec struct {
 	pb  *payloadBuf // msg already encoded (for this session's peer), if not nil
 	// wait: sent with Send, which waits for credit rather than fail.
 	wait bool
+	hd   Headers // the message's headers, if any
 }
 
 // ctlFrame is the body of a control frame in an outRec; answerFrame the
@@ -130,6 +131,9 @@ type assoc struct {
 	// observer: the peer is an Observer (Config.Observer): it is not
 	// listed, published, resumed or quarantined (set by the handshake).
 	observer bool
+	// peerHeaders: the peer takes tells with headers (set by the
+	// handshake); another gets messages without their headers.
+	peerHeaders bool
 	// credit: both sides grant and heed per-actor credit (set by the
 	// handshake, before the reader and writer start).
 	credit bool

@@ -132,10 +132,15 @@ func (a *assoc) deadLettersOf(c *frameChain, err error, unconfirmed bool) {
 	}
 	c.each(func(f []byte) bool {
 		body := f[frameBodyAt(f):]
-		if frameKind(body[0]) != frameTell {
+		fields := body[1:]
+		switch frameKind(body[0]) {
+		case frameTell:
+		case frameTellHeaders:
+			_, fields, _ = parseHeaders(fields)
+		default:
 			return true
 		}
-		target, msg := a.decodeHeld(body[1:])
+		target, msg := a.decodeHeld(fields)
 		if unconfirmed {
 			a.n.deadLetterUnconfirmed(target, msg, err)
 		} else {

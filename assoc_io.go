@@ -215,7 +215,7 @@ func (a *assoc) encodeQueued() []failedRec {
 		}
 		switch {
 		case r.h != nil:
-			err := a.encodeTell(r.h, r.mt, r.pb.b, nil)
+			err := a.encodeTell(r.h, r.mt, r.pb.b, nil, r.hd)
 			if err == errNoCredit && r.wait {
 				// A Send waits for credit, at the head of the queue (with
 				// its payload): onCredit wakes the writer for it.
@@ -468,7 +468,7 @@ func (a *assoc) unackedSeq() int {
 // frames that are not sequenced before and among them (mu held).
 func (a *assoc) release(k int) {
 	a.unacked.drop(func(kind frameKind) bool {
-		if !a.resumable && kind != frameTell {
+		if !a.resumable && !kind.isTell() {
 			return true
 		}
 		if k == 0 {
@@ -532,7 +532,7 @@ func (a *assoc) readLoop(fr *frameReader) {
 			// its goodbye goes out is neither delivered nor acknowledged.
 			continue
 		}
-		if kind != frameTell && len(a.batch) > 0 {
+		if !kind.isTell() && len(a.batch) > 0 {
 			a.flushBatch()
 		}
 		done, err := a.handleFrame(kind, body[1:])

@@ -49,6 +49,9 @@ func TestBadInputClosesOnlyThatConnection(t *testing.T) {
 		{"truncated tell", true, []byte{3, byte(frameTell), 3, 0}, "malformed"},
 		{"undefined target id", true, []byte{3, byte(frameTell), 8, 2}, "undefined target id"},
 		{"hello after handshake", true, []byte{1, byte(frameHello)}, "after the handshake"},
+		{"seventeen headers", true, []byte{2, byte(frameTellHeaders), 17}, "17 headers"},
+		{"a header twice", true, appendWhole(nil, []byte{byte(frameTellHeaders), 2, 1, 'k', 1, 'v', 1, 'k', 1, 'w', 2, 2}), "twice"},
+		{"a header past its bound", true, appendWhole(nil, append([]byte{byte(frameTellHeaders), 1, 1, 'k', 0x81, 0x08}, make([]byte, 1025)...)), "1025-byte value"},
 	}
 	forEachTransport(t, func(t *testing.T, listen func(testing.TB) string) {
 		victim := startNode(t, testConfig(listen(t)))

@@ -512,3 +512,46 @@ func BenchmarkFastBesideSlow(b *testing.B) {
 	b.ReportMetric(float64(beside.Nanoseconds())/float64(b.N*burst), "beside-ns/msg")
 	b.ReportMetric(float64(solo)/float64(beside), "ratio")
 }
+
+// BenchmarkSendHeaders is Ref.Send of a small message, on the node and to
+// another over TCP, without headers and with a W3C traceparent (a
+// different one every 256 messages).
+func BenchmarkSendHeaders(b *testing.B) {
+	traces := make([]context.Context, 256)
+	for i := range traces {
+		traces[i] = WithHeaders(context.Background(), Headers{"traceparent": fmt.Sprintf("00-%032x-%016x-01", i*7919+1, i+1)})
+	}
+	for _, where := range []string{"local", "remote"} {
+		for _, with := range []bool{false, true} {
+			name := where + "/none"
+			if with {
+				name = where + "/traceparent"
+			}
+			b.Run(name, func(b *testing.B) {
+				a := startNode(b, benchConfig())
+				r, done := counter(b, a, "sink", b.N+1)
+				if where == "remote" {
+					srv := startNode(b, benchConfig("tcp://127.0.0.1:0"))
+					_, done = counter(b, srv, "sink", b.N+1)
+					var err error
+					if r, err = Resolve[count](context.Background(), a, FormatRef(srv.Addrs()[0], "/user/sink")); err != nil {
+						b.Fatal(err)
+					}
+				}
+				r.Tell(count{}) // define the target and type ids
+				ctx := context.Background()
+				b.ReportAllocs()
+				b.ResetTimer()
+				for i := range b.N {
+					if with {
+						ctx = traces[i&255]
+					}
+					if err := r.Send(ctx, count{N: i}); err != nil {
+						b.Fatal(err)
+					}
+				}
+				<-done
+			})
+		}
+	}
+}

@@ -1,6 +1,7 @@
 package troupe
 
 import (
+	"context"
 	"crypto/tls"
 	"fmt"
 	"log/slog"
@@ -243,6 +244,32 @@ type Config struct {
 	// off; the
 	// [DeadLetter] events are published either way.
 	DeadLetterLog int
+
+	// OnSend, if set, is called by every [Ref.Send] and [Ask] of this
+	// node, before the message goes, with the send's context, the
+	// target's path, and the headers the message will carry (those of
+	// ctx, see [WithHeaders]; an empty map if none), which it may change:
+	// a tracer injects the current span there. It runs on the sending
+	// goroutine, with no troupe lock held. [Ref.Tell] takes no context
+	// and carries no headers. Headers past their bounds fail the send
+	// with [ErrBadHeaders].
+	OnSend func(ctx context.Context, to string, h Headers)
+
+	// OnReceive, if set, is called on the actor's goroutine for each
+	// message that carries headers, in place of the handler: it must call
+	// handle once, on its own goroutine before it returns, with the
+	// context the handler's [Context.Context] is to return (ctx, the
+	// actor's context with the message's headers, or one derived from it:
+	// a tracer extracts the remote span from h and starts one of its
+	// own). A message it does not hand on is not handled; a second call,
+	// or one after OnReceive returned, does nothing. h is a copy of the
+	// message's headers. A panic in the handler is the actor's failure,
+	// as always, and handle returns normally after it; a panic in
+	// OnReceive itself is the actor's failure too.
+	//
+	// OnSend and OnReceive run for user actors only (paths under
+	// "/user/"): troupe's own requests carry no headers.
+	OnReceive func(ctx context.Context, to string, h Headers, handle func(ctx context.Context))
 
 	// fault routes the node's connections through a fault network (set
 	// by FaultNet.Start).

@@ -239,7 +239,7 @@ func rejectFrame(code byte, uid NodeUID, text string) []byte {
 }
 
 func (n *Node) hello() *hello {
-	h := &hello{version: protocolVersion, uid: n.uid, name: n.name, flags: helloResumable | helloCredit | helloDrains | helloShapes, appVersion: n.cfg.AppVersion}
+	h := &hello{version: protocolVersion, uid: n.uid, name: n.name, flags: helloResumable | helloCredit | helloDrains | helloShapes, appVersion: n.cfg.AppVersion, headers: true}
 	if n.cfg.Observer {
 		// An observer's session ends with its connection: nothing to
 		// resume.
@@ -306,6 +306,7 @@ func (n *Node) attach(a *assoc, h *hello) bool {
 	a.peerUID, a.peerName, a.peerFlags, a.peerAppVersion = h.uid, h.name, h.flags, h.appVersion
 	a.resumable = h.flags&helloResumable != 0 && !h.observer && !n.cfg.Observer
 	a.observer = h.observer
+	a.peerHeaders = h.headers
 	a.credit = h.flags&helloCredit != 0
 	for _, s := range h.addrs {
 		if ad, err := ParseAddr(s); err == nil {

@@ -404,8 +404,8 @@ type foundWatch struct {
 	once   sync.Once
 }
 
-func (w *foundWatch) tellAny(any) error       { return ErrNoSuchActor }
-func (w *foundWatch) tellWire(any, int) error { return ErrNoSuchActor }
+func (w *foundWatch) tellAny(any) error                { return ErrNoSuchActor }
+func (w *foundWatch) tellWire(any, int, Headers) error { return ErrNoSuchActor }
 func (w *foundWatch) sysPush(m sysMsg) bool {
 	if m.kind == sysTerminated {
 		w.once.Do(func() {

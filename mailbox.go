@@ -14,13 +14,13 @@ import (
 // limits it meets there (MailboxLimit, MailboxBytes).
 
 // push queues a user message and schedules the cell if it was idle.
-func (c *cell[T]) push(msg T) error { return c.pushSized(msg, 0) }
+func (c *cell[T]) push(msg T) error { return c.pushSized(msg, 0, nil) }
 
-// pushWait is push that waits while the mailbox is full: until there is
-// room, the actor stops, or ctx ends.
-func (c *cell[T]) pushWait(ctx context.Context, msg T) error {
+// pushWait is push, with the message's headers, that waits while the
+// mailbox is full: until there is room, the actor stops, or ctx ends.
+func (c *cell[T]) pushWait(ctx context.Context, msg T, hd Headers) error {
 	for {
-		err := c.push(msg)
+		err := c.pushSized(msg, 0, hd)
 		if !errors.Is(err, ErrMailboxFull) {
 			return err
 		}
@@ -46,8 +46,9 @@ func (c *cell[T]) pushWait(ctx context.Context, msg T) error {
 }
 
 // pushSized is push for a message that arrived over the wire in size
-// encoded bytes, counted against [Config.MailboxBytes].
-func (c *cell[T]) pushSized(msg T, size int) error {
+// encoded bytes, counted against [Config.MailboxBytes], or that carries
+// headers hd.
+func (c *cell[T]) pushSized(msg T, size int, hd Headers) error {
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
@@ -64,7 +65,13 @@ func (c *cell[T]) pushSized(msg T, size int) error {
 	}
 	c.inBytes += size
 	if len(c.in) == 0 && c.n.lat.Load() != nil {
-		c.waitsFor().firstAt = int64(time.Since(c.n.epoch))
+		c.moreFor().firstAt = int64(time.Since(c.n.epoch))
+	}
+	if hd != nil {
+		// Kept beside the mailbox by the message's index, so that a
+		// mailbox of messages without headers holds nothing more.
+		m := c.moreFor()
+		m.hdrs = append(m.hdrs, heldHeaders{at: c.entered, h: hd})
 	}
 	c.in = append(c.in, msg)
 	c.entered++
@@ -77,12 +84,12 @@ func (c *cell[T]) pushSized(msg T, size int) error {
 	return nil
 }
 
-func (c *cell[T]) tellWire(msg any, size int) error {
+func (c *cell[T]) tellWire(msg any, size int, hd Headers) error {
 	v, ok := msg.(T)
 	if !ok {
 		return c.tellAny(msg)
 	}
-	return c.pushSized(v, size)
+	return c.pushSized(v, size, hd)
 }
 
 func (c *cell[T]) tellWireBatch(ms []wireMsg, arena []uint64) (int, error) {
@@ -93,7 +100,7 @@ func (c *cell[T]) tellWireBatch(ms []wireMsg, arena []uint64) (int, error) {
 	}
 	var err error
 	if len(c.in) == 0 && len(ms) > 0 && c.n.lat.Load() != nil {
-		c.waitsFor().firstAt = int64(time.Since(c.n.epoch))
+		c.moreFor().firstAt = int64(time.Since(c.n.epoch))
 	}
 	var conv convCache
 	conv.iface = isMethodIface[T]()
@@ -121,6 +128,10 @@ func (c *cell[T]) tellWireBatch(ms []wireMsg, arena []uint64) (int, error) {
 			break
 		}
 		c.inBytes += size
+		if hd := ms[k].hd; hd != nil {
+			m := c.moreFor()
+			m.hdrs = append(m.hdrs, heldHeaders{at: c.entered, h: hd})
+		}
 		c.in = append(c.in, v)
 		c.entered++
 	}
@@ -152,10 +163,10 @@ func (c *cell[T]) sysPush(m sysMsg) bool {
 		m.after = c.entered
 	}
 	var cancel context.CancelFunc
-	if m.kind == sysStop && !m.drain && c.waits != nil {
+	if m.kind == sysStop && !m.drain && c.waits != nil && c.waits.more != nil {
 		// A handler waiting on the actor's context returns now, so that
 		// the stop (and a stopping parent waiting for it) is not held up.
-		cancel = c.waits.cancel
+		cancel = c.waits.more.cancel
 	}
 	c.sys = append(c.sys, m)
 	c.hasSys.Store(true)

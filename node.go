@@ -16,7 +16,7 @@ import (
 )
 
 // Version is this release of troupe.
-const Version = "0.11.0"
+const Version = "0.12.0"
 
 // Errors about nodes.
 var (

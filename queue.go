@@ -302,7 +302,7 @@ func (c *frameChain) drop(skip func(kind frameKind) bool, free func(*frameBlock)
 			c.bytes -= n
 			c.frames--
 			b.frames--
-			if kind == frameTell {
+			if kind.isTell() {
 				c.tells--
 				b.tells--
 			}

@@ -51,7 +51,7 @@ type localTarget interface {
 	tellAny(msg any) error
 	// tellWire is tellAny for a message that arrived over the wire in
 	// size encoded bytes.
-	tellWire(msg any, size int) error
+	tellWire(msg any, size int, hd Headers) error
 	// sysPush queues a signal on the system lane; false if the target has
 	// already stopped.
 	sysPush(m sysMsg) bool
@@ -107,13 +107,20 @@ func (h *handle) String() string {
 
 // send delivers msg to the target, or publishes a DeadLetter and returns
 // the reason.
-func (h *handle) send(msg any) error {
+func (h *handle) send(msg any) error { return h.sendHeaders(msg, nil) }
+
+// sendHeaders is send for a message that carries headers hd.
+func (h *handle) sendHeaders(msg any, hd Headers) error {
 	var err error
 	switch {
 	case h.local != nil:
-		err = h.local.tellAny(msg)
+		if hd != nil {
+			err = h.local.tellWire(msg, 0, hd)
+		} else {
+			err = h.local.tellAny(msg)
+		}
 	case h.assoc != nil:
-		err = h.assoc.tell(h, msg)
+		err = h.assoc.send(nil, h, msg, hd)
 		if err == nil {
 			return nil
 		}
@@ -212,20 +219,27 @@ func flatTypeFor[T any]() *msgType {
 // quarantined, this node closed, the type is not registered), in which
 // case a DeadLetter is published too, as Tell would. A session with the peer that is suspended
 // by a link flap keeps Send waiting until it resumes or ends.
+//
+// msg carries the headers of ctx (see [WithHeaders]) and what
+// [Config.OnSend] adds; headers past their bounds fail the Send with
+// [ErrBadHeaders], and nothing is sent.
 func (r Ref[T]) Send(ctx context.Context, msg T) error {
 	if r.h == nil {
 		panic("troupe: Send on a zero Ref")
 	}
-	var err error
+	hd, err := r.h.node.outHeaders(ctx, r.h)
+	if err != nil {
+		return err
+	}
 	switch {
 	case r.h.local != nil:
 		if c, ok := r.h.local.(*cell[T]); ok {
-			err = c.pushWait(ctx, msg)
+			err = c.pushWait(ctx, msg, hd)
 		} else {
-			err = r.h.local.tellAny(msg)
+			err = r.h.local.tellWire(msg, 0, hd)
 		}
 	case r.h.assoc != nil:
-		err = r.h.assoc.sendWait(ctx, r.h, msg)
+		err = r.h.assoc.send(ctx, r.h, msg, hd)
 	}
 	if err != nil && err != ctx.Err() {
 		r.h.node.deadLetter(r.h.String(), msg, err)
@@ -279,6 +293,10 @@ var refCarrierType = reflect.TypeFor[refCarrier]()
 // returns at once an [*AskError] with the stop's reason (for a target on
 // another node, Ask watches it while it waits). A reply that arrives
 // after Ask returned becomes a [DeadLetter].
+//
+// Like [Ref.Send], Ask sends the headers of ctx with the request (see
+// [WithHeaders]), and fails with [ErrBadHeaders] before sending anything
+// when they break their bounds.
 func Ask[Req, Resp any](ctx context.Context, to Ref[Req], mk func(replyTo Ref[Resp]) Req) (Resp, error) {
 	var zero Resp
 	if to.h == nil {
@@ -287,6 +305,10 @@ func Ask[Req, Resp any](ctx context.Context, to Ref[Req], mk func(replyTo Ref[Re
 	n := to.h.node
 	if rt := reflect.TypeFor[Resp](); to.h.assoc != nil && rt.Kind() != reflect.Interface && typeOf(rt) == nil {
 		return zero, fmt.Errorf("%w: the reply type %s of an Ask to another node needs RegisterMessage", ErrNotRegistered, rt)
+	}
+	hd, err := n.outHeaders(ctx, to.h)
+	if err != nil {
+		return zero, err
 	}
 	p := newPromise[Resp](n)
 	defer p.finish()
@@ -301,7 +323,6 @@ func Ask[Req, Resp any](ctx context.Context, to Ref[Req], mk func(replyTo Ref[Re
 	if n.lat.Load() != nil {
 		sent = time.Now()
 	}
-	var err error
 	var stopped <-chan struct{}
 	var note *stopNote
 	if c, ok := to.h.local.(*cell[Req]); ok {
@@ -311,7 +332,7 @@ func Ask[Req, Resp any](ctx context.Context, to Ref[Req], mk func(replyTo Ref[Re
 			stopped = note.ch
 			defer c.releaseStopNotice(note)
 		}
-		if err = c.push(req); err != nil {
+		if err = c.pushSized(req, 0, hd); err != nil {
 			n.deadLetter(to.h.String(), req, err)
 		}
 	} else {
@@ -333,7 +354,7 @@ func Ask[Req, Resp any](ctx context.Context, to Ref[Req], mk func(replyTo Ref[Re
 				defer a.unwatch(to.h, p.h)
 			}
 		}
-		err = to.h.send(req)
+		err = to.h.sendHeaders(req, hd)
 	}
 	if err != nil {
 		return zero, err
@@ -475,7 +496,7 @@ func (p *promise[T]) tellAny(msg any) error {
 // has its reply or has ended.
 var errAskOver = fmt.Errorf("%w: the ask already has its reply or ended", ErrActorStopped)
 
-func (p *promise[T]) tellWire(msg any, _ int) error { return p.tellAny(msg) }
+func (p *promise[T]) tellWire(msg any, _ int, _ Headers) error { return p.tellAny(msg) }
 func (p *promise[T]) sysPush(m sysMsg) bool {
 	if t := p.target; m.kind == sysTerminated && t != nil && stopOf(m.key, t.key) && !errors.Is(m.reason, ErrWatchRefused) {
 		// The actor an Ask watches on another node stopped (or its node
@@ -550,12 +571,12 @@ func (a *adapter[U, T]) tellAny(msg any) error {
 	return a.owner.push(a.f(u))
 }
 
-func (a *adapter[U, T]) tellWire(msg any, size int) error {
+func (a *adapter[U, T]) tellWire(msg any, size int, hd Headers) error {
 	u, ok := msg.(U)
 	if !ok || a.retired.Load() {
 		return a.tellAny(msg)
 	}
-	return a.owner.pushSized(a.f(u), size)
+	return a.owner.pushSized(a.f(u), size, hd)
 }
 
 func (a *adapter[U, T]) sysPush(m sysMsg) bool  { return a.owner.sysPush(m) }

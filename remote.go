@@ -128,12 +128,18 @@ func (a *assoc) resolve(ctx context.Context, path, proto string) (resolveAnswer,
 // handleFrame acts on one frame read after the handshake. done means the
 // reader must stop (the peer said goodbye).
 func (a *assoc) handleFrame(kind frameKind, b []byte) (done bool, err error) {
-	if kind == frameTell || a.resumable && kind.sequenced() {
+	if kind.isTell() || a.resumable && kind.sequenced() {
 		a.rcvTells++
 	}
 	switch kind {
 	case frameTell:
-		return false, a.onTell(b)
+		return false, a.onTell(b, nil, len(b))
+	case frameTellHeaders:
+		hd, rest, err := parseHeaders(b)
+		if err != nil {
+			return false, err
+		}
+		return false, a.onTell(rest, hd, len(b))
 	case frameWatch, frameUnwatch:
 		return false, a.onWatch(kind, b)
 	case frameTerminated:
@@ -184,7 +190,10 @@ type inType struct {
 	incompat error
 }
 
-func (a *assoc) onTell(b []byte) error {
+// onTell delivers the message of a tell frame's body b (with headers hd,
+// from a tell with headers); size is the whole body's, headers included,
+// counted against MailboxBytes.
+func (a *assoc) onTell(b []byte, hd Headers, size int) error {
 	n := a.n
 	var th tellHeader // (set whole by parseTell)
 	payload, err := parseTell(b, &th)
@@ -259,7 +268,7 @@ func (a *assoc) onTell(b []byte) error {
 			a.incompatible(it.path, ty.mt, err)
 			return nil
 		}
-		return a.deliver(it, id, msg, len(b), credited)
+		return a.deliver(it, id, msg, size, credited, hd)
 	}
 	if bt := it.batch; bt != nil && ty.mt.plain {
 		// Decoded into the batch's memory, not a box of its own: an
@@ -276,7 +285,7 @@ func (a *assoc) onTell(b []byte) error {
 			a.incompatible(it.path, mt, a.explain(mt, payload, err))
 			return nil
 		}
-		a.batchPush(wireMsg{size: len(b), mt: mt, at: at, credited: credited})
+		a.batchPush(wireMsg{size: size, mt: mt, at: at, credited: credited, hd: hd})
 		return nil
 	}
 	msg, err := a.dec.payload(ty.mt, payload)
@@ -284,12 +293,13 @@ func (a *assoc) onTell(b []byte) error {
 		a.incompatible(it.path, ty.mt, a.explain(ty.mt, payload, err))
 		return nil
 	}
-	return a.deliver(it, id, msg, len(b), credited)
+	return a.deliver(it, id, msg, size, credited, hd)
 }
 
-// deliver hands a decoded message to its target (in a batch when the
-// target takes them), or makes it a dead letter.
-func (a *assoc) deliver(it *inTarget, id uint64, msg any, size int, credited bool) error {
+// deliver hands a decoded message, with its headers hd if any, to its
+// target (in a batch when the target takes them), or makes it a dead
+// letter.
+func (a *assoc) deliver(it *inTarget, id uint64, msg any, size int, credited bool, hd Headers) error {
 	n := a.n
 	if it.target == nil {
 		n.deadLetter(n.localRefString(it.path), msg, ErrNoSuchActor)
@@ -297,10 +307,10 @@ func (a *assoc) deliver(it *inTarget, id uint64, msg any, size int, credited boo
 	}
 	if bt := it.batch; bt != nil {
 		a.batchFor(bt, it.path, id)
-		a.batchPush(wireMsg{msg: msg, size: size, credited: credited})
+		a.batchPush(wireMsg{msg: msg, size: size, credited: credited, hd: hd})
 		return nil
 	}
-	if err := it.target.tellWire(msg, size); err != nil {
+	if err := it.target.tellWire(msg, size, hd); err != nil {
 		n.deadLetter(n.localRefString(it.path), msg, err)
 	}
 	return nil
@@ -419,6 +429,7 @@ type wireMsg struct {
 	// from the mailbox's room; the mailbox takes it past its limit (by
 	// at most creditInit a session).
 	credited bool
+	hd       Headers // the message's headers, if any
 }
 
 // value returns the message as an interface (a plain one is copied out
@@ -641,8 +652,8 @@ func deadHandle(n *Node, key refKey) *handle {
 	return d.h
 }
 
-func (d *deadTarget) tellAny(any) error       { return ErrNoSuchActor }
-func (d *deadTarget) tellWire(any, int) error { return ErrNoSuchActor }
-func (d *deadTarget) sysPush(sysMsg) bool     { return false }
-func (d *deadTarget) watchHandle() *handle    { return d.h }
-func (d *deadTarget) protocol() reflect.Type  { return nil }
+func (d *deadTarget) tellAny(any) error                { return ErrNoSuchActor }
+func (d *deadTarget) tellWire(any, int, Headers) error { return ErrNoSuchActor }
+func (d *deadTarget) sysPush(sysMsg) bool              { return false }
+func (d *deadTarget) watchHandle() *handle             { return d.h }
+func (d *deadTarget) protocol() reflect.Type           { return nil }

@@ -15,21 +15,18 @@ import (
 // Before a session's writer starts, messages wait as records.
 // tell queues a user message for the remote actor h, or says why it
 // cannot: a full send budget is ErrSendQueueFull.
-func (a *assoc) tell(h *handle, msg any) error { return a.send(nil, h, msg) }
-
-// sendWait queues a user message for the remote actor h, waiting while
-// the session holds SendQueueLimit bytes: until the peer acknowledges
-// enough of them, the session ends (its failure is returned), or ctx
-// ends.
-func (a *assoc) sendWait(ctx context.Context, h *handle, msg any) error { return a.send(ctx, h, msg) }
+func (a *assoc) tell(h *handle, msg any) error { return a.send(nil, h, msg, nil) }
 
 // send queues a user message for the remote actor h. Its payload is
 // encoded on the caller's goroutine with no lock held (a WireMarshaler's
 // AppendWire may send, even to the same peer); under the association's
 // lock only the table ids are assigned and the frame is copied in.
 // Without ctx a full send budget is an error; with one, send waits for
-// room until ctx ends.
-func (a *assoc) send(ctx context.Context, h *handle, msg any) error {
+// room until ctx ends: while the session holds SendQueueLimit bytes,
+// until the peer acknowledges enough of them or the session ends (its
+// failure is returned). hd are the message's headers, if any: a peer
+// that does not take them (an older troupe) gets the message without.
+func (a *assoc) send(ctx context.Context, h *handle, msg any, hd Headers) error {
 	mt := typeOfValue(msg)
 	if mt == nil {
 		return fmt.Errorf("%w: %T (call RegisterMessage to send it to another node)", ErrNotRegistered, msg)
@@ -78,7 +75,7 @@ func (a *assoc) send(ctx context.Context, h *handle, msg any) error {
 			// the payload are encoded against, may not be known yet (or
 			// records wait before this one: it waits behind them, with
 			// its payload if it was encoded already).
-			t.queue.push(outRec{h: h, msg: msg, mt: mt, pb: pb, wait: ctx != nil})
+			t.queue.push(outRec{h: h, msg: msg, mt: mt, pb: pb, wait: ctx != nil, hd: hd})
 			pb = nil
 			first := t.queue.len() == 1 && t.out.frames == 0
 			t.mu.Unlock()
@@ -97,7 +94,7 @@ func (a *assoc) send(ctx context.Context, h *handle, msg any) error {
 			continue // the session may have moved on meanwhile
 		}
 		idle := t.out.frames == 0
-		err := t.encodeTell(h, mt, pb.b, nil)
+		err := t.encodeTell(h, mt, pb.b, nil, hd)
 		if err == errNoCredit && ctx != nil {
 			// The remote actor's mailbox is full: wait for its node to
 			// grant more (other actors on the connection go on).
@@ -143,7 +140,7 @@ func (a *assoc) tellFlat(h *handle, mt *msgType, p unsafe.Pointer) bool {
 		return false
 	}
 	idle := t.out.frames == 0
-	if t.encodeTell(h, mt, nil, p) != nil {
+	if t.encodeTell(h, mt, nil, p, nil) != nil {
 		t.mu.Unlock()
 		return false
 	}
@@ -361,8 +358,10 @@ func maxHeader(path, key string) int {
 // encodeTell appends the tell frame of the payload for h, of type mt, to
 // out (mu held); or, payload nil, of the flat value at p, which it does
 // not keep. Nothing here runs user code: a payload that is not flat was
-// encoded before, with no lock held.
-func (a *assoc) encodeTell(h *handle, mt *msgType, payload []byte, p unsafe.Pointer) error {
+// encoded before, with no lock held. Headers hd (with a payload only)
+// make it a tell with headers, for a peer that takes them; another peer
+// gets the message without.
+func (a *assoc) encodeTell(h *handle, mt *msgType, payload []byte, p unsafe.Pointer, hd Headers) error {
 	if h.key.node != a.peerUID {
 		return fmt.Errorf("%w: the node incarnation %s is gone", ErrNoSuchActor, h.key.node.String()[:8])
 	}
@@ -378,7 +377,13 @@ func (a *assoc) encodeTell(h *handle, mt *msgType, payload []byte, p unsafe.Poin
 	if exact := size - binary.MaxVarintLen64*len(mt.flat)*btoi(p != nil); exact > a.n.cfg.MaxFrameSize {
 		return fmt.Errorf("%w: %d bytes, the limit is %d", ErrFrameTooBig, exact, a.n.cfg.MaxFrameSize)
 	}
+	if !a.peerHeaders {
+		hd = nil
+	}
 	need := size + maxHeader(h.key.path, mt.key)
+	if hd != nil {
+		need += headersSize(hd)
+	}
 	// New table entries are committed only once the frame is complete,
 	// so a message that fails to encode leaves the tables as they were.
 	var th tellHeader
@@ -433,7 +438,12 @@ func (a *assoc) encodeTell(h *handle, mt *msgType, payload []byte, p unsafe.Poin
 	} else {
 		// The header first on its own, so that the length prefix goes
 		// in front of a large payload without moving it.
-		a.hdr = appendTellHeader(a.hdr[:0], &th)
+		if hd != nil {
+			a.hdr = appendHeaders(append(a.hdr[:0], byte(frameTellHeaders)), hd)
+			a.hdr = appendTellFields(a.hdr, &th)
+		} else {
+			a.hdr = appendTellHeader(a.hdr[:0], &th)
+		}
 		body = len(a.hdr) + len(payload)
 		buf = binary.AppendUvarint(buf, uint64(body))
 		buf = append(buf, a.hdr...)

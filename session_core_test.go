@@ -330,12 +330,17 @@ func (f *firstOf) Load() any {
 // sendTellLocked encodes a tell of msg for h into a's chain (mu held), as
 // a sender would.
 func (a *assoc) sendTellLocked(h *handle, mt *msgType, msg any) error {
+	return a.sendTellHeadersLocked(h, mt, msg, nil)
+}
+
+// sendTellHeadersLocked is sendTellLocked for a message with headers.
+func (a *assoc) sendTellHeadersLocked(h *handle, mt *msgType, msg any, hd Headers) error {
 	pb, err := encodeFor(a.peerUID, mt, msg)
 	if err != nil {
 		return err
 	}
 	defer pb.release()
-	return a.encodeTell(h, mt, pb.b, nil)
+	return a.encodeTell(h, mt, pb.b, nil, hd)
 }
 
 // rawHandshakeWith dials n like a troupe node named "raw" with the hello

@@ -353,8 +353,8 @@ func (c *cell[T]) beginRestart(reason error, s Strategy) {
 	c.stopTimers()
 	c.tools.ctx, c.tools.cancel = nil, nil // the fresh state gets a new one
 	c.mu.Lock()
-	if c.waits != nil {
-		c.waits.cancel = nil
+	if c.waits != nil && c.waits.more != nil {
+		c.waits.more.cancel = nil
 	}
 	c.mu.Unlock()
 	c.dropWatches()

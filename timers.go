@@ -3,6 +3,7 @@ package troupe
 import (
 	"context"
 	"log/slog"
+	"maps"
 	"time"
 )
 
@@ -24,6 +25,12 @@ type actorTools[T any] struct {
 	// awaitingChildren: the actor is stopping, and waits for its children
 	// to stop first (see terminate).
 	awaitingChildren bool
+	// hdrs are the headers of messages of the batch being handled (see
+	// heldHeaders); cur those of the message being handled, curCtx the
+	// Context.Context that carries them, made on first use.
+	hdrs   []heldHeaders
+	cur    Headers
+	curCtx context.Context
 }
 
 // tooling returns the actor's tools, making them on first use.
@@ -41,18 +48,44 @@ func (c *cell[T]) tooling() *actorTools[T] {
 // Pass it to blocking calls a handler starts — an HTTP request, a
 // database query — so that they end with the actor, and the node's
 // Close does not wait on them.
+//
+// While the actor handles a message that carries headers, the context
+// carries them too (see [WithHeaders]): a handler that sends or asks with
+// it passes them on.
 func (c *Context[T]) Context() context.Context {
 	t := c.c.tooling()
+	if t.cur != nil {
+		if t.curCtx == nil {
+			t.curCtx = context.WithValue(c.c.actorContext(), headersKey{}, t.cur)
+		}
+		return t.curCtx
+	}
+	return c.c.actorContext()
+}
+
+// Headers returns a copy of the headers of the message being handled, or
+// nil (see [WithHeaders]).
+func (c *Context[T]) Headers() Headers {
+	if t := c.c.tools; t != nil {
+		return maps.Clone(t.cur)
+	}
+	return nil
+}
+
+// actorContext returns the actor's context, made on first use (see
+// Context.Context).
+func (c *cell[T]) actorContext() context.Context {
+	t := c.tooling()
 	if t.ctx == nil {
-		t.ctx, t.cancel = context.WithCancel(c.c.n.actorsCtx)
-		if c.c.stopping {
+		t.ctx, t.cancel = context.WithCancel(c.n.actorsCtx)
+		if c.stopping {
 			t.cancel() // asked for in PostStop, or after Stop
 		}
 		// A stop pushed from elsewhere cancels it at once, while a
 		// handler may still be waiting on it (see sysPush).
-		c.c.mu.Lock()
-		c.c.waitsFor().cancel = t.cancel
-		c.c.mu.Unlock()
+		c.mu.Lock()
+		c.moreFor().cancel = t.cancel
+		c.mu.Unlock()
 	}
 	return t.ctx
 }

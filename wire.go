@@ -26,29 +26,30 @@ type frameKind uint8
 
 // Append only: values are on the wire.
 const (
-	frameInvalid    frameKind = iota // never sent
-	frameHello                       // dialer → acceptor: who I am
-	frameWelcome                     // acceptor → dialer: accepted, who I am
-	frameReject                      // acceptor → dialer: refused, and why
-	frameTell                        // a user message for an actor
-	frameWatch                       // start watching an actor
-	frameUnwatch                     // stop watching an actor
-	frameTerminated                  // a watched actor stopped
-	frameResolve                     // look up an actor by path
-	frameResolved                    // the answer to frameResolve
-	frameBye                         // the sender is leaving gracefully
-	frameHeartbeat                   // a sign of life
-	frameChallenge                   // acceptor → dialer: prove you know the secret
-	frameProof                       // dialer → acceptor: the proof
-	frameAck                         // how many tell (or sequenced) frames have been received
-	frameResume                      // a resumed session: how many sequenced frames were received
-	frameCredit                      // receiver → sender: more messages an actor's mailbox takes
-	frameDraining                    // the sender is shutting down: it takes no new asks
-	frameShape                       // a wire key's shape, before the first message of it (see shape.go)
-	frameKindCount                   // one past the last kind
+	frameInvalid     frameKind = iota // never sent
+	frameHello                        // dialer → acceptor: who I am
+	frameWelcome                      // acceptor → dialer: accepted, who I am
+	frameReject                       // acceptor → dialer: refused, and why
+	frameTell                         // a user message for an actor
+	frameWatch                        // start watching an actor
+	frameUnwatch                      // stop watching an actor
+	frameTerminated                   // a watched actor stopped
+	frameResolve                      // look up an actor by path
+	frameResolved                     // the answer to frameResolve
+	frameBye                          // the sender is leaving gracefully
+	frameHeartbeat                    // a sign of life
+	frameChallenge                    // acceptor → dialer: prove you know the secret
+	frameProof                        // dialer → acceptor: the proof
+	frameAck                          // how many tell (or sequenced) frames have been received
+	frameResume                       // a resumed session: how many sequenced frames were received
+	frameCredit                       // receiver → sender: more messages an actor's mailbox takes
+	frameDraining                     // the sender is shutting down: it takes no new asks
+	frameShape                        // a wire key's shape, before the first message of it (see shape.go)
+	frameTellHeaders                  // a user message for an actor, with headers (see headers.go)
+	frameKindCount                    // one past the last kind
 )
 
-var frameNames = [...]string{"invalid", "hello", "welcome", "reject", "tell", "watch", "unwatch", "terminated", "resolve", "resolved", "bye", "heartbeat", "challenge", "proof", "ack", "resume", "credit", "draining", "shape"}
+var frameNames = [...]string{"invalid", "hello", "welcome", "reject", "tell", "watch", "unwatch", "terminated", "resolve", "resolved", "bye", "heartbeat", "challenge", "proof", "ack", "resume", "credit", "draining", "shape", "tellheaders"}
 
 // sequenced reports whether frames of kind k are counted, acknowledged and,
 // after a link flap, sent again: every frame written from the send queue.
@@ -56,11 +57,15 @@ var frameNames = [...]string{"invalid", "hello", "welcome", "reject", "tell", "w
 // connection and are not.
 func (k frameKind) sequenced() bool {
 	switch k {
-	case frameTell, frameWatch, frameUnwatch, frameTerminated, frameResolve, frameResolved, frameBye, frameCredit, frameDraining, frameShape:
+	case frameTell, frameWatch, frameUnwatch, frameTerminated, frameResolve, frameResolved, frameBye, frameCredit, frameDraining, frameShape, frameTellHeaders:
 		return true
 	}
 	return false
 }
+
+// isTell reports whether frames of kind k carry a user message: they are
+// counted, acknowledged and given up on as tells.
+func (k frameKind) isTell() bool { return k == frameTell || k == frameTellHeaders }
 
 func (k frameKind) String() string {
 	if int(k) < len(frameNames) {
@@ -140,12 +145,14 @@ type hello struct {
 	// skipped, so a field can be added without a new protocol version.
 	appVersion string // Config.AppVersion
 	observer   bool   // Config.Observer
+	headers    bool   // the sender takes tells with headers
 }
 
 // Hello extension tags. Append only: values are on the wire.
 const (
 	helloExtAppVersion uint64 = 1 // string: Config.AppVersion
 	helloExtObserver   uint64 = 2 // empty: the sender is an Observer
+	helloExtHeaders    uint64 = 3 // empty: the sender takes frameTellHeaders
 )
 
 // Bounds on a hello's extensions.
@@ -174,6 +181,9 @@ func appendHello(b []byte, kind frameKind, h *hello) []byte {
 	if h.observer {
 		exts++
 	}
+	if h.headers {
+		exts++
+	}
 	b = append(b, exts)
 	if h.appVersion != "" {
 		b = binary.AppendUvarint(b, helloExtAppVersion)
@@ -182,6 +192,10 @@ func appendHello(b []byte, kind frameKind, h *hello) []byte {
 	if h.observer {
 		b = binary.AppendUvarint(b, helloExtObserver)
 		b = append(b, 0) // an empty value
+	}
+	if h.headers {
+		b = binary.AppendUvarint(b, helloExtHeaders)
+		b = append(b, 0)
 	}
 	return b
 }
@@ -236,6 +250,8 @@ func parseHello(b []byte) (*hello, error) {
 			h.appVersion = string(v)
 		case helloExtObserver:
 			h.observer = true
+		case helloExtHeaders:
+			h.headers = true
 		}
 		// (an unknown tag is a later version's: skipped)
 	}
@@ -383,7 +399,12 @@ type tellHeader struct {
 // appendTellHeader appends the body of a tell frame up to its payload,
 // which the caller appends.
 func appendTellHeader(b []byte, h *tellHeader) []byte {
-	b = append(b, byte(frameTell))
+	return appendTellFields(append(b, byte(frameTell)), h)
+}
+
+// appendTellFields appends a tell's target and type, as a tell frame (or
+// a tell with headers, after them) carries them.
+func appendTellFields(b []byte, h *tellHeader) []byte {
 	if h.targetInline {
 		b = binary.AppendUvarint(b, h.target<<1|1)
 		b = appendString(b, h.path)

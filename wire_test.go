@@ -55,11 +55,11 @@ func TestWireValuesArePinned(t *testing.T) {
 func goldenFrames(t *testing.T) map[string][]byte {
 	uid := NodeUID{0xa1, 0xa2, 0xa3, 0xa4, 0xa5, 0xa6, 0xa7, 0xa8, 0xa9, 0xaa, 0xab, 0xac, 0xad, 0xae, 0xaf, 0xb0}
 	target := refKey{node: uid, path: "/user/echo", uuid: UUID{0x10, 0x11, 0x12, 0x13, 0x14, 0x15, 0x16, 0x17, 0x18, 0x19, 0x1a, 0x1b, 0x1c, 0x1d, 0x1e, 0x1f}}
-	h := &hello{version: protocolVersion, uid: uid, name: "alpha", addrs: []string{"tcp://127.0.0.1:7001", "unix:///run/a.sock"}, appVersion: "1.4.2"}
+	h := &hello{version: protocolVersion, uid: uid, name: "alpha", addrs: []string{"tcp://127.0.0.1:7001", "unix:///run/a.sock"}, appVersion: "1.4.2", headers: true}
 	w := *h
-	w.appVersion = "" // (a welcome without extensions)
+	w.appVersion, w.headers = "", false // (a welcome without extensions)
 	o := *h
-	o.name, o.addrs, o.flags, o.appVersion, o.observer = "troupe-cli", nil, helloCredit|helloDrains|helloShapes, "", true
+	o.name, o.addrs, o.flags, o.appVersion, o.observer, o.headers = "troupe-cli", nil, helloCredit|helloDrains|helloShapes, "", true, false
 	frame := func(body []byte) []byte { return appendWhole(nil, body) }
 	watch := watchBody{path: target.path, uuid: target.uuid, watcher: "/user/watcher"}
 	dead := watch
@@ -67,9 +67,16 @@ func goldenFrames(t *testing.T) map[string][]byte {
 
 	a := newAssoc(nil, true, TCPAddr("127.0.0.1:7001"))
 	a.n = &Node{cfg: Config{MaxFrameSize: DefaultMaxFrameSize}}
-	a.peerUID = uid
-	tellTo := func(msg any) []byte {
-		if err := a.sendTellLocked(&handle{key: target}, typeOf(reflect.TypeOf(msg)), msg); err != nil {
+	a.peerUID, a.peerHeaders = uid, true
+	tellTo := func(msg any, hd ...string) []byte {
+		var h Headers
+		for i := 0; i+1 < len(hd); i += 2 {
+			if h == nil {
+				h = Headers{}
+			}
+			h[hd[i]] = hd[i+1]
+		}
+		if err := a.sendTellHeadersLocked(&handle{key: target}, typeOf(reflect.TypeOf(msg)), msg, h); err != nil {
 			t.Fatal(err)
 		}
 		out := a.out.take()
@@ -84,6 +91,7 @@ func goldenFrames(t *testing.T) map[string][]byte {
 		"reject":         rejectFrame(rejectDuplicate, uid, "the other connection between these nodes wins"),
 		"tell-first":     tellTo(count{N: 3}),
 		"tell-again":     tellTo(count{N: 3}),
+		"tellheaders":    tellTo(count{N: 3}, "traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "tenant", "a"),
 		"watch":          frame(appendWatch(nil, frameWatch, watch)),
 		"unwatch":        frame(appendWatch(nil, frameUnwatch, watch)),
 		"terminated":     frame(appendWatch(nil, frameTerminated, dead)),
@@ -268,7 +276,7 @@ func TestFrameBodiesParseBack(t *testing.T) {
 	parsers := map[string]func(b []byte) (any, error){
 		"hello": func(b []byte) (any, error) {
 			h, err := parseHello(b)
-			return h.name + "|" + strings.Join(h.addrs, ",") + "|" + h.appVersion, err
+			return sprint(h.name, strings.Join(h.addrs, ","), h.appVersion, h.headers), err
 		},
 		"welcome": func(b []byte) (any, error) { h, err := parseHello(b); return h.uid, err },
 		"hello-observer": func(b []byte) (any, error) {
@@ -285,6 +293,15 @@ func TestFrameBodiesParseBack(t *testing.T) {
 			var h tellHeader
 			p, err := parseTell(b, &h)
 			return sprint(h.target, h.targetInline, h.typ, h.typInline, len(p)), err
+		},
+		"tellheaders": func(b []byte) (any, error) {
+			hd, rest, err := parseHeaders(b)
+			if err != nil {
+				return nil, err
+			}
+			var h tellHeader
+			p, err := parseTell(rest, &h)
+			return sprint(hd.Keys(), hd["traceparent"], hd["tenant"], h.target, h.targetInline, h.typ, h.typInline, len(p)), err
 		},
 		"watch":      func(b []byte) (any, error) { return parseWatch(frameWatch, b) },
 		"unwatch":    func(b []byte) (any, error) { return parseWatch(frameUnwatch, b) },
@@ -327,12 +344,13 @@ func TestFrameBodiesParseBack(t *testing.T) {
 	}
 	watch := watchBody{path: "/user/echo", uuid: uuid, watcher: "/user/watcher"}
 	want := map[string]any{
-		"hello":          "alpha|tcp://127.0.0.1:7001,unix:///run/a.sock|1.4.2",
+		"hello":          "alpha tcp://127.0.0.1:7001,unix:///run/a.sock 1.4.2 true",
 		"welcome":        uid,
 		"hello-observer": "troupe-cli true false true",
 		"reject":         rejectBody{code: rejectDuplicate, uid: uid, text: "the other connection between these nodes wins"},
 		"tell-first":     "1 true /user/echo 1 true troupe.test.count 1",
 		"tell-again":     "1 false 1 false 1",
+		"tellheaders":    "[tenant traceparent] 00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01 a 1 false 1 false 1",
 		"watch":          watch,
 		"unwatch":        watch,
 		"terminated":     watchBody{path: "/user/echo", uuid: uuid, watcher: "/user/watcher", code: reasonOther, text: "boom"},
