@@ -170,9 +170,11 @@ var watchSeq atomic.Uint64
 // come faster than each takes them and some are lost, the next call is a
 // Snapshot again, so what each has seen always adds up to the table. A
 // registrar takes at most 1,024 subscribers; one more fails at once
-// ([ErrTooManySubscribers]). A registrar that does not push (troupe
-// before 0.11), and an etcd registry, fail with errors.ErrUnsupported
-// (the first after RegistryTimeout).
+// ([ErrTooManySubscribers]); one whose node refuses this node one more
+// watch (its [Config.MaxWatchesPerPeer]), so that its end could not be
+// seen, fails with an error wrapping [ErrWatchRefused]. A registrar that
+// does not push (troupe before 0.11), and an etcd registry, fail with
+// errors.ErrUnsupported (the first after RegistryTimeout).
 func (r *Registry) Watch(ctx context.Context, each func(RegistryChange)) error {
 	if r.src.etcd != nil {
 		return fmt.Errorf("%w: Registry.Watch of an etcd registry", errors.ErrUnsupported)
@@ -207,8 +209,13 @@ func (r *Registry) Watch(ctx context.Context, each func(RegistryChange)) error {
 		},
 		Signal: func(_ *Context[regEvent], s Signal) {
 			if t, ok := s.(Terminated); ok {
+				err := fmt.Errorf("%w: %s: %v", ErrWatchLost, r.src.addr, t.Reason)
+				if errors.Is(t.Reason, ErrWatchRefused) {
+					// The registrar is up, but its end could not be seen.
+					err = fmt.Errorf("registrar %s: %w", r.src.addr, t.Reason)
+				}
 				select {
-				case gone <- fmt.Errorf("%w: %s: %v", ErrWatchLost, r.src.addr, t.Reason):
+				case gone <- err:
 				default:
 				}
 			}

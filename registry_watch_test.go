@@ -114,3 +114,33 @@ func hasName(rs []troupe.Registration, name string) bool {
 	}
 	return false
 }
+
+// A watcher whose watch on the registrar is refused (the registrar's
+// MaxWatchesPerPeer) could not tell when the registrar goes: its Watch
+// ends at once and says why, not that the registrar is gone.
+func TestRegistryWatchRefusedSaysSo(t *testing.T) {
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	reg, err := troupe.Start(ctxFor(t), troupe.Config{Name: "registrar", RegistryAddrs: []string{"127.0.0.1:0"}, EnsureRegistry: true, MaxWatchesPerPeer: 1, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reg.Close()
+	watcher, err := troupe.Start(ctxFor(t), troupe.Config{Name: "watcher", Observer: true, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer watcher.Close()
+	r, err := watcher.Registry(troupe.WithRegistries(reg.Addrs()[0].String()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	first := make(chan troupe.RegistryChange, 4)
+	go r.Watch(ctx, func(c troupe.RegistryChange) { first <- c })
+	within(t, first, 10*time.Second, "the first watch's table") // it holds the one watch
+	err = r.Watch(ctxFor(t), func(troupe.RegistryChange) {})
+	if !errors.Is(err, troupe.ErrWatchRefused) || errors.Is(err, troupe.ErrWatchLost) {
+		t.Fatalf("a second Watch: %v, want ErrWatchRefused (and not ErrWatchLost)", err)
+	}
+}
