@@ -184,9 +184,23 @@ func parseHeaders(b []byte) (Headers, []byte, error) {
 		if _, dup := h[string(k)]; dup {
 			return nil, nil, fmt.Errorf("%w: the header %q twice", ErrMalformed, k)
 		}
-		h[string(k)] = string(v)
+		h[headerKey(k)] = string(v)
 	}
 	return h, b[d.off:], nil
+}
+
+// headerKey returns k as a string, without a copy for the keys W3C trace
+// context and baggage use.
+func headerKey(k []byte) string {
+	switch string(k) { // (compared without a copy)
+	case "traceparent":
+		return "traceparent"
+	case "tracestate":
+		return "tracestate"
+	case "baggage":
+		return "baggage"
+	}
+	return string(k)
 }
 
 // heldHeaders are the headers of an actor's message, known by its index:
