@@ -158,6 +158,16 @@ func (g *regTable) unsubscribe(key refKey) {
 
 // The subscriber's side.
 
+// watchEnded is the error of a Registry.Watch whose watch on the
+// registrar at addr ended for reason: the registrar is lost, or it is up
+// but its end could not be seen (its node refused the watch).
+func watchEnded(addr Addr, reason error) error {
+	if errors.Is(reason, ErrWatchRefused) {
+		return fmt.Errorf("registrar %s: %w", addr, reason)
+	}
+	return fmt.Errorf("%w: %s: %v", ErrWatchLost, addr, reason)
+}
+
 // watchSeq names Registry.Watch's receiving actors.
 var watchSeq atomic.Uint64
 
@@ -209,13 +219,8 @@ func (r *Registry) Watch(ctx context.Context, each func(RegistryChange)) error {
 		},
 		Signal: func(_ *Context[regEvent], s Signal) {
 			if t, ok := s.(Terminated); ok {
-				err := fmt.Errorf("%w: %s: %v", ErrWatchLost, r.src.addr, t.Reason)
-				if errors.Is(t.Reason, ErrWatchRefused) {
-					// The registrar is up, but its end could not be seen.
-					err = fmt.Errorf("registrar %s: %w", r.src.addr, t.Reason)
-				}
 				select {
-				case gone <- err:
+				case gone <- watchEnded(r.src.addr, t.Reason):
 				default:
 				}
 			}
