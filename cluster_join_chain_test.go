@@ -13,25 +13,10 @@ import (
 func TestClusterJoinerThroughAJoiningSeed(t *testing.T) {
 	r := newClusterRig(t, 1, clusterCfg(KeepMajority{}))
 	defer r.dumpOnFailure()
-	join := func(name, seed string) *Cluster {
-		node := startOn(t, r.f, failConfig(name, 20*time.Millisecond, 2*time.Second))
-		if name == "b" {
-			r.f.Partition(node, r.nodes[0]) // B's knocks do not reach A yet
-		}
-		cfg := clusterCfg(KeepMajority{})
-		cfg.Seeds = []string{seed}
-		c, err := StartCluster(ctxT(t, 5*time.Second), node, cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { c.Close() })
-		r.mu.Lock()
-		r.nodes, r.members = append(r.nodes, node), append(r.members, c)
-		r.mu.Unlock()
-		return c
-	}
-	b := join("b", r.nodes[0].Addrs()[0].String())
-	c := join("c", r.nodes[1].Addrs()[0].String())
+	nodeB := startOn(t, r.f, failConfig("b", 20*time.Millisecond, 2*time.Second))
+	r.f.Partition(nodeB, r.nodes[0]) // B's knocks do not reach A yet
+	b := r.joinVia(nodeB, r.nodes[0])
+	c := r.joinVia(startOn(t, r.f, failConfig("c", 20*time.Millisecond, 2*time.Second)), nodeB)
 	waitFor(t, 5*time.Second, "B to hear of C", func() bool { return memberStatus(b, r.nodes[2].UID()) == MemberJoining })
 	r.f.Heal() // from now on, only B's knocks can tell A of B and C
 	waitFor(t, 10*time.Second, "A, B and C up everywhere", func() bool {

@@ -513,21 +513,29 @@ func TestClusterJoinerReachingOnlyItsSeed(t *testing.T) {
 	for _, n := range r.nodes[1:] {
 		r.f.Partition(node, n)
 	}
-	cfg := clusterCfg(KeepMajority{})
-	cfg.Seeds = []string{r.nodes[0].Addrs()[0].String()}
-	c, err := StartCluster(ctxT(t, 5*time.Second), node, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
-	r.mu.Lock()
-	r.nodes, r.members = append(r.nodes, node), append(r.members, c)
-	r.mu.Unlock()
+	c := r.joinVia(node, r.nodes[0])
 	defer r.dumpOnFailure()
 	r.expectOneSide(10*time.Second, 0, 1, 2, 3, 4)
 	if !stopped(c) {
 		t.Fatal("the joiner that reaches only its seed is still running")
 	}
+}
+
+// joinVia starts a member on node with seed's address as its only seed,
+// and adds it to the rig.
+func (r *clusterRig) joinVia(node, seed *Node) *Cluster {
+	r.t.Helper()
+	cfg := clusterCfg(KeepMajority{})
+	cfg.Seeds = []string{seed.Addrs()[0].String()}
+	c, err := StartCluster(ctxT(r.t, 5*time.Second), node, cfg)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	r.t.Cleanup(func() { c.Close() })
+	r.mu.Lock()
+	r.nodes, r.members = append(r.nodes, node), append(r.members, c)
+	r.mu.Unlock()
+	return c
 }
 
 // A one-way partition of one member of five, in each direction: that

@@ -164,7 +164,10 @@ func appendHeaders(b []byte, h Headers) []byte {
 func parseHeaders(b []byte) (Headers, []byte, error) {
 	d := decoder{b: b}
 	count := d.uvarint()
-	if d.err == nil && (count == 0 || count > MaxHeaders) {
+	if d.err != nil {
+		return nil, nil, d.err
+	}
+	if count == 0 || count > MaxHeaders {
 		return nil, nil, fmt.Errorf("%w: %d headers (1 to %d)", ErrMalformed, count, MaxHeaders)
 	}
 	h := make(Headers, count)
@@ -210,6 +213,13 @@ func headerKey(k []byte) string {
 type heldHeaders struct {
 	at uint64
 	h  Headers
+}
+
+// holdHeaders keeps hd, the headers of the message about to enter the
+// mailbox, beside it (mu held).
+func (c *cell[T]) holdHeaders(hd Headers) {
+	m := c.moreFor()
+	m.hdrs = append(m.hdrs, heldHeaders{at: c.entered, h: hd})
 }
 
 // headersOf returns the headers of the message with index at, the next to

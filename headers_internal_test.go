@@ -43,6 +43,7 @@ func TestParseHeaders(t *testing.T) {
 		{"too much in all", enc(5, "a", strings.Repeat("v", 1000), "b", strings.Repeat("v", 1000), "c", strings.Repeat("v", 1000), "d", strings.Repeat("v", 1000), "e", strings.Repeat("v", 100)), "more than 4096 bytes"},
 		{"a key twice", enc(2, "k", "1", "k", "2"), "twice"},
 		{"truncated", enc(2, "k", "1")[:6], "bad uvarint"},
+		{"no count at all", nil, "bad uvarint"},
 	}
 	for _, c := range cases {
 		h, rest, err := parseHeaders(c.in)

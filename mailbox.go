@@ -70,8 +70,7 @@ func (c *cell[T]) pushSized(msg T, size int, hd Headers) error {
 	if hd != nil {
 		// Kept beside the mailbox by the message's index, so that a
 		// mailbox of messages without headers holds nothing more.
-		m := c.moreFor()
-		m.hdrs = append(m.hdrs, heldHeaders{at: c.entered, h: hd})
+		c.holdHeaders(hd)
 	}
 	c.in = append(c.in, msg)
 	c.entered++
@@ -129,8 +128,7 @@ func (c *cell[T]) tellWireBatch(ms []wireMsg, arena []uint64) (int, error) {
 		}
 		c.inBytes += size
 		if hd := ms[k].hd; hd != nil {
-			m := c.moreFor()
-			m.hdrs = append(m.hdrs, heldHeaders{at: c.entered, h: hd})
+			c.holdHeaders(hd)
 		}
 		c.in = append(c.in, v)
 		c.entered++
