@@ -179,23 +179,18 @@ type assoc struct {
 	refsOf, dialFor NodeUID
 
 	// mu guards everything below up to the writer's fields.
-	mu    sync.Mutex
-	state assocState // moved only by step (assoc_state.go)
-	qgen  uint64     // counts the times queue was taken (see encodeQueued)
+	mu   sync.Mutex
+	life life   // the session's state: moved only by transition (assoc_transition.go)
+	qgen uint64 // counts the times queue was taken (see encodeQueued)
 	// queue holds frames as records until the writer has started, so
 	// that the session's tables are final (a resume takes them over);
 	// from then on (encoding) senders encode into out on their own
 	// goroutines, and the writer moves queued records into out first.
 	queue    recQueue
-	encoding bool
 	out      frameChain // encoded frames waiting to be written
-	// mergedInto is the association that won a simultaneous dial over
-	// this one (retiring, or closed while connecting): sends go there.
-	mergedInto *assoc
-	err        error // why it ended (closed only)
-	pending    map[pendingAsk]struct{}
-	resolves   map[uint64]chan resolveAnswer
-	watches    map[watchPair]struct{}
+	pending  map[pendingAsk]struct{}
+	resolves map[uint64]chan resolveAnswer
+	watches  map[watchPair]struct{}
 	// watchedBy holds the watches the peer's actors placed on this node's
 	// actors, so that they are dropped when the session ends.
 	watchedBy watchSet
@@ -204,12 +199,6 @@ type assoc struct {
 	stop       chan struct{} // closed when the session ends or is suspended: the writer exits
 	writerDone chan struct{} // closed when the writer has exited
 	readerDone chan struct{} // closed when the reader has exited
-	// A suspended session (mu): when and why its connection broke. A
-	// resumed one holds its queue (holdQueue) until the peer's resume
-	// frame says what to send again.
-	lostAt    time.Time
-	lostCause error
-	holdQueue bool
 	// room (mu), made by a sender waiting for room in the queue (Send), is
 	// closed when the writer takes the queue, or the session ends or moves.
 	room chan struct{}
@@ -219,14 +208,9 @@ type assoc struct {
 
 	written  atomic.Uint64 // bytes written to the connection
 	in       *stampReader  // the connection's reading side; nil until connected
-	upAt     time.Time     // when the handshake completed (under mu)
 	tellsOut atomic.Uint64 // tell frames written to the connection
 	rtt      time.Duration // the handshake's round trip (outbound; under mu)
 	beat     atomic.Bool   // the writer owes the peer a heartbeat
-	endCause error         // why this node gave up on the session (ending; mu), set before its conn is closed
-	// byeOnAck (mu): a graceful leave waits, before its bye, until the
-	// queue is written and the peer acknowledged every tell in it.
-	byeOnAck bool
 	ackTo    atomic.Uint64 // tell frames received that the writer should acknowledge
 
 	// Delivery confirmation, guarded by mu: unacked holds the frames
@@ -398,21 +382,21 @@ func (a *assoc) run(fr *frameReader) {
 func (a *assoc) failure() error {
 	a = a.lockTarget()
 	defer a.mu.Unlock()
-	if a.state < assocLeaving {
+	if a.life.state < assocLeaving {
 		return nil
 	}
-	if a.state == assocLeaving || a.err == nil {
+	if a.life.state == assocLeaving || a.life.err == nil {
 		return &sessionError{peer: a.label(), cause: ErrNodeClosed, observer: a.observer}
 	}
-	return &sessionError{peer: a.label(), cause: a.err, observer: a.observer}
+	return &sessionError{peer: a.label(), cause: a.life.err, observer: a.observer}
 }
 
 // target returns the association that frames for a go to (following
 // merges), locked. The caller unlocks it.
 func (a *assoc) lockTarget() *assoc {
 	a.mu.Lock()
-	for a.mergedInto != nil {
-		next := a.mergedInto
+	for a.life.mergedInto != nil {
+		next := a.life.mergedInto
 		a.mu.Unlock()
 		a = next
 		a.mu.Lock()
@@ -425,7 +409,7 @@ func (a *assoc) lockTarget() *assoc {
 // peer's users spawned) the peer said it is shutting down.
 func (a *assoc) addPending(p pendingAsk, work bool) error {
 	a = a.lockTarget()
-	if a.state >= assocLeaving {
+	if a.life.state >= assocLeaving {
 		a.mu.Unlock()
 		return a.failure()
 	}
@@ -468,7 +452,7 @@ func (a *assoc) watch(target, watcher *handle) error {
 		return fmt.Errorf("%w: the watcher's path is %d bytes; at most %d cross to another node", ErrWatchRefused, len(watcher.key.path), maxWatchPath)
 	}
 	a = a.lockTarget()
-	if a.state >= assocLeaving {
+	if a.life.state >= assocLeaving {
 		a.mu.Unlock()
 		return a.failure()
 	}

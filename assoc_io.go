@@ -55,17 +55,17 @@ func (a *assoc) writeLoop() {
 		a.grantCredits()
 		now := time.Now()
 		a.mu.Lock()
-		if !a.encodesNow() && a.state != assocClosed {
+		if !a.encodesNow() && a.life.state != assocClosed {
 			a.mu.Unlock()
 			for _, f := range a.encodeQueued() {
 				a.n.deadLetter(f.h.String(), f.msg, f.err)
 			}
 			a.mu.Lock()
 		}
-		if a.state == assocEnding {
+		if a.life.state == assocEnding {
 			// This node gave up on the peer: say so, if the link still
 			// carries it, and close (abort bounded the write).
-			cause := a.endCause
+			cause := a.life.endCause
 			a.mu.Unlock()
 			a.sayGaveUp(cause)
 			return
@@ -73,7 +73,7 @@ func (a *assoc) writeLoop() {
 		var out frameChain
 		var spent []*frameBlock
 		bufs := a.bufs[:0]
-		if !a.holdQueue {
+		if !a.life.holdQueue {
 			if !a.resumable {
 				// Frames that are not sequenced need no acknowledgement:
 				// those at the front go, so they never hold the window.
@@ -97,7 +97,7 @@ func (a *assoc) writeLoop() {
 			spent = a.keepUnacked(&out)
 			a.writing = out.frames > 0
 		}
-		draining := a.state == assocLeaving || a.state == assocRetiring
+		draining := a.life.state == assocLeaving || a.life.state == assocRetiring
 		a.prio = a.writePriority(a.prio[:0])
 		if len(a.prio) > 0 || len(bufs) > 0 {
 			a.extendWriteDeadline(now)
@@ -131,13 +131,16 @@ func (a *assoc) writeLoop() {
 		if draining {
 			a.mu.Lock()
 			empty := a.queue.len() == 0 && a.out.frames == 0
-			if empty && a.byeOnAck && a.unackedSeq() == 0 {
-				a.byeOnAck, empty = false, false
+			var eff effect
+			var tk taken
+			if empty && a.life.byeOnAck && a.unackedSeq() == 0 {
+				eff, _ = a.stepLocked(lifeEvent{kind: evByeQueued}, &tk) // (it notifies)
 				a.pushControl(appendBye(nil, byeLeaving, ""))
-				a.notify()
+				empty = false
 			}
-			last := empty && !a.byeOnAck
+			last := empty && !a.life.byeOnAck
 			a.mu.Unlock()
+			a.carryOut(eff, &tk)
 			if last {
 				return
 			}
@@ -179,8 +182,10 @@ func (a *assoc) encodeQueued() []failedRec {
 	var failed []failedRec
 	start := time.Now()
 	a.mu.Lock()
-	for a.state != assocClosed && a.queue.len() > 0 {
-		a.encoding = false
+	for a.life.state != assocClosed && a.queue.len() > 0 {
+		if a.life.encoding {
+			a.stepLocked(lifeEvent{kind: evEncoding}, &taken{}) // (no effects)
+		}
 		if a.out.bytes >= writeChunk || time.Since(start) >= encodeRound {
 			// Enough for one round: the writer writes it, with the
 			// heartbeats and acknowledgements due, and comes back for
@@ -237,8 +242,8 @@ func (a *assoc) encodeQueued() []failedRec {
 		}
 		a.wakeSenders() // a record counted more than its frame, perhaps
 	}
-	if a.state != assocClosed {
-		a.encoding = true
+	if !a.life.encoding {
+		a.stepLocked(lifeEvent{kind: evEncoding, on: true}, &taken{}) // (none; it does not apply once closed)
 	}
 	a.mu.Unlock()
 	return failed
@@ -361,7 +366,7 @@ func (a *assoc) write(iov net.Buffers) bool {
 		return true
 	}
 	a.mu.Lock()
-	gaveUp := a.state == assocEnding
+	gaveUp := a.life.state == assocEnding
 	a.mu.Unlock()
 	if gaveUp {
 		closeHard(a.conn) // the end abort asked for; the reader finishes it
@@ -401,7 +406,7 @@ func (a *assoc) writeSlices(iov net.Buffers) (int64, error) {
 			k := min(len(b), bigWrite)
 			now := time.Now()
 			a.mu.Lock()
-			if a.state != assocEnding {
+			if a.life.state != assocEnding {
 				a.extendWriteDeadline(now)
 				// A frame is acknowledged only once all of it arrived:
 				// a slice the link took is progress too.
@@ -427,14 +432,14 @@ func (a *assoc) onAck(b []byte) error {
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.state == assocClosed {
+	if a.life.state == assocClosed {
 		return nil // the session ended; its unacknowledged messages are reported
 	}
 	if count <= a.acked {
 		return nil // nothing new (an acknowledgement may repeat what a resume said)
 	}
 	if count-a.acked > uint64(a.unackedSeq()) {
-		if a.mergedInto != nil {
+		if a.life.mergedInto != nil {
 			return nil
 		}
 		return fmt.Errorf("%w: acknowledgement of %d frames, %d were sent", ErrMalformed, count, a.acked+uint64(a.unackedSeq()))
@@ -442,7 +447,7 @@ func (a *assoc) onAck(b []byte) error {
 	a.release(int(count - a.acked))
 	a.acked = count
 	a.ackMoved = time.Now()
-	if a.unackedSeq() == 0 && a.byeOnAck {
+	if a.unackedSeq() == 0 && a.life.byeOnAck {
 		a.notify() // the writer may say bye now
 	}
 	if a.stalled && a.unacked.bytes < a.n.cfg.UnackedLimit {

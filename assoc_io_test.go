@@ -15,7 +15,7 @@ import (
 func TestLateAckAfterTheSessionEnded(t *testing.T) {
 	n := startNode(t, testConfig())
 	a := newAssoc(n, false, Addr{})
-	a.state = assocUp
+	a.life.state = assocUp
 	for range 2 {
 		b := a.unacked.room(64)
 		b = appendWhole(b, appendTellHeader(nil, &tellHeader{target: 1, typ: 1}))

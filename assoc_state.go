@@ -1,9 +1,14 @@
 package troupe
 
+import (
+	"errors"
+	"time"
+)
+
 // An association's life as a pure state machine: its states, the events
 // that move it, and what ending it must do. Nothing here reads a clock,
-// takes a lock or does I/O; the code that applies a transition (assoc.go,
-// handshake.go, detector.go) does the I/O, outside the peer-table lock.
+// takes a lock or does I/O: life.step returns the next state and the
+// effects, and transition (assoc_transition.go) carries them out.
 //
 //	connecting ──handshaken──▶ up ──leave──▶ leaving ──ended──▶ closed
 //	    │                      │ ╲──give up──▶ ending ──ended──▶ closed
@@ -45,20 +50,27 @@ func (s assocState) String() string { return assocStateNames[s] }
 type assocEvent uint8
 
 const (
-	evHandshaken assocEvent = iota // the handshake completed and the peer was accepted
-	evLostMerge                    // another association with the same peer won a simultaneous dial
-	evLeave                        // this node is closing
-	evGiveUp                       // this node gave up: the peer is silent, confirms nothing, or a write failed
-	evEnded                        // the session is over: the reader or the dialer stopped, or the node closed it
-	evLinkLost                     // the connection of a resumable session broke without a goodbye
-	assocEventCount
+	evHandshaken    assocEvent = iota // the handshake completed and the peer was accepted
+	evLostMerge                       // another association with the same peer won a simultaneous dial
+	evLeave                           // this node is closing
+	evGiveUp                          // this node gave up: the peer is silent, confirms nothing, or a write failed
+	evEnded                           // the session is over: the reader or the dialer stopped, or the node closed it
+	evLinkLost                        // the connection of a resumable session broke without a goodbye
+	assocEventCount                   // (the events above move the state; those below only what it carries)
+	evTakenOver                       // this new connection took a suspended session over: it holds its queue for the peer's resume frame
+	evResumeFrame                     // the peer's resume frame arrived: the queue goes again
+	evByeQueued                       // a leaving session's writer queued its goodbye, the peer having confirmed everything
+	evQuarantined                     // the end quarantined the peer: the reason the session ended says so
+	evEncoding                        // the writer took the queue (on), or encodes it itself (off)
+	lifeEventCount
 )
 
-var assocEventNames = [...]string{"handshaken", "lost merge", "leave", "give up", "ended", "link lost"}
+var assocEventNames = [...]string{"handshaken", "lost merge", "leave", "give up", "ended", "link lost", "",
+	"taken over", "resume frame", "bye queued", "quarantined", "encoding"}
 
 func (e assocEvent) String() string { return assocEventNames[e] }
 
-// step is the transition function: the state an event moves s to, and
+// nextState is the table of states: the state an event moves s to, and
 // false when the event does not apply in s (it came too late, or the
 // session is past it), in which case nothing is to be done.
 //
@@ -71,7 +83,7 @@ func (e assocEvent) String() string { return assocEventNames[e] }
 // and what the peer has not yet confirmed. Giving up while leaving
 // or retiring keeps the state: the cause is recorded, and the end comes
 // from the reader as for an ending session.
-func step(s assocState, ev assocEvent) (assocState, bool) {
+func nextState(s assocState, ev assocEvent) (assocState, bool) {
 	switch ev {
 	case evHandshaken:
 		if s == assocConnecting {
@@ -108,6 +120,246 @@ func step(s assocState, ev assocEvent) (assocState, bool) {
 		}
 	}
 	return s, false
+}
+
+// life is an association's state: where it is in its life and what
+// that state carries, in one value (the association holds it under mu).
+// Only step moves it; transition (assoc_transition.go) stores what step
+// returns and carries out its effects.
+type life struct {
+	state assocState
+	upAt  time.Time // when the handshake completed
+	// encoding: the writer has taken the queue, so senders encode into
+	// out on their own goroutines (before that, and while the writer
+	// encodes what was queued, they queue records).
+	encoding bool
+	// endCause is why this node gave up on the session (ending, or a
+	// give up while leaving or retiring): the session ends with it.
+	endCause error
+	// err is why the session ended (closed).
+	err error
+	// mergedInto is the association that won a simultaneous dial over
+	// this one, or took over this suspended session: sends go there.
+	mergedInto *assoc
+	// lostAt and lostCause: when and why a suspended session's
+	// connection broke; lostAt stays with the connection that resumes it.
+	lostAt    time.Time
+	lostCause error
+	// holdQueue: this connection resumes a session, and what it holds
+	// waits for the peer's resume frame to say what to send again.
+	holdQueue bool
+	// byeOnAck: a graceful leave waits, before its bye, until the queue
+	// is written and the peer acknowledged every tell in it.
+	byeOnAck bool
+}
+
+// lifeEvent is an event with what step needs to know of it, gathered by
+// the code that saw it happen.
+type lifeEvent struct {
+	kind assocEvent
+	at   time.Time // handshaken, link lost, taken over: when
+	// cause: why (give up, ended, link lost, quarantined).
+	cause error
+	// now: a leave that drops what was queued; the bye goes at once.
+	now bool
+	// closing: this node is closing, or the session ends quietly
+	// (an observer's), whatever the cause says (ended).
+	closing bool
+	// resumable: the session may be suspended on a link loss (both sides
+	// sequence their frames, and this node is not flushing).
+	resumable bool
+	// Of a lost merge: the winner, whether it has ended or is leaving
+	// (gone), and whether it is the connection that resumes this
+	// suspended session (resuming).
+	winner         *assoc
+	gone, resuming bool
+	on             bool // encoding: on or off
+}
+
+// effect is what a transition asks the association to do, as a set.
+type effect uint32
+
+const (
+	// wake the senders and the Sends waiting for credit: nothing more is
+	// accepted, or they follow mergedInto to the winner.
+	effWake effect = 1 << iota
+	// notify the writer: it has work (a bye to write, frames to resend).
+	effNotify
+	// failPending: the pending asks fail now (this node leaves).
+	effFailPending
+	// dropQueued: what was queued and encoded becomes dead letters, and
+	// a bye takes its place (a leave now).
+	effDropQueued
+	// sayGaveUp: the writer tells the peer this node gave up on it, within
+	// byeGrace (the peer learns at once if the link carries it).
+	effSayGaveUp
+	// closeHard: reset the connection (given up on, with no goodbye to say).
+	effCloseHard
+	// markEnding: record when this node gave up (the heartbeat loop
+	// resets the connection byeGrace after it).
+	effMarkEnding
+	// endAsClosing: a leave of a session that never came up (or whose
+	// link is down) is an end, as the node closing.
+	effEndAsClosing
+	// retire: the loser of a merge that is up queues a duplicate-bye and
+	// drains over its own connection; what waits on it moves to the winner.
+	effRetire
+	// handOver: the loser of a merge that has no connection to drain
+	// hands the winner its queue and what waits on it, and ends.
+	effHandOver
+	// takeOver: the winner resumes this suspended session: the sequence
+	// state, tables and held frames move to it too.
+	effTakeOver
+	// heldLost: what the loser encoded for its own tables cannot move:
+	// dead letters (unconfirmed where written).
+	effHeldLost
+	// winnerGone: the winner has ended too: what would have moved fails.
+	effWinnerGone
+	// end: the connection closes, the session leaves the tables, and
+	// everything that waits on it fails.
+	effEnd
+	// retiredEnd: a retired duplicate ends: only what it had not written
+	// or the peer had not confirmed is reported.
+	effRetiredEnd
+	// publish PeerUnreachable.
+	effPublish
+	// quarantine the peer incarnation, unless it is exempt (a cluster
+	// member or a registrar).
+	effQuarantine
+	// suspended: publish PeerLinkLost and seek a new connection.
+	effSuspended
+	// resumed: publish PeerResumed.
+	effResumed
+)
+
+// step is the transition function of a session: the life an event moves
+// l to, what that asks the association to do, and false when the event
+// does not apply (it came too late, or the session is past it). Nothing
+// here reads a clock, takes a lock or does I/O.
+func (l life) step(ev lifeEvent) (life, effect, bool) {
+	switch ev.kind {
+	case evTakenOver:
+		l.holdQueue, l.lostAt = true, ev.at
+		return l, 0, true
+	case evResumeFrame:
+		if !l.holdQueue {
+			return l, 0, false // a resume frame on a session that was not resumed
+		}
+		l.holdQueue = false
+		return l, effWake | effNotify | effResumed, true // what the peer confirmed made room
+	case evByeQueued:
+		if !l.byeOnAck {
+			return l, 0, false
+		}
+		l.byeOnAck = false
+		return l, effNotify, true
+	case evQuarantined:
+		if l.state != assocClosed {
+			return l, 0, false
+		}
+		l.err = ev.cause
+		return l, 0, true
+	case evEncoding:
+		if ev.on && l.state == assocClosed {
+			return l, 0, false // nothing is sent any more
+		}
+		l.encoding = ev.on
+		return l, 0, true
+	case evLinkLost:
+		if !ev.resumable || l.endCause != nil || l.mergedInto != nil {
+			return l, 0, false // not suspended: it ends
+		}
+	}
+	from := l.state
+	next, ok := nextState(from, ev.kind)
+	if !ok {
+		if ev.kind == evGiveUp {
+			return l, effCloseHard, false // not up: nothing to say goodbye on
+		}
+		return l, 0, false
+	}
+	l.state = next
+	switch ev.kind {
+	case evHandshaken:
+		l.upAt = ev.at
+		return l, 0, true
+	case evGiveUp:
+		var eff effect
+		if l.endCause == nil {
+			l.endCause = ev.cause
+			eff |= effMarkEnding
+		}
+		if next == assocEnding {
+			return l, eff | effSayGaveUp, true
+		}
+		return l, eff | effCloseHard, true
+	case evLeave:
+		if next == assocClosed {
+			l.state = from // the end moves it, as the node closing
+			return l, effEndAsClosing, true
+		}
+		if ev.now {
+			return l, effWake | effFailPending | effDropQueued | effNotify, true
+		}
+		l.byeOnAck = true // the writer says bye once the peer confirmed all
+		return l, effWake | effFailPending | effNotify, true
+	case evLostMerge:
+		return l.lostMerge(from, ev)
+	case evEnded:
+		return l.ended(from, ev)
+	case evLinkLost:
+		l.lostAt, l.lostCause = ev.at, ev.cause
+		return l, effSuspended, true
+	}
+	return l, 0, true
+}
+
+// lostMerge is step's lost merge: l retires into the winner if it is up,
+// or hands its work over and ends; if the winner is gone, what would move
+// fails instead.
+func (l life) lostMerge(from assocState, ev lifeEvent) (life, effect, bool) {
+	l.mergedInto = ev.winner
+	eff := effWake // the senders follow mergedInto
+	if l.state == assocRetiring {
+		eff |= effRetire
+	} else {
+		eff |= effHandOver
+		switch {
+		case from == assocSuspended && ev.resuming && !ev.gone:
+			eff |= effTakeOver // the new connection to the same incarnation
+		default:
+			eff |= effHeldLost // encoded for tables the winner does not have
+		}
+	}
+	if ev.gone {
+		eff |= effWinnerGone
+	}
+	return l, eff, true
+}
+
+// ended is step's end: why the session ended, and whether the peer's
+// loss is published and the peer quarantined (endingOf).
+func (l life) ended(from assocState, ev lifeEvent) (life, effect, bool) {
+	err := ev.cause
+	if l.endCause != nil {
+		err = l.endCause
+	}
+	// A session the peer replaced with a new one, or refused, is no
+	// failure: nothing is published or quarantined.
+	closing := ev.closing || errors.Is(err, ErrNodeClosed) || errors.Is(err, errSessionReplaced)
+	end := endingOf(from, errors.Is(err, ErrPeerLeft), closing, false)
+	if end.retired {
+		return l, effRetiredEnd, true
+	}
+	l.err = err
+	eff := effEnd
+	if end.publish {
+		eff |= effPublish
+	}
+	if end.quarantine {
+		eff |= effQuarantine
+	}
+	return l, eff, true
 }
 
 // ending is what ending a session does besides closing its connection

@@ -24,7 +24,7 @@ func TestAssocTransitions(t *testing.T) {
 	}
 	for from, row := range table {
 		for ev, want := range row {
-			got, ok := step(from, assocEvent(ev))
+			got, ok := nextState(from, assocEvent(ev))
 			if want == no {
 				if ok || got != from {
 					t.Errorf("%s on %s: moved to %s, want ignored", from, assocEvent(ev), got)
@@ -60,7 +60,7 @@ func TestAssocLives(t *testing.T) {
 	for _, l := range lives {
 		s := assocConnecting
 		for _, ev := range l.events {
-			s, _ = step(s, ev)
+			s, _ = nextState(s, ev)
 		}
 		if s != l.want {
 			t.Errorf("%s: ends %s, want %s", l.name, s, l.want)

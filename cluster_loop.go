@@ -171,7 +171,7 @@ func (c *Cluster) tell(addr Addr, msg clusterMsg) {
 		return
 	}
 	t := a.lockTarget()
-	up := t.state == assocUp
+	up := t.life.state == assocUp
 	var peer NodeUID
 	if up {
 		peer = t.peerUID // written by the handshake before it set the state, under mu

@@ -160,7 +160,7 @@ func (a *assoc) grantCredits() {
 		}
 		ac.granted.Add(g)
 		a.mu.Lock()
-		if a.state < assocClosed {
+		if a.life.state < assocClosed {
 			// Straight into the chain, past any records: a grant refers
 			// to the peer's table, not this side's, and a Send of this
 			// side's may be waiting behind it for the peer's grant.
@@ -206,7 +206,7 @@ func (a *assoc) waitsForCredit(h *handle) bool {
 		return false
 	}
 	if a.peerMailbox == 0 {
-		return a.state == assocUp // (before the handshake the peer is not known)
+		return a.life.state == assocUp // (before the handshake the peer is not known)
 	}
 	id, ok := a.outTargets[h.key]
 	return ok && !a.hasCredit(id)

@@ -119,7 +119,7 @@ func (a *assoc) closeLate(now time.Time) bool {
 func (a *assoc) ackStuck(now time.Time) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.state != assocUp || a.unackedSeq() == 0 {
+	if a.life.state != assocUp || a.unackedSeq() == 0 {
 		return nil
 	}
 	if d := now.Sub(a.ackMoved); d >= a.n.cfg.UnreachableAfter {
@@ -146,14 +146,14 @@ func (a *assoc) needsBeat() bool {
 // after its watchers are told.
 func (a *assoc) declareUnreachable(cause error) {
 	a.mu.Lock()
-	if a.state == assocSuspended {
+	if a.life.state == assocSuspended {
 		// No connection, no reader: the wait for a new connection is over.
-		lost := a.lostCause
+		lost := a.life.lostCause
 		a.mu.Unlock()
 		a.fail(fmt.Errorf("%v, and no new connection: %w", lost, cause))
 		return
 	}
-	up := a.state == assocUp
+	up := a.life.state == assocUp
 	a.mu.Unlock()
 	if up {
 		a.abort(cause)

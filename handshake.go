@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"maps"
 	"net"
 	"slices"
 	"strings"
@@ -67,7 +66,7 @@ func (a *assoc) runDialed(c net.Conn) {
 func (a *assoc) handshakeDialed(c net.Conn) *frameReader {
 	n := a.n
 	a.mu.Lock()
-	merged := a.state == assocClosed
+	merged := a.life.state == assocClosed
 	if !merged {
 		a.conn = c
 	}
@@ -273,7 +272,7 @@ func (n *Node) protocolError(remote, kind string, err error) {
 // whether the caller should run the connection.
 func (n *Node) attach(a *assoc, h *hello) bool {
 	a.mu.Lock()
-	merged := a.state == assocClosed
+	merged := a.life.state == assocClosed
 	a.mu.Unlock()
 	if merged {
 		// Merged into the peer's own connection while this one was in its
@@ -289,7 +288,7 @@ func (n *Node) attach(a *assoc, h *hello) bool {
 			why = "the peer no longer holds the session"
 		}
 		r.mu.Lock()
-		cause := r.lostCause
+		cause := r.life.lostCause
 		r.mu.Unlock()
 		r.fail(fmt.Errorf("%v, and %s", cause, why))
 		if h.uid == r.peerUID {
@@ -344,9 +343,7 @@ func (n *Node) attach(a *assoc, h *hello) bool {
 		welcome = appendFrame(nil, func(b []byte) []byte { return appendHello(b, frameWelcome, w) })
 	}
 	a.mu.Lock()
-	if s, ok := step(a.state, evHandshaken); ok {
-		a.state, a.upAt = s, time.Now()
-	}
+	a.stepLocked(lifeEvent{kind: evHandshaken, at: time.Now()}, &taken{}) // (no effects)
 	a.firstFrames(resume)
 	a.mu.Unlock()
 	a.startDetector(time.Now())
@@ -452,7 +449,7 @@ func (n *Node) decideAttach(a *assoc, h *hello) admission {
 		// addresses a peer announces are claims, not proof.
 		if ex := n.byUID[h.uid]; ex != nil && ex != a {
 			ex.mu.Lock()
-			suspended := ex.state == assocSuspended
+			suspended := ex.life.state == assocSuspended
 			ex.mu.Unlock()
 			if suspended && a.resumable && (a.resumeOf == ex || !a.outbound && h.flags&helloResuming != 0) {
 				d.loser, d.winner, d.resume = ex, a, true
@@ -585,116 +582,5 @@ func (n *Node) awaitWinner(a *assoc, uid NodeUID) {
 		n.awaiting[uid] = slices.DeleteFunc(n.awaiting[uid], func(x *assoc) bool { return x == a })
 		n.pmu.Unlock()
 		a.fail(errors.New("the peer chose its own connection, which never arrived"))
-	}
-}
-
-// mergeInto retires a, which lost a simultaneous dial, in favour of the
-// winning association w with the same peer: sends through a go to w from
-// now on, and its pending asks and watches move there. A connection that
-// never came up is dropped with its queue moved to w; one that is up
-// writes what it has queued and a duplicate-bye, and keeps reading until
-// the peer answers with its own bye, so nothing in flight is lost.
-func (a *assoc) mergeInto(w *assoc) {
-	a.mu.Lock()
-	next, ok := step(a.state, evLostMerge)
-	if !ok || a.mergedInto != nil {
-		a.mu.Unlock()
-		return
-	}
-	suspended := a.state == assocSuspended
-	a.state = next
-	a.wakeSenders() // they follow mergedInto to the winner
-	a.wakeCredited()
-	up := next == assocRetiring
-	conn := a.conn
-	a.mergedInto = w
-	a.mergedTo.Store(w)
-	var moved recQueue
-	if up {
-		a.queue.push(outRec{msg: ctlFrame(appendBye(nil, byeDuplicate, ""))})
-	} else {
-		moved = a.takeQueue()
-	}
-	pending, watches, resolves, watchedBy := a.pending, a.watches, a.resolves, a.watchedBy.take()
-	a.pending, a.watches, a.resolves = map[pendingAsk]struct{}{}, map[watchPair]struct{}{}, map[uint64]chan resolveAnswer{}
-	t := w.lockTarget() // lock order: a, then the winner
-	resuming := suspended && t.resumes == a
-	if t.state >= assocLeaving {
-		// What a held is encoded for its own tables: it cannot move to
-		// another session, and the winner is gone too. (A retiring a
-		// drains over its own connection.)
-		var unacked, out frameChain
-		if !up {
-			unacked, out, _ = a.takeHeld() // (queue was moved)
-		}
-		t.mu.Unlock()
-		a.mu.Unlock()
-		err := t.failure()
-		a.deadLettersOf(&unacked, err, true)
-		a.deadLettersOf(&out, err, false)
-		a.endMoved(moved, pending, watches, resolves, err)
-		a.dropWatchedBy(watchedBy)
-	} else {
-		var unacked, out frameChain
-		if !up && !resuming {
-			unacked, out, _ = a.takeHeld() // (queue was moved)
-		}
-		defer func() {
-			err := &sessionError{peer: a.label(), cause: errors.New("the connection was replaced before the peer confirmed")}
-			a.deadLettersOf(&unacked, err, true)
-			a.deadLettersOf(&out, err, false)
-		}()
-		if resuming {
-			a.takeOver(t, moved)
-		} else {
-			t.queue.appendQueue(moved)
-		}
-		for p := range pending {
-			t.pending[p] = struct{}{}
-		}
-		maps.Copy(t.resolves, resolves)
-		t.watchedBy.merge(watchedBy)
-		for p := range watches {
-			t.watches[p] = struct{}{}
-		}
-		t.mu.Unlock()
-		a.mu.Unlock()
-		t.notify()
-	}
-	// The address a dialed reached w's peer (its hello, or its refusal
-	// of a duplicate, said so): sends to that address go to w now.
-	a.n.pmu.Lock()
-	if a.outbound && a.n.byAddr[a.dialAddr] == a {
-		a.n.byAddr[a.dialAddr] = w
-	}
-	if a.outbound && !slices.Contains(w.proven, a.dialAddr) {
-		w.proven = append(w.proven, a.dialAddr)
-	}
-	a.n.pmu.Unlock()
-	a.n.untable(a)
-	a.closeReady()
-	if up {
-		a.notify()
-		conn.SetReadDeadline(time.Now().Add(retireDrain))
-		return
-	}
-	if conn != nil {
-		conn.Close()
-	}
-	a.finish()
-}
-
-// endMoved fails what a merge could not hand over because the winner had
-// ended too.
-func (a *assoc) endMoved(queue recQueue, pending map[pendingAsk]struct{}, watches map[watchPair]struct{}, resolves map[uint64]chan resolveAnswer, err error) {
-	a.deadLetters(queue, err)
-	for p := range pending {
-		p.fail(err)
-	}
-	for _, ch := range resolves {
-		ch <- resolveAnswer{err: err}
-	}
-	for w := range watches {
-		w.watcher.signal(sysMsg{kind: sysTerminated, key: w.target, reason: err})
 	}
 }

@@ -126,7 +126,7 @@ func (a *assoc) onWatch(kind frameKind, b []byte) error {
 	if h != nil {
 		target := h.local.watchHandle()
 		t := a.lockTarget()
-		live := t.state < assocClosed
+		live := t.life.state < assocClosed
 		var refused error
 		if live && !t.watchedBy.add(w, target, n.cfg.MaxWatchesPerPeer) {
 			refused = t.watchedBy.refusal(n.cfg.MaxWatchesPerPeer)

@@ -75,7 +75,7 @@ func resolveAt[T any](ctx context.Context, n *Node, addr Addr, path string) (Ref
 // awaitUp waits until the association's handshake is done.
 func (a *assoc) awaitUp(ctx context.Context) error {
 	a.mu.Lock()
-	if a.state < assocLeaving {
+	if a.life.state < assocLeaving {
 		a.use()
 	}
 	a.mu.Unlock()
@@ -99,7 +99,7 @@ func (a *assoc) resolve(ctx context.Context, path, proto string) (resolveAnswer,
 	}
 	ch := make(chan resolveAnswer, 1)
 	t := a.lockTarget()
-	if t.state >= assocLeaving {
+	if t.life.state >= assocLeaving {
 		t.mu.Unlock()
 		return resolveAnswer{}, t.failure()
 	}
@@ -151,7 +151,7 @@ func (a *assoc) handleFrame(kind frameKind, b []byte) (done bool, err error) {
 	case frameBye:
 		err := a.onBye(b)
 		a.mu.Lock()
-		done := a.state == assocClosed
+		done := a.life.state == assocClosed
 		a.mu.Unlock()
 		return done, err
 	case frameHeartbeat:
@@ -571,7 +571,7 @@ func (a *assoc) onBye(b []byte) error {
 		return nil
 	}
 	a.mu.Lock()
-	retired := a.mergedInto != nil
+	retired := a.life.mergedInto != nil
 	a.mu.Unlock()
 	if retired {
 		// The answer to our own duplicate-bye: the connection is drained.

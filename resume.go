@@ -26,8 +26,8 @@ const (
 // that was up is suspended; anything else ends.
 func (a *assoc) lost(err error) {
 	a.mu.Lock()
-	_, ok := step(a.state, evLinkLost)
-	resumable := a.resumable && ok && a.endCause == nil && a.mergedInto == nil && !a.n.flushBegun()
+	ev := lifeEvent{kind: evLinkLost, cause: err, resumable: a.resumable && !a.n.flushBegun()}
+	_, _, resumable := a.life.step(ev) // (a question: nothing moves yet)
 	conn := a.conn
 	a.mu.Unlock()
 	if !resumable {
@@ -39,15 +39,17 @@ func (a *assoc) lost(err error) {
 	conn.Close()
 	a.stopOnce.Do(func() { close(a.stop) })
 	<-a.writerDone
-	a.mu.Lock()
-	next, ok := step(a.state, evLinkLost)
-	if !ok || a.endCause != nil || a.mergedInto != nil {
-		a.mu.Unlock()
+	ev.at = time.Now()
+	if !a.transition(ev) {
 		a.fail(err)
-		return
 	}
-	a.state = next
-	a.lostAt, a.lostCause = time.Now(), err
+}
+
+// suspended carries out a suspension: the session waits for a new
+// connection, which the dialer seeks.
+func (a *assoc) suspended() {
+	a.mu.Lock()
+	err := a.life.lostCause
 	a.mu.Unlock()
 	a.n.log.Info("troupe: connection to peer lost; resuming", "peer", a.label(), "cause", err)
 	a.n.totals.linksLost.Add(1)
@@ -114,7 +116,7 @@ func (a *assoc) whileSuspended(try func(cause error, silent bool) (done bool)) {
 		}
 		wait = min(max(2*wait, redialMin), redialMax)
 		a.mu.Lock()
-		suspended, cause := a.state == assocSuspended, a.lostCause
+		suspended, cause := a.life.state == assocSuspended, a.life.lostCause
 		a.mu.Unlock()
 		if !suspended || try(cause, time.Since(a.silentSince()) >= n.cfg.UnreachableAfter) {
 			return
@@ -125,7 +127,7 @@ func (a *assoc) whileSuspended(try func(cause error, silent bool) (done bool)) {
 // silentSince is when the peer was last heard, or the session came up.
 func (a *assoc) silentSince() time.Time {
 	a.mu.Lock()
-	since := a.upAt
+	since := a.life.upAt
 	a.mu.Unlock()
 	if h := a.lastHeard(); h.After(since) {
 		since = h
@@ -164,7 +166,7 @@ func (a *assoc) redial() {
 		n.pmu.Unlock()
 		fresh.runDialed(c) // on success, reads until that session ends
 		a.mu.Lock()
-		suspended := a.state == assocSuspended
+		suspended := a.life.state == assocSuspended
 		a.mu.Unlock()
 		if !suspended {
 			return true // resumed, or ended
@@ -190,7 +192,7 @@ func (n *Node) suspendFor(uid NodeUID) {
 		return
 	}
 	ex.mu.Lock()
-	up, conn := ex.state == assocUp && ex.endCause == nil, ex.conn
+	up, conn := ex.life.state == assocUp && ex.life.endCause == nil, ex.conn
 	ex.mu.Unlock()
 	if !up {
 		return
@@ -235,8 +237,9 @@ func (a *assoc) takeOver(w *assoc, moved recQueue) {
 	// follow it.
 	w.rcvTells, w.ackQueued, w.ackSent = a.rcvTells, a.rcvTells, a.rcvTells
 	w.ackTo.Store(a.rcvTells)
-	w.resumeRcv, w.resumed, w.holdQueue, w.lostAt = a.rcvTells, true, true, a.lostAt
-	w.ackMoved = time.Now() // the peer's acknowledgements may move again from now
+	w.resumeRcv, w.resumed = a.rcvTells, true
+	w.stepLocked(lifeEvent{kind: evTakenOver, at: a.life.lostAt}, &taken{}) // (no effects)
+	w.ackMoved = time.Now()                                                 // the peer's acknowledgements may move again from now
 	// What waited here goes before anything sent to w meanwhile.
 	moved.appendQueue(w.takeQueue())
 	w.queue = moved
@@ -251,7 +254,7 @@ func (a *assoc) onResume(b []byte) error {
 		return err
 	}
 	a.mu.Lock()
-	if !a.holdQueue {
+	if !a.life.holdQueue {
 		a.mu.Unlock()
 		return fmt.Errorf("%w: resume on a session that was not resumed", ErrMalformed)
 	}
@@ -265,13 +268,10 @@ func (a *assoc) onResume(b []byte) error {
 	rest.appendChain(a.out.take())
 	a.out = rest
 	a.acked = count
-	a.holdQueue = false
-	a.wakeSenders() // what the peer confirmed made room
-	down := a.upAt.Sub(a.lostAt)
+	var tk taken
+	eff, _ := a.stepLocked(lifeEvent{kind: evResumeFrame}, &tk)
+	tk.resent, tk.down = resend, a.life.upAt.Sub(a.life.lostAt)
 	a.mu.Unlock()
-	a.notify()
-	a.n.log.Info("troupe: session with peer resumed", "peer", a.label(), "down", down, "resent", resend)
-	a.n.totals.linksResumed.Add(1)
-	a.n.events.Publish(PeerResumed{Addr: a.addr(), UID: a.peerUID, Name: a.peerName, Resent: resend, Down: down})
+	a.carryOut(eff, &tk)
 	return nil
 }

@@ -39,7 +39,7 @@ func (a *assoc) send(ctx context.Context, h *handle, msg any, hd Headers) error 
 	}()
 	for {
 		t := a.lockTarget()
-		if t.state >= assocLeaving {
+		if t.life.state >= assocLeaving {
 			t.mu.Unlock()
 			return t.failure()
 		}
@@ -135,7 +135,7 @@ func (a *assoc) await(ctx context.Context, ch chan struct{}) error {
 // no user code: it is encoded under the lock, straight into the chain.
 func (a *assoc) tellFlat(h *handle, mt *msgType, p unsafe.Pointer) bool {
 	t := a.lockTarget()
-	if t.state >= assocLeaving || !t.encodesNow() || t.full() {
+	if t.life.state >= assocLeaving || !t.encodesNow() || t.full() {
 		t.mu.Unlock()
 		return false
 	}
@@ -200,7 +200,7 @@ func (pb *payloadBuf) release() {
 // encodesNow says whether a frame may be encoded into out at once: the
 // writer has started, and no records wait to be encoded before it (mu
 // held).
-func (a *assoc) encodesNow() bool { return a.encoding && a.queue.len() == 0 }
+func (a *assoc) encodesNow() bool { return a.life.encoding && a.queue.len() == 0 }
 
 // recordCharge is what a frame queued as a record (before the session's
 // writer has started) counts against SendQueueLimit: it is not encoded
@@ -252,7 +252,7 @@ func (a *assoc) pushControl(body []byte) {
 // unwatch, a resolve); false if the session has ended.
 func (a *assoc) control(body []byte) bool {
 	t := a.lockTarget()
-	if t.state >= assocEnding {
+	if t.life.state >= assocEnding {
 		t.mu.Unlock()
 		return false
 	}
@@ -272,7 +272,7 @@ func (a *assoc) control(body []byte) bool {
 // ended with a protocol error).
 func (a *assoc) answer(body []byte) bool {
 	t := a.lockTarget()
-	if t.state >= assocEnding {
+	if t.life.state >= assocEnding {
 		t.mu.Unlock()
 		return false
 	}

@@ -141,7 +141,7 @@ func TestAResumeIntoALeavingSessionLosesNothingSilently(t *testing.T) {
 	var peer NodeUID
 	rand.Read(peer[:])
 	a := newAssoc(n, true, TCPAddr("127.0.0.1:1"))
-	a.peerUID, a.state, a.resumable, a.encoding = peer, assocSuspended, true, true
+	a.peerUID, a.life.state, a.resumable, a.life.encoding = peer, assocSuspended, true, true
 	h := &handle{node: n, key: refKey{node: peer, path: "/user/x", uuid: UUID{1}}, assoc: a}
 	a.mu.Lock()
 	for i := range 6 {
@@ -156,7 +156,7 @@ func TestAResumeIntoALeavingSessionLosesNothingSilently(t *testing.T) {
 	}
 	a.mu.Unlock()
 	w := newAssoc(n, true, TCPAddr("127.0.0.1:1"))
-	w.peerUID, w.state = peer, assocLeaving
+	w.peerUID, w.life.state = peer, assocLeaving
 	a.mergeInto(w)
 	unconfirmed := 0
 	for range 6 {

@@ -196,8 +196,8 @@ func (n *Node) Stats() Stats {
 			s.Observers++
 			continue
 		}
-		p := PeerStats{Addr: a.addr(), UID: a.peerUID, Name: a.peerName, AppVersion: a.peerAppVersion, State: a.state.String(), Outbound: a.outbound,
-			Since: a.upAt, Queued: a.queue.len() + a.out.frames, Unacked: a.unacked.bytes, Held: a.held(), BytesOut: a.bytesOutBase + a.written.Load(), Member: n.isMember(a.peerUID),
+		p := PeerStats{Addr: a.addr(), UID: a.peerUID, Name: a.peerName, AppVersion: a.peerAppVersion, State: a.life.state.String(), Outbound: a.outbound,
+			Since: a.life.upAt, Queued: a.queue.len() + a.out.frames, Unacked: a.unacked.bytes, Held: a.held(), BytesOut: a.bytesOutBase + a.written.Load(), Member: n.isMember(a.peerUID),
 			MessagesIn: a.ackTo.Load(), MessagesOut: a.tellsOutBase + a.tellsOut.Load(), RoundTrip: a.rtt, BytesIn: a.bytesInBase}
 		in := a.in
 		a.mu.Unlock()

@@ -189,7 +189,7 @@ func FuzzDecodeFrame(f *testing.F) {
 	f.Fuzz(func(t *testing.T, in []byte) {
 		a := newAssoc(n, false, Addr{})
 		a.peerUID = NodeUID{0xa1, 0xa2, 0xa3, 0xa4, 0xa5, 0xa6, 0xa7, 0xa8, 0xa9, 0xaa, 0xab, 0xac, 0xad, 0xae, 0xaf, 0xb0}
-		a.state = assocUp
+		a.life.state = assocUp
 		fr := newFrameReader(bytes.NewReader(in), 1<<16)
 		for {
 			body, err := fr.next()
