@@ -253,6 +253,15 @@ func (n *Node) wakeCredit(h *handle) {
 	}
 }
 
+// creditTeller is a local target, not a batchTarget, whose sender's
+// credit counts: a message adapter. A message within the credit this
+// node granted is taken past the mailbox's limit, as in a batch: a grant
+// can count room that a message just received but not yet pushed will
+// take, and a new session's first credit can meet a full mailbox.
+type creditTeller interface {
+	tellCredited(msg any, size int, hd Headers, credited bool) error
+}
+
 // creditRoom of a message adapter is its owner's: the messages land in
 // the owner's mailbox.
 func (a *adapter[U, T]) creditRoom(ac *creditAcct) int { return a.owner.creditRoom(ac) }

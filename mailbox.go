@@ -49,12 +49,19 @@ func (c *cell[T]) pushWait(ctx context.Context, msg T, hd Headers) error {
 // encoded bytes, counted against [Config.MailboxBytes], or that carries
 // headers hd.
 func (c *cell[T]) pushSized(msg T, size int, hd Headers) error {
+	return c.pushCredited(msg, size, hd, false)
+}
+
+// pushCredited is pushSized; a credited message (its sender spent credit
+// on it, which this node granted) is taken past the mailbox's limit, as
+// in tellWireBatch.
+func (c *cell[T]) pushCredited(msg T, size int, hd Headers, credited bool) error {
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
 		return ErrActorStopped
 	}
-	if c.limit > 0 && len(c.in) >= c.limit {
+	if c.limit > 0 && len(c.in) >= c.limit && !credited {
 		c.mu.Unlock()
 		return ErrMailboxFull
 	}

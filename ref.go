@@ -235,6 +235,8 @@ func (r Ref[T]) Send(ctx context.Context, msg T) error {
 	case r.h.local != nil:
 		if c, ok := r.h.local.(*cell[T]); ok {
 			err = c.pushWait(ctx, msg, hd)
+		} else if w, ok := r.h.local.(roomWaiter); ok {
+			err = w.sendWait(ctx, msg, hd)
 		} else {
 			err = r.h.local.tellWire(msg, 0, hd)
 		}
@@ -572,11 +574,34 @@ func (a *adapter[U, T]) tellAny(msg any) error {
 }
 
 func (a *adapter[U, T]) tellWire(msg any, size int, hd Headers) error {
+	return a.tellCredited(msg, size, hd, false)
+}
+
+// tellCredited is tellWire; a credited message lands in the owner's
+// mailbox past its limit, as one to the actor itself would (see
+// creditTeller).
+func (a *adapter[U, T]) tellCredited(msg any, size int, hd Headers, credited bool) error {
 	u, ok := msg.(U)
 	if !ok || a.retired.Load() {
 		return a.tellAny(msg)
 	}
-	return a.owner.pushSized(a.f(u), size, hd)
+	return a.owner.pushCredited(a.f(u), size, hd, credited)
+}
+
+// roomWaiter is a local target that a Send waits on for room: a message
+// adapter, whose actor's mailbox the message goes into.
+type roomWaiter interface {
+	sendWait(ctx context.Context, msg any, hd Headers) error
+}
+
+// sendWait converts msg once, on the sending goroutine, and waits for
+// room for the result in the actor's mailbox.
+func (a *adapter[U, T]) sendWait(ctx context.Context, msg any, hd Headers) error {
+	u, ok := msg.(U)
+	if !ok || a.retired.Load() {
+		return a.tellAny(msg)
+	}
+	return a.owner.pushWait(ctx, a.f(u), hd)
 }
 
 func (a *adapter[U, T]) sysPush(m sysMsg) bool  { return a.owner.sysPush(m) }

@@ -310,7 +310,13 @@ func (a *assoc) deliver(it *inTarget, id uint64, msg any, size int, credited boo
 		a.batchPush(wireMsg{msg: msg, size: size, credited: credited, hd: hd})
 		return nil
 	}
-	if err := it.target.tellWire(msg, size, hd); err != nil {
+	var err error
+	if ct, ok := it.target.(creditTeller); ok && credited {
+		err = ct.tellCredited(msg, size, hd, true)
+	} else {
+		err = it.target.tellWire(msg, size, hd)
+	}
+	if err != nil {
 		n.deadLetter(n.localRefString(it.path), msg, err)
 	}
 	return nil
