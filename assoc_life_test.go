@@ -83,15 +83,15 @@ func TestLifeStep(t *testing.T) {
 		{"retiring into a gone winner", up, lifeEvent{kind: evLostMerge, winner: winnerW, gone: true}, with(at(assocRetiring), func(l *life) { l.mergedInto = winnerW }), effWake | effRetire | effWinnerGone, true},
 		{"a merged session merges once", with(at(assocRetiring), func(l *life) { l.mergedInto = winnerW }), lifeEvent{kind: evLostMerge, winner: &assoc{}}, with(at(assocRetiring), func(l *life) { l.mergedInto = winnerW }), 0, false},
 
-		{"the peer said goodbye: published, not quarantined", up, lifeEvent{kind: evEnded, cause: ErrPeerLeft}, with(closed, func(l *life) { l.err = ErrPeerLeft }), effEnd | effPublish, true},
-		{"broken: published and quarantined", up, lifeEvent{kind: evEnded, cause: io.EOF}, with(closed, func(l *life) { l.err = io.EOF }), effEnd | effPublish | effQuarantine, true},
-		{"given up: it ends with why it was given up", ending, lifeEvent{kind: evEnded, cause: io.EOF}, with(closed, func(l *life) { l.endCause = causeA }), effEnd | effPublish | effQuarantine, true},
-		{"this node closing: nothing published", up, lifeEvent{kind: evEnded, cause: io.EOF, closing: true}, with(closed, func(l *life) { l.err = io.EOF }), effEnd, true},
-		{"ended as the node closes", up, lifeEvent{kind: evEnded, cause: ErrNodeClosed}, with(closed, func(l *life) { l.err = ErrNodeClosed }), effEnd, true},
-		{"replaced by the peer: nothing published", up, lifeEvent{kind: evEnded, cause: fmt.Errorf("x: %w", errSessionReplaced)}, with(closed, func(l *life) { l.err = fmt.Errorf("x: %w", errSessionReplaced) }), effEnd, true},
-		{"a leave ends quietly", at(assocLeaving), lifeEvent{kind: evEnded, cause: io.EOF}, with(closed, func(l *life) { l.err = io.EOF }), effEnd, true},
-		{"a retired duplicate ends", at(assocRetiring), lifeEvent{kind: evEnded, cause: io.EOF}, at(assocClosed), effRetiredEnd, true},
-		{"a failed dial", life{}, lifeEvent{kind: evEnded, cause: causeB}, life{state: assocClosed, err: causeB}, effEnd, true},
+		{"the peer said goodbye: published, not quarantined", up, lifeEvent{kind: evEnded, cause: ErrPeerLeft}, with(closed, func(l *life) { l.err = ErrPeerLeft }), effWake | effEnd | effPublish, true},
+		{"broken: published and quarantined", up, lifeEvent{kind: evEnded, cause: io.EOF}, with(closed, func(l *life) { l.err = io.EOF }), effWake | effEnd | effPublish | effQuarantine, true},
+		{"given up: it ends with why it was given up", ending, lifeEvent{kind: evEnded, cause: io.EOF}, with(closed, func(l *life) { l.endCause = causeA }), effWake | effEnd | effPublish | effQuarantine, true},
+		{"this node closing: nothing published", up, lifeEvent{kind: evEnded, cause: io.EOF, closing: true}, with(closed, func(l *life) { l.err = io.EOF }), effWake | effEnd, true},
+		{"ended as the node closes", up, lifeEvent{kind: evEnded, cause: ErrNodeClosed}, with(closed, func(l *life) { l.err = ErrNodeClosed }), effWake | effEnd, true},
+		{"replaced by the peer: nothing published", up, lifeEvent{kind: evEnded, cause: fmt.Errorf("x: %w", errSessionReplaced)}, with(closed, func(l *life) { l.err = fmt.Errorf("x: %w", errSessionReplaced) }), effWake | effEnd, true},
+		{"a leave ends quietly", at(assocLeaving), lifeEvent{kind: evEnded, cause: io.EOF}, with(closed, func(l *life) { l.err = io.EOF }), effWake | effEnd, true},
+		{"a retired duplicate ends", at(assocRetiring), lifeEvent{kind: evEnded, cause: io.EOF}, at(assocClosed), effWake | effRetiredEnd, true},
+		{"a failed dial", life{}, lifeEvent{kind: evEnded, cause: causeB}, life{state: assocClosed, err: causeB}, effWake | effEnd, true},
 		{"a second end", closed, lifeEvent{kind: evEnded, cause: causeB}, closed, 0, false},
 		{"quarantined: the reason says so", closed, lifeEvent{kind: evQuarantined, cause: causeB}, with(closed, func(l *life) { l.err = causeB }), 0, true},
 		{"quarantined before the end", up, lifeEvent{kind: evQuarantined, cause: causeB}, up, 0, false},
@@ -145,7 +145,7 @@ func TestLifeInterleavings(t *testing.T) {
 			{lifeEvent{kind: evHandshaken, at: lt0}, 0, true},
 			{lifeEvent{kind: evGiveUp, cause: causeA}, effMarkEnding | effSayGaveUp, true},
 			{lifeEvent{kind: evLinkLost, resumable: true, cause: io.EOF}, 0, false}, // the reader sees the close: not a flap
-			{lifeEvent{kind: evEnded, cause: io.EOF}, effEnd | effPublish | effQuarantine, true},
+			{lifeEvent{kind: evEnded, cause: io.EOF}, effWake | effEnd | effPublish | effQuarantine, true},
 		}, assocClosed},
 		{"a resume racing a close: the leaving winner gets nothing, and nothing is dropped", []stepWant{
 			{lifeEvent{kind: evHandshaken, at: lt0}, 0, true},
@@ -156,7 +156,7 @@ func TestLifeInterleavings(t *testing.T) {
 		{"a redial reaching a new incarnation: the old session is replaced, not resumed", []stepWant{
 			{lifeEvent{kind: evHandshaken, at: lt0}, 0, true},
 			{lifeEvent{kind: evLinkLost, at: lt1, resumable: true, cause: io.EOF}, effSuspended, true},
-			{lifeEvent{kind: evEnded, cause: causeB}, effEnd | effPublish | effQuarantine, true},
+			{lifeEvent{kind: evEnded, cause: causeB}, effWake | effEnd | effPublish | effQuarantine, true},
 			{lifeEvent{kind: evLostMerge, winner: winnerW}, 0, false},
 		}, assocClosed},
 		{"a flap resumed", []stepWant{
@@ -177,20 +177,20 @@ func TestLifeInterleavings(t *testing.T) {
 			{lifeEvent{kind: evLeave}, effWake | effFailPending | effNotify, true},
 			{lifeEvent{kind: evLinkLost, resumable: true}, 0, false}, // a flap while leaving ends it
 			{lifeEvent{kind: evByeQueued}, effNotify, true},
-			{lifeEvent{kind: evEnded, cause: ErrPeerLeft}, effEnd, true}, // this node left: nothing published
+			{lifeEvent{kind: evEnded, cause: ErrPeerLeft}, effWake | effEnd, true}, // this node left: nothing published
 		}, assocClosed},
 		{"given up while leaving: the end is quiet, with the cause", []stepWant{
 			{lifeEvent{kind: evHandshaken, at: lt0}, 0, true},
 			{lifeEvent{kind: evLeave}, effWake | effFailPending | effNotify, true},
 			{lifeEvent{kind: evGiveUp, cause: causeA}, effMarkEnding | effCloseHard, true},
-			{lifeEvent{kind: evEnded, cause: io.EOF}, effEnd, true},
+			{lifeEvent{kind: evEnded, cause: io.EOF}, effWake | effEnd, true},
 		}, assocClosed},
 		{"a simultaneous dial lost while up drains, then ends as retired", []stepWant{
 			{lifeEvent{kind: evHandshaken, at: lt0}, 0, true},
 			{lifeEvent{kind: evLostMerge, winner: winnerW}, effWake | effRetire, true},
 			{lifeEvent{kind: evLeave, now: true}, 0, false},
 			{lifeEvent{kind: evGiveUp, cause: causeA}, effMarkEnding | effCloseHard, true},
-			{lifeEvent{kind: evEnded, cause: io.EOF}, effRetiredEnd, true},
+			{lifeEvent{kind: evEnded, cause: io.EOF}, effWake | effRetiredEnd, true},
 		}, assocClosed},
 	}
 	for _, r := range runs {
@@ -213,8 +213,9 @@ func TestLifeInterleavings(t *testing.T) {
 // order: a closed session stays closed; it closes once, by a step that
 // either ends it (everything that waited fails, what it held becomes dead
 // letters) or hands it to a winner; a merge happens once; nothing but a
-// give up asks for an effect when it does not apply; and a given-up
-// session ends with why it was given up.
+// give up asks for an effect when it does not apply; a given-up session
+// ends with why it was given up; and a session that stops taking
+// messages wakes whoever waits for room or credit in it.
 func TestLifeInAnyOrder(t *testing.T) {
 	var evs []lifeEvent
 	for k := range lifeEventCount {
@@ -282,6 +283,9 @@ func TestLifeInAnyOrder(t *testing.T) {
 			}
 			if eff&effEnd != 0 && next.err == nil {
 				fail("ended with no reason")
+			}
+			if l.state < assocLeaving && next.state >= assocLeaving && eff&effWake == 0 {
+				fail("%s to %s without waking the senders: %v", l.state, next.state, eff)
 			}
 			if eff&effRetire != 0 && eff&effHandOver != 0 {
 				fail("retired and handed over at once")

@@ -348,11 +348,13 @@ func (l life) ended(from assocState, ev lifeEvent) (life, effect, bool) {
 	// failure: nothing is published or quarantined.
 	closing := ev.closing || errors.Is(err, ErrNodeClosed) || errors.Is(err, errSessionReplaced)
 	end := endingOf(from, errors.Is(err, ErrPeerLeft), closing, false)
+	// Whatever waits for room or credit wakes: the session takes nothing
+	// more (the wait ends with the session's failure).
 	if end.retired {
-		return l, effRetiredEnd, true
+		return l, effWake | effRetiredEnd, true
 	}
 	l.err = err
-	eff := effEnd
+	eff := effWake | effEnd
 	if end.publish {
 		eff |= effPublish
 	}

@@ -249,3 +249,56 @@ func TestSendWaitsForRoomBehindALocalAdapter(t *testing.T) {
 		t.Fatal("handled out of order")
 	}
 }
+
+// A Send to a local adapter that waits for room while the adapter's
+// actor restarts is not taken by the restarted actor (the adapter was
+// retired with the old one): it fails with ErrNoSuchActor, as a Tell to
+// the retired adapter does.
+func TestASendWaitingOnAnAdapterAcrossARestartIsNotTaken(t *testing.T) {
+	cfg := quietConfig("solo")
+	cfg.MailboxLimit = 1
+	n := startQuiet(t, cfg)
+	started, release := make(chan struct{}, 1), make(chan struct{})
+	got := make(chan int, 16)
+	adapters := make(chan troupe.Ref[string], 4)
+	owner, err := troupe.Spawn(n, "owner", troupe.Supervise(func() troupe.Behavior[int] {
+		return troupe.Behavior[int]{
+			Setup: func(c *troupe.Context[int]) {
+				adapters <- troupe.MessageAdapter(c, func(string) int { return 1000 })
+			},
+			Receive: func(_ *troupe.Context[int], m int) {
+				got <- m
+				if m == -1 {
+					started <- struct{}{}
+					<-release
+					panic("restart")
+				}
+			},
+		}
+	}, troupe.RestartOnFailure()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ad := within(t, adapters, 5*time.Second, "the first adapter")
+	owner.Tell(-1)
+	within(t, started, 5*time.Second, "the handler that fails")
+	owner.Tell(5) // the mailbox is full
+	sent := make(chan error, 1)
+	go func() { sent <- ad.Send(ctxFor(t), "waits") }()
+	// (Whether the Send already waits or not when the actor restarts, the
+	// retired adapter must not deliver it.)
+	time.Sleep(50 * time.Millisecond)
+	close(release)
+	if err := within(t, sent, 10*time.Second, "the Send"); !errors.Is(err, troupe.ErrNoSuchActor) {
+		t.Fatalf("a Send to an adapter retired while it waited returned %v, want ErrNoSuchActor", err)
+	}
+	owner.Tell(6)
+	for m := range got {
+		if m == 1000 {
+			t.Fatal("the restarted actor handled a message of its retired adapter")
+		}
+		if m == 6 {
+			break
+		}
+	}
+}

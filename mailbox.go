@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"sync/atomic"
 	"time"
 	"unsafe"
 )
@@ -19,7 +20,17 @@ func (c *cell[T]) push(msg T) error { return c.pushSized(msg, 0, nil) }
 // pushWait is push, with the message's headers, that waits while the
 // mailbox is full: until there is room, the actor stops, or ctx ends.
 func (c *cell[T]) pushWait(ctx context.Context, msg T, hd Headers) error {
+	return c.pushWaitUnless(ctx, msg, hd, nil)
+}
+
+// pushWaitUnless is pushWait for a message adapter's Send: while it
+// waits, the adapter may be retired (its actor restarted), and then the
+// message is not taken (errAdapterRetired).
+func (c *cell[T]) pushWaitUnless(ctx context.Context, msg T, hd Headers, retired *atomic.Bool) error {
 	for {
+		if retired != nil && retired.Load() {
+			return errAdapterRetired
+		}
 		err := c.pushSized(msg, 0, hd)
 		if !errors.Is(err, ErrMailboxFull) {
 			return err

@@ -601,7 +601,7 @@ func (a *adapter[U, T]) sendWait(ctx context.Context, msg any, hd Headers) error
 	if !ok || a.retired.Load() {
 		return a.tellAny(msg)
 	}
-	return a.owner.pushWait(ctx, a.f(u), hd)
+	return a.owner.pushWaitUnless(ctx, a.f(u), hd, &a.retired)
 }
 
 func (a *adapter[U, T]) sysPush(m sysMsg) bool  { return a.owner.sysPush(m) }

@@ -1,6 +1,7 @@
 package troupe
 
 import (
+	"context"
 	"crypto/rand"
 	"errors"
 	"fmt"
@@ -561,4 +562,85 @@ func TestAnAskedActorGoesBackToItsIdleSize(t *testing.T) {
 		defer c.mu.Unlock()
 		return c.waits == nil
 	})
+}
+
+// A Send waiting for a remote actor's credit returns, with the session's
+// failure, once the peer is gone: its end wakes it (it waited for the
+// ctx before, found in review).
+func TestASendWaitingForCreditEndsWithItsPeer(t *testing.T) {
+	f := NewFaultNet()
+	home := startOn(t, f, failConfig("home", 50*time.Millisecond, time.Second))
+	cfg := failConfig("away", 50*time.Millisecond, time.Second)
+	cfg.MailboxLimit = 8
+	away := startOn(t, f, cfg)
+	block := make(chan struct{})
+	defer close(block)
+	if _, err := Spawn(away, "stuck", Behavior[int]{Receive: func(*Context[int], int) { <-block }}); err != nil {
+		t.Fatal(err)
+	}
+	stuck, err := Resolve[int](ctxT(t, 5*time.Second), home, FormatRef(away.Addrs()[0], "/user/stuck"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sent := make(chan error, 1)
+	go func() {
+		ctx := ctxT(t, 60*time.Second)
+		for i := 1; ; i++ {
+			if err := stuck.Send(ctx, i); err != nil {
+				sent <- err
+				return
+			}
+		}
+	}()
+	waitFor(t, 10*time.Second, "a Send waiting for credit", func() bool {
+		a := stuck.h.assoc.lockTarget()
+		defer a.mu.Unlock()
+		return a.credited != nil
+	})
+	go f.Kill(away)
+	select {
+	case err := <-sent:
+		if !errors.Is(err, ErrPeerUnreachable) && !errors.Is(err, ErrQuarantined) {
+			t.Fatalf("the waiting Send returned %v, want the session's failure", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("a Send waiting for credit still waits 20 s after its peer was killed")
+	}
+}
+
+// A Send waiting for room in the send queue, behind a peer that reads
+// nothing, returns once the peer is given up on.
+func TestASendWaitingForRoomEndsWhenItsPeerIsGivenUp(t *testing.T) {
+	f := NewFaultNet()
+	hc := failConfig("home", 50*time.Millisecond, time.Second)
+	hc.SendQueueLimit = 16 << 10
+	home := startOn(t, f, hc)
+	away := startOn(t, f, failConfig("away", 50*time.Millisecond, time.Second))
+	if _, err := Spawn(away, "sink", Behavior[string]{Receive: func(*Context[string], string) {}}); err != nil {
+		t.Fatal(err)
+	}
+	sink, err := Resolve[string](ctxT(t, 5*time.Second), home, FormatRef(away.Addrs()[0], "/user/sink"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Partition(home, away)
+	payload := strings.Repeat("x", 1024)
+	sent := make(chan error, 1)
+	go func() {
+		ctx := ctxT(t, 60*time.Second)
+		for {
+			if err := sink.Send(ctx, payload); err != nil {
+				sent <- err
+				return
+			}
+		}
+	}()
+	select {
+	case err := <-sent:
+		if errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("the waiting Send returned %v, want the session's failure", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("a Send waiting for room still waits 20 s after its peer was cut off")
+	}
 }
