@@ -83,6 +83,7 @@ func (c *cell[T]) terminate(rest []T) bool {
 		c.n.removeActor(a.key.path)
 	}
 	c.n.removeActor(c.self.key.path)
+	c.n.stopServices(c.self)
 	if c.n.discovering() && isPublic(c.self.key.path) {
 		if !c.n.isClosed() { // (a closing node unregistered everything at once)
 			c.n.unregisterActor(c.self)

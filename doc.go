@@ -80,6 +80,10 @@
 // registrar (failover). The cmd/troupe command runs a dedicated registrar
 // and lists or queries one.
 //
+// A [ServiceKey] names a typed set of actors: [RegisterService] adds one
+// of the node's actors, [FindService] lists the set, and [WatchService]
+// follows it as it changes, pushed by the registry.
+//
 // # When a node stops answering
 //
 // Associations heartbeat every [Config.HeartbeatInterval]. A connection

@@ -403,7 +403,9 @@ func (r *etcdRegistry) wait(ctx context.Context, name string, c waitCond) ([]Reg
 				return regs, nil
 			}
 		}
-		if err := r.watchFrom(ctx, p, rev+1, name, c); err != nil {
+		if err := r.watchFrom(ctx, p, rev+1, func(deleted bool, reg Registration, ok bool) bool {
+			return ok && reg.Name == name && c.admits(&reg)
+		}); err != nil {
 			// The stream broke (a member died, the revision was
 			// compacted): read again after a pause, on the next member.
 			if ctx.Err() != nil || !sleepCtx(ctx, r.timing.attempt/4) {
@@ -414,9 +416,10 @@ func (r *etcdRegistry) wait(ctx context.Context, name string, c waitCond) ([]Reg
 	}
 }
 
-// watchFrom follows the keys under p from revision rev until a put that c
-// admits, the stream ends, or ctx ends.
-func (r *etcdRegistry) watchFrom(ctx context.Context, p string, rev uint64, name string, c waitCond) error {
+// watchFrom follows the keys under p from revision rev until an event
+// that stop accepts (a delete, or a put of reg, ok when it decoded), the
+// stream ends, or ctx ends (or etcdWatchRenew passes).
+func (r *etcdRegistry) watchFrom(ctx context.Context, p string, rev uint64, stop func(deleted bool, reg Registration, ok bool) bool) error {
 	ctx, cancel := context.WithTimeout(ctx, etcdWatchRenew)
 	defer cancel()
 	r.mu.Lock()
@@ -459,10 +462,8 @@ func (r *etcdRegistry) watchFrom(ctx context.Context, p string, rev uint64, name
 			return errors.New("etcd watch canceled")
 		}
 		for _, ev := range msg.Result.Events {
-			if ev.Type == "DELETE" {
-				continue
-			}
-			if reg, ok := r.decode(ev.Kv); ok && reg.Name == name && c.admits(&reg) {
+			deleted := ev.Type == "DELETE"
+			if reg, ok := r.decode(ev.Kv); stop(deleted, reg, ok && !deleted) {
 				return nil
 			}
 		}

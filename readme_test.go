@@ -178,6 +178,8 @@ type Pong struct {
 
 type Quote struct{ Price float64 }
 
+type Job struct{ ID int }
+
 var (
 	_ = expvar.Handler
 	_ = log.Println
@@ -211,7 +213,8 @@ func TestReadmeSnippetsCompile(t *testing.T) {
 			continue // the complete program: built by TestVendoredCopy
 		}
 		count++
-		// Top-level functions stay at top level; the rest is a body.
+		// Top-level functions and one-line variables stay at top level;
+		// the rest is a body.
 		var decls, body []string
 		inDecl := false
 		for line := range strings.SplitSeq(block, "\n") {
@@ -219,6 +222,8 @@ func TestReadmeSnippetsCompile(t *testing.T) {
 			case strings.HasPrefix(line, "func "):
 				inDecl = true
 				decls = append(decls, line)
+			case strings.HasPrefix(line, "var ") && !strings.HasSuffix(line, "("):
+				decls = append(decls, line) // a one-line package variable
 			case inDecl:
 				decls = append(decls, line)
 				if line == "}" {

@@ -31,7 +31,8 @@ func (n *Node) actorRegistration(h *handle) Registration {
 	return Registration{Name: h.name(), UUID: h.key.uuid, Path: h.key.path, Node: n.uid, NodeName: n.name, Addrs: n.Addrs()}
 }
 
-// publicRegistrations lists the node and its public actors.
+// publicRegistrations lists the node, its public actors and its actors
+// under service keys.
 func (n *Node) publicRegistrations() []Registration {
 	out := []Registration{n.nodeRegistration()}
 	n.amu.RLock()
@@ -41,7 +42,7 @@ func (n *Node) publicRegistrations() []Registration {
 		}
 	}
 	n.amu.RUnlock()
-	return out
+	return append(out, n.serviceRegistrations()...)
 }
 
 // registerNode registers the node itself with every registrar before Start
@@ -288,18 +289,21 @@ func (n *Node) tellRegistrar(addr Addr, req regRequest) {
 }
 
 // registerActor registers a newly spawned public actor with every
-// registrar, waiting (boundedly) for each remote one. A registrar that does
-// not answer is logged, not fatal: the node registers everything again
-// when it re-associates with it.
-func (n *Node) registerActor(h *handle) {
-	r := n.actorRegistration(h)
+// registrar (see registerEntry).
+func (n *Node) registerActor(h *handle) { n.registerEntry(h, n.actorRegistration(h)) }
+
+// registerEntry registers r, an entry of the actor h (its own name, or a
+// service key), with every registrar, waiting (boundedly) for each remote
+// one. A registrar that does not answer is logged, not fatal: the node
+// registers everything again when it re-associates with it.
+func (n *Node) registerEntry(h *handle, r Registration) {
 	if n.reg() != nil {
 		n.registryRegister(r)
 	}
 	for _, a := range n.remoteRegistrars() {
 		req := regRequest{Op: regOpRegister, Regs: toWire([]Registration{r})}
 		if _, err := n.askRegistrar(n.ctx, registrarSource{addr: a}, req); err != nil {
-			n.log.Warn("troupe: could not register actor; registering again when the registrar answers", "path", h.key.path, "registrar", a.String(), "err", err)
+			n.log.Warn("troupe: could not register actor; registering again when the registrar answers", "path", h.key.path, "name", r.Name, "registrar", a.String(), "err", err)
 			n.setRegPending(a, true)
 		}
 	}
@@ -310,7 +314,7 @@ func (n *Node) registerActor(h *handle) {
 		n.etcdSync.poke(false)
 		ctx, cancel := context.WithTimeout(n.ctx, n.registryTimeout())
 		if !n.awaitEtcd(ctx, h, r) {
-			n.log.Warn("troupe: etcd has not confirmed an actor's registration yet; it stays pending until etcd takes it", "path", h.key.path, "registry", n.etcd.String())
+			n.log.Warn("troupe: etcd has not confirmed an actor's registration yet; it stays pending until etcd takes it", "path", h.key.path, "name", r.Name, "registry", n.etcd.String())
 		}
 		cancel()
 	}
@@ -318,12 +322,16 @@ func (n *Node) registerActor(h *handle) {
 
 // unregisterActor removes a stopped public actor from every registrar,
 // without waiting.
-func (n *Node) unregisterActor(h *handle) {
+func (n *Node) unregisterActor(h *handle) { n.unregisterEntry(h.name(), h.key.uuid) }
+
+// unregisterEntry removes the entry name of the actor uuid from every
+// registrar, without waiting.
+func (n *Node) unregisterEntry(name string, uuid UUID) {
 	if n.reg() != nil {
-		n.reg().unregister(h.name(), h.key.uuid)
+		n.reg().unregister(name, uuid)
 	}
 	for _, a := range n.remoteRegistrars() {
-		n.tellRegistrar(a, regRequest{Op: regOpUnregister, Regs: []regWire{{Name: h.name(), UUID: h.key.uuid}}})
+		n.tellRegistrar(a, regRequest{Op: regOpUnregister, Regs: []regWire{{Name: name, UUID: uuid}}})
 	}
 	if n.etcd != nil {
 		n.etcdSync.poke(false) // the writer deletes it

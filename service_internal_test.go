@@ -1,0 +1,113 @@
+package troupe
+
+import (
+	"context"
+	"slices"
+	"testing"
+	"time"
+)
+
+var echoKey = NewServiceKey[testPing]("echoes")
+
+// listingPaths lists the paths of refs, sorted.
+func listingPaths(refs []Ref[testPing]) []string {
+	var out []string
+	for _, r := range refs {
+		out = append(out, r.Path())
+	}
+	slices.Sort(out)
+	return out
+}
+
+// followService runs WatchService on n and returns its listings.
+func followService(t *testing.T, n *Node) <-chan []string {
+	t.Helper()
+	ch := make(chan []string, 256)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		WatchService(ctx, n, echoKey, func(refs []Ref[testPing]) { ch <- listingPaths(refs) })
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+	return ch
+}
+
+// awaitListing waits until ch delivers want.
+func awaitListing(t *testing.T, ch <-chan []string, what string, want ...string) {
+	t.Helper()
+	deadline := time.After(15 * time.Second)
+	var last []string
+	for {
+		select {
+		case last = <-ch:
+			if slices.Equal(last, want) || len(want) == 0 && len(last) == 0 {
+				return
+			}
+		case <-deadline:
+			t.Fatalf("%s: the last listing was %v, want %v", what, last, want)
+		}
+	}
+}
+
+func registerEcho(t *testing.T, n *Node, name string) Ref[testPing] {
+	t.Helper()
+	r := spawnEcho(t, n, name)
+	if err := RegisterService(n, echoKey, r); err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// A WatchService follows the registry through a failover: the registrar
+// vanishes, another node takes its address over, the nodes register
+// again, and what is registered after is pushed by the new registrar,
+// in a listing that holds every actor again.
+func TestWatchServiceFollowsARegistrarFailover(t *testing.T) {
+	f := NewFaultNet()
+	reg := freeRegistryAddr(t, "tcp")
+	cfg := func(name string) Config {
+		c := failConfig(name, 20*time.Millisecond, 300*time.Millisecond)
+		c.RegistryAddrs = []string{reg}
+		return c
+	}
+	first := startOn(t, f, cfg("first"))
+	if !first.IsRegistrar() {
+		t.Fatal("the first node did not become the registrar")
+	}
+	a, b := startOn(t, f, cfg("a")), startOn(t, f, cfg("b"))
+	registerEcho(t, a, "ea")
+	registerEcho(t, b, "eb")
+	ch := followService(t, b)
+	awaitListing(t, ch, "before the failover", "/user/ea", "/user/eb")
+	f.Kill(first)
+	waitFor(t, 10*time.Second, "a new registrar", func() bool { return a.IsRegistrar() != b.IsRegistrar() })
+	// (The listing is the same: it is not delivered again.)
+	registerEcho(t, a, "ea2")
+	awaitListing(t, ch, "a registration after the failover", "/user/ea", "/user/ea2", "/user/eb")
+}
+
+// Over etcd: FindService lists the actors of every node, and WatchService
+// is pushed by etcd's watch stream: a registration, a stop, and a node
+// that closes (its entries go with its lease).
+func TestServiceKeysOverEtcd(t *testing.T) {
+	url := sharedEtcdURL(t)
+	a, b := etcdNode(t, "alpha", url), etcdNode(t, "beta", url)
+	registerEcho(t, a, "ea")
+	eb := registerEcho(t, b, "eb")
+	refs, err := FindService(ctxT(t, 10*time.Second), a, echoKey)
+	if err != nil || !slices.Equal(listingPaths(refs), []string{"/user/ea", "/user/eb"}) {
+		t.Fatalf("FindService = %v, %v", listingPaths(refs), err)
+	}
+	for _, r := range refs {
+		roundTripRef(t, a, r)
+	}
+	ch := followService(t, b)
+	awaitListing(t, ch, "the first listing", "/user/ea", "/user/eb")
+	registerEcho(t, a, "ea2")
+	awaitListing(t, ch, "ea2 registered", "/user/ea", "/user/ea2", "/user/eb")
+	b.Stop(eb)
+	awaitListing(t, ch, "eb stopped", "/user/ea", "/user/ea2")
+	a.Close()
+	awaitListing(t, ch, "alpha closed")
+}

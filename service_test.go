@@ -1,0 +1,253 @@
+package troupe_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"troupe"
+)
+
+// job is what the workers of the service tests take.
+type job struct {
+	N     int
+	Reply troupe.Ref[string]
+}
+
+func init() { troupe.RegisterMessage[job]("troupe.test.service.job") }
+
+var workersKey = troupe.NewServiceKey[job]("workers")
+
+// serviceNodes starts a registrar and names more nodes that use it.
+func serviceNodes(t *testing.T, names ...string) (*troupe.Node, []*troupe.Node) {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	cfg := func(name string) troupe.Config {
+		return troupe.Config{Name: name, Listen: []string{"tcp://127.0.0.1:0"}, RegistryAddrs: []string{addr},
+			Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	}
+	reg := startQuiet(t, cfg("registrar"))
+	if !reg.IsRegistrar() {
+		t.Fatal("the first node is not the registrar")
+	}
+	var out []*troupe.Node
+	for _, name := range names {
+		out = append(out, startQuiet(t, cfg(name)))
+	}
+	return reg, out
+}
+
+// spawnWorker spawns a worker that answers each job with its name, and
+// registers it under workersKey.
+func spawnWorker(t *testing.T, n *troupe.Node, name string) troupe.Ref[job] {
+	t.Helper()
+	ref, err := troupe.Spawn(n, name, troupe.Behavior[job]{Receive: func(_ *troupe.Context[job], j job) {
+		j.Reply.Tell(fmt.Sprintf("%s:%d", name, j.N))
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := troupe.RegisterService(n, workersKey, ref); err != nil {
+		t.Fatal(err)
+	}
+	return ref
+}
+
+// paths lists the paths of refs, as a listing's order gives them.
+func paths[T any](refs []troupe.Ref[T]) []string {
+	var out []string
+	for _, r := range refs {
+		out = append(out, r.Path())
+	}
+	slices.Sort(out)
+	return out
+}
+
+// A service key lists every actor registered under it, on every node,
+// as refs of its type that work; a stopped actor and a deregistered one
+// leave it, and an actor of another type under the same name is not in
+// it.
+func TestServiceKeyListsItsActorsOnEveryNode(t *testing.T) {
+	reg, ns := serviceNodes(t, "a", "b", "client")
+	a, b, client := ns[0], ns[1], ns[2]
+	spawnWorker(t, a, "w1")
+	w2 := spawnWorker(t, a, "w2")
+	w3 := spawnWorker(t, b, "w3")
+	other, err := troupe.Spawn(b, "other", troupe.Behavior[string]{Receive: func(*troupe.Context[string], string) {}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := troupe.RegisterService(b, troupe.NewServiceKey[string]("workers"), other); err != nil {
+		t.Fatal(err)
+	}
+	for _, from := range []*troupe.Node{client, a, reg} {
+		refs, err := troupe.FindService(ctxFor(t), from, workersKey)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := paths(refs); !slices.Equal(got, []string{"/user/w1", "/user/w2", "/user/w3"}) {
+			t.Fatalf("%s finds %v", from.Name(), got)
+		}
+		for _, r := range refs {
+			got, err := troupe.Ask(ctxFor(t), r, func(reply troupe.Ref[string]) job { return job{N: 7, Reply: reply} })
+			if err != nil || got != r.Path()[len("/user/"):]+":7" {
+				t.Fatalf("%s: Ask %v = %q, %v", from.Name(), r, got, err)
+			}
+		}
+	}
+	if strs, err := troupe.FindService(ctxFor(t), client, troupe.NewServiceKey[string]("workers")); err != nil || !slices.Equal(paths(strs), []string{"/user/other"}) {
+		t.Fatalf("the string key lists %v, %v", paths(strs), err)
+	}
+	if !troupe.DeregisterService(a, workersKey, w2) {
+		t.Fatal("DeregisterService of a registered worker reported false")
+	}
+	if troupe.DeregisterService(a, workersKey, w2) {
+		t.Fatal("a second DeregisterService reported true")
+	}
+	b.Stop(w3)
+	waitUntil(t, 10*time.Second, "w2 and w3 to leave the listing", func() bool {
+		refs, err := troupe.FindService(ctxFor(t), client, workersKey)
+		return err == nil && slices.Equal(paths(refs), []string{"/user/w1"})
+	})
+}
+
+// RegisterService refuses what it cannot list, with a clear error.
+func TestRegisterServiceRefusals(t *testing.T) {
+	_, ns := serviceNodes(t, "a", "b")
+	a, b := ns[0], ns[1]
+	w := spawnWorker(t, a, "w")
+	if err := troupe.RegisterService(a, troupe.NewServiceKey[job]("no spaces"), w); !errors.Is(err, troupe.ErrBadName) {
+		t.Errorf("a bad key name: %v, want ErrBadName", err)
+	}
+	if _, err := troupe.FindService(ctxFor(t), a, troupe.NewServiceKey[job]("")); !errors.Is(err, troupe.ErrBadName) {
+		t.Errorf("FindService of an empty name: %v, want ErrBadName", err)
+	}
+	remote := remoteRef[job](t, b, a, "/user/w")
+	if err := troupe.RegisterService(b, workersKey, remote); !errors.Is(err, troupe.ErrNotLocal) {
+		t.Errorf("a remote ref: %v, want ErrNotLocal", err)
+	}
+	a.Stop(w)
+	waitUntil(t, 5*time.Second, "w to stop", func() bool {
+		return errors.Is(troupe.RegisterService(a, workersKey, w), troupe.ErrActorStopped)
+	})
+	refs, err := troupe.FindService(ctxFor(t), b, workersKey)
+	if err != nil || len(refs) != 0 {
+		t.Fatalf("a stopped actor is listed: %v, %v", paths(refs), err)
+	}
+}
+
+// listings collects what WatchService delivers.
+func watchListings(t *testing.T, n *troupe.Node, k troupe.ServiceKey[job]) (<-chan []troupe.Ref[job], func() error) {
+	t.Helper()
+	ch := make(chan []troupe.Ref[job], 64)
+	ctx, cancel := context.WithCancel(context.Background())
+	ended := make(chan error, 1)
+	go func() { ended <- troupe.WatchService(ctx, n, k, func(refs []troupe.Ref[job]) { ch <- refs }) }()
+	stop := sync.OnceValue(func() error {
+		cancel()
+		select {
+		case err := <-ended:
+			return err
+		case <-time.After(10 * time.Second):
+			return errors.New("WatchService did not return after its ctx ended")
+		}
+	})
+	t.Cleanup(func() { stop() })
+	return ch, stop
+}
+
+// nextListing waits for a listing of want (paths, sorted), skipping
+// others on the way, and fails after 10 s.
+func nextListing(t *testing.T, ch <-chan []troupe.Ref[job], what string, want ...string) []troupe.Ref[job] {
+	t.Helper()
+	deadline := time.After(10 * time.Second)
+	var last []string
+	for {
+		select {
+		case refs := <-ch:
+			last = paths(refs)
+			if slices.Equal(last, want) || (len(want) == 0 && len(last) == 0) {
+				return refs
+			}
+		case <-deadline:
+			t.Fatalf("%s: the last listing was %v, want %v", what, last, want)
+		}
+	}
+}
+
+// WatchService delivers the listing at once and each change as it
+// happens, pushed by the registrar: a registration, a stop, a node that
+// closes; and returns ctx's error when ctx ends.
+func TestWatchServiceIsPushed(t *testing.T) {
+	_, ns := serviceNodes(t, "a", "b", "watcher")
+	a, b, watcher := ns[0], ns[1], ns[2]
+	spawnWorker(t, a, "w1")
+	ch, stop := watchListings(t, watcher, workersKey)
+	nextListing(t, ch, "the first listing", "/user/w1")
+	w2 := spawnWorker(t, b, "w2")
+	got := nextListing(t, ch, "w2 registered", "/user/w1", "/user/w2")
+	for _, r := range got {
+		if _, err := troupe.Ask(ctxFor(t), r, func(reply troupe.Ref[string]) job { return job{N: 1, Reply: reply} }); err != nil {
+			t.Fatalf("Ask %v from the listing: %v", r, err)
+		}
+	}
+	b.Stop(w2)
+	nextListing(t, ch, "w2 stopped", "/user/w1")
+	a.Close()
+	nextListing(t, ch, "a closed")
+	if err := stop(); !errors.Is(err, context.Canceled) {
+		t.Fatalf("WatchService after its ctx ended = %v", err)
+	}
+}
+
+// A node cut off from the registrar leaves the listing when the
+// registrar gives up on it, and the watcher's own node quarantining it
+// keeps it out; a node that closes ends WatchService with ErrNodeClosed.
+func TestWatchServiceDropsAnUnreachableNode(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	f := troupe.NewFaultNet()
+	t.Cleanup(f.Heal)
+	start := func(name string) *troupe.Node {
+		n, err := f.Start(ctxFor(t), troupe.Config{Name: name, RegistryAddrs: []string{addr}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+			HeartbeatInterval: 50 * time.Millisecond, UnreachableAfter: time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { n.Close() })
+		return n
+	}
+	reg := start("registrar")
+	a, b := start("a"), start("b")
+	if !reg.IsRegistrar() {
+		t.Fatal("no registrar")
+	}
+	spawnWorker(t, a, "wa")
+	spawnWorker(t, b, "wb")
+	ch, _ := watchListings(t, reg, workersKey)
+	nextListing(t, ch, "the first listing", "/user/wa", "/user/wb")
+	f.Isolate(b)
+	nextListing(t, ch, "b cut off", "/user/wa")
+	ended := make(chan error, 1)
+	go func() { ended <- troupe.WatchService(context.Background(), a, workersKey, func([]troupe.Ref[job]) {}) }()
+	a.Close()
+	if err := within(t, ended, 10*time.Second, "WatchService on a closed node"); !errors.Is(err, troupe.ErrNodeClosed) {
+		t.Fatalf("WatchService on a closed node = %v, want ErrNodeClosed", err)
+	}
+}
