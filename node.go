@@ -110,6 +110,7 @@ type Node struct {
 	etcd       *etcdRegistry            // the etcd registry this node registers with, if any
 	etcdSync   etcdSync                 // what etcd confirmed of this node's entries (etcd_sync.go)
 	services   services                 // its actors under service keys (service.go)
+	topics     topics                   // its topics' relays and publishers (topic.go)
 	etcdOthers sync.Map                 // URL -> *etcdRegistry: those named in WithRegistries
 	regRefs    sync.Map                 // Addr -> Ref[regRequest], resolved registrar actors
 	found      map[string][]foundRef    // guarded by pmu: actors lookups found on peers

@@ -151,6 +151,7 @@ func TestReplaceDirective(t *testing.T) {
 const snippetImports = `import (
 	"context"
 	"expvar"
+	"fmt"
 	"log"
 	"net/http"
 	"testing"
@@ -182,6 +183,7 @@ type Job struct{ ID int }
 
 var (
 	_ = expvar.Handler
+	_ = fmt.Sprint
 	_ = log.Println
 	_ = http.NewServeMux
 	_ = time.Second

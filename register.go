@@ -31,8 +31,8 @@ func (n *Node) actorRegistration(h *handle) Registration {
 	return Registration{Name: h.name(), UUID: h.key.uuid, Path: h.key.path, Node: n.uid, NodeName: n.name, Addrs: n.Addrs()}
 }
 
-// publicRegistrations lists the node, its public actors and its actors
-// under service keys.
+// publicRegistrations lists the node, its public actors, its actors
+// under service keys and its listed topic relays.
 func (n *Node) publicRegistrations() []Registration {
 	out := []Registration{n.nodeRegistration()}
 	n.amu.RLock()
@@ -42,7 +42,8 @@ func (n *Node) publicRegistrations() []Registration {
 		}
 	}
 	n.amu.RUnlock()
-	return append(out, n.serviceRegistrations()...)
+	out = append(out, n.serviceRegistrations()...)
+	return append(out, n.topicRegistrations()...)
 }
 
 // registerNode registers the node itself with every registrar before Start

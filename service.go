@@ -8,6 +8,7 @@ import (
 	"maps"
 	"reflect"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 )
@@ -74,7 +75,8 @@ type services struct {
 // a key holds any number of actors. Like Spawn of a public actor, it
 // waits, within Config.RegistryTimeout, for the registry to confirm, and
 // a registrar that does not answer gets it when it does again. It returns
-// [ErrBadName], [ErrNotLocal], [ErrActorStopped], [ErrTooManyServices] or
+// [ErrBadName], [ErrNotLocal], [ErrActorStopped], [ErrTooManyServices],
+// [ErrNoRegistry] (the node uses no registry: nobody could find it) or
 // [ErrNodeClosed].
 func RegisterService[T any](n *Node, k ServiceKey[T], ref Ref[T]) error {
 	if err := checkName(k.name); err != nil {
@@ -88,6 +90,9 @@ func RegisterService[T any](n *Node, k ServiceKey[T], ref Ref[T]) error {
 	}
 	if n.workOver() {
 		return ErrNodeClosed
+	}
+	if !n.discovering() {
+		return ErrNoRegistry // (nobody could find it)
 	}
 	e := serviceEntry{k.regName(), ref.h}
 	s := &n.services
@@ -108,11 +113,29 @@ func RegisterService[T any](n *Node, k ServiceKey[T], ref Ref[T]) error {
 		return fmt.Errorf("%w: %v", ErrActorStopped, ref)
 	}
 	n.registerEntry(ref.h, n.serviceRegistration(e))
+	if !n.holdsService(e) {
+		// The actor stopped, or DeregisterService ran, while it was being
+		// registered: their unregistration may have gone first.
+		n.unregisterEntry(e.name, ref.h.key.uuid)
+		if n.lookup(ref.h.key.path, ref.h.key.uuid) == nil {
+			return fmt.Errorf("%w: %v", ErrActorStopped, ref)
+		}
+	}
 	return nil
 }
 
-// DeregisterService takes ref out of k's set. It reports whether it was
-// there.
+// holdsService reports whether e is still registered here, its actor
+// alive.
+func (n *Node) holdsService(e serviceEntry) bool {
+	s := &n.services
+	s.mu.Lock()
+	_, ok := s.entries[e]
+	s.mu.Unlock()
+	return ok && n.lookup(e.h.key.path, e.h.key.uuid) != nil
+}
+
+// DeregisterService takes ref out of k's set, telling the registries
+// without waiting for them. It reports whether it was there.
 func DeregisterService[T any](n *Node, k ServiceKey[T], ref Ref[T]) bool {
 	if ref.h == nil || ref.h.node != n {
 		return false
@@ -182,7 +205,8 @@ func (n *Node) serviceRegistration(e serviceEntry) Registration {
 // ref per actor, in a stable order (by node, then path). An actor whose
 // node is quarantined here, or that does not answer, or that takes
 // another message type, is left out. It returns an empty listing when
-// there is none, and an error only when no registry answered.
+// there is none, and an error when no registry answered, or ctx's when
+// ctx ended before the listing was made (never a listing cut short).
 func FindService[T any](ctx context.Context, n *Node, k ServiceKey[T], opts ...LookupOption) ([]Ref[T], error) {
 	if err := checkName(k.name); err != nil {
 		return nil, err
@@ -203,7 +227,10 @@ func FindService[T any](ctx context.Context, n *Node, k ServiceKey[T], opts ...L
 	if !answered {
 		return nil, errors.Join(errs...)
 	}
-	refs, _ := serviceRefs[T](ctx, n, regs, nil)
+	refs, _, _ := serviceRefs[T](ctx, n, regs, nil)
+	if ctx.Err() != nil {
+		return nil, ctx.Err() // (not a listing cut short)
+	}
 	return refs, nil
 }
 
@@ -215,14 +242,16 @@ type serviceMember struct {
 
 // serviceRefs turns registrations into refs: this node's own actors as
 // they are, others resolved (and checked for type) through the
-// preferred address of each, reusing those in known. It returns the
-// listing, sorted, and the refs by member, for the next call.
-func serviceRefs[T any](ctx context.Context, n *Node, regs []Registration, known map[serviceMember]Ref[T]) ([]Ref[T], map[serviceMember]Ref[T]) {
+// preferred address of each, reusing those in known whose session still
+// lives. It returns the listing, sorted, the refs by member for the next
+// call, and how many members could not be resolved (to try again).
+func serviceRefs[T any](ctx context.Context, n *Node, regs []Registration, known map[serviceMember]Ref[T]) ([]Ref[T], map[serviceMember]Ref[T], int) {
 	slices.SortFunc(regs, func(a, b Registration) int { return cmp.Compare(b.Seq, a.Seq) }) // newest first, per member
 	now := map[serviceMember]Ref[T]{}
+	tried := map[serviceMember]bool{}
 	for _, c := range preferAddrs(regs) {
 		m := serviceMember{c.reg.Node, c.reg.UUID}
-		if _, done := now[m]; done || c.reg.Path == "" {
+		if _, done := now[m]; done || c.reg.Path == "" || ctx.Err() != nil {
 			continue
 		}
 		if c.reg.Node == n.uid {
@@ -232,17 +261,28 @@ func serviceRefs[T any](ctx context.Context, n *Node, regs []Registration, known
 			continue
 		}
 		if n.quarantineFor(c.reg.Node) != nil {
-			continue // known gone
-		}
-		if r, ok := known[m]; ok {
-			now[m] = r
+			tried[m] = true // known gone, until the quarantine is cleared
 			continue
 		}
+		if r, ok := known[m]; ok && (r.h.assoc == nil || r.h.assoc.failure() == nil) {
+			now[m] = r // (a ref of a session that ended is resolved again)
+			continue
+		}
+		tried[m] = true
 		rctx, cancel := context.WithTimeout(ctx, n.registryTimeout())
 		r, err := Resolve[T](rctx, n, FormatRef(c.addr, c.reg.Path))
 		cancel()
-		if err == nil && r.NodeUID() == c.reg.Node && r.h.key.uuid == c.reg.UUID {
+		switch {
+		case err == nil && r.NodeUID() == c.reg.Node && r.h.key.uuid == c.reg.UUID:
 			now[m] = r
+		case errors.Is(err, ErrWrongType) || errors.Is(err, ErrNoSuchActor):
+			delete(tried, m) // settled: it is not one of the set
+		}
+	}
+	unresolved := 0
+	for m := range tried {
+		if _, ok := now[m]; !ok {
+			unresolved++
 		}
 	}
 	out := make([]Ref[T], 0, len(now))
@@ -252,7 +292,7 @@ func serviceRefs[T any](ctx context.Context, n *Node, regs []Registration, known
 	slices.SortFunc(out, func(a, b Ref[T]) int {
 		return cmp.Or(cmp.Compare(string(a.h.key.node[:]), string(b.h.key.node[:])), cmp.Compare(a.h.key.path, b.h.key.path), cmp.Compare(string(a.h.key.uuid[:]), string(b.h.key.uuid[:])))
 	})
-	return out, now
+	return out, now, unresolved
 }
 
 // WatchService calls each with the listing of k (as [FindService] makes
@@ -263,14 +303,57 @@ func serviceRefs[T any](ctx context.Context, n *Node, regs []Registration, known
 // it is gone, or by etcd's watch stream. Actors leave the listing when
 // they stop (their node takes them out) or their node is unreachable
 // (the registrar drops it, or etcd its lease); a listing never holds an
-// actor of a node quarantined here. each runs on WatchService's
-// goroutine, one call at a time; a listing equal to the last is not
-// delivered again.
+// actor of a node quarantined here, and a member that could not be
+// reached is tried again (with a growing pause) until it is, or leaves.
+// While no registry answers, nothing is delivered; WatchService watches
+// again with a growing pause (up to 5 s). Each WatchService takes one of
+// the registrar's 1,024 watch subscribers. each runs on one goroutine at
+// a time; a listing equal to the last is not delivered again. Besides
+// ctx's error and ErrNodeClosed, it returns [ErrBadName] or
+// [ErrNoRegistry] at once.
 func WatchService[T any](ctx context.Context, n *Node, k ServiceKey[T], each func([]Ref[T]), opts ...LookupOption) error {
 	if err := checkName(k.name); err != nil {
 		return err
 	}
 	w := &serviceWatch[T]{n: n, name: k.regName(), each: each}
+	return n.followRegistry(ctx, regSelector{name: w.name}, func(regs []Registration) bool { return w.deliver(ctx, regs) }, opts)
+}
+
+// regSelector picks registrations: those under name, or (name empty)
+// those whose names start with prefix.
+type regSelector struct{ name, prefix string }
+
+func (s regSelector) match(name string) bool {
+	if s.name != "" {
+		return name == s.name
+	}
+	return strings.HasPrefix(name, s.prefix)
+}
+
+// etcdPrefix is where the selected registrations' keys start in r.
+func (s regSelector) etcdPrefix(r *etcdRegistry) string {
+	if s.name != "" {
+		return r.prefix + s.name + "/"
+	}
+	return r.prefix + s.prefix
+}
+
+// followRegistry calls deliver with the registrations sel picks from the
+// first registry, at once and after each change among them, until ctx
+// ends or the node closes: a registrar's push stream, followed to its
+// successor when it is gone (with a growing pause while none answers),
+// or etcd's watch stream. deliver reports whether some registration
+// could not be acted on (a member not resolved): it is called again with
+// the same registrations after a pause, and whenever a peer becomes
+// unreachable (a listing must drop what the node no longer reaches).
+func (n *Node) followRegistry(ctx context.Context, sel regSelector, deliver func([]Registration) (again bool), opts []LookupOption) error {
+	f := &regFollower{deliver: deliver, kick: make(chan struct{}, 1)}
+	lost := make(chan PeerUnreachable, 1)
+	sub := SubscribeChan(n.Events(), lost)
+	stop, done := make(chan struct{}), make(chan struct{})
+	go f.refresh(stop, done, lost)
+	defer func() { close(stop); <-done; sub.Unsubscribe() }()
+	pause := serviceRewatch
 	for {
 		srcs, _, err := n.lookupSources(opts)
 		if err != nil {
@@ -278,23 +361,32 @@ func WatchService[T any](ctx context.Context, n *Node, k ServiceKey[T], each fun
 		}
 		src := srcs[0]
 		if src.etcd != nil {
-			err = w.followEtcd(ctx, src.etcd)
+			err = followEtcd(ctx, src.etcd, sel, func(regs []Registration) {
+				f.set(regs)
+				pause = serviceRewatch // (it answered)
+			})
 		} else {
 			r := &Registry{n: n, src: src}
 			table := map[regKey]Registration{}
 			err = r.Watch(ctx, func(c RegistryChange) {
+				touched := c.Snapshot
 				if c.Snapshot {
 					clear(table)
 				}
 				for _, reg := range c.Removed {
+					touched = touched || sel.match(reg.Name)
 					delete(table, regKey{reg.Name, reg.UUID})
 				}
 				for _, reg := range c.Added {
-					if reg.Name == w.name {
+					if sel.match(reg.Name) {
+						touched = true
 						table[regKey{reg.Name, reg.UUID}] = reg
 					}
 				}
-				w.deliver(ctx, slices.Collect(maps.Values(table)))
+				if touched {
+					f.set(slices.Collect(maps.Values(table)))
+					pause = serviceRewatch // (it answered)
+				}
 			})
 		}
 		switch {
@@ -302,12 +394,13 @@ func WatchService[T any](ctx context.Context, n *Node, k ServiceKey[T], each fun
 			return ctx.Err()
 		case n.workOver() || errors.Is(err, ErrNodeClosed):
 			return ErrNodeClosed
-		case errors.Is(err, errors.ErrUnsupported), errors.Is(err, ErrNoRegistry):
+		case errors.Is(err, ErrNoRegistry):
 			return err
 		}
-		// The registry is gone or unreachable: follow its successor
-		// (another node takes the registry address over).
-		t := time.NewTimer(serviceRewatch)
+		// The registry is gone, unreachable or not answering yet: follow
+		// its successor (another node takes the registry address over).
+		t := time.NewTimer(pause)
+		pause = min(2*pause, serviceRewatchMax)
 		select {
 		case <-t.C:
 		case <-ctx.Done():
@@ -320,9 +413,87 @@ func WatchService[T any](ctx context.Context, n *Node, k ServiceKey[T], each fun
 	}
 }
 
-// serviceRewatch is the pause before WatchService watches a registry
-// again after losing it.
-const serviceRewatch = 100 * time.Millisecond
+// regFollower holds what followRegistry last delivered, to deliver it
+// again.
+type regFollower struct {
+	deliver func([]Registration) bool
+	mu      sync.Mutex // one delivery at a time
+	last    []Registration
+	have    bool
+	kick    chan struct{} // capacity 1: deliver again after a pause
+}
+
+// set delivers regs; it reports whether they are to be delivered again.
+func (f *regFollower) set(regs []Registration) bool {
+	f.mu.Lock()
+	f.last, f.have = regs, true
+	again := f.deliver(slices.Clone(regs))
+	f.mu.Unlock()
+	if again {
+		select {
+		case f.kick <- struct{}{}:
+		default:
+		}
+	}
+	return again
+}
+
+// redeliver delivers the last registrations again, if there are any
+// (under one hold of mu, so that a newer set cannot come between); it
+// reports whether they are to be delivered again.
+func (f *regFollower) redeliver() bool {
+	f.mu.Lock()
+	if !f.have {
+		f.mu.Unlock()
+		return false
+	}
+	again := f.deliver(slices.Clone(f.last))
+	f.mu.Unlock()
+	if again {
+		select {
+		case f.kick <- struct{}{}:
+		default:
+		}
+	}
+	return again
+}
+
+// refresh delivers the last registrations again when asked (after a
+// pause) and when a peer becomes unreachable, until stop.
+func (f *regFollower) refresh(stop <-chan struct{}, done chan<- struct{}, lost <-chan PeerUnreachable) {
+	defer close(done)
+	pause := serviceRetry
+	for {
+		select {
+		case <-stop:
+			return
+		case <-lost:
+		case <-f.kick:
+			t := time.NewTimer(pause)
+			pause = min(2*pause, serviceRewatchMax)
+			select {
+			case <-stop:
+				t.Stop()
+				return
+			case <-t.C:
+			case <-lost:
+				t.Stop()
+			}
+		}
+		if !f.redeliver() {
+			pause = serviceRetry // all resolved: the next failure starts over
+		}
+	}
+}
+
+// The pauses of followRegistry: before it watches a registry again after
+// losing it (doubling while none answers, to serviceRewatchMax), and
+// before it tries again what it could not resolve (doubling likewise).
+const (
+	serviceRewatch    = 100 * time.Millisecond
+	serviceRetry      = 250 * time.Millisecond
+	serviceRewatchMax = 5 * time.Second
+)
 
 // serviceWatch is one WatchService's state.
 type serviceWatch[T any] struct {
@@ -334,29 +505,34 @@ type serviceWatch[T any] struct {
 	sent  bool
 }
 
-// deliver makes the listing of regs and hands it to each if it changed.
-func (w *serviceWatch[T]) deliver(ctx context.Context, regs []Registration) {
-	var refs []Ref[T]
-	refs, w.known = serviceRefs[T](ctx, w.n, regs, w.known)
-	if w.sent && slices.EqualFunc(refs, w.last, func(a, b Ref[T]) bool { return a.h.key == b.h.key }) {
-		return
+// deliver makes the listing of regs and hands it to each if it changed;
+// it reports whether some member could not be resolved (to try again).
+func (w *serviceWatch[T]) deliver(ctx context.Context, regs []Registration) bool {
+	refs, known, unresolved := serviceRefs[T](ctx, w.n, regs, w.known)
+	if ctx.Err() != nil || w.n.workOver() {
+		return false // a listing cut short is not the set
+	}
+	w.known = known
+	if w.sent && slices.EqualFunc(refs, w.last, func(a, b Ref[T]) bool { return a.h == b.h }) {
+		return unresolved > 0
 	}
 	w.last, w.sent = refs, true
 	w.each(slices.Clone(refs))
+	return unresolved > 0
 }
 
-// followEtcd follows the registrations under w's name in etcd: read them,
-// deliver, and wait on etcd's watch stream for the next change under the
-// name (a put or a delete), until ctx ends or the stream breaks.
-func (w *serviceWatch[T]) followEtcd(ctx context.Context, r *etcdRegistry) error {
-	p := r.prefix + w.name + "/"
+// followEtcd follows the registrations sel picks in etcd: read them,
+// deliver, and wait on etcd's watch stream for the next change among
+// them (a put or a delete), until ctx ends or the stream breaks.
+func followEtcd(ctx context.Context, r *etcdRegistry, sel regSelector, deliver func([]Registration)) error {
+	p := sel.etcdPrefix(r)
 	for {
-		regs, rev, err := r.named(ctx, w.name)
+		regs, rev, err := r.rangeOf(ctx, p)
 		if err != nil {
 			return err
 		}
-		w.deliver(ctx, regs)
-		err = r.watchFrom(ctx, p, rev+1, func(deleted bool, reg Registration, ok bool) bool { return true })
+		deliver(slices.DeleteFunc(regs, func(reg Registration) bool { return !sel.match(reg.Name) }))
+		err = r.watchFrom(ctx, p, rev+1, func(bool, Registration, bool) bool { return true })
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}

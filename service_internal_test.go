@@ -111,3 +111,99 @@ func TestServiceKeysOverEtcd(t *testing.T) {
 	a.Close()
 	awaitListing(t, ch, "alpha closed")
 }
+
+// subscribePings subscribes an actor of n to pingTopic and returns what
+// it receives.
+func subscribePings(t *testing.T, n *Node, name string) <-chan int {
+	t.Helper()
+	got := make(chan int, 256)
+	ref, err := Spawn(n, name, Behavior[testPing]{Receive: func(_ *Context[testPing], p testPing) { got <- p.N }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := SubscribeTopic(n, pingTopic, ref); err != nil {
+		t.Fatal(err)
+	}
+	return got
+}
+
+var pingTopic = NewTopic[testPing]("pings")
+
+// A node's topic relays are registered again with everything else: after
+// the registrar fails over, a publisher on another node still reaches
+// the subscriber.
+func TestTopicRelaysFollowARegistrarFailover(t *testing.T) {
+	f := NewFaultNet()
+	reg := freeRegistryAddr(t, "tcp")
+	cfg := func(name string) Config {
+		c := failConfig(name, 20*time.Millisecond, 300*time.Millisecond)
+		c.RegistryAddrs = []string{reg}
+		return c
+	}
+	first := startOn(t, f, cfg("first"))
+	a, b := startOn(t, f, cfg("a")), startOn(t, f, cfg("b"))
+	got := subscribePings(t, b, "sub")
+	if err := Publish(ctxT(t, 10*time.Second), a, pingTopic, testPing{N: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if n := recv(t, got, "the first publish"); n != 1 {
+		t.Fatalf("got %d", n)
+	}
+	f.Kill(first)
+	waitFor(t, 10*time.Second, "a new registrar that lists b's relay", func() bool {
+		if a.IsRegistrar() == b.IsRegistrar() {
+			return false
+		}
+		r, err := a.Registry()
+		if err != nil {
+			return false
+		}
+		found, err := r.Find(ctxT(t, time.Second), topicPrefix+"pings")
+		return err == nil && len(found) == 1
+	})
+	// Once a publish gets through (a's listing follows the new registrar),
+	// every one does, in order.
+	waitFor(t, 10*time.Second, "a publish to reach b after the failover", func() bool {
+		if err := Publish(ctxT(t, time.Second), a, pingTopic, testPing{N: -1}); err != nil {
+			return false
+		}
+		select {
+		case <-got:
+			return true
+		case <-time.After(100 * time.Millisecond):
+			return false
+		}
+	})
+	for i := 2; i <= 50; i++ {
+		if err := Publish(ctxT(t, 10*time.Second), a, pingTopic, testPing{N: i}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for want := 2; want <= 50; {
+		switch n := recv(t, got, "a publish after the failover"); n {
+		case -1: // a late probe
+		case want:
+			want++
+		default:
+			t.Fatalf("got %d, want %d", n, want)
+		}
+	}
+}
+
+// Topics over etcd: the relay is written by the node's etcd writer, and
+// a publisher on another node reaches the subscriber.
+func TestTopicsOverEtcd(t *testing.T) {
+	url := sharedEtcdURL(t)
+	a, b := etcdNode(t, "alpha", url), etcdNode(t, "beta", url)
+	got := subscribePings(t, b, "sub")
+	for i := 1; i <= 20; i++ {
+		if err := Publish(ctxT(t, 10*time.Second), a, pingTopic, testPing{N: i}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for want := 1; want <= 20; want++ {
+		if n := recv(t, got, "a publish"); n != want {
+			t.Fatalf("got %d, want %d", n, want)
+		}
+	}
+}

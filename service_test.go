@@ -251,3 +251,56 @@ func TestWatchServiceDropsAnUnreachableNode(t *testing.T) {
 		t.Fatalf("WatchService on a closed node = %v, want ErrNodeClosed", err)
 	}
 }
+
+// A node this node loses (cut off from it alone: the registrar still
+// reaches it) leaves this node's listing at once; once the link is back
+// and the quarantine cleared, it is listed again, with a ref that works.
+func TestWatchServiceFollowsWhatThisNodeReaches(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	f := troupe.NewFaultNet()
+	t.Cleanup(f.Heal)
+	start := func(name string) *troupe.Node {
+		n, err := f.Start(ctxFor(t), troupe.Config{Name: name, RegistryAddrs: []string{addr}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+			HeartbeatInterval: 50 * time.Millisecond, UnreachableAfter: time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { n.Close() })
+		return n
+	}
+	reg := start("registrar")
+	w, b := start("w"), start("b")
+	if !reg.IsRegistrar() {
+		t.Fatal("no registrar")
+	}
+	spawnWorker(t, w, "ww")
+	spawnWorker(t, b, "wb")
+	ch, _ := watchListings(t, w, workersKey)
+	nextListing(t, ch, "the first listing", "/user/wb", "/user/ww")
+	f.Partition(w, b)
+	nextListing(t, ch, "b cut off from w", "/user/ww")
+	waitUntil(t, 10*time.Second, "b to give up on w too", func() bool {
+		for _, q := range b.Quarantined() {
+			if q.UID == w.UID() {
+				return true
+			}
+		}
+		return false
+	})
+	f.Heal()
+	b.ClearQuarantine(w.Addrs()[0].String()) // (each side gave up on the other)
+	if err := w.Reconnect(ctxFor(t), b.Addrs()[0].String()); err != nil {
+		t.Fatal(err)
+	}
+	got := nextListing(t, ch, "b back", "/user/wb", "/user/ww")
+	for _, r := range got {
+		if _, err := troupe.Ask(ctxFor(t), r, func(reply troupe.Ref[string]) job { return job{N: 2, Reply: reply} }); err != nil {
+			t.Fatalf("Ask %v after the heal: %v", r, err)
+		}
+	}
+}

@@ -1,0 +1,96 @@
+package troupe
+
+import (
+	"errors"
+	"hash/maphash"
+	"math/rand/v2"
+	"sync/atomic"
+)
+
+// Group routers: an actor whose messages go on to one of the actors
+// under a service key, chosen by a strategy, over the key's listing as it
+// changes (WatchService).
+
+// ErrNoRoutee is the dead-letter reason of a message a group router
+// could not route: no actor is under its key.
+var ErrNoRoutee = errors.New("troupe: the router has no routee")
+
+// RouteStrategy chooses a routee for each message a group router takes.
+// Make one with [RoundRobin], [RandomRoute] or [ConsistentHash].
+type RouteStrategy[T any] struct {
+	pick func(msg T, routees []Ref[T], next *atomic.Uint64) Ref[T]
+}
+
+// RoundRobin sends each message to the next routee in the listing's
+// order.
+func RoundRobin[T any]() RouteStrategy[T] {
+	return RouteStrategy[T]{pick: func(_ T, rs []Ref[T], next *atomic.Uint64) Ref[T] {
+		return rs[(next.Add(1)-1)%uint64(len(rs))]
+	}}
+}
+
+// RandomRoute sends each message to a routee chosen at random.
+func RandomRoute[T any]() RouteStrategy[T] {
+	return RouteStrategy[T]{pick: func(_ T, rs []Ref[T], _ *atomic.Uint64) Ref[T] {
+		return rs[rand.IntN(len(rs))]
+	}}
+}
+
+// ConsistentHash sends every message with the same key (as key computes
+// it) to the same routee while the set of routees is stable. When a
+// routee leaves, only the keys it had move (to the others, evenly); when
+// one joins, it takes about its share from each (rendezvous hashing).
+func ConsistentHash[T any](key func(T) string) RouteStrategy[T] {
+	seed := maphash.MakeSeed()
+	return RouteStrategy[T]{pick: func(msg T, rs []Ref[T], _ *atomic.Uint64) Ref[T] {
+		k := key(msg)
+		var best Ref[T]
+		var top uint64
+		for i, r := range rs {
+			var h maphash.Hash
+			h.SetSeed(seed)
+			h.WriteString(k)
+			h.WriteByte(0)
+			h.WriteString(r.h.key.path)
+			h.Write(r.h.key.uuid[:])
+			h.Write(r.h.key.node[:])
+			if s := h.Sum64(); i == 0 || s > top {
+				best, top = r, s
+			}
+		}
+		return best
+	}}
+}
+
+// SpawnGroupRouter spawns, on n, an actor called name that routes every
+// message it takes to one of the actors under key, chosen by strategy.
+// It follows key's listing as [WatchService] does, pushed: a routee that
+// stops, or whose node is lost, drops out as soon as the listing says so,
+// and one that registers joins. A message that finds no routee is a dead
+// letter with [ErrNoRoutee]. The router forwards with Tell: a routee
+// whose mailbox (or whose node's credit) is full makes a dead letter, as
+// a Tell to it would, and a message's headers are not passed on. It
+// returns [ErrBadName] for a bad key name, else what [Spawn] returns.
+func SpawnGroupRouter[T any](n *Node, name string, key ServiceKey[T], strategy RouteStrategy[T], opts ...LookupOption) (Ref[T], error) {
+	if err := checkName(key.name); err != nil {
+		return Ref[T]{}, err
+	}
+	var routees atomic.Pointer[[]Ref[T]]
+	var next atomic.Uint64
+	return Spawn(n, name, Behavior[T]{
+		Setup: func(c *Context[T]) {
+			ctx := c.Context()
+			n.wg.Go(func() {
+				WatchService(ctx, n, key, func(rs []Ref[T]) { routees.Store(&rs) }, opts...)
+			})
+		},
+		Receive: func(c *Context[T], msg T) {
+			rs := routees.Load()
+			if rs == nil || len(*rs) == 0 {
+				n.deadLetter(c.Self().String(), msg, ErrNoRoutee)
+				return
+			}
+			strategy.pick(msg, *rs, &next).Tell(msg)
+		},
+	})
+}

@@ -1,0 +1,160 @@
+package troupe_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"troupe"
+)
+
+// routeAll asks the router for each key 0..keys-1 and returns which
+// worker answered each.
+func routeAll(t *testing.T, router troupe.Ref[job], keys int) []string {
+	t.Helper()
+	out := make([]string, keys)
+	for k := range keys {
+		got, err := troupe.Ask(ctxFor(t), router, func(reply troupe.Ref[string]) job { return job{N: k, Reply: reply} })
+		if err != nil {
+			t.Fatalf("key %d: %v", k, err)
+		}
+		out[k], _, _ = strings.Cut(got, ":")
+	}
+	return out
+}
+
+// A consistent-hash router sends a key to the same worker while the set
+// is stable; when one worker of ten stops, only its keys move (about a
+// tenth), spread over the others.
+func TestConsistentHashMovesOnlyTheKeysOfALeavingRoutee(t *testing.T) {
+	_, ns := serviceNodes(t, "a", "b", "c", "client")
+	var workers []troupe.Ref[job]
+	for i := range 10 {
+		workers = append(workers, spawnWorker(t, ns[i%3], fmt.Sprintf("w%d", i)))
+	}
+	client := ns[3]
+	router, err := troupe.SpawnGroupRouter(client, "by-key", workersKey, troupe.ConsistentHash(func(j job) string { return fmt.Sprint(j.N) }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, 10*time.Second, "the router to see ten workers", func() bool {
+		seen := map[string]bool{}
+		for _, w := range routeAllQuick(t, router, 200) {
+			seen[w] = true
+		}
+		return len(seen) == 10
+	})
+	const keys = 1000
+	before := routeAll(t, router, keys)
+	if again := routeAll(t, router, keys); !slices.Equal(before, again) {
+		t.Fatal("the same keys went to other workers while the set was stable")
+	}
+	owned := 0
+	for _, w := range before {
+		if w == "w3" {
+			owned++
+		}
+	}
+	ns[0].Stop(workers[3])
+	var after []string
+	waitUntil(t, 10*time.Second, "the router to drop w3", func() bool {
+		after = routeAllQuick(t, router, keys)
+		return after != nil
+	})
+	moved := 0
+	for k := range keys {
+		if before[k] == after[k] {
+			continue
+		}
+		moved++
+		if before[k] != "w3" {
+			t.Fatalf("key %d moved from %s, which did not leave, to %s", k, before[k], after[k])
+		}
+	}
+	t.Logf("one routee of ten left: %d of %d keys moved (it had %d)", moved, keys, owned)
+	if moved != owned || owned < 50 || owned > 200 {
+		t.Fatalf("%d keys moved; the leaving routee had %d of %d", moved, owned, keys)
+	}
+}
+
+// routeAllQuick is routeAll that gives up (nil) at the first key that
+// gets no answer within a second (a stopped routee still listed).
+func routeAllQuick(t *testing.T, router troupe.Ref[job], keys int) []string {
+	t.Helper()
+	out := make([]string, keys)
+	for k := range keys {
+		ctx, cancel := contextWithTimeout(time.Second)
+		got, err := troupe.Ask(ctx, router, func(reply troupe.Ref[string]) job { return job{N: k, Reply: reply} })
+		cancel()
+		if err != nil {
+			return nil
+		}
+		out[k], _, _ = strings.Cut(got, ":")
+	}
+	return out
+}
+
+// Round-robin spreads messages evenly; random reaches every routee.
+func TestRoundRobinAndRandomRouters(t *testing.T) {
+	_, ns := serviceNodes(t, "a", "b", "client")
+	for i := range 3 {
+		spawnWorker(t, ns[i%2], fmt.Sprintf("w%d", i))
+	}
+	client := ns[2]
+	for _, tc := range []struct {
+		name     string
+		strategy troupe.RouteStrategy[job]
+	}{{"rr", troupe.RoundRobin[job]()}, {"random", troupe.RandomRoute[job]()}} {
+		router, err := troupe.SpawnGroupRouter(client, tc.name, workersKey, tc.strategy)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var counts map[string]int
+		waitUntil(t, 10*time.Second, tc.name+": every routee reached", func() bool {
+			counts = map[string]int{}
+			for _, w := range routeAllQuick(t, router, 300) {
+				counts[w]++
+			}
+			return len(counts) == 3
+		})
+		if tc.name == "rr" {
+			counts = map[string]int{} // (the set is stable now)
+			for _, w := range routeAll(t, router, 300) {
+				counts[w]++
+			}
+			for w, c := range counts {
+				if c != 100 {
+					t.Fatalf("round-robin: %s got %d of 300 (%v)", w, c, counts)
+				}
+			}
+		}
+	}
+}
+
+// A router with no routee makes a dead letter that says so.
+func TestARouterWithNoRouteeMakesADeadLetter(t *testing.T) {
+	_, ns := serviceNodes(t, "client")
+	client := ns[0]
+	dead := make(chan troupe.DeadLetter, 4)
+	troupe.SubscribeChan(client.Events(), dead)
+	router, err := troupe.SpawnGroupRouter(client, "none", troupe.NewServiceKey[job]("nobody"), troupe.RoundRobin[job]())
+	if err != nil {
+		t.Fatal(err)
+	}
+	router.Tell(job{N: 1})
+	d := within(t, dead, 10*time.Second, "a dead letter")
+	if !errors.Is(d.Reason, troupe.ErrNoRoutee) {
+		t.Fatalf("dead letter %+v, want ErrNoRoutee", d)
+	}
+	if _, err := troupe.SpawnGroupRouter(client, "bad", troupe.NewServiceKey[job]("no good"), troupe.RoundRobin[job]()); !errors.Is(err, troupe.ErrBadName) {
+		t.Fatalf("a bad key: %v, want ErrBadName", err)
+	}
+}
+
+func contextWithTimeout(d time.Duration) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.Background(), d)
+}
