@@ -356,7 +356,9 @@ func (n *Node) clusterSeeds(ctx context.Context, name string) ([]Addr, error) {
 	src := srcs[0]
 	me := Registration{Name: "troupe.cluster." + name, UUID: UUID(n.uid), Path: ClusterPath, Node: n.uid, NodeName: n.name, Addrs: n.Addrs()}
 	if src.local {
-		n.registryRegister(me)
+		if err := n.registryRegister(me); err != nil {
+			return nil, err
+		}
 	} else if _, err := n.askRegistrar(ctx, src, regRequest{Op: regOpRegister, Regs: toWire([]Registration{me})}); err != nil {
 		return nil, err
 	}

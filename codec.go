@@ -77,6 +77,11 @@ type msgType struct {
 
 	direct   bool           // stored directly in an interface (see box)
 	typeWord unsafe.Pointer // the interface type word of t
+
+	// stamp, for a few of troupe's own messages, returns a message from
+	// a peer with that peer's uid in it (never taken from the wire); nil
+	// for every other type.
+	stamp func(msg any, from NodeUID) any
 }
 
 // wireTypes holds every registered message type. Reads go through snapshots so the

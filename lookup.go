@@ -144,6 +144,9 @@ func (n *Node) askRegistrar(ctx context.Context, src registrarSource, req regReq
 	if err != nil {
 		return nil, fmt.Errorf("registrar %s: %w", src.addr, err)
 	}
+	if rep.Refused != "" {
+		return nil, fmt.Errorf("registrar %s: %w: %s", src.addr, ErrRegistrationRefused, strings.TrimPrefix(rep.Refused, ErrRegistrationRefused.Error()+": "))
+	}
 	return fromWire(rep.Regs, src.addr), nil
 }
 

@@ -116,6 +116,9 @@ type Node struct {
 	found      map[string][]foundRef    // guarded by pmu: actors lookups found on peers
 
 	dlog deadLetterLog
+	// regRefusedLog paces the registrar's warnings of refused
+	// registrations.
+	regRefusedLog logGate
 
 	// regEpoch is closed (and replaced) each time this node registers
 	// again with a registrar; parked waits park again then.

@@ -2,6 +2,7 @@ package troupe
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -54,7 +55,9 @@ func (n *Node) registerNode(ctx context.Context) error {
 		return nil
 	}
 	if n.reg() != nil {
-		n.registryRegister(n.nodeRegistration())
+		if err := n.registryRegister(n.nodeRegistration()); err != nil {
+			return err
+		}
 	}
 	for _, a := range n.remoteRegistrars() {
 		req := regRequest{Op: regOpRegister, Regs: toWire([]Registration{n.nodeRegistration()})}
@@ -214,8 +217,14 @@ func (n *Node) takeOver(addr Addr) bool {
 	}
 	n.wg.Go(func() { n.acceptLoop(l) })
 	n.lmu.Unlock()
+	var refused []error
 	for _, r := range n.publicRegistrations() {
-		n.registryRegister(r)
+		if err := n.registryRegister(r); err != nil {
+			refused = append(refused, err)
+		}
+	}
+	if len(refused) > 0 {
+		n.refusedRegistrations(NodeUID{}, refused)
 	}
 	return true
 }
@@ -253,12 +262,17 @@ func (n *Node) regPendingAt() (Addr, bool) {
 }
 
 // reregister sends every registration of this node to the registrar at
-// addr again.
+// addr again. Registrations the registrar refuses (past its bounds) are
+// logged, not retried: it took the rest.
 func (n *Node) reregister(addr Addr) error {
 	ctx, cancel := context.WithTimeout(n.ctx, n.registryTimeout())
 	defer cancel()
 	req := regRequest{Op: regOpRegister, Regs: toWire(n.publicRegistrations())}
 	_, err := n.askRegistrar(ctx, registrarSource{addr: addr}, req)
+	if errors.Is(err, ErrRegistrationRefused) {
+		n.log.Warn("troupe: the registrar refused some of this node's registrations", "registrar", addr.String(), "err", err)
+		return nil
+	}
 	return err
 }
 
@@ -290,20 +304,32 @@ func (n *Node) tellRegistrar(addr Addr, req regRequest) {
 }
 
 // registerActor registers a newly spawned public actor with every
-// registrar (see registerEntry).
-func (n *Node) registerActor(h *handle) { n.registerEntry(h, n.actorRegistration(h)) }
+// registrar (see registerEntry); a registrar's refusal is logged.
+func (n *Node) registerActor(h *handle) {
+	if err := n.registerEntry(h, n.actorRegistration(h)); err != nil {
+		n.log.Warn("troupe: a registrar refused an actor's registration; lookups there do not find it", "path", h.key.path, "err", err)
+	}
+}
 
 // registerEntry registers r, an entry of the actor h (its own name, or a
 // service key), with every registrar, waiting (boundedly) for each remote
 // one. A registrar that does not answer is logged, not fatal: the node
-// registers everything again when it re-associates with it.
-func (n *Node) registerEntry(h *handle, r Registration) {
+// registers everything again when it re-associates with it. A registrar
+// that refuses r (past its bounds: [ErrRegistrationRefused]) is not
+// asked again; the first refusal is returned.
+func (n *Node) registerEntry(h *handle, r Registration) (refused error) {
 	if n.reg() != nil {
-		n.registryRegister(r)
+		refused = n.registryRegister(r)
 	}
 	for _, a := range n.remoteRegistrars() {
 		req := regRequest{Op: regOpRegister, Regs: toWire([]Registration{r})}
-		if _, err := n.askRegistrar(n.ctx, registrarSource{addr: a}, req); err != nil {
+		_, err := n.askRegistrar(n.ctx, registrarSource{addr: a}, req)
+		switch {
+		case errors.Is(err, ErrRegistrationRefused):
+			if refused == nil {
+				refused = err
+			}
+		case err != nil:
 			n.log.Warn("troupe: could not register actor; registering again when the registrar answers", "path", h.key.path, "name", r.Name, "registrar", a.String(), "err", err)
 			n.setRegPending(a, true)
 		}
@@ -319,6 +345,7 @@ func (n *Node) registerEntry(h *handle, r Registration) {
 		}
 		cancel()
 	}
+	return refused
 }
 
 // unregisterActor removes a stopped public actor from every registrar,
@@ -329,7 +356,7 @@ func (n *Node) unregisterActor(h *handle) { n.unregisterEntry(h.name(), h.key.uu
 // registrar, without waiting.
 func (n *Node) unregisterEntry(name string, uuid UUID) {
 	if n.reg() != nil {
-		n.reg().unregister(name, uuid)
+		n.reg().unregister(name, uuid, NodeUID{})
 	}
 	for _, a := range n.remoteRegistrars() {
 		n.tellRegistrar(a, regRequest{Op: regOpUnregister, Regs: []regWire{{Name: name, UUID: uuid}}})

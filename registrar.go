@@ -3,9 +3,11 @@ package troupe
 import (
 	"cmp"
 	"errors"
+	"fmt"
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // Errors about discovery.
@@ -24,7 +26,44 @@ var (
 	// ErrNoRegistry is returned by lookups on a node that has no registrar
 	// configured and none given with [WithRegistries].
 	ErrNoRegistry = errors.New("troupe: no registrar configured")
+	// ErrRegistrationRefused is returned (wrapped, with the reason) when a
+	// registrar does not take a registration: it is past one of the
+	// registrar's bounds ([MaxRegistrationsPerPeer],
+	// [MaxRegistrationsPerName], [MaxRegistrations]), a field of it is
+	// longer than a registrar keeps, or it names another node than the
+	// one that sent it.
+	ErrRegistrationRefused = errors.New("troupe: registration refused by the registrar")
 )
+
+// The bounds of what a registrar holds. A registration past one is
+// refused (see [ErrRegistrationRefused]); so a peer, hostile or buggy,
+// cannot grow a registrar's table without bound, nor fill one name.
+const (
+	// MaxRegistrationsPerPeer bounds the registrations of one node
+	// incarnation: the node itself, its named actors, its service
+	// registrations and its topic relays.
+	MaxRegistrationsPerPeer = 16384
+	// MaxRegistrationsPerName bounds the registrations under one name
+	// (one service key's listing, or one actor name), over all nodes.
+	MaxRegistrationsPerName = 16384
+	// MaxRegistrations bounds a registrar's whole table.
+	MaxRegistrations = 262144
+)
+
+// The longest fields a registrar keeps; a registration with a longer one
+// is refused.
+const (
+	maxRegNameLen  = 512  // a name (an actor's name, "service:" and a key, ...)
+	maxRegPathLen  = 1024 // an actor's path
+	maxRegNodeName = 255
+	maxRegAddrs    = 64 // as many as a hello announces
+	maxRegAddrLen  = 512
+)
+
+// regBounds are a table's bounds (the constants above; smaller in tests).
+type regBounds struct{ perPeer, perName, total int }
+
+var defaultRegBounds = regBounds{MaxRegistrationsPerPeer, MaxRegistrationsPerName, MaxRegistrations}
 
 // RegistrarPath is where a registrar's actor lives on its node.
 const RegistrarPath = "/system/registrar"
@@ -51,9 +90,12 @@ type regKey struct {
 
 // regTable is the table a registrar serves. It is safe for concurrent use.
 type regTable struct {
-	// mu guards entries, seq and waiters.
+	// mu guards entries, their counts, seq and waiters.
 	mu      sync.Mutex
 	entries map[regKey]*Registration
+	perNode map[NodeUID]int // entries by node incarnation
+	perName map[string]int  // entries by name
+	bounds  regBounds
 	seq     uint64
 	waiters map[string]map[*handle]waitCond // name -> reply refs of parked waits
 	// subs are the subscribers of Registry.Watch, by their ref; pending
@@ -71,7 +113,58 @@ type regTable struct {
 }
 
 func newRegTable() *regTable {
-	return &regTable{entries: make(map[regKey]*Registration), waiters: make(map[string]map[*handle]waitCond)}
+	return &regTable{entries: make(map[regKey]*Registration), perNode: make(map[NodeUID]int), perName: make(map[string]int),
+		bounds: defaultRegBounds, waiters: make(map[string]map[*handle]waitCond)}
+}
+
+// put enters e under k, which holds nothing; g.mu is held.
+func (g *regTable) put(k regKey, e *Registration) {
+	g.entries[k] = e
+	g.perNode[e.Node]++
+	g.perName[e.Name]++
+}
+
+// del removes the entry e under k; g.mu is held.
+func (g *regTable) del(k regKey, e *Registration) {
+	delete(g.entries, k)
+	if g.perNode[e.Node]--; g.perNode[e.Node] <= 0 {
+		delete(g.perNode, e.Node)
+	}
+	if g.perName[e.Name]--; g.perName[e.Name] <= 0 {
+		delete(g.perName, e.Name)
+	}
+}
+
+// admits says why the table does not take r, a new entry (nil if it
+// does); g.mu is held.
+func (g *regTable) admits(r *Registration) error {
+	switch {
+	case g.perNode[r.Node] >= g.bounds.perPeer:
+		return fmt.Errorf("%w: node %s holds %d registrations, as many as a registrar takes from one node", ErrRegistrationRefused, r.Node, g.perNode[r.Node])
+	case g.perName[r.Name] >= g.bounds.perName:
+		return fmt.Errorf("%w: %q has %d registrations, as many as a registrar takes under one name", ErrRegistrationRefused, r.Name, g.perName[r.Name])
+	case len(g.entries) >= g.bounds.total:
+		return fmt.Errorf("%w: the registrar holds %d registrations, as many as it takes", ErrRegistrationRefused, len(g.entries))
+	}
+	return nil
+}
+
+// checkRegistration says why a registrar keeps no registration like r,
+// sent by the node incarnation from (zero: this node itself), if it does
+// not: another node's, or a field longer than a registrar keeps.
+func checkRegistration(from NodeUID, r *Registration) error {
+	switch {
+	case from != (NodeUID{}) && r.Node != from:
+		return fmt.Errorf("%w: node %s registered %q for another node (%s)", ErrRegistrationRefused, from, r.Name, r.Node)
+	case len(r.Name) > maxRegNameLen, len(r.Path) > maxRegPathLen, len(r.NodeName) > maxRegNodeName, len(r.Addrs) > maxRegAddrs:
+		return fmt.Errorf("%w: %.64q: a name of at most %d bytes, a path of at most %d, a node name of at most %d and at most %d addresses are kept", ErrRegistrationRefused, r.Name, maxRegNameLen, maxRegPathLen, maxRegNodeName, maxRegAddrs)
+	}
+	for _, a := range r.Addrs {
+		if len(a.String()) > maxRegAddrLen {
+			return fmt.Errorf("%w: %q: an address of more than %d bytes", ErrRegistrationRefused, r.Name, maxRegAddrLen)
+		}
+	}
+	return nil
 }
 
 // waitCond says which registrations answer a parked wait.
@@ -87,11 +180,17 @@ func (c waitCond) admits(r *Registration) bool {
 // register adds or refreshes r. An address r's node listens on that another
 // node incarnation had registered is taken from that incarnation (a node
 // restarted on the same address); an entry left with no address goes.
-// Waiters for r.Name are answered and released.
-func (g *regTable) register(r Registration) (woken []*handle) {
+// Waiters for r.Name are answered and released. A new entry past the
+// table's bounds is refused (err, and nothing changes).
+func (g *regTable) register(r Registration) (woken []*handle, err error) {
 	defer g.publish()
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	if g.entries[regKey{r.Name, r.UUID}] == nil {
+		if err := g.admits(&r); err != nil {
+			return nil, err
+		}
+	}
 	var added, removed []Registration
 	for k, e := range g.entries {
 		if e.Node == r.Node {
@@ -106,7 +205,7 @@ func (g *regTable) register(r Registration) (woken []*handle) {
 			removed = append(removed, copyReg(e))
 		}
 		if len(kept) == 0 {
-			delete(g.entries, k)
+			g.del(k, e)
 			continue
 		}
 		e.Addrs = kept
@@ -127,7 +226,10 @@ func (g *regTable) register(r Registration) (woken []*handle) {
 		}
 		g.changed(added, removed)
 	}
-	g.entries[regKey{r.Name, r.UUID}] = &r
+	if old := g.entries[regKey{r.Name, r.UUID}]; old != nil {
+		g.del(regKey{r.Name, r.UUID}, old)
+	}
+	g.put(regKey{r.Name, r.UUID}, &r)
 	for h, c := range g.waiters[r.Name] {
 		if c.admits(&r) {
 			woken = append(woken, h)
@@ -137,15 +239,17 @@ func (g *regTable) register(r Registration) (woken []*handle) {
 	if len(g.waiters[r.Name]) == 0 {
 		delete(g.waiters, r.Name)
 	}
-	return woken
+	return woken, nil
 }
 
-func (g *regTable) unregister(name string, uuid UUID) {
+// unregister removes the entry name of uuid, if the node incarnation from
+// holds it (from zero: whoever does).
+func (g *regTable) unregister(name string, uuid UUID, from NodeUID) {
 	defer g.publish()
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if e := g.entries[regKey{name, uuid}]; e != nil {
-		delete(g.entries, regKey{name, uuid})
+	if e := g.entries[regKey{name, uuid}]; e != nil && (from == (NodeUID{}) || e.Node == from) {
+		g.del(regKey{name, uuid}, e)
 		if g.watched() {
 			g.changed(nil, []Registration{*e})
 		}
@@ -166,7 +270,7 @@ func (g *regTable) dropNode(uid NodeUID) {
 	var removed []Registration
 	for k, e := range g.entries {
 		if e.Node == uid {
-			delete(g.entries, k)
+			g.del(k, e)
 			if g.watched() {
 				removed = append(removed, *e)
 			}
@@ -193,7 +297,7 @@ func (g *regTable) deleteAddr(node NodeUID, addr Addr) {
 		}
 		e.Addrs = slices.DeleteFunc(e.Addrs, func(a Addr) bool { return a == addr })
 		if len(e.Addrs) == 0 {
-			delete(g.entries, k)
+			g.del(k, e)
 		} else if watched {
 			added = append(added, copyReg(e))
 		}
@@ -263,6 +367,13 @@ func (g *regTable) cancelWait(name string, key refKey) {
 	}
 }
 
+// count counts the registrations held.
+func (g *regTable) count() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return len(g.entries)
+}
+
 // waiting counts parked waiters (for tests and introspection).
 func (g *regTable) waiting() int {
 	g.mu.Lock()
@@ -311,6 +422,11 @@ type regRequest struct {
 	// only those registered after Seq After.
 	ActorsOnly bool
 	After      uint64
+
+	// from is the node incarnation that sent the request, set by the
+	// association it arrived on (never on the wire); zero when this node
+	// sent it itself.
+	from NodeUID
 }
 
 // regEvent is what a registrar pushes to a Registry.Watch subscriber:
@@ -330,9 +446,11 @@ type regEvent struct {
 	Refused bool
 }
 
-// regReply is a registrar's answer.
+// regReply is a registrar's answer. Refused, for a registration, says
+// why the registrar did not take some of its entries (it took the rest).
 type regReply struct {
-	Regs []regWire
+	Regs    []regWire
+	Refused string
 }
 
 // regWire is a Registration as it crosses the wire.
@@ -348,6 +466,15 @@ type regWire struct {
 
 func init() {
 	RegisterMessage[regRequest]("troupe.registry.request")
+	// A registrar knows which peer sent a request: a peer may register
+	// and unregister only its own entries, within its bounds.
+	typeByKey("troupe.registry.request").stamp = func(msg any, from NodeUID) any {
+		if req, ok := msg.(regRequest); ok {
+			req.from = from
+			return req
+		}
+		return msg
+	}
 	RegisterMessage[regReply]("troupe.registry.reply")
 	RegisterMessage[regEvent]("troupe.registry.event")
 }
@@ -389,13 +516,27 @@ func (n *Node) serveRegistry(req regRequest) {
 	}
 	switch req.Op {
 	case regOpRegister:
+		var refused []error
 		for _, r := range fromWire(req.Regs, Addr{}) {
-			n.registryRegister(r)
+			err := checkRegistration(req.from, &r)
+			if err == nil {
+				err = n.registryRegister(r)
+			}
+			if err != nil {
+				refused = append(refused, err)
+			}
+		}
+		if len(refused) > 0 {
+			n.refusedRegistrations(req.from, refused)
+			if !req.ReplyTo.IsZero() {
+				req.ReplyTo.Tell(regReply{Refused: refusedText(refused)})
+			}
+			break
 		}
 		reply(nil)
 	case regOpUnregister:
 		for _, r := range req.Regs {
-			g.unregister(r.Name, r.UUID)
+			g.unregister(r.Name, r.UUID, req.from)
 		}
 		reply(nil)
 	case regOpFind:
@@ -435,10 +576,29 @@ func (n *Node) serveRegistry(req regRequest) {
 }
 
 // registryRegister registers r in this node's registry and answers the
-// waiters it wakes.
-func (n *Node) registryRegister(r Registration) {
-	for _, w := range n.reg().register(r) {
+// waiters it wakes; past the registry's bounds it returns why not.
+func (n *Node) registryRegister(r Registration) error {
+	woken, err := n.reg().register(r)
+	for _, w := range woken {
 		Ref[regReply]{h: w}.Tell(regReply{Regs: toWire([]Registration{r})})
+	}
+	return err
+}
+
+// refusedText says in one line why registrations were refused: the first
+// reason, and how many more.
+func refusedText(errs []error) string {
+	if len(errs) == 1 {
+		return errs[0].Error()
+	}
+	return fmt.Sprintf("%v (and %d more)", errs[0], len(errs)-1)
+}
+
+// refusedRegistrations logs, at most once a second, that the registrar
+// refused registrations of a peer (from; zero for this node).
+func (n *Node) refusedRegistrations(from NodeUID, errs []error) {
+	if n.regRefusedLog.allow() {
+		n.log.Warn("troupe: the registrar refused registrations", "from", from.String(), "refused", len(errs), "err", errs[0])
 	}
 }
 
@@ -466,3 +626,12 @@ type systemParent struct{ n *Node }
 func (s systemParent) spawnParent() (*Node, parentCell) { return s.n, nil }
 
 func (s systemParent) basePath() string { return "/system" }
+
+// logGate lets one log line through a second.
+type logGate struct{ last atomic.Int64 }
+
+func (g *logGate) allow() bool {
+	now := time.Now().UnixNano()
+	last := g.last.Load()
+	return now-last >= int64(time.Second) && g.last.CompareAndSwap(last, now)
+}

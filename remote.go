@@ -268,6 +268,9 @@ func (a *assoc) onTell(b []byte, hd Headers, size int) error {
 			a.incompatible(it.path, ty.mt, err)
 			return nil
 		}
+		if ty.mt.stamp != nil {
+			msg = ty.mt.stamp(msg, a.peerUID)
+		}
 		return a.deliver(it, id, msg, size, credited, hd)
 	}
 	if bt := it.batch; bt != nil && ty.mt.plain {
@@ -292,6 +295,9 @@ func (a *assoc) onTell(b []byte, hd Headers, size int) error {
 	if err != nil {
 		a.incompatible(it.path, ty.mt, a.explain(ty.mt, payload, err))
 		return nil
+	}
+	if ty.mt.stamp != nil {
+		msg = ty.mt.stamp(msg, a.peerUID)
 	}
 	return a.deliver(it, id, msg, size, credited, hd)
 }

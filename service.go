@@ -76,7 +76,9 @@ type services struct {
 // waits, within Config.RegistryTimeout, for the registry to confirm, and
 // a registrar that does not answer gets it when it does again. It returns
 // [ErrBadName], [ErrNotLocal], [ErrActorStopped], [ErrTooManyServices],
-// [ErrNoRegistry] (the node uses no registry: nobody could find it) or
+// [ErrNoRegistry] (the node uses no registry: nobody could find it),
+// [ErrRegistrationRefused] (a registrar is past one of its bounds, such
+// as [MaxRegistrationsPerName]; the entry is then kept nowhere) or
 // [ErrNodeClosed].
 func RegisterService[T any](n *Node, k ServiceKey[T], ref Ref[T]) error {
 	if err := checkName(k.name); err != nil {
@@ -112,7 +114,14 @@ func RegisterService[T any](n *Node, k ServiceKey[T], ref Ref[T]) error {
 		n.dropService(e)
 		return fmt.Errorf("%w: %v", ErrActorStopped, ref)
 	}
-	n.registerEntry(ref.h, n.serviceRegistration(e))
+	if err := n.registerEntry(ref.h, n.serviceRegistration(e)); err != nil {
+		// A registrar is full (or its bounds say no): the entry is not
+		// kept anywhere, so that every registry lists the same.
+		if n.dropService(e) {
+			n.unregisterEntry(e.name, ref.h.key.uuid)
+		}
+		return err
+	}
 	if !n.holdsService(e) {
 		// The actor stopped, or DeregisterService ran, while it was being
 		// registered: their unregistration may have gone first.

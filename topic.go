@@ -140,7 +140,9 @@ func (r *topicRelay[T]) syncListing(n *Node, name string) {
 	}
 	r.sent = want
 	if want {
-		n.registerEntry(r.ref.h, r.registration(n, name))
+		if err := n.registerEntry(r.ref.h, r.registration(n, name)); err != nil {
+			n.log.Warn("troupe: a registrar refused a topic's relay; publishers it serves miss this node's subscribers", "topic", name, "err", err)
+		}
 	} else {
 		n.unregisterEntry(topicPrefix+name, r.ref.h.key.uuid)
 	}

@@ -1,0 +1,189 @@
+package troupe
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+)
+
+// A peer registers and unregisters only its own entries: one that names
+// another node (to list actors it does not have, or to crowd that node's
+// bounds) is refused, and so is taking out another node's entry.
+func TestARegistrarTakesOnlyAPeersOwnRegistrations(t *testing.T) {
+	reg := freeRegistryAddr(t, "tcp")
+	registrar := startNode(t, discoveryConfig("registrar", reg))
+	honest := startNode(t, discoveryConfig("honest", reg))
+	hostile := startNode(t, discoveryConfig("hostile", reg))
+	spawnEcho(t, honest, "svc")
+	ctx := ctxT(t, 5*time.Second)
+	src := registrarSource{addr: hostile.registrars[0]}
+
+	forged := Registration{Name: "svc", UUID: UUID{9}, Path: "/user/svc", Node: honest.uid, NodeName: "honest", Addrs: hostile.Addrs()}
+	_, err := hostile.askRegistrar(ctx, src, regRequest{Op: regOpRegister, Regs: toWire([]Registration{forged})})
+	if !errors.Is(err, ErrRegistrationRefused) {
+		t.Fatalf("registering for another node: %v, want ErrRegistrationRefused", err)
+	}
+	if got := registrar.reg().find("svc"); len(got) != 1 || got[0].UUID == (UUID{9}) {
+		t.Fatalf("the registrar lists %+v under svc, want only the honest actor", got)
+	}
+
+	honestSvc := registrar.reg().find("svc")[0]
+	if _, err := hostile.askRegistrar(ctx, src, regRequest{Op: regOpUnregister, Regs: []regWire{{Name: "svc", UUID: honestSvc.UUID}}}); err != nil {
+		t.Fatal(err)
+	}
+	if got := registrar.reg().find("svc"); len(got) != 1 {
+		t.Fatalf("a peer took another node's entry out: %+v", got)
+	}
+
+	// Its own entry, it may register (and it is found), and take out.
+	own := Registration{Name: "mine", UUID: UUID{7}, Path: "/user/mine", Node: hostile.uid, NodeName: "hostile", Addrs: hostile.Addrs()}
+	if _, err := hostile.askRegistrar(ctx, src, regRequest{Op: regOpRegister, Regs: toWire([]Registration{own})}); err != nil {
+		t.Fatalf("registering its own entry: %v", err)
+	}
+	if len(registrar.reg().find("mine")) != 1 {
+		t.Fatal("a peer's own entry was not kept")
+	}
+	if _, err := hostile.askRegistrar(ctx, src, regRequest{Op: regOpUnregister, Regs: []regWire{{Name: "mine", UUID: UUID{7}}}}); err != nil {
+		t.Fatal(err)
+	}
+	if len(registrar.reg().find("mine")) != 0 {
+		t.Fatal("a peer could not take its own entry out")
+	}
+}
+
+// A registration with a field longer than a registrar keeps is refused,
+// the rest of the request is taken.
+func TestARegistrarRefusesOversizedRegistrations(t *testing.T) {
+	reg := freeRegistryAddr(t, "tcp")
+	registrar := startNode(t, discoveryConfig("registrar", reg))
+	peer := startNode(t, discoveryConfig("peer", reg))
+	ctx := ctxT(t, 5*time.Second)
+	base := Registration{Name: "ok", UUID: UUID{1}, Path: "/user/ok", Node: peer.uid, NodeName: "peer", Addrs: peer.Addrs()}
+	long := func(edit func(r *Registration)) Registration { r := base; r.UUID = UUID{2}; edit(&r); return r }
+	for _, bad := range []Registration{
+		long(func(r *Registration) { r.Name = strings.Repeat("n", maxRegNameLen+1) }),
+		long(func(r *Registration) { r.Path = "/user/" + strings.Repeat("p", maxRegPathLen) }),
+		long(func(r *Registration) { r.NodeName = strings.Repeat("x", maxRegNodeName+1) }),
+		long(func(r *Registration) { r.Addrs = []Addr{TCPAddr(strings.Repeat("h", maxRegAddrLen) + ":80")} }),
+		long(func(r *Registration) {
+			r.Addrs = nil
+			for i := range maxRegAddrs + 1 {
+				r.Addrs = append(r.Addrs, TCPAddr(fmt.Sprintf("127.0.0.1:%d", 10000+i)))
+			}
+		}),
+	} {
+		_, err := peer.askRegistrar(ctx, registrarSource{addr: peer.registrars[0]}, regRequest{Op: regOpRegister, Regs: toWire([]Registration{base, bad})})
+		if !errors.Is(err, ErrRegistrationRefused) {
+			t.Fatalf("an oversized registration (%.40q): %v, want ErrRegistrationRefused", bad.Name, err)
+		}
+		if got := registrar.reg().find(bad.Name); bad.Name != "ok" && len(got) != 0 || bad.Name == "ok" && len(got) != 1 {
+			t.Fatalf("after refusing %.40q the registrar lists %d under it", bad.Name, len(got))
+		}
+	}
+	if len(registrar.reg().find("ok")) != 1 {
+		t.Fatal("the well-formed registration beside the refused one was not kept")
+	}
+}
+
+// A registrar holds at most its bounds: per node incarnation, per name,
+// in all. RegisterService past one fails with ErrRegistrationRefused and
+// keeps the entry nowhere; a place freed (an actor stops) is taken again.
+func TestARegistrarBoundsAPeerAndAName(t *testing.T) {
+	reg := freeRegistryAddr(t, "tcp")
+	registrar := startNode(t, discoveryConfig("registrar", reg))
+	registrar.reg().mu.Lock()
+	registrar.reg().bounds = regBounds{perPeer: 6, perName: 2, total: 1000}
+	registrar.reg().mu.Unlock()
+	b := startNode(t, discoveryConfig("b", reg))
+	c := startNode(t, discoveryConfig("c", reg))
+	// b: its node, three actors (4), two services under echoKey (6).
+	w1, w2, w3 := spawnEcho(t, b, "w1"), spawnEcho(t, b, "w2"), spawnEcho(t, b, "w3")
+	for _, w := range []Ref[testPing]{w1, w2} {
+		if err := RegisterService(b, echoKey, w); err != nil {
+			t.Fatal(err)
+		}
+	}
+	other := NewServiceKey[testPing]("others")
+	if err := RegisterService(b, other, w3); !errors.Is(err, ErrRegistrationRefused) || !strings.Contains(err.Error(), "from one node") {
+		t.Fatalf("a seventh registration of one node: %v, want ErrRegistrationRefused (per node)", err)
+	}
+	// c: a third entry under echoKey.
+	c1 := spawnEcho(t, c, "c1")
+	if err := RegisterService(c, echoKey, c1); !errors.Is(err, ErrRegistrationRefused) || !strings.Contains(err.Error(), "under one name") {
+		t.Fatalf("a third registration under one key: %v, want ErrRegistrationRefused (per name)", err)
+	}
+	ctx := ctxT(t, 5*time.Second)
+	got, err := FindService(ctx, c, echoKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if paths := listingPaths(got); len(paths) != 2 || paths[0] != w1.Path() || paths[1] != w2.Path() {
+		t.Fatalf("the listing is %v, want b's two workers only", paths)
+	}
+	// A refused registration is not kept on the node either: its stop
+	// sends nothing, and registering again once there is room works.
+	b.Stop(w1)
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		err := RegisterService(c, echoKey, c1)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, ErrRegistrationRefused) || time.Now().After(deadline) {
+			t.Fatalf("registering once w1 stopped: %v", err)
+		}
+		time.Sleep(10 * time.Millisecond) // (the stop's unregistration is told, not awaited)
+	}
+}
+
+// The table's counts follow every way an entry leaves, and its total
+// bound holds.
+func TestRegTableCountsAndTotalBound(t *testing.T) {
+	g := newRegTable()
+	g.bounds = regBounds{perPeer: 10, perName: 10, total: 3}
+	addr := TCPAddr("127.0.0.1:7001")
+	reg := func(name string, uuid byte, node byte, addrs ...Addr) error {
+		_, err := g.register(Registration{Name: name, UUID: UUID{uuid}, Node: NodeUID{node}, Addrs: addrs})
+		return err
+	}
+	for i, want := range []error{nil, nil, nil, ErrRegistrationRefused} {
+		if err := reg("a", byte(i+1), 1, addr); !errors.Is(err, want) {
+			t.Fatalf("registration %d: %v, want %v", i+1, err, want)
+		}
+	}
+	if err := reg("a", 1, 1, addr); err != nil {
+		t.Fatalf("a refresh of a held entry at the bound: %v", err)
+	}
+	g.unregister("a", UUID{1}, NodeUID{})
+	if err := reg("b", 4, 2, UnixAddr("/x")); err != nil {
+		t.Fatalf("after one left: %v", err)
+	}
+	// Node 3 on node 1's address takes it: node 1's entries go.
+	if err := reg("c", 5, 3, addr); !errors.Is(err, ErrRegistrationRefused) {
+		t.Fatalf("at the total bound: %v", err)
+	}
+	g.deleteAddr(NodeUID{1}, addr)
+	if got := g.count(); got != 1 || g.perNode[NodeUID{1}] != 0 || g.perName["a"] != 0 {
+		t.Fatalf("after deleteAddr: %d entries, %v by node, %v by name", got, g.perNode, g.perName)
+	}
+	if err := reg("c", 5, 3, addr); err != nil {
+		t.Fatal(err)
+	}
+	if err := reg("c", 6, 4, UnixAddr("/y")); err != nil {
+		t.Fatal(err)
+	}
+	// Node 5 takes node 3's only address: node 3's entry goes first.
+	g.dropNode(NodeUID{4})
+	g.dropNode(NodeUID{2})
+	if got := g.count(); got != 1 || len(g.perNode) != 1 || len(g.perName) != 1 {
+		t.Fatalf("after dropNode: %d entries, %v by node, %v by name", got, g.perNode, g.perName)
+	}
+	if err := reg("d", 7, 5, addr); err != nil {
+		t.Fatal(err)
+	}
+	if g.count() != 1 || g.perNode[NodeUID{3}] != 0 || g.perName["c"] != 0 || g.perNode[NodeUID{5}] != 1 {
+		t.Fatalf("after an address was taken over: %v by node, %v by name", g.perNode, g.perName)
+	}
+}
