@@ -84,6 +84,7 @@ func (c *cell[T]) terminate(rest []T) bool {
 	}
 	c.n.removeActor(c.self.key.path)
 	c.n.stopServices(c.self)
+	c.n.stopServiceSubs(c.self)
 	c.n.stopTopics(c.self)
 	if c.n.discovering() && isPublic(c.self.key.path) {
 		if !c.n.isClosed() { // (a closing node unregistered everything at once)

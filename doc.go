@@ -82,7 +82,8 @@
 //
 // A [ServiceKey] names a typed set of actors: [RegisterService] adds one
 // of the node's actors, [FindService] lists the set, and [WatchService]
-// follows it as it changes, pushed by the registry. A [Topic] carries
+// follows it as it changes, pushed by the registry ([SubscribeService]
+// sends each listing to an actor). A [Topic] carries
 // messages to every subscriber on every node ([SubscribeTopic],
 // [Publish]), one copy per node on the wire, and [SpawnGroupRouter]
 // spreads messages over a service key's set.

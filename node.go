@@ -105,15 +105,16 @@ type Node struct {
 	quarantine quarantineTable
 
 	// Discovery, set in Start.
-	regP       atomic.Pointer[regTable] // the registry this node serves, if any (see reg)
-	registrars []Addr                   // the remote registrars this node registers with
-	etcd       *etcdRegistry            // the etcd registry this node registers with, if any
-	etcdSync   etcdSync                 // what etcd confirmed of this node's entries (etcd_sync.go)
-	services   services                 // its actors under service keys (service.go)
-	topics     topics                   // its topics' relays and publishers (topic.go)
-	etcdOthers sync.Map                 // URL -> *etcdRegistry: those named in WithRegistries
-	regRefs    sync.Map                 // Addr -> Ref[regRequest], resolved registrar actors
-	found      map[string][]foundRef    // guarded by pmu: actors lookups found on peers
+	regP        atomic.Pointer[regTable] // the registry this node serves, if any (see reg)
+	registrars  []Addr                   // the remote registrars this node registers with
+	etcd        *etcdRegistry            // the etcd registry this node registers with, if any
+	etcdSync    etcdSync                 // what etcd confirmed of this node's entries (etcd_sync.go)
+	services    services                 // its actors under service keys (service.go)
+	serviceSubs serviceSubs              // its actors following service keys (service_subscribe.go)
+	topics      topics                   // its topics' relays and publishers (topic.go)
+	etcdOthers  sync.Map                 // URL -> *etcdRegistry: those named in WithRegistries
+	regRefs     sync.Map                 // Addr -> Ref[regRequest], resolved registrar actors
+	found       map[string][]foundRef    // guarded by pmu: actors lookups found on peers
 
 	dlog deadLetterLog
 	// regRefusedLog paces the registrar's warnings of refused

@@ -183,11 +183,15 @@ var watchSeq atomic.Uint64
 // ([ErrTooManySubscribers]); one whose node refuses this node one more
 // watch (its [Config.MaxWatchesPerPeer]), so that its end could not be
 // seen, fails with an error wrapping [ErrWatchRefused]. A registrar that
-// does not push (troupe before 0.11), and an etcd registry, fail with
-// errors.ErrUnsupported (the first after RegistryTimeout).
+// does not push (troupe before 0.11) fails with errors.ErrUnsupported
+// after RegistryTimeout.
+//
+// An etcd registry is followed through etcd's watch stream: each change
+// there has the table read again, and what differs is passed to each;
+// etcd not answering ends the watch with [ErrWatchLost].
 func (r *Registry) Watch(ctx context.Context, each func(RegistryChange)) error {
 	if r.src.etcd != nil {
-		return fmt.Errorf("%w: Registry.Watch of an etcd registry", errors.ErrUnsupported)
+		return r.watchEtcd(ctx, each)
 	}
 	n := r.n
 	events := make(chan regEvent, 16)
@@ -303,4 +307,69 @@ func (r *Registry) Watch(ctx context.Context, each func(RegistryChange)) error {
 			each(RegistryChange{Added: fromWire(ev.Added, r.src.addr), Removed: fromWire(ev.Removed, r.src.addr)})
 		}
 	}
+}
+
+// watchEtcd is Watch of an etcd registry: the table, then what differs
+// each time etcd's watch stream reports a change under the registry's
+// prefix, until ctx ends, the node closes or etcd does not answer.
+func (r *Registry) watchEtcd(ctx context.Context, each func(RegistryChange)) error {
+	n, e := r.n, r.src.etcd
+	ctx, cancel := context.WithCancel(ctx)
+	closed := make(chan struct{})
+	go func() {
+		defer close(closed)
+		select {
+		case <-n.workDone():
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	defer func() { cancel(); <-closed }()
+	var seen map[regKey]Registration
+	for {
+		regs, rev, err := e.rangeOf(ctx, e.prefix)
+		if err == nil {
+			seen = etcdChange(seen, regs, each)
+			err = e.watchFrom(ctx, e.prefix, rev+1, func(bool, Registration, bool) bool { return true })
+		}
+		switch {
+		case n.workOver():
+			return ErrNodeClosed
+		case ctx.Err() != nil:
+			return ctx.Err()
+		case err != nil && !errors.Is(err, context.DeadlineExceeded):
+			// (DeadlineExceeded: the stream is renewed now and then.)
+			return fmt.Errorf("%w: etcd %s: %v", ErrWatchLost, e, err)
+		}
+	}
+}
+
+// etcdChange passes each what regs, the table as read now, changes of
+// seen (the table as last passed; nil: none yet, so the table is a
+// Snapshot), and returns the table as it is now.
+func etcdChange(seen map[regKey]Registration, regs []Registration, each func(RegistryChange)) map[regKey]Registration {
+	now := make(map[regKey]Registration, len(regs))
+	for _, reg := range regs {
+		now[regKey{reg.Name, reg.UUID}] = reg
+	}
+	if seen == nil {
+		each(RegistryChange{Snapshot: true, Added: regs})
+		return now
+	}
+	var c RegistryChange
+	for k, old := range seen {
+		if reg, ok := now[k]; !ok || !sameRegistration(&old, &reg) {
+			c.Removed = append(c.Removed, old)
+		}
+	}
+	for _, reg := range regs {
+		if old, ok := seen[regKey{reg.Name, reg.UUID}]; !ok || !sameRegistration(&old, &reg) {
+			c.Added = append(c.Added, reg)
+		}
+	}
+	if len(c.Added)+len(c.Removed) > 0 {
+		slices.SortFunc(c.Removed, func(a, b Registration) int { return cmp.Compare(a.Seq, b.Seq) })
+		each(c)
+	}
+	return now
 }

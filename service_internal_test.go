@@ -2,6 +2,7 @@ package troupe
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"testing"
 	"time"
@@ -205,5 +206,73 @@ func TestTopicsOverEtcd(t *testing.T) {
 		if n := recv(t, got, "a publish"); n != want {
 			t.Fatalf("got %d, want %d", n, want)
 		}
+	}
+}
+
+// Registry.Watch of an etcd registry is pushed by etcd's watch stream:
+// the table, then each registration and removal, until ctx ends; and it
+// ends with ErrNodeClosed when the node closes.
+func TestRegistryWatchOverEtcd(t *testing.T) {
+	url := sharedEtcdURL(t)
+	a, b := etcdNode(t, "alpha", url), etcdNode(t, "beta", url)
+	reg, err := a.Registry()
+	if err != nil {
+		t.Fatal(err)
+	}
+	changes := make(chan RegistryChange, 64)
+	ended := make(chan error, 1)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() { ended <- reg.Watch(ctx, func(c RegistryChange) { changes <- c }) }()
+	next := func(what string) RegistryChange {
+		t.Helper()
+		select {
+		case c := <-changes:
+			return c
+		case err := <-ended:
+			t.Fatalf("%s: the watch ended: %v", what, err)
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s: nothing came", what)
+		}
+		return RegistryChange{}
+	}
+	names := func(rs []Registration) []string {
+		var out []string
+		for _, r := range rs {
+			out = append(out, r.Name)
+		}
+		slices.Sort(out)
+		return out
+	}
+	if c := next("the table"); !c.Snapshot || !slices.Equal(names(c.Added), []string{"alpha", "beta"}) {
+		t.Fatalf("first call: %+v, want a snapshot of both nodes", c)
+	}
+	x := spawnEcho(t, b, "x")
+	if c := next("x registered"); c.Snapshot || !slices.Equal(names(c.Added), []string{"x"}) || len(c.Removed) != 0 {
+		t.Fatalf("after x was spawned: %+v", c)
+	}
+	b.Stop(x)
+	if c := next("x stopped"); c.Snapshot || len(c.Added) != 0 || !slices.Equal(names(c.Removed), []string{"x"}) {
+		t.Fatalf("after x stopped: %+v", c)
+	}
+	cancel()
+	select {
+	case err := <-ended:
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("Watch returned %v, want context.Canceled", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Watch did not return when its ctx ended")
+	}
+	go func() { ended <- reg.Watch(context.Background(), func(RegistryChange) {}) }()
+	next2 := time.After(10 * time.Second)
+	a.Close()
+	select {
+	case err := <-ended:
+		if !errors.Is(err, ErrNodeClosed) {
+			t.Fatalf("Watch returned %v as its node closed, want ErrNodeClosed", err)
+		}
+	case <-next2:
+		t.Fatal("Watch did not return when its node closed")
 	}
 }

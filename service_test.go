@@ -304,3 +304,136 @@ func TestWatchServiceFollowsWhatThisNodeReaches(t *testing.T) {
 		}
 	}
 }
+
+// SubscribeService sends the listing to an actor, at once and at each
+// change; Unsubscribe ends it, and so does the subscriber's stop (which
+// leaves no dead letter behind).
+func TestSubscribeServiceDeliversListingsToAnActor(t *testing.T) {
+	_, nodes := serviceNodes(t, "front", "back")
+	front, back := nodes[0], nodes[1]
+	follower := func(name string) (troupe.Ref[troupe.ServiceListing[job]], <-chan []string) {
+		ch := make(chan []string, 64)
+		ref, err := troupe.Spawn(front, name, troupe.Behavior[troupe.ServiceListing[job]]{
+			Receive: func(_ *troupe.Context[troupe.ServiceListing[job]], l troupe.ServiceListing[job]) {
+				if l.Key != workersKey {
+					t.Errorf("a listing of %v", l.Key)
+				}
+				ch <- paths(l.Refs)
+			}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ref, ch
+	}
+	await := func(ch <-chan []string, what string, want ...string) {
+		t.Helper()
+		deadline := time.After(10 * time.Second)
+		var last []string
+		for {
+			select {
+			case last = <-ch:
+				if slices.Equal(last, want) || len(want) == 0 && len(last) == 0 {
+					return
+				}
+			case <-deadline:
+				t.Fatalf("%s: the last listing was %v, want %v", what, last, want)
+			}
+		}
+	}
+	ref, ch := follower("follower")
+	sub, err := troupe.SubscribeService(front, workersKey, ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	await(ch, "the first listing")
+	w1 := spawnWorker(t, back, "w1")
+	await(ch, "w1 registered", "/user/w1")
+	spawnWorker(t, back, "w2")
+	await(ch, "w2 registered", "/user/w1", "/user/w2")
+	back.Stop(w1)
+	await(ch, "w1 stopped", "/user/w2")
+
+	sub.Unsubscribe()
+	sub.Unsubscribe() // (twice is fine)
+	other, otherCh := follower("other")
+	if _, err := troupe.SubscribeService(front, workersKey, other); err != nil {
+		t.Fatal(err)
+	}
+	await(otherCh, "the second follower's listing", "/user/w2")
+	spawnWorker(t, back, "w3")
+	await(otherCh, "w3 registered", "/user/w2", "/user/w3")
+	select {
+	case l := <-ch:
+		t.Fatalf("a listing (%v) after Unsubscribe", l)
+	default:
+	}
+
+	var dead sync.Mutex
+	deadLetters := 0
+	sub2 := troupe.Subscribe(front.Events(), func(d troupe.DeadLetter) {
+		if _, ok := d.Message.(troupe.ServiceListing[job]); ok {
+			dead.Lock()
+			deadLetters++
+			dead.Unlock()
+		}
+	})
+	defer sub2.Unsubscribe()
+	front.Stop(other)
+	spawnWorker(t, back, "w4")
+	last, lastCh := follower("last")
+	if _, err := troupe.SubscribeService(front, workersKey, last); err != nil {
+		t.Fatal(err)
+	}
+	await(lastCh, "w4 registered", "/user/w2", "/user/w3", "/user/w4")
+	dead.Lock()
+	defer dead.Unlock()
+	if deadLetters != 0 {
+		t.Fatalf("%d listings were dead letters after their subscriber stopped", deadLetters)
+	}
+}
+
+// SubscribeService refuses what it cannot follow.
+func TestSubscribeServiceErrors(t *testing.T) {
+	_, nodes := serviceNodes(t, "a", "b")
+	a, b := nodes[0], nodes[1]
+	sink := troupe.Behavior[troupe.ServiceListing[job]]{Receive: func(*troupe.Context[troupe.ServiceListing[job]], troupe.ServiceListing[job]) {}}
+	onB, err := troupe.Spawn(b, "sink", sink)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := troupe.SubscribeService(a, workersKey, onB); !errors.Is(err, troupe.ErrNotLocal) {
+		t.Fatalf("another node's subscriber: %v, want ErrNotLocal", err)
+	}
+	if _, err := troupe.SubscribeService(b, troupe.NewServiceKey[job]("bad name!"), onB); !errors.Is(err, troupe.ErrBadName) {
+		t.Fatalf("a bad key: %v, want ErrBadName", err)
+	}
+	stopped, err := troupe.Spawn(a, "stopped", sink)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gone := make(chan struct{})
+	if _, err := troupe.Spawn(a, "watcher", troupe.Behavior[int]{
+		Setup:   func(c *troupe.Context[int]) { c.Watch(stopped) },
+		Receive: func(*troupe.Context[int], int) {},
+		Signal:  func(_ *troupe.Context[int], s troupe.Signal) { close(gone) },
+	}); err != nil {
+		t.Fatal(err)
+	}
+	a.Stop(stopped)
+	<-gone
+	if _, err := troupe.SubscribeService(a, workersKey, stopped); !errors.Is(err, troupe.ErrActorStopped) {
+		t.Fatalf("a stopped subscriber: %v, want ErrActorStopped", err)
+	}
+	lone := startQuiet(t, troupe.Config{Name: "lone", Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	there, err := troupe.Spawn(lone, "sink", sink)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := troupe.SubscribeService(lone, workersKey, there); !errors.Is(err, troupe.ErrNoRegistry) {
+		t.Fatalf("a node without a registry: %v, want ErrNoRegistry", err)
+	}
+	lone.Close()
+	if _, err := troupe.SubscribeService(lone, workersKey, there); !errors.Is(err, troupe.ErrNodeClosed) {
+		t.Fatalf("a closed node: %v, want ErrNodeClosed", err)
+	}
+}

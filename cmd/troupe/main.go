@@ -215,8 +215,9 @@ addresses; with --json, one JSON object a line ({"op": "+" or "-",
 "registration": {...}}, as ls --json prints each). A registrar pushes
 each change as it makes it (Registry.Watch); when it is lost, watch says
 so on standard error and follows whoever answers at the address next,
-printing what changed meanwhile. An etcd registry is asked for its table
-every --interval (default 500ms).`,
+printing what changed meanwhile. An etcd registry is followed by etcd's
+watch stream. A registrar before troupe 0.11, which does not push, is
+asked for its table every --interval (default 500ms).`,
 		run: watch,
 	},
 	{

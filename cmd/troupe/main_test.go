@@ -404,7 +404,8 @@ func TestLsQueryWatchAgainstEtcd(t *testing.T) {
 	wctx, wcancel := context.WithCancel(ctx)
 	exited := make(chan int, 1)
 	go func() {
-		exited <- run(wctx, []string{"watch", "--registry", url, "--interval", "50ms"}, out, io.Discard)
+		// (An hour: were etcd polled, the changes below would not show.)
+		exited <- run(wctx, []string{"watch", "--registry", url, "--interval", "1h"}, out, io.Discard)
 	}()
 	for seen := 0; seen < 2; {
 		select {
@@ -416,6 +417,26 @@ func TestLsQueryWatchAgainstEtcd(t *testing.T) {
 			t.Fatal("watch printed no registrations")
 		}
 	}
+	later, err := troupe.Spawn(svc, "later", troupe.Behavior[string]{Receive: func(*troupe.Context[string], string) {}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	await := func(prefix string) {
+		t.Helper()
+		for {
+			select {
+			case l := <-out.lines:
+				if strings.HasPrefix(l, prefix) {
+					return
+				}
+			case <-ctx.Done():
+				t.Fatalf("watch printed no %q line: etcd's changes are not pushed", prefix)
+			}
+		}
+	}
+	await("+ later ")
+	svc.Stop(later)
+	await("- later ")
 	wcancel()
 	if code := <-exited; code != 0 {
 		t.Fatalf("watch exited %d", code)

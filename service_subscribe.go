@@ -1,0 +1,119 @@
+package troupe
+
+import (
+	"context"
+	"fmt"
+	"sync"
+)
+
+// Following a service key's listing from an actor: SubscribeService
+// sends the listing to an actor of this node as a message, at once and
+// at each change, until the actor stops or the subscription is ended.
+
+// ServiceListing is a service key's listing as [SubscribeService]
+// delivers it: every actor under Key that the registry lists and this
+// node reaches, in a stable order (by node, then path).
+type ServiceListing[T any] struct {
+	Key  ServiceKey[T]
+	Refs []Ref[T]
+}
+
+// ServiceSubscription is a subscription made by [SubscribeService].
+type ServiceSubscription struct {
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// Unsubscribe ends the subscription: no listing is sent once it
+// returns. It may be called more than once, from any goroutine
+// (a handler included).
+func (s *ServiceSubscription) Unsubscribe() {
+	s.cancel()
+	<-s.done
+}
+
+// serviceSubs are this node's subscriptions by subscriber, so that an
+// actor's stop ends its own.
+type serviceSubs struct {
+	mu sync.Mutex
+	by map[*handle]map[*ServiceSubscription]struct{}
+}
+
+// SubscribeService sends k's listing to subscriber, an actor of this
+// node, as a [ServiceListing]: at once, then each time the set changes
+// (pushed, as [WatchService] follows it), until the subscriber stops,
+// [ServiceSubscription.Unsubscribe] is called, or the node closes. A
+// listing waits for room in the subscriber's mailbox (it is never a dead
+// letter); meanwhile later changes are folded into the next listing,
+// which is always the whole set. It returns [ErrBadName], [ErrNotLocal]
+// (a remote ref, or not an actor), [ErrActorStopped], [ErrNoRegistry] or
+// [ErrNodeClosed].
+func SubscribeService[T any](n *Node, k ServiceKey[T], subscriber Ref[ServiceListing[T]], opts ...LookupOption) (*ServiceSubscription, error) {
+	if err := checkName(k.name); err != nil {
+		return nil, err
+	}
+	h := subscriber.h
+	if h == nil || h.node != n {
+		return nil, fmt.Errorf("%w: %v", ErrNotLocal, subscriber)
+	}
+	if _, ok := h.local.(*cell[ServiceListing[T]]); !ok {
+		return nil, fmt.Errorf("%w: %v is not an actor", ErrNotLocal, subscriber)
+	}
+	if n.workOver() {
+		return nil, ErrNodeClosed
+	}
+	if _, _, err := n.lookupSources(opts); err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(n.actorsCtx)
+	s := &ServiceSubscription{cancel: cancel, done: make(chan struct{})}
+	ss := &n.serviceSubs
+	ss.mu.Lock()
+	if ss.by == nil {
+		ss.by = map[*handle]map[*ServiceSubscription]struct{}{}
+	}
+	if ss.by[h] == nil {
+		ss.by[h] = map[*ServiceSubscription]struct{}{}
+	}
+	ss.by[h][s] = struct{}{}
+	ss.mu.Unlock()
+	if n.lookup(h.key.path, h.key.uuid) == nil {
+		// It stopped before the subscription was recorded: its stop
+		// could not end it.
+		n.endServiceSub(h, s)
+		cancel()
+		return nil, fmt.Errorf("%w: %v", ErrActorStopped, subscriber)
+	}
+	n.wg.Go(func() {
+		defer close(s.done)
+		defer n.endServiceSub(h, s)
+		WatchService(ctx, n, k, func(refs []Ref[T]) {
+			subscriber.Send(ctx, ServiceListing[T]{Key: k, Refs: refs})
+		}, opts...)
+	})
+	return s, nil
+}
+
+// endServiceSub forgets the subscription s of h.
+func (n *Node) endServiceSub(h *handle, s *ServiceSubscription) {
+	ss := &n.serviceSubs
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	delete(ss.by[h], s)
+	if len(ss.by[h]) == 0 {
+		delete(ss.by, h)
+	}
+}
+
+// stopServiceSubs ends the subscriptions of a stopped actor (without
+// waiting: its stop may run on a goroutine a listing's Send waits on).
+func (n *Node) stopServiceSubs(h *handle) {
+	ss := &n.serviceSubs
+	ss.mu.Lock()
+	subs := ss.by[h]
+	delete(ss.by, h)
+	ss.mu.Unlock()
+	for s := range subs {
+		s.cancel()
+	}
+}
