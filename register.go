@@ -267,14 +267,31 @@ func (n *Node) regPendingAt() (Addr, bool) {
 func (n *Node) reregister(addr Addr) error {
 	ctx, cancel := context.WithTimeout(n.ctx, n.registryTimeout())
 	defer cancel()
-	req := regRequest{Op: regOpRegister, Regs: toWire(n.publicRegistrations())}
-	_, err := n.askRegistrar(ctx, registrarSource{addr: addr}, req)
-	if errors.Is(err, ErrRegistrationRefused) {
-		n.log.Warn("troupe: the registrar refused some of this node's registrations", "registrar", addr.String(), "err", err)
-		return nil
+	regs := n.publicRegistrations()
+	var refused error
+	// In pieces, so that no request nears MaxFrameSize (a node may hold
+	// 10,000 service entries and any number of named actors).
+	for piece := range slices.Chunk(regs, regPiece) {
+		req := regRequest{Op: regOpRegister, Regs: toWire(piece)}
+		_, err := n.askRegistrar(ctx, registrarSource{addr: addr}, req)
+		switch {
+		case errors.Is(err, ErrRegistrationRefused):
+			refused = err
+		case err != nil:
+			return err
+		}
 	}
-	return err
+	if refused != nil {
+		n.log.Warn("troupe: the registrar refused some of this node's registrations", "registrar", addr.String(), "err", refused)
+	}
+	return nil
 }
+
+// regPiece is how many registrations one request to a registrar carries
+// at most when a node registers (or unregisters) everything: with the
+// longest names and paths and a node's few addresses, well under
+// MaxFrameSize.
+const regPiece = 256
 
 // registrarEpoch returns a channel closed the next time this node
 // registers again with a registrar, so that parked waits park again.
@@ -372,8 +389,10 @@ func (n *Node) unregisterAll() {
 	if len(n.registrars) == 0 {
 		return
 	}
-	regs := toWire(n.publicRegistrations())
+	regs := n.publicRegistrations()
 	for _, a := range n.remoteRegistrars() {
-		n.tellRegistrar(a, regRequest{Op: regOpUnregister, Regs: regs})
+		for piece := range slices.Chunk(regs, regPiece) {
+			n.tellRegistrar(a, regRequest{Op: regOpUnregister, Regs: toWire(piece)})
+		}
 	}
 }

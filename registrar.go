@@ -93,9 +93,13 @@ type regTable struct {
 	// mu guards entries, their counts, seq and waiters.
 	mu      sync.Mutex
 	entries map[regKey]*Registration
-	perNode map[NodeUID]int // entries by node incarnation
-	perName map[string]int  // entries by name
-	bounds  regBounds
+	// The entries by node incarnation, by name, and how many of each
+	// node's list each address: so that a registration, a lookup and a
+	// node's departure cost what they touch, not the table.
+	byNode map[NodeUID]map[regKey]*Registration
+	byName map[string]map[regKey]*Registration
+	byAddr map[Addr]map[NodeUID]int
+	bounds regBounds
 	seq     uint64
 	waiters map[string]map[*handle]waitCond // name -> reply refs of parked waits
 	// subs are the subscribers of Registry.Watch, by their ref; pending
@@ -113,25 +117,50 @@ type regTable struct {
 }
 
 func newRegTable() *regTable {
-	return &regTable{entries: make(map[regKey]*Registration), perNode: make(map[NodeUID]int), perName: make(map[string]int),
+	return &regTable{entries: make(map[regKey]*Registration),
+		byNode: make(map[NodeUID]map[regKey]*Registration), byName: make(map[string]map[regKey]*Registration), byAddr: make(map[Addr]map[NodeUID]int),
 		bounds: defaultRegBounds, waiters: make(map[string]map[*handle]waitCond)}
 }
 
 // put enters e under k, which holds nothing; g.mu is held.
 func (g *regTable) put(k regKey, e *Registration) {
 	g.entries[k] = e
-	g.perNode[e.Node]++
-	g.perName[e.Name]++
+	index(g.byNode, e.Node, k, e)
+	index(g.byName, e.Name, k, e)
+	for _, a := range e.Addrs {
+		if g.byAddr[a] == nil {
+			g.byAddr[a] = map[NodeUID]int{}
+		}
+		g.byAddr[a][e.Node]++
+	}
 }
 
 // del removes the entry e under k; g.mu is held.
 func (g *regTable) del(k regKey, e *Registration) {
 	delete(g.entries, k)
-	if g.perNode[e.Node]--; g.perNode[e.Node] <= 0 {
-		delete(g.perNode, e.Node)
+	unindex(g.byNode, e.Node, k)
+	unindex(g.byName, e.Name, k)
+	for _, a := range e.Addrs {
+		if g.byAddr[a][e.Node]--; g.byAddr[a][e.Node] <= 0 {
+			delete(g.byAddr[a], e.Node)
+			if len(g.byAddr[a]) == 0 {
+				delete(g.byAddr, a)
+			}
+		}
 	}
-	if g.perName[e.Name]--; g.perName[e.Name] <= 0 {
-		delete(g.perName, e.Name)
+}
+
+func index[K comparable](m map[K]map[regKey]*Registration, at K, k regKey, e *Registration) {
+	if m[at] == nil {
+		m[at] = map[regKey]*Registration{}
+	}
+	m[at][k] = e
+}
+
+func unindex[K comparable](m map[K]map[regKey]*Registration, at K, k regKey) {
+	delete(m[at], k)
+	if len(m[at]) == 0 {
+		delete(m, at)
 	}
 }
 
@@ -139,10 +168,10 @@ func (g *regTable) del(k regKey, e *Registration) {
 // does); g.mu is held.
 func (g *regTable) admits(r *Registration) error {
 	switch {
-	case g.perNode[r.Node] >= g.bounds.perPeer:
-		return fmt.Errorf("%w: node %s holds %d registrations, as many as a registrar takes from one node", ErrRegistrationRefused, r.Node, g.perNode[r.Node])
-	case g.perName[r.Name] >= g.bounds.perName:
-		return fmt.Errorf("%w: %q has %d registrations, as many as a registrar takes under one name", ErrRegistrationRefused, r.Name, g.perName[r.Name])
+	case len(g.byNode[r.Node]) >= g.bounds.perPeer:
+		return fmt.Errorf("%w: node %s holds %d registrations, as many as a registrar takes from one node", ErrRegistrationRefused, r.Node, len(g.byNode[r.Node]))
+	case len(g.byName[r.Name]) >= g.bounds.perName:
+		return fmt.Errorf("%w: %q has %d registrations, as many as a registrar takes under one name", ErrRegistrationRefused, r.Name, len(g.byName[r.Name]))
 	case len(g.entries) >= g.bounds.total:
 		return fmt.Errorf("%w: the registrar holds %d registrations, as many as it takes", ErrRegistrationRefused, len(g.entries))
 	}
@@ -186,29 +215,27 @@ func (g *regTable) register(r Registration) (woken []*handle, err error) {
 	defer g.publish()
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if g.entries[regKey{r.Name, r.UUID}] == nil {
+	if old := g.entries[regKey{r.Name, r.UUID}]; old == nil {
 		if err := g.admits(&r); err != nil {
 			return nil, err
 		}
+	} else if old.Node != r.Node {
+		return nil, fmt.Errorf("%w: %q %s is another node's entry", ErrRegistrationRefused, r.Name, r.UUID)
 	}
 	var added, removed []Registration
-	for k, e := range g.entries {
-		if e.Node == r.Node {
-			continue
-		}
+	for _, k := range g.sharingAddrs(&r) {
+		e := g.entries[k]
 		kept := slices.DeleteFunc(slices.Clone(e.Addrs), func(a Addr) bool { return slices.Contains(r.Addrs, a) })
-		if len(kept) == len(e.Addrs) {
-			continue
-		}
 		watched := g.watched()
 		if watched {
 			removed = append(removed, copyReg(e))
 		}
+		g.del(k, e)
 		if len(kept) == 0 {
-			g.del(k, e)
 			continue
 		}
 		e.Addrs = kept
+		g.put(k, e)
 		if watched {
 			added = append(added, copyReg(e))
 		}
@@ -242,6 +269,27 @@ func (g *regTable) register(r Registration) (woken []*handle, err error) {
 	return woken, nil
 }
 
+// sharingAddrs lists the entries of other node incarnations than r's
+// that list one of r's addresses; g.mu is held.
+func (g *regTable) sharingAddrs(r *Registration) []regKey {
+	var out []regKey
+	seen := map[NodeUID]bool{}
+	for _, a := range r.Addrs {
+		for node := range g.byAddr[a] {
+			if node == r.Node || seen[node] {
+				continue
+			}
+			seen[node] = true
+			for k, e := range g.byNode[node] {
+				if slices.ContainsFunc(e.Addrs, func(b Addr) bool { return slices.Contains(r.Addrs, b) }) {
+					out = append(out, k)
+				}
+			}
+		}
+	}
+	return out
+}
+
 // unregister removes the entry name of uuid, if the node incarnation from
 // holds it (from zero: whoever does).
 func (g *regTable) unregister(name string, uuid UUID, from NodeUID) {
@@ -268,12 +316,10 @@ func (g *regTable) dropNode(uid NodeUID) {
 		}
 	}
 	var removed []Registration
-	for k, e := range g.entries {
-		if e.Node == uid {
-			g.del(k, e)
-			if g.watched() {
-				removed = append(removed, *e)
-			}
+	for k, e := range g.byNode[uid] {
+		g.del(k, e)
+		if g.watched() {
+			removed = append(removed, *e)
 		}
 	}
 	g.changed(nil, removed)
@@ -287,19 +333,21 @@ func (g *regTable) deleteAddr(node NodeUID, addr Addr) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	var added, removed []Registration
-	for k, e := range g.entries {
-		if e.Node != node || !slices.Contains(e.Addrs, addr) {
+	for k, e := range g.byNode[node] {
+		if !slices.Contains(e.Addrs, addr) {
 			continue
 		}
 		watched := g.watched()
 		if watched {
 			removed = append(removed, copyReg(e))
 		}
+		g.del(k, e)
 		e.Addrs = slices.DeleteFunc(e.Addrs, func(a Addr) bool { return a == addr })
-		if len(e.Addrs) == 0 {
-			g.del(k, e)
-		} else if watched {
-			added = append(added, copyReg(e))
+		if len(e.Addrs) > 0 {
+			g.put(k, e)
+			if watched {
+				added = append(added, copyReg(e))
+			}
 		}
 	}
 	g.changed(added, removed)
@@ -310,10 +358,8 @@ func (g *regTable) find(name string) []Registration {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	var out []Registration
-	for _, e := range g.entries {
-		if e.Name == name {
-			out = append(out, copyReg(e))
-		}
+	for _, e := range g.byName[name] {
+		out = append(out, copyReg(e))
 	}
 	slices.SortFunc(out, func(a, b Registration) int { return cmp.Compare(b.Seq, a.Seq) })
 	return out
@@ -337,8 +383,8 @@ func (g *regTable) wait(name string, reply *handle, c waitCond) []Registration {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	var found []Registration
-	for _, e := range g.entries {
-		if e.Name == name && c.admits(e) {
+	for _, e := range g.byName[name] {
+		if c.admits(e) {
 			found = append(found, copyReg(e))
 		}
 	}

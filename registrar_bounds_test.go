@@ -165,8 +165,8 @@ func TestRegTableCountsAndTotalBound(t *testing.T) {
 		t.Fatalf("at the total bound: %v", err)
 	}
 	g.deleteAddr(NodeUID{1}, addr)
-	if got := g.count(); got != 1 || g.perNode[NodeUID{1}] != 0 || g.perName["a"] != 0 {
-		t.Fatalf("after deleteAddr: %d entries, %v by node, %v by name", got, g.perNode, g.perName)
+	if got := g.count(); got != 1 || len(g.byNode[NodeUID{1}]) != 0 || len(g.byName["a"]) != 0 {
+		t.Fatalf("after deleteAddr: %d entries, %v by node, %v by name", got, g.byNode, g.byName)
 	}
 	if err := reg("c", 5, 3, addr); err != nil {
 		t.Fatal(err)
@@ -177,13 +177,56 @@ func TestRegTableCountsAndTotalBound(t *testing.T) {
 	// Node 5 takes node 3's only address: node 3's entry goes first.
 	g.dropNode(NodeUID{4})
 	g.dropNode(NodeUID{2})
-	if got := g.count(); got != 1 || len(g.perNode) != 1 || len(g.perName) != 1 {
-		t.Fatalf("after dropNode: %d entries, %v by node, %v by name", got, g.perNode, g.perName)
+	if got := g.count(); got != 1 || len(g.byNode) != 1 || len(g.byName) != 1 {
+		t.Fatalf("after dropNode: %d entries, %v by node, %v by name", got, g.byNode, g.byName)
 	}
 	if err := reg("d", 7, 5, addr); err != nil {
 		t.Fatal(err)
 	}
-	if g.count() != 1 || g.perNode[NodeUID{3}] != 0 || g.perName["c"] != 0 || g.perNode[NodeUID{5}] != 1 {
-		t.Fatalf("after an address was taken over: %v by node, %v by name", g.perNode, g.perName)
+	if g.count() != 1 || len(g.byNode[NodeUID{3}]) != 0 || len(g.byName["c"]) != 0 || len(g.byNode[NodeUID{5}]) != 1 || len(g.byAddr) != 1 {
+		t.Fatalf("after an address was taken over: %v by node, %v by name", g.byNode, g.byName)
+	}
+}
+
+// A node registers everything again in pieces: 10,000 service entries
+// under long keys are more than one frame takes.
+func TestReregistrationOfManyServicesGoesInPieces(t *testing.T) {
+	reg := freeRegistryAddr(t, "tcp")
+	registrar := startNode(t, discoveryConfig("registrar", reg))
+	n := startNode(t, discoveryConfig("many", reg))
+	w := spawnEcho(t, n, strings.Repeat("w", 255)) // (long paths: about 6 MB in all)
+	s := &n.services
+	s.mu.Lock()
+	if s.entries == nil {
+		s.entries = map[serviceEntry]struct{}{}
+	}
+	for i := range MaxServicesPerNode {
+		s.entries[serviceEntry{name: fmt.Sprintf("%s%0250d", servicePrefix, i), h: w.h}] = struct{}{}
+	}
+	s.mu.Unlock()
+	if err := n.reregister(n.registrars[0]); err != nil {
+		t.Fatalf("registering %d services again: %v", MaxServicesPerNode, err)
+	}
+	if got := len(registrar.reg().byNode[n.uid]); got < MaxServicesPerNode {
+		t.Fatalf("the registrar holds %d of the node's entries, want at least %d", got, MaxServicesPerNode)
+	}
+}
+
+// BenchmarkRegistrarRegister registers into a table that holds 100,000
+// entries of 1,000 nodes: the cost of one registration, which should not
+// grow with the table.
+func BenchmarkRegistrarRegister(b *testing.B) {
+	g := newRegTable()
+	for i := range 100000 {
+		node := NodeUID{byte(i % 1000), byte(i % 1000 >> 8)}
+		g.register(Registration{Name: fmt.Sprintf("svc-%d", i%97), UUID: UUID{byte(i), byte(i >> 8), byte(i >> 16)}, Path: "/user/a",
+			Node: node, Addrs: []Addr{TCPAddr(fmt.Sprintf("10.0.%d.%d:7000", i%1000/250, i%1000%250))}})
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := range b.N {
+		node := NodeUID{byte(i % 1000), byte(i % 1000 >> 8)}
+		g.register(Registration{Name: fmt.Sprintf("svc-%d", i%97), UUID: UUID{byte(i), byte(i >> 8), byte(i >> 16)}, Path: "/user/a",
+			Node: node, Addrs: []Addr{TCPAddr(fmt.Sprintf("10.0.%d.%d:7000", i%1000/250, i%1000%250))}})
 	}
 }
