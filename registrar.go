@@ -96,10 +96,10 @@ type regTable struct {
 	// The entries by node incarnation, by name, and how many of each
 	// node's list each address: so that a registration, a lookup and a
 	// node's departure cost what they touch, not the table.
-	byNode map[NodeUID]map[regKey]*Registration
-	byName map[string]map[regKey]*Registration
-	byAddr map[Addr]map[NodeUID]int
-	bounds regBounds
+	byNode  map[NodeUID]map[regKey]*Registration
+	byName  map[string]map[regKey]*Registration
+	byAddr  map[Addr]map[NodeUID]int
+	bounds  regBounds
 	seq     uint64
 	waiters map[string]map[*handle]waitCond // name -> reply refs of parked waits
 	// subs are the subscribers of Registry.Watch, by their ref; pending
