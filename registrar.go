@@ -253,10 +253,15 @@ func (g *regTable) register(r Registration) (woken []*handle, err error) {
 		}
 		g.changed(added, removed)
 	}
-	if old := g.entries[regKey{r.Name, r.UUID}]; old != nil {
-		g.del(regKey{r.Name, r.UUID}, old)
+	if k, old := (regKey{r.Name, r.UUID}), g.entries[regKey{r.Name, r.UUID}]; old != nil && slices.Equal(old.Addrs, r.Addrs) {
+		// A refresh on the same addresses: the indexes stay as they are.
+		g.entries[k], g.byNode[r.Node][k], g.byName[r.Name][k] = &r, &r, &r
+	} else {
+		if old != nil {
+			g.del(k, old)
+		}
+		g.put(k, &r)
 	}
-	g.put(regKey{r.Name, r.UUID}, &r)
 	for h, c := range g.waiters[r.Name] {
 		if c.admits(&r) {
 			woken = append(woken, h)
@@ -273,11 +278,14 @@ func (g *regTable) register(r Registration) (woken []*handle, err error) {
 // that list one of r's addresses; g.mu is held.
 func (g *regTable) sharingAddrs(r *Registration) []regKey {
 	var out []regKey
-	seen := map[NodeUID]bool{}
+	var seen map[NodeUID]bool // (made only when there is another node)
 	for _, a := range r.Addrs {
 		for node := range g.byAddr[a] {
 			if node == r.Node || seen[node] {
 				continue
+			}
+			if seen == nil {
+				seen = map[NodeUID]bool{}
 			}
 			seen[node] = true
 			for k, e := range g.byNode[node] {

@@ -186,6 +186,18 @@ func TestRegTableCountsAndTotalBound(t *testing.T) {
 	if g.count() != 1 || len(g.byNode[NodeUID{3}]) != 0 || len(g.byName["c"]) != 0 || len(g.byNode[NodeUID{5}]) != 1 || len(g.byAddr) != 1 {
 		t.Fatalf("after an address was taken over: %v by node, %v by name", g.byNode, g.byName)
 	}
+	// A refresh on other addresses moves the entry's addresses.
+	other := UnixAddr("/z")
+	if err := reg("d", 7, 5, other); err != nil {
+		t.Fatal(err)
+	}
+	if len(g.byAddr) != 1 || g.byAddr[other][NodeUID{5}] != 1 {
+		t.Fatalf("after a refresh on another address: %v by address", g.byAddr)
+	}
+	g.unregister("d", UUID{7}, NodeUID{})
+	if g.count() != 0 || len(g.byNode) != 0 || len(g.byName) != 0 || len(g.byAddr) != 0 {
+		t.Fatalf("an empty table keeps %v by node, %v by name, %v by address", g.byNode, g.byName, g.byAddr)
+	}
 }
 
 // A node registers everything again in pieces: 10,000 service entries
