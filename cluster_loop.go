@@ -68,7 +68,7 @@ func (c *Cluster) cleanup() {
 	if c.cfg.SeedsFromRegistry {
 		name := "troupe.cluster." + cmp.Or(c.cfg.Name, "default")
 		if c.n.reg() != nil {
-			c.n.reg().unregister(name, UUID(c.n.uid), NodeUID{})
+			c.n.reg().unregister(name, UUID(c.n.uid), c.n.uid)
 		}
 		for _, a := range c.n.remoteRegistrars() {
 			c.n.tellRegistrar(a, regRequest{Op: regOpUnregister, Regs: []regWire{{Name: name, UUID: UUID(c.n.uid)}}})

@@ -1,7 +1,6 @@
 package troupe
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"crypto/tls"
@@ -413,60 +412,6 @@ func (r *etcdRegistry) wait(ctx context.Context, name string, c waitCond) ([]Reg
 			}
 		}
 		// Something admitted was put, or the stream broke: read again.
-	}
-}
-
-// watchFrom follows the keys under p from revision rev until an event
-// that stop accepts (a delete, or a put of reg, ok when it decoded), the
-// stream ends, or ctx ends (or etcdWatchRenew passes).
-func (r *etcdRegistry) watchFrom(ctx context.Context, p string, rev uint64, stop func(deleted bool, reg Registration, ok bool) bool) error {
-	ctx, cancel := context.WithTimeout(ctx, etcdWatchRenew)
-	defer cancel()
-	r.mu.Lock()
-	endpoint := r.endpoints[r.first]
-	r.mu.Unlock()
-	body, _ := json.Marshal(map[string]any{"create_request": map[string]any{
-		"key": b64(p), "range_end": b64(rangeEnd(p)), "start_revision": strconv.FormatUint(rev, 10)}})
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, endpoint+"/v3/watch", bytes.NewReader(body))
-	if err != nil {
-		return err
-	}
-	resp, err := r.client.Do(req)
-	if err != nil {
-		r.rotate(endpoint)
-		return err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		r.rotate(endpoint)
-		return fmt.Errorf("etcd watch: %s", resp.Status)
-	}
-	dec := json.NewDecoder(bufio.NewReader(resp.Body))
-	for {
-		var msg struct {
-			Result struct {
-				Canceled bool
-				Events   []struct {
-					Type string
-					Kv   etcdKV
-				}
-			}
-		}
-		if err := dec.Decode(&msg); err != nil {
-			if ctx.Err() == nil {
-				r.rotate(endpoint)
-			}
-			return err
-		}
-		if msg.Result.Canceled {
-			return errors.New("etcd watch canceled")
-		}
-		for _, ev := range msg.Result.Events {
-			deleted := ev.Type == "DELETE"
-			if reg, ok := r.decode(ev.Kv); stop(deleted, reg, ok && !deleted) {
-				return nil
-			}
-		}
 	}
 }
 

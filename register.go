@@ -335,6 +335,9 @@ func (n *Node) registerActor(h *handle) {
 // that refuses r (past its bounds: [ErrRegistrationRefused]) is not
 // asked again; the first refusal is returned.
 func (n *Node) registerEntry(h *handle, r Registration) (refused error) {
+	if err := checkRegistration(false, n.uid, &r); err != nil {
+		return err // (no registrar keeps it: a path longer than 1 KiB)
+	}
 	if n.reg() != nil {
 		refused = n.registryRegister(r)
 	}
@@ -373,7 +376,7 @@ func (n *Node) unregisterActor(h *handle) { n.unregisterEntry(h.name(), h.key.uu
 // registrar, without waiting.
 func (n *Node) unregisterEntry(name string, uuid UUID) {
 	if n.reg() != nil {
-		n.reg().unregister(name, uuid, NodeUID{})
+		n.reg().unregister(name, uuid, n.uid)
 	}
 	for _, a := range n.remoteRegistrars() {
 		n.tellRegistrar(a, regRequest{Op: regOpUnregister, Regs: []regWire{{Name: name, UUID: uuid}}})

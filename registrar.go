@@ -3,11 +3,9 @@ package troupe
 import (
 	"cmp"
 	"errors"
-	"fmt"
 	"slices"
 	"sync"
 	"sync/atomic"
-	"time"
 )
 
 // Errors about discovery.
@@ -35,36 +33,6 @@ var (
 	ErrRegistrationRefused = errors.New("troupe: registration refused by the registrar")
 )
 
-// The bounds of what a registrar holds. A registration past one is
-// refused (see [ErrRegistrationRefused]); so a peer, hostile or buggy,
-// cannot grow a registrar's table without bound, nor fill one name.
-const (
-	// MaxRegistrationsPerPeer bounds the registrations of one node
-	// incarnation: the node itself, its named actors, its service
-	// registrations and its topic relays.
-	MaxRegistrationsPerPeer = 16384
-	// MaxRegistrationsPerName bounds the registrations under one name
-	// (one service key's listing, or one actor name), over all nodes.
-	MaxRegistrationsPerName = 16384
-	// MaxRegistrations bounds a registrar's whole table.
-	MaxRegistrations = 262144
-)
-
-// The longest fields a registrar keeps; a registration with a longer one
-// is refused.
-const (
-	maxRegNameLen  = 512  // a name (an actor's name, "service:" and a key, ...)
-	maxRegPathLen  = 1024 // an actor's path
-	maxRegNodeName = 255
-	maxRegAddrs    = 64 // as many as a hello announces
-	maxRegAddrLen  = 512
-)
-
-// regBounds are a table's bounds (the constants above; smaller in tests).
-type regBounds struct{ perPeer, perName, total int }
-
-var defaultRegBounds = regBounds{MaxRegistrationsPerPeer, MaxRegistrationsPerName, MaxRegistrations}
-
 // RegistrarPath is where a registrar's actor lives on its node.
 const RegistrarPath = "/system/registrar"
 
@@ -82,11 +50,16 @@ type Registration struct {
 	Registry Addr    // the registrar that answered (set by lookups; zero for this node's own)
 }
 
-// regKey identifies a registration.
+// regKey identifies a registration: its name, its actor's uuid and its
+// node incarnation (so that no node can take another's entry by
+// registering its uuid).
 type regKey struct {
 	name string
 	uuid UUID
+	node NodeUID
 }
+
+func keyOf(r *Registration) regKey { return regKey{r.Name, r.UUID, r.Node} }
 
 // regTable is the table a registrar serves. It is safe for concurrent use.
 type regTable struct {
@@ -96,10 +69,15 @@ type regTable struct {
 	// The entries by node incarnation, by name, and how many of each
 	// node's list each address: so that a registration, a lookup and a
 	// node's departure cost what they touch, not the table.
-	byNode  map[NodeUID]map[regKey]*Registration
-	byName  map[string]map[regKey]*Registration
-	byAddr  map[Addr]map[NodeUID]int
-	bounds  regBounds
+	byNode map[NodeUID]map[regKey]*Registration
+	byName map[string]map[regKey]*Registration
+	byAddr map[Addr]map[NodeUID]int
+	bounds regBounds
+	// live, when set, reports whether a node incarnation is up at this
+	// registrar (this node, or a live association): another node's claim
+	// on its addresses does not take them, nor does a request to delete
+	// one of them.
+	live    func(NodeUID) bool
 	seq     uint64
 	waiters map[string]map[*handle]waitCond // name -> reply refs of parked waits
 	// subs are the subscribers of Registry.Watch, by their ref; pending
@@ -164,38 +142,6 @@ func unindex[K comparable](m map[K]map[regKey]*Registration, at K, k regKey) {
 	}
 }
 
-// admits says why the table does not take r, a new entry (nil if it
-// does); g.mu is held.
-func (g *regTable) admits(r *Registration) error {
-	switch {
-	case len(g.byNode[r.Node]) >= g.bounds.perPeer:
-		return fmt.Errorf("%w: node %s holds %d registrations, as many as a registrar takes from one node", ErrRegistrationRefused, r.Node, len(g.byNode[r.Node]))
-	case len(g.byName[r.Name]) >= g.bounds.perName:
-		return fmt.Errorf("%w: %q has %d registrations, as many as a registrar takes under one name", ErrRegistrationRefused, r.Name, len(g.byName[r.Name]))
-	case len(g.entries) >= g.bounds.total:
-		return fmt.Errorf("%w: the registrar holds %d registrations, as many as it takes", ErrRegistrationRefused, len(g.entries))
-	}
-	return nil
-}
-
-// checkRegistration says why a registrar keeps no registration like r,
-// sent by the node incarnation from (zero: this node itself), if it does
-// not: another node's, or a field longer than a registrar keeps.
-func checkRegistration(from NodeUID, r *Registration) error {
-	switch {
-	case from != (NodeUID{}) && r.Node != from:
-		return fmt.Errorf("%w: node %s registered %q for another node (%s)", ErrRegistrationRefused, from, r.Name, r.Node)
-	case len(r.Name) > maxRegNameLen, len(r.Path) > maxRegPathLen, len(r.NodeName) > maxRegNodeName, len(r.Addrs) > maxRegAddrs:
-		return fmt.Errorf("%w: %.64q: a name of at most %d bytes, a path of at most %d, a node name of at most %d and at most %d addresses are kept", ErrRegistrationRefused, r.Name, maxRegNameLen, maxRegPathLen, maxRegNodeName, maxRegAddrs)
-	}
-	for _, a := range r.Addrs {
-		if len(a.String()) > maxRegAddrLen {
-			return fmt.Errorf("%w: %q: an address of more than %d bytes", ErrRegistrationRefused, r.Name, maxRegAddrLen)
-		}
-	}
-	return nil
-}
-
 // waitCond says which registrations answer a parked wait.
 type waitCond struct {
 	actorsOnly bool   // a node's own registration does not count
@@ -215,12 +161,10 @@ func (g *regTable) register(r Registration) (woken []*handle, err error) {
 	defer g.publish()
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if old := g.entries[regKey{r.Name, r.UUID}]; old == nil {
+	if g.entries[keyOf(&r)] == nil {
 		if err := g.admits(&r); err != nil {
 			return nil, err
 		}
-	} else if old.Node != r.Node {
-		return nil, fmt.Errorf("%w: %q %s is another node's entry", ErrRegistrationRefused, r.Name, r.UUID)
 	}
 	var added, removed []Registration
 	for _, k := range g.sharingAddrs(&r) {
@@ -244,7 +188,7 @@ func (g *regTable) register(r Registration) (woken []*handle, err error) {
 	r.Seq = g.seq
 	r.Addrs = slices.Clone(r.Addrs)
 	if g.watched() {
-		old := g.entries[regKey{r.Name, r.UUID}]
+		old := g.entries[keyOf(&r)]
 		if old == nil || !sameRegistration(old, &r) { // (a refresh that changes nothing is no change)
 			if old != nil {
 				removed = append(removed, copyReg(old))
@@ -253,7 +197,7 @@ func (g *regTable) register(r Registration) (woken []*handle, err error) {
 		}
 		g.changed(added, removed)
 	}
-	if k, old := (regKey{r.Name, r.UUID}), g.entries[regKey{r.Name, r.UUID}]; old != nil && slices.Equal(old.Addrs, r.Addrs) {
+	if k, old := keyOf(&r), g.entries[keyOf(&r)]; old != nil && slices.Equal(old.Addrs, r.Addrs) {
 		// A refresh on the same addresses: the indexes stay as they are.
 		g.entries[k], g.byNode[r.Node][k], g.byName[r.Name][k] = &r, &r, &r
 	} else {
@@ -275,13 +219,14 @@ func (g *regTable) register(r Registration) (woken []*handle, err error) {
 }
 
 // sharingAddrs lists the entries of other node incarnations than r's
-// that list one of r's addresses; g.mu is held.
+// that list one of r's addresses, but of those live here (a claim on a
+// live node's addresses is false: it keeps them); g.mu is held.
 func (g *regTable) sharingAddrs(r *Registration) []regKey {
 	var out []regKey
 	var seen map[NodeUID]bool // (made only when there is another node)
 	for _, a := range r.Addrs {
 		for node := range g.byAddr[a] {
-			if node == r.Node || seen[node] {
+			if node == r.Node || seen[node] || g.live != nil && g.live(node) {
 				continue
 			}
 			if seen == nil {
@@ -298,14 +243,14 @@ func (g *regTable) sharingAddrs(r *Registration) []regKey {
 	return out
 }
 
-// unregister removes the entry name of uuid, if the node incarnation from
-// holds it (from zero: whoever does).
-func (g *regTable) unregister(name string, uuid UUID, from NodeUID) {
+// unregister removes the entry name of the actor uuid of the node
+// incarnation node.
+func (g *regTable) unregister(name string, uuid UUID, node NodeUID) {
 	defer g.publish()
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if e := g.entries[regKey{name, uuid}]; e != nil && (from == (NodeUID{}) || e.Node == from) {
-		g.del(regKey{name, uuid}, e)
+	if e := g.entries[regKey{name, uuid, node}]; e != nil {
+		g.del(regKey{name, uuid, node}, e)
 		if g.watched() {
 			g.changed(nil, []Registration{*e})
 		}
@@ -477,10 +422,11 @@ type regRequest struct {
 	ActorsOnly bool
 	After      uint64
 
-	// from is the node incarnation that sent the request, set by the
-	// association it arrived on (never on the wire); zero when this node
-	// sent it itself.
-	from NodeUID
+	// from is the node incarnation that sent the request, and remote
+	// says it came from a peer: both set by the association it arrived on
+	// (never from the wire).
+	from   NodeUID
+	remote bool
 }
 
 // regEvent is what a registrar pushes to a Registry.Watch subscriber:
@@ -524,7 +470,7 @@ func init() {
 	// and unregister only its own entries, within its bounds.
 	typeByKey("troupe.registry.request").stamp = func(msg any, from NodeUID) any {
 		if req, ok := msg.(regRequest); ok {
-			req.from = from
+			req.from, req.remote = from, true
 			return req
 		}
 		return msg
@@ -572,7 +518,7 @@ func (n *Node) serveRegistry(req regRequest) {
 	case regOpRegister:
 		var refused []error
 		for _, r := range fromWire(req.Regs, Addr{}) {
-			err := checkRegistration(req.from, &r)
+			err := checkRegistration(req.remote, req.from, &r)
 			if err == nil {
 				err = n.registryRegister(r)
 			}
@@ -590,7 +536,11 @@ func (n *Node) serveRegistry(req regRequest) {
 		reply(nil)
 	case regOpUnregister:
 		for _, r := range req.Regs {
-			g.unregister(r.Name, r.UUID, req.from)
+			node := r.Node
+			if req.remote {
+				node = req.from // (a peer takes out only its own)
+			}
+			g.unregister(r.Name, r.UUID, node)
 		}
 		reply(nil)
 	case regOpFind:
@@ -609,7 +559,9 @@ func (n *Node) serveRegistry(req regRequest) {
 			g.cancelWait(req.Name, req.ReplyTo.h.key)
 		}
 	case regOpDeleteAddr:
-		if a, err := ParseAddr(req.Addr); err == nil {
+		// A peer found the address refusing connections. A node live here
+		// does not lose its addresses on a peer's word.
+		if a, err := ParseAddr(req.Addr); err == nil && !(req.remote && g.live != nil && g.live(req.Node)) {
 			g.deleteAddr(req.Node, a)
 		}
 		reply(nil)
@@ -639,28 +591,13 @@ func (n *Node) registryRegister(r Registration) error {
 	return err
 }
 
-// refusedText says in one line why registrations were refused: the first
-// reason, and how many more.
-func refusedText(errs []error) string {
-	if len(errs) == 1 {
-		return errs[0].Error()
-	}
-	return fmt.Sprintf("%v (and %d more)", errs[0], len(errs)-1)
-}
-
-// refusedRegistrations logs, at most once a second, that the registrar
-// refused registrations of a peer (from; zero for this node).
-func (n *Node) refusedRegistrations(from NodeUID, errs []error) {
-	if n.regRefusedLog.allow() {
-		n.log.Warn("troupe: the registrar refused registrations", "from", from.String(), "refused", len(errs), "err", errs[0])
-	}
-}
-
 // startRegistrar makes this node serve a registry: the table, the actor at
 // RegistrarPath, and the rule that a peer which leaves or becomes
 // unreachable takes its registrations with it.
 func (n *Node) startRegistrar() error {
-	n.regP.Store(newRegTable())
+	g := newRegTable()
+	g.live = n.liveHere
+	n.regP.Store(g)
 	_, err := Spawn(systemParent{n}, "registrar", Behavior[regRequest]{
 		Receive: func(_ *Context[regRequest], req regRequest) { n.serveRegistry(req) },
 	})
@@ -680,12 +617,3 @@ type systemParent struct{ n *Node }
 func (s systemParent) spawnParent() (*Node, parentCell) { return s.n, nil }
 
 func (s systemParent) basePath() string { return "/system" }
-
-// logGate lets one log line through a second.
-type logGate struct{ last atomic.Int64 }
-
-func (g *logGate) allow() bool {
-	now := time.Now().UnixNano()
-	last := g.last.Load()
-	return now-last >= int64(time.Second) && g.last.CompareAndSwap(last, now)
-}

@@ -3,6 +3,7 @@ package troupe
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -156,7 +157,7 @@ func TestRegTableCountsAndTotalBound(t *testing.T) {
 	if err := reg("a", 1, 1, addr); err != nil {
 		t.Fatalf("a refresh of a held entry at the bound: %v", err)
 	}
-	g.unregister("a", UUID{1}, NodeUID{})
+	g.unregister("a", UUID{1}, NodeUID{1})
 	if err := reg("b", 4, 2, UnixAddr("/x")); err != nil {
 		t.Fatalf("after one left: %v", err)
 	}
@@ -194,7 +195,7 @@ func TestRegTableCountsAndTotalBound(t *testing.T) {
 	if len(g.byAddr) != 1 || g.byAddr[other][NodeUID{5}] != 1 {
 		t.Fatalf("after a refresh on another address: %v by address", g.byAddr)
 	}
-	g.unregister("d", UUID{7}, NodeUID{})
+	g.unregister("d", UUID{7}, NodeUID{5})
 	if g.count() != 0 || len(g.byNode) != 0 || len(g.byName) != 0 || len(g.byAddr) != 0 {
 		t.Fatalf("an empty table keeps %v by node, %v by name, %v by address", g.byNode, g.byName, g.byAddr)
 	}
@@ -241,4 +242,67 @@ func BenchmarkRegistrarRegister(b *testing.B) {
 		g.register(Registration{Name: fmt.Sprintf("svc-%d", i%97), UUID: UUID{byte(i), byte(i >> 8), byte(i >> 16)}, Path: "/user/a",
 			Node: node, Addrs: []Addr{TCPAddr(fmt.Sprintf("10.0.%d.%d:7000", i%1000/250, i%1000%250))}})
 	}
+}
+
+// A peer cannot take another live node's entries by any other way
+// either: claiming its addresses, asking to delete them, squatting its
+// actors' uuids, or saying it has the zero uid.
+func TestAPeerCannotTakeAnotherNodesEntries(t *testing.T) {
+	reg := freeRegistryAddr(t, "tcp")
+	registrar := startNode(t, discoveryConfig("registrar", reg))
+	honest := startNode(t, discoveryConfig("honest", reg))
+	spawnEcho(t, honest, "svc")
+	held := func(what string) {
+		t.Helper()
+		got := registrar.reg().find("svc")
+		for _, r := range got {
+			if r.Node == honest.uid && slices.Equal(r.Addrs, honest.Addrs()) {
+				return
+			}
+		}
+		t.Fatalf("%s: the registrar lists %+v under svc, without honest's entry", what, got)
+	}
+	held("at first")
+	svc := registrar.reg().find("svc")[0]
+	ctx := ctxT(t, 5*time.Second)
+	cfg := testConfig()
+	cfg.Name = "hostile"
+	hostile := startNode(t, cfg)
+	regAddr, err := ParseAddr(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := registrarSource{addr: regAddr}
+	ask := func(req regRequest) error {
+		_, err := hostile.askRegistrar(ctx, src, req)
+		return err
+	}
+
+	if err := ask(regRequest{Op: regOpRegister, Regs: toWire([]Registration{{Name: "mine", UUID: UUID{5}, Path: "/user/mine", Node: hostile.uid, Addrs: honest.Addrs()}})}); err != nil {
+		t.Fatal(err)
+	}
+	held("after a peer claimed honest's addresses")
+	for _, a := range honest.Addrs() {
+		ask(regRequest{Op: regOpDeleteAddr, Node: honest.uid, Addr: a.String()})
+	}
+	held("after a peer asked to delete honest's addresses")
+	ask(regRequest{Op: regOpRegister, Regs: toWire([]Registration{{Name: "svc", UUID: svc.UUID, Path: "/user/svc", Node: hostile.uid, Addrs: hostile.Addrs()}})})
+	registrar.reg().dropNode(honest.uid) // (as if honest had been lost a moment)
+	if err := honest.reregister(regAddr); err != nil {
+		t.Fatal(err)
+	}
+	held("after a peer registered honest's uuid and honest registered again")
+
+	// A peer that says it is the zero uid is still a peer.
+	zcfg := testConfig()
+	zcfg.Name = "zero"
+	zero := startNode(t, zcfg)
+	zero.uid = NodeUID{}
+	zctx := ctxT(t, 5*time.Second)
+	_, err = zero.askRegistrar(zctx, src, regRequest{Op: regOpRegister, Regs: toWire([]Registration{{Name: "svc", UUID: UUID{8}, Path: "/user/svc", Node: honest.uid, Addrs: honest.Addrs()}})})
+	if !errors.Is(err, ErrRegistrationRefused) {
+		t.Fatalf("a zero-uid peer registering for honest: %v, want ErrRegistrationRefused", err)
+	}
+	zero.askRegistrar(zctx, src, regRequest{Op: regOpUnregister, Regs: []regWire{{Name: "svc", UUID: svc.UUID, Node: honest.uid}}})
+	held("after a zero-uid peer asked to take honest's entry out")
 }

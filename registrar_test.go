@@ -302,10 +302,10 @@ func TestAWatchRecoversFromALostEvent(t *testing.T) {
 				clear(table)
 			}
 			for _, x := range c.Removed {
-				delete(table, regKey{x.Name, x.UUID})
+				delete(table, keyOf(&x))
 			}
 			for _, x := range c.Added {
-				table[regKey{x.Name, x.UUID}] = true
+				table[keyOf(&x)] = true
 			}
 		})
 	}()
@@ -323,7 +323,7 @@ func TestAWatchRecoversFromALostEvent(t *testing.T) {
 	want := func() map[regKey]bool {
 		m := map[regKey]bool{}
 		for _, x := range g.list() {
-			m[regKey{x.Name, x.UUID}] = true
+			m[keyOf(&x)] = true
 		}
 		return m
 	}

@@ -384,12 +384,12 @@ func (n *Node) followRegistry(ctx context.Context, sel regSelector, deliver func
 				}
 				for _, reg := range c.Removed {
 					touched = touched || sel.match(reg.Name)
-					delete(table, regKey{reg.Name, reg.UUID})
+					delete(table, keyOf(&reg))
 				}
 				for _, reg := range c.Added {
 					if sel.match(reg.Name) {
 						touched = true
-						table[regKey{reg.Name, reg.UUID}] = reg
+						table[keyOf(&reg)] = reg
 					}
 				}
 				if touched {
@@ -545,7 +545,7 @@ func followEtcd(ctx context.Context, r *etcdRegistry, sel regSelector, deliver f
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		if err != nil && !errors.Is(err, context.DeadlineExceeded) {
+		if err != nil {
 			return err
 		}
 	}

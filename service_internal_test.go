@@ -3,7 +3,9 @@ package troupe
 import (
 	"context"
 	"errors"
+	"net"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 )
@@ -274,5 +276,49 @@ func TestRegistryWatchOverEtcd(t *testing.T) {
 		}
 	case <-next2:
 		t.Fatal("Watch did not return when its node closed")
+	}
+}
+
+// Registry.Watch of an etcd that accepts connections and never answers
+// ends with ErrWatchLost, not a wait without end.
+func TestRegistryWatchOfASilentEtcdIsLost(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var conns []net.Conn
+	var mu sync.Mutex
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c) // (held open, never answered)
+			mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() {
+		l.Close()
+		mu.Lock()
+		for _, c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+	})
+	cfg := testConfig()
+	cfg.Name = "watcher"
+	cfg.EtcdElectionTimeout = 200 * time.Millisecond
+	n := startNode(t, cfg)
+	reg, err := n.Registry(WithRegistries("etcd://" + l.Addr().String() + "/silent"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	err = reg.Watch(ctx, func(RegistryChange) {})
+	if !errors.Is(err, ErrWatchLost) {
+		t.Fatalf("Watch of a silent etcd: %v, want ErrWatchLost", err)
 	}
 }

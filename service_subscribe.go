@@ -43,9 +43,14 @@ type serviceSubs struct {
 // node, as a [ServiceListing]: at once, then each time the set changes
 // (pushed, as [WatchService] follows it), until the subscriber stops,
 // [ServiceSubscription.Unsubscribe] is called, or the node closes. A
-// listing waits for room in the subscriber's mailbox (it is never a dead
-// letter); meanwhile later changes are folded into the next listing,
-// which is always the whole set. It returns [ErrBadName], [ErrNotLocal]
+// listing waits for room in the subscriber's mailbox (a full mailbox
+// makes no dead letter); meanwhile later changes are folded into the next
+// listing, which is always the whole set. Each listing is the set as it
+// was sent: one that waited in the mailbox may be older than the last
+// change (the next listing follows), and listings left in the mailbox
+// when the subscriber stops are dead letters like any message. Like
+// WatchService, it takes one of the registrar's 1,024 watch subscribers.
+// It returns [ErrBadName], [ErrNotLocal]
 // (a remote ref, or not an actor), [ErrActorStopped], [ErrNoRegistry] or
 // [ErrNodeClosed].
 func SubscribeService[T any](n *Node, k ServiceKey[T], subscriber Ref[ServiceListing[T]], opts ...LookupOption) (*ServiceSubscription, error) {

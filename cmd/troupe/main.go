@@ -346,7 +346,7 @@ func (cmd *command) invoke(ctx context.Context, args []string, stdout, stderr io
 		fs.DurationVar(&c.timeout, "timeout", 5*time.Second, "how long to wait for the nodes' answers, in all")
 	case "watch":
 		fs.StringVar(&c.registry, "registry", defaultRegistry, "the registrar's `ADDR`, or an etcd registry: etcd://host:port[,host:port]/prefix; env TROUPE_REGISTRY")
-		fs.DurationVar(&c.timeout, "interval", 500*time.Millisecond, "how often to ask an etcd registry, and how long to wait before watching a lost registrar again")
+		fs.DurationVar(&c.timeout, "interval", 500*time.Millisecond, "how often to ask a registrar that does not push (before troupe 0.11), and how long to wait before watching a lost registry again")
 		fs.BoolVar(&c.asJSON, "json", false, "print each registration and removal as a JSON object on its own line")
 	}
 	for {

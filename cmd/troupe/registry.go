@@ -224,7 +224,7 @@ func watch(ctx context.Context, c *call) int {
 	}
 }
 
-// pollWatch follows a registry that cannot push (etcd, for now) by asking
+// pollWatch follows a registrar that cannot push (before troupe 0.11) by asking
 // for its table every --interval and printing the difference.
 func (c *call) pollWatch(ctx context.Context, reg *troupe.Registry, addr string, apply func(troupe.RegistryChange)) int {
 	tick := time.NewTicker(max(c.timeout, 10*time.Millisecond))
