@@ -135,6 +135,10 @@ type Cluster struct {
 	blocked     blockedNote            // why convergence is blocked, with no strategy to act
 	leftSeen    map[NodeUID]bool       // members seen leaving: their removal does not end their association
 
+	// recep is the cluster's registry of service keys and topics, when
+	// the node uses no other (nil otherwise).
+	recep *receptionist
+
 	ref   Ref[clusterMsg] // this member's cluster actor
 	seeds []Addr          // where to knock until some member answers
 	stop  chan struct{}
@@ -275,7 +279,10 @@ func (c ClusterConfig) withDefaults(n *Node) ClusterConfig {
 // StartCluster makes n a member of a cluster: it joins through the seeds
 // (or starts a new cluster) and runs until [Cluster.Close], the node's
 // Close, or this member being downed. n must listen on at least one
-// address.
+// address. A node that uses no registry (no registrar, no etcd) keeps
+// its service keys and topics in the cluster while it runs: every
+// member holds every member's entries, pushed as they change (see
+// [RegisterService] and [WatchService]).
 func StartCluster(ctx context.Context, n *Node, cfg ClusterConfig) (*Cluster, error) {
 	if len(n.addrList()) == 0 {
 		return nil, fmt.Errorf("%w: a cluster member must listen on an address", ErrBadConfig)
@@ -330,9 +337,21 @@ func StartCluster(ctx context.Context, n *Node, cfg ClusterConfig) (*Cluster, er
 	c.mu.Lock() // the actor may already be answering gossip, which reads ref
 	c.ref = ref
 	c.mu.Unlock()
+	if !n.discovering() {
+		// No registrar and no etcd: the members keep the service keys
+		// and topics.
+		if c.recep, err = startReceptionist(c); err != nil {
+			n.Stop(ref)
+			return nil, err
+		}
+	}
 	onQuarantine := c.quarantinedBy
 	n.quarantinedBy.Store(&onQuarantine)
 	n.cluster.Store(c)
+	if c.recep != nil {
+		c.recep.adopt()
+		n.clusterStarts.signal()
+	}
 	for _, s := range seeds {
 		if !n.isOwnAddr(s) {
 			c.seeds = append(c.seeds, s)

@@ -41,6 +41,9 @@ func (c *Cluster) run() {
 				return
 			}
 			c.gossip()
+			if c.recep != nil {
+				c.recep.tick()
+			}
 			c.knock()
 			c.turnDone()
 		}
@@ -53,6 +56,9 @@ func (c *Cluster) cleanup() {
 	c.n.beatMembers.Store(nil)
 	if c.n.cluster.CompareAndSwap(c, nil) {
 		c.n.clusterEnded.Store(true)
+	}
+	if c.recep != nil {
+		c.recep.stop()
 	}
 	c.mu.Lock()
 	c.stopped = true
@@ -165,10 +171,15 @@ func (c *Cluster) sendTo(addr Addr) {
 
 // tell sends msg to the cluster actor of the node at addr, once an
 // association with it is up.
-func (c *Cluster) tell(addr Addr, msg clusterMsg) {
-	a, err := c.n.assocFor(addr)
+func (c *Cluster) tell(addr Addr, msg clusterMsg) { tellMember(c.n, addr, ClusterPath, msg) }
+
+// tellMember tells msg to the actor at path on the member at addr, if
+// the association to it is up; it reports whether it was (the
+// association is dialed if there is none: members keep knocking).
+func tellMember[T any](n *Node, addr Addr, path string, msg T) bool {
+	a, err := n.assocFor(addr)
 	if err != nil {
-		return
+		return false
 	}
 	t := a.lockTarget()
 	up := t.life.state == assocUp
@@ -178,9 +189,10 @@ func (c *Cluster) tell(addr Addr, msg clusterMsg) {
 	}
 	t.mu.Unlock()
 	if !up {
-		return // still dialing (or gone): knock again next round
+		return false // still dialing (or gone): knock again next round
 	}
-	Ref[clusterMsg]{h: &handle{node: c.n, key: refKey{node: peer, path: ClusterPath}, assoc: a}}.Tell(msg)
+	Ref[T]{h: &handle{node: n, key: refKey{node: peer, path: path}, assoc: a}}.Tell(msg)
+	return true
 }
 
 // quarantinedBy hears that the peer uid refused this node because it
@@ -256,8 +268,14 @@ func (c *Cluster) detect(now time.Time) {
 
 	var events []MemberEvent
 	var dial []Addr
+	var seen bool // this member's own view changed
 	defer func() { // outside the lock
 		c.publish(events)
+		if seen && len(events) == 0 && c.recep != nil {
+			// The cluster's view is the same, this member's not: its
+			// listings follow its own view.
+			c.recep.membersChanged()
+		}
 		for _, a := range dial {
 			c.n.assocFor(a)
 		}
@@ -294,7 +312,9 @@ func (c *Cluster) detect(now time.Time) {
 			mine = append(mine, uid)
 		}
 	}
+	before := c.reach[c.self].version
 	events = c.observe(mine, now)
+	seen = c.reach[c.self].version != before
 }
 
 // lead performs the leader's transitions once the state has converged.
@@ -407,6 +427,9 @@ func (c *Cluster) publish(events []MemberEvent) {
 			c.forgetDowned(e.Member)
 		}
 		c.n.events.Publish(e)
+	}
+	if c.recep != nil && len(events) > 0 {
+		c.recep.membersChanged() // a listing follows membership and reachability
 	}
 }
 

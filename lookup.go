@@ -42,6 +42,19 @@ type registrarSource struct {
 	addr  Addr
 	local bool
 	etcd  *etcdRegistry // an etcd registry (addr zero)
+	recep *receptionist // the cluster's registry (addr zero)
+}
+
+// serviceSources is lookupSources for service keys and topics: a node
+// that uses no registry but is a cluster member asks the cluster's.
+func (n *Node) serviceSources(opts []LookupOption) ([]registrarSource, lookupConfig, error) {
+	srcs, cfg, err := n.lookupSources(opts)
+	if errors.Is(err, ErrNoRegistry) {
+		if rc := n.clusterRegistry(); rc != nil {
+			return []registrarSource{{recep: rc}}, cfg, nil
+		}
+	}
+	return srcs, cfg, err
 }
 
 func (n *Node) lookupSources(opts []LookupOption) ([]registrarSource, lookupConfig, error) {
@@ -90,6 +103,9 @@ func (s registrarSource) String() string {
 	if s.etcd != nil {
 		return s.etcd.String()
 	}
+	if s.recep != nil {
+		return "the cluster's members"
+	}
 	if s.local {
 		return "this node's registry"
 	}
@@ -120,6 +136,13 @@ func (n *Node) registryTimeout() time.Duration { return n.cfg.RegistryTimeout }
 func (n *Node) askRegistrar(ctx context.Context, src registrarSource, req regRequest) ([]Registration, error) {
 	if src.etcd != nil {
 		return n.askEtcd(ctx, src.etcd, req)
+	}
+	if src.recep != nil {
+		if req.Op != regOpFind {
+			return nil, errNoClusterRegistry
+		}
+		regs, _, err := src.recep.listing(regSelector{name: req.Name})
+		return regs, err
 	}
 	if src.local {
 		if n.reg() == nil {

@@ -171,6 +171,9 @@ type Node struct {
 	// clusterEnded is set when this node's cluster membership ended (it
 	// left, or was downed): it is no longer ready.
 	clusterEnded atomic.Bool
+	// clusterStarts wakes what waits for a cluster to serve as the
+	// node's registry (topics, with none).
+	clusterStarts wakeup
 	// hmu guards hooks, the work users added to Shutdown's phases.
 	hmu   sync.Mutex
 	hooks map[ShutdownPhase][]func(context.Context) error

@@ -365,6 +365,13 @@ func (n *Node) registerEntry(h *handle, r Registration) (refused error) {
 		}
 		cancel()
 	}
+	if rc := n.clusterRegistry(); rc != nil {
+		// The cluster is the registry: this member has it at once, the
+		// others when its push reaches them.
+		if err := rc.add(r); err != nil && refused == nil {
+			refused = err
+		}
+	}
 	return refused
 }
 
@@ -383,6 +390,9 @@ func (n *Node) unregisterEntry(name string, uuid UUID) {
 	}
 	if n.etcd != nil {
 		n.etcdSync.poke(false) // the writer deletes it
+	}
+	if rc := n.clusterRegistry(); rc != nil {
+		rc.remove(name, uuid)
 	}
 }
 

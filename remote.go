@@ -273,7 +273,7 @@ func (a *assoc) onTell(b []byte, hd Headers, size int) error {
 		}
 		return a.deliver(it, id, msg, size, credited, hd)
 	}
-	if bt := it.batch; bt != nil && ty.mt.plain {
+	if bt := it.batch; bt != nil && ty.mt.plain && ty.mt.stamp == nil {
 		// Decoded into the batch's memory, not a box of its own: an
 		// actor whose protocol is this very type takes it without an
 		// allocation (see cell.tellWireBatch).

@@ -70,13 +70,16 @@ type services struct {
 }
 
 // RegisterService lists ref, an actor of this node, under k with every
-// registry the node uses (its registrars, or etcd), until the actor stops
+// registry the node uses (its registrars, or etcd; a cluster member that
+// uses neither, its cluster: see [StartCluster]), until the actor stops
 // or [DeregisterService] removes it. An actor may be under many keys, and
 // a key holds any number of actors. Like Spawn of a public actor, it
 // waits, within Config.RegistryTimeout, for the registry to confirm, and
-// a registrar that does not answer gets it when it does again. It returns
-// [ErrBadName], [ErrNotLocal], [ErrActorStopped], [ErrTooManyServices],
-// [ErrNoRegistry] (the node uses no registry: nobody could find it),
+// a registrar that does not answer gets it when it does again (the
+// cluster takes it at once and pushes it to the other members). It
+// returns [ErrBadName], [ErrNotLocal], [ErrActorStopped],
+// [ErrTooManyServices], [ErrNoRegistry] (the node uses no registry and is
+// no cluster member: nobody could find it),
 // [ErrRegistrationRefused] (a registrar is past one of its bounds, such
 // as [MaxRegistrationsPerName]; the entry is then kept nowhere) or
 // [ErrNodeClosed].
@@ -93,7 +96,7 @@ func RegisterService[T any](n *Node, k ServiceKey[T], ref Ref[T]) error {
 	if n.workOver() {
 		return ErrNodeClosed
 	}
-	if !n.discovering() {
+	if !n.discovering() && n.clusterRegistry() == nil {
 		return ErrNoRegistry // (nobody could find it)
 	}
 	e := serviceEntry{k.regName(), ref.h}
@@ -220,7 +223,7 @@ func FindService[T any](ctx context.Context, n *Node, k ServiceKey[T], opts ...L
 	if err := checkName(k.name); err != nil {
 		return nil, err
 	}
-	srcs, _, err := n.lookupSources(opts)
+	srcs, _, err := n.serviceSources(opts)
 	if err != nil {
 		return nil, err
 	}
@@ -309,7 +312,10 @@ func serviceRefs[T any](ctx context.Context, n *Node, regs []Registration, known
 // ([context.Canceled] or the deadline's error is returned) or the node
 // closes ([ErrNodeClosed]). The changes are pushed: by the first
 // registrar's watch ([Registry.Watch]), followed to its successor when
-// it is gone, or by etcd's watch stream. Actors leave the listing when
+// it is gone, by etcd's watch stream, or, on a cluster member that uses
+// no registry, by the other members (it ends with [ErrClusterStopped]
+// when the cluster stops; a listing there holds the actors of the
+// members this member reaches). Actors leave the listing when
 // they stop (their node takes them out) or their node is unreachable
 // (the registrar drops it, or etcd its lease); a listing never holds an
 // actor of a node quarantined here, and a member that could not be
@@ -363,13 +369,19 @@ func (n *Node) followRegistry(ctx context.Context, sel regSelector, deliver func
 	go f.refresh(stop, done, lost)
 	defer func() { close(stop); <-done; sub.Unsubscribe() }()
 	pause := serviceRewatch
+	var last error
 	for {
-		srcs, _, err := n.lookupSources(opts)
+		srcs, _, err := n.serviceSources(opts)
 		if err != nil {
+			if errors.Is(err, ErrNoRegistry) && errors.Is(last, ErrClusterStopped) {
+				return last // (the cluster was the registry)
+			}
 			return err
 		}
 		src := srcs[0]
-		if src.etcd != nil {
+		if src.recep != nil {
+			err = followCluster(ctx, n, src.recep, sel, func(regs []Registration) { f.set(regs) })
+		} else if src.etcd != nil {
 			err = followEtcd(ctx, src.etcd, sel, func(regs []Registration) {
 				f.set(regs)
 				pause = serviceRewatch // (it answered)
@@ -405,6 +417,9 @@ func (n *Node) followRegistry(ctx context.Context, sel regSelector, deliver func
 			return ErrNodeClosed
 		case errors.Is(err, ErrNoRegistry):
 			return err
+		case errors.Is(err, ErrClusterStopped):
+			last = err
+			continue // (another cluster may have started)
 		}
 		// The registry is gone, unreachable or not answering yet: follow
 		// its successor (another node takes the registry address over).

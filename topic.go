@@ -464,7 +464,7 @@ func (n *Node) followTopics() {
 		}
 		ts.mu.Unlock()
 	}()
-	n.followRegistry(n.ctx, regSelector{prefix: topicPrefix}, func(regs []Registration) bool {
+	deliver := func(regs []Registration) bool {
 		byName := map[string][]Registration{}
 		for _, reg := range regs {
 			byName[reg.Name] = append(byName[reg.Name], reg)
@@ -487,5 +487,28 @@ func (n *Node) followTopics() {
 			again = p.update(n.ctx, byName[topicPrefix+name], gen) || again
 		}
 		return again
-	}, nil)
+	}
+	for {
+		started := n.clusterStarts.wait()
+		err := n.followRegistry(n.ctx, regSelector{prefix: topicPrefix}, deliver, nil)
+		if !errors.Is(err, ErrNoRegistry) && !errors.Is(err, ErrClusterStopped) {
+			return
+		}
+		// No registry: the publishers have their own node's relays, until
+		// a cluster starts to serve as the registry.
+		if errors.Is(err, ErrClusterStopped) {
+			deliver(nil)
+		}
+		ts.mu.Lock()
+		if first {
+			first = false
+			close(ts.synced)
+		}
+		ts.mu.Unlock()
+		select {
+		case <-started:
+		case <-n.workDone():
+			return
+		}
+	}
 }

@@ -1,0 +1,286 @@
+package troupe_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"troupe"
+)
+
+// registrylessCluster starts members on f with no registry at all, the
+// first starting the cluster and the others joining through it, and
+// waits until every one sees them all up.
+func registrylessCluster(t *testing.T, f *troupe.FaultNet, names ...string) ([]*troupe.Node, []*troupe.Cluster) {
+	t.Helper()
+	var nodes []*troupe.Node
+	var members []*troupe.Cluster
+	for _, name := range names {
+		n, c := joinRegistryless(t, f, name, nodes)
+		nodes, members = append(nodes, n), append(members, c)
+	}
+	waitAllUp(t, members, len(names))
+	return nodes, members
+}
+
+// joinRegistryless starts a node with no registry on f and makes it a
+// member, through the first of others (or as the first member).
+func joinRegistryless(t *testing.T, f *troupe.FaultNet, name string, others []*troupe.Node) (*troupe.Node, *troupe.Cluster) {
+	t.Helper()
+	n, err := f.Start(ctxFor(t), troupe.Config{Name: name, HeartbeatInterval: 20 * time.Millisecond, UnreachableAfter: 2 * time.Second,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { n.Close() })
+	cfg := troupe.ClusterConfig{StableAfter: 300 * time.Millisecond}
+	if len(others) > 0 {
+		cfg.Seeds = []string{others[0].Addrs()[0].String()}
+	}
+	c, err := troupe.StartCluster(ctxFor(t), n, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return n, c
+}
+
+func waitAllUp(t *testing.T, members []*troupe.Cluster, want int) {
+	t.Helper()
+	waitUntil(t, 10*time.Second, fmt.Sprintf("%d members up everywhere", want), func() bool {
+		for _, c := range members {
+			up := 0
+			for _, m := range c.Members() {
+				if m.Status == troupe.MemberUp {
+					up++
+				}
+			}
+			if up != want {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// listings follows key on n into the latest listing's paths.
+type listings struct {
+	mu   sync.Mutex
+	last []string
+	n    int
+}
+
+func (l *listings) set(refs []troupe.Ref[job]) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.last, l.n = paths(refs), l.n+1
+}
+
+func (l *listings) get() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.last)
+}
+
+// followKey runs WatchService of workersKey on n until the test ends; its
+// error arrives on the returned channel.
+func followKey(t *testing.T, n *troupe.Node) (*listings, <-chan error) {
+	l := &listings{}
+	ctx, cancel := context.WithCancel(context.Background())
+	errc, done := make(chan error, 1), make(chan struct{})
+	go func() {
+		defer close(done)
+		errc <- troupe.WatchService(ctx, n, workersKey, l.set)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
+	return l, errc
+}
+
+// Without a registrar or etcd, the members of a cluster keep the service
+// keys: an actor registered on any member is found and followed from
+// every member, and answers through its ref; it leaves every listing when
+// it stops or is deregistered, and the listing of a member that cannot
+// reach it (coming back when it can again); a member that joins later
+// gets the listing and adds its own.
+func TestServiceKeysLiveInTheClusterWithoutARegistry(t *testing.T) {
+	f := troupe.NewFaultNet()
+	nodes, _ := registrylessCluster(t, f, "a", "b", "c")
+	refs := make([]troupe.Ref[job], len(nodes))
+	for i, n := range nodes {
+		refs[i] = spawnWorker(t, n, fmt.Sprintf("w%d", i))
+	}
+	watchA, _ := followKey(t, nodes[0])
+	watchC, _ := followKey(t, nodes[2])
+	all := []string{"/user/w0", "/user/w1", "/user/w2"}
+	for _, w := range []*listings{watchA, watchC} {
+		waitUntil(t, 10*time.Second, "every member's worker in the listing", func() bool { return slices.Equal(w.get(), all) })
+	}
+	found, err := troupe.FindService(ctxFor(t), nodes[1], workersKey)
+	if err != nil || len(found) != 3 {
+		t.Fatalf("FindService on b: %v, %v; want the three workers", paths(found), err)
+	}
+	for _, r := range found {
+		reply, err := troupe.Ask(ctxFor(t), r, func(to troupe.Ref[string]) job { return job{N: 7, Reply: to} })
+		want := r.Path()[len("/user/"):] + ":7"
+		if err != nil || reply != want {
+			t.Fatalf("Ask through a listed ref: %q, %v; want %q", reply, err, want)
+		}
+	}
+
+	nodes[1].Stop(refs[1])
+	waitUntil(t, 10*time.Second, "a stopped actor to leave the listings", func() bool {
+		return slices.Equal(watchA.get(), []string{"/user/w0", "/user/w2"}) && slices.Equal(watchC.get(), []string{"/user/w0", "/user/w2"})
+	})
+	if !troupe.DeregisterService(nodes[2], workersKey, refs[2]) {
+		t.Fatal("DeregisterService: w2 was not registered")
+	}
+	waitUntil(t, 10*time.Second, "a deregistered actor to leave the listing", func() bool { return slices.Equal(watchA.get(), []string{"/user/w0"}) })
+	if err := troupe.RegisterService(nodes[2], workersKey, refs[2]); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, 10*time.Second, "w2 back", func() bool { return slices.Equal(watchA.get(), []string{"/user/w0", "/user/w2"}) })
+
+	// A partition between a and c: each drops the other's worker, and b,
+	// which reaches both, keeps both. Healed, they come back.
+	f.Partition(nodes[0], nodes[2])
+	waitUntil(t, 10*time.Second, "an unreachable member's worker to leave", func() bool {
+		return slices.Equal(watchA.get(), []string{"/user/w0"}) && slices.Equal(watchC.get(), []string{"/user/w2"})
+	})
+	if l, err := troupe.FindService(ctxFor(t), nodes[1], workersKey); err != nil || !slices.Equal(paths(l), []string{"/user/w0", "/user/w2"}) {
+		t.Fatalf("FindService on b, which reaches both sides: %v, %v", paths(l), err)
+	}
+	f.Heal()
+	waitUntil(t, 10*time.Second, "a reachable member's worker to come back", func() bool {
+		return slices.Equal(watchA.get(), []string{"/user/w0", "/user/w2"}) && slices.Equal(watchC.get(), []string{"/user/w0", "/user/w2"})
+	})
+
+	// A member that joins later gets the listing, and adds its own.
+	d, _ := joinRegistryless(t, f, "d", nodes)
+	waitUntil(t, 10*time.Second, "the joiner to find the workers", func() bool {
+		l, err := troupe.FindService(ctxFor(t), d, workersKey)
+		return err == nil && slices.Equal(paths(l), []string{"/user/w0", "/user/w2"})
+	})
+	spawnWorker(t, d, "w3")
+	waitUntil(t, 10*time.Second, "the joiner's worker in the listings", func() bool {
+		return slices.Equal(watchA.get(), []string{"/user/w0", "/user/w2", "/user/w3"}) && slices.Equal(watchC.get(), []string{"/user/w0", "/user/w2", "/user/w3"})
+	})
+}
+
+// A member that crashes leaves the listings once it is unreachable, and a
+// member that leaves takes its entries with it; a WatchService on a
+// member whose cluster stops ends with ErrClusterStopped.
+func TestClusterServiceListingsFollowMembersThatGo(t *testing.T) {
+	f := troupe.NewFaultNet()
+	nodes, members := registrylessCluster(t, f, "a", "b", "c")
+	for i, n := range nodes {
+		spawnWorker(t, n, fmt.Sprintf("w%d", i))
+	}
+	watchA, _ := followKey(t, nodes[0])
+	waitUntil(t, 10*time.Second, "three workers", func() bool { return len(watchA.get()) == 3 })
+	f.Kill(nodes[2])
+	waitUntil(t, 10*time.Second, "a crashed member's worker to leave", func() bool {
+		return slices.Equal(watchA.get(), []string{"/user/w0", "/user/w1"})
+	})
+	_, errB := followKey(t, nodes[1])
+	if err := members[1].Close(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-errB:
+		if !errors.Is(err, troupe.ErrClusterStopped) {
+			t.Fatalf("WatchService on a member whose cluster stopped: %v, want ErrClusterStopped", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("WatchService did not end when its cluster stopped")
+	}
+	if _, err := troupe.FindService(ctxFor(t), nodes[1], workersKey); !errors.Is(err, troupe.ErrNoRegistry) {
+		t.Fatalf("FindService after the cluster stopped: %v, want ErrNoRegistry", err)
+	}
+	waitUntil(t, 10*time.Second, "a member that left to take its worker along", func() bool {
+		return slices.Equal(watchA.get(), []string{"/user/w0"})
+	})
+}
+
+// Topics work across a cluster's members without a registry: a message
+// published on one member reaches every subscriber on the others exactly
+// once, in order, also for a publisher that published before its
+// cluster started.
+func TestTopicsAcrossAClusterWithoutARegistry(t *testing.T) {
+	f := troupe.NewFaultNet()
+	first, err := f.Start(ctxFor(t), troupe.Config{Name: "pub", HeartbeatInterval: 20 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { first.Close() })
+	news := troupe.NewTopic[int]("news")
+	if err := troupe.Publish(ctxFor(t), first, news, -1); err != nil {
+		t.Fatalf("Publish with no registry and no cluster: %v", err)
+	}
+	c, err := troupe.StartCluster(ctxFor(t), first, troupe.ClusterConfig{StableAfter: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	b, cb := joinRegistryless(t, f, "b", []*troupe.Node{first})
+	d, cd := joinRegistryless(t, f, "d", []*troupe.Node{first})
+	waitAllUp(t, []*troupe.Cluster{c, cb, cd}, 3)
+
+	got := map[string]chan int{"b": make(chan int, 1000), "d": make(chan int, 1000)}
+	for name, n := range map[string]*troupe.Node{"b": b, "d": d} {
+		ch := got[name]
+		ref, err := troupe.Spawn(n, "reader", troupe.Behavior[int]{Receive: func(_ *troupe.Context[int], v int) { ch <- v }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := troupe.SubscribeTopic(n, news, ref); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Probes until both subscribers hear one: the publisher lists both.
+	heard := map[string]bool{}
+	waitUntil(t, 10*time.Second, "both subscribers to hear the publisher", func() bool {
+		if err := troupe.Publish(ctxFor(t), first, news, 0); err != nil {
+			t.Fatal(err)
+		}
+		for name, ch := range got {
+			for len(ch) > 0 {
+				if v := <-ch; v == 0 {
+					heard[name] = true
+				}
+			}
+		}
+		return heard["b"] && heard["d"]
+	})
+	const count = 200
+	for i := 1; i <= count; i++ {
+		if err := troupe.Publish(ctxFor(t), first, news, i); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for name, ch := range got {
+		next := 1
+		for next <= count {
+			select {
+			case v := <-ch:
+				if v == 0 {
+					continue // a late probe
+				}
+				if v != next {
+					t.Fatalf("%s heard %d, want %d (each once, in order)", name, v, next)
+				}
+				next++
+			case <-time.After(10 * time.Second):
+				t.Fatalf("%s heard %d of %d messages", name, next-1, count)
+			}
+		}
+	}
+}
