@@ -268,7 +268,7 @@ func (c *Cluster) detect(now time.Time) {
 
 	var events []MemberEvent
 	var dial []Addr
-	var seen bool // this member's own view changed
+	var seen bool  // this member's own view changed
 	defer func() { // outside the lock
 		c.publish(events)
 		if seen && len(events) == 0 && c.recep != nil {
