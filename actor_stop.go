@@ -2,6 +2,7 @@ package troupe
 
 import (
 	"context"
+	"time"
 )
 
 // How an actor stops: what is left in its mailbox, its children, the
@@ -185,4 +186,31 @@ func (c *cell[T]) moreFor() *cellMore {
 		w.more = &cellMore{}
 	}
 	return w.more
+}
+
+// stopAndWait stops the local actor r and waits until it has stopped (or
+// the node's work is over).
+func stopAndWait[T any](n *Node, r Ref[T]) {
+	var note *stopNote
+	if cl, ok := r.h.local.(*cell[T]); ok {
+		note = cl.stopNotice()
+	}
+	n.Stop(r)
+	if note == nil {
+		return
+	}
+	select {
+	case <-note.ch:
+	case <-n.workDone():
+		return
+	}
+	t := time.NewTicker(time.Millisecond)
+	defer t.Stop()
+	for n.lookup(r.h.key.path, r.h.key.uuid) != nil { // (PostStop, then out of the table)
+		select {
+		case <-t.C:
+		case <-n.workDone():
+			return
+		}
+	}
 }

@@ -314,6 +314,15 @@ func StartCluster(ctx context.Context, n *Node, cfg ClusterConfig) (*Cluster, er
 		detectors: map[NodeUID]FailureDetector{}, lastHeard: map[NodeUID]int64{}, leftSeen: map[NodeUID]bool{},
 		stop: make(chan struct{}), done: make(chan struct{}),
 	}
+	if !n.discovering() {
+		// No registrar and no etcd: the members keep the service keys
+		// and topics. (Made before the cluster actor, whose gossip may
+		// publish events that reach it.)
+		var err error
+		if c.recep, err = startReceptionist(c); err != nil {
+			return nil, err
+		}
+	}
 	n.members.Store(n.uid, struct{}{})
 	ref, err := Spawn(systemParent{n}, "cluster", Behavior[clusterMsg]{
 		Receive: func(_ *Context[clusterMsg], m clusterMsg) {
@@ -332,19 +341,15 @@ func StartCluster(ctx context.Context, n *Node, cfg ClusterConfig) (*Cluster, er
 		},
 	})
 	if err != nil {
+		n.members.Delete(n.uid)
+		if c.recep != nil {
+			c.recep.stop()
+		}
 		return nil, err
 	}
 	c.mu.Lock() // the actor may already be answering gossip, which reads ref
 	c.ref = ref
 	c.mu.Unlock()
-	if !n.discovering() {
-		// No registrar and no etcd: the members keep the service keys
-		// and topics.
-		if c.recep, err = startReceptionist(c); err != nil {
-			n.Stop(ref)
-			return nil, err
-		}
-	}
 	onQuarantine := c.quarantinedBy
 	n.quarantinedBy.Store(&onQuarantine)
 	n.cluster.Store(c)

@@ -70,7 +70,7 @@ func (c *Cluster) cleanup() {
 	for _, uid := range uids {
 		c.n.members.Delete(uid)
 	}
-	c.n.Stop(c.ref)
+	stopAndWait(c.n, c.ref) // a cluster started next on this node takes its path
 	if c.cfg.SeedsFromRegistry {
 		name := "troupe.cluster." + cmp.Or(c.cfg.Name, "default")
 		if c.n.reg() != nil {
@@ -177,9 +177,19 @@ func (c *Cluster) tell(addr Addr, msg clusterMsg) { tellMember(c.n, addr, Cluste
 // the association to it is up; it reports whether it was (the
 // association is dialed if there is none: members keep knocking).
 func tellMember[T any](n *Node, addr Addr, path string, msg T) bool {
+	r, ok := memberRef[T](n, addr, path)
+	if ok {
+		r.Tell(msg)
+	}
+	return ok
+}
+
+// memberRef returns a ref to the actor at path on the member at addr, if
+// the association to it is up (dialing it if there is none).
+func memberRef[T any](n *Node, addr Addr, path string) (Ref[T], bool) {
 	a, err := n.assocFor(addr)
 	if err != nil {
-		return false
+		return Ref[T]{}, false
 	}
 	t := a.lockTarget()
 	up := t.life.state == assocUp
@@ -189,10 +199,9 @@ func tellMember[T any](n *Node, addr Addr, path string, msg T) bool {
 	}
 	t.mu.Unlock()
 	if !up {
-		return false // still dialing (or gone): knock again next round
+		return Ref[T]{}, false // still dialing (or gone): knock again next round
 	}
-	Ref[T]{h: &handle{node: n, key: refKey{node: peer, path: path}, assoc: a}}.Tell(msg)
-	return true
+	return Ref[T]{h: &handle{node: n, key: refKey{node: peer, path: path}, assoc: a}}, true
 }
 
 // quarantinedBy hears that the peer uid refused this node because it

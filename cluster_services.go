@@ -83,11 +83,19 @@ type recepPull struct {
 // it is not registered, so no peer can send it).
 type recepFlush struct{}
 
+// recepGreet asks the actor to send the whole set to a member that has
+// not had it (local only).
+type recepGreet struct {
+	uid  NodeUID
+	addr Addr
+}
+
 func (recepDelta) isRecepMsg()  {}
 func (recepFull) isRecepMsg()   {}
 func (recepDigest) isRecepMsg() {}
 func (recepPull) isRecepMsg()   {}
 func (recepFlush) isRecepMsg()  {}
+func (recepGreet) isRecepMsg()  {}
 
 func init() {
 	RegisterMessage[recepDelta]("troupe.receptionist.delta")
@@ -140,8 +148,9 @@ type receptionist struct {
 	pending  map[recepKey]struct{}
 	flushing bool // a recepFlush is on its way to the actor
 	copies   map[NodeUID]*recepCopy
-	greeted  map[NodeUID]bool // members sent the whole set
-	changed  chan struct{}    // closed (and made anew) when a listing may differ
+	greeted  map[NodeUID]bool      // members sent the whole set
+	served   map[NodeUID]time.Time // when a member's pull was last answered
+	changed  chan struct{}         // closed (and made anew) when a listing may differ
 	stopped  bool
 }
 
@@ -150,7 +159,7 @@ type receptionist struct {
 func startReceptionist(c *Cluster) (*receptionist, error) {
 	rc := &receptionist{
 		c: c, n: c.n, own: map[recepKey]Registration{}, pending: map[recepKey]struct{}{},
-		copies: map[NodeUID]*recepCopy{}, greeted: map[NodeUID]bool{}, changed: make(chan struct{}),
+		copies: map[NodeUID]*recepCopy{}, greeted: map[NodeUID]bool{}, served: map[NodeUID]time.Time{}, changed: make(chan struct{}),
 	}
 	ref, err := Spawn(systemParent{c.n}, "receptionist", Behavior[recepMsg]{
 		Receive: func(_ *Context[recepMsg], m recepMsg) { rc.receive(m) },
@@ -162,10 +171,24 @@ func startReceptionist(c *Cluster) (*receptionist, error) {
 	return rc, nil
 }
 
-// adopt takes the node's entries made before the cluster started.
+// adopt takes the node's entries made before the cluster started. An
+// entry taken out between the snapshot and its add (its actor stopped,
+// its topic's last subscriber left) found nothing to remove: a second
+// snapshot finds it gone.
 func (rc *receptionist) adopt() {
-	for _, r := range append(rc.n.serviceRegistrations(), rc.n.topicRegistrations()...) {
+	snapshot := func() []Registration { return append(rc.n.serviceRegistrations(), rc.n.topicRegistrations()...) }
+	adopted := snapshot()
+	for _, r := range adopted {
 		rc.add(r)
+	}
+	now := map[recepKey]bool{}
+	for _, r := range snapshot() {
+		now[recepKey{r.Name, r.UUID}] = true
+	}
+	for _, r := range adopted {
+		if !now[recepKey{r.Name, r.UUID}] {
+			rc.remove(r.Name, r.UUID)
+		}
 	}
 }
 
@@ -178,17 +201,15 @@ func (rc *receptionist) stop() {
 		rc.mu.Unlock()
 		return
 	}
+	rc.stopped = true // (no add after this: it would be pushed after the removals)
+	close(rc.changed)
 	for k := range rc.own {
 		rc.pending[k] = struct{}{}
 	}
 	clear(rc.own)
 	rc.mu.Unlock()
 	rc.flush()
-	rc.mu.Lock()
-	rc.stopped = true
-	close(rc.changed)
-	rc.mu.Unlock()
-	rc.n.Stop(rc.ref)
+	stopAndWait(rc.n, rc.ref) // a cluster started next on this node takes its path
 }
 
 // bump says that listings may differ (rc.mu held).
@@ -262,9 +283,35 @@ func (rc *receptionist) receive(m recepMsg) {
 	case recepDigest:
 		rc.onDigest(m)
 	case recepPull:
-		if addr, ok := rc.c.liveOthers()[m.from]; ok {
-			rc.sendFull(addr)
+		rc.onPull(m)
+	case recepGreet:
+		if rc.sendFull(m.addr) {
+			rc.mu.Lock()
+			rc.greeted[m.uid] = true
+			rc.mu.Unlock()
 		}
+	}
+}
+
+// onPull sends the whole set to a member that asks for it, at most once
+// per two gossip intervals to each, and not when it holds this version.
+func (rc *receptionist) onPull(m recepPull) {
+	addr, ok := rc.c.liveOthers()[m.from]
+	if !ok {
+		return
+	}
+	now := time.Now()
+	rc.mu.Lock()
+	due := m.Have != rc.version || len(rc.pending) > 0
+	if last := rc.served[m.from]; due && !last.IsZero() && now.Sub(last) < 2*rc.c.cfg.GossipInterval {
+		due = false
+	}
+	if due {
+		rc.served[m.from] = now
+	}
+	rc.mu.Unlock()
+	if due {
+		rc.sendFull(addr)
 	}
 }
 
@@ -286,12 +333,14 @@ func (rc *receptionist) flush() {
 	}
 	clear(rc.pending)
 	var deltas []recepDelta
-	for piece := range slices.Chunk(added, recepPiece) {
-		deltas = append(deltas, recepDelta{Base: rc.version, Version: rc.version + 1, Added: piece})
-		rc.version++
-	}
+	// Removals first: a copy at its bound takes an addition only after
+	// them.
 	for piece := range slices.Chunk(removed, recepPiece) {
 		deltas = append(deltas, recepDelta{Base: rc.version, Version: rc.version + 1, Removed: piece})
+		rc.version++
+	}
+	for piece := range slices.Chunk(added, recepPiece) {
+		deltas = append(deltas, recepDelta{Base: rc.version, Version: rc.version + 1, Added: piece})
 		rc.version++
 	}
 	rc.mu.Unlock()
@@ -418,16 +467,21 @@ func (rc *receptionist) tick() {
 		}
 	}
 	d := recepDigest{Versions: []recepVersion{{rc.n.uid, rc.version}}}
+	quiet := rc.version == 0
 	for uid, cp := range rc.copies {
 		d.Versions = append(d.Versions, recepVersion{uid, cp.version})
+		quiet = quiet && cp.version == 0
 	}
 	rc.mu.Unlock()
 	for _, uid := range greet {
-		if rc.sendFull(live[uid]) {
-			rc.mu.Lock()
-			rc.greeted[uid] = true
-			rc.mu.Unlock()
+		if _, up := memberRef[recepMsg](rc.n, live[uid], receptionistPath); up {
+			// On the actor's goroutine, not the cluster's: a whole set
+			// costs in proportion to it.
+			rc.ref.Tell(recepGreet{uid, live[uid]})
 		}
+	}
+	if quiet {
+		return // nothing registered anywhere: nothing to compare
 	}
 	others := make([]Addr, 0, len(live))
 	for _, a := range live {
@@ -453,6 +507,11 @@ func (rc *receptionist) forget(live map[NodeUID]Addr) {
 	for uid := range rc.greeted {
 		if _, ok := live[uid]; !ok {
 			delete(rc.greeted, uid)
+		}
+	}
+	for uid := range rc.served {
+		if _, ok := live[uid]; !ok {
+			delete(rc.served, uid)
 		}
 	}
 }
@@ -577,104 +636,6 @@ func compareRegKey(a, b regKey) int {
 // errNoClusterRegistry is why the cluster cannot serve a request other
 // than a lookup of a name.
 var errNoClusterRegistry = errors.New("troupe: the cluster's registry answers lookups of service keys and topics only")
-
-// recepCopy is this member's copy of another member's set.
-type recepCopy struct {
-	version uint64
-	entries map[recepKey]string // the actor's path, by entry
-	pulled  time.Time           // when the whole set was last asked for
-
-	// building is a whole set being received, piece by piece, in order.
-	building  bool
-	buildV    uint64
-	buildNext uint32
-	build     []recepEntry
-}
-
-// recepMaxParts bounds the pieces of one whole set: a member keeps at
-// most MaxRegistrationsPerPeer entries of another.
-const recepMaxParts = (MaxRegistrationsPerPeer + recepPiece - 1) / recepPiece
-
-// fits reports whether e is within the registrars' field limits.
-func (e recepEntry) fits() bool {
-	return e.Name != "" && len(e.Name) <= maxRegNameLen && len(e.Path) <= maxRegPathLen
-}
-
-// delta applies d if it follows the copy's version. It reports whether
-// the copy changed, and whether a version is missing (a change lost on
-// the way: the whole set is to be asked for). A change that takes the
-// copy past MaxRegistrationsPerPeer entries is not applied, nor any with
-// an entry past the field limits: the sender is not a troupe member that
-// keeps its bounds.
-func (cp *recepCopy) delta(d recepDelta) (changed, missing bool) {
-	switch {
-	case d.Version <= d.Base || len(d.Added) > recepPiece || len(d.Removed) > recepPiece:
-		return false, false // malformed
-	case d.Version <= cp.version:
-		return false, false // old: the copy has it
-	case d.Base != cp.version:
-		return false, true
-	}
-	grow := 0
-	for _, e := range d.Added {
-		if !e.fits() || e.Path == "" {
-			return false, false
-		}
-		if _, ok := cp.entries[recepKey{e.Name, e.UUID}]; !ok {
-			grow++
-		}
-	}
-	if len(cp.entries)+grow > MaxRegistrationsPerPeer {
-		return false, false
-	}
-	for _, e := range d.Removed {
-		delete(cp.entries, recepKey{e.Name, e.UUID})
-	}
-	for _, e := range d.Added {
-		cp.entries[recepKey{e.Name, e.UUID}] = e.Path
-	}
-	cp.version = d.Version
-	return true, false
-}
-
-// full takes piece f of a whole set; the last piece replaces the copy,
-// unless the copy is newer already. It reports whether the copy changed.
-// Pieces out of order (a set broken by a lost session) are dropped: the
-// next digest asks again.
-func (cp *recepCopy) full(f recepFull) bool {
-	if f.Parts == 0 || f.Parts > recepMaxParts || f.Part >= f.Parts || len(f.Entries) > recepPiece {
-		return false // malformed
-	}
-	if f.Part == 0 {
-		cp.building, cp.buildV, cp.buildNext, cp.build = true, f.Version, 0, cp.build[:0]
-	}
-	if !cp.building || f.Version != cp.buildV || f.Part != cp.buildNext {
-		cp.building, cp.build = false, nil
-		return false
-	}
-	for _, e := range f.Entries {
-		if !e.fits() || e.Path == "" {
-			cp.building, cp.build = false, nil
-			return false
-		}
-	}
-	cp.build = append(cp.build, f.Entries...)
-	cp.buildNext++
-	if cp.buildNext < f.Parts {
-		return false
-	}
-	build := cp.build
-	cp.building, cp.build = false, nil
-	if f.Version < cp.version {
-		return false // a newer change arrived meanwhile
-	}
-	entries := make(map[recepKey]string, len(build))
-	for _, e := range build {
-		entries[recepKey{e.Name, e.UUID}] = e.Path
-	}
-	cp.entries, cp.version = entries, f.Version
-	return true
-}
 
 // wakeup is a channel closed at each signal, for any number of waiters.
 type wakeup struct {

@@ -172,3 +172,33 @@ func TestClusterRegistryRepairsLostChanges(t *testing.T) {
 		t.Fatal("a non-member's entries were kept")
 	}
 }
+
+// A node that uses a registry keeps its sets there: its cluster runs no
+// receptionist. A node restarts its cluster at once after Close (the
+// cluster's and the receptionist's paths are free when Close returns).
+func TestAReceptionistRunsOnlyWithoutARegistry(t *testing.T) {
+	f := NewFaultNet()
+	cfg := failConfig("with-registry", 20*time.Millisecond, 2*time.Second)
+	cfg.RegistryAddrs = []string{freeRegistryAddr(t, "tcp")}
+	withReg := startOn(t, f, cfg)
+	c, err := StartCluster(ctxT(t, 5*time.Second), withReg, clusterCfg(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.recep != nil {
+		t.Fatal("a node with a registry runs a receptionist")
+	}
+	c.Close()
+
+	alone := startOn(t, f, failConfig("alone", 20*time.Millisecond, 2*time.Second))
+	for i := range 10 {
+		c, err := StartCluster(ctxT(t, 5*time.Second), alone, clusterCfg(nil))
+		if err != nil {
+			t.Fatalf("start %d: %v", i, err)
+		}
+		if c.recep == nil {
+			t.Fatal("a node without a registry runs no receptionist")
+		}
+		c.Close()
+	}
+}

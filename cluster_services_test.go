@@ -17,12 +17,12 @@ import (
 // registrylessCluster starts members on f with no registry at all, the
 // first starting the cluster and the others joining through it, and
 // waits until every one sees them all up.
-func registrylessCluster(t *testing.T, f *troupe.FaultNet, names ...string) ([]*troupe.Node, []*troupe.Cluster) {
+func registrylessCluster(t *testing.T, f *troupe.FaultNet, cfg troupe.ClusterConfig, names ...string) ([]*troupe.Node, []*troupe.Cluster) {
 	t.Helper()
 	var nodes []*troupe.Node
 	var members []*troupe.Cluster
 	for _, name := range names {
-		n, c := joinRegistryless(t, f, name, nodes)
+		n, c := joinRegistryless(t, f, name, nodes, cfg)
 		nodes, members = append(nodes, n), append(members, c)
 	}
 	waitAllUp(t, members, len(names))
@@ -31,7 +31,14 @@ func registrylessCluster(t *testing.T, f *troupe.FaultNet, names ...string) ([]*
 
 // joinRegistryless starts a node with no registry on f and makes it a
 // member, through the first of others (or as the first member).
-func joinRegistryless(t *testing.T, f *troupe.FaultNet, name string, others []*troupe.Node) (*troupe.Node, *troupe.Cluster) {
+func joinRegistryless(t *testing.T, f *troupe.FaultNet, name string, others []*troupe.Node, cfg troupe.ClusterConfig) (*troupe.Node, *troupe.Cluster) {
+	t.Helper()
+	n := registrylessNode(t, f, name)
+	return n, startMember(t, n, others, cfg)
+}
+
+// registrylessNode starts a node with no registry on f.
+func registrylessNode(t *testing.T, f *troupe.FaultNet, name string) *troupe.Node {
 	t.Helper()
 	n, err := f.Start(ctxFor(t), troupe.Config{Name: name, HeartbeatInterval: 20 * time.Millisecond, UnreachableAfter: 2 * time.Second,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
@@ -39,7 +46,16 @@ func joinRegistryless(t *testing.T, f *troupe.FaultNet, name string, others []*t
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { n.Close() })
-	cfg := troupe.ClusterConfig{StableAfter: 300 * time.Millisecond}
+	return n
+}
+
+// startMember makes n a member, through the first of others (or as the
+// first member).
+func startMember(t *testing.T, n *troupe.Node, others []*troupe.Node, cfg troupe.ClusterConfig) *troupe.Cluster {
+	t.Helper()
+	if cfg.StableAfter == 0 {
+		cfg.StableAfter = 300 * time.Millisecond
+	}
 	if len(others) > 0 {
 		cfg.Seeds = []string{others[0].Addrs()[0].String()}
 	}
@@ -48,7 +64,7 @@ func joinRegistryless(t *testing.T, f *troupe.FaultNet, name string, others []*t
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
-	return n, c
+	return c
 }
 
 func waitAllUp(t *testing.T, members []*troupe.Cluster, want int) {
@@ -113,7 +129,7 @@ func followKey(t *testing.T, n *troupe.Node) (*listings, <-chan error) {
 // gets the listing and adds its own.
 func TestServiceKeysLiveInTheClusterWithoutARegistry(t *testing.T) {
 	f := troupe.NewFaultNet()
-	nodes, _ := registrylessCluster(t, f, "a", "b", "c")
+	nodes, _ := registrylessCluster(t, f, troupe.ClusterConfig{}, "a", "b", "c")
 	refs := make([]troupe.Ref[job], len(nodes))
 	for i, n := range nodes {
 		refs[i] = spawnWorker(t, n, fmt.Sprintf("w%d", i))
@@ -164,7 +180,7 @@ func TestServiceKeysLiveInTheClusterWithoutARegistry(t *testing.T) {
 	})
 
 	// A member that joins later gets the listing, and adds its own.
-	d, _ := joinRegistryless(t, f, "d", nodes)
+	d, _ := joinRegistryless(t, f, "d", nodes, troupe.ClusterConfig{})
 	waitUntil(t, 10*time.Second, "the joiner to find the workers", func() bool {
 		l, err := troupe.FindService(ctxFor(t), d, workersKey)
 		return err == nil && slices.Equal(paths(l), []string{"/user/w0", "/user/w2"})
@@ -175,22 +191,48 @@ func TestServiceKeysLiveInTheClusterWithoutARegistry(t *testing.T) {
 	})
 }
 
-// A member that crashes leaves the listings once it is unreachable, and a
-// member that leaves takes its entries with it; a WatchService on a
-// member whose cluster stops ends with ErrClusterStopped.
+// A member that crashes leaves the listings once it is unreachable, and
+// stays out once it is downed and removed; a member that leaves takes its
+// entries with it. On a member whose cluster stops, WatchService ends
+// with ErrClusterStopped, a SubscribeService subscriber gets a last,
+// empty listing, and lookups and registrations return ErrNoRegistry.
 func TestClusterServiceListingsFollowMembersThatGo(t *testing.T) {
 	f := troupe.NewFaultNet()
-	nodes, members := registrylessCluster(t, f, "a", "b", "c")
+	nodes, members := registrylessCluster(t, f, troupe.ClusterConfig{Downing: troupe.KeepMajority{}}, "a", "b", "c")
 	for i, n := range nodes {
 		spawnWorker(t, n, fmt.Sprintf("w%d", i))
 	}
 	watchA, _ := followKey(t, nodes[0])
 	waitUntil(t, 10*time.Second, "three workers", func() bool { return len(watchA.get()) == 3 })
+	cUID := nodes[2].UID()
 	f.Kill(nodes[2])
 	waitUntil(t, 10*time.Second, "a crashed member's worker to leave", func() bool {
 		return slices.Equal(watchA.get(), []string{"/user/w0", "/user/w1"})
 	})
+	waitUntil(t, 10*time.Second, "the crashed member to be downed and removed", func() bool {
+		for _, m := range members[0].Members() {
+			if m.UID == cUID {
+				return m.Status == troupe.MemberRemoved
+			}
+		}
+		return true
+	})
+	if got := watchA.get(); !slices.Equal(got, []string{"/user/w0", "/user/w1"}) {
+		t.Fatalf("after the crashed member was removed, the listing is %v", got)
+	}
+
+	listings := make(chan troupe.ServiceListing[job], 16)
+	sub, err := troupe.Spawn(nodes[1], "subscriber", troupe.Behavior[troupe.ServiceListing[job]]{
+		Receive: func(_ *troupe.Context[troupe.ServiceListing[job]], l troupe.ServiceListing[job]) { listings <- l },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := troupe.SubscribeService(nodes[1], workersKey, sub); err != nil {
+		t.Fatal(err)
+	}
 	_, errB := followKey(t, nodes[1])
+	waitUntil(t, 10*time.Second, "the subscriber's first listing", func() bool { return len(listings) > 0 })
 	if err := members[1].Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -202,18 +244,57 @@ func TestClusterServiceListingsFollowMembersThatGo(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("WatchService did not end when its cluster stopped")
 	}
+	var last troupe.ServiceListing[job]
+	waitUntil(t, 10*time.Second, "the subscriber's last, empty listing", func() bool {
+		for len(listings) > 0 {
+			last = <-listings
+		}
+		return len(last.Refs) == 0
+	})
 	if _, err := troupe.FindService(ctxFor(t), nodes[1], workersKey); !errors.Is(err, troupe.ErrNoRegistry) {
 		t.Fatalf("FindService after the cluster stopped: %v, want ErrNoRegistry", err)
+	}
+	w, err := troupe.Spawn(nodes[1], "late", troupe.Behavior[job]{Receive: func(*troupe.Context[job], job) {}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := troupe.RegisterService(nodes[1], workersKey, w); !errors.Is(err, troupe.ErrNoRegistry) {
+		t.Fatalf("RegisterService after the cluster stopped: %v, want ErrNoRegistry", err)
 	}
 	waitUntil(t, 10*time.Second, "a member that left to take its worker along", func() bool {
 		return slices.Equal(watchA.get(), []string{"/user/w0"})
 	})
 }
 
+// Before a node is a cluster member, with no registry, registering a
+// service returns ErrNoRegistry; the cluster keeps service keys and
+// topics only: a name lookup still needs a registry.
+func TestAClusterRegistryServesServiceKeysOnly(t *testing.T) {
+	f := troupe.NewFaultNet()
+	n := registrylessNode(t, f, "alone")
+	w, err := troupe.Spawn(n, "w", troupe.Behavior[job]{Receive: func(*troupe.Context[job], job) {}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := troupe.RegisterService(n, workersKey, w); !errors.Is(err, troupe.ErrNoRegistry) {
+		t.Fatalf("RegisterService before StartCluster: %v, want ErrNoRegistry", err)
+	}
+	startMember(t, n, nil, troupe.ClusterConfig{})
+	if err := troupe.RegisterService(n, workersKey, w); err != nil {
+		t.Fatalf("RegisterService on a member: %v", err)
+	}
+	if l, err := troupe.FindService(ctxFor(t), n, workersKey); err != nil || len(l) != 1 {
+		t.Fatalf("FindService on the member: %v, %v", paths(l), err)
+	}
+	if _, _, err := troupe.FindActor[job](ctxFor(t), n, "elsewhere"); !errors.Is(err, troupe.ErrNoRegistry) {
+		t.Fatalf("FindActor on a member without a registry: %v, want ErrNoRegistry", err)
+	}
+}
+
 // Topics work across a cluster's members without a registry: a message
 // published on one member reaches every subscriber on the others exactly
-// once, in order, also for a publisher that published before its
-// cluster started.
+// once, in order, also for a publisher that published, and a subscriber
+// that subscribed, before its cluster started.
 func TestTopicsAcrossAClusterWithoutARegistry(t *testing.T) {
 	f := troupe.NewFaultNet()
 	first, err := f.Start(ctxFor(t), troupe.Config{Name: "pub", HeartbeatInterval: 20 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
@@ -230,12 +311,8 @@ func TestTopicsAcrossAClusterWithoutARegistry(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
-	b, cb := joinRegistryless(t, f, "b", []*troupe.Node{first})
-	d, cd := joinRegistryless(t, f, "d", []*troupe.Node{first})
-	waitAllUp(t, []*troupe.Cluster{c, cb, cd}, 3)
-
 	got := map[string]chan int{"b": make(chan int, 1000), "d": make(chan int, 1000)}
-	for name, n := range map[string]*troupe.Node{"b": b, "d": d} {
+	subscribe := func(name string, n *troupe.Node) {
 		ch := got[name]
 		ref, err := troupe.Spawn(n, "reader", troupe.Behavior[int]{Receive: func(_ *troupe.Context[int], v int) { ch <- v }})
 		if err != nil {
@@ -245,6 +322,12 @@ func TestTopicsAcrossAClusterWithoutARegistry(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	b := registrylessNode(t, f, "b")
+	subscribe("b", b) // before its cluster starts
+	cb := startMember(t, b, []*troupe.Node{first}, troupe.ClusterConfig{})
+	d, cd := joinRegistryless(t, f, "d", []*troupe.Node{first}, troupe.ClusterConfig{})
+	subscribe("d", d)
+	waitAllUp(t, []*troupe.Cluster{c, cb, cd}, 3)
 	// Probes until both subscribers hear one: the publisher lists both.
 	heard := map[string]bool{}
 	waitUntil(t, 10*time.Second, "both subscribers to hear the publisher", func() bool {

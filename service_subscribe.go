@@ -2,6 +2,7 @@ package troupe
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 )
@@ -42,7 +43,9 @@ type serviceSubs struct {
 // SubscribeService sends k's listing to subscriber, an actor of this
 // node, as a [ServiceListing]: at once, then each time the set changes
 // (pushed, as [WatchService] follows it), until the subscriber stops,
-// [ServiceSubscription.Unsubscribe] is called, or the node closes. A
+// [ServiceSubscription.Unsubscribe] is called, or the node closes (or,
+// on a cluster member that uses no registry, the cluster stops: the
+// subscriber then gets an empty listing, the last). A
 // listing waits for room in the subscriber's mailbox (a full mailbox
 // makes no dead letter); meanwhile later changes are folded into the next
 // listing, which is always the whole set. Each listing is the set as it
@@ -92,9 +95,14 @@ func SubscribeService[T any](n *Node, k ServiceKey[T], subscriber Ref[ServiceLis
 	n.wg.Go(func() {
 		defer close(s.done)
 		defer n.endServiceSub(h, s)
-		WatchService(ctx, n, k, func(refs []Ref[T]) {
+		err := WatchService(ctx, n, k, func(refs []Ref[T]) {
 			subscriber.Send(ctx, ServiceListing[T]{Key: k, Refs: refs})
 		}, opts...)
+		if errors.Is(err, ErrClusterStopped) {
+			// The cluster was the registry: no actor of the set is known
+			// any longer, and the subscription ends.
+			subscriber.Send(ctx, ServiceListing[T]{Key: k})
+		}
 	})
 	return s, nil
 }
