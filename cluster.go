@@ -139,6 +139,8 @@ type Cluster struct {
 	// the node uses no other (nil otherwise).
 	recep *receptionist
 
+	singletons singletons // the singletons this member takes part in
+
 	ref   Ref[clusterMsg] // this member's cluster actor
 	seeds []Addr          // where to knock until some member answers
 	stop  chan struct{}

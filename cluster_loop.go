@@ -440,6 +440,9 @@ func (c *Cluster) publish(events []MemberEvent) {
 	if c.recep != nil && len(events) > 0 {
 		c.recep.membersChanged() // a listing follows membership and reachability
 	}
+	if len(events) > 0 {
+		c.pokeSingletons()
+	}
 }
 
 // forgetDowned ends this node's association with a member that was

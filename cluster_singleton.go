@@ -1,0 +1,473 @@
+package troupe
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// A cluster singleton: one instance of an actor in the whole cluster, on
+// its oldest up member, reached from every member through a station (an
+// actor at the same path on each) that forwards to the oldest member's
+// station, or holds messages while no instance runs where they are
+// headed. The instance moves on when its member leaves (stopped there
+// first, then started on the next oldest member: a hand-over) or is
+// downed (started on the next oldest only a margin after the downing,
+// time for a downed side that does not know it yet to decide and stop its
+// own).
+
+// SingletonConfig configures a [Singleton]. The zero value of each field
+// means its documented default.
+type SingletonConfig struct {
+	// Buffer bounds the messages a member holds for the singleton while
+	// no instance runs where they are headed (a hand-over, or before the
+	// first start); past it, a message is a dead letter with
+	// ErrSingletonUnavailable. Default: 10,000.
+	Buffer int
+
+	// RemovalMargin is how long the next oldest member waits, after a
+	// member that may run the instance is seen downed or removed without
+	// handing over, before it starts the instance: time for the downed
+	// side, which may not know it was downed, to decide and stop its own.
+	// Default: the cluster's StableAfter (20 s), the time both sides of a
+	// split take to decide.
+	RemovalMargin time.Duration
+}
+
+// ErrSingletonUnavailable is the reason of a dead letter for a message a
+// singleton's station could not hold: its buffer was full, or the
+// member's cluster stopped.
+var ErrSingletonUnavailable = errors.New("troupe: the cluster singleton is not running where this member can hand it the message")
+
+// singletonCtl is a member's word to the others about a singleton: it
+// does not run the instance, and will not (it stopped it, or leaves).
+type singletonCtl struct {
+	Name string
+	from NodeUID // stamped by the association
+}
+
+func init() {
+	RegisterMessage[singletonCtl]("troupe.singleton.handover")
+	typeByKey("troupe.singleton.handover").stamp = func(msg any, from NodeUID) any {
+		if m, ok := msg.(singletonCtl); ok {
+			m.from = from
+			return m
+		}
+		return msg
+	}
+}
+
+const singletonCtlPath = "/system/singletons"
+
+// Singleton makes this member one of the members that can run the
+// singleton name of the cluster c, an actor made by factory, and returns
+// the ref through which this member sends to it, wherever it runs. Every
+// member of the cluster must call it with the same name and factory (a
+// member that does not is still counted as the oldest: messages sent
+// toward it are dead letters). The instance runs on the oldest up member
+// (the lowest up number) only; it starts once every older member has
+// handed it over (it stopped its instance, or leaves) or was downed at
+// least RemovalMargin ago. Messages sent while no instance runs where
+// they are headed are held (up to Buffer) and delivered, in order, when
+// it starts. It returns [ErrBadName], [ErrNameTaken] (a singleton of
+// this name runs here already) or [ErrClusterStopped].
+func Singleton[T any](c *Cluster, name string, factory func() Behavior[T], cfg SingletonConfig) (Ref[T], error) {
+	if err := checkName(name); err != nil {
+		return Ref[T]{}, err
+	}
+	if cfg.Buffer <= 0 {
+		cfg.Buffer = 10000
+	}
+	if cfg.RemovalMargin <= 0 {
+		cfg.RemovalMargin = c.cfg.StableAfter
+	}
+	select {
+	case <-c.done:
+		return Ref[T]{}, ErrClusterStopped
+	default:
+	}
+	s := &singleton[T]{c: c, n: c.n, name: name, factory: factory, cfg: cfg,
+		handed: map[NodeUID]bool{}, goneAt: map[NodeUID]time.Time{}, ups: map[NodeUID]int{},
+		wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
+	if err := c.addSingleton(name, s); err != nil {
+		return Ref[T]{}, err
+	}
+	ref, err := Spawn(systemParent{c.n}, "singleton-"+name, Behavior[T]{Receive: func(_ *Context[T], m T) { s.receive(m) }})
+	if err != nil {
+		c.dropSingleton(name)
+		return Ref[T]{}, err
+	}
+	s.station = ref
+	c.n.wg.Go(s.run)
+	return ref, nil
+}
+
+// singletonRunner is a singleton of any message type, as the cluster
+// keeps them.
+type singletonRunner interface {
+	handedOver(from NodeUID)
+	poke()
+}
+
+// singletons are the singletons this member takes part in.
+type singletons struct {
+	mu  sync.Mutex
+	by  map[string]singletonRunner
+	ctl *Ref[singletonCtl]
+}
+
+// addSingleton records s under name, starting the member's control actor
+// with the first.
+func (c *Cluster) addSingleton(name string, s singletonRunner) error {
+	ss := &c.singletons
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	if _, ok := ss.by[name]; ok {
+		return fmt.Errorf("%w: singleton %s", ErrNameTaken, name)
+	}
+	if ss.ctl == nil {
+		ref, err := Spawn(systemParent{c.n}, "singletons", Behavior[singletonCtl]{Receive: func(_ *Context[singletonCtl], m singletonCtl) {
+			ss.mu.Lock()
+			r := ss.by[m.Name]
+			ss.mu.Unlock()
+			if r != nil {
+				r.handedOver(m.from)
+			}
+		}})
+		if err != nil {
+			return err
+		}
+		ss.ctl = &ref
+	}
+	if ss.by == nil {
+		ss.by = map[string]singletonRunner{}
+	}
+	ss.by[name] = s
+	return nil
+}
+
+func (c *Cluster) dropSingleton(name string) {
+	ss := &c.singletons
+	ss.mu.Lock()
+	delete(ss.by, name)
+	ss.mu.Unlock()
+}
+
+// pokeSingletons has every singleton look at the membership again.
+func (c *Cluster) pokeSingletons() {
+	ss := &c.singletons
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	for _, s := range ss.by {
+		s.poke()
+	}
+}
+
+// singleton is one singleton's side on this member.
+type singleton[T any] struct {
+	c       *Cluster
+	n       *Node
+	name    string
+	factory func() Behavior[T]
+	cfg     SingletonConfig
+	station Ref[T]
+
+	// mu guards where the station sends (the instance here, a member's
+	// station, or the buffer) and the buffer.
+	mu       sync.Mutex
+	instance *Ref[T] // running here, taking messages
+	fwd      *Ref[T] // the oldest member's station
+	buf      []T
+	ended    bool
+
+	// The run goroutine's own state.
+	handed map[NodeUID]bool      // older members that handed over (under mu: the control actor writes it)
+	goneAt map[NodeUID]time.Time // when an older member was first seen downed or removed
+	ups    map[NodeUID]int       // every member's up number, as seen
+	target NodeUID               // the member the station sends to (zero: none)
+	told   bool                  // this member told the others it hands over (it leaves)
+
+	wake chan struct{} // capacity 1
+	stop chan struct{}
+	done chan struct{}
+}
+
+func (s *singleton[T]) poke() {
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (s *singleton[T]) handedOver(from NodeUID) {
+	s.mu.Lock()
+	s.handed[from] = true
+	s.mu.Unlock()
+	s.poke()
+}
+
+// receive takes a message sent to the singleton through this member's
+// station.
+func (s *singleton[T]) receive(m T) {
+	s.mu.Lock()
+	switch {
+	case s.ended:
+		s.mu.Unlock()
+		s.n.deadLetter(s.station.String(), m, ErrSingletonUnavailable)
+	case s.instance != nil && len(s.buf) == 0:
+		r := *s.instance
+		s.mu.Unlock()
+		r.Tell(m)
+	case s.fwd != nil && len(s.buf) == 0:
+		r := *s.fwd
+		s.mu.Unlock()
+		r.Tell(m)
+	case len(s.buf) < s.cfg.Buffer:
+		s.buf = append(s.buf, m)
+		s.mu.Unlock()
+	default:
+		s.mu.Unlock()
+		s.n.deadLetter(s.station.String(), m, fmt.Errorf("%w (its buffer of %d is full)", ErrSingletonUnavailable, s.cfg.Buffer))
+	}
+}
+
+// run follows the membership, on its own goroutine, until the cluster
+// stops: it starts and stops the instance here and points the station.
+func (s *singleton[T]) run() {
+	defer close(s.done)
+	t := time.NewTicker(s.c.cfg.GossipInterval)
+	defer t.Stop()
+	var inst *singletonInstance[T]
+	for {
+		select {
+		case <-s.c.done:
+			s.end(inst)
+			return
+		default:
+		}
+		inst = s.step(inst, time.Now())
+		select {
+		case <-s.wake:
+		case <-t.C:
+		case <-s.c.done:
+		}
+	}
+}
+
+// singletonInstance is the instance running on this member.
+type singletonInstance[T any] struct {
+	ref     Ref[T]
+	stopped chan struct{} // closed when it has stopped (after PostStop)
+}
+
+// step looks at the membership once; it returns the instance running
+// here, if any.
+func (s *singleton[T]) step(inst *singletonInstance[T], now time.Time) *singletonInstance[T] {
+	members := s.c.Members()
+	self := s.c.Self()
+	present := map[NodeUID]bool{}
+	var target *Member
+	for i, m := range members {
+		present[m.UID] = true
+		if m.UpNumber > 0 {
+			s.ups[m.UID] = m.UpNumber
+		}
+		if m.Status >= MemberDown && s.goneAt[m.UID].IsZero() {
+			s.goneAt[m.UID] = now
+		}
+		if m.Status == MemberUp && (target == nil || m.UpNumber < target.UpNumber) {
+			target = &members[i]
+		}
+	}
+	for uid := range s.ups {
+		if !present[uid] && s.goneAt[uid].IsZero() {
+			s.goneAt[uid] = now // removed before this member saw it downed
+		}
+	}
+	if inst != nil {
+		select {
+		case <-inst.stopped:
+			inst = nil // it stopped by itself: started again below
+			s.point(nil, nil)
+		default:
+		}
+	}
+	if self.Status != MemberUp || target == nil || target.UID != self.UID {
+		// Not this member's to run: stop it here first, then say so.
+		if inst != nil {
+			s.point(nil, nil)
+			s.stopInstance(inst)
+			inst = nil
+		}
+		if self.Status >= MemberLeaving {
+			// Leaving: this member will not run it again (a joining one
+			// says nothing: it may become the oldest later).
+			s.tellHandedOver()
+		}
+		if target == nil || target.UID == self.UID {
+			s.point(nil, nil)
+			return nil
+		}
+		// Forward only to a member this one reaches: else hold (a
+		// session to an unreachable member would take messages it cannot
+		// deliver).
+		if _, reached := s.c.listable()[target.UID]; reached {
+			if r, ok := memberRef[T](s.n, target.Addr, s.station.h.key.path); ok {
+				s.point(nil, &r)
+				return nil
+			}
+		}
+		s.point(nil, nil)
+		return nil
+	}
+	if inst == nil {
+		if !s.mayStart(self, now) {
+			s.point(nil, nil)
+			return nil
+		}
+		inst = s.startInstance()
+		if inst == nil {
+			return nil
+		}
+	}
+	s.point(&inst.ref, nil)
+	return inst
+}
+
+// mayStart reports whether every member older than self has handed the
+// singleton over, or was seen downed or removed RemovalMargin ago.
+func (s *singleton[T]) mayStart(self Member, now time.Time) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for uid, up := range s.ups {
+		if uid == self.UID || up >= self.UpNumber || s.handed[uid] {
+			continue
+		}
+		if gone := s.goneAt[uid]; gone.IsZero() || now.Sub(gone) < s.cfg.RemovalMargin {
+			return false
+		}
+	}
+	return true
+}
+
+// point sets where the station sends: the instance here, a member's
+// station, or (both nil) the buffer. What the buffer holds goes first, in
+// order.
+func (s *singleton[T]) point(inst, fwd *Ref[T]) {
+	for {
+		s.mu.Lock()
+		if len(s.buf) == 0 || inst == nil && fwd == nil {
+			s.instance, s.fwd = inst, fwd
+			s.mu.Unlock()
+			return
+		}
+		s.instance, s.fwd = nil, nil // the station holds what comes meanwhile
+		held := s.buf
+		s.buf = nil
+		s.mu.Unlock()
+		for _, m := range held {
+			if inst != nil {
+				inst.Tell(m)
+			} else {
+				fwd.Tell(m)
+			}
+		}
+	}
+}
+
+var singletonSeq struct {
+	sync.Mutex
+	n uint64
+}
+
+// startInstance starts the instance on this member.
+func (s *singleton[T]) startInstance() *singletonInstance[T] {
+	b := s.factory()
+	inst := &singletonInstance[T]{stopped: make(chan struct{})}
+	var once sync.Once
+	user := b.Signal
+	b.Signal = func(c *Context[T], sig Signal) {
+		if user != nil {
+			user(c, sig)
+		}
+		if _, ok := sig.(PostStop); ok {
+			once.Do(func() { close(inst.stopped) })
+		}
+	}
+	singletonSeq.Lock()
+	singletonSeq.n++
+	seq := singletonSeq.n
+	singletonSeq.Unlock()
+	ref, err := Spawn(systemParent{s.n}, fmt.Sprintf("singleton-%s-%d", s.name, seq), b)
+	if err != nil {
+		s.n.log.Warn("troupe: could not start a cluster singleton; trying again", "singleton", s.name, "err", err)
+		return nil
+	}
+	inst.ref = ref
+	s.n.log.Info("troupe: cluster singleton started on this member", "singleton", s.name)
+	return inst
+}
+
+// stopInstance stops the instance here and waits until it has stopped
+// (its PostStop has run), unless the node is closing (its actors stop
+// with it); it reports whether the stop was seen through.
+func (s *singleton[T]) stopInstance(inst *singletonInstance[T]) bool {
+	cl, _ := inst.ref.h.local.(*cell[T])
+	var note *stopNote
+	if cl != nil {
+		note = cl.stopNotice()
+	}
+	s.n.Stop(inst.ref)
+	if note == nil {
+		return true // stopped already
+	}
+	select {
+	case <-inst.stopped:
+		return true
+	case <-note.ch:
+	case <-s.n.workDone():
+		return false
+	}
+	// Its handlers are over; PostStop, if it gets one, runs now (an actor
+	// stopped while restarting gets none): wait until it leaves the table.
+	t := time.NewTicker(time.Millisecond)
+	defer t.Stop()
+	for s.n.lookup(inst.ref.h.key.path, inst.ref.h.key.uuid) != nil {
+		select {
+		case <-inst.stopped:
+			return true
+		case <-t.C:
+		case <-s.n.workDone():
+			return false
+		}
+	}
+	return true
+}
+
+// tellHandedOver tells every other member that this one does not run the
+// singleton and will not.
+func (s *singleton[T]) tellHandedOver() {
+	for _, addr := range s.c.liveOthers() {
+		tellMember(s.n, addr, singletonCtlPath, singletonCtl{Name: s.name})
+	}
+}
+
+// end stops the instance here when the cluster stops (left, downed or
+// closed), tells the others, and turns what the station holds into dead
+// letters.
+func (s *singleton[T]) end(inst *singletonInstance[T]) {
+	s.mu.Lock()
+	s.ended = true
+	held := s.buf
+	s.buf, s.instance, s.fwd = nil, nil, nil
+	s.mu.Unlock()
+	if inst == nil || s.stopInstance(inst) {
+		s.tellHandedOver() // (else the others wait for the margin)
+	}
+	for _, m := range held {
+		s.n.deadLetter(s.station.String(), m, ErrSingletonUnavailable)
+	}
+	s.n.Stop(s.station)
+	s.c.dropSingleton(s.name)
+}

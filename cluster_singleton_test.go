@@ -1,0 +1,209 @@
+package troupe_test
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"troupe"
+)
+
+// tally is what a singleton test's instances report: where each
+// message was handled, how many instances run now, and the most that
+// ever ran at once.
+type tally struct {
+	mu      sync.Mutex
+	running int
+	most    int
+	starts  []string // the member each instance started on, in order
+	handled map[string][]int
+}
+
+type tick struct{ N int }
+
+func init() { troupe.RegisterMessage[tick]("troupe.test.singleton.tick") }
+
+// factory makes instances for the member named name that report to tl.
+func (tl *tally) factory(name string) func() troupe.Behavior[tick] {
+	return func() troupe.Behavior[tick] {
+		return troupe.Behavior[tick]{
+			Setup: func(*troupe.Context[tick]) {
+				tl.mu.Lock()
+				defer tl.mu.Unlock()
+				tl.running++
+				tl.most = max(tl.most, tl.running)
+				tl.starts = append(tl.starts, name)
+			},
+			Receive: func(_ *troupe.Context[tick], m tick) {
+				tl.mu.Lock()
+				defer tl.mu.Unlock()
+				if tl.handled == nil {
+					tl.handled = map[string][]int{}
+				}
+				tl.handled[name] = append(tl.handled[name], m.N)
+			},
+			Signal: func(_ *troupe.Context[tick], s troupe.Signal) {
+				if _, ok := s.(troupe.PostStop); ok {
+					tl.mu.Lock()
+					tl.running--
+					tl.mu.Unlock()
+				}
+			},
+		}
+	}
+}
+
+func (tl *tally) state() (running, most int, starts []string) {
+	tl.mu.Lock()
+	defer tl.mu.Unlock()
+	return tl.running, tl.most, slices.Clone(tl.starts)
+}
+
+func (tl *tally) count(name string) int {
+	tl.mu.Lock()
+	defer tl.mu.Unlock()
+	return len(tl.handled[name])
+}
+
+// singletonCluster starts members named names (the first is the oldest)
+// and the singleton "clock" on each, reporting to tl.
+func singletonCluster(t *testing.T, f *troupe.FaultNet, tl *tally, ccfg troupe.ClusterConfig, scfg troupe.SingletonConfig, names ...string) ([]*troupe.Node, []*troupe.Cluster, []troupe.Ref[tick]) {
+	t.Helper()
+	var nodes []*troupe.Node
+	var members []*troupe.Cluster
+	for _, name := range names {
+		n, c := joinRegistryless(t, f, name, nodes, ccfg)
+		nodes, members = append(nodes, n), append(members, c)
+		waitAllUp(t, members, len(members)) // one by one: up numbers in this order
+	}
+	var refs []troupe.Ref[tick]
+	for i, c := range members {
+		r, err := troupe.Singleton(c, "clock", tl.factory(names[i]), scfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		refs = append(refs, r)
+	}
+	return nodes, members, refs
+}
+
+// A singleton runs on the oldest member only, and takes messages sent
+// through any member. When that member leaves, the instance is stopped
+// there and only then started on the next oldest, without waiting for
+// the removal margin (a hand-over); messages sent meanwhile are held and
+// delivered.
+func TestASingletonRunsOnTheOldestAndIsHandedOver(t *testing.T) {
+	f := troupe.NewFaultNet()
+	tl := &tally{}
+	_, members, refs := singletonCluster(t, f, tl, troupe.ClusterConfig{Downing: troupe.KeepMajority{}},
+		troupe.SingletonConfig{RemovalMargin: time.Hour}, "a", "b", "c")
+	for i := range 30 {
+		refs[i%3].Tell(tick{i})
+	}
+	waitUntil(t, 10*time.Second, "30 ticks handled on the oldest member", func() bool { return tl.count("a") == 30 })
+	if _, most, starts := tl.state(); most != 1 || !slices.Equal(starts, []string{"a"}) {
+		t.Fatalf("instances started on %v, at most %d at once; want one, on a", starts, most)
+	}
+	if err := members[0].Close(); err != nil { // a leaves: hands over to b
+		t.Fatal(err)
+	}
+	for i := range 20 {
+		refs[1+i%2].Tell(tick{100 + i})
+	}
+	waitUntil(t, 10*time.Second, "the ticks sent during the hand-over, handled on b", func() bool { return tl.count("b") == 20 })
+	running, most, starts := tl.state()
+	if running != 1 || most != 1 || !slices.Equal(starts, []string{"a", "b"}) {
+		t.Fatalf("after the hand-over: %d running, at most %d at once, started on %v; want 1, 1, [a b]", running, most, starts)
+	}
+}
+
+// When the member that runs the singleton crashes, the next oldest
+// starts it once the crashed member is downed and the removal margin has
+// passed; a partition that downs the side of the oldest member moves it
+// likewise. Never two at once.
+func TestASingletonMovesAfterACrashOrASplitNeverTwice(t *testing.T) {
+	for _, fault := range []string{"crash", "split"} {
+		t.Run(fault, func(t *testing.T) {
+			f := troupe.NewFaultNet()
+			tl := &tally{}
+			nodes, _, refs := singletonCluster(t, f, tl, troupe.ClusterConfig{Downing: troupe.KeepMajority{}},
+				troupe.SingletonConfig{}, "a", "b", "c")
+			refs[2].Tell(tick{1})
+			waitUntil(t, 10*time.Second, "a tick handled on a", func() bool { return tl.count("a") == 1 })
+			switch fault {
+			case "crash":
+				f.Kill(nodes[0])
+			case "split":
+				f.Partition(nodes[0], nodes[1])
+				f.Partition(nodes[0], nodes[2])
+			}
+			waitUntil(t, 20*time.Second, "the singleton to run on b", func() bool {
+				_, _, starts := tl.state()
+				return slices.Equal(starts, []string{"a", "b"})
+			})
+			for i := range 10 {
+				refs[1+i%2].Tell(tick{10 + i})
+			}
+			waitUntil(t, 10*time.Second, "ticks handled on b", func() bool { return tl.count("b") == 10 })
+			running, most, starts := tl.state()
+			if running != 1 || most != 1 {
+				t.Fatalf("%s: %d running, at most %d at once (started on %v); want 1 and 1", fault, running, most, starts)
+			}
+		})
+	}
+}
+
+// Singleton refuses a bad name and a second singleton of one name on one
+// member.
+func TestSingletonErrors(t *testing.T) {
+	f := troupe.NewFaultNet()
+	tl := &tally{}
+	_, members := registrylessCluster(t, f, troupe.ClusterConfig{}, "a")
+	if _, err := troupe.Singleton(members[0], "bad name", tl.factory("a"), troupe.SingletonConfig{}); err == nil {
+		t.Fatal("a bad name was taken")
+	}
+	if _, err := troupe.Singleton(members[0], "one", tl.factory("a"), troupe.SingletonConfig{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := troupe.Singleton(members[0], "one", tl.factory("a"), troupe.SingletonConfig{}); err == nil {
+		t.Fatal(fmt.Sprint("a second singleton of one name was taken"))
+	}
+}
+
+// While no instance runs where messages are headed (the oldest member
+// crashed and is not downed: no downing strategy), a member holds up to
+// Buffer of them; past it each is a dead letter with
+// ErrSingletonUnavailable.
+func TestASingletonsBufferIsBounded(t *testing.T) {
+	f := troupe.NewFaultNet()
+	tl := &tally{}
+	nodes, _, refs := singletonCluster(t, f, tl, troupe.ClusterConfig{}, troupe.SingletonConfig{Buffer: 5}, "a", "b")
+	refs[1].Tell(tick{0})
+	waitUntil(t, 10*time.Second, "a tick handled on a", func() bool { return tl.count("a") == 1 })
+	dead := make(chan troupe.DeadLetter, 100)
+	sub := troupe.SubscribeChan(nodes[1].Events(), dead)
+	defer sub.Unsubscribe()
+	f.Kill(nodes[0])
+	// The station holds messages once it cannot reach a: until then, a
+	// message may go to the session that is being lost.
+	var unavailable int
+	for i := 1; unavailable == 0; i++ {
+		if i > 10000 {
+			t.Fatal("no dead letter with ErrSingletonUnavailable after 10,000 ticks")
+		}
+		refs[1].Tell(tick{i})
+		select {
+		case d := <-dead:
+			if errors.Is(d.Reason, troupe.ErrSingletonUnavailable) {
+				unavailable++
+			}
+		case <-time.After(time.Millisecond):
+		}
+	}
+	if _, _, starts := tl.state(); len(starts) != 1 {
+		t.Fatalf("instances started on %v: the crashed member is not downed, so none may start elsewhere", starts)
+	}
+}
