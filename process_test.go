@@ -4,6 +4,7 @@ package troupe
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -18,8 +19,8 @@ import (
 // TestHelperNodeProcess is not a test: the process tests run it in a child
 // process. It starts a node listening on $TROUPE_HELPER_NODE with an echo
 // actor, prints its address and uid, and obeys commands on stdin ("clear"
-// lifts every quarantine; "dial HOST:PORT" resolves the echo actor there)
-// until stdin closes.
+// lifts every quarantine; "dial HOST:PORT" resolves the echo actor there;
+// "service KEY" registers it under a service key) until stdin closes.
 func TestHelperNodeProcess(t *testing.T) {
 	listen := os.Getenv("TROUPE_HELPER_NODE")
 	if listen == "" {
@@ -36,7 +37,7 @@ func TestHelperNodeProcess(t *testing.T) {
 		return
 	}
 	defer n.Close()
-	spawnEcho(t, n, "echo")
+	echo := spawnEcho(t, n, "echo")
 	fmt.Printf("READY %s %s\n", n.Addrs()[0], n.UID())
 	in := bufio.NewScanner(os.Stdin)
 	for in.Scan() {
@@ -46,6 +47,13 @@ func TestHelperNodeProcess(t *testing.T) {
 				continue
 			}
 			fmt.Println("DIALED")
+		}
+		if key, ok := strings.CutPrefix(in.Text(), "service "); ok {
+			if err := RegisterService(n, NewServiceKey[testPing](key), echo); err != nil {
+				fmt.Println("ERR", err)
+				continue
+			}
+			fmt.Println("REGISTERED")
 		}
 		if in.Text() == "clear" {
 			for _, q := range n.Quarantined() {
@@ -304,4 +312,54 @@ func TestProcessThatDialedUsKilledIsDetected(t *testing.T) {
 	if took := time.Since(killed); took > 400*time.Millisecond {
 		t.Fatalf("a killed process that had dialed us was declared unreachable after %v", took)
 	}
+}
+
+// A service key's listing follows actors in other processes: a child's
+// actor registered under the key is pushed to a WatchService here, and
+// leaves the listing when the child is killed -9 (the registrar gives up
+// on it).
+func TestServiceKeyAcrossProcesses(t *testing.T) {
+	reg := freeRegistryAddr(t, "tcp")
+	cfg := failConfig("parent", 50*time.Millisecond, 500*time.Millisecond)
+	cfg.RegistryAddrs = []string{reg}
+	n := startNode(t, cfg)
+	if !n.IsRegistrar() {
+		t.Fatal("the parent is not the registrar")
+	}
+	c := startChild(t, "tcp://127.0.0.1:0", "TROUPE_HELPER_REGISTRY="+reg)
+	key := NewServiceKey[testPing]("echoes")
+	listings := make(chan []Ref[testPing], 16)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- WatchService(ctx, n, key, func(rs []Ref[testPing]) { listings <- rs }) }()
+	t.Cleanup(func() { cancel(); <-done })
+	if l := <-listings; len(l) != 0 {
+		t.Fatalf("the first listing holds %d actors before any registered", len(l))
+	}
+	fmt.Fprintln(c.stdin, "service echoes")
+	if got := c.line(t); got != "REGISTERED" {
+		t.Fatalf("child said %q", got)
+	}
+	await := func(what string, want int) []Ref[testPing] {
+		t.Helper()
+		for {
+			select {
+			case l := <-listings:
+				if len(l) == want {
+					return l
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatalf("no listing of %d actors %s", want, what)
+			}
+		}
+	}
+	l := await("after the child registered", 1)
+	if l[0].NodeUID().String() != c.uid {
+		t.Fatalf("the listed actor is on %v, the child is %s", l[0].NodeUID(), c.uid)
+	}
+	if _, err := Ask(ctxT(t, 5*time.Second), l[0], func(r Ref[testPong]) testPing { return testPing{ReplyTo: r} }); err != nil {
+		t.Fatalf("Ask through the listed ref: %v", err)
+	}
+	c.signal(t, syscall.SIGKILL)
+	await("after the child was killed", 0)
 }
