@@ -60,6 +60,7 @@ func (c *Cluster) cleanup() {
 	if c.recep != nil {
 		c.recep.stop()
 	}
+	c.stopSingletons()
 	c.mu.Lock()
 	c.stopped = true
 	uids := make([]NodeUID, 0, len(c.members))

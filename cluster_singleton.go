@@ -30,8 +30,10 @@ type SingletonConfig struct {
 	// member that may run the instance is seen downed or removed without
 	// handing over, before it starts the instance: time for the downed
 	// side, which may not know it was downed, to decide and stop its own.
-	// Default: the cluster's StableAfter (20 s), the time both sides of a
-	// split take to decide.
+	// It is never less than the cluster's LeaseReleaseAfter (67 s with
+	// the default timings), the longest that decision takes (an unstable
+	// side, a minority waiting for the lease, a process that stood
+	// still); a smaller value is raised to it. Default: that time.
 	RemovalMargin time.Duration
 }
 
@@ -44,7 +46,11 @@ var ErrSingletonUnavailable = errors.New("troupe: the cluster singleton is not r
 // does not run the instance, and will not (it stopped it, or leaves).
 type singletonCtl struct {
 	Name string
-	from NodeUID // stamped by the association
+	// Cleared are older members the sender knows handed the singleton
+	// over, so that a member that joined after their hand-over does not
+	// wait the margin for them.
+	Cleared []NodeUID
+	from    NodeUID // stamped by the association
 }
 
 func init() {
@@ -79,9 +85,7 @@ func Singleton[T any](c *Cluster, name string, factory func() Behavior[T], cfg S
 	if cfg.Buffer <= 0 {
 		cfg.Buffer = 10000
 	}
-	if cfg.RemovalMargin <= 0 {
-		cfg.RemovalMargin = c.cfg.StableAfter
-	}
+	cfg.RemovalMargin = max(cfg.RemovalMargin, c.cfg.LeaseReleaseAfter)
 	select {
 	case <-c.done:
 		return Ref[T]{}, ErrClusterStopped
@@ -106,7 +110,7 @@ func Singleton[T any](c *Cluster, name string, factory func() Behavior[T], cfg S
 // singletonRunner is a singleton of any message type, as the cluster
 // keeps them.
 type singletonRunner interface {
-	handedOver(from NodeUID)
+	handedOver(from NodeUID, cleared []NodeUID)
 	poke()
 }
 
@@ -132,7 +136,7 @@ func (c *Cluster) addSingleton(name string, s singletonRunner) error {
 			r := ss.by[m.Name]
 			ss.mu.Unlock()
 			if r != nil {
-				r.handedOver(m.from)
+				r.handedOver(m.from, m.Cleared)
 			}
 		}})
 		if err != nil {
@@ -152,6 +156,20 @@ func (c *Cluster) dropSingleton(name string) {
 	ss.mu.Lock()
 	delete(ss.by, name)
 	ss.mu.Unlock()
+}
+
+// stopSingletons stops the member's control actor as the cluster stops
+// (the singletons' own goroutines end when it has): a cluster started
+// next on the node makes its own.
+func (c *Cluster) stopSingletons() {
+	ss := &c.singletons
+	ss.mu.Lock()
+	ctl := ss.ctl
+	ss.ctl = nil
+	ss.mu.Unlock()
+	if ctl != nil {
+		stopAndWait(c.n, *ctl)
+	}
 }
 
 // pokeSingletons has every singleton look at the membership again.
@@ -186,7 +204,7 @@ type singleton[T any] struct {
 	goneAt map[NodeUID]time.Time // when an older member was first seen downed or removed
 	ups    map[NodeUID]int       // every member's up number, as seen
 	target NodeUID               // the member the station sends to (zero: none)
-	told   bool                  // this member told the others it hands over (it leaves)
+	pm     pauseMeter            // when this goroutine stood still
 
 	wake chan struct{} // capacity 1
 	stop chan struct{}
@@ -200,9 +218,15 @@ func (s *singleton[T]) poke() {
 	}
 }
 
-func (s *singleton[T]) handedOver(from NodeUID) {
+func (s *singleton[T]) handedOver(from NodeUID, cleared []NodeUID) {
 	s.mu.Lock()
 	s.handed[from] = true
+	for i, uid := range cleared {
+		if i == 64 {
+			break // (a bound: a cluster's leavers since this one joined)
+		}
+		s.handed[uid] = true
+	}
 	s.mu.Unlock()
 	s.poke()
 }
@@ -246,7 +270,10 @@ func (s *singleton[T]) run() {
 			return
 		default:
 		}
-		inst = s.step(inst, time.Now())
+		now := time.Now()
+		s.pm.turn(now, s.c.cfg.GossipInterval, s.c.cfg.StableAfter/4, s.cfg.RemovalMargin)
+		inst = s.step(inst, now)
+		s.pm.last = time.Now() // (a long step, waiting for a stop, is no pause)
 		select {
 		case <-s.wake:
 		case <-t.C:
@@ -257,8 +284,13 @@ func (s *singleton[T]) run() {
 
 // singletonInstance is the instance running on this member.
 type singletonInstance[T any] struct {
-	ref     Ref[T]
-	stopped chan struct{} // closed when it has stopped (after PostStop)
+	ref Ref[T]
+}
+
+// gone reports whether the instance has stopped (its PostStop done: it
+// left the node's table after it).
+func (i *singletonInstance[T]) gone(n *Node) bool {
+	return n.lookup(i.ref.h.key.path, i.ref.h.key.uuid) == nil
 }
 
 // step looks at the membership once; it returns the instance running
@@ -285,19 +317,29 @@ func (s *singleton[T]) step(inst *singletonInstance[T], now time.Time) *singleto
 			s.goneAt[uid] = now // removed before this member saw it downed
 		}
 	}
-	if inst != nil {
-		select {
-		case <-inst.stopped:
-			inst = nil // it stopped by itself: started again below
-			s.point(nil, nil)
-		default:
+	if inst != nil && inst.gone(s.n) {
+		inst = nil // it stopped by itself: started again below
+		s.point(nil, nil)
+	}
+	stood := s.pm.within(now.Add(-s.cfg.RemovalMargin), now) > s.c.pauseBudget()
+	if stood && inst != nil {
+		// This process stood still: the others may have downed this
+		// member and started the instance elsewhere meanwhile. Stop
+		// first; start again only once the pause is a margin old.
+		s.n.log.Warn("troupe: this member stood still; stopping its cluster singleton until the pause is RemovalMargin old", "singleton", s.name)
+		s.point(nil, nil)
+		if !s.stopInstance(inst) {
+			return inst
 		}
+		inst = nil
 	}
 	if self.Status != MemberUp || target == nil || target.UID != self.UID {
 		// Not this member's to run: stop it here first, then say so.
 		if inst != nil {
 			s.point(nil, nil)
-			s.stopInstance(inst)
+			if !s.stopInstance(inst) {
+				return inst // the node is closing: no word of a stop not seen through
+			}
 			inst = nil
 		}
 		if self.Status >= MemberLeaving {
@@ -322,7 +364,7 @@ func (s *singleton[T]) step(inst *singletonInstance[T], now time.Time) *singleto
 		return nil
 	}
 	if inst == nil {
-		if !s.mayStart(self, now) {
+		if stood || !s.mayStart(self, now) {
 			s.point(nil, nil)
 			return nil
 		}
@@ -383,18 +425,12 @@ var singletonSeq struct {
 
 // startInstance starts the instance on this member.
 func (s *singleton[T]) startInstance() *singletonInstance[T] {
-	b := s.factory()
-	inst := &singletonInstance[T]{stopped: make(chan struct{})}
-	var once sync.Once
-	user := b.Signal
-	b.Signal = func(c *Context[T], sig Signal) {
-		if user != nil {
-			user(c, sig)
-		}
-		if _, ok := sig.(PostStop); ok {
-			once.Do(func() { close(inst.stopped) })
-		}
+	b, err := s.build()
+	if err != nil {
+		s.n.log.Warn("troupe: a cluster singleton's factory panicked; trying again", "singleton", s.name, "err", err)
+		return nil
 	}
+	inst := &singletonInstance[T]{}
 	singletonSeq.Lock()
 	singletonSeq.n++
 	seq := singletonSeq.n
@@ -409,47 +445,36 @@ func (s *singleton[T]) startInstance() *singletonInstance[T] {
 	return inst
 }
 
-// stopInstance stops the instance here and waits until it has stopped
-// (its PostStop has run), unless the node is closing (its actors stop
-// with it); it reports whether the stop was seen through.
-func (s *singleton[T]) stopInstance(inst *singletonInstance[T]) bool {
-	cl, _ := inst.ref.h.local.(*cell[T])
-	var note *stopNote
-	if cl != nil {
-		note = cl.stopNotice()
-	}
-	s.n.Stop(inst.ref)
-	if note == nil {
-		return true // stopped already
-	}
-	select {
-	case <-inst.stopped:
-		return true
-	case <-note.ch:
-	case <-s.n.workDone():
-		return false
-	}
-	// Its handlers are over; PostStop, if it gets one, runs now (an actor
-	// stopped while restarting gets none): wait until it leaves the table.
-	t := time.NewTicker(time.Millisecond)
-	defer t.Stop()
-	for s.n.lookup(inst.ref.h.key.path, inst.ref.h.key.uuid) != nil {
-		select {
-		case <-inst.stopped:
-			return true
-		case <-t.C:
-		case <-s.n.workDone():
-			return false
+// build calls the factory; a panic is its error.
+func (s *singleton[T]) build() (b Behavior[T], err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("%v", p)
 		}
-	}
-	return true
+	}()
+	return s.factory(), nil
+}
+
+// stopInstance stops the instance here and waits until it has stopped
+// (its PostStop has run, and it left the node's table), unless the node
+// is closing (its actors stop with it); it reports whether the stop was
+// seen through.
+func (s *singleton[T]) stopInstance(inst *singletonInstance[T]) bool {
+	stopAndWait(s.n, inst.ref)
+	return inst.gone(s.n)
 }
 
 // tellHandedOver tells every other member that this one does not run the
 // singleton and will not.
 func (s *singleton[T]) tellHandedOver() {
+	s.mu.Lock()
+	var cleared []NodeUID
+	for uid := range s.handed {
+		cleared = append(cleared, uid)
+	}
+	s.mu.Unlock()
 	for _, addr := range s.c.liveOthers() {
-		tellMember(s.n, addr, singletonCtlPath, singletonCtl{Name: s.name})
+		tellMember(s.n, addr, singletonCtlPath, singletonCtl{Name: s.name, Cleared: cleared})
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -298,4 +299,159 @@ func allUp(members []*troupe.Cluster, want int) bool {
 		}
 	}
 	return true
+}
+
+// With LeaseMajority, the oldest member cut off from the others is a
+// minority that waits LeaseMinorityDelay and a lease call before it downs
+// itself, while the majority downs it after StableAfter: the next oldest
+// waits the removal margin (LeaseReleaseAfter at least), and the two
+// never run at once (with the margin at StableAfter, they did).
+func TestASingletonWaitsOutALeaseMinority(t *testing.T) {
+	f := troupe.NewFaultNet()
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	start := func(name string) *troupe.Node {
+		n, err := f.Start(ctxFor(t), troupe.Config{Name: name, Logger: quiet, HeartbeatInterval: 50 * time.Millisecond, UnreachableAfter: 2 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { n.Close() })
+		return n
+	}
+	leaseNode := start("lease")
+	t.Cleanup(f.Heal)
+	if err := troupe.ServeLeases(leaseNode); err != nil {
+		t.Fatal(err)
+	}
+	serving := time.Now()
+	tl := &tally{}
+	var nodes []*troupe.Node
+	var members []*troupe.Cluster
+	for _, name := range []string{"a", "b", "c"} {
+		n := start(name)
+		cfg := troupe.ClusterConfig{Downing: troupe.LeaseMajority{}, StableAfter: time.Second,
+			Lease: troupe.NewNodeLease(n, leaseNode.Addrs()[0].String(), "cluster", 2*time.Second)}
+		if len(nodes) > 0 {
+			cfg.Seeds = []string{nodes[0].Addrs()[0].String()}
+		}
+		c, err := troupe.StartCluster(ctxFor(t), n, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		nodes, members = append(nodes, n), append(members, c)
+		waitAllUp(t, members, len(members))
+	}
+	var refs []troupe.Ref[tick]
+	for i, c := range members {
+		r, err := troupe.Singleton(c, "clock", tl.factory([]string{"a", "b", "c"}[i]), troupe.SingletonConfig{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		refs = append(refs, r)
+	}
+	refs[0].Tell(tick{1})
+	waitUntil(t, 10*time.Second, "a tick on a", func() bool { return tl.count("a") == 1 })
+	time.Sleep(time.Until(serving.Add(2 * time.Second)))
+	f.Partition(nodes[0], nodes[1])
+	f.Partition(nodes[0], nodes[2])
+	cut := time.Now()
+	var aStopped, bStarted time.Duration
+	waitUntil(t, 30*time.Second, "a's cluster to stop and b to start", func() bool {
+		_, _, starts := tl.state()
+		if len(starts) >= 2 && bStarted == 0 {
+			bStarted = time.Since(cut)
+		}
+		if members[0].Err() != nil && aStopped == 0 {
+			aStopped = time.Since(cut)
+		}
+		return len(starts) == 2 && members[0].Err() != nil
+	})
+	running, most, starts := tl.state()
+	if most != 1 || bStarted < aStopped {
+		t.Fatalf("two instances at once: most = %d (starts %v; %d running; a stopped %v after the cut, b started %v after)", most, starts, running, aStopped, bStarted)
+	}
+}
+
+// A singleton instance that stops by itself is started again, a
+// supervised one too (its stop was once watched through PostStop, which
+// Supervise's behavior does not pass on).
+func TestASupervisedSingletonThatStopsIsStartedAgain(t *testing.T) {
+	f := troupe.NewFaultNet()
+	var gen atomic.Int32
+	var handled atomic.Int32
+	_, members := registrylessCluster(t, f, troupe.ClusterConfig{}, "a")
+	ref, err := troupe.Singleton(members[0], "sup", func() troupe.Behavior[tick] {
+		return troupe.Supervise(func() troupe.Behavior[tick] {
+			gen.Add(1)
+			return troupe.Behavior[tick]{Receive: func(c *troupe.Context[tick], m tick) {
+				if m.N < 0 {
+					c.Stop()
+					return
+				}
+				handled.Add(1)
+			}}
+		}, troupe.StopOnFailure())
+	}, troupe.SingletonConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref.Tell(tick{1})
+	waitUntil(t, 5*time.Second, "first tick", func() bool { return handled.Load() == 1 })
+	ref.Tell(tick{-1}) // the instance stops itself
+	// (A tick that reaches the stopping instance is a dead letter: send
+	// until one is handled.)
+	waitUntil(t, 5*time.Second, "the instance restarted and a second tick handled", func() bool {
+		ref.Tell(tick{2})
+		return handled.Load() >= 2
+	})
+	if g := gen.Load(); g != 2 {
+		t.Fatalf("the behavior was built %d times, want 2", g)
+	}
+}
+
+// A rolling change of members: a leaves (hands over to b), c joins, b
+// leaves. c learns a's hand-over from b's (it was no member when a left)
+// and starts at once, not after the removal margin for a.
+func TestASingletonIsHandedOverThroughARollingChange(t *testing.T) {
+	f := troupe.NewFaultNet()
+	tl := &tally{}
+	ccfg := troupe.ClusterConfig{Downing: troupe.KeepMajority{}}
+	scfg := troupe.SingletonConfig{RemovalMargin: time.Hour}
+	nodes, members, refs := singletonCluster(t, f, tl, ccfg, scfg, "a", "b")
+	refs[1].Tell(tick{1})
+	waitUntil(t, 10*time.Second, "tick on a", func() bool { return tl.count("a") == 1 })
+	if err := members[0].Close(); err != nil {
+		t.Fatal(err)
+	}
+	refs[1].Tell(tick{2})
+	waitUntil(t, 10*time.Second, "tick on b", func() bool { return tl.count("b") == 1 })
+	_, cc := joinRegistryless(t, f, "c", nodes[1:], ccfg)
+	waitAllUp(t, []*troupe.Cluster{members[1], cc}, 2)
+	rc, err := troupe.Singleton(cc, "clock", tl.factory("c"), scfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := members[1].Close(); err != nil {
+		t.Fatal(err)
+	}
+	rc.Tell(tick{3})
+	waitUntil(t, 10*time.Second, "tick on c after b's hand-over", func() bool { return tl.count("c") == 1 })
+}
+
+// A node whose cluster stopped runs singletons in the next cluster it
+// starts (the first cluster's control actor is gone when Close returns).
+func TestASingletonOnANodesNextCluster(t *testing.T) {
+	f := troupe.NewFaultNet()
+	tl := &tally{}
+	n := registrylessNode(t, f, "a")
+	c1 := startMember(t, n, nil, troupe.ClusterConfig{})
+	if _, err := troupe.Singleton(c1, "one", tl.factory("a"), troupe.SingletonConfig{}); err != nil {
+		t.Fatal(err)
+	}
+	c1.Close()
+	c2 := startMember(t, n, nil, troupe.ClusterConfig{})
+	_, err := troupe.Singleton(c2, "two", tl.factory("a"), troupe.SingletonConfig{})
+	if err != nil {
+		t.Fatalf("Singleton on the node's second cluster: %v (ErrNameTaken: %v)", err, errors.Is(err, troupe.ErrNameTaken))
+	}
 }
