@@ -56,7 +56,7 @@ func run(ctx context.Context, w io.Writer) error {
 	defer f.Heal()
 	start := func(name string) (*troupe.Node, error) {
 		return f.Start(ctx, troupe.Config{Name: name, RegistryAddrs: []string{registry},
-			HeartbeatInterval: 50 * time.Millisecond, UnreachableAfter: 500 * time.Millisecond,
+			HeartbeatInterval: 100 * time.Millisecond, UnreachableAfter: 2 * time.Second,
 			Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	}
 	front, err := start("front")
