@@ -461,8 +461,15 @@ func (rc *receptionist) tick() {
 	}
 	rc.forget(live)
 	var greet []NodeUID
+	nothing := rc.version == 0 && len(rc.own) == 0
 	for uid := range live {
-		if !rc.greeted[uid] {
+		switch {
+		case rc.greeted[uid]:
+		case nothing:
+			// Nothing to say (the first change reaches it as a push):
+			// no association is dialed for it.
+			rc.greeted[uid] = true
+		default:
 			greet = append(greet, uid)
 		}
 	}
