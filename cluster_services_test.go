@@ -69,20 +69,7 @@ func startMember(t *testing.T, n *troupe.Node, others []*troupe.Node, cfg troupe
 
 func waitAllUp(t *testing.T, members []*troupe.Cluster, want int) {
 	t.Helper()
-	waitUntil(t, 10*time.Second, fmt.Sprintf("%d members up everywhere", want), func() bool {
-		for _, c := range members {
-			up := 0
-			for _, m := range c.Members() {
-				if m.Status == troupe.MemberUp {
-					up++
-				}
-			}
-			if up != want {
-				return false
-			}
-		}
-		return true
-	})
+	waitUntil(t, 10*time.Second, fmt.Sprintf("%d members up everywhere", want), func() bool { return allUp(members, want) })
 }
 
 // listings follows key on n into the latest listing's paths.
