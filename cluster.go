@@ -134,12 +134,14 @@ type Cluster struct {
 	paused      pauseMeter             // how long this process stood still in a split
 	blocked     blockedNote            // why convergence is blocked, with no strategy to act
 	leftSeen    map[NodeUID]bool       // members seen leaving: their removal does not end their association
+	downedAt    map[NodeUID]time.Time  // members seen downed (or removed without leaving), lately
 
 	// recep is the cluster's registry of service keys and topics, when
 	// the node uses no other (nil otherwise).
 	recep *receptionist
 
 	singletons singletons // the singletons this member takes part in
+	shardings  shardings  // the sharded kinds this member runs
 
 	ref   Ref[clusterMsg] // this member's cluster actor
 	seeds []Addr          // where to knock until some member answers
@@ -313,7 +315,7 @@ func StartCluster(ctx context.Context, n *Node, cfg ClusterConfig) (*Cluster, er
 	}
 	c := &Cluster{
 		n: n, cfg: cfg.withDefaults(n), membership: newMembership(self, time.Now()),
-		detectors: map[NodeUID]FailureDetector{}, lastHeard: map[NodeUID]int64{}, leftSeen: map[NodeUID]bool{},
+		detectors: map[NodeUID]FailureDetector{}, lastHeard: map[NodeUID]int64{}, leftSeen: map[NodeUID]bool{}, downedAt: map[NodeUID]time.Time{},
 		stop: make(chan struct{}), done: make(chan struct{}),
 	}
 	if !n.discovering() {
@@ -417,6 +419,9 @@ func (c *Cluster) Done() <-chan struct{} { return c.done }
 // others see a leave rather than a crash; if the leave could not finish
 // (the cluster is split, say), they see this member unreachable.
 func (c *Cluster) Close() error {
+	hctx, hcancel := context.WithTimeout(context.Background(), c.leaveWait())
+	c.handOverShards(hctx, nil)
+	hcancel()
 	ctx, cancel := context.WithTimeout(context.Background(), c.leaveWait())
 	defer cancel()
 	if err := c.leaveAndWait(ctx, nil); err != nil {
@@ -431,6 +436,7 @@ func (c *Cluster) Close() error {
 // the leader has moved it to exiting and this member has stopped (or ctx
 // ends). The others then remove it.
 func (c *Cluster) Leave(ctx context.Context) error {
+	c.handOverShards(ctx, nil)
 	return c.leaveAndWait(ctx, nil)
 }
 

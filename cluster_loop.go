@@ -60,6 +60,7 @@ func (c *Cluster) cleanup() {
 	if c.recep != nil {
 		c.recep.stop()
 	}
+	c.endShardings() // (entities stop before their coordinator hands over)
 	c.stopSingletons()
 	c.mu.Lock()
 	c.stopped = true
@@ -455,6 +456,7 @@ func (c *Cluster) publish(events []MemberEvent) {
 // tells it it is down.
 func (c *Cluster) forgetDowned(m Member) {
 	c.mu.Lock()
+	c.noteDownedLocked(m, time.Now())
 	switch m.Status {
 	case MemberLeaving, MemberExiting:
 		c.leftSeen[m.UID] = true // a graceful leave: its node may go on as a plain peer

@@ -82,6 +82,10 @@ type Node struct {
 	restarts map[string]uint32
 	byName   map[string][]*handle // public actors by name, for the lookup fast path
 	closing  bool
+	// entityKinds resolves the paths under a sharded kind's prefix to
+	// entity handles (sharding.go); guarded by amu.
+	entityKinds    map[string]func(id string) *handle
+	hasEntityKinds atomic.Bool
 
 	// pmu guards the peer tables.
 	pmu      sync.Mutex
@@ -379,6 +383,9 @@ func (n *Node) lookup(path string, uuid UUID) *handle {
 	n.amu.RLock()
 	h := n.actors[path]
 	n.amu.RUnlock()
+	if h == nil && len(path) > 0 && n.hasEntityKinds.Load() {
+		h = n.entityLookup(path) // (an entity ref has no uuid)
+	}
 	if h == nil || uuid != (UUID{}) && h.key.uuid != uuid {
 		return nil
 	}

@@ -63,6 +63,9 @@ func (n *Node) leaveCluster(ctx context.Context, hurry <-chan struct{}) {
 	if c == nil {
 		return
 	}
+	hctx, hcancel := context.WithTimeout(ctx, c.leaveWait())
+	c.handOverShards(hctx, hurry)
+	hcancel()
 	ctx, cancel := context.WithTimeout(ctx, c.leaveWait())
 	defer cancel()
 	if err := c.leaveAndWait(ctx, hurry); err != nil {

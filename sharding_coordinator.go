@@ -1,0 +1,460 @@
+package troupe
+
+import (
+	"slices"
+	"sync/atomic"
+	"time"
+)
+
+// The coordinator of a sharded kind: a cluster singleton that places
+// shards on members' regions and moves them. It keeps nothing durable:
+// a coordinator that starts (after the last one stopped) asks every
+// member's region which shards it runs, and places a shard that none
+// runs only once every up member has answered and every member downed
+// before it could answer was downed RemovalMargin ago.
+
+// Messages to the coordinator, through its station on the sender's
+// member; the association stamps the sending member on each.
+type (
+	shardRegister struct {
+		Epoch   uint64
+		Shards  []int32
+		Leaving bool
+		from    NodeUID
+	}
+	shardWhere struct {
+		Shard int32
+		from  NodeUID
+	}
+	shardStopped struct {
+		Shard int32
+		from  NodeUID
+	}
+	shardLeaving    struct{ from NodeUID }
+	shardRegionGone struct{ from NodeUID }
+	coordTick       struct{}
+)
+
+// Messages to regions.
+type (
+	shardHello struct{ Epoch uint64 }
+	shardHome  struct {
+		Epoch uint64
+		Shard int32
+		Home  NodeUID
+		Addr  string
+	}
+	shardMoving struct {
+		Epoch uint64
+		Shard int32
+		From  NodeUID
+		Addr  string
+	}
+	shardHandOff struct {
+		Epoch uint64
+		Shard int32
+		Wait  []NodeUID
+	}
+	shardFlush struct {
+		Shard int32
+		from  NodeUID
+	}
+)
+
+// shardCoordMsg is what a coordinator takes.
+type shardCoordMsg interface{ shardCoordMsg() }
+
+func (shardRegister) shardCoordMsg()   {}
+func (shardWhere) shardCoordMsg()      {}
+func (shardStopped) shardCoordMsg()    {}
+func (shardLeaving) shardCoordMsg()    {}
+func (shardRegionGone) shardCoordMsg() {}
+func (coordTick) shardCoordMsg()       {}
+func (shardHello) regionMsg()          {}
+func (shardHome) regionMsg()           {}
+func (shardMoving) regionMsg()         {}
+func (shardHandOff) regionMsg()        {}
+func (shardFlush) regionMsg()          {}
+
+func init() {
+	RegisterMessage[shardRegister]("troupe.sharding.register")
+	RegisterMessage[shardWhere]("troupe.sharding.where")
+	RegisterMessage[shardStopped]("troupe.sharding.stopped")
+	RegisterMessage[shardLeaving]("troupe.sharding.leaving")
+	RegisterMessage[shardRegionGone]("troupe.sharding.gone")
+	RegisterMessage[shardHello]("troupe.sharding.hello")
+	RegisterMessage[shardHome]("troupe.sharding.home")
+	RegisterMessage[shardMoving]("troupe.sharding.moving")
+	RegisterMessage[shardHandOff]("troupe.sharding.handoff")
+	RegisterMessage[shardFlush]("troupe.sharding.flush")
+	stamp := func(msg any, from NodeUID) any {
+		switch m := msg.(type) {
+		case shardRegister:
+			m.from = from
+			return m
+		case shardWhere:
+			m.from = from
+			return m
+		case shardStopped:
+			m.from = from
+			return m
+		case shardLeaving:
+			m.from = from
+			return m
+		case shardRegionGone:
+			m.from = from
+			return m
+		case shardFlush:
+			m.from = from
+			return m
+		}
+		return msg
+	}
+	for _, k := range []string{"register", "where", "stopped", "leaving", "gone", "flush"} {
+		typeByKey("troupe.sharding." + k).stamp = stamp
+	}
+}
+
+// coordinator is one kind's coordinator, on the goroutine of its actor.
+type coordinator struct {
+	c       *Cluster
+	cfg     ShardingConfig
+	path    string // the regions' path
+	epoch   uint64
+	regions map[NodeUID]*coordRegion
+	homes   map[int32]NodeUID
+	moves   map[int32]*coordMove
+	asks    map[int32][]NodeUID
+	goneAt  map[NodeUID]time.Time
+	balAt   time.Time
+}
+
+// coordRegion is a member's region as the coordinator knows it.
+type coordRegion struct {
+	leaving bool // gives its shards away; takes none
+	gone    bool // said it stopped: runs nothing
+}
+
+// coordMove is a shard on its way from one region to another.
+type coordMove struct {
+	from, to NodeUID
+	at       time.Time // when the hand-off was last asked for
+}
+
+var coordSeq atomic.Uint32
+
+func newCoordinator(c *Cluster, name string, cfg ShardingConfig) Behavior[shardCoordMsg] {
+	k := &coordinator{c: c, cfg: cfg, path: "/system/sharding-" + name,
+		regions: map[NodeUID]*coordRegion{}, homes: map[int32]NodeUID{}, moves: map[int32]*coordMove{},
+		asks: map[int32][]NodeUID{}, goneAt: map[NodeUID]time.Time{}}
+	return Behavior[shardCoordMsg]{
+		Setup: func(ctx *Context[shardCoordMsg]) {
+			// A coordinator that starts later runs on a younger member (a
+			// higher up number) or on the same one again: its epoch is
+			// higher, and regions drop the words of the one before.
+			k.epoch = uint64(c.Self().UpNumber)<<32 | uint64(coordSeq.Add(1))
+			k.balAt = time.Now()
+			ctx.StartTicker("tick", min(c.cfg.GossipInterval, cfg.RebalanceInterval), coordTick{})
+			k.tick(time.Now())
+		},
+		Receive: func(_ *Context[shardCoordMsg], m shardCoordMsg) { k.receive(m) },
+	}
+}
+
+func (k *coordinator) receive(m shardCoordMsg) {
+	now := time.Now()
+	switch m := m.(type) {
+	case coordTick:
+		k.tick(now)
+	case shardRegister:
+		k.onRegister(m)
+	case shardWhere:
+		if k.valid(m.Shard) {
+			k.asks[m.Shard] = append(k.asks[m.Shard], m.from)
+			k.serve(now)
+		}
+	case shardStopped:
+		if k.valid(m.Shard) {
+			k.onStopped(m.Shard, m.from)
+			k.serve(now)
+		}
+	case shardLeaving:
+		if r := k.regions[m.from]; r != nil && !r.leaving {
+			r.leaving = true
+			k.balAt = time.Time{} // at once
+			k.rebalance(now)
+		}
+	case shardRegionGone:
+		k.dropRegion(m.from)
+		k.serve(now)
+	}
+}
+
+func (k *coordinator) valid(s int32) bool { return s >= 0 && int(s) < k.cfg.Shards }
+
+// onRegister takes a region's answer: the shards it runs.
+func (k *coordinator) onRegister(m shardRegister) {
+	if m.Epoch != k.epoch {
+		return
+	}
+	r := k.regions[m.from]
+	if r == nil {
+		r = &coordRegion{}
+		k.regions[m.from] = r
+	}
+	r.leaving = r.leaving || m.Leaving
+	for _, s := range m.Shards {
+		if !k.valid(s) {
+			continue
+		}
+		if h, ok := k.homes[s]; ok && h != m.from {
+			// Two members say they run it: the one that answered later
+			// stops it (never two).
+			k.c.n.log.Warn("troupe: two members run one shard; stopping it on one", "shard", s)
+			k.tellRegion(m.from, shardHandOff{Epoch: k.epoch, Shard: s})
+			continue
+		}
+		k.homes[s] = m.from
+	}
+	k.serve(time.Now())
+}
+
+// tick greets the regions that have not answered, follows the
+// membership, asks again for hand-offs that take long, and rebalances.
+func (k *coordinator) tick(now time.Time) {
+	members := k.c.Members()
+	present := map[NodeUID]bool{}
+	for _, m := range members {
+		present[m.UID] = true
+		switch {
+		case m.Status >= MemberDown:
+			if k.goneAt[m.UID].IsZero() {
+				k.goneAt[m.UID] = now
+			}
+		case m.Status >= MemberUp:
+			if r := k.regions[m.UID]; r == nil {
+				k.tellRegion(m.UID, shardHello{Epoch: k.epoch})
+			} else if m.Status >= MemberLeaving && !r.leaving {
+				r.leaving = true
+			}
+		}
+	}
+	for uid := range k.regions {
+		if !present[uid] && k.goneAt[uid].IsZero() {
+			k.goneAt[uid] = now
+		}
+	}
+	for uid, at := range k.goneAt {
+		if now.Sub(at) >= k.cfg.RemovalMargin {
+			if k.regions[uid] != nil {
+				k.dropRegion(uid) // its side has stopped its entities by now
+			}
+			if !present[uid] {
+				delete(k.goneAt, uid)
+				delete(k.regions, uid)
+			}
+		}
+	}
+	for s, mv := range k.moves {
+		if now.Sub(mv.at) >= k.cfg.HandOffTimeout {
+			mv.at = now
+			k.tellRegion(mv.from, shardHandOff{Epoch: k.epoch, Shard: s, Wait: nil})
+		}
+	}
+	k.serve(now)
+	k.rebalance(now)
+}
+
+// ready reports whether the coordinator may place a shard no region
+// says it runs: every up member's region has answered, and every member
+// downed that had not answered was downed RemovalMargin ago.
+func (k *coordinator) ready(now time.Time) bool {
+	for _, m := range k.c.Members() {
+		if m.Status >= MemberUp && m.Status < MemberDown && k.regions[m.UID] == nil {
+			return false
+		}
+	}
+	for uid, at := range k.c.downs() {
+		if k.regions[uid] == nil && now.Sub(at) < k.cfg.RemovalMargin {
+			return false
+		}
+	}
+	return true // (a gone member's own shards wait for the margin: serve)
+}
+
+// serve answers the regions waiting to know where a shard runs, placing
+// the shards no one runs.
+func (k *coordinator) serve(now time.Time) {
+	if len(k.asks) == 0 || !k.ready(now) {
+		return
+	}
+	loads := k.loads()
+	for s, askers := range k.asks {
+		if k.moves[s] != nil {
+			continue // answered when the move ends
+		}
+		home, ok := k.homes[s]
+		if !ok {
+			if home, ok = leastShards(loads); !ok {
+				return // no member can take a shard now
+			}
+			k.homes[s] = home
+			for i := range loads {
+				if loads[i].uid == home {
+					loads[i].shards = append(loads[i].shards, s)
+				}
+			}
+			k.tellHome(home, s, home)
+		}
+		if r := k.regions[home]; r == nil || k.goneAt[home] != (time.Time{}) {
+			continue // its member is gone: placed again after the margin
+		}
+		for _, uid := range askers {
+			if uid != home {
+				k.tellHome(uid, s, home)
+			}
+		}
+		delete(k.asks, s)
+	}
+}
+
+// loads returns the regions that may run shards, with what they run.
+func (k *coordinator) loads() []shardLoad {
+	reach := k.c.listable()
+	up := map[NodeUID]Member{}
+	for _, m := range k.c.Members() {
+		up[m.UID] = m
+	}
+	var out []shardLoad
+	for uid, r := range k.regions {
+		m, ok := up[uid]
+		_, reached := reach[uid]
+		if r.gone || !ok || m.Status < MemberUp || m.Status >= MemberDown || !reached && uid != k.c.n.uid {
+			continue
+		}
+		l := shardLoad{uid: uid, addr: m.Addr, leaving: r.leaving || m.Status >= MemberLeaving}
+		for s, h := range k.homes {
+			if h == uid {
+				l.shards = append(l.shards, s)
+			}
+		}
+		slices.Sort(l.shards)
+		out = append(out, l)
+	}
+	return out
+}
+
+// rebalance moves shards: all of a leaving member's, and some toward the
+// members with the fewest, once every RebalanceInterval while no move is
+// under way.
+func (k *coordinator) rebalance(now time.Time) {
+	if len(k.moves) > 0 || now.Sub(k.balAt) < k.cfg.RebalanceInterval || !k.ready(now) {
+		return
+	}
+	k.balAt = now
+	for _, mv := range planRebalance(k.loads(), max(1, k.cfg.Shards/10)) {
+		k.startMove(mv, now)
+	}
+}
+
+// startMove asks every other region to hold the shard's messages and
+// flush what it sent to its member, and that member to hand it off.
+func (k *coordinator) startMove(mv plannedMove, now time.Time) {
+	k.moves[mv.shard] = &coordMove{from: mv.from, to: mv.to, at: now}
+	addr := k.addrOf(mv.from)
+	var wait []NodeUID
+	for uid, r := range k.regions {
+		if uid != mv.from && !r.gone && k.tellRegion(uid, shardMoving{Epoch: k.epoch, Shard: mv.shard, From: mv.from, Addr: addr}) {
+			wait = append(wait, uid)
+		}
+	}
+	k.tellRegion(mv.from, shardHandOff{Epoch: k.epoch, Shard: mv.shard, Wait: wait})
+}
+
+// onStopped hears that a region no longer runs a shard.
+func (k *coordinator) onStopped(s int32, from NodeUID) {
+	if mv := k.moves[s]; mv != nil && mv.from == from {
+		k.endMove(s, mv)
+		return
+	}
+	if k.homes[s] == from {
+		delete(k.homes, s)
+	}
+}
+
+// endMove places a shard that stopped where it was headed (elsewhere if
+// that member can no longer take it) and tells every region.
+func (k *coordinator) endMove(s int32, mv *coordMove) {
+	delete(k.moves, s)
+	delete(k.homes, s)
+	to := mv.to
+	ok := false
+	for _, l := range k.loads() {
+		if l.uid == to && !l.leaving {
+			ok = true
+		}
+	}
+	if !ok {
+		if to, ok = leastShards(k.loads()); !ok {
+			return // placed when asked for
+		}
+	}
+	k.homes[s] = to
+	for uid, r := range k.regions {
+		if !r.gone {
+			k.tellHome(uid, s, to)
+		}
+	}
+}
+
+// dropRegion forgets a region that stopped (or whose member was downed a
+// margin ago): its shards may be placed again.
+func (k *coordinator) dropRegion(uid NodeUID) {
+	r := k.regions[uid]
+	if r == nil {
+		return
+	}
+	r.gone = true
+	for s, h := range k.homes {
+		if h == uid {
+			delete(k.homes, s)
+		}
+	}
+	for s, mv := range k.moves {
+		if mv.from == uid {
+			k.endMove(s, mv)
+		}
+	}
+}
+
+func (k *coordinator) addrOf(uid NodeUID) string {
+	for _, m := range k.c.Members() {
+		if m.UID == uid {
+			return m.Addr.String()
+		}
+	}
+	return ""
+}
+
+// tellHome tells the region of uid where shard s runs.
+func (k *coordinator) tellHome(uid NodeUID, s int32, home NodeUID) {
+	k.tellRegion(uid, shardHome{Epoch: k.epoch, Shard: s, Home: home, Addr: k.addrOf(home)})
+}
+
+// tellRegion sends msg to the region of the member uid; false if it
+// could not be sent (no association up to it yet).
+func (k *coordinator) tellRegion(uid NodeUID, msg regionMsg) bool {
+	n := k.c.n
+	if uid == n.uid {
+		if h := n.lookup(k.path, UUID{}); h != nil {
+			return h.local.tellAny(msg) == nil
+		}
+		return false
+	}
+	for _, m := range k.c.Members() {
+		if m.UID == uid {
+			return tellMember(n, m.Addr, k.path, msg)
+		}
+	}
+	return false
+}

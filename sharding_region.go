@@ -1,0 +1,617 @@
+package troupe
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// A member's region of one sharded kind: the actor that runs the entities
+// of the shards placed on this member, holds the messages of shards
+// without a home, forwards the rest, and takes part in moving shards
+// (the coordinator's side is sharding_coordinator.go).
+
+// region is one kind's region on this member.
+type region[T any] struct {
+	c       *Cluster
+	n       *Node
+	name    string
+	factory func(id string) Behavior[T]
+	cfg     ShardingConfig
+	prefix  string             // of its entities' paths
+	self    Ref[regionMsg]     // the region actor
+	coord   Ref[shardCoordMsg] // the coordinator's singleton station here
+	clock   atomic.Uint32      // quarters of PassivateAfter, for idleness
+
+	// mu guards over and each shard's mode, home and entities (written
+	// on the region's goroutine only).
+	mu     sync.RWMutex
+	shards []*shard[T]
+	over   bool // ended: messages are dead letters
+
+	// The region's goroutine only.
+	byPath   map[string]*entity[T]      // running entities by path
+	held     int                        // messages held, over all shards
+	flushed  map[int32]map[NodeUID]bool // members that flushed a shard to this one
+	epoch    uint64                     // the coordinator's this region answers
+	clockAt  time.Time                  // when clock last moved
+	leaving  bool                       // giving its shards away before the member leaves
+	leftWait []chan struct{}            // handOver callers
+	ending   bool                       // stopping its entities as the cluster stops
+	endWait  int                        // entities still stopping then
+	endOnce  sync.Once
+	ended    chan struct{} // closed when the region has stopped
+}
+
+// regionMsg is what a region actor takes.
+type regionMsg interface{ regionMsg() }
+
+// shardTick, shardEnd and shardLeave are a region's own messages.
+type (
+	shardTick  struct{}
+	shardEnd   struct{}
+	shardLeave struct{ done chan struct{} }
+)
+
+func (shardTick) regionMsg()  {}
+func (shardEnd) regionMsg()   {}
+func (shardLeave) regionMsg() {}
+
+// errPassivated is the stop reason of a passivated entity.
+var errPassivated = errors.New("troupe: entity passivated")
+
+func (r *region[T]) behavior() Behavior[regionMsg] {
+	return Behavior[regionMsg]{
+		Setup: func(ctx *Context[regionMsg]) {
+			r.clockAt = time.Now()
+			ctx.StartTicker("tick", r.tickEvery(), shardTick{})
+		},
+		Receive: r.receive,
+		Signal: func(ctx *Context[regionMsg], s Signal) {
+			switch s := s.(type) {
+			case Terminated:
+				r.entityStopped(ctx, s.Ref.Path())
+			case PostStop:
+				r.mu.Lock()
+				r.over = true
+				r.mu.Unlock()
+				r.n.dropEntityKind(r.prefix)
+				r.endOnce.Do(func() { close(r.ended) })
+			}
+		},
+	}
+}
+
+// tickEvery is the region's tick: a gossip interval, shorter for short
+// hand-over or passivation times.
+func (r *region[T]) tickEvery() time.Duration {
+	d := min(r.c.cfg.GossipInterval, r.cfg.HandOffTimeout/4)
+	if r.cfg.PassivateAfter > 0 {
+		d = min(d, r.cfg.PassivateAfter/4)
+	}
+	return max(d, 10*time.Millisecond)
+}
+
+func (r *region[T]) receive(ctx *Context[regionMsg], m regionMsg) {
+	switch m := m.(type) {
+	case shardEnvelope[T]:
+		r.onEnvelope(ctx, m)
+	case shardPassivate:
+		if e := r.byPath[m.path]; e != nil {
+			r.passivate(e)
+		}
+	case shardTick:
+		r.onTick()
+	case shardHello:
+		if m.Epoch >= r.epoch {
+			r.epoch = m.Epoch
+			r.register()
+		}
+	case shardHome:
+		if r.current(m.Epoch) && r.valid(m.Shard) {
+			r.onHome(ctx, m)
+		}
+	case shardMoving:
+		if r.current(m.Epoch) && r.valid(m.Shard) {
+			r.onMoving(m)
+		}
+	case shardHandOff:
+		if r.current(m.Epoch) && r.valid(m.Shard) {
+			r.onHandOff(m)
+		}
+	case shardFlush:
+		if r.valid(m.Shard) {
+			r.onFlush(m)
+		}
+	case shardLeave:
+		r.leaving = true
+		r.leftWait = append(r.leftWait, m.done)
+		r.coord.Tell(shardLeaving{from: r.n.uid})
+		r.checkLeft()
+	case shardEnd:
+		r.onEnd(ctx)
+	}
+}
+
+// current reports whether a coordinator's message is from the
+// coordinator this region answers or a newer one (which it then answers).
+func (r *region[T]) current(epoch uint64) bool {
+	if epoch < r.epoch {
+		return false // from a coordinator that has since moved
+	}
+	if epoch > r.epoch {
+		r.epoch = epoch
+		r.register()
+	}
+	return true
+}
+
+func (r *region[T]) valid(s int32) bool { return s >= 0 && int(s) < len(r.shards) }
+
+// register tells the coordinator which shards run here.
+func (r *region[T]) register() {
+	var here []int32
+	for _, sh := range r.shards {
+		if sh.mode == shardHere || sh.mode == shardStopping {
+			here = append(here, sh.id)
+		}
+	}
+	r.coord.Tell(shardRegister{Epoch: r.epoch, Shards: here, Leaving: r.leaving, from: r.n.uid})
+}
+
+// onEnvelope takes a message that came through the region.
+func (r *region[T]) onEnvelope(ctx *Context[regionMsg], env shardEnvelope[T]) {
+	sh := r.shards[r.shardOf(env.id)]
+	switch {
+	case r.ending:
+		sh.queued.Add(-1)
+		r.n.deadLetter(r.prefix+env.id, env.msg, ErrEntityUnavailable)
+	case sh.mode == shardHere:
+		r.deliverHere(ctx, sh, env)
+	case sh.mode == shardThere:
+		h := &handle{node: r.n, key: refKey{node: sh.homeUID, path: r.prefix + env.id}, assoc: sh.home.assoc}
+		err := sh.home.assoc.send(nil, h, env.msg, env.hd)
+		sh.queued.Add(-1)
+		if err != nil {
+			r.n.deadLetter(h.String(), env.msg, err)
+		}
+	default:
+		r.hold(sh, env)
+	}
+}
+
+// deliverHere hands env to its entity, starting it if need be.
+func (r *region[T]) deliverHere(ctx *Context[regionMsg], sh *shard[T], env shardEnvelope[T]) {
+	e := sh.entities[env.id]
+	if e == nil {
+		if e = r.activate(ctx, sh, env.id); e == nil {
+			sh.queued.Add(-1)
+			r.n.deadLetter(r.prefix+env.id, env.msg, ErrEntityUnavailable)
+			return
+		}
+	}
+	if e.going {
+		e.held = append(e.held, env) // it starts again once stopped
+		r.held++
+		return
+	}
+	e.touch(r.clock.Load())
+	err := deliverLocal(nil, e.cell, env.msg, env.hd)
+	sh.queued.Add(-1)
+	if err != nil {
+		r.n.deadLetter(e.ref.String(), env.msg, err)
+	}
+}
+
+// activate starts the entity id, a child of the region.
+func (r *region[T]) activate(ctx *Context[regionMsg], sh *shard[T], id string) *entity[T] {
+	b, err := r.build(id)
+	if err != nil {
+		r.n.log.Warn("troupe: a sharded entity's factory panicked", "kind", r.name, "id", id, "err", err)
+		return nil
+	}
+	ref, err := Spawn(ctx, "", b)
+	if err != nil {
+		r.n.log.Warn("troupe: could not start a sharded entity", "kind", r.name, "id", id, "err", err)
+		return nil
+	}
+	ctx.Watch(ref)
+	e := &entity[T]{id: id, ref: ref, cell: ref.h.local.(*cell[T]), open: true}
+	e.last.Store(r.clock.Load())
+	r.mu.Lock()
+	sh.entities[id] = e
+	r.mu.Unlock()
+	r.byPath[ref.h.key.path] = e
+	return e
+}
+
+func (r *region[T]) build(id string) (b Behavior[T], err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("%v", p)
+		}
+	}()
+	return r.factory(id), nil
+}
+
+// hold keeps env until its shard has a home, asking for it.
+func (r *region[T]) hold(sh *shard[T], env shardEnvelope[T]) {
+	if r.held >= r.cfg.Buffer {
+		sh.queued.Add(-1)
+		r.n.deadLetter(r.prefix+env.id, env.msg, fmt.Errorf("%w (its buffer of %d is full)", ErrEntityUnavailable, r.cfg.Buffer))
+		return
+	}
+	sh.held = append(sh.held, env)
+	r.held++
+	if sh.mode == shardNowhere {
+		r.ask(sh, time.Now())
+	}
+}
+
+// ask asks the coordinator where sh runs, at most once a tick.
+func (r *region[T]) ask(sh *shard[T], now time.Time) {
+	if now.Sub(sh.askedAt) < r.tickEvery() {
+		return
+	}
+	sh.askedAt = now
+	r.coord.Tell(shardWhere{Shard: sh.id, from: r.n.uid})
+}
+
+// release hands on what sh holds, in order, now that it has a home.
+func (r *region[T]) release(ctx *Context[regionMsg], sh *shard[T]) {
+	held := sh.held
+	sh.held = nil
+	r.held -= len(held)
+	for _, env := range held {
+		r.onEnvelope(ctx, env)
+	}
+}
+
+// setMode changes where sh's messages go, then waits for the senders
+// that read the old mode to have handed their messages on.
+func (r *region[T]) setMode(sh *shard[T], mode shardMode, home *handle, uid NodeUID) {
+	r.mu.Lock()
+	sh.mode, sh.home, sh.homeUID = mode, home, uid
+	if mode != shardHere {
+		for _, e := range sh.entities {
+			e.open = false
+		}
+	}
+	r.mu.Unlock()
+	waitInflight(&sh.inflight)
+}
+
+// waitInflight waits until no sender is between reading a shard's mode
+// and handing its message on (a push or an enqueue: no wait on the
+// network, so this is short).
+func waitInflight(n *atomic.Int64) {
+	for i := 0; n.Load() > 0; i++ {
+		if i < 100 {
+			runtime.Gosched()
+		} else {
+			time.Sleep(50 * time.Microsecond)
+		}
+	}
+}
+
+// onHome learns where a shard runs: here (start running it) or on
+// another member.
+func (r *region[T]) onHome(ctx *Context[regionMsg], m shardHome) {
+	sh := r.shards[m.Shard]
+	if m.Home == r.n.uid {
+		if sh.mode == shardHere || sh.mode == shardStopping {
+			return
+		}
+		r.mu.Lock()
+		sh.entities = map[string]*entity[T]{}
+		r.mu.Unlock()
+		r.setMode(sh, shardHere, nil, NodeUID{})
+		r.release(ctx, sh)
+		return
+	}
+	switch sh.mode {
+	case shardStopping:
+		return
+	case shardHere:
+		// The coordinator placed it elsewhere while it runs here: stop it
+		// here at once (never two).
+		r.n.log.Warn("troupe: the sharding coordinator placed a shard that runs here elsewhere; stopping it here", "kind", r.name, "shard", m.Shard)
+		r.onHandOff(shardHandOff{Epoch: m.Epoch, Shard: m.Shard})
+		return
+	case shardThere:
+		if sh.homeUID == m.Home {
+			return
+		}
+	}
+	addr, err := ParseAddr(m.Addr)
+	if err != nil {
+		return
+	}
+	ref, ok := memberRef[regionMsg](r.n, addr, r.self.h.key.path)
+	if !ok || ref.h.key.node != m.Home {
+		r.setMode(sh, shardNowhere, nil, NodeUID{}) // ask again next tick
+		return
+	}
+	r.setMode(sh, shardThere, ref.h, m.Home)
+	r.release(ctx, sh)
+}
+
+// onMoving is the coordinator's word that a shard leaves the member
+// that runs it: hold its messages, and tell that member everything this
+// one sent it has gone (on the same association as the messages, so it
+// arrives after them).
+func (r *region[T]) onMoving(m shardMoving) {
+	sh := r.shards[m.Shard]
+	if m.From == r.n.uid || sh.mode == shardHere || sh.mode == shardStopping {
+		return
+	}
+	r.setMode(sh, shardNowhere, nil, NodeUID{})
+	sh.askedAt = time.Now() // its new home is told to every region
+	if addr, err := ParseAddr(m.Addr); err == nil {
+		tellMember(r.n, addr, r.self.h.key.path, shardFlush{Shard: m.Shard})
+	}
+}
+
+func (r *region[T]) onFlush(m shardFlush) {
+	fl := r.flushed[m.Shard]
+	if fl == nil {
+		fl = map[NodeUID]bool{}
+		r.flushed[m.Shard] = fl
+	}
+	fl[m.from] = true
+	if sh := r.shards[m.Shard]; sh.handOff != nil {
+		r.checkHandOff(sh)
+	}
+}
+
+// shardHandOffState is a hand-over of a shard run here.
+type shardHandOffState struct {
+	wait     []NodeUID // members whose flush it waits for
+	deadline time.Time
+	stopping bool // its entities are stopping
+}
+
+// onHandOff starts giving a shard run here away: wait for the other
+// members' flushes (or HandOffTimeout), then hold its messages, stop its
+// entities (each after what its mailbox holds), and tell the
+// coordinator.
+func (r *region[T]) onHandOff(m shardHandOff) {
+	sh := r.shards[m.Shard]
+	switch {
+	case sh.handOff != nil:
+		return // under way
+	case sh.mode != shardHere:
+		r.coord.Tell(shardStopped{Shard: m.Shard, from: r.n.uid}) // (a repeat: it has stopped)
+		return
+	}
+	// Until every flush is in, the shard still runs here for everyone:
+	// what the others sent before they held its messages is delivered.
+	sh.handOff = &shardHandOffState{wait: m.Wait, deadline: time.Now().Add(r.cfg.HandOffTimeout)}
+	r.checkHandOff(sh)
+}
+
+func (r *region[T]) checkHandOff(sh *shard[T]) {
+	ho := sh.handOff
+	if ho.stopping {
+		return
+	}
+	fl := r.flushed[sh.id]
+	for _, uid := range ho.wait {
+		if uid != r.n.uid && !fl[uid] && time.Now().Before(ho.deadline) {
+			return
+		}
+	}
+	ho.stopping = true
+	delete(r.flushed, sh.id)
+	r.setMode(sh, shardStopping, nil, NodeUID{})
+	for _, e := range sh.entities {
+		sh.stopping++
+		if !e.going {
+			r.stopEntity(e)
+		}
+	}
+	if sh.stopping == 0 {
+		r.shardGone(sh)
+	}
+}
+
+// shardGone ends a hand-over: every entity of sh has stopped.
+func (r *region[T]) shardGone(sh *shard[T]) {
+	r.mu.Lock()
+	sh.entities = nil
+	r.mu.Unlock()
+	sh.handOff = nil
+	r.setMode(sh, shardNowhere, nil, NodeUID{})
+	sh.askedAt = time.Now()
+	r.coord.Tell(shardStopped{Shard: sh.id, from: r.n.uid})
+	r.checkLeft()
+}
+
+// passivate stops an idle entity (or one that asked to be).
+func (r *region[T]) passivate(e *entity[T]) {
+	if e.going {
+		return
+	}
+	sh := r.shards[r.shardOf(e.id)]
+	r.mu.Lock()
+	e.open = false
+	r.mu.Unlock()
+	waitInflight(&sh.inflight)
+	r.stopEntity(e)
+}
+
+// stopEntity stops e after the messages its mailbox holds.
+func (r *region[T]) stopEntity(e *entity[T]) {
+	e.going = true
+	e.cell.sysPush(sysMsg{kind: sysStop, reason: errPassivated, drain: true})
+}
+
+// entityStopped is the region's word that an entity has stopped.
+func (r *region[T]) entityStopped(ctx *Context[regionMsg], path string) {
+	e := r.byPath[path]
+	if e == nil {
+		return
+	}
+	delete(r.byPath, path)
+	sh := r.shards[r.shardOf(e.id)]
+	r.mu.Lock()
+	if sh.entities[e.id] == e {
+		delete(sh.entities, e.id)
+	}
+	r.mu.Unlock()
+	switch {
+	case r.ending:
+		r.held -= len(e.held)
+		for _, env := range e.held {
+			sh.queued.Add(-1)
+			r.n.deadLetter(r.prefix+env.id, env.msg, ErrEntityUnavailable)
+		}
+		if r.endWait--; r.endWait == 0 {
+			r.finish(ctx)
+		}
+	case sh.mode == shardStopping:
+		sh.held = append(e.held, sh.held...) // (they came first)
+		if sh.handOff != nil && sh.handOff.stopping {
+			if sh.stopping--; sh.stopping == 0 {
+				r.shardGone(sh)
+			}
+		}
+	default:
+		held := e.held
+		r.held -= len(held)
+		for _, env := range held {
+			r.onEnvelope(ctx, env) // started again, with what came meanwhile
+		}
+	}
+}
+
+// onTick moves the idleness clock (passivating idle entities), asks again
+// where held shards run, sees hand-overs past their timeout through, and
+// stops sending to members that are gone.
+func (r *region[T]) onTick() {
+	now := time.Now()
+	if q := r.cfg.PassivateAfter / 4; q > 0 && now.Sub(r.clockAt) >= q {
+		r.clockAt = now
+		clock := r.clock.Add(1)
+		for _, e := range r.byPath {
+			if e.open && clock-e.last.Load() > 4 {
+				r.passivate(e)
+			}
+		}
+	}
+	var live map[NodeUID]Addr
+	for _, sh := range r.shards {
+		if sh.handOff != nil {
+			r.checkHandOff(sh)
+		}
+		switch sh.mode {
+		case shardNowhere:
+			if len(sh.held) > 0 {
+				r.ask(sh, now)
+			}
+		case shardThere:
+			if live == nil {
+				live = r.c.liveOthers()
+			}
+			if _, ok := live[sh.homeUID]; !ok {
+				r.setMode(sh, shardNowhere, nil, NodeUID{})
+			}
+		}
+	}
+	if r.leaving {
+		r.coord.Tell(shardLeaving{from: r.n.uid})
+	}
+}
+
+// checkLeft lets the handOver callers go once no shard runs here.
+func (r *region[T]) checkLeft() {
+	if !r.leaving || len(r.leftWait) == 0 {
+		return
+	}
+	for _, sh := range r.shards {
+		if sh.mode == shardHere || sh.mode == shardStopping {
+			return
+		}
+	}
+	for _, ch := range r.leftWait {
+		close(ch)
+	}
+	r.leftWait = nil
+}
+
+// onEnd stops every entity as the cluster stops; the region stops once
+// they have.
+func (r *region[T]) onEnd(ctx *Context[regionMsg]) {
+	if r.ending {
+		return
+	}
+	r.ending = true
+	r.mu.Lock()
+	r.over = true
+	r.mu.Unlock()
+	for _, sh := range r.shards {
+		waitInflight(&sh.inflight)
+		for _, env := range sh.held {
+			sh.queued.Add(-1)
+			r.n.deadLetter(r.prefix+env.id, env.msg, ErrEntityUnavailable)
+		}
+		r.held -= len(sh.held)
+		sh.held = nil
+	}
+	for _, e := range r.byPath {
+		r.endWait++
+		if !e.going {
+			r.stopEntity(e)
+		}
+	}
+	if r.endWait == 0 {
+		r.finish(ctx)
+	}
+}
+
+// finish tells the coordinator this member runs no shard any more, and
+// stops the region.
+func (r *region[T]) finish(ctx *Context[regionMsg]) {
+	r.coord.Tell(shardRegionGone{from: r.n.uid})
+	for _, ch := range r.leftWait {
+		close(ch)
+	}
+	r.leftWait = nil
+	ctx.Stop()
+}
+
+// handOver gives this member's shards away before it leaves.
+func (r *region[T]) handOver(ctx context.Context, hurry <-chan struct{}) {
+	done := make(chan struct{})
+	if r.self.h.local.tellAny(shardLeave{done: done}) != nil {
+		return
+	}
+	select {
+	case <-done:
+	case <-ctx.Done():
+	case <-hurry:
+	case <-r.ended:
+	}
+}
+
+// end stops the region's entities as the cluster stops, and waits (at
+// most HandOffTimeout) until they and the region have stopped.
+func (r *region[T]) end() {
+	defer r.c.dropSharding(r.name)
+	if r.self.h.local.tellAny(shardEnd{}) != nil {
+		return
+	}
+	t := time.NewTimer(r.cfg.HandOffTimeout)
+	defer t.Stop()
+	select {
+	case <-r.ended:
+		stopAndWait(r.n, r.self)
+	case <-t.C:
+		r.n.log.Warn("troupe: a sharded kind's entities did not stop in HandOffTimeout as the cluster stopped", "kind", r.name)
+	case <-r.n.workDone():
+	}
+}
