@@ -142,6 +142,9 @@ type Cluster struct {
 
 	singletons singletons // the singletons this member takes part in
 	shardings  shardings  // the sharded kinds this member runs
+	// gone are the members seen downed or removed lately, read without
+	// c.mu on the sharded entities' send path (copied on write).
+	gone atomic.Pointer[map[NodeUID]time.Time]
 
 	ref   Ref[clusterMsg] // this member's cluster actor
 	seeds []Addr          // where to knock until some member answers

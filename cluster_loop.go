@@ -433,6 +433,9 @@ func (c *Cluster) logBlocked() {
 // publish hands events to the node's stream; call it without c.mu held,
 // for subscribers run on the publishing goroutine.
 func (c *Cluster) publish(events []MemberEvent) {
+	if c.noteGone(events) {
+		c.pokeRegions() // (before the events: who sees one finds its shards held)
+	}
 	for _, e := range events {
 		if e.Kind == EventMemberStatus && e.Member.UID != c.n.uid {
 			c.forgetDowned(e.Member)

@@ -232,21 +232,46 @@ func (r *region[T]) route(ctx context.Context, id string, m T, hd Headers) error
 				return deliverLocal(ctx, e.cell, m, hd)
 			}
 		case shardThere:
+			if r.c.isGone(sh.homeUID) {
+				break // (the region holds it until the shard runs elsewhere)
+			}
 			sh.inflight.Add(1)
 			home := sh.home
 			r.mu.RUnlock()
-			defer sh.inflight.Add(-1)
 			h := &handle{node: r.n, key: refKey{node: home.key.node, path: r.prefix + id}, assoc: home.assoc}
-			return home.assoc.send(ctx, h, m, hd)
+			err := home.assoc.send(ctx, h, m, hd)
+			if err == nil || !home.assoc.gone() {
+				sh.inflight.Add(-1)
+				return err
+			}
+			// Its member is gone, and the region has not seen it yet: the
+			// region holds the message until the shard runs elsewhere.
+			r.mu.RLock()
+			sh.queued.Add(1)
+			sh.inflight.Add(-1)
+			r.mu.RUnlock()
+			return r.viaRegion(sh, id, m, hd)
 		}
 	}
 	sh.queued.Add(1)
 	r.mu.RUnlock()
+	return r.viaRegion(sh, id, m, hd)
+}
+
+// viaRegion hands a message counted in sh.queued to the region.
+func (r *region[T]) viaRegion(sh *shard[T], id string, m T, hd Headers) error {
 	if err := r.self.h.local.tellAny(shardEnvelope[T]{id: id, msg: m, hd: hd}); err != nil {
 		sh.queued.Add(-1)
 		return fmt.Errorf("%w: %w", ErrEntityUnavailable, err)
 	}
 	return nil
+}
+
+// gone reports whether the association has ended (or is ending).
+func (a *assoc) gone() bool {
+	t := a.lockTarget()
+	defer t.mu.Unlock()
+	return t.life.state >= assocLeaving
 }
 
 // deliverLocal pushes m into the entity's mailbox (waiting for room when
@@ -331,6 +356,7 @@ type shardings struct {
 type regionRunner interface {
 	end()
 	handOver(ctx context.Context, hurry <-chan struct{})
+	poke()
 }
 
 func (c *Cluster) addSharding(name string, r regionRunner) error {
@@ -378,6 +404,56 @@ func (c *Cluster) handOverShards(ctx context.Context, hurry <-chan struct{}) {
 		wg.Go(func() { r.handOver(ctx, hurry) })
 	}
 	wg.Wait()
+}
+
+// noteGone records the members events show downed or removed; true if
+// there was one not seen before.
+func (c *Cluster) noteGone(events []MemberEvent) bool {
+	var old map[NodeUID]time.Time
+	if p := c.gone.Load(); p != nil {
+		old = *p
+	}
+	var m map[NodeUID]time.Time
+	now := time.Now()
+	for _, e := range events {
+		if e.Kind != EventMemberStatus || e.Member.Status < MemberDown || e.Member.UID == c.n.uid {
+			continue
+		}
+		if _, ok := old[e.Member.UID]; ok {
+			continue
+		}
+		if m == nil {
+			m = make(map[NodeUID]time.Time, len(old)+1)
+			for uid, at := range old {
+				if now.Sub(at) < 2*c.cfg.LeaseReleaseAfter {
+					m[uid] = at
+				}
+			}
+		}
+		m[e.Member.UID] = now
+	}
+	if m == nil {
+		return false
+	}
+	c.gone.Store(&m)
+	return true
+}
+
+// isGone reports whether the member uid was seen downed or removed.
+func (c *Cluster) isGone(uid NodeUID) bool {
+	p := c.gone.Load()
+	if p == nil {
+		return false
+	}
+	_, ok := (*p)[uid]
+	return ok
+}
+
+// pokeRegions has every region look at the membership again.
+func (c *Cluster) pokeRegions() {
+	for _, r := range c.regions() {
+		r.poke()
+	}
 }
 
 // noteDownedLocked records when a member was seen downed (or removed

@@ -172,9 +172,17 @@ func (r *region[T]) onEnvelope(ctx *Context[regionMsg], env shardEnvelope[T]) {
 		r.n.deadLetter(r.prefix+env.id, env.msg, ErrEntityUnavailable)
 	case sh.mode == shardHere:
 		r.deliverHere(ctx, sh, env)
+	case sh.mode == shardThere && r.c.isGone(sh.homeUID):
+		r.setMode(sh, shardNowhere, nil, NodeUID{}) // its member is gone
+		r.hold(sh, env)
 	case sh.mode == shardThere:
 		h := &handle{node: r.n, key: refKey{node: sh.homeUID, path: r.prefix + env.id}, assoc: sh.home.assoc}
 		err := sh.home.assoc.send(nil, h, env.msg, env.hd)
+		if err != nil && sh.home.assoc.gone() {
+			r.setMode(sh, shardNowhere, nil, NodeUID{}) // its member is gone
+			r.hold(sh, env)
+			return
+		}
 		sh.queued.Add(-1)
 		if err != nil {
 			r.n.deadLetter(h.String(), env.msg, err)
@@ -517,7 +525,7 @@ func (r *region[T]) onTick() {
 			if live == nil {
 				live = r.c.liveOthers()
 			}
-			if _, ok := live[sh.homeUID]; !ok {
+			if _, ok := live[sh.homeUID]; !ok || r.c.isGone(sh.homeUID) {
 				r.setMode(sh, shardNowhere, nil, NodeUID{})
 			}
 		}
@@ -597,6 +605,8 @@ func (r *region[T]) handOver(ctx context.Context, hurry <-chan struct{}) {
 	case <-r.ended:
 	}
 }
+
+func (r *region[T]) poke() { r.self.h.local.tellAny(shardTick{}) }
 
 // end stops the region's entities as the cluster stops, and waits (at
 // most HandOffTimeout) until they and the region have stopped.

@@ -250,3 +250,179 @@ func TestShardsAreHandedOverWhenAMemberLeaves(t *testing.T) {
 		t.Error("no entity ran on a")
 	}
 }
+
+// traffic sends from s through k to ids prefix-0 … prefix-(ids-1), in
+// turn, until the returned stop is called (which waits for it).
+func traffic(s *sender, k *troupe.Sharded[acct], prefix string, ids int) (stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := 0; ctx.Err() == nil; i++ {
+			s.send(k, fmt.Sprint(prefix, i%ids))
+			if i%ids == ids-1 {
+				time.Sleep(time.Millisecond)
+			}
+		}
+	}()
+	return func() { cancel(); <-done }
+}
+
+// When a member joins, shards move to it (least shards) while messages
+// flow: each stops on its member first, nothing is lost, and order holds.
+func TestShardsMoveToAJoiningMember(t *testing.T) {
+	f := troupe.NewFaultNet()
+	l := newLedger()
+	ccfg := troupe.ClusterConfig{StableAfter: singletonStable}
+	scfg := troupe.ShardingConfig{Shards: 20, RebalanceInterval: 100 * time.Millisecond}
+	nodes, members, kinds := shardedCluster(t, f, l, ccfg, scfg, "a", "b")
+	s := &sender{name: "a"}
+	stop := traffic(s, kinds[0], "order-", 60)
+	n, c := joinRegistryless(t, f, "c", nodes, ccfg)
+	waitAllUp(t, append(members, c), 3)
+	if _, err := troupe.Sharding(c, "accounts", l.factory("c"), scfg); err != nil {
+		t.Fatal(err)
+	}
+	_ = n
+	waitUntil(t, 20*time.Second, "entities running on c", func() bool { return l.handledOn("c") > 100 })
+	stop()
+	want := s.sent()
+	waitUntil(t, 20*time.Second, fmt.Sprintf("all %d messages handled", want), func() bool { return l.count() == want })
+	l.check(t)
+}
+
+// When the member that runs shards crashes, they run elsewhere once it
+// is downed and the removal margin has passed; messages sent meanwhile
+// are held and delivered then. A partition that downs a member moves its
+// shards likewise. An entity never runs on two members at once.
+func TestShardsMoveAfterACrashOrASplitNeverTwice(t *testing.T) {
+	for _, fault := range []string{"crash", "split"} {
+		t.Run(fault, func(t *testing.T) {
+			f := troupe.NewFaultNet()
+			l := newLedger()
+			nodes, _, kinds := shardedCluster(t, f, l, troupe.ClusterConfig{Downing: troupe.KeepMajority{}, StableAfter: singletonStable},
+				troupe.ShardingConfig{Shards: 12}, "a", "b", "c")
+			s := &sender{name: "b"}
+			for id := range 24 {
+				s.send(kinds[1], fmt.Sprint("item-", id))
+			}
+			waitUntil(t, 20*time.Second, "the first messages handled", func() bool { return l.count() == 24 })
+			var onA []string
+			for id := range 24 {
+				if starts := l.startsOf(fmt.Sprint("item-", id)); starts[0] == "a" {
+					onA = append(onA, fmt.Sprint("item-", id))
+				}
+			}
+			if len(onA) == 0 {
+				t.Fatal("no entity ran on a")
+			}
+			events := make(chan troupe.MemberEvent, 64)
+			sub := troupe.SubscribeChan(nodes[1].Events(), events)
+			defer sub.Unsubscribe()
+			switch fault {
+			case "crash":
+				f.Kill(nodes[0])
+			case "split":
+				f.Partition(nodes[0], nodes[1])
+				f.Partition(nodes[0], nodes[2])
+			}
+			deadline := time.After(30 * time.Second)
+			for seen := false; !seen; { // b sees a downed
+				select {
+				case e := <-events:
+					seen = e.Kind == troupe.EventMemberStatus && e.Member.Addr == nodes[0].Addrs()[0] && e.Member.Status >= troupe.MemberDown
+				case <-deadline:
+					t.Fatal("b never saw a downed")
+				}
+			}
+			before := l.count()
+			for _, id := range onA {
+				s.send(kinds[1], id)
+			}
+			waitUntil(t, 60*time.Second, "the held messages handled elsewhere", func() bool { return l.count() == before+len(onA) })
+			for _, id := range onA {
+				if starts := l.startsOf(id); len(starts) != 2 || starts[1] == "a" {
+					t.Errorf("%s started on %v; want a, then b or c", id, starts)
+				}
+			}
+			l.check(t)
+		})
+	}
+}
+
+// An entity idle for PassivateAfter stops, and one that asks to
+// (Passivate) stops after the messages its mailbox holds; the next
+// message starts either again, and none is lost.
+func TestEntitiesArePassivated(t *testing.T) {
+	f := troupe.NewFaultNet()
+	l := newLedger()
+	_, _, kinds := shardedCluster(t, f, l, troupe.ClusterConfig{StableAfter: singletonStable},
+		troupe.ShardingConfig{Shards: 4, PassivateAfter: 200 * time.Millisecond}, "a", "b")
+	s := &sender{name: "a"}
+	s.send(kinds[0], "idle")
+	waitUntil(t, 10*time.Second, "the first message", func() bool { return l.count() == 1 })
+	waitUntil(t, 10*time.Second, "the idle entity to stop", func() bool {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		return l.running["idle"] == 0
+	})
+	s.send(kinds[0], "idle")
+	waitUntil(t, 10*time.Second, "the second message", func() bool { return l.count() == 2 })
+	if starts := l.startsOf("idle"); len(starts) != 2 {
+		t.Fatalf("the idle entity started %d times; want 2", len(starts))
+	}
+	// By request: the last message of each round asks to stop; the
+	// entity stops after it, and the next round starts it again.
+	running := func() int {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		return l.running["busy"]
+	}
+	for round := range 3 {
+		for i := range 5 {
+			s.seq["busy"]++
+			kinds[round%2].Entity("busy").Tell(acct{ID: "busy", From: "a", Seq: s.seq["busy"], Stop: i == 4})
+		}
+		waitUntil(t, 10*time.Second, "a round handled and the entity stopped", func() bool { return l.count() == 2+5*(round+1) && running() == 0 })
+	}
+	if starts := l.startsOf("busy"); len(starts) != 3 {
+		t.Fatalf("the entity that asked to stop started %d times; want 3", len(starts))
+	}
+	// Messages sent while it stops are handled after, in order.
+	for i := range 40 {
+		s.seq["busy"]++
+		kinds[0].Entity("busy").Tell(acct{ID: "busy", From: "a", Seq: s.seq["busy"], Stop: i%7 == 0})
+	}
+	waitUntil(t, 10*time.Second, "the last 40 handled", func() bool { return l.count() == 57 })
+	l.check(t)
+}
+
+// An entity ref sent inside a message to another node reaches the
+// entity through the member it came from, and Ask works through it.
+func TestAnEntityRefTravels(t *testing.T) {
+	f := troupe.NewFaultNet()
+	nodes, members := registrylessCluster(t, f, troupe.ClusterConfig{StableAfter: singletonStable}, "a", "b")
+	echo := func(id string) troupe.Behavior[Query] {
+		return troupe.Behavior[Query]{Receive: func(_ *troupe.Context[Query], m Query) { m.ReplyTo.Tell(Answer{Text: id + ":" + m.Text}) }}
+	}
+	var kinds []*troupe.Sharded[Query]
+	for _, c := range members {
+		k, err := troupe.Sharding(c, "echo", echo, troupe.ShardingConfig{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		kinds = append(kinds, k)
+	}
+	ref := kinds[0].Entity("four")
+	got, err := troupe.Resolve[Query](ctxFor(t), nodes[1], ref.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ans, err := troupe.Ask(ctxFor(t), got, func(r troupe.Ref[Answer]) Query { return Query{Text: "hi", ReplyTo: r} })
+	if err != nil || ans.Text != "four:hi" {
+		t.Fatalf("Ask through a resolved entity ref: %v, %v; want four:hi", ans, err)
+	}
+	if ref.String() == "" || got.IsLocal() {
+		t.Fatalf("the ref %s resolved on b as a local ref", ref)
+	}
+}
