@@ -142,9 +142,10 @@ type Cluster struct {
 
 	singletons singletons // the singletons this member takes part in
 	shardings  shardings  // the sharded kinds this member runs
-	// gone are the members seen downed or removed lately, read without
-	// c.mu on the sharded entities' send path (copied on write).
-	gone atomic.Pointer[map[NodeUID]time.Time]
+	// gone are the members seen unreachable, downed or removed (true:
+	// for good), read without c.mu on the sharded entities' send path
+	// (copied on write).
+	gone atomic.Pointer[map[NodeUID]bool]
 
 	ref   Ref[clusterMsg] // this member's cluster actor
 	seeds []Addr          // where to knock until some member answers

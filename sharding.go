@@ -406,40 +406,59 @@ func (c *Cluster) handOverShards(ctx context.Context, hurry <-chan struct{}) {
 	wg.Wait()
 }
 
-// noteGone records the members events show downed or removed; true if
-// there was one not seen before.
+// noteGone follows the members events show unreachable, downed or
+// removed (the shards they run are held, not sent to them); true if the
+// set changed.
 func (c *Cluster) noteGone(events []MemberEvent) bool {
-	var old map[NodeUID]time.Time
+	var old map[NodeUID]bool
 	if p := c.gone.Load(); p != nil {
 		old = *p
 	}
-	var m map[NodeUID]time.Time
-	now := time.Now()
+	var m map[NodeUID]bool
 	for _, e := range events {
-		if e.Kind != EventMemberStatus || e.Member.Status < MemberDown || e.Member.UID == c.n.uid {
+		uid := e.Member.UID
+		var away bool
+		switch {
+		case uid == c.n.uid:
+			continue
+		case e.Kind == EventMemberUnreachable || e.Kind == EventMemberStatus && e.Member.Status >= MemberDown:
+			away = true
+		case e.Kind == EventMemberReachable && e.Member.Status < MemberDown:
+		default:
 			continue
 		}
-		if _, ok := old[e.Member.UID]; ok {
-			continue
+		if was, ok := old[uid]; ok && (was || !away) || !ok && !away {
+			continue // (no change; a downed member stays away)
 		}
 		if m == nil {
-			m = make(map[NodeUID]time.Time, len(old)+1)
-			for uid, at := range old {
-				if now.Sub(at) < 2*c.cfg.LeaseReleaseAfter {
-					m[uid] = at
-				}
+			m = maps.Clone(old)
+			if m == nil {
+				m = map[NodeUID]bool{}
 			}
 		}
-		m[e.Member.UID] = now
+		if away {
+			m[uid] = e.Kind == EventMemberStatus // true: for good
+		} else {
+			delete(m, uid)
+		}
 	}
 	if m == nil {
 		return false
+	}
+	if len(m) > 4096 {
+		for uid := range m { // (removed long ago; the regions' ticks cover them)
+			delete(m, uid)
+			if len(m) <= 2048 {
+				break
+			}
+		}
 	}
 	c.gone.Store(&m)
 	return true
 }
 
-// isGone reports whether the member uid was seen downed or removed.
+// isGone reports whether the member uid is unreachable, downed or
+// removed, as this member last heard.
 func (c *Cluster) isGone(uid NodeUID) bool {
 	p := c.gone.Load()
 	if p == nil {

@@ -336,7 +336,8 @@ func (r *region[T]) onHome(ctx *Context[regionMsg], m shardHome) {
 		}
 	}
 	addr, err := ParseAddr(m.Addr)
-	if err != nil {
+	if err != nil || r.c.isGone(m.Home) {
+		sh.askedAt = time.Now() // (held until it is reachable, or moves)
 		return
 	}
 	ref, ok := memberRef[regionMsg](r.n, addr, r.self.h.key.path)
