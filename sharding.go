@@ -146,6 +146,19 @@ func (s *Sharded[T]) Entity(id string) Ref[T] {
 	return Ref[T]{h: s.r.entityHandle(id)}
 }
 
+// ShardingStats is what a member's region of a kind holds now.
+type ShardingStats struct {
+	Shards   int // shards run on this member (stopping ones included)
+	Entities int // entities running on this member
+	Held     int // messages held for shards without a home to send to
+}
+
+// Stats returns what this member's region of the kind holds now.
+func (s *Sharded[T]) Stats() ShardingStats {
+	st := &s.r.stats
+	return ShardingStats{Shards: int(st.shards.Load()), Entities: int(st.entities.Load()), Held: int(st.held.Load())}
+}
+
 // Shard returns the shard of id (0 to Shards-1).
 func (s *Sharded[T]) Shard(id string) int { return int(s.r.shardOf(id)) }
 

@@ -45,6 +45,13 @@ type region[T any] struct {
 	endWait  int                        // entities still stopping then
 	endOnce  sync.Once
 	ended    chan struct{} // closed when the region has stopped
+
+	stats struct{ shards, entities, held atomic.Int64 }
+}
+
+func (r *region[T]) addHeld(d int) {
+	r.held += d
+	r.stats.held.Store(int64(r.held))
 }
 
 // regionMsg is what a region actor takes.
@@ -204,7 +211,7 @@ func (r *region[T]) deliverHere(ctx *Context[regionMsg], sh *shard[T], env shard
 	}
 	if e.going {
 		e.held = append(e.held, env) // it starts again once stopped
-		r.held++
+		r.addHeld(1)
 		return
 	}
 	e.touch(r.clock.Load())
@@ -234,6 +241,7 @@ func (r *region[T]) activate(ctx *Context[regionMsg], sh *shard[T], id string) *
 	sh.entities[id] = e
 	r.mu.Unlock()
 	r.byPath[ref.h.key.path] = e
+	r.stats.entities.Add(1)
 	return e
 }
 
@@ -254,7 +262,7 @@ func (r *region[T]) hold(sh *shard[T], env shardEnvelope[T]) {
 		return
 	}
 	sh.held = append(sh.held, env)
-	r.held++
+	r.addHeld(1)
 	if sh.mode == shardNowhere {
 		r.ask(sh, time.Now())
 	}
@@ -273,7 +281,7 @@ func (r *region[T]) ask(sh *shard[T], now time.Time) {
 func (r *region[T]) release(ctx *Context[regionMsg], sh *shard[T]) {
 	held := sh.held
 	sh.held = nil
-	r.held -= len(held)
+	r.addHeld(-len(held))
 	for _, env := range held {
 		r.onEnvelope(ctx, env)
 	}
@@ -283,6 +291,14 @@ func (r *region[T]) release(ctx *Context[regionMsg], sh *shard[T]) {
 // that read the old mode to have handed their messages on.
 func (r *region[T]) setMode(sh *shard[T], mode shardMode, home *handle, uid NodeUID) {
 	r.mu.Lock()
+	runs := func(m shardMode) bool { return m == shardHere || m == shardStopping }
+	if runs(mode) != runs(sh.mode) {
+		if runs(mode) {
+			r.stats.shards.Add(1)
+		} else {
+			r.stats.shards.Add(-1)
+		}
+	}
 	sh.mode, sh.home, sh.homeUID = mode, home, uid
 	if mode != shardHere {
 		for _, e := range sh.entities {
@@ -466,6 +482,7 @@ func (r *region[T]) entityStopped(ctx *Context[regionMsg], path string) {
 		return
 	}
 	delete(r.byPath, path)
+	r.stats.entities.Add(-1)
 	sh := r.shards[r.shardOf(e.id)]
 	r.mu.Lock()
 	if sh.entities[e.id] == e {
@@ -474,7 +491,7 @@ func (r *region[T]) entityStopped(ctx *Context[regionMsg], path string) {
 	r.mu.Unlock()
 	switch {
 	case r.ending:
-		r.held -= len(e.held)
+		r.addHeld(-len(e.held))
 		for _, env := range e.held {
 			sh.queued.Add(-1)
 			r.n.deadLetter(r.prefix+env.id, env.msg, ErrEntityUnavailable)
@@ -491,7 +508,7 @@ func (r *region[T]) entityStopped(ctx *Context[regionMsg], path string) {
 		}
 	default:
 		held := e.held
-		r.held -= len(held)
+		r.addHeld(-len(held))
 		for _, env := range held {
 			r.onEnvelope(ctx, env) // started again, with what came meanwhile
 		}
@@ -568,7 +585,7 @@ func (r *region[T]) onEnd(ctx *Context[regionMsg]) {
 			sh.queued.Add(-1)
 			r.n.deadLetter(r.prefix+env.id, env.msg, ErrEntityUnavailable)
 		}
-		r.held -= len(sh.held)
+		r.addHeld(-len(sh.held))
 		sh.held = nil
 	}
 	for _, e := range r.byPath {
