@@ -426,3 +426,49 @@ func TestAnEntityRefTravels(t *testing.T) {
 		t.Fatalf("the ref %s resolved on b as a local ref", ref)
 	}
 }
+
+// Every member is replaced in turn under traffic (a new member joins,
+// then an old one leaves, the oldest first, so the coordinator moves
+// too): nothing is lost, each sender's messages stay in order, and no
+// entity runs on two members at once.
+func TestARollingRestartOfEveryMemberLosesNothing(t *testing.T) {
+	f := troupe.NewFaultNet()
+	l := newLedger()
+	ccfg := troupe.ClusterConfig{StableAfter: singletonStable}
+	scfg := troupe.ShardingConfig{Shards: 30, RebalanceInterval: 100 * time.Millisecond}
+	nodes, members, kinds := shardedCluster(t, f, l, ccfg, scfg, "a", "b", "c", "d")
+	var senders []*sender
+	send := func(from int) func() {
+		s := &sender{name: fmt.Sprint("s", len(senders))}
+		senders = append(senders, s)
+		return traffic(s, kinds[from], "roll-", 90)
+	}
+	stop := send(3) // from d, while a, b and c are replaced
+	replace := func(i int, name string) {
+		n, c := joinRegistryless(t, f, name, nodes[3-i/3:], ccfg) // (through d, or a2)
+		waitAllUp(t, append(slices.Clone(members), c), len(members)+1)
+		k, err := troupe.Sharding(c, "accounts", l.factory(name), scfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := members[i].Leave(ctxFor(t)); err != nil {
+			t.Fatal(err)
+		}
+		nodes[i].Close()
+		nodes[i], members[i], kinds[i] = n, c, k
+		waitUntil(t, 20*time.Second, "entities on "+name, func() bool { return l.handledOn(name) > 0 })
+	}
+	replace(0, "a2")
+	replace(1, "b2")
+	replace(2, "c2")
+	stop()
+	stop = send(0) // from a2, while d is replaced
+	replace(3, "d2")
+	stop()
+	want := 0
+	for _, s := range senders {
+		want += s.sent()
+	}
+	waitUntil(t, 30*time.Second, fmt.Sprintf("all %d messages handled", want), func() bool { return l.count() == want })
+	l.check(t)
+}
