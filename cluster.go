@@ -145,7 +145,8 @@ type Cluster struct {
 	// gone are the members seen unreachable, downed or removed (true:
 	// for good), read without c.mu on the sharded entities' send path
 	// (copied on write).
-	gone atomic.Pointer[map[NodeUID]bool]
+	gone      atomic.Pointer[map[NodeUID]bool]
+	maxMargin atomic.Int64 // the longest RemovalMargin of the member's sharded kinds
 
 	ref   Ref[clusterMsg] // this member's cluster actor
 	seeds []Addr          // where to knock until some member answers
@@ -423,7 +424,7 @@ func (c *Cluster) Done() <-chan struct{} { return c.done }
 // others see a leave rather than a crash; if the leave could not finish
 // (the cluster is split, say), they see this member unreachable.
 func (c *Cluster) Close() error {
-	hctx, hcancel := context.WithTimeout(context.Background(), c.leaveWait())
+	hctx, hcancel := context.WithTimeout(context.Background(), c.handOverWait())
 	c.handOverShards(hctx, nil)
 	hcancel()
 	ctx, cancel := context.WithTimeout(context.Background(), c.leaveWait())

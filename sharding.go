@@ -91,11 +91,11 @@ func Sharding[T any](c *Cluster, name string, factory func(id string) Behavior[T
 	r := &region[T]{c: c, n: c.n, name: name, factory: factory, cfg: cfg,
 		prefix: "/system/sharding-" + name + "/entity/",
 		shards: make([]*shard[T], cfg.Shards), byPath: map[string]*entity[T]{},
-		flushed: map[int32]map[NodeUID]bool{}, ended: make(chan struct{})}
+		flushed: map[int32]*shardFlushes{}, ended: make(chan struct{})}
 	for i := range r.shards {
 		r.shards[i] = &shard[T]{id: int32(i)}
 	}
-	if err := c.addSharding(name, r); err != nil {
+	if err := c.addSharding(name, nil); err != nil { // (reserved: set once whole)
 		return nil, err
 	}
 	coord, err := Singleton(c, "sharding-"+name, func() Behavior[shardCoordMsg] { return newCoordinator(c, name, cfg) },
@@ -111,6 +111,10 @@ func Sharding[T any](c *Cluster, name string, factory func(id string) Behavior[T
 		return nil, err
 	}
 	r.self = ref
+	c.shardings.mu.Lock()
+	c.shardings.by[name] = r
+	c.shardings.mu.Unlock()
+	c.noteMargin(cfg.RemovalMargin)
 	c.n.addEntityKind(r.prefix, r.entityHandle)
 	return &Sharded[T]{r: r}, nil
 }
@@ -168,14 +172,10 @@ func (s *Sharded[T]) Shard(id string) int { return int(s.r.shardOf(id)) }
 // handler to go idle (Akka's passivation by the entity's request). For an
 // actor that is not a sharded entity it does what [Context.Stop] does.
 func Passivate[T any](c *Context[T]) {
-	p := c.c.parent
-	if p == nil {
-		c.Stop()
+	if p, ok := c.c.parent.(*cell[regionMsg]); ok && p.push(shardPassivate{path: c.c.self.key.path}) == nil {
 		return
 	}
-	if p.tellAny(shardPassivate{path: c.c.self.key.path}) != nil {
-		c.Stop()
-	}
+	c.Stop()
 }
 
 // shardOf returns the shard of id: FNV-1a, modulo the shard count.
@@ -227,7 +227,7 @@ func (e *entityTarget[T]) protocol() reflect.Type { return reflect.TypeFor[T]() 
 // messages never overtake each other; the region waits for the senders
 // between reading the shard's state and handing a message on (inflight)
 // before it changes where the shard's messages go.
-func (r *region[T]) route(ctx context.Context, id string, m T, hd Headers) error {
+func (r *region[T]) route(_ context.Context, id string, m T, hd Headers) error {
 	sh := r.shards[r.shardOf(id)]
 	r.mu.RLock()
 	if r.over {
@@ -242,7 +242,7 @@ func (r *region[T]) route(ctx context.Context, id string, m T, hd Headers) error
 				r.mu.RUnlock()
 				defer sh.inflight.Add(-1)
 				e.touch(r.clock.Load())
-				return deliverLocal(ctx, e.cell, m, hd)
+				return deliverLocal(nil, e.cell, m, hd) // (no wait while counted)
 			}
 		case shardThere:
 			if r.c.isGone(sh.homeUID) {
@@ -252,7 +252,7 @@ func (r *region[T]) route(ctx context.Context, id string, m T, hd Headers) error
 			home := sh.home
 			r.mu.RUnlock()
 			h := &handle{node: r.n, key: refKey{node: home.key.node, path: r.prefix + id}, assoc: home.assoc}
-			err := home.assoc.send(ctx, h, m, hd)
+			err := home.assoc.send(nil, h, m, hd)
 			if err == nil || !home.assoc.gone() {
 				sh.inflight.Add(-1)
 				return err
@@ -370,6 +370,17 @@ type regionRunner interface {
 	end()
 	handOver(ctx context.Context, hurry <-chan struct{})
 	poke()
+	handOffTimeout() time.Duration
+}
+
+// handOverWait bounds the hand-over of a leave by Close: the leave's
+// wait, or the longest HandOffTimeout of the member's kinds.
+func (c *Cluster) handOverWait() time.Duration {
+	d := c.leaveWait()
+	for _, r := range c.regions() {
+		d = max(d, r.handOffTimeout())
+	}
+	return d
 }
 
 func (c *Cluster) addSharding(name string, r regionRunner) error {
@@ -399,9 +410,22 @@ func (c *Cluster) regions() []regionRunner {
 	defer ss.mu.Unlock()
 	out := make([]regionRunner, 0, len(ss.by))
 	for _, r := range ss.by {
-		out = append(out, r)
+		if r != nil {
+			out = append(out, r)
+		}
 	}
 	return out
+}
+
+// noteMargin keeps the longest RemovalMargin of the member's kinds: the
+// downings the coordinators look back on are kept that long.
+func (c *Cluster) noteMargin(d time.Duration) {
+	for {
+		old := c.maxMargin.Load()
+		if int64(d) <= old || c.maxMargin.CompareAndSwap(old, int64(d)) {
+			return
+		}
+	}
 }
 
 // handOverShards has every region of this member give its shards away
@@ -423,8 +447,23 @@ func (c *Cluster) handOverShards(ctx context.Context, hurry <-chan struct{}) {
 // removed (the shards they run are held, not sent to them); true if the
 // set changed.
 func (c *Cluster) noteGone(events []MemberEvent) bool {
+	for {
+		p := c.gone.Load()
+		m := goneAfter(p, events, c.n.uid)
+		if m == nil {
+			return false
+		}
+		if c.gone.CompareAndSwap(p, &m) {
+			return true
+		}
+	}
+}
+
+// goneAfter returns the set p after events, or nil if they change
+// nothing.
+func goneAfter(p *map[NodeUID]bool, events []MemberEvent, self NodeUID) map[NodeUID]bool {
 	var old map[NodeUID]bool
-	if p := c.gone.Load(); p != nil {
+	if p != nil {
 		old = *p
 	}
 	var m map[NodeUID]bool
@@ -432,7 +471,7 @@ func (c *Cluster) noteGone(events []MemberEvent) bool {
 		uid := e.Member.UID
 		var away bool
 		switch {
-		case uid == c.n.uid:
+		case uid == self:
 			continue
 		case e.Kind == EventMemberUnreachable || e.Kind == EventMemberStatus && e.Member.Status >= MemberDown:
 			away = true
@@ -455,9 +494,6 @@ func (c *Cluster) noteGone(events []MemberEvent) bool {
 			delete(m, uid)
 		}
 	}
-	if m == nil {
-		return false
-	}
 	if len(m) > 4096 {
 		for uid := range m { // (removed long ago; the regions' ticks cover them)
 			delete(m, uid)
@@ -466,8 +502,7 @@ func (c *Cluster) noteGone(events []MemberEvent) bool {
 			}
 		}
 	}
-	c.gone.Store(&m)
-	return true
+	return m
 }
 
 // isGone reports whether the member uid is unreachable, downed or
@@ -499,7 +534,7 @@ func (c *Cluster) noteDownedLocked(m Member, now time.Time) {
 		c.downedAt[m.UID] = now
 	}
 	for uid, at := range c.downedAt {
-		if now.Sub(at) > 2*c.cfg.LeaseReleaseAfter {
+		if now.Sub(at) > 2*max(c.cfg.LeaseReleaseAfter, time.Duration(c.maxMargin.Load())) {
 			delete(c.downedAt, uid)
 		}
 	}
@@ -515,9 +550,11 @@ func (c *Cluster) downs() map[NodeUID]time.Time {
 // endShardings stops every region's entities as the cluster stops, before
 // its singletons (the coordinators among them) hand over.
 func (c *Cluster) endShardings() {
+	var wg sync.WaitGroup
 	for _, r := range c.regions() {
-		r.end()
+		wg.Go(r.end)
 	}
+	wg.Wait()
 }
 
 // addEntityKind makes the node resolve the paths under prefix to entity

@@ -18,6 +18,7 @@ import (
 type (
 	shardRegister struct {
 		Epoch   uint64
+		Count   int32 // the region's Shards
 		Shards  []int32
 		Leaving bool
 		from    NodeUID
@@ -47,16 +48,19 @@ type (
 	shardMoving struct {
 		Epoch uint64
 		Shard int32
+		Move  uint64 // the move's number
 		From  NodeUID
 		Addr  string
 	}
 	shardHandOff struct {
 		Epoch uint64
 		Shard int32
+		Move  uint64
 		Wait  []NodeUID
 	}
 	shardFlush struct {
 		Shard int32
+		Move  uint64
 		from  NodeUID
 	}
 )
@@ -127,6 +131,7 @@ type coordinator struct {
 	asks    map[int32][]NodeUID
 	goneAt  map[NodeUID]time.Time
 	balAt   time.Time
+	moveSeq uint64
 }
 
 // coordRegion is a member's region as the coordinator knows it.
@@ -138,6 +143,7 @@ type coordRegion struct {
 // coordMove is a shard on its way from one region to another.
 type coordMove struct {
 	from, to NodeUID
+	seq      uint64    // its number: flushes of another move do not count
 	at       time.Time // when the hand-off was last asked for
 }
 
@@ -197,6 +203,13 @@ func (k *coordinator) onRegister(m shardRegister) {
 	if m.Epoch != k.epoch {
 		return
 	}
+	if int(m.Count) != k.cfg.Shards {
+		// A different hash: the same id would be in another shard, run
+		// elsewhere. Such a member is never registered, so nothing new is
+		// placed until it is gone: loud, not twice.
+		k.c.n.log.Error("troupe: a member runs a sharded kind with another Shards; it takes no part until it is gone", "shards", m.Count, "want", k.cfg.Shards)
+		return
+	}
 	r := k.regions[m.from]
 	if r == nil {
 		r = &coordRegion{}
@@ -211,7 +224,7 @@ func (k *coordinator) onRegister(m shardRegister) {
 			// Two members say they run it: the one that answered later
 			// stops it (never two).
 			k.c.n.log.Warn("troupe: two members run one shard; stopping it on one", "shard", s)
-			k.tellRegion(m.from, shardHandOff{Epoch: k.epoch, Shard: s})
+			k.tellRegion(m.from, shardHandOff{Epoch: k.epoch, Shard: s, Move: k.nextMove()})
 			continue
 		}
 		k.homes[s] = m.from
@@ -258,7 +271,7 @@ func (k *coordinator) tick(now time.Time) {
 	for s, mv := range k.moves {
 		if now.Sub(mv.at) >= k.cfg.HandOffTimeout {
 			mv.at = now
-			k.tellRegion(mv.from, shardHandOff{Epoch: k.epoch, Shard: s, Wait: nil})
+			k.tellRegion(mv.from, shardHandOff{Epoch: k.epoch, Shard: s, Move: mv.seq, Wait: k.others(mv.from)})
 		}
 	}
 	k.serve(now)
@@ -304,15 +317,13 @@ func (k *coordinator) serve(now time.Time) {
 					loads[i].shards = append(loads[i].shards, s)
 				}
 			}
-			k.tellHome(home, s, home)
+			askers = k.others(NodeUID{}) // (every region learns a placement)
 		}
 		if r := k.regions[home]; r == nil || k.goneAt[home] != (time.Time{}) {
 			continue // its member is gone: placed again after the margin
 		}
 		for _, uid := range askers {
-			if uid != home {
-				k.tellHome(uid, s, home)
-			}
+			k.tellHome(uid, s, home) // (the home too, if it asks: a word to it was lost)
 		}
 		delete(k.asks, s)
 	}
@@ -360,15 +371,32 @@ func (k *coordinator) rebalance(now time.Time) {
 // startMove asks every other region to hold the shard's messages and
 // flush what it sent to its member, and that member to hand it off.
 func (k *coordinator) startMove(mv plannedMove, now time.Time) {
-	k.moves[mv.shard] = &coordMove{from: mv.from, to: mv.to, at: now}
+	seq := k.nextMove()
+	k.moves[mv.shard] = &coordMove{from: mv.from, to: mv.to, seq: seq, at: now}
 	addr := k.addrOf(mv.from)
-	var wait []NodeUID
-	for uid, r := range k.regions {
-		if uid != mv.from && !r.gone && k.tellRegion(uid, shardMoving{Epoch: k.epoch, Shard: mv.shard, From: mv.from, Addr: addr}) {
-			wait = append(wait, uid)
+	wait := k.others(mv.from)
+	for _, uid := range wait {
+		k.tellRegion(uid, shardMoving{Epoch: k.epoch, Shard: mv.shard, Move: seq, From: mv.from, Addr: addr})
+	}
+	k.tellRegion(mv.from, shardHandOff{Epoch: k.epoch, Shard: mv.shard, Move: seq, Wait: wait})
+}
+
+func (k *coordinator) nextMove() uint64 {
+	k.moveSeq++
+	return k.moveSeq
+}
+
+// others returns every region but that of uid that has not stopped: a
+// hand-off waits for the flush of each (one not told it moves, its
+// association down, is waited for until HandOffTimeout).
+func (k *coordinator) others(uid NodeUID) []NodeUID {
+	var out []NodeUID
+	for u, r := range k.regions {
+		if u != uid && !r.gone {
+			out = append(out, u)
 		}
 	}
-	k.tellRegion(mv.from, shardHandOff{Epoch: k.epoch, Shard: mv.shard, Wait: wait})
+	return out
 }
 
 // onStopped hears that a region no longer runs a shard.

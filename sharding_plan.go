@@ -61,10 +61,17 @@ func planRebalance(loads []shardLoad, limit int) []plannedMove {
 		c.shards = slices.Clone(l.shards)
 		stay = append(stay, &c)
 	}
-	if len(stay) == 0 {
-		return nil
-	}
 	var out []plannedMove
+	if len(stay) == 0 {
+		// No member to take them: the leavers stop them all the same (to
+		// the zero uid), to be placed when a member can take them.
+		for _, l := range leave {
+			for _, s := range l.shards {
+				out = append(out, plannedMove{shard: s, from: l.uid})
+			}
+		}
+		return out
+	}
 	for _, l := range leave {
 		for _, s := range l.shards {
 			to := slices.MinFunc(stay, byLoad)

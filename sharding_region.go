@@ -34,15 +34,15 @@ type region[T any] struct {
 	over   bool // ended: messages are dead letters
 
 	// The region's goroutine only.
-	byPath   map[string]*entity[T]      // running entities by path
-	held     int                        // messages held, over all shards
-	flushed  map[int32]map[NodeUID]bool // members that flushed a shard to this one
-	epoch    uint64                     // the coordinator's this region answers
-	clockAt  time.Time                  // when clock last moved
-	leaving  bool                       // giving its shards away before the member leaves
-	leftWait []chan struct{}            // handOver callers
-	ending   bool                       // stopping its entities as the cluster stops
-	endWait  int                        // entities still stopping then
+	byPath   map[string]*entity[T]   // running entities by path
+	held     int                     // messages held, over all shards
+	flushed  map[int32]*shardFlushes // members that flushed a shard to this one
+	epoch    uint64                  // the coordinator's this region answers
+	clockAt  time.Time               // when clock last moved
+	leaving  bool                    // giving its shards away before the member leaves
+	leftWait []chan struct{}         // handOver callers
+	ending   bool                    // stopping its entities as the cluster stops
+	endWait  int                     // entities still stopping then
 	endOnce  sync.Once
 	ended    chan struct{} // closed when the region has stopped
 
@@ -83,9 +83,13 @@ func (r *region[T]) behavior() Behavior[regionMsg] {
 			case Terminated:
 				r.entityStopped(ctx, s.Ref.Path())
 			case PostStop:
+				// Its entities (children) have stopped: the coordinator
+				// may place its shards at once.
 				r.mu.Lock()
 				r.over = true
 				r.mu.Unlock()
+				r.dropHeld()
+				r.coord.Tell(shardRegionGone{from: r.n.uid})
 				r.n.dropEntityKind(r.prefix)
 				r.endOnce.Do(func() { close(r.ended) })
 			}
@@ -167,7 +171,7 @@ func (r *region[T]) register() {
 			here = append(here, sh.id)
 		}
 	}
-	r.coord.Tell(shardRegister{Epoch: r.epoch, Shards: here, Leaving: r.leaving, from: r.n.uid})
+	r.coord.Tell(shardRegister{Epoch: r.epoch, Count: int32(len(r.shards)), Shards: here, Leaving: r.leaving, from: r.n.uid})
 }
 
 // onEnvelope takes a message that came through the region.
@@ -333,6 +337,7 @@ func (r *region[T]) onHome(ctx *Context[regionMsg], m shardHome) {
 		r.mu.Lock()
 		sh.entities = map[string]*entity[T]{}
 		r.mu.Unlock()
+		delete(r.flushed, sh.id) // (of moves before this one)
 		r.setMode(sh, shardHere, nil, NodeUID{})
 		r.release(ctx, sh)
 		return
@@ -377,25 +382,36 @@ func (r *region[T]) onMoving(m shardMoving) {
 	r.setMode(sh, shardNowhere, nil, NodeUID{})
 	sh.askedAt = time.Now() // its new home is told to every region
 	if addr, err := ParseAddr(m.Addr); err == nil {
-		tellMember(r.n, addr, r.self.h.key.path, shardFlush{Shard: m.Shard})
+		tellMember(r.n, addr, r.self.h.key.path, shardFlush{Shard: m.Shard, Move: m.Move})
 	}
 }
 
 func (r *region[T]) onFlush(m shardFlush) {
 	fl := r.flushed[m.Shard]
-	if fl == nil {
-		fl = map[NodeUID]bool{}
+	if fl == nil || fl.move != m.Move {
+		if fl != nil && fl.move > m.Move {
+			return // (a flush of an earlier move, late)
+		}
+		fl = &shardFlushes{move: m.Move, from: map[NodeUID]bool{}}
 		r.flushed[m.Shard] = fl
 	}
-	fl[m.from] = true
+	fl.from[m.from] = true
 	if sh := r.shards[m.Shard]; sh.handOff != nil {
 		r.checkHandOff(sh)
 	}
 }
 
+// shardFlushes are the members that flushed a shard to this one, for
+// one move.
+type shardFlushes struct {
+	move uint64
+	from map[NodeUID]bool
+}
+
 // shardHandOffState is a hand-over of a shard run here.
 type shardHandOffState struct {
 	wait     []NodeUID // members whose flush it waits for
+	move     uint64    // the coordinator's number for this move
 	deadline time.Time
 	stopping bool // its entities are stopping
 }
@@ -415,7 +431,7 @@ func (r *region[T]) onHandOff(m shardHandOff) {
 	}
 	// Until every flush is in, the shard still runs here for everyone:
 	// what the others sent before they held its messages is delivered.
-	sh.handOff = &shardHandOffState{wait: m.Wait, deadline: time.Now().Add(r.cfg.HandOffTimeout)}
+	sh.handOff = &shardHandOffState{wait: m.Wait, move: m.Move, deadline: time.Now().Add(r.cfg.HandOffTimeout)}
 	r.checkHandOff(sh)
 }
 
@@ -426,7 +442,7 @@ func (r *region[T]) checkHandOff(sh *shard[T]) {
 	}
 	fl := r.flushed[sh.id]
 	for _, uid := range ho.wait {
-		if uid != r.n.uid && !fl[uid] && time.Now().Before(ho.deadline) {
+		if uid != r.n.uid && (fl == nil || fl.move != ho.move || !fl.from[uid]) && time.Now().Before(ho.deadline) {
 			return
 		}
 	}
@@ -490,15 +506,6 @@ func (r *region[T]) entityStopped(ctx *Context[regionMsg], path string) {
 	}
 	r.mu.Unlock()
 	switch {
-	case r.ending:
-		r.addHeld(-len(e.held))
-		for _, env := range e.held {
-			sh.queued.Add(-1)
-			r.n.deadLetter(r.prefix+env.id, env.msg, ErrEntityUnavailable)
-		}
-		if r.endWait--; r.endWait == 0 {
-			r.finish(ctx)
-		}
 	case sh.mode == shardStopping:
 		sh.held = append(e.held, sh.held...) // (they came first)
 		if sh.handOff != nil && sh.handOff.stopping {
@@ -569,16 +576,18 @@ func (r *region[T]) checkLeft() {
 	r.leftWait = nil
 }
 
-// onEnd stops every entity as the cluster stops; the region stops once
-// they have.
+// onEnd stops the region as the cluster stops: what it holds is a dead
+// letter, and its entities (its children) stop first, without handling
+// what their mailboxes hold (dead letters too), so that the coordinator
+// may place their shards elsewhere at once.
 func (r *region[T]) onEnd(ctx *Context[regionMsg]) {
-	if r.ending {
-		return
-	}
 	r.ending = true
-	r.mu.Lock()
-	r.over = true
-	r.mu.Unlock()
+	r.dropHeld()
+	ctx.Stop()
+}
+
+// dropHeld turns what the region holds into dead letters.
+func (r *region[T]) dropHeld() {
 	for _, sh := range r.shards {
 		waitInflight(&sh.inflight)
 		for _, env := range sh.held {
@@ -589,48 +598,55 @@ func (r *region[T]) onEnd(ctx *Context[regionMsg]) {
 		sh.held = nil
 	}
 	for _, e := range r.byPath {
-		r.endWait++
-		if !e.going {
-			r.stopEntity(e)
+		for _, env := range e.held {
+			r.n.deadLetter(r.prefix+env.id, env.msg, ErrEntityUnavailable)
 		}
+		r.addHeld(-len(e.held))
+		e.held = nil
 	}
-	if r.endWait == 0 {
-		r.finish(ctx)
-	}
-}
-
-// finish tells the coordinator this member runs no shard any more, and
-// stops the region.
-func (r *region[T]) finish(ctx *Context[regionMsg]) {
-	r.coord.Tell(shardRegionGone{from: r.n.uid})
 	for _, ch := range r.leftWait {
 		close(ch)
 	}
 	r.leftWait = nil
-	ctx.Stop()
 }
 
-// handOver gives this member's shards away before it leaves.
+// handOver gives this member's shards away before it leaves, waiting
+// at most twice HandOffTimeout (a cluster with no other member to take
+// them, or a coordinator that cannot place them, must not hold a leave
+// without a deadline).
 func (r *region[T]) handOver(ctx context.Context, hurry <-chan struct{}) {
 	done := make(chan struct{})
 	if r.self.h.local.tellAny(shardLeave{done: done}) != nil {
 		return
 	}
+	t := time.NewTimer(2 * r.cfg.HandOffTimeout)
+	defer t.Stop()
 	select {
 	case <-done:
 	case <-ctx.Done():
 	case <-hurry:
+	case <-t.C:
 	case <-r.ended:
 	}
 }
 
+func (r *region[T]) handOffTimeout() time.Duration { return r.cfg.HandOffTimeout }
+
 func (r *region[T]) poke() { r.self.h.local.tellAny(shardTick{}) }
 
-// end stops the region's entities as the cluster stops, and waits (at
-// most HandOffTimeout) until they and the region have stopped.
+// end stops the region as the cluster stops, and waits (at most
+// HandOffTimeout) until it and its entities have stopped. Senders get
+// ErrEntityUnavailable from the moment it is called.
 func (r *region[T]) end() {
 	defer r.c.dropSharding(r.name)
+	r.mu.Lock()
+	r.over = true
+	r.mu.Unlock()
 	if r.self.h.local.tellAny(shardEnd{}) != nil {
+		select { // (it has stopped, or is stopping: its PostStop closes it)
+		case <-r.ended:
+		case <-r.n.workDone():
+		}
 		return
 	}
 	t := time.NewTimer(r.cfg.HandOffTimeout)
@@ -639,7 +655,8 @@ func (r *region[T]) end() {
 	case <-r.ended:
 		stopAndWait(r.n, r.self)
 	case <-t.C:
-		r.n.log.Warn("troupe: a sharded kind's entities did not stop in HandOffTimeout as the cluster stopped", "kind", r.name)
+		r.n.log.Warn("troupe: a sharded kind's entities did not stop in HandOffTimeout as the cluster stopped; another member may start them after the removal margin", "kind", r.name)
+		r.n.Stop(r.self)
 	case <-r.n.workDone():
 	}
 }

@@ -4,8 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"log/slog"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -471,4 +474,178 @@ func TestARollingRestartOfEveryMemberLosesNothing(t *testing.T) {
 	}
 	waitUntil(t, 30*time.Second, fmt.Sprintf("all %d messages handled", want), func() bool { return l.count() == want })
 	l.check(t)
+}
+
+// A lone member's Leave with no deadline ends: its shards have nowhere
+// to go, and it stops them all the same.
+func TestALoneMembersLeaveEnds(t *testing.T) {
+	f := troupe.NewFaultNet()
+	l := newLedger()
+	_, members, kinds := shardedCluster(t, f, l, troupe.ClusterConfig{StableAfter: singletonStable}, troupe.ShardingConfig{Shards: 4}, "a")
+	s := &sender{name: "a"}
+	s.send(kinds[0], "x")
+	waitUntil(t, 10*time.Second, "first", func() bool { return l.count() == 1 })
+	done := make(chan error, 1)
+	go func() { done <- members[0].Leave(context.Background()) }()
+	select {
+	case err := <-done:
+		t.Logf("leave returned %v", err)
+	case <-time.After(15 * time.Second):
+		t.Fatal("Leave(Background) on a lone member hangs")
+	}
+}
+
+// A burst of 150,000 messages to 1,000 entities from three members at
+// the default ShardingConfig, right after start: all handled, in order.
+func TestABurstAtTheDefaultConfig(t *testing.T) {
+	f := troupe.NewFaultNet()
+	l := newLedger()
+	_, _, kinds := shardedCluster(t, f, l, troupe.ClusterConfig{StableAfter: singletonStable}, troupe.ShardingConfig{}, "a", "b", "c")
+	start := time.Now()
+	senders := []*sender{{name: "a"}, {name: "b"}, {name: "c"}}
+	for round := range 50 {
+		for i, s := range senders {
+			for id := range 1000 {
+				s.send(kinds[i], fmt.Sprint("e-", (id+round)%1000))
+			}
+		}
+	}
+	want := 150000
+	waitUntil(t, 60*time.Second, "all handled", func() bool { return l.count() == want })
+	t.Logf("all %d handled in %v", want, time.Since(start))
+	l.check(t)
+}
+
+// b's cluster stops (Cluster.Close, its node left up) while an entity of
+// b works off a backlog longer than HandOffTimeout and the margin: the
+// entity is stopped with its cluster (what its mailbox holds is a dead
+// letter), so it never runs on two members at once.
+func TestAnEntityWithABacklogIsStoppedWhenItsClusterStops(t *testing.T) {
+	f := troupe.NewFaultNet()
+	l := newLedger()
+	slow := func(member string) func(id string) troupe.Behavior[acct] {
+		inner := l.factory(member)
+		return func(id string) troupe.Behavior[acct] {
+			b := inner(id)
+			recv := b.Receive
+			b.Receive = func(c *troupe.Context[acct], m acct) {
+				if m.From == "slow" {
+					time.Sleep(20 * time.Millisecond)
+				}
+				recv(c, m)
+			}
+			return b
+		}
+	}
+	ccfg := troupe.ClusterConfig{StableAfter: singletonStable}
+	scfg := troupe.ShardingConfig{Shards: 12, HandOffTimeout: 2 * time.Second}
+	var nodes []*troupe.Node
+	var members []*troupe.Cluster
+	var kinds []*troupe.Sharded[acct]
+	for _, name := range []string{"a", "b", "c"} {
+		n, c := joinRegistryless(t, f, name, nodes, ccfg)
+		nodes, members = append(nodes, n), append(members, c)
+		waitAllUp(t, members, len(members))
+		k, err := troupe.Sharding(c, "accounts", slow(name), scfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		kinds = append(kinds, k)
+	}
+	s := &sender{name: "x"}
+	for id := range 24 {
+		s.send(kinds[0], fmt.Sprint("item-", id))
+	}
+	waitUntil(t, 20*time.Second, "first messages", func() bool { return l.count() == 24 })
+	var onB string
+	for id := range 24 {
+		if st := l.startsOf(fmt.Sprint("item-", id)); st[0] == "b" {
+			onB = fmt.Sprint("item-", id)
+			break
+		}
+	}
+	if onB == "" {
+		t.Fatal("nothing on b")
+	}
+	for i := range 1500 {
+		kinds[1].Entity(onB).Tell(acct{ID: onB, From: "slow", Seq: i + 1})
+	}
+	t0 := time.Now()
+	members[1].Close()
+	t.Logf("b's cluster closed in %v", time.Since(t0))
+	for range 40 {
+		s.send(kinds[0], onB)
+		time.Sleep(500 * time.Millisecond)
+		l.mu.Lock()
+		most := l.most
+		l.mu.Unlock()
+		if most > 1 {
+			t.Fatalf("%s ran on two members at once after %v (starts %v)", onB, time.Since(t0), l.startsOf(onB))
+		}
+	}
+}
+
+// A Send to an entity whose mailbox is full (its handler blocks) does
+// not wait for room: it stalls neither its region nor other shards.
+func TestASendToAFullEntityDoesNotStallItsRegion(t *testing.T) {
+	f := troupe.NewFaultNet()
+	n, err := f.Start(ctxFor(t), troupe.Config{Name: "a", HeartbeatInterval: 20 * time.Millisecond, UnreachableAfter: 2 * time.Second,
+		MailboxLimit: 4, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { n.Close() })
+	c := startMember(t, n, nil, troupe.ClusterConfig{StableAfter: singletonStable})
+	waitAllUp(t, []*troupe.Cluster{c}, 1)
+	release := make(chan struct{})
+	var got atomic.Int64
+	k, err := troupe.Sharding(c, "blk", func(id string) troupe.Behavior[acct] {
+		return troupe.Behavior[acct]{Receive: func(_ *troupe.Context[acct], m acct) {
+			if id == "blocker" {
+				<-release
+			}
+			got.Add(1)
+		}}
+	}, troupe.ShardingConfig{Shards: 2, PassivateAfter: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer close(release)
+	// an idle entity in the blocker's shard
+	var idle string
+	for i := 0; ; i++ {
+		if id := fmt.Sprint("idle-", i); k.Shard(id) == k.Shard("blocker") {
+			idle = id
+			break
+		}
+	}
+	k.Entity(idle).Tell(acct{})
+	waitUntil(t, 10*time.Second, "idle handled", func() bool { return got.Load() == 1 })
+	k.Entity("blocker").Tell(acct{})
+	time.Sleep(50 * time.Millisecond)
+	for range 10 {
+		k.Entity("blocker").Tell(acct{})
+	}
+	time.Sleep(100 * time.Millisecond)
+	sent := make(chan error, 1)
+	go func() { sent <- k.Entity("blocker").Send(context.Background(), acct{}) }()
+	time.Sleep(600 * time.Millisecond) // the idle entity's passivation
+	var other string
+	for i := 0; ; i++ {
+		if id := fmt.Sprint("other-", i); k.Shard(id) != k.Shard("blocker") {
+			other = id
+			break
+		}
+	}
+	select {
+	case err := <-sent:
+		if !errors.Is(err, troupe.ErrMailboxFull) {
+			t.Fatalf("the Send to a full entity returned %v; want ErrMailboxFull", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the Send to a full entity waited")
+	}
+	before := got.Load()
+	k.Entity(other).Tell(acct{})
+	waitUntil(t, 5*time.Second, "a message to another shard's new entity", func() bool { return got.Load() > before })
 }

@@ -63,7 +63,7 @@ func (n *Node) leaveCluster(ctx context.Context, hurry <-chan struct{}) {
 	if c == nil {
 		return
 	}
-	hctx, hcancel := context.WithTimeout(ctx, c.leaveWait())
+	hctx, hcancel := context.WithTimeout(ctx, c.handOverWait())
 	c.handOverShards(hctx, hurry)
 	hcancel()
 	ctx, cancel := context.WithTimeout(ctx, c.leaveWait())
