@@ -649,3 +649,75 @@ func TestASendToAFullEntityDoesNotStallItsRegion(t *testing.T) {
 	k.Entity(other).Tell(acct{})
 	waitUntil(t, 5*time.Second, "a message to another shard's new entity", func() bool { return got.Load() > before })
 }
+
+// A split of a from b and c, resolved by each strategy: the side that
+// survives runs the other side's shards once the margin has passed,
+// with the messages its members held, and no entity runs on two
+// members at once (the downed side stops its entities when its
+// cluster stops).
+func TestShardsSurviveASplitUnderEachStrategy(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		strategy troupe.DowningStrategy
+		survivor int // the member that sends: 0 for a's side, 1 for b's
+	}{
+		{"keep-oldest", troupe.KeepOldest{}, 0},
+		{"static-quorum", troupe.StaticQuorum{Size: 2}, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := troupe.NewFaultNet()
+			l := newLedger()
+			nodes, _, kinds := shardedCluster(t, f, l, troupe.ClusterConfig{Downing: tc.strategy, StableAfter: singletonStable},
+				troupe.ShardingConfig{Shards: 12}, "a", "b", "c")
+			s := &sender{name: "s"}
+			for id := range 24 {
+				s.send(kinds[tc.survivor], fmt.Sprint("item-", id))
+			}
+			waitUntil(t, 20*time.Second, "the first messages handled", func() bool { return l.count() == 24 })
+			lost := map[bool][]string{} // by whether it ran on a
+			for id := range 24 {
+				name := fmt.Sprint("item-", id)
+				onA := l.startsOf(name)[0] == "a"
+				lost[onA] = append(lost[onA], name)
+			}
+			moving := lost[tc.survivor != 0] // the entities of the side that is downed
+			if len(moving) == 0 {
+				t.Fatal("no entity ran on the side that is downed")
+			}
+			events := make(chan troupe.MemberEvent, 64)
+			sub := troupe.SubscribeChan(nodes[tc.survivor].Events(), events)
+			defer sub.Unsubscribe()
+			f.Partition(nodes[0], nodes[1])
+			f.Partition(nodes[0], nodes[2])
+			// Messages sent straight into the connection to a member not
+			// yet seen unreachable are lost with it: send once the
+			// survivor sees the whole other side unreachable.
+			other := map[troupe.Addr]bool{nodes[0].Addrs()[0]: true}
+			if tc.survivor == 0 {
+				other = map[troupe.Addr]bool{nodes[1].Addrs()[0]: true, nodes[2].Addrs()[0]: true}
+			}
+			deadline := time.After(30 * time.Second)
+			for len(other) > 0 {
+				select {
+				case e := <-events:
+					if e.Kind == troupe.EventMemberUnreachable {
+						delete(other, e.Member.Addr)
+					}
+				case <-deadline:
+					t.Fatal("the survivor never saw the other side unreachable")
+				}
+			}
+			before := l.count()
+			for _, id := range moving {
+				s.send(kinds[tc.survivor], id)
+			}
+			waitUntil(t, 60*time.Second, "the held messages handled on the surviving side", func() bool { return l.count() == before+len(moving) })
+			for _, id := range moving {
+				if starts := l.startsOf(id); len(starts) != 2 {
+					t.Errorf("%s started on %v; want twice, once on each side", id, starts)
+				}
+			}
+			l.check(t)
+		})
+	}
+}
