@@ -1,6 +1,7 @@
 package troupe_test
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -51,6 +52,8 @@ type nemesisMember struct {
 	lease  troupe.Lease
 	sink   troupe.Ref[nemesisMsg]
 	watch  troupe.Ref[nemesisWatch]
+	clock  troupe.Ref[nemesisMsg]
+	carts  *troupe.Sharded[nemesisMsg]
 	gone   bool // stopped by the schedule (killed, shut down) or downed
 	reason string
 }
@@ -89,6 +92,10 @@ type nemesis struct {
 	born       int
 	watcher    *sidesWatcher
 	violation  string
+	// The singleton's instances and the sharded entities running now,
+	// over every member: never two of one.
+	singles  int
+	entities map[string]int
 }
 
 func nemesisDuration(t *testing.T) time.Duration {
@@ -120,7 +127,7 @@ func TestNemesis(t *testing.T) {
 		log:  slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn})),
 		refs: map[[2]string]troupe.Ref[nemesisMsg]{}, resolving: map[[2]string]bool{},
 		streams: map[[2]string]*nemesisStream{}, terminated: map[[2]string]int{}, watched: map[[2]string]bool{},
-		watcher: newSidesWatcher(),
+		watcher: newSidesWatcher(), entities: map[string]int{},
 	}
 	z.useLease = z.rng.IntN(2) == 0
 	t.Logf("seed %d (TROUPE_NEMESIS_SEED=%d replays it), %v, lease %v", seed, seed, run, z.useLease)
@@ -138,6 +145,7 @@ func TestNemesis(t *testing.T) {
 	var wg sync.WaitGroup
 	wg.Go(func() { z.send(stop) })
 	wg.Go(func() { z.check(stop) })
+	wg.Go(func() { z.sendPlaced(stop) })
 	defer func() {
 		select {
 		case <-stop:
@@ -265,10 +273,71 @@ func (z *nemesis) join() *nemesisMember {
 		return nil
 	}
 	z.watcher.add(m.c)
+	z.place(m)
 	z.mu.Lock()
 	z.members = append(z.members, m)
 	z.mu.Unlock()
 	return m
+}
+
+// place makes m run the singleton "clock" and the kind "carts", whose
+// instances and entities count themselves running in z: a second one of
+// either is a violation.
+func (z *nemesis) place(m *nemesisMember) {
+	count := func(key string, d int) {
+		z.mu.Lock()
+		defer z.mu.Unlock()
+		n := &z.singles
+		if key != "" {
+			v := z.entities[key] + d
+			z.entities[key] = v
+			n = &v
+		} else {
+			z.singles += d
+		}
+		if *n > 1 && z.violation == "" {
+			z.violation = fmt.Sprintf("two instances of %q run at once", cmp.Or(key, "the singleton"))
+		}
+	}
+	behavior := func(key string) troupe.Behavior[nemesisMsg] {
+		return troupe.Behavior[nemesisMsg]{
+			Setup:   func(*troupe.Context[nemesisMsg]) { count(key, 1) },
+			Receive: func(*troupe.Context[nemesisMsg], nemesisMsg) {},
+			Signal: func(_ *troupe.Context[nemesisMsg], s troupe.Signal) {
+				if _, ok := s.(troupe.PostStop); ok {
+					count(key, -1)
+				}
+			},
+		}
+	}
+	var err error
+	if m.clock, err = troupe.Singleton(m.c, "clock", func() troupe.Behavior[nemesisMsg] { return behavior("") }, troupe.SingletonConfig{}); err != nil {
+		z.note(fmt.Sprintf("%s: Singleton: %v", m.name, err))
+	}
+	if m.carts, err = troupe.Sharding(m.c, "carts", func(id string) troupe.Behavior[nemesisMsg] { return behavior("cart " + id) },
+		troupe.ShardingConfig{Shards: 20, PassivateAfter: time.Second, RebalanceInterval: 500 * time.Millisecond}); err != nil {
+		z.note(fmt.Sprintf("%s: Sharding: %v", m.name, err))
+	}
+}
+
+// sendPlaced sends to the singleton and to carts through running members
+// until stop, so that they start (and move) all along.
+func (z *nemesis) sendPlaced(stop <-chan struct{}) {
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for i := 0; ; i++ {
+		select {
+		case <-stop:
+			return
+		case <-tick.C:
+		}
+		for _, m := range z.runningMembers() {
+			if m.carts != nil && !m.clock.IsZero() {
+				m.clock.Tell(nemesisMsg{Seq: uint64(i)})
+				m.carts.Entity(fmt.Sprint("c", i%12)).Tell(nemesisMsg{Seq: uint64(i)})
+			}
+		}
+	}
 }
 
 func (z *nemesis) delivered(msg nemesisMsg, at string) {

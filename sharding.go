@@ -89,7 +89,7 @@ func Sharding[T any](c *Cluster, name string, factory func(id string) Behavior[T
 	default:
 	}
 	r := &region[T]{c: c, n: c.n, name: name, factory: factory, cfg: cfg,
-		prefix: "/system/sharding-" + name + "/entity/",
+		prefix: "/system/sharding-" + name + "/entity/", path: "/system/sharding-" + name,
 		shards: make([]*shard[T], cfg.Shards), byPath: map[string]*entity[T]{},
 		flushed: map[int32]*shardFlushes{}, ended: make(chan struct{})}
 	for i := range r.shards {
@@ -112,6 +112,12 @@ func Sharding[T any](c *Cluster, name string, factory func(id string) Behavior[T
 	}
 	r.self = ref
 	c.shardings.mu.Lock()
+	if c.shardings.ended {
+		// The cluster stopped meanwhile: its regions were ended already.
+		c.shardings.mu.Unlock()
+		stopAndWait(c.n, ref)
+		return nil, ErrClusterStopped
+	}
 	c.shardings.by[name] = r
 	c.shardings.mu.Unlock()
 	c.noteMargin(cfg.RemovalMargin)
@@ -280,6 +286,20 @@ func (r *region[T]) viaRegion(sh *shard[T], id string, m T, hd Headers) error {
 	return nil
 }
 
+// tellQueued sends msg to the actor at path on the member uid at addr,
+// through the association to it, dialing one if there is none: unlike
+// tellMember it does not wait for the association to be up (what is sent
+// before it is up is queued in order, ahead of this). false if there is
+// no association to be had (the address is refused, or the node closes).
+func tellQueued[M any](n *Node, addr Addr, uid NodeUID, path string, msg M) bool {
+	a, err := n.assocFor(addr)
+	if err != nil {
+		return false
+	}
+	h := &handle{node: n, key: refKey{node: uid, path: path}, assoc: a}
+	return a.send(nil, h, msg, nil) == nil
+}
+
 // gone reports whether the association has ended (or is ending).
 func (a *assoc) gone() bool {
 	t := a.lockTarget()
@@ -360,8 +380,9 @@ func (shardPassivate) regionMsg() {}
 
 // shardings are the kinds of sharded entity this member runs.
 type shardings struct {
-	mu sync.Mutex
-	by map[string]regionRunner
+	mu    sync.Mutex
+	by    map[string]regionRunner
+	ended bool // the cluster stopped: no kind is added
 }
 
 // regionRunner is a region of any message type, as the cluster keeps
@@ -374,11 +395,12 @@ type regionRunner interface {
 }
 
 // handOverWait bounds the hand-over of a leave by Close: the leave's
-// wait, or the longest HandOffTimeout of the member's kinds.
+// wait, and twice the longest HandOffTimeout of the member's kinds (a
+// move may wait that long for a member's flush, then for its entities).
 func (c *Cluster) handOverWait() time.Duration {
 	d := c.leaveWait()
 	for _, r := range c.regions() {
-		d = max(d, r.handOffTimeout())
+		d = max(d, 2*r.handOffTimeout()+c.leaveWait())
 	}
 	return d
 }
@@ -387,6 +409,9 @@ func (c *Cluster) addSharding(name string, r regionRunner) error {
 	ss := &c.shardings
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
+	if ss.ended {
+		return ErrClusterStopped
+	}
 	if _, ok := ss.by[name]; ok {
 		return fmt.Errorf("%w: sharding %s", ErrNameTaken, name)
 	}
@@ -479,7 +504,8 @@ func goneAfter(p *map[NodeUID]bool, events []MemberEvent, self NodeUID) map[Node
 		default:
 			continue
 		}
-		if was, ok := old[uid]; ok && (was || !away) || !ok && !away {
+		forGood := e.Kind == EventMemberStatus
+		if was, ok := old[uid]; away && ok && (was || !forGood) || !away && (!ok || was) {
 			continue // (no change; a downed member stays away)
 		}
 		if m == nil {
@@ -489,7 +515,7 @@ func goneAfter(p *map[NodeUID]bool, events []MemberEvent, self NodeUID) map[Node
 			}
 		}
 		if away {
-			m[uid] = e.Kind == EventMemberStatus // true: for good
+			m[uid] = forGood
 		} else {
 			delete(m, uid)
 		}
@@ -550,6 +576,9 @@ func (c *Cluster) downs() map[NodeUID]time.Time {
 // endShardings stops every region's entities as the cluster stops, before
 // its singletons (the coordinators among them) hand over.
 func (c *Cluster) endShardings() {
+	c.shardings.mu.Lock()
+	c.shardings.ended = true
+	c.shardings.mu.Unlock()
 	var wg sync.WaitGroup
 	for _, r := range c.regions() {
 		wg.Go(r.end)

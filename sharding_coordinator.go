@@ -60,6 +60,7 @@ type (
 	}
 	shardFlush struct {
 		Shard int32
+		Epoch uint64
 		Move  uint64
 		from  NodeUID
 	}
@@ -132,6 +133,7 @@ type coordinator struct {
 	goneAt  map[NodeUID]time.Time
 	balAt   time.Time
 	moveSeq uint64
+	refused map[NodeUID]bool // members with another Shards
 }
 
 // coordRegion is a member's region as the coordinator knows it.
@@ -152,7 +154,7 @@ var coordSeq atomic.Uint32
 func newCoordinator(c *Cluster, name string, cfg ShardingConfig) Behavior[shardCoordMsg] {
 	k := &coordinator{c: c, cfg: cfg, path: "/system/sharding-" + name,
 		regions: map[NodeUID]*coordRegion{}, homes: map[int32]NodeUID{}, moves: map[int32]*coordMove{},
-		asks: map[int32][]NodeUID{}, goneAt: map[NodeUID]time.Time{}}
+		asks: map[int32][]NodeUID{}, goneAt: map[NodeUID]time.Time{}, refused: map[NodeUID]bool{}}
 	return Behavior[shardCoordMsg]{
 		Setup: func(ctx *Context[shardCoordMsg]) {
 			// A coordinator that starts later runs on a younger member (a
@@ -176,7 +178,9 @@ func (k *coordinator) receive(m shardCoordMsg) {
 		k.onRegister(m)
 	case shardWhere:
 		if k.valid(m.Shard) {
-			k.asks[m.Shard] = append(k.asks[m.Shard], m.from)
+			if !slices.Contains(k.asks[m.Shard], m.from) {
+				k.asks[m.Shard] = append(k.asks[m.Shard], m.from)
+			}
 			k.serve(now)
 		}
 	case shardStopped:
@@ -207,7 +211,10 @@ func (k *coordinator) onRegister(m shardRegister) {
 		// A different hash: the same id would be in another shard, run
 		// elsewhere. Such a member is never registered, so nothing new is
 		// placed until it is gone: loud, not twice.
-		k.c.n.log.Error("troupe: a member runs a sharded kind with another Shards; it takes no part until it is gone", "shards", m.Count, "want", k.cfg.Shards)
+		if !k.refused[m.from] {
+			k.refused[m.from] = true
+			k.c.n.log.Error("troupe: a member runs a sharded kind with another Shards; nothing is placed or moved until it is gone", "shards", m.Count, "want", k.cfg.Shards)
+		}
 		return
 	}
 	r := k.regions[m.from]
@@ -390,9 +397,17 @@ func (k *coordinator) nextMove() uint64 {
 // hand-off waits for the flush of each (one not told it moves, its
 // association down, is waited for until HandOffTimeout).
 func (k *coordinator) others(uid NodeUID) []NodeUID {
+	reach := k.c.listable()
+	status := map[NodeUID]MemberStatus{}
+	for _, m := range k.c.Members() {
+		status[m.UID] = m.Status
+	}
 	var out []NodeUID
 	for u, r := range k.regions {
-		if u != uid && !r.gone {
+		_, reached := reach[u]
+		st, member := status[u]
+		// (an exiting member's cluster stops: it sends nothing more)
+		if u != uid && !r.gone && member && st < MemberExiting && (reached || u == k.c.n.uid) {
 			out = append(out, u)
 		}
 	}
@@ -481,7 +496,7 @@ func (k *coordinator) tellRegion(uid NodeUID, msg regionMsg) bool {
 	}
 	for _, m := range k.c.Members() {
 		if m.UID == uid {
-			return tellMember(n, m.Addr, k.path, msg)
+			return tellQueued(n, m.Addr, uid, k.path, msg)
 		}
 	}
 	return false

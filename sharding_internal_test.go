@@ -42,3 +42,38 @@ func TestAPokeWhileShardingStartsIsSafe(t *testing.T) {
 	}
 	stop.Store(true)
 }
+
+// goneAfter: an unreachable member is away until it is reachable again;
+// a downed or removed one is away for good.
+func TestGoneAfter(t *testing.T) {
+	self, a := NodeUID{1}, NodeUID{2}
+	ev := func(kind string, st MemberStatus) MemberEvent {
+		return MemberEvent{Member: Member{UID: a, Status: st}, Kind: kind}
+	}
+	steps := []struct {
+		event MemberEvent
+		away  bool // a is away after it
+	}{
+		{ev(EventMemberUnreachable, MemberUp), true},
+		{ev(EventMemberUnreachable, MemberUp), true},
+		{ev(EventMemberReachable, MemberUp), false},
+		{ev(EventMemberReachable, MemberUp), false},
+		{ev(EventMemberUnreachable, MemberUp), true},
+		{ev(EventMemberStatus, MemberDown), true},
+		{ev(EventMemberReachable, MemberUp), true}, // (downed: for good)
+		{ev(EventMemberStatus, MemberRemoved), true},
+	}
+	var cur *map[NodeUID]bool
+	for i, st := range steps {
+		if m := goneAfter(cur, []MemberEvent{st.event}, self); m != nil {
+			cur = &m
+		}
+		_, away := (*cur)[a]
+		if away != st.away {
+			t.Fatalf("step %d (%s %s): away %v; want %v", i, st.event.Kind, st.event.Member.Status, away, st.away)
+		}
+	}
+	if m := goneAfter(cur, []MemberEvent{{Member: Member{UID: self, Status: MemberDown}, Kind: EventMemberStatus}}, self); m != nil {
+		t.Fatal("this member's own event changed the set")
+	}
+}

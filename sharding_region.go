@@ -23,6 +23,7 @@ type region[T any] struct {
 	factory func(id string) Behavior[T]
 	cfg     ShardingConfig
 	prefix  string             // of its entities' paths
+	path    string             // the region's own
 	self    Ref[regionMsg]     // the region actor
 	coord   Ref[shardCoordMsg] // the coordinator's singleton station here
 	clock   atomic.Uint32      // quarters of PassivateAfter, for idleness
@@ -41,7 +42,6 @@ type region[T any] struct {
 	clockAt  time.Time               // when clock last moved
 	leaving  bool                    // giving its shards away before the member leaves
 	leftWait []chan struct{}         // handOver callers
-	ending   bool                    // stopping its entities as the cluster stops
 	endWait  int                     // entities still stopping then
 	endOnce  sync.Once
 	ended    chan struct{} // closed when the region has stopped
@@ -57,15 +57,13 @@ func (r *region[T]) addHeld(d int) {
 // regionMsg is what a region actor takes.
 type regionMsg interface{ regionMsg() }
 
-// shardTick, shardEnd and shardLeave are a region's own messages.
+// shardTick and shardLeave are a region's own messages.
 type (
 	shardTick  struct{}
-	shardEnd   struct{}
 	shardLeave struct{ done chan struct{} }
 )
 
 func (shardTick) regionMsg()  {}
-func (shardEnd) regionMsg()   {}
 func (shardLeave) regionMsg() {}
 
 // errPassivated is the stop reason of a passivated entity.
@@ -143,8 +141,6 @@ func (r *region[T]) receive(ctx *Context[regionMsg], m regionMsg) {
 		r.leftWait = append(r.leftWait, m.done)
 		r.coord.Tell(shardLeaving{from: r.n.uid})
 		r.checkLeft()
-	case shardEnd:
-		r.onEnd(ctx)
 	}
 }
 
@@ -177,8 +173,11 @@ func (r *region[T]) register() {
 // onEnvelope takes a message that came through the region.
 func (r *region[T]) onEnvelope(ctx *Context[regionMsg], env shardEnvelope[T]) {
 	sh := r.shards[r.shardOf(env.id)]
+	r.mu.RLock()
+	over := r.over
+	r.mu.RUnlock()
 	switch {
-	case r.ending:
+	case over:
 		sh.queued.Add(-1)
 		r.n.deadLetter(r.prefix+env.id, env.msg, ErrEntityUnavailable)
 	case sh.mode == shardHere:
@@ -289,6 +288,7 @@ func (r *region[T]) release(ctx *Context[regionMsg], sh *shard[T]) {
 	for _, env := range held {
 		r.onEnvelope(ctx, env)
 	}
+	r.checkLeft()
 }
 
 // setMode changes where sh's messages go, then waits for the senders
@@ -361,7 +361,7 @@ func (r *region[T]) onHome(ctx *Context[regionMsg], m shardHome) {
 		sh.askedAt = time.Now() // (held until it is reachable, or moves)
 		return
 	}
-	ref, ok := memberRef[regionMsg](r.n, addr, r.self.h.key.path)
+	ref, ok := memberRef[regionMsg](r.n, addr, r.path)
 	if !ok || ref.h.key.node != m.Home {
 		r.setMode(sh, shardNowhere, nil, NodeUID{}) // ask again next tick
 		return
@@ -382,17 +382,17 @@ func (r *region[T]) onMoving(m shardMoving) {
 	r.setMode(sh, shardNowhere, nil, NodeUID{})
 	sh.askedAt = time.Now() // its new home is told to every region
 	if addr, err := ParseAddr(m.Addr); err == nil {
-		tellMember(r.n, addr, r.self.h.key.path, shardFlush{Shard: m.Shard, Move: m.Move})
+		tellQueued(r.n, addr, m.From, r.path, shardFlush{Shard: m.Shard, Epoch: m.Epoch, Move: m.Move})
 	}
 }
 
 func (r *region[T]) onFlush(m shardFlush) {
 	fl := r.flushed[m.Shard]
-	if fl == nil || fl.move != m.Move {
-		if fl != nil && fl.move > m.Move {
+	if fl == nil || fl.epoch != m.Epoch || fl.move != m.Move {
+		if fl != nil && (fl.epoch > m.Epoch || fl.epoch == m.Epoch && fl.move > m.Move) {
 			return // (a flush of an earlier move, late)
 		}
-		fl = &shardFlushes{move: m.Move, from: map[NodeUID]bool{}}
+		fl = &shardFlushes{epoch: m.Epoch, move: m.Move, from: map[NodeUID]bool{}}
 		r.flushed[m.Shard] = fl
 	}
 	fl.from[m.from] = true
@@ -404,14 +404,15 @@ func (r *region[T]) onFlush(m shardFlush) {
 // shardFlushes are the members that flushed a shard to this one, for
 // one move.
 type shardFlushes struct {
-	move uint64
-	from map[NodeUID]bool
+	epoch, move uint64
+	from        map[NodeUID]bool
 }
 
 // shardHandOffState is a hand-over of a shard run here.
 type shardHandOffState struct {
 	wait     []NodeUID // members whose flush it waits for
-	move     uint64    // the coordinator's number for this move
+	epoch    uint64    // the coordinator's, and its number for this move
+	move     uint64
 	deadline time.Time
 	stopping bool // its entities are stopping
 }
@@ -431,7 +432,7 @@ func (r *region[T]) onHandOff(m shardHandOff) {
 	}
 	// Until every flush is in, the shard still runs here for everyone:
 	// what the others sent before they held its messages is delivered.
-	sh.handOff = &shardHandOffState{wait: m.Wait, move: m.Move, deadline: time.Now().Add(r.cfg.HandOffTimeout)}
+	sh.handOff = &shardHandOffState{wait: m.Wait, epoch: m.Epoch, move: m.Move, deadline: time.Now().Add(r.cfg.HandOffTimeout)}
 	r.checkHandOff(sh)
 }
 
@@ -442,7 +443,7 @@ func (r *region[T]) checkHandOff(sh *shard[T]) {
 	}
 	fl := r.flushed[sh.id]
 	for _, uid := range ho.wait {
-		if uid != r.n.uid && (fl == nil || fl.move != ho.move || !fl.from[uid]) && time.Now().Before(ho.deadline) {
+		if uid != r.n.uid && (fl == nil || fl.epoch != ho.epoch || fl.move != ho.move || !fl.from[uid]) && time.Now().Before(ho.deadline) {
 			return
 		}
 	}
@@ -562,8 +563,8 @@ func (r *region[T]) onTick() {
 
 // checkLeft lets the handOver callers go once no shard runs here.
 func (r *region[T]) checkLeft() {
-	if !r.leaving || len(r.leftWait) == 0 {
-		return
+	if !r.leaving || len(r.leftWait) == 0 || r.held > 0 {
+		return // (what it holds goes to the shards' new homes first)
 	}
 	for _, sh := range r.shards {
 		if sh.mode == shardHere || sh.mode == shardStopping {
@@ -574,16 +575,6 @@ func (r *region[T]) checkLeft() {
 		close(ch)
 	}
 	r.leftWait = nil
-}
-
-// onEnd stops the region as the cluster stops: what it holds is a dead
-// letter, and its entities (its children) stop first, without handling
-// what their mailboxes hold (dead letters too), so that the coordinator
-// may place their shards elsewhere at once.
-func (r *region[T]) onEnd(ctx *Context[regionMsg]) {
-	r.ending = true
-	r.dropHeld()
-	ctx.Stop()
 }
 
 // dropHeld turns what the region holds into dead letters.
@@ -636,19 +627,23 @@ func (r *region[T]) poke() { r.self.h.local.tellAny(shardTick{}) }
 
 // end stops the region as the cluster stops, and waits (at most
 // HandOffTimeout) until it and its entities have stopped. Senders get
-// ErrEntityUnavailable from the moment it is called.
+// ErrEntityUnavailable from the moment it is called. The entities stop
+// without handling what their mailboxes hold (dead letters), even under
+// ShutdownDrain: their shards may run elsewhere once the region has
+// stopped. The stops go on the system lane, which a full mailbox does
+// not refuse.
 func (r *region[T]) end() {
 	defer r.c.dropSharding(r.name)
 	r.mu.Lock()
 	r.over = true
-	r.mu.Unlock()
-	if r.self.h.local.tellAny(shardEnd{}) != nil {
-		select { // (it has stopped, or is stopping: its PostStop closes it)
-		case <-r.ended:
-		case <-r.n.workDone():
+	for _, sh := range r.shards {
+		for _, e := range sh.entities {
+			e.open = false
+			e.cell.sysPush(sysMsg{kind: sysStop, reason: ErrEntityUnavailable})
 		}
-		return
 	}
+	r.mu.Unlock()
+	r.n.Stop(r.self)
 	t := time.NewTimer(r.cfg.HandOffTimeout)
 	defer t.Stop()
 	select {
@@ -656,7 +651,6 @@ func (r *region[T]) end() {
 		stopAndWait(r.n, r.self)
 	case <-t.C:
 		r.n.log.Warn("troupe: a sharded kind's entities did not stop in HandOffTimeout as the cluster stopped; another member may start them after the removal margin", "kind", r.name)
-		r.n.Stop(r.self)
 	case <-r.n.workDone():
 	}
 }

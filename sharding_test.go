@@ -230,13 +230,21 @@ func TestShardsAreHandedOverWhenAMemberLeaves(t *testing.T) {
 			}
 		}
 	}()
+	// The leaver sends too, until just before it leaves: what it holds
+	// then goes to the shards' new homes before its leave goes on. (What
+	// it sends during its leave can be held when its cluster stops: dead
+	// letters.)
+	leaver := &sender{name: "a"}
+	stopLeaver := traffic(leaver, kinds[0], "cart-", 40)
+	time.Sleep(50 * time.Millisecond)
+	stopLeaver()
 	if err := members[0].Leave(ctxFor(t)); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(200 * time.Millisecond) // (traffic after the leave)
 	cancel()
 	<-done
-	want := s.sent()
+	want := s.sent() + leaver.sent()
 	waitUntil(t, 20*time.Second, fmt.Sprintf("all %d messages handled", want), func() bool { return l.count() == want })
 	l.check(t)
 	moved := 0
@@ -299,6 +307,7 @@ func TestShardsMoveToAJoiningMember(t *testing.T) {
 // are held and delivered then. A partition that downs a member moves its
 // shards likewise. An entity never runs on two members at once.
 func TestShardsMoveAfterACrashOrASplitNeverTwice(t *testing.T) {
+	t.Parallel() // (it waits out a removal margin)
 	for _, fault := range []string{"crash", "split"} {
 		t.Run(fault, func(t *testing.T) {
 			f := troupe.NewFaultNet()
@@ -521,6 +530,7 @@ func TestABurstAtTheDefaultConfig(t *testing.T) {
 // entity is stopped with its cluster (what its mailbox holds is a dead
 // letter), so it never runs on two members at once.
 func TestAnEntityWithABacklogIsStoppedWhenItsClusterStops(t *testing.T) {
+	t.Parallel() // (it waits out a removal margin)
 	f := troupe.NewFaultNet()
 	l := newLedger()
 	slow := func(member string) func(id string) troupe.Behavior[acct] {
@@ -656,6 +666,7 @@ func TestASendToAFullEntityDoesNotStallItsRegion(t *testing.T) {
 // members at once (the downed side stops its entities when its
 // cluster stops).
 func TestShardsSurviveASplitUnderEachStrategy(t *testing.T) {
+	t.Parallel() // (it waits out a removal margin)
 	for _, tc := range []struct {
 		name     string
 		strategy troupe.DowningStrategy
@@ -720,4 +731,62 @@ func TestShardsSurviveASplitUnderEachStrategy(t *testing.T) {
 			l.check(t)
 		})
 	}
+}
+
+// While a member that runs shards is cut off and not downed (no downing
+// strategy), another holds up to Buffer messages for them; past it each
+// is a dead letter with ErrEntityUnavailable.
+func TestAShardsBufferIsBounded(t *testing.T) {
+	f := troupe.NewFaultNet()
+	l := newLedger()
+	nodes, _, kinds := shardedCluster(t, f, l, troupe.ClusterConfig{StableAfter: singletonStable}, troupe.ShardingConfig{Shards: 4, Buffer: 5}, "a", "b")
+	var onA string
+	for i := 0; onA == ""; i++ {
+		id := fmt.Sprint("x-", i)
+		(&sender{name: "probe-" + id}).send(kinds[1], id)
+		waitUntil(t, 10*time.Second, "the probe handled", func() bool { return len(l.startsOf(id)) == 1 })
+		if l.startsOf(id)[0] == "a" {
+			onA = id
+		}
+		if i > 50 {
+			t.Fatal("no entity ran on a")
+		}
+	}
+	dead := make(chan troupe.DeadLetter, 100)
+	sub := troupe.SubscribeChan(nodes[1].Events(), dead)
+	defer sub.Unsubscribe()
+	events := make(chan troupe.MemberEvent, 64)
+	esub := troupe.SubscribeChan(nodes[1].Events(), events)
+	defer esub.Unsubscribe()
+	f.Partition(nodes[0], nodes[1])
+	for seen := false; !seen; {
+		select {
+		case e := <-events:
+			seen = e.Kind == troupe.EventMemberUnreachable
+		case <-time.After(20 * time.Second):
+			t.Fatal("b never saw a unreachable")
+		}
+	}
+	for i := range 8 {
+		kinds[1].Entity(onA).Tell(acct{ID: onA, From: "b", Seq: i + 1})
+	}
+	for i := range 3 {
+		select {
+		case d := <-dead:
+			if !errors.Is(d.Reason, troupe.ErrEntityUnavailable) {
+				t.Fatalf("dead letter %d: %v; want ErrEntityUnavailable", i, d.Reason)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%d dead letters; want 3 (8 sent, 5 held)", i)
+		}
+	}
+	if held := kinds[1].Stats().Held; held != 5 {
+		t.Fatalf("b holds %d messages; want 5", held)
+	}
+	f.Heal() // a is reachable again: what b held is delivered, in order
+	waitUntil(t, 20*time.Second, "the 5 held messages handled on a", func() bool {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		return l.last[onA+"/b"] == 5
+	})
 }
