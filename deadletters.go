@@ -27,7 +27,20 @@ func (n *Node) deadLetterUnconfirmed(target string, msg any, reason error) {
 	n.reportDeadLetter(DeadLetter{Target: target, Message: msg, Reason: reason, Unconfirmed: true})
 }
 
+// wrapped is a message that troupe carries inside another, such as a
+// sharded entity's on its way through a region: a dead letter names the
+// user's message and its target, not the wrapper.
+type wrapped interface {
+	unwrap() (target string, msg any)
+}
+
 func (n *Node) reportDeadLetter(d DeadLetter) {
+	if w, ok := d.Message.(wrapped); ok {
+		d.Target, d.Message = w.unwrap()
+		if errors.Is(d.Reason, ErrActorStopped) {
+			d.Reason = ErrEntityUnavailable // (the region stopped)
+		}
+	}
 	switch {
 	case errors.Is(d.Reason, ErrNodeClosed) || n.isClosed():
 		// This node is closing (whatever the session's own end says, as

@@ -279,7 +279,7 @@ func (r *region[T]) route(_ context.Context, id string, m T, hd Headers) error {
 
 // viaRegion hands a message counted in sh.queued to the region.
 func (r *region[T]) viaRegion(sh *shard[T], id string, m T, hd Headers) error {
-	if err := r.self.h.local.tellAny(shardEnvelope[T]{id: id, msg: m, hd: hd}); err != nil {
+	if err := r.self.h.local.tellAny(shardEnvelope[T]{id: id, msg: m, hd: hd, to: r.prefix + id}); err != nil {
 		sh.queued.Add(-1)
 		return fmt.Errorf("%w: %w", ErrEntityUnavailable, err)
 	}
@@ -369,9 +369,12 @@ type shardEnvelope[T any] struct {
 	id  string
 	msg T
 	hd  Headers
+	to  string // the entity's path on this member (its dead letter's target)
 }
 
 func (shardEnvelope[T]) regionMsg() {}
+
+func (e shardEnvelope[T]) unwrap() (string, any) { return e.to, e.msg }
 
 // shardPassivate is an entity's request to be passivated.
 type shardPassivate struct{ path string }

@@ -1,6 +1,7 @@
 package troupe
 
 import (
+	"errors"
 	"fmt"
 	"sync/atomic"
 	"testing"
@@ -75,5 +76,20 @@ func TestGoneAfter(t *testing.T) {
 	}
 	if m := goneAfter(cur, []MemberEvent{{Member: Member{UID: self, Status: MemberDown}, Kind: EventMemberStatus}}, self); m != nil {
 		t.Fatal("this member's own event changed the set")
+	}
+}
+
+// A message left in a region's mailbox when it stops is a dead letter of
+// the user's message, to the entity, with ErrEntityUnavailable: not of
+// troupe's envelope.
+func TestAnEnvelopesDeadLetterNamesTheUsersMessage(t *testing.T) {
+	n := startNode(t, failConfig("a", 20*time.Millisecond, 2*time.Second))
+	dead := make(chan DeadLetter, 1)
+	sub := SubscribeChan(n.Events(), dead)
+	defer sub.Unsubscribe()
+	n.deadLetter("/system/sharding-k", shardEnvelope[testPing]{id: "x", msg: testPing{N: 7}, to: "/system/sharding-k/entity/x"}, ErrActorStopped)
+	d := <-dead
+	if m, ok := d.Message.(testPing); !ok || m.N != 7 || d.Target != "/system/sharding-k/entity/x" || !errors.Is(d.Reason, ErrEntityUnavailable) {
+		t.Fatalf("dead letter %T %+v to %s (%v); want the testPing to the entity, ErrEntityUnavailable", d.Message, d.Message, d.Target, d.Reason)
 	}
 }
