@@ -52,100 +52,113 @@ func (a *assoc) writeLoop() {
 		case <-a.stop:
 			return
 		}
-		a.grantCredits()
-		now := time.Now()
-		a.mu.Lock()
-		if !a.encodesNow() && a.life.state != assocClosed {
-			a.mu.Unlock()
-			for _, f := range a.encodeQueued() {
-				a.n.deadLetter(f.h.String(), f.msg, f.err)
-			}
-			a.mu.Lock()
-		}
-		if a.life.state == assocEnding {
-			// This node gave up on the peer: say so, if the link still
-			// carries it, and close (abort bounded the write).
-			cause := a.life.endCause
-			a.mu.Unlock()
-			a.sayGaveUp(cause)
+		if !a.writeRound(vectored, window) {
 			return
-		}
-		var out frameChain
-		var spent []*frameBlock
-		bufs := a.bufs[:0]
-		if !a.life.holdQueue {
-			if !a.resumable {
-				// Frames that are not sequenced need no acknowledgement:
-				// those at the front go, so they never hold the window.
-				a.release(0)
-			}
-			if window > 0 && a.unacked.bytes >= window {
-				if !a.stalled {
-					a.stalled = true
-					a.beat.Store(true) // ask for an acknowledgement now
-				}
-			} else {
-				// A part at a time, so that what counts as
-				// unacknowledged is what the connection took, not what
-				// waits to be written.
-				out = a.out.takePrefix(writeChunk)
-				if a.out.frames > 0 {
-					a.notify() // the rest, next
-				}
-			}
-			bufs = out.buffers(bufs) // before keepUnacked relinks the blocks
-			spent = a.keepUnacked(&out)
-			a.writing = out.frames > 0
-		}
-		draining := a.life.state == assocLeaving || a.life.state == assocRetiring
-		a.prio = a.writePriority(a.prio[:0])
-		if len(a.prio) > 0 || len(bufs) > 0 {
-			a.extendWriteDeadline(now)
-		}
-		a.mu.Unlock()
-		iov := a.iov[:0]
-		if !vectored {
-			for _, b := range bufs {
-				a.prio = append(a.prio, b...)
-			}
-			bufs = bufs[:0]
-		}
-		if len(a.prio) > 0 {
-			iov = append(iov, a.prio)
-		}
-		iov = append(iov, bufs...)
-		ok := len(iov) == 0 || a.write(iov)
-		if ok {
-			a.tellsOut.Add(uint64(out.tells))
-		}
-		clear(iov)
-		clear(bufs)
-		a.iov, a.bufs = iov[:0], bufs[:0]
-		if cap(a.prio) > prioKeep {
-			a.prio = nil
-		}
-		a.doneWriting(out.frames > 0, spent)
-		if !ok {
-			return
-		}
-		if draining {
-			a.mu.Lock()
-			empty := a.queue.len() == 0 && a.out.frames == 0
-			var eff effect
-			var tk taken
-			if empty && a.life.byeOnAck && a.unackedSeq() == 0 {
-				eff, _ = a.stepLocked(lifeEvent{kind: evByeQueued}, &tk) // (it notifies)
-				a.pushControl(appendBye(nil, byeLeaving, ""))
-				empty = false
-			}
-			last := empty && !a.life.byeOnAck
-			a.mu.Unlock()
-			a.carryOut(eff, &tk)
-			if last {
-				return
-			}
 		}
 	}
+}
+
+// writeRound is one round of the writer: false when the writer is done.
+// It is a function of its own, not inlined, so that its locals (the
+// session's steps among them) are not in the frame of writeLoop while
+// it waits: an idle writer's stack shrinks back to its smallest.
+//
+//go:noinline
+func (a *assoc) writeRound(vectored bool, window int) bool {
+	a.grantCredits()
+	now := time.Now()
+	a.mu.Lock()
+	if !a.encodesNow() && a.life.state != assocClosed {
+		a.mu.Unlock()
+		for _, f := range a.encodeQueued() {
+			a.n.deadLetter(f.h.String(), f.msg, f.err)
+		}
+		a.mu.Lock()
+	}
+	if a.life.state == assocEnding {
+		// This node gave up on the peer: say so, if the link still
+		// carries it, and close (abort bounded the write).
+		cause := a.life.endCause
+		a.mu.Unlock()
+		a.sayGaveUp(cause)
+		return false
+	}
+	var out frameChain
+	var spent []*frameBlock
+	bufs := a.bufs[:0]
+	if !a.life.holdQueue {
+		if !a.resumable {
+			// Frames that are not sequenced need no acknowledgement:
+			// those at the front go, so they never hold the window.
+			a.release(0)
+		}
+		if window > 0 && a.unacked.bytes >= window {
+			if !a.stalled {
+				a.stalled = true
+				a.beat.Store(true) // ask for an acknowledgement now
+			}
+		} else {
+			// A part at a time, so that what counts as
+			// unacknowledged is what the connection took, not what
+			// waits to be written.
+			out = a.out.takePrefix(writeChunk)
+			if a.out.frames > 0 {
+				a.notify() // the rest, next
+			}
+		}
+		bufs = out.buffers(bufs) // before keepUnacked relinks the blocks
+		spent = a.keepUnacked(&out)
+		a.writing = out.frames > 0
+	}
+	draining := a.life.state == assocLeaving || a.life.state == assocRetiring
+	a.prio = a.writePriority(a.prio[:0])
+	if len(a.prio) > 0 || len(bufs) > 0 {
+		a.extendWriteDeadline(now)
+	}
+	a.mu.Unlock()
+	iov := a.iov[:0]
+	if !vectored {
+		for _, b := range bufs {
+			a.prio = append(a.prio, b...)
+		}
+		bufs = bufs[:0]
+	}
+	if len(a.prio) > 0 {
+		iov = append(iov, a.prio)
+	}
+	iov = append(iov, bufs...)
+	ok := len(iov) == 0 || a.write(iov)
+	if ok {
+		a.tellsOut.Add(uint64(out.tells))
+	}
+	clear(iov)
+	clear(bufs)
+	a.iov, a.bufs = iov[:0], bufs[:0]
+	if cap(a.prio) > prioKeep {
+		a.prio = nil
+	}
+	a.doneWriting(out.frames > 0, spent)
+	if !ok {
+		return false
+	}
+	if draining {
+		a.mu.Lock()
+		empty := a.queue.len() == 0 && a.out.frames == 0
+		var eff effect
+		var tk taken
+		if empty && a.life.byeOnAck && a.unackedSeq() == 0 {
+			eff, _ = a.stepLocked(lifeEvent{kind: evByeQueued}, &tk) // (it notifies)
+			a.pushControl(appendBye(nil, byeLeaving, ""))
+			empty = false
+		}
+		last := empty && !a.life.byeOnAck
+		a.mu.Unlock()
+		a.carryOut(eff, &tk)
+		if last {
+			return false
+		}
+	}
+	return true
 }
 
 // extendWriteDeadline moves the connection's write deadline to
