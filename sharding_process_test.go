@@ -6,7 +6,6 @@ import (
 	"bufio"
 	"fmt"
 	"os"
-	"os/exec"
 	"strings"
 	"sync"
 	"syscall"
@@ -58,23 +57,7 @@ func TestHelperShardingProcess(t *testing.T) {
 // its shards; messages sent once they saw it unreachable are held and
 // handled then, each once.
 func TestShardsMoveWhenTheirProcessIsKilled(t *testing.T) {
-	exe, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(exe, "-test.run=^TestHelperShardingProcess$")
-	cmd.Env = append(os.Environ(), "TROUPE_HELPER_SHARDING=1")
-	cmd.Stderr = os.Stderr
-	stdin, _ := cmd.StdinPipe()
-	stdout, _ := cmd.StdoutPipe()
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		stdin.Close()
-		cmd.Process.Kill()
-		cmd.Wait()
-	})
+	cmd, stdout := startHelperProcess(t, "TestHelperShardingProcess", "TROUPE_HELPER_SHARDING")
 	var mu sync.Mutex
 	inChild := map[string]bool{}
 	lines := make(chan string, 64)

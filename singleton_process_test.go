@@ -5,6 +5,7 @@ package troupe
 import (
 	"bufio"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"strings"
@@ -59,17 +60,18 @@ func TestHelperSingletonProcess(t *testing.T) {
 	bufio.NewScanner(os.Stdin).Scan() // until stdin closes
 }
 
-// The oldest member runs in another process and holds the singleton; it
-// is killed -9. The two members here down it (KeepMajority) and, a
-// removal margin later, the next oldest starts the instance; messages
-// sent through either member reach it.
-func TestASingletonMovesWhenItsProcessIsKilled(t *testing.T) {
+// startHelperProcess runs the test helper (a Test function that acts
+// only when env is set) in a child process of this test binary, and
+// returns it with its standard output. The child runs until the test
+// ends: its standard input is closed then, and it is killed.
+func startHelperProcess(t *testing.T, helper, env string) (*exec.Cmd, io.ReadCloser) {
+	t.Helper()
 	exe, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(exe, "-test.run=^TestHelperSingletonProcess$")
-	cmd.Env = append(os.Environ(), "TROUPE_HELPER_SINGLETON=1")
+	cmd := exec.Command(exe, "-test.run=^"+helper+"$")
+	cmd.Env = append(os.Environ(), env+"=1")
 	cmd.Stderr = os.Stderr
 	stdin, _ := cmd.StdinPipe()
 	stdout, _ := cmd.StdoutPipe()
@@ -81,6 +83,15 @@ func TestASingletonMovesWhenItsProcessIsKilled(t *testing.T) {
 		cmd.Process.Kill()
 		cmd.Wait()
 	})
+	return cmd, stdout
+}
+
+// The oldest member runs in another process and holds the singleton; it
+// is killed -9. The two members here down it (KeepMajority) and, a
+// removal margin later, the next oldest starts the instance; messages
+// sent through either member reach it.
+func TestASingletonMovesWhenItsProcessIsKilled(t *testing.T) {
+	cmd, stdout := startHelperProcess(t, "TestHelperSingletonProcess", "TROUPE_HELPER_SINGLETON")
 	lines := make(chan string, 64)
 	go func() {
 		sc := bufio.NewScanner(stdout)
