@@ -94,6 +94,21 @@ func (fr *frameReader) sync() {
 	fr.win, fr.took = nil, 0
 }
 
+// await waits for the connection when the buffer holds nothing yet,
+// from a shallow frame: a reader parked here uses little enough of its
+// stack that the collector halves it, and an idle association stays
+// cheap. The read's error, if any, is the next call's.
+//
+//go:noinline
+func (fr *frameReader) await() {
+	if fr.buffered() > 0 || fr.r.err != nil {
+		return
+	}
+	fr.sync()
+	fr.scratch, fr.peeked = nil, false
+	fr.r.fill(1)
+}
+
 // buffered is how many bytes the buffer holds that no frame returned yet.
 func (fr *frameReader) buffered() int { return fr.r.Buffered() - fr.took }
 
