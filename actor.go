@@ -133,7 +133,9 @@ type sysMsg struct {
 const throughput = 512
 
 // cell is a running actor: its mailbox (a system lane and a user lane) and
-// its state. It holds no goroutine while its mailbox is empty.
+// its state. It holds no goroutine while its mailbox is empty, and what
+// only some actors use is behind a pointer made on first use (q, waits,
+// links, tools), so that an idle actor is small (BenchmarkSpawn).
 type cell[T any] struct {
 	n      *Node
 	self   *handle // points at selfH
@@ -141,27 +143,51 @@ type cell[T any] struct {
 	parent parentCell // nil for a top-level actor
 	b      Behavior[T]
 	ctx    Context[T]
-	runFn  func()
-	limit  int // mailbox limit; 0 means none
 
-	// mu guards the mailbox lanes and the scheduling flags.
+	// mu guards the mailbox (q's lanes) and the scheduling flags.
 	mu        sync.Mutex
-	in        []T      // waiting user messages
-	sys       []sysMsg // waiting signals
-	scheduled bool     // a goroutine is running (or about to run) the cell
-	closed    bool     // the actor has stopped; nothing more is accepted
-	held      bool     // a restart is pending: user messages wait in in
-	stopping  bool     // (owned by the goroutine running the cell; here, it packs with the flags above)
+	scheduled bool // a goroutine is running (or about to run) the cell
+	closed    bool // the actor has stopped; nothing more is accepted
+	held      bool // a restart is pending: user messages wait in in
+	stopping  bool // (owned by the goroutine running the cell; here, it packs with the flags above)
 	hasSys    atomic.Bool
-	entered   uint64 // user messages ever appended to in
-	inBytes   int    // encoded size of the messages in in that came over the wire
+	// q is the mailbox, made by the first message or signal (mu): an
+	// actor never sent anything holds none. The pointer never changes
+	// once set.
+	q *lanes[T]
 	// waits holds what waiters on the mailbox wait on, made on first use
-	// (one pointer, so that an idle actor stays small).
+	// (mu).
 	waits *cellWaits
 
 	// The rest is owned by the goroutine running the cell.
-	batch      []T    // the user messages taken from in, being handled
-	handled    uint64 // user messages taken out of the mailbox and handled
+	links *cellLinks     // watches, children and adapters, made on first use
+	tools *actorTools[T] // timers and context, made on first use
+}
+
+// lanes is an actor's mailbox: what waits (under the cell's mu) and the
+// batch being handled (owned by the goroutine running the cell).
+type lanes[T any] struct {
+	in      []T      // waiting user messages
+	sys     []sysMsg // waiting signals
+	entered uint64   // user messages ever appended to in
+	inBytes int      // encoded size of the messages in in that came over the wire
+
+	batch   []T    // the user messages taken from in, being handled
+	handled uint64 // user messages taken out of the mailbox and handled
+}
+
+// lanesFor returns the cell's mailbox, made on first use (mu held).
+func (c *cell[T]) lanesFor() *lanes[T] {
+	if c.q == nil {
+		c.q = &lanes[T]{}
+	}
+	return c.q
+}
+
+// cellLinks is who an actor is linked to: its watchers, whom it watches,
+// its children and its message adapters, and why it stops. Owned by the
+// goroutine running the cell; most actors have none.
+type cellLinks struct {
 	stopReason error
 	watchers   map[refKey]*handle // who watches this actor
 	watching   map[refKey]AnyRef  // whom this actor watches
@@ -169,7 +195,44 @@ type cell[T any] struct {
 	adapters   []*handle // adapters to unregister at stop or restart
 	adapterSeq uint64
 	childSeq   uint64
-	tools      *actorTools[T] // timers and context, made on first use
+}
+
+// linksFor returns the actor's links, made on first use.
+func (c *cell[T]) linksFor() *cellLinks {
+	if c.links == nil {
+		c.links = &cellLinks{}
+	}
+	return c.links
+}
+
+// stopReason is why the actor stops (nil: it stopped itself normally).
+func (c *cell[T]) stopReason() error {
+	if c.links == nil {
+		return nil
+	}
+	return c.links.stopReason
+}
+
+// setStopping marks the actor as stopping, for reason.
+func (c *cell[T]) setStopping(reason error) {
+	c.stopping = true
+	if reason != nil || c.links != nil {
+		c.linksFor().stopReason = reason
+	}
+}
+
+// limit is the mailbox's limit; 0 means none.
+func (c *cell[T]) limit() int { return c.n.cfg.MailboxLimit }
+
+// start runs the cell on a goroutine of its own (the node waits for it).
+func (c *cell[T]) start() {
+	c.n.wg.Add(1)
+	go c.runThenDone()
+}
+
+func (c *cell[T]) runThenDone() {
+	defer c.n.wg.Done()
+	c.run()
 }
 
 // Context is an actor's view of itself, passed to its handlers. It must only
@@ -189,8 +252,7 @@ func (c *Context[T]) Node() *Node { return c.c.n }
 // with a nil reason.
 func (c *Context[T]) Stop() {
 	if !c.c.stopping {
-		c.c.stopping = true
-		c.c.stopReason = nil
+		c.c.setStopping(nil)
 	}
 }
 
@@ -204,13 +266,14 @@ func (c *Context[T]) Watch(r AnyRef) {
 	if h == nil {
 		return
 	}
-	if h == cl.self || cl.watching[h.key] != nil {
+	if h == cl.self || cl.links != nil && cl.links.watching[h.key] != nil {
 		return
 	}
-	if cl.watching == nil {
-		cl.watching = make(map[refKey]AnyRef)
+	l := cl.linksFor()
+	if l.watching == nil {
+		l.watching = make(map[refKey]AnyRef)
 	}
-	cl.watching[h.key] = r
+	l.watching[h.key] = r
 	var err error
 	switch {
 	case h.local != nil:
@@ -232,10 +295,13 @@ func (c *Context[T]) Unwatch(r AnyRef) {
 	if h == nil {
 		return
 	}
-	if _, ok := cl.watching[h.key]; !ok {
+	if cl.links == nil {
 		return
 	}
-	delete(cl.watching, h.key)
+	if _, ok := cl.links.watching[h.key]; !ok {
+		return
+	}
+	delete(cl.links.watching, h.key)
 	switch {
 	case h.local != nil:
 		h.local.sysPush(sysMsg{kind: sysUnwatch, ref: cl.self})
@@ -273,9 +339,8 @@ func Spawn[T any](p Spawner, name string, b Behavior[T]) (Ref[T], error) {
 			return Ref[T]{}, err
 		}
 	}
-	c := &cell[T]{n: n, parent: parent, b: b, limit: n.cfg.MailboxLimit}
+	c := &cell[T]{n: n, parent: parent, b: b}
 	c.ctx.c = c
-	c.runFn = c.run
 	base := "/user"
 	if pc, ok := parent.(interface{ path() string }); ok {
 		base = pc.path()
@@ -299,7 +364,7 @@ func Spawn[T any](p Spawner, name string, b Behavior[T]) (Ref[T], error) {
 	}
 	c.selfH = handle{node: n, key: refKey{node: n.uid, path: path, uuid: n.newUUID()}, local: c}
 	c.self = &c.selfH
-	if err := n.addActor(c.self.key.path, c.self); err != nil {
+	if err := n.addActor(c.self.key.path, c.self, name == ""); err != nil {
 		return Ref[T]{}, err
 	}
 	if parent != nil {
@@ -332,7 +397,7 @@ func checkName(name string) error {
 
 func (c *cell[T]) path() string         { return c.self.key.path }
 func (c *cell[T]) topLevel() bool       { return c.parent == nil }
-func (c *cell[T]) nextChild() uint64    { c.childSeq++; return c.childSeq }
+func (c *cell[T]) nextChild() uint64    { l := c.linksFor(); l.childSeq++; return l.childSeq }
 func (c *cell[T]) watchHandle() *handle { return c.self }
 func (c *cell[T]) protocol() reflect.Type {
 	return reflect.TypeFor[T]()
@@ -344,10 +409,11 @@ func (c *cell[T]) addChild(h *handle) error {
 	if c.stopping {
 		return fmt.Errorf("Spawn under %s: %w", c.self.key.path, ErrActorStopped)
 	}
-	if c.children == nil {
-		c.children = make(map[*handle]struct{})
+	l := c.linksFor()
+	if l.children == nil {
+		l.children = make(map[*handle]struct{})
 	}
-	c.children[h] = struct{}{}
+	l.children[h] = struct{}{}
 	return nil
 }
 
@@ -357,7 +423,8 @@ func (c *cell[T]) run() {
 	handled := 0
 	for {
 		c.mu.Lock()
-		if len(c.sys) == 0 && (len(c.in) == 0 || c.held) {
+		q := c.q // (set by the push that scheduled the cell)
+		if len(q.sys) == 0 && (len(q.in) == 0 || c.held) {
 			c.scheduled = false
 			c.mu.Unlock()
 			return
@@ -369,8 +436,8 @@ func (c *cell[T]) run() {
 			}
 			continue
 		}
-		c.batch, c.in = c.in, c.batch[:0]
-		c.inBytes = 0
+		q.batch, q.in = q.in, q.batch[:0]
+		q.inBytes = 0
 		var firstAt int64
 		if c.waits != nil {
 			if c.waits.room != nil {
@@ -391,7 +458,7 @@ func (c *cell[T]) run() {
 		if c.n.creditWaiting.Load() > 0 {
 			c.n.wakeCredit(c.self)
 		}
-		// c.handled is brought up to date only where a signal needs it,
+		// q.handled is brought up to date only where a signal needs it,
 		// so that the loop writes nothing per message.
 		var hist *latencyHist
 		if lat := c.n.lat.Load(); lat != nil {
@@ -400,20 +467,20 @@ func (c *cell[T]) run() {
 				lat.mailbox.of(reflect.TypeFor[T]()).observe(time.Since(c.n.epoch) - time.Duration(firstAt))
 			}
 		}
-		base := c.handled
-		n := len(c.batch)
+		base := q.handled
+		n := len(q.batch)
 		for i := 0; i < n; i++ {
 			if c.hasSys.Load() || c.held {
-				c.handled = base + uint64(i)
+				q.handled = base + uint64(i)
 				if c.drainSys() {
-					if c.terminate(c.batch[i:]) {
+					if c.terminate(q.batch[i:]) {
 						return
 					}
 					n = i // (the rest became dead letters)
 					break
 				}
 				if c.held {
-					c.requeue(c.batch[i:])
+					c.requeue(q.batch[i:])
 					n = i
 					break
 				}
@@ -424,21 +491,21 @@ func (c *cell[T]) run() {
 			}
 			switch {
 			case hd != nil:
-				c.receiveHeaders(c.batch[i], hd, hist)
+				c.receiveHeaders(q.batch[i], hd, hist)
 			case hist != nil:
 				t0 := time.Now()
-				c.receive(c.batch[i])
+				c.receive(q.batch[i])
 				hist.observe(time.Since(t0))
 			default:
-				c.receive(c.batch[i])
+				c.receive(q.batch[i])
 			}
 			if c.tools != nil && len(c.tools.later) > 0 {
-				if c.handled = base + uint64(i+1); c.tools.later[0].after <= c.handled {
+				if q.handled = base + uint64(i+1); c.tools.later[0].after <= q.handled {
 					c.deliverLater()
 				}
 			}
 			if c.stopping {
-				if c.terminate(c.batch[i+1:]) {
+				if c.terminate(q.batch[i+1:]) {
 					return
 				}
 				n = i + 1
@@ -448,8 +515,8 @@ func (c *cell[T]) run() {
 				runtime.Gosched()
 			}
 		}
-		c.handled = base + uint64(n)
-		clear(c.batch)
+		q.handled = base + uint64(n)
+		clear(q.batch)
 		if c.hasSys.Load() && c.drainSys() && c.terminate(nil) {
 			return
 		}
@@ -460,22 +527,23 @@ func (c *cell[T]) run() {
 func (c *cell[T]) drainSys() bool {
 	for {
 		c.mu.Lock()
-		sys := c.sys
-		c.sys = nil
+		q := c.q
+		sys := q.sys
+		q.sys = nil
 		c.hasSys.Store(false)
 		c.mu.Unlock()
 		if len(sys) == 0 {
 			return c.stopping
 		}
 		for _, m := range sys {
-			if (m.kind == sysTerminated || m.kind == sysStop && m.drain) && (m.after > c.handled || c.tools != nil && len(c.tools.later) > 0) {
+			if (m.kind == sysTerminated || m.kind == sysStop && m.drain) && (m.after > q.handled || c.tools != nil && len(c.tools.later) > 0) {
 				t := c.tooling()
 				t.later = append(t.later, m)
 				continue
 			}
 			c.handleSys(m)
 		}
-		if c.tools != nil && len(c.tools.later) > 0 && c.tools.later[0].after <= c.handled {
+		if c.tools != nil && len(c.tools.later) > 0 && c.tools.later[0].after <= q.handled {
 			c.deliverLater()
 		}
 		if c.stopping {
@@ -489,7 +557,7 @@ func (c *cell[T]) drainSys() bool {
 func (c *cell[T]) deliverLater() {
 	i := 0
 	later := c.tools.later
-	for ; i < len(later) && later[i].after <= c.handled && !c.stopping; i++ {
+	for ; i < len(later) && later[i].after <= c.q.handled && !c.stopping; i++ {
 		c.handleSys(later[i])
 	}
 	c.tools.later = later[:copy(later, later[i:])]
@@ -501,20 +569,25 @@ func (c *cell[T]) handleSys(m sysMsg) {
 		c.runSetup()
 	case sysStop:
 		if !c.stopping {
-			c.stopping, c.stopReason = true, m.reason
+			c.setStopping(m.reason)
 		}
 	case sysWatch:
-		if c.watchers == nil {
-			c.watchers = make(map[refKey]*handle)
+		l := c.linksFor()
+		if l.watchers == nil {
+			l.watchers = make(map[refKey]*handle)
 		}
-		c.watchers[m.ref.key] = m.ref
+		l.watchers[m.ref.key] = m.ref
 	case sysUnwatch:
-		delete(c.watchers, m.ref.key)
-		if len(c.watchers) == 0 {
-			c.watchers = nil // an actor asked from afar goes back to its idle size
+		if l := c.links; l != nil {
+			delete(l.watchers, m.ref.key)
+			if len(l.watchers) == 0 {
+				l.watchers = nil // an actor asked from afar goes back to its idle size
+			}
 		}
 	case sysChildStopped:
-		delete(c.children, m.ref)
+		if c.links != nil {
+			delete(c.links.children, m.ref)
+		}
 		c.childGone()
 	case sysTimer:
 		c.fireTimer(m.timerKey, m.timerGen)
@@ -524,23 +597,27 @@ func (c *cell[T]) handleSys(m sysMsg) {
 		if c.stopping {
 			return // a stopping actor runs no more handlers but PostStop
 		}
+		if c.links == nil {
+			return
+		}
+		watching := c.links.watching
 		keys := []refKey{m.key}
-		if _, ok := c.watching[m.key]; !ok {
+		if _, ok := watching[m.key]; !ok {
 			// A remote actor reports its own stop; what is watched here may
 			// be one of its adapters (same node and uuid, a path below it).
 			keys = keys[:0]
-			for k := range c.watching {
+			for k := range watching {
 				if k.node == m.key.node && k.uuid == m.key.uuid && strings.HasPrefix(k.path, m.key.path+"/$adapter") {
 					keys = append(keys, k)
 				}
 			}
 		}
 		for _, k := range keys {
-			r, ok := c.watching[k]
+			r, ok := watching[k]
 			if !ok {
 				continue
 			}
-			delete(c.watching, k)
+			delete(watching, k)
 			if c.b.Signal != nil {
 				c.guard(func() { c.b.Signal(&c.ctx, Terminated{Ref: r, Reason: m.reason}) })
 			}
@@ -605,10 +682,11 @@ func (c *cell[T]) runSetup() {
 // restart to handle.
 func (c *cell[T]) requeue(rest []T) {
 	c.mu.Lock()
-	in := make([]T, 0, len(rest)+len(c.in))
-	c.in = append(append(in, rest...), c.in...)
+	q := c.q
+	in := make([]T, 0, len(rest)+len(q.in))
+	q.in = append(append(in, rest...), q.in...)
 	c.mu.Unlock()
-	clear(c.batch)
+	clear(q.batch)
 }
 
 // signal delivers a signal to the actor behind h, wherever it lives.

@@ -18,7 +18,11 @@ import (
 // actor is gone; false while it waits (it holds its mailbox meanwhile,
 // and is called again when its last child has stopped).
 func (c *cell[T]) terminate(rest []T) bool {
-	if len(c.children) > 0 {
+	l := c.links
+	if l == nil {
+		l = &cellLinks{} // (read only: an actor without links)
+	}
+	if len(l.children) > 0 {
 		t := c.tooling()
 		target := c.self.String()
 		for _, m := range rest {
@@ -30,7 +34,7 @@ func (c *cell[T]) terminate(rest []T) bool {
 			c.mu.Lock()
 			c.held = true // user messages wait, to be dead letters at the end
 			c.mu.Unlock()
-			for ch := range c.children {
+			for ch := range l.children {
 				ch.local.sysPush(sysMsg{kind: sysStop, reason: ErrParentStopped, drain: c.n.drainingMailboxes.Load()})
 			}
 		}
@@ -39,9 +43,12 @@ func (c *cell[T]) terminate(rest []T) bool {
 	c.stopTimers()
 	c.mu.Lock()
 	c.closed = true
-	waiting := c.in
-	sys := c.sys
-	c.in, c.sys = nil, nil
+	var waiting []T
+	var sys []sysMsg
+	if q := c.q; q != nil {
+		waiting, sys = q.in, q.sys
+		q.in, q.sys = nil, nil
+	}
 	var note *stopNote
 	if w := c.waits; w != nil {
 		if w.room != nil {
@@ -55,7 +62,7 @@ func (c *cell[T]) terminate(rest []T) bool {
 		c.n.wakeCredit(c.self)
 	}
 	if note != nil {
-		note.reason = c.stopReason
+		note.reason = l.stopReason
 		close(note.ch) // the Asks waiting on this actor fail now
 	}
 
@@ -66,21 +73,26 @@ func (c *cell[T]) terminate(rest []T) bool {
 	for _, m := range waiting {
 		c.n.deadLetter(target, m, ErrActorStopped)
 	}
-	clear(c.batch)
-	c.batch = nil
+	if q := c.q; q != nil {
+		clear(q.batch)
+		q.batch = nil
+	}
 	for _, m := range sys {
 		if m.kind == sysWatch { // it came before the stop: the real reason
-			m.ref.signal(sysMsg{kind: sysTerminated, key: c.self.key, reason: c.stopReason})
+			m.ref.signal(sysMsg{kind: sysTerminated, key: c.self.key, reason: l.stopReason})
 		}
 	}
-	for ch := range c.children {
+	for ch := range l.children {
 		ch.local.sysPush(sysMsg{kind: sysStop, reason: ErrParentStopped, drain: c.n.drainingMailboxes.Load()})
 	}
 	c.dropWatches()
 	if c.b.Signal != nil && (c.tools == nil || c.tools.sup == nil || c.tools.sup.phase == restartNone) {
-		c.signalQuietly(PostStop{Reason: c.stopReason})
+		c.signalQuietly(PostStop{Reason: l.stopReason})
 	}
-	for _, a := range c.adapters {
+	if c.links != nil {
+		l = c.links // (PostStop may have made them)
+	}
+	for _, a := range l.adapters {
 		c.n.removeActor(a.key.path)
 	}
 	c.n.removeActor(c.self.key.path)
@@ -92,8 +104,8 @@ func (c *cell[T]) terminate(rest []T) bool {
 			c.n.unregisterActor(c.self)
 		}
 	}
-	for _, w := range c.watchers {
-		w.signal(sysMsg{kind: sysTerminated, key: c.self.key, reason: c.stopReason})
+	for _, w := range l.watchers {
+		w.signal(sysMsg{kind: sysTerminated, key: c.self.key, reason: l.stopReason})
 	}
 	if c.parent != nil {
 		c.parent.sysPush(sysMsg{kind: sysChildStopped, ref: c.self})

@@ -260,7 +260,7 @@ func TestMailboxLimit(t *testing.T) {
 		c := r.h.local.(*cell[count])
 		c.mu.Lock()
 		defer c.mu.Unlock()
-		return len(c.in) == 0
+		return len(c.q.in) == 0
 	})
 	for range 5 {
 		r.Tell(count{})

@@ -9,6 +9,8 @@ import (
 	"net"
 	"runtime"
 	"slices"
+	"strconv"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -47,6 +49,40 @@ func BenchmarkFloorChannelPingPong(b *testing.B) {
 		req <- count{N: i}
 		<-rep
 	}
+}
+
+// BenchmarkFloorSpawn is a spawn without troupe, an actor as a goroutine
+// would be: a goroutine waiting on its own mailbox channel, entered under
+// a generated name in a table behind a lock. Like BenchmarkSpawn, it keeps
+// every one it made until the end, and reports the memory each holds.
+func BenchmarkFloorSpawn(b *testing.B) {
+	var mu sync.Mutex
+	table := make(map[string]chan count)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	defer func() { close(stop); wg.Wait() }()
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := range b.N {
+		ch := make(chan count, 1)
+		wg.Go(func() {
+			select {
+			case <-ch:
+			case <-stop:
+			}
+		})
+		mu.Lock()
+		table["/user/$"+strconv.FormatInt(int64(i), 36)] = ch
+		mu.Unlock()
+	}
+	b.StopTimer()
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	b.ReportMetric(float64(after.HeapAlloc+after.StackInuse-before.HeapAlloc-before.StackInuse)/float64(b.N), "B/idle-actor")
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "spawns/s")
 }
 
 // tcpPair returns both ends of a loopback TCP connection.

@@ -224,11 +224,15 @@ func (a *assoc) hasCredit(id uint32) bool {
 func (c *cell[T]) creditRoom(ac *creditAcct) int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.closed || c.limit <= 0 {
+	limit := c.limit()
+	if c.closed || limit <= 0 {
 		return int(c.n.mailboxCredit()) // the receiving node reports what cannot be delivered
 	}
-	room := max(c.limit-len(c.in), 0)
-	if (room == 0 || room < c.limit/2) && ac.waiting.CompareAndSwap(false, true) {
+	room := limit
+	if c.q != nil {
+		room = max(limit-len(c.q.in), 0)
+	}
+	if (room == 0 || room < limit/2) && ac.waiting.CompareAndSwap(false, true) {
 		c.n.creditMu.Lock()
 		if c.n.creditWaiters == nil {
 			c.n.creditWaiters = make(map[*handle][]*creditAcct)

@@ -219,7 +219,7 @@ type heldHeaders struct {
 // mailbox, beside it (mu held).
 func (c *cell[T]) holdHeaders(hd Headers) {
 	m := c.moreFor()
-	m.hdrs = append(m.hdrs, heldHeaders{at: c.entered, h: hd})
+	m.hdrs = append(m.hdrs, heldHeaders{at: c.lanesFor().entered, h: hd})
 }
 
 // headersOf returns the headers of the message with index at, the next to

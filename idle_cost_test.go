@@ -199,3 +199,60 @@ func TestIdleAssociationsClient(t *testing.T) {
 		}
 	}
 }
+
+// idleActorBudget is what an actor that holds no message may cost its
+// node: its cell, its path and its entry in the node's table (#33).
+const idleActorBudget = 300
+
+// TestAnIdleActorIsSmall spawns many actors under the default Config and
+// measures the heap each holds while idle: one never sent anything, and
+// one that has handled a message.
+func TestAnIdleActorIsSmall(t *testing.T) {
+	if raceEnabled {
+		t.Skip("memory figures under the race detector are not the node's")
+	}
+	const k = 100000
+	n := startNode(t, Config{})
+	heap := func() uint64 {
+		runtime.GC()
+		runtime.GC()
+		var ms runtime.MemStats
+		runtime.ReadMemStats(&ms)
+		return ms.HeapAlloc
+	}
+	var handled atomic.Int64
+	all := make(chan struct{})
+	beh := Behavior[count]{Receive: func(*Context[count], count) {
+		if handled.Add(1) == k {
+			close(all)
+		}
+	}}
+	refs := make([]Ref[count], 0, k)
+	h0 := heap()
+	for range k {
+		r, err := Spawn(n, "", beh)
+		if err != nil {
+			t.Fatal(err)
+		}
+		refs = append(refs, r)
+	}
+	fresh := (int64(heap()) - int64(h0)) / k
+	h1 := heap()
+	g0 := runtime.NumGoroutine()
+	for i, r := range refs {
+		r.Tell(count{N: i})
+	}
+	select {
+	case <-all:
+	case <-time.After(time.Minute):
+		t.Fatalf("%d of %d messages handled", handled.Load(), k)
+	}
+	// The goroutines that ran the actors end once their mailboxes are empty.
+	waitFor(t, 30*time.Second, "the actors' goroutines to end", func() bool { return runtime.NumGoroutine() <= g0 })
+	used := (int64(heap()) - int64(h1)) / k
+	t.Logf("an idle actor holds %d B; one that has handled a message, %d B more", fresh, used)
+	if fresh > idleActorBudget {
+		t.Fatalf("an idle actor holds %d bytes, more than %d", fresh, idleActorBudget)
+	}
+	runtime.KeepAlive(refs)
+}

@@ -311,7 +311,7 @@ func TestMailboxBytesBoundWireMessages(t *testing.T) {
 	}
 	c := home.lookup(sink.Path(), UUID{}).local.(*cell[string])
 	c.mu.Lock()
-	held := c.inBytes
+	held := c.q.inBytes
 	c.mu.Unlock()
 	if held > cfg.MailboxBytes {
 		t.Fatalf("%d bytes waiting, the limit is %d", held, cfg.MailboxBytes)

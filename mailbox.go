@@ -36,7 +36,7 @@ func (c *cell[T]) pushWaitUnless(ctx context.Context, msg T, hd Headers, retired
 			return err
 		}
 		c.mu.Lock()
-		if c.closed || c.limit <= 0 || len(c.in) < c.limit {
+		if lim := c.limit(); c.closed || lim <= 0 || c.q == nil || len(c.q.in) < lim {
 			c.mu.Unlock()
 			continue // it changed meanwhile: try again
 		}
@@ -72,17 +72,18 @@ func (c *cell[T]) pushCredited(msg T, size int, hd Headers, credited bool) error
 		c.mu.Unlock()
 		return ErrActorStopped
 	}
-	if c.limit > 0 && len(c.in) >= c.limit && !credited {
+	q := c.lanesFor()
+	if lim := c.limit(); lim > 0 && len(q.in) >= lim && !credited {
 		c.mu.Unlock()
 		return ErrMailboxFull
 	}
-	if lim := c.n.cfg.MailboxBytes; size > 0 && lim > 0 && c.inBytes+size > lim {
-		waiting := c.inBytes
+	if lim := c.n.cfg.MailboxBytes; size > 0 && lim > 0 && q.inBytes+size > lim {
+		waiting := q.inBytes
 		c.mu.Unlock()
 		return fmt.Errorf("%w: %d bytes from other nodes waiting (Config.MailboxBytes is %d)", ErrMailboxFull, waiting, lim)
 	}
-	c.inBytes += size
-	if len(c.in) == 0 && c.n.lat.Load() != nil {
+	q.inBytes += size
+	if len(q.in) == 0 && c.n.lat.Load() != nil {
 		c.moreFor().firstAt = int64(time.Since(c.n.epoch))
 	}
 	if hd != nil {
@@ -90,13 +91,13 @@ func (c *cell[T]) pushCredited(msg T, size int, hd Headers, credited bool) error
 		// mailbox of messages without headers holds nothing more.
 		c.holdHeaders(hd)
 	}
-	c.in = append(c.in, msg)
-	c.entered++
+	q.in = append(q.in, msg)
+	q.entered++
 	start := !c.scheduled && !c.held
 	c.scheduled = c.scheduled || start
 	c.mu.Unlock()
 	if start {
-		c.n.wg.Go(c.runFn)
+		c.start()
 	}
 	return nil
 }
@@ -116,12 +117,14 @@ func (c *cell[T]) tellWireBatch(ms []wireMsg, arena []uint64) (int, error) {
 		return 0, ErrActorStopped
 	}
 	var err error
-	if len(c.in) == 0 && len(ms) > 0 && c.n.lat.Load() != nil {
+	q := c.lanesFor()
+	if len(q.in) == 0 && len(ms) > 0 && c.n.lat.Load() != nil {
 		c.moreFor().firstAt = int64(time.Since(c.n.epoch))
 	}
 	var conv convCache
 	conv.iface = isMethodIface[T]()
 	own := flatTypeFor[T]() // a plain value of this type is copied straight in
+	limit := c.limit()
 	k := 0
 	for ; k < len(ms); k++ {
 		var v T
@@ -135,27 +138,27 @@ func (c *cell[T]) tellWireBatch(ms []wireMsg, arena []uint64) (int, error) {
 				break
 			}
 		}
-		if c.limit > 0 && len(c.in) >= c.limit && !ms[k].credited {
+		if limit > 0 && len(q.in) >= limit && !ms[k].credited {
 			err = ErrMailboxFull
 			break
 		}
 		size := ms[k].size
-		if lim := c.n.cfg.MailboxBytes; size > 0 && lim > 0 && c.inBytes+size > lim {
-			err = fmt.Errorf("%w: %d bytes from other nodes waiting (Config.MailboxBytes is %d)", ErrMailboxFull, c.inBytes, lim)
+		if lim := c.n.cfg.MailboxBytes; size > 0 && lim > 0 && q.inBytes+size > lim {
+			err = fmt.Errorf("%w: %d bytes from other nodes waiting (Config.MailboxBytes is %d)", ErrMailboxFull, q.inBytes, lim)
 			break
 		}
-		c.inBytes += size
+		q.inBytes += size
 		if hd := ms[k].hd; hd != nil {
 			c.holdHeaders(hd)
 		}
-		c.in = append(c.in, v)
-		c.entered++
+		q.in = append(q.in, v)
+		q.entered++
 	}
 	start := k > 0 && !c.scheduled && !c.held
 	c.scheduled = c.scheduled || start
 	c.mu.Unlock()
 	if start {
-		c.n.wg.Go(c.runFn)
+		c.start()
 	}
 	return k, err
 }
@@ -175,8 +178,9 @@ func (c *cell[T]) sysPush(m sysMsg) bool {
 		c.mu.Unlock()
 		return false
 	}
+	q := c.lanesFor()
 	if m.kind == sysTerminated || m.kind == sysStop && m.drain {
-		m.after = c.entered
+		m.after = q.entered
 	}
 	var cancel context.CancelFunc
 	if m.kind == sysStop && !m.drain && c.waits != nil && c.waits.more != nil {
@@ -184,7 +188,7 @@ func (c *cell[T]) sysPush(m sysMsg) bool {
 		// the stop (and a stopping parent waiting for it) is not held up.
 		cancel = c.waits.more.cancel
 	}
-	c.sys = append(c.sys, m)
+	q.sys = append(q.sys, m)
 	c.hasSys.Store(true)
 	start := !c.scheduled
 	c.scheduled = true
@@ -193,7 +197,7 @@ func (c *cell[T]) sysPush(m sysMsg) bool {
 		cancel()
 	}
 	if start {
-		c.n.wg.Go(c.runFn)
+		c.start()
 	}
 	return true
 }

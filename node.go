@@ -333,15 +333,20 @@ func (n *Node) Stop(r AnyRef) error {
 	return nil
 }
 
-// addActor enters a new cell in the path table.
-func (n *Node) addActor(path string, h *handle) error {
+// addActor enters a new cell in the path table; anonymous if its name
+// was generated.
+func (n *Node) addActor(path string, h *handle, anonymous bool) error {
 	n.amu.Lock()
 	defer n.amu.Unlock()
 	if n.closing {
 		return ErrNodeClosed
 	}
-	if _, ok := n.actors[path]; ok {
-		return fmt.Errorf("%w: %s", ErrNameTaken, path)
+	// An anonymous actor's generated name is new under its parent (a
+	// sequence number, in a name no user may give): one hash, not two.
+	if !anonymous {
+		if _, ok := n.actors[path]; ok {
+			return fmt.Errorf("%w: %s", ErrNameTaken, path)
+		}
 	}
 	n.actors[path] = h
 	if isPublic(path) {

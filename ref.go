@@ -554,11 +554,12 @@ func (a *adapter[U, T]) retire() { a.retired.Store(true) }
 // or a handler).
 func MessageAdapter[U, T any](c *Context[T], f func(U) T) Ref[U] {
 	cl := c.c
-	cl.adapterSeq++
+	l := cl.linksFor()
+	l.adapterSeq++
 	a := &adapter[U, T]{owner: cl, f: f}
-	a.h = &handle{node: cl.n, key: refKey{node: cl.n.uid, path: cl.self.key.path + "/$adapter" + formatBase36(cl.adapterSeq), uuid: cl.self.key.uuid}, local: a}
+	a.h = &handle{node: cl.n, key: refKey{node: cl.n.uid, path: cl.self.key.path + "/$adapter" + formatBase36(l.adapterSeq), uuid: cl.self.key.uuid}, local: a}
 	cl.n.registerPath(a.h.key.path, a.h)
-	cl.adapters = append(cl.adapters, a.h)
+	l.adapters = append(l.adapters, a.h)
 	return Ref[U]{h: a.h}
 }
 

@@ -334,7 +334,13 @@ func TestWatchesOfAPeerThatLeftAreDropped(t *testing.T) {
 			var counters []Ref[chan int]
 			for i := range targets {
 				r, _ := Spawn(home, fmt.Sprintf("t%d-%s", i, strings.Repeat("x", 200)), Behavior[chan int]{
-					Receive: func(c *Context[chan int], ch chan int) { ch <- len(c.c.watchers) },
+					Receive: func(c *Context[chan int], ch chan int) {
+						if c.c.links == nil {
+							ch <- 0
+							return
+						}
+						ch <- len(c.c.links.watchers)
+					},
 				})
 				counters = append(counters, r)
 				rr, err := Resolve[chan int](ctxT(t, 5*time.Second), peer, FormatRef(home.Addrs()[0], r.Path()))

@@ -324,7 +324,10 @@ func histogramQuantile(h *metrics.Float64Histogram, q float64) time.Duration {
 func (c *cell[T]) waiting() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return len(c.in)
+	if c.q == nil {
+		return 0
+	}
+	return len(c.q.in)
 }
 
 // StatsPath is where every node's introspection actor lives: it answers

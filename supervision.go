@@ -273,7 +273,7 @@ func (c *cell[T]) onFailure(reason error, inSetup bool) {
 	if c.stopping {
 		// It was stopping anyway (Stop, then a panic): the failure is
 		// the better reason.
-		c.stopReason = reason
+		c.linksFor().stopReason = reason
 		c.n.log.Error("troupe: actor failed while stopping", "path", c.self.key.path, "error", reason)
 		return
 	}
@@ -298,7 +298,7 @@ func (c *cell[T]) onFailure(reason error, inSetup bool) {
 		c.beginRestart(reason, s)
 	default:
 		c.n.log.Error("troupe: actor failed; stopping it"+why, append(attrs, "strategy", s.String())...)
-		c.stopping, c.stopReason = true, reason
+		c.setStopping(reason)
 	}
 }
 
@@ -358,16 +358,17 @@ func (c *cell[T]) beginRestart(reason error, s Strategy) {
 	}
 	c.mu.Unlock()
 	c.dropWatches()
-	for _, a := range c.adapters {
+	l := c.linksFor()
+	for _, a := range l.adapters {
 		a.local.(retirable).retire()
 		c.n.removeActor(a.key.path)
 	}
-	c.adapters = nil
+	l.adapters = nil
 	st.reason = reason
 	st.gen++
-	if !s.keepChildren && len(c.children) > 0 {
+	if !s.keepChildren && len(l.children) > 0 {
 		st.phase = restartChildren
-		for ch := range c.children {
+		for ch := range l.children {
 			ch.local.sysPush(sysMsg{kind: sysStop, reason: ErrParentStopped})
 		}
 		return
@@ -408,7 +409,7 @@ func backoff(s Strategy, k int, r float64) time.Duration {
 
 // childGone notes a stopped child during a restart that waits for them.
 func (c *cell[T]) childGone() {
-	if c.tools != nil && c.tools.sup != nil && c.tools.sup.phase == restartChildren && len(c.children) == 0 {
+	if c.tools != nil && c.tools.sup != nil && c.tools.sup.phase == restartChildren && (c.links == nil || len(c.links.children) == 0) {
 		c.afterChildren(c.b.sup.strategy)
 	}
 }
@@ -428,7 +429,7 @@ func (c *cell[T]) restart(gen uint64) {
 	b, err := c.b.behavior()
 	if err != nil {
 		c.n.log.Error("troupe: actor could not be restarted; stopping it", "path", c.self.key.path, "error", err)
-		c.stopping, c.stopReason = true, err
+		c.setStopping(err)
 		return
 	}
 	c.b = b
@@ -463,13 +464,16 @@ func (c *cell[T]) signalQuietly(s Signal) {
 
 // dropWatches cancels every watch this actor holds.
 func (c *cell[T]) dropWatches() {
-	for key, r := range c.watching {
+	if c.links == nil {
+		return
+	}
+	for key, r := range c.links.watching {
 		if h := r.handle(); h.assoc != nil {
 			h.assoc.unwatch(h, c.self)
 		} else if h.local != nil {
 			h.local.watchHandle().local.sysPush(sysMsg{kind: sysUnwatch, ref: c.self})
 		}
-		delete(c.watching, key)
+		delete(c.links.watching, key)
 	}
 }
 

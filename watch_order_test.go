@@ -177,7 +177,7 @@ func mailboxLen(n *Node, path string) int {
 	c := h.local.(*cell[int])
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return len(c.in)
+	return len(c.q.in)
 }
 
 func TestTerminatedAfterMessagesFromAnUnreachablePeer(t *testing.T) {
