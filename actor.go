@@ -189,12 +189,49 @@ func (c *cell[T]) lanesFor() *lanes[T] {
 // goroutine running the cell; most actors have none.
 type cellLinks struct {
 	stopReason error
-	watchers   map[refKey]*handle // who watches this actor
-	watching   map[refKey]AnyRef  // whom this actor watches
+	// who watches this actor: one watcher (the common case: a parent,
+	// a region, a remote Ask) is held without a map, a second makes one
+	watcher    *handle
+	watchers   map[refKey]*handle
+	watching   map[refKey]AnyRef // whom this actor watches
 	children   map[*handle]struct{}
 	adapters   []*handle // adapters to unregister at stop or restart
 	adapterSeq uint64
 	childSeq   uint64
+}
+
+// addWatcher records a watcher of the actor.
+func (l *cellLinks) addWatcher(h *handle) {
+	switch {
+	case l.watchers != nil:
+		l.watchers[h.key] = h
+	case l.watcher == nil || l.watcher.key == h.key:
+		l.watcher = h
+	default:
+		l.watchers = map[refKey]*handle{l.watcher.key: l.watcher, h.key: h}
+		l.watcher = nil
+	}
+}
+
+// removeWatcher forgets the watcher with key k.
+func (l *cellLinks) removeWatcher(k refKey) {
+	if l.watcher != nil && l.watcher.key == k {
+		l.watcher = nil
+	}
+	delete(l.watchers, k)
+	if len(l.watchers) == 0 {
+		l.watchers = nil // an actor asked from afar goes back to its idle size
+	}
+}
+
+// eachWatcher calls f for every watcher of the actor.
+func (l *cellLinks) eachWatcher(f func(*handle)) {
+	if l.watcher != nil {
+		f(l.watcher)
+	}
+	for _, w := range l.watchers {
+		f(w)
+	}
 }
 
 // linksFor returns the actor's links, made on first use.
@@ -572,17 +609,10 @@ func (c *cell[T]) handleSys(m sysMsg) {
 			c.setStopping(m.reason)
 		}
 	case sysWatch:
-		l := c.linksFor()
-		if l.watchers == nil {
-			l.watchers = make(map[refKey]*handle)
-		}
-		l.watchers[m.ref.key] = m.ref
+		c.linksFor().addWatcher(m.ref)
 	case sysUnwatch:
 		if l := c.links; l != nil {
-			delete(l.watchers, m.ref.key)
-			if len(l.watchers) == 0 {
-				l.watchers = nil // an actor asked from afar goes back to its idle size
-			}
+			l.removeWatcher(m.ref.key)
 		}
 	case sysChildStopped:
 		if c.links != nil {

@@ -104,9 +104,9 @@ func (c *cell[T]) terminate(rest []T) bool {
 			c.n.unregisterActor(c.self)
 		}
 	}
-	for _, w := range l.watchers {
+	l.eachWatcher(func(w *handle) {
 		w.signal(sysMsg{kind: sysTerminated, key: c.self.key, reason: l.stopReason})
-	}
+	})
 	if c.parent != nil {
 		c.parent.sysPush(sysMsg{kind: sysChildStopped, ref: c.self})
 	}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -366,4 +367,47 @@ func TestIdleActorCostsAtMost500Bytes(t *testing.T) {
 		t.Fatalf("%d goroutines for %d idle actors", g, actors)
 	}
 	t.Logf("%.0f bytes per idle actor", per)
+}
+
+// TestCellLinksWatchers walks an actor's watchers through one held
+// without a map, a second that makes one, and back.
+func TestCellLinksWatchers(t *testing.T) {
+	h := func(path string) *handle { return &handle{key: refKey{path: path}} }
+	a, b, c := h("/a"), h("/b"), h("/c")
+	var l cellLinks
+	got := func() []string {
+		var ps []string
+		l.eachWatcher(func(w *handle) { ps = append(ps, w.key.path) })
+		slices.Sort(ps)
+		return ps
+	}
+	steps := []struct {
+		add, remove *handle
+		want        []string
+	}{
+		{add: a, want: []string{"/a"}},
+		{add: a, want: []string{"/a"}},
+		{add: b, want: []string{"/a", "/b"}},
+		{add: c, want: []string{"/a", "/b", "/c"}},
+		{remove: a, want: []string{"/b", "/c"}},
+		{remove: a, want: []string{"/b", "/c"}},
+		{remove: b, want: []string{"/c"}},
+		{remove: c, want: nil},
+		{add: b, want: []string{"/b"}},
+		{remove: c, want: []string{"/b"}},
+		{remove: b, want: nil},
+	}
+	for i, s := range steps {
+		if s.add != nil {
+			l.addWatcher(s.add)
+		} else {
+			l.removeWatcher(s.remove.key)
+		}
+		if g := got(); !slices.Equal(g, s.want) {
+			t.Fatalf("step %d: watchers %v, want %v", i, g, s.want)
+		}
+	}
+	if l.watcher != nil || l.watchers != nil {
+		t.Fatalf("no watcher left, but the links hold %v and %v", l.watcher, l.watchers)
+	}
 }

@@ -339,7 +339,11 @@ func TestWatchesOfAPeerThatLeftAreDropped(t *testing.T) {
 							ch <- 0
 							return
 						}
-						ch <- len(c.c.links.watchers)
+						n := len(c.c.links.watchers)
+						if c.c.links.watcher != nil {
+							n++
+						}
+						ch <- n
 					},
 				})
 				counters = append(counters, r)
