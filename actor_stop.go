@@ -45,9 +45,13 @@ func (c *cell[T]) terminate(rest []T) bool {
 	c.closed = true
 	var waiting []T
 	var sys []sysMsg
+	var asker pendingAsk
+	var askers map[pendingAsk]struct{}
 	if q := c.q; q != nil {
 		waiting, sys = q.in, q.sys
 		q.in, q.sys = nil, nil
+		asker, askers = q.asker, q.askers
+		q.asker, q.askers = nil, nil
 	}
 	var note *stopNote
 	if w := c.waits; w != nil {
@@ -65,8 +69,14 @@ func (c *cell[T]) terminate(rest []T) bool {
 		note.reason = l.stopReason
 		close(note.ch) // the Asks waiting on this actor fail now
 	}
-
 	target := c.self.String()
+	if asker != nil {
+		asker.fail(&AskError{Target: target, Reason: l.stopReason})
+	}
+	for p := range askers {
+		p.fail(&AskError{Target: target, Reason: l.stopReason})
+	}
+
 	for _, m := range rest {
 		c.n.deadLetter(target, m, ErrActorStopped)
 	}

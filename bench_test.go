@@ -51,6 +51,44 @@ func BenchmarkFloorChannelPingPong(b *testing.B) {
 	}
 }
 
+// BenchmarkFloorAskDeadline is BenchmarkLocalAskDeadline without
+// troupe: a request carrying a fresh reply channel to a goroutine that
+// serves a channel, a context.WithTimeout per call, and a select on the
+// reply and the context. It reports the same median and 99th percentile.
+func BenchmarkFloorAskDeadline(b *testing.B) {
+	type request struct {
+		n     int
+		reply chan int
+	}
+	reqs := make(chan request, 1)
+	go func() {
+		for r := range reqs {
+			r.reply <- r.n
+		}
+	}()
+	defer close(reqs)
+	took := make([]time.Duration, 0, b.N)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := range b.N {
+		start := time.Now()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		r := request{n: i, reply: make(chan int, 1)}
+		reqs <- r
+		select {
+		case <-r.reply:
+		case <-ctx.Done():
+			b.Fatal(ctx.Err())
+		}
+		cancel()
+		took = append(took, time.Since(start))
+	}
+	b.StopTimer()
+	slices.Sort(took)
+	b.ReportMetric(float64(took[len(took)/2].Nanoseconds()), "p50-ns")
+	b.ReportMetric(float64(took[len(took)*99/100].Nanoseconds()), "p99-ns")
+}
+
 // BenchmarkFloorSpawn is a spawn without troupe, an actor as a goroutine
 // would be: a goroutine waiting on its own mailbox channel, entered under
 // a generated name in a table behind a lock. Like BenchmarkSpawn, it keeps

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -318,4 +319,70 @@ func TestAParentStopsWhileItsChildWaitsOnItsContext(t *testing.T) {
 		t.Fatal(err)
 	}
 	within(t, stopped, 10*time.Second, "the parent's Terminated")
+}
+
+// Many Asks waiting on one local actor at once all fail with its stop's
+// reason when it stops before replying, and an Ask that got its reply
+// leaves nothing waiting behind (#33: the asks waiting on an actor are
+// held by its mailbox, the first without a map).
+func TestManyLocalAsksWaitingOnOneActorAllFailWhenItStops(t *testing.T) {
+	n, err := troupe.Start(context.Background(), troupe.Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	gate, started := make(chan struct{}), make(chan struct{}, 1)
+	var open sync.Once
+	release := func() { open.Do(func() { close(gate) }) }
+	defer release() // (before Close, should the test fail)
+	target, err := troupe.Spawn(n, "busy", troupe.Behavior[askReq]{Receive: func(_ *troupe.Context[askReq], r askReq) {
+		if r.Mode == "reply" {
+			r.ReplyTo.Tell("ok")
+			return
+		}
+		started <- struct{}{}
+		<-gate
+		panic("gave up")
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 3 { // asks that end with their reply, before the others
+		if got, err := troupe.Ask(ctxFor(t), target, func(r troupe.Ref[string]) askReq { return askReq{Mode: "reply", ReplyTo: r} }); err != nil || got != "ok" {
+			t.Fatalf("Ask = %q, %v", got, err)
+		}
+	}
+	const k = 20
+	errs := make(chan error, k+1)
+	ask := func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_, err := troupe.Ask(ctx, target, func(r troupe.Ref[string]) askReq { return askReq{ReplyTo: r} })
+		errs <- err
+	}
+	go ask()
+	within(t, started, 10*time.Second, "the first request to be handled")
+	for range k {
+		go ask()
+	}
+	waitUntil(t, 10*time.Second, "every other request in the mailbox", func() bool {
+		for _, m := range n.Stats().Mailboxes {
+			if m.Path == target.Path() {
+				return m.Waiting == k
+			}
+		}
+		return false
+	})
+	release()
+	for range k + 1 {
+		err := within(t, errs, 10*time.Second, "an Ask to end")
+		var ae *troupe.AskError
+		if !errors.As(err, &ae) || !errors.Is(err, troupe.ErrActorStopped) {
+			t.Fatalf("Ask = %v; want an AskError", err)
+		}
+		var pe *troupe.PanicError
+		if !errors.As(ae.Reason, &pe) {
+			t.Fatalf("the reason is %v, not the panic", ae.Reason)
+		}
+	}
 }

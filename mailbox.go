@@ -67,6 +67,13 @@ func (c *cell[T]) pushSized(msg T, size int, hd Headers) error {
 // on it, which this node granted) is taken past the mailbox's limit, as
 // in tellWireBatch.
 func (c *cell[T]) pushCredited(msg T, size int, hd Headers, credited bool) error {
+	return c.pushAsked(msg, size, hd, credited, nil)
+}
+
+// pushAsked is pushCredited for the request of a local Ask: if it is
+// taken, ask is failed should the actor stop before it replies (see
+// removeAsker).
+func (c *cell[T]) pushAsked(msg T, size int, hd Headers, credited bool, ask pendingAsk) error {
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
@@ -93,6 +100,9 @@ func (c *cell[T]) pushCredited(msg T, size int, hd Headers, credited bool) error
 	}
 	q.in = append(q.in, msg)
 	q.entered++
+	if ask != nil {
+		q.addAsker(ask)
+	}
 	start := !c.scheduled && !c.held
 	c.scheduled = c.scheduled || start
 	c.mu.Unlock()

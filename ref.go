@@ -329,13 +329,11 @@ func Ask[Req, Resp any](ctx context.Context, to Ref[Req], mk func(replyTo Ref[Re
 	var note *stopNote
 	if c, ok := to.h.local.(*cell[Req]); ok {
 		// A local actor takes the request typed: no box on the way. Its
-		// stop ends the wait.
-		if note = c.stopNotice(); note != nil {
-			stopped = note.ch
-			defer c.releaseStopNotice(note)
-		}
-		if err = c.pushSized(req, 0, hd); err != nil {
+		// stop fails the promise.
+		if err = c.pushAsked(req, 0, hd, false, p); err != nil {
 			n.deadLetter(to.h.String(), req, err)
+		} else {
+			defer c.removeAsker(p)
 		}
 	} else {
 		if sn, ok := to.h.local.(stopNoticer); ok {
@@ -425,6 +423,8 @@ type promise[T any] struct {
 
 	mu         sync.Mutex // guards registered
 	registered bool       // in n.temps, so remote replies can find it
+
+	path [tempPathLen]byte // hd's path is here: one allocation for the promise
 }
 
 // pendingAsk is the untyped view of a promise, for associations that must
@@ -437,15 +437,16 @@ var tempSeq atomic.Uint64
 
 func newPromise[T any](n *Node) *promise[T] {
 	p := &promise[T]{ch: make(chan result[T], 1)}
-	p.hd = handle{node: n, key: refKey{node: n.uid, path: tempPath(tempSeq.Add(1))}, local: p}
+	// The path is written once, here, before the string is made of it.
+	b := appendBase36(append(p.path[:0], "/temp/$"...), tempSeq.Add(1))
+	p.hd = handle{node: n, key: refKey{node: n.uid, path: unsafe.String(&b[0], len(b))}, local: p}
 	p.h = &p.hd
 	return p
 }
 
-func tempPath(seq uint64) string {
-	var b [7 + 13]byte
-	return string(appendBase36(append(b[:0], "/temp/$"...), seq)) // one allocation
-}
+// tempPathLen is the longest path of a promise: "/temp/$" and a uint64
+// in base 36.
+const tempPathLen = 7 + 13
 
 func (p *promise[T]) complete(v T, err error) bool {
 	if !p.done.CompareAndSwap(false, true) {
