@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"runtime"
 	"runtime/pprof"
+	"runtime/trace"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -59,6 +60,16 @@ func TestHelperSinkProcess(t *testing.T) {
 		}
 		pprof.StartCPUProfile(f)
 		defer pprof.StopCPUProfile()
+	}
+	if path := os.Getenv("TROUPE_HELPER_TRACE"); path != "" {
+		// The receiver's execution trace (go tool trace), for the round
+		// trip's hops.
+		f, err := os.Create(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		trace.Start(f)
+		defer trace.Stop()
 	}
 	network, listen := "tcp", "tcp://127.0.0.1:0"
 	floorAt := func(string) string { return "127.0.0.1:0" }
