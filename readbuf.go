@@ -46,7 +46,8 @@ func (b *readBuf) Buffered() int { return b.w - b.r }
 
 // fill reads from the source once, after making room: an empty buffer goes
 // back to small (its big one to the pool) after a quiet read, and one that
-// holds need bytes at most in small stays small.
+// holds need bytes at most in small stays small, unless its last read
+// filled it.
 func (b *readBuf) fill(need int) {
 	if b.r == b.w {
 		b.r, b.w = 0, 0
@@ -57,7 +58,10 @@ func (b *readBuf) fill(need int) {
 		b.w = copy(b.buf, b.buf[b.r:b.w])
 		b.r = 0
 	}
-	if b.big == nil && (need > len(b.small) || b.w == len(b.small)) {
+	// The big buffer is taken for a frame that does not fit, a frame
+	// left unfinished in a full small buffer, or after a read that filled
+	// the small buffer: a stream, whose next read has as much to bring.
+	if b.big == nil && (need > len(b.small) || b.w == len(b.small) || b.last == len(b.small)) {
 		b.big = readBuffers.Get().(*[readBufferSize]byte)
 		copy(b.big[:], b.buf[:b.w])
 		b.buf = b.big[:]

@@ -112,3 +112,43 @@ func TestAQuietReaderGivesBackItsBuffer(t *testing.T) {
 		t.Fatalf("a quiet reader holds %d bytes of buffer and %d of scratch", len(fr.r.buf), cap(fr.scratch))
 	}
 }
+
+// countingReader counts the reads from its source.
+type countingReader struct {
+	r     io.Reader
+	reads int
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	c.reads++
+	return c.r.Read(p)
+}
+
+// A stream of small frames is read in the pooled buffer's large reads,
+// not the small buffer's: a read that fills the small buffer says more is
+// coming (#33: every read of a stream of tells brought 1 KiB, 155,000
+// read calls for 20 million tells).
+func TestAStreamOfSmallFramesIsReadInLargeReads(t *testing.T) {
+	var stream []byte
+	for i := range 200000 {
+		stream = appendWhole(stream, []byte{byte(frameTell), byte(i), byte(i >> 8), 3, 4, 5, 6})
+	}
+	src := &countingReader{r: bytes.NewReader(stream)}
+	fr := newFrameReader(src, DefaultMaxFrameSize)
+	frames := 0
+	for {
+		fr.await() // as readLoop waits, with nothing buffered
+		if _, err := fr.next(); err == io.EOF {
+			break
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		frames++
+	}
+	if frames != 200000 {
+		t.Fatalf("%d frames of 200000", frames)
+	}
+	if most := len(stream)/readBufferSize + 4; src.reads > most {
+		t.Fatalf("%d bytes took %d reads; a %d-byte buffer takes at most %d", len(stream), src.reads, readBufferSize, most)
+	}
+}
