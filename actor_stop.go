@@ -236,3 +236,77 @@ func stopAndWait[T any](n *Node, r Ref[T]) {
 		}
 	}
 }
+
+// cellLinks is who an actor is linked to: its watchers, whom it watches,
+// its children and its message adapters, and why it stops. Owned by the
+// goroutine running the cell; most actors have none.
+type cellLinks struct {
+	stopReason error
+	// who watches this actor: one watcher (the common case: a parent,
+	// a region, a remote Ask) is held without a map, a second makes one
+	watcher    *handle
+	watchers   map[refKey]*handle
+	watching   map[refKey]AnyRef // whom this actor watches
+	children   map[*handle]struct{}
+	adapters   []*handle // adapters to unregister at stop or restart
+	adapterSeq uint64
+	childSeq   uint64
+}
+
+// addWatcher records a watcher of the actor.
+func (l *cellLinks) addWatcher(h *handle) {
+	switch {
+	case l.watchers != nil:
+		l.watchers[h.key] = h
+	case l.watcher == nil || l.watcher.key == h.key:
+		l.watcher = h
+	default:
+		l.watchers = map[refKey]*handle{l.watcher.key: l.watcher, h.key: h}
+		l.watcher = nil
+	}
+}
+
+// removeWatcher forgets the watcher with key k.
+func (l *cellLinks) removeWatcher(k refKey) {
+	if l.watcher != nil && l.watcher.key == k {
+		l.watcher = nil
+	}
+	delete(l.watchers, k)
+	if len(l.watchers) == 0 {
+		l.watchers = nil // an actor asked from afar goes back to its idle size
+	}
+}
+
+// eachWatcher calls f for every watcher of the actor.
+func (l *cellLinks) eachWatcher(f func(*handle)) {
+	if l.watcher != nil {
+		f(l.watcher)
+	}
+	for _, w := range l.watchers {
+		f(w)
+	}
+}
+
+// linksFor returns the actor's links, made on first use.
+func (c *cell[T]) linksFor() *cellLinks {
+	if c.links == nil {
+		c.links = &cellLinks{}
+	}
+	return c.links
+}
+
+// stopReason is why the actor stops (nil: it stopped itself normally).
+func (c *cell[T]) stopReason() error {
+	if c.links == nil {
+		return nil
+	}
+	return c.links.stopReason
+}
+
+// setStopping marks the actor as stopping, for reason.
+func (c *cell[T]) setStopping(reason error) {
+	c.stopping = true
+	if reason != nil || c.links != nil {
+		c.linksFor().stopReason = reason
+	}
+}

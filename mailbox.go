@@ -211,3 +211,62 @@ func (c *cell[T]) sysPush(m sysMsg) bool {
 	}
 	return true
 }
+
+// lanes is an actor's mailbox: what waits (under the cell's mu) and the
+// batch being handled (owned by the goroutine running the cell).
+type lanes[T any] struct {
+	in      []T      // waiting user messages
+	sys     []sysMsg // waiting signals
+	entered uint64   // user messages ever appended to in
+	inBytes int      // encoded size of the messages in in that came over the wire
+
+	// the local Asks waiting on the actor, failed when it stops: the
+	// first without a map, the others in one
+	asker  pendingAsk
+	askers map[pendingAsk]struct{}
+	// runFn runs the cell on a goroutine of its own: made once, so that
+	// a goroutine starts without an allocation
+	runFn func()
+
+	batch   []T    // the user messages taken from in, being handled
+	handled uint64 // user messages taken out of the mailbox and handled
+}
+
+// lanesFor returns the cell's mailbox, made on first use (mu held).
+func (c *cell[T]) lanesFor() *lanes[T] {
+	if c.q == nil {
+		c.q = &lanes[T]{runFn: c.runThenDone}
+	}
+	return c.q
+}
+
+// addAsker records a local Ask waiting on the actor (mu held).
+func (q *lanes[T]) addAsker(p pendingAsk) {
+	switch {
+	case q.asker == nil:
+		q.asker = p
+	case q.askers == nil:
+		q.askers = map[pendingAsk]struct{}{p: {}}
+	default:
+		q.askers[p] = struct{}{}
+	}
+}
+
+// removeAsker forgets a local Ask that ended.
+func (c *cell[T]) removeAsker(p pendingAsk) {
+	c.mu.Lock()
+	if q := c.q; q == nil {
+		// (never pushed to)
+	} else if q.asker == p {
+		q.asker = nil
+	} else {
+		delete(q.askers, p)
+		if len(q.askers) == 0 {
+			q.askers = nil
+		}
+	}
+	c.mu.Unlock()
+}
+
+// limit is the mailbox's limit; 0 means none.
+func (c *cell[T]) limit() int { return c.n.cfg.MailboxLimit }
