@@ -245,6 +245,7 @@ func (c *Context[T]) Unwatch(r AnyRef) {
 		return
 	}
 	delete(cl.links.watching, h.key)
+	defer cl.dropLinksIfUnused()
 	switch {
 	case h.local != nil:
 		h.local.sysPush(sysMsg{kind: sysUnwatch, ref: cl.self})
@@ -519,6 +520,7 @@ func (c *cell[T]) handleSys(m sysMsg) {
 	case sysUnwatch:
 		if l := c.links; l != nil {
 			l.removeWatcher(m.ref.key)
+			c.dropLinksIfUnused()
 		}
 	case sysChildStopped:
 		if c.links != nil {
@@ -558,6 +560,7 @@ func (c *cell[T]) handleSys(m sysMsg) {
 				c.guard(func() { c.b.Signal(&c.ctx, Terminated{Ref: r, Reason: m.reason}) })
 			}
 		}
+		c.dropLinksIfUnused()
 	}
 }
 

@@ -169,11 +169,13 @@ type cellWaits struct {
 	// room, made by a sender waiting for room (Ref.Send), is closed when
 	// the mailbox is emptied into a batch or the actor stops.
 	room chan struct{}
-	// stop, made for an Ask waiting on the actor, is closed when it
-	// stops.
+	// stop, made for an Ask through an adapter or for a caller that
+	// waits for the actor to stop (stopAndWait), is closed when it stops.
+	// (A local Ask to the actor itself is failed through its lanes: see
+	// lanes.asker.)
 	stop *stopNote
 	// more holds what fewer actors need, made on first use: this struct
-	// is made per local Ask (and dropped after it), so it stays at 24
+	// is made for such a wait (and dropped after it), so it stays at 24
 	// bytes.
 	more *cellMore
 }
@@ -287,20 +289,24 @@ func (l *cellLinks) eachWatcher(f func(*handle)) {
 	}
 }
 
+// dropLinksIfUnused gives the links back once they hold nothing, so
+// that an actor watched for a while (asked from afar) goes back to its
+// idle size. Links that named a child or an adapter stay: their sequence
+// numbers keep generated names from being given twice.
+func (c *cell[T]) dropLinksIfUnused() {
+	l := c.links
+	if l != nil && l.watcher == nil && l.watchers == nil && len(l.watching) == 0 && len(l.children) == 0 &&
+		len(l.adapters) == 0 && l.adapterSeq == 0 && l.childSeq == 0 && l.stopReason == nil {
+		c.links = nil
+	}
+}
+
 // linksFor returns the actor's links, made on first use.
 func (c *cell[T]) linksFor() *cellLinks {
 	if c.links == nil {
 		c.links = &cellLinks{}
 	}
 	return c.links
-}
-
-// stopReason is why the actor stops (nil: it stopped itself normally).
-func (c *cell[T]) stopReason() error {
-	if c.links == nil {
-		return nil
-	}
-	return c.links.stopReason
 }
 
 // setStopping marks the actor as stopping, for reason.

@@ -200,9 +200,14 @@ func TestIdleAssociationsClient(t *testing.T) {
 	}
 }
 
-// idleActorBudget is what an actor that holds no message may cost its
-// node: its cell, its path and its entry in the node's table (#33).
-const idleActorBudget = 300
+// idleActorBudget is what an actor that was never sent anything may cost
+// its node: its cell, its path and its entry in the node's table (#33);
+// usedActorBudget, one idle again after it handled a message, which also
+// holds its mailbox's lanes and their buffers.
+const (
+	idleActorBudget = 300
+	usedActorBudget = 480
+)
 
 // TestAnIdleActorIsSmall spawns many actors under the default Config and
 // measures the heap each holds while idle: one never sent anything, and
@@ -253,6 +258,9 @@ func TestAnIdleActorIsSmall(t *testing.T) {
 	t.Logf("an idle actor holds %d B; one that has handled a message, %d B more", fresh, used)
 	if fresh > idleActorBudget {
 		t.Fatalf("an idle actor holds %d bytes, more than %d", fresh, idleActorBudget)
+	}
+	if fresh+used > usedActorBudget {
+		t.Fatalf("an actor idle after a message holds %d bytes, more than %d", fresh+used, usedActorBudget)
 	}
 	runtime.KeepAlive(refs)
 }

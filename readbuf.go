@@ -10,11 +10,12 @@ import (
 // idleReadSize is what a connection's reader holds while it waits for
 // bytes with nothing buffered after a quiet read: a frame that arrives
 // alone and fits (an ask, a reply, a heartbeat) is read and decoded from
-// it, and only more than that takes a buffer of readBufferSize from a
-// pool, given back once the reader has consumed everything and its last
-// read brought less than this (a stream keeps its buffer; a link that
-// falls quiet gives it back at the latest with the peer's next heartbeat).
-// So an idle association holds this much for reading, not 64 KiB.
+// it, and only more than that (or a read that filled it: a stream) takes
+// a buffer of readBufferSize from a pool, given back once the reader has
+// consumed everything and its last read brought less than this (a stream
+// keeps its buffer; a link that falls quiet gives it back at the latest
+// with the peer's next heartbeat, even after a last read of exactly this
+// size). So an idle association holds this much for reading, not 64 KiB.
 const idleReadSize = 1 << 10
 
 var readBuffers = sync.Pool{New: func() any { return new([readBufferSize]byte) }}

@@ -2,6 +2,7 @@ package troupe
 
 import (
 	"bytes"
+	"fmt"
 	"io"
 	"math/rand/v2"
 	"testing"
@@ -57,21 +58,32 @@ func TestFrameReaderOverAnyChunking(t *testing.T) {
 		"chunky":   func() io.Reader { return chunky{bytes.NewReader(stream), rand.New(rand.NewPCG(3, 4))} },
 	}
 	for name, src := range sources {
-		t.Run(name, func(t *testing.T) {
-			fr := newFrameReader(src(), DefaultMaxFrameSize)
-			for i, want := range bodies {
-				got, err := fr.next()
-				if err != nil {
-					t.Fatalf("frame %d of %d bytes: %v", i, len(want), err)
-				}
-				if !bytes.Equal(got, want) {
-					t.Fatalf("frame %d: %d bytes, want %d", i, len(got), len(want))
-				}
-			}
-			if _, err := fr.next(); err != io.EOF {
-				t.Fatalf("after the last frame: %v, want io.EOF", err)
-			}
-		})
+		for _, waits := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/await=%v", name, waits), func(t *testing.T) {
+				frameReaderOver(t, src(), bodies, waits)
+			})
+		}
+	}
+}
+
+// frameReaderOver reads bodies back from src, as readLoop does if waits
+// (fr.complete, then fr.await before each frame).
+func frameReaderOver(t *testing.T, src io.Reader, bodies [][]byte, waits bool) {
+	fr := newFrameReader(src, DefaultMaxFrameSize)
+	for i, want := range bodies {
+		if waits && !fr.complete() {
+			fr.await()
+		}
+		got, err := fr.next()
+		if err != nil {
+			t.Fatalf("frame %d of %d bytes: %v", i, len(want), err)
+		}
+		if !bytes.Equal(got, want) {
+			t.Fatalf("frame %d: %d bytes, want %d", i, len(got), len(want))
+		}
+	}
+	if _, err := fr.next(); err != io.EOF {
+		t.Fatalf("after the last frame: %v, want io.EOF", err)
 	}
 }
 
@@ -110,6 +122,34 @@ func TestAQuietReaderGivesBackItsBuffer(t *testing.T) {
 	}
 	if fr.r.big != nil || fr.scratch != nil {
 		t.Fatalf("a quiet reader holds %d bytes of buffer and %d of scratch", len(fr.r.buf), cap(fr.scratch))
+	}
+}
+
+// A frame that fills the small buffer exactly and arrives alone takes
+// the pooled buffer for the next read (it looks like a stream), and the
+// quiet link gives it back with the next heartbeat.
+func TestALoneFrameOfTheSmallBuffersSizeIsGivenBackAtTheNextHeartbeat(t *testing.T) {
+	pr, pw := io.Pipe()
+	fr := newFrameReader(pr, DefaultMaxFrameSize)
+	frame := appendWhole(nil, make([]byte, idleReadSize-2)) // two bytes of length prefix
+	if len(frame) != idleReadSize {
+		t.Fatalf("the frame is %d bytes", len(frame))
+	}
+	go func() {
+		pw.Write(frame)
+		pw.Write(appendWhole(nil, appendHeartbeat(nil)))
+		pw.Write(appendWhole(nil, appendHeartbeat(nil)))
+		pw.Close()
+	}()
+	for range 3 {
+		fr.complete()
+		fr.await()
+		if _, err := fr.next(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if fr.r.big != nil {
+		t.Fatal("the reader kept the pooled buffer after a heartbeat")
 	}
 }
 

@@ -557,11 +557,72 @@ func TestAnAskedActorGoesBackToItsIdleSize(t *testing.T) {
 	if _, err := Ask(ctxT(t, 5*time.Second), remote, func(r Ref[testPong]) testPing { return testPing{N: 2, ReplyTo: r} }); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 5*time.Second, "the asked actor to drop its stop note", func() bool {
+	waitFor(t, 5*time.Second, "the asked actor to hold no waits, links or askers", func() bool {
 		c.mu.Lock()
 		defer c.mu.Unlock()
-		return c.waits == nil
+		return c.waits == nil && c.q.asker == nil && c.q.askers == nil
 	})
+	// The links a remote Ask's watch made go with its unwatch. They are
+	// read on the actor's own goroutine, by a message after the Ask.
+	linked := make(chan bool, 1)
+	probe, err := Spawn(away, "probe", Behavior[testPing]{Receive: func(c *Context[testPing], m testPing) {
+		if m.N < 0 {
+			linked <- c.c.links != nil
+			return
+		}
+		m.ReplyTo.Tell(testPong{N: m.N})
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	remoteProbe, err := Resolve[testPing](ctxT(t, 5*time.Second), home, FormatRef(away.Addrs()[0], "/user/probe"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Ask(ctxT(t, 5*time.Second), remoteProbe, func(r Ref[testPong]) testPing { return testPing{N: 1, ReplyTo: r} }); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "the asked actor to drop its links once unwatched", func() bool {
+		probe.Tell(testPing{N: -1})
+		return !<-linked
+	})
+}
+
+// An Ask whose ctx ends while its request waits behind a blocked handler
+// leaves nothing registered on the actor, and neither does one refused
+// by a full mailbox.
+func TestAnAskThatEndsLeavesNoAskerBehind(t *testing.T) {
+	cfg := testConfig()
+	cfg.MailboxLimit = 2
+	n := startNode(t, cfg)
+	gate, started := make(chan struct{}), make(chan struct{}, 1)
+	defer close(gate)
+	r, err := Spawn(n, "slow", Behavior[testPing]{Receive: func(_ *Context[testPing], m testPing) {
+		if m.N == 0 {
+			started <- struct{}{}
+			<-gate
+		}
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Tell(testPing{N: 0})
+	<-started
+	for i := range 4 { // two queued until their ctx ends, two refused: the mailbox is full
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+		_, err := Ask(ctx, r, func(rr Ref[testPong]) testPing { return testPing{N: i + 1, ReplyTo: rr} })
+		cancel()
+		if i < 2 && !errors.Is(err, context.DeadlineExceeded) || i >= 2 && !errors.Is(err, ErrMailboxFull) {
+			t.Fatalf("Ask %d = %v", i, err)
+		}
+	}
+	c := r.h.local.(*cell[testPing])
+	c.mu.Lock()
+	asker, askers := c.q.asker, c.q.askers
+	c.mu.Unlock()
+	if asker != nil || askers != nil {
+		t.Fatalf("asks that ended left %v and %v registered", asker, askers)
+	}
 }
 
 // A Send waiting for a remote actor's credit returns, with the session's

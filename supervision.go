@@ -358,7 +358,10 @@ func (c *cell[T]) beginRestart(reason error, s Strategy) {
 	}
 	c.mu.Unlock()
 	c.dropWatches()
-	l := c.linksFor()
+	l := c.links
+	if l == nil {
+		l = &cellLinks{} // (read only: an actor without links)
+	}
 	for _, a := range l.adapters {
 		a.local.(retirable).retire()
 		c.n.removeActor(a.key.path)
@@ -475,6 +478,7 @@ func (c *cell[T]) dropWatches() {
 		}
 		delete(c.links.watching, key)
 	}
+	c.dropLinksIfUnused()
 }
 
 // maxStackFrames bounds the frames a failure's log line shows.
