@@ -8,7 +8,6 @@ import (
 	"io"
 	"net"
 	"runtime"
-	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -84,9 +83,7 @@ func BenchmarkFloorAskDeadline(b *testing.B) {
 		took = append(took, time.Since(start))
 	}
 	b.StopTimer()
-	slices.Sort(took)
-	b.ReportMetric(float64(took[len(took)/2].Nanoseconds()), "p50-ns")
-	b.ReportMetric(float64(took[len(took)*99/100].Nanoseconds()), "p99-ns")
+	latencies(b, took)
 }
 
 // BenchmarkFloorSpawn is a spawn without troupe, an actor as a goroutine
@@ -254,9 +251,7 @@ func BenchmarkLocalAskDeadline(b *testing.B) {
 		}
 	}
 	b.StopTimer()
-	slices.Sort(took)
-	b.ReportMetric(float64(took[len(took)/2].Nanoseconds()), "p50-ns")
-	b.ReportMetric(float64(took[len(took)*99/100].Nanoseconds()), "p99-ns")
+	latencies(b, took)
 }
 
 func benchTransports(b *testing.B, body func(b *testing.B, listen string)) {
