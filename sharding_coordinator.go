@@ -15,25 +15,38 @@ import (
 
 // Messages to the coordinator, through its station on the sender's
 // member; the association stamps the sending member on each.
+// Each carries its region's member (Origin) besides the member whose
+// association delivered it (from): a station passes what it cannot
+// deliver to the station of the member it takes for the oldest, so a
+// word can reach the coordinator through a member other than its own.
 type (
 	shardRegister struct {
 		Epoch   uint64
 		Count   int32 // the region's Shards
 		Shards  []int32
 		Leaving bool
+		Origin  NodeUID
 		from    NodeUID
 	}
 	shardWhere struct {
-		Shard int32
-		from  NodeUID
+		Shard  int32
+		Origin NodeUID
+		from   NodeUID
 	}
 	shardStopped struct {
-		Shard int32
-		from  NodeUID
+		Shard  int32
+		Origin NodeUID
+		from   NodeUID
 	}
-	shardLeaving    struct{ from NodeUID }
-	shardRegionGone struct{ from NodeUID }
-	coordTick       struct{}
+	shardLeaving struct {
+		Origin NodeUID
+		from   NodeUID
+	}
+	shardRegionGone struct {
+		Origin NodeUID
+		from   NodeUID
+	}
+	coordTick struct{}
 )
 
 // Messages to regions.
@@ -172,31 +185,62 @@ func newCoordinator(c *Cluster, name string, cfg ShardingConfig) Behavior[shardC
 func (k *coordinator) receive(m shardCoordMsg) {
 	now := time.Now()
 	switch m := m.(type) {
-	case coordTick:
-		k.tick(now)
 	case shardRegister:
+		m.from = k.sender(m.Origin, m.from)
 		k.onRegister(m)
 	case shardWhere:
-		if k.valid(m.Shard) {
-			if !slices.Contains(k.asks[m.Shard], m.from) {
-				k.asks[m.Shard] = append(k.asks[m.Shard], m.from)
-			}
-			k.serve(now)
-		}
+		m.from = k.sender(m.Origin, m.from)
+		k.onWhere(m, now)
 	case shardStopped:
+		m.from = k.sender(m.Origin, m.from)
 		if k.valid(m.Shard) {
 			k.onStopped(m.Shard, m.from)
 			k.serve(now)
 		}
 	case shardLeaving:
-		if r := k.regions[m.from]; r != nil && !r.leaving {
-			r.leaving = true
-			k.balAt = time.Time{} // at once
-			k.rebalance(now)
-		}
+		k.onLeaving(k.sender(m.Origin, m.from), now)
 	case shardRegionGone:
-		k.dropRegion(m.from)
+		k.dropRegion(k.sender(m.Origin, m.from))
 		k.serve(now)
+	case coordTick:
+		k.tick(now)
+	}
+}
+
+// sender returns the member a region's word is from: the member it says
+// (Origin) when a member delivered it (members relay for each other),
+// else the one whose association delivered it. A word from before Origin
+// was added has none.
+func (k *coordinator) sender(origin, via NodeUID) NodeUID {
+	if origin == (NodeUID{}) || origin == via {
+		return via
+	}
+	if via == k.c.n.uid {
+		return origin // (through this member's station)
+	}
+	for _, m := range k.c.Members() {
+		if m.UID == via {
+			return origin
+		}
+	}
+	return via // (a node that is no member speaks for itself only)
+}
+
+func (k *coordinator) onWhere(m shardWhere, now time.Time) {
+	if !k.valid(m.Shard) {
+		return
+	}
+	if !slices.Contains(k.asks[m.Shard], m.from) {
+		k.asks[m.Shard] = append(k.asks[m.Shard], m.from)
+	}
+	k.serve(now)
+}
+
+func (k *coordinator) onLeaving(from NodeUID, now time.Time) {
+	if r := k.regions[from]; r != nil && !r.leaving {
+		r.leaving = true
+		k.balAt = time.Time{} // at once
+		k.rebalance(now)
 	}
 }
 

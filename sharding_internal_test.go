@@ -93,3 +93,55 @@ func TestAnEnvelopesDeadLetterNamesTheUsersMessage(t *testing.T) {
 		t.Fatalf("dead letter %T %+v to %s (%v); want the testPing to the entity, ErrEntityUnavailable", d.Message, d.Message, d.Target, d.Reason)
 	}
 }
+
+// A region's word that reaches the coordinator through another member's
+// station (as it does while this member sees that one as the oldest) is
+// taken as this member's, not as the relaying one's.
+func TestARegionsWordRelayedByAnotherStationIsItsOwn(t *testing.T) {
+	r := newClusterRig(t, 3, clusterCfg(nil))
+	var kinds []*Sharded[int]
+	for _, c := range r.members {
+		k, err := Sharding(c, "k", func(string) Behavior[int] { return Behavior[int]{Receive: func(*Context[int], int) {}} },
+			ShardingConfig{Shards: 6, RebalanceInterval: 50 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		kinds = append(kinds, k)
+	}
+	placed := map[int]bool{}
+	for i := 0; len(placed) < 6; i++ {
+		id := fmt.Sprint("e", i)
+		if !placed[kinds[0].Shard(id)] {
+			placed[kinds[0].Shard(id)] = true
+			kinds[0].Entity(id).Tell(i)
+		}
+	}
+	waitFor(t, 10*time.Second, "two shards on every member", func() bool {
+		for _, k := range kinds {
+			if k.Stats().Shards != 2 {
+				return false
+			}
+		}
+		return true
+	})
+	// m2 says it leaves, through m1's station; the coordinator runs on m0.
+	tellMember(r.nodes[2], r.nodes[1].Addrs()[0], "/system/singleton-sharding-k", shardCoordMsg(shardLeaving{Origin: r.nodes[2].uid}))
+	waitFor(t, 10*time.Second, "m2's shards moved away", func() bool { return kinds[2].Stats().Shards == 0 })
+	if n := kinds[1].Stats().Shards; n != 3 {
+		t.Fatalf("m1 runs %d shards; want 3 (m2's word was taken as m1's)", n)
+	}
+	// Who a word is from, as the coordinator on m0 takes it.
+	k := &coordinator{c: r.members[0]}
+	m0, m1, m2, stranger := r.nodes[0].uid, r.nodes[1].uid, r.nodes[2].uid, NodeUID{0xee}
+	for _, tc := range []struct{ origin, via, want NodeUID }{
+		{NodeUID{}, m1, m1},      // a word from before Origin
+		{m2, m2, m2},             // straight from its member
+		{m2, m0, m2},             // through this member's station
+		{m2, m1, m2},             // relayed by another member
+		{m2, stranger, stranger}, // a node that is no member speaks for itself only
+	} {
+		if got := k.sender(tc.origin, tc.via); got != tc.want {
+			t.Errorf("sender(%v, %v) = %v; want %v", tc.origin, tc.via, got, tc.want)
+		}
+	}
+}
