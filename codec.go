@@ -213,12 +213,32 @@ func typeOfValue(msg any) *msgType {
 }
 
 // typeOfWord returns the registered type whose interface type word is w.
+// A small cache in front of the map (every remote Tell asks): a type's
+// entry never changes once registered, so a slot holds a type until
+// another whose word hashes alike takes it.
 func typeOfWord(w unsafe.Pointer) *msgType {
-	if m := wireTypes.byWord.Load(); m != nil {
-		return (*m)[w]
+	slot := &typeCache[typeSlot(w)]
+	if mt := slot.Load(); mt != nil && mt.typeWord == w {
+		return mt
 	}
-	return nil
+	m := wireTypes.byWord.Load()
+	if m == nil {
+		return nil
+	}
+	mt := (*m)[w]
+	if mt != nil {
+		slot.Store(mt)
+	}
+	return mt
 }
+
+const typeCacheBits = 7
+
+func typeSlot(w unsafe.Pointer) uint64 {
+	return uint64(uintptr(w)) * 0x9e3779b97f4a7c15 >> (64 - typeCacheBits)
+}
+
+var typeCache [1 << typeCacheBits]atomic.Pointer[msgType]
 
 // protocolName is how a protocol type is named on the wire for [Resolve]:
 // its wire key if registered, otherwise its package path and name.

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unsafe"
 )
 
 type inner struct {
@@ -293,3 +294,31 @@ func TestAPointerFlagOtherThanZeroOrOneIsRefused(t *testing.T) {
 type withPtr struct{ P *int64 }
 
 func init() { RegisterMessage[withPtr]("troupe.test.withptr") }
+
+// The cache in front of the type-word map answers every registered type
+// with its own entry, whichever types share its slots, in any order.
+func TestTheTypeCacheAnswersEveryType(t *testing.T) {
+	all := *wireTypes.byWord.Load()
+	slots := map[uint64]int{}
+	shared := 0
+	for w := range all {
+		s := typeSlot(w)
+		if slots[s]++; slots[s] == 2 {
+			shared++
+		}
+	}
+	if shared == 0 {
+		t.Fatalf("the %d registered types share no slot: the test proves nothing", len(all))
+	}
+	for range 3 {
+		for w, mt := range all {
+			if got := typeOfWord(w); got != mt {
+				t.Fatalf("typeOfWord gave %v for %s", got, mt.key)
+			}
+		}
+	}
+	var unknown int
+	if typeOfWord(unsafe.Pointer(&unknown)) != nil {
+		t.Fatal("a word no type has was given a type")
+	}
+}
