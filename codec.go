@@ -213,12 +213,17 @@ func typeOfValue(msg any) *msgType {
 }
 
 // typeOfWord returns the registered type whose interface type word is w.
-// A small cache in front of the map (every remote Tell asks): a type's
-// entry never changes once registered, so a slot holds a type until
-// another whose word hashes alike takes it.
+// A small cache in front of the map (every remote Tell asks): two slots
+// a word, each filled once with the first type that finds it empty, and
+// never written again. A type's entry never changes once registered, so a
+// slot is never wrong, and two hot types that share slots do not take
+// them from each other (the one without a slot asks the map, as before).
 func typeOfWord(w unsafe.Pointer) *msgType {
-	slot := &typeCache[typeSlot(w)]
-	if mt := slot.Load(); mt != nil && mt.typeWord == w {
+	i := typeSlot(w)
+	if mt := typeCache[i].Load(); mt != nil && mt.typeWord == w {
+		return mt
+	}
+	if mt := typeCache[i^1].Load(); mt != nil && mt.typeWord == w {
 		return mt
 	}
 	m := wireTypes.byWord.Load()
@@ -226,8 +231,8 @@ func typeOfWord(w unsafe.Pointer) *msgType {
 		return nil
 	}
 	mt := (*m)[w]
-	if mt != nil {
-		slot.Store(mt)
+	if mt != nil && !typeCache[i].CompareAndSwap(nil, mt) {
+		typeCache[i^1].CompareAndSwap(nil, mt)
 	}
 	return mt
 }

@@ -165,9 +165,7 @@ type coordMove struct {
 var coordSeq atomic.Uint32
 
 func newCoordinator(c *Cluster, name string, cfg ShardingConfig) Behavior[shardCoordMsg] {
-	k := &coordinator{c: c, cfg: cfg, path: "/system/sharding-" + name,
-		regions: map[NodeUID]*coordRegion{}, homes: map[int32]NodeUID{}, moves: map[int32]*coordMove{},
-		asks: map[int32][]NodeUID{}, goneAt: map[NodeUID]time.Time{}, refused: map[NodeUID]bool{}}
+	k := newCoordinatorState(c, name, cfg)
 	return Behavior[shardCoordMsg]{
 		Setup: func(ctx *Context[shardCoordMsg]) {
 			// A coordinator that starts later runs on a younger member (a
@@ -182,48 +180,62 @@ func newCoordinator(c *Cluster, name string, cfg ShardingConfig) Behavior[shardC
 	}
 }
 
+func newCoordinatorState(c *Cluster, name string, cfg ShardingConfig) *coordinator {
+	return &coordinator{c: c, cfg: cfg, path: "/system/sharding-" + name,
+		regions: map[NodeUID]*coordRegion{}, homes: map[int32]NodeUID{}, moves: map[int32]*coordMove{},
+		asks: map[int32][]NodeUID{}, goneAt: map[NodeUID]time.Time{}, refused: map[NodeUID]bool{}}
+}
+
 func (k *coordinator) receive(m shardCoordMsg) {
 	now := time.Now()
+	var ok bool
 	switch m := m.(type) {
 	case shardRegister:
-		m.from = k.sender(m.Origin, m.from)
-		k.onRegister(m)
+		if m.from, ok = k.sender(m.Origin, m.from); ok {
+			k.onRegister(m)
+		}
 	case shardWhere:
-		m.from = k.sender(m.Origin, m.from)
-		k.onWhere(m, now)
+		if m.from, ok = k.sender(m.Origin, m.from); ok {
+			k.onWhere(m, now)
+		}
 	case shardStopped:
-		m.from = k.sender(m.Origin, m.from)
-		if k.valid(m.Shard) {
+		if m.from, ok = k.sender(m.Origin, m.from); ok && k.valid(m.Shard) {
 			k.onStopped(m.Shard, m.from)
 			k.serve(now)
 		}
 	case shardLeaving:
-		k.onLeaving(k.sender(m.Origin, m.from), now)
+		if from, ok := k.sender(m.Origin, m.from); ok {
+			k.onLeaving(from, now)
+		}
 	case shardRegionGone:
-		k.dropRegion(k.sender(m.Origin, m.from))
-		k.serve(now)
+		if from, ok := k.sender(m.Origin, m.from); ok {
+			k.dropRegion(from)
+			k.serve(now)
+		}
 	case coordTick:
 		k.tick(now)
 	}
 }
 
-// sender returns the member a region's word is from: the member it says
-// (Origin) when a member delivered it (members relay for each other),
-// else the one whose association delivered it. A word from before Origin
-// was added has none.
-func (k *coordinator) sender(origin, via NodeUID) NodeUID {
+// sender returns the member a region's word is from: the one it names
+// (Origin) when a member delivered it (members relay for each other
+// through their stations), the one whose association delivered it when
+// the word names none (a member from before Origin) or that one. A word
+// that names another member but came from a node that is no member now
+// (a relaying member removed meanwhile, or a node that is none) is
+// dropped (false): the relayer is not its sender, and every such word is
+// said again (a hello until the region registers, an ask each tick,
+// leaving each tick, stopped when the hand-off is asked again).
+func (k *coordinator) sender(origin, via NodeUID) (NodeUID, bool) {
 	if origin == (NodeUID{}) || origin == via {
-		return via
-	}
-	if via == k.c.n.uid {
-		return origin // (through this member's station)
+		return via, true
 	}
 	for _, m := range k.c.Members() {
 		if m.UID == via {
-			return origin
+			return origin, true
 		}
 	}
-	return via // (a node that is no member speaks for itself only)
+	return NodeUID{}, false
 }
 
 func (k *coordinator) onWhere(m shardWhere, now time.Time) {

@@ -99,6 +99,11 @@ func TestAnEnvelopesDeadLetterNamesTheUsersMessage(t *testing.T) {
 // taken as this member's, not as the relaying one's.
 func TestARegionsWordRelayedByAnotherStationIsItsOwn(t *testing.T) {
 	r := newClusterRig(t, 3, clusterCfg(nil))
+	for _, m := range r.members[0].Members() {
+		if m.UID != r.nodes[0].uid && m.UpNumber < r.members[0].Self().UpNumber {
+			t.Fatalf("m0 is not the oldest member: the coordinator would not run there")
+		}
+	}
 	var kinds []*Sharded[int]
 	for _, c := range r.members {
 		k, err := Sharding(c, "k", func(string) Behavior[int] { return Behavior[int]{Receive: func(*Context[int], int) {}} },
@@ -116,32 +121,73 @@ func TestARegionsWordRelayedByAnotherStationIsItsOwn(t *testing.T) {
 			kinds[0].Entity(id).Tell(i)
 		}
 	}
-	waitFor(t, 10*time.Second, "two shards on every member", func() bool {
-		for _, k := range kinds {
-			if k.Stats().Shards != 2 {
-				return false
-			}
-		}
-		return true
-	})
+	shards := func() [3]int {
+		return [3]int{kinds[0].Stats().Shards, kinds[1].Stats().Shards, kinds[2].Stats().Shards}
+	}
+	waitFor(t, 10*time.Second, "two shards on every member", func() bool { return shards() == [3]int{2, 2, 2} })
 	// m2 says it leaves, through m1's station; the coordinator runs on m0.
 	tellMember(r.nodes[2], r.nodes[1].Addrs()[0], "/system/singleton-sharding-k", shardCoordMsg(shardLeaving{Origin: r.nodes[2].uid}))
-	waitFor(t, 10*time.Second, "m2's shards moved away", func() bool { return kinds[2].Stats().Shards == 0 })
-	if n := kinds[1].Stats().Shards; n != 3 {
-		t.Fatalf("m1 runs %d shards; want 3 (m2's word was taken as m1's)", n)
-	}
-	// Who a word is from, as the coordinator on m0 takes it.
-	k := &coordinator{c: r.members[0]}
+	waitFor(t, 10*time.Second, "m2's shards moved to m0 and m1", func() bool {
+		now := shards()
+		if now[1] < 2 {
+			t.Fatalf("m1 gives its shards away (%v): m2's word was taken as m1's", now)
+		}
+		return now == [3]int{3, 3, 0}
+	})
+}
+
+// Each of a region's words is taken as from the member it names when a
+// member delivered it, and dropped when a node that is no member relays
+// it.
+func TestTheCoordinatorTakesEachWordAsFromItsRegion(t *testing.T) {
+	r := newClusterRig(t, 3, clusterCfg(nil))
 	m0, m1, m2, stranger := r.nodes[0].uid, r.nodes[1].uid, r.nodes[2].uid, NodeUID{0xee}
-	for _, tc := range []struct{ origin, via, want NodeUID }{
-		{NodeUID{}, m1, m1},      // a word from before Origin
-		{m2, m2, m2},             // straight from its member
-		{m2, m0, m2},             // through this member's station
-		{m2, m1, m2},             // relayed by another member
-		{m2, stranger, stranger}, // a node that is no member speaks for itself only
+	for _, tc := range []struct {
+		origin, via, want NodeUID
+		ok                bool
+	}{
+		{NodeUID{}, m1, m1, true},            // a word from before Origin
+		{m2, m2, m2, true},                   // straight from its member
+		{m0, m0, m0, true},                   // this member's own region
+		{m2, m1, m2, true},                   // relayed by another member
+		{m2, stranger, NodeUID{}, false},     // relayed by no member: dropped
+		{stranger, stranger, stranger, true}, // (a node speaks for itself)
 	} {
-		if got := k.sender(tc.origin, tc.via); got != tc.want {
-			t.Errorf("sender(%v, %v) = %v; want %v", tc.origin, tc.via, got, tc.want)
+		if got, ok := k0(r).sender(tc.origin, tc.via); got != tc.want || ok != tc.ok {
+			t.Errorf("sender(%v, %v) = %v, %v; want %v, %v", tc.origin, tc.via, got, ok, tc.want, tc.ok)
 		}
 	}
+	// Every word, relayed by m1 for m2.
+	k := k0(r)
+	k.epoch = 7
+	k.receive(shardRegister{Epoch: 7, Count: 6, Shards: []int32{1}, Origin: m2, from: m1})
+	if k.regions[m2] == nil || k.regions[m1] != nil || k.homes[1] != m2 {
+		t.Fatalf("register: regions %v, homes %v; want m2's region running shard 1", k.regions, k.homes)
+	}
+	k.receive(shardWhere{Shard: 2, Origin: m2, from: m1})
+	if len(k.asks[2]) != 1 || k.asks[2][0] != m2 {
+		t.Fatalf("where: asks %v; want m2 asking for shard 2", k.asks[2])
+	}
+	k.receive(shardStopped{Shard: 1, Origin: m2, from: m1})
+	if _, ok := k.homes[1]; ok {
+		t.Fatalf("stopped: shard 1 still runs on %v", k.homes[1])
+	}
+	k.regions[m1] = &coordRegion{}
+	k.receive(shardLeaving{Origin: m2, from: m1})
+	if !k.regions[m2].leaving || k.regions[m1].leaving {
+		t.Fatal("leaving: not m2's region that leaves")
+	}
+	k.receive(shardRegionGone{Origin: m2, from: m1})
+	if !k.regions[m2].gone || k.regions[m1].gone {
+		t.Fatal("gone: not m2's region that is gone")
+	}
+	k.receive(shardRegionGone{Origin: m1, from: stranger})
+	if k.regions[m1].gone {
+		t.Fatal("a node that is no member spoke for m1")
+	}
+}
+
+// k0 is a coordinator on the rig's first member, not started.
+func k0(r *clusterRig) *coordinator {
+	return newCoordinatorState(r.members[0], "k", ShardingConfig{Shards: 6}.withDefaults(r.members[0]))
 }
