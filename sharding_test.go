@@ -485,6 +485,40 @@ func TestARollingRestartOfEveryMemberLosesNothing(t *testing.T) {
 	l.check(t)
 }
 
+// A member joins while the oldest member (which runs the coordinator)
+// leaves, with messages flowing from a third: the coordinator moves, the
+// joiner's words may reach it through the leaver's station, and still
+// nothing is lost and order holds.
+func TestAJoinDuringTheCoordinatorsLeaveLosesNothing(t *testing.T) {
+	f := troupe.NewFaultNet()
+	l := newLedger()
+	ccfg := troupe.ClusterConfig{StableAfter: singletonStable}
+	scfg := troupe.ShardingConfig{Shards: 30, RebalanceInterval: 100 * time.Millisecond}
+	nodes, members, kinds := shardedCluster(t, f, l, ccfg, scfg, "a", "b", "c")
+	s := &sender{name: "c"}
+	stop := traffic(s, kinds[2], "over-", 60)
+	waitUntil(t, 20*time.Second, "traffic on a", func() bool { return l.handledOn("a") > 0 })
+	left := make(chan error, 1)
+	go func() { left <- members[0].Leave(context.Background()) }()
+	_, d := joinRegistryless(t, f, "d", nodes[1:], ccfg)
+	if _, err := troupe.Sharding(d, "accounts", l.factory("d"), scfg); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-left:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the leave did not end")
+	}
+	nodes[0].Close()
+	waitUntil(t, 20*time.Second, "entities on d", func() bool { return l.handledOn("d") > 0 })
+	stop()
+	waitUntil(t, 30*time.Second, fmt.Sprintf("all %d messages handled", s.sent()), func() bool { return l.count() == s.sent() })
+	l.check(t)
+}
+
 // A lone member's Leave with no deadline ends: its shards have nowhere
 // to go, and it stops them all the same.
 func TestALoneMembersLeaveEnds(t *testing.T) {
