@@ -451,23 +451,33 @@ func (a *assoc) watch(target, watcher *handle) error {
 	if len(watcher.key.path) > maxWatchPath {
 		return fmt.Errorf("%w: the watcher's path is %d bytes; at most %d cross to another node", ErrWatchRefused, len(watcher.key.path), maxWatchPath)
 	}
+	var scratch [watchScratch]byte
+	body := appendWatch(scratch[:0], frameWatch, watchBody{path: target.key.path, uuid: target.key.uuid, watcher: watcher.key.path})
 	a = a.lockTarget()
 	if a.life.state >= assocLeaving {
 		a.mu.Unlock()
 		return a.failure()
 	}
 	a.watches[watchPair{target.key, watcher}] = struct{}{}
-	a.mu.Unlock()
-	a.control(appendWatch(nil, frameWatch, watchBody{path: target.key.path, uuid: target.key.uuid, watcher: watcher.key.path}))
+	a.controlLocked(body)
 	return nil
 }
 
 func (a *assoc) unwatch(target, watcher *handle) {
+	var scratch [watchScratch]byte
+	body := appendWatch(scratch[:0], frameUnwatch, watchBody{path: target.key.path, uuid: target.key.uuid, watcher: watcher.key.path})
 	a = a.lockTarget()
 	delete(a.watches, watchPair{target.key, watcher})
-	a.mu.Unlock()
-	a.control(appendWatch(nil, frameUnwatch, watchBody{path: target.key.path, uuid: target.key.uuid, watcher: watcher.key.path}))
+	if a.life.state >= assocEnding {
+		a.mu.Unlock()
+		return
+	}
+	a.controlLocked(body)
 }
+
+// watchScratch is room, on the stack, for the watch and unwatch frames of
+// the usual paths (an Ask's among them): no allocation for them.
+const watchScratch = 192
 
 // dropWatchedBy ends the peer's watches of this node's actors, with the
 // session they were placed in.

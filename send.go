@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"slices"
 	"sync"
 	"unsafe"
 )
@@ -242,7 +243,8 @@ func (a *assoc) waitRoom() chan struct{} {
 // out at once once the writer has started, as a record before.
 func (a *assoc) pushControl(body []byte) {
 	if !a.encodesNow() {
-		a.queue.push(outRec{msg: ctlFrame(body)})
+		// (a copy: the caller's body may be its own scratch space)
+		a.queue.push(outRec{msg: ctlFrame(slices.Clone(body))})
 		return
 	}
 	a.encodeControl(body, false)
@@ -256,14 +258,20 @@ func (a *assoc) control(body []byte) bool {
 		t.mu.Unlock()
 		return false
 	}
-	t.use()
-	t.pushControl(body)
-	first := t.out.frames+t.queue.len() == 1
-	t.mu.Unlock()
-	if first {
-		t.notify()
-	}
+	t.controlLocked(body)
 	return true
+}
+
+// controlLocked is control with a (the target) locked and not ended; it
+// unlocks it.
+func (a *assoc) controlLocked(body []byte) {
+	a.use()
+	a.pushControl(body)
+	first := a.out.frames+a.queue.len() == 1
+	a.mu.Unlock()
+	if first {
+		a.notify()
+	}
 }
 
 // answer queues an answer to one of the peer's requests (a resolved, a
