@@ -258,10 +258,12 @@ type assoc struct {
 	lastBeat time.Time
 
 	// Owned by the writer goroutine.
-	iov     net.Buffers // the buffers of one write
-	bufs    [][]byte    // the blocks it writes
-	prio    []byte      // its heartbeat and acknowledgement
-	ackSent uint64      // the last acknowledgement written
+	iov     net.Buffers   // the buffers of one write
+	bufs    [][]byte      // the blocks it writes
+	prio    []byte        // its heartbeat and acknowledgement
+	ackSent uint64        // the last acknowledgement written
+	spent   []*frameBlock // blocks a write copied, to recycle after it
+	wiov    net.Buffers   // what WriteTo consumes
 
 	// Owned by the reader goroutine.
 	inTypes   []inType

@@ -286,7 +286,7 @@ func (a *assoc) keepUnacked(out *frameChain) []*frameBlock {
 	if a.unackedSeq() == 0 {
 		a.ackMoved = time.Now() // something is outstanding from now on
 	}
-	var spent []*frameBlock
+	spent := a.spent[:0]
 	u := &a.unacked
 	off := out.off
 	for b := out.head; b != nil; {
@@ -317,6 +317,8 @@ func (a *assoc) doneWriting(wrote bool, spent []*frameBlock) {
 	for _, b := range spent {
 		recycle(b)
 	}
+	clear(spent)
+	a.spent = spent[:0]
 	if !wrote {
 		return
 	}
@@ -372,7 +374,9 @@ func (a *assoc) write(iov net.Buffers) bool {
 		k, err = a.conn.Write(iov[0]) // (WriteTo would use writev for one buffer too)
 		n = int64(k)
 	default:
-		n, err = iov.WriteTo(a.conn)
+		a.wiov = iov // (WriteTo takes a pointer: a field does not escape each call)
+		n, err = a.wiov.WriteTo(a.conn)
+		a.wiov = nil
 	}
 	a.written.Add(uint64(n))
 	if err == nil {
