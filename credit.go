@@ -44,7 +44,7 @@ type creditAcct struct {
 
 // mailboxCredit is what this node announces: its MailboxLimit, or 0 for
 // none (no credit is counted).
-func (n *Node) mailboxCredit() int64 { return int64(min(n.cfg.MailboxLimit, maxCredit)) }
+func (n *Node) mailboxCredit() int64 { return min(int64(n.cfg.MailboxLimit), maxCredit) }
 
 // creditTarget is a local target whose mailbox has a limit: the room it
 // has for credit, and a wake-up when it makes more.
