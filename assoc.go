@@ -461,6 +461,10 @@ func (a *assoc) watch(target, watcher *handle) error {
 		return a.failure()
 	}
 	a.watches[watchPair{target.key, watcher}] = struct{}{}
+	if a.life.state >= assocEnding {
+		a.mu.Unlock() // (recorded: the end tells the watcher)
+		return nil
+	}
 	a.controlLocked(body)
 	return nil
 }

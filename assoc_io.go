@@ -317,8 +317,10 @@ func (a *assoc) doneWriting(wrote bool, spent []*frameBlock) {
 	for _, b := range spent {
 		recycle(b)
 	}
-	clear(spent)
-	a.spent = spent[:0]
+	if cap(spent) > 0 { // (a round that wrote no frame had none)
+		clear(spent)
+		a.spent = spent[:0]
+	}
 	if !wrote {
 		return
 	}
