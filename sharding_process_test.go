@@ -6,8 +6,11 @@ import (
 	"bufio"
 	"fmt"
 	"os"
+	"os/exec"
+	"os/signal"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -159,4 +162,266 @@ func TestShardsMoveWhenTheirProcessIsKilled(t *testing.T) {
 		}
 		return true
 	})
+}
+
+// shardingRollConfig is the kind every process of the rolling restart runs.
+var shardingRollConfig = ShardingConfig{Shards: 24, RebalanceInterval: 300 * time.Millisecond}
+
+// TestHelperShardingMember is not a test: TestARollingRestartOfProcessesLosesNothing
+// runs it in child processes. It joins the cluster at the seed in
+// TROUPE_HELPER_SHARDING_MEMBER as TROUPE_HELPER_NAME, runs the kind
+// "ledger", whose entities print "HANDLED id N" for each testPing, prints
+// "READY addr", and on SIGTERM shuts its node down (Shutdown: its shards
+// are handed over first) and prints "STOPPED" and Shutdown's error.
+func TestHelperShardingMember(t *testing.T) {
+	seed := os.Getenv("TROUPE_HELPER_SHARDING_MEMBER")
+	if seed == "" {
+		t.Skip("helper for the rolling restart of processes")
+	}
+	term := make(chan os.Signal, 1)
+	signal.Notify(term, syscall.SIGTERM)
+	cfg := failConfig(os.Getenv("TROUPE_HELPER_NAME"), 20*time.Millisecond, 2*time.Second)
+	cfg.Listen = []string{"tcp://127.0.0.1:0"}
+	n, err := Start(ctxT(t, 5*time.Second), cfg)
+	if err != nil {
+		fmt.Println("ERR", err)
+		return
+	}
+	defer n.Close()
+	c, err := StartCluster(ctxT(t, 10*time.Second), n, singletonProcessCluster(seed))
+	if err != nil {
+		fmt.Println("ERR", err)
+		return
+	}
+	var out sync.Mutex
+	if _, err := Sharding(c, "ledger", func(id string) Behavior[testPing] {
+		return Behavior[testPing]{Receive: func(_ *Context[testPing], m testPing) {
+			out.Lock()
+			fmt.Printf("HANDLED %s %d\n", id, m.N)
+			out.Unlock()
+		}}
+	}, shardingRollConfig); err != nil {
+		fmt.Println("ERR", err)
+		return
+	}
+	out.Lock()
+	fmt.Printf("READY %s\n", n.Addrs()[0])
+	out.Unlock()
+	<-term
+	err = n.Shutdown(ctxT(t, 30*time.Second))
+	out.Lock()
+	fmt.Println("STOPPED", err)
+	out.Unlock()
+}
+
+// rollLedger is what the entities of every process handled: for each id,
+// the N of each message in the order its process handled them, and the
+// process.
+type rollLedger struct {
+	mu      sync.Mutex
+	by      map[string][]rollEntry
+	count   int
+	handled map[string]int // by process
+}
+
+type rollEntry struct {
+	n    int
+	proc string
+}
+
+func (l *rollLedger) add(id string, n int, proc string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.by[id] = append(l.by[id], rollEntry{n, proc})
+	l.count++
+	l.handled[proc]++
+}
+
+func (l *rollLedger) on(proc string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.handled[proc]
+}
+
+// rollMember is a child process of the rolling restart.
+type rollMember struct {
+	cmd     *exec.Cmd
+	ready   chan string
+	stopped chan string
+	exited  chan struct{}
+}
+
+func startRollMember(t *testing.T, seed, name string, l *rollLedger) *rollMember {
+	t.Helper()
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := &rollMember{ready: make(chan string, 1), stopped: make(chan string, 1), exited: make(chan struct{})}
+	m.cmd = exec.Command(exe, "-test.run=^TestHelperShardingMember$")
+	m.cmd.Env = append(os.Environ(), "TROUPE_HELPER_SHARDING_MEMBER="+seed, "TROUPE_HELPER_NAME="+name)
+	m.cmd.Stderr = os.Stderr
+	stdout, _ := m.cmd.StdoutPipe()
+	if err := m.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		defer close(m.exited)
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			line := sc.Text()
+			switch {
+			case strings.HasPrefix(line, "HANDLED "):
+				f := strings.Fields(line)
+				var n int
+				fmt.Sscan(f[2], &n)
+				l.add(f[1], n, name)
+			case strings.HasPrefix(line, "READY "):
+				m.ready <- strings.TrimPrefix(line, "READY ")
+			case strings.HasPrefix(line, "STOPPED"):
+				m.stopped <- strings.TrimSpace(strings.TrimPrefix(line, "STOPPED"))
+			case strings.HasPrefix(line, "ERR"):
+				m.ready <- line
+			}
+		}
+		m.cmd.Wait()
+	}()
+	t.Cleanup(func() {
+		m.cmd.Process.Kill()
+		<-m.exited
+	})
+	select {
+	case r := <-m.ready:
+		if strings.HasPrefix(r, "ERR") {
+			t.Fatalf("%s: %s", name, r)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatalf("%s said nothing", name)
+	}
+	return m
+}
+
+// stop sends m SIGTERM and waits for its Shutdown and its exit.
+func (m *rollMember) stop(t *testing.T, name string) {
+	t.Helper()
+	if err := m.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-m.stopped:
+		if err != "<nil>" {
+			t.Errorf("%s's Shutdown: %s", name, err)
+		}
+	case <-time.After(40 * time.Second):
+		t.Fatalf("%s's Shutdown did not end", name)
+	}
+	select {
+	case <-m.exited:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%s did not exit", name)
+	}
+}
+
+// Members in other processes are replaced one at a time, each stopped
+// with SIGTERM and Shutdown, while this one sends to 20 entities: every
+// message is handled exactly once, and each process handles an entity's
+// messages in the order they were sent.
+func TestARollingRestartOfProcessesLosesNothing(t *testing.T) {
+	l := &rollLedger{by: map[string][]rollEntry{}, handled: map[string]int{}}
+	cfg := failConfig("a", 20*time.Millisecond, 2*time.Second)
+	cfg.Listen = []string{"tcp://127.0.0.1:0"}
+	n := startNode(t, cfg)
+	c, err := StartCluster(ctxT(t, 10*time.Second), n, singletonProcessCluster())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	k, err := Sharding(c, "ledger", func(id string) Behavior[testPing] {
+		return Behavior[testPing]{Receive: func(_ *Context[testPing], m testPing) { l.add(id, m.N, "a") }}
+	}, shardingRollConfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seed := n.Addrs()[0].String()
+	ups := func(want int) {
+		t.Helper()
+		waitFor(t, 30*time.Second, fmt.Sprint(want, " members up"), func() bool {
+			up := 0
+			for _, m := range c.Members() {
+				if m.Status == MemberUp {
+					up++
+				}
+			}
+			return up == want
+		})
+	}
+	b := startRollMember(t, seed, "b", l)
+	d := startRollMember(t, seed, "d", l)
+	ups(3)
+
+	const ids = 20
+	var sent atomic.Int64
+	stopSending := make(chan struct{})
+	sending := make(chan struct{})
+	go func() {
+		defer close(sending)
+		for round := 0; ; round++ {
+			select {
+			case <-stopSending:
+				return
+			default:
+			}
+			for i := range ids {
+				k.Entity(fmt.Sprint("id-", i)).Tell(testPing{N: round})
+			}
+			sent.Add(ids)
+			time.Sleep(5 * time.Millisecond)
+		}
+	}()
+	for _, name := range []string{"b", "d"} {
+		waitFor(t, 30*time.Second, "entities on "+name, func() bool { return l.on(name) > 0 })
+	}
+	for i, old := range []*rollMember{b, d} {
+		name := []string{"b2", "d2"}[i]
+		startRollMember(t, seed, name, l)
+		ups(4)
+		waitFor(t, 30*time.Second, "entities on "+name, func() bool { return l.on(name) > 0 })
+		old.stop(t, []string{"b", "d"}[i])
+		ups(3)
+	}
+	close(stopSending)
+	<-sending
+	want := int(sent.Load())
+	waitFor(t, 60*time.Second, fmt.Sprint("all ", want, " messages handled"), func() bool {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		return l.count >= want
+	})
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	t.Logf("%d messages, handled by process: %v", want, l.handled)
+	if l.count != want {
+		t.Errorf("%d messages handled; %d sent", l.count, want)
+	}
+	rounds := want / ids
+	for i := range ids {
+		id := fmt.Sprint("id-", i)
+		seen := make([]int, rounds)
+		last := map[string]int{}
+		for _, e := range l.by[id] {
+			if e.n < 0 || e.n >= rounds {
+				t.Fatalf("%s: message %d handled; only %d sent", id, e.n, rounds)
+			}
+			seen[e.n]++
+			if prev, ok := last[e.proc]; ok && e.n <= prev {
+				t.Errorf("%s: %s handled #%d after #%d", id, e.proc, e.n, prev)
+			}
+			last[e.proc] = e.n
+		}
+		for n, times := range seen {
+			if times != 1 {
+				t.Errorf("%s: message #%d handled %d times", id, n, times)
+			}
+		}
+	}
 }
