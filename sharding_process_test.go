@@ -25,33 +25,11 @@ func TestHelperShardingProcess(t *testing.T) {
 	if os.Getenv("TROUPE_HELPER_SHARDING") == "" {
 		t.Skip("helper for the sharding process test")
 	}
-	cfg := failConfig("host", 20*time.Millisecond, 2*time.Second)
-	cfg.Listen = []string{"tcp://127.0.0.1:0"}
-	n, err := Start(ctxT(t, 5*time.Second), cfg)
-	if err != nil {
-		fmt.Println("ERR", err)
+	n, _ := shardingChild(t, "host", "accounts", ShardingConfig{Shards: 12})
+	if n == nil {
 		return
 	}
 	defer n.Close()
-	c, err := StartCluster(ctxT(t, 5*time.Second), n, singletonProcessCluster())
-	if err != nil {
-		fmt.Println("ERR", err)
-		return
-	}
-	var out sync.Mutex
-	if _, err := Sharding(c, "accounts", func(id string) Behavior[testPing] {
-		return Behavior[testPing]{Receive: func(_ *Context[testPing], m testPing) {
-			out.Lock()
-			fmt.Printf("HANDLED %s %d\n", id, m.N)
-			out.Unlock()
-		}}
-	}, ShardingConfig{Shards: 12}); err != nil {
-		fmt.Println("ERR", err)
-		return
-	}
-	out.Lock()
-	fmt.Printf("READY %s\n", n.Addrs()[0])
-	out.Unlock()
 	bufio.NewScanner(os.Stdin).Scan() // until stdin closes
 }
 
@@ -180,38 +158,47 @@ func TestHelperShardingMember(t *testing.T) {
 	}
 	term := make(chan os.Signal, 1)
 	signal.Notify(term, syscall.SIGTERM)
-	cfg := failConfig(os.Getenv("TROUPE_HELPER_NAME"), 20*time.Millisecond, 2*time.Second)
+	n, say := shardingChild(t, os.Getenv("TROUPE_HELPER_NAME"), "ledger", shardingRollConfig, seed)
+	if n == nil {
+		return
+	}
+	defer n.Close()
+	<-term
+	say("STOPPED %v\n", n.Shutdown(ctxT(t, 30*time.Second)))
+}
+
+// shardingChild is a helper process's member: it starts a node named name,
+// joins the cluster at seeds (or founds one), runs the sharded kind whose
+// entities print "HANDLED id N" for each testPing, and prints "READY
+// addr"; say prints a line among the entities'. On failure it prints
+// "ERR" and why, and returns a nil node.
+func shardingChild(t *testing.T, name, kind string, scfg ShardingConfig, seeds ...string) (n *Node, say func(format string, args ...any)) {
+	var out sync.Mutex
+	say = func(format string, args ...any) {
+		out.Lock()
+		defer out.Unlock()
+		fmt.Printf(format, args...)
+	}
+	cfg := failConfig(name, 20*time.Millisecond, 2*time.Second)
 	cfg.Listen = []string{"tcp://127.0.0.1:0"}
 	n, err := Start(ctxT(t, 5*time.Second), cfg)
 	if err != nil {
 		fmt.Println("ERR", err)
-		return
+		return nil, say
 	}
-	defer n.Close()
-	c, err := StartCluster(ctxT(t, 10*time.Second), n, singletonProcessCluster(seed))
+	c, err := StartCluster(ctxT(t, 10*time.Second), n, singletonProcessCluster(seeds...))
+	if err == nil {
+		_, err = Sharding(c, kind, func(id string) Behavior[testPing] {
+			return Behavior[testPing]{Receive: func(_ *Context[testPing], m testPing) { say("HANDLED %s %d\n", id, m.N) }}
+		}, scfg)
+	}
 	if err != nil {
 		fmt.Println("ERR", err)
-		return
+		n.Close()
+		return nil, say
 	}
-	var out sync.Mutex
-	if _, err := Sharding(c, "ledger", func(id string) Behavior[testPing] {
-		return Behavior[testPing]{Receive: func(_ *Context[testPing], m testPing) {
-			out.Lock()
-			fmt.Printf("HANDLED %s %d\n", id, m.N)
-			out.Unlock()
-		}}
-	}, shardingRollConfig); err != nil {
-		fmt.Println("ERR", err)
-		return
-	}
-	out.Lock()
-	fmt.Printf("READY %s\n", n.Addrs()[0])
-	out.Unlock()
-	<-term
-	err = n.Shutdown(ctxT(t, 30*time.Second))
-	out.Lock()
-	fmt.Println("STOPPED", err)
-	out.Unlock()
+	say("READY %s\n", n.Addrs()[0])
+	return n, say
 }
 
 // rollLedger is what the entities of every process handled: for each id,
