@@ -161,7 +161,10 @@ func ProbeHandler(n *Node) http.Handler {
 // default SIGINT and, where it exists, SIGTERM — what Kubernetes sends
 // before it kills), or until the node closes, and then shuts the node
 // down gracefully within grace: the way a service's main ends. It returns
-// what [Node.Shutdown] returns (nil when the node had closed by itself).
+// what [Node.Shutdown] returns, or nil when something else closed the node
+// (a Close, a Shutdown, a downed member's CloseNodeOnDown) — and then
+// only once that close has finished, so a main that returns it never
+// exits while actors are still stopping or goodbyes are unwritten.
 func ShutdownOnSignal(n *Node, grace time.Duration, signals ...os.Signal) error {
 	if len(signals) == 0 {
 		signals = []os.Signal{os.Interrupt, syscall.SIGTERM}
@@ -171,6 +174,7 @@ func ShutdownOnSignal(n *Node, grace time.Duration, signals ...os.Signal) error 
 	select {
 	case <-ctx.Done():
 	case <-n.done:
+		<-n.closed // (Close and Shutdown are bounded; the node's last wait is a handler's)
 		return nil
 	}
 	n.log.Info("troupe: signal received; shutting down", "grace", grace.String())

@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -384,5 +386,57 @@ func TestManyLocalAsksWaitingOnOneActorAllFailWhenItStops(t *testing.T) {
 		if !errors.As(ae.Reason, &pe) {
 			t.Fatalf("the reason is %v, not the panic", ae.Reason)
 		}
+	}
+}
+
+// A node closed by something else (here Close, as a downed member's
+// CloseNodeOnDown does) makes ShutdownOnSignal return only once that
+// close is over: a main that returns it never exits while an actor is
+// still stopping.
+func TestShutdownOnSignalReturnsOnlyWhenTheCloseItSawIsOver(t *testing.T) {
+	n := defaultNode(t, "closed-by-another")
+	started, release := make(chan struct{}), make(chan struct{})
+	t.Cleanup(func() { closeOnce(release) })
+	var handlerDone atomic.Bool
+	busy, err := troupe.Spawn(n, "busy", troupe.Behavior[int]{
+		Receive: func(c *troupe.Context[int], _ int) {
+			close(started)
+			<-release // ignores its context: the close waits for it
+			handlerDone.Store(true)
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	busy.Tell(1)
+	within(t, started, 5*time.Second, "the handler starting")
+
+	returned := make(chan error, 1)
+	go func() { returned <- troupe.ShutdownOnSignal(n, time.Minute, os.Interrupt) }()
+	closed := make(chan error, 1)
+	go func() { closed <- n.Close() }()
+	within(t, n.Done(), 5*time.Second, "the close beginning")
+	// Give ShutdownOnSignal every chance to return early, then let the
+	// handler end: it may return only after that.
+	select {
+	case err := <-returned:
+		t.Fatalf("ShutdownOnSignal returned %v while an actor was still in its handler", err)
+	case <-time.After(200 * time.Millisecond):
+	}
+	closeOnce(release)
+	select {
+	case err := <-returned:
+		if !handlerDone.Load() {
+			t.Fatal("ShutdownOnSignal returned while an actor was still in its handler")
+		}
+		if err != nil {
+			t.Fatalf("ShutdownOnSignal after another close: %v, want nil", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("ShutdownOnSignal did not return after the close ended")
+	}
+	within(t, closed, 10*time.Second, "Close to return")
+	if err := n.Alive(); err == nil {
+		t.Fatal("Alive is nil after ShutdownOnSignal returned")
 	}
 }

@@ -157,6 +157,7 @@ type Node struct {
 	closeOnce sync.Once
 	closeErr  error
 	done      chan struct{} // closed when Close or Shutdown begins
+	closed    chan struct{} // closed when the Close or Shutdown has finished
 	// flushing is closed when the shutdown reaches PhaseFlush: heartbeats
 	// go on until then, through a long drain of mailboxes.
 	flushing chan struct{}
@@ -209,6 +210,7 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 		awaiting:    make(map[NodeUID][]*assoc),
 		inHandshake: make(map[net.Conn]struct{}),
 		done:        make(chan struct{}),
+		closed:      make(chan struct{}),
 		flushing:    make(chan struct{}),
 		hurry:       make(chan struct{}),
 	}

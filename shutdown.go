@@ -131,6 +131,7 @@ func (n *Node) waitActors(ctx context.Context) error {
 // shutdown closes the node; graceful says whether queued frames and
 // unregistrations are delivered first (within ctx).
 func (n *Node) shutdown(ctx context.Context, graceful bool) error {
+	defer close(n.closed) // after every goroutine of the node has ended
 	n.draining.Store(true)
 	close(n.done)
 	if !graceful {
