@@ -41,13 +41,16 @@ func (a *assoc) startDetector(now time.Time) {
 // heartbeatLoop is the node's one liveness goroutine: every quarter
 // interval it feeds each association's detector the time it last heard from
 // the peer, quarantines the silent ones, and asks each writer for a
-// heartbeat once per interval.
+// heartbeat once per interval. It runs until the node's last writer has
+// ended (n.ctx): a closing node's leaving writers wait for their peers'
+// acknowledgements, and a peer that stopped answering must not hold that
+// wait past UnreachableAfter.
 func (n *Node) heartbeatLoop() {
 	t := time.NewTicker(n.cfg.HeartbeatInterval / 4)
 	defer t.Stop()
 	for {
 		select {
-		case <-n.flushing:
+		case <-n.ctx.Done():
 			return
 		case now := <-t.C:
 			n.pmu.Lock()
@@ -76,17 +79,22 @@ func (a *assoc) checkLiveness(now time.Time) {
 	if at := a.in.heard.Load(); at != 0 {
 		a.det.Heartbeat(a.n.epoch.Add(time.Duration(at)))
 	}
-	if !a.det.Available(now) && !a.n.isMember(a.peerUID) {
+	// A member's liveness is the cluster's to judge, until this node
+	// flushes: then nothing but the window stands between a silent peer
+	// and the end of the shutdown.
+	flushing := a.n.flushBegun()
+	judged := flushing || !a.n.isMember(a.peerUID)
+	if !a.det.Available(now) && judged {
 		a.declareUnreachable(fmt.Errorf("nothing heard for %v (the limit is %v)", now.Sub(a.det.LastHeard()).Round(time.Millisecond), a.n.cfg.UnreachableAfter))
 		return
 	}
 	if now.Sub(a.lastBeat) >= a.n.cfg.HeartbeatInterval {
-		if stuck := a.ackStuck(now); stuck != nil && !a.n.isMember(a.peerUID) {
+		if stuck := a.ackStuck(now); stuck != nil && judged {
 			a.declareUnreachable(stuck)
 			return
 		}
 		a.lastBeat = now
-		if a.needsBeat() {
+		if a.needsBeat() && !flushing { // (a leaving writer sends its queue, then its bye)
 			a.beat.Store(true)
 		}
 		a.notify() // the writer acknowledges what arrived, beat or not
@@ -119,7 +127,7 @@ func (a *assoc) closeLate(now time.Time) bool {
 func (a *assoc) ackStuck(now time.Time) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.life.state != assocUp || a.unackedSeq() == 0 {
+	if (a.life.state != assocUp && a.life.state != assocLeaving) || a.unackedSeq() == 0 {
 		return nil
 	}
 	if d := now.Sub(a.ackMoved); d >= a.n.cfg.UnreachableAfter {
@@ -153,9 +161,9 @@ func (a *assoc) declareUnreachable(cause error) {
 		a.fail(fmt.Errorf("%v, and no new connection: %w", lost, cause))
 		return
 	}
-	up := a.life.state == assocUp
+	live := a.life.state == assocUp || a.life.state == assocLeaving // (leaving: the connection is reset, and the writer's wait ends)
 	a.mu.Unlock()
-	if up {
+	if live {
 		a.abort(cause)
 	}
 }
