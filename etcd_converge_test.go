@@ -438,3 +438,42 @@ func TestASlowAnswerOfEtcdIsReadWhole(t *testing.T) {
 		t.Fatalf("List: %d entries, without slowly", len(regs))
 	}
 }
+
+// While every etcd member refuses connections (the whole cluster down),
+// Spawn of a named actor returns at once, not after RegistryTimeout: no
+// election is under way, so no answer is near. The entry stays pending
+// (Stats, Ready) and is written when etcd answers.
+func TestSpawnDoesNotWaitForAnEtcdThatRefusesEverywhere(t *testing.T) {
+	url := sharedEtcdURL(t)
+	hosts, prefix, _ := strings.Cut(strings.TrimPrefix(url, "etcd://"), "/")
+	var proxies []string
+	var listeners []*cutProxy
+	for h := range strings.SplitSeq(hosts, ",") {
+		p := newCutProxy(t, h)
+		t.Cleanup(p.close)
+		listeners = append(listeners, p)
+		proxies = append(proxies, p.addr())
+	}
+	cfg := testConfig()
+	cfg.Name = "etcd-down"
+	cfg.RegistryTimeout = 5 * time.Second // the default
+	cfg.RegistryAddrs = []string{"etcd://" + strings.Join(proxies, ",") + "/" + prefix}
+	n := startNode(t, cfg)
+	spawnEcho(t, n, "before")
+	for _, p := range listeners {
+		p.l.Close() // nothing listens there now: connections are refused
+		p.cut()
+	}
+	const actors = 5
+	start := time.Now()
+	for i := range actors {
+		spawnEcho(t, n, fmt.Sprintf("echo-%d", i))
+	}
+	if took := time.Since(start); took > cfg.RegistryTimeout {
+		t.Fatalf("%d Spawns took %v while every etcd member refused (RegistryTimeout %v)", actors, took, cfg.RegistryTimeout)
+	}
+	waitFor(t, 5*time.Second, "the registrations pending", func() bool { return n.Stats().RegistryPending >= actors })
+	if err := n.Ready(); !errors.Is(err, ErrNotReady) {
+		t.Fatalf("Ready while etcd lacks entries: %v", err)
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"slices"
 	"strconv"
@@ -162,7 +163,7 @@ func (r *etcdRegistry) call(ctx context.Context, path string, in, out any) error
 		first := r.first
 		r.mu.Unlock()
 		var errs []error
-		electing := false
+		electing, refused := false, true
 		for i := range r.endpoints {
 			k := (first + i) % len(r.endpoints)
 			err := r.callOne(ctx, r.endpoints[k], path, body, out)
@@ -176,7 +177,11 @@ func (r *etcdRegistry) call(ctx context.Context, path string, in, out any) error
 				return ctx.Err()
 			}
 			electing = electing || errors.Is(err, errEtcdUnavailable) || errors.Is(err, context.DeadlineExceeded)
+			refused = refused && isRefusal(err)
 			errs = append(errs, err)
+		}
+		if refused {
+			return fmt.Errorf("etcd %s: %w: %w", r.url, errEtcdRefused, errors.Join(errs...))
 		}
 		if !electing || time.Since(start) >= r.timing.window || !sleepCtx(ctx, etcdRetryWait) {
 			return fmt.Errorf("etcd %s: %w", r.url, errors.Join(errs...))
@@ -187,6 +192,18 @@ func (r *etcdRegistry) call(ctx context.Context, path string, in, out any) error
 // errEtcdUnavailable is wrapped by the error of a member that answered
 // 503 Service Unavailable (no leader, or the leader changed).
 var errEtcdUnavailable = errors.New("unavailable")
+
+// errEtcdRefused is wrapped by the error of a call that every member
+// refused at once (no connection could be made to any): no election is
+// under way, and no answer is coming soon.
+var errEtcdRefused = errors.New("every member refused the connection")
+
+// isRefusal reports whether err is a dial that failed at once (refused,
+// or no route): not a member that is slow or electing.
+func isRefusal(err error) bool {
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "dial" && !op.Timeout()
+}
 
 func (r *etcdRegistry) callOne(ctx context.Context, endpoint, path string, body []byte, out any) error {
 	// The attempt's bound is on the member's answer, not on reading it:

@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -51,6 +52,11 @@ type etcdSync struct {
 	// verifiedHave is the keys the last read back found, for the pass
 	// that read them.
 	verifiedHave map[string]bool
+	// passes counts the passes that ended; refused says the last one
+	// found every member refusing connections (changed is closed when
+	// either moves): a Spawn then stops waiting, since no answer is near.
+	passes  uint64
+	refused bool
 }
 
 func (s *etcdSync) init() {
@@ -86,17 +92,27 @@ func (n *Node) etcdPending() int {
 }
 
 // awaitEtcd waits until etcd holds the registration of the actor h
-// (true), the actor is gone (true: nothing to wait for), or ctx ends.
+// (true), the actor is gone (true: nothing to wait for), or ctx ends. It
+// also stops waiting (false) once a pass that ended after it began found
+// every member refusing connections: an election answers within ctx, an
+// etcd that is down does not.
 func (n *Node) awaitEtcd(ctx context.Context, h *handle, reg Registration) bool {
 	key := n.etcd.key(reg.Name, reg.UUID)
 	s := &n.etcdSync
+	s.mu.Lock()
+	began := s.passes
+	s.mu.Unlock()
 	for {
 		s.mu.Lock()
 		_, ok := s.written[key]
+		down := s.refused && s.passes > began
 		ch := s.changed
 		s.mu.Unlock()
 		if ok || n.lookup(h.key.path, h.key.uuid) == nil {
 			return true
+		}
+		if down {
+			return false
 		}
 		select {
 		case <-ch:
@@ -132,6 +148,11 @@ func (n *Node) syncEtcd() {
 		ctx, cancel := context.WithTimeout(n.ctx, n.registryTimeout())
 		err := n.reconcileEtcd(ctx)
 		cancel()
+		s.mu.Lock()
+		s.passes++
+		s.refused = errors.Is(err, errEtcdRefused)
+		s.wake()
+		s.mu.Unlock()
 		if err == nil {
 			if wait > 0 {
 				n.log.Info("troupe: the etcd registry holds this node's entries again", "registry", n.etcd.String())
