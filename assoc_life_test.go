@@ -278,7 +278,7 @@ func TestLifeInAnyOrder(t *testing.T) {
 			if c > 1 || m > 1 {
 				fail("closed %d times, merged %d times", c, m)
 			}
-			if eff&effEnd != 0 && l.endCause != nil && next.err != l.endCause {
+			if eff&effEnd != 0 && l.endCause != nil && !errors.Is(next.err, l.endCause) {
 				fail("given up with %v, ended with %v", l.endCause, next.err)
 			}
 			if eff&effEnd != 0 && next.err == nil {

@@ -354,6 +354,11 @@ func (l life) ended(from assocState, ev lifeEvent) (life, effect, bool) {
 		return l, effWake | effRetiredEnd, true
 	}
 	l.err = err
+	if end.publish && !errors.Is(err, ErrPeerLeft) {
+		// Unreachable: what wakes now reads it so, before any quarantine
+		// is recorded, and whether or not the peer is exempt from one.
+		l.err = &unreachableError{cause: err}
+	}
 	eff := effWake | effEnd
 	if end.publish {
 		eff |= effPublish

@@ -1,6 +1,10 @@
 package troupe
 
-import "testing"
+import (
+	"errors"
+	"io"
+	"testing"
+)
 
 // TestAssocTransitions pins the whole transition table: every state under
 // every event.
@@ -160,6 +164,46 @@ func TestChooseDuplicate(t *testing.T) {
 		a := chooseDuplicate(false, false, acceptor, dialer)
 		if d != a {
 			t.Errorf("dialer (lower uid %v) decided %d, the node it dialed %d", dialerLow, d, a)
+		}
+	}
+}
+
+// A session that ends unreachable (given up on, or its link lost without a
+// goodbye) carries a failure that wraps ErrPeerUnreachable from the moment
+// it ends: the Sends it wakes read it before any quarantine is recorded
+// (TestASendWaitingForCreditEndsWithItsPeer failed on that window), and
+// an exempt peer (a registrar, a member) is never quarantined at all.
+func TestAnUnreachableEndWrapsErrPeerUnreachableAtOnce(t *testing.T) {
+	window := errors.New("nothing heard for 1s (the limit is 1s)")
+	cases := []struct {
+		name        string
+		events      []lifeEvent
+		unreachable bool
+	}{
+		{"given up, then ended by the reader", []lifeEvent{{kind: evGiveUp, cause: window}, {kind: evEnded, cause: io.EOF}}, true},
+		{"the link broke, not resumable", []lifeEvent{{kind: evEnded, cause: io.ErrUnexpectedEOF}}, true},
+		{"the peer said goodbye", []lifeEvent{{kind: evEnded, cause: ErrPeerLeft}}, false},
+		{"this node closed", []lifeEvent{{kind: evEnded, cause: ErrNodeClosed}}, false},
+		{"this node left", []lifeEvent{{kind: evLeave}, {kind: evEnded, cause: io.EOF}}, false},
+	}
+	for _, c := range cases {
+		l := life{state: assocUp}
+		var eff effect
+		for _, ev := range c.events {
+			var ok bool
+			l, eff, ok = l.step(ev)
+			if !ok {
+				t.Fatalf("%s: %s did not apply", c.name, ev.kind)
+			}
+		}
+		if eff&effWake == 0 {
+			t.Fatalf("%s: the end wakes no sender", c.name)
+		}
+		if got := errors.Is(l.err, ErrPeerUnreachable); got != c.unreachable {
+			t.Errorf("%s: the failure %v wraps ErrPeerUnreachable: %v, want %v", c.name, l.err, got, c.unreachable)
+		}
+		if c.unreachable && l.err.Error() != c.events[0].cause.Error() {
+			t.Errorf("%s: the failure reads %q, want the cause's own words %q", c.name, l.err, c.events[0].cause)
 		}
 	}
 }

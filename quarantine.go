@@ -12,8 +12,12 @@ import (
 var (
 	// ErrPeerUnreachable is wrapped by the [Terminated] reason a watcher
 	// gets when the watched actor's node stopped answering (or its
-	// connection broke without a goodbye) and was quarantined. The actor may
-	// well be alive: this node cannot tell.
+	// connection broke without a goodbye), by the [PeerUnreachable]
+	// event's reason then, and by the error of whatever waited on that
+	// session (an Ask, a Send waiting for room or credit): whether the peer
+	// was quarantined or is exempt from quarantine (a registrar, a cluster
+	// member), so a watcher's reason does not depend on the role of the
+	// node that died. The actor may well be alive: this node cannot tell.
 	ErrPeerUnreachable = errors.New("troupe: peer unreachable")
 	// ErrQuarantined is wrapped by the dead-letter reason of every message
 	// for a quarantined peer, by the error of an [Ask] pending when the
@@ -32,10 +36,13 @@ var (
 )
 
 // PeerUnreachable is published when an association with a peer ends other
-// than by this node's own Close. Quarantined is true when this node gave up
-// on the peer — it stayed silent for [Config.UnreachableAfter], or its
-// connection broke or misbehaved — and false when the peer said goodbye
-// (closed gracefully): the link simply ended.
+// than by this node's own Close. Reason wraps [ErrPeerLeft] when the peer
+// said goodbye (closed gracefully): the link simply ended. Otherwise this
+// node gave up on the peer — it stayed silent for
+// [Config.UnreachableAfter], or its connection broke or misbehaved — and
+// Reason wraps [ErrPeerUnreachable]; Quarantined then says whether the
+// peer incarnation was quarantined (false only for a peer exempt from
+// quarantine: a registrar, a cluster member).
 type PeerUnreachable struct {
 	Addr        Addr    // an address of the peer
 	UID         NodeUID // the peer incarnation's uid
@@ -78,6 +85,14 @@ func (e *quarantineError) Error() string {
 func (e *quarantineError) Unwrap() []error {
 	return []error{ErrPeerUnreachable, ErrQuarantined, e.cause}
 }
+
+// unreachableError is the failure of a session that ended without a
+// goodbye from either side: it reads as its cause and wraps
+// ErrPeerUnreachable.
+type unreachableError struct{ cause error }
+
+func (e *unreachableError) Error() string   { return e.cause.Error() }
+func (e *unreachableError) Unwrap() []error { return []error{ErrPeerUnreachable, e.cause} }
 
 // Quarantine entries are kept for QuarantineExpiry; then the addresses
 // they hold are freed (a new node may listen there) and the uid alone
