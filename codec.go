@@ -99,11 +99,14 @@ var wireTypes struct {
 // same key for the same type. Call it from init or main, before the first
 // message of T is sent.
 //
-// T's exported fields are encoded (unexported fields are not sent). Fields
-// may be bool, integers, floats, strings, []byte, slices, arrays, maps,
-// nested structs, pointers, time.Time, time.Duration and [Ref] values;
-// interfaces, channels, funcs and complex numbers are refused. A type may
-// instead implement [WireMarshaler] and [WireUnmarshaler] to encode itself.
+// T's fields are encoded. Fields may be bool, integers, floats, strings,
+// []byte, slices, arrays, maps, nested structs, pointers, time.Time,
+// time.Duration and [Ref] values; interfaces, channels, funcs and complex
+// numbers are refused, and so are unexported fields, at any depth (the
+// error names the field's path): a local send would keep them and a remote
+// one lose them. Blank (_) fields are allowed. A type may instead implement
+// [WireMarshaler] and [WireUnmarshaler] to encode itself, and a field of
+// such a type is not looked into.
 //
 // RegisterMessage panics if the key is empty or longer than 255 bytes, if
 // the key or the type is already registered to something else, or if T
@@ -149,6 +152,20 @@ func registerType(t reflect.Type, key string, alloc func() unsafe.Pointer) error
 			return fmt.Errorf("troupe: RegisterMessage[%s]: implement both AppendWire on %s and UnmarshalWire on *%s", t, t, t)
 		}
 		mt.fast = true
+	}
+	// troupe's own messages are exempt: their unexported fields (the
+	// sender's uid) are stamped by the receiving association, never read
+	// from the wire.
+	if !mt.fast && !mt.internal {
+		root := t.Name()
+		if root == "" {
+			root = t.String()
+		}
+		if path, in := unexportedField(t, root, map[reflect.Type]bool{}); path != "" {
+			return fmt.Errorf("troupe: RegisterMessage[%s]: field %s is unexported, so it would not cross the wire "+
+				"(a message sent on the same node would keep it, one sent to another node would lose it): "+
+				"export it, or implement WireMarshaler and WireUnmarshaler on %s", t, path, in)
+		}
 	}
 	p, err := planFor(t)
 	if err != nil {

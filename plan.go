@@ -488,3 +488,49 @@ func structPlan(p *plan, t reflect.Type, building map[reflect.Type]*plan) error 
 	}
 	return nil
 }
+
+// unexportedField returns the path of the first unexported field found in t
+// at any depth (through nested structs, slices, arrays, maps and
+// pointers), and the struct type that holds it, or "" if there is none.
+// The codec does not send such a field, so a value sent to another node
+// would arrive without it while one sent on the same node keeps it:
+// [RegisterMessage] refuses the type instead. A type with a plan of its
+// own (a Ref, a time.Time, a WireMarshaler) is not looked into, nor is a
+// blank field (_), which holds nothing.
+func unexportedField(t reflect.Type, path string, seen map[reflect.Type]bool) (string, reflect.Type) {
+	if seen[t] {
+		return "", nil
+	}
+	seen[t] = true
+	switch {
+	case t.Implements(refCarrierType) && t.Kind() == reflect.Struct,
+		t == timeType,
+		t.Kind() != reflect.Pointer && t.Implements(wireMarshalerType) && reflect.PointerTo(t).Implements(wireUnmarshalerType):
+		return "", nil
+	}
+	switch t.Kind() {
+	case reflect.Slice, reflect.Array:
+		return unexportedField(t.Elem(), path+"[]", seen)
+	case reflect.Map:
+		if p, in := unexportedField(t.Key(), path+"[key]", seen); p != "" {
+			return p, in
+		}
+		return unexportedField(t.Elem(), path+"[]", seen)
+	case reflect.Pointer:
+		return unexportedField(t.Elem(), path, seen)
+	case reflect.Struct:
+		for i := range t.NumField() {
+			f := t.Field(i)
+			if f.Name == "_" {
+				continue
+			}
+			if !f.IsExported() {
+				return path + "." + f.Name, t
+			}
+			if p, in := unexportedField(f.Type, path+"."+f.Name, seen); p != "" {
+				return p, in
+			}
+		}
+	}
+	return "", nil
+}
