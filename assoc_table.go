@@ -2,7 +2,6 @@ package troupe
 
 import (
 	"fmt"
-	"time"
 )
 
 // The node's table of associations: finding or starting the one for an
@@ -63,9 +62,9 @@ func (n *Node) assocHeld(addr Addr, wait bool, from NodeUID) (_ *assoc, held boo
 		}
 		return a, held, nil
 	}
-	if q := n.quarantineFor(NodeUID{}, addr); q != nil {
-		return nil, false, fmt.Errorf("%s: %w since %s (%v); call Reconnect to try again", addr, ErrQuarantined, q.Since.Format(time.RFC3339), q.Cause)
-	}
+	// (A quarantined incarnation's address is dialed all the same: the
+	// handshake refuses that incarnation by its uid, and admits a new
+	// one started there.)
 	if !wait {
 		// A ref read from a message: bound, not dialed. Bindings have a
 		// bound of their own, so that a message full of refs cannot take

@@ -91,9 +91,12 @@ type Config struct {
 	// directions, and nothing else. Default: 5 s.
 	HandshakeTimeout time.Duration
 
-	// QuarantineExpiry is how long a quarantine refuses the peer's proven
-	// addresses; after it, a new node may listen there and be reached,
-	// while the quarantined uid stays refused. Default: 1 h.
+	// QuarantineExpiry is how long a quarantined peer is listed by
+	// [Node.Quarantined] (and found by its addresses for
+	// [Node.ClearQuarantine]); its uid stays refused after it, as a
+	// tombstone. A quarantine binds the incarnation, never the address: a
+	// new incarnation at the same address is admitted at any time.
+	// Default: 1 h.
 	QuarantineExpiry time.Duration
 
 	// RegistryTimeout bounds one request to a registrar: a lookup, a

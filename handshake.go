@@ -109,7 +109,16 @@ func (a *assoc) handshakeDialed(c net.Conn) *frameReader {
 			return nil
 		}
 		if r.code == rejectQuarantined {
-			a.fail(fmt.Errorf("%w: %w: %s", ErrRejected, ErrQuarantinedByPeer, r.text))
+			n.pmu.Lock()
+			q := n.quarantineFor(r.uid)
+			n.pmu.Unlock()
+			if q != nil && perr == nil {
+				// Each side gave up on the other (a partition): the answer
+				// is this node's quarantine as much as the peer's.
+				a.fail(fmt.Errorf("%w: %w since %s (%v), and %w: %s", ErrRejected, ErrQuarantined, q.Since.Format(time.RFC3339), q.Cause, ErrQuarantinedByPeer, r.text))
+			} else {
+				a.fail(fmt.Errorf("%w: %w: %s", ErrRejected, ErrQuarantinedByPeer, r.text))
+			}
 			if f := n.quarantinedBy.Load(); f != nil && perr == nil {
 				(*f)(r.uid)
 			}
@@ -318,11 +327,19 @@ func (n *Node) attach(a *assoc, h *hello) bool {
 	reject, text, loser, winner, replaced, resume := d.reject, d.text, d.loser, d.winner, d.replaced, d.resume
 	if reject != accept {
 		n.forgetAssoc(a)
+		first := d.quarantined != nil && n.quarantine.noteRefused(h.uid)
 		n.pmu.Unlock()
+		if first {
+			n.logRefusedQuarantined(a, h, d.quarantined)
+		}
 		if a.outbound {
 			// The peer accepted this connection: tell it that this node
 			// does not, or it would wait for the session to come back.
 			sayBye(a.conn, byeRefused, text)
+			if d.quarantined != nil {
+				a.fail(fmt.Errorf("%s: %w since %s (%v); call Reconnect to try again", a.dialAddr, ErrQuarantined, d.quarantined.Since.Format(time.RFC3339), d.quarantined.Cause))
+				return false
+			}
 			a.fail(errors.New(text))
 			return false
 		}
@@ -431,6 +448,8 @@ type admission struct {
 	loser, winner *assoc
 	replaced      *assoc
 	resume        bool
+	// quarantined: the entry that refused the peer.
+	quarantined *QuarantineInfo
 }
 
 // decideAttach decides what becomes of a, whose peer said h (n.pmu held).
@@ -441,9 +460,13 @@ func (n *Node) decideAttach(a *assoc, h *hello) admission {
 		d.reject, d.text = rejectClosing, "node is closing"
 	case h.uid == n.uid:
 		d.reject, d.text = rejectOther, "a node cannot associate with itself"
-	case n.quarantineFor(h.uid, a.peerAddrs...) != nil:
-		q := n.quarantineFor(h.uid, a.peerAddrs...)
+	case n.quarantineFor(h.uid) != nil:
+		// A quarantine binds the incarnation (its uid), not its addresses:
+		// a process started again at the same address is a new peer,
+		// whose actors are new, and is admitted.
+		q := n.quarantineFor(h.uid)
 		d.reject, d.text = rejectQuarantined, fmt.Sprintf("%s quarantined you at %s (%v); it must call ClearQuarantine or Reconnect first", n.name, q.Since.Format(time.RFC3339), q.Cause)
+		d.quarantined = q
 	default:
 		// Only the uid decides which connection is a duplicate: the
 		// addresses a peer announces are claims, not proof.

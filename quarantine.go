@@ -21,8 +21,8 @@ var (
 	ErrPeerUnreachable = errors.New("troupe: peer unreachable")
 	// ErrQuarantined is wrapped by the dead-letter reason of every message
 	// for a quarantined peer, by the error of an [Ask] pending when the
-	// peer was quarantined, and by the error of [Resolve] or a dial to a
-	// quarantined address. Only [Node.Reconnect] or [Node.ClearQuarantine]
+	// peer was quarantined, and by the error of [Resolve] or a dial that
+	// reaches a quarantined incarnation. Only [Node.Reconnect] or [Node.ClearQuarantine]
 	// lifts a quarantine.
 	ErrQuarantined = errors.New("troupe: peer quarantined")
 	// ErrQuarantinedByPeer is wrapped by the error of [Node.Reconnect] (or
@@ -60,8 +60,9 @@ type QuarantineInfo struct {
 	UID  NodeUID
 	Name string
 	// Addrs are the peer's proven addresses: those this node dialed and
-	// found this uid at. A new incarnation listening on one is refused
-	// until the quarantine is cleared.
+	// found this uid at. They name the peer for ClearQuarantine and refuse
+	// nobody: a quarantine binds the incarnation (UID), so a new
+	// incarnation listening on one (a restart) is admitted.
 	Addrs []Addr
 	// Announced are the addresses the peer claimed in its handshake. They
 	// refuse nobody (they may be another node's); ClearQuarantine accepts
@@ -94,10 +95,11 @@ type unreachableError struct{ cause error }
 func (e *unreachableError) Error() string   { return e.cause.Error() }
 func (e *unreachableError) Unwrap() []error { return []error{ErrPeerUnreachable, e.cause} }
 
-// Quarantine entries are kept for QuarantineExpiry; then the addresses
-// they hold are freed (a new node may listen there) and the uid alone
-// stays refused, as a tombstone, until maxQuarantined newer entries push
-// it out. An incarnation's uid never comes back, so a tombstone only
+// Quarantine entries are listed for QuarantineExpiry; then the addresses
+// they hold are freed (ClearQuarantine no longer finds them by address)
+// and the uid alone stays refused, as a tombstone, until maxQuarantined
+// newer entries push it out. Addresses never refuse a peer: only the uid
+// does. An incarnation's uid never comes back, so a tombstone only
 // refuses a peer that should not be there.
 const maxQuarantined = 1 << 16
 
@@ -115,6 +117,18 @@ type quarantineEntry struct {
 	info    QuarantineInfo
 	expired bool // its addresses are freed; the uid is a tombstone
 	cleared bool
+	logged  bool // a refusal of this incarnation was logged
+}
+
+// noteRefused records that the incarnation uid was refused, and reports
+// whether it is the first refusal of it (the one that is logged).
+func (t *quarantineTable) noteRefused(uid NodeUID) bool {
+	e := t.byUID[uid]
+	if e == nil || e.logged {
+		return false
+	}
+	e.logged = true
+	return true
 }
 
 // find returns the live entry covering uid or one of addrs, expiring
@@ -240,6 +254,21 @@ func (n *Node) quarantineFor(uid NodeUID, addrs ...Addr) *QuarantineInfo {
 // actors anyone relies on, and discovery must come back with it.
 func (a *assoc) exemptFromQuarantine() bool {
 	return a.n.isMember(a.peerUID) || a.n.isRegistrarAssoc(a)
+}
+
+// logRefusedQuarantined says, once per incarnation, that a connection
+// of a quarantined peer was refused, and what would lift the quarantine.
+func (n *Node) logRefusedQuarantined(a *assoc, h *hello, q *QuarantineInfo) {
+	lift := "troupe quarantine clear " + h.uid.String()
+	if len(q.Addrs) > 0 {
+		lift = "troupe quarantine clear " + q.Addrs[0].String()
+	}
+	if addrs := n.addrList(); len(addrs) > 0 {
+		lift += " --node " + addrs[0].String()
+	}
+	n.log.Warn("troupe: refused a connection of a quarantined peer incarnation; a new incarnation (a restart) is admitted, this one only after its quarantine is lifted",
+		"peer", h.name, "uid", h.uid.String(), "since", q.Since.Format(time.RFC3339), "cause", q.Cause,
+		"lift", lift+" (or ClearQuarantine / Reconnect in code)")
 }
 
 // addQuarantine records that this node gave up on a's peer.
