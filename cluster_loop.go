@@ -440,7 +440,7 @@ func (c *Cluster) publish(events []MemberEvent) {
 		if e.Kind == EventMemberStatus && e.Member.UID != c.n.uid {
 			c.forgetDowned(e.Member)
 		}
-		c.n.events.Publish(e)
+		c.n.events.emit(e)
 	}
 	if c.recep != nil && len(events) > 0 {
 		c.recep.membersChanged() // a listing follows membership and reachability
@@ -482,7 +482,7 @@ func (c *Cluster) forgetDowned(m Member) {
 // selfDowned ends this member's membership.
 func (c *Cluster) selfDowned(m Member) {
 	c.n.log.Info("troupe: this member is no longer in the cluster", "status", m.Status.String())
-	c.n.events.Publish(MemberEvent{Member: m, Kind: EventMemberStatus})
+	c.n.events.emit(MemberEvent{Member: m, Kind: EventMemberStatus})
 	if c.cfg.CloseNodeOnDown {
 		// Close waits for the node's goroutines, this one among them, so it
 		// runs on its own goroutine; it ends when the node is closed.
