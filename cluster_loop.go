@@ -7,8 +7,14 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 )
+
+// clusterTurnHook is for tests alone (set from an internal _test.go file,
+// nil otherwise): when set, it runs at the start of every turn of every
+// member's loop in the process, given the member.
+var clusterTurnHook atomic.Pointer[func(*Cluster)]
 
 // run is the member's one goroutine: it gossips, feeds the failure
 // detectors, moves members through their statuses when leader, and applies
@@ -32,8 +38,8 @@ func (c *Cluster) run() {
 			// clock.
 			now := time.Now()
 			c.meterPause(now)
-			if h := c.turnHook.Load(); h != nil {
-				(*h)() // tests: the loop stands still here
+			if h := clusterTurnHook.Load(); h != nil {
+				(*h)(c) // tests: the loop stands still here
 			}
 			c.detect(now)
 			c.lead()
