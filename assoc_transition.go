@@ -175,13 +175,18 @@ func (a *assoc) leave(now bool) {
 // goodbye from either side (the peer went silent, its connection broke, or
 // it sent something malformed) quarantines the peer.
 func (a *assoc) fail(err error) {
+	a.transition(a.endEvent(err))
+}
+
+// endEvent is the event that ends the session with err (see fail).
+func (a *assoc) endEvent(err error) lifeEvent {
 	closing := a.n.cfg.Observer
 	select {
 	case <-a.n.done:
 		closing = true
 	default:
 	}
-	a.transition(lifeEvent{kind: evEnded, cause: err, closing: closing})
+	return lifeEvent{kind: evEnded, cause: err, closing: closing}
 }
 
 // carryOutEnd carries out an end: the peer's loss published, the peer
