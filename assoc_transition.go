@@ -148,7 +148,7 @@ func (a *assoc) carryOut(eff effect, tk *taken) {
 	if eff&effResumed != 0 {
 		a.n.log.Info("troupe: session with peer resumed", "peer", a.label(), "down", tk.down, "resent", tk.resent)
 		a.n.totals.linksResumed.Add(1)
-		a.n.events.Publish(PeerResumed{Addr: a.addr(), UID: a.peerUID, Name: a.peerName, Resent: tk.resent, Down: tk.down})
+		a.n.events.emit(PeerResumed{Addr: a.addr(), UID: a.peerUID, Name: a.peerName, Resent: tk.resent, Down: tk.down})
 	}
 }
 
@@ -175,13 +175,18 @@ func (a *assoc) leave(now bool) {
 // goodbye from either side (the peer went silent, its connection broke, or
 // it sent something malformed) quarantines the peer.
 func (a *assoc) fail(err error) {
+	a.transition(a.endEvent(err))
+}
+
+// endEvent is the event that ends the session with err (see fail).
+func (a *assoc) endEvent(err error) lifeEvent {
 	closing := a.n.cfg.Observer
 	select {
 	case <-a.n.done:
 		closing = true
 	default:
 	}
-	a.transition(lifeEvent{kind: evEnded, cause: err, closing: closing})
+	return lifeEvent{kind: evEnded, cause: err, closing: closing}
 }
 
 // carryOutEnd carries out an end: the peer's loss published, the peer
@@ -208,7 +213,7 @@ func (a *assoc) carryOutEnd(eff effect, tk *taken) {
 		} else {
 			a.n.totals.peersGivenUp.Add(1) // (quarantined, unless a cluster member or a registrar)
 		}
-		a.n.events.Publish(PeerUnreachable{Addr: a.addr(), UID: a.peerUID, Name: a.peerName, Quarantined: quarantine, Reason: reason, LastHeard: a.lastHeard()})
+		a.n.events.emit(PeerUnreachable{Addr: a.addr(), UID: a.peerUID, Name: a.peerName, Quarantined: quarantine, Reason: reason, LastHeard: a.lastHeard()})
 	}
 	a.deadLettersOf(&tk.unacked, serr, true)
 	a.deadLettersOf(&tk.out, serr, false)

@@ -96,12 +96,13 @@ func TestAMemberThatStoodStillDoesNotRaceForTheLease(t *testing.T) {
 	}
 	hold := minority.cfg.LeaseReleaseAfter
 	var armed, stalled atomic.Bool
-	stall := func() {
-		if armed.Load() && stalled.CompareAndSwap(false, true) {
+	stall := func(c *Cluster) {
+		if c == minority && armed.Load() && stalled.CompareAndSwap(false, true) {
 			time.Sleep(hold + time.Second)
 		}
 	}
-	minority.turnHook.Store(&stall)
+	clusterTurnHook.Store(&stall)
+	t.Cleanup(func() { clusterTurnHook.Store(nil) })
 	armed.Store(true)
 	r.f.Partition(r.nodes[0], r.nodes[1])
 	waitFor(t, hold+15*time.Second, "the minority to stop", func() bool { return stopped(minority) })

@@ -7,8 +7,14 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 )
+
+// clusterTurnHook is for tests alone (set from an internal _test.go file,
+// nil otherwise): when set, it runs at the start of every turn of every
+// member's loop in the process, given the member.
+var clusterTurnHook atomic.Pointer[func(*Cluster)]
 
 // run is the member's one goroutine: it gossips, feeds the failure
 // detectors, moves members through their statuses when leader, and applies
@@ -32,8 +38,8 @@ func (c *Cluster) run() {
 			// clock.
 			now := time.Now()
 			c.meterPause(now)
-			if h := c.turnHook.Load(); h != nil {
-				(*h)() // tests: the loop stands still here
+			if h := clusterTurnHook.Load(); h != nil {
+				(*h)(c) // tests: the loop stands still here
 			}
 			c.detect(now)
 			c.lead()
@@ -440,7 +446,7 @@ func (c *Cluster) publish(events []MemberEvent) {
 		if e.Kind == EventMemberStatus && e.Member.UID != c.n.uid {
 			c.forgetDowned(e.Member)
 		}
-		c.n.events.Publish(e)
+		c.n.events.emit(e)
 	}
 	if c.recep != nil && len(events) > 0 {
 		c.recep.membersChanged() // a listing follows membership and reachability
@@ -482,7 +488,7 @@ func (c *Cluster) forgetDowned(m Member) {
 // selfDowned ends this member's membership.
 func (c *Cluster) selfDowned(m Member) {
 	c.n.log.Info("troupe: this member is no longer in the cluster", "status", m.Status.String())
-	c.n.events.Publish(MemberEvent{Member: m, Kind: EventMemberStatus})
+	c.n.events.emit(MemberEvent{Member: m, Kind: EventMemberStatus})
 	if c.cfg.CloseNodeOnDown {
 		// Close waits for the node's goroutines, this one among them, so it
 		// runs on its own goroutine; it ends when the node is closed.

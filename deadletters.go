@@ -58,7 +58,7 @@ func (n *Node) reportDeadLetter(d DeadLetter) {
 	}
 	n.dlCount.add(d.Reason)
 	if n.events.hasSubscribers() {
-		n.events.Publish(d)
+		n.events.emit(d)
 	}
 }
 

@@ -151,14 +151,24 @@ func (a *assoc) needsBeat() bool {
 // declareUnreachable ends an association whose peer went silent. It closes
 // the connection and leaves the rest to the reader, which ends the session
 // once it has delivered its last frame: nothing from the peer is delivered
-// after its watchers are told.
+// after its watchers are told. A suspended session (no reader) ends at
+// once, its end carried out on a goroutine of the node's: the heartbeat
+// loop, which calls this, never fails a backlog itself.
 func (a *assoc) declareUnreachable(cause error) {
 	a.mu.Lock()
 	if a.life.state == assocSuspended {
-		// No connection, no reader: the wait for a new connection is over.
-		lost := a.life.lostCause
+		// No connection, no reader: the wait for a new connection is
+		// over. The session ends here and now; what the end does (a dead
+		// letter, decoded again, for each message it held, however many)
+		// runs on a goroutine of its own, so that no other peer's
+		// detection waits for it.
+		ev := a.endEvent(fmt.Errorf("%v, and no new connection: %w", a.life.lostCause, cause))
+		var tk taken
+		eff, _ := a.stepLocked(ev, &tk)
 		a.mu.Unlock()
-		a.fail(fmt.Errorf("%v, and no new connection: %w", lost, cause))
+		if eff != 0 {
+			a.n.wg.Go(func() { a.carryOut(eff, &tk) })
+		}
 		return
 	}
 	live := a.life.state == assocUp || a.life.state == assocLeaving // (leaving: the connection is reset, and the writer's wait ends)

@@ -9,8 +9,8 @@ import (
 
 // Events is a node's event stream: the node publishes [DeadLetter],
 // [PeerConnected], [PeerUnreachable] and [ProtocolError] events on it, and
-// programs may publish their own. Subscribe with [Subscribe] or
-// [SubscribeChan].
+// programs may publish their own (see [Events.Publish]). Subscribe with
+// [Subscribe] or [SubscribeChan].
 //
 // Events is safe for concurrent use. Publishing is synchronous: each matching
 // callback runs on the publishing goroutine, in subscription order, so a
@@ -34,12 +34,25 @@ type Subscription struct {
 	deliver func(any) bool // false when the event could not be handed over
 	dropped atomic.Uint64
 	off     atomic.Bool
+	// own: one of troupe's own consumers, which sees only the events
+	// troupe publishes (emit), never one a program publishes.
+	own bool
 }
 
 // Subscribe calls fn with every event published on es whose dynamic type is E,
 // or implements E when E is an interface type (Subscribe[any] sees
 // everything). It returns the subscription; call Unsubscribe to stop.
 func Subscribe[E any](es *Events, fn func(E)) *Subscription {
+	return subscribe(es, fn, false)
+}
+
+// subscribeOwn is Subscribe for troupe's own consumers: fn sees only the
+// events troupe itself publishes, not those of [Events.Publish].
+func subscribeOwn[E any](es *Events, fn func(E)) *Subscription {
+	return subscribe(es, fn, true)
+}
+
+func subscribe[E any](es *Events, fn func(E), own bool) *Subscription {
 	s := &Subscription{
 		es:    es,
 		match: func(e any) bool { _, ok := e.(E); return ok },
@@ -47,6 +60,7 @@ func Subscribe[E any](es *Events, fn func(E)) *Subscription {
 			fn(e.(E))
 			return true
 		},
+		own: own,
 	}
 	es.add(s)
 	return s
@@ -58,6 +72,16 @@ func Subscribe[E any](es *Events, fn func(E)) *Subscription {
 // loses events visibly rather than stalling the node. Size the channel for
 // the bursts you expect.
 func SubscribeChan[E any](es *Events, ch chan<- E) *Subscription {
+	return subscribeChan(es, ch, false)
+}
+
+// subscribeOwnChan is SubscribeChan for troupe's own consumers: ch gets
+// only the events troupe itself publishes, not those of [Events.Publish].
+func subscribeOwnChan[E any](es *Events, ch chan<- E) *Subscription {
+	return subscribeChan(es, ch, true)
+}
+
+func subscribeChan[E any](es *Events, ch chan<- E, own bool) *Subscription {
 	s := &Subscription{
 		es:    es,
 		match: func(e any) bool { _, ok := e.(E); return ok },
@@ -69,6 +93,7 @@ func SubscribeChan[E any](es *Events, ch chan<- E) *Subscription {
 				return false
 			}
 		},
+		own: own,
 	}
 	es.add(s)
 	return s
@@ -115,14 +140,23 @@ func (es *Events) remove(s *Subscription) {
 }
 
 // Publish hands e to every subscription that matches its type, on the
-// calling goroutine.
-func (es *Events) Publish(e any) {
+// calling goroutine. An event a program publishes reaches the program's
+// subscribers only: troupe itself never acts on it, even when it is one
+// of troupe's own types (a [PeerUnreachable] published by hand does not
+// make the registrar drop the node, nor a service listing look again).
+func (es *Events) Publish(e any) { es.publish(e, false) }
+
+// emit publishes an event of troupe's own: every subscription that
+// matches it gets it, troupe's own consumers included.
+func (es *Events) emit(e any) { es.publish(e, true) }
+
+func (es *Events) publish(e any, fromTroupe bool) {
 	cur := es.subs.Load()
 	if cur == nil {
 		return
 	}
 	for _, s := range *cur {
-		if s.off.Load() || !s.match(e) {
+		if s.off.Load() || (s.own && !fromTroupe) || !s.match(e) {
 			continue
 		}
 		es.deliver(s, e)

@@ -213,7 +213,7 @@ func (n *Node) handshakeInbound(c net.Conn, src string) (*assoc, *frameReader) {
 		c.Write(rejectFrame(rejectAuth, n.uid, strings.TrimPrefix(err.Error(), ErrAuth.Error()+": ")))
 		c.Close()
 		n.totals.protocolErrors.Add(1)
-		n.events.Publish(ProtocolError{Remote: label, Err: err})
+		n.events.emit(ProtocolError{Remote: label, Err: err})
 		return nil, nil
 	}
 	if h.flags&helloProbe != 0 {
@@ -270,7 +270,7 @@ func (n *Node) protocolError(remote, kind string, err error) {
 	fe := &FrameError{Peer: remote, Kind: kind, Reason: err}
 	n.log.Warn("troupe: closing connection after a protocol error", "peer", remote, "err", err)
 	n.totals.protocolErrors.Add(1)
-	n.events.Publish(ProtocolError{Remote: remote, Err: fe})
+	n.events.emit(ProtocolError{Remote: remote, Err: fe})
 }
 
 // attach decides whether a connection whose handshake just completed
@@ -398,7 +398,7 @@ func (n *Node) attach(a *assoc, h *hello) bool {
 	}
 	if !resume && a.resumeOf == nil && !a.observer {
 		n.totals.peersConnected.Add(1)
-		n.events.Publish(PeerConnected{Addr: a.addr(), UID: a.peerUID, Name: a.peerName})
+		n.events.emit(PeerConnected{Addr: a.addr(), UID: a.peerUID, Name: a.peerName})
 	}
 	if !a.outbound {
 		n.proveClaims(a)

@@ -388,19 +388,9 @@ type foundRef struct {
 // watches that actor: the fast path forgets it the moment it stops (or its
 // association ends), so it never hands out a ref to a stopped actor.
 func (n *Node) remember(name string, h *handle, proto string) {
-	n.pmu.Lock()
-	for _, f := range n.found[name] {
-		if f.h.key == h.key && f.h.assoc == h.assoc {
-			n.pmu.Unlock()
-			return // known, and watched already
-		}
+	if !n.addFound(name, h, proto) {
+		return // known, and watched already
 	}
-	list := slices.DeleteFunc(slices.Clone(n.found[name]), func(f foundRef) bool { return f.h.key == h.key })
-	if n.found == nil {
-		n.found = make(map[string][]foundRef)
-	}
-	n.found[name] = append(list, foundRef{h, proto})
-	n.pmu.Unlock()
 	w := &foundWatch{name: name, target: h.key}
 	w.h = &handle{node: n, key: refKey{node: n.uid, path: "/system/$found" + formatBase36(tempSeq.Add(1))}, local: w}
 	n.registerPath(w.h.key.path, w.h)
@@ -409,11 +399,37 @@ func (n *Node) remember(name string, h *handle, proto string) {
 	}
 }
 
-// forget drops the fast-path entry for the actor key found under name.
+// addFound records h in the fast-path table under name, replacing an
+// entry for the same actor over another session; it reports false when
+// the table has it over this session already. Like forget, it never
+// writes to a list the table held: fastPath reads a list it took under
+// n.pmu after letting go of the lock.
+func (n *Node) addFound(name string, h *handle, proto string) bool {
+	n.pmu.Lock()
+	defer n.pmu.Unlock()
+	for _, f := range n.found[name] {
+		if f.h.key == h.key && f.h.assoc == h.assoc {
+			return false
+		}
+	}
+	list := slices.DeleteFunc(slices.Clone(n.found[name]), func(f foundRef) bool { return f.h.key == h.key })
+	if n.found == nil {
+		n.found = make(map[string][]foundRef)
+	}
+	n.found[name] = append(list, foundRef{h, proto})
+	return true
+}
+
+// forget drops the fast-path entry for the actor key found under name. It
+// deletes from a copy: fastPath may be reading the list the table held.
 func (n *Node) forget(name string, key refKey) {
 	n.pmu.Lock()
 	defer n.pmu.Unlock()
-	list := slices.DeleteFunc(n.found[name], func(f foundRef) bool { return f.h.key == key })
+	list := n.found[name]
+	if !slices.ContainsFunc(list, func(f foundRef) bool { return f.h.key == key }) {
+		return
+	}
+	list = slices.DeleteFunc(slices.Clone(list), func(f foundRef) bool { return f.h.key == key })
 	if len(list) == 0 {
 		delete(n.found, name)
 	} else {

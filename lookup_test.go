@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"reflect"
 	"testing"
 	"time"
 )
@@ -82,6 +83,51 @@ func TestFastPathForgetsAnActorThatStopped(t *testing.T) {
 		_, found, err := FindActor[testPing](ctx, client, "svc")
 		return !found && err == nil
 	})
+}
+
+// The fast path reads the list of found actors after letting go of the
+// peer-table lock, while a stopped actor (or an ended session) makes the
+// node forget one: at a failover, FindActor and the forgetting meet. The
+// list the fast path took must never change under it: a torn entry pairs
+// one actor's protocol with another's handle (or a nil handle).
+func TestFastPathBesideForgetReadsWholeEntries(t *testing.T) {
+	n := startNode(t, testConfig())
+	ping := protocolName(reflect.TypeFor[testPing]())
+	var hs []*handle
+	isPing := map[*handle]bool{}
+	for i := range 6 {
+		h := &handle{node: n, key: refKey{node: NodeUID{1}, path: fmt.Sprintf("/user/svc%d", i)}, assoc: &assoc{}}
+		hs = append(hs, h)
+		isPing[h] = i%2 == 0
+	}
+	proto := func(h *handle) string {
+		if isPing[h] {
+			return ping
+		}
+		return "other"
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for range 2000 {
+			for _, h := range hs {
+				n.addFound("svc", h, proto(h))
+			}
+			for _, h := range hs {
+				n.forget("svc", h.key)
+			}
+		}
+	}()
+	for {
+		select {
+		case <-done:
+			return
+		default:
+		}
+		if r, ok := fastPath[testPing](n, "svc", nil); ok && !isPing[r.h] {
+			t.Fatalf("the fast path returned %v, which is not a %T", r.h, testPing{})
+		}
+	}
 }
 
 func TestLookupsOnAClosedNode(t *testing.T) {

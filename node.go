@@ -24,7 +24,9 @@ var (
 	// and is the dead-letter reason for messages it can no longer deliver.
 	ErrNodeClosed = errors.New("troupe: node closed")
 	// ErrBadConfig is wrapped by the error [Start] returns for an invalid
-	// [Config].
+	// [Config], and by that of a call given an argument it cannot use (a
+	// shutdown phase that does not exist, a router strategy that cannot
+	// choose).
 	ErrBadConfig = errors.New("troupe: bad config")
 )
 

@@ -111,6 +111,7 @@ type quarantineTable struct {
 	order  []*quarantineEntry // oldest first; cleared entries are skipped
 	head   int                // order[:head] are gone
 	next   int                // order[head:next] have expired already
+	dead   int                // cleared entries still in order[head:]
 }
 
 type quarantineEntry struct {
@@ -164,11 +165,14 @@ func (t *quarantineTable) add(q QuarantineInfo) {
 		t.remove(t.order[t.head])
 		t.pop()
 	}
+	t.sweep()
 }
 
-// pop drops the oldest slot of order, compacting now and then.
+// pop drops the oldest slot of order (a cleared entry), compacting now
+// and then.
 func (t *quarantineTable) pop() {
 	t.order[t.head] = nil
+	t.dead--
 	t.head++
 	t.next = max(t.next, t.head)
 	if t.head > 1024 && t.head > len(t.order)/2 {
@@ -176,6 +180,30 @@ func (t *quarantineTable) pop() {
 		t.next -= t.head
 		t.head = 0
 	}
+}
+
+// sweep drops the cleared entries from order once they outnumber the
+// live ones (and are more than a few): pop takes only a cleared head, and
+// one entry that stays at the head (live, or a tombstone) would otherwise
+// keep every entry cleared behind it, so that order grew with each add
+// and clear.
+func (t *quarantineTable) sweep() {
+	if t.dead < 64 || t.dead <= len(t.byUID) {
+		return
+	}
+	kept, next := t.order[:0], 0
+	for i := t.head; i < len(t.order); i++ {
+		e := t.order[i]
+		if e.cleared {
+			continue
+		}
+		if i < t.next {
+			next++ // (checked by expire already)
+		}
+		kept = append(kept, e)
+	}
+	clear(t.order[len(kept):])
+	t.order, t.head, t.next, t.dead = kept, 0, next, 0
 }
 
 // expire frees the addresses of entries older than expiry.
@@ -207,6 +235,7 @@ func (t *quarantineTable) remove(e *quarantineEntry) {
 		return
 	}
 	e.cleared = true
+	t.dead++
 	t.freeAddrs(e)
 	if t.byUID[e.info.UID] == e {
 		delete(t.byUID, e.info.UID)
@@ -222,6 +251,7 @@ func (t *quarantineTable) clear(match func(*QuarantineInfo) bool) bool {
 			any = true
 		}
 	}
+	t.sweep()
 	return any
 }
 

@@ -1,6 +1,7 @@
 package troupe
 
 import (
+	"fmt"
 	"testing"
 	"time"
 )
@@ -52,5 +53,56 @@ func TestQuarantineTable(t *testing.T) {
 	}
 	if len(big.order)-big.head != maxQuarantined {
 		t.Fatalf("order holds %d live slots, want %d", len(big.order)-big.head, maxQuarantined)
+	}
+}
+
+// A quarantine added and cleared again and again (a peer that keeps
+// misbehaving and an operator who keeps clearing it, or many such peers)
+// does not grow the table's order list, whatever entry stays at its head:
+// a tombstone, a live entry, or none.
+func TestQuarantineOrderStaysBoundedOverAddClearCycles(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	hour := time.Hour
+	uid := func(i int) NodeUID { var u NodeUID; u[0], u[1], u[2] = byte(i), byte(i>>8), byte(i>>16); return u }
+	const cycles, bound = 20000, 2048
+	for _, tc := range []struct {
+		what string
+		head func(q *quarantineTable) // what stays at the head of the list
+		next func(i int) QuarantineInfo
+	}{
+		{"a live entry at the head, one peer again", func(q *quarantineTable) {
+			q.add(QuarantineInfo{UID: uid(1), Addrs: []Addr{TCPAddr("10.0.0.1:1")}, Since: t0})
+		}, func(int) QuarantineInfo {
+			return QuarantineInfo{UID: uid(2), Addrs: []Addr{TCPAddr("10.0.0.2:1")}, Since: t0}
+		}},
+		{"a tombstone at the head, new peers", func(q *quarantineTable) {
+			q.add(QuarantineInfo{UID: uid(1), Addrs: []Addr{TCPAddr("10.0.0.1:1")}, Since: t0})
+			q.find(t0.Add(2*hour), hour, uid(1)) // expires it: a tombstone
+		}, func(i int) QuarantineInfo {
+			return QuarantineInfo{UID: uid(i + 10), Addrs: []Addr{TCPAddr(fmt.Sprintf("10.1.%d.%d:1", i>>8&255, i&255))}, Since: t0.Add(2 * hour)}
+		}},
+		{"nothing at the head", func(*quarantineTable) {}, func(i int) QuarantineInfo {
+			return QuarantineInfo{UID: uid(i + 10), Since: t0}
+		}},
+	} {
+		var q quarantineTable
+		tc.head(&q)
+		live := len(q.byUID)
+		for i := range cycles {
+			e := tc.next(i)
+			q.add(e)
+			if !q.clear(func(x *QuarantineInfo) bool { return x.UID == e.UID }) {
+				t.Fatalf("%s: cycle %d cleared nothing", tc.what, i)
+			}
+			if len(q.order) > bound {
+				t.Fatalf("%s: after %d add/clear cycles the order list holds %d slots (%d live entries)", tc.what, i+1, len(q.order), len(q.byUID))
+			}
+		}
+		if len(q.byUID) != live {
+			t.Fatalf("%s: %d entries left, want %d", tc.what, len(q.byUID), live)
+		}
+		if live > 0 && q.find(t0.Add(2*hour), hour, uid(1)) == nil {
+			t.Fatalf("%s: the entry at the head was lost", tc.what)
+		}
 	}
 }

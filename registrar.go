@@ -604,7 +604,7 @@ func (n *Node) startRegistrar() error {
 	if err != nil {
 		return err
 	}
-	Subscribe(n.Events(), func(e PeerUnreachable) { n.reg().dropNode(e.UID) })
+	subscribeOwn(n.Events(), func(e PeerUnreachable) { n.reg().dropNode(e.UID) })
 	return nil
 }
 

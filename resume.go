@@ -53,7 +53,7 @@ func (a *assoc) suspended() {
 	a.mu.Unlock()
 	a.n.log.Info("troupe: connection to peer lost; resuming", "peer", a.label(), "cause", err)
 	a.n.totals.linksLost.Add(1)
-	a.n.events.Publish(PeerLinkLost{Addr: a.addr(), UID: a.peerUID, Name: a.peerName, Cause: err})
+	a.n.events.emit(PeerLinkLost{Addr: a.addr(), UID: a.peerUID, Name: a.peerName, Cause: err})
 	if a.outbound {
 		a.n.wg.Go(a.redial)
 		return

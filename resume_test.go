@@ -4,6 +4,8 @@ import (
 	"errors"
 	"net"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -222,4 +224,85 @@ func TestResetsResumeLargeMessages(t *testing.T) {
 		t.Fatalf("dead letter: %+v", d)
 	default:
 	}
+}
+
+// TestFailingABacklogDoesNotHoldUpDetection: a suspended session whose
+// window runs out fails everything it held, each message queued for the
+// peer a dead letter, decoded again and published. That work is not the
+// heartbeat loop's: while it goes on (a dead-letter subscriber that waits
+// stands here for a large backlog), the loop still finds another peer
+// silent.
+func TestFailingABacklogDoesNotHoldUpDetection(t *testing.T) {
+	f := NewFaultNet()
+	t.Cleanup(f.Heal)
+	home := startOn(t, f, failConfig("home", 100*time.Millisecond, 2*time.Second))
+	b := startOn(t, f, failConfig("b", 100*time.Millisecond, 2*time.Second))
+	c := startOn(t, f, failConfig("c", 100*time.Millisecond, 2*time.Second))
+	spawnEcho(t, home, "echo")
+	// b dials home and hands it a ref to b's sink: home's session with b
+	// is the accepted one, whose window only the heartbeat loop ends.
+	refs := make(chan Ref[testPong], 1)
+	if _, err := Spawn(home, "keeper", Behavior[testPing]{Receive: func(_ *Context[testPing], m testPing) { refs <- m.ReplyTo }}); err != nil {
+		t.Fatal(err)
+	}
+	sink, _ := spawnCollector[testPong](t, b, "sink", 1)
+	keeper, err := Resolve[testPing](ctxT(t, 5*time.Second), b, FormatRef(home.Addrs()[0], "/user/keeper"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	keeper.Tell(testPing{ReplyTo: sink})
+	toSink := recv(t, refs, "b's sink")
+	roundTrip(t, c, home, "/user/echo")
+
+	unreachable := make(chan PeerUnreachable, 4)
+	SubscribeChan(home.Events(), unreachable)
+	linkLost := make(chan PeerLinkLost, 1)
+	SubscribeChan(home.Events(), linkLost)
+	const backlog = 200
+	var queued atomic.Bool
+	var dead atomic.Int64
+	blocked, release := make(chan struct{}), make(chan struct{})
+	releaseOnce := sync.OnceFunc(func() { close(release) })
+	t.Cleanup(releaseOnce) // (before the nodes close)
+	var once sync.Once
+	Subscribe(home.Events(), func(d DeadLetter) {
+		if !strings.HasSuffix(d.Target, "/user/sink") {
+			return
+		}
+		if !queued.Load() {
+			t.Errorf("a dead letter for the sink before the backlog was queued: %v", d.Reason)
+			return
+		}
+		once.Do(func() { close(blocked); <-release })
+		dead.Add(1)
+	})
+
+	// The link is cut once both ends have seen it break (a cut link
+	// holds the break too), and before b, the dialer, dials again.
+	cut := make(chan struct{})
+	Subscribe(b.Events(), func(PeerLinkLost) {
+		select {
+		case <-linkLost:
+		case <-time.After(10 * time.Second):
+			t.Error("home did not see its link to b lost")
+		}
+		f.Partition(home, b)
+		close(cut)
+	})
+	f.Reset(home, b)
+	recv(t, cut, "both ends to see the link broken, and the cut")
+	for i := range backlog {
+		toSink.Tell(testPong{N: i})
+	}
+	queued.Store(true)
+	recv(t, blocked, "b's window to run out and its backlog to be failed")
+	f.Partition(home, c)
+	for {
+		ev := recv(t, unreachable, "home to find c silent while b's backlog is being failed")
+		if ev.UID == c.UID() {
+			break
+		}
+	}
+	releaseOnce()
+	waitFor(t, 10*time.Second, "every message of the backlog to be a dead letter", func() bool { return dead.Load() == backlog })
 }

@@ -2,6 +2,7 @@ package troupe
 
 import (
 	"errors"
+	"fmt"
 	"hash/maphash"
 	"math/rand/v2"
 	"sync/atomic"
@@ -16,7 +17,8 @@ import (
 var ErrNoRoutee = errors.New("troupe: the router has no routee")
 
 // RouteStrategy chooses a routee for each message a group router takes.
-// Make one with [RoundRobin], [RandomRoute] or [ConsistentHash].
+// Make one with [RoundRobin], [RandomRoute] or [ConsistentHash]; the zero
+// RouteStrategy chooses nothing, and [SpawnGroupRouter] refuses it.
 type RouteStrategy[T any] struct {
 	pick func(msg T, routees []Ref[T], next *atomic.Uint64) Ref[T]
 }
@@ -40,7 +42,11 @@ func RandomRoute[T any]() RouteStrategy[T] {
 // it) to the same routee while the set of routees is stable. When a
 // routee leaves, only the keys it had move (to the others, evenly); when
 // one joins, it takes about its share from each (rendezvous hashing).
+// Without a key function (key nil) it is the zero RouteStrategy.
 func ConsistentHash[T any](key func(T) string) RouteStrategy[T] {
+	if key == nil {
+		return RouteStrategy[T]{}
+	}
 	seed := maphash.MakeSeed()
 	return RouteStrategy[T]{pick: func(msg T, rs []Ref[T], _ *atomic.Uint64) Ref[T] {
 		k := key(msg)
@@ -70,10 +76,15 @@ func ConsistentHash[T any](key func(T) string) RouteStrategy[T] {
 // letter with [ErrNoRoutee]. The router forwards with Tell: a routee
 // whose mailbox (or whose node's credit) is full makes a dead letter, as
 // a Tell to it would, and a message's headers are not passed on. It
-// returns [ErrBadName] for a bad key name, else what [Spawn] returns.
+// returns [ErrBadName] for a bad key name, an error wrapping
+// [ErrBadConfig] for a strategy that cannot choose (the zero
+// RouteStrategy), else what [Spawn] returns.
 func SpawnGroupRouter[T any](n *Node, name string, key ServiceKey[T], strategy RouteStrategy[T], opts ...LookupOption) (Ref[T], error) {
 	if err := checkName(key.name); err != nil {
 		return Ref[T]{}, err
+	}
+	if strategy.pick == nil {
+		return Ref[T]{}, fmt.Errorf("%w: SpawnGroupRouter needs a strategy: RoundRobin, RandomRoute or ConsistentHash with a key function", ErrBadConfig)
 	}
 	var routees atomic.Pointer[[]Ref[T]]
 	var next atomic.Uint64

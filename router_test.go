@@ -155,6 +155,29 @@ func TestARouterWithNoRouteeMakesADeadLetter(t *testing.T) {
 	}
 }
 
+// A strategy that cannot choose (the zero RouteStrategy, or a consistent
+// hash without its key function) is refused when the router is spawned,
+// rather than panicking in the router at its first message; the name
+// stays free.
+func TestARouterWithoutAStrategyIsRefused(t *testing.T) {
+	_, ns := serviceNodes(t, "client")
+	client := ns[0]
+	for _, tc := range []struct {
+		what     string
+		strategy troupe.RouteStrategy[job]
+	}{
+		{"the zero strategy", troupe.RouteStrategy[job]{}},
+		{"ConsistentHash(nil)", troupe.ConsistentHash[job](nil)},
+	} {
+		if _, err := troupe.SpawnGroupRouter(client, "router", workersKey, tc.strategy); !errors.Is(err, troupe.ErrBadConfig) {
+			t.Fatalf("%s: SpawnGroupRouter = %v, want ErrBadConfig", tc.what, err)
+		}
+	}
+	if _, err := troupe.SpawnGroupRouter(client, "router", workersKey, troupe.RoundRobin[job]()); err != nil {
+		t.Fatalf("the name after two refusals: %v", err)
+	}
+}
+
 func contextWithTimeout(d time.Duration) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.Background(), d)
 }

@@ -364,7 +364,7 @@ func (s regSelector) etcdPrefix(r *etcdRegistry) string {
 func (n *Node) followRegistry(ctx context.Context, sel regSelector, deliver func([]Registration) (again bool), opts []LookupOption) error {
 	f := &regFollower{deliver: deliver, kick: make(chan struct{}, 1)}
 	lost := make(chan PeerUnreachable, 1)
-	sub := SubscribeChan(n.Events(), lost)
+	sub := subscribeOwnChan(n.Events(), lost)
 	stop, done := make(chan struct{}), make(chan struct{})
 	go f.refresh(stop, done, lost)
 	defer func() { close(stop); <-done; sub.Unsubscribe() }()

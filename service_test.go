@@ -148,6 +148,35 @@ func TestRegisterServiceRefusals(t *testing.T) {
 	}
 }
 
+// A program may publish troupe's own event types itself with
+// Events.Publish: its subscribers get the event, and troupe does not act
+// on it. A PeerUnreachable published by hand on the registrar leaves the
+// node it names, and its actors, listed.
+func TestAHandPublishedPeerUnreachableIsNotActedOn(t *testing.T) {
+	reg, ns := serviceNodes(t, "a", "client")
+	a, client := ns[0], ns[1]
+	spawnWorker(t, a, "w")
+	waitUntil(t, 10*time.Second, "w to be listed", func() bool {
+		refs, err := troupe.FindService(ctxFor(t), reg, workersKey)
+		return err == nil && len(refs) == 1
+	})
+	got := make(chan troupe.PeerUnreachable, 1)
+	sub := troupe.SubscribeChan(reg.Events(), got)
+	defer sub.Unsubscribe()
+	reg.Events().Publish(troupe.PeerUnreachable{UID: a.UID(), Name: "a"})
+	if e := within(t, got, 10*time.Second, "the event at the program's subscriber"); e.UID != a.UID() {
+		t.Fatalf("the subscriber got %+v", e)
+	}
+	// Publish calls every subscriber before it returns: a registrar that
+	// acted on the event has dropped a's registrations by now.
+	for _, n := range []*troupe.Node{reg, client} {
+		refs, err := troupe.FindService(ctxFor(t), n, workersKey)
+		if err != nil || !slices.Equal(paths(refs), []string{"/user/w"}) {
+			t.Fatalf("%s lists %v, %v after a hand-published PeerUnreachable; want /user/w", n.Name(), paths(refs), err)
+		}
+	}
+}
+
 // listings collects what WatchService delivers.
 func watchListings(t *testing.T, n *troupe.Node, k troupe.ServiceKey[job]) (<-chan []troupe.Ref[job], func() error) {
 	t.Helper()
