@@ -324,28 +324,9 @@ func (n *Node) attach(a *assoc, h *hello) bool {
 	a.mu.Unlock()
 	n.pmu.Lock()
 	d := n.decideAttach(a, h)
-	reject, text, loser, winner, replaced, resume := d.reject, d.text, d.loser, d.winner, d.replaced, d.resume
-	if reject != accept {
-		n.forgetAssoc(a)
-		first := d.quarantined != nil && n.quarantine.noteRefused(h.uid)
-		n.pmu.Unlock()
-		if first {
-			n.logRefusedQuarantined(a, h, d.quarantined)
-		}
-		if a.outbound {
-			// The peer accepted this connection: tell it that this node
-			// does not, or it would wait for the session to come back.
-			sayBye(a.conn, byeRefused, text)
-			if d.quarantined != nil {
-				a.fail(fmt.Errorf("%s: %w since %s (%v); call Reconnect to try again", a.dialAddr, ErrQuarantined, d.quarantined.Since.Format(time.RFC3339), d.quarantined.Cause))
-				return false
-			}
-			a.fail(errors.New(text))
-			return false
-		}
-		a.conn.Write(rejectFrame(reject, n.uid, text))
-		a.conn.Close()
-		a.finish()
+	loser, winner, replaced, resume := d.loser, d.winner, d.replaced, d.resume
+	if d.reject != accept {
+		n.refuse(a, h, d) // (it unlocks pmu)
 		return false
 	}
 	// The welcome is written once the peer table is unlocked: a slow
@@ -497,6 +478,31 @@ func (n *Node) decideAttach(a *assoc, h *hello) admission {
 		}
 	}
 	return d
+}
+
+// refuse carries out decideAttach's refusal of a, whose peer said h
+// (n.pmu held; refuse unlocks it).
+func (n *Node) refuse(a *assoc, h *hello, d admission) {
+	n.forgetAssoc(a)
+	first := d.quarantined != nil && n.quarantine.noteRefused(h.uid)
+	n.pmu.Unlock()
+	if first {
+		n.logRefusedQuarantined(a, h, d.quarantined)
+	}
+	if a.outbound {
+		// The peer accepted this connection: tell it that this node
+		// does not, or it would wait for the session to come back.
+		sayBye(a.conn, byeRefused, d.text)
+		if q := d.quarantined; q != nil {
+			a.fail(fmt.Errorf("%s: %w since %s (%v); call Reconnect to try again", a.dialAddr, ErrQuarantined, q.Since.Format(time.RFC3339), q.Cause))
+			return
+		}
+		a.fail(errors.New(d.text))
+		return
+	}
+	a.conn.Write(rejectFrame(d.reject, n.uid, d.text))
+	a.conn.Close()
+	a.finish()
 }
 
 // writeWelcome writes an acceptor's welcome, if it has one to write; a

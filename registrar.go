@@ -77,7 +77,13 @@ type regTable struct {
 	// registrar (this node, or a live association): another node's claim
 	// on its addresses does not take them, nor does a request to delete
 	// one of them.
-	live    func(NodeUID) bool
+	live func(NodeUID) bool
+	// checks are the registrar's own checks of reported addresses
+	// (registrar_check.go); their lock is their own. contest, when set,
+	// is told (without mu) of an address a registration claims that a
+	// live incarnation holds, for such a check.
+	checks  addrChecks
+	contest func(node NodeUID, addr Addr, by NodeUID)
 	seq     uint64
 	waiters map[string]map[*handle]waitCond // name -> reply refs of parked waits
 	// subs are the subscribers of Registry.Watch, by their ref; pending
@@ -159,6 +165,12 @@ func (c waitCond) admits(r *Registration) bool {
 // table's bounds is refused (err, and nothing changes).
 func (g *regTable) register(r Registration) (woken []*handle, err error) {
 	defer g.publish()
+	var contested []contestedAddr
+	defer func() { // (after mu is released)
+		for _, c := range contested {
+			g.contest(c.node, c.addr, r.Node)
+		}
+	}()
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.entries[keyOf(&r)] == nil {
@@ -167,7 +179,11 @@ func (g *regTable) register(r Registration) (woken []*handle, err error) {
 		}
 	}
 	var added, removed []Registration
-	for _, k := range g.sharingAddrs(&r) {
+	shared, live := g.sharingAddrs(&r)
+	if g.contest != nil {
+		contested = live
+	}
+	for _, k := range shared {
 		e := g.entries[k]
 		kept := slices.DeleteFunc(slices.Clone(e.Addrs), func(a Addr) bool { return slices.Contains(r.Addrs, a) })
 		watched := g.watched()
@@ -218,15 +234,26 @@ func (g *regTable) register(r Registration) (woken []*handle, err error) {
 	return woken, nil
 }
 
+// contestedAddr is an address a registration claims that a live
+// incarnation, node, holds.
+type contestedAddr struct {
+	node NodeUID
+	addr Addr
+}
+
 // sharingAddrs lists the entries of other node incarnations than r's
 // that list one of r's addresses, but of those live here (a claim on a
-// live node's addresses is false: it keeps them); g.mu is held.
-func (g *regTable) sharingAddrs(r *Registration) []regKey {
-	var out []regKey
+// live node's addresses is not believed: it keeps them, and they are
+// returned as contested, for the registrar to check); g.mu is held.
+func (g *regTable) sharingAddrs(r *Registration) (out []regKey, contested []contestedAddr) {
 	var seen map[NodeUID]bool // (made only when there is another node)
 	for _, a := range r.Addrs {
 		for node := range g.byAddr[a] {
-			if node == r.Node || seen[node] || g.live != nil && g.live(node) {
+			if node == r.Node || seen[node] {
+				continue
+			}
+			if g.live != nil && g.live(node) {
+				contested = append(contested, contestedAddr{node, a})
 				continue
 			}
 			if seen == nil {
@@ -240,7 +267,7 @@ func (g *regTable) sharingAddrs(r *Registration) []regKey {
 			}
 		}
 	}
-	return out
+	return out, contested
 }
 
 // unregister removes the entry name of the actor uuid of the node
@@ -559,10 +586,15 @@ func (n *Node) serveRegistry(req regRequest) {
 			g.cancelWait(req.Name, req.ReplyTo.h.key)
 		}
 	case regOpDeleteAddr:
-		// A peer found the address refusing connections. A node live here
-		// does not lose its addresses on a peer's word.
-		if a, err := ParseAddr(req.Addr); err == nil && !(req.remote && g.live != nil && g.live(req.Node)) {
-			g.deleteAddr(req.Node, a)
+		// A peer found the address refusing connections. Nobody loses
+		// an address on a peer's word: the registrar checks it itself
+		// (registrar_check.go). Its own lookups' reports are its own word.
+		if a, err := ParseAddr(req.Addr); err == nil {
+			if req.remote {
+				n.checkAddr(req.Node, a, req.from)
+			} else {
+				g.deleteAddr(req.Node, a)
+			}
 		}
 		reply(nil)
 	case regOpSubscribe:
@@ -597,6 +629,7 @@ func (n *Node) registryRegister(r Registration) error {
 func (n *Node) startRegistrar() error {
 	g := newRegTable()
 	g.live = n.liveHere
+	g.contest = func(node NodeUID, addr Addr, by NodeUID) { n.checkAddr(node, addr, by) }
 	n.regP.Store(g)
 	_, err := Spawn(systemParent{n}, "registrar", Behavior[regRequest]{
 		Receive: func(_ *Context[regRequest], req regRequest) { n.serveRegistry(req) },

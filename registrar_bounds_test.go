@@ -306,3 +306,37 @@ func TestAPeerCannotTakeAnotherNodesEntries(t *testing.T) {
 	zero.askRegistrar(zctx, src, regRequest{Op: regOpUnregister, Regs: []regWire{{Name: "svc", UUID: svc.UUID, Node: honest.uid}}})
 	held("after a zero-uid peer asked to take honest's entry out")
 }
+
+// The registrar's own checks of reported addresses are bounded: one in
+// flight per address, and per reporting peer a burst of checkBurst, then
+// one per checkEvery, so that reports cannot make it dial at will.
+func TestAddressChecksAreBounded(t *testing.T) {
+	var c addrChecks
+	t0 := time.Unix(1000, 0)
+	peer, other := NodeUID{1}, NodeUID{2}
+	addr := func(i int) Addr { return Addr{network: "tcp", address: fmt.Sprintf("127.0.0.1:%d", 7000+i)} }
+	for i := range checkBurst {
+		if !c.take(t0, peer, addr(i)) {
+			t.Fatalf("check %d of the burst refused", i)
+		}
+	}
+	if c.take(t0, peer, addr(99)) {
+		t.Fatal("a check past the burst was allowed at once")
+	}
+	if c.take(t0, other, addr(0)) {
+		t.Fatal("a second check of an address in flight was allowed")
+	}
+	if !c.take(t0, other, addr(50)) {
+		t.Fatal("another peer's check was refused for the first peer's reports")
+	}
+	if c.take(t0.Add(checkEvery/2), peer, addr(98)) {
+		t.Fatal("a check allowed before a token came back")
+	}
+	if !c.take(t0.Add(checkEvery), peer, addr(98)) {
+		t.Fatal("no check allowed a checkEvery later")
+	}
+	c.done(addr(0))
+	if !c.take(t0.Add(10*checkEvery), other, addr(0)) {
+		t.Fatal("an address whose check ended cannot be checked again")
+	}
+}
