@@ -221,7 +221,7 @@ func (c *Context[T]) Watch(r AnyRef) {
 	switch {
 	case h.local != nil:
 		if !h.local.sysPush(sysMsg{kind: sysWatch, ref: cl.self}) {
-			err = ErrActorStopped
+			err = cl.n.stops.reason(h.key.path, h.key.uuid, ErrActorStopped)
 		}
 	case h.assoc != nil:
 		err = h.assoc.watch(h, cl.self)

@@ -2,6 +2,7 @@ package troupe
 
 import (
 	"context"
+	"sync"
 	"time"
 )
 
@@ -105,6 +106,7 @@ func (c *cell[T]) terminate(rest []T) bool {
 	for _, a := range l.adapters {
 		c.n.removeActor(a.key.path)
 	}
+	c.n.stops.record(c.self.key.path, c.self.key.uuid, l.stopReason) // (before it leaves the table: a late watch finds one or the other)
 	c.n.removeActor(c.self.key.path)
 	c.n.stopServices(c.self)
 	c.n.stopServiceSubs(c.self)
@@ -315,4 +317,58 @@ func (c *cell[T]) setStopping(reason error) {
 	if reason != nil || c.links != nil {
 		c.linksFor().stopReason = reason
 	}
+}
+
+// recentStops keeps why this node's last actors stopped, for a watch
+// that reaches an actor only after it stopped (a remote watch frame the
+// stop overtook, a Watch placed late): such a watcher gets the real
+// reason (ErrParentStopped, a panic) rather than a bare ErrActorStopped.
+// Only stops with a reason are kept, the last maxRecentStops of them.
+type recentStops struct {
+	mu   sync.Mutex
+	ring [maxRecentStops]stoppedAt
+	next int
+	by   map[stopKey]error
+}
+
+const maxRecentStops = 1024
+
+type stopKey struct {
+	path string
+	uuid UUID
+}
+
+type stoppedAt struct {
+	key    stopKey
+	reason error
+}
+
+// record keeps that the actor at path with uuid stopped for reason.
+func (s *recentStops) record(path string, uuid UUID, reason error) {
+	if reason == nil {
+		return
+	}
+	k := stopKey{path, uuid}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.by == nil {
+		s.by = make(map[stopKey]error)
+	}
+	if old := s.ring[s.next]; old.reason != nil && s.by[old.key] == old.reason {
+		delete(s.by, old.key)
+	}
+	s.ring[s.next] = stoppedAt{k, reason}
+	s.next = (s.next + 1) % maxRecentStops
+	s.by[k] = reason
+}
+
+// reason says why the actor at path with uuid stopped, if it is one of
+// the last kept; otherwise def.
+func (s *recentStops) reason(path string, uuid UUID, def error) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if r := s.by[stopKey{path, uuid}]; r != nil {
+		return r
+	}
+	return def
 }

@@ -149,6 +149,8 @@ type Node struct {
 	// cluster is the cluster this node is a member of, if any (Stats).
 	cluster atomic.Pointer[Cluster]
 	dlCount deadLetterCounts
+	// stops keeps why the last actors stopped, for late watchers.
+	stops recentStops
 	// lat holds the latency histograms once a MetricsHandler exists
 	// (latency.go); nil until then.
 	lat atomic.Pointer[nodeLatencies]

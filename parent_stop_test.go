@@ -70,3 +70,45 @@ func TestAChildStoppedWithItsParentReportsErrParentStopped(t *testing.T) {
 		})
 	}
 }
+
+// A watch that reaches the child only after it stopped with its parent —
+// a remote watch frame that the stop overtakes, or a Watch placed late —
+// still gets the child's real reason, ErrParentStopped, not a bare
+// ErrActorStopped or ErrNoSuchActor: the node keeps the reasons of its
+// last stops for such late watchers.
+func TestALateWatchOfAChildStoppedWithItsParentGetsTheRealReason(t *testing.T) {
+	here := startQuiet(t, quietConfig("here"))
+	there := startQuiet(t, quietConfig("there"))
+	children := make(chan troupe.Ref[childPing], 1)
+	parent, err := troupe.Spawn(here, "parent", troupe.Behavior[string]{
+		Setup: func(c *troupe.Context[string]) {
+			child, err := troupe.Spawn(c, "child", troupe.Behavior[childPing]{Receive: func(_ *troupe.Context[childPing], m childPing) {
+				m.Reply.Tell("here")
+			}})
+			if err != nil {
+				t.Error(err)
+			}
+			children <- child
+		},
+		Receive: func(*troupe.Context[string], string) {},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	child := within(t, children, 10*time.Second, "the child")
+	remoteChild := remoteRef[childPing](t, there, here, child.Path())
+	stopped := watchOn(t, here, child)
+	if err := here.Stop(parent); err != nil {
+		t.Fatal(err)
+	}
+	within(t, stopped, 10*time.Second, "the child's stop")
+	for _, w := range []struct {
+		name string
+		ch   <-chan troupe.Terminated
+	}{{"a late local watch", watchOn(t, here, child)}, {"a late remote watch", watchOn(t, there, remoteChild)}} {
+		tm := within(t, w.ch, 10*time.Second, "Terminated for "+w.name)
+		if !errors.Is(tm.Reason, troupe.ErrParentStopped) {
+			t.Errorf("%s: Terminated reason = %v, want ErrParentStopped", w.name, tm.Reason)
+		}
+	}
+}

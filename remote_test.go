@@ -157,10 +157,17 @@ func TestRemoteWatch(t *testing.T) {
 			t.Fatalf("second Terminated: %+v", extra)
 		case <-time.After(50 * time.Millisecond):
 		}
-		// Watching a remote actor that no longer exists terminates at once.
+		// Watching a remote actor that no longer exists terminates at once,
+		// with the reason it stopped for (its node keeps the reasons of its
+		// last stops for such late watchers).
 		late := watcher(t, a, "late", remote)
-		if term := recv(t, late, "late Terminated"); !errors.Is(term.Reason, ErrNoSuchActor) {
-			t.Fatalf("late remote watch reason = %v", term.Reason)
+		if term := recv(t, late, "late Terminated"); !errors.As(term.Reason, &re) || re.Text != "troupe: actor panicked: negative" || !term.Failed() {
+			t.Fatalf("late remote watch reason = %v, want the panic's text", term.Reason)
+		}
+		// One never seen there: ErrNoSuchActor.
+		ghost := Ref[count]{h: &handle{node: a, key: refKey{node: remote.h.key.node, path: "/user/never", uuid: UUID{9}}, assoc: remote.h.assoc}}
+		if term := recv(t, watcher(t, a, "ghost", ghost), "a never-seen actor's Terminated"); !errors.Is(term.Reason, ErrNoSuchActor) {
+			t.Fatalf("watch of an actor never there = %v, want ErrNoSuchActor", term.Reason)
 		}
 	})
 }
