@@ -326,7 +326,7 @@ func (c *cell[T]) setStopping(reason error) {
 // Only stops with a reason are kept, the last maxRecentStops of them.
 type recentStops struct {
 	mu   sync.Mutex
-	ring [maxRecentStops]stoppedAt
+	ring []stoppedAt // maxRecentStops slots, made by the first stop kept
 	next int
 	by   map[stopKey]error
 }
@@ -348,11 +348,14 @@ func (s *recentStops) record(path string, uuid UUID, reason error) {
 	if reason == nil {
 		return
 	}
+	if pe, ok := reason.(*PanicError); ok && pe.Stack != nil {
+		reason = &PanicError{Value: pe.Value} // (a late watcher gets no stack: 1,024 of them would cost megabytes)
+	}
 	k := stopKey{path, uuid}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.by == nil {
-		s.by = make(map[stopKey]error)
+		s.by, s.ring = make(map[stopKey]error), make([]stoppedAt, maxRecentStops)
 	}
 	if old := s.ring[s.next]; old.reason != nil && s.by[old.key] == old.reason {
 		delete(s.by, old.key)
