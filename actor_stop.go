@@ -326,9 +326,9 @@ func (c *cell[T]) setStopping(reason error) {
 // Only stops with a reason are kept, the last maxRecentStops of them.
 type recentStops struct {
 	mu   sync.Mutex
-	ring []stoppedAt // maxRecentStops slots, made by the first stop kept
+	ring []stopKey // maxRecentStops slots, made by the first stop kept
 	next int
-	by   map[stopKey]error
+	by   map[stopKey]stoppedAt
 }
 
 const maxRecentStops = 1024
@@ -338,9 +338,10 @@ type stopKey struct {
 	uuid UUID
 }
 
+// stoppedAt is a kept reason and the ring slot that holds its key.
 type stoppedAt struct {
-	key    stopKey
 	reason error
+	slot   int
 }
 
 // record keeps that the actor at path with uuid stopped for reason.
@@ -355,14 +356,14 @@ func (s *recentStops) record(path string, uuid UUID, reason error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.by == nil {
-		s.by, s.ring = make(map[stopKey]error), make([]stoppedAt, maxRecentStops)
+		s.by, s.ring = make(map[stopKey]stoppedAt), make([]stopKey, maxRecentStops)
 	}
-	if old := s.ring[s.next]; old.reason != nil && s.by[old.key] == old.reason {
-		delete(s.by, old.key)
+	if old, ok := s.by[s.ring[s.next]]; ok && old.slot == s.next {
+		delete(s.by, s.ring[s.next]) // (the oldest goes)
 	}
-	s.ring[s.next] = stoppedAt{k, reason}
+	s.ring[s.next] = k
+	s.by[k] = stoppedAt{reason, s.next}
 	s.next = (s.next + 1) % maxRecentStops
-	s.by[k] = reason
 }
 
 // reason says why the actor at path with uuid stopped, if it is one of
@@ -370,8 +371,8 @@ func (s *recentStops) record(path string, uuid UUID, reason error) {
 func (s *recentStops) reason(path string, uuid UUID, def error) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if r := s.by[stopKey{path, uuid}]; r != nil {
-		return r
+	if r, ok := s.by[stopKey{path, uuid}]; ok {
+		return r.reason
 	}
 	return def
 }

@@ -411,3 +411,36 @@ func TestCellLinksWatchers(t *testing.T) {
 		t.Fatalf("no watcher left, but the links hold %v and %v", l.watcher, l.watchers)
 	}
 }
+
+// recentStops keeps the last maxRecentStops reasons, the oldest going
+// first, and compares no errors (a reason of an uncomparable type is kept
+// like any other).
+func TestRecentStopsKeepsTheLastReasons(t *testing.T) {
+	type unhashable struct{ parts []string }
+	var s recentStops
+	s.record("/user/normal", UUID{1}, nil)
+	if got := s.reason("/user/normal", UUID{1}, ErrActorStopped); got != ErrActorStopped {
+		t.Fatalf("a normal stop was kept: %v", got)
+	}
+	odd := fmt.Errorf("wrapped: %w", ErrParentStopped)
+	for i := range maxRecentStops + 10 {
+		var r error = odd
+		if i == maxRecentStops+5 {
+			r = uncomparableErr{unhashable{[]string{"x"}}}
+		}
+		s.record(fmt.Sprintf("/user/a%d", i), UUID{}, r)
+	}
+	if got := s.reason("/user/a0", UUID{}, ErrActorStopped); got != ErrActorStopped {
+		t.Fatalf("the oldest stop was still kept: %v", got)
+	}
+	if got := s.reason(fmt.Sprintf("/user/a%d", maxRecentStops+9), UUID{}, nil); !errors.Is(got, ErrParentStopped) {
+		t.Fatalf("the newest stop: %v", got)
+	}
+	if len(s.by) != maxRecentStops {
+		t.Fatalf("%d reasons kept, want %d", len(s.by), maxRecentStops)
+	}
+}
+
+type uncomparableErr struct{ v any }
+
+func (e uncomparableErr) Error() string { return fmt.Sprint(e.v) }
