@@ -47,7 +47,7 @@ type recepEntry struct {
 type recepDelta struct {
 	Base, Version  uint64
 	Added, Removed []recepEntry
-	from           NodeUID // the sender, stamped by the association
+	sentBy         // the sender, stamped by the association
 }
 
 // recepFull is piece Part (from 0) of Parts of the sender's whole set at
@@ -56,14 +56,14 @@ type recepFull struct {
 	Version     uint64
 	Part, Parts uint32
 	Entries     []recepEntry
-	from        NodeUID
+	sentBy      // the sender, stamped by the association
 }
 
 // recepDigest lists the versions of the members' sets the sender holds,
 // its own included.
 type recepDigest struct {
 	Versions []recepVersion
-	from     NodeUID
+	sentBy   // the sender, stamped by the association
 }
 
 // recepVersion is the version of one member's set.
@@ -75,8 +75,8 @@ type recepVersion struct {
 // recepPull asks a member for its whole set; Have is the version the
 // sender holds.
 type recepPull struct {
-	Have uint64
-	from NodeUID
+	Have   uint64
+	sentBy // the sender, stamped by the association
 }
 
 // recepFlush asks the actor to push this member's changes (local only:
@@ -97,33 +97,19 @@ func (recepPull) isRecepMsg()   {}
 func (recepFlush) isRecepMsg()  {}
 func (recepGreet) isRecepMsg()  {}
 
+// A member takes entries only from their owner: the association stamps
+// who sent each message (sender.go).
+func (m recepDelta) stamped(s sentBy) any  { m.sentBy = s; return m }
+func (m recepFull) stamped(s sentBy) any   { m.sentBy = s; return m }
+func (m recepDigest) stamped(s sentBy) any { m.sentBy = s; return m }
+func (m recepPull) stamped(s sentBy) any   { m.sentBy = s; return m }
+
 func init() {
 	RegisterMessage[recepDelta]("troupe.receptionist.delta")
 	RegisterMessage[recepFull]("troupe.receptionist.full")
 	RegisterMessage[recepDigest]("troupe.receptionist.digest")
 	RegisterMessage[recepPull]("troupe.receptionist.pull")
-	// A member takes entries only from their owner: the association
-	// stamps who sent each message.
-	stamp := func(msg any, from NodeUID) any {
-		switch m := msg.(type) {
-		case recepDelta:
-			m.from = from
-			return m
-		case recepFull:
-			m.from = from
-			return m
-		case recepDigest:
-			m.from = from
-			return m
-		case recepPull:
-			m.from = from
-			return m
-		}
-		return msg
-	}
-	for _, k := range []string{"delta", "full", "digest", "pull"} {
-		typeByKey("troupe.receptionist." + k).stamp = stamp
-	}
+
 }
 
 // recepKey is an entry of one member: a name and an actor.

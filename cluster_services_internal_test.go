@@ -164,7 +164,7 @@ func TestClusterRegistryRepairsLostChanges(t *testing.T) {
 
 	// A node that is not a member is not heard.
 	stranger := NodeUID{0xee}
-	rcB.receive(recepDelta{Base: 0, Version: 1, Added: []recepEntry{{Name: key.regName(), UUID: UUID{9}, Path: "/user/x"}}, from: stranger})
+	rcB.receive(recepDelta{Base: 0, Version: 1, Added: []recepEntry{{Name: key.regName(), UUID: UUID{9}, Path: "/user/x"}}, sentBy: sentBy{from: stranger}})
 	rcB.mu.Lock()
 	_, kept := rcB.copies[stranger]
 	rcB.mu.Unlock()

@@ -50,19 +50,14 @@ type singletonCtl struct {
 	// over, so that a member that joined after their hand-over does not
 	// wait the margin for them.
 	Cleared []NodeUID
-	from    NodeUID // stamped by the association
+	sentBy  // stamped by the association
 }
 
 func init() {
 	RegisterMessage[singletonCtl]("troupe.singleton.handover")
-	typeByKey("troupe.singleton.handover").stamp = func(msg any, from NodeUID) any {
-		if m, ok := msg.(singletonCtl); ok {
-			m.from = from
-			return m
-		}
-		return msg
-	}
 }
+
+func (m singletonCtl) stamped(s sentBy) any { m.sentBy = s; return m }
 
 const singletonCtlPath = "/system/singletons"
 

@@ -78,10 +78,9 @@ type msgType struct {
 	direct   bool           // stored directly in an interface (see box)
 	typeWord unsafe.Pointer // the interface type word of t
 
-	// stamp, for a few of troupe's own messages, returns a message from
-	// a peer with that peer's uid in it (never taken from the wire); nil
-	// for every other type.
-	stamp func(msg any, from NodeUID) any
+	// stamped: one of troupe's own messages that carries its sender,
+	// which the association stamps (sender.go).
+	stamped bool
 }
 
 // wireTypes holds every registered message type. Reads go through snapshots so the
@@ -147,6 +146,7 @@ func registerType(t reflect.Type, key string, alloc func() unsafe.Pointer) error
 		return fmt.Errorf("troupe: RegisterMessage[%s]: type already registered as %q", t, old.key)
 	}
 	mt := &msgType{key: key, t: t, alloc: alloc, internal: t.PkgPath() == ownPkgPath}
+	mt.stamped = mt.internal && t.Implements(stampableType)
 	if t.Implements(wireMarshalerType) || reflect.PointerTo(t).Implements(wireUnmarshalerType) {
 		if !t.Implements(wireMarshalerType) || !reflect.PointerTo(t).Implements(wireUnmarshalerType) {
 			return fmt.Errorf("troupe: RegisterMessage[%s]: implement both AppendWire on %s and UnmarshalWire on *%s", t, t, t)
@@ -275,6 +275,7 @@ func protocolName(t reflect.Type) string {
 }
 
 var (
+	stampableType       = reflect.TypeFor[stampable]()
 	wireMarshalerType   = reflect.TypeFor[WireMarshaler]()
 	wireUnmarshalerType = reflect.TypeFor[WireUnmarshaler]()
 	timeType            = reflect.TypeFor[time.Time]()

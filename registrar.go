@@ -449,11 +449,10 @@ type regRequest struct {
 	ActorsOnly bool
 	After      uint64
 
-	// from is the node incarnation that sent the request, and remote
+	// sentBy is the node incarnation that sent the request, and remote
 	// says it came from a peer: both set by the association it arrived on
 	// (never from the wire).
-	from   NodeUID
-	remote bool
+	sentBy
 }
 
 // regEvent is what a registrar pushes to a Registry.Watch subscriber:
@@ -493,15 +492,6 @@ type regWire struct {
 
 func init() {
 	RegisterMessage[regRequest]("troupe.registry.request")
-	// A registrar knows which peer sent a request: a peer may register
-	// and unregister only its own entries, within its bounds.
-	typeByKey("troupe.registry.request").stamp = func(msg any, from NodeUID) any {
-		if req, ok := msg.(regRequest); ok {
-			req.from, req.remote = from, true
-			return req
-		}
-		return msg
-	}
 	RegisterMessage[regReply]("troupe.registry.reply")
 	RegisterMessage[regEvent]("troupe.registry.event")
 }
@@ -531,6 +521,10 @@ func fromWire(ws []regWire, from Addr) []Registration {
 	}
 	return out
 }
+
+// A registrar knows which peer sent a request: a peer may register and
+// unregister only its own entries, within its bounds.
+func (m regRequest) stamped(s sentBy) any { m.sentBy = s; return m }
 
 // serveRegistry handles one request to this node's registrar actor.
 func (n *Node) serveRegistry(req regRequest) {

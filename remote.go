@@ -268,12 +268,12 @@ func (a *assoc) onTell(b []byte, hd Headers, size int) error {
 			a.incompatible(it.path, ty.mt, err)
 			return nil
 		}
-		if ty.mt.stamp != nil {
-			msg = ty.mt.stamp(msg, a.peerUID)
+		if ty.mt.stamped {
+			msg = stampSender(msg, a.peerUID)
 		}
 		return a.deliver(it, id, msg, size, credited, hd)
 	}
-	if bt := it.batch; bt != nil && ty.mt.plain && ty.mt.stamp == nil {
+	if bt := it.batch; bt != nil && ty.mt.plain && !ty.mt.stamped {
 		// Decoded into the batch's memory, not a box of its own: an
 		// actor whose protocol is this very type takes it without an
 		// allocation (see cell.tellWireBatch).
@@ -296,8 +296,8 @@ func (a *assoc) onTell(b []byte, hd Headers, size int) error {
 		a.incompatible(it.path, ty.mt, a.explain(ty.mt, payload, err))
 		return nil
 	}
-	if ty.mt.stamp != nil {
-		msg = ty.mt.stamp(msg, a.peerUID)
+	if ty.mt.stamped {
+		msg = stampSender(msg, a.peerUID)
 	}
 	return a.deliver(it, id, msg, size, credited, hd)
 }

@@ -26,25 +26,25 @@ type (
 		Shards  []int32
 		Leaving bool
 		Origin  NodeUID
-		from    NodeUID
+		sentBy
 	}
 	shardWhere struct {
 		Shard  int32
 		Origin NodeUID
-		from   NodeUID
+		sentBy
 	}
 	shardStopped struct {
 		Shard  int32
 		Origin NodeUID
-		from   NodeUID
+		sentBy
 	}
 	shardLeaving struct {
 		Origin NodeUID
-		from   NodeUID
+		sentBy
 	}
 	shardRegionGone struct {
 		Origin NodeUID
-		from   NodeUID
+		sentBy
 	}
 	coordTick struct{}
 )
@@ -75,7 +75,7 @@ type (
 		Shard int32
 		Epoch uint64
 		Move  uint64
-		from  NodeUID
+		sentBy
 	}
 )
 
@@ -105,33 +105,16 @@ func init() {
 	RegisterMessage[shardMoving]("troupe.sharding.moving")
 	RegisterMessage[shardHandOff]("troupe.sharding.handoff")
 	RegisterMessage[shardFlush]("troupe.sharding.flush")
-	stamp := func(msg any, from NodeUID) any {
-		switch m := msg.(type) {
-		case shardRegister:
-			m.from = from
-			return m
-		case shardWhere:
-			m.from = from
-			return m
-		case shardStopped:
-			m.from = from
-			return m
-		case shardLeaving:
-			m.from = from
-			return m
-		case shardRegionGone:
-			m.from = from
-			return m
-		case shardFlush:
-			m.from = from
-			return m
-		}
-		return msg
-	}
-	for _, k := range []string{"register", "where", "stopped", "leaving", "gone", "flush"} {
-		typeByKey("troupe.sharding." + k).stamp = stamp
-	}
 }
+
+// The regions' words carry their sender, stamped by the association they
+// arrive on (sender.go).
+func (m shardRegister) stamped(s sentBy) any   { m.sentBy = s; return m }
+func (m shardWhere) stamped(s sentBy) any      { m.sentBy = s; return m }
+func (m shardStopped) stamped(s sentBy) any    { m.sentBy = s; return m }
+func (m shardLeaving) stamped(s sentBy) any    { m.sentBy = s; return m }
+func (m shardRegionGone) stamped(s sentBy) any { m.sentBy = s; return m }
+func (m shardFlush) stamped(s sentBy) any      { m.sentBy = s; return m }
 
 // coordinator is one kind's coordinator, on the goroutine of its actor.
 type coordinator struct {

@@ -160,28 +160,28 @@ func TestTheCoordinatorTakesEachWordAsFromItsRegion(t *testing.T) {
 	// Every word, relayed by m1 for m2.
 	k := k0(r)
 	k.epoch = 7
-	k.receive(shardRegister{Epoch: 7, Count: 6, Shards: []int32{1}, Origin: m2, from: m1})
+	k.receive(shardRegister{Epoch: 7, Count: 6, Shards: []int32{1}, Origin: m2, sentBy: sentBy{from: m1}})
 	if k.regions[m2] == nil || k.regions[m1] != nil || k.homes[1] != m2 {
 		t.Fatalf("register: regions %v, homes %v; want m2's region running shard 1", k.regions, k.homes)
 	}
-	k.receive(shardWhere{Shard: 2, Origin: m2, from: m1})
+	k.receive(shardWhere{Shard: 2, Origin: m2, sentBy: sentBy{from: m1}})
 	if len(k.asks[2]) != 1 || k.asks[2][0] != m2 {
 		t.Fatalf("where: asks %v; want m2 asking for shard 2", k.asks[2])
 	}
-	k.receive(shardStopped{Shard: 1, Origin: m2, from: m1})
+	k.receive(shardStopped{Shard: 1, Origin: m2, sentBy: sentBy{from: m1}})
 	if _, ok := k.homes[1]; ok {
 		t.Fatalf("stopped: shard 1 still runs on %v", k.homes[1])
 	}
 	k.regions[m1] = &coordRegion{}
-	k.receive(shardLeaving{Origin: m2, from: m1})
+	k.receive(shardLeaving{Origin: m2, sentBy: sentBy{from: m1}})
 	if !k.regions[m2].leaving || k.regions[m1].leaving {
 		t.Fatal("leaving: not m2's region that leaves")
 	}
-	k.receive(shardRegionGone{Origin: m2, from: m1})
+	k.receive(shardRegionGone{Origin: m2, sentBy: sentBy{from: m1}})
 	if !k.regions[m2].gone || k.regions[m1].gone {
 		t.Fatal("gone: not m2's region that is gone")
 	}
-	k.receive(shardRegionGone{Origin: m1, from: stranger})
+	k.receive(shardRegionGone{Origin: m1, sentBy: sentBy{from: stranger}})
 	if k.regions[m1].gone {
 		t.Fatal("a node that is no member spoke for m1")
 	}

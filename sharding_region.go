@@ -87,7 +87,7 @@ func (r *region[T]) behavior() Behavior[regionMsg] {
 				r.over = true
 				r.mu.Unlock()
 				r.dropHeld()
-				r.coord.Tell(shardRegionGone{Origin: r.n.uid, from: r.n.uid})
+				r.coord.Tell(shardRegionGone{Origin: r.n.uid, sentBy: sentBy{from: r.n.uid}})
 				r.n.dropEntityKind(r.prefix)
 				r.endOnce.Do(func() { close(r.ended) })
 			}
@@ -139,7 +139,7 @@ func (r *region[T]) receive(ctx *Context[regionMsg], m regionMsg) {
 	case shardLeave:
 		r.leaving = true
 		r.leftWait = append(r.leftWait, m.done)
-		r.coord.Tell(shardLeaving{Origin: r.n.uid, from: r.n.uid})
+		r.coord.Tell(shardLeaving{Origin: r.n.uid, sentBy: sentBy{from: r.n.uid}})
 		r.checkLeft()
 	}
 }
@@ -167,7 +167,7 @@ func (r *region[T]) register() {
 			here = append(here, sh.id)
 		}
 	}
-	r.coord.Tell(shardRegister{Epoch: r.epoch, Count: int32(len(r.shards)), Shards: here, Leaving: r.leaving, Origin: r.n.uid, from: r.n.uid})
+	r.coord.Tell(shardRegister{Epoch: r.epoch, Count: int32(len(r.shards)), Shards: here, Leaving: r.leaving, Origin: r.n.uid, sentBy: sentBy{from: r.n.uid}})
 }
 
 // onEnvelope takes a message that came through the region.
@@ -277,7 +277,7 @@ func (r *region[T]) ask(sh *shard[T], now time.Time) {
 		return
 	}
 	sh.askedAt = now
-	r.coord.Tell(shardWhere{Shard: sh.id, Origin: r.n.uid, from: r.n.uid})
+	r.coord.Tell(shardWhere{Shard: sh.id, Origin: r.n.uid, sentBy: sentBy{from: r.n.uid}})
 }
 
 // release hands on what sh holds, in order, now that it has a home.
@@ -427,7 +427,7 @@ func (r *region[T]) onHandOff(m shardHandOff) {
 	case sh.handOff != nil:
 		return // under way
 	case sh.mode != shardHere:
-		r.coord.Tell(shardStopped{Shard: m.Shard, Origin: r.n.uid, from: r.n.uid}) // (a repeat: it has stopped)
+		r.coord.Tell(shardStopped{Shard: m.Shard, Origin: r.n.uid, sentBy: sentBy{from: r.n.uid}}) // (a repeat: it has stopped)
 		return
 	}
 	// Until every flush is in, the shard still runs here for everyone:
@@ -469,7 +469,7 @@ func (r *region[T]) shardGone(sh *shard[T]) {
 	sh.handOff = nil
 	r.setMode(sh, shardNowhere, nil, NodeUID{})
 	sh.askedAt = time.Now()
-	r.coord.Tell(shardStopped{Shard: sh.id, Origin: r.n.uid, from: r.n.uid})
+	r.coord.Tell(shardStopped{Shard: sh.id, Origin: r.n.uid, sentBy: sentBy{from: r.n.uid}})
 	r.checkLeft()
 }
 
@@ -557,7 +557,7 @@ func (r *region[T]) onTick() {
 		}
 	}
 	if r.leaving {
-		r.coord.Tell(shardLeaving{Origin: r.n.uid, from: r.n.uid})
+		r.coord.Tell(shardLeaving{Origin: r.n.uid, sentBy: sentBy{from: r.n.uid}})
 	}
 }
 
