@@ -44,8 +44,8 @@ func resolveAt[T any](ctx context.Context, n *Node, addr Addr, path string) (Ref
 	want := reflect.TypeFor[T]()
 	if n.isOwnAddr(addr) {
 		h := n.lookup(path, UUID{})
-		if h == nil {
-			return Ref[T]{}, ErrNoSuchActor
+		if h == nil || h.local.protocol() == nil {
+			return Ref[T]{}, ErrNoSuchActor // (nil: a lookup's watcher, no actor)
 		}
 		if got := h.local.protocol(); got != want {
 			return Ref[T]{}, fmt.Errorf("%w: the actor accepts %s, not %s", ErrWrongType, got, want)
@@ -536,7 +536,9 @@ func (a *assoc) onResolve(b []byte) error {
 		return err
 	}
 	ans := resolveAnswer{status: resolveNoSuchActor}
-	if h := a.n.lookup(r.path, UUID{}); h != nil {
+	// A handle without a protocol (a lookup's watcher of a found actor,
+	// at /system/$found…) takes no messages: no actor to resolve.
+	if h := a.n.lookup(r.path, UUID{}); h != nil && h.local.protocol() != nil {
 		ans = resolveAnswer{status: resolveOK, uuid: h.key.uuid, proto: protocolName(h.local.protocol())}
 		if !sameProtocol(r.proto, h.local.protocol()) {
 			ans.status = resolveWrongType
