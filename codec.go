@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -263,15 +264,82 @@ func typeSlot(w unsafe.Pointer) uint64 {
 var typeCache [1 << typeCacheBits]atomic.Pointer[msgType]
 
 // protocolName is how a protocol type is named on the wire for [Resolve]:
-// its wire key if registered, otherwise its package path and name.
+// its wire key if registered, otherwise its name (see typeName), which
+// does not depend on where troupe's package lives.
 func protocolName(t reflect.Type) string {
 	if mt := typeOf(t); mt != nil {
 		return mt.key
 	}
+	return typeName(t)
+}
+
+// typeName names an unregistered type for another node: a named type by
+// its package path and name, but troupe's own types as "troupe." and
+// their name, and so in type arguments too ("troupe.Ref[troupe.Member]",
+// "example.com/app.Box[troupe.Ref[string]]"), so that copies of the
+// package at two module paths (or a copy and the troupe module) name them
+// alike; an unnamed type as reflect does, troupe's path left out the same
+// way. A user's own type keeps its package path: two programs that share
+// an unregistered protocol type import it from one path.
+func typeName(t reflect.Type) string {
+	if t.Name() != "" && t.PkgPath() != "" {
+		pkg := t.PkgPath()
+		if pkg == ownPkgPath {
+			pkg = "troupe"
+		}
+		return pkg + "." + withoutPkgPath(t.Name(), ownPkgPath)
+	}
+	return withoutPkgPath(t.String(), ownPkgPath)
+}
+
+// legacyTypeName is what typeName was before it left troupe's path out:
+// what a node built from an earlier copy of the package sends, which
+// names the same type when that copy lives at this one's path.
+func legacyTypeName(t reflect.Type) string {
 	if t.Name() != "" && t.PkgPath() != "" {
 		return t.PkgPath() + "." + t.Name()
 	}
 	return t.String()
+}
+
+// sameProtocol reports whether name, a protocol's name from another node,
+// names t: it is t's [protocolName], or, t being unregistered, the name an
+// earlier copy of the package at this one's path gave it (a rolling
+// upgrade of a program that copied the package has both).
+func sameProtocol(name string, t reflect.Type) bool {
+	return name == protocolName(t) || typeOf(t) == nil && name == legacyTypeName(t)
+}
+
+// withoutPkgPath writes "troupe." for each qualified name of the package
+// at path in s, a reflect type name: where path is preceded by the start
+// of s or by a character that cannot be in an import path (so a path
+// that merely ends like it is left alone).
+func withoutPkgPath(s, path string) string {
+	if path == "troupe" || !strings.Contains(s, path+".") {
+		return s
+	}
+	var b strings.Builder
+	for {
+		i := strings.Index(s, path+".")
+		if i < 0 {
+			b.WriteString(s)
+			return b.String()
+		}
+		if i > 0 && isImportPathByte(s[i-1]) {
+			b.WriteString(s[:i+1])
+			s = s[i+1:]
+			continue
+		}
+		b.WriteString(s[:i])
+		b.WriteString("troupe.")
+		s = s[i+len(path)+1:]
+	}
+}
+
+// isImportPathByte reports whether c may be in an import path (letters,
+// digits, and "-._~+/", as the go command allows).
+func isImportPathByte(c byte) bool {
+	return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte("-._~+/", c) >= 0
 }
 
 var (

@@ -17,14 +17,15 @@ import (
 // association with it yet, and asks it for the actor.
 //
 // Resolve fails with an error wrapping [ErrNoSuchActor] when no actor lives
-// at that path, [ErrWrongType] when the actor's protocol is not T, the
-// dial or handshake error when the node cannot be reached, ctx.Err() when
-// ctx ends first, [ErrPeerShuttingDown] when that node is shutting down
-// (find the name again), and [ErrNodeClosed] when n closes (for a handler
-// that a Shutdown lets finish, when its Context is cancelled). The
-// returned ref is
-// bound to the association it was resolved over; if that association ends,
-// resolve again.
+// at that path, [ErrWrongType] when the actor's protocol is not T (the
+// nodes compare T's wire key if it is registered, else its package path
+// and name, troupe's own types by name alone wherever the package lives),
+// the dial or handshake error when the node cannot be reached, ctx.Err()
+// when ctx ends first, [ErrPeerShuttingDown] when that node is shutting
+// down (find the name again), and [ErrNodeClosed] when n closes (for a
+// handler that a Shutdown lets finish, when its Context is cancelled).
+// The returned ref is bound to the association it was resolved over; if
+// that association ends, resolve again.
 func Resolve[T any](ctx context.Context, n *Node, ref string) (Ref[T], error) {
 	addr, path, err := ParseRef(ref)
 	if err != nil {
@@ -43,8 +44,8 @@ func resolveAt[T any](ctx context.Context, n *Node, addr Addr, path string) (Ref
 	want := reflect.TypeFor[T]()
 	if n.isOwnAddr(addr) {
 		h := n.lookup(path, UUID{})
-		if h == nil {
-			return Ref[T]{}, ErrNoSuchActor
+		if h == nil || h.local.protocol() == nil {
+			return Ref[T]{}, ErrNoSuchActor // (nil: a lookup's watcher, no actor)
 		}
 		if got := h.local.protocol(); got != want {
 			return Ref[T]{}, fmt.Errorf("%w: the actor accepts %s, not %s", ErrWrongType, got, want)
@@ -59,10 +60,13 @@ func resolveAt[T any](ctx context.Context, n *Node, addr Addr, path string) (Ref
 	if err != nil {
 		return Ref[T]{}, err
 	}
-	switch ans.status {
-	case resolveOK:
-	case resolveNoSuchActor:
+	switch {
+	case ans.status == resolveOK:
+	case ans.status == resolveNoSuchActor:
 		return Ref[T]{}, ErrNoSuchActor
+	case ans.status == resolveWrongType && sameProtocol(ans.proto, want):
+		// a node built from an earlier copy of the package, at this
+		// one's path, which names troupe's types by that path
 	default:
 		return Ref[T]{}, fmt.Errorf("%w: the actor accepts %s, not %s", ErrWrongType, ans.proto, protocolName(want))
 	}
@@ -532,9 +536,11 @@ func (a *assoc) onResolve(b []byte) error {
 		return err
 	}
 	ans := resolveAnswer{status: resolveNoSuchActor}
-	if h := a.n.lookup(r.path, UUID{}); h != nil {
+	// A handle without a protocol (a lookup's watcher of a found actor,
+	// at /system/$found…) takes no messages: no actor to resolve.
+	if h := a.n.lookup(r.path, UUID{}); h != nil && h.local.protocol() != nil {
 		ans = resolveAnswer{status: resolveOK, uuid: h.key.uuid, proto: protocolName(h.local.protocol())}
-		if ans.proto != r.proto {
+		if !sameProtocol(r.proto, h.local.protocol()) {
 			ans.status = resolveWrongType
 		}
 	}

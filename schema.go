@@ -21,8 +21,11 @@ import (
 // MessageSchema is one registered message type as it travels: its wire
 // key, its Go type, and its shape (field names and kinds, recursively).
 type MessageSchema struct {
-	Key  string `json:"key"`
-	Type string `json:"type"` // the Go type, as the node's process names it
+	Key string `json:"key"`
+	// Type is the Go type, as the node's process names it, but for
+	// troupe's own types, named "troupe." and their name wherever the
+	// package lives (type arguments too).
+	Type string `json:"type"`
 	// Shape is the shape as Go-like text, for example
 	// "struct { ID int; Tags []string }" (int, int16, int32 and int64 read
 	// "int", and the unsigned ones "uint": they share an encoding; int8
@@ -46,7 +49,7 @@ func Schema() []MessageSchema {
 	out := make([]MessageSchema, 0, len(*m))
 	for key, mt := range *m {
 		raw := cachedShape(mt.t)
-		s := MessageSchema{Key: key, Type: mt.t.String(), Raw: raw, Shape: "(none: decoded positionally)"}
+		s := MessageSchema{Key: key, Type: withoutPkgPath(mt.t.String(), ownPkgPath), Raw: raw, Shape: "(none: decoded positionally)"}
 		if rs, err := parseShape(raw); err == nil {
 			s.Shape = rs.text(0)
 		}
