@@ -531,10 +531,16 @@ func (r *region[T]) onTick() {
 	if q := r.cfg.PassivateAfter / 4; q > 0 && now.Sub(r.clockAt) >= q {
 		r.clockAt = now
 		clock := r.clock.Add(1)
+		var idle []*entity[T]
+		r.mu.RLock() // (open is the region's mu's: end writes it from the cluster's goroutine)
 		for _, e := range r.byPath {
 			if e.open && clock-e.last.Load() > 4 {
-				r.passivate(e)
+				idle = append(idle, e)
 			}
+		}
+		r.mu.RUnlock()
+		for _, e := range idle {
+			r.passivate(e)
 		}
 	}
 	var live map[NodeUID]Addr
