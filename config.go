@@ -277,6 +277,10 @@ type Config struct {
 	// fault routes the node's connections through a fault network (set
 	// by FaultNet.Start).
 	fault *FaultNet
+	// noTokens (tests) makes the node speak the protocol as a node of
+	// the release before session tokens did: no hello extension 4, no
+	// token frames, no token challenge (see token.go).
+	noTokens bool
 }
 
 func (c Config) withDefaults() Config {

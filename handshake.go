@@ -83,16 +83,17 @@ func (a *assoc) handshakeDialed(c net.Conn) *frameReader {
 	if a.resumeOf != nil {
 		h.flags |= helloResuming
 	}
-	body, err := n.dialHandshake(c, fr, h)
+	if !n.cfg.noTokens {
+		a.nonce = newNonce()
+		h.session = a.nonce
+	}
+	body, trips, err := n.dialHandshake(c, fr, h)
 	if at := a.in.heard.Load(); err == nil && at != 0 {
-		// The verdict came back one round trip after the hello, or two
-		// with a secret (challenge, then proof): an estimate for Stats.
-		trips := time.Duration(1)
-		if n.cfg.Secret != nil {
-			trips = 2
-		}
+		// The verdict came back one round trip after the hello, or more
+		// with a secret or a token challenge (each a challenge, then a
+		// proof): an estimate for Stats.
 		a.mu.Lock()
-		a.rtt = max(0, n.epoch.Add(time.Duration(at)).Sub(sentHello)/trips)
+		a.rtt = max(0, n.epoch.Add(time.Duration(at)).Sub(sentHello)/time.Duration(trips))
 		a.mu.Unlock()
 	}
 	if err != nil {
@@ -222,13 +223,31 @@ func (n *Node) handshakeInbound(c net.Conn, src string) (*assoc, *frameReader) {
 		c.Close()
 		return nil, nil
 	}
-	if h.flags&helloResuming != 0 {
-		// Only once the dialer has authenticated: a stranger must not be
-		// able to break a live session by claiming its peer's uid.
-		n.suspendFor(h.uid)
+	if n.cfg.noTokens {
+		h.session = nil // (a node of an earlier release skips the tag)
 	}
 	a := newAssoc(n, false, Addr{})
 	a.conn, a.in = c, in
+	a.nonce = h.session
+	if h.session != nil && n.holdsSession(h.uid) {
+		// The hello claims a session this node holds: the dialer proves
+		// it holds its token (checked by attach, against the session it
+		// would take over).
+		var err error
+		if a.challenged, a.proof, err = n.challengeToken(c, fr, h); err != nil {
+			c.Close()
+			if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) && !errors.Is(err, syscall.ECONNRESET) {
+				n.protocolError(label, "proof", err)
+			}
+			return nil, nil
+		}
+	}
+	if h.flags&helloResuming != 0 && n.mayTakeOver(a, h.uid) {
+		// Only once the dialer has authenticated, and proven that it
+		// holds the session's token: a stranger must not be able to break
+		// a live session by claiming its peer's uid.
+		n.suspendFor(h.uid)
+	}
 	n.pmu.Lock()
 	n.all[a] = struct{}{}
 	n.pmu.Unlock()
@@ -289,6 +308,27 @@ func (n *Node) attach(a *assoc, h *hello) bool {
 		a.conn.Close()
 		return false
 	}
+	a.tokens = h.session != nil && !n.cfg.noTokens
+	if a.outbound && !n.cfg.noTokens {
+		a.proof = h.session // the acceptor's proof of its session token
+	}
+	if r := a.resumeOf; r != nil && h.uid == r.peerUID {
+		r.mu.Lock()
+		token := r.peerToken
+		r.mu.Unlock()
+		if token != nil && !n.provesSession(a, h.uid, token) {
+			// Another answers with the uid of the peer whose session
+			// this connection was to resume: the session is not its to
+			// take, nor to end.
+			why := fmt.Sprintf("%s answers with the uid of the peer whose session this node resumes, without proving that it holds the session's token", a.dialAddr)
+			n.log.Warn("troupe: refused a connection that claims another's session", "peer", a.label(), "claimed_uid", h.uid.String(), "claimed_name", h.name)
+			n.totals.protocolErrors.Add(1)
+			n.events.emit(ProtocolError{Remote: a.label(), Err: fmt.Errorf("%w: %s", ErrAuth, why)})
+			sayBye(a.conn, byeRefused, why)
+			a.fail(fmt.Errorf("%w: %s", ErrAuth, why))
+			return false
+		}
+	}
 	if r := a.resumeOf; r != nil && (h.uid != r.peerUID || h.flags&helloResuming == 0) {
 		// The incarnation the suspended session was with is gone (another
 		// answers), or it no longer holds the session: it ended there.
@@ -332,12 +372,26 @@ func (n *Node) attach(a *assoc, h *hello) bool {
 		if first {
 			n.logRefusedQuarantined(a, h, d.quarantined)
 		}
+		if d.impostor {
+			label := a.label()
+			if a.conn != nil && !a.outbound {
+				label = peerLabel(a.conn)
+			}
+			err := fmt.Errorf("%w: %s", ErrAuth, text)
+			n.log.Warn("troupe: refused a connection that claims another's session", "peer", label, "claimed_uid", h.uid.String(), "claimed_name", h.name, "err", err)
+			n.totals.protocolErrors.Add(1)
+			n.events.emit(ProtocolError{Remote: label, Err: err})
+		}
 		if a.outbound {
 			// The peer accepted this connection: tell it that this node
 			// does not, or it would wait for the session to come back.
 			sayBye(a.conn, byeRefused, text)
 			if d.quarantined != nil {
 				a.fail(fmt.Errorf("%s: %w since %s (%v); call Reconnect to try again", a.dialAddr, ErrQuarantined, d.quarantined.Since.Format(time.RFC3339), d.quarantined.Cause))
+				return false
+			}
+			if d.impostor {
+				a.fail(fmt.Errorf("%w: %s", ErrAuth, text))
 				return false
 			}
 			a.fail(errors.New(text))
@@ -356,6 +410,9 @@ func (n *Node) attach(a *assoc, h *hello) bool {
 		w := n.hello()
 		if resume {
 			w.flags |= helloResuming
+		}
+		if a.tokens {
+			w.session = n.sessionProof(h.uid, a.nonce)
 		}
 		welcome = appendFrame(nil, func(b []byte) []byte { return appendHello(b, frameWelcome, w) })
 	}
@@ -450,6 +507,25 @@ type admission struct {
 	resume        bool
 	// quarantined: the entry that refused the peer.
 	quarantined *QuarantineInfo
+	// impostor: the connection offered a wrong proof of the session's
+	// token (see token.go).
+	impostor bool
+}
+
+// refuseClaim refuses a, which claims a session this node holds without
+// proving that it holds the session's token. A dialer that offered no
+// proof is told that the other connection wins: it may be the peer
+// itself, whose hello crossed the session coming up (there was nothing
+// to challenge yet), and it then goes on with the session that holds.
+func (n *Node) refuseClaim(a *assoc, d *admission) {
+	switch {
+	case a.outbound:
+		d.reject, d.text, d.impostor = rejectAuth, fmt.Sprintf("%s answers with the uid of a peer this node holds a session with, without proving that it holds the session's token", a.dialAddr), true
+	case a.proof == nil:
+		d.reject, d.text = rejectDuplicate, "the other connection between these nodes wins (this one did not prove that it holds the session's token)"
+	default:
+		d.reject, d.text, d.impostor = rejectAuth, "this connection claims a session it could not prove it holds (a wrong session token)", true
+	}
 }
 
 // decideAttach decides what becomes of a, whose peer said h (n.pmu held).
@@ -473,8 +549,21 @@ func (n *Node) decideAttach(a *assoc, h *hello) admission {
 		if ex := n.byUID[h.uid]; ex != nil && ex != a {
 			ex.mu.Lock()
 			suspended := ex.life.state == assocSuspended
+			token := ex.peerToken
 			ex.mu.Unlock()
+			// A connection that would take the session over must prove
+			// it holds the session's token (token.go); one that offers a
+			// wrong proof is refused whatever it would have become.
+			unproven := token != nil && !n.provesSession(a, h.uid, token)
+			if unproven && a.proof != nil {
+				n.refuseClaim(a, &d)
+				break
+			}
 			if suspended && a.resumable && (a.resumeOf == ex || !a.outbound && h.flags&helloResuming != 0) {
+				if unproven {
+					n.refuseClaim(a, &d)
+					break
+				}
 				d.loser, d.winner, d.resume = ex, a, true
 				a.resumes = ex
 				break
@@ -483,11 +572,19 @@ func (n *Node) decideAttach(a *assoc, h *hello) admission {
 				// The same incarnation dialed without resuming: it no
 				// longer holds the session (it gave up on it). The new
 				// connection is the association from now on.
+				if unproven {
+					n.refuseClaim(a, &d)
+					break
+				}
 				d.replaced = ex
 				break
 			}
 			switch chooseDuplicate(a.outbound, ex.outbound, n.uid, h.uid) {
 			case keepFresh:
+				if unproven {
+					n.refuseClaim(a, &d)
+					break
+				}
 				d.loser, d.winner = ex, a
 			case keepHeld:
 				d.loser, d.winner = a, ex
@@ -573,7 +670,7 @@ func (n *Node) probeAt(addr Addr) (NodeUID, error) {
 	c.SetDeadline(time.Now().Add(n.cfg.HandshakeTimeout))
 	h := n.hello()
 	h.flags |= helloProbe
-	body, err := n.dialHandshake(c, newFrameReader(c, maxHelloSize), h)
+	body, _, err := n.dialHandshake(c, newFrameReader(c, maxHelloSize), h)
 	if err != nil || frameKind(body[0]) != frameWelcome {
 		return NodeUID{}, nil
 	}
