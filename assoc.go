@@ -165,6 +165,11 @@ type assoc struct {
 	// session: a new connection that would take the session over must
 	// prove that it holds it.
 	peerToken []byte
+	// dialNum is the number of the dial that made this connection (hello
+	// extension 5): this node's for an outbound one, the peer's for an
+	// inbound one; 0 when the peer does not order dials by them (set by
+	// the handshake, before attach decides).
+	dialNum   uint64
 	resumeOf  *assoc // outbound: the suspended session this connection was dialed to resume
 	resumed   bool   // this connection resumes a session: its first frame is a resume
 	resumeRcv uint64 // what that resume frame says this side received

@@ -83,9 +83,11 @@ func (a *assoc) handshakeDialed(c net.Conn) *frameReader {
 	if a.resumeOf != nil {
 		h.flags |= helloResuming
 	}
-	if !n.cfg.noTokens {
+	if !n.cfg.priorRelease {
 		a.nonce = newNonce()
 		h.session = a.nonce
+		a.dialNum = n.dialSeq.Add(1)
+		h.dial = a.dialNum
 	}
 	body, trips, err := n.dialHandshake(c, fr, h)
 	if at := a.in.heard.Load(); err == nil && at != 0 {
@@ -223,8 +225,8 @@ func (n *Node) handshakeInbound(c net.Conn, src string) (*assoc, *frameReader) {
 		c.Close()
 		return nil, nil
 	}
-	if n.cfg.noTokens {
-		h.session = nil // (a node of an earlier release skips the tag)
+	if n.cfg.priorRelease {
+		h.session, h.dial, h.ordered = nil, 0, false // (a node of an earlier release skips the tags)
 	}
 	a := newAssoc(n, false, Addr{})
 	a.conn, a.in = c, in
@@ -292,13 +294,23 @@ func (n *Node) protocolError(remote, kind string, err error) {
 	n.events.emit(ProtocolError{Remote: remote, Err: fe})
 }
 
-// attach decides whether a connection whose handshake just completed
+// attach is attachConn between the calls of a test's attach hook, if it
+// set one (Config.attachHook).
+func (n *Node) attach(a *assoc, h *hello) bool {
+	if hook := n.cfg.attachHook; hook != nil {
+		hook(a, h.uid, false)
+		defer hook(a, h.uid, true)
+	}
+	return n.attachConn(a, h)
+}
+
+// attachConn decides whether a connection whose handshake just completed
 // becomes the association with that peer. When both nodes dial each other
 // at once, the connection dialed by the node with the lower uid wins on
 // both sides; the loser is merged into the winner. For an inbound
 // connection attach also sends the welcome or the rejection. It returns
 // whether the caller should run the connection.
-func (n *Node) attach(a *assoc, h *hello) bool {
+func (n *Node) attachConn(a *assoc, h *hello) bool {
 	a.mu.Lock()
 	merged := a.life.state == assocClosed
 	a.mu.Unlock()
@@ -308,9 +320,15 @@ func (n *Node) attach(a *assoc, h *hello) bool {
 		a.conn.Close()
 		return false
 	}
-	a.tokens = h.session != nil && !n.cfg.noTokens
-	if a.outbound && !n.cfg.noTokens {
+	a.tokens = h.session != nil && !n.cfg.priorRelease
+	if a.outbound && !n.cfg.priorRelease {
 		a.proof = h.session // the acceptor's proof of its session token
+	}
+	switch {
+	case !a.outbound:
+		a.dialNum = h.dial
+	case !h.ordered:
+		a.dialNum = 0 // the peer orders this node's dials as they come
 	}
 	if r := a.resumeOf; r != nil && h.uid == r.peerUID {
 		r.mu.Lock()
@@ -414,6 +432,7 @@ func (n *Node) attach(a *assoc, h *hello) bool {
 		if a.tokens {
 			w.session = n.sessionProof(h.uid, a.nonce)
 		}
+		w.ordered = !n.cfg.priorRelease
 		welcome = appendFrame(nil, func(b []byte) []byte { return appendHello(b, frameWelcome, w) })
 	}
 	a.mu.Lock()
@@ -579,7 +598,7 @@ func (n *Node) decideAttach(a *assoc, h *hello) admission {
 				d.replaced = ex
 				break
 			}
-			switch chooseDuplicate(a.outbound, ex.outbound, n.uid, h.uid) {
+			switch chooseDuplicate(dialOf{a.outbound, a.dialNum}, dialOf{ex.outbound, ex.dialNum}, n.uid, h.uid) {
 			case keepFresh:
 				if unproven {
 					n.refuseClaim(a, &d)

@@ -63,6 +63,9 @@ type Node struct {
 	epoch         time.Time    // the zero of the monotonic stamps in connections
 
 	uuidSeq atomic.Uint64
+	// dialSeq numbers the connections this node dials (hello extension
+	// 5; see chooseDuplicate).
+	dialSeq atomic.Uint64
 	// tokenKey makes this incarnation's session tokens (token.go).
 	tokenKey [32]byte
 	// reqSeq numbers resolve requests node-wide, so that an answer that

@@ -272,7 +272,7 @@ func TestANodeWithoutTokensTalksToOneWithThem(t *testing.T) {
 	for _, oldDials := range []bool{true, false} {
 		f := NewFaultNet()
 		oldCfg := failConfig("old", 50*time.Millisecond, 5*time.Second)
-		oldCfg.noTokens = true
+		oldCfg.priorRelease = true
 		old := startOn(t, f, oldCfg)
 		cur := startOn(t, f, failConfig("new", 50*time.Millisecond, 5*time.Second))
 		var trouble firstOf

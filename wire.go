@@ -152,6 +152,12 @@ type hello struct {
 	// nonce; in a welcome, the acceptor's proof of its session token.
 	// Either says that the sender speaks session tokens.
 	session []byte
+	// dial (tag 5; a hello's): the dial's number, increasing with each
+	// connection the sender dials; 0 when absent. ordered: the sender
+	// sent tag 5 (a welcome's is empty): it orders a dialer's connections
+	// by their numbers (see chooseDuplicate).
+	dial    uint64
+	ordered bool
 }
 
 // Hello extension tags. Append only: values are on the wire.
@@ -160,6 +166,7 @@ const (
 	helloExtObserver   uint64 = 2 // empty: the sender is an Observer
 	helloExtHeaders    uint64 = 3 // empty: the sender takes frameTellHeaders
 	helloExtSession    uint64 = 4 // 32 bytes: a hello's nonce, a welcome's token proof (see token.go)
+	helloExtDial       uint64 = 5 // a hello's: uvarint, the dial's number; a welcome's: empty (see chooseDuplicate)
 )
 
 // Bounds on a hello's extensions.
@@ -194,6 +201,9 @@ func appendHello(b []byte, kind frameKind, h *hello) []byte {
 	if h.session != nil {
 		exts++
 	}
+	if h.dial != 0 || h.ordered {
+		exts++
+	}
 	b = append(b, exts)
 	if h.appVersion != "" {
 		b = binary.AppendUvarint(b, helloExtAppVersion)
@@ -211,6 +221,16 @@ func appendHello(b []byte, kind frameKind, h *hello) []byte {
 		b = binary.AppendUvarint(b, helloExtSession)
 		b = binary.AppendUvarint(b, uint64(len(h.session)))
 		b = append(b, h.session...)
+	}
+	if h.dial != 0 {
+		var num [binary.MaxVarintLen64]byte
+		k := binary.PutUvarint(num[:], h.dial)
+		b = binary.AppendUvarint(b, helloExtDial)
+		b = binary.AppendUvarint(b, uint64(k))
+		b = append(b, num[:k]...)
+	} else if h.ordered {
+		b = binary.AppendUvarint(b, helloExtDial)
+		b = append(b, 0)
 	}
 	return b
 }
@@ -272,6 +292,15 @@ func parseHello(b []byte) (*hello, error) {
 				return nil, fmt.Errorf("%w: a session extension of %d bytes, want %d", ErrMalformed, len(v), nonceSize)
 			}
 			h.session = append([]byte(nil), v...) // the frame buffer is reused
+		case helloExtDial:
+			h.ordered = true
+			if len(v) > 0 {
+				dv := decoder{b: v}
+				h.dial = dv.uvarint()
+				if err := dv.whole("dial number"); err != nil || h.dial == 0 {
+					return nil, fmt.Errorf("%w: a bad dial number in a hello", ErrMalformed)
+				}
+			}
 		}
 		// (an unknown tag is a later version's: skipped)
 	}
