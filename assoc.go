@@ -150,9 +150,26 @@ type assoc struct {
 	peerDraining bool
 	// The credit due to the peer's senders (credit.go): accounts for the
 	// writer to consider granting.
-	cmu       sync.Mutex
-	due       []*creditAcct
-	hasDue    atomic.Bool
+	cmu    sync.Mutex
+	due    []*creditAcct
+	hasDue atomic.Bool
+	// Session tokens (token.go), set by the handshake before attach.
+	// tokens: the peer speaks them. nonce: the dialer's nonce in this
+	// connection's hello. challenged: the nonce of the token challenge
+	// this node sent as the acceptor, if it sent one. proof: the peer's
+	// proof of its claim (the acceptor's, from its welcome; the dialer's,
+	// answering the challenge).
+	tokens                   bool
+	nonce, challenged, proof []byte
+	// peerToken (mu) is the token the peer gave this node for the
+	// session: a new connection that would take the session over must
+	// prove that it holds it.
+	peerToken []byte
+	// dialNum is the number of the dial that made this connection (hello
+	// extension 5): this node's for an outbound one, the peer's for an
+	// inbound one; 0 when the peer does not order dials by them (set by
+	// the handshake, before attach decides).
+	dialNum   uint64
 	resumeOf  *assoc // outbound: the suspended session this connection was dialed to resume
 	resumed   bool   // this connection resumes a session: its first frame is a resume
 	resumeRcv uint64 // what that resume frame says this side received

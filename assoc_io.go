@@ -38,7 +38,16 @@ const prioKeep = 1 << 20
 // acknowledge, and asks it to with a heartbeat.
 func (a *assoc) writeLoop() {
 	defer close(a.writerDone)
-	if a.resumed && !a.write(net.Buffers{appendWhole(nil, appendResume(nil, a.resumeRcv))}) {
+	var first net.Buffers
+	if a.resumed {
+		first = append(first, appendWhole(nil, appendResume(nil, a.resumeRcv)))
+	}
+	if a.tokens {
+		// This node's session token for the peer, on every connection
+		// (after a resume frame, which goes first): see token.go.
+		first = append(first, appendWhole(nil, appendToken(nil, a.n.tokenFor(a.peerUID))))
+	}
+	if len(first) > 0 && !a.write(first) {
 		return
 	}
 	_, vectored := a.conn.(interface {

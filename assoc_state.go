@@ -407,25 +407,44 @@ const (
 	refuseFresh                     // the held one wins; the fresh connection is refused (the peer dialed it and retires its own end)
 )
 
+// dialOf is who dialed one of two connections with a peer, for
+// chooseDuplicate: this node (outbound) or the peer, and the dial's number
+// (hello extension 5): 0 when the peer does not number or order dials.
+type dialOf struct {
+	outbound bool
+	num      uint64
+}
+
 // chooseDuplicate decides which of two connections with one peer
-// incarnation stays. Both nodes decide alike without a word:
+// incarnation stays. Both nodes decide alike without a word, whatever
+// order each attached them in:
 //
 //   - Dialed one by each node (a simultaneous dial): the one dialed by the
 //     node with the lower uid wins.
-//   - Both dialed by the same node, seen by it or by the node it dialed:
-//     the fresh one wins. The dialer dialed again (its old connection is
-//     gone for it), or dialed another of this node's addresses not
-//     knowing where it led (a registrar's address that this node took
-//     over); either way the node it dialed keeps the fresh one, and so
-//     must the dialer, or each would retire the connection the other
-//     kept and neither would carry the session.
-func chooseDuplicate(freshOutbound, heldOutbound bool, self, peer NodeUID) mergeVerdict {
+//   - Both dialed by the same node: the one with the higher dial number
+//     wins, its later dial. The dialer dialed again (its old connection
+//     is gone for it), or dialed another of the peer's addresses not
+//     knowing where it led (a registrar's address that the peer took
+//     over), or two of its dials to the peer crossed: the two sides may
+//     have attached them in either order, and the numbers give both the
+//     same one. A lower fresh one is refused when the peer dialed it (it
+//     is not up yet there), retired when this node did.
+//   - Both dialed by the same node of a release before dial numbers: the
+//     fresh one wins, in the order this node attached them (two such
+//     dials at the same moment may still cross).
+func chooseDuplicate(fresh, held dialOf, self, peer NodeUID) mergeVerdict {
 	switch {
-	case freshOutbound == heldOutbound:
+	case fresh.outbound == held.outbound && (fresh.num == 0 || held.num == 0):
 		return keepFresh
-	case freshOutbound == (string(self[:]) < string(peer[:])):
+	case fresh.outbound == held.outbound && fresh.num > held.num:
+		return keepFresh
+	case fresh.outbound == held.outbound && fresh.outbound:
+		return keepHeld
+	case fresh.outbound == held.outbound:
+		return refuseFresh
+	case fresh.outbound == (string(self[:]) < string(peer[:])):
 		return keepFresh // fresh was dialed by the lower uid
-	case !freshOutbound:
+	case !fresh.outbound:
 		return refuseFresh
 	}
 	return keepHeld

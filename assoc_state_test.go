@@ -102,68 +102,73 @@ func TestEndingOf(t *testing.T) {
 	}
 }
 
-// TestChooseDuplicate is the simultaneous-dial rule: both nodes keep the
-// connection the lower uid dialed, deciding alike without a word.
+// TestChooseDuplicate is the rule for two connections with one peer
+// incarnation: both nodes keep the same one, deciding alike without a
+// word, whatever order each attached them in.
 func TestChooseDuplicate(t *testing.T) {
 	low, high := NodeUID{1}, NodeUID{2}
+	out, in := func(n uint64) dialOf { return dialOf{true, n} }, func(n uint64) dialOf { return dialOf{false, n} }
 	tests := []struct {
-		name              string
-		freshOut, heldOut bool
-		self, peer        NodeUID
-		want              mergeVerdict
+		name        string
+		fresh, held dialOf
+		self, peer  NodeUID
+		want        mergeVerdict
 	}{
-		{"low side: its own fresh dial wins over the peer's held one", true, false, low, high, keepFresh},
-		{"low side: the peer's fresh dial is refused", false, true, low, high, refuseFresh},
-		{"high side: its own fresh dial yields to the peer's held one", true, false, high, low, keepHeld},
-		{"high side: the peer's fresh dial wins", false, true, high, low, keepFresh},
-		{"the peer dialed again: fresh inbound replaces held inbound", false, false, low, high, keepFresh},
-		{"the peer dialed again, seen from the high side", false, false, high, low, keepFresh},
-		{"two dials of this node: the lower's fresh one wins", true, true, low, high, keepFresh},
-		{"two dials of this node: the higher's fresh one wins too, as the peer decides", true, true, high, low, keepFresh},
+		{"low side: its own fresh dial wins over the peer's held one", out(1), in(1), low, high, keepFresh},
+		{"low side: the peer's fresh dial is refused", in(1), out(1), low, high, refuseFresh},
+		{"high side: its own fresh dial yields to the peer's held one", out(1), in(1), high, low, keepHeld},
+		{"high side: the peer's fresh dial wins", in(1), out(1), high, low, keepFresh},
+		{"the peer dialed again: its later dial replaces the held one", in(2), in(1), low, high, keepFresh},
+		{"the peer dialed again, seen from the high side", in(2), in(1), high, low, keepFresh},
+		{"the peer's earlier dial, attached last, is refused", in(1), in(2), low, high, refuseFresh},
+		{"this node's later dial wins", out(2), out(1), low, high, keepFresh},
+		{"this node's earlier dial, attached last, retires", out(1), out(2), high, low, keepHeld},
+		{"a peer of an earlier release dialed again: the fresh one wins", in(0), in(0), low, high, keepFresh},
+		{"this node dialed a peer of an earlier release twice: the fresh one wins", out(0), out(0), high, low, keepFresh},
 	}
 	for _, tt := range tests {
-		if got := chooseDuplicate(tt.freshOut, tt.heldOut, tt.self, tt.peer); got != tt.want {
+		if got := chooseDuplicate(tt.fresh, tt.held, tt.self, tt.peer); got != tt.want {
 			t.Errorf("%s: %d, want %d", tt.name, got, tt.want)
 		}
 	}
-	// Both ends of one simultaneous dial keep the same connection, the one
-	// the low side dialed, whichever of the two each side attached first.
-	keptDialer := func(self, peer NodeUID, heldOwn bool) NodeUID {
-		v := chooseDuplicate(!heldOwn, heldOwn, self, peer)
-		freshDialer, heldDialer := self, peer // fresh is its own dial
-		if heldOwn {
-			freshDialer, heldDialer = peer, self
-		}
-		if v == keepFresh {
-			return freshDialer
-		}
-		return heldDialer
+	// Both ends keep the same connection, whichever order each attached
+	// two of them in: one dialed by each (a simultaneous dial: the low
+	// side's), or two by the same node (two dials at once: the later).
+	// kept is what a side keeps of x and y, attaching first, then second.
+	type conn struct {
+		dialer NodeUID
+		num    uint64
 	}
-	for _, lowHeldOwn := range []bool{true, false} {
-		for _, highHeldOwn := range []bool{true, false} {
-			if k := keptDialer(low, high, lowHeldOwn); k != low {
-				t.Errorf("low side (held own %v) keeps the dial of %v", lowHeldOwn, k[0])
-			}
-			if k := keptDialer(high, low, highHeldOwn); k != low {
-				t.Errorf("high side (held own %v) keeps the dial of %v", highHeldOwn, k[0])
-			}
+	kept := func(self, peer NodeUID, first, second conn) conn {
+		of := func(c conn) dialOf { return dialOf{c.dialer == self, c.num} }
+		switch chooseDuplicate(of(second), of(first), self, peer) {
+		case keepFresh:
+			return second
 		}
+		return first
 	}
-	// Two connections dialed by one node (to two addresses of the other,
-	// as after a registrar's address is taken over), seen in the same
-	// order on both: the dialer and the node it dialed keep the same one,
-	// whichever has the lower uid. (The dialer with the higher uid kept
-	// the old one while the other kept the fresh: each retired the one
-	// the other kept, and the session flapped every retireDrain.)
-	for _, dialerLow := range []bool{true, false} {
-		dialer, acceptor := low, high
-		if !dialerLow {
-			dialer, acceptor = high, low
-		}
-		d := chooseDuplicate(true, true, dialer, acceptor)
-		a := chooseDuplicate(false, false, acceptor, dialer)
-		if d != a {
-			t.Errorf("dialer (lower uid %v) decided %d, the node it dialed %d", dialerLow, d, a)
+	pairs := [][2]conn{
+		{{low, 1}, {high, 1}}, // a simultaneous dial
+		{{low, 1}, {low, 2}},  // the low side dialed twice
+		{{high, 1}, {high, 2}},
+		{{high, 7}, {low, 3}},
+	}
+	for _, xy := range pairs {
+		x, y := xy[0], xy[1]
+		for _, lowFirst := range []bool{true, false} {
+			for _, highFirst := range []bool{true, false} {
+				order := func(first bool) (conn, conn) {
+					if first {
+						return x, y
+					}
+					return y, x
+				}
+				a, b := order(lowFirst)
+				c, d := order(highFirst)
+				if kl, kh := kept(low, high, a, b), kept(high, low, c, d); kl != kh {
+					t.Errorf("connections %v and %v: the low side keeps %v, the high side %v", x, y, kl, kh)
+				}
+			}
 		}
 	}
 }

@@ -62,10 +62,10 @@ func authMAC(secret []byte, role string, mine, theirs []byte, me, them NodeUID) 
 }
 
 // dialHandshake sends h on c and returns the acceptor's verdict frame
-// (welcome or reject), answering an authentication challenge on the way.
-// With a secret, an acceptor that does not prove it knows the secret is
-// refused.
-func (n *Node) dialHandshake(c net.Conn, fr *frameReader, h *hello) ([]byte, error) {
+// (welcome or reject), answering an authentication challenge and a token
+// challenge on the way, and how many round trips it took. With a secret,
+// an acceptor that does not prove it knows the secret is refused.
+func (n *Node) dialHandshake(c net.Conn, fr *frameReader, h *hello) (verdict []byte, trips int, err error) {
 	secret := n.cfg.Secret
 	var nonce []byte
 	if secret != nil {
@@ -73,34 +73,50 @@ func (n *Node) dialHandshake(c net.Conn, fr *frameReader, h *hello) ([]byte, err
 		h.auth = nonce
 	}
 	if _, err := c.Write(appendFrame(nil, func(b []byte) []byte { return appendHello(b, frameHello, h) })); err != nil {
-		return nil, err
+		return nil, trips, err
 	}
+	trips = 1
 	body, err := fr.next()
 	if err != nil {
-		return nil, err
+		return nil, trips, err
 	}
 	switch kind := frameKind(body[0]); {
 	case kind == frameChallenge:
 		if secret == nil {
-			return nil, fmt.Errorf("%w: the peer requires a shared secret and this node has none (Config.Secret)", ErrAuth)
+			return nil, trips, fmt.Errorf("%w: the peer requires a shared secret and this node has none (Config.Secret)", ErrAuth)
 		}
 		ch, err := parseChallenge(body[1:])
 		if err != nil {
-			return nil, fmt.Errorf("%w: bad challenge frame", ErrMalformed)
+			return nil, trips, fmt.Errorf("%w: bad challenge frame", ErrMalformed)
 		}
 		theirNonce := append([]byte(nil), ch.nonce...) // the frame buffer is reused
 		if !hmac.Equal(ch.mac, authMAC(secret, "acceptor", nonce, theirNonce, ch.uid, n.uid)) {
-			return nil, fmt.Errorf("%w: the peer does not know the shared secret", ErrAuth)
+			return nil, trips, fmt.Errorf("%w: the peer does not know the shared secret", ErrAuth)
 		}
 		proof := authMAC(secret, "dialer", theirNonce, nonce, n.uid, ch.uid)
 		if _, err := c.Write(appendFrame(nil, func(b []byte) []byte { return appendProof(b, proof) })); err != nil {
-			return nil, err
+			return nil, trips, err
 		}
-		return fr.next()
-	case secret != nil && kind == frameWelcome:
-		return nil, fmt.Errorf("%w: the peer did not authenticate (it has no shared secret configured)", ErrAuth)
+		trips++
+		if body, err = fr.next(); err != nil {
+			return nil, trips, err
+		}
+	case secret != nil && (kind == frameWelcome || kind == frameTokenChallenge):
+		return nil, trips, fmt.Errorf("%w: the peer did not authenticate (it has no shared secret configured)", ErrAuth)
 	}
-	return body, nil
+	if frameKind(body[0]) == frameTokenChallenge {
+		// This connection claims a session the acceptor holds: prove it.
+		proof, err := n.answerTokenChallenge(body[1:], h)
+		if err != nil {
+			return nil, trips, err
+		}
+		if _, err := c.Write(proof); err != nil {
+			return nil, trips, err
+		}
+		body, err = fr.next()
+		return body, trips + 1, err
+	}
+	return body, trips, nil
 }
 
 // acceptAuth runs the acceptor's half of the secret handshake for hello h:

@@ -163,7 +163,7 @@ func (n *Node) probeConn(c net.Conn) (res probeResult, why string, retry bool) {
 	c.SetDeadline(time.Now().Add(probeAttemptTimeout))
 	h := n.hello()
 	h.flags |= helloProbe
-	body, err := n.dialHandshake(c, newFrameReader(c, maxHelloSize), h)
+	body, _, err := n.dialHandshake(c, newFrameReader(c, maxHelloSize), h)
 	if errors.Is(err, ErrAuth) {
 		return probeAuth, strings.TrimPrefix(err.Error(), ErrAuth.Error()+": "), false
 	}

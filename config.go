@@ -274,9 +274,20 @@ type Config struct {
 	// "/user/"): troupe's own requests carry no headers.
 	OnReceive func(ctx context.Context, to string, h Headers, handle func(ctx context.Context))
 
+	// attachHook (tests) is called with each connection whose handshake
+	// completed, and the uid its peer claims, before the node decides
+	// what becomes of it (done false) and after (done true), on the
+	// connection's goroutine: a test holds it there to force an order.
+	attachHook func(a *assoc, peer NodeUID, done bool)
+
 	// fault routes the node's connections through a fault network (set
 	// by FaultNet.Start).
 	fault *FaultNet
+	// priorRelease (tests) makes the node speak the protocol as a node of
+	// the release before session tokens and dial numbers did: no hello
+	// extensions 4 and 5, no token frames, no token challenge (see
+	// token.go).
+	priorRelease bool
 }
 
 func (c Config) withDefaults() Config {

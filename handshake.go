@@ -83,16 +83,19 @@ func (a *assoc) handshakeDialed(c net.Conn) *frameReader {
 	if a.resumeOf != nil {
 		h.flags |= helloResuming
 	}
-	body, err := n.dialHandshake(c, fr, h)
+	if !n.cfg.priorRelease {
+		a.nonce = newNonce()
+		h.session = a.nonce
+		a.dialNum = n.dialSeq.Add(1)
+		h.dial = a.dialNum
+	}
+	body, trips, err := n.dialHandshake(c, fr, h)
 	if at := a.in.heard.Load(); err == nil && at != 0 {
-		// The verdict came back one round trip after the hello, or two
-		// with a secret (challenge, then proof): an estimate for Stats.
-		trips := time.Duration(1)
-		if n.cfg.Secret != nil {
-			trips = 2
-		}
+		// The verdict came back one round trip after the hello, or more
+		// with a secret or a token challenge (each a challenge, then a
+		// proof): an estimate for Stats.
 		a.mu.Lock()
-		a.rtt = max(0, n.epoch.Add(time.Duration(at)).Sub(sentHello)/trips)
+		a.rtt = max(0, n.epoch.Add(time.Duration(at)).Sub(sentHello)/time.Duration(trips))
 		a.mu.Unlock()
 	}
 	if err != nil {
@@ -222,13 +225,31 @@ func (n *Node) handshakeInbound(c net.Conn, src string) (*assoc, *frameReader) {
 		c.Close()
 		return nil, nil
 	}
-	if h.flags&helloResuming != 0 {
-		// Only once the dialer has authenticated: a stranger must not be
-		// able to break a live session by claiming its peer's uid.
-		n.suspendFor(h.uid)
+	if n.cfg.priorRelease {
+		h.session, h.dial, h.ordered = nil, 0, false // (a node of an earlier release skips the tags)
 	}
 	a := newAssoc(n, false, Addr{})
 	a.conn, a.in = c, in
+	a.nonce = h.session
+	if h.session != nil && n.holdsSession(h.uid) {
+		// The hello claims a session this node holds: the dialer proves
+		// it holds its token (checked by attach, against the session it
+		// would take over).
+		var err error
+		if a.challenged, a.proof, err = n.challengeToken(c, fr, h); err != nil {
+			c.Close()
+			if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) && !errors.Is(err, syscall.ECONNRESET) {
+				n.protocolError(label, "proof", err)
+			}
+			return nil, nil
+		}
+	}
+	if h.flags&helloResuming != 0 && n.mayTakeOver(a, h.uid) {
+		// Only once the dialer has authenticated, and proven that it
+		// holds the session's token: a stranger must not be able to break
+		// a live session by claiming its peer's uid.
+		n.suspendFor(h.uid)
+	}
 	n.pmu.Lock()
 	n.all[a] = struct{}{}
 	n.pmu.Unlock()
@@ -273,13 +294,23 @@ func (n *Node) protocolError(remote, kind string, err error) {
 	n.events.emit(ProtocolError{Remote: remote, Err: fe})
 }
 
-// attach decides whether a connection whose handshake just completed
+// attach is attachConn between the calls of a test's attach hook, if it
+// set one (Config.attachHook).
+func (n *Node) attach(a *assoc, h *hello) bool {
+	if hook := n.cfg.attachHook; hook != nil {
+		hook(a, h.uid, false)
+		defer hook(a, h.uid, true)
+	}
+	return n.attachConn(a, h)
+}
+
+// attachConn decides whether a connection whose handshake just completed
 // becomes the association with that peer. When both nodes dial each other
 // at once, the connection dialed by the node with the lower uid wins on
 // both sides; the loser is merged into the winner. For an inbound
 // connection attach also sends the welcome or the rejection. It returns
 // whether the caller should run the connection.
-func (n *Node) attach(a *assoc, h *hello) bool {
+func (n *Node) attachConn(a *assoc, h *hello) bool {
 	a.mu.Lock()
 	merged := a.life.state == assocClosed
 	a.mu.Unlock()
@@ -288,6 +319,33 @@ func (n *Node) attach(a *assoc, h *hello) bool {
 		// handshake.
 		a.conn.Close()
 		return false
+	}
+	a.tokens = h.session != nil && !n.cfg.priorRelease
+	if a.outbound && !n.cfg.priorRelease {
+		a.proof = h.session // the acceptor's proof of its session token
+	}
+	switch {
+	case !a.outbound:
+		a.dialNum = h.dial
+	case !h.ordered:
+		a.dialNum = 0 // the peer orders this node's dials as they come
+	}
+	if r := a.resumeOf; r != nil && h.uid == r.peerUID {
+		r.mu.Lock()
+		token := r.peerToken
+		r.mu.Unlock()
+		if token != nil && !n.provesSession(a, h.uid, token) {
+			// Another answers with the uid of the peer whose session
+			// this connection was to resume: the session is not its to
+			// take, nor to end.
+			why := fmt.Sprintf("%s answers with the uid of the peer whose session this node resumes, without proving that it holds the session's token", a.dialAddr)
+			n.log.Warn("troupe: refused a connection that claims another's session", "peer", a.label(), "claimed_uid", h.uid.String(), "claimed_name", h.name)
+			n.totals.protocolErrors.Add(1)
+			n.events.emit(ProtocolError{Remote: a.label(), Err: fmt.Errorf("%w: %s", ErrAuth, why)})
+			sayBye(a.conn, byeRefused, why)
+			a.fail(fmt.Errorf("%w: %s", ErrAuth, why))
+			return false
+		}
 	}
 	if r := a.resumeOf; r != nil && (h.uid != r.peerUID || h.flags&helloResuming == 0) {
 		// The incarnation the suspended session was with is gone (another
@@ -338,6 +396,10 @@ func (n *Node) attach(a *assoc, h *hello) bool {
 		if resume {
 			w.flags |= helloResuming
 		}
+		if a.tokens {
+			w.session = n.sessionProof(h.uid, a.nonce)
+		}
+		w.ordered = !n.cfg.priorRelease
 		welcome = appendFrame(nil, func(b []byte) []byte { return appendHello(b, frameWelcome, w) })
 	}
 	a.mu.Lock()
@@ -431,6 +493,25 @@ type admission struct {
 	resume        bool
 	// quarantined: the entry that refused the peer.
 	quarantined *QuarantineInfo
+	// impostor: the connection offered a wrong proof of the session's
+	// token (see token.go).
+	impostor bool
+}
+
+// refuseClaim refuses a, which claims a session this node holds without
+// proving that it holds the session's token. A dialer that offered no
+// proof is told that the other connection wins: it may be the peer
+// itself, whose hello crossed the session coming up (there was nothing
+// to challenge yet), and it then goes on with the session that holds.
+func (n *Node) refuseClaim(a *assoc, d *admission) {
+	switch {
+	case a.outbound:
+		d.reject, d.text, d.impostor = rejectAuth, fmt.Sprintf("%s answers with the uid of a peer this node holds a session with, without proving that it holds the session's token", a.dialAddr), true
+	case a.proof == nil:
+		d.reject, d.text = rejectDuplicate, "the other connection between these nodes wins (this one did not prove that it holds the session's token)"
+	default:
+		d.reject, d.text, d.impostor = rejectAuth, "this connection claims a session it could not prove it holds (a wrong session token)", true
+	}
 }
 
 // decideAttach decides what becomes of a, whose peer said h (n.pmu held).
@@ -454,8 +535,21 @@ func (n *Node) decideAttach(a *assoc, h *hello) admission {
 		if ex := n.byUID[h.uid]; ex != nil && ex != a {
 			ex.mu.Lock()
 			suspended := ex.life.state == assocSuspended
+			token := ex.peerToken
 			ex.mu.Unlock()
+			// A connection that would take the session over must prove
+			// it holds the session's token (token.go); one that offers a
+			// wrong proof is refused whatever it would have become.
+			unproven := token != nil && !n.provesSession(a, h.uid, token)
+			if unproven && a.proof != nil {
+				n.refuseClaim(a, &d)
+				break
+			}
 			if suspended && a.resumable && (a.resumeOf == ex || !a.outbound && h.flags&helloResuming != 0) {
+				if unproven {
+					n.refuseClaim(a, &d)
+					break
+				}
 				d.loser, d.winner, d.resume = ex, a, true
 				a.resumes = ex
 				break
@@ -464,11 +558,19 @@ func (n *Node) decideAttach(a *assoc, h *hello) admission {
 				// The same incarnation dialed without resuming: it no
 				// longer holds the session (it gave up on it). The new
 				// connection is the association from now on.
+				if unproven {
+					n.refuseClaim(a, &d)
+					break
+				}
 				d.replaced = ex
 				break
 			}
-			switch chooseDuplicate(a.outbound, ex.outbound, n.uid, h.uid) {
+			switch chooseDuplicate(dialOf{a.outbound, a.dialNum}, dialOf{ex.outbound, ex.dialNum}, n.uid, h.uid) {
 			case keepFresh:
+				if unproven {
+					n.refuseClaim(a, &d)
+					break
+				}
 				d.loser, d.winner = ex, a
 			case keepHeld:
 				d.loser, d.winner = a, ex
@@ -489,12 +591,26 @@ func (n *Node) refuse(a *assoc, h *hello, d admission) {
 	if first {
 		n.logRefusedQuarantined(a, h, d.quarantined)
 	}
+	if d.impostor {
+		label := a.label()
+		if a.conn != nil && !a.outbound {
+			label = peerLabel(a.conn)
+		}
+		err := fmt.Errorf("%w: %s", ErrAuth, d.text)
+		n.log.Warn("troupe: refused a connection that claims another's session", "peer", label, "claimed_uid", h.uid.String(), "claimed_name", h.name, "err", err)
+		n.totals.protocolErrors.Add(1)
+		n.events.emit(ProtocolError{Remote: label, Err: err})
+	}
 	if a.outbound {
 		// The peer accepted this connection: tell it that this node
 		// does not, or it would wait for the session to come back.
 		sayBye(a.conn, byeRefused, d.text)
 		if q := d.quarantined; q != nil {
 			a.fail(fmt.Errorf("%s: %w since %s (%v); call Reconnect to try again", a.dialAddr, ErrQuarantined, q.Since.Format(time.RFC3339), q.Cause))
+			return
+		}
+		if d.impostor {
+			a.fail(fmt.Errorf("%w: %s", ErrAuth, d.text))
 			return
 		}
 		a.fail(errors.New(d.text))
@@ -579,7 +695,7 @@ func (n *Node) probeAt(addr Addr) (NodeUID, error) {
 	c.SetDeadline(time.Now().Add(n.cfg.HandshakeTimeout))
 	h := n.hello()
 	h.flags |= helloProbe
-	body, err := n.dialHandshake(c, newFrameReader(c, maxHelloSize), h)
+	body, _, err := n.dialHandshake(c, newFrameReader(c, maxHelloSize), h)
 	if err != nil || frameKind(body[0]) != frameWelcome {
 		return NodeUID{}, nil
 	}

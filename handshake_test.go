@@ -26,6 +26,22 @@ func FuzzHandshake(f *testing.F) {
 	f.Add([]byte{0x05, 0x01, 'T', 'R', 'P', 0x01})
 	h.auth, h.appVersion = nil, "v2.1.0"
 	f.Add(appendFrame(nil, func(b []byte) []byte { return appendHello(b, frameHello, h) }))
+	h.appVersion, h.session, h.dial = "", newNonce(), 7 // a dialer that speaks session tokens and numbers its dials
+	f.Add(appendFrame(nil, func(b []byte) []byte { return appendHello(b, frameHello, h) }))
+	f.Add(append(appendFrame(nil, func(b []byte) []byte { return appendHello(b, frameHello, h) }), // and answers a token challenge
+		appendFrame(nil, func(b []byte) []byte { return appendProof(b, make([]byte, macSize)) })...))
+	f.Add(appendFrame(nil, func(b []byte) []byte { // (as the acceptor's answer to a dialer)
+		return appendTokenChallenge(b, tokenChallenge{uid: NodeUID{9}, nonce: make([]byte, nonceSize)})
+	}))
+	f.Add(appendFrame(nil, func(b []byte) []byte { // a session extension of the wrong length
+		b = appendHello(b, frameHello, &hello{version: protocolVersion, uid: NodeUID{5}, name: "short"})
+		return append(b[:len(b)-1], 1, 4, 3, 1, 2, 3)
+	}))
+	f.Add(appendFrame(nil, func(b []byte) []byte { // a dial number of 0
+		b = appendHello(b, frameHello, &hello{version: protocolVersion, uid: NodeUID{6}, name: "zero"})
+		return append(b[:len(b)-1], 1, 5, 1, 0)
+	}))
+	h.session, h.dial = nil, 0
 	f.Add(appendFrame(nil, func(b []byte) []byte { // an extension of a later version: skipped
 		b = appendHello(b, frameHello, &hello{version: protocolVersion, uid: NodeUID{4}, name: "later"})
 		return append(b[:len(b)-1], 2, 9, 3, 'a', 'b', 'c', 1, 2, 'v', '3')
@@ -66,7 +82,9 @@ func FuzzHandshake(f *testing.F) {
 				theirs.Close()
 			}()
 			ours.SetDeadline(time.Now().Add(time.Second))
-			n.dialHandshake(ours, newFrameReader(ours, DefaultMaxFrameSize), n.hello())
+			h := n.hello()
+			h.session = newNonce()
+			n.dialHandshake(ours, newFrameReader(ours, DefaultMaxFrameSize), h)
 			ours.Close()
 		}
 	})

@@ -63,6 +63,11 @@ type Node struct {
 	epoch         time.Time    // the zero of the monotonic stamps in connections
 
 	uuidSeq atomic.Uint64
+	// dialSeq numbers the connections this node dials (hello extension
+	// 5; see chooseDuplicate).
+	dialSeq atomic.Uint64
+	// tokenKey makes this incarnation's session tokens (token.go).
+	tokenKey [32]byte
 	// reqSeq numbers resolve requests node-wide, so that an answer that
 	// arrives on the association a request moved to by a merge can never
 	// be taken for another request's.
@@ -221,6 +226,7 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 	n.events.node = n
 	rand.Read(n.uid[:])
 	rand.Read(n.uuidBase[:])
+	rand.Read(n.tokenKey[:])
 	n.name = cfg.Name
 	if n.name == "" {
 		n.name = "node-" + n.uid.String()[:8]

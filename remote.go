@@ -176,7 +176,9 @@ func (a *assoc) handleFrame(kind frameKind, b []byte) (done bool, err error) {
 		t.peerDraining = true
 		t.mu.Unlock()
 		return false, nil
-	case frameHello, frameWelcome, frameReject, frameChallenge, frameProof:
+	case frameToken:
+		return false, a.onToken(b)
+	case frameHello, frameWelcome, frameReject, frameChallenge, frameProof, frameTokenChallenge:
 		return false, fmt.Errorf("%w: %s after the handshake", ErrMalformed, kind)
 	}
 	return false, fmt.Errorf("%w: unknown frame kind %d", ErrMalformed, uint8(kind))

@@ -228,6 +228,9 @@ func (a *assoc) takeOver(w *assoc, moved recQueue) {
 	w.outTypes, w.outTargets, w.outTargetKeys, w.outTypeList = a.outTypes, a.outTargets, a.outTargetKeys, a.outTypeList
 	w.inTypes, w.inTargets, w.inShapes, w.shapeBytes = a.inTypes, a.inTargets, a.inShapes, a.shapeBytes
 	w.peerDraining, w.incompatLogged = a.peerDraining, a.incompatLogged
+	if w.peerToken == nil {
+		w.peerToken = a.peerToken // the session's, until w's token frame
+	}
 	// Credit goes on with the tables: what the peer granted, and the
 	// accounts of what this side granted, which now answer to w.
 	w.peerMailbox, w.outSent, w.outGranted = a.peerMailbox, a.outSent, a.outGranted

@@ -26,30 +26,32 @@ type frameKind uint8
 
 // Append only: values are on the wire.
 const (
-	frameInvalid     frameKind = iota // never sent
-	frameHello                        // dialer → acceptor: who I am
-	frameWelcome                      // acceptor → dialer: accepted, who I am
-	frameReject                       // acceptor → dialer: refused, and why
-	frameTell                         // a user message for an actor
-	frameWatch                        // start watching an actor
-	frameUnwatch                      // stop watching an actor
-	frameTerminated                   // a watched actor stopped
-	frameResolve                      // look up an actor by path
-	frameResolved                     // the answer to frameResolve
-	frameBye                          // the sender is leaving gracefully
-	frameHeartbeat                    // a sign of life
-	frameChallenge                    // acceptor → dialer: prove you know the secret
-	frameProof                        // dialer → acceptor: the proof
-	frameAck                          // how many tell (or sequenced) frames have been received
-	frameResume                       // a resumed session: how many sequenced frames were received
-	frameCredit                       // receiver → sender: more messages an actor's mailbox takes
-	frameDraining                     // the sender is shutting down: it takes no new asks
-	frameShape                        // a wire key's shape, before the first message of it (see shape.go)
-	frameTellHeaders                  // a user message for an actor, with headers (see headers.go)
-	frameKindCount                    // one past the last kind
+	frameInvalid        frameKind = iota // never sent
+	frameHello                           // dialer → acceptor: who I am
+	frameWelcome                         // acceptor → dialer: accepted, who I am
+	frameReject                          // acceptor → dialer: refused, and why
+	frameTell                            // a user message for an actor
+	frameWatch                           // start watching an actor
+	frameUnwatch                         // stop watching an actor
+	frameTerminated                      // a watched actor stopped
+	frameResolve                         // look up an actor by path
+	frameResolved                        // the answer to frameResolve
+	frameBye                             // the sender is leaving gracefully
+	frameHeartbeat                       // a sign of life
+	frameChallenge                       // acceptor → dialer: prove you know the secret
+	frameProof                           // dialer → acceptor: the proof
+	frameAck                             // how many tell (or sequenced) frames have been received
+	frameResume                          // a resumed session: how many sequenced frames were received
+	frameCredit                          // receiver → sender: more messages an actor's mailbox takes
+	frameDraining                        // the sender is shutting down: it takes no new asks
+	frameShape                           // a wire key's shape, before the first message of it (see shape.go)
+	frameTellHeaders                     // a user message for an actor, with headers (see headers.go)
+	frameTokenChallenge                  // acceptor → dialer: prove you hold the session token of the uid you claim
+	frameToken                           // the sender's session token for the receiver (see token.go)
+	frameKindCount                       // one past the last kind
 )
 
-var frameNames = [...]string{"invalid", "hello", "welcome", "reject", "tell", "watch", "unwatch", "terminated", "resolve", "resolved", "bye", "heartbeat", "challenge", "proof", "ack", "resume", "credit", "draining", "shape", "tellheaders"}
+var frameNames = [...]string{"invalid", "hello", "welcome", "reject", "tell", "watch", "unwatch", "terminated", "resolve", "resolved", "bye", "heartbeat", "challenge", "proof", "ack", "resume", "credit", "draining", "shape", "tellheaders", "tokenchallenge", "token"}
 
 // sequenced reports whether frames of kind k are counted, acknowledged and,
 // after a link flap, sent again: every frame written from the send queue.
@@ -146,6 +148,16 @@ type hello struct {
 	appVersion string // Config.AppVersion
 	observer   bool   // Config.Observer
 	headers    bool   // the sender takes tells with headers
+	// session (tag 4; see token.go): in a hello, the dialer's fresh
+	// nonce; in a welcome, the acceptor's proof of its session token.
+	// Either says that the sender speaks session tokens.
+	session []byte
+	// dial (tag 5; a hello's): the dial's number, increasing with each
+	// connection the sender dials; 0 when absent. ordered: the sender
+	// sent tag 5 (a welcome's is empty): it orders a dialer's connections
+	// by their numbers (see chooseDuplicate).
+	dial    uint64
+	ordered bool
 }
 
 // Hello extension tags. Append only: values are on the wire.
@@ -153,6 +165,8 @@ const (
 	helloExtAppVersion uint64 = 1 // string: Config.AppVersion
 	helloExtObserver   uint64 = 2 // empty: the sender is an Observer
 	helloExtHeaders    uint64 = 3 // empty: the sender takes frameTellHeaders
+	helloExtSession    uint64 = 4 // 32 bytes: a hello's nonce, a welcome's token proof (see token.go)
+	helloExtDial       uint64 = 5 // a hello's: uvarint, the dial's number; a welcome's: empty (see chooseDuplicate)
 )
 
 // Bounds on a hello's extensions.
@@ -184,6 +198,12 @@ func appendHello(b []byte, kind frameKind, h *hello) []byte {
 	if h.headers {
 		exts++
 	}
+	if h.session != nil {
+		exts++
+	}
+	if h.dial != 0 || h.ordered {
+		exts++
+	}
 	b = append(b, exts)
 	if h.appVersion != "" {
 		b = binary.AppendUvarint(b, helloExtAppVersion)
@@ -195,6 +215,21 @@ func appendHello(b []byte, kind frameKind, h *hello) []byte {
 	}
 	if h.headers {
 		b = binary.AppendUvarint(b, helloExtHeaders)
+		b = append(b, 0)
+	}
+	if h.session != nil {
+		b = binary.AppendUvarint(b, helloExtSession)
+		b = binary.AppendUvarint(b, uint64(len(h.session)))
+		b = append(b, h.session...)
+	}
+	if h.dial != 0 {
+		var num [binary.MaxVarintLen64]byte
+		k := binary.PutUvarint(num[:], h.dial)
+		b = binary.AppendUvarint(b, helloExtDial)
+		b = binary.AppendUvarint(b, uint64(k))
+		b = append(b, num[:k]...)
+	} else if h.ordered {
+		b = binary.AppendUvarint(b, helloExtDial)
 		b = append(b, 0)
 	}
 	return b
@@ -252,6 +287,20 @@ func parseHello(b []byte) (*hello, error) {
 			h.observer = true
 		case helloExtHeaders:
 			h.headers = true
+		case helloExtSession:
+			if len(v) != nonceSize {
+				return nil, fmt.Errorf("%w: a session extension of %d bytes, want %d", ErrMalformed, len(v), nonceSize)
+			}
+			h.session = append([]byte(nil), v...) // the frame buffer is reused
+		case helloExtDial:
+			h.ordered = true
+			if len(v) > 0 {
+				dv := decoder{b: v}
+				h.dial = dv.uvarint()
+				if err := dv.whole("dial number"); err != nil || h.dial == 0 {
+					return nil, fmt.Errorf("%w: a bad dial number in a hello", ErrMalformed)
+				}
+			}
 		}
 		// (an unknown tag is a later version's: skipped)
 	}
@@ -343,6 +392,8 @@ const (
 	nonceSize = 32
 	// macSize is the size of an authentication proof (HMAC-SHA-256).
 	macSize = sha256.Size
+	// tokenSize is the size of a session token (an HMAC-SHA-256).
+	tokenSize = sha256.Size
 )
 
 // The frame bodies, one append and one parse function per kind, in the
@@ -603,6 +654,41 @@ func parseProof(b []byte) ([]byte, error) {
 	d := decoder{b: b}
 	mac := d.take(macSize)
 	return mac, d.whole("proof")
+}
+
+// tokenChallenge is the acceptor's demand that a dialer whose hello
+// claims a session it holds prove it holds that session's token: its uid
+// and a fresh nonce. The dialer answers with a proof frame.
+type tokenChallenge struct {
+	uid   NodeUID
+	nonce []byte
+}
+
+func appendTokenChallenge(b []byte, c tokenChallenge) []byte {
+	b = append(b, byte(frameTokenChallenge))
+	b = append(b, c.uid[:]...)
+	return append(b, c.nonce...)
+}
+
+// parseTokenChallenge parses a token challenge; its nonce points into b.
+func parseTokenChallenge(b []byte) (tokenChallenge, error) {
+	d := decoder{b: b}
+	var c tokenChallenge
+	copy(c.uid[:], d.take(idSize))
+	c.nonce = d.take(nonceSize)
+	return c, d.whole("tokenchallenge")
+}
+
+// appendToken appends the sender's session token for the receiver.
+func appendToken(b []byte, token []byte) []byte {
+	return append(append(b, byte(frameToken)), token...)
+}
+
+// parseToken returns the token, which points into b.
+func parseToken(b []byte) ([]byte, error) {
+	d := decoder{b: b}
+	t := d.take(tokenSize)
+	return t, d.whole("token")
 }
 
 // appendAck appends an acknowledgement: how many tell frames this side has

@@ -19,7 +19,7 @@ var update = flag.Bool("update", false, "rewrite the golden files in testdata/wi
 
 func TestWireValuesArePinned(t *testing.T) {
 	kinds := map[frameKind]uint8{frameHello: 1, frameWelcome: 2, frameReject: 3, frameTell: 4, frameWatch: 5,
-		frameUnwatch: 6, frameTerminated: 7, frameResolve: 8, frameResolved: 9, frameBye: 10, frameHeartbeat: 11, frameChallenge: 12, frameProof: 13, frameAck: 14, frameResume: 15}
+		frameUnwatch: 6, frameTerminated: 7, frameResolve: 8, frameResolved: 9, frameBye: 10, frameHeartbeat: 11, frameChallenge: 12, frameProof: 13, frameAck: 14, frameResume: 15, frameTokenChallenge: 20, frameToken: 21}
 	for k, v := range kinds {
 		if uint8(k) != v {
 			t.Errorf("%s = %d, want %d", k, k, v)
@@ -39,6 +39,27 @@ func TestWireValuesArePinned(t *testing.T) {
 			t.Errorf("%s = %d, want %d", p.name, p.got, p.want)
 		}
 	}
+	if helloExtSession != 4 || helloExtDial != 5 || tokenSize != 32 {
+		t.Errorf("helloExtSession = %d, helloExtDial = %d, tokenSize = %d, want 4, 5 and 32", helloExtSession, helloExtDial, tokenSize)
+	}
+	// A welcome's dial extension is empty; a hello's number is at least 1.
+	for _, tt := range []struct {
+		h       hello
+		dial    uint64
+		ordered bool
+	}{{hello{version: protocolVersion, ordered: true}, 0, true}, {hello{version: protocolVersion, dial: 1}, 1, true}, {hello{version: protocolVersion}, 0, false}} {
+		back, err := parseHello(appendHello(nil, frameWelcome, &tt.h)[1:])
+		if err != nil || back.dial != tt.dial || back.ordered != tt.ordered {
+			t.Errorf("%+v parses back as dial %d, ordered %v (%v)", tt.h, back.dial, back.ordered, err)
+		}
+	}
+	for _, bad := range [][]byte{{1, 0}, {2, 1, 0}, {1, 0x80}} { // number 0, a byte after it, a truncated number
+		b := appendHello(nil, frameHello, &hello{version: protocolVersion})
+		b = append(b[1:len(b)-1], 1, 5)
+		if _, err := parseHello(append(b, bad...)); !errors.Is(err, ErrMalformed) {
+			t.Errorf("a dial extension %x: %v, want ErrMalformed", bad, err)
+		}
+	}
 	// A refused watch keeps its sentinel and its text across the wire; a
 	// code this node does not know reads as text.
 	refused := fmt.Errorf("%w: the watched node holds 3 watches", ErrWatchRefused)
@@ -55,11 +76,11 @@ func TestWireValuesArePinned(t *testing.T) {
 func goldenFrames(t *testing.T) map[string][]byte {
 	uid := NodeUID{0xa1, 0xa2, 0xa3, 0xa4, 0xa5, 0xa6, 0xa7, 0xa8, 0xa9, 0xaa, 0xab, 0xac, 0xad, 0xae, 0xaf, 0xb0}
 	target := refKey{node: uid, path: "/user/echo", uuid: UUID{0x10, 0x11, 0x12, 0x13, 0x14, 0x15, 0x16, 0x17, 0x18, 0x19, 0x1a, 0x1b, 0x1c, 0x1d, 0x1e, 0x1f}}
-	h := &hello{version: protocolVersion, uid: uid, name: "alpha", addrs: []string{"tcp://127.0.0.1:7001", "unix:///run/a.sock"}, appVersion: "1.4.2", headers: true}
+	h := &hello{version: protocolVersion, uid: uid, name: "alpha", addrs: []string{"tcp://127.0.0.1:7001", "unix:///run/a.sock"}, appVersion: "1.4.2", headers: true, session: bytes.Repeat([]byte{0x5a}, nonceSize), dial: 300}
 	w := *h
-	w.appVersion, w.headers = "", false // (a welcome without extensions)
+	w.appVersion, w.headers, w.session, w.dial = "", false, nil, 0 // (a welcome without extensions)
 	o := *h
-	o.name, o.addrs, o.flags, o.appVersion, o.observer, o.headers = "troupe-cli", nil, helloCredit|helloDrains|helloShapes, "", true, false
+	o.name, o.addrs, o.flags, o.appVersion, o.observer, o.headers, o.session, o.dial = "troupe-cli", nil, helloCredit|helloDrains|helloShapes, "", true, false, nil, 0
 	frame := func(body []byte) []byte { return appendWhole(nil, body) }
 	watch := watchBody{path: target.path, uuid: target.uuid, watcher: "/user/watcher"}
 	dead := watch
@@ -106,6 +127,8 @@ func goldenFrames(t *testing.T) map[string][]byte {
 		"resume":         frame(appendResume(nil, 70000)),
 		"challenge":      frame(appendChallenge(nil, challengeBody{uid: uid, nonce: bytes.Repeat([]byte{0x5a}, nonceSize), mac: bytes.Repeat([]byte{0xc3}, macSize)})),
 		"proof":          frame(appendProof(nil, bytes.Repeat([]byte{0xc3}, macSize))),
+		"tokenchallenge": frame(appendTokenChallenge(nil, tokenChallenge{uid: uid, nonce: bytes.Repeat([]byte{0x5a}, nonceSize)})),
+		"token":          frame(appendToken(nil, bytes.Repeat([]byte{0x7e}, tokenSize))),
 	}
 	return out
 }
@@ -276,7 +299,10 @@ func TestFrameBodiesParseBack(t *testing.T) {
 	parsers := map[string]func(b []byte) (any, error){
 		"hello": func(b []byte) (any, error) {
 			h, err := parseHello(b)
-			return sprint(h.name, strings.Join(h.addrs, ","), h.appVersion, h.headers), err
+			if err != nil {
+				return nil, err
+			}
+			return sprint(h.name, strings.Join(h.addrs, ","), h.appVersion, h.headers, h.session[0], len(h.session), h.dial, h.ordered), nil
 		},
 		"welcome": func(b []byte) (any, error) { h, err := parseHello(b); return h.uid, err },
 		"hello-observer": func(b []byte) (any, error) {
@@ -327,6 +353,20 @@ func TestFrameBodiesParseBack(t *testing.T) {
 			}
 			return sprint(m[0], len(m)), nil
 		},
+		"tokenchallenge": func(b []byte) (any, error) {
+			c, err := parseTokenChallenge(b)
+			if err != nil {
+				return nil, err
+			}
+			return sprint(c.uid == uid, c.nonce[0], len(c.nonce)), nil
+		},
+		"token": func(b []byte) (any, error) {
+			tok, err := parseToken(b)
+			if err != nil {
+				return nil, err
+			}
+			return sprint(tok[0], len(tok)), nil
+		},
 		"ack":    func(b []byte) (any, error) { return parseAck(b) },
 		"resume": func(b []byte) (any, error) { return parseResume(b) },
 		"credit": func(b []byte) (any, error) {
@@ -344,7 +384,7 @@ func TestFrameBodiesParseBack(t *testing.T) {
 	}
 	watch := watchBody{path: "/user/echo", uuid: uuid, watcher: "/user/watcher"}
 	want := map[string]any{
-		"hello":          "alpha tcp://127.0.0.1:7001,unix:///run/a.sock 1.4.2 true",
+		"hello":          "alpha tcp://127.0.0.1:7001,unix:///run/a.sock 1.4.2 true 90 32 300 true",
 		"welcome":        uid,
 		"hello-observer": "troupe-cli true false true",
 		"reject":         rejectBody{code: rejectDuplicate, uid: uid, text: "the other connection between these nodes wins"},
@@ -360,6 +400,8 @@ func TestFrameBodiesParseBack(t *testing.T) {
 		"heartbeat":      nil,
 		"challenge":      sprint(true, 0x5a, nonceSize, 0xc3, macSize),
 		"proof":          sprint(0xc3, macSize),
+		"tokenchallenge": sprint(true, 0x5a, nonceSize),
+		"token":          sprint(0x7e, tokenSize),
 		"ack":            uint64(1025),
 		"resume":         uint64(70000),
 		"credit":         sprint(uint64(3), uint64(50)),

@@ -1,0 +1,138 @@
+package troupe
+
+import (
+	"crypto/hmac"
+	"fmt"
+	"net"
+)
+
+// Session tokens: a new connection that claims a session this node holds
+// with a peer (a second connection of the same incarnation, a resume, a
+// redial that replaces a suspended session) must prove that it comes from
+// that peer, not from anyone who read its uid in a listing or a ref.
+//
+// Each node incarnation draws a random key at Start. Its token for a peer
+// is HMAC(key, peer uid): it needs no table, and the same peer always gets
+// the same one. Both sides send their token for the other as the first
+// frame (after a resume frame) of every connection with a peer that speaks
+// tokens; each keeps the one it received with the session, and moves it
+// with the session to a connection that resumes it.
+//
+// A claim is proven with the claimant's own token, which it derives from
+// its key, over a fresh nonce of the side that checks, so a token crosses
+// the wire only in token frames, never in a proof, and a recorded proof
+// does not prove anything again:
+//
+//   - a dialer whose hello claims a uid the acceptor holds a session with
+//     is challenged (a tokenchallenge frame: the acceptor's uid and a
+//     fresh nonce) and answers with a proof frame:
+//     HMAC(token, "troupe-v1-claim-dialer" || acceptor nonce || dialer
+//     nonce || dialer uid || acceptor uid);
+//   - an acceptor proves its own claim in every welcome to a dialer that
+//     speaks tokens: HMAC(token, "troupe-v1-claim-acceptor" || dialer
+//     nonce || acceptor uid || dialer uid), the dialer nonce from its hello.
+//
+// A connection that would take over a session whose token this node holds
+// (the fresh one wins a duplicate, resumes a suspended session or replaces
+// it) without the proof is refused, and the session is untouched. A
+// session with a peer that speaks no tokens (a node of an earlier
+// release), or whose token frame has not arrived yet, asks no proof.
+
+// tokenFor is this node's session token for peer.
+func (n *Node) tokenFor(peer NodeUID) []byte {
+	return authMAC(n.tokenKey[:], "token", nil, nil, peer, n.uid)
+}
+
+// provesSession reports whether a, a connection whose handshake claimed
+// uid, proved that it holds token, the session token uid gave this node.
+func (n *Node) provesSession(a *assoc, uid NodeUID, token []byte) bool {
+	if a.proof == nil {
+		return false
+	}
+	if a.outbound {
+		return hmac.Equal(a.proof, authMAC(token, "claim-acceptor", a.nonce, nil, uid, n.uid))
+	}
+	return a.challenged != nil && hmac.Equal(a.proof, authMAC(token, "claim-dialer", a.challenged, a.nonce, uid, n.uid))
+}
+
+// sessionProof is the proof an acceptor puts in its welcome to a dialer
+// whose hello carried nonce.
+func (n *Node) sessionProof(dialer NodeUID, nonce []byte) []byte {
+	return authMAC(n.tokenFor(dialer), "claim-acceptor", nonce, nil, n.uid, dialer)
+}
+
+// holdsSession reports whether this node holds a session with uid: a
+// connection claiming it is to be challenged.
+func (n *Node) holdsSession(uid NodeUID) bool {
+	n.pmu.Lock()
+	defer n.pmu.Unlock()
+	return n.byUID[uid] != nil
+}
+
+// mayTakeOver reports whether a, whose hello claimed uid, may take over
+// the session this node holds with uid, if it holds one: it proved that
+// it holds the session's token, or the session has none.
+func (n *Node) mayTakeOver(a *assoc, uid NodeUID) bool {
+	n.pmu.Lock()
+	ex := n.byUID[uid]
+	n.pmu.Unlock()
+	if ex == nil {
+		return true
+	}
+	ex.mu.Lock()
+	token := ex.peerToken
+	ex.mu.Unlock()
+	return token == nil || n.provesSession(a, uid, token)
+}
+
+// challengeToken runs the acceptor's token challenge for hello h: it
+// returns the nonce it sent and the dialer's proof (checked later, against
+// the session the connection would take over).
+func (n *Node) challengeToken(c net.Conn, fr *frameReader, h *hello) (nonce, proof []byte, err error) {
+	nonce = newNonce()
+	if _, err := c.Write(appendFrame(nil, func(b []byte) []byte {
+		return appendTokenChallenge(b, tokenChallenge{uid: n.uid, nonce: nonce})
+	})); err != nil {
+		return nil, nil, err
+	}
+	body, err := fr.next()
+	if err != nil {
+		return nil, nil, fmt.Errorf("no proof of the session token: %w", err)
+	}
+	if frameKind(body[0]) == frameProof {
+		proof, err = parseProof(body[1:])
+	}
+	if proof == nil || err != nil {
+		return nil, nil, fmt.Errorf("%w: expected a proof of the session token", ErrMalformed)
+	}
+	return nonce, append([]byte(nil), proof...), nil
+}
+
+// answerTokenChallenge is the dialer's answer to a token challenge: the
+// proof frame, made with this node's token for the challenger.
+func (n *Node) answerTokenChallenge(body []byte, h *hello) ([]byte, error) {
+	if h.session == nil {
+		return nil, fmt.Errorf("%w: a token challenge to a hello without a session nonce", ErrMalformed)
+	}
+	tc, err := parseTokenChallenge(body)
+	if err != nil {
+		return nil, err
+	}
+	proof := authMAC(n.tokenFor(tc.uid), "claim-dialer", tc.nonce, h.session, n.uid, tc.uid)
+	return appendFrame(nil, func(b []byte) []byte { return appendProof(b, proof) }), nil
+}
+
+// onToken keeps the peer's session token, with the session (the first one
+// it sends stays).
+func (a *assoc) onToken(b []byte) error {
+	tok, err := parseToken(b)
+	if err != nil {
+		return err
+	}
+	t := a.lockTarget()
+	if t.peerToken == nil {
+		t.peerToken = append([]byte(nil), tok...)
+	}
+	t.mu.Unlock()
+	return nil
+}
