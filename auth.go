@@ -182,3 +182,42 @@ func (n *Node) clientTLS(c net.Conn, addr Addr) *tls.Conn {
 	}
 	return tls.Client(c, cfg)
 }
+
+// The secret handshake's frames.
+
+// challengeBody is the acceptor's half of the secret handshake: its uid,
+// its nonce and its proof that it knows the secret.
+type challengeBody struct {
+	uid   NodeUID
+	nonce []byte
+	mac   []byte
+}
+
+func appendChallenge(b []byte, c challengeBody) []byte {
+	b = append(b, byte(frameChallenge))
+	b = append(b, c.uid[:]...)
+	b = append(b, c.nonce...)
+	return append(b, c.mac...)
+}
+
+// parseChallenge parses a challenge; the slices it returns point into b.
+func parseChallenge(b []byte) (challengeBody, error) {
+	d := decoder{b: b}
+	var c challengeBody
+	copy(c.uid[:], d.take(idSize))
+	c.nonce = d.take(nonceSize)
+	c.mac = d.take(macSize)
+	return c, d.whole("challenge")
+}
+
+// appendProof appends the dialer's half: its proof that it knows the secret.
+func appendProof(b []byte, mac []byte) []byte {
+	return append(append(b, byte(frameProof)), mac...)
+}
+
+// parseProof returns the proof, which points into b.
+func parseProof(b []byte) ([]byte, error) {
+	d := decoder{b: b}
+	mac := d.take(macSize)
+	return mac, d.whole("proof")
+}

@@ -1,7 +1,6 @@
 package troupe
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -330,42 +329,8 @@ func (n *Node) attachConn(a *assoc, h *hello) bool {
 	case !h.ordered:
 		a.dialNum = 0 // the peer orders this node's dials as they come
 	}
-	if r := a.resumeOf; r != nil && h.uid == r.peerUID {
-		r.mu.Lock()
-		token := r.peerToken
-		r.mu.Unlock()
-		if token != nil && !n.provesSession(a, h.uid, token) {
-			// Another answers with the uid of the peer whose session
-			// this connection was to resume: the session is not its to
-			// take, nor to end.
-			why := fmt.Sprintf("%s answers with the uid of the peer whose session this node resumes, without proving that it holds the session's token", a.dialAddr)
-			n.log.Warn("troupe: refused a connection that claims another's session", "peer", a.label(), "claimed_uid", h.uid.String(), "claimed_name", h.name)
-			n.totals.protocolErrors.Add(1)
-			n.events.emit(ProtocolError{Remote: a.label(), Err: fmt.Errorf("%w: %s", ErrAuth, why)})
-			sayBye(a.conn, byeRefused, why)
-			a.fail(fmt.Errorf("%w: %s", ErrAuth, why))
-			return false
-		}
-	}
-	if r := a.resumeOf; r != nil && (h.uid != r.peerUID || h.flags&helloResuming == 0) {
-		// The incarnation the suspended session was with is gone (another
-		// answers), or it no longer holds the session: it ended there.
-		why := "another incarnation answers at " + a.dialAddr.String()
-		if h.uid == r.peerUID {
-			why = "the peer no longer holds the session"
-		}
-		r.mu.Lock()
-		cause := r.life.lostCause
-		r.mu.Unlock()
-		r.fail(fmt.Errorf("%v, and %s", cause, why))
-		if h.uid == r.peerUID {
-			// The peer holds an accepted session for this connection:
-			// it must not wait for it to come back.
-			sayBye(a.conn, byeRefused, why)
-			a.fail(errors.New(why))
-			return false
-		}
-		a.resumeOf = nil // a new peer at the address: a new association
+	if !n.answersResume(a, h) {
+		return false
 	}
 	// Under mu: senders that queue to a (before it is up) read these.
 	a.mu.Lock()
@@ -445,6 +410,51 @@ func (n *Node) attachConn(a *assoc, h *hello) bool {
 	}
 	if !a.outbound {
 		n.proveClaims(a)
+	}
+	return true
+}
+
+// answersResume checks who answered a connection that was to resume a
+// suspended session (a.resumeOf): the same incarnation must prove the
+// session's token; another incarnation, or one that no longer holds the
+// session, ends it. False if the connection is refused.
+func (n *Node) answersResume(a *assoc, h *hello) bool {
+	if r := a.resumeOf; r != nil && h.uid == r.peerUID {
+		r.mu.Lock()
+		token := r.peerToken
+		r.mu.Unlock()
+		if token != nil && !n.provesSession(a, h.uid, token) {
+			// Another answers with the uid of the peer whose session
+			// this connection was to resume: the session is not its to
+			// take, nor to end.
+			why := fmt.Sprintf("%s answers with the uid of the peer whose session this node resumes, without proving that it holds the session's token", a.dialAddr)
+			n.log.Warn("troupe: refused a connection that claims another's session", "peer", a.label(), "claimed_uid", h.uid.String(), "claimed_name", h.name)
+			n.totals.protocolErrors.Add(1)
+			n.events.emit(ProtocolError{Remote: a.label(), Err: fmt.Errorf("%w: %s", ErrAuth, why)})
+			sayBye(a.conn, byeRefused, why)
+			a.fail(fmt.Errorf("%w: %s", ErrAuth, why))
+			return false
+		}
+	}
+	if r := a.resumeOf; r != nil && (h.uid != r.peerUID || h.flags&helloResuming == 0) {
+		// The incarnation the suspended session was with is gone (another
+		// answers), or it no longer holds the session: it ended there.
+		why := "another incarnation answers at " + a.dialAddr.String()
+		if h.uid == r.peerUID {
+			why = "the peer no longer holds the session"
+		}
+		r.mu.Lock()
+		cause := r.life.lostCause
+		r.mu.Unlock()
+		r.fail(fmt.Errorf("%v, and %s", cause, why))
+		if h.uid == r.peerUID {
+			// The peer holds an accepted session for this connection:
+			// it must not wait for it to come back.
+			sayBye(a.conn, byeRefused, why)
+			a.fail(errors.New(why))
+			return false
+		}
+		a.resumeOf = nil // a new peer at the address: a new association
 	}
 	return true
 }
@@ -627,83 +637,6 @@ func writeWelcome(c net.Conn, welcome []byte) {
 	if welcome != nil {
 		c.Write(welcome)
 	}
-}
-
-// maxProvenClaims bounds how many of a peer's announced addresses are
-// checked by dialing back.
-const maxProvenClaims = 4
-
-// claim is the check of an address an inbound peer announced; done is
-// closed when it is over, proven or not.
-type claim struct{ done chan struct{} }
-
-// proveClaims checks, in the background, the first addresses an inbound
-// peer announced: a probe dialed to each (no association) must reach the
-// same uid before this node routes that address's traffic to the peer's
-// association. Until then a send to the address waits for the check
-// (assocAt), so that it does not open a second connection to the peer.
-func (n *Node) proveClaims(a *assoc) {
-	n.pmu.Lock()
-	defer n.pmu.Unlock()
-	for i, ad := range a.peerAddrs {
-		if i == maxProvenClaims || n.pclosing {
-			return
-		}
-		if n.byAddr[ad] != nil || n.claims[ad] != nil || n.isOwnAddr(ad) {
-			continue
-		}
-		if n.claims == nil {
-			n.claims = make(map[Addr]*claim)
-		}
-		cl := &claim{done: make(chan struct{})}
-		n.claims[ad] = cl
-		n.wg.Go(func() {
-			proven := n.probeUID(ad) == a.peerUID
-			n.pmu.Lock()
-			delete(n.claims, ad)
-			if proven && n.byUID[a.peerUID] == a && n.byAddr[ad] == nil {
-				n.byAddr[ad] = a
-				a.proven = append(a.proven, ad)
-			}
-			n.pmu.Unlock()
-			close(cl.done)
-		})
-	}
-}
-
-// probeUID dials addr and asks, without associating, which node answers
-// there; the zero uid if none does.
-func (n *Node) probeUID(addr Addr) NodeUID {
-	uid, _ := n.probeAt(addr)
-	return uid
-}
-
-// probeAt is probeUID that also returns why nobody answered: the dial's
-// error, or nil for a connection that gave no troupe welcome.
-func (n *Node) probeAt(addr Addr) (NodeUID, error) {
-	c, err := n.dial(addr)
-	if err != nil {
-		return NodeUID{}, err
-	}
-	defer c.Close()
-	// Bounded by the handshake timeout and by the node closing, whatever
-	// the connection does with deadlines.
-	ctx, cancel := context.WithTimeout(n.dialCtx, n.cfg.HandshakeTimeout)
-	defer cancel()
-	stop := context.AfterFunc(ctx, func() { c.Close() })
-	defer stop()
-	c.SetDeadline(time.Now().Add(n.cfg.HandshakeTimeout))
-	h := n.hello()
-	h.flags |= helloProbe
-	body, _, err := n.dialHandshake(c, newFrameReader(c, maxHelloSize), h)
-	if err != nil || frameKind(body[0]) != frameWelcome {
-		return NodeUID{}, nil
-	}
-	w, err := parseHello(body[1:])
-	if err != nil {
-		return NodeUID{}, nil
-	}
-	return w.uid, nil
 }
 
 // awaitWinner parks an outbound association whose connection lost a

@@ -136,3 +136,40 @@ func (a *assoc) onToken(b []byte) error {
 	t.mu.Unlock()
 	return nil
 }
+
+// The session tokens' frames.
+
+// tokenChallenge is the acceptor's demand that a dialer whose hello
+// claims a session it holds prove it holds that session's token: its uid
+// and a fresh nonce. The dialer answers with a proof frame.
+type tokenChallenge struct {
+	uid   NodeUID
+	nonce []byte
+}
+
+func appendTokenChallenge(b []byte, c tokenChallenge) []byte {
+	b = append(b, byte(frameTokenChallenge))
+	b = append(b, c.uid[:]...)
+	return append(b, c.nonce...)
+}
+
+// parseTokenChallenge parses a token challenge; its nonce points into b.
+func parseTokenChallenge(b []byte) (tokenChallenge, error) {
+	d := decoder{b: b}
+	var c tokenChallenge
+	copy(c.uid[:], d.take(idSize))
+	c.nonce = d.take(nonceSize)
+	return c, d.whole("tokenchallenge")
+}
+
+// appendToken appends the sender's session token for the receiver.
+func appendToken(b []byte, token []byte) []byte {
+	return append(append(b, byte(frameToken)), token...)
+}
+
+// parseToken returns the token, which points into b.
+func parseToken(b []byte) ([]byte, error) {
+	d := decoder{b: b}
+	t := d.take(tokenSize)
+	return t, d.whole("token")
+}

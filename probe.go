@@ -1,0 +1,89 @@
+package troupe
+
+import (
+	"context"
+	"time"
+)
+
+// Who answers at an address, asked without associating: a probe dials
+// it, says hello as a probe, and reads the welcome's uid. A node proves
+// the addresses an inbound peer claims this way before it routes their
+// traffic to the peer, and a registrar checks a reported or contested
+// address this way before it drops anything (registrar_check.go).
+
+// maxProvenClaims bounds how many of a peer's announced addresses are
+// checked by dialing back.
+const maxProvenClaims = 4
+
+// claim is the check of an address an inbound peer announced; done is
+// closed when it is over, proven or not.
+type claim struct{ done chan struct{} }
+
+// proveClaims checks, in the background, the first addresses an inbound
+// peer announced: a probe dialed to each (no association) must reach the
+// same uid before this node routes that address's traffic to the peer's
+// association. Until then a send to the address waits for the check
+// (assocAt), so that it does not open a second connection to the peer.
+func (n *Node) proveClaims(a *assoc) {
+	n.pmu.Lock()
+	defer n.pmu.Unlock()
+	for i, ad := range a.peerAddrs {
+		if i == maxProvenClaims || n.pclosing {
+			return
+		}
+		if n.byAddr[ad] != nil || n.claims[ad] != nil || n.isOwnAddr(ad) {
+			continue
+		}
+		if n.claims == nil {
+			n.claims = make(map[Addr]*claim)
+		}
+		cl := &claim{done: make(chan struct{})}
+		n.claims[ad] = cl
+		n.wg.Go(func() {
+			proven := n.probeUID(ad) == a.peerUID
+			n.pmu.Lock()
+			delete(n.claims, ad)
+			if proven && n.byUID[a.peerUID] == a && n.byAddr[ad] == nil {
+				n.byAddr[ad] = a
+				a.proven = append(a.proven, ad)
+			}
+			n.pmu.Unlock()
+			close(cl.done)
+		})
+	}
+}
+
+// probeUID dials addr and asks, without associating, which node answers
+// there; the zero uid if none does.
+func (n *Node) probeUID(addr Addr) NodeUID {
+	uid, _ := n.probeAt(addr)
+	return uid
+}
+
+// probeAt is probeUID that also returns why nobody answered: the dial's
+// error, or nil for a connection that gave no troupe welcome.
+func (n *Node) probeAt(addr Addr) (NodeUID, error) {
+	c, err := n.dial(addr)
+	if err != nil {
+		return NodeUID{}, err
+	}
+	defer c.Close()
+	// Bounded by the handshake timeout and by the node closing, whatever
+	// the connection does with deadlines.
+	ctx, cancel := context.WithTimeout(n.dialCtx, n.cfg.HandshakeTimeout)
+	defer cancel()
+	stop := context.AfterFunc(ctx, func() { c.Close() })
+	defer stop()
+	c.SetDeadline(time.Now().Add(n.cfg.HandshakeTimeout))
+	h := n.hello()
+	h.flags |= helloProbe
+	body, _, err := n.dialHandshake(c, newFrameReader(c, maxHelloSize), h)
+	if err != nil || frameKind(body[0]) != frameWelcome {
+		return NodeUID{}, nil
+	}
+	w, err := parseHello(body[1:])
+	if err != nil {
+		return NodeUID{}, nil
+	}
+	return w.uid, nil
+}
