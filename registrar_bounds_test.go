@@ -281,10 +281,12 @@ func TestAPeerCannotTakeAnotherNodesEntries(t *testing.T) {
 	if err := ask(regRequest{Op: regOpRegister, Regs: toWire([]Registration{{Name: "mine", UUID: UUID{5}, Path: "/user/mine", Node: hostile.uid, Addrs: honest.Addrs()}})}); err != nil {
 		t.Fatal(err)
 	}
+	waitChecksIdle(t, registrar.reg()) // (a claim on a live node's address is checked: it must answer as honest)
 	held("after a peer claimed honest's addresses")
 	for _, a := range honest.Addrs() {
 		ask(regRequest{Op: regOpDeleteAddr, Node: honest.uid, Addr: a.String()})
 	}
+	waitChecksIdle(t, registrar.reg()) // (the registrar checks each report itself; then it holds or drops)
 	held("after a peer asked to delete honest's addresses")
 	ask(regRequest{Op: regOpRegister, Regs: toWire([]Registration{{Name: "svc", UUID: svc.UUID, Path: "/user/svc", Node: hostile.uid, Addrs: hostile.Addrs()}})})
 	registrar.reg().dropNode(honest.uid) // (as if honest had been lost a moment)

@@ -1,6 +1,8 @@
 package troupe
 
 import (
+	"net"
+	"slices"
 	"sync"
 	"time"
 )
@@ -30,6 +32,7 @@ type addrChecks struct {
 	mu       sync.Mutex
 	inFlight map[Addr]bool
 	budget   map[NodeUID]*checkBudget
+	started  int // checks started, for the tests
 }
 
 // checkBudget is a reporter's allowance: tokens refilled one per
@@ -65,7 +68,15 @@ func (c *addrChecks) take(now time.Time, reporter NodeUID, addr Addr) bool {
 	}
 	b.tokens--
 	c.inFlight[addr] = true
+	c.started++
 	return true
+}
+
+// idle reports how many checks were started, once none is in flight.
+func (c *addrChecks) idle() (started int, ok bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.started, len(c.inFlight) == 0
 }
 
 func (c *addrChecks) done(addr Addr) {
@@ -78,25 +89,78 @@ func (c *addrChecks) done(addr Addr) {
 // still answers at addr (reporter asked, by a report or a claim), and
 // drops node's entries at addr if it does not. It reports whether a check
 // was started.
+//
+// Only a definite answer drops anything: the connection refused, or a
+// troupe node of another uid welcoming the probe. A handshake that failed
+// or timed out (the node busy, or a peer holding its handshake slots) is
+// no answer. And an address only the node's own host can reach (a Unix
+// socket, loopback) is checked only for a node on the registrar's host.
 func (n *Node) checkAddr(node NodeUID, addr Addr, reporter NodeUID) bool {
 	g := n.reg()
-	if g == nil || node == n.uid || n.isOwnAddr(addr) || !g.checks.take(time.Now(), reporter, addr) {
+	if g == nil || node == n.uid || n.isOwnAddr(addr) || !g.lists(node, addr) || !n.reachesAsItsHost(node, addr) ||
+		!g.checks.take(time.Now(), reporter, addr) {
 		return false
 	}
 	n.wg.Go(func() {
 		defer g.checks.done(addr)
 		uid, err := n.probeAt(addr)
-		if uid == node || n.workOver() {
-			return // it answers there: the report was wrong
+		if n.workOver() {
+			return
 		}
-		why := "another node answers there"
-		if err != nil {
+		var why string
+		switch {
+		case err != nil && isRefused(err):
 			why = err.Error()
-		} else if uid == (NodeUID{}) {
-			why = "no troupe node answers there"
+		case err == nil && uid != (NodeUID{}) && uid != node:
+			why = "another node answers there"
+		default:
+			return // it answers there, or no definite answer: it stays
 		}
 		n.log.Info("troupe: the registrar checked an address and drops the entries that list it", "addr", addr.String(), "node", node.String(), "why", why)
 		g.deleteAddr(node, addr)
 	})
 	return true
+}
+
+// lists reports whether node has an entry at addr: a report of any other
+// address makes the registrar dial nothing.
+func (g *regTable) lists(node NodeUID, addr Addr) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for _, e := range g.byNode[node] {
+		if slices.Contains(e.Addrs, addr) {
+			return true
+		}
+	}
+	return false
+}
+
+// reachesAsItsHost reports whether this node can check addr for node: any
+// address that is neither a Unix socket nor loopback, or one of those
+// when node is associated here over a local connection (it is on this
+// host). A node this node has no association with is judged by the
+// address alone.
+func (n *Node) reachesAsItsHost(node NodeUID, addr Addr) bool {
+	if addr.network != "unix" && !addr.isLoopback() {
+		return true
+	}
+	n.pmu.Lock()
+	a := n.byUID[node]
+	n.pmu.Unlock()
+	if a == nil {
+		return true
+	}
+	a.mu.Lock()
+	c := a.conn
+	a.mu.Unlock()
+	if c == nil {
+		return false
+	}
+	switch ra := c.RemoteAddr().(type) {
+	case *net.UnixAddr:
+		return true
+	case *net.TCPAddr:
+		return ra.IP.IsLoopback()
+	}
+	return false
 }
