@@ -273,6 +273,10 @@ type assoc struct {
 	// Owned by the node's heartbeat goroutine.
 	det      WindowDetector
 	lastBeat time.Time
+	// judged: the window decides about this peer (it is no member whose
+	// liveness the cluster judges, or this node flushes); when it becomes
+	// so, the window starts then, not at the last bytes heard.
+	judged bool
 
 	// Owned by the writer goroutine.
 	iov     net.Buffers   // the buffers of one write

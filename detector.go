@@ -84,6 +84,13 @@ func (a *assoc) checkLiveness(now time.Time) {
 	// and the end of the shutdown.
 	flushing := a.n.flushBegun()
 	judged := flushing || !a.n.isMember(a.peerUID)
+	if judged && !a.judged {
+		// A member that exchanged no heartbeats with this node (it
+		// watches other members) was judged by the cluster until now:
+		// its window starts here, not at whatever was last heard.
+		a.det.Start = now
+	}
+	a.judged = judged
 	if !a.det.Available(now) && judged {
 		a.declareUnreachable(fmt.Errorf("nothing heard for %v (the limit is %v)", now.Sub(a.det.LastHeard()).Round(time.Millisecond), a.n.cfg.UnreachableAfter))
 		return

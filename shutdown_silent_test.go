@@ -2,6 +2,7 @@ package troupe
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 )
@@ -49,5 +50,44 @@ func TestAShutdownWaitsForASilentPeerOnlyUntilItIsUnreachable(t *testing.T) {
 		if took > 5*time.Second {
 			t.Errorf("audible %v: Shutdown took %v with UnreachableAfter %v", audible, took, cfg.UnreachableAfter)
 		}
+	}
+}
+
+// A graceful Shutdown says goodbye to a cluster member it never heard
+// from (members that watch other members exchange no heartbeats): the
+// window that judges it during the flush starts at the flush, so the
+// session is not reset as silent, and the member's watchers hear
+// ErrPeerLeft.
+func TestShutdownSaysGoodbyeToAMemberItNeverHeardFrom(t *testing.T) {
+	f := NewFaultNet()
+	t.Cleanup(f.Heal)
+	a := startOn(t, f, failConfig("a", 50*time.Millisecond, 500*time.Millisecond))
+	b := startOn(t, f, failConfig("b", 50*time.Millisecond, 500*time.Millisecond))
+	_, got := spawnCollector[testPong](t, b, "sink", 16)
+	spawnEcho(t, a, "echo")
+	toSink, err := Resolve[testPong](ctxT(t, 5*time.Second), a, FormatRef(b.Addrs()[0], "/user/sink"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	echo, err := Resolve[testPing](ctxT(t, 5*time.Second), b, FormatRef(a.Addrs()[0], "/user/echo"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	term := watcher(t, b, "w", echo)
+	none := map[NodeUID]bool{} // members that watch neither: no heartbeats either way
+	a.members.Store(b.UID(), struct{}{})
+	a.beatMembers.Store(&none)
+	b.members.Store(a.UID(), struct{}{})
+	b.beatMembers.Store(&none)
+	time.Sleep(1500 * time.Millisecond) // (three windows of silence between them)
+	a.OnShutdown(PhaseFlush, func(context.Context) error { toSink.Tell(testPong{N: 7}); return nil })
+	if err := a.Shutdown(ctxT(t, 5*time.Second)); err != nil {
+		t.Fatalf("Shutdown: %v", err)
+	}
+	if m := recv(t, got, "the last word"); m.N != 7 {
+		t.Fatalf("got %v", m)
+	}
+	if tm := recv(t, term, "b's watcher"); !errors.Is(tm.Reason, ErrPeerLeft) {
+		t.Fatalf("got %v; want ErrPeerLeft", tm.Reason)
 	}
 }
