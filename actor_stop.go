@@ -42,6 +42,9 @@ func (c *cell[T]) terminate(rest []T) bool {
 		return false
 	}
 	c.stopTimers()
+	// Kept before the cell refuses watches: a watch from now on finds
+	// the reason (recentStops), not a bare ErrActorStopped.
+	c.n.stops.record(c.self.key.path, c.self.key.uuid, l.stopReason)
 	c.mu.Lock()
 	c.closed = true
 	var waiting []T
@@ -106,7 +109,6 @@ func (c *cell[T]) terminate(rest []T) bool {
 	for _, a := range l.adapters {
 		c.n.removeActor(a.key.path)
 	}
-	c.n.stops.record(c.self.key.path, c.self.key.uuid, l.stopReason) // (before it leaves the table: a late watch finds one or the other)
 	c.n.removeActor(c.self.key.path)
 	c.n.stopServices(c.self)
 	c.n.stopServiceSubs(c.self)

@@ -444,3 +444,44 @@ func TestRecentStopsKeepsTheLastReasons(t *testing.T) {
 type uncomparableErr struct{ v any }
 
 func (e uncomparableErr) Error() string { return fmt.Sprint(e.v) }
+
+// A watch placed while the actor stops (here during its PostStop, after
+// it refuses watches) gets the real reason too.
+func TestAWatchDuringPostStopGetsTheRealReason(t *testing.T) {
+	n := startNode(t, testConfig())
+	inPostStop, release := make(chan struct{}), make(chan struct{})
+	children := make(chan Ref[count], 1)
+	parent, err := Spawn(n, "parent", Behavior[count]{
+		Setup: func(c *Context[count]) {
+			ch, _ := Spawn(c, "child", Behavior[count]{Receive: func(*Context[count], count) {},
+				Signal: func(_ *Context[count], s Signal) {
+					if _, ok := s.(PostStop); ok {
+						close(inPostStop)
+						<-release
+					}
+				}})
+			children <- ch
+		},
+		Receive: func(*Context[count], count) {},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	child := recv(t, children, "the child")
+	n.Stop(parent)
+	recv(t, inPostStop, "PostStop")
+	term := make(chan Terminated, 1)
+	if _, err := Spawn(n, "late", Behavior[count]{Setup: func(c *Context[count]) { c.Watch(child) }, Receive: func(*Context[count], count) {},
+		Signal: func(_ *Context[count], s Signal) {
+			if tm, ok := s.(Terminated); ok {
+				term <- tm
+			}
+		}}); err != nil {
+		t.Fatal(err)
+	}
+	tm := recv(t, term, "Terminated")
+	close(release)
+	if !errors.Is(tm.Reason, ErrParentStopped) {
+		t.Fatalf("got %v, want ErrParentStopped", tm.Reason)
+	}
+}
