@@ -100,7 +100,9 @@
 // [Terminated] with a reason wrapping [ErrPeerUnreachable], the peer is
 // quarantined (sends become dead letters wrapping [ErrQuarantined], pending
 // asks fail), and a [PeerUnreachable] event is published. Nothing
-// reconnects until [Node.Reconnect] or [Node.ClearQuarantine] is called.
+// reconnects to that incarnation until [Node.Reconnect] or
+// [Node.ClearQuarantine] is called; a quarantine binds the incarnation,
+// so a process restarted at the same address is a new peer, admitted.
 // Remote refs are bound to the association session they came from.
 // Registrars and cluster members are exempt from quarantine. A
 // [FaultNet] runs nodes over a network that tests can partition, pause,

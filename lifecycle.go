@@ -174,7 +174,8 @@ func ShutdownOnSignal(n *Node, grace time.Duration, signals ...os.Signal) error 
 	select {
 	case <-ctx.Done():
 	case <-n.done:
-		<-n.closed // (Close and Shutdown are bounded; the node's last wait is a handler's)
+		stop() // (the signals are the process's again: a second Ctrl-C ends it)
+		<-n.closed
 		return nil
 	}
 	n.log.Info("troupe: signal received; shutting down", "grace", grace.String())

@@ -345,6 +345,12 @@ func connect[T any](ctx context.Context, n *Node, src registrarSource, regs []Re
 			stale = false
 			continue
 		}
+		if n.isQuarantined(c.reg.Node) {
+			// Known gone (the quarantine binds that incarnation): not
+			// dialed, until the quarantine is lifted.
+			stale = false
+			continue
+		}
 		r, err := Resolve[T](ctx, n, FormatRef(c.addr, c.reg.Path))
 		if err == nil && r.NodeUID() == c.reg.Node {
 			n.remember(c.reg.Name, r.h, protocolName(reflect.TypeFor[T]()))

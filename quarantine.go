@@ -270,6 +270,14 @@ func (t *quarantineTable) list() []QuarantineInfo {
 	return out
 }
 
+// isQuarantined reports whether the incarnation uid is quarantined here;
+// it takes n.pmu.
+func (n *Node) isQuarantined(uid NodeUID) bool {
+	n.pmu.Lock()
+	defer n.pmu.Unlock()
+	return n.quarantineFor(uid) != nil
+}
+
 // quarantineFor returns the quarantine entry covering uid or any of addrs.
 // The caller holds n.pmu.
 func (n *Node) quarantineFor(uid NodeUID, addrs ...Addr) *QuarantineInfo {

@@ -272,7 +272,7 @@ func serviceRefs[T any](ctx context.Context, n *Node, regs []Registration, known
 			}
 			continue
 		}
-		if n.quarantineFor(c.reg.Node) != nil {
+		if n.isQuarantined(c.reg.Node) {
 			tried[m] = true // known gone, until the quarantine is cleared
 			continue
 		}

@@ -357,7 +357,7 @@ func Publish[T any](ctx context.Context, n *Node, t Topic[T], msg T) error {
 	}
 	local := localRelay[T](n, t.name)
 	for _, r := range p.current() {
-		if r.h.local == nil && (n.quarantineFor(r.h.key.node) != nil || r.h.assoc.failure() != nil) {
+		if r.h.local == nil && (n.isQuarantined(r.h.key.node) || r.h.assoc.failure() != nil) {
 			continue // a node lost: the listing is being made again
 		}
 		if local != nil && r.h == local.h {

@@ -1,0 +1,93 @@
+package troupe
+
+import (
+	"context"
+	"slices"
+	"testing"
+	"time"
+)
+
+// A lookup skips a registered incarnation this node has quarantined,
+// without dialing it: the next candidate answers at once, not after a
+// handshake's timeout.
+func TestALookupSkipsAQuarantinedIncarnationWithoutDialing(t *testing.T) {
+	f := NewFaultNet()
+	t.Cleanup(f.Heal)
+	registry := freeRegistryAddr(t, "tcp")
+	cfg := func(name string) Config {
+		c := discoveryConfig(name, registry)
+		c.HeartbeatInterval, c.UnreachableAfter = 50*time.Millisecond, 500*time.Millisecond
+		c.HandshakeTimeout = 3 * time.Second
+		return c
+	}
+	if reg := startOn(t, f, cfg("reg")); !reg.IsRegistrar() {
+		t.Fatal("no registrar")
+	}
+	a, b, c := startOn(t, f, cfg("a")), startOn(t, f, cfg("b")), startOn(t, f, cfg("c"))
+	spawnEcho(t, c, "svc")
+	spawnEcho(t, b, "svc") // newest: preferred
+	gone := make(chan PeerUnreachable, 8)
+	SubscribeChan(a.Events(), gone)
+	waitFor(t, 5*time.Second, "both registered", func() bool {
+		regs, err := a.askRegistrar(ctxT(t, 5*time.Second), registrarSource{addr: mustAddr(t, registry)}, regRequest{Op: regOpFind, Name: "svc"})
+		return err == nil && len(slices.DeleteFunc(regs, func(r Registration) bool { return r.Path == "" })) == 2
+	})
+	if r, ok, err := FindActor[testPing](ctxT(t, 5*time.Second), a, "svc"); err != nil || !ok || r.NodeUID() != b.UID() {
+		t.Fatalf("first lookup: %v %v %v", r, ok, err)
+	}
+	f.Partition(a, b)
+	for ev := recv(t, gone, "b quarantined"); ev.UID != b.UID(); ev = recv(t, gone, "b quarantined") {
+	}
+	a.pmu.Lock()
+	a.found = nil
+	a.pmu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	start := time.Now()
+	r, ok, err := FindActor[testPing](ctx, a, "svc")
+	if err != nil || !ok || r.NodeUID() != c.UID() {
+		t.Fatalf("lookup: %v %v %v", r, ok, err)
+	}
+	if took := time.Since(start); took >= a.cfg.HandshakeTimeout {
+		t.Fatalf("the lookup took %v: it waited on the quarantined incarnation", took)
+	}
+}
+
+func mustAddr(t *testing.T, s string) Addr {
+	t.Helper()
+	a, err := ParseAddr(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
+// The service listing reads the quarantine under its lock: the race
+// detector caught serviceRefs reading the table while a session's end
+// wrote it.
+func TestServiceRefsReadsTheQuarantineUnderItsLock(t *testing.T) {
+	n := startNode(t, testConfig())
+	gone := NodeUID{7}
+	regs := []Registration{{Name: "k", Node: gone, Path: "/user/x", UUID: UUID{1}, Addrs: []Addr{{network: "tcp", address: "127.0.0.1:1"}}}}
+	stop, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			n.pmu.Lock()
+			n.quarantine.add(QuarantineInfo{UID: NodeUID{byte(i), 1}, Since: time.Now()})
+			n.quarantine.add(QuarantineInfo{UID: gone, Since: time.Now()})
+			n.quarantine.clear(func(*QuarantineInfo) bool { return true })
+			n.pmu.Unlock()
+		}
+	}()
+	for range 2000 {
+		serviceRefs[testPing](context.Background(), n, slices.Clone(regs), nil)
+	}
+	close(stop)
+	<-done
+}
