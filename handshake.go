@@ -583,6 +583,12 @@ func (n *Node) decideAttach(a *assoc, h *hello) admission {
 				}
 				d.loser, d.winner = ex, a
 			case keepHeld:
+				if unproven {
+					// A losing duplicate retires into the session, its
+					// frames read as the peer's: it must prove it too.
+					n.refuseClaim(a, &d)
+					break
+				}
 				d.loser, d.winner = a, ex
 			case refuseFresh:
 				d.reject, d.text = rejectDuplicate, "the other connection between these nodes wins"
