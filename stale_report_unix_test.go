@@ -22,18 +22,7 @@ import (
 // itself and found it refusing, drops that node's entries there: the
 // stale entry is not handed out again.
 func TestAStaleAddressReportedByALookupIsCheckedAndDeleted(t *testing.T) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	registry := l.Addr().String()
-	l.Close()
-	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	reg, err := troupe.Start(ctxFor(t), troupe.Config{Name: "registrar", RegistryAddrs: []string{registry}, EnsureRegistry: true, Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { reg.Close() })
+	registry, reg, quiet := startDedicatedRegistrar(t)
 	sock := filepath.Join(t.TempDir(), "svc.sock")
 	svc, err := troupe.Start(ctxFor(t), troupe.Config{Name: "svc", Listen: []string{"unix://" + sock}, RegistryAddrs: []string{registry}, Logger: quiet})
 	if err != nil {
@@ -94,18 +83,7 @@ func TestAStaleAddressReportedByALookupIsCheckedAndDeleted(t *testing.T) {
 // its word either: the registrar dials the address, finds the new node
 // there, and drops the old incarnation's entries at that address.
 func TestANewIdentityAtAnAddressEvictsTheOldOnceChecked(t *testing.T) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	registry := l.Addr().String()
-	l.Close()
-	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	reg, err := troupe.Start(ctxFor(t), troupe.Config{Name: "registrar", RegistryAddrs: []string{registry}, EnsureRegistry: true, Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { reg.Close() })
+	registry, reg, quiet := startDedicatedRegistrar(t)
 	sock := filepath.Join(t.TempDir(), "svc.sock")
 	start := func(name string) *troupe.Node {
 		n, err := troupe.Start(ctxFor(t), troupe.Config{Name: name, Listen: []string{"unix://" + sock}, RegistryAddrs: []string{registry}, Logger: quiet})
@@ -150,4 +128,23 @@ func TestANewIdentityAtAnAddressEvictsTheOldOnceChecked(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// startDedicatedRegistrar starts a registrar at a free loopback address
+// and returns that address, the node and a quiet logger for the others.
+func startDedicatedRegistrar(t *testing.T) (string, *troupe.Node, *slog.Logger) {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	registry := l.Addr().String()
+	l.Close()
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	reg, err := troupe.Start(ctxFor(t), troupe.Config{Name: "registrar", RegistryAddrs: []string{registry}, EnsureRegistry: true, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { reg.Close() })
+	return registry, reg, quiet
 }
