@@ -161,6 +161,9 @@ type assoc struct {
 	// answering the challenge).
 	tokens                   bool
 	nonce, challenged, proof []byte
+	// sendToken: this node's token goes first on the connection (it
+	// founds the session, or its peer proved it: token.go).
+	sendToken bool
 	// peerToken (mu) is the token the peer gave this node for the
 	// session: a new connection that would take the session over must
 	// prove that it holds it.

@@ -42,10 +42,10 @@ func (a *assoc) writeLoop() {
 	if a.resumed {
 		first = append(first, appendWhole(nil, appendResume(nil, a.resumeRcv)))
 	}
-	if a.tokens {
-		// This node's session token for the peer, on every connection
-		// (after a resume frame, which goes first): see token.go.
-		first = append(first, appendWhole(nil, appendToken(nil, a.n.tokenFor(a.peerUID))))
+	if tok := a.n.tokenFor(a.peerUID); a.sendToken && tok != nil {
+		// This node's session token for the peer (after a resume frame,
+		// which goes first): see token.go.
+		first = append(first, appendWhole(nil, appendToken(nil, tok)))
 	}
 	if len(first) > 0 && !a.write(first) {
 		return

@@ -352,6 +352,7 @@ func (n *Node) attachConn(a *assoc, h *hello) bool {
 		n.refuse(a, h, d) // (it unlocks pmu)
 		return false
 	}
+	n.sessionTokens(a, d)
 	// The welcome is written once the peer table is unlocked: a slow
 	// write must not hold up the heartbeat loop or other handshakes. No
 	// other frame can go first: the writer starts after attach returns.
@@ -362,7 +363,7 @@ func (n *Node) attachConn(a *assoc, h *hello) bool {
 			w.flags |= helloResuming
 		}
 		if a.tokens {
-			w.session = n.sessionProof(h.uid, a.nonce)
+			w.session = n.sessionProof(h.uid, a.nonce, d.founds)
 		}
 		w.ordered = !n.cfg.priorRelease
 		welcome = appendFrame(nil, func(b []byte) []byte { return appendHello(b, frameWelcome, w) })
@@ -419,7 +420,9 @@ func (n *Node) attachConn(a *assoc, h *hello) bool {
 // session's token; another incarnation, or one that no longer holds the
 // session, ends it. False if the connection is refused.
 func (n *Node) answersResume(a *assoc, h *hello) bool {
-	if r := a.resumeOf; r != nil && h.uid == r.peerUID {
+	if r := a.resumeOf; r != nil && h.uid == r.peerUID && h.flags&helloResuming != 0 {
+		// (A welcome that does not resume says the peer no longer holds
+		// the session: below.)
 		r.mu.Lock()
 		token := r.peerToken
 		r.mu.Unlock()
@@ -506,6 +509,9 @@ type admission struct {
 	// impostor: the connection offered a wrong proof of the session's
 	// token (see token.go).
 	impostor bool
+	// founds: the connection begins a session (there was none, or it
+	// replaces one); proven: it proved the token of the session it joins.
+	founds, proven bool
 }
 
 // refuseClaim refuses a, which claims a session this node holds without
@@ -542,15 +548,32 @@ func (n *Node) decideAttach(a *assoc, h *hello) admission {
 	default:
 		// Only the uid decides which connection is a duplicate: the
 		// addresses a peer announces are claims, not proof.
-		if ex := n.byUID[h.uid]; ex != nil && ex != a {
+		ex := n.byUID[h.uid]
+		if ex == nil || ex == a {
+			d.founds = true
+			break
+		}
+		{
 			ex.mu.Lock()
 			suspended := ex.life.state == assocSuspended
 			token := ex.peerToken
 			ex.mu.Unlock()
+			if token != nil && a.claimsNoSession() {
+				// The acceptor holds no session with this node: the
+				// one held here ended there. A suspended one is replaced;
+				// a live one stays until it is judged.
+				if suspended {
+					d.replaced, d.founds = ex, true
+				} else {
+					d.reject, d.text = rejectDuplicate, "the peer holds no session with this node, and the one this node holds is still connected"
+				}
+				break
+			}
 			// A connection that would take the session over must prove
 			// it holds the session's token (token.go); one that offers a
 			// wrong proof is refused whatever it would have become.
-			unproven := token != nil && !n.provesSession(a, h.uid, token)
+			d.proven = token != nil && n.provesSession(a, h.uid, token)
+			unproven := token != nil && !d.proven
 			if unproven && a.proof != nil {
 				n.refuseClaim(a, &d)
 				break
@@ -572,7 +595,7 @@ func (n *Node) decideAttach(a *assoc, h *hello) admission {
 					n.refuseClaim(a, &d)
 					break
 				}
-				d.replaced = ex
+				d.replaced, d.founds = ex, true
 				break
 			}
 			switch chooseDuplicate(dialOf{a.outbound, a.dialNum}, dialOf{ex.outbound, ex.dialNum}, n.uid, h.uid) {

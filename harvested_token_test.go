@@ -1,6 +1,8 @@
 package troupe
 
 import (
+	"bytes"
+	"fmt"
 	"net"
 	"testing"
 	"time"
@@ -32,14 +34,12 @@ func rawDial(t *testing.T, n *Node, h *hello, token []byte) (frameKind, *frameRe
 }
 
 // A stranger that claims B's uid at C while C holds no session with B
-// gets C's token for B, which never changes; with it, it later takes
-// over the live session between B and C at B by claiming C's uid there.
+// gets C's token for that session; with it, it must not take over the
+// later, live session between B and C at B by claiming C's uid there.
 //
-// Open (#50 item 1): the token belongs to a pair of incarnations, not to
-// one session; the fix is a random token per session. The test is kept,
-// skipped, as the reproduction for that work; remove the Skip with it.
+// (#50 item 1, from review: the token was HMAC(key, peer uid), the same
+// for every session of a pair; now each session draws its own.)
 func TestAHarvestedTokenDoesNotTakeOverALiveSession(t *testing.T) {
-	t.Skip("open: a token belongs to a pair of incarnations, not a session (#50 item 1); this reproduces the takeover")
 	b := startNode(t, testConfig("tcp://127.0.0.1:0"))
 	c := startNode(t, testConfig("tcp://127.0.0.1:0"))
 	// 1. Claim B at C (no session yet) and read C's token frame.
@@ -83,5 +83,65 @@ func TestAHarvestedTokenDoesNotTakeOverALiveSession(t *testing.T) {
 	t.Logf("verdict %v; B's session with C replaced: %v", v, now != held)
 	if v == frameWelcome || now != held {
 		t.Errorf("the stranger took over B's live session with C with a token it harvested earlier")
+	}
+}
+
+// A peer that gave its session up (here: ended it without a word, as a
+// side whose resume window ran out first would) and dials again without
+// resuming, while this node still holds the session suspended, proves the
+// token it drew for that session: the new connection replaces the
+// suspended session, and the two talk again. The new session draws new
+// tokens on both sides.
+func TestAPeerThatGaveItsSessionUpRedialsAndIsAdmitted(t *testing.T) {
+	b := startNode(t, testConfig("tcp://127.0.0.1:0"))
+	c := startNode(t, testConfig("tcp://127.0.0.1:0"))
+	echo := spawnEcho(t, c, "echo")
+	target := FormatRef(c.Addrs()[0], echo.Path())
+	ask := func(what string) {
+		t.Helper()
+		ref, err := Resolve[testPing](ctxT(t, 5*time.Second), b, target)
+		if err != nil {
+			t.Fatalf("%s: resolve: %v", what, err)
+		}
+		if _, err := Ask(ctxT(t, 5*time.Second), ref, func(r Ref[testPong]) testPing { return testPing{ReplyTo: r} }); err != nil {
+			t.Fatalf("%s: ask: %v", what, err)
+		}
+	}
+	ask("first session")
+	first := b.tokenFor(c.UID())
+	c.pmu.Lock()
+	held := c.byUID[b.UID()]
+	c.pmu.Unlock()
+	if first == nil || !bytes.Equal(c.byUIDToken(t, b.UID()), first) {
+		t.Fatalf("c does not hold b's token for their session")
+	}
+	// B ends its side quietly: its connection closes, C suspends.
+	b.pmu.Lock()
+	a := b.byUID[c.UID()]
+	b.pmu.Unlock()
+	a.conn.(*net.TCPConn).SetLinger(0)
+	a.fail(fmt.Errorf("%w: the test gives the session up", errSessionReplaced))
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		held.mu.Lock()
+		st := held.life.state
+		held.mu.Unlock()
+		if st == assocSuspended {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("c's session with b is %v, want suspended", st)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	ask("after b gave the session up")
+	c.pmu.Lock()
+	now := c.byUID[b.UID()]
+	c.pmu.Unlock()
+	if now == held {
+		t.Fatalf("c still holds the session b gave up")
+	}
+	if second := b.tokenFor(c.UID()); bytes.Equal(second, first) || !bytes.Equal(c.byUIDToken(t, b.UID()), second) {
+		t.Fatalf("the new session's token: b drew a new one %v, c holds it %v", !bytes.Equal(second, first), bytes.Equal(c.byUIDToken(t, b.UID()), second))
 	}
 }

@@ -55,6 +55,7 @@ func (w *sidesWatcher) check() string {
 		return w.violation
 	}
 	var up []troupe.NodeUID
+	byUID := map[troupe.NodeUID]*troupe.Cluster{}
 	for _, c := range w.members {
 		self := c.Self()
 		if clusterStopped(c) || self.Status != troupe.MemberUp {
@@ -81,17 +82,28 @@ func (w *sidesWatcher) check() string {
 		// A member that stopped after the sample began is not running.
 		if !clusterStopped(c) {
 			up = append(up, self.UID)
+			byUID[self.UID] = c
 		}
 	}
 	for i, a := range up {
 		for _, b := range up[i+1:] {
 			if w.writtenOf[a][b] && w.writtenOf[b][a] {
-				w.violation = fmt.Sprintf("%v and %v are both up and running, and each has written the other off", a, b)
+				w.violation = fmt.Sprintf("%v and %v are both up and running, and each has written the other off; %s; %s", a, b, viewOf(byUID[a]), viewOf(byUID[b]))
 				return w.violation
 			}
 		}
 	}
 	return ""
+}
+
+// viewOf describes c's view of the cluster, for a violation's message.
+func viewOf(c *troupe.Cluster) string {
+	self := c.Self()
+	s := fmt.Sprintf("%s (%v) sees", self.UID.String()[:8], self.Addr)
+	for _, m := range c.Members() {
+		s += fmt.Sprintf(" %s:%v", m.UID.String()[:8], m.Status)
+	}
+	return s
 }
 
 // watch samples every 5 ms until stop is closed.

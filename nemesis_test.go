@@ -595,7 +595,7 @@ func (z *nemesis) step() {
 		if len(z.runningMembers()) < 7 {
 			m := z.join()
 			if m != nil {
-				z.note("join " + m.name)
+				z.note("join " + m.name + " (" + m.uid()[:8] + ")")
 			}
 		}
 	}

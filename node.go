@@ -66,8 +66,8 @@ type Node struct {
 	// dialSeq numbers the connections this node dials (hello extension
 	// 5; see chooseDuplicate).
 	dialSeq atomic.Uint64
-	// tokenKey makes this incarnation's session tokens (token.go).
-	tokenKey [32]byte
+	// tokens are the session tokens this node drew for its peers (token.go).
+	tokens tokenTable
 	// reqSeq numbers resolve requests node-wide, so that an answer that
 	// arrives on the association a request moved to by a merge can never
 	// be taken for another request's.
@@ -226,7 +226,6 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 	n.events.node = n
 	rand.Read(n.uid[:])
 	rand.Read(n.uuidBase[:])
-	rand.Read(n.tokenKey[:])
 	n.name = cfg.Name
 	if n.name == "" {
 		n.name = "node-" + n.uid.String()[:8]

@@ -2,8 +2,10 @@ package troupe
 
 import (
 	"crypto/hmac"
+	"crypto/rand"
 	"fmt"
 	"net"
+	"sync"
 )
 
 // Session tokens: a new connection that claims a session this node holds
@@ -11,17 +13,25 @@ import (
 // redial that replaces a suspended session) must prove that it comes from
 // that peer, not from anyone who read its uid in a listing or a ref.
 //
-// Each node incarnation draws a random key at Start. Its token for a peer
-// is HMAC(key, peer uid): it needs no table, and the same peer always gets
-// the same one. Both sides send their token for the other as the first
-// frame (after a resume frame) of every connection with a peer that speaks
-// tokens; each keeps the one it received with the session, and moves it
-// with the session to a connection that resumes it.
+// A session's tokens are drawn when it begins: each side draws a random
+// token for the peer when a connection founds a session with it (there
+// was none, or the one there was is replaced) and sends it as the first
+// frame (after a resume frame) of that connection. Each side keeps the
+// token it received with the session, and it moves with the session to a
+// connection that resumes it or wins as a duplicate. A token is sent
+// again only on a connection whose peer proved the session's token
+// itself, so a connection that joins a session unproven (its peer's token
+// had not arrived) learns nothing. A new session gets new tokens: what a
+// stranger learned by claiming a peer's uid before the peer connected
+// proves nothing about the peer's later sessions.
 //
-// A claim is proven with the claimant's own token, which it derives from
-// its key, over a fresh nonce of the side that checks, so a token crosses
-// the wire only in token frames, never in a proof, and a recorded proof
-// does not prove anything again:
+// The node remembers the last token it drew for each peer (tokenTable,
+// bounded) beyond the session's end, to prove a claim on a session the
+// peer may still hold: a redial after this side gave the session up.
+//
+// A claim is proven with the claimant's own token, over a fresh nonce of
+// the side that checks, so a token crosses the wire only in token frames,
+// never in a proof, and a recorded proof does not prove anything again:
 //
 //   - a dialer whose hello claims a uid the acceptor holds a session with
 //     is challenged (a tokenchallenge frame: the acceptor's uid and a
@@ -30,7 +40,9 @@ import (
 //     nonce || dialer uid || acceptor uid);
 //   - an acceptor proves its own claim in every welcome to a dialer that
 //     speaks tokens: HMAC(token, "troupe-v1-claim-acceptor" || dialer
-//     nonce || acceptor uid || dialer uid), the dialer nonce from its hello.
+//     nonce || acceptor uid || dialer uid), the dialer nonce from its
+//     hello; or 32 zero bytes when it holds no session with the dialer
+//     (this connection founds one).
 //
 // A connection that would take over a session whose token this node holds
 // (the fresh one wins a duplicate, resumes a suspended session or replaces
@@ -38,10 +50,54 @@ import (
 // session with a peer that speaks no tokens (a node of an earlier
 // release), or whose token frame has not arrived yet, asks no proof.
 
-// tokenFor is this node's session token for peer.
-func (n *Node) tokenFor(peer NodeUID) []byte {
-	return authMAC(n.tokenKey[:], "token", nil, nil, peer, n.uid)
+// maxKeptTokens bounds the tokens a node remembers after their sessions
+// ended (tokenTable): past it the oldest is forgotten, and a claim that
+// needed it is refused as unproven.
+const maxKeptTokens = 4096
+
+// tokenTable is the last session token this node drew for each peer
+// incarnation. Its own lock; written when a session is founded.
+type tokenTable struct {
+	mu    sync.Mutex
+	byUID map[NodeUID][]byte
+	order []NodeUID // oldest first, for the bound
 }
+
+// issue draws a new token for peer, for a session that begins.
+func (t *tokenTable) issue(peer NodeUID) []byte {
+	tok := make([]byte, tokenSize)
+	rand.Read(tok)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.byUID == nil {
+		t.byUID = map[NodeUID][]byte{}
+	}
+	if _, ok := t.byUID[peer]; !ok {
+		t.order = append(t.order, peer)
+		for len(t.order) > maxKeptTokens {
+			delete(t.byUID, t.order[0])
+			t.order = t.order[1:]
+		}
+	}
+	t.byUID[peer] = tok
+	return tok
+}
+
+// get is the last token drawn for peer, or nil.
+func (t *tokenTable) get(peer NodeUID) []byte {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.byUID[peer]
+}
+
+// noSessionProof is an acceptor's welcome proof when it holds no session
+// with the dialer, and a claimant's answer when it has no token: it
+// proves nothing.
+var noSessionProof = make([]byte, tokenSize)
+
+// tokenFor is this node's token for its session with peer (the last one
+// it drew), or nil.
+func (n *Node) tokenFor(peer NodeUID) []byte { return n.tokens.get(peer) }
 
 // provesSession reports whether a, a connection whose handshake claimed
 // uid, proved that it holds token, the session token uid gave this node.
@@ -55,10 +111,21 @@ func (n *Node) provesSession(a *assoc, uid NodeUID, token []byte) bool {
 	return a.challenged != nil && hmac.Equal(a.proof, authMAC(token, "claim-dialer", a.challenged, a.nonce, uid, n.uid))
 }
 
+// claimsNoSession reports whether a, an outbound connection, was welcomed
+// by an acceptor that holds no session with this node.
+func (a *assoc) claimsNoSession() bool {
+	return a.outbound && a.proof != nil && hmac.Equal(a.proof, noSessionProof)
+}
+
 // sessionProof is the proof an acceptor puts in its welcome to a dialer
-// whose hello carried nonce.
-func (n *Node) sessionProof(dialer NodeUID, nonce []byte) []byte {
-	return authMAC(n.tokenFor(dialer), "claim-acceptor", nonce, nil, n.uid, dialer)
+// whose hello carried nonce: of the token of the session it holds with
+// it, or noSessionProof when the connection founds a session.
+func (n *Node) sessionProof(dialer NodeUID, nonce []byte, founds bool) []byte {
+	tok := n.tokenFor(dialer)
+	if founds || tok == nil {
+		return noSessionProof
+	}
+	return authMAC(tok, "claim-acceptor", nonce, nil, n.uid, dialer)
 }
 
 // holdsSession reports whether this node holds a session with uid: a
@@ -118,7 +185,10 @@ func (n *Node) answerTokenChallenge(body []byte, h *hello) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	proof := authMAC(n.tokenFor(tc.uid), "claim-dialer", tc.nonce, h.session, n.uid, tc.uid)
+	proof := noSessionProof // (no token for the challenger: the claim fails)
+	if tok := n.tokenFor(tc.uid); tok != nil {
+		proof = authMAC(tok, "claim-dialer", tc.nonce, h.session, n.uid, tc.uid)
+	}
 	return appendFrame(nil, func(b []byte) []byte { return appendProof(b, proof) }), nil
 }
 
@@ -172,4 +242,30 @@ func parseToken(b []byte) ([]byte, error) {
 	d := decoder{b: b}
 	t := d.take(tokenSize)
 	return t, d.whole("token")
+}
+
+// sessionTokens settles a's tokens once attach admitted it (n.pmu held,
+// before its writer starts): a connection that founds a session draws
+// this node's token for it; one that wins over the held connection
+// carries the session's token from the peer; and the token frame goes on
+// a connection that founds the session or whose peer proved it.
+func (n *Node) sessionTokens(a *assoc, d admission) {
+	if !a.tokens {
+		return
+	}
+	if d.founds {
+		n.tokens.issue(a.peerUID)
+	}
+	a.sendToken = d.founds || d.proven
+	if d.winner == a && d.loser != nil {
+		ex := d.loser
+		ex.mu.Lock()
+		token := ex.peerToken
+		ex.mu.Unlock()
+		a.mu.Lock()
+		if a.peerToken == nil {
+			a.peerToken = token
+		}
+		a.mu.Unlock()
+	}
 }
