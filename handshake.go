@@ -352,6 +352,7 @@ func (n *Node) attachConn(a *assoc, h *hello) bool {
 		n.refuse(a, h, d) // (it unlocks pmu)
 		return false
 	}
+	prev := n.tokenFor(h.uid) // (before a session this connection founds draws a new one)
 	n.sessionTokens(a, d)
 	// The welcome is written once the peer table is unlocked: a slow
 	// write must not hold up the heartbeat loop or other handshakes. No
@@ -363,7 +364,7 @@ func (n *Node) attachConn(a *assoc, h *hello) bool {
 			w.flags |= helloResuming
 		}
 		if a.tokens {
-			w.session = n.sessionProof(h.uid, a.nonce, d.founds)
+			w.session = n.sessionProof(h.uid, a.nonce, d.founds, prev)
 		}
 		w.ordered = !n.cfg.priorRelease
 		welcome = appendFrame(nil, func(b []byte) []byte { return appendHello(b, frameWelcome, w) })
@@ -558,10 +559,12 @@ func (n *Node) decideAttach(a *assoc, h *hello) admission {
 			suspended := ex.life.state == assocSuspended
 			token := ex.peerToken
 			ex.mu.Unlock()
-			if token != nil && a.claimsNoSession() {
-				// The acceptor holds no session with this node: the
-				// one held here ended there. A suspended one is replaced;
-				// a live one stays until it is judged.
+			if token != nil && n.provesNoSession(a, h.uid, token) {
+				// The acceptor proved that it holds no session with this
+				// node: the one held here ended there. A suspended one is
+				// replaced; a live one stays until it is judged. (A
+				// welcome without that proof, the zero one among them,
+				// is a claim like any other: below.)
 				if suspended {
 					d.replaced, d.founds = ex, true
 				} else {

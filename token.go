@@ -41,8 +41,11 @@ import (
 //   - an acceptor proves its own claim in every welcome to a dialer that
 //     speaks tokens: HMAC(token, "troupe-v1-claim-acceptor" || dialer
 //     nonce || acceptor uid || dialer uid), the dialer nonce from its
-//     hello; or 32 zero bytes when it holds no session with the dialer
-//     (this connection founds one).
+//     hello; or, when it holds no session with the dialer (this
+//     connection founds one), HMAC(token, "troupe-v1-claim-acceptor-none"
+//     || dialer nonce || acceptor uid || dialer uid) with the last token
+//     it drew for the dialer (32 zero bytes if it has none, which proves
+//     nothing).
 //
 // A connection that would take over a session whose token this node holds
 // (the fresh one wins a duplicate, resumes a suspended session or replaces
@@ -111,18 +114,29 @@ func (n *Node) provesSession(a *assoc, uid NodeUID, token []byte) bool {
 	return a.challenged != nil && hmac.Equal(a.proof, authMAC(token, "claim-dialer", a.challenged, a.nonce, uid, n.uid))
 }
 
-// claimsNoSession reports whether a, an outbound connection, was welcomed
-// by an acceptor that holds no session with this node.
-func (a *assoc) claimsNoSession() bool {
-	return a.outbound && a.proof != nil && hmac.Equal(a.proof, noSessionProof)
+// provesNoSession reports whether a, an outbound connection whose
+// welcome claimed uid, was welcomed by that peer saying that it holds no
+// session with this node: a proof of the session's token (the token uid
+// gave this node) with the no-session label. The 32 zero bytes prove
+// nothing: anyone can send them.
+func (n *Node) provesNoSession(a *assoc, uid NodeUID, token []byte) bool {
+	return a.outbound && a.proof != nil && hmac.Equal(a.proof, authMAC(token, "claim-acceptor-none", a.nonce, nil, uid, n.uid))
 }
 
 // sessionProof is the proof an acceptor puts in its welcome to a dialer
 // whose hello carried nonce: of the token of the session it holds with
-// it, or noSessionProof when the connection founds a session.
-func (n *Node) sessionProof(dialer NodeUID, nonce []byte, founds bool) []byte {
+// it; or, when the connection founds a session, that it holds none, with
+// the token it last drew for the dialer (prev, drawn for a session the
+// dialer may still hold), or noSessionProof if it has none.
+func (n *Node) sessionProof(dialer NodeUID, nonce []byte, founds bool, prev []byte) []byte {
+	if founds {
+		if prev == nil {
+			return noSessionProof
+		}
+		return authMAC(prev, "claim-acceptor-none", nonce, nil, n.uid, dialer)
+	}
 	tok := n.tokenFor(dialer)
-	if founds || tok == nil {
+	if tok == nil {
 		return noSessionProof
 	}
 	return authMAC(tok, "claim-acceptor", nonce, nil, n.uid, dialer)

@@ -1,0 +1,130 @@
+package troupe
+
+import (
+	"fmt"
+	"net"
+	"testing"
+	"time"
+)
+
+// sessionGivenUp starts b and c, has c dial b (so b holds the session
+// inbound, and waits for c to resume it), waits for each side's token to
+// arrive at the other, and then has c give the session up without a word
+// (as a side whose resume window ran out first would). It returns b's
+// session with c, suspended.
+func sessionGivenUp(t *testing.T) (b, c *Node, held *assoc) {
+	t.Helper()
+	b = startNode(t, testConfig("tcp://127.0.0.1:0"))
+	c = startNode(t, testConfig("tcp://127.0.0.1:0"))
+	spawnEcho(t, b, "echo")
+	ref, err := Resolve[testPing](ctxT(t, 5*time.Second), c, FormatRef(b.Addrs()[0], "/user/echo"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Ask(ctxT(t, 5*time.Second), ref, func(r Ref[testPong]) testPing { return testPing{ReplyTo: r} }); err != nil {
+		t.Fatal(err)
+	}
+	b.pmu.Lock()
+	held = b.byUID[c.UID()]
+	b.pmu.Unlock()
+	c.pmu.Lock()
+	ca := c.byUID[b.UID()]
+	c.pmu.Unlock()
+	if held == nil || held.outbound || ca == nil {
+		t.Fatalf("b's session with c: %+v", held)
+	}
+	waitFor(t, 5*time.Second, "both tokens", func() bool {
+		held.mu.Lock()
+		tb := held.peerToken
+		held.mu.Unlock()
+		ca.mu.Lock()
+		tc := ca.peerToken
+		ca.mu.Unlock()
+		return tb != nil && tc != nil
+	})
+	ca.conn.(*net.TCPConn).SetLinger(0)
+	ca.fail(fmt.Errorf("%w: the test gives the session up", errSessionReplaced))
+	waitFor(t, 5*time.Second, "b's session with c suspended", func() bool {
+		held.mu.Lock()
+		defer held.mu.Unlock()
+		return held.life.state == assocSuspended
+	})
+	return b, c, held
+}
+
+// A stranger that b dials (any ref at the stranger's address) and that
+// answers with the uid of a peer whose session b holds suspended, and the
+// 32 zero bytes of "I hold no session with you", proves nothing: it must
+// not end b's session with that peer, nor take its place under its uid.
+func TestAZeroProofWelcomeDoesNotReplaceASuspendedSession(t *testing.T) {
+	b, c, held := sessionGivenUp(t)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		conn, err := l.Accept()
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		conn.SetDeadline(time.Now().Add(3 * time.Second))
+		fr := newFrameReader(conn, DefaultMaxFrameSize)
+		if _, err := fr.next(); err != nil {
+			return
+		}
+		w := &hello{version: protocolVersion, uid: c.UID(), name: c.Name(), flags: helloResumable | helloCredit, session: make([]byte, tokenSize), ordered: true}
+		conn.Write(appendFrame(nil, func(b []byte) []byte { return appendHello(b, frameWelcome, w) }))
+		for {
+			if _, err := fr.next(); err != nil {
+				return
+			}
+		}
+	}()
+	_, err = Resolve[testPing](ctxT(t, 3*time.Second), b, FormatRef(TCPAddr(l.Addr().String()), "/user/echo"))
+	t.Logf("Resolve through the stranger: %v", err)
+	b.pmu.Lock()
+	now := b.byUID[c.UID()]
+	b.pmu.Unlock()
+	held.mu.Lock()
+	st := held.life.state
+	held.mu.Unlock()
+	if now != held || st != assocSuspended {
+		t.Errorf("a stranger's zero proof ended b's suspended session with c (now %v) and took its place under c's uid: %v", st, now != held)
+	}
+	l.Close()
+	<-done
+}
+
+// The honest case of the same welcome: c gave the session up, and b,
+// which still holds it suspended, dials c without resuming (another of
+// c's addresses, or one it had not proven): c's welcome says it holds no
+// session, the new connection replaces the suspended one, and the two
+// talk again.
+func TestADialerHoldingAGivenUpSessionIsWelcomedAnew(t *testing.T) {
+	b, c, held := sessionGivenUp(t)
+	spawnEcho(t, c, "echo")
+	b.pmu.Lock()
+	for ad, x := range b.byAddr {
+		if x == held {
+			delete(b.byAddr, ad) // b dials c anew, not through the session
+		}
+	}
+	b.pmu.Unlock()
+	ref, err := Resolve[testPing](ctxT(t, 5*time.Second), b, FormatRef(c.Addrs()[0], "/user/echo"))
+	if err != nil {
+		t.Fatalf("b resolves at c: %v", err)
+	}
+	if _, err := Ask(ctxT(t, 5*time.Second), ref, func(r Ref[testPong]) testPing { return testPing{ReplyTo: r} }); err != nil {
+		t.Fatal(err)
+	}
+	b.pmu.Lock()
+	now := b.byUID[c.UID()]
+	b.pmu.Unlock()
+	if now == held || now == nil {
+		t.Fatalf("b still holds the session c gave up")
+	}
+}
