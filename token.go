@@ -54,8 +54,9 @@ import (
 // release), or whose token frame has not arrived yet, asks no proof.
 
 // maxKeptTokens bounds the tokens a node remembers after their sessions
-// ended (tokenTable): past it the oldest is forgotten, and a claim that
-// needed it is refused as unproven.
+// ended (tokenTable): past it the oldest of those is forgotten, and a
+// claim that needed it is refused as unproven. The tokens of the sessions
+// the node holds are kept beyond it.
 const maxKeptTokens = 4096
 
 // tokenTable is the last session token this node drew for each peer
@@ -66,8 +67,12 @@ type tokenTable struct {
 	order []NodeUID // oldest first, for the bound
 }
 
-// issue draws a new token for peer, for a session that begins.
-func (t *tokenTable) issue(peer NodeUID) []byte {
+// issue draws a new token for peer, for a session that begins. Past the
+// bound it forgets the oldest token of a peer that holds no session
+// (live reports which do): a live session's token is what this node
+// proves it with (a resume, a second connection), and forgetting it
+// would end the session at its next connection.
+func (t *tokenTable) issue(peer NodeUID, live func(NodeUID) bool) []byte {
 	tok := make([]byte, tokenSize)
 	rand.Read(tok)
 	t.mu.Lock()
@@ -77,9 +82,15 @@ func (t *tokenTable) issue(peer NodeUID) []byte {
 	}
 	if _, ok := t.byUID[peer]; !ok {
 		t.order = append(t.order, peer)
-		for len(t.order) > maxKeptTokens {
-			delete(t.byUID, t.order[0])
+		for kept := 0; len(t.order) > maxKeptTokens && kept < len(t.order); {
+			old := t.order[0]
 			t.order = t.order[1:]
+			if old == peer || live(old) {
+				t.order = append(t.order, old) // (kept: to the back)
+				kept++
+				continue
+			}
+			delete(t.byUID, old)
 		}
 	}
 	t.byUID[peer] = tok
@@ -268,7 +279,7 @@ func (n *Node) sessionTokens(a *assoc, d admission) {
 		return
 	}
 	if d.founds {
-		n.tokens.issue(a.peerUID)
+		n.tokens.issue(a.peerUID, func(uid NodeUID) bool { return n.byUID[uid] != nil })
 	}
 	a.sendToken = d.founds || d.proven
 	if d.winner == a && d.loser != nil {

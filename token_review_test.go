@@ -128,3 +128,50 @@ func TestADialerHoldingAGivenUpSessionIsWelcomedAnew(t *testing.T) {
 		t.Fatalf("b still holds the session c gave up")
 	}
 }
+
+// A node that founded sessions with more peers than it remembers tokens
+// for (maxKeptTokens: every dial carries a session nonce, so every new
+// incarnation that connects counts, a command-line observer's among them,
+// and a stranger can send that many hellos on purpose) still proves its
+// live sessions: a connection reset is followed by a resume, not an
+// unreachable peer.
+func TestALiveSessionsTokenOutlivesManyOtherPeers(t *testing.T) {
+	f := NewFaultNet()
+	home := startOn(t, f, failConfig("home", 50*time.Millisecond, 5*time.Second))
+	away := startOn(t, f, failConfig("away", 50*time.Millisecond, 5*time.Second))
+	spawnEcho(t, away, "echo")
+	spawnEcho(t, home, "echo")
+	unreachable := make(chan PeerUnreachable, 4)
+	SubscribeChan(home.Events(), unreachable)
+	resumed := make(chan PeerResumed, 4)
+	SubscribeChan(home.Events(), resumed)
+	ref, err := Resolve[testPing](ctxT(t, 5*time.Second), home, FormatRef(away.Addrs()[0], "/user/echo"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Ask(ctxT(t, 5*time.Second), ref, func(r Ref[testPong]) testPing { return testPing{ReplyTo: r} }); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []*Node{home, away} {
+		n.pmu.Lock()
+		for range maxKeptTokens {
+			var other NodeUID
+			copy(other[:], newNonce())
+			n.tokens.issue(other, func(uid NodeUID) bool { return n.byUID[uid] != nil }) // as a session with another peer does
+		}
+		n.pmu.Unlock()
+	}
+	if f.Reset(home, away) == 0 {
+		t.Fatal("the reset found no connection")
+	}
+	select {
+	case <-resumed:
+	case ev := <-unreachable:
+		t.Fatalf("the session did not resume: %+v", ev)
+	case <-time.After(10 * time.Second):
+		t.Fatal("no resume")
+	}
+	if _, err := Ask(ctxT(t, 5*time.Second), ref, func(r Ref[testPong]) testPing { return testPing{ReplyTo: r} }); err != nil {
+		t.Fatalf("after the resume: %v", err)
+	}
+}
