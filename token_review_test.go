@@ -1,6 +1,7 @@
 package troupe
 
 import (
+	"bytes"
 	"fmt"
 	"net"
 	"testing"
@@ -173,5 +174,85 @@ func TestALiveSessionsTokenOutlivesManyOtherPeers(t *testing.T) {
 	}
 	if _, err := Ask(ctxT(t, 5*time.Second), ref, func(r Ref[testPong]) testPing { return testPing{ReplyTo: r} }); err != nil {
 		t.Fatalf("after the resume: %v", err)
+	}
+}
+
+// A peer that gave its session up while this node still holds it
+// connected (its connection's end has not reached this node yet) and
+// dials again proves the session's token, and its fresh connection wins
+// over the held one here; there it founds a new session and draws a new
+// token. Both sides must then hold the same token for it: the next
+// connection (a resume after a reset) is proven with the new one.
+func TestARedialThatWinsAHeldSessionKeepsTheTokensInStep(t *testing.T) {
+	f := NewFaultNet()
+	b := startOn(t, f, failConfig("b", 50*time.Millisecond, 5*time.Second))
+	c := startOn(t, f, failConfig("c", 50*time.Millisecond, 5*time.Second))
+	spawnEcho(t, c, "echo")
+	ask := func(what string) {
+		t.Helper()
+		ref, err := Resolve[testPing](ctxT(t, 5*time.Second), b, FormatRef(c.Addrs()[0], "/user/echo"))
+		if err != nil {
+			t.Fatalf("%s: resolve: %v", what, err)
+		}
+		if _, err := Ask(ctxT(t, 5*time.Second), ref, func(r Ref[testPong]) testPing { return testPing{ReplyTo: r} }); err != nil {
+			t.Fatalf("%s: ask: %v", what, err)
+		}
+	}
+	ask("first session")
+	b.pmu.Lock()
+	old := b.byUID[c.UID()]
+	b.pmu.Unlock()
+	waitFor(t, 5*time.Second, "c holds b's token", func() bool { return c.byUIDToken(t, b.UID()) != nil })
+	// b gives the session up; c has not heard of it yet.
+	b.untable(old)
+	ask("b dials again")
+	waitFor(t, 5*time.Second, "the tokens in step", func() bool {
+		b.pmu.Lock()
+		now := b.byUID[c.UID()]
+		b.pmu.Unlock()
+		return now != nil && now != old && bytes.Equal(c.byUIDToken(t, b.UID()), b.tokenFor(c.UID()))
+	})
+	unreachable := make(chan PeerUnreachable, 4)
+	SubscribeChan(b.Events(), unreachable)
+	resumed := make(chan PeerResumed, 4)
+	SubscribeChan(b.Events(), resumed)
+	if f.Reset(b, c) == 0 {
+		t.Fatal("the reset found no connection")
+	}
+	select {
+	case <-resumed:
+	case ev := <-unreachable:
+		t.Fatalf("the session did not resume: %+v", ev)
+	case <-time.After(10 * time.Second):
+		t.Fatal("no resume")
+	}
+}
+
+// A second connection to another of a peer's addresses: the peer takes
+// it over the first one and retires that one at once, and this node may
+// read the retirement before the new connection's welcome, and then
+// founds a session on the new connection and draws a new token, while
+// the peer keeps the session it proved its way into. Both must end with
+// the same token, or the session's next connection (a resume) is refused.
+func TestASecondConnectionLeavesTheTokensInStep(t *testing.T) {
+	for range 10 {
+		server := startNode(t, testConfig("tcp://127.0.0.1:0", "tcp://127.0.0.1:0"))
+		echo := spawnEcho(t, server, "echo")
+		d := startNode(t, testConfig("tcp://127.0.0.1:0"))
+		for k := range 2 {
+			r, err := Resolve[testPing](ctxT(t, 5*time.Second), d, FormatRef(server.Addrs()[k], echo.Path()))
+			if err != nil {
+				t.Fatalf("Resolve through address %d: %v", k, err)
+			}
+			if _, err := Ask(ctxT(t, 5*time.Second), r, func(p Ref[testPong]) testPing { return testPing{N: k, ReplyTo: p} }); err != nil {
+				t.Fatalf("ask through ref %d: %v", k, err)
+			}
+		}
+		waitFor(t, 5*time.Second, "the tokens in step", func() bool {
+			if ok := bytes.Equal(server.byUIDToken(t, d.UID()), d.tokenFor(server.UID())); !ok {
+				return false
+			}
+			return bytes.Equal(d.byUIDToken(t, server.UID()), server.tokenFor(d.UID()))
+		})
 	}
 }
