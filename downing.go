@@ -299,7 +299,9 @@ func MinorityDelay(v SplitView) bool {
 // no split at all. Completeness is not required: a member watches only
 // some others (ClusterConfig.MonitoredMembers). A clean partition or a crash has none. A partial or
 // one-way partition has some: the members at the heart of the broken
-// links, chosen greedily — the one in the most lost pairs first; on a tie
+// links, chosen greedily — first a member that both observed another as
+// unreachable and was observed so (reached by some, not by others), then
+// the one in the most lost pairs; on a tie
 // one on the other side, then a joining one, then the youngest, then the
 // highest address. Only observations made by up or leaving members count.
 func IndirectlyConnected(v SplitView) []Member {
@@ -319,10 +321,15 @@ type reachGraph struct {
 	members map[NodeUID]Member
 	here    map[NodeUID]bool // on this side in the original view
 	lost    map[NodeUID]map[NodeUID]bool
+	seen    [][2]NodeUID // the observations, observer first
+	// observer and subject count, for each member, the observations it
+	// made and the ones made of it that remain.
+	observer, subject map[NodeUID]int
 }
 
 func newReachGraph(v SplitView) *reachGraph {
-	g := &reachGraph{members: map[NodeUID]Member{}, here: map[NodeUID]bool{}, lost: map[NodeUID]map[NodeUID]bool{}}
+	g := &reachGraph{members: map[NodeUID]Member{}, here: map[NodeUID]bool{}, lost: map[NodeUID]map[NodeUID]bool{},
+		observer: map[NodeUID]int{}, subject: map[NodeUID]int{}}
 	for _, m := range v.Reachable {
 		g.members[m.UID], g.here[m.UID] = m, true
 	}
@@ -335,11 +342,26 @@ func newReachGraph(v SplitView) *reachGraph {
 		if !ok || !known || !obs.counts() || o.Observer == o.Subject {
 			continue
 		}
+		if !g.directed(o.Observer, o.Subject) {
+			g.observer[o.Observer]++
+			g.subject[o.Subject]++
+			g.seen = append(g.seen, [2]NodeUID{o.Observer, o.Subject})
+		}
 		g.link(o.Observer, o.Subject)
 		g.link(o.Subject, o.Observer)
 	}
 	return g
 }
+
+// directed reports whether the observation a > b is recorded.
+func (g *reachGraph) directed(a, b NodeUID) bool {
+	return slices.Contains(g.seen, [2]NodeUID{a, b})
+}
+
+// both reports whether uid is, among the remaining members, an observer
+// of one and the subject of another's observation: a member reachable
+// from some and not from others, which Akka takes out first.
+func (g *reachGraph) both(uid NodeUID) bool { return g.observer[uid] > 0 && g.subject[uid] > 0 }
 
 func (g *reachGraph) link(a, b NodeUID) {
 	if g.lost[a] == nil {
@@ -352,6 +374,17 @@ func (g *reachGraph) remove(uid NodeUID) {
 	for other := range g.lost[uid] {
 		delete(g.lost[other], uid)
 	}
+	for _, o := range g.seen {
+		switch uid {
+		case o[0]:
+			g.subject[o[1]]--
+		case o[1]:
+			g.observer[o[0]]--
+		}
+	}
+	g.seen = slices.DeleteFunc(g.seen, func(o [2]NodeUID) bool { return o[0] == uid || o[1] == uid })
+	delete(g.observer, uid)
+	delete(g.subject, uid)
 	delete(g.lost, uid)
 	delete(g.members, uid)
 }
@@ -404,6 +437,13 @@ func (g *reachGraph) worst() Member {
 
 // worse reports whether a should go before b.
 func (g *reachGraph) worse(a, b Member) bool {
+	if ba, bb := g.both(a.UID), g.both(b.UID); ba != bb {
+		// One that some reach and others do not goes before one that is
+		// only unreachable: a member cut off from a whole side is in
+		// many lost pairs, and taking it out would leave the member that
+		// straddles the sides on the other side of a clean split.
+		return ba
+	}
 	if da, db := len(g.lost[a.UID]), len(g.lost[b.UID]); da != db {
 		return da > db
 	}

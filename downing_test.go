@@ -131,19 +131,28 @@ func TestResolveSplit(t *testing.T) {
 		side    []int    // 0-based indexes of this side
 		obs     []string // "1>2": member 1 cannot reach member 2
 		want    Downing
-		down    string // 1-based numbers of the members downed
+		down    string          // 1-based numbers of the members downed
+		s       DowningStrategy // KeepMajority if nil
 	}{
-		{"clean 3|2, the three", "uuuuu", []int{0, 1, 2}, []string{"1>4", "1>5", "2>4", "2>5", "3>4", "3>5"}, DownUnreachable, "45"},
-		{"clean 3|2, the two", "uuuuu", []int{3, 4}, []string{"4>1", "4>2", "4>3", "5>1", "5>2", "5>3"}, DownReachable, "45"},
-		{"a crash", "uuu", []int{0, 1}, []string{"1>3", "2>3"}, DownUnreachable, "3"},
-		{"partial partition in 3: the younger of the pair goes", "uuu", []int{2}, []string{"1>2", "2>1"}, DownIndirectlyConnected, "2"},
-		{"a joiner that became up reaching only its seed is downed alone", "uuuuuu", []int{0}, []string{"2>6", "3>6", "4>6", "5>6", "6>2", "6>3", "6>4", "6>5"}, DownIndirectlyConnected, "6"},
-		{"a joining member that reaches only its seed is downed alone", "uuuuuj", []int{0, 1, 2, 3, 4}, []string{"2>6", "3>6", "4>6", "5>6", "6>2", "6>3", "6>4", "6>5"}, DownUnreachable, "6"},
-		{"one-way: 1 of 5 cannot send", "uuuuu", []int{0, 1, 2, 3}, []string{"1>5", "2>5", "3>5", "4>5"}, DownUnreachable, "5"},
-		{"one-way: 1 of 5 cannot receive, its own view", "uuuuu", []int{4}, []string{"5>1", "5>2", "5>3", "5>4"}, DownReachable, "5"},
-		{"one member of three cannot reach another: the unreachable one is downed", "uuu", []int{0, 2}, []string{"1>2"}, DownUnreachable, "2"},
-		{"indirect plus a clean split: indirect first, then the strategy", "uuuuu", []int{0}, []string{"1>4", "1>5", "2>4", "2>5", "3>4", "3>5", "2>3", "3>2"}, DownReachable, "12345"},
-		{"indirect plus a clean split, the bigger side", "uuuuuuu", []int{0, 1, 2, 3}, []string{"1>6", "1>7", "2>6", "2>7", "3>6", "3>7", "4>6", "4>7", "3>4", "4>3"}, DownIndirectlyConnected, "467"},
+		{"clean 3|2, the three", "uuuuu", []int{0, 1, 2}, []string{"1>4", "1>5", "2>4", "2>5", "3>4", "3>5"}, DownUnreachable, "45", nil},
+		{"clean 3|2, the two", "uuuuu", []int{3, 4}, []string{"4>1", "4>2", "4>3", "5>1", "5>2", "5>3"}, DownReachable, "45", nil},
+		{"a crash", "uuu", []int{0, 1}, []string{"1>3", "2>3"}, DownUnreachable, "3", nil},
+		{"partial partition in 3: the younger of the pair goes", "uuu", []int{2}, []string{"1>2", "2>1"}, DownIndirectlyConnected, "2", nil},
+		{"a joiner that became up reaching only its seed is downed alone", "uuuuuu", []int{0}, []string{"2>6", "3>6", "4>6", "5>6", "6>2", "6>3", "6>4", "6>5"}, DownIndirectlyConnected, "6", nil},
+		{"a joining member that reaches only its seed is downed alone", "uuuuuj", []int{0, 1, 2, 3, 4}, []string{"2>6", "3>6", "4>6", "5>6", "6>2", "6>3", "6>4", "6>5"}, DownUnreachable, "6", nil},
+		{"one-way: 1 of 5 cannot send", "uuuuu", []int{0, 1, 2, 3}, []string{"1>5", "2>5", "3>5", "4>5"}, DownUnreachable, "5", nil},
+		{"one-way: 1 of 5 cannot receive, its own view", "uuuuu", []int{4}, []string{"5>1", "5>2", "5>3", "5>4"}, DownReachable, "5", nil},
+		{"one member of three cannot reach another: the unreachable one is downed", "uuu", []int{0, 2}, []string{"1>2"}, DownUnreachable, "2", nil},
+		{"indirect plus a clean split: indirect first, then the strategy", "uuuuu", []int{0}, []string{"1>4", "1>5", "2>4", "2>5", "3>4", "3>5", "2>3", "3>2"}, DownReachable, "12345", nil},
+		{"indirect plus a clean split, the bigger side", "uuuuuuu", []int{0, 1, 2, 3}, []string{"1>6", "1>7", "2>6", "2>7", "3>6", "3>7", "4>6", "4>7", "3>4", "4>3"}, DownUnreachable, "467", nil},
+		// The nemesis's split: 5 is cut off from the others; 4 cannot
+		// send to 3, so 3 finds 4 unreachable. 5 is in the most lost
+		// pairs, but 4 is the one some reach and others do not: taken out
+		// first, it goes with this side whatever the strategy says. (It
+		// was left on "the other side" with 5, and stayed up when this
+		// side lost the lease and 5 downed it.)
+		{"a member cut off beside a one-way drop: the lease denied", "uuuuu", []int{0, 1, 2}, []string{"1>5", "2>5", "3>5", "4>5", "3>4"}, DownReachable, "1234", LeaseMajority{}},
+		{"a member cut off beside a one-way drop: the majority", "uuuuu", []int{0, 1, 2}, []string{"1>5", "2>5", "3>5", "4>5", "3>4"}, DownUnreachable, "45", nil},
 	}
 	for _, tt := range tests {
 		ms := members(tt.members)
@@ -151,7 +160,11 @@ func TestResolveSplit(t *testing.T) {
 		for _, o := range tt.obs {
 			v.Observations = append(v.Observations, Observation{Observer: ms[o[0]-'1'].UID, Subject: ms[o[2]-'1'].UID})
 		}
-		got, down := ResolveSplit(KeepMajority{}, v)
+		s := tt.s
+		if s == nil {
+			s = KeepMajority{}
+		}
+		got, down := ResolveSplit(s, v)
 		var names []byte
 		for _, m := range down {
 			names = append(names, '1'+m.UID[0]-1)
