@@ -2,6 +2,7 @@ package troupe
 
 import (
 	"context"
+	"errors"
 	"time"
 )
 
@@ -151,17 +152,9 @@ func (c *Cluster) decide(s DowningStrategy, v SplitView) Downing {
 		}
 	}
 	callTimeout := leaseCallTimeout(c.cfg.StableAfter)
-	ctx, cancel := context.WithTimeout(c.n.ctx, callTimeout)
-	defer cancel()
-	go func() { // Close does not wait for the call
-		select {
-		case <-c.stop:
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
 	owner := c.n.uid.String()
-	acquired, err := c.cfg.Lease.Acquire(ctx, owner)
+	acquired, waited, err := c.acquireLease(owner, callTimeout, delay)
+	delay += waited
 	if err != nil {
 		c.n.log.Warn("troupe: could not reach the lease; downing this side", "err", err)
 		return DownReachable
@@ -182,6 +175,45 @@ func (c *Cluster) decide(s DowningStrategy, v SplitView) Downing {
 	c.leaseHeld, c.leaseAt, c.leaseDowned, c.leaseLost = true, time.Now(), nil, lost
 	c.mu.Unlock()
 	return LeaseDecision(true)
+}
+
+// acquireLease asks for the lease with a timeout of callTimeout. A lease
+// that nobody holds but that cannot be granted yet (a lease server that
+// has just started: [LeaseWaitError]) is asked again once it can be, and
+// a side that waited its minority delay before asking waits it again
+// then, so that the majority still asks first. It returns how long it
+// waited so. (Both sides wait for the same moment and then race as they
+// would have, so the hold still covers the other side's decision.)
+func (c *Cluster) acquireLease(owner string, callTimeout, delay time.Duration) (acquired bool, waited time.Duration, err error) {
+	for {
+		ctx, cancel := context.WithTimeout(c.n.ctx, callTimeout)
+		go func() { // Close does not wait for the call
+			select {
+			case <-c.stop:
+				cancel()
+			case <-ctx.Done():
+			}
+		}()
+		acquired, err = c.cfg.Lease.Acquire(ctx, owner) // (user code: not under c.mu)
+		cancel()
+		var notYet *LeaseWaitError
+		if !errors.As(err, &notYet) || waited+notYet.Wait > MaxLeaseWait {
+			return acquired, waited, err
+		}
+		d := notYet.Wait + delay
+		c.n.log.Info("troupe: the lease cannot be granted yet (its server has just started); asking again then", "in", d.String())
+		t := time.NewTimer(d)
+		select {
+		case <-t.C:
+		case <-c.stop:
+			t.Stop()
+			return false, waited, ErrClusterStopped
+		case <-c.n.done:
+			t.Stop()
+			return false, waited, ErrNodeClosed
+		}
+		waited += d
+	}
 }
 
 // lostLease is the held lease's Lost channel, or nil.

@@ -14,12 +14,33 @@ const LeasePath = "/system/lease"
 // ErrLeaseLost is returned by a lease operation after the lease was lost.
 var ErrLeaseLost = errors.New("troupe: lease lost")
 
+// LeaseWaitError is what a [Lease]'s Acquire returns when nobody holds
+// the lease but it cannot be granted yet: a lease server that has just
+// started grants nothing for one ttl (it may have forgotten a grant of
+// its previous run). Wait is how long until it can. A cluster deciding a
+// split waits that long (at most [MaxLeaseWait]) and asks again, rather
+// than take the refusal for the other side's hold.
+type LeaseWaitError struct {
+	Wait time.Duration
+}
+
+func (e *LeaseWaitError) Error() string {
+	return fmt.Sprintf("troupe: nobody holds the lease, and it can be granted only in %v (the lease server has just started)", e.Wait)
+}
+
+// MaxLeaseWait is the longest a cluster deciding a split waits for a
+// lease that cannot be granted yet ([LeaseWaitError]); a longer wait is
+// taken as a lease it cannot reach.
+const MaxLeaseWait = 30 * time.Second
+
 // Lease is a lock with an expiry that lives outside a cluster's partition,
 // so that at most one side of a split can hold it. Implementations are safe
 // for concurrent use.
 type Lease interface {
 	// Acquire tries to take the lease for owner; it reports whether owner
-	// holds it. While held, the implementation keeps it alive.
+	// holds it. While held, the implementation keeps it alive. When nobody
+	// holds it but it cannot be granted yet, it returns a
+	// [*LeaseWaitError] saying how long until it can.
 	Acquire(ctx context.Context, owner string) (bool, error)
 	// Release gives the lease up.
 	Release(ctx context.Context, owner string) error
@@ -48,6 +69,10 @@ type leaseRequest struct {
 type leaseReply struct {
 	Granted bool
 	Owner   string // the holder, when not granted
+	// Wait: not granted, nobody holds it, and the server grants nothing
+	// for this long (its start-up quiet time). Zero from a server of an
+	// earlier release.
+	Wait time.Duration
 }
 
 func init() {
@@ -72,7 +97,9 @@ func ServeLeases(n *Node) error {
 		cur, ok := table[r.Name]
 		// A server that has just started may have forgotten a grant of
 		// its previous run that still runs: it grants nothing for one ttl.
-		free := (!ok || now.After(cur.expires) || cur.owner == r.Owner) && now.Sub(started) >= r.TTL
+		unheld := !ok || now.After(cur.expires) || cur.owner == r.Owner
+		quiet := started.Add(r.TTL).Sub(now)
+		free := unheld && quiet <= 0
 		granted := false
 		switch r.Op {
 		case leaseOpAcquire, leaseOpRenew:
@@ -87,7 +114,11 @@ func ServeLeases(n *Node) error {
 			granted = true
 		}
 		if !r.ReplyTo.IsZero() {
-			r.ReplyTo.Tell(leaseReply{Granted: granted, Owner: table[r.Name].owner})
+			rep := leaseReply{Granted: granted, Owner: table[r.Name].owner}
+			if !granted && unheld && quiet > 0 && r.Op == leaseOpAcquire {
+				rep.Wait = quiet
+			}
+			r.ReplyTo.Tell(rep)
 		}
 	}})
 	return err
@@ -133,10 +164,15 @@ func (l *NodeLease) call(ctx context.Context, op uint8, owner string) (leaseRepl
 	})
 }
 
-// Acquire tries to take the lease; while held it is kept alive.
+// Acquire tries to take the lease; while held it is kept alive. A server
+// that has just started and grants nothing yet, though nobody holds the
+// lease, makes it return a [*LeaseWaitError].
 func (l *NodeLease) Acquire(ctx context.Context, owner string) (bool, error) {
 	asked := time.Now()
 	rep, err := l.call(ctx, leaseOpAcquire, owner)
+	if err == nil && !rep.Granted && rep.Wait > 0 {
+		return false, &LeaseWaitError{Wait: rep.Wait}
+	}
 	if err != nil || !rep.Granted {
 		return false, err
 	}

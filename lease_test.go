@@ -1,6 +1,7 @@
 package troupe
 
 import (
+	"errors"
 	"testing"
 	"time"
 )
@@ -15,9 +16,11 @@ func TestNodeLease(t *testing.T) {
 	lb := NewNodeLease(b, server.Addrs()[0].String(), "x", 300*time.Millisecond)
 	ctx := ctxT(t, 5*time.Second)
 	// A server that has just started grants nothing for one ttl: it may
-	// have forgotten a grant of its previous run that still runs.
-	if ok, err := la.Acquire(ctx, "a"); ok || err != nil {
-		t.Fatalf("a fresh server granted at once: %v %v", ok, err)
+	// have forgotten a grant of its previous run that still runs. It says
+	// how long until it can.
+	var notYet *LeaseWaitError
+	if ok, err := la.Acquire(ctx, "a"); ok || !errors.As(err, &notYet) || notYet.Wait <= 0 || notYet.Wait > 300*time.Millisecond {
+		t.Fatalf("a fresh server: granted %v, %v; want a LeaseWaitError within the ttl", ok, err)
 	}
 	waitFor(t, 5*time.Second, "the server to grant, a ttl after it started", func() bool {
 		ok, err := la.Acquire(ctx, "a")
