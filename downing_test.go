@@ -222,6 +222,7 @@ func TestResolveSplit(t *testing.T) {
 		// lost pairs among those both observer and subject; taken out
 		// first, it leaves 4 (the straddler) on the far side. With the
 		// lease denied 4 must still go with this side.
+		{"a member cut off beside a one-way drop, its early observation arrived: the lease denied", "uuuuu", []int{1, 2}, []string{"1>5", "2>5", "3>5", "4>5", "3>4", "5>1"}, DownReachable, "12345", LeaseMajority{}},
 		{"a member cut off beside a one-way drop, its early observation arrived: the majority", "uuuuu", []int{1, 2}, []string{"1>5", "2>5", "3>5", "4>5", "3>4", "5>1"}, DownUnreachable, "45", nil},
 	}
 	for _, tt := range tests {
