@@ -463,7 +463,8 @@ func (g *reachGraph) worse(a, b Member) bool {
 // indirectly connected members are taken out first (see
 // [IndirectlyConnected]); the strategy then decides on what remains, with
 // them counted on the other side. They are downed whatever it decides,
-// and with this side when this side downs itself. It returns the
+// and with this side when this side downs itself, as are the members of
+// the other side whose own observations reached this side. It returns the
 // decision (DownIndirectlyConnected when only they are downed) and the
 // members this side downs.
 func ResolveSplit(s DowningStrategy, v SplitView) (Downing, []Member) {
@@ -474,6 +475,9 @@ func resolve(v SplitView, decide func(SplitView) Downing) (Downing, []Member) {
 	indirect := IndirectlyConnected(v)
 	if len(indirect) == 0 {
 		d := decide(v)
+		if d == DownReachable {
+			return d, downable(append(slices.Clone(v.Reachable), observers(v, v.Unreachable)...))
+		}
 		return d, v.members(d)
 	}
 	g := newReachGraph(v)
@@ -489,9 +493,34 @@ func resolve(v SplitView, decide func(SplitView) Downing) (Downing, []Member) {
 			return DownIndirectlyConnected, downable(indirect)
 		}
 	case DownReachable:
-		return d, downable(append(here, indirect...))
+		return d, downable(append(append(here, indirect...), observers(v, there)...))
 	}
 	return d, clean.members(d)
+}
+
+// observers are the members of ms whose own observations reached this
+// side. A side that downs itself downs them too: their gossip came here,
+// so they may be on this side (reached by some, not by others) though
+// the greedy left them on the other side — and the side that wins downs
+// them, as it cannot reach them. One that is not on this side never
+// hears it. (An observation made before a cut completed, arriving just
+// before it, makes a member cut off from this side an observer too.)
+func observers(v SplitView, ms []Member) []Member {
+	known := func(uid NodeUID) bool {
+		return isIn(v.Reachable, Member{UID: uid}) || isIn(v.Unreachable, Member{UID: uid})
+	}
+	var out []Member
+	for _, m := range ms {
+		if !m.counts() { // only observations of up or leaving members count
+			continue
+		}
+		if slices.ContainsFunc(v.Observations, func(o Observation) bool {
+			return o.Observer == m.UID && o.Subject != m.UID && known(o.Subject)
+		}) {
+			out = append(out, m)
+		}
+	}
+	return out
 }
 
 // members lists who decision d downs.

@@ -121,6 +121,11 @@ func TestLeaseMajorityRule(t *testing.T) {
 	}
 }
 
+// leaseWon is LeaseMajority when this side acquires the lease.
+type leaseWon struct{}
+
+func (leaseWon) Decide(SplitView) Downing { return LeaseDecision(true) }
+
 // Indirectly connected members are downed first; the clean partition that
 // remains goes to the strategy. Observations are "observer>subject" with
 // 1-based member numbers.
@@ -153,6 +158,72 @@ func TestResolveSplit(t *testing.T) {
 		// side lost the lease and 5 downed it.)
 		{"a member cut off beside a one-way drop: the lease denied", "uuuuu", []int{0, 1, 2}, []string{"1>5", "2>5", "3>5", "4>5", "3>4"}, DownReachable, "1234", LeaseMajority{}},
 		{"a member cut off beside a one-way drop: the majority", "uuuuu", []int{0, 1, 2}, []string{"1>5", "2>5", "3>5", "4>5", "3>4"}, DownUnreachable, "45", nil},
+
+		// From review: each scenario from the view of each side that
+		// decides, with KeepMajority (nil), the lease won (leaseWon{}) and
+		// the lease denied (LeaseMajority{}, whose Decide is the denial).
+		// A side that loses must leave up only members that are on the
+		// winning side: one left up on its far side but in fact reached
+		// from this side stays up beside the winner that downed it.
+
+		// The nemesis's split from 5's own side: clean, 1 against 4.
+		{"a member cut off beside a one-way drop, its own view: the majority", "uuuuu", []int{4}, []string{"5>1", "5>2", "5>3", "5>4"}, DownReachable, "5", nil},
+		{"a member cut off beside a one-way drop, its own view: the lease won", "uuuuu", []int{4}, []string{"5>1", "5>2", "5>3", "5>4"}, DownUnreachable, "1234", leaseWon{}},
+		{"a member cut off beside a one-way drop: the lease won", "uuuuu", []int{0, 1, 2}, []string{"1>5", "2>5", "3>5", "4>5", "3>4"}, DownUnreachable, "45", leaseWon{}},
+		// The drop the other way: 3 cannot send to 4, so 3 straddles it.
+		{"a member cut off beside the reverse drop: the lease denied", "uuuuu", []int{0, 1, 3}, []string{"1>5", "2>5", "3>5", "4>5", "4>3"}, DownReachable, "1234", LeaseMajority{}},
+		{"a member cut off beside the reverse drop: the lease won", "uuuuu", []int{0, 1, 3}, []string{"1>5", "2>5", "3>5", "4>5", "4>3"}, DownUnreachable, "35", leaseWon{}},
+		{"a member cut off beside the reverse drop: the majority", "uuuuu", []int{0, 1, 3}, []string{"1>5", "2>5", "3>5", "4>5", "4>3"}, DownUnreachable, "35", nil},
+
+		// A symmetric partial partition: 1 and 2 cannot hear each other,
+		// 3, 4 and 5 hear both (and relay both's gossip): one view, led
+		// by 3. The younger of the pair goes; the rest is the whole
+		// cluster, which a denied lease downs.
+		{"symmetric partial partition in 5: the majority", "uuuuu", []int{2, 3, 4}, []string{"1>2", "2>1"}, DownIndirectlyConnected, "2", nil},
+		{"symmetric partial partition in 5: the lease won", "uuuuu", []int{2, 3, 4}, []string{"1>2", "2>1"}, DownIndirectlyConnected, "2", leaseWon{}},
+		{"symmetric partial partition in 5: the lease denied", "uuuuu", []int{2, 3, 4}, []string{"1>2", "2>1"}, DownReachable, "12345", LeaseMajority{}},
+
+		// 5 can send but not receive: it finds everyone unreachable and,
+		// nobody finding it so, leads every view. Alone it survives only
+		// with the lease.
+		{"one-way: 1 of 5 cannot receive, the lease won", "uuuuu", []int{4}, []string{"5>1", "5>2", "5>3", "5>4"}, DownUnreachable, "1234", leaseWon{}},
+		{"one-way: 1 of 5 cannot receive, the lease denied", "uuuuu", []int{4}, []string{"5>1", "5>2", "5>3", "5>4"}, DownReachable, "5", LeaseMajority{}},
+		// 5 can receive but not send: the others find it unreachable and
+		// it finds nobody so. Denied, they down themselves and 5 hears
+		// it: it stays up alone, with nobody up who downed it.
+		{"one-way: 1 of 5 cannot send, the lease won", "uuuuu", []int{0, 1, 2, 3}, []string{"1>5", "2>5", "3>5", "4>5"}, DownUnreachable, "5", leaseWon{}},
+		{"one-way: 1 of 5 cannot send, the lease denied", "uuuuu", []int{0, 1, 2, 3}, []string{"1>5", "2>5", "3>5", "4>5"}, DownReachable, "1234", LeaseMajority{}},
+
+		// A joiner, up, reaching only its seed 1: everyone else is in a
+		// lost pair with it, so 1 alone is reachable and leads.
+		{"a joiner reaching only its seed: the lease won", "uuuuuu", []int{0}, []string{"2>6", "3>6", "4>6", "5>6", "6>2", "6>3", "6>4", "6>5"}, DownIndirectlyConnected, "6", leaseWon{}},
+		{"a joiner reaching only its seed: the lease denied", "uuuuuu", []int{0}, []string{"2>6", "3>6", "4>6", "5>6", "6>2", "6>3", "6>4", "6>5"}, DownReachable, "123456", LeaseMajority{}},
+
+		// A clean 3|2 split with 2 unable to send to 3 (3 finds 2
+		// unreachable). The three's view: 2 goes first and is counted
+		// with the two, so the majority is lost (the two lose too, in
+		// their own view, clean 2|3: everyone is downed; before, 2 was
+		// left up alone). With the lease denied 2 must go with this side:
+		// before, 5 and 4 went first and 2 was left on the far side, up
+		// beside the two that won the lease and downed it.
+		{"clean 3|2, a drop inside the three, their view: the majority", "uuuuu", []int{0, 2}, []string{"1>4", "1>5", "2>4", "2>5", "3>4", "3>5", "3>2"}, DownReachable, "123", nil},
+		{"clean 3|2, a drop inside the three, their view: the lease won", "uuuuu", []int{0, 2}, []string{"1>4", "1>5", "2>4", "2>5", "3>4", "3>5", "3>2"}, DownUnreachable, "245", leaseWon{}},
+		{"clean 3|2, a drop inside the three, their view: the lease denied", "uuuuu", []int{0, 2}, []string{"1>4", "1>5", "2>4", "2>5", "3>4", "3>5", "3>2"}, DownReachable, "123", LeaseMajority{}},
+		{"clean 3|2, a drop inside the three, the two's view: the lease won", "uuuuu", []int{3, 4}, []string{"4>1", "4>2", "4>3", "5>1", "5>2", "5>3"}, DownUnreachable, "123", leaseWon{}},
+		// The same with 5 unable to send to 4: the three see a clean split.
+		{"clean 3|2, a drop inside the two, their view: the majority", "uuuuu", []int{3}, []string{"4>1", "4>2", "4>3", "5>1", "5>2", "5>3", "4>5"}, DownReachable, "45", nil},
+		{"clean 3|2, a drop inside the two, their view: the lease won", "uuuuu", []int{3}, []string{"4>1", "4>2", "4>3", "5>1", "5>2", "5>3", "4>5"}, DownUnreachable, "1235", leaseWon{}},
+		{"clean 3|2, a drop inside the two, their view: the lease denied", "uuuuu", []int{3}, []string{"4>1", "4>2", "4>3", "5>1", "5>2", "5>3", "4>5"}, DownReachable, "45", LeaseMajority{}},
+		{"clean 3|2, a drop inside the two, the three's view: the lease won", "uuuuu", []int{0, 1, 2}, []string{"1>4", "1>5", "2>4", "2>5", "3>4", "3>5"}, DownUnreachable, "45", leaseWon{}},
+
+		// The nemesis's split where 5 had found 1 unreachable (the cut
+		// came one way first) and that observation arrived before the
+		// rest of the cut: 5 is then also an observer, and in the most
+		// lost pairs among those both observer and subject; taken out
+		// first, it leaves 4 (the straddler) on the far side. With the
+		// lease denied 4 must still go with this side.
+		{"a member cut off beside a one-way drop, its early observation arrived: the lease denied", "uuuuu", []int{1, 2}, []string{"1>5", "2>5", "3>5", "4>5", "3>4", "5>1"}, DownReachable, "12345", LeaseMajority{}},
+		{"a member cut off beside a one-way drop, its early observation arrived: the majority", "uuuuu", []int{1, 2}, []string{"1>5", "2>5", "3>5", "4>5", "3>4", "5>1"}, DownUnreachable, "45", nil},
 	}
 	for _, tt := range tests {
 		ms := members(tt.members)
