@@ -408,6 +408,7 @@ func (p *crossModuleProcess) saidLines(prefix string) []string {
 // on one and "troupe.clusterMsg" to the command line: DownMember and
 // troupe down failed with ErrWrongType.
 func TestCopiesAtTwoModulePathsFormOneCluster(t *testing.T) {
+	longRun(t)
 	needGo(t)
 	here, err := os.Getwd()
 	if err != nil {
@@ -566,6 +567,7 @@ func main() {
 // upgrade of the program keeps DownMember. The earlier copy is this one
 // with protocolName as it was.
 func TestACopyAndAnEarlierCopyAtOnePathResolveEachOther(t *testing.T) {
+	longRun(t)
 	needGo(t)
 	dir := t.TempDir()
 	earlier := func(name string, src []byte) ([]byte, error) {

@@ -333,6 +333,7 @@ func TestAnUnconfirmedPutOfAStoppedActorIsDeleted(t *testing.T) {
 // one at a time, a thousand swung between 459 and 1,001 and never held
 // whole on one live lease).
 func TestEtcdTenThousandActorsComeBackWholeAfterALeaseExpiry(t *testing.T) {
+	longRun(t)
 	if testing.Short() {
 		t.Skip("10,000 actors")
 	}

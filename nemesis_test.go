@@ -113,6 +113,7 @@ func nemesisDuration(t *testing.T) time.Duration {
 }
 
 func TestNemesis(t *testing.T) {
+	longRun(t, "TROUPE_NEMESIS_DURATION", "TROUPE_NEMESIS_SEED")
 	seed := uint64(time.Now().UnixNano())
 	if s := os.Getenv("TROUPE_NEMESIS_SEED"); s != "" {
 		var err error

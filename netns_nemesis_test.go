@@ -27,6 +27,7 @@ import (
 // leader. TROUPE_NEMESIS_DURATION and TROUPE_NEMESIS_SEED as for
 // TestNemesis; it needs root, ip and nft, and skips otherwise.
 func TestNemesisProcesses(t *testing.T) {
+	longRun(t, "TROUPE_NEMESIS_DURATION", "TROUPE_NEMESIS_SEED")
 	if why := hostnet.Available(); why != "" {
 		t.Skip(why)
 	}

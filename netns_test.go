@@ -443,6 +443,7 @@ func TestMultiHostOneWayPartition(t *testing.T) {
 }
 
 func TestMultiHostJitterAndLossRaiseNoFalseAlarm(t *testing.T) {
+	longRun(t)
 	if testing.Short() {
 		t.Skip("runs for several windows")
 	}
@@ -581,6 +582,7 @@ func accountOnce(t *testing.T, nodes []*nsNode, sent map[string]int, faultFree b
 }
 
 func TestMultiHostNothingLost(t *testing.T) {
+	longRun(t)
 	if testing.Short() {
 		t.Skip("streams across three hosts")
 	}
@@ -643,6 +645,7 @@ func TestMultiHostNothingLost(t *testing.T) {
 // and with lease-majority holding its lease in an etcd on a sixth host
 // that only the three can reach.
 func TestMultiHostClusterSplit(t *testing.T) {
+	longRun(t)
 	// The bound: detection (phi over 100 ms heartbeats, about half a second
 	// at most), StableAfter, the lease's minority delay and round trips,
 	// and gossip to the downed side, generously for a loaded machine.

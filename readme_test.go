@@ -111,6 +111,7 @@ func writeFile(t *testing.T, dir, name, content string) {
 }
 
 func TestVendoredCopy(t *testing.T) {
+	longRun(t)
 	needGo(t)
 	dir := t.TempDir()
 	// Exactly the README's steps: the library's non-test files and the

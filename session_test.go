@@ -70,6 +70,7 @@ func spawnCountingSink(t *testing.T, n *troupe.Node, name string, want int64) *c
 // message in order. (Issue #24, defect 1: the writer used to abort at
 // UnackedLimit while the receiver acknowledged only every 1,024 tells.)
 func TestABurstOfLargeMessagesNeverEndsAReadingPeer(t *testing.T) {
+	longRun(t)
 	for _, tc := range []struct {
 		name  string
 		count int

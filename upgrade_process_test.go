@@ -881,6 +881,7 @@ func rollingUpgrade(t *testing.T, addrs []string, cluster bool) []*upProcess {
 // quarantined, no link flaps more than a few times, and the cluster ends
 // converged with every member up at v2.
 func TestARollingUpgradeOfACluster(t *testing.T) {
+	longRun(t)
 	addrs := []string{freeTCP(t), freeTCP(t), freeTCP(t)}
 	procs := rollingUpgrade(t, addrs, true)
 	waitUntil(t, 30*time.Second, "the cluster converged at v2", func() bool {

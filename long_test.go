@@ -1,0 +1,59 @@
+package troupe_test
+
+import (
+	"os"
+	"regexp"
+	"strings"
+	"testing"
+)
+
+// longRun skips t unless TROUPE_LONG is set: a long run (a soak, a
+// multi-process scenario, a build of the package elsewhere), which CI
+// runs in its own step of .ci/run on every submission, and
+// `TROUPE_LONG=1 go test -run <name> .` runs by hand. The default suite
+// stays fast without it. Any of the variables orSet runs it too (a
+// nemesis's duration or seed, say).
+func longRun(t *testing.T, orSet ...string) {
+	t.Helper()
+	for _, env := range orSet {
+		if os.Getenv(env) != "" {
+			return
+		}
+	}
+	if os.Getenv("TROUPE_LONG") == "" {
+		t.Skip("a long run: TROUPE_LONG=1 runs it (.ci/run's long-run step does)")
+	}
+}
+
+// Every long run is in CI's long-run step: a test that calls longRun and
+// that .ci/run does not name would never run.
+func TestLongRunsAreInCI(t *testing.T) {
+	ci, err := os.ReadFile(".ci/run")
+	if err != nil {
+		t.Fatal(err)
+	}
+	files, err := os.ReadDir(".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	long := regexp.MustCompile(`func (Test\w+)\(t \*testing\.T\) \{\n(?:\t//[^\n]*\n)*\tlongRun\(t[,)]`)
+	found := 0
+	for _, f := range files {
+		if !strings.HasSuffix(f.Name(), "_test.go") {
+			continue
+		}
+		src, err := os.ReadFile(f.Name())
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range long.FindAllSubmatch(src, -1) {
+			found++
+			if !strings.Contains(string(ci), string(m[1])) {
+				t.Errorf("%s (%s) is a long run that .ci/run's long-run step does not name", m[1], f.Name())
+			}
+		}
+	}
+	if found == 0 {
+		t.Fatal("found no long runs: the pattern no longer matches how they are written")
+	}
+}
