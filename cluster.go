@@ -125,15 +125,17 @@ type Cluster struct {
 	lastHeard map[NodeUID]int64
 	stopped   bool
 
-	leaseHeld   bool                  // this member took the lease for a decision
-	leaseAt     time.Time             // when
-	leaseDowned []Member              // whom it downed under the lease
-	leaseLost   <-chan struct{}       // the lease's Lost channel while held
-	releasing   chan struct{}         // closed when the last release of the lease is done
-	paused      pauseMeter            // how long this process stood still in a split
-	blocked     blockedNote           // why convergence is blocked, with no strategy to act
-	leftSeen    map[NodeUID]bool      // members seen leaving: their removal does not end their association
-	downedAt    map[NodeUID]time.Time // members seen downed (or removed without leaving), lately
+	leaseHeld   bool            // this member took the lease for a decision
+	leaseAt     time.Time       // when
+	leaseDowned []Member        // whom it downed under the lease
+	leaseLost   <-chan struct{} // the lease's Lost channel while held
+	releasing   chan struct{}   // closed when the last release of the lease is done
+	// leaseWaitLimit is MaxLeaseWait, or less in a test (zero: MaxLeaseWait).
+	leaseWaitLimit time.Duration
+	paused         pauseMeter            // how long this process stood still in a split
+	blocked        blockedNote           // why convergence is blocked, with no strategy to act
+	leftSeen       map[NodeUID]bool      // members seen leaving: their removal does not end their association
+	downedAt       map[NodeUID]time.Time // members seen downed (or removed without leaving), lately
 
 	// recep is the cluster's registry of service keys and topics, when
 	// the node uses no other (nil otherwise).

@@ -1,6 +1,7 @@
 package troupe
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"time"
@@ -183,8 +184,14 @@ func (c *Cluster) decide(s DowningStrategy, v SplitView) Downing {
 // a side that waited its minority delay before asking waits it again
 // then, so that the majority still asks first. It returns how long it
 // waited so. (Both sides wait for the same moment and then race as they
-// would have, so the hold still covers the other side's decision.)
+// would have, so the hold still covers the other side's decision.) It
+// gives up, returning the LeaseWaitError, when the wait would end more
+// than MaxLeaseWait after it first asked (the time, not the sum of the
+// waits asked for: calls take time too), or says no time at all (a
+// custom Lease's: asking again at once could go on for ever).
 func (c *Cluster) acquireLease(owner string, callTimeout, delay time.Duration) (acquired bool, waited time.Duration, err error) {
+	first := time.Now()
+	limit := cmp.Or(c.leaseWaitLimit, MaxLeaseWait)
 	for {
 		ctx, cancel := context.WithTimeout(c.n.ctx, callTimeout)
 		go func() { // Close does not wait for the call
@@ -197,8 +204,11 @@ func (c *Cluster) acquireLease(owner string, callTimeout, delay time.Duration) (
 		acquired, err = c.cfg.Lease.Acquire(ctx, owner) // (user code: not under c.mu)
 		cancel()
 		var notYet *LeaseWaitError
-		if !errors.As(err, &notYet) || waited+notYet.Wait > MaxLeaseWait {
+		if !errors.As(err, &notYet) {
 			return acquired, waited, err
+		}
+		if notYet.Wait <= 0 || time.Since(first)+notYet.Wait > limit {
+			return false, waited, err
 		}
 		d := notYet.Wait + delay
 		c.n.log.Info("troupe: the lease cannot be granted yet (its server has just started); asking again then", "in", d.String())

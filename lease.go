@@ -17,9 +17,17 @@ var ErrLeaseLost = errors.New("troupe: lease lost")
 // LeaseWaitError is what a [Lease]'s Acquire returns when nobody holds
 // the lease but it cannot be granted yet: a lease server that has just
 // started grants nothing for one ttl (it may have forgotten a grant of
-// its previous run). Wait is how long until it can. A cluster deciding a
-// split waits that long (at most [MaxLeaseWait]) and asks again, rather
-// than take the refusal for the other side's hold.
+// its previous run). Wait is how long until it can, and must be more
+// than zero. A cluster deciding a split waits that long and asks again
+// (giving up when that would end more than [MaxLeaseWait] after it first
+// asked), rather than take the refusal for the other side's hold.
+//
+// Both sides of a split wait for the same moment, so the hold of the one
+// that then wins still covers the other's decision: Wait must end no
+// earlier than the first moment the lease could be granted to anyone (a
+// Wait that is a retry back-off, or one that differs between the
+// clients, could let a side ask again after the winner's hold and win
+// too).
 type LeaseWaitError struct {
 	Wait time.Duration
 }
@@ -29,8 +37,8 @@ func (e *LeaseWaitError) Error() string {
 }
 
 // MaxLeaseWait is the longest a cluster deciding a split waits for a
-// lease that cannot be granted yet ([LeaseWaitError]); a longer wait is
-// taken as a lease it cannot reach.
+// lease that cannot be granted yet ([LeaseWaitError]), counted from its
+// first request; a longer wait is taken as a lease it cannot reach.
 const MaxLeaseWait = 30 * time.Second
 
 // Lease is a lock with an expiry that lives outside a cluster's partition,
@@ -39,8 +47,10 @@ const MaxLeaseWait = 30 * time.Second
 type Lease interface {
 	// Acquire tries to take the lease for owner; it reports whether owner
 	// holds it. While held, the implementation keeps it alive. When nobody
-	// holds it but it cannot be granted yet, it returns a
-	// [*LeaseWaitError] saying how long until it can.
+	// holds it but it cannot be granted to anyone yet, it may return a
+	// [*LeaseWaitError] saying how long until it can (more than zero);
+	// never while another owner holds it. An implementation that has no
+	// such time returns false and a nil error, as when another holds it.
 	Acquire(ctx context.Context, owner string) (bool, error)
 	// Release gives the lease up.
 	Release(ctx context.Context, owner string) error

@@ -17,6 +17,11 @@ import (
 // members at the indexes in small on one side. It returns which members
 // are still up and running once the split is decided.
 func leaseSideSplit(t *testing.T, n int, small []int, freshServer bool) []int {
+	return leaseSideSplitTTL(t, n, small, freshServer, 2*time.Second)
+}
+
+// leaseSideSplitTTL is leaseSideSplit with a lease of the given ttl.
+func leaseSideSplitTTL(t *testing.T, n int, small []int, freshServer bool, ttl time.Duration) []int {
 	f := troupe.NewFaultNet()
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	start := func(name string) *troupe.Node {
@@ -39,7 +44,7 @@ func leaseSideSplit(t *testing.T, n int, small []int, freshServer bool) []int {
 	for i := range n {
 		node := start("m" + string(rune('0'+i)))
 		cfg := troupe.ClusterConfig{Downing: troupe.LeaseMajority{}, StableAfter: time.Second,
-			Lease: troupe.NewNodeLease(node, leaseNode.Addrs()[0].String(), "cluster", 2*time.Second)}
+			Lease: troupe.NewNodeLease(node, leaseNode.Addrs()[0].String(), "cluster", ttl)}
 		if len(nodes) > 0 {
 			cfg.Seeds = []string{nodes[0].Addrs()[0].String()}
 		}
@@ -66,7 +71,7 @@ func leaseSideSplit(t *testing.T, n int, small []int, freshServer bool) []int {
 		sorted[i], sortedNodes[i] = members[j], nodes[j]
 	}
 	if !freshServer {
-		time.Sleep(time.Until(serving.Add(2 * time.Second))) // a fresh lease server grants nothing for one ttl
+		time.Sleep(time.Until(serving.Add(ttl))) // a fresh lease server grants nothing for one ttl
 	}
 	for i := range n {
 		for j := range n {
@@ -133,5 +138,18 @@ func TestTheMajorityWinsTheLease(t *testing.T) {
 				t.Fatalf("members %v survived, want %v", got, tc.expect)
 			}
 		})
+	}
+}
+
+// The lease server's start-up quiet time lasts one ttl, and README asks
+// for a ttl of at least LeaseReleaseAfter (8.5 s with StableAfter 1 s), so
+// a split early in it makes the side leader wait several seconds for the
+// lease. Meanwhile the other members of its side, not leading, see the
+// split unstable for StableAfter + DownAllWhenUnstable (5 s here) and
+// down themselves: the majority's leader survives alone.
+func TestTheWholeMajorityWinsALeaseItWaitedFor(t *testing.T) {
+	t.Skip("open: non-leaders down themselves (stepSelf) while their side leader waits out the lease server's quiet time longer than DownAllWhenUnstable")
+	if got := leaseSideSplitTTL(t, 3, []int{0}, true, 9*time.Second); !slices.Equal(got, []int{1, 2}) {
+		t.Fatalf("members %v survived, want [1 2]", got)
 	}
 }
