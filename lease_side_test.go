@@ -111,6 +111,7 @@ func leaseSideSplitTTL(t *testing.T, n int, small []int, freshServer bool, ttl t
 // even split, the side with the lowest address. Each split is checked for
 // two sides all along (sidesWatcher).
 func TestTheMajorityWinsTheLease(t *testing.T) {
+	sem := make(chan struct{}, 3) // three splits at a time (each on its own fault network)
 	for _, tc := range []struct {
 		name   string
 		n      int
@@ -122,6 +123,9 @@ func TestTheMajorityWinsTheLease(t *testing.T) {
 		{"1 | 1: the lowest address", 2, []int{1}, []int{0}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			sem <- struct{}{}
+			defer func() { <-sem }()
 			if got := leaseSideSplit(t, tc.n, tc.small, false); !slices.Equal(got, tc.expect) {
 				t.Fatalf("members %v survived, want %v", got, tc.expect)
 			}
@@ -134,6 +138,9 @@ func TestTheMajorityWinsTheLease(t *testing.T) {
 			// after its delay, when the quiet time was over, and won. Now
 			// the server says when it can grant, and both sides ask again
 			// then, the minority after its delay once more.
+			t.Parallel()
+			sem <- struct{}{}
+			defer func() { <-sem }()
 			if got := leaseSideSplit(t, tc.n, tc.small, true); !slices.Equal(got, tc.expect) {
 				t.Fatalf("members %v survived, want %v", got, tc.expect)
 			}
