@@ -32,6 +32,8 @@ type LeaseWaitError struct {
 	Wait time.Duration
 }
 
+// Error says that nobody holds the lease and how long until it can be
+// granted.
 func (e *LeaseWaitError) Error() string {
 	return fmt.Sprintf("troupe: nobody holds the lease, and it can be granted only in %v (the lease server has just started)", e.Wait)
 }
