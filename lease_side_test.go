@@ -1,6 +1,7 @@
 package troupe_test
 
 import (
+	"fmt"
 	"io"
 	"log/slog"
 	"slices"
@@ -23,40 +24,17 @@ func leaseSideSplit(t *testing.T, n int, small []int, freshServer bool) []int {
 // leaseSideSplitTTL is leaseSideSplit with a lease of the given ttl.
 func leaseSideSplitTTL(t *testing.T, n int, small []int, freshServer bool, ttl time.Duration) []int {
 	f := troupe.NewFaultNet()
-	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	start := func(name string) *troupe.Node {
-		node, err := f.Start(ctxFor(t), troupe.Config{Name: name, Logger: quiet, HeartbeatInterval: 50 * time.Millisecond, UnreachableAfter: 2 * time.Second})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { node.Close() })
-		return node
-	}
-	leaseNode := start("lease")
+	leaseNode := faultNode(t, f, "lease")
 	t.Cleanup(f.Heal)
 	if err := troupe.ServeLeases(leaseNode); err != nil {
 		t.Fatal(err)
 	}
 	serving := time.Now()
-	var nodes []*troupe.Node
-	var members []*troupe.Cluster
 	w := newSidesWatcher()
-	for i := range n {
-		node := start("m" + string(rune('0'+i)))
-		cfg := troupe.ClusterConfig{Downing: troupe.LeaseMajority{}, StableAfter: time.Second,
+	nodes, members := faultMembers(t, f, n, w, func(node *troupe.Node) troupe.ClusterConfig {
+		return troupe.ClusterConfig{Downing: troupe.LeaseMajority{}, StableAfter: time.Second,
 			Lease: troupe.NewNodeLease(node, leaseNode.Addrs()[0].String(), "cluster", ttl)}
-		if len(nodes) > 0 {
-			cfg.Seeds = []string{nodes[0].Addrs()[0].String()}
-		}
-		c, err := troupe.StartCluster(ctxFor(t), node, cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { c.Close() })
-		nodes, members = append(nodes, node), append(members, c)
-		w.add(c)
-	}
-	waitAllUp(t, members, n)
+	})
 	// Order by address: index 0 holds the lowest.
 	idx := make([]int, n)
 	for i := range idx {
@@ -159,4 +137,42 @@ func TestTheWholeMajorityWinsALeaseItWaitedFor(t *testing.T) {
 	if got := leaseSideSplitTTL(t, 3, []int{0}, true, 9*time.Second); !slices.Equal(got, []int{1, 2}) {
 		t.Fatalf("members %v survived, want [1 2]", got)
 	}
+}
+
+// faultNode starts a node named name on f that logs nothing, with 50 ms
+// heartbeats and a 2 s window, closed when the test ends.
+func faultNode(t *testing.T, f *troupe.FaultNet, name string) *troupe.Node {
+	t.Helper()
+	n, err := f.Start(ctxFor(t), troupe.Config{Name: name, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		HeartbeatInterval: 50 * time.Millisecond, UnreachableAfter: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { n.Close() })
+	return n
+}
+
+// faultMembers starts count members on f (faultNode), each with the
+// cluster config cfg gives it, the first one seeding the others; adds
+// each to w and waits until all are up everywhere.
+func faultMembers(t *testing.T, f *troupe.FaultNet, count int, w *sidesWatcher, cfg func(node *troupe.Node) troupe.ClusterConfig) ([]*troupe.Node, []*troupe.Cluster) {
+	t.Helper()
+	var nodes []*troupe.Node
+	var members []*troupe.Cluster
+	for i := range count {
+		node := faultNode(t, f, fmt.Sprintf("m%d", i))
+		c := cfg(node)
+		if len(nodes) > 0 {
+			c.Seeds = []string{nodes[0].Addrs()[0].String()}
+		}
+		m, err := troupe.StartCluster(ctxFor(t), node, c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { m.Close() })
+		nodes, members = append(nodes, node), append(members, m)
+		w.add(m)
+	}
+	waitAllUp(t, members, count)
+	return nodes, members
 }

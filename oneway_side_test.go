@@ -1,9 +1,6 @@
 package troupe_test
 
 import (
-	"fmt"
-	"io"
-	"log/slog"
 	"testing"
 	"time"
 
@@ -22,29 +19,10 @@ func TestAMemberCutOffOneWayStops(t *testing.T) {
 		t.Run(dir, func(t *testing.T) {
 			f := troupe.NewFaultNet()
 			t.Cleanup(f.Heal)
-			quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-			var nodes []*troupe.Node
-			var members []*troupe.Cluster
 			w := newSidesWatcher()
-			for i := range 5 {
-				n, err := f.Start(ctxFor(t), troupe.Config{Name: fmt.Sprintf("m%d", i), Logger: quiet, HeartbeatInterval: 50 * time.Millisecond, UnreachableAfter: 2 * time.Second})
-				if err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(func() { n.Close() })
-				cfg := troupe.ClusterConfig{Downing: troupe.KeepMajority{}, StableAfter: time.Second}
-				if len(nodes) > 0 {
-					cfg.Seeds = []string{nodes[0].Addrs()[0].String()}
-				}
-				c, err := troupe.StartCluster(ctxFor(t), n, cfg)
-				if err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(func() { c.Close() })
-				nodes, members = append(nodes, n), append(members, c)
-				w.add(c)
-			}
-			waitAllUp(t, members, 5)
+			nodes, members := faultMembers(t, f, 5, w, func(*troupe.Node) troupe.ClusterConfig {
+				return troupe.ClusterConfig{Downing: troupe.KeepMajority{}, StableAfter: time.Second}
+			})
 			stop := make(chan struct{})
 			defer close(stop)
 			go w.watch(stop)
