@@ -165,13 +165,7 @@ func TestALiveSessionsTokenOutlivesManyOtherPeers(t *testing.T) {
 	if f.Reset(home, away) == 0 {
 		t.Fatal("the reset found no connection")
 	}
-	select {
-	case <-resumed:
-	case ev := <-unreachable:
-		t.Fatalf("the session did not resume: %+v", ev)
-	case <-time.After(10 * time.Second):
-		t.Fatal("no resume")
-	}
+	expectResume(t, resumed, unreachable)
 	if _, err := Ask(ctxT(t, 5*time.Second), ref, func(r Ref[testPong]) testPing { return testPing{ReplyTo: r} }); err != nil {
 		t.Fatalf("after the resume: %v", err)
 	}
@@ -219,13 +213,7 @@ func TestARedialThatWinsAHeldSessionKeepsTheTokensInStep(t *testing.T) {
 	if f.Reset(b, c) == 0 {
 		t.Fatal("the reset found no connection")
 	}
-	select {
-	case <-resumed:
-	case ev := <-unreachable:
-		t.Fatalf("the session did not resume: %+v", ev)
-	case <-time.After(10 * time.Second):
-		t.Fatal("no resume")
-	}
+	expectResume(t, resumed, unreachable)
 }
 
 // A second connection to another of a peer's addresses: the peer takes
@@ -254,5 +242,18 @@ func TestASecondConnectionLeavesTheTokensInStep(t *testing.T) {
 			}
 			return bytes.Equal(d.byUIDToken(t, server.UID()), server.tokenFor(d.UID()))
 		})
+	}
+}
+
+// expectResume waits for the session to resume after a reset, failing
+// on its end instead, or after 10 s.
+func expectResume(t *testing.T, resumed <-chan PeerResumed, unreachable <-chan PeerUnreachable) {
+	t.Helper()
+	select {
+	case <-resumed:
+	case ev := <-unreachable:
+		t.Fatalf("the session did not resume: %+v", ev)
+	case <-time.After(10 * time.Second):
+		t.Fatal("no resume")
 	}
 }
