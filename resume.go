@@ -144,6 +144,16 @@ func (a *assoc) redial() {
 			a.fail(fmt.Errorf("%v, and no new connection within %v", cause, n.cfg.UnreachableAfter))
 			return true
 		}
+		n.pmu.Lock()
+		held := n.byUID[a.peerUID] == a
+		n.pmu.Unlock()
+		if !held {
+			// Another session with the peer took this one's place: the
+			// peer, asked to resume, would resume that one, whose state
+			// this connection would not carry.
+			a.fail(fmt.Errorf("%v, and another session with the peer replaced it", cause))
+			return true
+		}
 		c, err := n.dial(a.dialAddr)
 		if err != nil {
 			if isRefused(err) {
