@@ -14,6 +14,7 @@ import (
 type count struct{ N int }
 
 func TestLocalTellAndAsk(t *testing.T) {
+	t.Parallel()
 	n := startNode(t, testConfig())
 	echo := spawnEcho(t, n, "echo")
 	if !echo.IsLocal() || echo.Path() != "/user/echo" || echo.AID().Name != "echo" {
@@ -28,6 +29,7 @@ func TestLocalTellAndAsk(t *testing.T) {
 }
 
 func TestAskTimesOutAndLateReplyIsDeadLetter(t *testing.T) {
+	t.Parallel()
 	n := startNode(t, testConfig())
 	held := make(chan Ref[testPong], 1)
 	silent, err := Spawn(n, "silent", Behavior[testPing]{Receive: func(_ *Context[testPing], m testPing) { held <- m.ReplyTo }})
@@ -55,6 +57,7 @@ func ctxErr(ctx interface {
 }
 
 func TestAnonymousAndNamedSpawn(t *testing.T) {
+	t.Parallel()
 	n := startNode(t, testConfig())
 	b := Behavior[count]{Receive: func(*Context[count], count) {}}
 	r1, err1 := Spawn(n, "", b)
@@ -101,6 +104,7 @@ func watcher(t testing.TB, n *Node, name string, target AnyRef) chan Terminated 
 }
 
 func TestWatchLocalStopPanicAndChildren(t *testing.T) {
+	t.Parallel()
 	n := startNode(t, testConfig())
 	var child Ref[count]
 	childReady := make(chan struct{})
@@ -155,6 +159,7 @@ func TestWatchLocalStopPanicAndChildren(t *testing.T) {
 }
 
 func TestWatchStoppedActorAndUnwatch(t *testing.T) {
+	t.Parallel()
 	n := startNode(t, testConfig())
 	target, _ := Spawn(n, "target", Behavior[count]{Receive: func(c *Context[count], _ count) { c.Stop() }})
 	tw := watcher(t, n, "w1", target)
@@ -195,6 +200,7 @@ func TestWatchStoppedActorAndUnwatch(t *testing.T) {
 // TestTerminatedWaitsBehindTheMailbox: a termination is handled after the
 // user messages already waiting when it arrived, whoever sent them.
 func TestTerminatedWaitsBehindTheMailbox(t *testing.T) {
+	t.Parallel()
 	n := startNode(t, testConfig())
 	release := make(chan struct{})
 	var order []string
@@ -229,6 +235,7 @@ func TestTerminatedWaitsBehindTheMailbox(t *testing.T) {
 }
 
 func TestDeadLettersForStoppedActorAndClosedNode(t *testing.T) {
+	t.Parallel()
 	n := startNode(t, testConfig())
 	dead := make(chan DeadLetter, 8)
 	sub := SubscribeChan(n.Events(), dead)
@@ -245,6 +252,7 @@ func TestDeadLettersForStoppedActorAndClosedNode(t *testing.T) {
 }
 
 func TestMailboxLimit(t *testing.T) {
+	t.Parallel()
 	cfg := testConfig()
 	cfg.MailboxLimit = 2
 	n := startNode(t, cfg)
@@ -273,6 +281,7 @@ func TestMailboxLimit(t *testing.T) {
 }
 
 func TestMessageAdapterLocal(t *testing.T) {
+	t.Parallel()
 	n := startNode(t, testConfig())
 	type wrapped struct{ p testPong }
 	got := make(chan wrapped, 1)
@@ -294,6 +303,7 @@ func TestMessageAdapterLocal(t *testing.T) {
 }
 
 func TestCloseIsIdempotentAndStopsEverything(t *testing.T) {
+	t.Parallel()
 	checkLeaks(t)
 	n, err := Start(ctxT(t, 5*time.Second), testConfig("tcp://127.0.0.1:0", "unix://"+shortSocket(t)))
 	if err != nil {
@@ -316,6 +326,7 @@ func TestCloseIsIdempotentAndStopsEverything(t *testing.T) {
 }
 
 func TestSpawnUnderAStoppingParentFailsAndCloseStillReturns(t *testing.T) {
+	t.Parallel()
 	checkLeaks(t)
 	n, err := Start(ctxT(t, 5*time.Second), testConfig())
 	if err != nil {
@@ -372,6 +383,7 @@ func TestIdleActorCostsAtMost500Bytes(t *testing.T) {
 // TestCellLinksWatchers walks an actor's watchers through one held
 // without a map, a second that makes one, and back.
 func TestCellLinksWatchers(t *testing.T) {
+	t.Parallel()
 	h := func(path string) *handle { return &handle{key: refKey{path: path}} }
 	a, b, c := h("/a"), h("/b"), h("/c")
 	var l cellLinks
@@ -416,6 +428,7 @@ func TestCellLinksWatchers(t *testing.T) {
 // first, and compares no errors (a reason of an uncomparable type is kept
 // like any other).
 func TestRecentStopsKeepsTheLastReasons(t *testing.T) {
+	t.Parallel()
 	type unhashable struct{ parts []string }
 	var s recentStops
 	s.record("/user/normal", UUID{1}, nil)
@@ -448,6 +461,7 @@ func (e uncomparableErr) Error() string { return fmt.Sprint(e.v) }
 // A watch placed while the actor stops (here during its PostStop, after
 // it refuses watches) gets the real reason too.
 func TestAWatchDuringPostStopGetsTheRealReason(t *testing.T) {
+	t.Parallel()
 	n := startNode(t, testConfig())
 	inPostStop, release := make(chan struct{}), make(chan struct{})
 	children := make(chan Ref[count], 1)

@@ -7,6 +7,7 @@ import (
 )
 
 func TestParseAddrRoundTrip(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		in, url, maddr string
 	}{
@@ -42,6 +43,7 @@ func TestParseAddrRoundTrip(t *testing.T) {
 }
 
 func TestParseAddrRejects(t *testing.T) {
+	t.Parallel()
 	tests := []struct{ in, mention string }{
 		{"", "empty"},
 		{"/ip4/127.0.0.1/udp/1", `unsupported transport "udp"`},

@@ -32,6 +32,8 @@ func versionedNode(t *testing.T, name, version string) *troupe.Node {
 // node's own in Stats, and the debug page shows them all. A node that
 // sets none shows an empty one.
 func TestAppVersionIsSeenByPeersAndMembers(t *testing.T) {
+	t.Parallel()
+	slowTest(t)
 	a := versionedNode(t, "a", "orders-1.4.2")
 	b := versionedNode(t, "b", "orders-1.5.0")
 	plain := versionedNode(t, "plain", "")
@@ -145,6 +147,7 @@ func spawnCollectorOf(t *testing.T, n *troupe.Node) {
 // An AppVersion past its bound, or with a control character, is a
 // configuration error.
 func TestAnAppVersionTooLongIsRefused(t *testing.T) {
+	t.Parallel()
 	_, err := troupe.Start(ctxFor(t), troupe.Config{AppVersion: strings.Repeat("v", troupe.MaxAppVersion+1)})
 	if !errors.Is(err, troupe.ErrBadConfig) || !strings.Contains(err.Error(), "AppVersion") {
 		t.Fatalf("Start: %v, want ErrBadConfig naming AppVersion", err)
@@ -164,6 +167,7 @@ func TestAnAppVersionTooLongIsRefused(t *testing.T) {
 // a running node for the same; DiffSchemas applies the rules a session
 // applies.
 func TestSchemaOfARunningNode(t *testing.T) {
+	t.Parallel()
 	n := defaultNode(t, "schema")
 	asker := defaultNode(t, "asker")
 	got, err := troupe.FetchSchema(ctxFor(t), asker, n.Addrs()[0].String())

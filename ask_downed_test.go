@@ -10,6 +10,7 @@ import (
 // here, while the link is healthy) fails at once, not at its deadline
 // (issue #26, item 5: "or its node is declared unreachable").
 func TestAnAskToADownedMemberFailsAtOnce(t *testing.T) {
+	t.Parallel()
 	r := newClusterRig(t, 3, ClusterConfig{})
 	asker, target := r.nodes[0], r.nodes[2]
 	asked := make(chan struct{}, 1)

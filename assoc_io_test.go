@@ -13,6 +13,7 @@ import (
 // An acknowledgement that arrives after the session ended (the node closed
 // while the peer's last ack was in flight) is ignored.
 func TestLateAckAfterTheSessionEnded(t *testing.T) {
+	t.Parallel()
 	n := startNode(t, testConfig())
 	a := newAssoc(n, false, Addr{})
 	a.life.state = assocUp
@@ -29,6 +30,7 @@ func TestLateAckAfterTheSessionEnded(t *testing.T) {
 }
 
 func TestEveryMessageIsDeliveredOrDeadLetteredAcrossAPartition(t *testing.T) {
+	t.Parallel()
 	p := newPair(t, 20*time.Millisecond, 300*time.Millisecond)
 	const total = 20000
 	var mu sync.Mutex
@@ -106,6 +108,8 @@ func TestEveryMessageIsDeliveredOrDeadLetteredAcrossAPartition(t *testing.T) {
 // (plus one write) unacknowledged, waits with the rest, and the peer is
 // given up on once it has confirmed nothing for UnreachableAfter.
 func TestTheWindowBoundsWhatIsUnacknowledged(t *testing.T) {
+	t.Parallel()
+	slowTest(t)
 	cfg := testConfig("tcp://127.0.0.1:0")
 	cfg.UnackedLimit = 256 << 10
 	victim := startNode(t, cfg)
@@ -148,6 +152,7 @@ func TestTheWindowBoundsWhatIsUnacknowledged(t *testing.T) {
 }
 
 func TestSendQueueLimit(t *testing.T) {
+	t.Parallel()
 	f := NewFaultNet()
 	cfg := failConfig("home", 50*time.Millisecond, 5*time.Second)
 	cfg.SendQueueLimit = 100

@@ -36,6 +36,7 @@ func (e effect) String() string {
 // TestLifeStep is every event in the states where it matters: the life
 // it leaves and the effects it asks for.
 func TestLifeStep(t *testing.T) {
+	t.Parallel()
 	up := life{state: assocUp, upAt: lt0, encoding: true}
 	at := func(s assocState) life { l := up; l.state = s; return l }
 	ending := at(assocEnding)
@@ -131,6 +132,7 @@ func describeLife(l life) string {
 // defects came from, as the code meets them, and checks what each step
 // asks for.
 func TestLifeInterleavings(t *testing.T) {
+	t.Parallel()
 	type stepWant struct {
 		ev  lifeEvent
 		eff effect
@@ -217,6 +219,7 @@ func TestLifeInterleavings(t *testing.T) {
 // ends with why it was given up; and a session that stops taking
 // messages wakes whoever waits for room or credit in it.
 func TestLifeInAnyOrder(t *testing.T) {
+	t.Parallel()
 	var evs []lifeEvent
 	for k := range lifeEventCount {
 		kind := assocEvent(k)

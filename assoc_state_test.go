@@ -9,6 +9,7 @@ import (
 // TestAssocTransitions pins the whole transition table: every state under
 // every event.
 func TestAssocTransitions(t *testing.T) {
+	t.Parallel()
 	const (
 		C, U, S, E, L, R, X = assocConnecting, assocUp, assocSuspended, assocEnding, assocLeaving, assocRetiring, assocClosed
 		no                  = assocStateCount // the event does not apply
@@ -44,6 +45,7 @@ func TestAssocTransitions(t *testing.T) {
 
 // TestAssocLives walks whole lives through step, as the code applies them.
 func TestAssocLives(t *testing.T) {
+	t.Parallel()
 	lives := []struct {
 		name   string
 		events []assocEvent
@@ -75,6 +77,7 @@ func TestAssocLives(t *testing.T) {
 // TestEndingOf is the table of what an end does: publish the peer's loss,
 // quarantine it, or only report a retired duplicate's unconfirmed messages.
 func TestEndingOf(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		from                      assocState
 		peerLeft, closing, exempt bool
@@ -106,6 +109,7 @@ func TestEndingOf(t *testing.T) {
 // incarnation: both nodes keep the same one, deciding alike without a
 // word, whatever order each attached them in.
 func TestChooseDuplicate(t *testing.T) {
+	t.Parallel()
 	low, high := NodeUID{1}, NodeUID{2}
 	out, in := func(n uint64) dialOf { return dialOf{true, n} }, func(n uint64) dialOf { return dialOf{false, n} }
 	tests := []struct {
@@ -179,6 +183,7 @@ func TestChooseDuplicate(t *testing.T) {
 // (TestASendWaitingForCreditEndsWithItsPeer failed on that window), and
 // an exempt peer (a registrar, a member) is never quarantined at all.
 func TestAnUnreachableEndWrapsErrPeerUnreachableAtOnce(t *testing.T) {
+	t.Parallel()
 	window := errors.New("nothing heard for 1s (the limit is 1s)")
 	cases := []struct {
 		name        string

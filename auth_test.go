@@ -26,6 +26,7 @@ func secretConfig(secret string) Config {
 }
 
 func TestSharedSecret(t *testing.T) {
+	t.Parallel()
 	const good, bad = "correct horse battery staple", "wrong horse battery staple!"
 	server := startNode(t, secretConfig(good))
 	var delivered atomic.Int64
@@ -72,6 +73,7 @@ func TestSharedSecret(t *testing.T) {
 }
 
 func TestSecretTooShortIsRejected(t *testing.T) {
+	t.Parallel()
 	if _, err := Start(ctxT(t, time.Second), Config{Secret: []byte("short")}); !errors.Is(err, ErrBadConfig) {
 		t.Fatalf("Start with a short secret = %v", err)
 	}
@@ -126,6 +128,7 @@ func (p *testPKI) config(t *testing.T, name string) *tls.Config {
 }
 
 func TestMutualTLS(t *testing.T) {
+	t.Parallel()
 	pki := newTestPKI(t)
 	cfg := func(tc *tls.Config) Config {
 		c := testConfig("tcp://127.0.0.1:0")
@@ -156,6 +159,7 @@ func TestMutualTLS(t *testing.T) {
 }
 
 func TestRegistryIsBehindTheSecret(t *testing.T) {
+	t.Parallel()
 	const secret = "registry secret, sixteen+ bytes"
 	reg := freeRegistryAddr(t, "tcp")
 	cfg := discoveryConfig("registrar", reg)
@@ -184,6 +188,7 @@ func TestRegistryIsBehindTheSecret(t *testing.T) {
 // claims a connected peer's uid and asks to resume its session: it is
 // refused before it can touch that session, which stays up.
 func TestAResumeClaimNeedsTheSecret(t *testing.T) {
+	t.Parallel()
 	const secret = "correct horse battery staple"
 	server := startNode(t, secretConfig(secret))
 	spawnEcho(t, server, "echo")
@@ -223,6 +228,7 @@ func TestAResumeClaimNeedsTheSecret(t *testing.T) {
 // CA; one whose certificate another CA signed fails with ErrAuth, saying
 // the TLS handshake failed.
 func TestARegistrarOverTLS(t *testing.T) {
+	t.Parallel()
 	pki := newTestPKI(t)
 	reg := freeRegistryAddr(t, "tcp")
 	cfg := discoveryConfig("registrar", reg)

@@ -37,6 +37,7 @@ func expectClosed(t *testing.T, c net.Conn) {
 }
 
 func TestBadInputClosesOnlyThatConnection(t *testing.T) {
+	t.Parallel()
 	attacks := []struct {
 		name      string
 		handshake bool
@@ -103,6 +104,7 @@ func ghostTell() []byte {
 }
 
 func TestUnknownTargetAndKeyAreDeadLetters(t *testing.T) {
+	t.Parallel()
 	n := startNode(t, testConfig("tcp://127.0.0.1:0"))
 	dead := make(chan DeadLetter, 4)
 	SubscribeChan(n.Events(), dead)
@@ -128,6 +130,7 @@ func TestUnknownTargetAndKeyAreDeadLetters(t *testing.T) {
 // node's address gets neither that node's traffic nor, when it
 // misbehaves, that node's address quarantined.
 func TestAnnouncedAddressesAreNotBelieved(t *testing.T) {
+	t.Parallel()
 	victim := startNode(t, testConfig("tcp://127.0.0.1:0"))
 	real := startNode(t, testConfig("tcp://127.0.0.1:0"))
 	echo := spawnEcho(t, real, "echo")
@@ -176,6 +179,7 @@ func TestAnnouncedAddressesAreNotBelieved(t *testing.T) {
 // TestPeerTablesAreBounded: a peer cannot make a connection keep more than
 // maxTableSize entries of at most maxTableEntry bytes.
 func TestPeerTablesAreBounded(t *testing.T) {
+	t.Parallel()
 	n := startNode(t, testConfig("tcp://127.0.0.1:0"))
 	errs := make(chan ProtocolError, 4)
 	SubscribeChan(n.Events(), errs)

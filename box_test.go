@@ -36,6 +36,7 @@ func BenchmarkBox(b *testing.B) {
 // TestBoxEqualsReflect checks that box gives the same interface value as
 // reflect's Interface for direct and indirect types alike.
 func TestBoxEqualsReflect(t *testing.T) {
+	t.Parallel()
 	type one struct{ P *int }
 	type two struct {
 		P *int
@@ -66,6 +67,7 @@ func (r rect) area() int   { return r.w * r.h }
 // dynamic types to an interface protocol through the itab cache gives
 // what the type assertion gives, and refuses what it refuses.
 func TestConvertMatchesTheAssertion(t *testing.T) {
+	t.Parallel()
 	msgs := []any{square{2}, square{3}, rect{2, 5}, rect{1, 1}, square{4}, "not a shape", square{5}}
 	var c convCache
 	c.iface = isMethodIface[shape]()

@@ -13,6 +13,7 @@ import (
 // dead letter: a closing node's own dead letters are not logged (they are
 // still published and counted), unconfirmed ones included.
 func TestClosingWithMessagesInFlightLogsNoDeadLetter(t *testing.T) {
+	t.Parallel()
 	b, err := troupe.Start(ctxFor(t), troupe.Config{Name: "b", Listen: []string{"tcp://127.0.0.1:0"}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)

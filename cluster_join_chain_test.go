@@ -11,6 +11,7 @@ import (
 // a member that can admit it, or B and C stay joining for ever with no
 // leader while A never hears of them.
 func TestClusterJoinerThroughAJoiningSeed(t *testing.T) {
+	t.Parallel()
 	r := newClusterRig(t, 1, clusterCfg(KeepMajority{}))
 	defer r.dumpOnFailure()
 	nodeB := startOn(t, r.f, failConfig("b", 20*time.Millisecond, 2*time.Second))

@@ -8,6 +8,7 @@ import (
 )
 
 func TestLeaseHoldCoversTheOtherSidesDecision(t *testing.T) {
+	t.Parallel()
 	cases := []struct {
 		stable, unstable, delay, want time.Duration
 	}{
@@ -34,6 +35,7 @@ func TestLeaseHoldCoversTheOtherSidesDecision(t *testing.T) {
 }
 
 func TestPauseMeter(t *testing.T) {
+	t.Parallel()
 	t0 := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
 	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
 	const interval, counted, keep = 20 * time.Millisecond, 250 * time.Millisecond, 8 * time.Second
@@ -78,6 +80,7 @@ func TestPauseMeter(t *testing.T) {
 // its own clock no longer says what the other side's did. It downs its
 // side instead, and there are never two sides.
 func TestAMemberThatStoodStillDoesNotRaceForTheLease(t *testing.T) {
+	slowTest(t)
 	r := &clusterRig{t: t, f: NewFaultNet()}
 	leaseNode := startOn(t, r.f, failConfig("lease", 20*time.Millisecond, 2*time.Second))
 	if err := ServeLeases(leaseNode); err != nil {

@@ -60,6 +60,7 @@ func decideWithLease(t *testing.T, l *scriptedLease, limit, within time.Duration
 // nor downed itself. It is an answer that cannot be waited on: the side
 // downs itself.
 func TestALeaseWaitOfNoTimeIsNotWaitedOn(t *testing.T) {
+	t.Parallel()
 	l := &scriptedLease{script: func(int) (bool, error) { return false, &LeaseWaitError{} }}
 	if d := decideWithLease(t, l, 0, 5*time.Second); d != DownReachable {
 		t.Fatalf("decided %v, want DownReachable", d)
@@ -70,6 +71,7 @@ func TestALeaseWaitOfNoTimeIsNotWaitedOn(t *testing.T) {
 // lease asked for: a lease that keeps asking for a moment, each call
 // taking longer than that, was asked again long past it.
 func TestMaxLeaseWaitBoundsTheTimeWaited(t *testing.T) {
+	t.Parallel()
 	l := &scriptedLease{took: 20 * time.Millisecond, script: func(int) (bool, error) {
 		return false, &LeaseWaitError{Wait: time.Millisecond}
 	}}
@@ -85,6 +87,8 @@ func TestMaxLeaseWaitBoundsTheTimeWaited(t *testing.T) {
 // A lease granted after one wait, the calls quick: the side wins, and
 // its wait is not taken for a pause.
 func TestALeaseWaitedForIsWon(t *testing.T) {
+	t.Parallel()
+	slowTest(t)
 	l := &scriptedLease{took: 10 * time.Millisecond, script: func(n int) (bool, error) {
 		if n == 0 {
 			return false, &LeaseWaitError{Wait: 1500 * time.Millisecond}
@@ -115,6 +119,7 @@ func init() {
 // skipped by the earlier receiver, and zero from the earlier sender (a
 // plain refusal, as that release meant it).
 func TestALeaseReplyCrossesReleases(t *testing.T) {
+	t.Parallel()
 	old, err := sendAs[leaseReplyV1](t, leaseReply{Granted: false, Owner: "", Wait: time.Second})
 	if err != nil || old != (leaseReplyV1{}) {
 		t.Fatalf("to the earlier release: %+v, %v", old, err)

@@ -26,6 +26,7 @@ import (
 // calls Node.Shutdown, the way a service's main does. It prints "STOPPED"
 // when done.
 func TestHelperClusterMember(t *testing.T) {
+	t.Parallel()
 	listen := os.Getenv("TROUPE_MEMBER_LISTEN")
 	if listen == "" {
 		t.Skip("helper for the cluster process tests")
@@ -148,6 +149,8 @@ func (p *memberProcess) line(t *testing.T) string {
 // exiting and removed, never as unreachable; with no downing strategy, a
 // crash would have blocked the cluster instead.
 func TestAMemberThatStopsLeaves(t *testing.T) {
+	t.Parallel()
+	slowTest(t)
 	for _, how := range []string{"SIGTERM", "close", "cluster-close"} {
 		t.Run(how, func(t *testing.T) {
 			home, err := troupe.Start(ctxFor(t), troupe.Config{Name: "home", Listen: []string{"127.0.0.1:0"},

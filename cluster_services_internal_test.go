@@ -11,6 +11,7 @@ import (
 // changes in order, or by a whole set; a missing number asks for the
 // whole set, and what breaks the bounds is not applied.
 func TestRecepCopySteps(t *testing.T) {
+	t.Parallel()
 	e := func(name string) recepEntry {
 		return recepEntry{Name: name, UUID: UUID{byte(len(name))}, Path: "/user/" + name}
 	}
@@ -108,6 +109,7 @@ func TestRecepCopySteps(t *testing.T) {
 // once, when a later change shows a number missing. Messages from a node
 // that is not a member are not kept.
 func TestClusterRegistryRepairsLostChanges(t *testing.T) {
+	t.Parallel()
 	cfg := clusterCfg(nil)
 	r := newClusterRig(t, 2, cfg)
 	a := r.nodes[0]
@@ -177,6 +179,7 @@ func TestClusterRegistryRepairsLostChanges(t *testing.T) {
 // receptionist. A node restarts its cluster at once after Close (the
 // cluster's and the receptionist's paths are free when Close returns).
 func TestAReceptionistRunsOnlyWithoutARegistry(t *testing.T) {
+	t.Parallel()
 	f := NewFaultNet()
 	cfg := failConfig("with-registry", 20*time.Millisecond, 2*time.Second)
 	cfg.RegistryAddrs = []string{freeRegistryAddr(t, "tcp")}

@@ -115,6 +115,7 @@ func followKey(t *testing.T, n *troupe.Node) (*listings, <-chan error) {
 // reach it (coming back when it can again); a member that joins later
 // gets the listing and adds its own.
 func TestServiceKeysLiveInTheClusterWithoutARegistry(t *testing.T) {
+	t.Parallel()
 	f := troupe.NewFaultNet()
 	nodes, _ := registrylessCluster(t, f, troupe.ClusterConfig{}, "a", "b", "c")
 	refs := make([]troupe.Ref[job], len(nodes))
@@ -184,6 +185,7 @@ func TestServiceKeysLiveInTheClusterWithoutARegistry(t *testing.T) {
 // with ErrClusterStopped, a SubscribeService subscriber gets a last,
 // empty listing, and lookups and registrations return ErrNoRegistry.
 func TestClusterServiceListingsFollowMembersThatGo(t *testing.T) {
+	t.Parallel()
 	f := troupe.NewFaultNet()
 	nodes, members := registrylessCluster(t, f, troupe.ClusterConfig{Downing: troupe.KeepMajority{}}, "a", "b", "c")
 	for i, n := range nodes {
@@ -257,6 +259,7 @@ func TestClusterServiceListingsFollowMembersThatGo(t *testing.T) {
 // service returns ErrNoRegistry; the cluster keeps service keys and
 // topics only: a name lookup still needs a registry.
 func TestAClusterRegistryServesServiceKeysOnly(t *testing.T) {
+	t.Parallel()
 	f := troupe.NewFaultNet()
 	n := registrylessNode(t, f, "alone")
 	w, err := troupe.Spawn(n, "w", troupe.Behavior[job]{Receive: func(*troupe.Context[job], job) {}})
@@ -283,6 +286,7 @@ func TestAClusterRegistryServesServiceKeysOnly(t *testing.T) {
 // once, in order, also for a publisher that published, and a subscriber
 // that subscribed, before its cluster started.
 func TestTopicsAcrossAClusterWithoutARegistry(t *testing.T) {
+	t.Parallel()
 	f := troupe.NewFaultNet()
 	first, err := f.Start(ctxFor(t), troupe.Config{Name: "pub", HeartbeatInterval: 20 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {

@@ -106,6 +106,7 @@ func singletonCluster(t *testing.T, f *troupe.FaultNet, tl *tally, ccfg troupe.C
 // the removal margin (a hand-over); messages sent meanwhile are held and
 // delivered.
 func TestASingletonRunsOnTheOldestAndIsHandedOver(t *testing.T) {
+	t.Parallel()
 	f := troupe.NewFaultNet()
 	tl := &tally{}
 	_, members, refs := singletonCluster(t, f, tl, troupe.ClusterConfig{Downing: troupe.KeepMajority{}, StableAfter: singletonStable},
@@ -135,6 +136,8 @@ func TestASingletonRunsOnTheOldestAndIsHandedOver(t *testing.T) {
 // passed; a partition that downs the side of the oldest member moves it
 // likewise. Never two at once.
 func TestASingletonMovesAfterACrashOrASplitNeverTwice(t *testing.T) {
+	t.Parallel()
+	slowTest(t)
 	for _, fault := range []string{"crash", "split"} {
 		t.Run(fault, func(t *testing.T) {
 			f := troupe.NewFaultNet()
@@ -169,6 +172,7 @@ func TestASingletonMovesAfterACrashOrASplitNeverTwice(t *testing.T) {
 // Singleton refuses a bad name and a second singleton of one name on one
 // member.
 func TestSingletonErrors(t *testing.T) {
+	t.Parallel()
 	f := troupe.NewFaultNet()
 	tl := &tally{}
 	_, members := registrylessCluster(t, f, troupe.ClusterConfig{}, "a")
@@ -188,6 +192,8 @@ func TestSingletonErrors(t *testing.T) {
 // Buffer of them; past it each is a dead letter with
 // ErrSingletonUnavailable.
 func TestASingletonsBufferIsBounded(t *testing.T) {
+	t.Parallel()
+	slowTest(t)
 	f := troupe.NewFaultNet()
 	tl := &tally{}
 	nodes, _, refs := singletonCluster(t, f, tl, troupe.ClusterConfig{StableAfter: singletonStable}, troupe.SingletonConfig{Buffer: 5}, "a", "b")
@@ -313,6 +319,8 @@ func allUp(members []*troupe.Cluster, want int) bool {
 // waits the removal margin (LeaseReleaseAfter at least), and the two
 // never run at once (with the margin at StableAfter, they did).
 func TestASingletonWaitsOutALeaseMinority(t *testing.T) {
+	t.Parallel()
+	slowTest(t)
 	f := troupe.NewFaultNet()
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	start := func(name string) *troupe.Node {
@@ -382,6 +390,7 @@ func TestASingletonWaitsOutALeaseMinority(t *testing.T) {
 // supervised one too (its stop was once watched through PostStop, which
 // Supervise's behavior does not pass on).
 func TestASupervisedSingletonThatStopsIsStartedAgain(t *testing.T) {
+	t.Parallel()
 	f := troupe.NewFaultNet()
 	var gen atomic.Int32
 	var handled atomic.Int32
@@ -419,6 +428,7 @@ func TestASupervisedSingletonThatStopsIsStartedAgain(t *testing.T) {
 // leaves. c learns a's hand-over from b's (it was no member when a left)
 // and starts at once, not after the removal margin for a.
 func TestASingletonIsHandedOverThroughARollingChange(t *testing.T) {
+	t.Parallel()
 	f := troupe.NewFaultNet()
 	tl := &tally{}
 	ccfg := troupe.ClusterConfig{Downing: troupe.KeepMajority{}, StableAfter: singletonStable}
@@ -447,6 +457,7 @@ func TestASingletonIsHandedOverThroughARollingChange(t *testing.T) {
 // A node whose cluster stopped runs singletons in the next cluster it
 // starts (the first cluster's control actor is gone when Close returns).
 func TestASingletonOnANodesNextCluster(t *testing.T) {
+	t.Parallel()
 	f := troupe.NewFaultNet()
 	tl := &tally{}
 	n := registrylessNode(t, f, "a")

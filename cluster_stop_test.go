@@ -38,6 +38,8 @@ func (l *lockedBuffer) String() string {
 // command that unblocks it, and in Stats for as long as it lasts. Downing
 // the crashed member by hand clears it.
 func TestABlockedClusterSaysHowToUnblockIt(t *testing.T) {
+	t.Parallel()
+	slowTest(t)
 	f := troupe.NewFaultNet()
 	var logs lockedBuffer
 	start := func(name string, log *slog.Logger) *troupe.Node {
@@ -104,6 +106,7 @@ func TestABlockedClusterSaysHowToUnblockIt(t *testing.T) {
 // quarantine, so the downing is what ends the watch. (The nemesis found
 // this: before, the watch waited for ever.)
 func TestAWatchOfADownedMemberEnds(t *testing.T) {
+	t.Parallel()
 	f := troupe.NewFaultNet()
 	var nodes []*troupe.Node
 	var members []*troupe.Cluster

@@ -24,7 +24,7 @@ type clusterRig struct {
 func clusterDetector() FailureDetector {
 	d := NewPhiAccrual()
 	d.FirstHeartbeatEstimate = 20 * time.Millisecond
-	d.AcceptableHeartbeatPause = 200 * time.Millisecond // generous: a loaded race-detector run pauses
+	d.AcceptableHeartbeatPause = 600 * time.Millisecond // generous: tests run side by side, under the race detector, pause
 	d.MinStdDeviation = 5 * time.Millisecond
 	return d
 }
@@ -105,6 +105,7 @@ func stopped(c *Cluster) bool {
 }
 
 func TestClusterFormsWithADeterministicLeader(t *testing.T) {
+	t.Parallel()
 	r := newClusterRig(t, 3, clusterCfg(nil))
 	var ups []int
 	for _, m := range r.members[0].Members() {
@@ -148,6 +149,8 @@ func (r *clusterRig) expectSurvivors(within time.Duration, survive ...int) {
 }
 
 func TestClusterKeepMajority(t *testing.T) {
+	t.Parallel()
+	slowTest(t)
 	const bound = 300*time.Millisecond + 5*time.Second // StableAfter plus detection and gossip, generously
 	t.Run("3 members, 2|1", func(t *testing.T) {
 		r := newClusterRig(t, 3, clusterCfg(KeepMajority{}))
@@ -188,6 +191,8 @@ func TestClusterKeepMajority(t *testing.T) {
 }
 
 func TestClusterWithoutDowningBlocksUntilHealed(t *testing.T) {
+	t.Parallel()
+	slowTest(t)
 	r := newClusterRig(t, 3, clusterCfg(nil))
 	r.split([]int{0, 1}, []int{2})
 	waitFor(t, 5*time.Second, "the cut member to be seen unreachable", func() bool { return len(r.members[0].Unreachable()) == 1 })
@@ -206,6 +211,7 @@ func TestClusterWithoutDowningBlocksUntilHealed(t *testing.T) {
 }
 
 func TestClusterLeaveIsGraceful(t *testing.T) {
+	t.Parallel()
 	r := newClusterRig(t, 3, clusterCfg(nil))
 	if err := r.members[2].Leave(ctxT(t, 10*time.Second)); err != nil {
 		t.Fatal(err)
@@ -228,6 +234,10 @@ func TestClusterLeaveIsGraceful(t *testing.T) {
 }
 
 func TestClusterLeaseMajority(t *testing.T) {
+	// Not beside other tests: which side wins turns on timers (the
+	// minority's delay, the lease's keep-alive) that a machine loaded by
+	// tests running side by side stretches past their margins.
+	slowTest(t)
 	cases := []struct {
 		name     string
 		cutLease []int // members cut off from the lease node
@@ -296,6 +306,7 @@ func (r *clusterRig) addLeaseMembers(lease func(i int, node *Node) Lease) {
 }
 
 func TestCloseNodeOnDown(t *testing.T) {
+	t.Parallel()
 	cfg := clusterCfg(KeepMajority{})
 	cfg.CloseNodeOnDown = true
 	r := newClusterRig(t, 3, cfg)
@@ -309,6 +320,7 @@ func TestCloseNodeOnDown(t *testing.T) {
 }
 
 func TestDownedMemberCannotRejoinWithTheSameUID(t *testing.T) {
+	t.Parallel()
 	r := newClusterRig(t, 3, clusterCfg(KeepMajority{}))
 	r.split([]int{0, 1}, []int{2})
 	r.expectSurvivors(10*time.Second, 0, 1)
@@ -357,6 +369,7 @@ func TestDownedMemberCannotRejoinWithTheSameUID(t *testing.T) {
 }
 
 func TestClusterSeedsFromTheRegistry(t *testing.T) {
+	t.Parallel()
 	f := NewFaultNet()
 	reg := freeRegistryAddr(t, "tcp")
 	var nodes []*Node
@@ -500,6 +513,7 @@ func (r *clusterRig) expectOneSide(within time.Duration, must ...int) {
 // C hears both. A and B are indirectly connected; the member connected to
 // both keeps the cluster, never two sides.
 func TestClusterPartialPartition(t *testing.T) {
+	t.Parallel()
 	r := newClusterRig(t, 3, clusterCfg(KeepMajority{}))
 	r.f.Partition(r.nodes[0], r.nodes[1])
 	r.expectOneSide(10*time.Second, 2)
@@ -508,6 +522,7 @@ func TestClusterPartialPartition(t *testing.T) {
 // A member that joins through its seed but reaches nobody else is downed
 // alone; the members that were up stay up, as one cluster.
 func TestClusterJoinerReachingOnlyItsSeed(t *testing.T) {
+	t.Parallel()
 	r := newClusterRig(t, 5, clusterCfg(KeepMajority{}))
 	node := startOn(t, r.f, failConfig("joiner", 20*time.Millisecond, 2*time.Second))
 	for _, n := range r.nodes[1:] {
@@ -541,6 +556,8 @@ func (r *clusterRig) joinVia(node, seed *Node) *Cluster {
 // A one-way partition of one member of five, in each direction: that
 // member is downed, the four carry on.
 func TestClusterOneWayPartition(t *testing.T) {
+	t.Parallel()
+	slowTest(t)
 	for _, dir := range []string{"cannot send", "cannot receive"} {
 		t.Run(dir, func(t *testing.T) {
 			r := newClusterRig(t, 5, clusterCfg(KeepMajority{}))
@@ -596,6 +613,7 @@ func memberStatus(c *Cluster, uid NodeUID) MemberStatus {
 // someone downs it by hand: with DownMember from outside (what troupe down
 // does), or Cluster.Down.
 func TestClusterManualDown(t *testing.T) {
+	t.Parallel()
 	r := newClusterRig(t, 3, clusterCfg(nil))
 	defer r.dumpOnFailure()
 	dead := r.nodes[2]
@@ -628,6 +646,7 @@ func TestClusterManualDown(t *testing.T) {
 // joins again: the earlier incarnation is downed and its association
 // ended, with or without a downing strategy, and nobody healthy is downed.
 func TestClusterMemberRestartedAtSameAddress(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name    string
 		downing DowningStrategy
@@ -667,6 +686,8 @@ func TestClusterMemberRestartedAtSameAddress(t *testing.T) {
 // it joins anyway and that member refuses it, it downs itself, and only
 // itself.
 func TestClusterJoinerQuarantinedByAMember(t *testing.T) {
+	t.Parallel()
+	slowTest(t)
 	// No downing strategy: nothing but the refusal can down it.
 	r := newClusterRig(t, 2, clusterCfg(nil))
 	// A long window: the outcast itself quarantines nobody.
@@ -712,6 +733,8 @@ func TestClusterJoinerQuarantinedByAMember(t *testing.T) {
 // some others; a crashed member is still found by those that watch it,
 // the news spreads by gossip, and keep-majority downs it alone.
 func TestClusterWatchesPartOfALargerCluster(t *testing.T) {
+	t.Parallel()
+	slowTest(t)
 	cfg := clusterCfg(KeepMajority{})
 	cfg.MonitoredMembers = 3
 	r := newClusterRig(t, 8, cfg)

@@ -88,6 +88,7 @@ func sampleEverything() everything {
 }
 
 func TestCodecRoundTrip(t *testing.T) {
+	t.Parallel()
 	in := sampleEverything()
 	mt := typeOf(reflect.TypeFor[everything]())
 	b, err := encodePayload(nil, mt, in)
@@ -118,6 +119,7 @@ func TestCodecRoundTrip(t *testing.T) {
 }
 
 func TestCodecFastPath(t *testing.T) {
+	t.Parallel()
 	for _, v := range []any{selfEncoded{X: 3, Y: 4}, holdsSelfEncoded{A: selfEncoded{1, 2}, B: []selfEncoded{{5, 6}}}} {
 		mt := typeOf(reflect.TypeOf(v))
 		b, err := encodePayload(nil, mt, v)
@@ -135,6 +137,7 @@ func TestCodecFastPath(t *testing.T) {
 }
 
 func TestRegisterMessageRejects(t *testing.T) {
+	t.Parallel()
 	type withChan struct{ C chan int }
 	type withIface struct{ V any }
 	type ok struct{ N int }
@@ -191,6 +194,7 @@ func TestDecodeRejectsHostileLengths(t *testing.T) {
 type deep struct{ Next *deep }
 
 func TestDecodeDepthLimit(t *testing.T) {
+	t.Parallel()
 	if err := registerType(reflect.TypeFor[deep](), "troupe.test.deep", nil); err != nil {
 		t.Fatal(err)
 	}
@@ -225,6 +229,8 @@ func FuzzDecodePayload(f *testing.F) {
 }
 
 func TestDecodeAmplificationIsBounded(t *testing.T) {
+	t.Parallel()
+	slowTest(t)
 	type strMap struct{ M map[string]string }
 	type strs struct{ S []string }
 	RegisterMessage[strMap]("troupe.test.strmap")
@@ -274,6 +280,7 @@ func decodePayload(mt *msgType, b []byte) (any, error) {
 // A pointer's flag is 0 (nil) or 1 (a value follows): anything else is
 // refused.
 func TestAPointerFlagOtherThanZeroOrOneIsRefused(t *testing.T) {
+	t.Parallel()
 	mt := typeOf(reflect.TypeFor[withPtr]())
 	for flag, want := range map[byte]string{0: "", 1: "", 2: "pointer flag is not 0 or 1"} {
 		b := []byte{flag}
@@ -301,6 +308,7 @@ func init() { RegisterMessage[withPtr]("troupe.test.withptr") }
 // from many goroutines at once; a type is kept in one of its two slots
 // unless both hold others.
 func TestTheTypeCacheAnswersEveryType(t *testing.T) {
+	t.Parallel()
 	all := *wireTypes.byWord.Load()
 	slots := map[uint64]int{}
 	shared := 0

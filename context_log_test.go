@@ -12,6 +12,7 @@ import (
 // Context.Log is the node's logger (which names the node) with the
 // actor's path as an attribute.
 func TestContextLogNamesTheActorAndNode(t *testing.T) {
+	t.Parallel()
 	var out lockedBuffer
 	n, err := troupe.Start(ctxFor(t), troupe.Config{Name: "logger-node", Logger: slog.New(slog.NewTextHandler(&out, nil))})
 	if err != nil {

@@ -87,6 +87,8 @@ func countDead(t *testing.T, n *troupe.Node) *deadCounter {
 // takes 50 all wait for room, are all handled, in order, and make no dead
 // letter anywhere.
 func TestSendWaitsForRoomBehindARemoteAdapter(t *testing.T) {
+	t.Parallel()
+	slowTest(t)
 	home := startQuiet(t, quietConfig("home"))
 	cfg := quietConfig("away")
 	cfg.MailboxLimit = 50
@@ -156,6 +158,7 @@ func firstDead(ds ...*deadCounter) string {
 // make them dead letters on the receiving node; past that credit, Send
 // waits.
 func TestARemoteAdaptersFirstCreditMeetsAFullMailbox(t *testing.T) {
+	t.Parallel()
 	const limit = 50
 	home := startQuiet(t, quietConfig("home"))
 	cfg := quietConfig("away")
@@ -197,6 +200,7 @@ func TestARemoteAdaptersFirstCreditMeetsAFullMailbox(t *testing.T) {
 // the sending node (ErrMailboxFull), none on the receiving node, and what
 // was taken is handled.
 func TestTellToAFullRemoteAdapterIsADeadLetterTheSenderSees(t *testing.T) {
+	t.Parallel()
 	const limit = 10
 	home := startQuiet(t, quietConfig("home"))
 	cfg := quietConfig("away")
@@ -227,6 +231,7 @@ func TestTellToAFullRemoteAdapterIsADeadLetterTheSenderSees(t *testing.T) {
 // to the actor does: none of 500 Sends to the adapter of a slow actor
 // whose mailbox takes 5 is a dead letter, and all are handled in order.
 func TestSendWaitsForRoomBehindALocalAdapter(t *testing.T) {
+	t.Parallel()
 	cfg := quietConfig("solo")
 	cfg.MailboxLimit = 5
 	n := startQuiet(t, cfg)
@@ -255,6 +260,7 @@ func TestSendWaitsForRoomBehindALocalAdapter(t *testing.T) {
 // retired with the old one): it fails with ErrNoSuchActor, as a Tell to
 // the retired adapter does.
 func TestASendWaitingOnAnAdapterAcrossARestartIsNotTaken(t *testing.T) {
+	t.Parallel()
 	cfg := quietConfig("solo")
 	cfg.MailboxLimit = 1
 	n := startQuiet(t, cfg)

@@ -32,6 +32,7 @@ func (s *syncBuffer) String() string {
 type unregistered struct{ N int }
 
 func TestDeadLettersAreLoggedThenCounted(t *testing.T) {
+	t.Parallel()
 	var logs syncBuffer
 	cfg := testConfig("tcp://127.0.0.1:0")
 	cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
@@ -74,6 +75,7 @@ func TestDeadLettersAreLoggedThenCounted(t *testing.T) {
 }
 
 func TestDeadLetterLogOff(t *testing.T) {
+	t.Parallel()
 	var logs syncBuffer
 	cfg := testConfig()
 	cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
@@ -97,6 +99,7 @@ func TestDeadLetterLogOff(t *testing.T) {
 // peer that becomes unreachable comes back in its dead letter as an equal
 // value, decoded again, whose refs reach the same actors.
 func TestADeadLetterOfAHeldMessageIsItsValue(t *testing.T) {
+	t.Parallel()
 	p := newPair(t, 20*time.Millisecond, 300*time.Millisecond)
 	back, got := spawnCollector[testPong](t, p.home, "back", 4)
 	dead := make(chan DeadLetter, 4)
@@ -122,6 +125,7 @@ func TestADeadLetterOfAHeldMessageIsItsValue(t *testing.T) {
 // are counted and published, but logged at debug level: they do not use
 // up the lines meant for the user's forgotten types.
 func TestInternalDeadLettersDoNotUseTheLogBudget(t *testing.T) {
+	t.Parallel()
 	var logs syncBuffer
 	cfg := testConfig()
 	cfg.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))

@@ -18,6 +18,8 @@ import (
 // recent dead letters with their type and reason, and the cluster's
 // members with the self and leader marks; durations rounded.
 func TestDebugPageShowsWhatAnOperatorActsOn(t *testing.T) {
+	t.Parallel()
+	slowTest(t)
 	n, err := troupe.Start(ctxFor(t), troupe.Config{Name: "ops", Listen: []string{"tcp://127.0.0.1:0"}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)
@@ -114,6 +116,7 @@ func TestDebugPageShowsWhatAnOperatorActsOn(t *testing.T) {
 // are called ("a-b" sorts between "a" and "a/x" as text), and what names
 // carry is escaped: the page has no script, whatever a name holds.
 func TestDebugPageTreeOrderAndEscaping(t *testing.T) {
+	t.Parallel()
 	n, err := troupe.Start(ctxFor(t), troupe.Config{Name: `<script>alert("x")</script>`, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)

@@ -16,6 +16,8 @@ import (
 // The debug page and its JSON, and the Prometheus text, against a live
 // node, before and after its peer is cut off.
 func TestDebugAndMetricsHandlers(t *testing.T) {
+	t.Parallel()
+	slowTest(t)
 	f, a, b := faultPair(t)
 	srv := httptest.NewServer(troupe.DebugHandler(a))
 	defer srv.Close()
@@ -82,6 +84,8 @@ func TestDebugAndMetricsHandlers(t *testing.T) {
 // and once after a partition, when it must show the peer quarantined.
 // `.ci/run` installs Debian's chromium; elsewhere the test skips.
 func TestDebugPageInABrowser(t *testing.T) {
+	t.Parallel()
+	slowTest(t)
 	browser, err := exec.LookPath("chromium")
 	if err != nil {
 		t.Skip("no chromium on PATH (apt-get install chromium)")

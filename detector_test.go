@@ -10,6 +10,7 @@ import (
 )
 
 func TestWindowDetector(t *testing.T) {
+	t.Parallel()
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
 	type step struct {
@@ -48,6 +49,7 @@ func TestWindowDetector(t *testing.T) {
 func cdf(phi float64) float64 { return 1 - math.Pow(10, -phi) }
 
 func TestPhiMatchesThePublishedDistribution(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		timeDiff, mean, std float64
 		cdf, tolerance      float64
@@ -92,6 +94,7 @@ func TestPhiMatchesThePublishedDistribution(t *testing.T) {
 }
 
 func TestPhiAccrualDetector(t *testing.T) {
+	t.Parallel()
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	ms := func(v int) time.Time { return t0.Add(time.Duration(v) * time.Millisecond) }
 	d := NewPhiAccrual()
@@ -133,6 +136,7 @@ func TestPhiAccrualDetector(t *testing.T) {
 }
 
 func TestConfigRejectsShortWindow(t *testing.T) {
+	t.Parallel()
 	cfg := testConfig()
 	cfg.HeartbeatInterval = time.Second
 	cfg.UnreachableAfter = 2 * time.Second
@@ -142,6 +146,7 @@ func TestConfigRejectsShortWindow(t *testing.T) {
 }
 
 func TestDetectionTimeBounds(t *testing.T) {
+	t.Parallel()
 	const interval, window = 50 * time.Millisecond, 500 * time.Millisecond
 	p := newPair(t, interval, window)
 	p.home.pmu.Lock()
@@ -163,6 +168,8 @@ func TestDetectionTimeBounds(t *testing.T) {
 }
 
 func TestNoFalsePositiveUnderHeavyLoad(t *testing.T) {
+	t.Parallel()
+	slowTest(t)
 	if testing.Short() {
 		t.Skip("streams for several windows")
 	}

@@ -40,6 +40,8 @@ func oneConnection(a, b *Node) bool {
 // Both sides must keep the same connection, every message sent through
 // either ref arrive once, and nobody be given up on.
 func TestTwoDialsAtOnceToOneNodeSettleOnOneConnection(t *testing.T) {
+	t.Parallel()
+	slowTest(t)
 	p := startNode(t, testConfig("tcp://127.0.0.1:0", "tcp://127.0.0.1:0"))
 	_, got := spawnCollector[testPong](t, p, "sink", 64)
 	// What goes wrong during a trial, on either side (not what its
@@ -125,6 +127,8 @@ func TestTwoDialsAtOnceToOneNodeSettleOnOneConnection(t *testing.T) {
 // neither handshake completes before both hellos have arrived, and each
 // node attaches the other's dial before its own.
 func TestTwoNodesDialingEachOtherAtOnceKeepOneConnection(t *testing.T) {
+	t.Parallel()
+	slowTest(t)
 	for trial := range 100 {
 		trouble := &firstOf{}
 		type gates struct {

@@ -38,6 +38,7 @@ func split(ms []Member, idx ...int) SplitView {
 // written "u" up, "j" joining, "l" leaving, oldest and lowest-addressed
 // first; the view is the side holding the members at the listed indexes.
 func TestDowningStrategies(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name     string
 		strategy DowningStrategy
@@ -99,6 +100,7 @@ func TestDowningStrategies(t *testing.T) {
 }
 
 func TestLeaseMajorityRule(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		members  string
 		side     []int
@@ -130,6 +132,7 @@ func (leaseWon) Decide(SplitView) Downing { return LeaseDecision(true) }
 // remains goes to the strategy. Observations are "observer>subject" with
 // 1-based member numbers.
 func TestResolveSplit(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name    string
 		members string

@@ -29,6 +29,8 @@ func init() { RegisterMessage[slowWire]("troupe.test.slowwire") }
 // in TestResetsWhileMidSizeMessagesStream, whose sender kept refilling the
 // queue a resume had handed to the writer.)
 func TestAQueuedBacklogDoesNotSilenceTheConnection(t *testing.T) {
+	t.Parallel()
+	slowTest(t)
 	cfg := func(name string) Config {
 		c := failConfig(name, 50*time.Millisecond, time.Second)
 		c.Listen = []string{"tcp://127.0.0.1:0"}

@@ -94,6 +94,8 @@ func (p *cutProxy) restore() {
 // removal stay pending (Stats, Ready), and once etcd answers again the
 // registry holds exactly what the node holds.
 func TestEtcdEntriesConvergeAfterAnOutage(t *testing.T) {
+	t.Parallel()
+	slowTest(t)
 	url := sharedEtcdURL(t)
 	hosts, prefix, _ := strings.Cut(strings.TrimPrefix(url, "etcd://"), "/")
 	first, _, _ := strings.Cut(hosts, ",")
@@ -157,6 +159,8 @@ func (c *etcdCluster) leader(t *testing.T) int {
 // no lookup fails, and neither is held longer than an election takes
 // (2.5 election timeouts) and a margin (#27 items 1 and 5).
 func TestEtcdRegistrationsSurviveALeaderKill(t *testing.T) {
+	t.Parallel()
+	slowTest(t)
 	c := startEtcdClusterWith(t, false)
 	url := c.url(t)
 	n := etcdNode(t, "spawner", url)
@@ -227,6 +231,8 @@ func TestEtcdRegistrationsSurviveALeaderKill(t *testing.T) {
 // Deployments whose prefixes nest ("p" and "p/canary") do not see each
 // other's entries.
 func TestEtcdNestedPrefixesAreIsolated(t *testing.T) {
+	t.Parallel()
+	slowTest(t)
 	url := sharedEtcdURL(t)
 	outer := etcdNode(t, "outer", url)
 	inner := etcdNode(t, "canary", url+"/canary")
@@ -262,6 +268,8 @@ func TestEtcdNestedPrefixesAreIsolated(t *testing.T) {
 // An actor that stops before etcd has its entry does not hold Spawn for
 // RegistryTimeout.
 func TestSpawnOfAnActorThatStopsAtOnceReturnsAtOnce(t *testing.T) {
+	t.Parallel()
+	slowTest(t)
 	url := sharedEtcdURL(t)
 	n := etcdNode(t, "spawner", url)
 	start := time.Now()
@@ -302,6 +310,8 @@ func newLyingProxy(t *testing.T, target string) *lyingProxy {
 // once etcd answers again: the registry does not keep a stopped actor
 // until the lease ends.
 func TestAnUnconfirmedPutOfAStoppedActorIsDeleted(t *testing.T) {
+	t.Parallel()
+	slowTest(t)
 	url := sharedEtcdURL(t)
 	hosts, prefix, _ := strings.Cut(strings.TrimPrefix(url, "etcd://"), "/")
 	first, _, _ := strings.Cut(hosts, ",")
@@ -401,6 +411,8 @@ func TestEtcdTenThousandActorsComeBackWholeAfterALeaseExpiry(t *testing.T) {
 // the end: the bound is on the answer coming, not on reading it. (CI saw
 // a list of 10,001 entries fail this way under the race detector.)
 func TestASlowAnswerOfEtcdIsReadWhole(t *testing.T) {
+	t.Parallel()
+	slowTest(t)
 	url := sharedEtcdURL(t)
 	hosts, prefix, _ := strings.Cut(strings.TrimPrefix(url, "etcd://"), "/")
 	first, _, _ := strings.Cut(hosts, ",")
@@ -445,6 +457,8 @@ func TestASlowAnswerOfEtcdIsReadWhole(t *testing.T) {
 // election is under way, so no answer is near. The entry stays pending
 // (Stats, Ready) and is written when etcd answers.
 func TestSpawnDoesNotWaitForAnEtcdThatRefusesEverywhere(t *testing.T) {
+	t.Parallel()
+	slowTest(t)
 	url := sharedEtcdURL(t)
 	hosts, prefix, _ := strings.Cut(strings.TrimPrefix(url, "etcd://"), "/")
 	var proxies []string

@@ -126,6 +126,8 @@ func sharedEtcdURL(t testing.TB) string {
 }
 
 func TestEtcdRegistry(t *testing.T) {
+	t.Parallel()
+	slowTest(t)
 	url := sharedEtcdURL(t)
 	a, b := etcdNode(t, "alpha", url), etcdNode(t, "beta", url)
 	ctx := ctxT(t, 20*time.Second)
@@ -246,6 +248,8 @@ func roundTripRef(t *testing.T, n *Node, r Ref[testPing]) {
 // lookups stream: every lookup still succeeds, none taking longer than the
 // client's failover bound (one attempt per member).
 func TestEtcdRegistryFailover(t *testing.T) {
+	t.Parallel()
+	slowTest(t)
 	c := startEtcdCluster(t)
 	url := c.url(t)
 	a := etcdNode(t, "alpha", url)
@@ -317,6 +321,8 @@ func TestEtcdRegistryFailover(t *testing.T) {
 // process or a lost network would): its entries are gone within the
 // lease's time to live, and they come back when it reaches etcd again.
 func TestEtcdRegistryLeaseExpires(t *testing.T) {
+	t.Parallel()
+	slowTest(t)
 	c := startEtcdCluster(t)
 	url := c.url(t)
 	a, b := etcdNode(t, "alpha", url), etcdNode(t, "beta", url)
@@ -345,6 +351,7 @@ func TestEtcdRegistryLeaseExpires(t *testing.T) {
 }
 
 func TestEtcdRegistryBadConfig(t *testing.T) {
+	t.Parallel()
 	for _, addrs := range [][]string{
 		{"etcd://"},
 		{"etcd://127.0.0.1:2379/a", "tcp://127.0.0.1:1616"},
@@ -363,6 +370,7 @@ func TestEtcdRegistryBadConfig(t *testing.T) {
 // their seeds through etcd: etcd's order of registration decides who
 // founds the cluster, and all three end up in it.
 func TestEtcdRegistryClusterSeeds(t *testing.T) {
+	t.Parallel()
 	url := sharedEtcdURL(t)
 	f := NewFaultNet()
 	var nodes []*Node
@@ -435,6 +443,7 @@ func BenchmarkRegistryBackends(b *testing.B) {
 // a node with Config.RegistryTLS registers and looks up through etcds://,
 // one without a client certificate is refused at Start.
 func TestEtcdRegistryOverTLS(t *testing.T) {
+	t.Parallel()
 	if _, err := exec.LookPath("etcd"); err != nil {
 		t.Skip("no etcd binary (apt-get install etcd-server)")
 	}

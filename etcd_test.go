@@ -33,6 +33,7 @@ func freshKey() string {
 }
 
 func TestEtcdLease(t *testing.T) {
+	t.Parallel()
 	ep := etcdEndpoint(t)
 	key := freshKey()
 	a, b := NewEtcdLease(ep, key, time.Second), NewEtcdLease(ep, key, time.Second)
@@ -69,6 +70,7 @@ func TestEtcdLease(t *testing.T) {
 }
 
 func TestClusterLeaseMajorityWithEtcd(t *testing.T) {
+	t.Parallel()
 	ep := etcdEndpoint(t)
 	key := freshKey()
 	r := &clusterRig{t: t, f: NewFaultNet()}

@@ -7,6 +7,7 @@ import "testing"
 // drops and counts, a panicking callback is unsubscribed, and nothing
 // arrives after Unsubscribe.
 func TestEventsMatchDropAndUnsubscribe(t *testing.T) {
+	t.Parallel()
 	var es Events
 	var peers []PeerConnected
 	var all int

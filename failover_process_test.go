@@ -18,6 +18,7 @@ import (
 // $TROUPE_HELPER_REGISTRAR, spawns "svc-child", says READY and waits to
 // be killed.
 func TestHelperRegistrarProcess(t *testing.T) {
+	t.Parallel()
 	reg := os.Getenv("TROUPE_HELPER_REGISTRAR")
 	if reg == "" {
 		t.Skip("helper for TestRegistrarKilledInAnotherProcess")
@@ -38,6 +39,7 @@ func TestHelperRegistrarProcess(t *testing.T) {
 // another process; kill -9 it, and the two survivors elect a new registrar
 // and find each other's named actors again. It logs how long that took.
 func TestRegistrarKilledInAnotherProcess(t *testing.T) {
+	t.Parallel()
 	for _, tr := range []string{"tcp", "unix"} {
 		t.Run(tr, func(t *testing.T) {
 			reg := freeRegistryAddr(t, tr)

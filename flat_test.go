@@ -40,6 +40,7 @@ type flatLevel int32
 // the general plans and reads them back to the same value, for values
 // across each field's range.
 func TestFlatMatchesThePlans(t *testing.T) {
+	t.Parallel()
 	r := rand.New(rand.NewPCG(1, 2))
 	for _, typ := range []reflect.Type{reflect.TypeFor[flatAll](), reflect.TypeFor[count](), reflect.TypeFor[int](), reflect.TypeFor[string](), reflect.TypeFor[struct{}]()} {
 		fields := flatFields(typ)
@@ -82,6 +83,7 @@ func TestFlatMatchesThePlans(t *testing.T) {
 // TestFlatRefusesWhatThePlansRefuse: an integer too wide for its field
 // and a bool that is neither 0 nor 1 are malformed either way.
 func TestFlatRefusesWhatThePlansRefuse(t *testing.T) {
+	t.Parallel()
 	type small struct {
 		A int8
 		B int16

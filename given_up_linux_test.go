@@ -51,6 +51,8 @@ func socketsOn(t *testing.T, port int) []string {
 // (and the peer's writes, blocked on a shut window, with it). The node
 // resets it instead, byeGrace after giving up.
 func TestAGivenUpPeerThatReadsNothingLeavesNoSocket(t *testing.T) {
+	t.Parallel()
+	slowTest(t)
 	cfg := failConfig("n", 50*time.Millisecond, time.Second)
 	cfg.Listen = []string{"tcp://127.0.0.1:0"}
 	n := startNode(t, cfg)

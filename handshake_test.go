@@ -91,6 +91,7 @@ func FuzzHandshake(f *testing.F) {
 }
 
 func TestSimultaneousDialEndsWithOneAssociation(t *testing.T) {
+	t.Parallel()
 	for i := range 10 {
 		a := startNode(t, testConfig("tcp://127.0.0.1:0"))
 		b := startNode(t, testConfig("tcp://127.0.0.1:0"))
@@ -125,6 +126,7 @@ func TestSimultaneousDialEndsWithOneAssociation(t *testing.T) {
 // advance): every Resolve gets its own actor's identity, or an error, and
 // none waits for its deadline.
 func TestConcurrentResolvesAcrossASimultaneousDial(t *testing.T) {
+	t.Parallel()
 	const actors = 40
 	for round := range 40 {
 		a := startNode(t, testConfig("tcp://0.0.0.0:0"))
@@ -173,6 +175,7 @@ func TestConcurrentResolvesAcrossASimultaneousDial(t *testing.T) {
 // protocol version 1 with reject code 3 and a text naming both versions;
 // a node whose peer refuses its version says so, with the peer's text.
 func TestAnotherProtocolVersionIsRefusedInOneLine(t *testing.T) {
+	t.Parallel()
 	n := startNode(t, testConfig("tcp://127.0.0.1:0"))
 	c, err := net.Dial("tcp", n.Addrs()[0].Address())
 	if err != nil {

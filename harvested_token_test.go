@@ -40,6 +40,7 @@ func rawDial(t *testing.T, n *Node, h *hello, token []byte) (frameKind, *frameRe
 // (#50 item 1, from review: the token was HMAC(key, peer uid), the same
 // for every session of a pair; now each session draws its own.)
 func TestAHarvestedTokenDoesNotTakeOverALiveSession(t *testing.T) {
+	t.Parallel()
 	b := startNode(t, testConfig("tcp://127.0.0.1:0"))
 	c := startNode(t, testConfig("tcp://127.0.0.1:0"))
 	// 1. Claim B at C (no session yet) and read C's token frame.
@@ -93,6 +94,7 @@ func TestAHarvestedTokenDoesNotTakeOverALiveSession(t *testing.T) {
 // suspended session, and the two talk again. The new session draws new
 // tokens on both sides.
 func TestAPeerThatGaveItsSessionUpRedialsAndIsAdmitted(t *testing.T) {
+	t.Parallel()
 	b := startNode(t, testConfig("tcp://127.0.0.1:0"))
 	c := startNode(t, testConfig("tcp://127.0.0.1:0"))
 	echo := spawnEcho(t, c, "echo")

@@ -12,6 +12,7 @@ import (
 // TestParseHeaders: headers a peer sends are held to the same bounds as
 // those this node sends; past them, or doubled, they are malformed.
 func TestParseHeaders(t *testing.T) {
+	t.Parallel()
 	enc := func(count int, kv ...string) []byte {
 		b := binary.AppendUvarint(nil, uint64(count))
 		for _, s := range kv {
@@ -66,6 +67,7 @@ func TestParseHeaders(t *testing.T) {
 // gets a plain tell: the message without its headers, rather than a frame
 // it would take for malformed.
 func TestAPeerWithoutHeadersGetsAPlainTell(t *testing.T) {
+	t.Parallel()
 	uid := NodeUID{1}
 	target := &handle{key: refKey{node: uid, path: "/user/echo", uuid: UUID{2}}}
 	for _, takes := range []bool{false, true} {

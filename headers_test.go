@@ -64,6 +64,7 @@ func remoteRef[T any](t *testing.T, from, n *troupe.Node, path string) troupe.Re
 // by Ask, on the same node and on another: Context.Headers has them, and
 // the handler's Context.Context carries them.
 func TestHeadersReachTheHandler(t *testing.T) {
+	t.Parallel()
 	here := startQuiet(t, quietConfig("here"))
 	there := startQuiet(t, quietConfig("there"))
 	local, localSeen := spawnHeaderProbe(t, here, "probe")
@@ -100,6 +101,7 @@ func TestHeadersReachTheHandler(t *testing.T) {
 // A handler that asks with its Context.Context passes the headers on: one
 // trace across three nodes.
 func TestHeadersFollowARequestAcrossThreeNodes(t *testing.T) {
+	t.Parallel()
 	a := startQuiet(t, quietConfig("a"))
 	b := startQuiet(t, quietConfig("b"))
 	c := startQuiet(t, quietConfig("c"))
@@ -130,6 +132,7 @@ func TestHeadersFollowARequestAcrossThreeNodes(t *testing.T) {
 // batches; and a link reset in the middle (the session resumes, and sends
 // what was not acknowledged again) changes nothing.
 func TestEachMessageKeepsItsOwnHeaders(t *testing.T) {
+	t.Parallel()
 	f := troupe.NewFaultNet()
 	cfg := func(name string) troupe.Config {
 		c := quietConfig(name)
@@ -196,6 +199,7 @@ func TestEachMessageKeepsItsOwnHeaders(t *testing.T) {
 // A restart that waits (a backoff) puts the messages it had not handled
 // back in the mailbox: they keep their headers.
 func TestHeadersOutliveARestart(t *testing.T) {
+	t.Parallel()
 	n := startQuiet(t, quietConfig("n"))
 	ch := make(chan seen, 100)
 	gate := make(chan struct{})
@@ -242,6 +246,7 @@ type spanKey struct{}
 // Config.OnSend adds to what a send carries; Config.OnReceive wraps the
 // handler and chooses the context it sees. Tell calls neither.
 func TestSendAndReceiveInterceptors(t *testing.T) {
+	t.Parallel()
 	sends := make(chan string, 10)
 	cfg := quietConfig("traced")
 	cfg.OnSend = func(ctx context.Context, to string, h troupe.Headers) {
@@ -296,6 +301,7 @@ func TestSendAndReceiveInterceptors(t *testing.T) {
 // Headers past their bounds fail the send with ErrBadHeaders; the message
 // is not sent and no dead letter is published.
 func TestHeadersPastTheirBoundsAreRefused(t *testing.T) {
+	t.Parallel()
 	cfg := quietConfig("bounded")
 	big := false
 	cfg.OnSend = func(ctx context.Context, to string, h troupe.Headers) {
@@ -359,6 +365,7 @@ func TestHeadersPastTheirBoundsAreRefused(t *testing.T) {
 // A panic in OnReceive is the actor's failure, as a panic in its handler
 // is: an Ask waiting on it learns so at once.
 func TestAPanicInOnReceiveIsTheActorsFailure(t *testing.T) {
+	t.Parallel()
 	cfg := quietConfig("n")
 	cfg.OnReceive = func(ctx context.Context, to string, h troupe.Headers, handle func(context.Context)) {
 		if h.Get("boom") != "" {
@@ -379,6 +386,7 @@ func TestAPanicInOnReceiveIsTheActorsFailure(t *testing.T) {
 
 // Headers count towards MailboxBytes like the message they come with.
 func TestHeadersCountTowardsMailboxBytes(t *testing.T) {
+	t.Parallel()
 	cfg := quietConfig("there")
 	cfg.MailboxBytes = 16 << 10
 	here, there := startQuiet(t, quietConfig("here")), startQuiet(t, cfg)
@@ -415,6 +423,7 @@ func TestHeadersCountTowardsMailboxBytes(t *testing.T) {
 // The interceptors run for user actors only: troupe's own requests (stats,
 // lookups) carry no headers and go on whatever OnSend and OnReceive do.
 func TestInterceptorsLeaveTroupesOwnActorsAlone(t *testing.T) {
+	t.Parallel()
 	cfg := func(name string) troupe.Config {
 		c := quietConfig(name)
 		c.OnSend = func(ctx context.Context, to string, h troupe.Headers) { h.Set("x", "1") }
@@ -441,6 +450,7 @@ func TestInterceptorsLeaveTroupesOwnActorsAlone(t *testing.T) {
 // OnReceive gets a copy of the headers: what it changes is not the
 // sender's (nor a race with it, under -race).
 func TestOnReceiveChangesOnlyItsCopy(t *testing.T) {
+	t.Parallel()
 	cfg := quietConfig("n")
 	cfg.OnReceive = func(ctx context.Context, to string, h troupe.Headers, handle func(context.Context)) {
 		h.Set("seen-by", "receiver")
@@ -468,6 +478,7 @@ func TestOnReceiveChangesOnlyItsCopy(t *testing.T) {
 // calls it twice handles it once; the context it is given carries the
 // headers.
 func TestOnReceiveDecidesWhetherTheHandlerRuns(t *testing.T) {
+	t.Parallel()
 	cfg := quietConfig("n")
 	cfg.OnReceive = func(ctx context.Context, to string, h troupe.Headers, handle func(context.Context)) {
 		if troupe.HeadersFrom(ctx).Get("trace") != h.Get("trace") {
@@ -501,6 +512,7 @@ func TestOnReceiveDecidesWhetherTheHandlerRuns(t *testing.T) {
 
 // A handler that forwards with Send(c.Context(), …) passes the headers on.
 func TestForwardingWithSendKeepsTheHeaders(t *testing.T) {
+	t.Parallel()
 	a, b := startQuiet(t, quietConfig("a")), startQuiet(t, quietConfig("b"))
 	_, ch := spawnHeaderProbe(t, b, "last")
 	last := remoteRef[hdrMsg](t, a, b, "/user/last")

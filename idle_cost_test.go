@@ -31,6 +31,7 @@ func idleBurst(k int) int { return max(300000/k, 10) }
 // (heap and stacks, after a collection). TROUPE_IDLE_ASSOCS sets how many
 // (default 5,000; BENCHMARKS.md records 10,000).
 func TestAnIdleAssociationIsCheap(t *testing.T) {
+	slowTest(t)
 	if raceEnabled {
 		t.Skip("memory figures under the race detector are not the node's")
 	}
@@ -142,6 +143,7 @@ func TestAnIdleAssociationIsCheap(t *testing.T) {
 // the node at TROUPE_IDLE_CLIENT, heartbeats them, prints READY, and holds
 // them until its standard input closes.
 func TestIdleAssociationsClient(t *testing.T) {
+	t.Parallel()
 	addr := os.Getenv("TROUPE_IDLE_CLIENT")
 	if addr == "" {
 		t.Skip("the client process of TestAnIdleAssociationIsCheap")

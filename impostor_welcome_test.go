@@ -12,6 +12,7 @@ import (
 // duplicate retires into the session, its frames read as the peer's, so
 // it must prove its claim too.
 func TestAnImpostorWelcomeWithoutProofDoesNotJoinTheSession(t *testing.T) {
+	t.Parallel()
 	var server, d *Node
 	for {
 		x := startNode(t, testConfig("tcp://127.0.0.1:0"))

@@ -12,6 +12,7 @@ import (
 // histogramQuantile is the upper bound of the bucket holding the
 // quantile; the lower bound when that bucket is open-ended.
 func TestHistogramQuantile(t *testing.T) {
+	t.Parallel()
 	buckets := []float64{0, 0.001, 0.01, 0.1}
 	for _, tc := range []struct {
 		counts []uint64
@@ -38,6 +39,7 @@ func TestHistogramQuantile(t *testing.T) {
 // Goroutines that meet a new kind at once make one histogram of it, and
 // kinds past the bound count as "other".
 func TestLatencyKindsAreBounded(t *testing.T) {
+	t.Parallel()
 	var s latencySet
 	var wg sync.WaitGroup
 	hs := make([]*latencyHist, 8)

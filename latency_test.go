@@ -21,6 +21,7 @@ type histoQueued struct{ N int }
 // only grow, a +Inf bucket equal to the count, and a count equal to what
 // was handled.
 func TestMetricsHaveLatencyHistograms(t *testing.T) {
+	t.Parallel()
 	n, err := troupe.Start(ctxFor(t), troupe.Config{Name: "h"})
 	if err != nil {
 		t.Fatal(err)
@@ -118,6 +119,7 @@ func TestMetricsHaveLatencyHistograms(t *testing.T) {
 // packages of one name) are one kind: their counts add up, and no series
 // appears twice, which a scraper would refuse.
 func TestLatencyKindsOfOneNameAddUp(t *testing.T) {
+	t.Parallel()
 	n, err := troupe.Start(ctxFor(t), troupe.Config{Name: "h"})
 	if err != nil {
 		t.Fatal(err)

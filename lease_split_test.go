@@ -142,6 +142,8 @@ func leaseReps(t *testing.T) int {
 // holds the lease until the other side must have decided. The timings are
 // the issue's: StableAfter 1 s, LeaseMinorityDelay 2 s (the default).
 func TestLeaseMajorityNeverLetsTwoSidesLive(t *testing.T) {
+	t.Parallel()
+	slowTest(t)
 	reps := leaseReps(t)
 	for _, size := range []int{2, 3, 5} {
 		for _, reach := range []string{"both", "one", "neither"} {

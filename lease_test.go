@@ -7,26 +7,31 @@ import (
 )
 
 func TestNodeLease(t *testing.T) {
+	t.Parallel()
+	slowTest(t)
 	server := startNode(t, testConfig("tcp://127.0.0.1:0"))
 	if err := ServeLeases(server); err != nil {
 		t.Fatal(err)
 	}
 	a, b := startNode(t, testConfig()), startNode(t, testConfig())
-	la := NewNodeLease(a, server.Addrs()[0].String(), "x", 300*time.Millisecond)
-	lb := NewNodeLease(b, server.Addrs()[0].String(), "x", 300*time.Millisecond)
+	// A ttl with room for a keep-alive delayed on a loaded machine (the
+	// keep-alive runs every third of it).
+	const ttl = time.Second
+	la := NewNodeLease(a, server.Addrs()[0].String(), "x", ttl)
+	lb := NewNodeLease(b, server.Addrs()[0].String(), "x", ttl)
 	ctx := ctxT(t, 5*time.Second)
 	// A server that has just started grants nothing for one ttl: it may
 	// have forgotten a grant of its previous run that still runs. It says
 	// how long until it can.
 	var notYet *LeaseWaitError
-	if ok, err := la.Acquire(ctx, "a"); ok || !errors.As(err, &notYet) || notYet.Wait <= 0 || notYet.Wait > 300*time.Millisecond {
+	if ok, err := la.Acquire(ctx, "a"); ok || !errors.As(err, &notYet) || notYet.Wait <= 0 || notYet.Wait > ttl {
 		t.Fatalf("a fresh server: granted %v, %v; want a LeaseWaitError within the ttl", ok, err)
 	}
 	waitFor(t, 5*time.Second, "the server to grant, a ttl after it started", func() bool {
 		ok, err := la.Acquire(ctx, "a")
 		return ok && err == nil
 	})
-	time.Sleep(600 * time.Millisecond) // two TTLs: the keep-alive must hold it
+	time.Sleep(2 * ttl) // the keep-alive must hold it
 	if ok, _ := lb.Acquire(ctx, "b"); ok {
 		t.Fatal("b acquired a lease a holds")
 	}

@@ -27,6 +27,7 @@ func probe(n *troupe.Node, path string) (int, string) {
 // is part of Shutdown's; the probes say ready, then not ready but alive,
 // then neither.
 func TestShutdownRunsItsPhasesInOrder(t *testing.T) {
+	t.Parallel()
 	n, err := troupe.Start(ctxFor(t), troupe.Config{Name: "phases", Listen: []string{"127.0.0.1:0"}})
 	if err != nil {
 		t.Fatal(err)
@@ -134,6 +135,7 @@ func TestShutdownRunsItsPhasesInOrder(t *testing.T) {
 
 // Close runs no hooks; a phase that does not exist is refused.
 func TestCloseRunsNoShutdownHooks(t *testing.T) {
+	t.Parallel()
 	n, err := troupe.Start(ctxFor(t), troupe.Config{Name: "close"})
 	if err != nil {
 		t.Fatal(err)
@@ -153,6 +155,8 @@ func TestCloseRunsNoShutdownHooks(t *testing.T) {
 
 // A cluster member is ready only while it is up.
 func TestAMemberIsReadyOnlyWhileUp(t *testing.T) {
+	t.Parallel()
+	slowTest(t)
 	f := troupe.NewFaultNet()
 	n, err := f.Start(ctxFor(t), troupe.Config{Name: "m"})
 	if err != nil {

@@ -37,6 +37,7 @@ func blockedOnContext(t *testing.T, n *troupe.Node) {
 // the context is cancelled when closing begins, not after the actors
 // stopped (issue #26, defect 1: both hung for ever).
 func TestCloseEndsAHandlerWaitingOnItsContext(t *testing.T) {
+	t.Parallel()
 	for _, how := range []string{"Close", "Shutdown"} {
 		t.Run(how, func(t *testing.T) {
 			n, err := troupe.Start(context.Background(), troupe.Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
@@ -65,6 +66,7 @@ func TestCloseEndsAHandlerWaitingOnItsContext(t *testing.T) {
 // watcher as a failure, with its text (issue #26, defect 7: it arrived as
 // a bare ErrActorStopped, Failed() false).
 func TestAFailureWrappingASentinelCrossesAsAFailure(t *testing.T) {
+	t.Parallel()
 	_, a, b := faultPair(t)
 	failing, err := troupe.Spawn(b, "failing", troupe.Behavior[string]{Receive: func(c *troupe.Context[string], _ string) {
 		c.Fail(fmt.Errorf("downstream gone: %w", troupe.ErrActorStopped))
@@ -121,6 +123,7 @@ func askable(t *testing.T, n *troupe.Node, name string) troupe.Ref[askReq] {
 // another (issue #26, defect 5: the caller waited for its whole
 // deadline). A reply sent before the stop still wins.
 func TestAskFailsWhenItsTargetStops(t *testing.T) {
+	t.Parallel()
 	_, a, b := faultPair(t)
 	for _, where := range []string{"local", "remote"} {
 		for _, mode := range []string{"panic", "stop", "fail", "reply-then-stop"} {
@@ -172,6 +175,7 @@ func TestAskFailsWhenItsTargetStops(t *testing.T) {
 // the goodbye went first, the Ask failed with ErrPeerLeft and the reply
 // was a dead letter).
 func TestShutdownDeliversTheReplyOfAHandlerInProgress(t *testing.T) {
+	t.Parallel()
 	_, a, b := faultPair(t)
 	started := make(chan struct{})
 	if _, err := troupe.Spawn(b, "slowpoke", troupe.Behavior[askReq]{Receive: func(_ *troupe.Context[askReq], r askReq) {
@@ -209,6 +213,7 @@ func TestShutdownDeliversTheReplyOfAHandlerInProgress(t *testing.T) {
 // name finds the name free (477 of 1,000 restarts failed with
 // ErrNameTaken on main).
 func TestTreesStopAsTrees(t *testing.T) {
+	t.Parallel()
 	n, err := troupe.Start(context.Background(), troupe.Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)
@@ -292,6 +297,7 @@ func TestTreesStopAsTrees(t *testing.T) {
 // the stop cancels the child's context at once, so the tree's stop is
 // not held up by it.
 func TestAParentStopsWhileItsChildWaitsOnItsContext(t *testing.T) {
+	t.Parallel()
 	n, err := troupe.Start(context.Background(), troupe.Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)
@@ -328,6 +334,7 @@ func TestAParentStopsWhileItsChildWaitsOnItsContext(t *testing.T) {
 // leaves nothing waiting behind (#33: the asks waiting on an actor are
 // held by its mailbox, the first without a map).
 func TestManyLocalAsksWaitingOnOneActorAllFailWhenItStops(t *testing.T) {
+	t.Parallel()
 	n, err := troupe.Start(context.Background(), troupe.Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)
@@ -394,6 +401,7 @@ func TestManyLocalAsksWaitingOnOneActorAllFailWhenItStops(t *testing.T) {
 // close is over: a main that returns it never exits while an actor is
 // still stopping.
 func TestShutdownOnSignalReturnsOnlyWhenTheCloseItSawIsOver(t *testing.T) {
+	t.Parallel()
 	n := defaultNode(t, "closed-by-another")
 	started, release := make(chan struct{}), make(chan struct{})
 	t.Cleanup(func() { closeOnce(release) })

@@ -63,6 +63,7 @@ func troupeGoroutines() int {
 var soak = flag.Duration("troupe.soak", 0, "repeat each attack of TestAttacksDoNotDisturbHealthyPeers for this long")
 
 func TestAttacksDoNotDisturbHealthyPeers(t *testing.T) {
+	slowTest(t)
 	if testing.Short() {
 		t.Skip("runs each attack for about a second")
 	}
@@ -249,6 +250,7 @@ func TestAttacksDoNotDisturbHealthyPeers(t *testing.T) {
 // TestOneSourceCannotTakeEveryHandshake: a source holding every pending
 // handshake it may (a quarter of them) leaves room for peers elsewhere.
 func TestOneSourceCannotTakeEveryHandshake(t *testing.T) {
+	t.Parallel()
 	cfg := testConfig("tcp://0.0.0.0:0")
 	cfg.HandshakeTimeout = 30 * time.Second // the flood would hold its slots
 	cfg.MaxPendingHandshakes = 16
@@ -287,6 +289,7 @@ func TestOneSourceCannotTakeEveryHandshake(t *testing.T) {
 // TestMailboxBytesBoundWireMessages: large messages from another node
 // stop at MailboxBytes, long before MailboxLimit counts them.
 func TestMailboxBytesBoundWireMessages(t *testing.T) {
+	t.Parallel()
 	cfg := testConfig("tcp://127.0.0.1:0")
 	cfg.MailboxBytes = 1 << 20
 	home := startNode(t, cfg)
@@ -320,6 +323,7 @@ func TestMailboxBytesBoundWireMessages(t *testing.T) {
 }
 
 func TestMaxInboundConns(t *testing.T) {
+	t.Parallel()
 	cfg := testConfig("tcp://127.0.0.1:0")
 	cfg.MaxInboundConns = 3
 	n := startNode(t, cfg)
@@ -344,6 +348,7 @@ func TestMaxInboundConns(t *testing.T) {
 }
 
 func TestRegistryTimeout(t *testing.T) {
+	t.Parallel()
 	checkLeaks(t)
 	addr, _ := silentListener(t)
 	cfg := testConfig()

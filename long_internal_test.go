@@ -17,3 +17,12 @@ func longRun(t *testing.T, orSet ...string) {
 		t.Skip("a long run: TROUPE_LONG=1 runs it (.ci/run's long-run step does)")
 	}
 }
+
+// slowTest skips t under -short: it takes a second or more, and -short is
+// for the edit-and-run loop (the default suite and CI run it).
+func slowTest(t *testing.T) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("takes a second or more: runs without -short")
+	}
+}

@@ -25,9 +25,19 @@ func longRun(t *testing.T, orSet ...string) {
 	}
 }
 
+// slowTest skips t under -short: it takes a second or more, and -short is
+// for the edit-and-run loop (the default suite and CI run it).
+func slowTest(t *testing.T) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("takes a second or more: runs without -short")
+	}
+}
+
 // Every long run is in CI's long-run step: a test that calls longRun and
 // that .ci/run does not name would never run.
 func TestLongRunsAreInCI(t *testing.T) {
+	t.Parallel()
 	ci, err := os.ReadFile(".ci/run")
 	if err != nil {
 		t.Fatal(err)

@@ -2,9 +2,11 @@ package troupe
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"os"
-	"runtime"
+	"runtime/pprof"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -13,10 +15,20 @@ import (
 
 // TestMain runs the tests, then fails the run if any goroutine started by
 // the package is still alive.
+//
+// Most tests spend their time waiting for a node's timers, not computing,
+// so unless -parallel is given it runs up to testParallel tests side by
+// side instead of go test's default of one per processor.
 func TestMain(m *testing.M) {
+	flag.Parse()
+	given := false
+	flag.Visit(func(f *flag.Flag) { given = given || f.Name == "test.parallel" })
+	if !given {
+		_ = flag.Set("test.parallel", strconv.Itoa(testParallel))
+	}
 	code := m.Run()
 	if code == 0 {
-		if leaked := waitNoLeaks(2 * time.Second); leaked != "" {
+		if leaked := waitNoLeaks("", 5*time.Second); leaked != "" {
 			fmt.Fprintf(os.Stderr, "goroutines leaked after the tests:\n%s\n", leaked)
 			code = 1
 		}
@@ -25,13 +37,19 @@ func TestMain(m *testing.M) {
 }
 
 // leakedStacks returns the stacks of goroutines running troupe code that a
-// test did not start itself.
-func leakedStacks() string {
-	buf := make([]byte, 1<<20)
-	buf = buf[:runtime.Stack(buf, true)]
+// test did not start itself. With test empty it looks at every goroutine;
+// otherwise only at those labelled with that test's name (see checkLeaks),
+// so that tests running side by side do not see each other's nodes.
+func leakedStacks(test string) string {
+	var buf strings.Builder
+	_ = pprof.Lookup("goroutine").WriteTo(&buf, 1)
+	label := `"test":` + strconv.Quote(test)
 	var out []string
-	for _, g := range strings.Split(string(buf), "\n\n") {
+	for _, g := range strings.Split(buf.String(), "\n\n") {
 		if !strings.Contains(g, "troupe.") {
+			continue
+		}
+		if test != "" && !strings.Contains(g, label) {
 			continue
 		}
 		if strings.Contains(g, "troupe.Test") || strings.Contains(g, "troupe.Benchmark") ||
@@ -44,12 +62,12 @@ func leakedStacks() string {
 	return strings.Join(out, "\n\n")
 }
 
-// waitNoLeaks polls until no troupe goroutine is left or d passes, and
-// returns what was left.
-func waitNoLeaks(d time.Duration) string {
+// waitNoLeaks polls until no troupe goroutine of test (of any test, if
+// test is empty) is left or d passes, and returns what was left.
+func waitNoLeaks(test string, d time.Duration) string {
 	deadline := time.Now().Add(d)
 	for {
-		s := leakedStacks()
+		s := leakedStacks(test)
 		if s == "" || time.Now().After(deadline) {
 			return s
 		}
@@ -57,18 +75,28 @@ func waitNoLeaks(d time.Duration) string {
 	}
 }
 
+// testParallel is how many tests run side by side when -parallel is not
+// given.
+const testParallel = 8
+
 var leakChecked sync.Map // *testing.T -> struct{}
 
 // checkLeaks registers, once per test, a cleanup that runs after every
 // node of the test has closed and fails the test if goroutines are left.
+// It labels the test's goroutine with the test's name; every goroutine it
+// starts from then on, and theirs in turn, carries the label, which is how
+// the cleanup tells this test's goroutines from those of tests running
+// beside it. (Goroutines the runtime starts for time.AfterFunc carry no
+// label; TestMain's check at the end of the run sees those.)
 func checkLeaks(t testing.TB) {
 	t.Helper()
 	if _, loaded := leakChecked.LoadOrStore(t, struct{}{}); loaded {
 		return
 	}
+	pprof.SetGoroutineLabels(pprof.WithLabels(context.Background(), pprof.Labels("test", t.Name())))
 	t.Cleanup(func() {
 		leakChecked.Delete(t)
-		if s := waitNoLeaks(2 * time.Second); s != "" {
+		if s := waitNoLeaks(t.Name(), 2*time.Second); s != "" {
 			t.Errorf("goroutines leaked:\n%s", s)
 		}
 	})

@@ -55,6 +55,7 @@ func statuses(st *membership) string {
 // Conflicting gossip converges whatever the order: a status only moves
 // forward and the lowest up number wins.
 func TestMergeIsOrderIndependent(t *testing.T) {
+	t.Parallel()
 	base := []Member{memberOf(1, MemberUp, 1), memberOf(2, MemberUp, 2), memberOf(3, MemberJoining, 0)}
 	a := gossipFrom(2, memberOf(1, MemberUp, 1), memberOf(2, MemberLeaving, 2), memberOf(3, MemberUp, 3))
 	b := gossipFrom(3, memberOf(1, MemberUp, 1), memberOf(2, MemberUp, 2), memberOf(3, MemberUp, 4), memberOf(4, MemberJoining, 0))
@@ -81,6 +82,7 @@ func TestMergeIsOrderIndependent(t *testing.T) {
 // Each observer's newest record wins, and only a member speaks for
 // itself.
 func TestMergeReachability(t *testing.T) {
+	t.Parallel()
 	st := state(1, memberOf(1, MemberUp, 1), memberOf(2, MemberUp, 2), memberOf(3, MemberUp, 3))
 	st.observe([]NodeUID{uidOf(3)}, at(0))
 	g := gossipFrom(2)
@@ -110,6 +112,7 @@ func TestMergeReachability(t *testing.T) {
 
 // A joining member's observations do not make anyone unreachable.
 func TestJoiningObserverDoesNotCount(t *testing.T) {
+	t.Parallel()
 	st := state(1, memberOf(1, MemberUp, 1), memberOf(2, MemberUp, 2), memberOf(3, MemberJoining, 0))
 	g := gossipFrom(3)
 	g.Reach = []gossipReach{{Observer: uidOf(3), Version: 1, Unreachable: []NodeUID{uidOf(1), uidOf(2)}}}
@@ -122,6 +125,7 @@ func TestJoiningObserverDoesNotCount(t *testing.T) {
 // The leader moves members on only once every live member has seen the
 // same state, and nobody is unreachable.
 func TestLeaderTransitions(t *testing.T) {
+	t.Parallel()
 	st := state(1,
 		memberOf(1, MemberUp, 1), memberOf(2, MemberLeaving, 2), memberOf(3, MemberExiting, 3),
 		memberOf(4, MemberDown, 4), memberOf(6, MemberJoining, 0), memberOf(5, MemberJoining, 0))
@@ -152,6 +156,7 @@ func TestLeaderTransitions(t *testing.T) {
 // leads, but only once the old leader is down (so nobody is unreachable
 // and the state converges).
 func TestLeaderChangesMidTransition(t *testing.T) {
+	t.Parallel()
 	st := state(2, memberOf(1, MemberUp, 1), memberOf(2, MemberUp, 2), memberOf(3, MemberUp, 3), memberOf(4, MemberJoining, 0))
 	if l := st.leader(); l.UID != uidOf(1) {
 		t.Fatalf("leader %v, want member 1", l.UID)
@@ -175,6 +180,7 @@ func TestLeaderChangesMidTransition(t *testing.T) {
 // is downed and its association is to be ended; a sender this member has
 // downed is to be told.
 func TestMergeNewIncarnationAndDownedSender(t *testing.T) {
+	t.Parallel()
 	st := state(1, memberOf(1, MemberUp, 1), memberOf(2, MemberUp, 2))
 	reborn := memberOf(2, MemberJoining, 0)
 	reborn.UID = NodeUID{42}
@@ -193,6 +199,7 @@ func TestMergeNewIncarnationAndDownedSender(t *testing.T) {
 
 // When downing acts, and on which member.
 func TestNextDowning(t *testing.T) {
+	t.Parallel()
 	tm := timing{stableAfter: 100 * time.Millisecond, unstableAfter: 400 * time.Millisecond}
 	split := func(self int) membership {
 		// Members 1 and 2 cannot reach 3: member 1 leads that side.
@@ -231,6 +238,7 @@ func TestNextDowning(t *testing.T) {
 // Each member watches the next k on a ring every member computes alike,
 // plus the unreachable ones it passes; watchers is the inverse.
 func TestMonitoringRing(t *testing.T) {
+	t.Parallel()
 	var ms []Member
 	for i := 1; i <= 12; i++ {
 		ms = append(ms, memberOf(i, MemberUp, i))
@@ -270,6 +278,7 @@ func TestMonitoringRing(t *testing.T) {
 // Gossip goes to members that have not seen the state, reachable ones
 // first; when all have, a digest goes to one.
 func TestGossipTargets(t *testing.T) {
+	t.Parallel()
 	st := state(1, memberOf(1, MemberUp, 1), memberOf(2, MemberUp, 2), memberOf(3, MemberUp, 3), memberOf(4, MemberUp, 4), memberOf(5, MemberRemoved, 5))
 	first := func(int) int { return 0 }
 	to, full := st.gossipTargets(2, first)
@@ -295,6 +304,7 @@ func TestGossipTargets(t *testing.T) {
 // member itself whenever it speaks (a relay's copy never overrides it),
 // and never longer than MaxAppVersion.
 func TestMergeAppVersion(t *testing.T) {
+	t.Parallel()
 	with := func(m Member, v string) Member { m.AppVersion = v; return m }
 	long := string(make([]byte, MaxAppVersion+1))
 	cases := []struct {

@@ -221,6 +221,8 @@ func sampleOf(t *testing.T, s map[string]float64, name string, want ...string) f
 // an actor that failed and was restarted, a mailbox with messages
 // waiting and a dead letter parses as the text format, and says so.
 func TestMetricsAreValidPrometheusText(t *testing.T) {
+	t.Parallel()
+	slowTest(t)
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	start := func(name, version string) *troupe.Node {
 		n, err := troupe.Start(ctxFor(t), troupe.Config{Name: name, AppVersion: version, Listen: []string{"tcp://127.0.0.1:0"}, Logger: quiet})
@@ -362,6 +364,7 @@ func TestMetricsAreValidPrometheusText(t *testing.T) {
 // A peer's name comes from its hello: one that is not valid UTF-8 must not
 // make the page unreadable to a scraper.
 func TestMetricsOfAPeerWithABadName(t *testing.T) {
+	t.Parallel()
 	a := defaultNode(t, "a")
 	b, err := troupe.Start(ctxFor(t), troupe.Config{Name: "bad\xff\xfe\"name\"\n", Listen: []string{"tcp://127.0.0.1:0"},
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
@@ -381,6 +384,7 @@ func TestMetricsOfAPeerWithABadName(t *testing.T) {
 
 // The parser refuses what a scraper would: it is the test's teeth.
 func TestMetricsParserRefusesBadText(t *testing.T) {
+	t.Parallel()
 	for _, bad := range []string{
 		"troupe_x 1\n", // no HELP or TYPE
 		"# HELP troupe_x x\n# TYPE troupe_x counter\ntroupe_x 1\n",                                         // a counter without _total

@@ -38,6 +38,7 @@ const netnsStableAfter = time.Second
 // network namespace. It starts a node and obeys line commands on stdin,
 // printing events and answers on stdout.
 func TestHelperNetnsNode(t *testing.T) {
+	t.Parallel()
 	listen := os.Getenv("TROUPE_NETNS_LISTEN")
 	if listen == "" {
 		t.Skip("helper for the multi-host tests")
@@ -388,6 +389,8 @@ func (nn *nsNode) quarantined() int {
 }
 
 func TestMultiHostCleanPartition(t *testing.T) {
+	t.Parallel()
+	slowTest(t)
 	const hb, window = 100 * time.Millisecond, time.Second
 	net := hostnet.New(t, 2)
 	a := startNS(t, net.Hosts[0], "a", 7000, hb, window)
@@ -423,6 +426,8 @@ func TestMultiHostCleanPartition(t *testing.T) {
 }
 
 func TestMultiHostOneWayPartition(t *testing.T) {
+	t.Parallel()
+	slowTest(t)
 	const hb, window = 100 * time.Millisecond, time.Second
 	net := hostnet.New(t, 2)
 	a := startNS(t, net.Hosts[0], "a", 7000, hb, window)
@@ -469,6 +474,8 @@ func TestMultiHostJitterAndLossRaiseNoFalseAlarm(t *testing.T) {
 }
 
 func TestMultiHostStopAndKill(t *testing.T) {
+	t.Parallel()
+	slowTest(t)
 	const hb, window = 100 * time.Millisecond, time.Second
 	net := hostnet.New(t, 2)
 	a := startNS(t, net.Hosts[0], "a", 7000, hb, window)
@@ -769,6 +776,8 @@ func startEtcdOn(t *testing.T, h *hostnet.Host) string {
 // and its entries go, with no registrar to notice; when the network is
 // back, the node finds its lease gone and registers everything again.
 func TestMultiHostEtcdCutOff(t *testing.T) {
+	t.Parallel()
+	slowTest(t)
 	if _, err := exec.LookPath("etcd"); err != nil {
 		t.Skip("no etcd binary (apt-get install etcd-server)")
 	}

@@ -15,6 +15,7 @@ import (
 )
 
 func TestUnixSocketPathTooLongIsAnError(t *testing.T) {
+	t.Parallel()
 	for _, long := range []string{
 		"/tmp/" + strings.Repeat("d", maxSocketPath-len("/tmp/")+1), // one byte past this platform's limit
 		"/tmp/" + strings.Repeat("d", 120),                          // past every platform's
@@ -41,6 +42,7 @@ func TestLongRuntimeDirIsAnErrorNotAPanic(t *testing.T) {
 }
 
 func TestUnixSocketDirectoryIsCreated(t *testing.T) {
+	t.Parallel()
 	dir := filepath.Join(shortDir(t), "a", "b")
 	n := startNode(t, testConfig("unix://"+filepath.Join(dir, "n.sock")))
 	fi, err := os.Stat(dir)
@@ -53,6 +55,7 @@ func TestUnixSocketDirectoryIsCreated(t *testing.T) {
 }
 
 func TestUnixSocketDirectoryThatCannotBeCreated(t *testing.T) {
+	t.Parallel()
 	file := filepath.Join(shortDir(t), "f")
 	if err := os.WriteFile(file, nil, 0o600); err != nil {
 		t.Fatal(err)
@@ -64,6 +67,7 @@ func TestUnixSocketDirectoryThatCannotBeCreated(t *testing.T) {
 }
 
 func TestUnixSocketLockFilesAreRemovedOnClose(t *testing.T) {
+	t.Parallel()
 	dir := shortDir(t)
 	for i := range 5 {
 		n := startNode(t, testConfig("unix://"+filepath.Join(dir, "n.sock")))
@@ -92,6 +96,7 @@ func (l *flakyListener) Accept() (net.Conn, error) {
 }
 
 func TestAcceptErrorsDoNotStopTheListener(t *testing.T) {
+	t.Parallel()
 	n := startNode(t, testConfig())
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -23,6 +23,7 @@ import (
 // kills: an Observer that asks a node for its stats in a loop and prints
 // "asked" after each answer.
 func TestHelperObserver(t *testing.T) {
+	t.Parallel()
 	target := os.Getenv("TROUPE_OBSERVE")
 	if target == "" {
 		t.Skip("helper for TestAKilledObserverLeavesNoTrace")
@@ -49,6 +50,7 @@ func TestHelperObserver(t *testing.T) {
 // process is killed mid-conversation (as `troupe ls | head -1` is) it
 // ends the session quietly: no warning, no quarantine, no resume.
 func TestAKilledObserverLeavesNoTrace(t *testing.T) {
+	t.Parallel()
 	var logs lockedBuffer
 	n, err := troupe.Start(ctxFor(t), troupe.Config{Name: "inspected", Listen: []string{"tcp://127.0.0.1:0"},
 		Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))})
@@ -127,6 +129,7 @@ func TestAKilledObserverLeavesNoTrace(t *testing.T) {
 // quietly on both ends: neither quarantines the other, and the
 // observer's next call dials again and is answered.
 func TestAnObserverOutlivesAReset(t *testing.T) {
+	t.Parallel()
 	f := troupe.NewFaultNet()
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	n, err := f.Start(ctxFor(t), troupe.Config{Name: "inspected", Logger: quiet})
@@ -168,6 +171,7 @@ func TestAnObserverOutlivesAReset(t *testing.T) {
 
 // An Observer cannot listen, serve or register: Start says so.
 func TestAnObserverCannotListenOrRegister(t *testing.T) {
+	t.Parallel()
 	for name, cfg := range map[string]troupe.Config{
 		"Listen":         {Listen: []string{"tcp://127.0.0.1:0"}},
 		"ServeRegistry":  {ServeRegistry: true},

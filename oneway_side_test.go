@@ -15,6 +15,8 @@ import (
 // can send but not receive. The sides watcher checks all along that no
 // two running up members have each written the other off.
 func TestAMemberCutOffOneWayStops(t *testing.T) {
+	t.Parallel()
+	slowTest(t)
 	for _, dir := range []string{"cannot send", "cannot receive"} {
 		t.Run(dir, func(t *testing.T) {
 			f := troupe.NewFaultNet()

@@ -16,6 +16,7 @@ func explodeForTheLog() { panic("boom") }
 // function that panicked), not as one escaped string of tabs and
 // newlines under the default text handler.
 func TestAPanicStackIsLoggedFrameByFrame(t *testing.T) {
+	t.Parallel()
 	var logs lockedBuffer
 	n, err := troupe.Start(ctxFor(t), troupe.Config{Name: "p", Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	if err != nil {

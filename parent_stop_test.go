@@ -18,6 +18,7 @@ func init() { troupe.RegisterMessage[childPing]("troupe.test.child-ping") }
 // its watchers, on its own node and on another, whether the parent was
 // stopped by Node.Stop or stopped itself with Context.Stop.
 func TestAChildStoppedWithItsParentReportsErrParentStopped(t *testing.T) {
+	t.Parallel()
 	for _, how := range []string{"Node.Stop", "Context.Stop"} {
 		t.Run(how, func(t *testing.T) {
 			here := startQuiet(t, quietConfig("here"))
@@ -77,6 +78,7 @@ func TestAChildStoppedWithItsParentReportsErrParentStopped(t *testing.T) {
 // ErrActorStopped or ErrNoSuchActor: the node keeps the reasons of its
 // last stops for such late watchers.
 func TestALateWatchOfAChildStoppedWithItsParentGetsTheRealReason(t *testing.T) {
+	t.Parallel()
 	here := startQuiet(t, quietConfig("here"))
 	there := startQuiet(t, quietConfig("there"))
 	children := make(chan troupe.Ref[childPing], 1)

@@ -56,6 +56,8 @@ func refusedWatches(t *testing.T, c net.Conn, want int) {
 }
 
 func TestWatchesOfOnePeerAreBounded(t *testing.T) {
+	t.Parallel()
+	slowTest(t)
 	n := startNode(t, testConfig("tcp://127.0.0.1:0"))
 	target := spawnEcho(t, n, "watched")
 	key := target.h.key
@@ -196,6 +198,7 @@ func holdingListeners(t *testing.T, k int) []Addr {
 }
 
 func TestRefsFromOnePeerCauseBoundedDials(t *testing.T) {
+	t.Parallel()
 	n := startNode(t, testConfig("tcp://127.0.0.1:0"))
 	limit := n.cfg.MaxRefDialsPerPeer
 	if limit != 256 {
@@ -268,6 +271,7 @@ func TestRefsFromOnePeerCauseBoundedDials(t *testing.T) {
 // writer stalling, holding no more than its budgets meanwhile (issue #34,
 // item 3).
 func TestAPeerThatAsksAndNeverReads(t *testing.T) {
+	t.Parallel()
 	cfg := Config{Listen: []string{"tcp://127.0.0.1:0"}}
 	n := startNode(t, cfg)
 	spawnEcho(t, n, "echo")
@@ -366,6 +370,7 @@ func heapInUse() uint64 {
 // (issue #26, defect 3: the bindings stayed, and every later ref to a new
 // node was a dead ref).
 func TestRefsNobodyKeepsAreForgotten(t *testing.T) {
+	t.Parallel()
 	n := startNode(t, testConfig("tcp://127.0.0.1:0"))
 	got := make(chan int, 2)
 	if _, err := Spawn(n, "fan", Behavior[refList]{Receive: func(_ *Context[refList], m refList) {
@@ -446,6 +451,7 @@ func watchesHeld(n *Node) (count int) {
 // counts the watches a peer holds, not those it ever placed (from the
 // review of #34: the place stayed taken on the retired connection's set).
 func TestAWatchEndedAfterAResumeFreesItsPlace(t *testing.T) {
+	t.Parallel()
 	f := NewFaultNet()
 	cfg := failConfig("watched", 50*time.Millisecond, 5*time.Second)
 	cfg.MaxWatchesPerPeer = 2
@@ -493,6 +499,7 @@ func TestAWatchEndedAfterAResumeFreesItsPlace(t *testing.T) {
 // An Ask to a live actor is answered though its watch was refused: the
 // refusal is no stop (from the review of #34).
 func TestAnAskBeyondTheWatchBoundIsAnswered(t *testing.T) {
+	t.Parallel()
 	cfg := testConfig("tcp://127.0.0.1:0")
 	cfg.MaxWatchesPerPeer = 1
 	served := startNode(t, cfg)
@@ -521,6 +528,7 @@ func TestAnAskBeyondTheWatchBoundIsAnswered(t *testing.T) {
 // uid, count against one bound (from the review of #34: each connection
 // had a set of its own).
 func TestWatchesOverSeveralConnectionsShareOneBound(t *testing.T) {
+	t.Parallel()
 	cfg := testConfig("tcp://127.0.0.1:0")
 	cfg.MaxWatchesPerPeer = 4
 	n := startNode(t, cfg)
@@ -553,6 +561,7 @@ func TestWatchesOverSeveralConnectionsShareOneBound(t *testing.T) {
 // those links (from the review of #34: the resumed session carried no
 // charge, and the peer's refs could dial again).
 func TestARefDialStaysChargedAcrossAResume(t *testing.T) {
+	t.Parallel()
 	f := NewFaultNet()
 	cfg := failConfig("n", 50*time.Millisecond, 5*time.Second)
 	cfg.MaxRefDialsPerPeer = 2
@@ -607,6 +616,7 @@ func TestARefDialStaysChargedAcrossAResume(t *testing.T) {
 // is not forgotten when a ref to it goes (from the review of #34: a
 // binding forgotten while it dialed left a connection nobody tracked).
 func TestABindingInUseIsNotForgotten(t *testing.T) {
+	t.Parallel()
 	n := startNode(t, testConfig("tcp://127.0.0.1:0"))
 	ad := TCPAddr("127.0.0.1:9")
 	live := func(a *assoc) bool {
@@ -643,6 +653,7 @@ func TestABindingInUseIsNotForgotten(t *testing.T) {
 // A remote Ask through an adapter ends when the adapter's actor stops,
 // and the watch it placed frees its place (from the review of #34).
 func TestARemoteAskThroughAnAdapterEndsWhenItsActorStops(t *testing.T) {
+	t.Parallel()
 	cfg := testConfig("tcp://127.0.0.1:0")
 	served := startNode(t, cfg)
 	adapters := make(chan Ref[testPing], 1)

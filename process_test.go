@@ -22,6 +22,7 @@ import (
 // lifts every quarantine; "dial HOST:PORT" resolves the echo actor there;
 // "service KEY" registers it under a service key) until stdin closes.
 func TestHelperNodeProcess(t *testing.T) {
+	t.Parallel()
 	listen := os.Getenv("TROUPE_HELPER_NODE")
 	if listen == "" {
 		t.Skip("helper for the process tests")
@@ -160,6 +161,7 @@ func processParent(t *testing.T, c *child) (*Node, Ref[testPing], chan Terminate
 }
 
 func TestProcessKilledWithSIGKILLIsDetected(t *testing.T) {
+	t.Parallel()
 	c := startChild(t, "tcp://127.0.0.1:0")
 	_, _, term, events := processParent(t, c)
 	killed := time.Now()
@@ -178,6 +180,8 @@ func TestProcessKilledWithSIGKILLIsDetected(t *testing.T) {
 }
 
 func TestProcessStoppedWithSIGSTOPStaysQuarantined(t *testing.T) {
+	t.Parallel()
+	slowTest(t)
 	c := startChild(t, "tcp://127.0.0.1:0")
 	n, echo, term, events := processParent(t, c)
 	stopped := time.Now()
@@ -223,6 +227,7 @@ func TestProcessStoppedWithSIGSTOPStaysQuarantined(t *testing.T) {
 }
 
 func TestProcessRestartedAtSameAddressIsANewPeer(t *testing.T) {
+	t.Parallel()
 	first := startChild(t, "tcp://127.0.0.1:0")
 	n, echo, _, events := processParent(t, first)
 	first.signal(t, syscall.SIGKILL)
@@ -253,6 +258,8 @@ func TestProcessRestartedAtSameAddressIsANewPeer(t *testing.T) {
 // registered with etcd: nobody unregisters it, and its entries are gone
 // when its lease runs out.
 func TestEtcdRegistryKilledProcessExpires(t *testing.T) {
+	t.Parallel()
+	slowTest(t)
 	cl := startEtcdCluster(t)
 	url := cl.url(t)
 	c := startChild(t, "tcp://127.0.0.1:0", "TROUPE_HELPER_REGISTRY="+url)
@@ -282,6 +289,7 @@ func TestEtcdRegistryKilledProcessExpires(t *testing.T) {
 // side, which cannot dial it back, asks its proven address who answers:
 // nobody, so the peer is declared unreachable before the 500 ms window.
 func TestProcessThatDialedUsKilledIsDetected(t *testing.T) {
+	t.Parallel()
 	cfg := failConfig("parent", 50*time.Millisecond, 500*time.Millisecond)
 	cfg.Listen = []string{"tcp://127.0.0.1:0"}
 	n := startNode(t, cfg)
@@ -319,6 +327,7 @@ func TestProcessThatDialedUsKilledIsDetected(t *testing.T) {
 // leaves the listing when the child is killed -9 (the registrar gives up
 // on it).
 func TestServiceKeyAcrossProcesses(t *testing.T) {
+	t.Parallel()
 	reg := freeRegistryAddr(t, "tcp")
 	cfg := failConfig("parent", 50*time.Millisecond, 500*time.Millisecond)
 	cfg.RegistryAddrs = []string{reg}

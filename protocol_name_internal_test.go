@@ -9,6 +9,7 @@ import (
 // (TestCopiesAtTwoModulePathsFormOneCluster runs copies at two paths):
 // here, how a reflect name loses a copy's path, and only its.
 func TestWithoutPkgPath(t *testing.T) {
+	t.Parallel()
 	const path = "example.com/app/troupe"
 	for _, c := range []struct{ in, want string }{
 		{"example.com/app/troupe.clusterMsg", "troupe.clusterMsg"},
@@ -34,6 +35,7 @@ func TestWithoutPkgPath(t *testing.T) {
 }
 
 func TestProtocolNames(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		t    reflect.Type
 		want string

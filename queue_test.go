@@ -8,6 +8,7 @@ import (
 // TestRecQueueKeepsOrderAcrossChunks pushes, takes and appends queues that
 // span several chunks, and checks every record comes out once, in order.
 func TestRecQueueKeepsOrderAcrossChunks(t *testing.T) {
+	t.Parallel()
 	rec := func(i int) outRec { return outRec{msg: i} }
 	var q recQueue
 	for i := range 3*chunkSize + 5 {
@@ -80,6 +81,7 @@ func chainNumbers(t *testing.T, c *frameChain) []int {
 // chains with and without an offset, and checks the frames, bytes and
 // counts of tells at every step.
 func TestFrameChainKeepsOrderAcrossBlocks(t *testing.T) {
+	t.Parallel()
 	const total = 3000
 	var c frameChain
 	size, tells := 0, 0

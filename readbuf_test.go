@@ -48,6 +48,8 @@ func (c chunky) Read(p []byte) (int, error) {
 // Every frame comes back whole and in order, whatever the source returns
 // per read, the small buffer and the pooled one taking turns.
 func TestFrameReaderOverAnyChunking(t *testing.T) {
+	t.Parallel()
+	slowTest(t)
 	rnd := rand.New(rand.NewPCG(1, 2))
 	stream, bodies := frameStream(rnd, 300)
 	sources := map[string]func() io.Reader{
@@ -91,6 +93,7 @@ func frameReaderOver(t *testing.T, src io.Reader, bodies [][]byte, waits bool) {
 // quiet read finds it empty: an idle association holds idleReadSize bytes
 // for reading.
 func TestAQuietReaderGivesBackItsBuffer(t *testing.T) {
+	t.Parallel()
 	pr, pw := io.Pipe()
 	fr := newFrameReader(pr, DefaultMaxFrameSize)
 	var burst []byte
@@ -129,6 +132,7 @@ func TestAQuietReaderGivesBackItsBuffer(t *testing.T) {
 // the pooled buffer for the next read (it looks like a stream), and the
 // quiet link gives it back with the next heartbeat.
 func TestALoneFrameOfTheSmallBuffersSizeIsGivenBackAtTheNextHeartbeat(t *testing.T) {
+	t.Parallel()
 	pr, pw := io.Pipe()
 	fr := newFrameReader(pr, DefaultMaxFrameSize)
 	frame := appendWhole(nil, make([]byte, idleReadSize-2)) // two bytes of length prefix
@@ -169,6 +173,7 @@ func (c *countingReader) Read(p []byte) (int, error) {
 // coming (#33: every read of a stream of tells brought 1 KiB, 155,000
 // read calls for 20 million tells).
 func TestAStreamOfSmallFramesIsReadInLargeReads(t *testing.T) {
+	t.Parallel()
 	var stream []byte
 	for i := range 200000 {
 		stream = appendWhole(stream, []byte{byte(frameTell), byte(i), byte(i >> 8), 3, 4, 5, 6})

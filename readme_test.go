@@ -137,6 +137,8 @@ func TestVendoredCopy(t *testing.T) {
 }
 
 func TestReplaceDirective(t *testing.T) {
+	t.Parallel()
+	slowTest(t)
 	needGo(t)
 	here, err := os.Getwd()
 	if err != nil {
@@ -199,6 +201,7 @@ func main() {}
 var ignoredSnippetErrors = regexp.MustCompile(`declared and not used|imported and not used|^#|^\s*$`)
 
 func TestReadmeSnippetsCompile(t *testing.T) {
+	t.Parallel()
 	needGo(t)
 	if runtime.GOOS != "linux" {
 		t.Skip("one snippet uses hostnet, which is Linux only")
@@ -271,6 +274,7 @@ func snippet%d(ctx context.Context, t *testing.T, n, node, pingNode, pongNode *t
 // (a name with * stands for the files it matches), and every file it
 // names exists: the map a newcomer opens first cannot rot (#30).
 func TestWhereThingsAreIsComplete(t *testing.T) {
+	t.Parallel()
 	b, err := os.ReadFile("README.md")
 	if err != nil {
 		t.Fatal(err)
@@ -315,6 +319,7 @@ func TestWhereThingsAreIsComplete(t *testing.T) {
 // question (see "Where things are" in the README). A file that grows
 // past it is split by question, not trimmed.
 func TestLibraryFilesStaySmall(t *testing.T) {
+	t.Parallel()
 	const maxFileLines, maxFuncLines = 720, 120
 	lib, err := filepath.Glob("*.go")
 	if err != nil {

@@ -11,6 +11,7 @@ import (
 )
 
 func TestRefStrings(t *testing.T) {
+	t.Parallel()
 	for _, a := range []Addr{TCPAddr("127.0.0.1:7001"), UnixAddr("/run/app/a.sock"), TCPAddr("[::1]:5")} {
 		s := FormatRef(a, "/user/worker")
 		got, path, err := ParseRef(s)
@@ -30,6 +31,7 @@ func TestRefStrings(t *testing.T) {
 // returns its error and leaves no dead letter, and once the handler moves
 // every message arrives, in order.
 func TestSendWaitsForRoomInTheMailbox(t *testing.T) {
+	t.Parallel()
 	cfg := testConfig()
 	cfg.MailboxLimit = 4
 	n := startNode(t, cfg)
@@ -91,6 +93,8 @@ func TestSendWaitsForRoomInTheMailbox(t *testing.T) {
 // SendQueueLimit bytes held instead of making dead letters, and when the
 // link heals every message arrives once, in order.
 func TestSendWaitsForRoomOnTheWire(t *testing.T) {
+	t.Parallel()
+	slowTest(t)
 	f := NewFaultNet()
 	cfg := failConfig("home", 50*time.Millisecond, 10*time.Second)
 	cfg.SendQueueLimit = 512
@@ -147,6 +151,7 @@ func TestSendWaitsForRoomOnTheWire(t *testing.T) {
 // TestSendToAGonePeerFails: Send to a quarantined peer returns why, at
 // once, and publishes the dead letter Tell would.
 func TestSendToAGonePeerFails(t *testing.T) {
+	t.Parallel()
 	p := newPair(t, 20*time.Millisecond, 300*time.Millisecond)
 	dead := make(chan DeadLetter, 4)
 	SubscribeChan(p.home.Events(), dead)
@@ -177,6 +182,8 @@ var burst = flag.Int("troupe.burst", 1_000_000, "messages TestSendCarriesABurst 
 // Send waits, the association never holds more than SendQueueLimit bytes
 // (and one message), and the receiver counts every message, in order.
 func TestSendCarriesABurst(t *testing.T) {
+	t.Parallel()
+	slowTest(t)
 	if testing.Short() {
 		t.Skip("a large burst")
 	}

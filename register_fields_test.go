@@ -83,6 +83,7 @@ func registerErr[T any](key string) (err error) {
 // a type that encodes itself, or a field of such a type, is accepted, and
 // so is a blank field.
 func TestRegisterMessageRefusesUnexportedFields(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		name  string
 		err   error
@@ -155,6 +156,7 @@ func init() {
 }
 
 func TestAMessageArrivesWholeOnAnotherNode(t *testing.T) {
+	t.Parallel()
 	here := startQuiet(t, quietConfig("here"))
 	there := startQuiet(t, quietConfig("there"))
 	for _, n := range []*troupe.Node{here, there} {

@@ -14,6 +14,7 @@ import (
 // registration was only logged, and sent again only to a new registrar
 // incarnation).
 func TestAFailedRegistrationIsSentAgain(t *testing.T) {
+	t.Parallel()
 	f := NewFaultNet()
 	reg := freeRegistryAddr(t, "tcp")
 	cfg := func(name string) Config {

@@ -13,6 +13,7 @@ import (
 // another node (to list actors it does not have, or to crowd that node's
 // bounds) is refused, and so is taking out another node's entry.
 func TestARegistrarTakesOnlyAPeersOwnRegistrations(t *testing.T) {
+	t.Parallel()
 	reg := freeRegistryAddr(t, "tcp")
 	registrar := startNode(t, discoveryConfig("registrar", reg))
 	honest := startNode(t, discoveryConfig("honest", reg))
@@ -57,6 +58,7 @@ func TestARegistrarTakesOnlyAPeersOwnRegistrations(t *testing.T) {
 // A registration with a field longer than a registrar keeps is refused,
 // the rest of the request is taken.
 func TestARegistrarRefusesOversizedRegistrations(t *testing.T) {
+	t.Parallel()
 	reg := freeRegistryAddr(t, "tcp")
 	registrar := startNode(t, discoveryConfig("registrar", reg))
 	peer := startNode(t, discoveryConfig("peer", reg))
@@ -92,6 +94,7 @@ func TestARegistrarRefusesOversizedRegistrations(t *testing.T) {
 // in all. RegisterService past one fails with ErrRegistrationRefused and
 // keeps the entry nowhere; a place freed (an actor stops) is taken again.
 func TestARegistrarBoundsAPeerAndAName(t *testing.T) {
+	t.Parallel()
 	reg := freeRegistryAddr(t, "tcp")
 	registrar := startNode(t, discoveryConfig("registrar", reg))
 	registrar.reg().mu.Lock()
@@ -142,6 +145,7 @@ func TestARegistrarBoundsAPeerAndAName(t *testing.T) {
 // The table's counts follow every way an entry leaves, and its total
 // bound holds.
 func TestRegTableCountsAndTotalBound(t *testing.T) {
+	t.Parallel()
 	g := newRegTable()
 	g.bounds = regBounds{perPeer: 10, perName: 10, total: 3}
 	addr := TCPAddr("127.0.0.1:7001")
@@ -204,6 +208,8 @@ func TestRegTableCountsAndTotalBound(t *testing.T) {
 // A node registers everything again in pieces: 10,000 service entries
 // under long keys are more than one frame takes.
 func TestReregistrationOfManyServicesGoesInPieces(t *testing.T) {
+	t.Parallel()
+	slowTest(t)
 	reg := freeRegistryAddr(t, "tcp")
 	registrar := startNode(t, discoveryConfig("registrar", reg))
 	n := startNode(t, discoveryConfig("many", reg))
@@ -248,6 +254,7 @@ func BenchmarkRegistrarRegister(b *testing.B) {
 // either: claiming its addresses, asking to delete them, squatting its
 // actors' uuids, or saying it has the zero uid.
 func TestAPeerCannotTakeAnotherNodesEntries(t *testing.T) {
+	t.Parallel()
 	reg := freeRegistryAddr(t, "tcp")
 	registrar := startNode(t, discoveryConfig("registrar", reg))
 	honest := startNode(t, discoveryConfig("honest", reg))
@@ -313,6 +320,7 @@ func TestAPeerCannotTakeAnotherNodesEntries(t *testing.T) {
 // flight per address, and per reporting peer a burst of checkBurst, then
 // one per checkEvery, so that reports cannot make it dial at will.
 func TestAddressChecksAreBounded(t *testing.T) {
+	t.Parallel()
 	var c addrChecks
 	t0 := time.Unix(1000, 0)
 	peer, other := NodeUID{1}, NodeUID{2}

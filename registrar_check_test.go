@@ -24,6 +24,7 @@ func waitChecksIdle(t *testing.T, g *regTable) int {
 // away or times out is no answer, and only a definite one (refused, or
 // another node there) drops an entry.
 func TestAHostilePeerCannotGetALiveNodesEntriesDropped(t *testing.T) {
+	t.Parallel()
 	reg := freeRegistryAddr(t, "tcp")
 	registrar := startNode(t, discoveryConfig("registrar", reg))
 	hcfg := discoveryConfig("honest", reg, "tcp://127.0.0.1:0")
@@ -64,6 +65,7 @@ func TestAHostilePeerCannotGetALiveNodesEntriesDropped(t *testing.T) {
 // A report of an address the named node has no entry at makes the
 // registrar dial nothing: reports cannot aim its dials.
 func TestAReportOfAnUnlistedAddressDialsNothing(t *testing.T) {
+	t.Parallel()
 	reg := freeRegistryAddr(t, "tcp")
 	registrar := startNode(t, discoveryConfig("registrar", reg))
 	cfg := testConfig()

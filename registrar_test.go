@@ -14,6 +14,7 @@ import (
 )
 
 func TestRegistrationOnAnAddressEvictsTheOldIdentity(t *testing.T) {
+	t.Parallel()
 	g := newRegTable()
 	addr := TCPAddr("127.0.0.1:7001")
 	old := NodeUID{1}
@@ -33,6 +34,7 @@ func TestRegistrationOnAnAddressEvictsTheOldIdentity(t *testing.T) {
 }
 
 func TestRegistrarServesTCPAndUnixAtOnce(t *testing.T) {
+	t.Parallel()
 	tcp, uds := freeRegistryAddr(t, "tcp"), freeRegistryAddr(t, "unix")
 	cfg := testConfig()
 	cfg.Name, cfg.RegistryAddrs = "registrar", []string{tcp, uds}
@@ -54,6 +56,7 @@ func TestRegistrarServesTCPAndUnixAtOnce(t *testing.T) {
 }
 
 func TestFindActorAllHasOneEntryPerRegistrar(t *testing.T) {
+	t.Parallel()
 	regA, regB := freeRegistryAddr(t, "tcp"), freeRegistryAddr(t, "tcp")
 	a := startNode(t, discoveryConfig("a", regA))
 	b := startNode(t, discoveryConfig("b", regB))
@@ -76,6 +79,7 @@ func TestFindActorAllHasOneEntryPerRegistrar(t *testing.T) {
 }
 
 func TestReRegistersAfterReassociation(t *testing.T) {
+	t.Parallel()
 	f := NewFaultNet()
 	reg := freeRegistryAddr(t, "tcp")
 	cfgR := failConfig("registrar", 20*time.Millisecond, 300*time.Millisecond)
@@ -137,6 +141,7 @@ func TestRuntimeDirIsPrivate(t *testing.T) {
 // it in a child process, which joins the registrar at
 // $TROUPE_HELPER_JOIN, finds "svc" and asks it.
 func TestHelperJoinProcess(t *testing.T) {
+	t.Parallel()
 	reg := os.Getenv("TROUPE_HELPER_JOIN")
 	if reg == "" {
 		t.Skip("helper for TestJoiningFromAnotherProcess")
@@ -157,6 +162,7 @@ func TestHelperJoinProcess(t *testing.T) {
 }
 
 func TestJoiningFromAnotherProcess(t *testing.T) {
+	t.Parallel()
 	reg := freeRegistryAddr(t, "tcp")
 	startNode(t, discoveryConfig("registrar", reg))
 	service := startNode(t, discoveryConfig("service", reg))
@@ -176,6 +182,7 @@ func TestJoiningFromAnotherProcess(t *testing.T) {
 }
 
 func TestAnyNodeCanServeARegistry(t *testing.T) {
+	t.Parallel()
 	cfg := testConfig("tcp://127.0.0.1:0")
 	cfg.Name, cfg.ServeRegistry = "side-registrar", true
 	side := startNode(t, cfg)
@@ -191,6 +198,7 @@ func TestAnyNodeCanServeARegistry(t *testing.T) {
 }
 
 func TestRegistrarDropsNodesThatLeave(t *testing.T) {
+	t.Parallel()
 	reg := freeRegistryAddr(t, "tcp")
 	registrar := startNode(t, discoveryConfig("registrar", reg))
 	service := startNode(t, discoveryConfig("service", reg))
@@ -205,6 +213,7 @@ func TestRegistrarDropsNodesThatLeave(t *testing.T) {
 }
 
 func TestActorStopUnregisters(t *testing.T) {
+	t.Parallel()
 	reg := freeRegistryAddr(t, "tcp")
 	registrar := startNode(t, discoveryConfig("registrar", reg))
 	service := startNode(t, discoveryConfig("service", reg))
@@ -216,6 +225,7 @@ func TestActorStopUnregisters(t *testing.T) {
 // A registrar takes at most maxRegistrySubscribers Registry.Watch
 // subscribers; one more is refused, and one that goes makes room.
 func TestRegistrySubscribersAreBounded(t *testing.T) {
+	t.Parallel()
 	g := newRegTable()
 	hs := make([]*handle, maxRegistrySubscribers+1)
 	for i := range hs {
@@ -244,6 +254,7 @@ func TestRegistrySubscribersAreBounded(t *testing.T) {
 // A table larger than one piece goes as several snapshot events, all
 // but the last marked More, numbered in order.
 func TestARegistrySnapshotGoesInPieces(t *testing.T) {
+	t.Parallel()
 	g := newRegTable()
 	for i := range 2*snapshotPiece + 5 {
 		g.register(Registration{Name: fmt.Sprintf("a%d", i), UUID: UUID{byte(i), byte(i >> 8)}, Node: NodeUID{1}, Addrs: []Addr{TCPAddr("127.0.0.1:1")}})
@@ -281,6 +292,7 @@ func TestRegisteringWithoutSubscribersCostsNothingMore(t *testing.T) {
 // exactly one more snapshot, whatever else was in flight, and the table
 // it rebuilt is the registrar's.
 func TestAWatchRecoversFromALostEvent(t *testing.T) {
+	t.Parallel()
 	reg := freeRegistryAddr(t, "tcp")
 	n := startNode(t, discoveryConfig("registrar", reg))
 	r, err := n.Registry()

@@ -15,6 +15,7 @@ import (
 // and removal as it happens, pushed; and ends with ErrWatchLost when the
 // registrar goes.
 func TestRegistryWatchIsPushed(t *testing.T) {
+	t.Parallel()
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	reg, err := troupe.Start(ctxFor(t), troupe.Config{Name: "registrar", RegistryAddrs: []string{"127.0.0.1:0"}, EnsureRegistry: true, Logger: quiet})
 	if err != nil {
@@ -119,6 +120,7 @@ func hasName(rs []troupe.Registration, name string) bool {
 // MaxWatchesPerPeer) could not tell when the registrar goes: its Watch
 // ends at once and says why, not that the registrar is gone.
 func TestRegistryWatchRefusedSaysSo(t *testing.T) {
+	t.Parallel()
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	reg, err := troupe.Start(ctxFor(t), troupe.Config{Name: "registrar", RegistryAddrs: []string{"127.0.0.1:0"}, EnsureRegistry: true, MaxWatchesPerPeer: 1, Logger: quiet})
 	if err != nil {

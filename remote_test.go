@@ -74,6 +74,7 @@ func spawnCounting(t testing.TB, n *Node, name string, total int64) *counting {
 }
 
 func TestRemoteAskAndOrderedTell(t *testing.T) {
+	t.Parallel()
 	forEachTransport(t, func(t *testing.T, listen func(testing.TB) string) {
 		a := startNode(t, testConfig(listen(t)))
 		b := startNode(t, testConfig(listen(t)))
@@ -108,6 +109,7 @@ func TestRemoteAskAndOrderedTell(t *testing.T) {
 }
 
 func TestResolveErrors(t *testing.T) {
+	t.Parallel()
 	forEachTransport(t, func(t *testing.T, listen func(testing.TB) string) {
 		a := startNode(t, testConfig(listen(t)))
 		b := startNode(t, testConfig(listen(t)))
@@ -126,6 +128,7 @@ func TestResolveErrors(t *testing.T) {
 }
 
 func TestRemoteWatch(t *testing.T) {
+	t.Parallel()
 	forEachTransport(t, func(t *testing.T, listen func(testing.TB) string) {
 		a := startNode(t, testConfig(listen(t)))
 		b := startNode(t, testConfig(listen(t)))
@@ -187,6 +190,7 @@ func roundTrip(t testing.TB, a, b *Node, path string) {
 }
 
 func TestPeerCloseTerminatesWatchersWithPeerLeft(t *testing.T) {
+	t.Parallel()
 	forEachTransport(t, func(t *testing.T, listen func(testing.TB) string) {
 		a := startNode(t, testConfig(listen(t)))
 		b := startNode(t, testConfig(listen(t)))
@@ -234,6 +238,7 @@ func init() {
 }
 
 func TestAdapterRefAcrossTheWire(t *testing.T) {
+	t.Parallel()
 	forEachTransport(t, func(t *testing.T, listen func(testing.TB) string) {
 		a := startNode(t, testConfig(listen(t)))
 		b := startNode(t, testConfig(listen(t)))
@@ -261,6 +266,7 @@ func TestAdapterRefAcrossTheWire(t *testing.T) {
 }
 
 func TestPendingAskFailsWhenPeerLeaves(t *testing.T) {
+	t.Parallel()
 	a := startNode(t, testConfig("tcp://127.0.0.1:0"))
 	b := startNode(t, testConfig("tcp://127.0.0.1:0"))
 	asked := make(chan struct{})
@@ -282,6 +288,7 @@ func TestPendingAskFailsWhenPeerLeaves(t *testing.T) {
 }
 
 func TestAskWithUnregisteredReplyTypeFailsFast(t *testing.T) {
+	t.Parallel()
 	a := startNode(t, testConfig("tcp://127.0.0.1:0"))
 	b := startNode(t, testConfig("tcp://127.0.0.1:0"))
 	type private struct{ N int }
@@ -300,6 +307,7 @@ func TestAskWithUnregisteredReplyTypeFailsFast(t *testing.T) {
 func init() { RegisterMessage[Ref[testPong]]("troupe.test.pong-ref") }
 
 func TestWatchARemoteAdapterRef(t *testing.T) {
+	t.Parallel()
 	a := startNode(t, testConfig("tcp://127.0.0.1:0"))
 	b := startNode(t, testConfig("tcp://127.0.0.1:0"))
 	spawnEcho(t, b, "echo")
@@ -328,6 +336,8 @@ func TestWatchARemoteAdapterRef(t *testing.T) {
 // placed on this node's actors end with the peer's session, gracefully or
 // not.
 func TestWatchesOfAPeerThatLeftAreDropped(t *testing.T) {
+	t.Parallel()
+	slowTest(t)
 	for _, abrupt := range []bool{false, true} {
 		t.Run(fmt.Sprintf("abrupt=%v", abrupt), func(t *testing.T) {
 			f := NewFaultNet()
@@ -397,6 +407,7 @@ func init() { RegisterMessage[refBag]("troupe.test.refbag") }
 // a message makes this node dial none of them; a ref dials when it is
 // used, and new outbound associations stay within MaxOutboundConns.
 func TestRefsInAMessageDialNothing(t *testing.T) {
+	t.Parallel()
 	checkLeaks(t) // first: it runs after the listeners are gone
 	var watched []string
 	var accepted []chan struct{}

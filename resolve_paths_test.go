@@ -16,6 +16,7 @@ import (
 // reader (it named a protocol the watcher does not have) and ended the
 // process.
 func TestResolvingALookupsWatcherFromAnotherNode(t *testing.T) {
+	t.Parallel()
 	cfg := quiet("registrar")
 	cfg.RegistryAddrs = []string{"tcp://127.0.0.1:0"}
 	registrar, err := troupe.Start(ctxFor(t), cfg)

@@ -11,6 +11,7 @@ import (
 // without dialing it: the next candidate answers at once, not after a
 // handshake's timeout.
 func TestALookupSkipsAQuarantinedIncarnationWithoutDialing(t *testing.T) {
+	t.Parallel()
 	f := NewFaultNet()
 	t.Cleanup(f.Heal)
 	registry := freeRegistryAddr(t, "tcp")
@@ -66,6 +67,8 @@ func mustAddr(t *testing.T, s string) Addr {
 // detector caught serviceRefs reading the table while a session's end
 // wrote it.
 func TestServiceRefsReadsTheQuarantineUnderItsLock(t *testing.T) {
+	t.Parallel()
+	slowTest(t)
 	n := startNode(t, testConfig())
 	gone := NodeUID{7}
 	regs := []Registration{{Name: "k", Node: gone, Path: "/user/x", UUID: UUID{1}, Addrs: []Addr{{network: "tcp", address: "127.0.0.1:1"}}}}

@@ -18,6 +18,8 @@ import (
 // quarantined it, in both directions, and the old incarnation's refs stay
 // dead letters.
 func TestARestartedProcessAtItsAddressIsAdmittedAtOnce(t *testing.T) {
+	t.Parallel()
+	slowTest(t)
 	free := func() string {
 		l, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {

@@ -16,6 +16,8 @@ import (
 // the first reset survives them all (no Terminated, no quarantine), and
 // after the last one the watched actor's stop is seen once.
 func TestResetsResumeExactlyOnceInOrder(t *testing.T) {
+	t.Parallel()
+	slowTest(t)
 	f := NewFaultNet()
 	home := startOn(t, f, failConfig("home", 50*time.Millisecond, 5*time.Second))
 	away := startOn(t, f, failConfig("away", 50*time.Millisecond, 5*time.Second))
@@ -103,6 +105,7 @@ func TestResetsResumeExactlyOnceInOrder(t *testing.T) {
 // before the redial can get through: the suspended session ends when
 // UnreachableAfter has passed since the peer was last heard.
 func TestResetThenSilenceIsDetectedByTheWindow(t *testing.T) {
+	t.Parallel()
 	p := newPair(t, 20*time.Millisecond, 400*time.Millisecond)
 	lost := make(chan PeerLinkLost, 4)
 	SubscribeChan(p.home.Events(), lost)
@@ -130,6 +133,7 @@ func TestResetThenSilenceIsDetectedByTheWindow(t *testing.T) {
 // breaks, the session ends and the peer is quarantined at once, as before
 // sessions could resume.
 func TestAPeerThatCannotResumeEndsAtOnce(t *testing.T) {
+	t.Parallel()
 	cfg := failConfig("n", 100*time.Millisecond, 5*time.Second)
 	cfg.Listen = []string{"tcp://127.0.0.1:0"}
 	n := startNode(t, cfg)
@@ -166,6 +170,7 @@ func init() { RegisterMessage[padded]("troupe.test.padded") }
 // the receiver paused, while half a megabyte is waiting or
 // unacknowledged.
 func TestResetsResumeLargeMessages(t *testing.T) {
+	t.Parallel()
 	f := NewFaultNet()
 	home := startOn(t, f, failConfig("home", 50*time.Millisecond, 5*time.Second))
 	away := startOn(t, f, failConfig("away", 50*time.Millisecond, 5*time.Second))
@@ -233,6 +238,8 @@ func TestResetsResumeLargeMessages(t *testing.T) {
 // stands here for a large backlog), the loop still finds another peer
 // silent.
 func TestFailingABacklogDoesNotHoldUpDetection(t *testing.T) {
+	t.Parallel()
+	slowTest(t)
 	f := NewFaultNet()
 	t.Cleanup(f.Heal)
 	home := startOn(t, f, failConfig("home", 100*time.Millisecond, 2*time.Second))

@@ -31,6 +31,8 @@ func routeAll(t *testing.T, router troupe.Ref[job], keys int) []string {
 // is stable; when one worker of ten stops, only its keys move (about a
 // tenth), spread over the others.
 func TestConsistentHashMovesOnlyTheKeysOfALeavingRoutee(t *testing.T) {
+	t.Parallel()
+	slowTest(t)
 	_, ns := serviceNodes(t, "a", "b", "c", "client")
 	var workers []troupe.Ref[job]
 	for i := range 10 {
@@ -100,6 +102,8 @@ func routeAllQuick(t *testing.T, router troupe.Ref[job], keys int) []string {
 
 // Round-robin spreads messages evenly; random reaches every routee.
 func TestRoundRobinAndRandomRouters(t *testing.T) {
+	t.Parallel()
+	slowTest(t)
 	_, ns := serviceNodes(t, "a", "b", "client")
 	for i := range 3 {
 		spawnWorker(t, ns[i%2], fmt.Sprintf("w%d", i))
@@ -137,6 +141,7 @@ func TestRoundRobinAndRandomRouters(t *testing.T) {
 
 // A router with no routee makes a dead letter that says so.
 func TestARouterWithNoRouteeMakesADeadLetter(t *testing.T) {
+	t.Parallel()
 	_, ns := serviceNodes(t, "client")
 	client := ns[0]
 	dead := make(chan troupe.DeadLetter, 4)
@@ -160,6 +165,7 @@ func TestARouterWithNoRouteeMakesADeadLetter(t *testing.T) {
 // rather than panicking in the router at its first message; the name
 // stays free.
 func TestARouterWithoutAStrategyIsRefused(t *testing.T) {
+	t.Parallel()
 	_, ns := serviceNodes(t, "client")
 	client := ns[0]
 	for _, tc := range []struct {

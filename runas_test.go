@@ -45,6 +45,7 @@ func runAs(t *testing.T, uid int, sock string) (string, error) {
 
 // TestHelperDialUnix is not a test: runAs runs it in a child process.
 func TestHelperDialUnix(t *testing.T) {
+	t.Parallel()
 	sock := os.Getenv("TROUPE_HELPER_SOCK")
 	if sock == "" {
 		t.Skip("helper for TestUnixPeerCredentials")
@@ -67,6 +68,7 @@ func TestHelperDialUnix(t *testing.T) {
 }
 
 func TestUnixPeerCredentials(t *testing.T) {
+	t.Parallel()
 	if os.Getuid() != 0 {
 		t.Skip("needs root to connect as another user")
 	}

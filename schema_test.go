@@ -35,6 +35,7 @@ func schemaOf(key string, t reflect.Type) MessageSchema {
 // TestDiffSchemas: the verdicts troupe schema diff prints, type pair by
 // type pair, are the rules a session applies.
 func TestDiffSchemas(t *testing.T) {
+	t.Parallel()
 	type (
 		base struct {
 			ID   int64

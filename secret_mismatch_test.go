@@ -17,6 +17,7 @@ import (
 // so: Start fails with ErrAuth, not with "occupied by something that is
 // not a registrar", in either direction.
 func TestARegistrarWithAnotherSecretIsAnAuthenticationFailure(t *testing.T) {
+	t.Parallel()
 	const secret = "sixteen bytes or more of secret"
 	discard := slog.New(slog.NewTextHandler(io.Discard, nil))
 	for _, tc := range []struct {
@@ -60,6 +61,7 @@ func TestARegistrarWithAnotherSecretIsAnAuthenticationFailure(t *testing.T) {
 // does: one trailing newline of a one-line text file is dropped; a binary
 // secret is taken whole.
 func TestReadSecretFile(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	for i, tc := range []struct {
 		content, want string

@@ -10,6 +10,7 @@ import (
 // message arriving from a peer carries that peer's uid whatever its
 // bytes say (the sender's fields never cross the wire).
 func TestEveryMessageThatCarriesItsSenderIsStamped(t *testing.T) {
+	t.Parallel()
 	sentByType := reflect.TypeFor[sentBy]()
 	carriers := 0
 	for _, mt := range *wireTypes.byKey.Load() {

@@ -67,6 +67,7 @@ func registerEcho(t *testing.T, n *Node, name string) Ref[testPing] {
 // again, and what is registered after is pushed by the new registrar,
 // in a listing that holds every actor again.
 func TestWatchServiceFollowsARegistrarFailover(t *testing.T) {
+	t.Parallel()
 	f := NewFaultNet()
 	reg := freeRegistryAddr(t, "tcp")
 	cfg := func(name string) Config {
@@ -94,6 +95,8 @@ func TestWatchServiceFollowsARegistrarFailover(t *testing.T) {
 // is pushed by etcd's watch stream: a registration, a stop, and a node
 // that closes (its entries go with its lease).
 func TestServiceKeysOverEtcd(t *testing.T) {
+	t.Parallel()
+	slowTest(t)
 	url := sharedEtcdURL(t)
 	a, b := etcdNode(t, "alpha", url), etcdNode(t, "beta", url)
 	registerEcho(t, a, "ea")
@@ -136,6 +139,7 @@ var pingTopic = NewTopic[testPing]("pings")
 // the registrar fails over, a publisher on another node still reaches
 // the subscriber.
 func TestTopicRelaysFollowARegistrarFailover(t *testing.T) {
+	t.Parallel()
 	f := NewFaultNet()
 	reg := freeRegistryAddr(t, "tcp")
 	cfg := func(name string) Config {
@@ -196,6 +200,8 @@ func TestTopicRelaysFollowARegistrarFailover(t *testing.T) {
 // Topics over etcd: the relay is written by the node's etcd writer, and
 // a publisher on another node reaches the subscriber.
 func TestTopicsOverEtcd(t *testing.T) {
+	t.Parallel()
+	slowTest(t)
 	url := sharedEtcdURL(t)
 	a, b := etcdNode(t, "alpha", url), etcdNode(t, "beta", url)
 	got := subscribePings(t, b, "sub")
@@ -215,6 +221,8 @@ func TestTopicsOverEtcd(t *testing.T) {
 // the table, then each registration and removal, until ctx ends; and it
 // ends with ErrNodeClosed when the node closes.
 func TestRegistryWatchOverEtcd(t *testing.T) {
+	t.Parallel()
+	slowTest(t)
 	url := sharedEtcdURL(t)
 	a, b := etcdNode(t, "alpha", url), etcdNode(t, "beta", url)
 	reg, err := a.Registry()
@@ -282,6 +290,7 @@ func TestRegistryWatchOverEtcd(t *testing.T) {
 // Registry.Watch of an etcd that accepts connections and never answers
 // ends with ErrWatchLost, not a wait without end.
 func TestRegistryWatchOfASilentEtcdIsLost(t *testing.T) {
+	t.Parallel()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

@@ -80,6 +80,7 @@ func paths[T any](refs []troupe.Ref[T]) []string {
 // leave it, and an actor of another type under the same name is not in
 // it.
 func TestServiceKeyListsItsActorsOnEveryNode(t *testing.T) {
+	t.Parallel()
 	reg, ns := serviceNodes(t, "a", "b", "client")
 	a, b, client := ns[0], ns[1], ns[2]
 	spawnWorker(t, a, "w1")
@@ -125,6 +126,7 @@ func TestServiceKeyListsItsActorsOnEveryNode(t *testing.T) {
 
 // RegisterService refuses what it cannot list, with a clear error.
 func TestRegisterServiceRefusals(t *testing.T) {
+	t.Parallel()
 	_, ns := serviceNodes(t, "a", "b")
 	a, b := ns[0], ns[1]
 	w := spawnWorker(t, a, "w")
@@ -153,6 +155,7 @@ func TestRegisterServiceRefusals(t *testing.T) {
 // on it. A PeerUnreachable published by hand on the registrar leaves the
 // node it names, and its actors, listed.
 func TestAHandPublishedPeerUnreachableIsNotActedOn(t *testing.T) {
+	t.Parallel()
 	reg, ns := serviceNodes(t, "a", "client")
 	a, client := ns[0], ns[1]
 	spawnWorker(t, a, "w")
@@ -220,6 +223,7 @@ func nextListing(t *testing.T, ch <-chan []troupe.Ref[job], what string, want ..
 // happens, pushed by the registrar: a registration, a stop, a node that
 // closes; and returns ctx's error when ctx ends.
 func TestWatchServiceIsPushed(t *testing.T) {
+	t.Parallel()
 	_, ns := serviceNodes(t, "a", "b", "watcher")
 	a, b, watcher := ns[0], ns[1], ns[2]
 	spawnWorker(t, a, "w1")
@@ -245,6 +249,8 @@ func TestWatchServiceIsPushed(t *testing.T) {
 // registrar gives up on it, and the watcher's own node quarantining it
 // keeps it out; a node that closes ends WatchService with ErrNodeClosed.
 func TestWatchServiceDropsAnUnreachableNode(t *testing.T) {
+	t.Parallel()
+	slowTest(t)
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -285,6 +291,8 @@ func TestWatchServiceDropsAnUnreachableNode(t *testing.T) {
 // reaches it) leaves this node's listing at once; once the link is back
 // and the quarantine cleared, it is listed again, with a ref that works.
 func TestWatchServiceFollowsWhatThisNodeReaches(t *testing.T) {
+	t.Parallel()
+	slowTest(t)
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -338,6 +346,7 @@ func TestWatchServiceFollowsWhatThisNodeReaches(t *testing.T) {
 // change; Unsubscribe ends it, and so does the subscriber's stop (which
 // leaves no dead letter behind).
 func TestSubscribeServiceDeliversListingsToAnActor(t *testing.T) {
+	t.Parallel()
 	_, nodes := serviceNodes(t, "front", "back")
 	front, back := nodes[0], nodes[1]
 	follower := func(name string) (troupe.Ref[troupe.ServiceListing[job]], <-chan []string) {
@@ -423,6 +432,7 @@ func TestSubscribeServiceDeliversListingsToAnActor(t *testing.T) {
 
 // SubscribeService refuses what it cannot follow.
 func TestSubscribeServiceErrors(t *testing.T) {
+	t.Parallel()
 	_, nodes := serviceNodes(t, "a", "b")
 	a, b := nodes[0], nodes[1]
 	sink := troupe.Behavior[troupe.ServiceListing[job]]{Receive: func(*troupe.Context[troupe.ServiceListing[job]], troupe.ServiceListing[job]) {}}

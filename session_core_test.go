@@ -18,6 +18,7 @@ import (
 // grow to hold several large frames (issue #24, defect 2: 100 frames of
 // 64 KiB ended in one block of 7 MB).
 func TestLargeFramesGetBlocksOfTheirOwn(t *testing.T) {
+	t.Parallel()
 	f := NewFaultNet()
 	home := startOn(t, f, failConfig("home", 50*time.Millisecond, 10*time.Second))
 	away := startOn(t, f, failConfig("away", 50*time.Millisecond, 10*time.Second))
@@ -52,6 +53,8 @@ func TestLargeFramesGetBlocksOfTheirOwn(t *testing.T) {
 // acknowledged count, and the first acknowledgement of the new connection
 // was refused as malformed, 8 runs of 8).
 func TestResetsWhileMidSizeMessagesStream(t *testing.T) {
+	t.Parallel()
+	slowTest(t)
 	for _, size := range []int{5 << 10, 16 << 10} {
 		f := NewFaultNet()
 		home := startOn(t, f, failConfig("home", 50*time.Millisecond, 5*time.Second))
@@ -135,6 +138,7 @@ func TestResetsWhileMidSizeMessagesStream(t *testing.T) {
 // confirmed as unconfirmed dead letters, the others as dead letters
 // (issue #24, defect 8: only the records became dead letters).
 func TestAResumeIntoALeavingSessionLosesNothingSilently(t *testing.T) {
+	t.Parallel()
 	cfg := failConfig("n", 50*time.Millisecond, 5*time.Second)
 	n := startNode(t, cfg)
 	dead := make(chan DeadLetter, 64)
@@ -176,6 +180,7 @@ func TestAResumeIntoALeavingSessionLosesNothingSilently(t *testing.T) {
 // defect 3: 1.5 M resolves made the node hold 30 MB against a 64 KiB
 // SendQueueLimit, the session still up).
 func TestAPeerThatNeverReadsIsEndedWithinItsBudget(t *testing.T) {
+	t.Parallel()
 	cfg := failConfig("n", 100*time.Millisecond, 2*time.Second)
 	cfg.Listen = []string{"tcp://127.0.0.1:0"}
 	cfg.SendQueueLimit = 64 << 10
@@ -245,6 +250,8 @@ var _ = errors.New
 // new incarnation kept a suspended session for the dialer, answered the
 // next connection with a resume, and was quarantined again).
 func TestARedialThatReachesANewIncarnationLeavesNoGhost(t *testing.T) {
+	t.Parallel()
+	slowTest(t)
 	f := NewFaultNet()
 	cfg := func(name string, listen ...string) Config {
 		return Config{Name: name, Logger: quietLogger(), Listen: listen, HeartbeatInterval: 50 * time.Millisecond, UnreachableAfter: 5 * time.Second}
@@ -401,6 +408,8 @@ func rawPeer(t *testing.T, n *Node, read bool) (net.Conn, NodeUID) {
 // UnreachableAfter while something waited, and what it never confirmed
 // becomes Unconfirmed dead letters.
 func TestAPeerThatNeverAcknowledgesIsGivenUpOn(t *testing.T) {
+	t.Parallel()
+	slowTest(t)
 	for _, read := range []bool{true, false} {
 		cfg := failConfig("n", 50*time.Millisecond, time.Second)
 		cfg.Listen = []string{"tcp://127.0.0.1:0"}
@@ -433,10 +442,21 @@ func TestAPeerThatNeverAcknowledgesIsGivenUpOn(t *testing.T) {
 		if took := time.Since(start); took > 4*cfg.UnreachableAfter {
 			t.Fatalf("read %v: given up on after %v", read, took)
 		}
-		for range sent {
-			if d := recv(t, dead, "a dead letter"); !d.Unconfirmed && read {
-				t.Fatalf("read %v: %+v, want unconfirmed", read, d)
+		// What was written and not acknowledged is unconfirmed, and
+		// comes first; on a loaded machine the writer may not have
+		// written all of it before the window ran out.
+		unconfirmed := 0
+		for i := range sent {
+			d := recv(t, dead, "a dead letter")
+			if d.Unconfirmed {
+				if unconfirmed != i {
+					t.Fatalf("read %v: dead letter %d is unconfirmed after one that was not", read, i)
+				}
+				unconfirmed++
 			}
+		}
+		if read && unconfirmed == 0 {
+			t.Fatalf("read %v: no dead letter is unconfirmed, though the peer read what was written", read)
 		}
 		t.Logf("read %v: %v", read, ev.Reason)
 	}
@@ -446,6 +466,8 @@ func TestAPeerThatNeverAcknowledgesIsGivenUpOn(t *testing.T) {
 // handled once, in order, and none becomes a dead letter (a Send woken
 // by the resume used to be queued as a record and refused for credit).
 func TestSendsWaitingForCreditSurviveResets(t *testing.T) {
+	t.Parallel()
+	slowTest(t)
 	f := NewFaultNet()
 	home := startOn(t, f, failConfig("home", 50*time.Millisecond, 5*time.Second))
 	cfg := failConfig("away", 50*time.Millisecond, 5*time.Second)
@@ -508,6 +530,7 @@ func TestSendsWaitingForCreditSurviveResets(t *testing.T) {
 // connect again, leaves nothing parked once it ends (issue #26, defect 4:
 // each stayed in the waiting list, holding its association, for ever).
 func TestDuplicateGoodbyesLeaveNothingParked(t *testing.T) {
+	t.Parallel()
 	cfg := failConfig("n", 100*time.Millisecond, 2*time.Second)
 	cfg.Listen = []string{"tcp://127.0.0.1:0"}
 	n := startNode(t, cfg)
@@ -527,6 +550,7 @@ func TestDuplicateGoodbyesLeaveNothingParked(t *testing.T) {
 // from dialing (issue #26, defect 3: undialed bindings counted against
 // MaxOutboundConns, and every later Resolve failed with ErrTooManyConns).
 func TestRefsInMessagesDoNotTakeTheRoomOfDials(t *testing.T) {
+	t.Parallel()
 	cfg := testConfig()
 	cfg.MaxOutboundConns = 100
 	n := startNode(t, cfg)
@@ -543,6 +567,7 @@ func TestRefsInMessagesDoNotTakeTheRoomOfDials(t *testing.T) {
 // An actor that was asked, here or from another node, goes back to its
 // idle size once the Asks are over: the stop note Asks wait on goes.
 func TestAnAskedActorGoesBackToItsIdleSize(t *testing.T) {
+	t.Parallel()
 	home := startNode(t, testConfig("tcp://127.0.0.1:0"))
 	away := startNode(t, testConfig("tcp://127.0.0.1:0"))
 	echo := spawnEcho(t, away, "echo")
@@ -592,6 +617,7 @@ func TestAnAskedActorGoesBackToItsIdleSize(t *testing.T) {
 // leaves nothing registered on the actor, and neither does one refused
 // by a full mailbox.
 func TestAnAskThatEndsLeavesNoAskerBehind(t *testing.T) {
+	t.Parallel()
 	cfg := testConfig()
 	cfg.MailboxLimit = 2
 	n := startNode(t, cfg)
@@ -629,6 +655,8 @@ func TestAnAskThatEndsLeavesNoAskerBehind(t *testing.T) {
 // failure, once the peer is gone: its end wakes it (it waited for the
 // ctx before, found in review).
 func TestASendWaitingForCreditEndsWithItsPeer(t *testing.T) {
+	t.Parallel()
+	slowTest(t)
 	f := NewFaultNet()
 	home := startOn(t, f, failConfig("home", 50*time.Millisecond, time.Second))
 	cfg := failConfig("away", 50*time.Millisecond, time.Second)
@@ -672,6 +700,8 @@ func TestASendWaitingForCreditEndsWithItsPeer(t *testing.T) {
 // A Send waiting for room in the send queue, behind a peer that reads
 // nothing, returns once the peer is given up on.
 func TestASendWaitingForRoomEndsWhenItsPeerIsGivenUp(t *testing.T) {
+	t.Parallel()
+	slowTest(t)
 	f := NewFaultNet()
 	hc := failConfig("home", 50*time.Millisecond, time.Second)
 	hc.SendQueueLimit = 16 << 10

@@ -152,6 +152,7 @@ func init() { troupe.RegisterMessage[chatty]("troupe.test.session.chatty") }
 // lock held: an AppendWire that sends to the same peer neither deadlocks
 // the sender nor keeps Close from returning (issue #24, defect 4).
 func TestAppendWireMaySendToTheSamePeer(t *testing.T) {
+	t.Parallel()
 	home, away := defaultNode(t, "home"), defaultNode(t, "away")
 	got := make(chan int, 4)
 	asides := make(chan string, 4)
@@ -205,6 +206,7 @@ func TestAppendWireMaySendToTheSamePeer(t *testing.T) {
 // one-way blackhole), the peer is told at once, not at its own window
 // (issue #24, defect 7).
 func TestAQuarantinedPeerIsToldAtOnce(t *testing.T) {
+	t.Parallel()
 	f := troupe.NewFaultNet()
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	home, err := f.Start(ctxFor(t), troupe.Config{Name: "home", Logger: quiet, HeartbeatInterval: 50 * time.Millisecond, UnreachableAfter: 500 * time.Millisecond})
@@ -283,6 +285,8 @@ func limitedNode(t *testing.T, name string, mailboxLimit int) *troupe.Node {
 // own senders: a fast actor on the same connection gets a whole burst
 // through while the slow actor's sender is still waiting.
 func TestSendWaitsForRoomInARemoteMailbox(t *testing.T) {
+	t.Parallel()
+	slowTest(t)
 	home := defaultNode(t, "home")
 	away := limitedNode(t, "away", 50)
 	var dead firstOf
@@ -351,6 +355,7 @@ func TestSendWaitsForRoomInARemoteMailbox(t *testing.T) {
 // A Tell to a remote actor whose mailbox is full is a dead letter on the
 // sending node, with the reason a local full mailbox gives.
 func TestTellToAFullRemoteMailboxIsADeadLetterTheSenderSees(t *testing.T) {
+	t.Parallel()
 	home := defaultNode(t, "home")
 	away := limitedNode(t, "away", 10)
 	release := make(chan struct{})
@@ -391,6 +396,7 @@ func TestTellToAFullRemoteMailboxIsADeadLetterTheSenderSees(t *testing.T) {
 
 // Credit reaches an actor whose mailbox takes a single message.
 func TestSendWaitsForRoomInATinyRemoteMailbox(t *testing.T) {
+	t.Parallel()
 	home := defaultNode(t, "home")
 	away := limitedNode(t, "away", 1)
 	var dead firstOf

@@ -120,6 +120,7 @@ func sendAs[T any](t *testing.T, msg any) (T, error) {
 // has keeps its zero value, and the same holds inside nested structs,
 // slices, maps, pointers, arrays and recursive types.
 func TestShapesMatchFieldsByName(t *testing.T) {
+	t.Parallel()
 	t.Run("added fields are skipped", func(t *testing.T) {
 		got, err := sendAs[shOld](t, shNew{ID: 7, Extra: []string{"a", "b"}, Name: "n", More: map[string]int{"x": 1}})
 		if err != nil || got != (shOld{ID: 7, Name: "n"}) {
@@ -182,6 +183,7 @@ func TestShapesMatchFieldsByName(t *testing.T) {
 
 // A field whose kind changed cannot be matched: the error names it.
 func TestShapesRefuseAChangedKind(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name string
 		conv func() error
@@ -204,6 +206,7 @@ func TestShapesRefuseAChangedKind(t *testing.T) {
 // Types of the same shape under other names have the same shape bytes:
 // a receiver decodes them as always, with no conversion.
 func TestEqualShapesAreTheSameBytes(t *testing.T) {
+	t.Parallel()
 	type renamed struct {
 		ID   int
 		Name string
@@ -218,6 +221,7 @@ func TestEqualShapesAreTheSameBytes(t *testing.T) {
 
 // Shapes from a peer are checked before they are used.
 func TestParseShapeRefusesBadShapes(t *testing.T) {
+	t.Parallel()
 	deep := bytes.Repeat([]byte{shapePointer}, maxDepth+1)
 	deep = append(deep, shapeInt)
 	for _, tc := range []struct {
@@ -311,6 +315,7 @@ func FuzzShape(f *testing.F) {
 // A type a receiver would refuse the shape of (too deep, an array too
 // long) is sent without one, never with a shape that ends the link.
 func TestTypesBeyondTheShapeBoundsGoWithoutOne(t *testing.T) {
+	t.Parallel()
 	type hugeArray struct{ D *[maxShapeArray + 1]bool }
 	deep := reflect.TypeFor[int]()
 	for range 40 {
@@ -326,6 +331,7 @@ func TestTypesBeyondTheShapeBoundsGoWithoutOne(t *testing.T) {
 // Skipping a field is work charged to the payload: a shape of many empty
 // fields cannot make a receiver loop for long over a slice of them.
 func TestSkippingManyEmptyFieldsIsBounded(t *testing.T) {
+	t.Parallel()
 	var e []byte
 	e = append(e, shapeStruct, 1, 1, 'S', shapeSlice, shapeStruct)
 	e = binary.AppendUvarint(e, 6001)
@@ -354,6 +360,7 @@ func TestSkippingManyEmptyFieldsIsBounded(t *testing.T) {
 // The shapes a session holds are counted while they wait for their key:
 // a session that defined many keys still decodes the next one by name.
 func TestShapesHeldAreCountedNotShapesEverSent(t *testing.T) {
+	t.Parallel()
 	a := newAssoc(nil, true, TCPAddr("127.0.0.1:7001"))
 	a.n = &Node{cfg: Config{MaxFrameSize: DefaultMaxFrameSize}}
 	old := typeOf(reflect.TypeFor[shOld]())

@@ -11,6 +11,7 @@ import (
 // A member event (which pokes every region) while Sharding is being
 // called: the region is seen only once whole.
 func TestAPokeWhileShardingStartsIsSafe(t *testing.T) {
+	t.Parallel()
 	f := NewFaultNet()
 	n := startOn(t, f, failConfig("alone", 20*time.Millisecond, 2*time.Second))
 	c, err := StartCluster(ctxT(t, 5*time.Second), n, clusterCfg(nil))
@@ -47,6 +48,7 @@ func TestAPokeWhileShardingStartsIsSafe(t *testing.T) {
 // goneAfter: an unreachable member is away until it is reachable again;
 // a downed or removed one is away for good.
 func TestGoneAfter(t *testing.T) {
+	t.Parallel()
 	self, a := NodeUID{1}, NodeUID{2}
 	ev := func(kind string, st MemberStatus) MemberEvent {
 		return MemberEvent{Member: Member{UID: a, Status: st}, Kind: kind}
@@ -83,6 +85,7 @@ func TestGoneAfter(t *testing.T) {
 // the user's message, to the entity, with ErrEntityUnavailable: not of
 // troupe's envelope.
 func TestAnEnvelopesDeadLetterNamesTheUsersMessage(t *testing.T) {
+	t.Parallel()
 	n := startNode(t, failConfig("a", 20*time.Millisecond, 2*time.Second))
 	dead := make(chan DeadLetter, 1)
 	sub := SubscribeChan(n.Events(), dead)
@@ -98,6 +101,7 @@ func TestAnEnvelopesDeadLetterNamesTheUsersMessage(t *testing.T) {
 // station (as it does while this member sees that one as the oldest) is
 // taken as this member's, not as the relaying one's.
 func TestARegionsWordRelayedByAnotherStationIsItsOwn(t *testing.T) {
+	t.Parallel()
 	r := newClusterRig(t, 3, clusterCfg(nil))
 	for _, m := range r.members[0].Members() {
 		if m.UID != r.nodes[0].uid && m.UpNumber < r.members[0].Self().UpNumber {
@@ -140,6 +144,7 @@ func TestARegionsWordRelayedByAnotherStationIsItsOwn(t *testing.T) {
 // member delivered it, and dropped when a node that is no member relays
 // it.
 func TestTheCoordinatorTakesEachWordAsFromItsRegion(t *testing.T) {
+	t.Parallel()
 	r := newClusterRig(t, 3, clusterCfg(nil))
 	m0, m1, m2, stranger := r.nodes[0].uid, r.nodes[1].uid, r.nodes[2].uid, NodeUID{0xee}
 	for _, tc := range []struct {

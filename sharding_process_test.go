@@ -22,6 +22,7 @@ import (
 // testPing they take, then prints "READY addr" and waits for stdin to
 // close.
 func TestHelperShardingProcess(t *testing.T) {
+	t.Parallel()
 	if os.Getenv("TROUPE_HELPER_SHARDING") == "" {
 		t.Skip("helper for the sharding process test")
 	}
@@ -38,6 +39,8 @@ func TestHelperShardingProcess(t *testing.T) {
 // its shards; messages sent once they saw it unreachable are held and
 // handled then, each once.
 func TestShardsMoveWhenTheirProcessIsKilled(t *testing.T) {
+	t.Parallel()
+	slowTest(t)
 	cmd, stdout := startHelperProcess(t, "TestHelperShardingProcess", "TROUPE_HELPER_SHARDING")
 	var mu sync.Mutex
 	inChild := map[string]bool{}
@@ -152,6 +155,7 @@ var shardingRollConfig = ShardingConfig{Shards: 24, RebalanceInterval: 300 * tim
 // "READY addr", and on SIGTERM shuts its node down (Shutdown: its shards
 // are handed over first) and prints "STOPPED" and Shutdown's error.
 func TestHelperShardingMember(t *testing.T) {
+	t.Parallel()
 	seed := os.Getenv("TROUPE_HELPER_SHARDING_MEMBER")
 	if seed == "" {
 		t.Skip("helper for the rolling restart of processes")
@@ -314,6 +318,8 @@ func (m *rollMember) stop(t *testing.T, name string) {
 // message is handled exactly once, and each process handles an entity's
 // messages in the order they were sent.
 func TestARollingRestartOfProcessesLosesNothing(t *testing.T) {
+	t.Parallel()
+	slowTest(t)
 	l := &rollLedger{by: map[string][]rollEntry{}, handled: map[string]int{}}
 	cfg := failConfig("a", 20*time.Millisecond, 2*time.Second)
 	cfg.Listen = []string{"tcp://127.0.0.1:0"}

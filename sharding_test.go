@@ -157,6 +157,7 @@ func shardedCluster(t *testing.T, f *troupe.FaultNet, l *ledger, ccfg troupe.Clu
 // Entities are started on their first message, each on one member only,
 // and take messages sent through any member, in order per sender.
 func TestShardedEntitiesRunOnceEachAndKeepOrder(t *testing.T) {
+	t.Parallel()
 	f := troupe.NewFaultNet()
 	l := newLedger()
 	_, _, kinds := shardedCluster(t, f, l, troupe.ClusterConfig{StableAfter: singletonStable}, troupe.ShardingConfig{Shards: 30}, "a", "b", "c")
@@ -185,6 +186,7 @@ func TestShardedEntitiesRunOnceEachAndKeepOrder(t *testing.T) {
 // Sharding refuses a bad name and a second kind of one name on one
 // member.
 func TestShardingErrors(t *testing.T) {
+	t.Parallel()
 	f := troupe.NewFaultNet()
 	l := newLedger()
 	_, members := registrylessCluster(t, f, troupe.ClusterConfig{}, "a")
@@ -208,6 +210,7 @@ func TestShardingErrors(t *testing.T) {
 // member, are held and delivered in order. Nothing is lost, and no
 // entity runs twice.
 func TestShardsAreHandedOverWhenAMemberLeaves(t *testing.T) {
+	t.Parallel()
 	f := troupe.NewFaultNet()
 	l := newLedger()
 	_, members, kinds := shardedCluster(t, f, l, troupe.ClusterConfig{StableAfter: singletonStable}, troupe.ShardingConfig{Shards: 20}, "a", "b", "c")
@@ -282,6 +285,7 @@ func traffic(s *sender, k *troupe.Sharded[acct], prefix string, ids int) (stop f
 // When a member joins, shards move to it (least shards) while messages
 // flow: each stops on its member first, nothing is lost, and order holds.
 func TestShardsMoveToAJoiningMember(t *testing.T) {
+	t.Parallel()
 	f := troupe.NewFaultNet()
 	l := newLedger()
 	ccfg := troupe.ClusterConfig{StableAfter: singletonStable}
@@ -308,6 +312,7 @@ func TestShardsMoveToAJoiningMember(t *testing.T) {
 // shards likewise. An entity never runs on two members at once.
 func TestShardsMoveAfterACrashOrASplitNeverTwice(t *testing.T) {
 	t.Parallel() // (it waits out a removal margin)
+	slowTest(t)
 	for _, fault := range []string{"crash", "split"} {
 		t.Run(fault, func(t *testing.T) {
 			f := troupe.NewFaultNet()
@@ -366,6 +371,7 @@ func TestShardsMoveAfterACrashOrASplitNeverTwice(t *testing.T) {
 // (Passivate) stops after the messages its mailbox holds; the next
 // message starts either again, and none is lost.
 func TestEntitiesArePassivated(t *testing.T) {
+	t.Parallel()
 	f := troupe.NewFaultNet()
 	l := newLedger()
 	_, _, kinds := shardedCluster(t, f, l, troupe.ClusterConfig{StableAfter: singletonStable},
@@ -412,6 +418,7 @@ func TestEntitiesArePassivated(t *testing.T) {
 // An entity ref sent inside a message to another node reaches the
 // entity through the member it came from, and Ask works through it.
 func TestAnEntityRefTravels(t *testing.T) {
+	t.Parallel()
 	f := troupe.NewFaultNet()
 	nodes, members := registrylessCluster(t, f, troupe.ClusterConfig{StableAfter: singletonStable}, "a", "b")
 	echo := func(id string) troupe.Behavior[Query] {
@@ -444,6 +451,8 @@ func TestAnEntityRefTravels(t *testing.T) {
 // too): nothing is lost, each sender's messages stay in order, and no
 // entity runs on two members at once.
 func TestARollingRestartOfEveryMemberLosesNothing(t *testing.T) {
+	t.Parallel()
+	slowTest(t)
 	f := troupe.NewFaultNet()
 	l := newLedger()
 	ccfg := troupe.ClusterConfig{StableAfter: singletonStable}
@@ -490,6 +499,8 @@ func TestARollingRestartOfEveryMemberLosesNothing(t *testing.T) {
 // joiner's words may reach it through the leaver's station, and still
 // nothing is lost and order holds.
 func TestAJoinDuringTheCoordinatorsLeaveLosesNothing(t *testing.T) {
+	t.Parallel()
+	slowTest(t)
 	f := troupe.NewFaultNet()
 	l := newLedger()
 	ccfg := troupe.ClusterConfig{StableAfter: singletonStable}
@@ -522,6 +533,7 @@ func TestAJoinDuringTheCoordinatorsLeaveLosesNothing(t *testing.T) {
 // A lone member's Leave with no deadline ends: its shards have nowhere
 // to go, and it stops them all the same.
 func TestALoneMembersLeaveEnds(t *testing.T) {
+	t.Parallel()
 	f := troupe.NewFaultNet()
 	l := newLedger()
 	_, members, kinds := shardedCluster(t, f, l, troupe.ClusterConfig{StableAfter: singletonStable}, troupe.ShardingConfig{Shards: 4}, "a")
@@ -541,6 +553,8 @@ func TestALoneMembersLeaveEnds(t *testing.T) {
 // A burst of 150,000 messages to 1,000 entities from three members at
 // the default ShardingConfig, right after start: all handled, in order.
 func TestABurstAtTheDefaultConfig(t *testing.T) {
+	t.Parallel()
+	slowTest(t)
 	f := troupe.NewFaultNet()
 	l := newLedger()
 	_, _, kinds := shardedCluster(t, f, l, troupe.ClusterConfig{StableAfter: singletonStable}, troupe.ShardingConfig{}, "a", "b", "c")
@@ -565,6 +579,7 @@ func TestABurstAtTheDefaultConfig(t *testing.T) {
 // letter), so it never runs on two members at once.
 func TestAnEntityWithABacklogIsStoppedWhenItsClusterStops(t *testing.T) {
 	t.Parallel() // (it waits out a removal margin)
+	slowTest(t)
 	f := troupe.NewFaultNet()
 	l := newLedger()
 	slow := func(member string) func(id string) troupe.Behavior[acct] {
@@ -632,6 +647,7 @@ func TestAnEntityWithABacklogIsStoppedWhenItsClusterStops(t *testing.T) {
 // A Send to an entity whose mailbox is full (its handler blocks) does
 // not wait for room: it stalls neither its region nor other shards.
 func TestASendToAFullEntityDoesNotStallItsRegion(t *testing.T) {
+	t.Parallel()
 	f := troupe.NewFaultNet()
 	n, err := f.Start(ctxFor(t), troupe.Config{Name: "a", HeartbeatInterval: 20 * time.Millisecond, UnreachableAfter: 2 * time.Second,
 		MailboxLimit: 4, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
@@ -701,6 +717,7 @@ func TestASendToAFullEntityDoesNotStallItsRegion(t *testing.T) {
 // cluster stops).
 func TestShardsSurviveASplitUnderEachStrategy(t *testing.T) {
 	t.Parallel() // (it waits out a removal margin)
+	slowTest(t)
 	for _, tc := range []struct {
 		name     string
 		strategy troupe.DowningStrategy
@@ -771,6 +788,7 @@ func TestShardsSurviveASplitUnderEachStrategy(t *testing.T) {
 // strategy), another holds up to Buffer messages for them; past it each
 // is a dead letter with ErrEntityUnavailable.
 func TestAShardsBufferIsBounded(t *testing.T) {
+	t.Parallel()
 	f := troupe.NewFaultNet()
 	l := newLedger()
 	nodes, _, kinds := shardedCluster(t, f, l, troupe.ClusterConfig{StableAfter: singletonStable}, troupe.ShardingConfig{Shards: 4, Buffer: 5}, "a", "b")

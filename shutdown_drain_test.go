@@ -81,6 +81,7 @@ func (r *drainRig) fill() {
 // context live; a message sent after that is a dead letter (issue #26:
 // "let mailboxes drain, opt-in").
 func TestShutdownDrainHandlesWhatTheMailboxesHold(t *testing.T) {
+	t.Parallel()
 	gate := make(chan struct{})
 	r := newDrainRig(t, true, gate)
 	r.fill()
@@ -109,6 +110,7 @@ func TestShutdownDrainHandlesWhatTheMailboxesHold(t *testing.T) {
 // drained (from the review of #26's drain: each actor drained its own
 // mailbox at once, and the child stopped before its parent's jobs came).
 func TestShutdownDrainFollowsTheTree(t *testing.T) {
+	t.Parallel()
 	n, err := troupe.Start(ctxFor(t), troupe.Config{Name: "tree", ShutdownDrain: true,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
@@ -160,6 +162,8 @@ func TestShutdownDrainFollowsTheTree(t *testing.T) {
 // handlers reach it (from the review of #26's drain: heartbeats stopped
 // when Shutdown began).
 func TestALongDrainKeepsPeersInTouch(t *testing.T) {
+	t.Parallel()
+	slowTest(t)
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	fast := func(name string, drain bool) troupe.Config {
 		return troupe.Config{Name: name, Listen: []string{"tcp://127.0.0.1:0"}, Logger: quiet, ShutdownDrain: drain,
@@ -234,6 +238,7 @@ func TestALongDrainKeepsPeersInTouch(t *testing.T) {
 // Without it, each actor stops after the handler it runs: the rest of its
 // mailbox is dead letters.
 func TestShutdownWithoutDrainStopsAfterTheCurrentHandler(t *testing.T) {
+	t.Parallel()
 	r := newDrainRig(t, false, nil) // the first handlers return when their contexts end
 	r.fill()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -255,6 +260,7 @@ func TestShutdownWithoutDrainStopsAfterTheCurrentHandler(t *testing.T) {
 // A drain that ctx cannot wait for ends with ctx: the actors stop as
 // without it, and Shutdown says the mailboxes did not drain.
 func TestShutdownDrainEndsWithItsContext(t *testing.T) {
+	t.Parallel()
 	r := newDrainRig(t, true, nil) // the first handlers wait for their contexts
 	r.fill()
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
@@ -280,6 +286,7 @@ func init() { troupe.RegisterMessage[adaptedAsk]("troupe.test.adapted-ask") }
 // actor stops, as an Ask to the actor itself does (issue #26, item 5: the
 // Ask waited for its whole deadline).
 func TestAnAskThroughAnAdapterEndsWhenItsActorStops(t *testing.T) {
+	t.Parallel()
 	n := defaultNode(t, "adapted")
 	adapters := make(chan troupe.Ref[adaptedAsk], 1)
 	if _, err := troupe.Spawn(n, "owner", troupe.Behavior[string]{

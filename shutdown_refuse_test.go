@@ -83,6 +83,7 @@ func askRefuse(ctx context.Context, to troupe.Ref[refuseReq], n int) (refuseRep,
 // Resolve of its actors fails at once with ErrPeerShuttingDown, while the
 // handler it is still running replies to the Ask it took before.
 func TestAShuttingDownNodeRefusesNewAsks(t *testing.T) {
+	t.Parallel()
 	svc := defaultNode(t, "svc")
 	client := defaultNode(t, "client")
 	gate, started := make(chan struct{}), make(chan struct{}, 1)
@@ -152,6 +153,7 @@ func TestAShuttingDownNodeRefusesNewAsks(t *testing.T) {
 // A handler running during a Shutdown may still resolve a ref on another
 // node and ask it, until its Context is cancelled (PhaseActors).
 func TestAHandlerShutdownLetsFinishMayStillAsk(t *testing.T) {
+	t.Parallel()
 	svc := defaultNode(t, "svc")
 	other := defaultNode(t, "other")
 	spawnRefuseEcho(t, other, "echo", nil, nil)
@@ -203,6 +205,7 @@ func TestAHandlerShutdownLetsFinishMayStillAsk(t *testing.T) {
 // With ShutdownDrain, the handlers that drain a mailbox may ask another
 // node: the replies come, and every queued job is handled.
 func TestADrainingHandlerMayAskAnotherNode(t *testing.T) {
+	t.Parallel()
 	svc, err := troupe.Start(ctxFor(t), troupe.Config{Name: "drainer", ShutdownDrain: true,
 		Listen: []string{"tcp://127.0.0.1:0"}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
@@ -257,6 +260,7 @@ func TestADrainingHandlerMayAskAnotherNode(t *testing.T) {
 // does not hold a Shutdown without one: its ask ends with ErrNodeClosed
 // when the actors' contexts are cancelled.
 func TestAnAskWithoutDeadlineDoesNotHoldShutdown(t *testing.T) {
+	t.Parallel()
 	svc := defaultNode(t, "svc")
 	other := defaultNode(t, "other")
 	if _, err := troupe.Spawn(other, "mute", troupe.Behavior[refuseReq]{

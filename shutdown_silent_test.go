@@ -13,6 +13,8 @@ import (
 // for acknowledgements ends when the peer counts as unreachable, not at
 // Shutdown's deadline.
 func TestAShutdownWaitsForASilentPeerOnlyUntilItIsUnreachable(t *testing.T) {
+	t.Parallel()
+	slowTest(t)
 	for _, audible := range []bool{true, false} {
 		cfg := failConfig("n", 50*time.Millisecond, 500*time.Millisecond)
 		cfg.Listen = []string{"tcp://127.0.0.1:0"}
@@ -59,6 +61,8 @@ func TestAShutdownWaitsForASilentPeerOnlyUntilItIsUnreachable(t *testing.T) {
 // session is not reset as silent, and the member's watchers hear
 // ErrPeerLeft.
 func TestShutdownSaysGoodbyeToAMemberItNeverHeardFrom(t *testing.T) {
+	t.Parallel()
+	slowTest(t)
 	f := NewFaultNet()
 	t.Cleanup(f.Heal)
 	a := startOn(t, f, failConfig("a", 50*time.Millisecond, 500*time.Millisecond))

@@ -41,6 +41,7 @@ func silentListener(t *testing.T) (addr string, accepted chan struct{}) {
 }
 
 func TestCloseAbortsAHangingHandshake(t *testing.T) {
+	t.Parallel()
 	checkLeaks(t) // registered first: runs after the listener is gone
 	addr, accepted := silentListener(t)
 	cfg := testConfig()
@@ -68,6 +69,7 @@ func TestCloseAbortsAHangingHandshake(t *testing.T) {
 }
 
 func TestShutdownDeliversWhatIsQueued(t *testing.T) {
+	t.Parallel()
 	home := startNode(t, testConfig("tcp://127.0.0.1:0"))
 	away, err := Start(ctxT(t, 5*time.Second), testConfig("tcp://127.0.0.1:0"))
 	if err != nil {
@@ -122,6 +124,7 @@ func frozenPeer(t *testing.T) (*Node, Ref[testPing]) {
 }
 
 func TestShutdownReturnsWhenItsContextEnds(t *testing.T) {
+	t.Parallel()
 	away, r := frozenPeer(t)
 	for range 1000 {
 		r.Tell(testPing{})
@@ -142,6 +145,7 @@ func TestShutdownReturnsWhenItsContextEnds(t *testing.T) {
 }
 
 func TestCloseCutsAShutdownShort(t *testing.T) {
+	t.Parallel()
 	away, r := frozenPeer(t)
 	r.Tell(testPing{})
 	shut := make(chan error, 1)

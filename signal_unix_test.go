@@ -20,6 +20,7 @@ import (
 // and ShutdownOnSignal returns the deadline's error naming the actor,
 // once the handler has returned.
 func TestShutdownOnSignalEndsAtItsGracePeriod(t *testing.T) {
+	t.Parallel()
 	// A channel of the test's own for SIGINT: the signal then never ends
 	// the process, whether or not ShutdownOnSignal listens yet.
 	mine := make(chan os.Signal, 16)

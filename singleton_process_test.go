@@ -27,6 +27,7 @@ func singletonProcessCluster(seeds ...string) ClusterConfig {
 // testPing it takes, then prints "READY addr" and waits for stdin to
 // close.
 func TestHelperSingletonProcess(t *testing.T) {
+	t.Parallel()
 	if os.Getenv("TROUPE_HELPER_SINGLETON") == "" {
 		t.Skip("helper for the singleton process test")
 	}
@@ -91,6 +92,8 @@ func startHelperProcess(t *testing.T, helper, env string) (*exec.Cmd, io.ReadClo
 // removal margin later, the next oldest starts the instance; messages
 // sent through either member reach it.
 func TestASingletonMovesWhenItsProcessIsKilled(t *testing.T) {
+	t.Parallel()
+	slowTest(t)
 	cmd, stdout := startHelperProcess(t, "TestHelperSingletonProcess", "TROUPE_HELPER_SINGLETON")
 	lines := make(chan string, 64)
 	go func() {

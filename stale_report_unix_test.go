@@ -22,6 +22,7 @@ import (
 // itself and found it refusing, drops that node's entries there: the
 // stale entry is not handed out again.
 func TestAStaleAddressReportedByALookupIsCheckedAndDeleted(t *testing.T) {
+	t.Parallel()
 	registry, reg, quiet := startDedicatedRegistrar(t)
 	sock := filepath.Join(t.TempDir(), "svc.sock")
 	svc, err := troupe.Start(ctxFor(t), troupe.Config{Name: "svc", Listen: []string{"unix://" + sock}, RegistryAddrs: []string{registry}, Logger: quiet})
@@ -83,6 +84,7 @@ func TestAStaleAddressReportedByALookupIsCheckedAndDeleted(t *testing.T) {
 // its word either: the registrar dials the address, finds the new node
 // there, and drops the old incarnation's entries at that address.
 func TestANewIdentityAtAnAddressEvictsTheOldOnceChecked(t *testing.T) {
+	t.Parallel()
 	registry, reg, quiet := startDedicatedRegistrar(t)
 	sock := filepath.Join(t.TempDir(), "svc.sock")
 	start := func(name string) *troupe.Node {

@@ -45,6 +45,8 @@ func ctxFor(t *testing.T) context.Context {
 // Stats shows a peer while it is up, with the window it has left, and
 // the quarantine once it is cut off.
 func TestStatsPeersAndQuarantine(t *testing.T) {
+	t.Parallel()
+	slowTest(t)
 	f, a, b := faultPair(t)
 	s := a.Stats()
 	if len(s.Peers) != 1 {
@@ -72,6 +74,7 @@ func TestStatsPeersAndQuarantine(t *testing.T) {
 
 // The deepest mailboxes and the dead letters by reason.
 func TestStatsMailboxesAndDeadLetters(t *testing.T) {
+	t.Parallel()
 	n := quietNode(t, nil)
 	release, inside := make(chan struct{}), make(chan struct{}, 1)
 	busy, _ := troupe.Spawn(n, "busy", troupe.Behavior[int]{Receive: func(*troupe.Context[int], int) {
@@ -114,6 +117,7 @@ func TestStatsMailboxesAndDeadLetters(t *testing.T) {
 // A cluster member's Stats lists the members and whether each is
 // reachable.
 func TestStatsClusterMembers(t *testing.T) {
+	t.Parallel()
 	f := troupe.NewFaultNet()
 	var nodes []*troupe.Node
 	var members []*troupe.Cluster
@@ -163,6 +167,7 @@ func TestStatsClusterMembers(t *testing.T) {
 
 // A registrar's Stats count its registrations.
 func TestStatsRegistrations(t *testing.T) {
+	t.Parallel()
 	reg, err := troupe.Start(ctxFor(t), troupe.Config{Name: "reg", RegistryAddrs: []string{"127.0.0.1:0"}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)

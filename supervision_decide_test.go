@@ -9,6 +9,7 @@ import (
 // The strategy's decisions are pure: each case gives the failures survived
 // before, with explicit times, and the failure's time.
 func TestStrategyDecide(t *testing.T) {
+	t.Parallel()
 	t0 := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
 	at := func(secs ...int) []time.Time {
 		var ts []time.Time
@@ -53,6 +54,7 @@ func TestStrategyDecide(t *testing.T) {
 }
 
 func TestBackoffPauses(t *testing.T) {
+	t.Parallel()
 	s := RestartWithBackoff(100*time.Millisecond, time.Second, 0.5)
 	cases := []struct {
 		k    int
@@ -78,6 +80,7 @@ func TestBackoffPauses(t *testing.T) {
 }
 
 func TestStrategyString(t *testing.T) {
+	t.Parallel()
 	for s, want := range map[*Strategy]string{
 		ptr(StopOnFailure()):                                   "stop",
 		ptr(ResumeOnFailure()):                                 "resume",

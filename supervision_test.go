@@ -157,6 +157,7 @@ func counter(builds *atomic.Int32, failIn string, signals chan<- string, gate ..
 // A failure in each handler, under each strategy: what the next message
 // finds (the same state, a fresh one, or a stopped actor).
 func TestSupervisionStrategies(t *testing.T) {
+	t.Parallel()
 	strategies := []struct {
 		name string
 		s    troupe.Strategy
@@ -224,6 +225,7 @@ func TestSupervisionStrategies(t *testing.T) {
 
 // Past its limit, the actor stops with the last failure as its reason.
 func TestRestartLimit(t *testing.T) {
+	t.Parallel()
 	n := quietNode(t, nil)
 	var builds atomic.Int32
 	r, _ := troupe.Spawn(n, "limited", troupe.Supervise(counter(&builds, "receive", nil), troupe.RestartOnFailure().WithLimit(3, time.Hour)))
@@ -248,6 +250,7 @@ func TestRestartLimit(t *testing.T) {
 // Messages that arrive during a backoff wait for the restarted actor, in
 // order, and the pause lasts at least its minimum.
 func TestBackoffKeepsMessages(t *testing.T) {
+	t.Parallel()
 	n := quietNode(t, nil)
 	var builds atomic.Int32
 	const pause = 300 * time.Millisecond
@@ -271,6 +274,7 @@ func TestBackoffKeepsMessages(t *testing.T) {
 // Consecutive failures double the pause: the third restart comes at least
 // min+2·min+4·min after the first failure.
 func TestBackoffGrows(t *testing.T) {
+	t.Parallel()
 	n := quietNode(t, nil)
 	var builds atomic.Int32
 	const minPause = 50 * time.Millisecond
@@ -290,6 +294,7 @@ func TestBackoffGrows(t *testing.T) {
 // A restart stops the children first and waits for them, so the fresh
 // Setup can spawn a child with the same name; WithKeepChildren keeps them.
 func TestRestartStopsChildren(t *testing.T) {
+	t.Parallel()
 	for _, keep := range []bool{false, true} {
 		t.Run(fmt.Sprintf("keep=%v", keep), func(t *testing.T) {
 			n := quietNode(t, nil)
@@ -349,6 +354,7 @@ func TestRestartStopsChildren(t *testing.T) {
 // once it stopped (its context done), and both before a watcher hears of
 // the stop.
 func TestLifecycleSignals(t *testing.T) {
+	t.Parallel()
 	n := quietNode(t, nil)
 	signals := make(chan string, 8)
 	var builds atomic.Int32
@@ -377,6 +383,7 @@ func TestLifecycleSignals(t *testing.T) {
 // A restart cancels the actor's timers and drops its own watches and
 // adapters: none of them reaches the fresh state.
 func TestRestartDropsTimersAndWatches(t *testing.T) {
+	t.Parallel()
 	n := quietNode(t, nil)
 	type msg struct{ Op string }
 	seen := make(chan string, 8)
@@ -443,6 +450,7 @@ func TestRestartDropsTimersAndWatches(t *testing.T) {
 // A parent escalates its child's failure by failing itself in its Signal
 // handler: the supervised parent restarts, and the fresh child with it.
 func TestEscalation(t *testing.T) {
+	t.Parallel()
 	n := quietNode(t, nil)
 	var parentBuilds atomic.Int32
 	failures := make(chan error, 4)
@@ -477,6 +485,7 @@ func TestEscalation(t *testing.T) {
 
 // Each failure is logged once, with its stack.
 func TestFailureLoggedOnce(t *testing.T) {
+	t.Parallel()
 	var buf syncBuffer
 	n := quietNode(t, &buf)
 	var builds atomic.Int32
@@ -512,6 +521,7 @@ func (s *syncBuffer) String() string {
 
 // Spawn refuses behaviors that cannot run, supervised or not.
 func TestSpawnBadBehavior(t *testing.T) {
+	t.Parallel()
 	n := quietNode(t, nil)
 	for name, b := range map[string]troupe.Behavior[int]{
 		"no Receive":        {},
@@ -528,6 +538,7 @@ func TestSpawnBadBehavior(t *testing.T) {
 // Ten thousand restarts, each with a timer, a context, an adapter and a
 // child, leave no goroutine behind and keep no memory of the old builds.
 func TestManyRestartsLeakNothing(t *testing.T) {
+	slowTest(t)
 	n := quietNode(t, nil)
 	heap := func() uint64 {
 		runtime.GC()
@@ -581,6 +592,7 @@ func TestManyRestartsLeakNothing(t *testing.T) {
 // A panic in PreRestart or PostStop is logged and changes nothing: the
 // restart goes on, and the stop keeps its reason.
 func TestLifecycleSignalPanicsAreIgnored(t *testing.T) {
+	t.Parallel()
 	var logs syncBuffer
 	n := quietNode(t, &logs)
 	var builds atomic.Int32
@@ -606,6 +618,7 @@ func TestLifecycleSignalPanicsAreIgnored(t *testing.T) {
 // During a backoff the mailbox keeps what arrives up to MailboxLimit; the
 // rest become dead letters saying the mailbox is full.
 func TestBackoffRespectsMailboxLimit(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	n, err := troupe.Start(ctx, troupe.Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), MailboxLimit: 3})

@@ -15,6 +15,7 @@ type timerMsg struct {
 }
 
 func TestTimerOnceReplaceAndCancel(t *testing.T) {
+	t.Parallel()
 	n := startNode(t, testConfig())
 	got := make(chan int, 16)
 	r, _ := Spawn(n, "timed", Behavior[timerMsg]{
@@ -49,6 +50,7 @@ func TestTimerOnceReplaceAndCancel(t *testing.T) {
 }
 
 func TestTickerAndCancelOnStop(t *testing.T) {
+	t.Parallel()
 	n := startNode(t, testConfig())
 	ticks := make(chan int, 64)
 	count := 0
@@ -79,6 +81,7 @@ func TestTickerAndCancelOnStop(t *testing.T) {
 }
 
 func TestActorContextEndsWithTheActor(t *testing.T) {
+	t.Parallel()
 	n := startNode(t, testConfig())
 	ctxs := make(chan context.Context, 1)
 	r, _ := Spawn(n, "ctx", Behavior[int]{
@@ -107,6 +110,7 @@ func TestActorContextEndsWithTheActor(t *testing.T) {
 }
 
 func TestActorContextEndsWithTheNode(t *testing.T) {
+	t.Parallel()
 	n, err := Start(ctxT(t, 5*time.Second), testConfig())
 	if err != nil {
 		t.Fatal(err)

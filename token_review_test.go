@@ -58,6 +58,7 @@ func sessionGivenUp(t *testing.T) (b, c *Node, held *assoc) {
 // 32 zero bytes of "I hold no session with you", proves nothing: it must
 // not end b's session with that peer, nor take its place under its uid.
 func TestAZeroProofWelcomeDoesNotReplaceASuspendedSession(t *testing.T) {
+	t.Parallel()
 	b, c, held := sessionGivenUp(t)
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -106,6 +107,7 @@ func TestAZeroProofWelcomeDoesNotReplaceASuspendedSession(t *testing.T) {
 // session, the new connection replaces the suspended one, and the two
 // talk again.
 func TestADialerHoldingAGivenUpSessionIsWelcomedAnew(t *testing.T) {
+	t.Parallel()
 	b, c, held := sessionGivenUp(t)
 	spawnEcho(t, c, "echo")
 	b.pmu.Lock()
@@ -137,6 +139,7 @@ func TestADialerHoldingAGivenUpSessionIsWelcomedAnew(t *testing.T) {
 // live sessions: a connection reset is followed by a resume, not an
 // unreachable peer.
 func TestALiveSessionsTokenOutlivesManyOtherPeers(t *testing.T) {
+	t.Parallel()
 	f := NewFaultNet()
 	home := startOn(t, f, failConfig("home", 50*time.Millisecond, 5*time.Second))
 	away := startOn(t, f, failConfig("away", 50*time.Millisecond, 5*time.Second))
@@ -178,6 +181,7 @@ func TestALiveSessionsTokenOutlivesManyOtherPeers(t *testing.T) {
 // token. Both sides must then hold the same token for it: the next
 // connection (a resume after a reset) is proven with the new one.
 func TestARedialThatWinsAHeldSessionKeepsTheTokensInStep(t *testing.T) {
+	t.Parallel()
 	f := NewFaultNet()
 	b := startOn(t, f, failConfig("b", 50*time.Millisecond, 5*time.Second))
 	c := startOn(t, f, failConfig("c", 50*time.Millisecond, 5*time.Second))
@@ -223,6 +227,7 @@ func TestARedialThatWinsAHeldSessionKeepsTheTokensInStep(t *testing.T) {
 // the peer keeps the session it proved its way into. Both must end with
 // the same token, or the session's next connection (a resume) is refused.
 func TestASecondConnectionLeavesTheTokensInStep(t *testing.T) {
+	t.Parallel()
 	for range 10 {
 		server := startNode(t, testConfig("tcp://127.0.0.1:0", "tcp://127.0.0.1:0"))
 		echo := spawnEcho(t, server, "echo")

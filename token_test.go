@@ -75,6 +75,7 @@ func troubleOn(n *Node, first *firstOf) {
 // the session is untouched: same connection, nothing lost, no event.
 // Without a secret anyone can try; with one, any holder of it.
 func TestAClaimOfALiveSessionNeedsItsToken(t *testing.T) {
+	t.Parallel()
 	for _, secret := range []string{"", "the cluster's shared secret"} {
 		server := startNode(t, secretConfig(secret))
 		echo := spawnEcho(t, server, "echo")
@@ -145,6 +146,7 @@ func TestAClaimOfALiveSessionNeedsItsToken(t *testing.T) {
 // when the welcome does not prove the session's token: the session stays
 // where it was, and the impostor gets nothing but the refusal.
 func TestAnAcceptorClaimingALivePeersUIDIsRefused(t *testing.T) {
+	t.Parallel()
 	for _, withProof := range []bool{false, true} {
 		server := startNode(t, testConfig("tcp://127.0.0.1:0"))
 		echo := spawnEcho(t, server, "echo")
@@ -220,6 +222,7 @@ func TestAnAcceptorClaimingALivePeersUIDIsRefused(t *testing.T) {
 // taken: a node that reaches a peer it holds a session with at another of
 // its addresses keeps working through both refs.
 func TestASecondConnectionOfThePeerProvesItsToken(t *testing.T) {
+	t.Parallel()
 	server := startNode(t, testConfig("tcp://127.0.0.1:0", "tcp://127.0.0.1:0"))
 	echo := spawnEcho(t, server, "echo")
 	d := startNode(t, testConfig("tcp://127.0.0.1:0"))
@@ -273,6 +276,7 @@ func (n *Node) byUIDToken(t *testing.T, uid NodeUID) []byte {
 // second connection from either side, and loses nothing. (Such a session
 // has no token: a claim on it is not checked, as before.)
 func TestANodeWithoutTokensTalksToOneWithThem(t *testing.T) {
+	t.Parallel()
 	for _, oldDials := range []bool{true, false} {
 		f := NewFaultNet()
 		oldCfg := failConfig("old", 50*time.Millisecond, 5*time.Second)

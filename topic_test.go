@@ -81,6 +81,7 @@ func (s subscriber) expectNews(t *testing.T, total int, publishers ...string) {
 // publisher's order, from publishers on a node with subscribers and on
 // one without; nothing is a dead letter.
 func TestPublishReachesEverySubscriberOnEveryNode(t *testing.T) {
+	t.Parallel()
 	_, ns := serviceNodes(t, "a", "b", "c")
 	a, b, c := ns[0], ns[1], ns[2]
 	subs := []subscriber{subscribe(t, a, "s1"), subscribe(t, a, "s2"), subscribe(t, b, "s3")}
@@ -114,6 +115,7 @@ func TestPublishReachesEverySubscriberOnEveryNode(t *testing.T) {
 // A node with many subscribers receives one copy of each message on the
 // wire, not one per subscriber: the node fans out.
 func TestPublishSendsOneCopyPerNode(t *testing.T) {
+	t.Parallel()
 	_, ns := serviceNodes(t, "many", "pub")
 	many, pub := ns[0], ns[1]
 	var subs []subscriber
@@ -160,6 +162,7 @@ func bytesTo(from, to *troupe.Node) uint64 {
 // A subscriber that stops, or unsubscribes, leaves the topic without a
 // dead letter; a node whose last subscriber left gets nothing more.
 func TestATopicsSubscribersLeaveQuietly(t *testing.T) {
+	t.Parallel()
 	_, ns := serviceNodes(t, "a", "b", "pub")
 	a, b, pub := ns[0], ns[1], ns[2]
 	s1, s2, s3 := subscribe(t, a, "s1"), subscribe(t, a, "s2"), subscribe(t, b, "s3")
@@ -210,6 +213,7 @@ func (s subscriber) expectNewsFrom(t *testing.T, from, to int) {
 // Topics refuse what they cannot carry, and work on a node with no
 // registry for its own subscribers.
 func TestTopicRefusalsAndALoneNode(t *testing.T) {
+	t.Parallel()
 	n := startQuiet(t, quietConfig("alone"))
 	s := subscribe(t, n, "s")
 	other, err := troupe.Spawn(n, "other", troupe.Behavior[string]{Receive: func(*troupe.Context[string], string) {}})

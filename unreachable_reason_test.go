@@ -17,6 +17,8 @@ import (
 // Terminated wrapping ErrPeerUnreachable, and the PeerUnreachable events
 // wrap it too (Quarantined says which one was quarantined).
 func TestAWatchersReasonDoesNotDependOnTheRoleOfTheNodeThatDied(t *testing.T) {
+	t.Parallel()
+	slowTest(t)
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

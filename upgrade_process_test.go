@@ -220,6 +220,7 @@ func (t *upTally) counts(w io.Writer) {
 // cluster, "quiesce" stops its sending, and "stop" stops its sending,
 // shuts the node down gracefully, prints its tally and exits.
 func TestHelperUpgradedService(t *testing.T) {
+	t.Parallel()
 	listen := os.Getenv("TROUPE_UP_LISTEN")
 	if listen == "" {
 		t.Skip("helper for TestARollingUpgrade")
@@ -908,11 +909,15 @@ func TestARollingUpgradeOfACluster(t *testing.T) {
 
 // The same for two plain nodes (no cluster), over TCP.
 func TestARollingUpgradeOfTwoNodesOverTCP(t *testing.T) {
+	t.Parallel()
+	slowTest(t)
 	rollingUpgrade(t, []string{freeTCP(t), freeTCP(t)}, false)
 }
 
 // The same for two plain nodes over Unix sockets.
 func TestARollingUpgradeOfTwoNodesOverUnixSockets(t *testing.T) {
+	t.Parallel()
+	slowTest(t)
 	dir, err := os.MkdirTemp("", "up")
 	if err != nil {
 		t.Fatal(err)

@@ -68,6 +68,7 @@ func init() {
 
 // TestHelperShapeV2 is the v2 side of TestTwoVersionsOfAMessageTalk.
 func TestHelperShapeV2(t *testing.T) {
+	t.Parallel()
 	if os.Getenv("TROUPE_SHAPE_V2") == "" {
 		t.Skip("helper for TestTwoVersionsOfAMessageTalk")
 	}
@@ -199,6 +200,7 @@ func startV2(t *testing.T) (*v2Process, string) {
 // (ErrIncompatibleMessage naming the field). The association goes on,
 // nobody is quarantined, and the messages around them arrive.
 func TestTwoVersionsOfAMessageTalk(t *testing.T) {
+	t.Parallel()
 	n := defaultNode(t, "v1")
 	dead := make(chan troupe.DeadLetter, 64)
 	troupe.SubscribeChan(n.Events(), dead)

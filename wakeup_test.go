@@ -24,6 +24,7 @@ func init() { troupe.RegisterMessage[wakeReq]("troupe.test.wakereq") }
 // at once, not at the next heartbeat. With heartbeats a minute apart, a
 // frame left waiting would wait 15 seconds; the bound here is 5.
 func TestTheFirstFramesOfASessionGoAtOnce(t *testing.T) {
+	t.Parallel()
 	cfg := func(name string) troupe.Config {
 		return troupe.Config{Name: name, Listen: []string{"tcp://127.0.0.1:0"}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 			HeartbeatInterval: time.Minute, UnreachableAfter: 10 * time.Minute}

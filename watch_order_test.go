@@ -124,6 +124,7 @@ func backlog(w Ref[int], n int) {
 // backlog of 100,000 messages from elsewhere, sees 1..1000, then
 // Terminated with a nil reason.
 func TestTerminatedAfterTheSendersMessages(t *testing.T) {
+	t.Parallel()
 	setups := map[string]func(t *testing.T) (home, away *Node, sender Ref[orderGo]){
 		"local": func(t *testing.T) (*Node, *Node, Ref[orderGo]) {
 			n := startNode(t, testConfig())
@@ -181,6 +182,8 @@ func mailboxLen(n *Node, path string) int {
 }
 
 func TestTerminatedAfterMessagesFromAnUnreachablePeer(t *testing.T) {
+	t.Parallel()
+	slowTest(t)
 	f := NewFaultNet()
 	// A window a loaded machine does not run out while 1,000 messages
 	// cross (400 ms did once under -race beside the whole suite).

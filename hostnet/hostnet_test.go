@@ -12,6 +12,7 @@ import (
 )
 
 func TestRelayDelaysAndKeepsOrder(t *testing.T) {
+	t.Parallel()
 	nt := New(t, 2)
 	// An echo server in host 1.
 	var l net.Listener
@@ -60,6 +61,7 @@ func TestRelayDelaysAndKeepsOrder(t *testing.T) {
 }
 
 func TestDropAndLinkDown(t *testing.T) {
+	t.Parallel()
 	nt := New(t, 2)
 	a, b := nt.Hosts[0], nt.Hosts[1]
 	var l net.Listener

@@ -41,6 +41,7 @@ func (w *lineWriter) Write(p []byte) (int, error) {
 }
 
 func TestRegistrarLsQuery(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithCancel(context.Background())
 	out := &lineWriter{lines: make(chan string, 8)}
 	exited := make(chan int, 1)
@@ -116,6 +117,7 @@ func TestRegistrarLsQuery(t *testing.T) {
 }
 
 func TestNoRegistrarAnswers(t *testing.T) {
+	t.Parallel()
 	for _, args := range [][]string{{"ls", "--registry", "127.0.0.1:1", "--timeout", "2s"}, {"query", "--registry", "127.0.0.1:1", "x"}} {
 		var errOut bytes.Buffer
 		if code := run(context.Background(), args, io.Discard, &errOut); code == 0 || !strings.Contains(errOut.String(), "no registrar answers") {
@@ -125,6 +127,7 @@ func TestNoRegistrarAnswers(t *testing.T) {
 }
 
 func TestHelpForEveryCommand(t *testing.T) {
+	t.Parallel()
 	for _, args := range [][]string{{"--help"}, {"help"}, {"registrar", "--help"}, {"ls", "--help"}, {"query", "-h"}, {"down", "--help"}, {"peers", "--help"}, {"actors", "--help"}, {"stats", "--help"}, {"watch", "--help"}, {"version", "--help"}} {
 		var out, errOut bytes.Buffer
 		if code := run(context.Background(), args, &out, &errOut); code != 0 || out.Len() == 0 || errOut.Len() != 0 {
@@ -139,6 +142,7 @@ func TestHelpForEveryCommand(t *testing.T) {
 }
 
 func TestVersion(t *testing.T) {
+	t.Parallel()
 	var out bytes.Buffer
 	if code := run(context.Background(), []string{"version"}, &out, io.Discard); code != 0 || !strings.Contains(out.String(), troupe.Version) {
 		t.Fatalf("version: exit %d, %q", code, out.String())
@@ -146,6 +150,7 @@ func TestVersion(t *testing.T) {
 }
 
 func TestUsageErrors(t *testing.T) {
+	t.Parallel()
 	for _, args := range [][]string{{}, {"bogus"}, {"ls", "--bogus"}, {"query"}, {"query", "a", "b"}, {"ls", "--registry", "/ip4/1.2.3.4/udp/1"}, {"down", "tcp://127.0.0.1:1"}} {
 		var errOut bytes.Buffer
 		if code := run(context.Background(), args, io.Discard, &errOut); code != 2 || errOut.Len() == 0 {
@@ -155,6 +160,7 @@ func TestUsageErrors(t *testing.T) {
 }
 
 func TestQueryFlagsAfterNameAndJSON(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	reg, err := troupe.Start(ctx, troupe.Config{Name: "reg", RegistryAddrs: []string{"127.0.0.1:0"}})
@@ -177,6 +183,7 @@ func TestQueryFlagsAfterNameAndJSON(t *testing.T) {
 }
 
 func TestNoRegistrarIsOneLine(t *testing.T) {
+	t.Parallel()
 	var errOut bytes.Buffer
 	run(context.Background(), []string{"ls", "--registry", "127.0.0.1:1"}, io.Discard, &errOut)
 	msg := errOut.String()
@@ -215,6 +222,7 @@ func silentListener(t *testing.T) net.Listener {
 }
 
 func TestTimeoutIsHonouredAgainstASilentPeer(t *testing.T) {
+	t.Parallel()
 	l := silentListener(t)
 	start := time.Now()
 	var errOut bytes.Buffer
@@ -225,6 +233,7 @@ func TestTimeoutIsHonouredAgainstASilentPeer(t *testing.T) {
 }
 
 func TestDownAMember(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	start := func(name string, seeds ...string) (*troupe.Node, *troupe.Cluster) {
@@ -269,6 +278,7 @@ func TestDownAMember(t *testing.T) {
 }
 
 func TestPeersActorsStats(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -335,6 +345,7 @@ func (l *lockedBuffer) String() string {
 }
 
 func TestWatchStreamsRegistrations(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	reg, err := troupe.Start(ctx, troupe.Config{Name: "reg", RegistryAddrs: []string{"127.0.0.1:0"}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
@@ -372,6 +383,7 @@ func TestWatchStreamsRegistrations(t *testing.T) {
 // TestLsQueryWatchAgainstEtcd points ls, query and watch at an etcd
 // registry: the one .ci/run starts (TROUPE_ETCD_ENDPOINT), else skipped.
 func TestLsQueryWatchAgainstEtcd(t *testing.T) {
+	t.Parallel()
 	ep := os.Getenv("TROUPE_ETCD_ENDPOINT")
 	if ep == "" {
 		ep = "http://127.0.0.1:2379"
@@ -446,6 +458,7 @@ func TestLsQueryWatchAgainstEtcd(t *testing.T) {
 // troupe registrar --http serves the registrar's debug page, metrics and
 // expvar, and stops serving with it.
 func TestRegistrarServesHTTP(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	out := &lineWriter{lines: make(chan string, 8)}

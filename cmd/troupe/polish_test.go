@@ -16,6 +16,7 @@ import (
 
 // Flags may come before the command name, as the README says.
 func TestFlagsBeforeTheCommandName(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	reg, err := troupe.Start(ctx, troupe.Config{Name: "reg", RegistryAddrs: []string{"127.0.0.1:0"}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
@@ -42,6 +43,7 @@ func TestFlagsBeforeTheCommandName(t *testing.T) {
 
 // Help lists flags as they are written, with two dashes.
 func TestHelpWritesFlagsWithTwoDashes(t *testing.T) {
+	t.Parallel()
 	for _, cmd := range commands {
 		if cmd.name == "version" {
 			continue
@@ -81,6 +83,7 @@ func TestExitCodesAreTheSameEverywhere(t *testing.T) {
 // command exits 130 and says it was interrupted, without blaming the
 // address.
 func TestInterruptedExits130(t *testing.T) {
+	t.Parallel()
 	l := silentListener(t)
 	for _, args := range [][]string{{"peers", "--node", l.Addr().String()}, {"ls", "--registry", l.Addr().String()}} {
 		ctx, cancel := context.WithCancel(context.Background())
@@ -96,6 +99,7 @@ func TestInterruptedExits130(t *testing.T) {
 // stats prints the deepest mailboxes, as its help says; peers and stats
 // print uids whole; errors do not say "troupe" twice.
 func TestStatsShowsDeepestMailboxesAndWholeUIDs(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -141,6 +145,7 @@ func TestStatsShowsDeepestMailboxesAndWholeUIDs(t *testing.T) {
 // watch --json prints one JSON object a line, and a removal names the
 // node the entry belonged to.
 func TestWatchJSON(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	reg, err := troupe.Start(ctx, troupe.Config{Name: "reg", RegistryAddrs: []string{"127.0.0.1:0"}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
@@ -192,6 +197,7 @@ func TestWatchJSON(t *testing.T) {
 // watch follows a registrar that is replaced at its address: it says the
 // first is lost, and goes on with what the second holds.
 func TestWatchFollowsARestartedRegistrar(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))

@@ -53,6 +53,7 @@ func init() {
 // TestHelperSchemaNode is not a test: TestSchemaDiff runs it in a child
 // process, which prints "READY addr" and serves until stdin closes.
 func TestHelperSchemaNode(t *testing.T) {
+	t.Parallel()
 	v := os.Getenv("TROUPE_CLI_SCHEMA")
 	if v == "" {
 		t.Skip("helper for TestSchemaDiff")
@@ -118,6 +119,7 @@ func schemaNode(t *testing.T, v string) string {
 // diff compares two nodes' (two builds of one service) by the rules a
 // session applies, and exits 1 when a type is incompatible.
 func TestSchemaDiff(t *testing.T) {
+	t.Parallel()
 	v1, v2 := schemaNode(t, "v1"), schemaNode(t, "v2")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

@@ -224,6 +224,7 @@ func TestCommandsReachASecuredNode(t *testing.T) {
 // troupe quarantine ls lists what a node gave up on, and clear lifts it:
 // the peer may connect again. Clearing what is not quarantined exits 1.
 func TestQuarantineLsAndClear(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	f := troupe.NewFaultNet()

@@ -8,6 +8,7 @@ import (
 )
 
 func TestRun(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	var out strings.Builder

@@ -26,6 +26,10 @@ func TestMain(m *testing.M) {
 // asks steadily: no request is lost, and every process — the three old
 // and the three new — answered some.
 func TestRollingRestartLosesNoRequest(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("runs the whole demonstration (seconds): runs without -short")
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	exe, err := os.Executable()

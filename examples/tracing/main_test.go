@@ -11,6 +11,7 @@ import (
 // One trace id on each of the three nodes, each span the child of the one
 // before.
 func TestRun(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	var out strings.Builder

@@ -8,6 +8,10 @@ import (
 )
 
 func TestRun(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("runs the whole demonstration (seconds): runs without -short")
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	var out strings.Builder
