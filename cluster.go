@@ -419,23 +419,39 @@ func (n *Node) clusterSeeds(ctx context.Context, name string) ([]Addr, error) {
 // downed.
 func (c *Cluster) Done() <-chan struct{} { return c.done }
 
-// Close leaves the cluster, as [Cluster.Leave] does, waiting at most a
-// few gossip intervals (3, at least 1 s and at most 5 s) for the leader to
-// move this member on, and then stops this member's participation. The
+// Close leaves the cluster, as [Cluster.Leave] does, and then stops this
+// member's participation. It waits at most the leave wait — a few gossip
+// intervals (3, at least 1 s and at most 5 s) — for this member's shards
+// to be handed over, and as long again for the leader to move this member
+// on; then its entities stop (each after the handler it is running). The
 // others see a leave rather than a crash; if the leave could not finish
-// (the cluster is split, say), they see this member unreachable.
+// (the cluster is split, say), they see this member unreachable, and
+// shards not handed over in time start elsewhere once it is removed.
+// [Cluster.Leave] and [Node.Shutdown] wait longer for the hand-over.
 func (c *Cluster) Close() error {
-	hctx, hcancel := context.WithTimeout(context.Background(), c.handOverWait())
-	c.handOverShards(hctx, nil)
-	hcancel()
-	ctx, cancel := context.WithTimeout(context.Background(), c.leaveWait())
-	defer cancel()
-	if err := c.leaveAndWait(ctx, nil); err != nil {
-		c.n.log.Warn("troupe: stopping without the cluster confirming this member's leave; the others may see it as unreachable", "err", err)
-	}
+	c.stepOut(context.Background(), nil, false)
 	c.once.Do(func() { close(c.stop) })
 	<-c.done
 	return nil
+}
+
+// stepOut hands this member's shards over and leaves, as Close and the
+// node's Close and Shutdown do: the hand-over waits at most twice
+// HandOffTimeout if patient, else the leave wait; the leave at most the
+// leave wait. ctx and hurry cut both short.
+func (c *Cluster) stepOut(ctx context.Context, hurry <-chan struct{}, patient bool) {
+	wait := c.leaveWait()
+	if patient {
+		wait = c.handOverWait()
+	}
+	hctx, hcancel := context.WithTimeout(ctx, wait)
+	c.handOverShards(hctx, hurry)
+	hcancel()
+	lctx, cancel := context.WithTimeout(ctx, c.leaveWait())
+	defer cancel()
+	if err := c.leaveAndWait(lctx, hurry); err != nil {
+		c.n.log.Warn("troupe: stopping without the cluster confirming this member's leave; the others may see it as unreachable", "err", err)
+	}
 }
 
 // Leave asks the cluster to remove this member gracefully and waits until

@@ -35,12 +35,16 @@ const (
 // a node's registrations when its association ends. Use [Node.Shutdown]
 // to deliver what is queued first.
 //
+// A cluster member leaves first, as [Cluster.Close] does: that waits at
+// most twice the cluster's leave wait (3 gossip intervals, 1 s to 5 s),
+// so that the others see a leave rather than a crash.
+//
 // Close is idempotent; it may be called during a Shutdown, which it makes
 // finish at once. Calls after the first return the first one's result.
 func (n *Node) Close() error {
 	n.hurryOnce.Do(func() { close(n.hurry) })
 	n.closeOnce.Do(func() {
-		n.leaveCluster(context.Background(), nil)
+		n.leaveCluster(context.Background(), nil, false)
 		n.closeErr = n.shutdown(context.Background(), false)
 	})
 	return n.closeErr
@@ -57,19 +61,13 @@ func (n *Node) crash() error {
 // leaveCluster leaves the cluster this node is a member of, if any, before
 // the node stops: the others see a leave (leaving, exiting, removed), not
 // a crash. It waits until the leader has moved this member to exiting, for
-// at most the cluster's leave wait, ctx, or until hurry is closed.
-func (n *Node) leaveCluster(ctx context.Context, hurry <-chan struct{}) {
-	c := n.cluster.Load()
-	if c == nil {
-		return
-	}
-	hctx, hcancel := context.WithTimeout(ctx, c.handOverWait())
-	c.handOverShards(hctx, hurry)
-	hcancel()
-	ctx, cancel := context.WithTimeout(ctx, c.leaveWait())
-	defer cancel()
-	if err := c.leaveAndWait(ctx, hurry); err != nil {
-		c.n.log.Warn("troupe: stopping without the cluster confirming this member's leave; the others may see it as unreachable", "err", err)
+// at most the cluster's leave wait, ctx, or until hurry is closed. Before
+// that it hands the member's shards over, for at most twice
+// HandOffTimeout if patient (Shutdown), else for at most the leave wait
+// (Close, which stops at once).
+func (n *Node) leaveCluster(ctx context.Context, hurry <-chan struct{}, patient bool) {
+	if c := n.cluster.Load(); c != nil {
+		c.stepOut(ctx, hurry, patient)
 	}
 }
 
@@ -89,7 +87,7 @@ func (n *Node) Shutdown(ctx context.Context) error {
 	n.closeOnce.Do(func() {
 		n.draining.Store(true)
 		hookErr := n.runHooks(ctx, PhaseLeave)
-		n.leaveCluster(ctx, n.hurry)
+		n.leaveCluster(ctx, n.hurry, true)
 		n.closeErr = errors.Join(hookErr, n.shutdown(ctx, true))
 	})
 	return n.closeErr
