@@ -354,6 +354,8 @@ func TestSpawnUnderAStoppingParentFailsAndCloseStillReturns(t *testing.T) {
 // and at most 500 bytes (466 today; a field too many pushes the cell into
 // the next allocation size class, which this catches).
 func TestIdleActorCostsAtMost500Bytes(t *testing.T) {
+	// Not beside other tests: it measures the process's heap, goroutines or
+	// allocations, which tests running beside it would change.
 	if testing.Short() {
 		t.Skip("measures the heap")
 	}

@@ -182,6 +182,8 @@ func TestSendQueueLimit(t *testing.T) {
 // it holds for the peer (plus a constant), and once the peer resumes all
 // arrive, in order.
 func TestABurstHeldCostsAboutItsEncodedSize(t *testing.T) {
+	// Not beside other tests: it measures the process's heap, goroutines or
+	// allocations, which tests running beside it would change.
 	if testing.Short() {
 		t.Skip("a large burst")
 	}
@@ -235,6 +237,8 @@ func TestABurstHeldCostsAboutItsEncodedSize(t *testing.T) {
 // allocates nothing on either side. Both nodes are in this process, so
 // the count covers the sender, the writer, the reader and the actor.
 func TestFlatMessagesCostNoAllocations(t *testing.T) {
+	// Not beside other tests: it measures the process's heap, goroutines or
+	// allocations, which tests running beside it would change.
 	if raceEnabled {
 		t.Skip("the race detector allocates")
 	}

@@ -80,6 +80,8 @@ func TestPauseMeter(t *testing.T) {
 // its own clock no longer says what the other side's did. It downs its
 // side instead, and there are never two sides.
 func TestAMemberThatStoodStillDoesNotRaceForTheLease(t *testing.T) {
+	// Not beside other tests: it sets a package-wide hook
+	// (clusterTurnHook) that every cluster would call.
 	slowTest(t)
 	r := &clusterRig{t: t, f: NewFaultNet()}
 	leaseNode := startOn(t, r.f, failConfig("lease", 20*time.Millisecond, 2*time.Second))

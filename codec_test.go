@@ -165,6 +165,8 @@ func TestRegisterMessageRejects(t *testing.T) {
 }
 
 func TestDecodeRejectsHostileLengths(t *testing.T) {
+	// Not beside other tests: it measures the process's heap, goroutines or
+	// allocations, which tests running beside it would change.
 	mt := typeOf(reflect.TypeFor[everything]())
 	good, _ := encodePayload(nil, mt, sampleEverything())
 	for cut := range len(good) {

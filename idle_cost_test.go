@@ -31,6 +31,8 @@ func idleBurst(k int) int { return max(300000/k, 10) }
 // (heap and stacks, after a collection). TROUPE_IDLE_ASSOCS sets how many
 // (default 5,000; BENCHMARKS.md records 10,000).
 func TestAnIdleAssociationIsCheap(t *testing.T) {
+	// Not beside other tests: it measures the process's heap, goroutines or
+	// allocations, which tests running beside it would change.
 	slowTest(t)
 	if raceEnabled {
 		t.Skip("memory figures under the race detector are not the node's")
@@ -215,6 +217,8 @@ const (
 // measures the heap each holds while idle: one never sent anything, and
 // one that has handled a message.
 func TestAnIdleActorIsSmall(t *testing.T) {
+	// Not beside other tests: it measures the process's heap, goroutines or
+	// allocations, which tests running beside it would change.
 	if raceEnabled {
 		t.Skip("memory figures under the race detector are not the node's")
 	}

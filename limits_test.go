@@ -63,6 +63,8 @@ func troupeGoroutines() int {
 var soak = flag.Duration("troupe.soak", 0, "repeat each attack of TestAttacksDoNotDisturbHealthyPeers for this long")
 
 func TestAttacksDoNotDisturbHealthyPeers(t *testing.T) {
+	// Not beside other tests: it measures the process's heap, goroutines or
+	// allocations, which tests running beside it would change.
 	slowTest(t)
 	if testing.Short() {
 		t.Skip("runs each attack for about a second")

@@ -28,6 +28,8 @@ func TestUnixSocketPathTooLongIsAnError(t *testing.T) {
 }
 
 func TestLongRuntimeDirIsAnErrorNotAPanic(t *testing.T) {
+	// Not beside other tests: it sets environment variables (t.Setenv),
+	// which belong to the whole process.
 	base := filepath.Join(t.TempDir(), strings.Repeat("r", 100))
 	if err := os.MkdirAll(base, 0o700); err != nil {
 		t.Fatal(err)

@@ -49,6 +49,8 @@ func init() { RegisterMessage[sinkQuery]("troupe.test.sink-query") }
 // of length-prefixed 8-byte integers (see floorFrame). It prints the
 // three addresses and serves until its stdin closes.
 func TestHelperSinkProcess(t *testing.T) {
+	// Not beside other tests: it is the body of a child process that a
+	// benchmark starts, and returns at once anywhere else.
 	if os.Getenv("TROUPE_HELPER_SINK") == "" {
 		t.Skip("helper for BenchmarkRemoteTellProcess")
 	}

@@ -103,6 +103,8 @@ func TestReRegistersAfterReassociation(t *testing.T) {
 }
 
 func TestRuntimeDirIsPrivate(t *testing.T) {
+	// Not beside other tests: it sets environment variables (t.Setenv),
+	// which belong to the whole process.
 	base := t.TempDir()
 	t.Setenv("XDG_RUNTIME_DIR", base)
 	dir, err := RuntimeDir()
@@ -279,6 +281,8 @@ func TestARegistrySnapshotGoesInPieces(t *testing.T) {
 
 // Without subscribers, a registration allocates nothing for them.
 func TestRegisteringWithoutSubscribersCostsNothingMore(t *testing.T) {
+	// Not beside other tests: it measures the process's heap, goroutines or
+	// allocations, which tests running beside it would change.
 	g := newRegTable()
 	r := Registration{Name: "a", UUID: UUID{1}, Node: NodeUID{1}, Addrs: []Addr{TCPAddr("127.0.0.1:1")}}
 	g.register(r) // (the entry exists: a refresh)

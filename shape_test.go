@@ -254,6 +254,8 @@ func TestParseShapeRefusesBadShapes(t *testing.T) {
 // A hostile shape costs about three bytes of memory per byte it took,
 // however it is built, and a conversion to a small type stays small.
 func TestAShapeCostsAboutItsBytes(t *testing.T) {
+	// Not beside other tests: it measures the process's heap, goroutines or
+	// allocations, which tests running beside it would change.
 	// A struct of thousands of one-byte fields with two-byte names: about
 	// the most nodes per byte a shape can have.
 	var e []byte

@@ -538,6 +538,8 @@ func TestSpawnBadBehavior(t *testing.T) {
 // Ten thousand restarts, each with a timer, a context, an adapter and a
 // child, leave no goroutine behind and keep no memory of the old builds.
 func TestManyRestartsLeakNothing(t *testing.T) {
+	// Not beside other tests: it measures the process's heap, goroutines or
+	// allocations, which tests running beside it would change.
 	slowTest(t)
 	n := quietNode(t, nil)
 	heap := func() uint64 {

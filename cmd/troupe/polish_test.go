@@ -64,6 +64,8 @@ func TestHelpWritesFlagsWithTwoDashes(t *testing.T) {
 // The same mistake gets the same exit code on every command: 2 for an
 // unknown flag, and for a missing --node where one is required.
 func TestExitCodesAreTheSameEverywhere(t *testing.T) {
+	// Not beside other tests: it sets environment variables (t.Setenv),
+	// which belong to the whole process.
 	t.Setenv("TROUPE_NODE", "")
 	for _, cmd := range commands {
 		var errOut bytes.Buffer

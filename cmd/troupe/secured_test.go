@@ -112,6 +112,8 @@ func startRegistrar(t *testing.T, args ...string) string {
 // given the flags or the environment variables; without them it fails in
 // one line that says why.
 func TestCommandsReachASecuredNode(t *testing.T) {
+	// Not beside other tests: it sets environment variables (t.Setenv),
+	// which belong to the whole process.
 	dir := t.TempDir()
 	const secret = "a shared secret of the fleet, 32+"
 	secretFile := filepath.Join(dir, "secret")
