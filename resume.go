@@ -145,13 +145,20 @@ func (a *assoc) redial() {
 			return true
 		}
 		n.pmu.Lock()
-		held := n.byUID[a.peerUID] == a
+		held := n.byUID[a.peerUID]
 		n.pmu.Unlock()
-		if !held {
+		switch {
+		case held == nil:
+			// Out of the table for a moment (a duplicate's winner not yet
+			// attached): the peer would have no session here to resume
+			// into. Wait; the window decides if it stays so.
+			return false
+		case held != a:
 			// Another session with the peer took this one's place: the
 			// peer, asked to resume, would resume that one, whose state
-			// this connection would not carry.
-			a.fail(fmt.Errorf("%v, and another session with the peer replaced it", cause))
+			// this connection would not carry. This one ends quietly (no
+			// quarantine: the peer is there, in the other session).
+			a.fail(fmt.Errorf("%w: %v, and another session with the peer took its place", errSessionReplaced, cause))
 			return true
 		}
 		c, err := n.dial(a.dialAddr)
