@@ -15,6 +15,7 @@ type count struct{ N int }
 
 func TestLocalTellAndAsk(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	n := startNode(t, testConfig())
 	echo := spawnEcho(t, n, "echo")
 	if !echo.IsLocal() || echo.Path() != "/user/echo" || echo.AID().Name != "echo" {
@@ -30,6 +31,7 @@ func TestLocalTellAndAsk(t *testing.T) {
 
 func TestAskTimesOutAndLateReplyIsDeadLetter(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	n := startNode(t, testConfig())
 	held := make(chan Ref[testPong], 1)
 	silent, err := Spawn(n, "silent", Behavior[testPing]{Receive: func(_ *Context[testPing], m testPing) { held <- m.ReplyTo }})
@@ -58,6 +60,7 @@ func ctxErr(ctx interface {
 
 func TestAnonymousAndNamedSpawn(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	n := startNode(t, testConfig())
 	b := Behavior[count]{Receive: func(*Context[count], count) {}}
 	r1, err1 := Spawn(n, "", b)
@@ -105,6 +108,7 @@ func watcher(t testing.TB, n *Node, name string, target AnyRef) chan Terminated 
 
 func TestWatchLocalStopPanicAndChildren(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	n := startNode(t, testConfig())
 	var child Ref[count]
 	childReady := make(chan struct{})
@@ -160,6 +164,7 @@ func TestWatchLocalStopPanicAndChildren(t *testing.T) {
 
 func TestWatchStoppedActorAndUnwatch(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	n := startNode(t, testConfig())
 	target, _ := Spawn(n, "target", Behavior[count]{Receive: func(c *Context[count], _ count) { c.Stop() }})
 	tw := watcher(t, n, "w1", target)
@@ -201,6 +206,7 @@ func TestWatchStoppedActorAndUnwatch(t *testing.T) {
 // user messages already waiting when it arrived, whoever sent them.
 func TestTerminatedWaitsBehindTheMailbox(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	n := startNode(t, testConfig())
 	release := make(chan struct{})
 	var order []string
@@ -236,6 +242,7 @@ func TestTerminatedWaitsBehindTheMailbox(t *testing.T) {
 
 func TestDeadLettersForStoppedActorAndClosedNode(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	n := startNode(t, testConfig())
 	dead := make(chan DeadLetter, 8)
 	sub := SubscribeChan(n.Events(), dead)
@@ -253,6 +260,7 @@ func TestDeadLettersForStoppedActorAndClosedNode(t *testing.T) {
 
 func TestMailboxLimit(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	cfg := testConfig()
 	cfg.MailboxLimit = 2
 	n := startNode(t, cfg)
@@ -282,6 +290,7 @@ func TestMailboxLimit(t *testing.T) {
 
 func TestMessageAdapterLocal(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	n := startNode(t, testConfig())
 	type wrapped struct{ p testPong }
 	got := make(chan wrapped, 1)
@@ -386,6 +395,7 @@ func TestIdleActorCostsAtMost500Bytes(t *testing.T) {
 // without a map, a second that makes one, and back.
 func TestCellLinksWatchers(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	h := func(path string) *handle { return &handle{key: refKey{path: path}} }
 	a, b, c := h("/a"), h("/b"), h("/c")
 	var l cellLinks
@@ -431,6 +441,7 @@ func TestCellLinksWatchers(t *testing.T) {
 // like any other).
 func TestRecentStopsKeepsTheLastReasons(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	type unhashable struct{ parts []string }
 	var s recentStops
 	s.record("/user/normal", UUID{1}, nil)
@@ -464,6 +475,7 @@ func (e uncomparableErr) Error() string { return fmt.Sprint(e.v) }
 // it refuses watches) gets the real reason too.
 func TestAWatchDuringPostStopGetsTheRealReason(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	n := startNode(t, testConfig())
 	inPostStop, release := make(chan struct{}), make(chan struct{})
 	children := make(chan Ref[count], 1)

@@ -8,6 +8,7 @@ import (
 
 func TestParseAddrRoundTrip(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	tests := []struct {
 		in, url, maddr string
 	}{
@@ -44,6 +45,7 @@ func TestParseAddrRoundTrip(t *testing.T) {
 
 func TestParseAddrRejects(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	tests := []struct{ in, mention string }{
 		{"", "empty"},
 		{"/ip4/127.0.0.1/udp/1", `unsupported transport "udp"`},

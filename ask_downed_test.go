@@ -11,6 +11,7 @@ import (
 // (issue #26, item 5: "or its node is declared unreachable").
 func TestAnAskToADownedMemberFailsAtOnce(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	r := newClusterRig(t, 3, ClusterConfig{})
 	asker, target := r.nodes[0], r.nodes[2]
 	asked := make(chan struct{}, 1)

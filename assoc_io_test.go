@@ -14,6 +14,7 @@ import (
 // while the peer's last ack was in flight) is ignored.
 func TestLateAckAfterTheSessionEnded(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	n := startNode(t, testConfig())
 	a := newAssoc(n, false, Addr{})
 	a.life.state = assocUp
@@ -31,6 +32,7 @@ func TestLateAckAfterTheSessionEnded(t *testing.T) {
 
 func TestEveryMessageIsDeliveredOrDeadLetteredAcrossAPartition(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	p := newPair(t, 20*time.Millisecond, 300*time.Millisecond)
 	const total = 20000
 	var mu sync.Mutex
@@ -109,6 +111,7 @@ func TestEveryMessageIsDeliveredOrDeadLetteredAcrossAPartition(t *testing.T) {
 // given up on once it has confirmed nothing for UnreachableAfter.
 func TestTheWindowBoundsWhatIsUnacknowledged(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	slowTest(t)
 	cfg := testConfig("tcp://127.0.0.1:0")
 	cfg.UnackedLimit = 256 << 10
@@ -153,6 +156,7 @@ func TestTheWindowBoundsWhatIsUnacknowledged(t *testing.T) {
 
 func TestSendQueueLimit(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	f := NewFaultNet()
 	cfg := failConfig("home", 50*time.Millisecond, 5*time.Second)
 	cfg.SendQueueLimit = 100

@@ -37,6 +37,7 @@ func (e effect) String() string {
 // it leaves and the effects it asks for.
 func TestLifeStep(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	up := life{state: assocUp, upAt: lt0, encoding: true}
 	at := func(s assocState) life { l := up; l.state = s; return l }
 	ending := at(assocEnding)
@@ -133,6 +134,7 @@ func describeLife(l life) string {
 // asks for.
 func TestLifeInterleavings(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	type stepWant struct {
 		ev  lifeEvent
 		eff effect
@@ -220,6 +222,7 @@ func TestLifeInterleavings(t *testing.T) {
 // messages wakes whoever waits for room or credit in it.
 func TestLifeInAnyOrder(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	var evs []lifeEvent
 	for k := range lifeEventCount {
 		kind := assocEvent(k)

@@ -10,6 +10,7 @@ import (
 // every event.
 func TestAssocTransitions(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	const (
 		C, U, S, E, L, R, X = assocConnecting, assocUp, assocSuspended, assocEnding, assocLeaving, assocRetiring, assocClosed
 		no                  = assocStateCount // the event does not apply
@@ -46,6 +47,7 @@ func TestAssocTransitions(t *testing.T) {
 // TestAssocLives walks whole lives through step, as the code applies them.
 func TestAssocLives(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	lives := []struct {
 		name   string
 		events []assocEvent
@@ -78,6 +80,7 @@ func TestAssocLives(t *testing.T) {
 // quarantine it, or only report a retired duplicate's unconfirmed messages.
 func TestEndingOf(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	tests := []struct {
 		from                      assocState
 		peerLeft, closing, exempt bool
@@ -110,6 +113,7 @@ func TestEndingOf(t *testing.T) {
 // word, whatever order each attached them in.
 func TestChooseDuplicate(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	low, high := NodeUID{1}, NodeUID{2}
 	out, in := func(n uint64) dialOf { return dialOf{true, n} }, func(n uint64) dialOf { return dialOf{false, n} }
 	tests := []struct {
@@ -184,6 +188,7 @@ func TestChooseDuplicate(t *testing.T) {
 // an exempt peer (a registrar, a member) is never quarantined at all.
 func TestAnUnreachableEndWrapsErrPeerUnreachableAtOnce(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	window := errors.New("nothing heard for 1s (the limit is 1s)")
 	cases := []struct {
 		name        string

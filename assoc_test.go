@@ -61,6 +61,7 @@ func newPair(t *testing.T, interval, window time.Duration) *pair {
 
 func TestPartitionQuarantinesBothSidesUntilExplicitReconnect(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	slowTest(t)
 	p := newPair(t, 20*time.Millisecond, 300*time.Millisecond)
 	homeSaw := watcher(t, p.home, "mourner", p.toAway)
@@ -125,6 +126,7 @@ func TestPartitionQuarantinesBothSidesUntilExplicitReconnect(t *testing.T) {
 
 func TestReconnectRefusedWhilePeerQuarantinesUs(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	p := newPair(t, 20*time.Millisecond, 300*time.Millisecond)
 	p.f.Partition(p.home, p.away)
 	recv(t, p.homeEvents, "home gives up")
@@ -155,6 +157,7 @@ func init() { RegisterMessage[bulk]("troupe.test.bulk") }
 
 func TestEveryMessageToAQuarantinedPeerIsOneDeadLetter(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	p := newPair(t, 20*time.Millisecond, 300*time.Millisecond)
 	var mu sync.Mutex
 	counted := map[int]int{}
@@ -195,6 +198,7 @@ func TestEveryMessageToAQuarantinedPeerIsOneDeadLetter(t *testing.T) {
 
 func TestPendingAskFailsAtOnceOnQuarantine(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	p := newPair(t, 20*time.Millisecond, 300*time.Millisecond)
 	Spawn(p.away, "mute", Behavior[testPing]{Receive: func(*Context[testPing], testPing) {}})
 	mute, err := Resolve[testPing](ctxT(t, 5*time.Second), p.home, FormatRef(p.away.Addrs()[0], "/user/mute"))
@@ -214,6 +218,7 @@ func TestPendingAskFailsAtOnceOnQuarantine(t *testing.T) {
 
 func TestKilledPeerOverLoopbackAfterClose(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	// Over plain loopback, a peer that closes says goodbye: the link ends,
 	// nothing is quarantined, and resolving again works once it is back.
 	a := startNode(t, testConfig("tcp://127.0.0.1:0"))

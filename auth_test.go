@@ -27,6 +27,7 @@ func secretConfig(secret string) Config {
 
 func TestSharedSecret(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	const good, bad = "correct horse battery staple", "wrong horse battery staple!"
 	server := startNode(t, secretConfig(good))
 	var delivered atomic.Int64
@@ -74,6 +75,7 @@ func TestSharedSecret(t *testing.T) {
 
 func TestSecretTooShortIsRejected(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	if _, err := Start(ctxT(t, time.Second), Config{Secret: []byte("short")}); !errors.Is(err, ErrBadConfig) {
 		t.Fatalf("Start with a short secret = %v", err)
 	}
@@ -129,6 +131,7 @@ func (p *testPKI) config(t *testing.T, name string) *tls.Config {
 
 func TestMutualTLS(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	pki := newTestPKI(t)
 	cfg := func(tc *tls.Config) Config {
 		c := testConfig("tcp://127.0.0.1:0")
@@ -160,6 +163,7 @@ func TestMutualTLS(t *testing.T) {
 
 func TestRegistryIsBehindTheSecret(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	const secret = "registry secret, sixteen+ bytes"
 	reg := freeRegistryAddr(t, "tcp")
 	cfg := discoveryConfig("registrar", reg)
@@ -189,6 +193,7 @@ func TestRegistryIsBehindTheSecret(t *testing.T) {
 // refused before it can touch that session, which stays up.
 func TestAResumeClaimNeedsTheSecret(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	const secret = "correct horse battery staple"
 	server := startNode(t, secretConfig(secret))
 	spawnEcho(t, server, "echo")
@@ -229,6 +234,7 @@ func TestAResumeClaimNeedsTheSecret(t *testing.T) {
 // the TLS handshake failed.
 func TestARegistrarOverTLS(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	pki := newTestPKI(t)
 	reg := freeRegistryAddr(t, "tcp")
 	cfg := discoveryConfig("registrar", reg)

@@ -38,6 +38,7 @@ func expectClosed(t *testing.T, c net.Conn) {
 
 func TestBadInputClosesOnlyThatConnection(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	attacks := []struct {
 		name      string
 		handshake bool
@@ -105,6 +106,7 @@ func ghostTell() []byte {
 
 func TestUnknownTargetAndKeyAreDeadLetters(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	n := startNode(t, testConfig("tcp://127.0.0.1:0"))
 	dead := make(chan DeadLetter, 4)
 	SubscribeChan(n.Events(), dead)
@@ -131,6 +133,7 @@ func TestUnknownTargetAndKeyAreDeadLetters(t *testing.T) {
 // misbehaves, that node's address quarantined.
 func TestAnnouncedAddressesAreNotBelieved(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	victim := startNode(t, testConfig("tcp://127.0.0.1:0"))
 	real := startNode(t, testConfig("tcp://127.0.0.1:0"))
 	echo := spawnEcho(t, real, "echo")
@@ -180,6 +183,7 @@ func TestAnnouncedAddressesAreNotBelieved(t *testing.T) {
 // maxTableSize entries of at most maxTableEntry bytes.
 func TestPeerTablesAreBounded(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	n := startNode(t, testConfig("tcp://127.0.0.1:0"))
 	errs := make(chan ProtocolError, 4)
 	SubscribeChan(n.Events(), errs)

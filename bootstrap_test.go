@@ -39,6 +39,7 @@ func forEachRegistryTransport(t *testing.T, body func(t *testing.T, tr string)) 
 
 func TestBootstrapJoinFindQuery(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	forEachRegistryTransport(t, func(t *testing.T, tr string) {
 		reg := freeRegistryAddr(t, tr)
 		first := startNode(t, discoveryConfig("first", reg))
@@ -86,6 +87,7 @@ func TestBootstrapJoinFindQuery(t *testing.T) {
 
 func TestBootstrapRefusesOccupiedAddresses(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	// A foreign listener that accepts and closes at once.
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -116,6 +118,7 @@ func TestBootstrapRefusesOccupiedAddresses(t *testing.T) {
 
 func TestEnsureRegistryAndProbeLeavesNothing(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	reg := freeRegistryAddr(t, "tcp")
 	first := startNode(t, discoveryConfig("first", reg))
 	events := make(chan any, 8)
@@ -142,6 +145,7 @@ func TestEnsureRegistryAndProbeLeavesNothing(t *testing.T) {
 
 func TestConcurrentFirstBootsEndWithOneRegistrar(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	forEachRegistryTransport(t, func(t *testing.T, tr string) {
 		for round := range 5 {
 			reg := freeRegistryAddr(t, tr)

@@ -37,6 +37,7 @@ func BenchmarkBox(b *testing.B) {
 // reflect's Interface for direct and indirect types alike.
 func TestBoxEqualsReflect(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	type one struct{ P *int }
 	type two struct {
 		P *int
@@ -68,6 +69,7 @@ func (r rect) area() int   { return r.w * r.h }
 // what the type assertion gives, and refuses what it refuses.
 func TestConvertMatchesTheAssertion(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	msgs := []any{square{2}, square{3}, rect{2, 5}, rect{1, 1}, square{4}, "not a shape", square{5}}
 	var c convCache
 	c.iface = isMethodIface[shape]()

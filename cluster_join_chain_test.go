@@ -12,6 +12,7 @@ import (
 // leader while A never hears of them.
 func TestClusterJoinerThroughAJoiningSeed(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	r := newClusterRig(t, 1, clusterCfg(KeepMajority{}))
 	defer r.dumpOnFailure()
 	nodeB := startOn(t, r.f, failConfig("b", 20*time.Millisecond, 2*time.Second))

@@ -9,6 +9,7 @@ import (
 
 func TestLeaseHoldCoversTheOtherSidesDecision(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	cases := []struct {
 		stable, unstable, delay, want time.Duration
 	}{
@@ -36,6 +37,7 @@ func TestLeaseHoldCoversTheOtherSidesDecision(t *testing.T) {
 
 func TestPauseMeter(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	t0 := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
 	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
 	const interval, counted, keep = 20 * time.Millisecond, 250 * time.Millisecond, 8 * time.Second

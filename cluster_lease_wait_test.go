@@ -61,6 +61,7 @@ func decideWithLease(t *testing.T, l *scriptedLease, limit, within time.Duration
 // downs itself.
 func TestALeaseWaitOfNoTimeIsNotWaitedOn(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	l := &scriptedLease{script: func(int) (bool, error) { return false, &LeaseWaitError{} }}
 	if d := decideWithLease(t, l, 0, 5*time.Second); d != DownReachable {
 		t.Fatalf("decided %v, want DownReachable", d)
@@ -72,6 +73,7 @@ func TestALeaseWaitOfNoTimeIsNotWaitedOn(t *testing.T) {
 // taking longer than that, was asked again long past it.
 func TestMaxLeaseWaitBoundsTheTimeWaited(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	l := &scriptedLease{took: 20 * time.Millisecond, script: func(int) (bool, error) {
 		return false, &LeaseWaitError{Wait: time.Millisecond}
 	}}
@@ -88,6 +90,7 @@ func TestMaxLeaseWaitBoundsTheTimeWaited(t *testing.T) {
 // its wait is not taken for a pause.
 func TestALeaseWaitedForIsWon(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	slowTest(t)
 	l := &scriptedLease{took: 10 * time.Millisecond, script: func(n int) (bool, error) {
 		if n == 0 {
@@ -120,6 +123,7 @@ func init() {
 // plain refusal, as that release meant it).
 func TestALeaseReplyCrossesReleases(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	old, err := sendAs[leaseReplyV1](t, leaseReply{Granted: false, Owner: "", Wait: time.Second})
 	if err != nil || old != (leaseReplyV1{}) {
 		t.Fatalf("to the earlier release: %+v, %v", old, err)

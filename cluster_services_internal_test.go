@@ -12,6 +12,7 @@ import (
 // whole set, and what breaks the bounds is not applied.
 func TestRecepCopySteps(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	e := func(name string) recepEntry {
 		return recepEntry{Name: name, UUID: UUID{byte(len(name))}, Path: "/user/" + name}
 	}
@@ -110,6 +111,7 @@ func TestRecepCopySteps(t *testing.T) {
 // that is not a member are not kept.
 func TestClusterRegistryRepairsLostChanges(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	cfg := clusterCfg(nil)
 	r := newClusterRig(t, 2, cfg)
 	a := r.nodes[0]
@@ -180,6 +182,7 @@ func TestClusterRegistryRepairsLostChanges(t *testing.T) {
 // cluster's and the receptionist's paths are free when Close returns).
 func TestAReceptionistRunsOnlyWithoutARegistry(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	f := NewFaultNet()
 	cfg := failConfig("with-registry", 20*time.Millisecond, 2*time.Second)
 	cfg.RegistryAddrs = []string{freeRegistryAddr(t, "tcp")}

@@ -106,6 +106,7 @@ func stopped(c *Cluster) bool {
 
 func TestClusterFormsWithADeterministicLeader(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	r := newClusterRig(t, 3, clusterCfg(nil))
 	var ups []int
 	for _, m := range r.members[0].Members() {
@@ -150,6 +151,7 @@ func (r *clusterRig) expectSurvivors(within time.Duration, survive ...int) {
 
 func TestClusterKeepMajority(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	slowTest(t)
 	const bound = 300*time.Millisecond + 5*time.Second // StableAfter plus detection and gossip, generously
 	t.Run("3 members, 2|1", func(t *testing.T) {
@@ -192,6 +194,7 @@ func TestClusterKeepMajority(t *testing.T) {
 
 func TestClusterWithoutDowningBlocksUntilHealed(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	slowTest(t)
 	r := newClusterRig(t, 3, clusterCfg(nil))
 	r.split([]int{0, 1}, []int{2})
@@ -212,6 +215,7 @@ func TestClusterWithoutDowningBlocksUntilHealed(t *testing.T) {
 
 func TestClusterLeaveIsGraceful(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	r := newClusterRig(t, 3, clusterCfg(nil))
 	if err := r.members[2].Leave(ctxT(t, 10*time.Second)); err != nil {
 		t.Fatal(err)
@@ -307,6 +311,7 @@ func (r *clusterRig) addLeaseMembers(lease func(i int, node *Node) Lease) {
 
 func TestCloseNodeOnDown(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	cfg := clusterCfg(KeepMajority{})
 	cfg.CloseNodeOnDown = true
 	r := newClusterRig(t, 3, cfg)
@@ -321,6 +326,7 @@ func TestCloseNodeOnDown(t *testing.T) {
 
 func TestDownedMemberCannotRejoinWithTheSameUID(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	r := newClusterRig(t, 3, clusterCfg(KeepMajority{}))
 	r.split([]int{0, 1}, []int{2})
 	r.expectSurvivors(10*time.Second, 0, 1)
@@ -370,6 +376,7 @@ func TestDownedMemberCannotRejoinWithTheSameUID(t *testing.T) {
 
 func TestClusterSeedsFromTheRegistry(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	f := NewFaultNet()
 	reg := freeRegistryAddr(t, "tcp")
 	var nodes []*Node
@@ -514,6 +521,7 @@ func (r *clusterRig) expectOneSide(within time.Duration, must ...int) {
 // both keeps the cluster, never two sides.
 func TestClusterPartialPartition(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	r := newClusterRig(t, 3, clusterCfg(KeepMajority{}))
 	r.f.Partition(r.nodes[0], r.nodes[1])
 	r.expectOneSide(10*time.Second, 2)
@@ -523,6 +531,7 @@ func TestClusterPartialPartition(t *testing.T) {
 // alone; the members that were up stay up, as one cluster.
 func TestClusterJoinerReachingOnlyItsSeed(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	r := newClusterRig(t, 5, clusterCfg(KeepMajority{}))
 	node := startOn(t, r.f, failConfig("joiner", 20*time.Millisecond, 2*time.Second))
 	for _, n := range r.nodes[1:] {
@@ -557,6 +566,7 @@ func (r *clusterRig) joinVia(node, seed *Node) *Cluster {
 // member is downed, the four carry on.
 func TestClusterOneWayPartition(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	slowTest(t)
 	for _, dir := range []string{"cannot send", "cannot receive"} {
 		t.Run(dir, func(t *testing.T) {
@@ -614,6 +624,7 @@ func memberStatus(c *Cluster, uid NodeUID) MemberStatus {
 // does), or Cluster.Down.
 func TestClusterManualDown(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	r := newClusterRig(t, 3, clusterCfg(nil))
 	defer r.dumpOnFailure()
 	dead := r.nodes[2]
@@ -647,6 +658,7 @@ func TestClusterManualDown(t *testing.T) {
 // ended, with or without a downing strategy, and nobody healthy is downed.
 func TestClusterMemberRestartedAtSameAddress(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	for _, tc := range []struct {
 		name    string
 		downing DowningStrategy
@@ -687,6 +699,7 @@ func TestClusterMemberRestartedAtSameAddress(t *testing.T) {
 // itself.
 func TestClusterJoinerQuarantinedByAMember(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	slowTest(t)
 	// No downing strategy: nothing but the refusal can down it.
 	r := newClusterRig(t, 2, clusterCfg(nil))
@@ -734,6 +747,7 @@ func TestClusterJoinerQuarantinedByAMember(t *testing.T) {
 // the news spreads by gossip, and keep-majority downs it alone.
 func TestClusterWatchesPartOfALargerCluster(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	slowTest(t)
 	cfg := clusterCfg(KeepMajority{})
 	cfg.MonitoredMembers = 3

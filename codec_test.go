@@ -89,6 +89,7 @@ func sampleEverything() everything {
 
 func TestCodecRoundTrip(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	in := sampleEverything()
 	mt := typeOf(reflect.TypeFor[everything]())
 	b, err := encodePayload(nil, mt, in)
@@ -120,6 +121,7 @@ func TestCodecRoundTrip(t *testing.T) {
 
 func TestCodecFastPath(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	for _, v := range []any{selfEncoded{X: 3, Y: 4}, holdsSelfEncoded{A: selfEncoded{1, 2}, B: []selfEncoded{{5, 6}}}} {
 		mt := typeOf(reflect.TypeOf(v))
 		b, err := encodePayload(nil, mt, v)
@@ -138,6 +140,7 @@ func TestCodecFastPath(t *testing.T) {
 
 func TestRegisterMessageRejects(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	type withChan struct{ C chan int }
 	type withIface struct{ V any }
 	type ok struct{ N int }
@@ -197,6 +200,7 @@ type deep struct{ Next *deep }
 
 func TestDecodeDepthLimit(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	if err := registerType(reflect.TypeFor[deep](), "troupe.test.deep", nil); err != nil {
 		t.Fatal(err)
 	}
@@ -232,6 +236,7 @@ func FuzzDecodePayload(f *testing.F) {
 
 func TestDecodeAmplificationIsBounded(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	slowTest(t)
 	type strMap struct{ M map[string]string }
 	type strs struct{ S []string }
@@ -283,6 +288,7 @@ func decodePayload(mt *msgType, b []byte) (any, error) {
 // refused.
 func TestAPointerFlagOtherThanZeroOrOneIsRefused(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	mt := typeOf(reflect.TypeFor[withPtr]())
 	for flag, want := range map[byte]string{0: "", 1: "", 2: "pointer flag is not 0 or 1"} {
 		b := []byte{flag}
@@ -311,6 +317,7 @@ func init() { RegisterMessage[withPtr]("troupe.test.withptr") }
 // unless both hold others.
 func TestTheTypeCacheAnswersEveryType(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	all := *wireTypes.byWord.Load()
 	slots := map[uint64]int{}
 	shared := 0

@@ -33,6 +33,7 @@ type unregistered struct{ N int }
 
 func TestDeadLettersAreLoggedThenCounted(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	var logs syncBuffer
 	cfg := testConfig("tcp://127.0.0.1:0")
 	cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
@@ -76,6 +77,7 @@ func TestDeadLettersAreLoggedThenCounted(t *testing.T) {
 
 func TestDeadLetterLogOff(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	var logs syncBuffer
 	cfg := testConfig()
 	cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
@@ -100,6 +102,7 @@ func TestDeadLetterLogOff(t *testing.T) {
 // value, decoded again, whose refs reach the same actors.
 func TestADeadLetterOfAHeldMessageIsItsValue(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	p := newPair(t, 20*time.Millisecond, 300*time.Millisecond)
 	back, got := spawnCollector[testPong](t, p.home, "back", 4)
 	dead := make(chan DeadLetter, 4)
@@ -126,6 +129,7 @@ func TestADeadLetterOfAHeldMessageIsItsValue(t *testing.T) {
 // up the lines meant for the user's forgotten types.
 func TestInternalDeadLettersDoNotUseTheLogBudget(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	var logs syncBuffer
 	cfg := testConfig()
 	cfg.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))

@@ -11,6 +11,7 @@ import (
 
 func TestWindowDetector(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
 	type step struct {
@@ -50,6 +51,7 @@ func cdf(phi float64) float64 { return 1 - math.Pow(10, -phi) }
 
 func TestPhiMatchesThePublishedDistribution(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	tests := []struct {
 		timeDiff, mean, std float64
 		cdf, tolerance      float64
@@ -95,6 +97,7 @@ func TestPhiMatchesThePublishedDistribution(t *testing.T) {
 
 func TestPhiAccrualDetector(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	ms := func(v int) time.Time { return t0.Add(time.Duration(v) * time.Millisecond) }
 	d := NewPhiAccrual()
@@ -137,6 +140,7 @@ func TestPhiAccrualDetector(t *testing.T) {
 
 func TestConfigRejectsShortWindow(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	cfg := testConfig()
 	cfg.HeartbeatInterval = time.Second
 	cfg.UnreachableAfter = 2 * time.Second
@@ -147,6 +151,7 @@ func TestConfigRejectsShortWindow(t *testing.T) {
 
 func TestDetectionTimeBounds(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	const interval, window = 50 * time.Millisecond, 500 * time.Millisecond
 	p := newPair(t, interval, window)
 	p.home.pmu.Lock()
@@ -169,6 +174,7 @@ func TestDetectionTimeBounds(t *testing.T) {
 
 func TestNoFalsePositiveUnderHeavyLoad(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	slowTest(t)
 	if testing.Short() {
 		t.Skip("streams for several windows")

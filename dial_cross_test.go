@@ -41,6 +41,7 @@ func oneConnection(a, b *Node) bool {
 // either ref arrive once, and nobody be given up on.
 func TestTwoDialsAtOnceToOneNodeSettleOnOneConnection(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	slowTest(t)
 	p := startNode(t, testConfig("tcp://127.0.0.1:0", "tcp://127.0.0.1:0"))
 	_, got := spawnCollector[testPong](t, p, "sink", 64)
@@ -128,6 +129,7 @@ func TestTwoDialsAtOnceToOneNodeSettleOnOneConnection(t *testing.T) {
 // node attaches the other's dial before its own.
 func TestTwoNodesDialingEachOtherAtOnceKeepOneConnection(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	slowTest(t)
 	for trial := range 100 {
 		trouble := &firstOf{}

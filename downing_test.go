@@ -39,6 +39,7 @@ func split(ms []Member, idx ...int) SplitView {
 // first; the view is the side holding the members at the listed indexes.
 func TestDowningStrategies(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	tests := []struct {
 		name     string
 		strategy DowningStrategy
@@ -101,6 +102,7 @@ func TestDowningStrategies(t *testing.T) {
 
 func TestLeaseMajorityRule(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	tests := []struct {
 		members  string
 		side     []int
@@ -133,6 +135,7 @@ func (leaseWon) Decide(SplitView) Downing { return LeaseDecision(true) }
 // 1-based member numbers.
 func TestResolveSplit(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	tests := []struct {
 		name    string
 		members string

@@ -30,6 +30,7 @@ func init() { RegisterMessage[slowWire]("troupe.test.slowwire") }
 // queue a resume had handed to the writer.)
 func TestAQueuedBacklogDoesNotSilenceTheConnection(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	slowTest(t)
 	cfg := func(name string) Config {
 		c := failConfig(name, 50*time.Millisecond, time.Second)

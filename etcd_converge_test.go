@@ -95,6 +95,7 @@ func (p *cutProxy) restore() {
 // registry holds exactly what the node holds.
 func TestEtcdEntriesConvergeAfterAnOutage(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	slowTest(t)
 	url := sharedEtcdURL(t)
 	hosts, prefix, _ := strings.Cut(strings.TrimPrefix(url, "etcd://"), "/")
@@ -160,6 +161,7 @@ func (c *etcdCluster) leader(t *testing.T) int {
 // (2.5 election timeouts) and a margin (#27 items 1 and 5).
 func TestEtcdRegistrationsSurviveALeaderKill(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	slowTest(t)
 	c := startEtcdClusterWith(t, false)
 	url := c.url(t)
@@ -232,6 +234,7 @@ func TestEtcdRegistrationsSurviveALeaderKill(t *testing.T) {
 // other's entries.
 func TestEtcdNestedPrefixesAreIsolated(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	slowTest(t)
 	url := sharedEtcdURL(t)
 	outer := etcdNode(t, "outer", url)
@@ -269,6 +272,7 @@ func TestEtcdNestedPrefixesAreIsolated(t *testing.T) {
 // RegistryTimeout.
 func TestSpawnOfAnActorThatStopsAtOnceReturnsAtOnce(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	slowTest(t)
 	url := sharedEtcdURL(t)
 	n := etcdNode(t, "spawner", url)
@@ -311,6 +315,7 @@ func newLyingProxy(t *testing.T, target string) *lyingProxy {
 // until the lease ends.
 func TestAnUnconfirmedPutOfAStoppedActorIsDeleted(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	slowTest(t)
 	url := sharedEtcdURL(t)
 	hosts, prefix, _ := strings.Cut(strings.TrimPrefix(url, "etcd://"), "/")
@@ -412,6 +417,7 @@ func TestEtcdTenThousandActorsComeBackWholeAfterALeaseExpiry(t *testing.T) {
 // a list of 10,001 entries fail this way under the race detector.)
 func TestASlowAnswerOfEtcdIsReadWhole(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	slowTest(t)
 	url := sharedEtcdURL(t)
 	hosts, prefix, _ := strings.Cut(strings.TrimPrefix(url, "etcd://"), "/")
@@ -458,6 +464,7 @@ func TestASlowAnswerOfEtcdIsReadWhole(t *testing.T) {
 // (Stats, Ready) and is written when etcd answers.
 func TestSpawnDoesNotWaitForAnEtcdThatRefusesEverywhere(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	slowTest(t)
 	url := sharedEtcdURL(t)
 	hosts, prefix, _ := strings.Cut(strings.TrimPrefix(url, "etcd://"), "/")

@@ -127,6 +127,7 @@ func sharedEtcdURL(t testing.TB) string {
 
 func TestEtcdRegistry(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	slowTest(t)
 	url := sharedEtcdURL(t)
 	a, b := etcdNode(t, "alpha", url), etcdNode(t, "beta", url)
@@ -249,6 +250,7 @@ func roundTripRef(t *testing.T, n *Node, r Ref[testPing]) {
 // client's failover bound (one attempt per member).
 func TestEtcdRegistryFailover(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	slowTest(t)
 	c := startEtcdCluster(t)
 	url := c.url(t)
@@ -322,6 +324,7 @@ func TestEtcdRegistryFailover(t *testing.T) {
 // lease's time to live, and they come back when it reaches etcd again.
 func TestEtcdRegistryLeaseExpires(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	slowTest(t)
 	c := startEtcdCluster(t)
 	url := c.url(t)
@@ -352,6 +355,7 @@ func TestEtcdRegistryLeaseExpires(t *testing.T) {
 
 func TestEtcdRegistryBadConfig(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	for _, addrs := range [][]string{
 		{"etcd://"},
 		{"etcd://127.0.0.1:2379/a", "tcp://127.0.0.1:1616"},
@@ -371,6 +375,7 @@ func TestEtcdRegistryBadConfig(t *testing.T) {
 // founds the cluster, and all three end up in it.
 func TestEtcdRegistryClusterSeeds(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	url := sharedEtcdURL(t)
 	f := NewFaultNet()
 	var nodes []*Node
@@ -444,6 +449,7 @@ func BenchmarkRegistryBackends(b *testing.B) {
 // one without a client certificate is refused at Start.
 func TestEtcdRegistryOverTLS(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	if _, err := exec.LookPath("etcd"); err != nil {
 		t.Skip("no etcd binary (apt-get install etcd-server)")
 	}

@@ -34,6 +34,7 @@ func freshKey() string {
 
 func TestEtcdLease(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	ep := etcdEndpoint(t)
 	key := freshKey()
 	a, b := NewEtcdLease(ep, key, time.Second), NewEtcdLease(ep, key, time.Second)
@@ -71,6 +72,7 @@ func TestEtcdLease(t *testing.T) {
 
 func TestClusterLeaseMajorityWithEtcd(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	ep := etcdEndpoint(t)
 	key := freshKey()
 	r := &clusterRig{t: t, f: NewFaultNet()}

@@ -8,6 +8,7 @@ import "testing"
 // arrives after Unsubscribe.
 func TestEventsMatchDropAndUnsubscribe(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	var es Events
 	var peers []PeerConnected
 	var all int

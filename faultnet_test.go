@@ -7,6 +7,7 @@ import (
 
 func TestFaultNetShortPauseLosesNothing(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	p := newPair(t, 20*time.Millisecond, 500*time.Millisecond)
 	sink, got := spawnCollector[testPong](t, p.home, "sink", 100)
 	p.f.Pause(p.away)
@@ -33,6 +34,7 @@ func TestFaultNetShortPauseLosesNothing(t *testing.T) {
 
 func TestFaultNetIsolate(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	p := newPair(t, 20*time.Millisecond, 300*time.Millisecond)
 	third := startOn(t, p.f, failConfig("third", 20*time.Millisecond, 300*time.Millisecond))
 	spawnEcho(t, third, "echo")

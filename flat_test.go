@@ -41,6 +41,7 @@ type flatLevel int32
 // across each field's range.
 func TestFlatMatchesThePlans(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	r := rand.New(rand.NewPCG(1, 2))
 	for _, typ := range []reflect.Type{reflect.TypeFor[flatAll](), reflect.TypeFor[count](), reflect.TypeFor[int](), reflect.TypeFor[string](), reflect.TypeFor[struct{}]()} {
 		fields := flatFields(typ)
@@ -84,6 +85,7 @@ func TestFlatMatchesThePlans(t *testing.T) {
 // and a bool that is neither 0 nor 1 are malformed either way.
 func TestFlatRefusesWhatThePlansRefuse(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	type small struct {
 		A int8
 		B int16

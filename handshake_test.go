@@ -92,6 +92,7 @@ func FuzzHandshake(f *testing.F) {
 
 func TestSimultaneousDialEndsWithOneAssociation(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	for i := range 10 {
 		a := startNode(t, testConfig("tcp://127.0.0.1:0"))
 		b := startNode(t, testConfig("tcp://127.0.0.1:0"))
@@ -127,6 +128,7 @@ func TestSimultaneousDialEndsWithOneAssociation(t *testing.T) {
 // none waits for its deadline.
 func TestConcurrentResolvesAcrossASimultaneousDial(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	const actors = 40
 	for round := range 40 {
 		a := startNode(t, testConfig("tcp://0.0.0.0:0"))
@@ -176,6 +178,7 @@ func TestConcurrentResolvesAcrossASimultaneousDial(t *testing.T) {
 // a node whose peer refuses its version says so, with the peer's text.
 func TestAnotherProtocolVersionIsRefusedInOneLine(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	n := startNode(t, testConfig("tcp://127.0.0.1:0"))
 	c, err := net.Dial("tcp", n.Addrs()[0].Address())
 	if err != nil {

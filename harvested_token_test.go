@@ -41,6 +41,7 @@ func rawDial(t *testing.T, n *Node, h *hello, token []byte) (frameKind, *frameRe
 // for every session of a pair; now each session draws its own.)
 func TestAHarvestedTokenDoesNotTakeOverALiveSession(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	b := startNode(t, testConfig("tcp://127.0.0.1:0"))
 	c := startNode(t, testConfig("tcp://127.0.0.1:0"))
 	// 1. Claim B at C (no session yet) and read C's token frame.
@@ -95,6 +96,7 @@ func TestAHarvestedTokenDoesNotTakeOverALiveSession(t *testing.T) {
 // tokens on both sides.
 func TestAPeerThatGaveItsSessionUpRedialsAndIsAdmitted(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	b := startNode(t, testConfig("tcp://127.0.0.1:0"))
 	c := startNode(t, testConfig("tcp://127.0.0.1:0"))
 	echo := spawnEcho(t, c, "echo")

@@ -13,6 +13,7 @@ import (
 // those this node sends; past them, or doubled, they are malformed.
 func TestParseHeaders(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	enc := func(count int, kv ...string) []byte {
 		b := binary.AppendUvarint(nil, uint64(count))
 		for _, s := range kv {
@@ -68,6 +69,7 @@ func TestParseHeaders(t *testing.T) {
 // it would take for malformed.
 func TestAPeerWithoutHeadersGetsAPlainTell(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	uid := NodeUID{1}
 	target := &handle{key: refKey{node: uid, path: "/user/echo", uuid: UUID{2}}}
 	for _, takes := range []bool{false, true} {

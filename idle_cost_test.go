@@ -146,6 +146,7 @@ func TestAnIdleAssociationIsCheap(t *testing.T) {
 // them until its standard input closes.
 func TestIdleAssociationsClient(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	addr := os.Getenv("TROUPE_IDLE_CLIENT")
 	if addr == "" {
 		t.Skip("the client process of TestAnIdleAssociationIsCheap")

@@ -13,6 +13,7 @@ import (
 // it must prove its claim too.
 func TestAnImpostorWelcomeWithoutProofDoesNotJoinTheSession(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	var server, d *Node
 	for {
 		x := startNode(t, testConfig("tcp://127.0.0.1:0"))

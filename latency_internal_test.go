@@ -13,6 +13,7 @@ import (
 // quantile; the lower bound when that bucket is open-ended.
 func TestHistogramQuantile(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	buckets := []float64{0, 0.001, 0.01, 0.1}
 	for _, tc := range []struct {
 		counts []uint64
@@ -40,6 +41,7 @@ func TestHistogramQuantile(t *testing.T) {
 // kinds past the bound count as "other".
 func TestLatencyKindsAreBounded(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	var s latencySet
 	var wg sync.WaitGroup
 	hs := make([]*latencyHist, 8)

@@ -8,6 +8,7 @@ import (
 
 func TestNodeLease(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	slowTest(t)
 	server := startNode(t, testConfig("tcp://127.0.0.1:0"))
 	if err := ServeLeases(server); err != nil {

@@ -253,6 +253,7 @@ func TestAttacksDoNotDisturbHealthyPeers(t *testing.T) {
 // handshake it may (a quarter of them) leaves room for peers elsewhere.
 func TestOneSourceCannotTakeEveryHandshake(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	cfg := testConfig("tcp://0.0.0.0:0")
 	cfg.HandshakeTimeout = 30 * time.Second // the flood would hold its slots
 	cfg.MaxPendingHandshakes = 16
@@ -292,6 +293,7 @@ func TestOneSourceCannotTakeEveryHandshake(t *testing.T) {
 // stop at MailboxBytes, long before MailboxLimit counts them.
 func TestMailboxBytesBoundWireMessages(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	cfg := testConfig("tcp://127.0.0.1:0")
 	cfg.MailboxBytes = 1 << 20
 	home := startNode(t, cfg)
@@ -326,6 +328,7 @@ func TestMailboxBytesBoundWireMessages(t *testing.T) {
 
 func TestMaxInboundConns(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	cfg := testConfig("tcp://127.0.0.1:0")
 	cfg.MaxInboundConns = 3
 	n := startNode(t, cfg)

@@ -14,6 +14,7 @@ import (
 
 func TestWaitForANameOnlyANodeHoldsReturnsAtItsDeadline(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	slowTest(t)
 	reg := freeRegistryAddr(t, "tcp")
 	registrar := startNode(t, discoveryConfig("registrar", reg))
@@ -57,6 +58,7 @@ func plantStale(t *testing.T, registrar *Node, name string) {
 
 func TestWaitMeetingAStaleEntryOnANodeThatIsNotTheRegistrar(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	reg := freeRegistryAddr(t, "tcp")
 	registrar := startNode(t, discoveryConfig("registrar", reg))
 	client := startNode(t, discoveryConfig("client", reg))
@@ -72,6 +74,7 @@ func TestWaitMeetingAStaleEntryOnANodeThatIsNotTheRegistrar(t *testing.T) {
 
 func TestFastPathForgetsAnActorThatStopped(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	reg := freeRegistryAddr(t, "tcp")
 	server := startNode(t, discoveryConfig("server", reg))
 	client := startNode(t, discoveryConfig("client", reg))
@@ -96,6 +99,7 @@ func TestFastPathForgetsAnActorThatStopped(t *testing.T) {
 // one actor's protocol with another's handle (or a nil handle).
 func TestFastPathBesideForgetReadsWholeEntries(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	n := startNode(t, testConfig())
 	ping := protocolName(reflect.TypeFor[testPing]())
 	var hs []*handle
@@ -137,6 +141,7 @@ func TestFastPathBesideForgetReadsWholeEntries(t *testing.T) {
 
 func TestLookupsOnAClosedNode(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	reg := freeRegistryAddr(t, "tcp")
 	n, err := Start(ctxT(t, 5*time.Second), discoveryConfig("closed", reg))
 	if err != nil {
@@ -170,6 +175,7 @@ func TestLookupsOnAClosedNode(t *testing.T) {
 // the new one.
 func TestRegistrarRestartedAfterAKillGetsEverythingBack(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	f := NewFaultNet()
 	reg := freeRegistryAddr(t, "tcp")
 	cfg := func(name string) Config {
@@ -216,6 +222,7 @@ func TestRegistrarRestartedAfterAKillGetsEverythingBack(t *testing.T) {
 // twenty times over. It logs the slowest recovery of each kind.
 func TestRegistrarFailover(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	slowTest(t)
 	forEachRegistryTransport(t, func(t *testing.T, tr string) {
 		var slowest [2]time.Duration // vanished (FaultNet Kill), closed
@@ -283,6 +290,7 @@ func oneRegistrarFindingAll(t *testing.T, reg string, a, b *Node) bool {
 
 func TestWaitForActorIsPushedAndCancelReleases(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	reg := freeRegistryAddr(t, "tcp")
 	registrar := startNode(t, discoveryConfig("registrar", reg))
 	client := startNode(t, discoveryConfig("client", reg))
@@ -318,6 +326,7 @@ func TestWaitForActorIsPushedAndCancelReleases(t *testing.T) {
 
 func TestLocalFastPathSkipsTheRegistrar(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	reg := freeRegistryAddr(t, "tcp")
 	registrar := startNode(t, discoveryConfig("registrar", reg))
 	client := startNode(t, discoveryConfig("client", reg))
@@ -345,6 +354,7 @@ func TestLocalFastPathSkipsTheRegistrar(t *testing.T) {
 
 func TestAddressPreference(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	uds, loop, remote := UnixAddr("/run/a.sock"), TCPAddr("127.0.0.1:1"), TCPAddr("203.0.113.9:1")
 	older := Registration{Name: "x", Seq: 1, Addrs: []Addr{remote, loop}}
 	newer := Registration{Name: "x", Seq: 2, Addrs: []Addr{remote, loop, uds}}
@@ -375,6 +385,7 @@ func TestAddressPreference(t *testing.T) {
 
 func TestStaleEntriesAreDeletedOnUse(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	reg := freeRegistryAddr(t, "tcp")
 	registrar := startNode(t, discoveryConfig("registrar", reg))
 	service := startNode(t, discoveryConfig("service", reg))
@@ -396,6 +407,7 @@ func TestStaleEntriesAreDeletedOnUse(t *testing.T) {
 
 func TestLookupNoneIsNotAnError(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	reg := freeRegistryAddr(t, "tcp")
 	n := startNode(t, discoveryConfig("only", reg))
 	ctx := ctxT(t, 5*time.Second)

@@ -23,7 +23,9 @@ func TestMain(m *testing.M) {
 	flag.Parse()
 	given := false
 	flag.Visit(func(f *flag.Flag) { given = given || f.Name == "test.parallel" })
-	if !given {
+	// (-parallel is also the number of fuzzing workers: a fuzz run keeps
+	// go test's default of one per processor.)
+	if fz := flag.Lookup("test.fuzz"); !given && (fz == nil || fz.Value.String() == "") {
 		_ = flag.Set("test.parallel", strconv.Itoa(testParallel))
 	}
 	code := m.Run()

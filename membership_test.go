@@ -56,6 +56,7 @@ func statuses(st *membership) string {
 // forward and the lowest up number wins.
 func TestMergeIsOrderIndependent(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	base := []Member{memberOf(1, MemberUp, 1), memberOf(2, MemberUp, 2), memberOf(3, MemberJoining, 0)}
 	a := gossipFrom(2, memberOf(1, MemberUp, 1), memberOf(2, MemberLeaving, 2), memberOf(3, MemberUp, 3))
 	b := gossipFrom(3, memberOf(1, MemberUp, 1), memberOf(2, MemberUp, 2), memberOf(3, MemberUp, 4), memberOf(4, MemberJoining, 0))
@@ -83,6 +84,7 @@ func TestMergeIsOrderIndependent(t *testing.T) {
 // itself.
 func TestMergeReachability(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	st := state(1, memberOf(1, MemberUp, 1), memberOf(2, MemberUp, 2), memberOf(3, MemberUp, 3))
 	st.observe([]NodeUID{uidOf(3)}, at(0))
 	g := gossipFrom(2)
@@ -113,6 +115,7 @@ func TestMergeReachability(t *testing.T) {
 // A joining member's observations do not make anyone unreachable.
 func TestJoiningObserverDoesNotCount(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	st := state(1, memberOf(1, MemberUp, 1), memberOf(2, MemberUp, 2), memberOf(3, MemberJoining, 0))
 	g := gossipFrom(3)
 	g.Reach = []gossipReach{{Observer: uidOf(3), Version: 1, Unreachable: []NodeUID{uidOf(1), uidOf(2)}}}
@@ -126,6 +129,7 @@ func TestJoiningObserverDoesNotCount(t *testing.T) {
 // same state, and nobody is unreachable.
 func TestLeaderTransitions(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	st := state(1,
 		memberOf(1, MemberUp, 1), memberOf(2, MemberLeaving, 2), memberOf(3, MemberExiting, 3),
 		memberOf(4, MemberDown, 4), memberOf(6, MemberJoining, 0), memberOf(5, MemberJoining, 0))
@@ -157,6 +161,7 @@ func TestLeaderTransitions(t *testing.T) {
 // and the state converges).
 func TestLeaderChangesMidTransition(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	st := state(2, memberOf(1, MemberUp, 1), memberOf(2, MemberUp, 2), memberOf(3, MemberUp, 3), memberOf(4, MemberJoining, 0))
 	if l := st.leader(); l.UID != uidOf(1) {
 		t.Fatalf("leader %v, want member 1", l.UID)
@@ -181,6 +186,7 @@ func TestLeaderChangesMidTransition(t *testing.T) {
 // downed is to be told.
 func TestMergeNewIncarnationAndDownedSender(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	st := state(1, memberOf(1, MemberUp, 1), memberOf(2, MemberUp, 2))
 	reborn := memberOf(2, MemberJoining, 0)
 	reborn.UID = NodeUID{42}
@@ -200,6 +206,7 @@ func TestMergeNewIncarnationAndDownedSender(t *testing.T) {
 // When downing acts, and on which member.
 func TestNextDowning(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	tm := timing{stableAfter: 100 * time.Millisecond, unstableAfter: 400 * time.Millisecond}
 	split := func(self int) membership {
 		// Members 1 and 2 cannot reach 3: member 1 leads that side.
@@ -239,6 +246,7 @@ func TestNextDowning(t *testing.T) {
 // plus the unreachable ones it passes; watchers is the inverse.
 func TestMonitoringRing(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	var ms []Member
 	for i := 1; i <= 12; i++ {
 		ms = append(ms, memberOf(i, MemberUp, i))
@@ -279,6 +287,7 @@ func TestMonitoringRing(t *testing.T) {
 // first; when all have, a digest goes to one.
 func TestGossipTargets(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	st := state(1, memberOf(1, MemberUp, 1), memberOf(2, MemberUp, 2), memberOf(3, MemberUp, 3), memberOf(4, MemberUp, 4), memberOf(5, MemberRemoved, 5))
 	first := func(int) int { return 0 }
 	to, full := st.gossipTargets(2, first)
@@ -305,6 +314,7 @@ func TestGossipTargets(t *testing.T) {
 // and never longer than MaxAppVersion.
 func TestMergeAppVersion(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	with := func(m Member, v string) Member { m.AppVersion = v; return m }
 	long := string(make([]byte, MaxAppVersion+1))
 	cases := []struct {

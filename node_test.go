@@ -16,6 +16,7 @@ import (
 
 func TestUnixSocketPathTooLongIsAnError(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	for _, long := range []string{
 		"/tmp/" + strings.Repeat("d", maxSocketPath-len("/tmp/")+1), // one byte past this platform's limit
 		"/tmp/" + strings.Repeat("d", 120),                          // past every platform's
@@ -45,6 +46,7 @@ func TestLongRuntimeDirIsAnErrorNotAPanic(t *testing.T) {
 
 func TestUnixSocketDirectoryIsCreated(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	dir := filepath.Join(shortDir(t), "a", "b")
 	n := startNode(t, testConfig("unix://"+filepath.Join(dir, "n.sock")))
 	fi, err := os.Stat(dir)
@@ -58,6 +60,7 @@ func TestUnixSocketDirectoryIsCreated(t *testing.T) {
 
 func TestUnixSocketDirectoryThatCannotBeCreated(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	file := filepath.Join(shortDir(t), "f")
 	if err := os.WriteFile(file, nil, 0o600); err != nil {
 		t.Fatal(err)
@@ -70,6 +73,7 @@ func TestUnixSocketDirectoryThatCannotBeCreated(t *testing.T) {
 
 func TestUnixSocketLockFilesAreRemovedOnClose(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	dir := shortDir(t)
 	for i := range 5 {
 		n := startNode(t, testConfig("unix://"+filepath.Join(dir, "n.sock")))
@@ -99,6 +103,7 @@ func (l *flakyListener) Accept() (net.Conn, error) {
 
 func TestAcceptErrorsDoNotStopTheListener(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	n := startNode(t, testConfig())
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

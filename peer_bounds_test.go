@@ -57,6 +57,7 @@ func refusedWatches(t *testing.T, c net.Conn, want int) {
 
 func TestWatchesOfOnePeerAreBounded(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	slowTest(t)
 	n := startNode(t, testConfig("tcp://127.0.0.1:0"))
 	target := spawnEcho(t, n, "watched")
@@ -199,6 +200,7 @@ func holdingListeners(t *testing.T, k int) []Addr {
 
 func TestRefsFromOnePeerCauseBoundedDials(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	n := startNode(t, testConfig("tcp://127.0.0.1:0"))
 	limit := n.cfg.MaxRefDialsPerPeer
 	if limit != 256 {
@@ -271,7 +273,9 @@ func TestRefsFromOnePeerCauseBoundedDials(t *testing.T) {
 // writer stalling, holding no more than its budgets meanwhile (issue #34,
 // item 3).
 func TestAPeerThatAsksAndNeverReads(t *testing.T) {
-	t.Parallel()
+	// Not beside other tests: it bounds the growth of the process's heap,
+	// which tests running beside it would add to.
+	checkLeaks(t)
 	cfg := Config{Listen: []string{"tcp://127.0.0.1:0"}}
 	n := startNode(t, cfg)
 	spawnEcho(t, n, "echo")
@@ -371,6 +375,7 @@ func heapInUse() uint64 {
 // node was a dead ref).
 func TestRefsNobodyKeepsAreForgotten(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	n := startNode(t, testConfig("tcp://127.0.0.1:0"))
 	got := make(chan int, 2)
 	if _, err := Spawn(n, "fan", Behavior[refList]{Receive: func(_ *Context[refList], m refList) {
@@ -452,6 +457,7 @@ func watchesHeld(n *Node) (count int) {
 // review of #34: the place stayed taken on the retired connection's set).
 func TestAWatchEndedAfterAResumeFreesItsPlace(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	f := NewFaultNet()
 	cfg := failConfig("watched", 50*time.Millisecond, 5*time.Second)
 	cfg.MaxWatchesPerPeer = 2
@@ -500,6 +506,7 @@ func TestAWatchEndedAfterAResumeFreesItsPlace(t *testing.T) {
 // refusal is no stop (from the review of #34).
 func TestAnAskBeyondTheWatchBoundIsAnswered(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	cfg := testConfig("tcp://127.0.0.1:0")
 	cfg.MaxWatchesPerPeer = 1
 	served := startNode(t, cfg)
@@ -529,6 +536,7 @@ func TestAnAskBeyondTheWatchBoundIsAnswered(t *testing.T) {
 // had a set of its own).
 func TestWatchesOverSeveralConnectionsShareOneBound(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	cfg := testConfig("tcp://127.0.0.1:0")
 	cfg.MaxWatchesPerPeer = 4
 	n := startNode(t, cfg)
@@ -562,6 +570,7 @@ func TestWatchesOverSeveralConnectionsShareOneBound(t *testing.T) {
 // charge, and the peer's refs could dial again).
 func TestARefDialStaysChargedAcrossAResume(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	f := NewFaultNet()
 	cfg := failConfig("n", 50*time.Millisecond, 5*time.Second)
 	cfg.MaxRefDialsPerPeer = 2
@@ -617,6 +626,7 @@ func TestARefDialStaysChargedAcrossAResume(t *testing.T) {
 // binding forgotten while it dialed left a connection nobody tracked).
 func TestABindingInUseIsNotForgotten(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	n := startNode(t, testConfig("tcp://127.0.0.1:0"))
 	ad := TCPAddr("127.0.0.1:9")
 	live := func(a *assoc) bool {
@@ -654,6 +664,7 @@ func TestABindingInUseIsNotForgotten(t *testing.T) {
 // and the watch it placed frees its place (from the review of #34).
 func TestARemoteAskThroughAnAdapterEndsWhenItsActorStops(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	cfg := testConfig("tcp://127.0.0.1:0")
 	served := startNode(t, cfg)
 	adapters := make(chan Ref[testPing], 1)

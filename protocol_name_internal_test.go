@@ -10,6 +10,7 @@ import (
 // here, how a reflect name loses a copy's path, and only its.
 func TestWithoutPkgPath(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	const path = "example.com/app/troupe"
 	for _, c := range []struct{ in, want string }{
 		{"example.com/app/troupe.clusterMsg", "troupe.clusterMsg"},
@@ -36,6 +37,7 @@ func TestWithoutPkgPath(t *testing.T) {
 
 func TestProtocolNames(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	for _, c := range []struct {
 		t    reflect.Type
 		want string

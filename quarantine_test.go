@@ -8,6 +8,7 @@ import (
 
 func TestQuarantineTable(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	hour := time.Hour
 	uid := func(i int) NodeUID { var u NodeUID; u[0], u[1], u[2] = byte(i), byte(i>>8), byte(i>>16); return u }
@@ -63,6 +64,7 @@ func TestQuarantineTable(t *testing.T) {
 // a tombstone, a live entry, or none.
 func TestQuarantineOrderStaysBoundedOverAddClearCycles(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	hour := time.Hour
 	uid := func(i int) NodeUID { var u NodeUID; u[0], u[1], u[2] = byte(i), byte(i>>8), byte(i>>16); return u }

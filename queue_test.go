@@ -9,6 +9,7 @@ import (
 // span several chunks, and checks every record comes out once, in order.
 func TestRecQueueKeepsOrderAcrossChunks(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	rec := func(i int) outRec { return outRec{msg: i} }
 	var q recQueue
 	for i := range 3*chunkSize + 5 {
@@ -82,6 +83,7 @@ func chainNumbers(t *testing.T, c *frameChain) []int {
 // counts of tells at every step.
 func TestFrameChainKeepsOrderAcrossBlocks(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	const total = 3000
 	var c frameChain
 	size, tells := 0, 0

@@ -49,6 +49,7 @@ func (c chunky) Read(p []byte) (int, error) {
 // per read, the small buffer and the pooled one taking turns.
 func TestFrameReaderOverAnyChunking(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	slowTest(t)
 	rnd := rand.New(rand.NewPCG(1, 2))
 	stream, bodies := frameStream(rnd, 300)
@@ -94,6 +95,7 @@ func frameReaderOver(t *testing.T, src io.Reader, bodies [][]byte, waits bool) {
 // for reading.
 func TestAQuietReaderGivesBackItsBuffer(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	pr, pw := io.Pipe()
 	fr := newFrameReader(pr, DefaultMaxFrameSize)
 	var burst []byte
@@ -133,6 +135,7 @@ func TestAQuietReaderGivesBackItsBuffer(t *testing.T) {
 // quiet link gives it back with the next heartbeat.
 func TestALoneFrameOfTheSmallBuffersSizeIsGivenBackAtTheNextHeartbeat(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	pr, pw := io.Pipe()
 	fr := newFrameReader(pr, DefaultMaxFrameSize)
 	frame := appendWhole(nil, make([]byte, idleReadSize-2)) // two bytes of length prefix
@@ -174,6 +177,7 @@ func (c *countingReader) Read(p []byte) (int, error) {
 // read calls for 20 million tells).
 func TestAStreamOfSmallFramesIsReadInLargeReads(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	var stream []byte
 	for i := range 200000 {
 		stream = appendWhole(stream, []byte{byte(frameTell), byte(i), byte(i >> 8), 3, 4, 5, 6})

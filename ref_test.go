@@ -12,6 +12,7 @@ import (
 
 func TestRefStrings(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	for _, a := range []Addr{TCPAddr("127.0.0.1:7001"), UnixAddr("/run/app/a.sock"), TCPAddr("[::1]:5")} {
 		s := FormatRef(a, "/user/worker")
 		got, path, err := ParseRef(s)
@@ -32,6 +33,7 @@ func TestRefStrings(t *testing.T) {
 // every message arrives, in order.
 func TestSendWaitsForRoomInTheMailbox(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	cfg := testConfig()
 	cfg.MailboxLimit = 4
 	n := startNode(t, cfg)
@@ -94,6 +96,7 @@ func TestSendWaitsForRoomInTheMailbox(t *testing.T) {
 // link heals every message arrives once, in order.
 func TestSendWaitsForRoomOnTheWire(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	slowTest(t)
 	f := NewFaultNet()
 	cfg := failConfig("home", 50*time.Millisecond, 10*time.Second)
@@ -152,6 +155,7 @@ func TestSendWaitsForRoomOnTheWire(t *testing.T) {
 // once, and publishes the dead letter Tell would.
 func TestSendToAGonePeerFails(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	p := newPair(t, 20*time.Millisecond, 300*time.Millisecond)
 	dead := make(chan DeadLetter, 4)
 	SubscribeChan(p.home.Events(), dead)
@@ -183,6 +187,7 @@ var burst = flag.Int("troupe.burst", 1_000_000, "messages TestSendCarriesABurst 
 // (and one message), and the receiver counts every message, in order.
 func TestSendCarriesABurst(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	slowTest(t)
 	if testing.Short() {
 		t.Skip("a large burst")

@@ -15,6 +15,7 @@ import (
 // incarnation).
 func TestAFailedRegistrationIsSentAgain(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	f := NewFaultNet()
 	reg := freeRegistryAddr(t, "tcp")
 	cfg := func(name string) Config {

@@ -14,6 +14,7 @@ import (
 // bounds) is refused, and so is taking out another node's entry.
 func TestARegistrarTakesOnlyAPeersOwnRegistrations(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	reg := freeRegistryAddr(t, "tcp")
 	registrar := startNode(t, discoveryConfig("registrar", reg))
 	honest := startNode(t, discoveryConfig("honest", reg))
@@ -59,6 +60,7 @@ func TestARegistrarTakesOnlyAPeersOwnRegistrations(t *testing.T) {
 // the rest of the request is taken.
 func TestARegistrarRefusesOversizedRegistrations(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	reg := freeRegistryAddr(t, "tcp")
 	registrar := startNode(t, discoveryConfig("registrar", reg))
 	peer := startNode(t, discoveryConfig("peer", reg))
@@ -95,6 +97,7 @@ func TestARegistrarRefusesOversizedRegistrations(t *testing.T) {
 // keeps the entry nowhere; a place freed (an actor stops) is taken again.
 func TestARegistrarBoundsAPeerAndAName(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	reg := freeRegistryAddr(t, "tcp")
 	registrar := startNode(t, discoveryConfig("registrar", reg))
 	registrar.reg().mu.Lock()
@@ -146,6 +149,7 @@ func TestARegistrarBoundsAPeerAndAName(t *testing.T) {
 // bound holds.
 func TestRegTableCountsAndTotalBound(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	g := newRegTable()
 	g.bounds = regBounds{perPeer: 10, perName: 10, total: 3}
 	addr := TCPAddr("127.0.0.1:7001")
@@ -209,6 +213,7 @@ func TestRegTableCountsAndTotalBound(t *testing.T) {
 // under long keys are more than one frame takes.
 func TestReregistrationOfManyServicesGoesInPieces(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	slowTest(t)
 	reg := freeRegistryAddr(t, "tcp")
 	registrar := startNode(t, discoveryConfig("registrar", reg))
@@ -255,6 +260,7 @@ func BenchmarkRegistrarRegister(b *testing.B) {
 // actors' uuids, or saying it has the zero uid.
 func TestAPeerCannotTakeAnotherNodesEntries(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	reg := freeRegistryAddr(t, "tcp")
 	registrar := startNode(t, discoveryConfig("registrar", reg))
 	honest := startNode(t, discoveryConfig("honest", reg))
@@ -321,6 +327,7 @@ func TestAPeerCannotTakeAnotherNodesEntries(t *testing.T) {
 // one per checkEvery, so that reports cannot make it dial at will.
 func TestAddressChecksAreBounded(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	var c addrChecks
 	t0 := time.Unix(1000, 0)
 	peer, other := NodeUID{1}, NodeUID{2}

@@ -25,6 +25,7 @@ func waitChecksIdle(t *testing.T, g *regTable) int {
 // another node there) drops an entry.
 func TestAHostilePeerCannotGetALiveNodesEntriesDropped(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	reg := freeRegistryAddr(t, "tcp")
 	registrar := startNode(t, discoveryConfig("registrar", reg))
 	hcfg := discoveryConfig("honest", reg, "tcp://127.0.0.1:0")
@@ -66,6 +67,7 @@ func TestAHostilePeerCannotGetALiveNodesEntriesDropped(t *testing.T) {
 // registrar dial nothing: reports cannot aim its dials.
 func TestAReportOfAnUnlistedAddressDialsNothing(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	reg := freeRegistryAddr(t, "tcp")
 	registrar := startNode(t, discoveryConfig("registrar", reg))
 	cfg := testConfig()

@@ -15,6 +15,7 @@ import (
 
 func TestRegistrationOnAnAddressEvictsTheOldIdentity(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	g := newRegTable()
 	addr := TCPAddr("127.0.0.1:7001")
 	old := NodeUID{1}
@@ -35,6 +36,7 @@ func TestRegistrationOnAnAddressEvictsTheOldIdentity(t *testing.T) {
 
 func TestRegistrarServesTCPAndUnixAtOnce(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	tcp, uds := freeRegistryAddr(t, "tcp"), freeRegistryAddr(t, "unix")
 	cfg := testConfig()
 	cfg.Name, cfg.RegistryAddrs = "registrar", []string{tcp, uds}
@@ -57,6 +59,7 @@ func TestRegistrarServesTCPAndUnixAtOnce(t *testing.T) {
 
 func TestFindActorAllHasOneEntryPerRegistrar(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	regA, regB := freeRegistryAddr(t, "tcp"), freeRegistryAddr(t, "tcp")
 	a := startNode(t, discoveryConfig("a", regA))
 	b := startNode(t, discoveryConfig("b", regB))
@@ -80,6 +83,7 @@ func TestFindActorAllHasOneEntryPerRegistrar(t *testing.T) {
 
 func TestReRegistersAfterReassociation(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	f := NewFaultNet()
 	reg := freeRegistryAddr(t, "tcp")
 	cfgR := failConfig("registrar", 20*time.Millisecond, 300*time.Millisecond)
@@ -144,6 +148,7 @@ func TestRuntimeDirIsPrivate(t *testing.T) {
 // $TROUPE_HELPER_JOIN, finds "svc" and asks it.
 func TestHelperJoinProcess(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	reg := os.Getenv("TROUPE_HELPER_JOIN")
 	if reg == "" {
 		t.Skip("helper for TestJoiningFromAnotherProcess")
@@ -165,6 +170,7 @@ func TestHelperJoinProcess(t *testing.T) {
 
 func TestJoiningFromAnotherProcess(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	reg := freeRegistryAddr(t, "tcp")
 	startNode(t, discoveryConfig("registrar", reg))
 	service := startNode(t, discoveryConfig("service", reg))
@@ -185,6 +191,7 @@ func TestJoiningFromAnotherProcess(t *testing.T) {
 
 func TestAnyNodeCanServeARegistry(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	cfg := testConfig("tcp://127.0.0.1:0")
 	cfg.Name, cfg.ServeRegistry = "side-registrar", true
 	side := startNode(t, cfg)
@@ -201,6 +208,7 @@ func TestAnyNodeCanServeARegistry(t *testing.T) {
 
 func TestRegistrarDropsNodesThatLeave(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	reg := freeRegistryAddr(t, "tcp")
 	registrar := startNode(t, discoveryConfig("registrar", reg))
 	service := startNode(t, discoveryConfig("service", reg))
@@ -216,6 +224,7 @@ func TestRegistrarDropsNodesThatLeave(t *testing.T) {
 
 func TestActorStopUnregisters(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	reg := freeRegistryAddr(t, "tcp")
 	registrar := startNode(t, discoveryConfig("registrar", reg))
 	service := startNode(t, discoveryConfig("service", reg))
@@ -228,6 +237,7 @@ func TestActorStopUnregisters(t *testing.T) {
 // subscribers; one more is refused, and one that goes makes room.
 func TestRegistrySubscribersAreBounded(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	g := newRegTable()
 	hs := make([]*handle, maxRegistrySubscribers+1)
 	for i := range hs {
@@ -257,6 +267,7 @@ func TestRegistrySubscribersAreBounded(t *testing.T) {
 // but the last marked More, numbered in order.
 func TestARegistrySnapshotGoesInPieces(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	g := newRegTable()
 	for i := range 2*snapshotPiece + 5 {
 		g.register(Registration{Name: fmt.Sprintf("a%d", i), UUID: UUID{byte(i), byte(i >> 8)}, Node: NodeUID{1}, Addrs: []Addr{TCPAddr("127.0.0.1:1")}})
@@ -297,6 +308,7 @@ func TestRegisteringWithoutSubscribersCostsNothingMore(t *testing.T) {
 // it rebuilt is the registrar's.
 func TestAWatchRecoversFromALostEvent(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	reg := freeRegistryAddr(t, "tcp")
 	n := startNode(t, discoveryConfig("registrar", reg))
 	r, err := n.Registry()

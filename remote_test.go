@@ -75,6 +75,7 @@ func spawnCounting(t testing.TB, n *Node, name string, total int64) *counting {
 
 func TestRemoteAskAndOrderedTell(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	forEachTransport(t, func(t *testing.T, listen func(testing.TB) string) {
 		a := startNode(t, testConfig(listen(t)))
 		b := startNode(t, testConfig(listen(t)))
@@ -110,6 +111,7 @@ func TestRemoteAskAndOrderedTell(t *testing.T) {
 
 func TestResolveErrors(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	forEachTransport(t, func(t *testing.T, listen func(testing.TB) string) {
 		a := startNode(t, testConfig(listen(t)))
 		b := startNode(t, testConfig(listen(t)))
@@ -129,6 +131,7 @@ func TestResolveErrors(t *testing.T) {
 
 func TestRemoteWatch(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	forEachTransport(t, func(t *testing.T, listen func(testing.TB) string) {
 		a := startNode(t, testConfig(listen(t)))
 		b := startNode(t, testConfig(listen(t)))
@@ -191,6 +194,7 @@ func roundTrip(t testing.TB, a, b *Node, path string) {
 
 func TestPeerCloseTerminatesWatchersWithPeerLeft(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	forEachTransport(t, func(t *testing.T, listen func(testing.TB) string) {
 		a := startNode(t, testConfig(listen(t)))
 		b := startNode(t, testConfig(listen(t)))
@@ -239,6 +243,7 @@ func init() {
 
 func TestAdapterRefAcrossTheWire(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	forEachTransport(t, func(t *testing.T, listen func(testing.TB) string) {
 		a := startNode(t, testConfig(listen(t)))
 		b := startNode(t, testConfig(listen(t)))
@@ -267,6 +272,7 @@ func TestAdapterRefAcrossTheWire(t *testing.T) {
 
 func TestPendingAskFailsWhenPeerLeaves(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	a := startNode(t, testConfig("tcp://127.0.0.1:0"))
 	b := startNode(t, testConfig("tcp://127.0.0.1:0"))
 	asked := make(chan struct{})
@@ -289,6 +295,7 @@ func TestPendingAskFailsWhenPeerLeaves(t *testing.T) {
 
 func TestAskWithUnregisteredReplyTypeFailsFast(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	a := startNode(t, testConfig("tcp://127.0.0.1:0"))
 	b := startNode(t, testConfig("tcp://127.0.0.1:0"))
 	type private struct{ N int }
@@ -308,6 +315,7 @@ func init() { RegisterMessage[Ref[testPong]]("troupe.test.pong-ref") }
 
 func TestWatchARemoteAdapterRef(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	a := startNode(t, testConfig("tcp://127.0.0.1:0"))
 	b := startNode(t, testConfig("tcp://127.0.0.1:0"))
 	spawnEcho(t, b, "echo")
@@ -337,6 +345,7 @@ func TestWatchARemoteAdapterRef(t *testing.T) {
 // not.
 func TestWatchesOfAPeerThatLeftAreDropped(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	slowTest(t)
 	for _, abrupt := range []bool{false, true} {
 		t.Run(fmt.Sprintf("abrupt=%v", abrupt), func(t *testing.T) {

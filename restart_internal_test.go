@@ -12,6 +12,7 @@ import (
 // handshake's timeout.
 func TestALookupSkipsAQuarantinedIncarnationWithoutDialing(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	f := NewFaultNet()
 	t.Cleanup(f.Heal)
 	registry := freeRegistryAddr(t, "tcp")
@@ -68,6 +69,7 @@ func mustAddr(t *testing.T, s string) Addr {
 // wrote it.
 func TestServiceRefsReadsTheQuarantineUnderItsLock(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	slowTest(t)
 	n := startNode(t, testConfig())
 	gone := NodeUID{7}

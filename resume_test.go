@@ -17,6 +17,7 @@ import (
 // after the last one the watched actor's stop is seen once.
 func TestResetsResumeExactlyOnceInOrder(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	slowTest(t)
 	f := NewFaultNet()
 	home := startOn(t, f, failConfig("home", 50*time.Millisecond, 5*time.Second))
@@ -106,6 +107,7 @@ func TestResetsResumeExactlyOnceInOrder(t *testing.T) {
 // UnreachableAfter has passed since the peer was last heard.
 func TestResetThenSilenceIsDetectedByTheWindow(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	p := newPair(t, 20*time.Millisecond, 400*time.Millisecond)
 	lost := make(chan PeerLinkLost, 4)
 	SubscribeChan(p.home.Events(), lost)
@@ -134,6 +136,7 @@ func TestResetThenSilenceIsDetectedByTheWindow(t *testing.T) {
 // sessions could resume.
 func TestAPeerThatCannotResumeEndsAtOnce(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	cfg := failConfig("n", 100*time.Millisecond, 5*time.Second)
 	cfg.Listen = []string{"tcp://127.0.0.1:0"}
 	n := startNode(t, cfg)
@@ -171,6 +174,7 @@ func init() { RegisterMessage[padded]("troupe.test.padded") }
 // unacknowledged.
 func TestResetsResumeLargeMessages(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	f := NewFaultNet()
 	home := startOn(t, f, failConfig("home", 50*time.Millisecond, 5*time.Second))
 	away := startOn(t, f, failConfig("away", 50*time.Millisecond, 5*time.Second))
@@ -239,6 +243,7 @@ func TestResetsResumeLargeMessages(t *testing.T) {
 // silent.
 func TestFailingABacklogDoesNotHoldUpDetection(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	slowTest(t)
 	f := NewFaultNet()
 	t.Cleanup(f.Heal)

@@ -36,6 +36,7 @@ func schemaOf(key string, t reflect.Type) MessageSchema {
 // type pair, are the rules a session applies.
 func TestDiffSchemas(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	type (
 		base struct {
 			ID   int64

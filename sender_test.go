@@ -11,6 +11,7 @@ import (
 // bytes say (the sender's fields never cross the wire).
 func TestEveryMessageThatCarriesItsSenderIsStamped(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	sentByType := reflect.TypeFor[sentBy]()
 	carriers := 0
 	for _, mt := range *wireTypes.byKey.Load() {

@@ -68,6 +68,7 @@ func registerEcho(t *testing.T, n *Node, name string) Ref[testPing] {
 // in a listing that holds every actor again.
 func TestWatchServiceFollowsARegistrarFailover(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	f := NewFaultNet()
 	reg := freeRegistryAddr(t, "tcp")
 	cfg := func(name string) Config {
@@ -96,6 +97,7 @@ func TestWatchServiceFollowsARegistrarFailover(t *testing.T) {
 // that closes (its entries go with its lease).
 func TestServiceKeysOverEtcd(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	slowTest(t)
 	url := sharedEtcdURL(t)
 	a, b := etcdNode(t, "alpha", url), etcdNode(t, "beta", url)
@@ -140,6 +142,7 @@ var pingTopic = NewTopic[testPing]("pings")
 // the subscriber.
 func TestTopicRelaysFollowARegistrarFailover(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	f := NewFaultNet()
 	reg := freeRegistryAddr(t, "tcp")
 	cfg := func(name string) Config {
@@ -201,6 +204,7 @@ func TestTopicRelaysFollowARegistrarFailover(t *testing.T) {
 // a publisher on another node reaches the subscriber.
 func TestTopicsOverEtcd(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	slowTest(t)
 	url := sharedEtcdURL(t)
 	a, b := etcdNode(t, "alpha", url), etcdNode(t, "beta", url)
@@ -222,6 +226,7 @@ func TestTopicsOverEtcd(t *testing.T) {
 // ends with ErrNodeClosed when the node closes.
 func TestRegistryWatchOverEtcd(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	slowTest(t)
 	url := sharedEtcdURL(t)
 	a, b := etcdNode(t, "alpha", url), etcdNode(t, "beta", url)
@@ -291,6 +296,7 @@ func TestRegistryWatchOverEtcd(t *testing.T) {
 // ends with ErrWatchLost, not a wait without end.
 func TestRegistryWatchOfASilentEtcdIsLost(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

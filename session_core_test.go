@@ -19,6 +19,7 @@ import (
 // 64 KiB ended in one block of 7 MB).
 func TestLargeFramesGetBlocksOfTheirOwn(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	f := NewFaultNet()
 	home := startOn(t, f, failConfig("home", 50*time.Millisecond, 10*time.Second))
 	away := startOn(t, f, failConfig("away", 50*time.Millisecond, 10*time.Second))
@@ -54,6 +55,7 @@ func TestLargeFramesGetBlocksOfTheirOwn(t *testing.T) {
 // was refused as malformed, 8 runs of 8).
 func TestResetsWhileMidSizeMessagesStream(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	slowTest(t)
 	for _, size := range []int{5 << 10, 16 << 10} {
 		f := NewFaultNet()
@@ -139,6 +141,7 @@ func TestResetsWhileMidSizeMessagesStream(t *testing.T) {
 // (issue #24, defect 8: only the records became dead letters).
 func TestAResumeIntoALeavingSessionLosesNothingSilently(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	cfg := failConfig("n", 50*time.Millisecond, 5*time.Second)
 	n := startNode(t, cfg)
 	dead := make(chan DeadLetter, 64)
@@ -181,6 +184,7 @@ func TestAResumeIntoALeavingSessionLosesNothingSilently(t *testing.T) {
 // SendQueueLimit, the session still up).
 func TestAPeerThatNeverReadsIsEndedWithinItsBudget(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	cfg := failConfig("n", 100*time.Millisecond, 2*time.Second)
 	cfg.Listen = []string{"tcp://127.0.0.1:0"}
 	cfg.SendQueueLimit = 64 << 10
@@ -251,6 +255,7 @@ var _ = errors.New
 // next connection with a resume, and was quarantined again).
 func TestARedialThatReachesANewIncarnationLeavesNoGhost(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	slowTest(t)
 	f := NewFaultNet()
 	cfg := func(name string, listen ...string) Config {
@@ -409,6 +414,7 @@ func rawPeer(t *testing.T, n *Node, read bool) (net.Conn, NodeUID) {
 // becomes Unconfirmed dead letters.
 func TestAPeerThatNeverAcknowledgesIsGivenUpOn(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	slowTest(t)
 	for _, read := range []bool{true, false} {
 		cfg := failConfig("n", 50*time.Millisecond, time.Second)
@@ -467,6 +473,7 @@ func TestAPeerThatNeverAcknowledgesIsGivenUpOn(t *testing.T) {
 // by the resume used to be queued as a record and refused for credit).
 func TestSendsWaitingForCreditSurviveResets(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	slowTest(t)
 	f := NewFaultNet()
 	home := startOn(t, f, failConfig("home", 50*time.Millisecond, 5*time.Second))
@@ -531,6 +538,7 @@ func TestSendsWaitingForCreditSurviveResets(t *testing.T) {
 // each stayed in the waiting list, holding its association, for ever).
 func TestDuplicateGoodbyesLeaveNothingParked(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	cfg := failConfig("n", 100*time.Millisecond, 2*time.Second)
 	cfg.Listen = []string{"tcp://127.0.0.1:0"}
 	n := startNode(t, cfg)
@@ -551,6 +559,7 @@ func TestDuplicateGoodbyesLeaveNothingParked(t *testing.T) {
 // MaxOutboundConns, and every later Resolve failed with ErrTooManyConns).
 func TestRefsInMessagesDoNotTakeTheRoomOfDials(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	cfg := testConfig()
 	cfg.MaxOutboundConns = 100
 	n := startNode(t, cfg)
@@ -568,6 +577,7 @@ func TestRefsInMessagesDoNotTakeTheRoomOfDials(t *testing.T) {
 // idle size once the Asks are over: the stop note Asks wait on goes.
 func TestAnAskedActorGoesBackToItsIdleSize(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	home := startNode(t, testConfig("tcp://127.0.0.1:0"))
 	away := startNode(t, testConfig("tcp://127.0.0.1:0"))
 	echo := spawnEcho(t, away, "echo")
@@ -618,6 +628,7 @@ func TestAnAskedActorGoesBackToItsIdleSize(t *testing.T) {
 // by a full mailbox.
 func TestAnAskThatEndsLeavesNoAskerBehind(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	cfg := testConfig()
 	cfg.MailboxLimit = 2
 	n := startNode(t, cfg)
@@ -656,6 +667,7 @@ func TestAnAskThatEndsLeavesNoAskerBehind(t *testing.T) {
 // ctx before, found in review).
 func TestASendWaitingForCreditEndsWithItsPeer(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	slowTest(t)
 	f := NewFaultNet()
 	home := startOn(t, f, failConfig("home", 50*time.Millisecond, time.Second))
@@ -701,6 +713,7 @@ func TestASendWaitingForCreditEndsWithItsPeer(t *testing.T) {
 // nothing, returns once the peer is given up on.
 func TestASendWaitingForRoomEndsWhenItsPeerIsGivenUp(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	slowTest(t)
 	f := NewFaultNet()
 	hc := failConfig("home", 50*time.Millisecond, time.Second)

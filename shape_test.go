@@ -121,6 +121,7 @@ func sendAs[T any](t *testing.T, msg any) (T, error) {
 // slices, maps, pointers, arrays and recursive types.
 func TestShapesMatchFieldsByName(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	t.Run("added fields are skipped", func(t *testing.T) {
 		got, err := sendAs[shOld](t, shNew{ID: 7, Extra: []string{"a", "b"}, Name: "n", More: map[string]int{"x": 1}})
 		if err != nil || got != (shOld{ID: 7, Name: "n"}) {
@@ -184,6 +185,7 @@ func TestShapesMatchFieldsByName(t *testing.T) {
 // A field whose kind changed cannot be matched: the error names it.
 func TestShapesRefuseAChangedKind(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	for _, tc := range []struct {
 		name string
 		conv func() error
@@ -207,6 +209,7 @@ func TestShapesRefuseAChangedKind(t *testing.T) {
 // a receiver decodes them as always, with no conversion.
 func TestEqualShapesAreTheSameBytes(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	type renamed struct {
 		ID   int
 		Name string
@@ -222,6 +225,7 @@ func TestEqualShapesAreTheSameBytes(t *testing.T) {
 // Shapes from a peer are checked before they are used.
 func TestParseShapeRefusesBadShapes(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	deep := bytes.Repeat([]byte{shapePointer}, maxDepth+1)
 	deep = append(deep, shapeInt)
 	for _, tc := range []struct {
@@ -318,6 +322,7 @@ func FuzzShape(f *testing.F) {
 // long) is sent without one, never with a shape that ends the link.
 func TestTypesBeyondTheShapeBoundsGoWithoutOne(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	type hugeArray struct{ D *[maxShapeArray + 1]bool }
 	deep := reflect.TypeFor[int]()
 	for range 40 {
@@ -334,6 +339,7 @@ func TestTypesBeyondTheShapeBoundsGoWithoutOne(t *testing.T) {
 // fields cannot make a receiver loop for long over a slice of them.
 func TestSkippingManyEmptyFieldsIsBounded(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	var e []byte
 	e = append(e, shapeStruct, 1, 1, 'S', shapeSlice, shapeStruct)
 	e = binary.AppendUvarint(e, 6001)
@@ -363,6 +369,7 @@ func TestSkippingManyEmptyFieldsIsBounded(t *testing.T) {
 // a session that defined many keys still decodes the next one by name.
 func TestShapesHeldAreCountedNotShapesEverSent(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	a := newAssoc(nil, true, TCPAddr("127.0.0.1:7001"))
 	a.n = &Node{cfg: Config{MaxFrameSize: DefaultMaxFrameSize}}
 	old := typeOf(reflect.TypeFor[shOld]())

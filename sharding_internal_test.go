@@ -12,6 +12,7 @@ import (
 // called: the region is seen only once whole.
 func TestAPokeWhileShardingStartsIsSafe(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	f := NewFaultNet()
 	n := startOn(t, f, failConfig("alone", 20*time.Millisecond, 2*time.Second))
 	c, err := StartCluster(ctxT(t, 5*time.Second), n, clusterCfg(nil))
@@ -49,6 +50,7 @@ func TestAPokeWhileShardingStartsIsSafe(t *testing.T) {
 // a downed or removed one is away for good.
 func TestGoneAfter(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	self, a := NodeUID{1}, NodeUID{2}
 	ev := func(kind string, st MemberStatus) MemberEvent {
 		return MemberEvent{Member: Member{UID: a, Status: st}, Kind: kind}
@@ -86,6 +88,7 @@ func TestGoneAfter(t *testing.T) {
 // troupe's envelope.
 func TestAnEnvelopesDeadLetterNamesTheUsersMessage(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	n := startNode(t, failConfig("a", 20*time.Millisecond, 2*time.Second))
 	dead := make(chan DeadLetter, 1)
 	sub := SubscribeChan(n.Events(), dead)
@@ -102,6 +105,7 @@ func TestAnEnvelopesDeadLetterNamesTheUsersMessage(t *testing.T) {
 // taken as this member's, not as the relaying one's.
 func TestARegionsWordRelayedByAnotherStationIsItsOwn(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	r := newClusterRig(t, 3, clusterCfg(nil))
 	for _, m := range r.members[0].Members() {
 		if m.UID != r.nodes[0].uid && m.UpNumber < r.members[0].Self().UpNumber {
@@ -145,6 +149,7 @@ func TestARegionsWordRelayedByAnotherStationIsItsOwn(t *testing.T) {
 // it.
 func TestTheCoordinatorTakesEachWordAsFromItsRegion(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	r := newClusterRig(t, 3, clusterCfg(nil))
 	m0, m1, m2, stranger := r.nodes[0].uid, r.nodes[1].uid, r.nodes[2].uid, NodeUID{0xee}
 	for _, tc := range []struct {

@@ -14,6 +14,7 @@ import (
 // Shutdown's deadline.
 func TestAShutdownWaitsForASilentPeerOnlyUntilItIsUnreachable(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	slowTest(t)
 	for _, audible := range []bool{true, false} {
 		cfg := failConfig("n", 50*time.Millisecond, 500*time.Millisecond)
@@ -62,6 +63,7 @@ func TestAShutdownWaitsForASilentPeerOnlyUntilItIsUnreachable(t *testing.T) {
 // ErrPeerLeft.
 func TestShutdownSaysGoodbyeToAMemberItNeverHeardFrom(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	slowTest(t)
 	f := NewFaultNet()
 	t.Cleanup(f.Heal)

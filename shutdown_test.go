@@ -70,6 +70,7 @@ func TestCloseAbortsAHangingHandshake(t *testing.T) {
 
 func TestShutdownDeliversWhatIsQueued(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	home := startNode(t, testConfig("tcp://127.0.0.1:0"))
 	away, err := Start(ctxT(t, 5*time.Second), testConfig("tcp://127.0.0.1:0"))
 	if err != nil {
@@ -125,6 +126,7 @@ func frozenPeer(t *testing.T) (*Node, Ref[testPing]) {
 
 func TestShutdownReturnsWhenItsContextEnds(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	away, r := frozenPeer(t)
 	for range 1000 {
 		r.Tell(testPing{})
@@ -146,6 +148,7 @@ func TestShutdownReturnsWhenItsContextEnds(t *testing.T) {
 
 func TestCloseCutsAShutdownShort(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	away, r := frozenPeer(t)
 	r.Tell(testPing{})
 	shut := make(chan error, 1)

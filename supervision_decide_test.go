@@ -10,6 +10,7 @@ import (
 // before, with explicit times, and the failure's time.
 func TestStrategyDecide(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	t0 := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
 	at := func(secs ...int) []time.Time {
 		var ts []time.Time
@@ -55,6 +56,7 @@ func TestStrategyDecide(t *testing.T) {
 
 func TestBackoffPauses(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	s := RestartWithBackoff(100*time.Millisecond, time.Second, 0.5)
 	cases := []struct {
 		k    int
@@ -81,6 +83,7 @@ func TestBackoffPauses(t *testing.T) {
 
 func TestStrategyString(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	for s, want := range map[*Strategy]string{
 		ptr(StopOnFailure()):                                   "stop",
 		ptr(ResumeOnFailure()):                                 "resume",

@@ -16,6 +16,7 @@ type timerMsg struct {
 
 func TestTimerOnceReplaceAndCancel(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	n := startNode(t, testConfig())
 	got := make(chan int, 16)
 	r, _ := Spawn(n, "timed", Behavior[timerMsg]{
@@ -51,6 +52,7 @@ func TestTimerOnceReplaceAndCancel(t *testing.T) {
 
 func TestTickerAndCancelOnStop(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	n := startNode(t, testConfig())
 	ticks := make(chan int, 64)
 	count := 0
@@ -82,6 +84,7 @@ func TestTickerAndCancelOnStop(t *testing.T) {
 
 func TestActorContextEndsWithTheActor(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	n := startNode(t, testConfig())
 	ctxs := make(chan context.Context, 1)
 	r, _ := Spawn(n, "ctx", Behavior[int]{
@@ -111,6 +114,7 @@ func TestActorContextEndsWithTheActor(t *testing.T) {
 
 func TestActorContextEndsWithTheNode(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	n, err := Start(ctxT(t, 5*time.Second), testConfig())
 	if err != nil {
 		t.Fatal(err)

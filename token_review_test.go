@@ -59,6 +59,7 @@ func sessionGivenUp(t *testing.T) (b, c *Node, held *assoc) {
 // not end b's session with that peer, nor take its place under its uid.
 func TestAZeroProofWelcomeDoesNotReplaceASuspendedSession(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	b, c, held := sessionGivenUp(t)
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -108,6 +109,7 @@ func TestAZeroProofWelcomeDoesNotReplaceASuspendedSession(t *testing.T) {
 // talk again.
 func TestADialerHoldingAGivenUpSessionIsWelcomedAnew(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	b, c, held := sessionGivenUp(t)
 	spawnEcho(t, c, "echo")
 	b.pmu.Lock()
@@ -140,6 +142,7 @@ func TestADialerHoldingAGivenUpSessionIsWelcomedAnew(t *testing.T) {
 // unreachable peer.
 func TestALiveSessionsTokenOutlivesManyOtherPeers(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	f := NewFaultNet()
 	home := startOn(t, f, failConfig("home", 50*time.Millisecond, 5*time.Second))
 	away := startOn(t, f, failConfig("away", 50*time.Millisecond, 5*time.Second))
@@ -182,6 +185,7 @@ func TestALiveSessionsTokenOutlivesManyOtherPeers(t *testing.T) {
 // connection (a resume after a reset) is proven with the new one.
 func TestARedialThatWinsAHeldSessionKeepsTheTokensInStep(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	f := NewFaultNet()
 	b := startOn(t, f, failConfig("b", 50*time.Millisecond, 5*time.Second))
 	c := startOn(t, f, failConfig("c", 50*time.Millisecond, 5*time.Second))
@@ -228,6 +232,7 @@ func TestARedialThatWinsAHeldSessionKeepsTheTokensInStep(t *testing.T) {
 // the same token, or the session's next connection (a resume) is refused.
 func TestASecondConnectionLeavesTheTokensInStep(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	for range 10 {
 		server := startNode(t, testConfig("tcp://127.0.0.1:0", "tcp://127.0.0.1:0"))
 		echo := spawnEcho(t, server, "echo")

@@ -76,6 +76,7 @@ func troubleOn(n *Node, first *firstOf) {
 // Without a secret anyone can try; with one, any holder of it.
 func TestAClaimOfALiveSessionNeedsItsToken(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	for _, secret := range []string{"", "the cluster's shared secret"} {
 		server := startNode(t, secretConfig(secret))
 		echo := spawnEcho(t, server, "echo")
@@ -147,6 +148,7 @@ func TestAClaimOfALiveSessionNeedsItsToken(t *testing.T) {
 // where it was, and the impostor gets nothing but the refusal.
 func TestAnAcceptorClaimingALivePeersUIDIsRefused(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	for _, withProof := range []bool{false, true} {
 		server := startNode(t, testConfig("tcp://127.0.0.1:0"))
 		echo := spawnEcho(t, server, "echo")
@@ -223,6 +225,7 @@ func TestAnAcceptorClaimingALivePeersUIDIsRefused(t *testing.T) {
 // its addresses keeps working through both refs.
 func TestASecondConnectionOfThePeerProvesItsToken(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	server := startNode(t, testConfig("tcp://127.0.0.1:0", "tcp://127.0.0.1:0"))
 	echo := spawnEcho(t, server, "echo")
 	d := startNode(t, testConfig("tcp://127.0.0.1:0"))
@@ -277,6 +280,7 @@ func (n *Node) byUIDToken(t *testing.T, uid NodeUID) []byte {
 // has no token: a claim on it is not checked, as before.)
 func TestANodeWithoutTokensTalksToOneWithThem(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	for _, oldDials := range []bool{true, false} {
 		f := NewFaultNet()
 		oldCfg := failConfig("old", 50*time.Millisecond, 5*time.Second)

@@ -125,6 +125,7 @@ func backlog(w Ref[int], n int) {
 // Terminated with a nil reason.
 func TestTerminatedAfterTheSendersMessages(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	setups := map[string]func(t *testing.T) (home, away *Node, sender Ref[orderGo]){
 		"local": func(t *testing.T) (*Node, *Node, Ref[orderGo]) {
 			n := startNode(t, testConfig())
@@ -183,6 +184,7 @@ func mailboxLen(n *Node, path string) int {
 
 func TestTerminatedAfterMessagesFromAnUnreachablePeer(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	slowTest(t)
 	f := NewFaultNet()
 	// A window a loaded machine does not run out while 1,000 messages

@@ -19,6 +19,7 @@ var update = flag.Bool("update", false, "rewrite the golden files in testdata/wi
 
 func TestWireValuesArePinned(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	kinds := map[frameKind]uint8{frameHello: 1, frameWelcome: 2, frameReject: 3, frameTell: 4, frameWatch: 5,
 		frameUnwatch: 6, frameTerminated: 7, frameResolve: 8, frameResolved: 9, frameBye: 10, frameHeartbeat: 11, frameChallenge: 12, frameProof: 13, frameAck: 14, frameResume: 15, frameTokenChallenge: 20, frameToken: 21}
 	for k, v := range kinds {
@@ -138,6 +139,7 @@ func init() { RegisterMessage[count]("troupe.test.count") }
 
 func TestGoldenFrames(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	for name, got := range goldenFrames(t) {
 		path := filepath.Join("testdata", "wire", name+".hex")
 		if *update {
@@ -163,6 +165,7 @@ func TestGoldenFrames(t *testing.T) {
 
 func TestSmallTellIsSmallOnTheWire(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	f := goldenFrames(t)["tell-again"]
 	if len(f) > 6 {
 		t.Fatalf("a repeated tell of a one-int message takes %d bytes (%x), want at most 6", len(f), f)
@@ -171,6 +174,7 @@ func TestSmallTellIsSmallOnTheWire(t *testing.T) {
 
 func TestFrameReaderRejects(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	tests := []struct {
 		name string
 		in   []byte
@@ -263,6 +267,7 @@ func (r *claimReader) Read(p []byte) (int, error) {
 
 func TestClaimedFrameLengthIsNotAllocated(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	for _, claim := range []int{readBufferSize + 1, 1 << 20, DefaultMaxFrameSize} {
 		r := &claimReader{data: append(binary.AppendUvarint(nil, uint64(claim)), make([]byte, 10)...)}
 		fr := newFrameReader(r, DefaultMaxFrameSize)
@@ -290,6 +295,7 @@ func TestClaimedFrameLengthIsNotAllocated(t *testing.T) {
 // byte more or a byte less is refused.
 func TestFrameBodiesParseBack(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	frames := goldenFrames(t)
 	body := func(name string) []byte {
 		fr := newFrameReader(bytes.NewReader(frames[name]), DefaultMaxFrameSize)
@@ -443,6 +449,7 @@ func TestFrameBodiesParseBack(t *testing.T) {
 // text naming both versions.
 func TestHelloExtensions(t *testing.T) {
 	t.Parallel()
+	checkLeaks(t)
 	base := func(ext ...byte) []byte {
 		b := appendHello(nil, frameHello, &hello{version: protocolVersion, uid: NodeUID{7}, name: "x"})
 		return append(b[1:len(b)-1], ext...) // (without the kind byte, and the empty extension count)
