@@ -34,6 +34,19 @@ type tick struct{ N int }
 // process that stood still.
 const singletonStable = time.Second
 
+// marginCluster is the cluster configuration, with downing d, of the
+// tests that wait out a removal margin, which is never less than
+// LeaseReleaseAfter: StableAfter + DownAllWhenUnstable +
+// LeaseMinorityDelay + max(StableAfter, 1 s) + StableAfter/2, 8.5 s with
+// the defaults for StableAfter 1 s. These tests use no lease, so the
+// minority's delay (2 s by default) would only lengthen the margin, and
+// their clusters may stay unstable 3 s (three StableAfters, not the
+// 4 s floor) before every member is downed: the margin is 5.6 s.
+func marginCluster(d troupe.DowningStrategy) troupe.ClusterConfig {
+	return troupe.ClusterConfig{Downing: d, StableAfter: singletonStable,
+		DownAllWhenUnstable: 3 * time.Second, LeaseMinorityDelay: 100 * time.Millisecond}
+}
+
 func init() { troupe.RegisterMessage[tick]("troupe.test.singleton.tick") }
 
 // factory makes instances for the member named name that report to tl.
@@ -140,10 +153,10 @@ func TestASingletonMovesAfterACrashOrASplitNeverTwice(t *testing.T) {
 	slowTest(t)
 	for _, fault := range []string{"crash", "split"} {
 		t.Run(fault, func(t *testing.T) {
+			t.Parallel() // (each on its own network)
 			f := troupe.NewFaultNet()
 			tl := &tally{}
-			nodes, _, refs := singletonCluster(t, f, tl, troupe.ClusterConfig{Downing: troupe.KeepMajority{}, StableAfter: singletonStable},
-				troupe.SingletonConfig{}, "a", "b", "c")
+			nodes, _, refs := singletonCluster(t, f, tl, marginCluster(troupe.KeepMajority{}), troupe.SingletonConfig{}, "a", "b", "c")
 			refs[2].Tell(tick{1})
 			waitUntil(t, 10*time.Second, "a tick handled on a", func() bool { return tl.count("a") == 1 })
 			switch fault {

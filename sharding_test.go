@@ -315,10 +315,10 @@ func TestShardsMoveAfterACrashOrASplitNeverTwice(t *testing.T) {
 	slowTest(t)
 	for _, fault := range []string{"crash", "split"} {
 		t.Run(fault, func(t *testing.T) {
+			t.Parallel() // (each on its own network)
 			f := troupe.NewFaultNet()
 			l := newLedger()
-			nodes, _, kinds := shardedCluster(t, f, l, troupe.ClusterConfig{Downing: troupe.KeepMajority{}, StableAfter: singletonStable},
-				troupe.ShardingConfig{Shards: 12}, "a", "b", "c")
+			nodes, _, kinds := shardedCluster(t, f, l, marginCluster(troupe.KeepMajority{}), troupe.ShardingConfig{Shards: 12}, "a", "b", "c")
 			s := &sender{name: "b"}
 			for id := range 24 {
 				s.send(kinds[1], fmt.Sprint("item-", id))
@@ -742,10 +742,10 @@ func TestShardsSurviveASplitUnderEachStrategy(t *testing.T) {
 		{"static-quorum", troupe.StaticQuorum{Size: 2}, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel() // (each on its own network)
 			f := troupe.NewFaultNet()
 			l := newLedger()
-			nodes, _, kinds := shardedCluster(t, f, l, troupe.ClusterConfig{Downing: tc.strategy, StableAfter: singletonStable},
-				troupe.ShardingConfig{Shards: 12}, "a", "b", "c")
+			nodes, _, kinds := shardedCluster(t, f, l, marginCluster(tc.strategy), troupe.ShardingConfig{Shards: 12}, "a", "b", "c")
 			s := &sender{name: "s"}
 			for id := range 24 {
 				s.send(kinds[tc.survivor], fmt.Sprint("item-", id))
