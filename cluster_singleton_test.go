@@ -330,7 +330,10 @@ func allUp(members []*troupe.Cluster, want int) bool {
 // minority that waits LeaseMinorityDelay and a lease call before it downs
 // itself, while the majority downs it after StableAfter: the next oldest
 // waits the removal margin (LeaseReleaseAfter at least), and the two
-// never run at once (with the margin at StableAfter, they did).
+// never run at once (with the margin at StableAfter, they did). The
+// cluster may stay unstable 2 s (DownAllWhenUnstable, two StableAfters),
+// which makes the margin 6.5 s; the minority's delay keeps its 2 s
+// default, which is what sets it apart from a margin of StableAfter.
 func TestASingletonWaitsOutALeaseMinority(t *testing.T) {
 	t.Parallel()
 	slowTest(t)
@@ -350,13 +353,14 @@ func TestASingletonWaitsOutALeaseMinority(t *testing.T) {
 		t.Fatal(err)
 	}
 	serving := time.Now()
+	const ttl = 2 * time.Second
 	tl := &tally{}
 	var nodes []*troupe.Node
 	var members []*troupe.Cluster
 	for _, name := range []string{"a", "b", "c"} {
 		n := start(name)
-		cfg := troupe.ClusterConfig{Downing: troupe.LeaseMajority{}, StableAfter: time.Second,
-			Lease: troupe.NewNodeLease(n, leaseNode.Addrs()[0].String(), "cluster", 2*time.Second)}
+		cfg := troupe.ClusterConfig{Downing: troupe.LeaseMajority{}, StableAfter: time.Second, DownAllWhenUnstable: 2 * time.Second,
+			Lease: troupe.NewNodeLease(n, leaseNode.Addrs()[0].String(), "cluster", ttl)}
 		if len(nodes) > 0 {
 			cfg.Seeds = []string{nodes[0].Addrs()[0].String()}
 		}
@@ -378,7 +382,9 @@ func TestASingletonWaitsOutALeaseMinority(t *testing.T) {
 	}
 	refs[0].Tell(tick{1})
 	waitUntil(t, 10*time.Second, "a tick on a", func() bool { return tl.count("a") == 1 })
-	time.Sleep(time.Until(serving.Add(2 * time.Second)))
+	// A fresh lease server grants nothing for one ttl; nobody decides
+	// before StableAfter has passed since the cut.
+	time.Sleep(time.Until(serving.Add(ttl - time.Second)))
 	f.Partition(nodes[0], nodes[1])
 	f.Partition(nodes[0], nodes[2])
 	cut := time.Now()
@@ -393,6 +399,7 @@ func TestASingletonWaitsOutALeaseMinority(t *testing.T) {
 		}
 		return len(starts) == 2 && members[0].Err() != nil
 	})
+	t.Logf("set up in %v; a stopped %v after the cut, b started %v after", cut.Sub(serving), aStopped, bStarted)
 	running, most, starts := tl.state()
 	if most != 1 || bStarted < aStopped {
 		t.Fatalf("two instances at once: most = %d (starts %v; %d running; a stopped %v after the cut, b started %v after)", most, starts, running, aStopped, bStarted)
