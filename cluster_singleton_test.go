@@ -34,6 +34,19 @@ type tick struct{ N int }
 // process that stood still.
 const singletonStable = time.Second
 
+// marginCluster is the cluster configuration, with downing d, of the
+// tests that wait out a removal margin, which is never less than
+// LeaseReleaseAfter: StableAfter + DownAllWhenUnstable +
+// LeaseMinorityDelay + max(StableAfter, 1 s) + StableAfter/2, 8.5 s with
+// the defaults for StableAfter 1 s. These tests use no lease, so the
+// minority's delay (2 s by default) would only lengthen the margin, and
+// their clusters may stay unstable 3 s (three StableAfters, not the
+// 4 s floor) before every member is downed: the margin is 5.6 s.
+func marginCluster(d troupe.DowningStrategy) troupe.ClusterConfig {
+	return troupe.ClusterConfig{Downing: d, StableAfter: singletonStable,
+		DownAllWhenUnstable: 3 * time.Second, LeaseMinorityDelay: 100 * time.Millisecond}
+}
+
 func init() { troupe.RegisterMessage[tick]("troupe.test.singleton.tick") }
 
 // factory makes instances for the member named name that report to tl.
@@ -140,10 +153,10 @@ func TestASingletonMovesAfterACrashOrASplitNeverTwice(t *testing.T) {
 	slowTest(t)
 	for _, fault := range []string{"crash", "split"} {
 		t.Run(fault, func(t *testing.T) {
+			t.Parallel() // (each on its own network)
 			f := troupe.NewFaultNet()
 			tl := &tally{}
-			nodes, _, refs := singletonCluster(t, f, tl, troupe.ClusterConfig{Downing: troupe.KeepMajority{}, StableAfter: singletonStable},
-				troupe.SingletonConfig{}, "a", "b", "c")
+			nodes, _, refs := singletonCluster(t, f, tl, marginCluster(troupe.KeepMajority{}), troupe.SingletonConfig{}, "a", "b", "c")
 			refs[2].Tell(tick{1})
 			waitUntil(t, 10*time.Second, "a tick handled on a", func() bool { return tl.count("a") == 1 })
 			switch fault {
@@ -317,7 +330,10 @@ func allUp(members []*troupe.Cluster, want int) bool {
 // minority that waits LeaseMinorityDelay and a lease call before it downs
 // itself, while the majority downs it after StableAfter: the next oldest
 // waits the removal margin (LeaseReleaseAfter at least), and the two
-// never run at once (with the margin at StableAfter, they did).
+// never run at once (with the margin at StableAfter, they did). The
+// cluster may stay unstable 2 s (DownAllWhenUnstable, two StableAfters),
+// which makes the margin 6.5 s; the minority's delay keeps its 2 s
+// default, which is what sets it apart from a margin of StableAfter.
 func TestASingletonWaitsOutALeaseMinority(t *testing.T) {
 	t.Parallel()
 	slowTest(t)
@@ -337,13 +353,14 @@ func TestASingletonWaitsOutALeaseMinority(t *testing.T) {
 		t.Fatal(err)
 	}
 	serving := time.Now()
+	const ttl = 2 * time.Second
 	tl := &tally{}
 	var nodes []*troupe.Node
 	var members []*troupe.Cluster
 	for _, name := range []string{"a", "b", "c"} {
 		n := start(name)
-		cfg := troupe.ClusterConfig{Downing: troupe.LeaseMajority{}, StableAfter: time.Second,
-			Lease: troupe.NewNodeLease(n, leaseNode.Addrs()[0].String(), "cluster", 2*time.Second)}
+		cfg := troupe.ClusterConfig{Downing: troupe.LeaseMajority{}, StableAfter: time.Second, DownAllWhenUnstable: 2 * time.Second,
+			Lease: troupe.NewNodeLease(n, leaseNode.Addrs()[0].String(), "cluster", ttl)}
 		if len(nodes) > 0 {
 			cfg.Seeds = []string{nodes[0].Addrs()[0].String()}
 		}
@@ -365,7 +382,9 @@ func TestASingletonWaitsOutALeaseMinority(t *testing.T) {
 	}
 	refs[0].Tell(tick{1})
 	waitUntil(t, 10*time.Second, "a tick on a", func() bool { return tl.count("a") == 1 })
-	time.Sleep(time.Until(serving.Add(2 * time.Second)))
+	// A fresh lease server grants nothing for one ttl; nobody decides
+	// before StableAfter has passed since the cut.
+	time.Sleep(time.Until(serving.Add(ttl - time.Second)))
 	f.Partition(nodes[0], nodes[1])
 	f.Partition(nodes[0], nodes[2])
 	cut := time.Now()
@@ -380,6 +399,7 @@ func TestASingletonWaitsOutALeaseMinority(t *testing.T) {
 		}
 		return len(starts) == 2 && members[0].Err() != nil
 	})
+	t.Logf("set up in %v; a stopped %v after the cut, b started %v after", cut.Sub(serving), aStopped, bStarted)
 	running, most, starts := tl.state()
 	if most != 1 || bStarted < aStopped {
 		t.Fatalf("two instances at once: most = %d (starts %v; %d running; a stopped %v after the cut, b started %v after)", most, starts, running, aStopped, bStarted)

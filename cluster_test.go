@@ -240,7 +240,9 @@ func TestClusterLeaveIsGraceful(t *testing.T) {
 func TestClusterLeaseMajority(t *testing.T) {
 	// Not beside other tests: which side wins turns on timers (the
 	// minority's delay, the lease's keep-alive) that a machine loaded by
-	// tests running side by side stretches past their margins.
+	// tests running side by side stretches past their margins. Its own
+	// three cases, each on its own network with its own lease node, run
+	// side by side: three small clusters that mostly wait.
 	slowTest(t)
 	cases := []struct {
 		name     string
@@ -253,6 +255,7 @@ func TestClusterLeaseMajority(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			r := &clusterRig{t: t, f: NewFaultNet()}
 			leaseNode := startOn(t, r.f, failConfig("lease", 20*time.Millisecond, 2*time.Second))
 			if err := ServeLeases(leaseNode); err != nil {

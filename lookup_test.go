@@ -225,6 +225,8 @@ func TestRegistrarFailover(t *testing.T) {
 	checkLeaks(t)
 	slowTest(t)
 	forEachRegistryTransport(t, func(t *testing.T, tr string) {
+		t.Parallel() // each transport on its own network and registry address
+
 		var slowest [2]time.Duration // vanished (FaultNet Kill), closed
 		for round := range 8 {
 			f := NewFaultNet()

@@ -315,10 +315,10 @@ func TestShardsMoveAfterACrashOrASplitNeverTwice(t *testing.T) {
 	slowTest(t)
 	for _, fault := range []string{"crash", "split"} {
 		t.Run(fault, func(t *testing.T) {
+			t.Parallel() // (each on its own network)
 			f := troupe.NewFaultNet()
 			l := newLedger()
-			nodes, _, kinds := shardedCluster(t, f, l, troupe.ClusterConfig{Downing: troupe.KeepMajority{}, StableAfter: singletonStable},
-				troupe.ShardingConfig{Shards: 12}, "a", "b", "c")
+			nodes, _, kinds := shardedCluster(t, f, l, marginCluster(troupe.KeepMajority{}), troupe.ShardingConfig{Shards: 12}, "a", "b", "c")
 			s := &sender{name: "b"}
 			for id := range 24 {
 				s.send(kinds[1], fmt.Sprint("item-", id))
@@ -632,15 +632,30 @@ func TestAnEntityWithABacklogIsStoppedWhenItsClusterStops(t *testing.T) {
 	t0 := time.Now()
 	members[1].Close()
 	t.Logf("b's cluster closed in %v", time.Since(t0))
-	for range 40 {
-		s.send(kinds[0], onB)
-		time.Sleep(500 * time.Millisecond)
+	// Send to it through a until it starts on a or c, then watch a while
+	// longer: never two at once, and b's instance stopped.
+	state := func() (running, most int) {
 		l.mu.Lock()
-		most := l.most
-		l.mu.Unlock()
-		if most > 1 {
+		defer l.mu.Unlock()
+		return l.running[onB], l.most
+	}
+	var moved time.Time
+	for deadline := t0.Add(40 * time.Second); moved.IsZero() || time.Since(moved) < 2*time.Second; {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s never started on another member within %v of b's Close (starts %v)", onB, deadline.Sub(t0), l.startsOf(onB))
+		}
+		s.send(kinds[0], onB)
+		time.Sleep(100 * time.Millisecond)
+		if _, most := state(); most > 1 {
 			t.Fatalf("%s ran on two members at once after %v (starts %v)", onB, time.Since(t0), l.startsOf(onB))
 		}
+		if moved.IsZero() && len(l.startsOf(onB)) > 1 {
+			moved = time.Now()
+			t.Logf("%s started again on %v after %v", onB, l.startsOf(onB)[1:], moved.Sub(t0))
+		}
+	}
+	if running, _ := state(); running != 1 {
+		t.Fatalf("%d instances of %s run; want 1 (starts %v)", running, onB, l.startsOf(onB))
 	}
 }
 
@@ -727,10 +742,10 @@ func TestShardsSurviveASplitUnderEachStrategy(t *testing.T) {
 		{"static-quorum", troupe.StaticQuorum{Size: 2}, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel() // (each on its own network)
 			f := troupe.NewFaultNet()
 			l := newLedger()
-			nodes, _, kinds := shardedCluster(t, f, l, troupe.ClusterConfig{Downing: tc.strategy, StableAfter: singletonStable},
-				troupe.ShardingConfig{Shards: 12}, "a", "b", "c")
+			nodes, _, kinds := shardedCluster(t, f, l, marginCluster(tc.strategy), troupe.ShardingConfig{Shards: 12}, "a", "b", "c")
 			s := &sender{name: "s"}
 			for id := range 24 {
 				s.send(kinds[tc.survivor], fmt.Sprint("item-", id))

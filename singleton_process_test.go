@@ -16,9 +16,16 @@ import (
 )
 
 // singletonProcessCluster is the cluster configuration of the singleton
-// process tests.
+// and sharding process tests (every process uses it). Their removal
+// margin, which is never less than LeaseReleaseAfter (StableAfter +
+// DownAllWhenUnstable + LeaseMinorityDelay + max(StableAfter, 1 s) +
+// StableAfter/2), is 5.6 s, not the 8.5 s of the defaults: they use no
+// lease, so the minority's delay would only lengthen it, and a cluster
+// may stay unstable 3 s (three StableAfters, not the 4 s floor) before
+// every member is downed, as in the tests' marginCluster.
 func singletonProcessCluster(seeds ...string) ClusterConfig {
-	return ClusterConfig{Seeds: seeds, Downing: KeepMajority{}, StableAfter: time.Second}
+	return ClusterConfig{Seeds: seeds, Downing: KeepMajority{}, StableAfter: time.Second,
+		DownAllWhenUnstable: 3 * time.Second, LeaseMinorityDelay: 100 * time.Millisecond}
 }
 
 // TestHelperSingletonProcess is not a test: TestASingletonMovesWhenItsProcessIsKilled

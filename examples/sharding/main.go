@@ -101,7 +101,13 @@ func run(ctx context.Context, w io.Writer) error {
 			return err
 		}
 		defer n.Close()
-		cfg := troupe.ClusterConfig{Downing: troupe.KeepMajority{}, StableAfter: time.Second}
+		// The removal margin is never less than LeaseReleaseAfter:
+		// StableAfter + DownAllWhenUnstable + LeaseMinorityDelay +
+		// max(StableAfter, 1 s) + StableAfter/2 (README, "How long the
+		// lease is held"). With no lease, the minority's delay only
+		// lengthens it: 1 + 3 + 0.1 + 1 + 0.5 = 5.6 s, not 8.5 s.
+		cfg := troupe.ClusterConfig{Downing: troupe.KeepMajority{}, StableAfter: time.Second,
+			DownAllWhenUnstable: 3 * time.Second, LeaseMinorityDelay: 100 * time.Millisecond}
 		if len(nodes) > 0 {
 			cfg.Seeds = []string{nodes[0].Addrs()[0].String()}
 		}
