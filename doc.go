@@ -18,7 +18,8 @@
 //
 // [Node.Close] ends everything at once — dials and handshakes are aborted,
 // queued messages become dead letters, and only a goodbye is written — and
-// waits for every goroutine the node started. [Node.Shutdown] is the
+// waits for every goroutine the node started (a cluster member leaves
+// first, for a few seconds at most). [Node.Shutdown] is the
 // graceful path: it delivers what is queued, has the peers acknowledge it,
 // says goodbye, and returns when done or when its context ends. Both are
 // idempotent. Each call to [Start] mints a fresh random [NodeUID], so a

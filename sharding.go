@@ -397,8 +397,8 @@ type regionRunner interface {
 	handOffTimeout() time.Duration
 }
 
-// handOverWait bounds the hand-over of a leave by Close: the leave's
-// wait, and twice the longest HandOffTimeout of the member's kinds (a
+// handOverWait bounds the hand-over of a leave by Shutdown (Close gives
+// it the leave's wait alone): the leave's wait, and twice the longest HandOffTimeout of the member's kinds (a
 // move may wait that long for a member's flush, then for its entities).
 func (c *Cluster) handOverWait() time.Duration {
 	d := c.leaveWait()

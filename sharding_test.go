@@ -578,7 +578,7 @@ func TestABurstAtTheDefaultConfig(t *testing.T) {
 // entity is stopped with its cluster (what its mailbox holds is a dead
 // letter), so it never runs on two members at once.
 func TestAnEntityWithABacklogIsStoppedWhenItsClusterStops(t *testing.T) {
-	t.Parallel() // (it waits out a removal margin)
+	t.Parallel()
 	slowTest(t)
 	f := troupe.NewFaultNet()
 	l := newLedger()
