@@ -3,6 +3,7 @@ package troupe
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"sync"
 	"testing"
@@ -16,12 +17,7 @@ func freeRegistryAddr(t testing.TB, transport string) string {
 	if transport == "unix" {
 		return "unix://" + shortSocket(t)
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return "tcp://" + l.Addr().String()
+	return fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
 }
 
 func discoveryConfig(name, registry string, listen ...string) Config {

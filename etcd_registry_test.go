@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -26,15 +27,35 @@ type etcdCluster struct {
 	cmds    []*exec.Cmd
 }
 
-// freePort returns a loopback port nothing listens on right now.
+// freePort returns a loopback port nothing listens on right now, for a
+// listener the test starts later (an etcd process, a registry address).
+// Tests run side by side: a port from the kernel's ephemeral range, closed
+// and bound again later, may meanwhile become another test's source port
+// or another test's "free" port. So the ports come from below that range
+// (where no outbound connection takes its source port), and the process
+// never hands the same one out twice.
 func freePort(t testing.TB) int {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	t.Helper()
+	for range 1000 {
+		p := int(lowPorts.next.Add(1))%lowPortSpan + lowPortBase
+		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p))
+		if err != nil {
+			continue // (another process has it)
+		}
+		l.Close()
+		return p
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	t.Fatal("no free port below the ephemeral range")
+	return 0
 }
+
+// The ports freePort hands out: 10000-19999, below Linux's ephemeral
+// range (32768 up) and clear of the etcd that .ci/run starts (2379x).
+const lowPortBase, lowPortSpan = 10000, 10000
+
+var lowPorts struct{ next atomic.Int64 }
+
+func init() { lowPorts.next.Store(int64(os.Getpid()*7919) % lowPortSpan) }
 
 // startEtcdCluster starts a three-member etcd cluster, or skips the test
 // when there is no etcd binary (apt-get install etcd-server).
