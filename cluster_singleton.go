@@ -88,7 +88,7 @@ func Singleton[T any](c *Cluster, name string, factory func() Behavior[T], cfg S
 	}
 	s := &singleton[T]{c: c, n: c.n, name: name, factory: factory, cfg: cfg,
 		handed: map[NodeUID]bool{}, goneAt: map[NodeUID]time.Time{}, ups: map[NodeUID]int{},
-		wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
+		wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{}), fence: newPauseFence()}
 	if err := c.addSingleton(name, s); err != nil {
 		return Ref[T]{}, err
 	}
@@ -200,6 +200,7 @@ type singleton[T any] struct {
 	ups    map[NodeUID]int       // every member's up number, as seen
 	target NodeUID               // the member the station sends to (zero: none)
 	pm     pauseMeter            // when this goroutine stood still
+	fence  *pauseFence           // what it tells the instance of a pause (singleton_fence.go)
 
 	wake chan struct{} // capacity 1
 	stop chan struct{}
@@ -267,7 +268,9 @@ func (s *singleton[T]) run() {
 		}
 		now := time.Now()
 		s.pm.turn(now, s.c.cfg.GossipInterval, s.c.cfg.StableAfter/4, s.cfg.RemovalMargin)
-		inst = s.step(inst, now)
+		stood := s.pm.within(now.Add(-s.cfg.RemovalMargin), now) > s.c.pauseBudget()
+		s.fence.turn(stood)
+		inst = s.step(inst, now, stood)
 		s.pm.last = time.Now() // (a long step, waiting for a stop, is no pause)
 		select {
 		case <-s.wake:
@@ -288,9 +291,10 @@ func (i *singletonInstance[T]) gone(n *Node) bool {
 	return n.lookup(i.ref.h.key.path, i.ref.h.key.uuid) == nil
 }
 
-// step looks at the membership once; it returns the instance running
-// here, if any.
-func (s *singleton[T]) step(inst *singletonInstance[T], now time.Time) *singletonInstance[T] {
+// step looks at the membership once (stood: this process stood still
+// within the removal margin); it returns the instance running here, if
+// any.
+func (s *singleton[T]) step(inst *singletonInstance[T], now time.Time, stood bool) *singletonInstance[T] {
 	members := s.c.Members()
 	self := s.c.Self()
 	present := map[NodeUID]bool{}
@@ -316,7 +320,6 @@ func (s *singleton[T]) step(inst *singletonInstance[T], now time.Time) *singleto
 		inst = nil // it stopped by itself: started again below
 		s.point(nil, nil)
 	}
-	stood := s.pm.within(now.Add(-s.cfg.RemovalMargin), now) > s.c.pauseBudget()
 	if stood && inst != nil {
 		// This process stood still: the others may have downed this
 		// member and started the instance elsewhere meanwhile. Stop
@@ -425,6 +428,8 @@ func (s *singleton[T]) startInstance() *singletonInstance[T] {
 		s.n.log.Warn("troupe: a cluster singleton's factory panicked; trying again", "singleton", s.name, "err", err)
 		return nil
 	}
+	b = s.fenced(b)
+	s.fence.open()
 	inst := &singletonInstance[T]{}
 	singletonSeq.Lock()
 	singletonSeq.n++
@@ -438,6 +443,25 @@ func (s *singleton[T]) startInstance() *singletonInstance[T] {
 	inst.ref = ref
 	s.n.log.Info("troupe: cluster singleton started on this member", "singleton", s.name)
 	return inst
+}
+
+// fenced wraps the instance's handler in the pause fence: a message the
+// fence holds back becomes a dead letter (the instance is being stopped;
+// the singleton runs on another member).
+func (s *singleton[T]) fenced(b Behavior[T]) Behavior[T] {
+	recv := b.Receive
+	if recv == nil {
+		return b
+	}
+	budget, wait := s.c.pauseBudget(), 2*s.c.cfg.GossipInterval+s.c.pauseBudget()
+	b.Receive = func(c *Context[T], m T) {
+		if !s.fence.mayRun(budget, wait, s.c.done) {
+			s.n.deadLetter(s.station.String(), m, fmt.Errorf("%w: this member stood still, and the instance here is being stopped", ErrSingletonUnavailable))
+			return
+		}
+		recv(c, m)
+	}
+	return b
 }
 
 // build calls the factory; a panic is its error.

@@ -70,16 +70,17 @@ func TestHelperSingletonProcess(t *testing.T) {
 
 // startHelperProcess runs the test helper (a Test function that acts
 // only when env is set) in a child process of this test binary, and
-// returns it with its standard output. The child runs until the test
+// returns it with its standard output (extraEnv: more of the child's
+// environment, as "KEY=value"). The child runs until the test
 // ends: its standard input is closed then, and it is killed.
-func startHelperProcess(t *testing.T, helper, env string) (*exec.Cmd, io.ReadCloser) {
+func startHelperProcess(t *testing.T, helper, env string, extraEnv ...string) (*exec.Cmd, io.ReadCloser) {
 	t.Helper()
 	exe, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
 	}
 	cmd := exec.Command(exe, "-test.run=^"+helper+"$")
-	cmd.Env = append(os.Environ(), env+"=1")
+	cmd.Env = append(append(os.Environ(), env+"=1"), extraEnv...)
 	cmd.Stderr = os.Stderr
 	stdin, _ := cmd.StdinPipe()
 	stdout, _ := cmd.StdoutPipe()
