@@ -25,6 +25,10 @@ type recQueue struct {
 	head, tail *recChunk
 	hoff       int // where the first record is in head
 	n          int
+	// answers and answerBytes count the answers to the peer's requests
+	// among the records (see assoc.answer): their size is known, and
+	// they count against answerBudget while they wait here too.
+	answers, answerBytes int
 }
 
 func (q *recQueue) len() int { return q.n }
@@ -42,6 +46,10 @@ func (q *recQueue) push(r outRec) {
 	q.tail.recs[q.tail.n] = r
 	q.tail.n++
 	q.n++
+	if b, ok := r.msg.(answerFrame); ok {
+		q.answers++
+		q.answerBytes += len(b)
+	}
 }
 
 // take empties q and returns what it held.
@@ -56,6 +64,10 @@ func (q *recQueue) peek() *outRec { return &q.head.recs[q.hoff] }
 
 // pop removes the first record (q not empty).
 func (q *recQueue) pop() {
+	if b, ok := q.head.recs[q.hoff].msg.(answerFrame); ok {
+		q.answers--
+		q.answerBytes -= len(b)
+	}
 	q.head.recs[q.hoff] = outRec{}
 	q.hoff++
 	q.n--
@@ -90,6 +102,8 @@ func (q *recQueue) appendQueue(o recQueue) {
 	q.tail.next = o.head
 	q.tail = o.tail
 	q.n += o.n
+	q.answers += o.answers
+	q.answerBytes += o.answerBytes
 }
 
 // each calls f for every record in order, then recycles the chunks.

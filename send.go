@@ -215,9 +215,11 @@ const answerBudget = 1 << 20
 
 // held is what the session holds against SendQueueLimit, in bytes: frames
 // waiting to be written and frames the peer has not acknowledged (mu
-// held).
+// held). Queued answers count at their size, other records at
+// recordCharge.
 func (a *assoc) held() int {
-	return a.out.bytes + a.unacked.bytes + a.queue.len()*recordCharge
+	q := &a.queue
+	return a.out.bytes + a.unacked.bytes + (q.len()-q.answers)*recordCharge + q.answerBytes
 }
 
 // full says whether a user message must wait for room (mu held).
@@ -277,14 +279,15 @@ func (a *assoc) controlLocked(body []byte) {
 // answer queues an answer to one of the peer's requests (a resolved, a
 // terminated); false if the session has ended, or the peer asked for more
 // than answerBudget bytes of answers it has not read (the session is then
-// ended with a protocol error).
+// ended with a protocol error). Answers still queued as records, behind
+// a round the writer has not come back for, count too.
 func (a *assoc) answer(body []byte) bool {
 	t := a.lockTarget()
 	if t.life.state >= assocEnding {
 		t.mu.Unlock()
 		return false
 	}
-	if waiting := t.out.answers + len(body); waiting > answerBudget {
+	if waiting := t.out.answers + t.queue.answerBytes + len(body); waiting > answerBudget {
 		t.mu.Unlock()
 		err := fmt.Errorf("%w: the peer asks more than it reads: %d bytes of answers wait for it (at most %d)", ErrMalformed, waiting, answerBudget)
 		t.n.protocolError(t.label(), frameKind(body[0]).String(), err)

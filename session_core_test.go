@@ -754,3 +754,39 @@ func TestASendWaitingForRoomEndsWhenItsPeerIsGivenUp(t *testing.T) {
 		t.Fatal("a Send waiting for room still waits 20 s after its peer was cut off")
 	}
 }
+
+// Answers that wait as records, behind a round of the queue the writer
+// has not come back for, count against answerBudget like answers already
+// encoded (a run of TestAPeerThatNeverReadsIsEndedWithinItsBudget beside
+// other tests held 77 MB for the peer: while the writer was blocked
+// writing to the peer that never reads, every answer went into the
+// record queue, where the budget did not look).
+func TestAnswersQueuedAsRecordsCountAgainstTheBudget(t *testing.T) {
+	t.Parallel()
+	checkLeaks(t)
+	n := startNode(t, failConfig("n", 50*time.Millisecond, 5*time.Second))
+	var peer NodeUID
+	rand.Read(peer[:])
+	a := newAssoc(n, true, TCPAddr("127.0.0.1:1"))
+	a.peerUID, a.life.state, a.resumable = peer, assocSuspended, true
+	a.mu.Lock()
+	a.queue.push(outRec{msg: ctlFrame(appendBye(nil, byeDuplicate, ""))}) // a round left behind
+	a.mu.Unlock()
+	body := appendResolved(nil, 1, resolveAnswer{status: resolveNoSuchActor})
+	answered := 0
+	for a.answer(body) {
+		answered++
+		if answered*len(body) > 2*answerBudget {
+			break
+		}
+	}
+	if answered*len(body) > answerBudget {
+		t.Fatalf("%d bytes of answers were queued for a peer that reads none, the budget is %d", answered*len(body), answerBudget)
+	}
+	a.mu.Lock()
+	held := a.held()
+	a.mu.Unlock()
+	if held > answerBudget+recordCharge {
+		t.Fatalf("held %d bytes, more than the answers' budget %d", held, answerBudget)
+	}
+}

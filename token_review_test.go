@@ -15,8 +15,13 @@ import (
 // session with c, suspended.
 func sessionGivenUp(t *testing.T) (b, c *Node, held *assoc) {
 	t.Helper()
-	b = startNode(t, testConfig("tcp://127.0.0.1:0"))
-	c = startNode(t, testConfig("tcp://127.0.0.1:0"))
+	// A window long enough that the session b holds suspended outlasts
+	// the test on a loaded machine (at 2 s, a run beside the whole suite
+	// once saw it given up, and c quarantined, before b dialed c anew).
+	cfg := testConfig("tcp://127.0.0.1:0")
+	cfg.UnreachableAfter = 10 * time.Second
+	b = startNode(t, cfg)
+	c = startNode(t, cfg)
 	spawnEcho(t, b, "echo")
 	ref, err := Resolve[testPing](ctxT(t, 5*time.Second), c, FormatRef(b.Addrs()[0], "/user/echo"))
 	if err != nil {
