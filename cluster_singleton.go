@@ -200,6 +200,7 @@ type singleton[T any] struct {
 	ups    map[NodeUID]int       // every member's up number, as seen
 	target NodeUID               // the member the station sends to (zero: none)
 	pm     pauseMeter            // when this goroutine stood still
+	waited bool                  // this turn waited for the instance to stop
 	fence  *pauseFence           // what it tells the instance of a pause (singleton_fence.go)
 
 	wake chan struct{} // capacity 1
@@ -269,9 +270,16 @@ func (s *singleton[T]) run() {
 		now := time.Now()
 		s.pm.turn(now, s.c.cfg.GossipInterval, s.c.cfg.StableAfter/4, s.cfg.RemovalMargin)
 		stood := s.pm.within(now.Add(-s.cfg.RemovalMargin), now) > s.c.pauseBudget()
-		s.fence.turn(stood)
+		s.fence.turn(now, stood)
+		s.waited = false
 		inst = s.step(inst, now, stood)
-		s.pm.last = time.Now() // (a long step, waiting for a stop, is no pause)
+		// The next turn measures its gap from this one's start, so a
+		// pause during the step counts; a step that waited for the
+		// instance to stop measures from its end (that wait is no pause).
+		s.pm.last = now
+		if s.waited {
+			s.pm.last = time.Now()
+		}
 		select {
 		case <-s.wake:
 		case <-t.C:
@@ -447,13 +455,25 @@ func (s *singleton[T]) startInstance() *singletonInstance[T] {
 
 // fenced wraps the instance's handler in the pause fence: a message the
 // fence holds back becomes a dead letter (the instance is being stopped;
-// the singleton runs on another member).
+// the singleton runs on another member). A supervised behavior's factory
+// is wrapped, so that every behavior it builds, at start and at each
+// restart, is fenced. The loop turns every GossipInterval, so a beat up
+// to that old, plus the pause budget, is recent.
 func (s *singleton[T]) fenced(b Behavior[T]) Behavior[T] {
+	if b.sup != nil {
+		sup := *b.sup
+		if build := sup.build; build != nil {
+			sup.build = func() Behavior[T] { return s.fenced(build()) }
+		}
+		b.sup = &sup
+		return b
+	}
 	recv := b.Receive
 	if recv == nil {
 		return b
 	}
-	budget, wait := s.c.pauseBudget(), 2*s.c.cfg.GossipInterval+s.c.pauseBudget()
+	budget := s.c.cfg.GossipInterval + s.c.pauseBudget()
+	wait := 2*s.c.cfg.GossipInterval + s.c.pauseBudget()
 	b.Receive = func(c *Context[T], m T) {
 		if !s.fence.mayRun(budget, wait, s.c.done) {
 			s.n.deadLetter(s.station.String(), m, fmt.Errorf("%w: this member stood still, and the instance here is being stopped", ErrSingletonUnavailable))
@@ -479,6 +499,7 @@ func (s *singleton[T]) build() (b Behavior[T], err error) {
 // is closing (its actors stop with it); it reports whether the stop was
 // seen through.
 func (s *singleton[T]) stopInstance(inst *singletonInstance[T]) bool {
+	s.waited = true
 	stopAndWait(s.n, inst.ref)
 	return inst.gone(s.n)
 }

@@ -5,12 +5,13 @@ import (
 	"time"
 )
 
-// A process that stood still (SIGSTOP, a paused VM, a long stall) wakes
+// A process that stood still (SIGSTOP, a long stall) wakes
 // with its singleton instance's timers overdue, and its goroutines run in
 // no particular order: the instance's may run before the singleton's loop
 // sees the pause and stops it — while the others, who downed this member
 // meanwhile, run the instance elsewhere. pauseFence closes that window
-// for every message the instance has not begun to handle: the loop
+// for every message the instance's Receive has not begun to handle (its
+// signal handlers, and the goroutines it starts, are not fenced): the loop
 // publishes, at each turn, whether this process stood still, and the
 // instance's handler, before running, checks that the loop turned
 // recently; if it has not, it waits for the loop's next turn to say.
@@ -31,14 +32,17 @@ func newPauseFence() *pauseFence {
 	return f
 }
 
-// turn is the loop's: at the start of each turn, stood says whether this
-// process stood still within the removal margin. The fence is written
-// before the beat, so a handler that sees the new beat sees the fence.
-func (f *pauseFence) turn(stood bool) {
+// turn is the loop's: at the start of each turn (at now, the time the
+// loop measured its pauses to), stood says whether this process stood
+// still within the removal margin. The fence is written before the beat,
+// so a handler that sees the new beat sees the fence; the beat is now,
+// not the time of writing, so a pause between the two leaves the beat
+// stale, and a handler waits for the next turn.
+func (f *pauseFence) turn(now time.Time, stood bool) {
 	if stood {
 		f.fenced.Store(true)
 	}
-	f.beat.Store(int64(time.Since(f.epoch)))
+	f.beat.Store(int64(now.Sub(f.epoch)))
 	next := make(chan struct{})
 	close(*f.turned.Swap(&next))
 }
@@ -49,7 +53,8 @@ func (f *pauseFence) open() { f.fenced.Store(false) }
 
 // mayRun is the instance's, before each message: false if the loop saw a
 // pause. If the loop has not turned within budget, it waits (at most
-// wait, or until done closes) for its next turn to tell.
+// wait, or until done closes) for its next turn to tell; a turn that
+// does not come in time tells nothing, and the message does not run.
 func (f *pauseFence) mayRun(budget, wait time.Duration, done <-chan struct{}) bool {
 	beat := f.beat.Load() // (before the fence: see turn)
 	if f.fenced.Load() {
@@ -63,8 +68,10 @@ func (f *pauseFence) mayRun(budget, wait time.Duration, done <-chan struct{}) bo
 	defer t.Stop()
 	select {
 	case <-turned:
+		return !f.fenced.Load()
 	case <-t.C:
+		return false
 	case <-done:
+		return false
 	}
-	return !f.fenced.Load()
 }
