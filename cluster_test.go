@@ -290,10 +290,14 @@ func TestClusterLeaseMajority(t *testing.T) {
 
 // addLeaseMembers starts two members that resolve splits with
 // LeaseMajority, each with the lease lease(i, node) makes, and waits until
-// both are up.
+// both are up. Their StableAfter is 1 s: a member whose loop stood still
+// for StableAfter/2 does not race for the lease, and at 300 ms, two runs
+// of the suite beside two CPU burners and another suite saw both sides
+// of every split down themselves that way.
 func (r *clusterRig) addLeaseMembers(lease func(i int, node *Node) Lease) {
 	for i := range 2 {
 		cfg := clusterCfg(LeaseMajority{})
+		cfg.StableAfter, cfg.DownAllWhenUnstable = time.Second, 3*time.Second
 		cfg.LeaseMinorityDelay = 100 * time.Millisecond
 		node := startOn(r.t, r.f, failConfig(fmt.Sprintf("m%d", i), 20*time.Millisecond, 2*time.Second))
 		cfg.Lease = lease(i, node)
