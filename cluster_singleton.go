@@ -436,13 +436,15 @@ func (s *singleton[T]) startInstance() *singletonInstance[T] {
 		s.n.log.Warn("troupe: a cluster singleton's factory panicked; trying again", "singleton", s.name, "err", err)
 		return nil
 	}
-	b = s.fenced(b)
-	s.fence.open()
-	inst := &singletonInstance[T]{}
 	singletonSeq.Lock()
 	singletonSeq.n++
 	seq := singletonSeq.n
 	singletonSeq.Unlock()
+	// Its fencing token: a later instance runs on a younger member (a
+	// higher up number) or on this one again (a higher count).
+	b = withFence(s.fenced(b), Fence{Epoch: uint64(s.c.Self().UpNumber)<<32 | seq&0xffffffff})
+	s.fence.open()
+	inst := &singletonInstance[T]{}
 	ref, err := Spawn(systemParent{s.n}, fmt.Sprintf("singleton-%s-%d", s.name, seq), b)
 	if err != nil {
 		s.n.log.Warn("troupe: could not start a cluster singleton; trying again", "singleton", s.name, "err", err)

@@ -22,8 +22,12 @@ type tally struct {
 	mu      sync.Mutex
 	running int
 	most    int
-	starts  []string // the member each instance started on, in order
+	starts  []string       // the member each instance started on, in order
+	fences  []troupe.Fence // each instance's fencing token, in order
 	handled map[string][]int
+	// wrongFence counts messages handled under another Fence than the
+	// instance's Setup saw.
+	wrongFence int
 }
 
 type tick struct{ N int }
@@ -53,16 +57,20 @@ func init() { troupe.RegisterMessage[tick]("troupe.test.singleton.tick") }
 func (tl *tally) factory(name string) func() troupe.Behavior[tick] {
 	return func() troupe.Behavior[tick] {
 		return troupe.Behavior[tick]{
-			Setup: func(*troupe.Context[tick]) {
+			Setup: func(c *troupe.Context[tick]) {
 				tl.mu.Lock()
 				defer tl.mu.Unlock()
 				tl.running++
 				tl.most = max(tl.most, tl.running)
 				tl.starts = append(tl.starts, name)
+				tl.fences = append(tl.fences, c.Fence())
 			},
-			Receive: func(_ *troupe.Context[tick], m tick) {
+			Receive: func(c *troupe.Context[tick], m tick) {
 				tl.mu.Lock()
 				defer tl.mu.Unlock()
+				if c.Fence() != tl.fences[len(tl.fences)-1] {
+					tl.wrongFence++
+				}
 				if tl.handled == nil {
 					tl.handled = map[string][]int{}
 				}
@@ -83,6 +91,23 @@ func (tl *tally) state() (running, most int, starts []string) {
 	tl.mu.Lock()
 	defer tl.mu.Unlock()
 	return tl.running, tl.most, slices.Clone(tl.starts)
+}
+
+// checkFences fails t unless every instance had a fencing token, each
+// greater than the one before, and every message was handled under its
+// instance's.
+func (tl *tally) checkFences(t *testing.T) {
+	t.Helper()
+	tl.mu.Lock()
+	defer tl.mu.Unlock()
+	for i, f := range tl.fences {
+		if f.IsZero() || i > 0 && f.Compare(tl.fences[i-1]) <= 0 {
+			t.Fatalf("the instances' fences, in the order they started on %v: %v; want each greater than the one before", tl.starts, tl.fences)
+		}
+	}
+	if tl.wrongFence > 0 {
+		t.Fatalf("%d messages handled under another fence than their instance's", tl.wrongFence)
+	}
 }
 
 func (tl *tally) count(name string) int {
@@ -142,6 +167,7 @@ func TestASingletonRunsOnTheOldestAndIsHandedOver(t *testing.T) {
 	if running != 1 || most != 1 || !slices.Equal(starts, []string{"a", "b"}) {
 		t.Fatalf("after the hand-over: %d running, at most %d at once, started on %v; want 1, 1, [a b]", running, most, starts)
 	}
+	tl.checkFences(t)
 }
 
 // When the member that runs the singleton crashes, the next oldest
@@ -178,6 +204,7 @@ func TestASingletonMovesAfterACrashOrASplitNeverTwice(t *testing.T) {
 			if running != 1 || most != 1 {
 				t.Fatalf("%s: %d running, at most %d at once (started on %v); want 1 and 1", fault, running, most, starts)
 			}
+			tl.checkFences(t)
 		})
 	}
 }
@@ -414,6 +441,8 @@ func TestASupervisedSingletonThatStopsIsStartedAgain(t *testing.T) {
 	f := troupe.NewFaultNet()
 	var gen atomic.Int32
 	var handled atomic.Int32
+	var mu sync.Mutex
+	var fences []troupe.Fence // of the ticks handled
 	_, members := registrylessCluster(t, f, troupe.ClusterConfig{StableAfter: singletonStable}, "a")
 	ref, err := troupe.Singleton(members[0], "sup", func() troupe.Behavior[tick] {
 		return troupe.Supervise(func() troupe.Behavior[tick] {
@@ -423,6 +452,9 @@ func TestASupervisedSingletonThatStopsIsStartedAgain(t *testing.T) {
 					c.Stop()
 					return
 				}
+				mu.Lock()
+				fences = append(fences, c.Fence())
+				mu.Unlock()
 				handled.Add(1)
 			}}
 		}, troupe.StopOnFailure())
@@ -441,6 +473,14 @@ func TestASupervisedSingletonThatStopsIsStartedAgain(t *testing.T) {
 	})
 	if g := gen.Load(); g != 2 {
 		t.Fatalf("the behavior was built %d times, want 2", g)
+	}
+	// The instance started again has a greater fencing token (on the
+	// same member: the supervised behavior carries it too).
+	mu.Lock()
+	defer mu.Unlock()
+	first, last := fences[0], fences[len(fences)-1]
+	if first.IsZero() || last.Compare(first) <= 0 {
+		t.Fatalf("the first instance's fence %v, the second's %v: want a non-zero one, then a greater one", first, last)
 	}
 }
 
@@ -472,6 +512,7 @@ func TestASingletonIsHandedOverThroughARollingChange(t *testing.T) {
 	}
 	rc.Tell(tick{3})
 	waitUntil(t, 10*time.Second, "tick on c after b's hand-over", func() bool { return tl.count("c") == 1 })
+	tl.checkFences(t) // a, b, c: each instance's fence greater
 }
 
 // A node whose cluster stopped runs singletons in the next cluster it

@@ -345,6 +345,7 @@ type shard[T any] struct {
 	askedAt  time.Time          // when the region last asked the coordinator
 	stopping int                // entities still stopping in a hand-over
 	handOff  *shardHandOffState
+	fence    Fence // shardHere: the placement's, its entities' (fence.go)
 }
 
 // entity is a running (or stopping) entity of a shard run here.

@@ -57,6 +57,10 @@ type (
 		Shard int32
 		Home  NodeUID
 		Addr  string
+		// Placed numbers the placement under this coordinator (0 from a
+		// coordinator of an earlier version): with Epoch, its entities'
+		// Fence.
+		Placed uint64
 	}
 	shardMoving struct {
 		Epoch uint64
@@ -129,6 +133,7 @@ type coordinator struct {
 	goneAt  map[NodeUID]time.Time
 	balAt   time.Time
 	moveSeq uint64
+	placed  map[int32]uint64 // the number of each shard's placement (with the moves')
 	refused map[NodeUID]bool // members with another Shards
 }
 
@@ -166,7 +171,7 @@ func newCoordinator(c *Cluster, name string, cfg ShardingConfig) Behavior[shardC
 func newCoordinatorState(c *Cluster, name string, cfg ShardingConfig) *coordinator {
 	return &coordinator{c: c, cfg: cfg, path: "/system/sharding-" + name,
 		regions: map[NodeUID]*coordRegion{}, homes: map[int32]NodeUID{}, moves: map[int32]*coordMove{},
-		asks: map[int32][]NodeUID{}, goneAt: map[NodeUID]time.Time{}, refused: map[NodeUID]bool{}}
+		asks: map[int32][]NodeUID{}, goneAt: map[NodeUID]time.Time{}, refused: map[NodeUID]bool{}, placed: map[int32]uint64{}}
 }
 
 func (k *coordinator) receive(m shardCoordMsg) {
@@ -357,7 +362,7 @@ func (k *coordinator) serve(now time.Time) {
 			if home, ok = leastShards(loads); !ok {
 				return // no member can take a shard now
 			}
-			k.homes[s] = home
+			k.homes[s], k.placed[s] = home, k.nextMove()
 			for i := range loads {
 				if loads[i].uid == home {
 					loads[i].shards = append(loads[i].shards, s)
@@ -481,7 +486,7 @@ func (k *coordinator) endMove(s int32, mv *coordMove) {
 			return // placed when asked for
 		}
 	}
-	k.homes[s] = to
+	k.homes[s], k.placed[s] = to, k.nextMove()
 	for uid, r := range k.regions {
 		if !r.gone {
 			k.tellHome(uid, s, to)
@@ -520,7 +525,7 @@ func (k *coordinator) addrOf(uid NodeUID) string {
 
 // tellHome tells the region of uid where shard s runs.
 func (k *coordinator) tellHome(uid NodeUID, s int32, home NodeUID) {
-	k.tellRegion(uid, shardHome{Epoch: k.epoch, Shard: s, Home: home, Addr: k.addrOf(home)})
+	k.tellRegion(uid, shardHome{Epoch: k.epoch, Shard: s, Home: home, Addr: k.addrOf(home), Placed: k.placed[s]})
 }
 
 // tellRegion sends msg to the region of the member uid; false if it

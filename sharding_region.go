@@ -232,7 +232,7 @@ func (r *region[T]) activate(ctx *Context[regionMsg], sh *shard[T], id string) *
 		r.n.log.Warn("troupe: a sharded entity's factory panicked", "kind", r.name, "id", id, "err", err)
 		return nil
 	}
-	ref, err := Spawn(ctx, "", b)
+	ref, err := Spawn(ctx, "", withFence(b, sh.fence))
 	if err != nil {
 		r.n.log.Warn("troupe: could not start a sharded entity", "kind", r.name, "id", id, "err", err)
 		return nil
@@ -338,6 +338,7 @@ func (r *region[T]) onHome(ctx *Context[regionMsg], m shardHome) {
 		sh.entities = map[string]*entity[T]{}
 		r.mu.Unlock()
 		delete(r.flushed, sh.id) // (of moves before this one)
+		sh.fence = Fence{Epoch: m.Epoch, Seq: m.Placed}
 		r.setMode(sh, shardHere, nil, NodeUID{})
 		r.release(ctx, sh)
 		return

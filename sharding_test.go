@@ -34,29 +34,35 @@ type ledger struct {
 	running  map[string]int
 	most     int
 	starts   map[string][]string
-	last     map[string]int // by id and sender
+	fences   map[string][]troupe.Fence // each start's fencing token, by id
+	wrong    int                       // messages handled under another fence than their start's
+	last     map[string]int            // by id and sender
 	disorder []string
 	handled  int
 	on       map[string]int // messages handled by member
 }
 
 func newLedger() *ledger {
-	return &ledger{running: map[string]int{}, starts: map[string][]string{}, last: map[string]int{}, on: map[string]int{}}
+	return &ledger{running: map[string]int{}, starts: map[string][]string{}, fences: map[string][]troupe.Fence{}, last: map[string]int{}, on: map[string]int{}}
 }
 
 // factory makes the entities of the member named member.
 func (l *ledger) factory(member string) func(id string) troupe.Behavior[acct] {
 	return func(id string) troupe.Behavior[acct] {
 		return troupe.Behavior[acct]{
-			Setup: func(*troupe.Context[acct]) {
+			Setup: func(c *troupe.Context[acct]) {
 				l.mu.Lock()
 				defer l.mu.Unlock()
 				l.running[id]++
 				l.most = max(l.most, l.running[id])
 				l.starts[id] = append(l.starts[id], member)
+				l.fences[id] = append(l.fences[id], c.Fence())
 			},
 			Receive: func(c *troupe.Context[acct], m acct) {
 				l.mu.Lock()
+				if f := l.fences[id]; c.Fence() != f[len(f)-1] {
+					l.wrong++
+				}
 				k := m.ID + "/" + m.From
 				if m.ID != id || m.Seq != l.last[k]+1 {
 					l.disorder = append(l.disorder, fmt.Sprintf("%s got %s #%d after #%d", id, m.From, m.Seq, l.last[k]))
@@ -99,13 +105,34 @@ func (l *ledger) startsOf(id string) []string {
 }
 
 // check fails t if an id ever ran twice at once or a sender's messages
-// came out of order or with a gap.
+// came out of order or with a gap, or if its fencing tokens did not grow
+// with its moves: each start's no less than the one before, and greater
+// when it started on another member (a start on the same one may be
+// after a passivation, in the same placement).
 func (l *ledger) check(t *testing.T) {
 	t.Helper()
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.most > 1 {
 		t.Errorf("an entity ran on %d members at once", l.most)
+	}
+	for id, fences := range l.fences {
+		for i, f := range fences {
+			if f.IsZero() {
+				t.Errorf("%s started on %v with no fence: %v", id, l.starts[id], fences)
+				break
+			}
+			if i == 0 {
+				continue
+			}
+			if c := f.Compare(fences[i-1]); c < 0 || c == 0 && l.starts[id][i] != l.starts[id][i-1] {
+				t.Errorf("%s started on %v with fences %v: want each greater than the one before on another member", id, l.starts[id], fences)
+				break
+			}
+		}
+	}
+	if l.wrong > 0 {
+		t.Errorf("%d messages handled under another fence than their entity's", l.wrong)
 	}
 	if len(l.disorder) > 0 {
 		t.Errorf("%d messages out of order or after a gap, first: %v", len(l.disorder), l.disorder[:min(5, len(l.disorder))])

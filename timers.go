@@ -22,6 +22,7 @@ type actorTools[T any] struct {
 	failed   error // reported by Context.Fail during the current handler
 	log      *slog.Logger
 	sup      *supState // failures and a pending restart (supervised actors)
+	fence    Fence     // a singleton instance's or an entity's (fence.go)
 	// awaitingChildren: the actor is stopping, and waits for its children
 	// to stop first (see terminate).
 	awaitingChildren bool
