@@ -165,6 +165,9 @@ func ParseMultiaddr(s string) (Addr, error) {
 func parseHostPort(hostport string) (Addr, error) {
 	host, port, err := net.SplitHostPort(hostport)
 	if err != nil {
+		if ae, ok := errors.AsType[*net.AddrError](err); ok {
+			err = errors.New(ae.Err) // (its Error repeats the address)
+		}
 		return Addr{}, fmt.Errorf("%w: %q: %v", ErrBadAddr, hostport, err)
 	}
 	if host == "" {
@@ -202,8 +205,12 @@ func parseUnixPath(path string) (Addr, error) {
 // FormatRef returns the string form of the actor at path on the node that
 // listens on addr: "troupe://127.0.0.1:7001/user/worker" for TCP, and
 // "troupe+unix://%2Frun%2Fa.sock/user/worker" for a Unix socket (the socket
-// path is escaped into the host part). [ParseRef] reads it back.
+// path is escaped into the host part). A path without its leading slash
+// gets one ("worker" is "/worker"). [ParseRef] reads it back.
 func FormatRef(addr Addr, path string) string {
+	if !strings.HasPrefix(path, "/") {
+		path = "/" + path
+	}
 	if addr.IsUnix() {
 		return "troupe+unix://" + url.PathEscape(addr.address) + path
 	}
@@ -231,10 +238,13 @@ func ParseRef(s string) (Addr, string, error) {
 	if rest, ok = strings.CutPrefix(s, "troupe://"); !ok {
 		return Addr{}, "", fmt.Errorf("%w: ref %q must start with troupe:// or troupe+unix://", ErrBadAddr, s)
 	}
+	if strings.Contains(rest, "://") {
+		return Addr{}, "", fmt.Errorf("%w: ref %q holds a whole address (tcp://…, as Addr.String gives); build refs with FormatRef(addr, path)", ErrBadAddr, s)
+	}
 	host, path, _ := strings.Cut(rest, "/")
 	a, err := parseHostPort(host)
 	if err != nil {
-		return Addr{}, "", fmt.Errorf("ref %q: %w", s, err)
+		return Addr{}, "", fmt.Errorf("ref %q: %w (a ref is troupe://host:port/path; FormatRef builds one)", s, err)
 	}
 	p, err := checkRefPath(s, "/"+path)
 	return a, p, err

@@ -294,6 +294,9 @@ func (c ClusterConfig) withDefaults(n *Node) ClusterConfig {
 // member holds every member's entries, pushed as they change (see
 // [RegisterService] and [WatchService]).
 func StartCluster(ctx context.Context, n *Node, cfg ClusterConfig) (*Cluster, error) {
+	if n.isClosed() {
+		return nil, ErrNodeClosed
+	}
 	if len(n.addrList()) == 0 {
 		return nil, fmt.Errorf("%w: a cluster member must listen on an address", ErrBadConfig)
 	}

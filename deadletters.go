@@ -21,6 +21,49 @@ func (n *Node) deadLetter(target string, msg any, reason error) {
 	n.reportDeadLetter(DeadLetter{Target: target, Message: msg, Reason: reason})
 }
 
+// errZeroRef is the reason of a message told to the zero Ref.
+var errZeroRef = errors.New("troupe: the zero Ref refers to no actor (a ReplyTo never set?)")
+
+// openNodes holds this process's nodes from Start until they close. A
+// message told to the zero Ref belongs to no node, so it is a dead letter
+// on each of them (in a service, the one node it runs).
+var openNodes struct {
+	sync.Mutex
+	set map[*Node]struct{}
+}
+
+func rememberNode(n *Node) {
+	openNodes.Lock()
+	defer openNodes.Unlock()
+	if openNodes.set == nil {
+		openNodes.set = map[*Node]struct{}{}
+	}
+	openNodes.set[n] = struct{}{}
+}
+
+func forgetNode(n *Node) {
+	openNodes.Lock()
+	defer openNodes.Unlock()
+	delete(openNodes.set, n)
+}
+
+// zeroRefDeadLetter reports msg, told to the zero Ref, on every open node,
+// or on the default logger when the process has none.
+func zeroRefDeadLetter(msg any) {
+	openNodes.Lock()
+	nodes := make([]*Node, 0, len(openNodes.set))
+	for n := range openNodes.set {
+		nodes = append(nodes, n)
+	}
+	openNodes.Unlock()
+	for _, n := range nodes {
+		n.deadLetter("<zero ref>", msg, errZeroRef)
+	}
+	if len(nodes) == 0 {
+		slog.Error("troupe: dead letter", "target", "<zero ref>", "reason", errZeroRef, "type", fmt.Sprintf("%T", msg))
+	}
+}
+
 // deadLetterUnconfirmed reports a message that was sent but never
 // confirmed.
 func (n *Node) deadLetterUnconfirmed(target string, msg any, reason error) {

@@ -262,6 +262,7 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 		n.Close()
 		return nil, err
 	}
+	rememberNode(n)
 	return n, nil
 }
 

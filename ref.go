@@ -147,7 +147,8 @@ type AnyRef interface {
 // accepts) is T; a protocol of several messages is an interface type that
 // each of them implements. A Ref is a small value: copy it, store it, send it
 // inside a message to another node (it arrives as a usable ref bound to the
-// right node). The zero Ref refers to nothing; telling it panics.
+// right node). The zero Ref refers to nothing: what is told to it is a
+// dead letter (see [Ref.Tell]).
 //
 // Ref is safe for concurrent use.
 type Ref[T any] struct {
@@ -158,12 +159,16 @@ type Ref[T any] struct {
 // network. A message that cannot be delivered (the actor has stopped, the
 // peer has gone, the mailbox or send queue is full, …) is published as a
 // [DeadLetter] on the node's event stream. Messages from one sender to one
-// actor arrive in the order they were told. Telling the zero Ref (one
-// never obtained from Spawn, Resolve, a lookup or a message) panics: it is
-// a programming error, not an undeliverable message.
+// actor arrive in the order they were told. A message told to the zero
+// Ref (one never obtained from Spawn, Resolve, a lookup or a message, such
+// as a request's forgotten ReplyTo) is a dead letter with the target
+// "<zero ref>": the zero Ref belongs to no node, so it is published on
+// every node this process has open (or logged with [slog.Default] if none
+// is), and the actor that told it goes on.
 func (r Ref[T]) Tell(msg T) {
 	if r.h == nil {
-		panic("troupe: Tell on a zero Ref")
+		zeroRefDeadLetter(msg)
+		return
 	}
 	switch l := r.h.local.(type) {
 	case *cell[T]:
@@ -216,7 +221,8 @@ func flatTypeFor[T any]() *msgType {
 // of delivery; ctx.Err() if ctx ends first (msg is then not sent, and no
 // dead letter is published: the caller still holds it); or why msg cannot
 // be delivered at all (the actor stopped, its node is gone or
-// quarantined, this node closed, the type is not registered), in which
+// quarantined, this node closed, the type is not registered, the Ref is
+// zero), in which
 // case a DeadLetter is published too, as Tell would. A session with the peer that is suspended
 // by a link flap keeps Send waiting until it resumes or ends.
 //
@@ -225,7 +231,8 @@ func flatTypeFor[T any]() *msgType {
 // [ErrBadHeaders], and nothing is sent.
 func (r Ref[T]) Send(ctx context.Context, msg T) error {
 	if r.h == nil {
-		panic("troupe: Send on a zero Ref")
+		zeroRefDeadLetter(msg)
+		return errZeroRef
 	}
 	hd, err := r.h.node.outHeaders(ctx, r.h)
 	if err != nil {
@@ -302,7 +309,7 @@ var refCarrierType = reflect.TypeFor[refCarrier]()
 func Ask[Req, Resp any](ctx context.Context, to Ref[Req], mk func(replyTo Ref[Resp]) Req) (Resp, error) {
 	var zero Resp
 	if to.h == nil {
-		return zero, errors.New("troupe: Ask on a zero Ref")
+		return zero, errZeroRef
 	}
 	n := to.h.node
 	if rt := reflect.TypeFor[Resp](); to.h.assoc != nil && rt.Kind() != reflect.Interface && typeOf(rt) == nil {

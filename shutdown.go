@@ -132,6 +132,7 @@ func (n *Node) shutdown(ctx context.Context, graceful bool) error {
 	defer close(n.closed) // after every goroutine of the node has ended
 	n.draining.Store(true)
 	close(n.done)
+	forgetNode(n)
 	if !graceful {
 		n.dialCancel()   // a dial in progress has nobody left to serve
 		n.cancelActors() // handlers waiting on their Context return now

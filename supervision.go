@@ -244,9 +244,10 @@ type supState struct {
 	backoffs    int         // consecutive restarts, for the backoff's exponent
 	lastRestart time.Time
 	phase       restartPhase
-	reason      error       // the failure being restarted from
-	timer       *time.Timer // the backoff's timer
-	gen         uint64      // which restart a sysRestart belongs to
+	reason      error         // the failure being restarted from
+	timer       *time.Timer   // the backoff's timer
+	gen         uint64        // which restart a sysRestart belongs to
+	pause       time.Duration // the backoff chosen for the restart under way (logged when it begins)
 }
 
 // recoverFailure, deferred around every handler call, turns a panic or a
@@ -294,6 +295,9 @@ func (c *cell[T]) onFailure(reason error, inSetup bool) {
 	case actResume:
 		c.n.log.Error("troupe: actor failed; resuming it", attrs...)
 	case actRestart:
+		if pause := c.choosePause(s); pause > 0 {
+			attrs = append(attrs, "backoff", pause)
+		}
 		c.n.log.Error("troupe: actor failed; restarting it", attrs...)
 		c.beginRestart(reason, s)
 	default:
@@ -382,20 +386,31 @@ func (c *cell[T]) beginRestart(reason error, s Strategy) {
 // afterChildren starts the backoff, or makes the restart due at once.
 func (c *cell[T]) afterChildren(s Strategy) {
 	st := c.tools.sup
-	now := time.Now()
 	if s.minBackoff <= 0 {
 		st.phase = restartDue
 		c.sysPush(sysMsg{kind: sysRestart, timerGen: st.gen})
 		return
 	}
-	if !st.lastRestart.IsZero() && now.Sub(st.lastRestart) > s.maxBackoff {
+	st.phase = restartBackoff
+	gen := st.gen
+	st.timer = time.AfterFunc(st.pause, func() { c.sysPush(sysMsg{kind: sysRestart, timerGen: gen}) })
+}
+
+// choosePause picks the backoff of the restart that begins now (0 for a
+// strategy without one), so that the log line announcing the restart can
+// say how long the actor will be away.
+func (c *cell[T]) choosePause(s Strategy) time.Duration {
+	st := c.supervision()
+	st.pause = 0
+	if s.minBackoff <= 0 {
+		return 0
+	}
+	if !st.lastRestart.IsZero() && time.Since(st.lastRestart) > s.maxBackoff {
 		st.backoffs = 0 // it ran long enough to count as recovered
 	}
-	st.phase = restartBackoff
-	d := backoff(s, st.backoffs, rand.Float64())
+	st.pause = backoff(s, st.backoffs, rand.Float64())
 	st.backoffs++
-	gen := st.gen
-	st.timer = time.AfterFunc(d, func() { c.sysPush(sysMsg{kind: sysRestart, timerGen: gen}) })
+	return st.pause
 }
 
 // backoff is the pause before restart number k (from 0) given a random

@@ -501,6 +501,22 @@ func TestFailureLoggedOnce(t *testing.T) {
 	}
 }
 
+// A restart after a backoff says, on its log line, how long the actor
+// will be away (#55): a user reading the log sees a pause, not a hang.
+func TestARestartsLogLineSaysItsBackoff(t *testing.T) {
+	t.Parallel()
+	var buf syncBuffer
+	n := quietNode(t, &buf)
+	var builds atomic.Int32
+	r, _ := troupe.Spawn(n, "paused", troupe.Supervise(counter(&builds, "receive", nil), troupe.RestartWithBackoff(20*time.Millisecond, 40*time.Millisecond, 0)))
+	r.Tell(sup{Op: "trigger"})
+	ask(t, r, "count", 0)
+	logs := buf.String()
+	if !strings.Contains(logs, "restarting it") || !strings.Contains(logs, "backoff=20ms") {
+		t.Fatalf("the restart's log line does not give its 20ms backoff:\n%s", logs)
+	}
+}
+
 // syncBuffer is a bytes.Buffer safe for a logger and a test to share.
 type syncBuffer struct {
 	mu sync.Mutex

@@ -38,6 +38,7 @@ import (
 	"os/signal"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"text/tabwriter"
@@ -315,7 +316,7 @@ func commandAt(args []string) int {
 func (cmd *command) invoke(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	c := &call{cmd: cmd, stdout: stdout, stderr: stderr, ctx: ctx}
 	fs := flag.NewFlagSet(cmd.name, flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs.SetOutput(io.Discard) // (its errors are said below, in the commands' words)
 	fs.Usage = func() {}
 	if cmd.name != "version" {
 		fs.StringVar(&c.secretFile, "secret-file", os.Getenv("TROUPE_SECRET_FILE"), "a `FILE` holding the shared secret (Config.Secret) of the nodes to reach; env TROUPE_SECRET_FILE")
@@ -360,7 +361,7 @@ func (cmd *command) invoke(ctx context.Context, args []string, stdout, stderr io
 			return 0
 		}
 		if err != nil {
-			fmt.Fprintf(stderr, "usage: %s\n", cmd.usage)
+			fmt.Fprintf(stderr, "troupe %s: %s\nusage: %s\n", cmd.name, flagProblem(err), cmd.usage)
 			return 2
 		}
 		if fs.NArg() == 0 {
@@ -383,7 +384,55 @@ func (cmd *command) invoke(ctx context.Context, args []string, stdout, stderr io
 		fmt.Fprintf(stderr, "troupe %s: takes %d argument(s), got %d\nusage: %s\n", cmd.name, cmd.args, len(c.args), cmd.usage)
 		return 2
 	}
+	if code := c.checkAddrs(); code != 0 {
+		return code
+	}
 	return cmd.run(ctx, c)
+}
+
+// flagProblem says what the flag package found wrong, with flags spelled
+// as the usage lines spell them (two dashes).
+func flagProblem(err error) string {
+	msg := err.Error()
+	if name, ok := strings.CutPrefix(msg, "flag provided but not defined: -"); ok {
+		return "unknown flag --" + name
+	}
+	if name, ok := strings.CutPrefix(msg, "flag needs an argument: -"); ok {
+		return "--" + name + " needs a value"
+	}
+	return strings.Replace(msg, "for flag -", "for flag --", 1)
+}
+
+// checkAddrs checks every address flag before anything is dialed, so that
+// a mistyped address is a usage error (exit 2) whichever flag holds it.
+func (c *call) checkAddrs() int {
+	check := func(flagName, s string) bool {
+		if s == "" || flagName == "--registry" && (strings.HasPrefix(s, "etcd://") || strings.HasPrefix(s, "etcds://")) {
+			return true
+		}
+		if _, err := troupe.ParseAddr(s); err != nil {
+			why := strings.TrimPrefix(err.Error(), troupe.ErrBadAddr.Error()+": ")
+			why = strings.TrimPrefix(why, strconv.Quote(s)+": ")
+			fmt.Fprintf(c.stderr, "troupe %s: %s %q is not an address: %s (want host:port, unix:///path or a multiaddr such as /ip4/127.0.0.1/tcp/1616)\nusage: %s\n", c.cmd.name, flagName, s, why, c.cmd.usage)
+			return false
+		}
+		return true
+	}
+	name := "--node"
+	if c.cmd.name == "registrar" {
+		name = "--addr"
+	}
+	ok := check("--registry", c.registry) && check("--node", c.node)
+	for _, a := range c.addrs {
+		ok = ok && check(name, a)
+	}
+	if r := os.Getenv("TROUPE_REGISTRY"); c.cmd.name == "registrar" && len(c.addrs) == 0 && !strings.HasPrefix(r, "etcd") {
+		ok = ok && check("TROUPE_REGISTRY", r) // (the registrar's default address)
+	}
+	if !ok {
+		return 2
+	}
+	return 0
 }
 
 // printFlags lists a command's flags as they are written, with two

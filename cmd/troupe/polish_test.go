@@ -7,6 +7,8 @@ import (
 	"encoding/json"
 	"io"
 	"log/slog"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -69,14 +71,49 @@ func TestExitCodesAreTheSameEverywhere(t *testing.T) {
 	t.Setenv("TROUPE_NODE", "")
 	for _, cmd := range commands {
 		var errOut bytes.Buffer
-		if code := run(context.Background(), []string{cmd.name, "--no-such-flag"}, io.Discard, &errOut); code != 2 || !strings.Contains(errOut.String(), "usage:") {
-			t.Errorf("%s --no-such-flag: exit %d, %q; want 2 and the usage", cmd.name, code, errOut.String())
+		if code := run(context.Background(), []string{cmd.name, "--no-such-flag"}, io.Discard, &errOut); code != 2 || !strings.Contains(errOut.String(), "usage:") ||
+			!strings.Contains(errOut.String(), "troupe "+cmd.name+": unknown flag --no-such-flag\n") {
+			t.Errorf("%s --no-such-flag: exit %d, %q; want 2, the flag as it is written and the usage", cmd.name, code, errOut.String())
+		}
+	}
+	// A mistyped address is a usage error whichever flag holds it, said
+	// once, in the command's words (#55: ls said 2, peers 1, registrar
+	// named a Config field, and the messages stuttered).
+	for _, args := range [][]string{
+		{"ls", "--registry", "garbage"}, {"query", "x", "--registry", "garbage"}, {"watch", "--registry", "garbage"},
+		{"peers", "--node", "garbage"}, {"actors", "--node", "garbage"}, {"stats", "--node", "garbage"},
+		{"down", "tcp://127.0.0.1:1", "--node", "garbage"}, {"quarantine", "ls", "--node", "garbage"},
+		{"schema", "--node", "garbage"}, {"registrar", "--addr", "garbage"},
+	} {
+		var errOut bytes.Buffer
+		code := run(context.Background(), args, io.Discard, &errOut)
+		msg := errOut.String()
+		if code != 2 || !strings.Contains(msg, `"garbage" is not an address: missing port in address`) || strings.Count(msg, "garbage") != 1 ||
+			strings.Contains(msg, "troupe: ") || strings.Contains(msg, "RegistryAddrs") {
+			t.Errorf("%v: exit %d, %q; want 2 and one clear line", args, code, msg)
 		}
 	}
 	for _, args := range [][]string{{"peers"}, {"actors"}, {"stats"}, {"down", "tcp://127.0.0.1:1"}, {"quarantine", "ls"}, {"schema"}} {
 		var errOut bytes.Buffer
 		if code := run(context.Background(), args, io.Discard, &errOut); code != 2 || !strings.Contains(errOut.String(), "--node") {
 			t.Errorf("%v without --node: exit %d, %q; want 2 naming --node", args, code, errOut.String())
+		}
+	}
+}
+
+// Pointed at an HTTP port, a command says that what answers there does
+// not speak troupe, instead of suggesting a registrar be started on that
+// busy port (#55).
+func TestAnHTTPPortIsNamedAsOne(t *testing.T) {
+	t.Parallel()
+	srv := httptest.NewServer(http.NotFoundHandler())
+	defer srv.Close()
+	addr := strings.TrimPrefix(srv.URL, "http://")
+	for _, args := range [][]string{{"ls", "--registry", addr}, {"stats", "--node", addr}} {
+		var errOut bytes.Buffer
+		code := run(context.Background(), append(args, "--timeout", "10s"), io.Discard, &errOut)
+		if msg := errOut.String(); code != 1 || !strings.Contains(msg, "does not speak troupe's protocol") || strings.Contains(msg, "troupe registrar --addr") {
+			t.Errorf("%v: exit %d, %q; want 1 and that the port does not speak troupe", args, code, msg)
 		}
 	}
 }

@@ -35,6 +35,9 @@ func (c *call) noRegistrar(addr string, err error) int {
 		return c.fail(err)
 	}
 	hint := "is a registrar running there? (troupe registrar --addr " + addr + ")"
+	if errors.Is(err, troupe.ErrMalformed) {
+		return c.failf("something answers at %s but does not speak troupe's protocol: is it an HTTP port (a registrar's --http, a debug page)? give the address the registrar serves the registry on", addr)
+	}
 	if strings.HasPrefix(addr, "etcd") {
 		hint = "does etcd answer at those endpoints (curl http://HOST:PORT/version)?"
 	}

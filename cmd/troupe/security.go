@@ -131,6 +131,9 @@ func (c *call) fail(err error) int {
 	if tlsFailure(err) {
 		return c.failf("TLS failed: %v; check --tls-cert, --tls-key and --tls-ca (or TROUPE_TLS_CERT, TROUPE_TLS_KEY, TROUPE_TLS_CA)", err)
 	}
+	if errors.Is(err, troupe.ErrMalformed) && c.node != "" {
+		return c.failf("something answers at %s but does not speak troupe's protocol: is it an HTTP port (a debug page, /metrics)? give the address the node listens on", c.node)
+	}
 	return c.failf("%v", err)
 }
 
