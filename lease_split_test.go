@@ -320,9 +320,20 @@ func leaseSplit(t *testing.T, size int, reach string, rep int) {
 	t.Logf("rep %d: survivors %v of sides %v", rep, survivors, sides)
 }
 
-// waitUntil polls cond every 5 ms until it holds or d passes.
+// slack stretches a wait's deadline (see slack in main_test.go, which
+// this package's tests cannot see): TROUPE_WAIT_SCALE, default 3.
+func slack(d time.Duration) time.Duration {
+	if f, err := strconv.ParseFloat(os.Getenv("TROUPE_WAIT_SCALE"), 64); err == nil && f > 0 {
+		return time.Duration(float64(d) * f)
+	}
+	return 3 * d
+}
+
+// waitUntil polls cond every 5 ms until it holds or d (stretched by
+// slack) passes.
 func waitUntil(t testing.TB, d time.Duration, what string, cond func() bool) {
 	t.Helper()
+	d = slack(d)
 	deadline := time.Now().Add(d)
 	for !cond() {
 		if time.Now().After(deadline) {

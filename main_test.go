@@ -179,9 +179,21 @@ func ctxT(t testing.TB, d time.Duration) context.Context {
 	return ctx
 }
 
-// waitFor polls cond until it holds or d passes.
+// slack stretches a wait's deadline: a wait ends at its event, so its
+// deadline only says how long a failure takes to be reported, and on a
+// loaded machine (CI, two CPU burners beside the suite) events come
+// later. TROUPE_WAIT_SCALE sets the factor (default 3).
+func slack(d time.Duration) time.Duration {
+	if f, err := strconv.ParseFloat(os.Getenv("TROUPE_WAIT_SCALE"), 64); err == nil && f > 0 {
+		return time.Duration(float64(d) * f)
+	}
+	return 3 * d
+}
+
+// waitFor polls cond until it holds or d (stretched by slack) passes.
 func waitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
 	t.Helper()
+	d = slack(d)
 	deadline := time.Now().Add(d)
 	for !cond() {
 		if time.Now().After(deadline) {

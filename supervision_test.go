@@ -72,6 +72,7 @@ func watchOn(t testing.TB, n *troupe.Node, r troupe.AnyRef) <-chan troupe.Termin
 // within receives from ch or fails the test after d.
 func within[T any](t testing.TB, ch <-chan T, d time.Duration, what string) T {
 	t.Helper()
+	d = slack(d)
 	select {
 	case v := <-ch:
 		return v

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 )
 
 // Net is a set of hosts joined by one bridge.
@@ -102,8 +103,26 @@ func (h *Host) Command(name string, args ...string) *exec.Cmd {
 // LinkDown cuts h's link to the bridge: nothing reaches it or leaves it.
 func (h *Host) LinkDown() { h.net.run("ip", "-n", h.net.sw, "link", "set", h.port, "down") }
 
-// LinkUp restores h's link.
-func (h *Host) LinkUp() { h.net.run("ip", "-n", h.net.sw, "link", "set", h.port, "up") }
+// LinkUp restores h's link, and returns once both of its ends are up and
+// the bridge forwards its traffic again (at most 10 s, else the test
+// fails): a link that is still coming up is not yet a restored link.
+func (h *Host) LinkUp() {
+	h.net.t.Helper()
+	h.net.run("ip", "-n", h.net.sw, "link", "set", h.port, "up")
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		port := h.net.run("ip", "-n", h.net.sw, "-o", "link", "show", h.port)
+		eth := h.net.run("ip", "-n", h.Name, "-o", "link", "show", "eth0")
+		bridge := h.net.run("bridge", "-n", h.net.sw, "link", "show", "dev", h.port)
+		if strings.Contains(port, "state UP") && strings.Contains(eth, "state UP") && strings.Contains(bridge, "state forwarding") {
+			return
+		}
+		if time.Now().After(deadline) {
+			h.net.t.Fatalf("hostnet: %s's link is not up 10 s after LinkUp:\n%s%s%s", h.Name, port, eth, bridge)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
 
 // nft runs an nft command in h's namespace.
 func (h *Host) nft(rule string) { h.net.run("ip", "netns", "exec", h.Name, "nft", rule) }
