@@ -42,20 +42,38 @@ func DebugHandler(n *Node) http.Handler {
 	})
 }
 
+// coarse writes a duration to three or four significant figures
+// ("9.977s", "268.4ms", "274µs"): a stats document is read by people and
+// dashboards, and nanoseconds of a window that moves every heartbeat are
+// noise.
+func coarse(d time.Duration) string {
+	switch {
+	case d >= time.Second:
+		return d.Round(time.Millisecond).String()
+	case d >= time.Millisecond:
+		return d.Round(100 * time.Microsecond).String()
+	default:
+		return d.Round(time.Microsecond).String()
+	}
+}
+
+// ms is t to the millisecond, as the stats document gives times.
+func ms(t time.Time) time.Time { return t.Truncate(time.Millisecond) }
+
 // statsJSON is Stats with its addresses, uids and durations as text.
 func statsJSON(s Stats) map[string]any {
 	peers := []map[string]any{}
 	for _, p := range s.Peers {
 		peers = append(peers, map[string]any{
 			"addr": p.Addr.String(), "uid": p.UID.String(), "name": p.Name, "app_version": p.AppVersion, "state": p.State, "outbound": p.Outbound,
-			"since": p.Since, "last_heard": p.LastHeard, "window_left": p.WindowLeft.String(), "member": p.Member,
+			"since": ms(p.Since), "last_heard": ms(p.LastHeard), "window_left": coarse(p.WindowLeft), "member": p.Member,
 			"bytes_in": p.BytesIn, "bytes_out": p.BytesOut, "messages_in": p.MessagesIn, "messages_out": p.MessagesOut,
-			"phi": p.Phi, "round_trip": p.RoundTrip.String(), "queued": p.Queued, "unacked_bytes": p.Unacked,
+			"phi": p.Phi, "round_trip": coarse(p.RoundTrip), "queued": p.Queued, "unacked_bytes": p.Unacked,
 		})
 	}
 	quarantined := []map[string]any{}
 	for _, q := range s.Quarantined {
-		quarantined = append(quarantined, map[string]any{"uid": q.UID.String(), "name": q.Name, "addrs": addrStrings(q.Addrs), "since": q.Since, "cause": fmt.Sprint(q.Cause)})
+		quarantined = append(quarantined, map[string]any{"uid": q.UID.String(), "name": q.Name, "addrs": addrStrings(q.Addrs), "since": ms(q.Since), "cause": fmt.Sprint(q.Cause)})
 	}
 	members := []map[string]any{}
 	for _, m := range s.Members {
@@ -63,7 +81,7 @@ func statsJSON(s Stats) map[string]any {
 	}
 	recent := []map[string]any{}
 	for _, d := range s.RecentDeadLetters {
-		recent = append(recent, map[string]any{"at": d.At, "target": d.Target, "type": d.Type, "reason": d.Reason})
+		recent = append(recent, map[string]any{"at": ms(d.At), "target": d.Target, "type": d.Type, "reason": d.Reason})
 	}
 	return map[string]any{
 		"name": s.Name, "uid": s.UID.String(), "app_version": s.AppVersion, "addrs": addrStrings(s.Addrs), "taken": s.Taken,
@@ -74,8 +92,8 @@ func statsJSON(s Stats) map[string]any {
 			"peer_links_resumed": s.Totals.LinksResumed, "protocol_errors": s.Totals.ProtocolErrors,
 		}, "cluster_blocked": s.ClusterBlocked, "registrar": s.Registrar, "registrations": s.Registrations, "registry_pending": s.RegistryPending,
 		"recent_dead_letters": recent, "runtime": map[string]any{
-			"version": s.Runtime.Version, "go_version": s.Runtime.GoVersion, "uptime": s.Runtime.Uptime.String(), "goroutines": s.Runtime.Goroutines,
-			"heap_bytes": s.Runtime.HeapBytes, "gc_cycles": s.Runtime.GCCycles, "gc_pause_p99": s.Runtime.GCPauseP99.String(),
+			"version": s.Runtime.Version, "go_version": s.Runtime.GoVersion, "uptime": coarse(s.Runtime.Uptime), "goroutines": s.Runtime.Goroutines,
+			"heap_bytes": s.Runtime.HeapBytes, "gc_cycles": s.Runtime.GCCycles, "gc_pause_p99": coarse(s.Runtime.GCPauseP99),
 		},
 	}
 }

@@ -142,6 +142,8 @@ type MailboxStats struct {
 // MemberStats is one cluster member as this member sees it.
 type MemberStats struct {
 	Member
+	// Reachable reports whether this member's failure detector hears the
+	// member (false for a removed member, which nobody watches).
 	Reachable bool
 	// Name is the member's node name, from this node's association with
 	// it (empty without one).
@@ -250,7 +252,8 @@ func (n *Node) Stats() Stats {
 			leader = l.UID
 		}
 		for _, m := range c.members {
-			s.Members = append(s.Members, MemberStats{Member: *m, Reachable: !unreachable[m.UID], Self: m.UID == n.uid, Leader: m.UID == leader})
+			reachable := !unreachable[m.UID] && m.Status != MemberRemoved // (a removed member is no longer watched)
+			s.Members = append(s.Members, MemberStats{Member: *m, Reachable: reachable, Self: m.UID == n.uid, Leader: m.UID == leader})
 		}
 		c.mu.Unlock()
 		names := map[NodeUID]string{}

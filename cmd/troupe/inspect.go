@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"slices"
 	"strings"
 	"text/tabwriter"
@@ -54,10 +55,14 @@ type nodeStats struct {
 	DeadLetters map[string]uint64 `json:"dead_letters"`
 	Members     []struct {
 		Addr       string `json:"addr"`
+		Name       string `json:"name"`
 		AppVersion string `json:"app_version"`
 		Status     string `json:"status"`
 		Reachable  bool   `json:"reachable"`
 	} `json:"members"`
+	ClusterBlocked string `json:"cluster_blocked"`
+	Registrar      bool   `json:"registrar"`
+	Registrations  int    `json:"registrations"`
 }
 
 // mailbox is one actor's path and mailbox depth in a stats document.
@@ -108,47 +113,61 @@ func (c *call) remoteStats(ctx context.Context, n *troupe.Node) int {
 			fmt.Fprintf(tw, "%s\t%d\n", a.Path, a.Waiting)
 		}
 	default:
-		byState := map[string]int{}
-		for _, p := range s.Peers {
-			byState[p.State]++
-		}
-		fmt.Fprintf(tw, "node\t%s (%s) on %s\n", printable(s.Name), s.UID, strings.Join(s.Addrs, ","))
-		if s.AppVersion != "" {
-			fmt.Fprintf(tw, "version\t%s\n", s.AppVersion)
-		}
-		counts := []string{fmt.Sprintf("%d up", byState["up"])}
-		for _, st := range []string{"connecting", "suspended", "ending", "leaving", "retiring", "closed"} {
-			if byState[st] > 0 {
-				counts = append(counts, fmt.Sprintf("%d %s", byState[st], st))
-			}
-		}
-		if s.Observers > 0 {
-			counts = append(counts, fmt.Sprintf("and %d observer(s) such as this command", s.Observers))
-		}
-		fmt.Fprintf(tw, "peers\t%s\n", strings.Join(counts, ", "))
-		fmt.Fprintf(tw, "quarantined\t%d\n", len(s.Quarantined))
-		fmt.Fprintf(tw, "actors\t%d\n", s.Actors)
-		if len(s.Mailboxes) == 0 {
-			fmt.Fprintf(tw, "deepest mailboxes\tnone waiting\n")
-		}
-		for i, m := range s.Mailboxes {
-			label := ""
-			if i == 0 {
-				label = "deepest mailboxes"
-			}
-			fmt.Fprintf(tw, "%s\t%s %d waiting\n", label, printable(m.Path), m.Waiting)
-		}
-		var reasons []string
-		for r, n := range s.DeadLetters {
-			reasons = append(reasons, fmt.Sprintf("%s %d", r, n))
-		}
-		slices.Sort(reasons)
-		fmt.Fprintf(tw, "dead letters\t%s\n", strings.Join(reasons, ", "))
-		for _, m := range s.Members {
-			fmt.Fprintf(tw, "member\t%s %s reachable=%v version=%s\n", m.Addr, m.Status, m.Reachable, orDash(m.AppVersion))
-		}
+		printSummary(tw, s)
 	}
 	return 0
+}
+
+// printSummary prints what troupe stats shows of a node's stats.
+func printSummary(tw io.Writer, s nodeStats) {
+	byState := map[string]int{}
+	for _, p := range s.Peers {
+		byState[p.State]++
+	}
+	fmt.Fprintf(tw, "node\t%s (%s) on %s\n", printable(s.Name), s.UID, strings.Join(s.Addrs, ","))
+	if s.AppVersion != "" {
+		fmt.Fprintf(tw, "version\t%s\n", s.AppVersion)
+	}
+	counts := []string{fmt.Sprintf("%d up", byState["up"])}
+	for _, st := range []string{"connecting", "suspended", "ending", "leaving", "retiring", "closed"} {
+		if byState[st] > 0 {
+			counts = append(counts, fmt.Sprintf("%d %s", byState[st], st))
+		}
+	}
+	if s.Observers > 0 {
+		counts = append(counts, fmt.Sprintf("and %d observer(s) such as this command", s.Observers))
+	}
+	fmt.Fprintf(tw, "peers\t%s\n", strings.Join(counts, ", "))
+	fmt.Fprintf(tw, "quarantined\t%d\n", len(s.Quarantined))
+	fmt.Fprintf(tw, "actors\t%d\n", s.Actors)
+	if len(s.Mailboxes) == 0 {
+		fmt.Fprintf(tw, "deepest mailboxes\tnone waiting\n")
+	}
+	for i, m := range s.Mailboxes {
+		label := ""
+		if i == 0 {
+			label = "deepest mailboxes"
+		}
+		fmt.Fprintf(tw, "%s\t%s %d waiting\n", label, printable(m.Path), m.Waiting)
+	}
+	var reasons []string
+	for r, n := range s.DeadLetters {
+		reasons = append(reasons, fmt.Sprintf("%s %d", r, n))
+	}
+	slices.Sort(reasons)
+	if len(reasons) == 0 {
+		reasons = []string{"none"}
+	}
+	fmt.Fprintf(tw, "dead letters\t%s\n", strings.Join(reasons, ", "))
+	if s.Registrar {
+		fmt.Fprintf(tw, "registrar\tyes, holding %d registration(s)\n", s.Registrations)
+	}
+	if s.ClusterBlocked != "" {
+		fmt.Fprintf(tw, "cluster\tBLOCKED: %s\n", printable(s.ClusterBlocked))
+	}
+	for _, m := range s.Members {
+		fmt.Fprintf(tw, "member\t%s %s %s reachable=%v version=%s\n", m.Addr, orDash(printable(m.Name)), m.Status, m.Reachable, orDash(m.AppVersion))
+	}
 }
 
 // quarantineRow is one quarantined peer as the node's stats document has

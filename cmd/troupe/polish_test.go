@@ -9,8 +9,10 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"regexp"
 	"strings"
 	"testing"
+	"text/tabwriter"
 	"time"
 
 	"troupe"
@@ -278,5 +280,68 @@ func TestWatchFollowsARestartedRegistrar(t *testing.T) {
 	stop()
 	if code := <-done; code != 0 {
 		t.Fatalf("watch exited %d", code)
+	}
+}
+
+// stats of a registrar says how many registrations it holds, "none" for
+// no dead letters, and a blocked cluster in capitals; durations in the
+// stats document have no false precision (#55).
+func TestStatsSaysWhatAnOperatorLooksFor(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	reg, err := troupe.Start(ctx, troupe.Config{Name: "reg", RegistryAddrs: []string{"127.0.0.1:0"}, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reg.Close()
+	if _, err := troupe.Spawn(reg, "billing", troupe.Behavior[string]{Receive: func(*troupe.Context[string], string) {}}); err != nil {
+		t.Fatal(err)
+	}
+	var out, errOut bytes.Buffer
+	if code := run(ctx, []string{"stats", "--node", reg.Addrs()[0].String()}, &out, &errOut); code != 0 {
+		t.Fatalf("stats: exit %d, %s", code, errOut.String())
+	}
+	for _, want := range []string{`dead letters +none\n`, `registrar +yes, holding 2 registration\(s\)`} { // (the node and billing)
+		if !regexp.MustCompile(want).MatchString(out.String()) {
+			t.Errorf("stats does not say %q:\n%s", want, out.String())
+		}
+	}
+	out.Reset()
+	if code := run(ctx, []string{"stats", "--json", "--node", reg.Addrs()[0].String()}, &out, &errOut); code != 0 {
+		t.Fatalf("stats --json: exit %d, %s", code, errOut.String())
+	}
+	var doc struct {
+		Peers []struct {
+			WindowLeft string    `json:"window_left"`
+			Since      time.Time `json:"since"`
+		} `json:"peers"`
+		Runtime struct {
+			Uptime string `json:"uptime"`
+			GC     string `json:"gc_pause_p99"`
+		} `json:"runtime"`
+	}
+	if err := json.Unmarshal(out.Bytes(), &doc); err != nil {
+		t.Fatal(err)
+	}
+	durs := []string{doc.Runtime.Uptime, doc.Runtime.GC}
+	for _, p := range doc.Peers {
+		durs = append(durs, p.WindowLeft)
+		if p.Since.Nanosecond()%int(time.Millisecond) != 0 {
+			t.Errorf("a peer's since %v is given past the millisecond", p.Since)
+		}
+	}
+	for _, d := range durs {
+		if digits := strings.TrimFunc(d, func(r rune) bool { return r < '0' || r > '9' }); len(strings.ReplaceAll(digits, ".", "")) > 4 && strings.Count(d, ".") > 0 {
+			t.Errorf("duration %q has more than four significant figures", d)
+		}
+	}
+
+	var sum bytes.Buffer
+	tw := tabwriter.NewWriter(&sum, 0, 4, 2, ' ', 0)
+	printSummary(tw, nodeStats{Name: "m", ClusterBlocked: "2 members unreachable and no downing strategy: down them by hand (troupe down)"})
+	tw.Flush()
+	if !regexp.MustCompile(`cluster +BLOCKED: 2 members unreachable`).MatchString(sum.String()) {
+		t.Errorf("a blocked cluster is not shown:\n%s", sum.String())
 	}
 }
