@@ -19,10 +19,11 @@ type zeroReq struct {
 // A reply told to a forgotten (zero) ReplyTo is a dead letter naming the
 // zero ref, and the replying actor goes on (#55): it used to panic, which
 // stopped the actor. Send and Ask on the zero Ref fail with the same
-// reason. Not parallel: the zero Ref belongs to no node, so its dead
-// letter goes to every node the process has open, and other tests' nodes
-// must not hear it.
+// reason.
 func TestTellingTheZeroRefIsADeadLetter(t *testing.T) {
+	// Not beside other tests: the zero Ref belongs to no node, so its dead
+	// letter goes to every node the process has open, and other tests'
+	// nodes must not hear it.
 	n := quietNode(t, nil)
 	dead := make(chan troupe.DeadLetter, 10)
 	troupe.SubscribeChan(n.Events(), dead)

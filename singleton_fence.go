@@ -14,7 +14,7 @@ import (
 // signal handlers, and the goroutines it starts, are not fenced): the loop
 // publishes, at each turn, whether this process stood still, and the
 // instance's handler, before running, checks that the loop turned
-// recently; if it has not, it waits for the loop's next turn to say.
+// recently; if it has not, it waits for a turn with a recent beat to say.
 // (A handler already running when the process stopped goes on when it
 // continues: only the outside store the handler writes to can refuse it,
 // with a fencing token.)
@@ -53,25 +53,33 @@ func (f *pauseFence) open() { f.fenced.Store(false) }
 
 // mayRun is the instance's, before each message: false if the loop saw a
 // pause. If the loop has not turned within budget, it waits (at most
-// wait, or until done closes) for its next turn to tell; a turn that
-// does not come in time tells nothing, and the message does not run.
+// wait, or until done closes) for a turn with a recent beat to tell: a
+// turn whose clock reading is as stale as the message's (the process
+// stood still between the loop's reading and its turn) tells nothing,
+// and the next turn, which measures that pause, will. A turn that does
+// not come in time tells nothing either, and the message does not run.
 func (f *pauseFence) mayRun(budget, wait time.Duration, done <-chan struct{}) bool {
-	beat := f.beat.Load() // (before the fence: see turn)
-	if f.fenced.Load() {
-		return false
-	}
-	if time.Duration(int64(time.Since(f.epoch))-beat) <= budget {
-		return true
-	}
-	turned := *f.turned.Load()
-	t := time.NewTimer(wait)
-	defer t.Stop()
-	select {
-	case <-turned:
-		return !f.fenced.Load()
-	case <-t.C:
-		return false
-	case <-done:
-		return false
+	var timeout <-chan time.Time
+	for {
+		turned := *f.turned.Load() // (before the beat: a turn after this closes it)
+		beat := f.beat.Load()      // (before the fence: see turn)
+		if f.fenced.Load() {
+			return false
+		}
+		if time.Duration(int64(time.Since(f.epoch))-beat) <= budget {
+			return true
+		}
+		if timeout == nil {
+			t := time.NewTimer(wait)
+			defer t.Stop()
+			timeout = t.C
+		}
+		select {
+		case <-turned:
+		case <-timeout:
+			return false
+		case <-done:
+			return false
+		}
 	}
 }

@@ -103,4 +103,19 @@ func TestThePauseFenceAnswers(t *testing.T) {
 	if f.mayRun(100*time.Millisecond, time.Minute, done) {
 		t.Fatal("the cluster stopped while the message waited: it ran")
 	}
+	// A message waits; the loop's next turn read its clock before the
+	// process stood still (its beat is as stale as the message's), and
+	// the turn after sees the pause. The stale turn says nothing: the
+	// message waits on, and does not run (it did, in a process test
+	// beside two CPU burners).
+	f.turn(time.Now().Add(-time.Second), false)
+	go func() {
+		time.Sleep(5 * time.Millisecond)
+		f.turn(time.Now().Add(-time.Second), false)
+		time.Sleep(5 * time.Millisecond)
+		f.turn(time.Now(), true)
+	}()
+	if f.mayRun(100*time.Millisecond, time.Minute, never) {
+		t.Fatal("a turn whose clock reading predates the pause let the message run")
+	}
 }

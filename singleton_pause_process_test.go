@@ -14,18 +14,23 @@ import (
 )
 
 // tickingInstance is a singleton instance that, every 20 ms, appends
-// "pid unix-nanoseconds" to the file at path: the instances themselves
+// "pid unix-nanoseconds" (when its handler began) to the file at path: the instances themselves
 // say when they ran, whatever their members believe.
 func tickingInstance(path string) func() Behavior[testPing] {
 	return func() Behavior[testPing] {
 		return Behavior[testPing]{
 			Setup: func(c *Context[testPing]) { c.StartTicker("tick", 20*time.Millisecond, testPing{}) },
 			Receive: func(*Context[testPing], testPing) {
+				// When the handler began, read first: a process stopped
+				// in the middle of the file's syscalls wakes inside a
+				// handler that was already running, which the fence does
+				// not stop (README: only a fencing token does).
+				began := time.Now()
 				f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
 				if err != nil {
 					return
 				}
-				fmt.Fprintf(f, "%d %d\n", os.Getpid(), time.Now().UnixNano())
+				fmt.Fprintf(f, "%d %d\n", os.Getpid(), began.UnixNano())
 				f.Close()
 			},
 		}
