@@ -71,6 +71,10 @@ func TestSharedSecret(t *testing.T) {
 	if got := delivered.Load(); got != before {
 		t.Fatalf("%d messages from unauthenticated peers were delivered", got-before)
 	}
+	// The refusals are counted as such, not as protocol errors (#55).
+	if tot := server.Stats().Totals; tot.AuthRefused < 2 || tot.ProtocolErrors != 0 {
+		t.Errorf("after two refused strangers: %d refused authentications, %d protocol errors; want at least 2 and 0", tot.AuthRefused, tot.ProtocolErrors)
+	}
 }
 
 func TestSecretTooShortIsRejected(t *testing.T) {

@@ -186,6 +186,16 @@ var deadLetterReasons = []struct {
 	{"not-registered", ErrNotRegistered}, {"incompatible", ErrIncompatibleMessage},
 }
 
+// deadLetterReasonNames lists every reason Stats counts by, "other"
+// last, so that the metrics give each one from 0.
+func deadLetterReasonNames() []string {
+	names := make([]string, 0, len(deadLetterReasons)+1)
+	for _, r := range deadLetterReasons {
+		names = append(names, r.name)
+	}
+	return append(names, "other")
+}
+
 func (c *deadLetterCounts) add(reason error) {
 	name := "other"
 	for _, r := range deadLetterReasons {

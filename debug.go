@@ -89,7 +89,7 @@ func statsJSON(s Stats) map[string]any {
 		"dead_letters": s.DeadLetters, "members": members, "totals": map[string]uint64{
 			"actor_failures": s.Totals.ActorFailures, "actor_restarts": s.Totals.ActorRestarts, "peer_sessions": s.Totals.PeersConnected,
 			"peers_given_up": s.Totals.PeersGivenUp, "peers_left": s.Totals.PeersLeft, "peer_links_lost": s.Totals.LinksLost,
-			"peer_links_resumed": s.Totals.LinksResumed, "protocol_errors": s.Totals.ProtocolErrors,
+			"peer_links_resumed": s.Totals.LinksResumed, "protocol_errors": s.Totals.ProtocolErrors, "auth_refused": s.Totals.AuthRefused,
 		}, "cluster_blocked": s.ClusterBlocked, "registrar": s.Registrar, "registrations": s.Registrations, "registry_pending": s.RegistryPending,
 		"recent_dead_letters": recent, "runtime": map[string]any{
 			"version": s.Runtime.Version, "go_version": s.Runtime.GoVersion, "uptime": coarse(s.Runtime.Uptime), "goroutines": s.Runtime.Goroutines,
@@ -335,12 +335,17 @@ func writeMetrics(w io.Writer, s Stats) {
 	}
 	metric("troupe_actors", "Actors living on the node.", "gauge")
 	fmt.Fprintf(w, "troupe_actors %d\n", s.Actors)
-	metric("troupe_mailbox_waiting_messages", "Messages waiting in the deepest mailboxes (at most 10, with messages waiting), by actor path.", "gauge")
+	// The deepest mailboxes by path would be series that come and go as
+	// actors change places in the top ten: the metrics give the deepest
+	// depth, and the page and troupe actors say whose it is.
+	metric("troupe_mailbox_waiting_messages_max", "Messages waiting in the node's deepest mailbox (troupe actors, or the debug page, says whose).", "gauge")
+	deepest := 0
 	for _, m := range s.Mailboxes {
-		fmt.Fprintf(w, "troupe_mailbox_waiting_messages{actor=\"%s\"} %d\n", metricsLabel(m.Path), m.Waiting)
+		deepest = max(deepest, m.Waiting)
 	}
-	metric("troupe_dead_letters_total", "Messages that could not be delivered, by reason.", "counter")
-	for _, r := range slices.Sorted(maps.Keys(s.DeadLetters)) {
+	fmt.Fprintf(w, "troupe_mailbox_waiting_messages_max %d\n", deepest)
+	metric("troupe_dead_letters_total", "Messages that could not be delivered, by reason (every reason, from 0).", "counter")
+	for _, r := range deadLetterReasonNames() {
 		fmt.Fprintf(w, "troupe_dead_letters_total{reason=%q} %d\n", r, s.DeadLetters[r])
 	}
 	t := s.Totals
@@ -355,10 +360,25 @@ func writeMetrics(w io.Writer, s Stats) {
 		{"troupe_peers_left_total", "Peers that said goodbye.", t.PeersLeft},
 		{"troupe_peer_links_lost_total", "Links that broke under a session that may resume.", t.LinksLost},
 		{"troupe_peer_links_resumed_total", "Sessions resumed over a new connection.", t.LinksResumed},
-		{"troupe_protocol_errors_total", "Connections closed for a protocol error.", t.ProtocolErrors},
+		{"troupe_protocol_errors_total", "Connections closed for a protocol error (refused authentications not included).", t.ProtocolErrors},
+		{"troupe_auth_refused_total", "Connections refused because the peer failed authentication or claimed another's session.", t.AuthRefused},
 	} {
 		metric(c.name, c.help, "counter")
 		fmt.Fprintf(w, "%s %d\n", c.name, c.v)
+	}
+	r := s.Runtime
+	for _, g := range []struct {
+		name, help, kind string
+		v                float64
+	}{
+		{"go_goroutines", "Goroutines in the process.", "gauge", float64(r.Goroutines)},
+		{"go_memstats_heap_alloc_bytes", "Bytes in live and not yet swept heap objects.", "gauge", float64(r.HeapBytes)},
+		{"go_gc_cycles_total", "Garbage collections completed since the process started.", "counter", float64(r.GCCycles)},
+		{"go_gc_pause_p99_seconds", "The 99th percentile of the process's stop-the-world GC pauses (the upper bound of its histogram bucket).", "gauge", r.GCPauseP99.Seconds()},
+		{"troupe_uptime_seconds", "Seconds since the node started.", "gauge", r.Uptime.Seconds()},
+	} {
+		metric(g.name, g.help, g.kind)
+		fmt.Fprintf(w, "%s %s\n", g.name, metricsValue(g.v))
 	}
 	if len(s.Members) > 0 {
 		metric("troupe_cluster_members", "Cluster members as this member sees them, by status.", "gauge")

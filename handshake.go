@@ -214,7 +214,7 @@ func (n *Node) handshakeInbound(c net.Conn, src string) (*assoc, *frameReader) {
 		// The dialer wraps the text in its own ErrAuth.
 		c.Write(rejectFrame(rejectAuth, n.uid, strings.TrimPrefix(err.Error(), ErrAuth.Error()+": ")))
 		c.Close()
-		n.totals.protocolErrors.Add(1)
+		n.totals.authRefused.Add(1)
 		n.events.emit(ProtocolError{Remote: label, Err: err})
 		return nil, nil
 	}
@@ -433,7 +433,7 @@ func (n *Node) answersResume(a *assoc, h *hello) bool {
 			// take, nor to end.
 			why := fmt.Sprintf("%s answers with the uid of the peer whose session this node resumes, without proving that it holds the session's token", a.dialAddr)
 			n.log.Warn("troupe: refused a connection that claims another's session", "peer", a.label(), "claimed_uid", h.uid.String(), "claimed_name", h.name)
-			n.totals.protocolErrors.Add(1)
+			n.totals.authRefused.Add(1)
 			n.events.emit(ProtocolError{Remote: a.label(), Err: fmt.Errorf("%w: %s", ErrAuth, why)})
 			sayBye(a.conn, byeRefused, why)
 			a.fail(fmt.Errorf("%w: %s", ErrAuth, why))
@@ -640,7 +640,7 @@ func (n *Node) refuse(a *assoc, h *hello, d admission) {
 		}
 		err := fmt.Errorf("%w: %s", ErrAuth, d.text)
 		n.log.Warn("troupe: refused a connection that claims another's session", "peer", label, "claimed_uid", h.uid.String(), "claimed_name", h.name, "err", err)
-		n.totals.protocolErrors.Add(1)
+		n.totals.authRefused.Add(1)
 		n.events.emit(ProtocolError{Remote: label, Err: err})
 	}
 	if a.outbound {

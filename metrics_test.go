@@ -315,11 +315,23 @@ func TestMetricsAreValidPrometheusText(t *testing.T) {
 		sampleOf(t, s, name, plainAddr)
 		sampleOf(t, s, name, bAddr)
 	}
-	if w := sampleOf(t, s, "troupe_mailbox_waiting_messages", `actor="/user/stuck"`); w != 5 {
-		t.Errorf("messages waiting at /user/stuck: %v, want 5", w)
+	if w := s["troupe_mailbox_waiting_messages_max{}"]; w != 5 {
+		t.Errorf("messages waiting in the deepest mailbox (/user/stuck): %v, want 5", w)
+	}
+	// Every dead-letter reason is a series from 0, and the process's
+	// runtime has its series (#55: they were missing).
+	for _, reason := range []string{"peer-left", "quarantined", "mailbox-full", "other"} {
+		if _, ok := s[`troupe_dead_letters_total{reason="`+reason+`"}`]; !ok {
+			t.Errorf("no troupe_dead_letters_total series for %q before any such dead letter", reason)
+		}
+	}
+	for _, name := range []string{"go_goroutines", "go_memstats_heap_alloc_bytes", "go_gc_cycles_total", "troupe_uptime_seconds"} {
+		if v, ok := s[name+"{}"]; !ok || v <= 0 && name != "go_gc_cycles_total" {
+			t.Errorf("%s = %v (present %v), want a positive value", name, v, ok)
+		}
 	}
 	for name, least := range map[string]float64{"troupe_actor_failures_total": 1, "troupe_actor_restarts_total": 1, "troupe_peer_sessions_total": 2,
-		"troupe_peers_given_up_total": 0, "troupe_peers_left_total": 0, "troupe_peer_links_lost_total": 0, "troupe_peer_links_resumed_total": 0, "troupe_protocol_errors_total": 0} {
+		"troupe_peers_given_up_total": 0, "troupe_peers_left_total": 0, "troupe_peer_links_lost_total": 0, "troupe_peer_links_resumed_total": 0, "troupe_protocol_errors_total": 0, "troupe_auth_refused_total": 0} {
 		if v, ok := s[name+"{}"]; !ok || v < least {
 			t.Errorf("%s = %v (present %v), want at least %v", name, v, ok, least)
 		}

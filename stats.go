@@ -77,18 +77,19 @@ type Totals struct {
 	PeersLeft      uint64 // peers that said goodbye
 	LinksLost      uint64 // links that broke under a session that may resume (PeerLinkLost)
 	LinksResumed   uint64 // sessions resumed over a new connection (PeerResumed)
-	ProtocolErrors uint64 // connections closed for a protocol error (ProtocolError)
+	ProtocolErrors uint64 // connections closed for a protocol error (ProtocolError), refused authentications not included
+	AuthRefused    uint64 // connections refused because the peer failed authentication or claimed another's session (a ProtocolError wrapping ErrAuth)
 }
 
 // nodeTotals are the counters behind Totals.
 type nodeTotals struct {
-	actorFailures, actorRestarts, peersConnected, peersGivenUp, peersLeft, linksLost, linksResumed, protocolErrors atomic.Uint64
+	actorFailures, actorRestarts, peersConnected, peersGivenUp, peersLeft, linksLost, linksResumed, protocolErrors, authRefused atomic.Uint64
 }
 
 func (t *nodeTotals) snapshot() Totals {
 	return Totals{ActorFailures: t.actorFailures.Load(), ActorRestarts: t.actorRestarts.Load(), PeersConnected: t.peersConnected.Load(),
 		PeersGivenUp: t.peersGivenUp.Load(), PeersLeft: t.peersLeft.Load(), LinksLost: t.linksLost.Load(),
-		LinksResumed: t.linksResumed.Load(), ProtocolErrors: t.protocolErrors.Load()}
+		LinksResumed: t.linksResumed.Load(), ProtocolErrors: t.protocolErrors.Load(), AuthRefused: t.authRefused.Load()}
 }
 
 // PeerStats is one association with another node.

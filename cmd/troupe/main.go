@@ -211,9 +211,11 @@ incompatible or unchecked, so a deploy script can stop before it rolls;
 		usage:   "troupe watch [--registry ADDR] [--interval D] [--json]",
 		about: `Prints every registration the registrar holds, then, as they happen,
 each new one ("+") and each removal ("-"), until interrupted (exit 0):
-name, uuid, the node it belongs or belonged to, and that node's
-addresses; with --json, one JSON object a line ({"op": "+" or "-",
-"registration": {...}}, as ls --json prints each). A registrar pushes
+name, uuid, the node it belongs or belonged to, that node's addresses,
+and when watch heard it (HH:MM:SS.mmm); the entries of one change (a
+node that leaves takes all of its own) in name order; with --json, one
+JSON object a line ({"op": "+" or "-", "at": time, "registration":
+{...}}, as ls --json prints each). A registrar pushes
 each change as it makes it (Registry.Watch); when it is lost, watch says
 so on standard error and follows whoever answers at the address next,
 printing what changed meanwhile. An etcd registry is followed by etcd's

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"text/tabwriter"
@@ -225,8 +226,36 @@ func TestWatchJSON(t *testing.T) {
 		t.Fatalf("+ billing = %+v", e)
 	}
 	reg.Stop(billing)
-	if e := next("-", "billing"); e.Registration.NodeName != "reg" {
-		t.Fatalf("- billing does not name its node: %+v", e)
+	if e := next("-", "billing"); e.Registration.NodeName != "reg" || e.At.IsZero() || e.At.Nanosecond()%int(time.Millisecond) != 0 {
+		t.Fatalf("- billing does not name its node, or its time to the millisecond: %+v", e)
+	}
+	// A node that leaves takes its entries with it, printed in name order
+	// (#55: they came in map order).
+	leaver, err := troupe.Start(ctx, troupe.Config{Name: "leaver", RegistryAddrs: []string{reg.Addrs()[0].String()}, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := []string{"w5", "w3", "w1", "w4", "w2"}
+	for _, name := range names {
+		if _, err := troupe.Spawn(leaver, name, troupe.Behavior[string]{Receive: func(*troupe.Context[string], string) {}}); err != nil {
+			t.Fatal(err)
+		}
+		next("+", name)
+	}
+	leaver.Close()
+	var gone []string
+	for len(gone) < len(names) {
+		if !lines.Scan() {
+			t.Fatal("watch --json ended before the leaver's entries went")
+		}
+		var e watchEvent
+		json.Unmarshal(lines.Bytes(), &e)
+		if e.Op == "-" && strings.HasPrefix(e.Registration.Name, "w") {
+			gone = append(gone, e.Registration.Name)
+		}
+	}
+	if !slices.IsSorted(gone) {
+		t.Errorf("the leaver's entries went in the order %v, want name order", gone)
 	}
 	stop()
 	go io.Copy(io.Discard, pr)

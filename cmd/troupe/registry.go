@@ -140,6 +140,7 @@ func (c *call) query(ctx context.Context, n *troupe.Node, addr string) int {
 // watchEvent is one line of `troupe watch --json`.
 type watchEvent struct {
 	Op           string       `json:"op"` // "+" registered, "-" removed
+	At           time.Time    `json:"at"` // when watch heard it, to the millisecond
 	Registration registration `json:"registration"`
 }
 
@@ -147,12 +148,13 @@ type watchEvent struct {
 // uuid, the node it belongs (or belonged) to and that node's addresses.
 func (c *call) watchLine(op string, r troupe.Registration) {
 	e := toJSON(r)
+	at := time.Now().Truncate(time.Millisecond)
 	if c.asJSON {
-		b, _ := json.Marshal(watchEvent{Op: op, Registration: e})
+		b, _ := json.Marshal(watchEvent{Op: op, At: at, Registration: e})
 		fmt.Fprintf(c.stdout, "%s\n", b)
 		return
 	}
-	fmt.Fprintf(c.stdout, "%s %s %s %s %s\n", op, printable(e.Name), e.UUID, orDash(printable(e.NodeName)), orDash(strings.Join(e.Addrs, ",")))
+	fmt.Fprintf(c.stdout, "%s %s %s %s %s %s\n", op, printable(e.Name), e.UUID, orDash(printable(e.NodeName)), orDash(strings.Join(e.Addrs, ",")), at.Format("15:04:05.000"))
 }
 
 func watch(ctx context.Context, c *call) int {
@@ -192,11 +194,12 @@ func watch(ctx context.Context, c *call) int {
 			seen = now
 			return
 		}
-		for _, r := range ch.Removed {
+		byName := func(a, b troupe.Registration) int { return cmp.Compare(key(a), key(b)) } // (a node's departure removes its entries in no order)
+		for _, r := range slices.SortedFunc(slices.Values(ch.Removed), byName) {
 			delete(seen, key(r))
 			c.watchLine("-", r)
 		}
-		for _, r := range ch.Added {
+		for _, r := range slices.SortedFunc(slices.Values(ch.Added), byName) {
 			seen[key(r)] = r
 			c.watchLine("+", r)
 		}
