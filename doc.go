@@ -7,6 +7,65 @@
 // binary codec. A [Ref] to an actor may travel inside a message to another
 // node and arrives there as a usable ref, so replies find their way back.
 //
+// # The calls a newcomer needs
+//
+//   - [Start] with a [Config] starts a node; [Node.Shutdown] stops it
+//     gracefully and [Node.Close] at once.
+//   - [RegisterMessage] gives a message type that crosses the wire its key.
+//   - [Spawn] starts an actor with a [Behavior] under a node or a parent's
+//     [Context] and returns its [Ref].
+//   - [Ref.Tell] sends without waiting; [Ref.Send] waits for room.
+//   - [Ask] sends a request carrying a temporary reply ref and waits for
+//     the reply.
+//   - [Resolve] turns a ref string made by [FormatRef] into a [Ref].
+//   - [FindActor] and [WaitForActor] find an actor by its name in the
+//     registry ([Config.RegistryAddrs]).
+//   - [Context.Watch] asks for a [Terminated] signal, handled by
+//     [Behavior.Signal], when an actor stops, on this node or another.
+//   - [Supervise] restarts a failing actor with fresh state.
+//   - [Subscribe] follows a node's [Node.Events]: dead letters, peers.
+//
+// The README's tour is a complete program with all of them; the guides in
+// docs/ hold the detail.
+//
+// # Watching a remote actor
+//
+// The seed's central pattern: watch an actor on another node, and when it
+// stops — or its node dies, or can no longer be reached — rebuild the work
+// somewhere that answers:
+//
+//	func boss(worker troupe.Ref[Job]) troupe.Behavior[Job] {
+//		return troupe.Behavior[Job]{
+//			Setup: func(c *troupe.Context[Job]) {
+//				c.Watch(worker) // local or remote: the same call
+//			},
+//			Receive: func(c *troupe.Context[Job], j Job) {
+//				worker.Tell(j)
+//			},
+//			Signal: func(c *troupe.Context[Job], s troupe.Signal) {
+//				if t, ok := s.(troupe.Terminated); ok {
+//					c.Log().Warn("worker gone", "reason", t.Reason)
+//					local, err := troupe.Spawn(c, "worker", newWorker()) // here, as a child
+//					if err != nil {
+//						c.Fail(err)
+//						return
+//					}
+//					worker = local
+//				}
+//			},
+//		}
+//	}
+//
+// with worker found by name on another node:
+//
+//	worker, found, err := troupe.FindActor[Job](ctx, n, "worker")
+//
+// [Terminated] comes once, after every message the worker sent that
+// reached this node first. Its Reason is [ErrPeerLeft] when the worker's
+// node closed, and wraps [ErrPeerUnreachable] when this node gave up
+// waiting for it: a conclusion, not a fact, which is why the work is
+// rebuilt rather than resumed (see "When a node stops answering" below).
+//
 // # Starting and stopping a node
 //
 //	n, err := troupe.Start(ctx, troupe.Config{
@@ -153,19 +212,4 @@
 // concurrent use. A [Context] belongs to its actor's goroutine and must be
 // used only inside that actor's handlers. Event callbacks run on the
 // goroutine that published the event and must not block.
-//
-// # Reading the source
-//
-// One flat package, a file per concern, and x_test.go beside x.go. Frames
-// are laid out in wire.go (one append and one parse function per kind, as
-// wire.md specifies them) and payloads in codec.go and plan.go, which
-// have no effect beyond the bytes and values they build (flat.go is the
-// fast path for structs of scalars). Senders encode on their own goroutines into blocks
-// of frames (queue.go), kept as bytes until acknowledged. An association's life is a pure
-// state machine in assoc_state.go; assoc.go, handshake.go, assoc_io.go and
-// assoc_end.go apply its transitions and do the I/O (send.go is the send path);
-// resume.go resumes a session after
-// a link flap; credit.go is the per-actor flow control across the wire. Liveness is detector.go, the quarantine decision and table
-// quarantine.go; etcd_registry.go keeps the registry in etcd. The README's "Where things
-// are" says which file answers which question.
 package troupe

@@ -1,6 +1,7 @@
 package troupe_test
 
 import (
+	"context"
 	"fmt"
 	"go/ast"
 	"go/parser"
@@ -10,19 +11,44 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
+	"time"
+	"unicode"
 )
 
 // The promises of README.md's "Use it in your module": a copy of the
 // package's files builds and runs in another module, so does a replace
-// directive, and every Go snippet in the README compiles.
+// directive, and every Go snippet in the README and the guides (docs/)
+// compiles.
 
 // readmeBlocks returns the README's fenced code blocks of the given
 // language, in order.
 func readmeBlocks(t *testing.T, lang string) []string {
 	t.Helper()
-	b, err := os.ReadFile("README.md")
+	return markdownBlocks(t, "README.md", lang)
+}
+
+// docFiles are the Markdown files whose snippets and links the tests
+// check: the README and every guide in docs/.
+func docFiles(t *testing.T) []string {
+	t.Helper()
+	guides, err := filepath.Glob(filepath.Join("docs", "*.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(guides) == 0 {
+		t.Fatal("no guides in docs/")
+	}
+	return append([]string{"README.md"}, guides...)
+}
+
+// markdownBlocks returns the fenced code blocks of the given language in
+// the Markdown file name, in order.
+func markdownBlocks(t *testing.T, name, lang string) []string {
+	t.Helper()
+	b, err := os.ReadFile(name)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -43,7 +69,7 @@ func readmeBlocks(t *testing.T, lang string) []string {
 	return out
 }
 
-// readmeProgram returns the README's one complete program.
+// readmeProgram returns the README's one complete program: the tour.
 func readmeProgram(t *testing.T) string {
 	for _, b := range readmeBlocks(t, "go") {
 		if strings.HasPrefix(b, "package main") {
@@ -79,8 +105,19 @@ func needGo(t *testing.T) {
 	}
 }
 
-// buildAndRun tidies the module in dir, builds it and runs the program,
-// checking that it prints the reply.
+// tourOutput is what the README's tour prints, line by line, in any
+// order: the printer actor prints on its own goroutine.
+var tourOutput = []string{
+	"asked: pong 2 from home",
+	"pong 1 from home",
+	"asked: pong 3 from away",
+	"worker stopped: troupe: peer node left",
+	"asked: pong 4 from home",
+}
+
+// buildAndRun tidies the module in dir, builds it and runs the program
+// (the README's tour) to its end, within a minute, checking that it
+// prints what the README says it prints.
 func buildAndRun(t *testing.T, dir string) {
 	t.Helper()
 	if out, err := goCmd(t, dir, "mod", "tidy"); err != nil {
@@ -93,9 +130,18 @@ func buildAndRun(t *testing.T, dir string) {
 	if out, err := goCmd(t, dir, "build", "-o", bin, "."); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
-	out, err := exec.Command(bin).CombinedOutput()
-	if err != nil || !strings.Contains(string(out), "pong 1 from pong") {
-		t.Fatalf("the README's program: %v\n%s", err, out)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, bin).CombinedOutput()
+	if err != nil {
+		t.Fatalf("the README's tour: %v (%v)\n%s", err, ctx.Err(), out)
+	}
+	got := strings.Split(strings.TrimSpace(string(out)), "\n")
+	slices.Sort(got)
+	want := slices.Clone(tourOutput)
+	slices.Sort(want)
+	if !slices.Equal(got, want) {
+		t.Fatalf("the README's tour printed\n%s\nwant, in any order:\n%s", out, strings.Join(tourOutput, "\n"))
 	}
 }
 
@@ -200,6 +246,21 @@ func main() {}
 // cannot avoid: it shows a call, not what is done with its result.
 var ignoredSnippetErrors = regexp.MustCompile(`declared and not used|imported and not used|^#|^\s*$`)
 
+// TestReadmeSnippetsCompile compiles every Go block of the README and of
+// the guides in docs/. Which of them run:
+//
+//   - the README's tour (the one block that starts with package main) is
+//     built and run to its end by TestReplaceDirective and TestVendoredCopy,
+//     and its output checked;
+//   - every other block is a fragment (a call, a function, a Config) and is
+//     compiled here only, in a function of its own, with the prelude's
+//     types and variables. They are not run: most need more than the
+//     fragment shows — a registry or a cluster of several nodes
+//     (discovery.md, sets-topics-routers.md, cluster.md), an etcd
+//     (discovery.md's etcd address), root and network namespaces
+//     (testing.md's hostnet block), a signal (operations.md) — and what
+//     they promise is run by the tests each guide's "Tested by" lines
+//     name.
 func TestReadmeSnippetsCompile(t *testing.T) {
 	t.Parallel()
 	needGo(t)
@@ -214,9 +275,18 @@ func TestReadmeSnippetsCompile(t *testing.T) {
 	writeFile(t, dir, "go.mod", fmt.Sprintf("module example.com/snippets\n\ngo 1.26.0\n\nrequire troupe v0.0.0\n\nreplace troupe => %s\n", filepath.ToSlash(here)))
 	writeFile(t, dir, "prelude.go", snippetPrelude)
 	count := 0
-	for i, block := range readmeBlocks(t, "go") {
+	var blocks, from []string
+	for _, f := range docFiles(t) {
+		for _, b := range markdownBlocks(t, f, "go") {
+			blocks, from = append(blocks, b), append(from, f)
+		}
+	}
+	for j, block := range blocks {
 		if strings.HasPrefix(block, "package main") {
-			continue // the complete program: built by TestVendoredCopy
+			if from[j] != "README.md" {
+				t.Errorf("%s: only the README's tour is a complete program; a guide's block is a fragment", from[j])
+			}
+			continue // the tour: built and run by TestReplaceDirective and TestVendoredCopy
 		}
 		count++
 		// Top-level functions and one-line variables stay at top level;
@@ -241,6 +311,8 @@ func TestReadmeSnippetsCompile(t *testing.T) {
 		}
 		src := fmt.Sprintf(`package main
 
+// From %s.
+
 %s
 %s
 
@@ -248,11 +320,11 @@ func snippet%d(ctx context.Context, t *testing.T, n, node, pingNode, pongNode *t
 %s
 	return nil
 }
-`, snippetImports, strings.Join(decls, "\n"), i, strings.Join(body, "\n"))
-		writeFile(t, dir, fmt.Sprintf("snippet%d.go", i), src)
+`, from[j], snippetImports, strings.Join(decls, "\n"), j, strings.Join(body, "\n"))
+		writeFile(t, dir, fmt.Sprintf("snippet%d.go", j), src)
 	}
-	if count < 5 {
-		t.Fatalf("found only %d Go snippets in README.md", count)
+	if count < 15 {
+		t.Fatalf("found only %d Go snippets in README.md and docs/", count)
 	}
 	out, err := goCmd(t, dir, "mod", "tidy")
 	if err != nil {
@@ -266,7 +338,7 @@ func snippet%d(ctx context.Context, t *testing.T, n, node, pingNode, pongNode *t
 		}
 	}
 	if len(real) > 0 {
-		t.Fatalf("README snippets do not compile:\n%s", strings.Join(real, "\n"))
+		t.Fatalf("snippets of README.md or docs/ do not compile (each snippetN.go names its file):\n%s", strings.Join(real, "\n"))
 	}
 }
 
@@ -344,5 +416,160 @@ func TestLibraryFilesStaySmall(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// mdLink matches a Markdown link's target: [text](target).
+var mdLink = regexp.MustCompile(`\]\(([^)\s]+)\)`)
+
+// codeSpan matches inline code, where a ](x) is not a link.
+var codeSpan = regexp.MustCompile("`[^`\n]*`")
+
+// prose returns a Markdown text without its fenced code blocks and its
+// inline code.
+func prose(text string) string {
+	var out []string
+	in := false
+	for line := range strings.SplitSeq(text, "\n") {
+		if strings.HasPrefix(line, "```") {
+			in = !in
+			continue
+		}
+		if !in {
+			out = append(out, codeSpan.ReplaceAllString(line, ""))
+		}
+	}
+	return strings.Join(out, "\n")
+}
+
+// headingAnchor is the anchor GitHub makes of a heading: lower case,
+// punctuation dropped, spaces as hyphens.
+func headingAnchor(h string) string {
+	var b strings.Builder
+	for _, r := range strings.ToLower(strings.TrimSpace(h)) {
+		switch {
+		case r == ' ':
+			b.WriteRune('-')
+		case r == '-' || r == '_' || unicode.IsLetter(r) || unicode.IsDigit(r):
+			b.WriteRune(r)
+		}
+	}
+	return b.String()
+}
+
+// anchors returns the anchors of a Markdown file's headings (outside code
+// blocks).
+func anchors(t *testing.T, name string) map[string]bool {
+	t.Helper()
+	b, err := os.ReadFile(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]bool{}
+	in := false
+	for line := range strings.SplitSeq(string(b), "\n") {
+		if strings.HasPrefix(line, "```") {
+			in = !in
+			continue
+		}
+		if !in && strings.HasPrefix(line, "#") {
+			out[headingAnchor(strings.TrimLeft(line, "#"))] = true
+		}
+	}
+	return out
+}
+
+// Every relative link of the README and the guides reaches a file that
+// exists (and a heading of it, when the link names one), and the README
+// links every guide: a newcomer can reach each from the first page (#55).
+func TestDocsLinksResolve(t *testing.T) {
+	t.Parallel()
+	linked := map[string]bool{}
+	for _, f := range docFiles(t) {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range mdLink.FindAllStringSubmatch(prose(string(b)), -1) {
+			target := m[1]
+			if strings.Contains(target, "://") || strings.HasPrefix(target, "mailto:") {
+				continue
+			}
+			path, frag, _ := strings.Cut(target, "#")
+			file := f
+			if path != "" {
+				if filepath.IsAbs(path) {
+					t.Errorf("%s: link %s is absolute; links between the docs are relative", f, target)
+					continue
+				}
+				file = filepath.Join(filepath.Dir(f), filepath.FromSlash(path))
+			}
+			if _, err := os.Stat(file); err != nil {
+				t.Errorf("%s: link %s: %v", f, target, err)
+				continue
+			}
+			if f == "README.md" {
+				linked[filepath.ToSlash(file)] = true
+			}
+			if frag != "" && strings.HasSuffix(file, ".md") && !anchors(t, file)[frag] {
+				t.Errorf("%s: link %s: %s has no heading with the anchor #%s", f, target, file, frag)
+			}
+		}
+	}
+	for _, f := range docFiles(t)[1:] {
+		if !linked[filepath.ToSlash(f)] {
+			t.Errorf("README.md does not link %s", f)
+		}
+	}
+}
+
+// testFuncs returns the names of the test, benchmark and fuzz functions of
+// the module's test files.
+func testFuncs(t *testing.T) map[string]bool {
+	t.Helper()
+	decl := regexp.MustCompile(`(?m)^func ((?:Test|Benchmark|Fuzz)\w+)\(`)
+	out := map[string]bool{}
+	for _, pattern := range []string{"*_test.go", "*/*_test.go", "*/*/*_test.go"} {
+		files, err := filepath.Glob(pattern)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range files {
+			b, err := os.ReadFile(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, m := range decl.FindAllStringSubmatch(string(b), -1) {
+				out[m[1]] = true
+			}
+		}
+	}
+	return out
+}
+
+// Every test the README and the guides name ("Tested by" lines, the long
+// runs) exists, so that a renamed or removed test cannot leave a promise
+// citing nothing; and the README shows what its tour prints.
+func TestDocsNameRealTests(t *testing.T) {
+	t.Parallel()
+	have := testFuncs(t)
+	named := regexp.MustCompile("`((?:Test|Benchmark|Fuzz)[A-Z]\\w*)`")
+	for _, f := range docFiles(t) {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range named.FindAllStringSubmatch(string(b), -1) {
+			if !have[m[1]] {
+				t.Errorf("%s names %s, which no test file declares", f, m[1])
+			}
+		}
+	}
+	readme, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if shown := "```\n" + strings.Join(tourOutput, "\n") + "\n```"; !strings.Contains(string(readme), shown) {
+		t.Errorf("README.md does not show what the tour prints:\n%s", shown)
 	}
 }
