@@ -163,7 +163,10 @@ func TestDetectionTimeBounds(t *testing.T) {
 	at := recv(t, detected, "detection")
 	last := p.home.epoch.Add(time.Duration(a.in.heard.Load()))
 	silent := at.Sub(last)
-	if silent < window {
+	// (last is when the reader recorded the last frame, which a loaded
+	// machine may delay past its arrival by a few of its milliseconds:
+	// one interval of slack, not a window's.)
+	if silent < window-interval {
 		t.Errorf("declared unreachable %v after the last frame, sooner than the window %v", silent, window)
 	}
 	if limit := window + interval + time.Second; silent > limit {

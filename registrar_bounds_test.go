@@ -217,7 +217,9 @@ func TestReregistrationOfManyServicesGoesInPieces(t *testing.T) {
 	slowTest(t)
 	reg := freeRegistryAddr(t, "tcp")
 	registrar := startNode(t, discoveryConfig("registrar", reg))
-	n := startNode(t, discoveryConfig("many", reg))
+	cfg := discoveryConfig("many", reg)
+	cfg.RegistryTimeout = 30 * time.Second // (the pieces are the point, not their speed beside other tests)
+	n := startNode(t, cfg)
 	w := spawnEcho(t, n, strings.Repeat("w", 255)) // (long paths: about 6 MB in all)
 	s := &n.services
 	s.mu.Lock()
