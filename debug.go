@@ -211,7 +211,7 @@ var debugPage = template.Must(template.New("debug").Funcs(template.FuncMap{"dur"
 {{if .S.Members}}<h2>Cluster</h2>
 {{if .S.ClusterBlocked}}<p id="blocked" class="bad">{{.S.ClusterBlocked}}</p>{{end}}
 <table id="members"><tr><th>address</th><th>name</th><th>uid</th><th>version</th><th>status</th><th>up number</th><th>reachable</th><th></th></tr>
-{{range .S.Members}}<tr class="member{{if .Self}} self{{end}}{{if .Leader}} leader{{end}}"><td>{{.Addr}}</td><td>{{.Name}}</td><td>{{.UID}}</td><td class="version">{{.AppVersion}}</td><td>{{.Status}}</td><td>{{.UpNumber}}</td><td{{if not .Reachable}} class="bad"{{end}}>{{.Reachable}}</td><td>{{if .Self}}(this node) {{end}}{{if .Leader}}leader{{end}}</td></tr>{{end}}</table>{{end}}
+{{range .S.Members}}<tr class="member{{if .Self}} self{{end}}{{if .Leader}} leader{{end}}"><td>{{.Addr}}</td><td>{{or .Name "—"}}</td><td>{{.UID}}</td><td class="version">{{.AppVersion}}</td><td>{{.Status}}</td><td>{{.UpNumber}}</td><td{{if not .Reachable}} class="bad"{{end}}>{{.Reachable}}</td><td>{{if .Self}}(this node) {{end}}{{if .Leader}}leader{{end}}</td></tr>{{end}}</table>{{end}}
 </body></html>
 `))
 
