@@ -425,6 +425,9 @@ func (c *call) checkAddrs() int {
 		name = "--addr"
 	}
 	ok := check("--registry", c.registry) && check("--node", c.node)
+	if c.cmd.name == "down" && len(c.args) == 1 {
+		ok = ok && check("MEMBER", c.args[0])
+	}
 	for _, a := range c.addrs {
 		ok = ok && check(name, a)
 	}

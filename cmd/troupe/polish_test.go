@@ -86,7 +86,7 @@ func TestExitCodesAreTheSameEverywhere(t *testing.T) {
 		{"ls", "--registry", "garbage"}, {"query", "x", "--registry", "garbage"}, {"watch", "--registry", "garbage"},
 		{"peers", "--node", "garbage"}, {"actors", "--node", "garbage"}, {"stats", "--node", "garbage"},
 		{"down", "tcp://127.0.0.1:1", "--node", "garbage"}, {"quarantine", "ls", "--node", "garbage"},
-		{"schema", "--node", "garbage"}, {"registrar", "--addr", "garbage"},
+		{"schema", "--node", "garbage"}, {"registrar", "--addr", "garbage"}, {"down", "garbage", "--node", "127.0.0.1:1"},
 	} {
 		var errOut bytes.Buffer
 		code := run(context.Background(), args, io.Discard, &errOut)
