@@ -195,13 +195,14 @@ type singleton[T any] struct {
 	ended    bool
 
 	// The run goroutine's own state.
-	handed map[NodeUID]bool      // older members that handed over (under mu: the control actor writes it)
-	goneAt map[NodeUID]time.Time // when an older member was first seen downed or removed
-	ups    map[NodeUID]int       // every member's up number, as seen
-	target NodeUID               // the member the station sends to (zero: none)
-	pm     pauseMeter            // when this goroutine stood still
-	waited bool                  // this turn waited for the instance to stop
-	fence  *pauseFence           // what it tells the instance of a pause (singleton_fence.go)
+	handed    map[NodeUID]bool      // older members that handed over (under mu: the control actor writes it)
+	goneAt    map[NodeUID]time.Time // when an older member was first seen downed or removed
+	ups       map[NodeUID]int       // every member's up number, as seen
+	target    NodeUID               // the member the station sends to (zero: none)
+	pm        pauseMeter            // when this goroutine stood still
+	waited    bool                  // this turn waited for the instance to stop
+	inFactory time.Duration         // this turn's time in the user's factory (not a pause)
+	fence     *pauseFence           // what it tells the instance of a pause (singleton_fence.go)
 
 	wake chan struct{} // capacity 1
 	stop chan struct{}
@@ -271,12 +272,14 @@ func (s *singleton[T]) run() {
 		s.pm.turn(now, s.c.cfg.GossipInterval, s.c.cfg.StableAfter/4, s.cfg.RemovalMargin)
 		stood := s.pm.within(now.Add(-s.cfg.RemovalMargin), now) > s.c.pauseBudget()
 		s.fence.turn(now, stood)
-		s.waited = false
+		s.waited, s.inFactory = false, 0
 		inst = s.step(inst, now, stood)
 		// The next turn measures its gap from this one's start, so a
-		// pause during the step counts; a step that waited for the
+		// pause during the step counts — but for the time the step spent
+		// in the user's factory (a slow factory is no pause; a pause
+		// within it cannot be told from one); a step that waited for the
 		// instance to stop measures from its end (that wait is no pause).
-		s.pm.last = now
+		s.pm.last = now.Add(s.inFactory)
 		if s.waited {
 			s.pm.last = time.Now()
 		}
@@ -431,7 +434,9 @@ var singletonSeq struct {
 
 // startInstance starts the instance on this member.
 func (s *singleton[T]) startInstance() *singletonInstance[T] {
+	began := time.Now()
 	b, err := s.build()
+	s.inFactory += time.Since(began) // (the user's time, not a pause: see run)
 	if err != nil {
 		s.n.log.Warn("troupe: a cluster singleton's factory panicked; trying again", "singleton", s.name, "err", err)
 		return nil

@@ -533,3 +533,28 @@ func TestASingletonOnANodesNextCluster(t *testing.T) {
 		t.Fatalf("Singleton on the node's second cluster: %v (ErrNameTaken: %v)", err, errors.Is(err, troupe.ErrNameTaken))
 	}
 }
+
+// A singleton whose factory takes most of StableAfter (a database
+// connection, say) is not taken for a process that stood still: its
+// instance handles every message (a review found none handled: the loop
+// counted the step that ran the factory as a pause, and stopped the
+// instance it had just started, again and again).
+func TestASlowSingletonFactoryIsNoPause(t *testing.T) {
+	t.Parallel()
+	f := troupe.NewFaultNet()
+	var handled atomic.Int32
+	_, members := registrylessCluster(t, f, troupe.ClusterConfig{StableAfter: singletonStable}, "a")
+	ref, err := troupe.Singleton(members[0], "slow", func() troupe.Behavior[tick] {
+		time.Sleep(singletonStable * 8 / 10)
+		return troupe.Behavior[tick]{Receive: func(*troupe.Context[tick], tick) { handled.Add(1) }}
+	}, troupe.SingletonConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const sent = 150
+	for i := range sent {
+		ref.Tell(tick{i})
+		time.Sleep(20 * time.Millisecond)
+	}
+	waitUntil(t, 5*time.Second, "every tick handled", func() bool { return handled.Load() == sent })
+}

@@ -6,7 +6,9 @@ import "fmt"
 // or a sharded entity, carries for the placement it runs under (see
 // [Context.Fence]). A placement made later has a greater Fence: the
 // singleton's next instance, on this member or another, and an entity's
-// shard placed anew, after a move or a hand-over of the coordinator.
+// shard placed anew (after a move, or by a coordinator that took over; a
+// shard that keeps running across the coordinator's hand-over keeps its
+// token).
 //
 // No timeout can tell an instance that the others have given it up
 // while it stood still (a pause past every margin, a handler that was
@@ -60,8 +62,9 @@ func (f Fence) String() string { return fmt.Sprintf("%d.%d", f.Epoch, f.Seq) }
 // Fence returns the fencing token of the placement the actor runs under:
 // a cluster singleton's instance (see [Singleton]) or a sharded entity
 // (see [Sharding]). Any other actor's is the zero Fence. It is the same
-// for every message of one instance (an entity's, until its shard
-// moves), and known from Setup on.
+// for every message of one instance (an entity whose shard moves is
+// stopped; the one started where it lands has the new token), and known
+// from Setup on.
 func (c *Context[T]) Fence() Fence {
 	if c.c.tools == nil {
 		return Fence{}
