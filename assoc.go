@@ -206,11 +206,16 @@ type assoc struct {
 	// that the session's tables are final (a resume takes them over);
 	// from then on (encoding) senders encode into out on their own
 	// goroutines, and the writer moves queued records into out first.
-	queue    recQueue
-	out      frameChain // encoded frames waiting to be written
-	pending  map[pendingAsk]struct{}
-	resolves map[uint64]chan resolveAnswer
-	watches  map[watchPair]struct{}
+	queue recQueue
+	// creditStalled: the queue's head is a Send that waits for the
+	// peer's credit (its actor takes no messages), holding up everything
+	// queued behind it — answers among them, which are then not the
+	// peer's unread answers (see answer).
+	creditStalled bool
+	out           frameChain // encoded frames waiting to be written
+	pending       map[pendingAsk]struct{}
+	resolves      map[uint64]chan resolveAnswer
+	watches       map[watchPair]struct{}
 	// watchedBy holds the watches the peer's actors placed on this node's
 	// actors, so that they are dropped when the session ends.
 	watchedBy watchSet

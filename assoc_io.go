@@ -204,6 +204,7 @@ func (a *assoc) encodeQueued() []failedRec {
 	var failed []failedRec
 	start := time.Now()
 	a.mu.Lock()
+	a.creditStalled = false // (until the head waits for credit again)
 	for a.life.state != assocClosed && a.queue.len() > 0 {
 		if a.life.encoding {
 			a.stepLocked(lifeEvent{kind: evEncoding}, &taken{}) // (no effects)
@@ -247,6 +248,7 @@ func (a *assoc) encodeQueued() []failedRec {
 				// A Send waits for credit, at the head of the queue (with
 				// its payload): onCredit wakes the writer for it.
 				*a.queue.peek() = r
+				a.creditStalled = true
 				a.mu.Unlock()
 				return failed
 			}

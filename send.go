@@ -280,16 +280,26 @@ func (a *assoc) controlLocked(body []byte) {
 // terminated); false if the session has ended, or the peer asked for more
 // than answerBudget bytes of answers it has not read (the session is then
 // ended with a protocol error). Answers still queued as records, behind
-// a round the writer has not come back for, count too.
+// a round the writer has not come back for, count too — against
+// SendQueueLimit instead when what holds them up is a Send waiting for
+// the peer's credit, not the peer's reading.
 func (a *assoc) answer(body []byte) bool {
 	t := a.lockTarget()
 	if t.life.state >= assocEnding {
 		t.mu.Unlock()
 		return false
 	}
-	if waiting := t.out.answers + t.queue.answerBytes + len(body); waiting > answerBudget {
+	limit := answerBudget
+	if t.creditStalled {
+		// The answers wait behind a Send that waits for the peer's
+		// credit: the peer reads, but one of its actors takes no
+		// messages. They are held in memory as any queued message is,
+		// up to SendQueueLimit, not the answer budget.
+		limit = max(answerBudget, t.n.cfg.SendQueueLimit)
+	}
+	if waiting := t.out.answers + t.queue.answerBytes + len(body); waiting > limit {
 		t.mu.Unlock()
-		err := fmt.Errorf("%w: the peer asks more than it reads: %d bytes of answers wait for it (at most %d)", ErrMalformed, waiting, answerBudget)
+		err := fmt.Errorf("%w: the peer asks more than it reads: %d bytes of answers wait for it (at most %d)", ErrMalformed, waiting, limit)
 		t.n.protocolError(t.label(), frameKind(body[0]).String(), err)
 		t.abort(&FrameError{Peer: t.label(), Kind: frameKind(body[0]).String(), Reason: err})
 		return false

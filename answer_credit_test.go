@@ -1,27 +1,20 @@
 package troupe
 
 import (
-	"os"
 	"sync"
 	"testing"
 	"time"
 )
 
-// Known defects: tests that fail today, skipped unless
-// TROUPE_KNOWN_DEFECTS=1, each kept until its fix lands.
-
 // A Send queued as a record (the writer had not come back for the queue)
 // that has no credit when the writer reaches it waits at the head of the
 // queue, and every record behind it waits too: answers to the peer's
-// requests among them. Since 5b6b8ad those count against answerBudget,
-// so a peer that reads everything is ended with a protocol error ("asks
-// more than it reads") once it has asked for 1 MiB of answers while one
-// actor of the other node is slow.
+// requests among them. Those are held up by the peer's own slow actor,
+// not by its reading: they count against SendQueueLimit, not the 1 MiB
+// answer budget, and a peer that reads everything is not ended as one
+// that does not (a review found it was: 5b6b8ad counted them).
 func TestAnswersBehindACreditWaitDoNotEndAReadingPeer(t *testing.T) {
 	t.Parallel()
-	if os.Getenv("TROUPE_KNOWN_DEFECTS") == "" {
-		t.Skip("a known defect, not fixed yet (see the session note of 2026-12-04): TROUPE_KNOWN_DEFECTS=1 runs it")
-	}
 	cfgB := testConfig("tcp://127.0.0.1:0")
 	cfgB.MailboxLimit = 4
 	a := startNode(t, testConfig("tcp://127.0.0.1:0"))
