@@ -103,7 +103,7 @@ func TestEtcdEntriesConvergeAfterAnOutage(t *testing.T) {
 	proxy := newCutProxy(t, first)
 	cfg := failConfig("cut", 100*time.Millisecond, 6*time.Second) // a 6 s lease
 	cfg.RegistryAddrs = []string{"etcd://" + proxy.addr() + "/" + prefix}
-	cfg.RegistryTimeout = time.Second
+	cfg.RegistryTimeout = 3 * time.Second // (a second was too short to register beside two CPU burners)
 	n := startNode(t, cfg)
 	observer := etcdNode(t, "observer", url)
 	t.Cleanup(proxy.close) // (before the nodes' cleanups check for leaks)
@@ -323,7 +323,7 @@ func TestAnUnconfirmedPutOfAStoppedActorIsDeleted(t *testing.T) {
 	proxy := newLyingProxy(t, first)
 	cfg := failConfig("liar", 100*time.Millisecond, 6*time.Second)
 	cfg.RegistryAddrs = []string{"etcd://" + strings.TrimPrefix(proxy.srv.URL, "http://") + "/" + prefix}
-	cfg.RegistryTimeout = time.Second
+	cfg.RegistryTimeout = 3 * time.Second // (a second was too short to register beside two CPU burners)
 	n := startNode(t, cfg)
 	observer := etcdNode(t, "observer", url)
 	t.Cleanup(proxy.srv.Close)

@@ -124,7 +124,7 @@ func TestADialerHoldingAGivenUpSessionIsWelcomedAnew(t *testing.T) {
 		}
 	}
 	b.pmu.Unlock()
-	ref, err := Resolve[testPing](ctxT(t, 5*time.Second), b, FormatRef(c.Addrs()[0], "/user/echo"))
+	ref, err := Resolve[testPing](ctxT(t, slack(5*time.Second)), b, FormatRef(c.Addrs()[0], "/user/echo"))
 	if err != nil {
 		t.Fatalf("b resolves at c: %v", err)
 	}
