@@ -59,7 +59,7 @@ func TestAnswersBehindACreditWaitDoNotEndAReadingPeer(t *testing.T) {
 	bs := echoFromB.h.assoc
 	body := appendResolve(nil, resolveBody{id: 0, path: "/user/none", proto: "p"})
 	for i := range 70000 {
-		body = appendResolve(body[:0], resolveBody{id: uint64(1<<41 + i), path: "/user/none", proto: "p"})
+		body = appendResolve(body[:0], resolveBody{id: 1<<41 + uint64(i), path: "/user/none", proto: "p"})
 		if !bs.control(body) {
 			break
 		}
