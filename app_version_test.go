@@ -148,7 +148,7 @@ func spawnCollectorOf(t *testing.T, n *troupe.Node) {
 // configuration error.
 func TestAnAppVersionTooLongIsRefused(t *testing.T) {
 	t.Parallel()
-	_, err := troupe.Start(ctxFor(t), troupe.Config{AppVersion: strings.Repeat("v", troupe.MaxAppVersion+1)})
+	_, err := troupe.Start(ctxFor(t), troupe.Config{AppVersion: strings.Repeat("v", 128+1)})
 	if !errors.Is(err, troupe.ErrBadConfig) || !strings.Contains(err.Error(), "AppVersion") {
 		t.Fatalf("Start: %v, want ErrBadConfig naming AppVersion", err)
 	}
@@ -156,7 +156,7 @@ func TestAnAppVersionTooLongIsRefused(t *testing.T) {
 	if !errors.Is(err, troupe.ErrBadConfig) || !strings.Contains(err.Error(), "printable") {
 		t.Fatalf("Start with a control character in AppVersion: %v, want ErrBadConfig", err)
 	}
-	n, err := troupe.Start(ctxFor(t), troupe.Config{AppVersion: strings.Repeat("v", troupe.MaxAppVersion)})
+	n, err := troupe.Start(ctxFor(t), troupe.Config{AppVersion: strings.Repeat("v", 128)})
 	if err != nil {
 		t.Fatal(err)
 	}

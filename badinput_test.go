@@ -148,7 +148,7 @@ func TestAnnouncedAddressesAreNotBelieved(t *testing.T) {
 	h := &hello{version: protocolVersion, name: "impostor", addrs: []string{x.String()}}
 	rand.Read(h.uid[:])
 	c.Write(appendFrame(nil, func(b []byte) []byte { return appendHello(b, frameHello, h) }))
-	fr := newFrameReader(c, DefaultMaxFrameSize)
+	fr := newFrameReader(c, defaultMaxFrameSize)
 	c.SetReadDeadline(time.Now().Add(5 * time.Second))
 	if body, err := fr.next(); err != nil || frameKind(body[0]) != frameWelcome {
 		t.Fatalf("handshake: %v", err)

@@ -37,23 +37,24 @@ const (
 	probeAuth                         // a troupe node whose secret differs
 )
 
-// RuntimeDirName names the per-user directory troupe keeps sockets in,
+// runtimeDirName names the per-user directory troupe keeps sockets in,
 // under $XDG_RUNTIME_DIR (or, with a "-UID" suffix, under the temp
 // directory). Every program using troupe must agree on it to find the
 // default registry socket, so it is a fixed name, not the package's import
 // path: a vendored copy keeps it as it is.
-const RuntimeDirName = "troupe"
+const runtimeDirName = "troupe"
 
 // RuntimeDir returns the per-user directory troupe keeps sockets in:
-// $XDG_RUNTIME_DIR/RuntimeDirName, else RuntimeDirName-UID under the temp
-// directory. It
-// creates it with mode 0700 and refuses one that is a symlink or belongs to
-// another user.
+// $XDG_RUNTIME_DIR/troupe, else troupe-UID under the temp directory. Every
+// program using troupe agrees on that name to find the default registry
+// socket, so it is fixed, not the package's import path: a vendored copy
+// keeps it as it is. RuntimeDir creates the directory with mode 0700 and
+// refuses one that is a symlink or belongs to another user.
 func RuntimeDir() (string, error) {
 	base := os.Getenv("XDG_RUNTIME_DIR")
-	dir := filepath.Join(base, RuntimeDirName)
+	dir := filepath.Join(base, runtimeDirName)
 	if base == "" {
-		dir = filepath.Join(os.TempDir(), RuntimeDirName+"-"+strconv.Itoa(os.Getuid()))
+		dir = filepath.Join(os.TempDir(), runtimeDirName+"-"+strconv.Itoa(os.Getuid()))
 	}
 	if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
 		return "", err

@@ -10,8 +10,8 @@ import (
 	"time"
 )
 
-// ClusterPath is where a node's cluster actor lives.
-const ClusterPath = "/system/cluster"
+// clusterPath is where a node's cluster actor lives.
+const clusterPath = "/system/cluster"
 
 // ErrClusterStopped is returned by Cluster methods after the cluster has
 // stopped (closed, or this member was downed).
@@ -130,7 +130,7 @@ type Cluster struct {
 	leaseDowned []Member        // whom it downed under the lease
 	leaseLost   <-chan struct{} // the lease's Lost channel while held
 	releasing   chan struct{}   // closed when the last release of the lease is done
-	// leaseWaitLimit is MaxLeaseWait, or less in a test (zero: MaxLeaseWait).
+	// leaseWaitLimit is maxLeaseWait, or less in a test (zero: maxLeaseWait).
 	leaseWaitLimit time.Duration
 	paused         pauseMeter            // how long this process stood still in a split
 	blocked        blockedNote           // why convergence is blocked, with no strategy to act
@@ -242,7 +242,7 @@ func DownMember(ctx context.Context, n *Node, node, member string) error {
 	if _, err := ParseAddr(member); err != nil {
 		return err
 	}
-	ref, err := Resolve[clusterMsg](ctx, n, FormatRef(addr, ClusterPath))
+	ref, err := Resolve[clusterMsg](ctx, n, FormatRef(addr, clusterPath))
 	if err != nil {
 		return fmt.Errorf("no cluster member at %s: %w", addr, err)
 	}
@@ -391,7 +391,7 @@ func (n *Node) clusterSeeds(ctx context.Context, name string) ([]Addr, error) {
 		return nil, fmt.Errorf("cluster seeds from the registry: %w", err)
 	}
 	src := srcs[0]
-	me := Registration{Name: "troupe.cluster." + name, UUID: UUID(n.uid), Path: ClusterPath, Node: n.uid, NodeName: n.name, Addrs: n.Addrs()}
+	me := Registration{Name: "troupe.cluster." + name, UUID: UUID(n.uid), Path: clusterPath, Node: n.uid, NodeName: n.name, Addrs: n.Addrs()}
 	if src.local {
 		if err := n.registryRegister(me); err != nil {
 			return nil, err

@@ -186,12 +186,12 @@ func (c *Cluster) decide(s DowningStrategy, v SplitView) Downing {
 // waited so. (Both sides wait for the same moment and then race as they
 // would have, so the hold still covers the other side's decision.) It
 // gives up, returning the LeaseWaitError, when the wait would end more
-// than MaxLeaseWait after it first asked (the time, not the sum of the
+// than maxLeaseWait after it first asked (the time, not the sum of the
 // waits asked for: calls take time too), or says no time at all (a
 // custom Lease's: asking again at once could go on for ever).
 func (c *Cluster) acquireLease(owner string, callTimeout, delay time.Duration) (acquired bool, waited time.Duration, err error) {
 	first := time.Now()
-	limit := cmp.Or(c.leaseWaitLimit, MaxLeaseWait)
+	limit := cmp.Or(c.leaseWaitLimit, maxLeaseWait)
 	for {
 		ctx, cancel := context.WithTimeout(c.n.ctx, callTimeout)
 		go func() { // Close does not wait for the call

@@ -68,7 +68,7 @@ func TestALeaseWaitOfNoTimeIsNotWaitedOn(t *testing.T) {
 	}
 }
 
-// MaxLeaseWait bounds the time waited, not the sum of the waits the
+// maxLeaseWait bounds the time waited, not the sum of the waits the
 // lease asked for: a lease that keeps asking for a moment, each call
 // taking longer than that, was asked again long past it.
 func TestMaxLeaseWaitBoundsTheTimeWaited(t *testing.T) {

@@ -179,7 +179,7 @@ func (c *Cluster) sendTo(addr Addr) {
 
 // tell sends msg to the cluster actor of the node at addr, once an
 // association with it is up.
-func (c *Cluster) tell(addr Addr, msg clusterMsg) { tellMember(c.n, addr, ClusterPath, msg) }
+func (c *Cluster) tell(addr Addr, msg clusterMsg) { tellMember(c.n, addr, clusterPath, msg) }
 
 // tellMember tells msg to the actor at path on the member at addr, if
 // the association to it is up; it reports whether it was (the

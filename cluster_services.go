@@ -223,9 +223,9 @@ func (rc *receptionist) add(r Registration) error {
 		rc.mu.Unlock()
 		return ErrClusterStopped
 	}
-	if _, ok := rc.own[k]; !ok && len(rc.own) >= MaxRegistrationsPerPeer {
+	if _, ok := rc.own[k]; !ok && len(rc.own) >= maxRegistrationsPerPeer {
 		rc.mu.Unlock()
-		return fmt.Errorf("%w: this member lists %d entries, as many as a member takes of another (MaxRegistrationsPerPeer)", ErrRegistrationRefused, MaxRegistrationsPerPeer)
+		return fmt.Errorf("%w: this member lists %d entries, as many as a member takes of another", ErrRegistrationRefused, maxRegistrationsPerPeer)
 	}
 	rc.own[k] = r
 	rc.changedOwn(k)

@@ -20,8 +20,8 @@ type recepCopy struct {
 }
 
 // recepMaxParts bounds the pieces of one whole set: a member keeps at
-// most MaxRegistrationsPerPeer entries of another.
-const recepMaxParts = (MaxRegistrationsPerPeer + recepPiece - 1) / recepPiece
+// most maxRegistrationsPerPeer entries of another.
+const recepMaxParts = (maxRegistrationsPerPeer + recepPiece - 1) / recepPiece
 
 // fits reports whether e is within the registrars' field limits.
 func (e recepEntry) fits() bool {
@@ -31,7 +31,7 @@ func (e recepEntry) fits() bool {
 // delta applies d if it follows the copy's version. It reports whether
 // the copy changed, and whether a version is missing (a change lost on
 // the way: the whole set is to be asked for). A change that takes the
-// copy past MaxRegistrationsPerPeer entries is not applied, nor any with
+// copy past maxRegistrationsPerPeer entries is not applied, nor any with
 // an entry past the field limits: the sender is not a troupe member that
 // keeps its bounds.
 func (cp *recepCopy) delta(d recepDelta) (changed, missing bool) {
@@ -52,7 +52,7 @@ func (cp *recepCopy) delta(d recepDelta) (changed, missing bool) {
 			grow++
 		}
 	}
-	if len(cp.entries)+grow > MaxRegistrationsPerPeer {
+	if len(cp.entries)+grow > maxRegistrationsPerPeer {
 		return false, false
 	}
 	for _, e := range d.Removed {

@@ -26,7 +26,7 @@ type Config struct {
 	// is shown by [Node.Stats] ([PeerStats.AppVersion],
 	// [MemberStats.AppVersion]), the debug page and troupe peers, so that
 	// during a rolling upgrade an operator sees which peer runs what. At
-	// most [MaxAppVersion] bytes of printable UTF-8. Default: empty.
+	// most 128 bytes of printable UTF-8. Default: empty.
 	// troupe never compares versions: whether two versions talk is
 	// decided per message type (see "Changing a message type during a
 	// rolling upgrade" in the README).
@@ -44,7 +44,7 @@ type Config struct {
 
 	// MaxFrameSize is the largest frame, in bytes, this node sends or
 	// accepts; a peer announcing a larger one is disconnected before
-	// anything is allocated for it. Default: [DefaultMaxFrameSize] (4 MiB).
+	// anything is allocated for it. Default: 4 MiB.
 	MaxFrameSize int
 
 	// MailboxLimit is how many user messages may wait in one actor's
@@ -109,7 +109,7 @@ type Config struct {
 	// one EtcdElectionTimeout is passed over for the next, and a request
 	// goes on trying the members for 3.5 of them, which outlasts an
 	// election (see the README's etcd section). Default:
-	// [DefaultEtcdElectionTimeout], etcd's own default.
+	// 1 s, etcd's own default.
 	EtcdElectionTimeout time.Duration
 
 	// HeartbeatInterval is how often each association sends a heartbeat.
@@ -295,7 +295,7 @@ func (c Config) withDefaults() Config {
 		c.Logger = slog.Default()
 	}
 	if c.MaxFrameSize == 0 {
-		c.MaxFrameSize = DefaultMaxFrameSize
+		c.MaxFrameSize = defaultMaxFrameSize
 	}
 	switch {
 	case c.MailboxLimit == 0:
@@ -334,7 +334,7 @@ func (c Config) withDefaults() Config {
 		c.RegistryTimeout = 5 * time.Second
 	}
 	if c.EtcdElectionTimeout == 0 {
-		c.EtcdElectionTimeout = DefaultEtcdElectionTimeout
+		c.EtcdElectionTimeout = defaultEtcdElectionTimeout
 	}
 	if c.HeartbeatInterval == 0 {
 		c.HeartbeatInterval = time.Second
@@ -371,8 +371,8 @@ func (c Config) validate() error {
 		return fmt.Errorf("%w: a negative connection or watch bound", ErrBadConfig)
 	case c.DialTimeout < 0 || c.HandshakeTimeout < 0 || c.RegistryTimeout < 0 || c.EtcdElectionTimeout < 0:
 		return fmt.Errorf("%w: negative timeout", ErrBadConfig)
-	case len(c.AppVersion) > MaxAppVersion:
-		return fmt.Errorf("%w: AppVersion is %d bytes, at most %d", ErrBadConfig, len(c.AppVersion), MaxAppVersion)
+	case len(c.AppVersion) > maxAppVersion:
+		return fmt.Errorf("%w: AppVersion is %d bytes, at most %d", ErrBadConfig, len(c.AppVersion), maxAppVersion)
 	case strings.ContainsFunc(c.AppVersion, func(r rune) bool { return r == utf8.RuneError || !unicode.IsPrint(r) }):
 		return fmt.Errorf("%w: AppVersion %q is not printable UTF-8", ErrBadConfig, c.AppVersion)
 	case len(c.Name) > 255:

@@ -436,7 +436,7 @@ func TestASlowAnswerOfEtcdIsReadWhole(t *testing.T) {
 		w.WriteHeader(rec.Code)
 		w.Write(body[:len(body)/2])
 		w.(http.Flusher).Flush()
-		time.Sleep(3 * DefaultEtcdElectionTimeout / 2) // (the slow part of the answer)
+		time.Sleep(3 * defaultEtcdElectionTimeout / 2) // (the slow part of the answer)
 		w.Write(body[len(body)/2:])
 	}))
 	t.Cleanup(srv.Close)

@@ -34,10 +34,10 @@ import (
 
 // Bounds of the etcd client.
 const (
-	// DefaultEtcdElectionTimeout is etcd's own default election timeout
+	// defaultEtcdElectionTimeout is etcd's own default election timeout
 	// (its --election-timeout), which Config.EtcdElectionTimeout assumes
 	// when it is zero.
-	DefaultEtcdElectionTimeout = time.Second
+	defaultEtcdElectionTimeout = time.Second
 	// etcdRetryWait is the pause between two rounds of the endpoints.
 	etcdRetryWait = 100 * time.Millisecond
 	// etcdMinTTL is the shortest lease this client asks of etcd, whatever
@@ -73,7 +73,7 @@ type etcdTiming struct {
 
 func etcdTimingFor(t time.Duration) etcdTiming {
 	if t <= 0 {
-		t = DefaultEtcdElectionTimeout
+		t = defaultEtcdElectionTimeout
 	}
 	election := 2*t + t/2
 	return etcdTiming{

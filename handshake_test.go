@@ -84,7 +84,7 @@ func FuzzHandshake(f *testing.F) {
 			ours.SetDeadline(time.Now().Add(time.Second))
 			h := n.hello()
 			h.session = newNonce()
-			n.dialHandshake(ours, newFrameReader(ours, DefaultMaxFrameSize), h)
+			n.dialHandshake(ours, newFrameReader(ours, defaultMaxFrameSize), h)
 			ours.Close()
 		}
 	})
@@ -189,7 +189,7 @@ func TestAnotherProtocolVersionIsRefusedInOneLine(t *testing.T) {
 	old := appendHello(nil, frameHello, &hello{version: 1, uid: NodeUID{5}, name: "old"})
 	c.Write(appendWhole(nil, old[:len(old)-1]))
 	c.SetReadDeadline(time.Now().Add(5 * time.Second))
-	body, err := newFrameReader(c, DefaultMaxFrameSize).next()
+	body, err := newFrameReader(c, defaultMaxFrameSize).next()
 	if err != nil || frameKind(body[0]) != frameReject {
 		t.Fatalf("the answer to a version 1 hello: %v %v", body, err)
 	}
@@ -210,7 +210,7 @@ func TestAnotherProtocolVersionIsRefusedInOneLine(t *testing.T) {
 			return
 		}
 		defer c.Close()
-		newFrameReader(c, DefaultMaxFrameSize).hello()
+		newFrameReader(c, defaultMaxFrameSize).hello()
 		c.Write(rejectFrame(rejectVersion, NodeUID{6}, "troupe: malformed frame: protocol version 2, want 1"))
 	}()
 	_, err = Resolve[string](ctxT(t, 5*time.Second), n, FormatRef(TCPAddr(l.Addr().String()), "/user/x"))

@@ -17,7 +17,7 @@ func rawDial(t *testing.T, n *Node, h *hello, token []byte) (frameKind, *frameRe
 	}
 	c.SetDeadline(time.Now().Add(3 * time.Second))
 	c.Write(appendFrame(nil, func(b []byte) []byte { return appendHello(b, frameHello, h) }))
-	fr := newFrameReader(c, DefaultMaxFrameSize)
+	fr := newFrameReader(c, defaultMaxFrameSize)
 	body, err := fr.next()
 	if err != nil {
 		t.Fatal(err)

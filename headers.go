@@ -18,10 +18,9 @@ import (
 // dozen lines of one's own) take part without troupe depending on it.
 
 // Headers are a message's metadata: key/value pairs carried with it to the
-// handler, on this node or another. A message carries at most
-// [MaxHeaders] of them, keys of 1 to [MaxHeaderKey] bytes, values of at
-// most [MaxHeaderValue] bytes, [MaxHeadersSize] bytes in all; a send with
-// more fails with [ErrBadHeaders].
+// handler, on this node or another. A message carries at most 16 of
+// them, keys of 1 to 128 bytes, values of at most 1 KiB, 4 KiB in all; a
+// send with more fails with [ErrBadHeaders].
 //
 // Headers has the Get, Set and Keys methods of OpenTelemetry's
 // propagation.TextMapCarrier, so a propagator injects into and extracts
@@ -30,10 +29,10 @@ type Headers map[string]string
 
 // Bounds of a message's headers.
 const (
-	MaxHeaders     = 16
-	MaxHeaderKey   = 128
-	MaxHeaderValue = 1 << 10
-	MaxHeadersSize = 4 << 10
+	maxHeaders     = 16
+	maxHeaderKey   = 128
+	maxHeaderValue = 1 << 10
+	maxHeadersSize = 4 << 10
 )
 
 // ErrBadHeaders is the error of a send whose headers break their bounds
@@ -84,21 +83,21 @@ func HeadersFrom(ctx context.Context) Headers {
 
 // checkHeaders says how h breaks the bounds, if it does.
 func checkHeaders(h Headers) error {
-	if len(h) > MaxHeaders {
-		return fmt.Errorf("%w: %d headers, at most %d", ErrBadHeaders, len(h), MaxHeaders)
+	if len(h) > maxHeaders {
+		return fmt.Errorf("%w: %d headers, at most %d", ErrBadHeaders, len(h), maxHeaders)
 	}
 	total := 0
 	for k, v := range h {
-		if len(k) == 0 || len(k) > MaxHeaderKey {
-			return fmt.Errorf("%w: a key of %d bytes (1 to %d)", ErrBadHeaders, len(k), MaxHeaderKey)
+		if len(k) == 0 || len(k) > maxHeaderKey {
+			return fmt.Errorf("%w: a key of %d bytes (1 to %d)", ErrBadHeaders, len(k), maxHeaderKey)
 		}
-		if len(v) > MaxHeaderValue {
-			return fmt.Errorf("%w: %q has a value of %d bytes, at most %d", ErrBadHeaders, k, len(v), MaxHeaderValue)
+		if len(v) > maxHeaderValue {
+			return fmt.Errorf("%w: %q has a value of %d bytes, at most %d", ErrBadHeaders, k, len(v), maxHeaderValue)
 		}
 		total += len(k) + len(v)
 	}
-	if total > MaxHeadersSize {
-		return fmt.Errorf("%w: %d bytes, at most %d", ErrBadHeaders, total, MaxHeadersSize)
+	if total > maxHeadersSize {
+		return fmt.Errorf("%w: %d bytes, at most %d", ErrBadHeaders, total, maxHeadersSize)
 	}
 	return nil
 }
@@ -145,7 +144,7 @@ func headersSize(h Headers) int {
 // headers carries them: a count, then each key and value, keys sorted.
 func appendHeaders(b []byte, h Headers) []byte {
 	b = binary.AppendUvarint(b, uint64(len(h)))
-	var keys [MaxHeaders]string
+	var keys [maxHeaders]string
 	ks := keys[:0]
 	for k := range h {
 		ks = append(ks, k)
@@ -167,8 +166,8 @@ func parseHeaders(b []byte) (Headers, []byte, error) {
 	if d.err != nil {
 		return nil, nil, d.err
 	}
-	if count == 0 || count > MaxHeaders {
-		return nil, nil, fmt.Errorf("%w: %d headers (1 to %d)", ErrMalformed, count, MaxHeaders)
+	if count == 0 || count > maxHeaders {
+		return nil, nil, fmt.Errorf("%w: %d headers (1 to %d)", ErrMalformed, count, maxHeaders)
 	}
 	h := make(Headers, count)
 	total := 0
@@ -178,11 +177,11 @@ func parseHeaders(b []byte) (Headers, []byte, error) {
 			return nil, nil, d.err
 		}
 		// The bounds before the strings are made.
-		if len(k) == 0 || len(k) > MaxHeaderKey || len(v) > MaxHeaderValue {
-			return nil, nil, fmt.Errorf("%w: a header of a %d-byte key and a %d-byte value (keys 1 to %d bytes, values at most %d)", ErrMalformed, len(k), len(v), MaxHeaderKey, MaxHeaderValue)
+		if len(k) == 0 || len(k) > maxHeaderKey || len(v) > maxHeaderValue {
+			return nil, nil, fmt.Errorf("%w: a header of a %d-byte key and a %d-byte value (keys 1 to %d bytes, values at most %d)", ErrMalformed, len(k), len(v), maxHeaderKey, maxHeaderValue)
 		}
-		if total += len(k) + len(v); total > MaxHeadersSize {
-			return nil, nil, fmt.Errorf("%w: more than %d bytes of headers", ErrMalformed, MaxHeadersSize)
+		if total += len(k) + len(v); total > maxHeadersSize {
+			return nil, nil, fmt.Errorf("%w: more than %d bytes of headers", ErrMalformed, maxHeadersSize)
 		}
 		if _, dup := h[string(k)]; dup {
 			return nil, nil, fmt.Errorf("%w: the header %q twice", ErrMalformed, k)

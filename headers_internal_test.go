@@ -40,8 +40,8 @@ func TestParseHeaders(t *testing.T) {
 		{"seventeen", enc(17, many(17)...), "17 headers"},
 		{"a huge count", binary.AppendUvarint(nil, 1<<40), "headers (1 to 16)"},
 		{"an empty key", enc(1, "", "v"), "a 0-byte key"},
-		{"a long key", enc(1, strings.Repeat("k", MaxHeaderKey+1), "v"), "a 129-byte key"},
-		{"a long value", enc(1, "k", strings.Repeat("v", MaxHeaderValue+1)), "a 1025-byte value"},
+		{"a long key", enc(1, strings.Repeat("k", maxHeaderKey+1), "v"), "a 129-byte key"},
+		{"a long value", enc(1, "k", strings.Repeat("v", maxHeaderValue+1)), "a 1025-byte value"},
 		{"too much in all", enc(5, "a", strings.Repeat("v", 1000), "b", strings.Repeat("v", 1000), "c", strings.Repeat("v", 1000), "d", strings.Repeat("v", 1000), "e", strings.Repeat("v", 100)), "more than 4096 bytes"},
 		{"a key twice", enc(2, "k", "1", "k", "2"), "twice"},
 		{"truncated", enc(2, "k", "1")[:6], "bad uvarint"},
@@ -74,7 +74,7 @@ func TestAPeerWithoutHeadersGetsAPlainTell(t *testing.T) {
 	target := &handle{key: refKey{node: uid, path: "/user/echo", uuid: UUID{2}}}
 	for _, takes := range []bool{false, true} {
 		a := newAssoc(nil, true, TCPAddr("127.0.0.1:7001"))
-		a.n = &Node{cfg: Config{MaxFrameSize: DefaultMaxFrameSize}}
+		a.n = &Node{cfg: Config{MaxFrameSize: defaultMaxFrameSize}}
 		a.peerUID, a.peerHeaders = uid, takes
 		if err := a.sendTellHeadersLocked(target, typeOf(reflect.TypeFor[count]()), count{N: 1}, Headers{"trace": "x"}); err != nil {
 			t.Fatal(err)

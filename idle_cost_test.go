@@ -171,7 +171,7 @@ func TestIdleAssociationsClient(t *testing.T) {
 		rand.Read(h.uid[:])
 		c.Write(appendFrame(nil, func(b []byte) []byte { return appendHello(b, frameHello, h) }))
 		c.SetReadDeadline(time.Now().Add(10 * time.Second))
-		if body, err := newFrameReader(c, DefaultMaxFrameSize).next(); err != nil || frameKind(body[0]) != frameWelcome {
+		if body, err := newFrameReader(c, defaultMaxFrameSize).next(); err != nil || frameKind(body[0]) != frameWelcome {
 			t.Fatalf("handshake %d: %v", len(conns), err)
 		}
 		c.SetReadDeadline(time.Time{})

@@ -55,7 +55,7 @@ func TestAnImpostorWelcomeWithoutProofDoesNotJoinTheSession(t *testing.T) {
 		}
 		defer c.Close()
 		c.SetDeadline(time.Now().Add(3 * time.Second))
-		fr := newFrameReader(c, DefaultMaxFrameSize)
+		fr := newFrameReader(c, defaultMaxFrameSize)
 		if _, err := fr.next(); err != nil {
 			got <- nil
 			return

@@ -8,8 +8,8 @@ import (
 	"time"
 )
 
-// LeasePath is where a node that serves leases keeps its lease actor.
-const LeasePath = "/system/lease"
+// leasePath is where a node that serves leases keeps its lease actor.
+const leasePath = "/system/lease"
 
 // ErrLeaseLost is returned by a lease operation after the lease was lost.
 var ErrLeaseLost = errors.New("troupe: lease lost")
@@ -19,7 +19,7 @@ var ErrLeaseLost = errors.New("troupe: lease lost")
 // started grants nothing for one ttl (it may have forgotten a grant of
 // its previous run). Wait is how long until it can, and must be more
 // than zero. A cluster deciding a split waits that long and asks again
-// (giving up when that would end more than [MaxLeaseWait] after it first
+// (giving up when that would end more than 30 s after it first
 // asked), rather than take the refusal for the other side's hold.
 //
 // Both sides of a split wait for the same moment, so the hold of the one
@@ -38,10 +38,10 @@ func (e *LeaseWaitError) Error() string {
 	return fmt.Sprintf("troupe: nobody holds the lease, and it can be granted only in %v (the lease server has just started)", e.Wait)
 }
 
-// MaxLeaseWait is the longest a cluster deciding a split waits for a
+// maxLeaseWait is the longest a cluster deciding a split waits for a
 // lease that cannot be granted yet ([LeaseWaitError]), counted from its
 // first request; a longer wait is taken as a lease it cannot reach.
-const MaxLeaseWait = 30 * time.Second
+const maxLeaseWait = 30 * time.Second
 
 // Lease is a lock with an expiry that lives outside a cluster's partition,
 // so that at most one side of a split can hold it. Implementations are safe
@@ -92,7 +92,7 @@ func init() {
 	RegisterMessage[leaseReply]("troupe.lease.reply")
 }
 
-// ServeLeases makes n serve leases at [LeasePath], for [NewNodeLease]
+// ServeLeases makes n serve leases at /system/lease, for [NewNodeLease]
 // clients — for example on a dedicated registrar, so that the lease lives
 // on a third machine outside any partition of the cluster, with no extra
 // software. It grants nothing for the first ttl of each request after it
@@ -167,7 +167,7 @@ func (l *NodeLease) call(ctx context.Context, op uint8, owner string) (leaseRepl
 	if l.badServer != nil {
 		return leaseReply{}, fmt.Errorf("lease server: %w", l.badServer)
 	}
-	ref, err := Resolve[leaseRequest](ctx, l.n, FormatRef(l.server, LeasePath))
+	ref, err := Resolve[leaseRequest](ctx, l.n, FormatRef(l.server, leasePath))
 	if err != nil {
 		return leaseReply{}, fmt.Errorf("lease server %s: %w", l.server, err)
 	}

@@ -157,7 +157,7 @@ func TestAttacksDoNotDisturbHealthyPeers(t *testing.T) {
 			var conns []net.Conn
 			for range 50 {
 				c := rawHandshake(t, victim)
-				c.Write(append(binary.AppendUvarint(nil, DefaultMaxFrameSize-1), byte(frameTell), 1, 2, 3))
+				c.Write(append(binary.AppendUvarint(nil, defaultMaxFrameSize-1), byte(frameTell), 1, 2, 3))
 				conns = append(conns, c)
 			}
 			for _, c := range conns { // a byte each, then nothing

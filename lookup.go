@@ -121,7 +121,7 @@ func (n *Node) registrarRef(ctx context.Context, addr Addr) (Ref[regRequest], er
 			return r, nil
 		}
 	}
-	r, err := resolveAt[regRequest](ctx, n, addr, RegistrarPath)
+	r, err := resolveAt[regRequest](ctx, n, addr, registrarPath)
 	if err != nil {
 		return Ref[regRequest]{}, err
 	}

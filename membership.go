@@ -599,9 +599,9 @@ func (ms *membership) blockedBy() []string {
 	return addrs
 }
 
-// boundedAppVersion is a gossiped app version, or "" past MaxAppVersion.
+// boundedAppVersion is a gossiped app version, or "" past maxAppVersion.
 func boundedAppVersion(v string) string {
-	if len(v) > MaxAppVersion {
+	if len(v) > maxAppVersion {
 		return ""
 	}
 	return v

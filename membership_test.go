@@ -311,12 +311,12 @@ func TestGossipTargets(t *testing.T) {
 
 // A member's app version: learned from any gossip when unknown, from the
 // member itself whenever it speaks (a relay's copy never overrides it),
-// and never longer than MaxAppVersion.
+// and never longer than maxAppVersion.
 func TestMergeAppVersion(t *testing.T) {
 	t.Parallel()
 	checkLeaks(t)
 	with := func(m Member, v string) Member { m.AppVersion = v; return m }
-	long := string(make([]byte, MaxAppVersion+1))
+	long := string(make([]byte, maxAppVersion+1))
 	cases := []struct {
 		name   string
 		gossip []gossipMsg

@@ -33,7 +33,7 @@ func watchFrames(path string, uuid UUID, prefix string, from, n int) []byte {
 // watch-refused reason, and fails on any other termination.
 func refusedWatches(t *testing.T, c net.Conn, want int) {
 	t.Helper()
-	fr := newFrameReader(c, DefaultMaxFrameSize)
+	fr := newFrameReader(c, defaultMaxFrameSize)
 	c.SetReadDeadline(time.Now().Add(20 * time.Second))
 	defer c.SetReadDeadline(time.Time{})
 	for got := 0; got < want; {

@@ -72,7 +72,7 @@ func TestFrameReaderOverAnyChunking(t *testing.T) {
 // frameReaderOver reads bodies back from src, as readLoop does if waits
 // (fr.complete, then fr.await before each frame).
 func frameReaderOver(t *testing.T, src io.Reader, bodies [][]byte, waits bool) {
-	fr := newFrameReader(src, DefaultMaxFrameSize)
+	fr := newFrameReader(src, defaultMaxFrameSize)
 	for i, want := range bodies {
 		if waits && !fr.complete() {
 			fr.await()
@@ -97,7 +97,7 @@ func TestAQuietReaderGivesBackItsBuffer(t *testing.T) {
 	t.Parallel()
 	checkLeaks(t)
 	pr, pw := io.Pipe()
-	fr := newFrameReader(pr, DefaultMaxFrameSize)
+	fr := newFrameReader(pr, defaultMaxFrameSize)
 	var burst []byte
 	for range 10 {
 		burst = appendWhole(burst, make([]byte, 20<<10))
@@ -137,7 +137,7 @@ func TestALoneFrameOfTheSmallBuffersSizeIsGivenBackAtTheNextHeartbeat(t *testing
 	t.Parallel()
 	checkLeaks(t)
 	pr, pw := io.Pipe()
-	fr := newFrameReader(pr, DefaultMaxFrameSize)
+	fr := newFrameReader(pr, defaultMaxFrameSize)
 	frame := appendWhole(nil, make([]byte, idleReadSize-2)) // two bytes of length prefix
 	if len(frame) != idleReadSize {
 		t.Fatalf("the frame is %d bytes", len(frame))
@@ -183,7 +183,7 @@ func TestAStreamOfSmallFramesIsReadInLargeReads(t *testing.T) {
 		stream = appendWhole(stream, []byte{byte(frameTell), byte(i), byte(i >> 8), 3, 4, 5, 6})
 	}
 	src := &countingReader{r: bytes.NewReader(stream)}
-	fr := newFrameReader(src, DefaultMaxFrameSize)
+	fr := newFrameReader(src, defaultMaxFrameSize)
 	frames := 0
 	for {
 		fr.await() // as readLoop waits, with nothing buffered

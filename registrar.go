@@ -26,15 +26,15 @@ var (
 	ErrNoRegistry = errors.New("troupe: no registrar configured")
 	// ErrRegistrationRefused is returned (wrapped, with the reason) when a
 	// registrar does not take a registration: it is past one of the
-	// registrar's bounds ([MaxRegistrationsPerPeer],
-	// [MaxRegistrationsPerName], [MaxRegistrations]), a field of it is
+	// registrar's bounds (16,384 registrations of one node incarnation,
+	// 16,384 under one name, 262,144 in all), a field of it is
 	// longer than a registrar keeps, or it names another node than the
 	// one that sent it.
 	ErrRegistrationRefused = errors.New("troupe: registration refused by the registrar")
 )
 
-// RegistrarPath is where a registrar's actor lives on its node.
-const RegistrarPath = "/system/registrar"
+// registrarPath is where a registrar's actor lives on its node.
+const registrarPath = "/system/registrar"
 
 // Registration is one entry of a registry: an actor (or a node itself,
 // with an empty Path) under a name. Names are not unique; the registry is
@@ -618,7 +618,7 @@ func (n *Node) registryRegister(r Registration) error {
 }
 
 // startRegistrar makes this node serve a registry: the table, the actor at
-// RegistrarPath, and the rule that a peer which leaves or becomes
+// registrarPath, and the rule that a peer which leaves or becomes
 // unreachable takes its registrations with it.
 func (n *Node) startRegistrar() error {
 	g := newRegTable()

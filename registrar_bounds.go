@@ -17,15 +17,15 @@ import (
 // cannot fill a name alone. (A peer that connects as many incarnations
 // can still fill one: authenticate peers, with Config.Secret or TLS.)
 const (
-	// MaxRegistrationsPerPeer bounds the registrations of one node
+	// maxRegistrationsPerPeer bounds the registrations of one node
 	// incarnation: the node itself, its named actors, its service
 	// registrations and its topic relays.
-	MaxRegistrationsPerPeer = 16384
-	// MaxRegistrationsPerName bounds the registrations under one name
+	maxRegistrationsPerPeer = 16384
+	// maxRegistrationsPerName bounds the registrations under one name
 	// (one service key's listing, or one actor name), over all nodes.
-	MaxRegistrationsPerName = 16384
-	// MaxRegistrations bounds a registrar's whole table.
-	MaxRegistrations = 262144
+	maxRegistrationsPerName = 16384
+	// maxRegistrations bounds a registrar's whole table.
+	maxRegistrations = 262144
 )
 
 // The longest fields a registrar keeps; a registration with a longer one
@@ -41,7 +41,7 @@ const (
 // regBounds are a table's bounds (the constants above; smaller in tests).
 type regBounds struct{ perPeer, perName, total int }
 
-var defaultRegBounds = regBounds{MaxRegistrationsPerPeer, MaxRegistrationsPerName, MaxRegistrations}
+var defaultRegBounds = regBounds{maxRegistrationsPerPeer, maxRegistrationsPerName, maxRegistrations}
 
 // admits says why the table does not take r, a new entry (nil if it
 // does); g.mu is held.

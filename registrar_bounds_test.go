@@ -226,15 +226,15 @@ func TestReregistrationOfManyServicesGoesInPieces(t *testing.T) {
 	if s.entries == nil {
 		s.entries = map[serviceEntry]struct{}{}
 	}
-	for i := range MaxServicesPerNode {
+	for i := range maxServicesPerNode {
 		s.entries[serviceEntry{name: fmt.Sprintf("%s%0250d", servicePrefix, i), h: w.h}] = struct{}{}
 	}
 	s.mu.Unlock()
 	if err := n.reregister(n.registrars[0]); err != nil {
-		t.Fatalf("registering %d services again: %v", MaxServicesPerNode, err)
+		t.Fatalf("registering %d services again: %v", maxServicesPerNode, err)
 	}
-	if got := len(registrar.reg().byNode[n.uid]); got < MaxServicesPerNode {
-		t.Fatalf("the registrar holds %d of the node's entries, want at least %d", got, MaxServicesPerNode)
+	if got := len(registrar.reg().byNode[n.uid]); got < maxServicesPerNode {
+		t.Fatalf("the registrar holds %d of the node's entries, want at least %d", got, maxServicesPerNode)
 	}
 }
 

@@ -56,7 +56,7 @@ func TestHelperDialUnix(t *testing.T) {
 	}
 	defer c.Close()
 	c.SetReadDeadline(time.Now().Add(5 * time.Second))
-	fr := newFrameReader(c, DefaultMaxFrameSize)
+	fr := newFrameReader(c, defaultMaxFrameSize)
 	body, err := fr.next()
 	if err != nil {
 		t.Fatal(err)

@@ -48,13 +48,13 @@ func (k ServiceKey[T]) regName() string { return servicePrefix + k.name }
 // a message adapter): a node registers only what it runs.
 var ErrNotLocal = errors.New("troupe: not an actor of this node")
 
-// MaxServicesPerNode bounds the service registrations one node holds
+// maxServicesPerNode bounds the service registrations one node holds
 // (every key, every actor); [RegisterService] past it returns
-// [ErrTooManyServices].
-const MaxServicesPerNode = 10000
+// ErrTooManyServices.
+const maxServicesPerNode = 10000
 
 // ErrTooManyServices is returned by [RegisterService] when the node holds
-// MaxServicesPerNode service registrations.
+// 10,000 service registrations (every key, every actor).
 var ErrTooManyServices = errors.New("troupe: the node holds as many service registrations as it takes")
 
 // serviceEntry is one actor under one key, on this node.
@@ -81,7 +81,8 @@ type services struct {
 // [ErrTooManyServices], [ErrNoRegistry] (the node uses no registry and is
 // no cluster member: nobody could find it),
 // [ErrRegistrationRefused] (a registrar is past one of its bounds, such
-// as [MaxRegistrationsPerName]; the entry is then kept nowhere) or
+// as the 16,384 registrations under one name; the entry is then kept
+// nowhere) or
 // [ErrNodeClosed].
 func RegisterService[T any](n *Node, k ServiceKey[T], ref Ref[T]) error {
 	if err := checkName(k.name); err != nil {
@@ -102,7 +103,7 @@ func RegisterService[T any](n *Node, k ServiceKey[T], ref Ref[T]) error {
 	e := serviceEntry{k.regName(), ref.h}
 	s := &n.services
 	s.mu.Lock()
-	if _, ok := s.entries[e]; !ok && len(s.entries) >= MaxServicesPerNode {
+	if _, ok := s.entries[e]; !ok && len(s.entries) >= maxServicesPerNode {
 		s.mu.Unlock()
 		return ErrTooManyServices
 	}

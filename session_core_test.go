@@ -382,7 +382,7 @@ func rawHandshakeWith(t *testing.T, n *Node, flags uint8) (net.Conn, NodeUID) {
 	if _, err := c.Write(appendFrame(nil, func(b []byte) []byte { return appendHello(b, frameHello, h) })); err != nil {
 		t.Fatal(err)
 	}
-	fr := newFrameReader(c, DefaultMaxFrameSize)
+	fr := newFrameReader(c, defaultMaxFrameSize)
 	c.SetReadDeadline(time.Now().Add(5 * time.Second))
 	body, err := fr.next()
 	if err != nil || frameKind(body[0]) != frameWelcome {

@@ -371,7 +371,7 @@ func TestShapesHeldAreCountedNotShapesEverSent(t *testing.T) {
 	t.Parallel()
 	checkLeaks(t)
 	a := newAssoc(nil, true, TCPAddr("127.0.0.1:7001"))
-	a.n = &Node{cfg: Config{MaxFrameSize: DefaultMaxFrameSize}}
+	a.n = &Node{cfg: Config{MaxFrameSize: defaultMaxFrameSize}}
 	old := typeOf(reflect.TypeFor[shOld]())
 	big := shapeOf(reflect.TypeFor[shNest]())
 	for range 2 * maxShapeSession / len(big) {

@@ -334,10 +334,10 @@ func (c *cell[T]) waiting() int {
 	return len(c.q.in)
 }
 
-// StatsPath is where every node's introspection actor lives: it answers
-// [FetchStats] (and so troupe peers, actors and stats) over the protocol,
+// statsPath is where every node's introspection actor lives: it answers
+// FetchStats (and so troupe peers, actors and stats) over the protocol,
 // behind the same authentication as everything else.
-const StatsPath = "/system/stats"
+const statsPath = "/system/stats"
 
 // statsRequest asks a node's introspection actor for its Stats.
 type statsRequest struct {
@@ -497,7 +497,7 @@ func fetchStats(ctx context.Context, n *Node, address string, req statsRequest) 
 	if err != nil {
 		return nil, err
 	}
-	ref, err := Resolve[statsRequest](ctx, n, FormatRef(addr, StatsPath))
+	ref, err := Resolve[statsRequest](ctx, n, FormatRef(addr, statsPath))
 	if err != nil {
 		return nil, fmt.Errorf("no troupe node answers at %s: %w", addr, err)
 	}

@@ -80,7 +80,7 @@ func TestAZeroProofWelcomeDoesNotReplaceASuspendedSession(t *testing.T) {
 		}
 		defer conn.Close()
 		conn.SetDeadline(time.Now().Add(3 * time.Second))
-		fr := newFrameReader(conn, DefaultMaxFrameSize)
+		fr := newFrameReader(conn, defaultMaxFrameSize)
 		if _, err := fr.next(); err != nil {
 			return
 		}

@@ -30,7 +30,7 @@ func claimAs(t *testing.T, n *Node, h *hello, secret, proof []byte) (verdict fra
 	if _, err := c.Write(appendFrame(nil, func(b []byte) []byte { return appendHello(b, frameHello, h) })); err != nil {
 		t.Fatal(err)
 	}
-	fr := newFrameReader(c, DefaultMaxFrameSize)
+	fr := newFrameReader(c, defaultMaxFrameSize)
 	body, err := fr.next()
 	if err != nil {
 		t.Fatalf("the claim got no verdict: %v", err)
@@ -184,7 +184,7 @@ func TestAnAcceptorClaimingALivePeersUIDIsRefused(t *testing.T) {
 			}
 			defer c.Close()
 			c.SetDeadline(time.Now().Add(5 * time.Second))
-			fr := newFrameReader(c, DefaultMaxFrameSize)
+			fr := newFrameReader(c, defaultMaxFrameSize)
 			if _, err := fr.next(); err != nil { // the hello
 				got <- nil
 				return

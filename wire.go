@@ -78,8 +78,8 @@ func (k frameKind) String() string {
 
 // Limits of the framing layer.
 const (
-	// DefaultMaxFrameSize is the default of [Config.MaxFrameSize].
-	DefaultMaxFrameSize = 4 << 20
+	// defaultMaxFrameSize is the default of [Config.MaxFrameSize].
+	defaultMaxFrameSize = 4 << 20
 	// maxTableSize bounds the per-association tables of target and type
 	// ids a peer may define: 4096 entries of at most maxTableEntry bytes,
 	// so each table holds at most 1 MiB of a peer's strings. A sender with
@@ -172,8 +172,8 @@ const (
 // Bounds on a hello's extensions.
 const (
 	maxHelloExts = 16
-	// MaxAppVersion bounds [Config.AppVersion], in bytes.
-	MaxAppVersion = 128
+	// maxAppVersion bounds [Config.AppVersion], in bytes.
+	maxAppVersion = 128
 )
 
 func appendHello(b []byte, kind frameKind, h *hello) []byte {
@@ -279,8 +279,8 @@ func parseHello(b []byte) (*hello, error) {
 		tag, v := d.uvarint(), d.bytes()
 		switch tag {
 		case helloExtAppVersion:
-			if len(v) > MaxAppVersion {
-				return nil, fmt.Errorf("%w: an app version of %d bytes, at most %d", ErrMalformed, len(v), MaxAppVersion)
+			if len(v) > maxAppVersion {
+				return nil, fmt.Errorf("%w: an app version of %d bytes, at most %d", ErrMalformed, len(v), maxAppVersion)
 			}
 			h.appVersion = string(v)
 		case helloExtObserver:

@@ -89,7 +89,7 @@ func goldenFrames(t *testing.T) map[string][]byte {
 	dead.code, dead.text = reasonOther, "boom"
 
 	a := newAssoc(nil, true, TCPAddr("127.0.0.1:7001"))
-	a.n = &Node{cfg: Config{MaxFrameSize: DefaultMaxFrameSize}}
+	a.n = &Node{cfg: Config{MaxFrameSize: defaultMaxFrameSize}}
 	a.peerUID, a.peerHeaders = uid, true
 	tellTo := func(msg any, hd ...string) []byte {
 		var h Headers
@@ -268,9 +268,9 @@ func (r *claimReader) Read(p []byte) (int, error) {
 func TestClaimedFrameLengthIsNotAllocated(t *testing.T) {
 	t.Parallel()
 	checkLeaks(t)
-	for _, claim := range []int{readBufferSize + 1, 1 << 20, DefaultMaxFrameSize} {
+	for _, claim := range []int{readBufferSize + 1, 1 << 20, defaultMaxFrameSize} {
 		r := &claimReader{data: append(binary.AppendUvarint(nil, uint64(claim)), make([]byte, 10)...)}
-		fr := newFrameReader(r, DefaultMaxFrameSize)
+		fr := newFrameReader(r, defaultMaxFrameSize)
 		if _, err := fr.next(); !errors.Is(err, ErrMalformed) {
 			t.Fatalf("claim %d: %v, want a truncated frame", claim, err)
 		}
@@ -283,7 +283,7 @@ func TestClaimedFrameLengthIsNotAllocated(t *testing.T) {
 	for i := range body {
 		body[i] = byte(i * 7)
 	}
-	fr := newFrameReader(bytes.NewReader(append(binary.AppendUvarint(nil, uint64(len(body))), body...)), DefaultMaxFrameSize)
+	fr := newFrameReader(bytes.NewReader(append(binary.AppendUvarint(nil, uint64(len(body))), body...)), defaultMaxFrameSize)
 	got, err := fr.next()
 	if err != nil || !bytes.Equal(got, body) {
 		t.Fatalf("a 3 MiB frame: %v, equal %v", err, bytes.Equal(got, body))
@@ -298,7 +298,7 @@ func TestFrameBodiesParseBack(t *testing.T) {
 	checkLeaks(t)
 	frames := goldenFrames(t)
 	body := func(name string) []byte {
-		fr := newFrameReader(bytes.NewReader(frames[name]), DefaultMaxFrameSize)
+		fr := newFrameReader(bytes.NewReader(frames[name]), defaultMaxFrameSize)
 		b, err := fr.next()
 		if err != nil {
 			t.Fatalf("%s: %v", name, err)
