@@ -184,7 +184,7 @@ func TestRegistryIsBehindTheSecret(t *testing.T) {
 		t.Fatal("a node without the secret joined the registry")
 	}
 	outsider := startNode(t, testConfig())
-	if _, _, err := FindActor[testPing](ctxT(t, 5*time.Second), outsider, "svc", WithRegistries(registrar.Addrs()[0].String())); !errors.Is(err, ErrAuth) {
+	if _, err := FindActor[testPing](ctxT(t, 5*time.Second), outsider, "svc", WithRegistries(registrar.Addrs()[0].String())); !errors.Is(err, ErrAuth) {
 		t.Fatalf("lookup without the secret = %v, want ErrAuth", err)
 	}
 	if got := registrar.reg().find("svc"); len(got) != 1 {
@@ -248,7 +248,7 @@ func TestARegistrarOverTLS(t *testing.T) {
 	member.TLS = pki.config(t, "member")
 	m := startNode(t, member)
 	spawnEcho(t, m, "svc")
-	if _, _, err := FindActor[testPing](ctxT(t, 5*time.Second), m, "svc"); err != nil {
+	if _, err := FindActor[testPing](ctxT(t, 5*time.Second), m, "svc"); err != nil {
 		t.Fatalf("a member over TLS cannot find its own actor in the registry: %v", err)
 	}
 	rogue := discoveryConfig("rogue", reg)

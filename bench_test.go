@@ -333,8 +333,8 @@ func BenchmarkQueryActor(b *testing.B) {
 	b.ReportAllocs()
 	b.ResetTimer()
 	for range b.N {
-		if _, found, err := QueryActor(ctx, client, "svc"); !found || err != nil {
-			b.Fatal(found, err)
+		if _, err := client.QueryActor(ctx, "svc"); err != nil {
+			b.Fatal(err)
 		}
 	}
 }
@@ -348,14 +348,14 @@ func BenchmarkFindActorFastPath(b *testing.B) {
 	spawnEcho(b, service, "svc")
 	client := startNode(b, discoveryConfig("client", reg))
 	ctx := context.Background()
-	if _, found, err := FindActor[testPing](ctx, client, "svc"); !found || err != nil {
-		b.Fatal(found, err)
+	if _, err := FindActor[testPing](ctx, client, "svc"); err != nil {
+		b.Fatal(err)
 	}
 	b.ReportAllocs()
 	b.ResetTimer()
 	for range b.N {
-		if _, found, err := FindActor[testPing](ctx, client, "svc"); !found || err != nil {
-			b.Fatal(found, err)
+		if _, err := FindActor[testPing](ctx, client, "svc"); err != nil {
+			b.Fatal(err)
 		}
 	}
 }

@@ -49,16 +49,16 @@ func TestBootstrapJoinFindQuery(t *testing.T) {
 		spawnEcho(t, second, "svc")
 		ctx := ctxT(t, 5*time.Second)
 
-		svc, found, err := FindActor[testPing](ctx, first, "svc")
-		if err != nil || !found {
-			t.Fatalf("FindActor = %v, %v", found, err)
+		svc, err := FindActor[testPing](ctx, first, "svc")
+		if err != nil {
+			t.Fatalf("FindActor = %v", err)
 		}
 		if _, err := Ask(ctx, svc, func(r Ref[testPong]) testPing { return testPing{ReplyTo: r} }); err != nil {
 			t.Fatalf("Ask the found actor: %v", err)
 		}
-		q, found, err := QueryActor(ctx, second, "svc")
-		if err != nil || !found || q.Addr != second.Addrs()[0] || q.Registry.String() != reg {
-			t.Fatalf("QueryActor = %+v, %v, %v", q, found, err)
+		q, err := second.QueryActor(ctx, "svc")
+		if err != nil || q.Addr != second.Addrs()[0] || q.Registry.String() != reg {
+			t.Fatalf("QueryActor = %+v, %v", q, err)
 		}
 		r, err := second.Registry()
 		if err != nil || r.IsLocal() {

@@ -386,7 +386,7 @@ func (n *Node) clusterSeeds(ctx context.Context, name string) ([]Addr, error) {
 	if name == "" {
 		name = "default"
 	}
-	srcs, _, err := n.lookupSources(nil)
+	srcs, err := n.lookupSources(nil)
 	if err != nil {
 		return nil, fmt.Errorf("cluster seeds from the registry: %w", err)
 	}

@@ -276,7 +276,7 @@ func TestAClusterRegistryServesServiceKeysOnly(t *testing.T) {
 	if l, err := troupe.FindService(ctxFor(t), n, workersKey); err != nil || len(l) != 1 {
 		t.Fatalf("FindService on the member: %v, %v", paths(l), err)
 	}
-	if _, _, err := troupe.FindActor[job](ctxFor(t), n, "elsewhere"); !errors.Is(err, troupe.ErrNoRegistry) {
+	if _, err := troupe.FindActor[job](ctxFor(t), n, "elsewhere"); !errors.Is(err, troupe.ErrNoRegistry) {
 		t.Fatalf("FindActor on a member without a registry: %v, want ErrNoRegistry", err)
 	}
 }

@@ -58,7 +58,7 @@
 //
 // with worker found by name on another node:
 //
-//	worker, found, err := troupe.FindActor[Job](ctx, n, "worker")
+//	worker, err := troupe.FindActor[Job](ctx, n, "worker")
 //
 // [Terminated] comes once, after every message the worker sent that
 // reached this node first. Its Reason is [ErrPeerLeft] when the worker's
@@ -133,8 +133,8 @@
 // address held by anything else ([ErrRegistryOccupied]) or by a registrar
 // whose shared secret differs ([ErrAuth]), and becomes the
 // registrar when every address is free. Nodes and named actors register
-// themselves; [FindActor], [FindActorAll], [WaitForActor], [QueryActor] and
-// [Node.Registry] look them up by name. Nodes never quarantine a
+// themselves; [FindActor], [FindActorPerRegistrar], [WaitForActor],
+// [Node.QueryActor] and [Node.Registry] look them up by name. Nodes never quarantine a
 // registrar: they register everything again when one comes back, and when
 // the registry address is left empty, one of them binds it and becomes the
 // registrar (failover). The cmd/troupe command runs a dedicated registrar

@@ -110,8 +110,8 @@ func TestEtcdEntriesConvergeAfterAnOutage(t *testing.T) {
 	spawnEcho(t, n, "kept")
 	gone := spawnEcho(t, n, "gone")
 	found := func(name string) bool {
-		_, ok, err := QueryActor(ctxT(t, 5*time.Second), observer, name)
-		return err == nil && ok
+		_, err := observer.QueryActor(ctxT(t, 5*time.Second), name)
+		return err == nil
 	}
 	waitFor(t, 5*time.Second, "kept and gone registered", func() bool { return found("kept") && found("gone") })
 
@@ -217,8 +217,8 @@ func TestEtcdRegistrationsSurviveALeaderKill(t *testing.T) {
 		return err == nil && len(regs) == 2*1+total && n.Stats().RegistryPending == 0
 	})
 	for i := range total {
-		if _, ok, err := QueryActor(ctxT(t, 5*time.Second), observer, fmt.Sprintf("w%d", i)); err != nil || !ok {
-			t.Fatalf("w%d: found %v, %v", i, ok, err)
+		if _, err := observer.QueryActor(ctxT(t, 5*time.Second), fmt.Sprintf("w%d", i)); err != nil {
+			t.Fatalf("w%d: %v", i, err)
 		}
 	}
 	t.Logf("the slowest Spawn took %v, the slowest of %d lookups %v (election bound %v); converged %v after the kill", slowest, lookups, worstLookup, tm.election, time.Since(<-killed))
@@ -259,12 +259,12 @@ func TestEtcdNestedPrefixesAreIsolated(t *testing.T) {
 		t.Fatalf("the outer deployment lists %d entries, want its node and svc: %+v", len(all), all)
 	}
 	for _, name := range []string{"canary", "only-inner"} {
-		if _, ok, err := QueryActor(ctxT(t, 5*time.Second), outer, name); err != nil || ok {
-			t.Fatalf("the outer deployment finds %q: %v, %v", name, ok, err)
+		if _, err := outer.QueryActor(ctxT(t, 5*time.Second), name); !errors.Is(err, ErrNotFound) {
+			t.Fatalf("the outer deployment finds %q: %v", name, err)
 		}
 	}
-	if _, ok, err := QueryActor(ctxT(t, 5*time.Second), inner, "only-inner"); err != nil || !ok {
-		t.Fatalf("the inner deployment does not find its own actor: %v, %v", ok, err)
+	if _, err := inner.QueryActor(ctxT(t, 5*time.Second), "only-inner"); err != nil {
+		t.Fatalf("the inner deployment does not find its own actor: %v", err)
 	}
 }
 
@@ -330,8 +330,8 @@ func TestAnUnconfirmedPutOfAStoppedActorIsDeleted(t *testing.T) {
 	proxy.lying.Store(true)
 	x := spawnEcho(t, n, "x") // put, and told it failed
 	found := func() bool {
-		_, ok, err := QueryActor(ctxT(t, 5*time.Second), observer, "x")
-		return err == nil && ok
+		_, err := observer.QueryActor(ctxT(t, 5*time.Second), "x")
+		return err == nil
 	}
 	waitFor(t, 5*time.Second, "x in etcd", found)
 	if err := n.Stop(x); err != nil {

@@ -170,22 +170,22 @@ func TestEtcdRegistry(t *testing.T) {
 		t.Fatalf("WaitForActor found %v on %v, want alpha", r, r.NodeUID())
 	}
 
-	r, found, err := FindActor[testPing](ctx, b, "echo", RequireFound())
-	if err != nil || !found || r.NodeUID() != a.UID() {
-		t.Fatalf("FindActor = %v, %v, %v", r, found, err)
+	r, err := FindActor[testPing](ctx, b, "echo")
+	if err != nil || r.NodeUID() != a.UID() {
+		t.Fatalf("FindActor = %v, %v", r, err)
 	}
 	roundTripRef(t, b, r)
-	q, found, err := QueryActor(ctx, b, "echo")
-	if err != nil || !found || q.Registration.Node != a.UID() || q.Addr != a.Addrs()[0] {
-		t.Fatalf("QueryActor = %+v, %v, %v", q, found, err)
+	q, err := b.QueryActor(ctx, "echo")
+	if err != nil || q.Registration.Node != a.UID() || q.Addr != a.Addrs()[0] {
+		t.Fatalf("QueryActor = %+v, %v", q, err)
 	}
 
 	// A duplicate name on another node: both are listed, newest first,
-	// and FindActorAll gives one ref per registry, as with registrars.
+	// and FindActorPerRegistrar gives one ref per registry, as with registrars.
 	spawnEcho(t, b, "echo")
-	all, err := FindActorAll[testPing](ctx, a, "echo")
+	all, err := FindActorPerRegistrar[testPing](ctx, a, "echo")
 	if err != nil || len(all) != 1 {
-		t.Fatalf("FindActorAll = %d refs, %v; want 1 (one registry)", len(all), err)
+		t.Fatalf("FindActorPerRegistrar = %d refs, %v; want 1 (one registry)", len(all), err)
 	}
 	reg, err := a.Registry(WithRegistries(url))
 	if err != nil {
@@ -301,13 +301,13 @@ func TestEtcdRegistryFailover(t *testing.T) {
 			default:
 			}
 			start := time.Now()
-			_, found, err := QueryActor(ctxT(t, 10*time.Second), b, "echo")
+			_, err := b.QueryActor(ctxT(t, 10*time.Second), "echo")
 			took := time.Since(start)
 			worst = max(worst, took)
 			lookups++
-			if err != nil || !found {
+			if err != nil {
 				select {
-				case errs <- fmt.Errorf("lookup %d after %v: found %v, %v", lookups, took, found, err):
+				case errs <- fmt.Errorf("lookup %d after %v: %v", lookups, took, err):
 				default:
 				}
 				return
@@ -445,8 +445,8 @@ func BenchmarkRegistryBackends(b *testing.B) {
 			b.ReportAllocs()
 			b.ResetTimer()
 			for i := range b.N {
-				if _, found, err := QueryActor(ctx, client, fmt.Sprintf("svc-%d", i%64)); !found || err != nil {
-					b.Fatal(found, err)
+				if _, err := client.QueryActor(ctx, fmt.Sprintf("svc-%d", i%64)); err != nil {
+					b.Fatal(err)
 				}
 			}
 		})
@@ -521,9 +521,9 @@ func TestEtcdRegistryOverTLS(t *testing.T) {
 	cfg.RegistryAddrs, cfg.RegistryTLS = []string{url}, withCert
 	n := startNode(t, cfg)
 	spawnEcho(t, n, "echo")
-	q, found, err := QueryActor(ctxT(t, 5*time.Second), n, "echo")
-	if err != nil || !found || q.Registration.Node != n.UID() {
-		t.Fatalf("QueryActor over TLS = %+v, %v, %v", q, found, err)
+	q, err := n.QueryActor(ctxT(t, 5*time.Second), "echo")
+	if err != nil || q.Registration.Node != n.UID() {
+		t.Fatalf("QueryActor over TLS = %+v, %v", q, err)
 	}
 
 	cfg = failConfig("no-cert", 100*time.Millisecond, time.Second)

@@ -93,8 +93,8 @@ func ExampleWaitForActor() {
 	}
 	defer service.Close()
 
-	_, found, err := troupe.FindActor[Query](ctx, registrar, "echo")
-	fmt.Println("before spawn:", found, err)
+	_, err = troupe.FindActor[Query](ctx, registrar, "echo")
+	fmt.Println("before spawn, not found:", errors.Is(err, troupe.ErrNotFound))
 
 	waited := make(chan troupe.Ref[Query])
 	go func() {
@@ -111,7 +111,7 @@ func ExampleWaitForActor() {
 	a, err := troupe.Ask(ctx, ref, func(r troupe.Ref[Answer]) Query { return Query{Text: "found you", ReplyTo: r} })
 	fmt.Println(a.Text, err)
 	// Output:
-	// before spawn: false <nil>
+	// before spawn, not found: true
 	// found you, says service <nil>
 }
 

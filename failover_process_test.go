@@ -70,8 +70,8 @@ func TestRegistrarKilledInAnotherProcess(t *testing.T) {
 			b := startNode(t, cfg("b"))
 			spawnEcho(t, a, "svc-a")
 			spawnEcho(t, b, "svc-b")
-			if _, found, _ := FindActor[testPing](ctxT(t, 5*time.Second), a, "svc-child"); !found {
-				t.Fatal("svc-child is not found through the registrar process")
+			if _, err := FindActor[testPing](ctxT(t, 5*time.Second), a, "svc-child"); err != nil {
+				t.Fatalf("svc-child is not found through the registrar process: %v", err)
 			}
 			cmd.Process.Signal(syscall.SIGKILL)
 			killed := time.Now()

@@ -361,7 +361,7 @@ func TestRegistryTimeout(t *testing.T) {
 	cfg.HandshakeTimeout = time.Minute
 	n := startNode(t, cfg)
 	start := time.Now()
-	_, _, err := QueryActor(context.Background(), n, "x", WithRegistries("tcp://"+addr))
+	_, err := n.QueryActor(context.Background(), "x", WithRegistries("tcp://"+addr))
 	if !errors.Is(err, context.DeadlineExceeded) || time.Since(start) > 5*time.Second {
 		t.Fatalf("a lookup at a registrar that never answers: %v after %v", err, time.Since(start))
 	}

@@ -19,7 +19,6 @@ type LookupOption func(*lookupConfig)
 
 type lookupConfig struct {
 	registries []string
-	require    bool
 }
 
 // WithRegistries asks these registrars (possibly remote, queried
@@ -28,12 +27,6 @@ type lookupConfig struct {
 // does not parse fails with an error wrapping [ErrBadAddr].
 func WithRegistries(addrs ...string) LookupOption {
 	return func(c *lookupConfig) { c.registries = addrs }
-}
-
-// RequireFound turns "none registered" into an error wrapping [ErrNotFound]
-// that names the name and the registrars asked.
-func RequireFound() LookupOption {
-	return func(c *lookupConfig) { c.require = true }
 }
 
 // registrarSource is one registrar a lookup asks: this node's own registry
@@ -47,20 +40,20 @@ type registrarSource struct {
 
 // serviceSources is lookupSources for service keys and topics: a node
 // that uses no registry but is a cluster member asks the cluster's.
-func (n *Node) serviceSources(opts []LookupOption) ([]registrarSource, lookupConfig, error) {
-	srcs, cfg, err := n.lookupSources(opts)
+func (n *Node) serviceSources(opts []LookupOption) ([]registrarSource, error) {
+	srcs, err := n.lookupSources(opts)
 	if errors.Is(err, ErrNoRegistry) {
 		if rc := n.clusterRegistry(); rc != nil {
-			return []registrarSource{{recep: rc}}, cfg, nil
+			return []registrarSource{{recep: rc}}, nil
 		}
 	}
-	return srcs, cfg, err
+	return srcs, err
 }
 
-func (n *Node) lookupSources(opts []LookupOption) ([]registrarSource, lookupConfig, error) {
+func (n *Node) lookupSources(opts []LookupOption) ([]registrarSource, error) {
 	var cfg lookupConfig
 	if n.workOver() {
-		return nil, cfg, ErrNodeClosed
+		return nil, ErrNodeClosed
 	}
 	for _, o := range opts {
 		o(&cfg)
@@ -71,18 +64,18 @@ func (n *Node) lookupSources(opts []LookupOption) ([]registrarSource, lookupConf
 			if isEtcdURL(s) {
 				r, err := n.etcdFor(s)
 				if err != nil {
-					return nil, cfg, fmt.Errorf("WithRegistries: %w", err)
+					return nil, fmt.Errorf("WithRegistries: %w", err)
 				}
 				out = append(out, registrarSource{etcd: r})
 				continue
 			}
 			a, err := ParseAddr(s)
 			if err != nil {
-				return nil, cfg, fmt.Errorf("WithRegistries: %w", err)
+				return nil, fmt.Errorf("WithRegistries: %w", err)
 			}
 			out = append(out, registrarSource{addr: a, local: n.reg() != nil && n.isOwnAddr(a)})
 		}
-		return out, cfg, nil
+		return out, nil
 	}
 	if n.reg() != nil {
 		out = append(out, registrarSource{local: true})
@@ -94,9 +87,9 @@ func (n *Node) lookupSources(opts []LookupOption) ([]registrarSource, lookupConf
 		out = append(out, registrarSource{etcd: n.etcd})
 	}
 	if len(out) == 0 {
-		return nil, cfg, ErrNoRegistry
+		return nil, ErrNoRegistry
 	}
-	return out, cfg, nil
+	return out, nil
 }
 
 func (s registrarSource) String() string {
@@ -224,29 +217,30 @@ func preferAddrs(regs []Registration) []candidate {
 	return out
 }
 
-// QueryResult is the answer of [QueryActor]: where the actor is, and who
-// said so.
+// QueryResult is the answer of [Node.QueryActor]: where the actor is, and
+// who said so.
 type QueryResult struct {
 	Addr         Addr         // the preferred address to reach it
 	Registry     Addr         // the registrar that answered (zero: this node's own registry)
 	Registration Registration // the registration the address belongs to
 }
 
-// QueryActor asks the registrars where an actor named name lives, without
-// connecting to it. found is false when none of them has it (an error is
-// returned only when no registrar could be asked, or with [RequireFound]).
-func QueryActor(ctx context.Context, n *Node, name string, opts ...LookupOption) (res QueryResult, found bool, err error) {
-	srcs, cfg, err := n.lookupSources(opts)
+// QueryActor asks the node's registrars (or those of [WithRegistries])
+// where an actor named name lives, without connecting to it. When none of
+// them has it, the error wraps [ErrNotFound] (or, when a registrar could
+// not be asked, is why).
+func (n *Node) QueryActor(ctx context.Context, name string, opts ...LookupOption) (QueryResult, error) {
+	srcs, err := n.lookupSources(opts)
 	if err != nil {
-		return QueryResult{}, false, err
+		return QueryResult{}, err
 	}
 	answers, errs := n.findAll(ctx, srcs, name)
 	for i, regs := range answers {
 		if c := preferAddrs(regs); len(c) > 0 {
-			return QueryResult{Addr: c[0].addr, Registry: srcs[i].addr, Registration: c[0].reg}, true, nil
+			return QueryResult{Addr: c[0].addr, Registry: srcs[i].addr, Registration: c[0].reg}, nil
 		}
 	}
-	return QueryResult{}, false, n.noneError(cfg, srcs, name, errs)
+	return QueryResult{}, n.notFound(srcs, name, errs)
 }
 
 // findAll asks every source concurrently.
@@ -260,57 +254,58 @@ func (n *Node) findAll(ctx context.Context, srcs []registrarSource, name string)
 	return answers, errs
 }
 
-// noneError is what a lookup that found nothing returns: the registrars'
-// errors if any failed, ErrNotFound with RequireFound, else nil.
-func (n *Node) noneError(cfg lookupConfig, srcs []registrarSource, name string, errs []error) error {
+// notFound is what a lookup of one actor that found nothing returns: the
+// registrars' errors if any failed, else ErrNotFound naming the name and
+// the registrars asked.
+func (n *Node) notFound(srcs []registrarSource, name string, errs []error) error {
 	if err := errors.Join(errs...); err != nil {
 		return err
 	}
-	if cfg.require {
-		asked := make([]string, len(srcs))
-		for i, s := range srcs {
-			asked[i] = s.String()
-		}
-		return fmt.Errorf("%w: %q (asked %s)", ErrNotFound, name, strings.Join(asked, ", "))
+	asked := make([]string, len(srcs))
+	for i, s := range srcs {
+		asked[i] = s.String()
 	}
-	return nil
+	return fmt.Errorf("%w: %q (asked %s)", ErrNotFound, name, strings.Join(asked, ", "))
 }
 
 // FindActor returns a ref to a live actor registered under name, asking the
 // node's registrars (or those of [WithRegistries]) concurrently and taking
-// the first match in their configured order. found is false, with a nil
-// error, when no registrar has the name; an error means a registrar could
-// not be asked (or, with [RequireFound], that none had it).
+// the first match in their configured order. When no registrar has the
+// name, the error wraps [ErrNotFound] and names the name and the
+// registrars asked; when a registrar could not be asked, it says why.
 //
 // Names are not unique: when several actors share a name, the one chosen is
 // the most recently registered in the preferred locality tier (see
-// [QueryActor]); which one is not otherwise promised. Before asking any
+// [Node.QueryActor]); which one is not otherwise promised. Before asking any
 // registrar, FindActor checks this node's own actors and the actors it has
 // already found on peers it is still connected to, and returns one of those
 // without a registrar round trip. An address that no longer accepts
 // connections is deleted from that registrar's table on the way.
-func FindActor[T any](ctx context.Context, n *Node, name string, opts ...LookupOption) (Ref[T], bool, error) {
+func FindActor[T any](ctx context.Context, n *Node, name string, opts ...LookupOption) (Ref[T], error) {
 	if r, ok := fastPath[T](n, name, opts); ok {
-		return r, true, nil
+		return r, nil
 	}
-	srcs, cfg, err := n.lookupSources(opts)
+	srcs, err := n.lookupSources(opts)
 	if err != nil {
-		return Ref[T]{}, false, err
+		return Ref[T]{}, err
 	}
 	answers, errs := n.findAll(ctx, srcs, name)
 	for i, regs := range answers {
 		if r, ok, _ := connect[T](ctx, n, srcs[i], regs); ok {
-			return r, true, nil
+			return r, nil
 		}
 	}
-	return Ref[T]{}, false, n.noneError(cfg, srcs, name, errs)
+	return Ref[T]{}, n.notFound(srcs, name, errs)
 }
 
-// FindActorAll asks every registrar and returns one entry per registrar, in
-// their configured order: a ref to that registrar's match, or a zero Ref
-// (a hole) where it had none. It returns nil when every registrar missed.
-func FindActorAll[T any](ctx context.Context, n *Node, name string, opts ...LookupOption) ([]Ref[T], error) {
-	srcs, cfg, err := n.lookupSources(opts)
+// FindActorPerRegistrar asks every registrar (the node's, or those of
+// [WithRegistries]) and returns one entry per registrar, in their
+// configured order: a ref to that registrar's match, or a zero Ref (a
+// hole) where it had none. Like every lookup that returns a listing, it
+// returns an empty one (nil) when every registrar missed; an error says
+// why a registrar could not be asked.
+func FindActorPerRegistrar[T any](ctx context.Context, n *Node, name string, opts ...LookupOption) ([]Ref[T], error) {
+	srcs, err := n.lookupSources(opts)
 	if err != nil {
 		return nil, err
 	}
@@ -325,7 +320,7 @@ func FindActorAll[T any](ctx context.Context, n *Node, name string, opts ...Look
 	if any {
 		return out, nil
 	}
-	return nil, n.noneError(cfg, srcs, name, errs)
+	return nil, errors.Join(errs...)
 }
 
 // connect returns a ref to the first of regs that can be reached, trying
@@ -507,7 +502,7 @@ func WaitForActor[T any](ctx context.Context, n *Node, name string, opts ...Look
 	if r, ok := fastPath[T](n, name, opts); ok {
 		return r, nil
 	}
-	srcs, _, err := n.lookupSources(opts)
+	srcs, err := n.lookupSources(opts)
 	if err != nil {
 		return Ref[T]{}, err
 	}
@@ -645,7 +640,7 @@ type Registry struct {
 // Registry returns a handle to the node's first registrar (or the first of
 // [WithRegistries]).
 func (n *Node) Registry(opts ...LookupOption) (*Registry, error) {
-	srcs, _, err := n.lookupSources(opts)
+	srcs, err := n.lookupSources(opts)
 	if err != nil {
 		return nil, err
 	}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 )
@@ -80,15 +81,15 @@ func TestFastPathForgetsAnActorThatStopped(t *testing.T) {
 	client := startNode(t, discoveryConfig("client", reg))
 	svc := spawnEcho(t, server, "svc")
 	ctx := ctxT(t, 5*time.Second)
-	if _, found, err := FindActor[testPing](ctx, client, "svc"); !found || err != nil {
-		t.Fatalf("FindActor = %v, %v", found, err)
+	if _, err := FindActor[testPing](ctx, client, "svc"); err != nil {
+		t.Fatalf("FindActor = %v", err)
 	}
 	stopped := watcher(t, server, "probe", svc)
 	server.Stop(svc)
 	recv(t, stopped, "svc to stop")
 	waitFor(t, 5*time.Second, "the stopped actor to be forgotten", func() bool {
-		_, found, err := FindActor[testPing](ctx, client, "svc")
-		return !found && err == nil
+		_, err := FindActor[testPing](ctx, client, "svc")
+		return errors.Is(err, ErrNotFound)
 	})
 }
 
@@ -151,14 +152,14 @@ func TestLookupsOnAClosedNode(t *testing.T) {
 	spawnEcho(t, n, "svc")
 	n.Close()
 	ctx := ctxT(t, 5*time.Second)
-	if _, _, err := QueryActor(ctx, n, "svc"); !errors.Is(err, ErrNodeClosed) {
+	if _, err := n.QueryActor(ctx, "svc"); !errors.Is(err, ErrNodeClosed) {
 		t.Errorf("QueryActor = %v", err)
 	}
-	if _, _, err := FindActor[testPing](ctx, n, "svc"); !errors.Is(err, ErrNodeClosed) {
+	if _, err := FindActor[testPing](ctx, n, "svc"); !errors.Is(err, ErrNodeClosed) {
 		t.Errorf("FindActor = %v", err)
 	}
-	if _, err := FindActorAll[testPing](ctx, n, "svc"); !errors.Is(err, ErrNodeClosed) {
-		t.Errorf("FindActorAll = %v", err)
+	if _, err := FindActorPerRegistrar[testPing](ctx, n, "svc"); !errors.Is(err, ErrNodeClosed) {
+		t.Errorf("FindActorPerRegistrar = %v", err)
 	}
 	if _, err := WaitForActor[testPing](ctx, n, "svc"); !errors.Is(err, ErrNodeClosed) {
 		t.Errorf("WaitForActor = %v", err)
@@ -206,8 +207,8 @@ func TestRegistrarRestartedAfterAKillGetsEverythingBack(t *testing.T) {
 	fresh := startOn(t, f, dedicated)
 	waitFor(t, 5*time.Second, "the service to register again", func() bool { return len(fresh.reg().find("svc")) == 1 })
 	waitFor(t, 5*time.Second, "the client's wait to be parked again", func() bool { return fresh.reg().waiting() == 1 })
-	if _, found, err := FindActor[testPing](ctxT(t, 5*time.Second), client, "svc", WithRegistries(reg)); !found || err != nil {
-		t.Fatalf("FindActor after the restart: %v, %v", found, err)
+	if _, err := FindActor[testPing](ctxT(t, 5*time.Second), client, "svc", WithRegistries(reg)); err != nil {
+		t.Fatalf("FindActor after the restart: %v", err)
 	}
 	spawnEcho(t, service, "late")
 	if err := recv(t, waited, "the wait to end"); err != nil {
@@ -282,7 +283,7 @@ func oneRegistrarFindingAll(t *testing.T, reg string, a, b *Node) bool {
 	}
 	for _, n := range []*Node{a, b} {
 		for _, name := range []string{"svc-a", "svc-b"} {
-			if _, found, err := FindActor[testPing](ctxT(t, time.Second), n, name, WithRegistries(reg)); !found || err != nil {
+			if _, err := FindActor[testPing](ctxT(t, time.Second), n, name, WithRegistries(reg)); err != nil {
 				return false
 			}
 		}
@@ -336,14 +337,14 @@ func TestLocalFastPathSkipsTheRegistrar(t *testing.T) {
 	spawnEcho(t, service, "svc")
 	spawnEcho(t, client, "mine")
 	ctx := ctxT(t, 5*time.Second)
-	if _, found, err := FindActor[testPing](ctx, client, "svc"); !found || err != nil {
-		t.Fatalf("first lookup: %v, %v", found, err)
+	if _, err := FindActor[testPing](ctx, client, "svc"); err != nil {
+		t.Fatalf("first lookup: %v", err)
 	}
 	before := registrar.reg().requests.Load()
 	for _, name := range []string{"svc", "mine"} {
-		r, found, err := FindActor[testPing](ctx, client, name)
-		if !found || err != nil {
-			t.Fatalf("fast lookup of %s: %v, %v", name, found, err)
+		r, err := FindActor[testPing](ctx, client, name)
+		if err != nil {
+			t.Fatalf("fast lookup of %s: %v", name, err)
 		}
 		if _, err := Ask(ctx, r, func(rr Ref[testPong]) testPing { return testPing{ReplyTo: rr} }); err != nil {
 			t.Fatal(err)
@@ -396,9 +397,9 @@ func TestStaleEntriesAreDeletedOnUse(t *testing.T) {
 	// A newer registration of the same name on a node that is gone.
 	registrar.reg().register(Registration{Name: "svc", UUID: UUID{7}, Path: "/user/svc", Node: NodeUID{7}, Addrs: []Addr{ghost}})
 	client := startNode(t, discoveryConfig("client", reg))
-	r, found, err := FindActor[testPing](ctxT(t, 10*time.Second), client, "svc")
-	if err != nil || !found || r.NodeUID() != service.UID() {
-		t.Fatalf("FindActor = %v, %v, %v; want the live service", r, found, err)
+	r, err := FindActor[testPing](ctxT(t, 10*time.Second), client, "svc")
+	if err != nil || r.NodeUID() != service.UID() {
+		t.Fatalf("FindActor = %v, %v; want the live service", r, err)
 	}
 	for _, e := range registrar.reg().find("svc") {
 		if e.Node == (NodeUID{7}) {
@@ -407,25 +408,31 @@ func TestStaleEntriesAreDeletedOnUse(t *testing.T) {
 	}
 }
 
-func TestLookupNoneIsNotAnError(t *testing.T) {
+// A lookup of one actor that finds none fails with ErrNotFound, naming
+// the name and the registrars asked; one that could not ask a registrar
+// says why instead; a listing that finds none is empty, with no error.
+func TestLookupOfNoneIsErrNotFound(t *testing.T) {
 	t.Parallel()
 	checkLeaks(t)
 	reg := freeRegistryAddr(t, "tcp")
 	n := startNode(t, discoveryConfig("only", reg))
 	ctx := ctxT(t, 5*time.Second)
-	if _, found, err := FindActor[testPing](ctx, n, "ghost"); found || err != nil {
-		t.Fatalf("FindActor of a missing name = %v, %v; want not found and no error", found, err)
+	_, err := FindActor[testPing](ctx, n, "ghost")
+	if !errors.Is(err, ErrNotFound) || !strings.Contains(err.Error(), `"ghost"`) || !strings.Contains(err.Error(), "this node's registry") {
+		t.Fatalf("FindActor of a missing name = %v, want ErrNotFound naming the name and the registry", err)
 	}
-	_, _, err := FindActor[testPing](ctx, n, "ghost", RequireFound())
-	if !errors.Is(err, ErrNotFound) {
-		t.Fatalf("RequireFound: %v, want ErrNotFound", err)
+	if _, err := n.QueryActor(ctx, "ghost"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("QueryActor of a missing name = %v, want ErrNotFound", err)
+	}
+	if all, err := FindActorPerRegistrar[testPing](ctx, n, "ghost"); all != nil || err != nil {
+		t.Fatalf("FindActorPerRegistrar of a missing name = %v, %v; want nil, nil", all, err)
 	}
 	dead := TCPAddr(freeRegistryAddr(t, "tcp")[len("tcp://"):])
-	if _, _, err := FindActor[testPing](ctx, n, "ghost", WithRegistries(dead.String())); err == nil || errors.Is(err, ErrNotFound) {
+	if _, err := FindActor[testPing](ctx, n, "ghost", WithRegistries(dead.String())); err == nil || errors.Is(err, ErrNotFound) {
 		t.Fatalf("FindActor against an unreachable registrar = %v, want a connection error", err)
 	}
 	plain := startNode(t, testConfig())
-	if _, _, err := FindActor[testPing](ctx, plain, "x"); !errors.Is(err, ErrNoRegistry) {
+	if _, err := FindActor[testPing](ctx, plain, "x"); !errors.Is(err, ErrNoRegistry) {
 		t.Fatalf("FindActor without discovery = %v, want ErrNoRegistry", err)
 	}
 }

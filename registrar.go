@@ -18,8 +18,8 @@ var (
 	// ErrRegistryRunning is returned by [Start] with [Config.EnsureRegistry]
 	// when a registrar already answers on a registry address.
 	ErrRegistryRunning = errors.New("troupe: a registrar already answers on the registry address")
-	// ErrNotFound is returned by the lookups with [RequireFound] when no
-	// registrar has the name.
+	// ErrNotFound is wrapped by the error of a lookup of one actor
+	// ([FindActor], [Node.QueryActor]) when no registrar has the name.
 	ErrNotFound = errors.New("troupe: not registered")
 	// ErrNoRegistry is returned by lookups on a node that has no registrar
 	// configured and none given with [WithRegistries].

@@ -49,11 +49,11 @@ func TestRegistrarServesTCPAndUnixAtOnce(t *testing.T) {
 	spawnEcho(t, overUnix, "u")
 	spawnEcho(t, overTCP, "t")
 	ctx := ctxT(t, 5*time.Second)
-	if _, found, err := FindActor[testPing](ctx, overTCP, "u"); !found || err != nil {
-		t.Fatalf("tcp client finding a unix-registered actor: %v, %v", found, err)
+	if _, err := FindActor[testPing](ctx, overTCP, "u"); err != nil {
+		t.Fatalf("tcp client finding a unix-registered actor: %v", err)
 	}
-	if _, found, err := FindActor[testPing](ctx, overUnix, "t"); !found || err != nil {
-		t.Fatalf("unix client finding a tcp-registered actor: %v, %v", found, err)
+	if _, err := FindActor[testPing](ctx, overUnix, "t"); err != nil {
+		t.Fatalf("unix client finding a tcp-registered actor: %v", err)
 	}
 }
 
@@ -67,17 +67,17 @@ func TestFindActorAllHasOneEntryPerRegistrar(t *testing.T) {
 	client := startNode(t, testConfig())
 	ctx := ctxT(t, 5*time.Second)
 	opts := WithRegistries(a.Addrs()[0].String(), b.Addrs()[0].String())
-	all, err := FindActorAll[testPing](ctx, client, "svc", opts)
+	all, err := FindActorPerRegistrar[testPing](ctx, client, "svc", opts)
 	if err != nil || len(all) != 2 || !all[0].IsZero() || all[1].IsZero() {
-		t.Fatalf("FindActorAll = %v, %v; want a hole then a ref", all, err)
+		t.Fatalf("FindActorPerRegistrar = %v, %v; want a hole then a ref", all, err)
 	}
-	if all, err := FindActorAll[testPing](ctx, client, "ghost", opts); all != nil || err != nil {
-		t.Fatalf("FindActorAll of a missing name = %v, %v; want nil, nil", all, err)
+	if all, err := FindActorPerRegistrar[testPing](ctx, client, "ghost", opts); all != nil || err != nil {
+		t.Fatalf("FindActorPerRegistrar of a missing name = %v, %v; want nil, nil", all, err)
 	}
 	// First match in configured order, even though a answers first.
-	r, found, err := FindActor[testPing](ctx, client, "svc", opts)
-	if !found || err != nil || r.NodeUID() != b.UID() {
-		t.Fatalf("FindActor = %v, %v, %v", r, found, err)
+	r, err := FindActor[testPing](ctx, client, "svc", opts)
+	if err != nil || r.NodeUID() != b.UID() {
+		t.Fatalf("FindActor = %v, %v", r, err)
 	}
 }
 
@@ -159,9 +159,9 @@ func TestHelperJoinProcess(t *testing.T) {
 		return
 	}
 	defer n.Close()
-	r, found, err := FindActor[testPing](ctxT(t, 5*time.Second), n, "svc")
-	if err != nil || !found {
-		fmt.Println("ERR find", found, err)
+	r, err := FindActor[testPing](ctxT(t, 5*time.Second), n, "svc")
+	if err != nil {
+		fmt.Println("ERR find", err)
 		return
 	}
 	p, err := Ask(ctxT(t, 5*time.Second), r, func(rr Ref[testPong]) testPing { return testPing{N: 5, ReplyTo: rr} })
@@ -201,8 +201,8 @@ func TestAnyNodeCanServeARegistry(t *testing.T) {
 	worker := startNode(t, discoveryConfig("worker", side.Addrs()[0].String()))
 	spawnEcho(t, worker, "job")
 	client := startNode(t, testConfig())
-	if _, found, err := FindActor[testPing](ctxT(t, 5*time.Second), client, "job", WithRegistries(side.Addrs()[0].String())); !found || err != nil {
-		t.Fatalf("FindActor via a node serving a registry: %v, %v", found, err)
+	if _, err := FindActor[testPing](ctxT(t, 5*time.Second), client, "job", WithRegistries(side.Addrs()[0].String())); err != nil {
+		t.Fatalf("FindActor via a node serving a registry: %v", err)
 	}
 }
 

@@ -224,7 +224,7 @@ func FindService[T any](ctx context.Context, n *Node, k ServiceKey[T], opts ...L
 	if err := checkName(k.name); err != nil {
 		return nil, err
 	}
-	srcs, _, err := n.serviceSources(opts)
+	srcs, err := n.serviceSources(opts)
 	if err != nil {
 		return nil, err
 	}
@@ -372,7 +372,7 @@ func (n *Node) followRegistry(ctx context.Context, sel regSelector, deliver func
 	pause := serviceRewatch
 	var last error
 	for {
-		srcs, _, err := n.serviceSources(opts)
+		srcs, err := n.serviceSources(opts)
 		if err != nil {
 			if errors.Is(err, ErrNoRegistry) && errors.Is(last, ErrClusterStopped) {
 				return last // (the cluster was the registry)

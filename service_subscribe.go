@@ -70,7 +70,7 @@ func SubscribeService[T any](n *Node, k ServiceKey[T], subscriber Ref[ServiceLis
 	if n.workOver() {
 		return nil, ErrNodeClosed
 	}
-	if _, _, err := n.serviceSources(opts); err != nil {
+	if _, err := n.serviceSources(opts); err != nil {
 		return nil, err
 	}
 	ctx, cancel := context.WithCancel(n.actorsCtx)

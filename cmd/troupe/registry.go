@@ -122,12 +122,12 @@ func query(ctx context.Context, c *call) int {
 
 func (c *call) query(ctx context.Context, n *troupe.Node, addr string) int {
 	name := c.args[0]
-	q, found, err := troupe.QueryActor(ctx, n, name, troupe.WithRegistries(addr))
+	q, err := n.QueryActor(ctx, name, troupe.WithRegistries(addr))
+	if errors.Is(err, troupe.ErrNotFound) {
+		return c.failf("%s: not registered at %s", name, addr)
+	}
 	if err != nil {
 		return c.noRegistrar(addr, err)
-	}
-	if !found {
-		return c.failf("%s: not registered at %s", name, addr)
 	}
 	if c.asJSON {
 		return c.printJSON(queryResult{Addr: q.Addr.String(), Registration: toJSON(q.Registration)})

@@ -12,6 +12,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log"
@@ -117,8 +118,8 @@ func run(ctx context.Context, w io.Writer) error {
 		return err
 	}
 	defer caller.Close()
-	adder, found, err := troupe.FindActor[Request](ctx, caller, "adder", troupe.RequireFound())
-	if err != nil || !found {
+	adder, err := troupe.FindActor[Request](ctx, caller, "adder")
+	if err != nil {
 		return err
 	}
 	sum, err := troupe.Ask(ctx, adder, func(r troupe.Ref[int]) Request { return Add{A: 40, B: 2, ReplyTo: r} })
@@ -132,8 +133,8 @@ func run(ctx context.Context, w io.Writer) error {
 	if err := <-daemonDone; err != nil {
 		return err
 	}
-	if _, found, err := troupe.FindActor[Request](ctx, caller, "adder", troupe.WithRegistries(reg.Addrs()[0].String())); err != nil || found {
-		return fmt.Errorf("adder still registered after the daemon stopped (found %v, %v)", found, err)
+	if _, err := troupe.FindActor[Request](ctx, caller, "adder", troupe.WithRegistries(reg.Addrs()[0].String())); !errors.Is(err, troupe.ErrNotFound) {
+		return fmt.Errorf("adder still registered after the daemon stopped (%v)", err)
 	}
 	fmt.Fprintln(w, "caller: adder is no longer registered")
 	return nil

@@ -99,17 +99,17 @@ func run(ctx context.Context, w io.Writer) error {
 		return err
 	}
 	defer client.Close()
-	q, found, err := troupe.QueryActor(ctx, client, "greeter")
+	q, err := client.QueryActor(ctx, "greeter")
 	if err != nil {
 		return err
 	}
-	if !found || q.Registry.String() != registrar.Addrs()[0].String() {
-		return fmt.Errorf("the registrar did not answer the query (found %v, answered by %v)", found, q.Registry)
+	if q.Registry.String() != registrar.Addrs()[0].String() {
+		return fmt.Errorf("the registrar did not answer the query (answered by %v)", q.Registry)
 	}
 	fmt.Fprintf(w, "client: the registrar says greeter lives on node %s\n", q.Registration.NodeName)
-	greeter, found, err := troupe.FindActor[Hello](ctx, client, "greeter")
-	if err != nil || !found {
-		return fmt.Errorf("find greeter: found %v, %v", found, err)
+	greeter, err := troupe.FindActor[Hello](ctx, client, "greeter")
+	if err != nil {
+		return fmt.Errorf("find greeter: %v", err)
 	}
 	reply, err := troupe.Ask(ctx, greeter, func(r troupe.Ref[string]) Hello { return Hello{Name: "client", ReplyTo: r} })
 	if err != nil {

@@ -210,7 +210,7 @@ func run(ctx context.Context, exe string, args []string) (result, error) {
 	// waitService waits until slot's actor is registered.
 	waitService := func(slot int) error {
 		for ctx.Err() == nil {
-			if _, found, err := troupe.FindActor[Echo](ctx, client, serviceName(slot)); err == nil && found {
+			if _, err := troupe.FindActor[Echo](ctx, client, serviceName(slot)); err == nil {
 				return nil
 			}
 			time.Sleep(20 * time.Millisecond)
@@ -248,9 +248,9 @@ func run(ctx context.Context, exe string, args []string) (result, error) {
 				slot := (n + attempt) % slots // a retry goes to the next service
 				ref, ok := refs[slot]
 				if !ok {
-					found := false
-					ref, found, _ = troupe.FindActor[Echo](ctx, client, serviceName(slot))
-					if !found {
+					var err error
+					ref, err = troupe.FindActor[Echo](ctx, client, serviceName(slot))
+					if err != nil {
 						res.Moved++
 						time.Sleep(5 * time.Millisecond)
 						continue

@@ -98,7 +98,7 @@ func run(ctx context.Context, w io.Writer) error {
 		return err
 	}
 	fmt.Fprintln(w, "app: data_feed is registered")
-	q, _, err := troupe.QueryActor(ctx, app, "data_feed")
+	q, err := app.QueryActor(ctx, "data_feed")
 	if err != nil {
 		return err
 	}
