@@ -39,7 +39,7 @@ func TestAskTimesOutAndLateReplyIsDeadLetter(t *testing.T) {
 		t.Fatal(err)
 	}
 	dead := make(chan DeadLetter, 4)
-	SubscribeChan(n.Events(), dead)
+	SubscribeChan(n, dead)
 	ctx := ctxT(t, 50*time.Millisecond)
 	if _, err := Ask(ctx, silent, func(r Ref[testPong]) testPing { return testPing{ReplyTo: r} }); !errors.Is(err, ctxErr(ctx)) {
 		t.Fatalf("Ask = %v, want the context's error", err)
@@ -245,7 +245,7 @@ func TestDeadLettersForStoppedActorAndClosedNode(t *testing.T) {
 	checkLeaks(t)
 	n := startNode(t, testConfig())
 	dead := make(chan DeadLetter, 8)
-	sub := SubscribeChan(n.Events(), dead)
+	sub := SubscribeChan(n, dead)
 	defer sub.Unsubscribe()
 	r, _ := Spawn(n, "short", Behavior[count]{Receive: func(c *Context[count], _ count) { c.Stop() }})
 	probe := watcher(t, n, "probe", r)
@@ -265,7 +265,7 @@ func TestMailboxLimit(t *testing.T) {
 	cfg.MailboxLimit = 2
 	n := startNode(t, cfg)
 	var full atomic.Int64
-	Subscribe(n.Events(), func(d DeadLetter) {
+	Subscribe(n, func(d DeadLetter) {
 		if errors.Is(d.Reason, ErrMailboxFull) {
 			full.Add(1)
 		}

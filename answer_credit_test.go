@@ -35,7 +35,7 @@ func TestAnswersBehindACreditWaitDoNotEndAReadingPeer(t *testing.T) {
 		t.Fatal(err)
 	}
 	protocol := make(chan ProtocolError, 1)
-	SubscribeChan(a.Events(), protocol)
+	SubscribeChan(a, protocol)
 	sink.Tell(testPing{N: 0}) // defines the target; the sink blocks on it
 	// Ten Sends queued as records behind a round the writer has not come
 	// back for yet (as send does when !encodesNow): credit is checked

@@ -44,7 +44,7 @@ func TestEveryMessageIsDeliveredOrDeadLetteredAcrossAPartition(t *testing.T) {
 		delivered = append(delivered, m.N)
 		mu.Unlock()
 	}})
-	Subscribe(p.home.Events(), func(d DeadLetter) {
+	Subscribe(p.home, func(d DeadLetter) {
 		if m, ok := d.Message.(count); ok {
 			mu.Lock()
 			if dead[m.N] {
@@ -117,7 +117,7 @@ func TestTheWindowBoundsWhatIsUnacknowledged(t *testing.T) {
 	cfg.UnackedLimit = 256 << 10
 	victim := startNode(t, cfg)
 	unreachable := make(chan PeerUnreachable, 1)
-	SubscribeChan(victim.Events(), unreachable)
+	SubscribeChan(victim, unreachable)
 	_, uid := rawPeer(t, victim, true) // reads everything, acknowledges nothing
 	var a *assoc
 	waitFor(t, 5*time.Second, "the association", func() bool {
@@ -168,7 +168,7 @@ func TestSendQueueLimit(t *testing.T) {
 		t.Fatal(err)
 	}
 	full := make(chan DeadLetter, 10_000)
-	SubscribeChan(home.Events(), full)
+	SubscribeChan(home, full)
 	f.Pause(away) // nothing drains: the writer blocks and the queue fills
 	defer f.Resume(away)
 	for range 10_000 {
@@ -201,7 +201,7 @@ func TestABurstHeldCostsAboutItsEncodedSize(t *testing.T) {
 		t.Fatal(err)
 	}
 	dead := make(chan DeadLetter, 4)
-	SubscribeChan(home.Events(), dead)
+	SubscribeChan(home, dead)
 	f.Pause(away)
 	heap := func() uint64 {
 		var ms runtime.MemStats

@@ -46,8 +46,8 @@ func newPair(t *testing.T, interval, window time.Duration) *pair {
 	spawnEcho(t, p.home, "echo")
 	spawnEcho(t, p.away, "echo")
 	p.homeEvents, p.awayEv = make(chan PeerUnreachable, 4), make(chan PeerUnreachable, 4)
-	SubscribeChan(p.home.Events(), p.homeEvents)
-	SubscribeChan(p.away.Events(), p.awayEv)
+	SubscribeChan(p.home, p.homeEvents)
+	SubscribeChan(p.away, p.awayEv)
 	var err error
 	ctx := ctxT(t, 5*time.Second)
 	if p.toAway, err = Resolve[testPing](ctx, p.home, FormatRef(p.away.Addrs()[0], "/user/echo")); err != nil {
@@ -95,8 +95,8 @@ func TestPartitionQuarantinesBothSidesUntilExplicitReconnect(t *testing.T) {
 
 	// Healing repairs nothing: no association comes back on its own.
 	connected := make(chan PeerConnected, 4)
-	SubscribeChan(p.home.Events(), connected)
-	SubscribeChan(p.away.Events(), connected)
+	SubscribeChan(p.home, connected)
+	SubscribeChan(p.away, connected)
 	p.f.Heal()
 	time.Sleep(3 * 300 * time.Millisecond) // three windows with nothing happening is the assertion
 	select {
@@ -117,7 +117,7 @@ func TestPartitionQuarantinesBothSidesUntilExplicitReconnect(t *testing.T) {
 	}
 	roundTrip(t, p.home, p.away, "/user/echo")
 	dead := make(chan DeadLetter, 1)
-	SubscribeChan(p.home.Events(), dead)
+	SubscribeChan(p.home, dead)
 	p.toAway.Tell(testPing{})
 	if dl := recv(t, dead, "dead letter through an old ref"); !errors.Is(dl.Reason, ErrSessionEnded) {
 		t.Fatalf("old ref after reconnect: dead letter reason %v, want ErrSessionEnded", dl.Reason)
@@ -161,7 +161,7 @@ func TestEveryMessageToAQuarantinedPeerIsOneDeadLetter(t *testing.T) {
 	p := newPair(t, 20*time.Millisecond, 300*time.Millisecond)
 	var mu sync.Mutex
 	counted := map[int]int{}
-	Subscribe(p.home.Events(), func(d DeadLetter) {
+	Subscribe(p.home, func(d DeadLetter) {
 		if m, ok := d.Message.(testPing); ok && errors.Is(d.Reason, ErrQuarantined) {
 			mu.Lock()
 			counted[m.N]++
@@ -225,7 +225,7 @@ func TestKilledPeerOverLoopbackAfterClose(t *testing.T) {
 	b := startNode(t, testConfig("tcp://127.0.0.1:0"))
 	spawnEcho(t, b, "echo")
 	events := make(chan PeerUnreachable, 1)
-	SubscribeChan(a.Events(), events)
+	SubscribeChan(a, events)
 	roundTrip(t, a, b, "/user/echo")
 	b.Close()
 	if ev := recv(t, events, "PeerUnreachable"); ev.Quarantined || !errors.Is(ev.Reason, ErrPeerLeft) {

@@ -36,7 +36,7 @@ func TestSharedSecret(t *testing.T) {
 		m.ReplyTo.Tell(testPong{N: m.N})
 	}})
 	refused := make(chan ProtocolError, 4)
-	SubscribeChan(server.Events(), refused)
+	SubscribeChan(server, refused)
 	ref := FormatRef(server.Addrs()[0], "/user/echo")
 
 	friend := startNode(t, secretConfig(good))
@@ -207,7 +207,7 @@ func TestAResumeClaimNeedsTheSecret(t *testing.T) {
 		t.Fatal(err)
 	}
 	lost := make(chan PeerLinkLost, 1)
-	SubscribeChan(server.Events(), lost)
+	SubscribeChan(server, lost)
 	addr := server.Addrs()[0]
 	c, err := net.Dial(addr.Network(), addr.Address())
 	if err != nil {

@@ -60,7 +60,7 @@ func TestBadInputClosesOnlyThatConnection(t *testing.T) {
 		friend := startNode(t, testConfig(listen(t)))
 		spawnEcho(t, victim, "echo")
 		errs := make(chan ProtocolError, 16)
-		SubscribeChan(victim.Events(), errs)
+		SubscribeChan(victim, errs)
 		for _, at := range attacks {
 			t.Run(strings.ReplaceAll(at.name, " ", "_"), func(t *testing.T) {
 				var c net.Conn
@@ -109,7 +109,7 @@ func TestUnknownTargetAndKeyAreDeadLetters(t *testing.T) {
 	checkLeaks(t)
 	n := startNode(t, testConfig("tcp://127.0.0.1:0"))
 	dead := make(chan DeadLetter, 4)
-	SubscribeChan(n.Events(), dead)
+	SubscribeChan(n, dead)
 	c := rawHandshake(t, n)
 	// A tell to an actor that does not exist, of a registered type.
 	c.Write(ghostTell())
@@ -163,7 +163,7 @@ func TestAnnouncedAddressesAreNotBelieved(t *testing.T) {
 
 	// The impostor misbehaves and is quarantined: by its uid, not by x.
 	unreachable := make(chan PeerUnreachable, 4)
-	SubscribeChan(victim.Events(), unreachable)
+	SubscribeChan(victim, unreachable)
 	c.Write([]byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}) // a length prefix too long
 	waitFor(t, 5*time.Second, "the impostor to be dropped", func() bool {
 		for _, q := range victim.Quarantined() {
@@ -186,7 +186,7 @@ func TestPeerTablesAreBounded(t *testing.T) {
 	checkLeaks(t)
 	n := startNode(t, testConfig("tcp://127.0.0.1:0"))
 	errs := make(chan ProtocolError, 4)
-	SubscribeChan(n.Events(), errs)
+	SubscribeChan(n, errs)
 	define := func(id int, path string) []byte {
 		body := []byte{byte(frameTell)}
 		body = binary.AppendUvarint(body, uint64(id)<<1|1)

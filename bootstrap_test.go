@@ -118,8 +118,8 @@ func TestEnsureRegistryAndProbeLeavesNothing(t *testing.T) {
 	reg := freeRegistryAddr(t, "tcp")
 	first := startNode(t, discoveryConfig("first", reg))
 	events := make(chan any, 8)
-	Subscribe(first.Events(), func(e PeerConnected) { events <- e })
-	Subscribe(first.Events(), func(e PeerUnreachable) { events <- e })
+	Subscribe(first, func(e PeerConnected) { events <- e })
+	Subscribe(first, func(e PeerUnreachable) { events <- e })
 	cfg := discoveryConfig("second", reg)
 	cfg.EnsureRegistry = true
 	checkLeaks(t)

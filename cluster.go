@@ -292,7 +292,7 @@ func (c ClusterConfig) withDefaults(n *Node) ClusterConfig {
 // address. A node that uses no registry (no registrar, no etcd) keeps
 // its service keys and topics in the cluster while it runs: every
 // member holds every member's entries, pushed as they change (see
-// [RegisterService] and [WatchService]).
+// [ServiceKey.Register] and [ServiceKey.Watch]).
 func StartCluster(ctx context.Context, n *Node, cfg ClusterConfig) (*Cluster, error) {
 	if n.isClosed() {
 		return nil, ErrNodeClosed

@@ -161,7 +161,7 @@ func TestAMemberThatStopsLeaves(t *testing.T) {
 			}
 			t.Cleanup(func() { home.Close() })
 			events := make(chan troupe.MemberEvent, 64)
-			troupe.SubscribeChan(home.Events(), events)
+			troupe.SubscribeChan(home, events)
 			c, err := troupe.StartCluster(ctxFor(t), home, troupe.ClusterConfig{StableAfter: time.Second})
 			if err != nil {
 				t.Fatal(err)

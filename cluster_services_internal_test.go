@@ -119,13 +119,13 @@ func TestClusterRegistryRepairsLostChanges(t *testing.T) {
 	if rcA == nil || rcB == nil {
 		t.Fatal("a cluster of nodes without a registry has no receptionist")
 	}
-	key := NewServiceKey[string]("repair")
+	key := ServiceKey[string]{Name: "repair"}
 	register := func(name string) {
 		ref, err := Spawn(a, name, Behavior[string]{Receive: func(*Context[string], string) {}})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := RegisterService(a, key, ref); err != nil {
+		if err := key.Register(a, ref); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -91,7 +91,7 @@ func (l *listings) get() []string {
 	return slices.Clone(l.last)
 }
 
-// followKey runs WatchService of workersKey on n until the test ends; its
+// followKey runs ServiceKey.Watch of workersKey on n until the test ends; its
 // error arrives on the returned channel.
 func followKey(t *testing.T, n *troupe.Node) (*listings, <-chan error) {
 	l := &listings{}
@@ -99,7 +99,7 @@ func followKey(t *testing.T, n *troupe.Node) (*listings, <-chan error) {
 	errc, done := make(chan error, 1), make(chan struct{})
 	go func() {
 		defer close(done)
-		errc <- troupe.WatchService(ctx, n, workersKey, l.set)
+		errc <- workersKey.Watch(ctx, n, l.set)
 	}()
 	t.Cleanup(func() {
 		cancel()
@@ -128,9 +128,9 @@ func TestServiceKeysLiveInTheClusterWithoutARegistry(t *testing.T) {
 	for _, w := range []*listings{watchA, watchC} {
 		waitUntil(t, 10*time.Second, "every member's worker in the listing", func() bool { return slices.Equal(w.get(), all) })
 	}
-	found, err := troupe.FindService(ctxFor(t), nodes[1], workersKey)
+	found, err := workersKey.Find(ctxFor(t), nodes[1])
 	if err != nil || len(found) != 3 {
-		t.Fatalf("FindService on b: %v, %v; want the three workers", paths(found), err)
+		t.Fatalf("ServiceKey.Find on b: %v, %v; want the three workers", paths(found), err)
 	}
 	for _, r := range found {
 		reply, err := troupe.Ask(ctxFor(t), r, func(to troupe.Ref[string]) job { return job{N: 7, Reply: to} })
@@ -144,11 +144,11 @@ func TestServiceKeysLiveInTheClusterWithoutARegistry(t *testing.T) {
 	waitUntil(t, 10*time.Second, "a stopped actor to leave the listings", func() bool {
 		return slices.Equal(watchA.get(), []string{"/user/w0", "/user/w2"}) && slices.Equal(watchC.get(), []string{"/user/w0", "/user/w2"})
 	})
-	if !troupe.DeregisterService(nodes[2], workersKey, refs[2]) {
-		t.Fatal("DeregisterService: w2 was not registered")
+	if !workersKey.Unregister(nodes[2], refs[2]) {
+		t.Fatal("ServiceKey.Unregister: w2 was not registered")
 	}
 	waitUntil(t, 10*time.Second, "a deregistered actor to leave the listing", func() bool { return slices.Equal(watchA.get(), []string{"/user/w0"}) })
-	if err := troupe.RegisterService(nodes[2], workersKey, refs[2]); err != nil {
+	if err := workersKey.Register(nodes[2], refs[2]); err != nil {
 		t.Fatal(err)
 	}
 	waitUntil(t, 10*time.Second, "w2 back", func() bool { return slices.Equal(watchA.get(), []string{"/user/w0", "/user/w2"}) })
@@ -159,8 +159,8 @@ func TestServiceKeysLiveInTheClusterWithoutARegistry(t *testing.T) {
 	waitUntil(t, 10*time.Second, "an unreachable member's worker to leave", func() bool {
 		return slices.Equal(watchA.get(), []string{"/user/w0"}) && slices.Equal(watchC.get(), []string{"/user/w2"})
 	})
-	if l, err := troupe.FindService(ctxFor(t), nodes[1], workersKey); err != nil || !slices.Equal(paths(l), []string{"/user/w0", "/user/w2"}) {
-		t.Fatalf("FindService on b, which reaches both sides: %v, %v", paths(l), err)
+	if l, err := workersKey.Find(ctxFor(t), nodes[1]); err != nil || !slices.Equal(paths(l), []string{"/user/w0", "/user/w2"}) {
+		t.Fatalf("ServiceKey.Find on b, which reaches both sides: %v, %v", paths(l), err)
 	}
 	f.Heal()
 	waitUntil(t, 10*time.Second, "a reachable member's worker to come back", func() bool {
@@ -170,7 +170,7 @@ func TestServiceKeysLiveInTheClusterWithoutARegistry(t *testing.T) {
 	// A member that joins later gets the listing, and adds its own.
 	d, _ := joinRegistryless(t, f, "d", nodes, troupe.ClusterConfig{})
 	waitUntil(t, 10*time.Second, "the joiner to find the workers", func() bool {
-		l, err := troupe.FindService(ctxFor(t), d, workersKey)
+		l, err := workersKey.Find(ctxFor(t), d)
 		return err == nil && slices.Equal(paths(l), []string{"/user/w0", "/user/w2"})
 	})
 	spawnWorker(t, d, "w3")
@@ -181,8 +181,8 @@ func TestServiceKeysLiveInTheClusterWithoutARegistry(t *testing.T) {
 
 // A member that crashes leaves the listings once it is unreachable, and
 // stays out once it is downed and removed; a member that leaves takes its
-// entries with it. On a member whose cluster stops, WatchService ends
-// with ErrClusterStopped, a SubscribeService subscriber gets a last,
+// entries with it. On a member whose cluster stops, ServiceKey.Watch ends
+// with ErrClusterStopped, a ServiceKey.Subscribe subscriber gets a last,
 // empty listing, and lookups and registrations return ErrNoRegistry.
 func TestClusterServiceListingsFollowMembersThatGo(t *testing.T) {
 	t.Parallel()
@@ -217,7 +217,7 @@ func TestClusterServiceListingsFollowMembersThatGo(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := troupe.SubscribeService(nodes[1], workersKey, sub); err != nil {
+	if _, err := workersKey.Subscribe(nodes[1], sub); err != nil {
 		t.Fatal(err)
 	}
 	_, errB := followKey(t, nodes[1])
@@ -228,10 +228,10 @@ func TestClusterServiceListingsFollowMembersThatGo(t *testing.T) {
 	select {
 	case err := <-errB:
 		if !errors.Is(err, troupe.ErrClusterStopped) {
-			t.Fatalf("WatchService on a member whose cluster stopped: %v, want ErrClusterStopped", err)
+			t.Fatalf("ServiceKey.Watch on a member whose cluster stopped: %v, want ErrClusterStopped", err)
 		}
 	case <-time.After(10 * time.Second):
-		t.Fatal("WatchService did not end when its cluster stopped")
+		t.Fatal("ServiceKey.Watch did not end when its cluster stopped")
 	}
 	var last troupe.ServiceListing[job]
 	waitUntil(t, 10*time.Second, "the subscriber's last, empty listing", func() bool {
@@ -240,15 +240,15 @@ func TestClusterServiceListingsFollowMembersThatGo(t *testing.T) {
 		}
 		return len(last.Refs) == 0
 	})
-	if _, err := troupe.FindService(ctxFor(t), nodes[1], workersKey); !errors.Is(err, troupe.ErrNoRegistry) {
-		t.Fatalf("FindService after the cluster stopped: %v, want ErrNoRegistry", err)
+	if _, err := workersKey.Find(ctxFor(t), nodes[1]); !errors.Is(err, troupe.ErrNoRegistry) {
+		t.Fatalf("ServiceKey.Find after the cluster stopped: %v, want ErrNoRegistry", err)
 	}
 	w, err := troupe.Spawn(nodes[1], "late", troupe.Behavior[job]{Receive: func(*troupe.Context[job], job) {}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := troupe.RegisterService(nodes[1], workersKey, w); !errors.Is(err, troupe.ErrNoRegistry) {
-		t.Fatalf("RegisterService after the cluster stopped: %v, want ErrNoRegistry", err)
+	if err := workersKey.Register(nodes[1], w); !errors.Is(err, troupe.ErrNoRegistry) {
+		t.Fatalf("ServiceKey.Register after the cluster stopped: %v, want ErrNoRegistry", err)
 	}
 	waitUntil(t, 10*time.Second, "a member that left to take its worker along", func() bool {
 		return slices.Equal(watchA.get(), []string{"/user/w0"})
@@ -266,15 +266,15 @@ func TestAClusterRegistryServesServiceKeysOnly(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := troupe.RegisterService(n, workersKey, w); !errors.Is(err, troupe.ErrNoRegistry) {
-		t.Fatalf("RegisterService before StartCluster: %v, want ErrNoRegistry", err)
+	if err := workersKey.Register(n, w); !errors.Is(err, troupe.ErrNoRegistry) {
+		t.Fatalf("ServiceKey.Register before StartCluster: %v, want ErrNoRegistry", err)
 	}
 	startMember(t, n, nil, troupe.ClusterConfig{})
-	if err := troupe.RegisterService(n, workersKey, w); err != nil {
-		t.Fatalf("RegisterService on a member: %v", err)
+	if err := workersKey.Register(n, w); err != nil {
+		t.Fatalf("ServiceKey.Register on a member: %v", err)
 	}
-	if l, err := troupe.FindService(ctxFor(t), n, workersKey); err != nil || len(l) != 1 {
-		t.Fatalf("FindService on the member: %v, %v", paths(l), err)
+	if l, err := workersKey.Find(ctxFor(t), n); err != nil || len(l) != 1 {
+		t.Fatalf("ServiceKey.Find on the member: %v, %v", paths(l), err)
 	}
 	if _, err := troupe.FindActor[job](ctxFor(t), n, "elsewhere"); !errors.Is(err, troupe.ErrNoRegistry) {
 		t.Fatalf("FindActor on a member without a registry: %v, want ErrNoRegistry", err)
@@ -293,8 +293,8 @@ func TestTopicsAcrossAClusterWithoutARegistry(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { first.Close() })
-	news := troupe.NewTopic[int]("news")
-	if err := troupe.Publish(ctxFor(t), first, news, -1); err != nil {
+	news := troupe.Topic[int]{Name: "news"}
+	if err := news.Publish(ctxFor(t), first, -1); err != nil {
 		t.Fatalf("Publish with no registry and no cluster: %v", err)
 	}
 	c, err := troupe.StartCluster(ctxFor(t), first, troupe.ClusterConfig{StableAfter: 300 * time.Millisecond})
@@ -309,7 +309,7 @@ func TestTopicsAcrossAClusterWithoutARegistry(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := troupe.SubscribeTopic(n, news, ref); err != nil {
+		if err := news.Subscribe(n, ref); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -322,7 +322,7 @@ func TestTopicsAcrossAClusterWithoutARegistry(t *testing.T) {
 	// Probes until both subscribers hear one: the publisher lists both.
 	heard := map[string]bool{}
 	waitUntil(t, 10*time.Second, "both subscribers to hear the publisher", func() bool {
-		if err := troupe.Publish(ctxFor(t), first, news, 0); err != nil {
+		if err := news.Publish(ctxFor(t), first, 0); err != nil {
 			t.Fatal(err)
 		}
 		for name, ch := range got {
@@ -336,7 +336,7 @@ func TestTopicsAcrossAClusterWithoutARegistry(t *testing.T) {
 	})
 	const count = 200
 	for i := 1; i <= count; i++ {
-		if err := troupe.Publish(ctxFor(t), first, news, i); err != nil {
+		if err := news.Publish(ctxFor(t), first, i); err != nil {
 			t.Fatal(err)
 		}
 	}

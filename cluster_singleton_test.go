@@ -240,7 +240,7 @@ func TestASingletonsBufferIsBounded(t *testing.T) {
 	refs[1].Tell(tick{0})
 	waitUntil(t, 10*time.Second, "a tick handled on a", func() bool { return tl.count("a") == 1 })
 	dead := make(chan troupe.DeadLetter, 100)
-	sub := troupe.SubscribeChan(nodes[1].Events(), dead)
+	sub := troupe.SubscribeChan(nodes[1], dead)
 	defer sub.Unsubscribe()
 	f.Kill(nodes[0])
 	// The station holds messages once it cannot reach a: until then, a

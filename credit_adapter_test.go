@@ -74,7 +74,7 @@ type deadCounter struct {
 
 func countDead(t *testing.T, n *troupe.Node) *deadCounter {
 	d := &deadCounter{}
-	s := troupe.Subscribe(n.Events(), func(ev troupe.DeadLetter) {
+	s := troupe.Subscribe(n, func(ev troupe.DeadLetter) {
 		d.n.Add(1)
 		d.first.CompareAndSwap(nil, ev)
 	})
@@ -209,7 +209,7 @@ func TestTellToAFullRemoteAdapterIsADeadLetterTheSenderSees(t *testing.T) {
 	release := make(chan struct{})
 	_, ref, got := spawnAdapterOwner(t, home, away, "stuck", func() { <-release }, 100)
 	homeDead := make(chan troupe.DeadLetter, 100)
-	troupe.SubscribeChan(home.Events(), homeDead)
+	troupe.SubscribeChan(home, homeDead)
 	awayDead := countDead(t, away)
 	for i := range 30 {
 		ref.Tell(adaptedN{N: i})

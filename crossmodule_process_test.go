@@ -96,7 +96,7 @@ func main() {
 		os.Exit(0)
 	}()
 	events := make(chan troupe.MemberEvent, 256)
-	troupe.SubscribeChan(n.Events(), events)
+	troupe.SubscribeChan(n, events)
 	var seeds []string
 	if seed != "-" {
 		seeds = []string{seed}
@@ -126,7 +126,7 @@ func main() {
 	// Topic: a subscriber that acknowledges what the other member
 	// publishes, and a publisher that publishes until the other member's
 	// subscriber acknowledges.
-	news := troupe.NewTopic[News]("news")
+	news := troupe.Topic[News]{Name: "news"}
 	reader, err := troupe.Spawn(n, "reader", troupe.Behavior[News]{Receive: func(_ *troupe.Context[News], m News) {
 		if m.From != name {
 			m.Ack.Tell(name)
@@ -135,7 +135,7 @@ func main() {
 	if err != nil {
 		fail("spawn reader", err)
 	}
-	if err := troupe.SubscribeTopic(n, news, reader); err != nil {
+	if err := news.Subscribe(n, reader); err != nil {
 		fail("subscribe", err)
 	}
 	acks := make(chan string, 64)
@@ -145,12 +145,12 @@ func main() {
 	}
 
 	// Service key: a worker on each member; wait for both.
-	workers := troupe.NewServiceKey[Job]("workers")
+	workers := troupe.ServiceKey[Job]{Name: "workers"}
 	worker, err := troupe.Spawn(n, "worker", answer(name, "service"))
 	if err != nil {
 		fail("spawn worker", err)
 	}
-	if err := troupe.RegisterService(n, workers, worker); err != nil {
+	if err := workers.Register(n, worker); err != nil {
 		fail("register service", err)
 	}
 
@@ -182,7 +182,7 @@ func main() {
 
 	wctx, stop := context.WithCancel(ctx)
 	var listing []troupe.Ref[Job]
-	troupe.WatchService(wctx, n, workers, func(refs []troupe.Ref[Job]) {
+	workers.Watch(wctx, n, func(refs []troupe.Ref[Job]) {
 		if len(refs) == 2 {
 			listing = refs
 			stop()
@@ -199,7 +199,7 @@ func main() {
 	fmt.Println("SERVICE", got[0], got[1])
 
 	for heard := ""; heard == ""; {
-		if err := troupe.Publish(ctx, n, news, News{From: name, Ack: ack}); err != nil {
+		if err := news.Publish(ctx, n, News{From: name, Ack: ack}); err != nil {
 			fail("publish", err)
 		}
 		select {

@@ -88,7 +88,7 @@ func TestDeadLetterLogOff(t *testing.T) {
 		t.Fatal(err)
 	}
 	dead := make(chan DeadLetter, 4)
-	SubscribeChan(n.Events(), dead)
+	SubscribeChan(n, dead)
 	r.Tell(1)
 	r.Tell(2)
 	recv(t, dead, "the dead letter event")
@@ -106,7 +106,7 @@ func TestADeadLetterOfAHeldMessageIsItsValue(t *testing.T) {
 	p := newPair(t, 20*time.Millisecond, 300*time.Millisecond)
 	back, got := spawnCollector[testPong](t, p.home, "back", 4)
 	dead := make(chan DeadLetter, 4)
-	SubscribeChan(p.home.Events(), dead)
+	SubscribeChan(p.home, dead)
 	p.f.Partition(p.home, p.away)
 	p.toAway.Tell(testPing{N: 41, ReplyTo: back})
 	recv(t, p.homeEvents, "PeerUnreachable")
@@ -136,7 +136,7 @@ func TestInternalDeadLettersDoNotUseTheLogBudget(t *testing.T) {
 	cfg.DeadLetterLog = 2
 	n := startNode(t, cfg)
 	published := make(chan DeadLetter, 64)
-	SubscribeChan(n.Events(), published)
+	SubscribeChan(n, published)
 	for range 20 {
 		n.deadLetter("troupe://gone/user/x", statsReply{JSON: []byte("{}")}, ErrNoSuchActor)
 	}

@@ -61,7 +61,7 @@ func TestDebugAndMetricsHandlers(t *testing.T) {
 	}
 
 	unreachable := make(chan troupe.PeerUnreachable, 1)
-	sub := troupe.SubscribeChan(a.Events(), unreachable)
+	sub := troupe.SubscribeChan(a, unreachable)
 	defer sub.Unsubscribe()
 	f.Partition(a, b)
 	within(t, unreachable, 10*time.Second, "PeerUnreachable")
@@ -122,7 +122,7 @@ func TestDebugPageInABrowser(t *testing.T) {
 		t.Fatalf("the browser's page does not show the peer up:\n%s", page)
 	}
 	unreachable := make(chan troupe.PeerUnreachable, 1)
-	sub := troupe.SubscribeChan(a.Events(), unreachable)
+	sub := troupe.SubscribeChan(a, unreachable)
 	defer sub.Unsubscribe()
 	f.Partition(a, b)
 	within(t, unreachable, 10*time.Second, "PeerUnreachable")

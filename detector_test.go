@@ -158,7 +158,7 @@ func TestDetectionTimeBounds(t *testing.T) {
 	a := p.home.byUID[p.away.UID()]
 	p.home.pmu.Unlock()
 	detected := make(chan time.Time, 1)
-	Subscribe(p.home.Events(), func(PeerUnreachable) { detected <- time.Now() })
+	Subscribe(p.home, func(PeerUnreachable) { detected <- time.Now() })
 	p.f.Kill(p.away)
 	at := recv(t, detected, "detection")
 	last := p.home.epoch.Add(time.Duration(a.in.heard.Load()))
@@ -191,7 +191,7 @@ func TestNoFalsePositiveUnderHeavyLoad(t *testing.T) {
 	a, b := startNode(t, cfg("a")), startNode(t, cfg("b"))
 	var events atomic.Int64
 	for _, n := range []*Node{a, b} {
-		Subscribe(n.Events(), func(PeerUnreachable) { events.Add(1) })
+		Subscribe(n, func(PeerUnreachable) { events.Add(1) })
 		Spawn(n, "sink", Behavior[bulk]{Receive: func(*Context[bulk], bulk) {}})
 		spawnEcho(t, n, "echo")
 	}

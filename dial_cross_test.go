@@ -48,13 +48,13 @@ func TestTwoDialsAtOnceToOneNodeSettleOnOneConnection(t *testing.T) {
 	// What goes wrong during a trial, on either side (not what its
 	// dialer's Close at the end does).
 	var current atomic.Pointer[firstOf]
-	Subscribe(p.Events(), func(ev PeerUnreachable) {
+	Subscribe(p, func(ev PeerUnreachable) {
 		if !errors.Is(ev.Reason, ErrPeerLeft) { // (each trial's dialer leaves at its end)
 			current.Load().CompareAndSwap(nil, ev)
 		}
 	})
-	Subscribe(p.Events(), func(ev PeerLinkLost) { current.Load().CompareAndSwap(nil, ev) })
-	Subscribe(p.Events(), func(ev DeadLetter) { current.Load().CompareAndSwap(nil, ev) })
+	Subscribe(p, func(ev PeerLinkLost) { current.Load().CompareAndSwap(nil, ev) })
+	Subscribe(p, func(ev DeadLetter) { current.Load().CompareAndSwap(nil, ev) })
 	addr1, addr2 := p.Addrs()[0], p.Addrs()[1]
 	for trial := range 100 {
 		trouble := &firstOf{}

@@ -23,7 +23,7 @@
 //   - [Context.Watch] asks for a [Terminated] signal, handled by
 //     [Behavior.Signal], when an actor stops, on this node or another.
 //   - [Supervise] restarts a failing actor with fresh state.
-//   - [Subscribe] follows a node's [Node.Events]: dead letters, peers.
+//   - [Subscribe] follows a node's events: dead letters, peers.
 //
 // The README's tour is a complete program with all of them; the guides in
 // docs/ hold the detail.
@@ -140,12 +140,13 @@
 // registrar (failover). The cmd/troupe command runs a dedicated registrar
 // and lists or queries one.
 //
-// A [ServiceKey] names a typed set of actors: [RegisterService] adds one
-// of the node's actors, [FindService] lists the set, and [WatchService]
-// follows it as it changes, pushed by the registry ([SubscribeService]
+// A [ServiceKey] names a typed set of actors: [ServiceKey.Register] adds
+// one of the node's actors, [ServiceKey.Find] lists the set, and
+// [ServiceKey.Watch] follows it as it changes, pushed by the registry
+// ([ServiceKey.Subscribe]
 // sends each listing to an actor). A [Topic] carries
-// messages to every subscriber on every node ([SubscribeTopic],
-// [Publish]), one copy per node on the wire, and [SpawnGroupRouter]
+// messages to every subscriber on every node ([Topic.Subscribe],
+// [Topic.Publish]), one copy per node on the wire, and [SpawnGroupRouter]
 // spreads messages over a service key's set.
 //
 // # When a node stops answering
@@ -182,8 +183,8 @@
 //
 // # Events and dead letters
 //
-// Each node has an event stream ([Node.Events]); subscribe with
-// [Subscribe] or [SubscribeChan]. Every message that cannot be delivered
+// Each node has an event stream; subscribe with [Subscribe] or
+// [SubscribeChan], and publish a program's own with [Node.PublishEvent]. Every message that cannot be delivered
 // becomes a [DeadLetter] event naming the target and the reason; a peer
 // that sends bytes this node cannot accept has its connection closed and a
 // [ProtocolError] event published, and nothing else is disturbed.
@@ -208,7 +209,7 @@
 //
 // # Concurrency
 //
-// [Node], [Ref], [Events] and the package functions are safe for
+// [Node], [Ref], [Subscription] and the package functions are safe for
 // concurrent use. A [Context] belongs to its actor's goroutine and must be
 // used only inside that actor's handlers. Event callbacks run on the
 // goroutine that published the event and must not block.

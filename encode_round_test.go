@@ -45,8 +45,8 @@ func TestAQueuedBacklogDoesNotSilenceTheConnection(t *testing.T) {
 	}
 	var trouble firstOf
 	for _, n := range []*Node{home, away} {
-		Subscribe(n.Events(), func(ev PeerUnreachable) { trouble.CompareAndSwap(nil, ev) })
-		Subscribe(n.Events(), func(ev DeadLetter) { trouble.CompareAndSwap(nil, ev) })
+		Subscribe(n, func(ev PeerUnreachable) { trouble.CompareAndSwap(nil, ev) })
+		Subscribe(n, func(ev DeadLetter) { trouble.CompareAndSwap(nil, ev) })
 	}
 	a, err := home.assocAt(away.Addrs()[0], false, NodeUID{})
 	if err != nil {

@@ -1,23 +1,19 @@
 package troupe
 
 import (
+	"context"
 	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
 )
 
-// Events is a node's event stream: the node publishes [DeadLetter],
-// [PeerConnected], [PeerUnreachable] and [ProtocolError] events on it, and
-// programs may publish their own (see [Events.Publish]). Subscribe with
-// [Subscribe] or [SubscribeChan].
-//
-// Events is safe for concurrent use. Publishing is synchronous: each matching
-// callback runs on the publishing goroutine, in subscription order, so a
-// callback must be quick and must not block (hand work to an actor or a
-// goroutine of your own if it is slow). A callback that panics is
-// unsubscribed, and the panic is logged.
-type Events struct {
+// eventStream is a node's event stream: the node publishes [DeadLetter],
+// [PeerConnected], [PeerUnreachable], [ProtocolError] and the other
+// events on it, and programs may publish their own
+// ([Node.PublishEvent]). Subscribe with [Subscribe] or [SubscribeChan].
+// It is safe for concurrent use.
+type eventStream struct {
 	node *Node // for logging; nil in tests of the stream alone
 
 	// mu serializes Subscribe and Unsubscribe; subs is replaced, never
@@ -26,10 +22,12 @@ type Events struct {
 	subs atomic.Pointer[[]*Subscription]
 }
 
-// Subscription is one registered callback or channel. Call Unsubscribe to
-// stop receiving events; it is safe to call more than once.
+// Subscription is one subscription: a callback or a channel that follows
+// a node's events ([Subscribe], [SubscribeChan]), or an actor that follows
+// a service key's listing ([ServiceKey.Subscribe]). Call Unsubscribe to
+// end it; it is safe to call more than once.
 type Subscription struct {
-	es      *Events
+	es      *eventStream
 	match   func(any) bool
 	deliver func(any) bool // false when the event could not be handed over
 	dropped atomic.Uint64
@@ -37,22 +35,35 @@ type Subscription struct {
 	// own: one of troupe's own consumers, which sees only the events
 	// troupe publishes (emit), never one a program publishes.
 	own bool
+	// cancel and done, for a service key's subscription: cancel ends
+	// it, done is closed once it has ended.
+	cancel context.CancelFunc
+	done   chan struct{}
 }
 
-// Subscribe calls fn with every event published on es whose dynamic type is E,
-// or implements E when E is an interface type (Subscribe[any] sees
-// everything). It returns the subscription; call Unsubscribe to stop.
-func Subscribe[E any](es *Events, fn func(E)) *Subscription {
-	return subscribe(es, fn, false)
+// Subscribe calls fn with every event published on n's event stream
+// whose dynamic type is E, or implements E when E is an interface type
+// (Subscribe[any] sees everything): the [DeadLetter], [PeerConnected],
+// [PeerUnreachable], [ProtocolError] and other events troupe publishes,
+// and those a program publishes ([Node.PublishEvent]). It returns the
+// subscription; call Unsubscribe to stop.
+//
+// Publishing is synchronous: each matching callback runs on the
+// publishing goroutine, in subscription order, so a callback must be
+// quick and must not block (hand work to an actor or a goroutine of your
+// own if it is slow). A callback that panics is unsubscribed, and the
+// panic is logged.
+func Subscribe[E any](n *Node, fn func(E)) *Subscription {
+	return subscribe(&n.events, fn, false)
 }
 
 // subscribeOwn is Subscribe for troupe's own consumers: fn sees only the
-// events troupe itself publishes, not those of [Events.Publish].
-func subscribeOwn[E any](es *Events, fn func(E)) *Subscription {
+// events troupe itself publishes, not those of [Node.PublishEvent].
+func subscribeOwn[E any](es *eventStream, fn func(E)) *Subscription {
 	return subscribe(es, fn, true)
 }
 
-func subscribe[E any](es *Events, fn func(E), own bool) *Subscription {
+func subscribe[E any](es *eventStream, fn func(E), own bool) *Subscription {
 	s := &Subscription{
 		es:    es,
 		match: func(e any) bool { _, ok := e.(E); return ok },
@@ -66,22 +77,23 @@ func subscribe[E any](es *Events, fn func(E), own bool) *Subscription {
 	return s
 }
 
-// SubscribeChan sends every event of type E published on es to ch without
-// blocking. When ch is full the event is not delivered and the
-// subscription's [Subscription.Dropped] count goes up, so a slow reader
-// loses events visibly rather than stalling the node. Size the channel for
-// the bursts you expect.
-func SubscribeChan[E any](es *Events, ch chan<- E) *Subscription {
-	return subscribeChan(es, ch, false)
+// SubscribeChan sends every event of type E published on n's event
+// stream (as [Subscribe] matches them) to ch without blocking. When ch is
+// full the event is not delivered and the subscription's
+// [Subscription.Dropped] count goes up, so a slow reader loses events
+// visibly rather than stalling the node. Size the channel for the bursts
+// you expect.
+func SubscribeChan[E any](n *Node, ch chan<- E) *Subscription {
+	return subscribeChan(&n.events, ch, false)
 }
 
 // subscribeOwnChan is SubscribeChan for troupe's own consumers: ch gets
-// only the events troupe itself publishes, not those of [Events.Publish].
-func subscribeOwnChan[E any](es *Events, ch chan<- E) *Subscription {
+// only the events troupe itself publishes, not those of [Node.PublishEvent].
+func subscribeOwnChan[E any](es *eventStream, ch chan<- E) *Subscription {
 	return subscribeChan(es, ch, true)
 }
 
-func subscribeChan[E any](es *Events, ch chan<- E, own bool) *Subscription {
+func subscribeChan[E any](es *eventStream, ch chan<- E, own bool) *Subscription {
 	s := &Subscription{
 		es:    es,
 		match: func(e any) bool { _, ok := e.(E); return ok },
@@ -99,9 +111,16 @@ func subscribeChan[E any](es *Events, ch chan<- E, own bool) *Subscription {
 	return s
 }
 
-// Unsubscribe removes the subscription. No callback starts after it returns;
-// one already running on another goroutine may still finish.
+// Unsubscribe ends the subscription. No callback starts after it
+// returns (one already running on another goroutine may still finish),
+// and no listing is sent. It may be called from any goroutine, a handler
+// included.
 func (s *Subscription) Unsubscribe() {
+	if s.cancel != nil {
+		s.cancel()
+		<-s.done
+		return
+	}
 	if s.off.Swap(true) {
 		return
 	}
@@ -109,10 +128,11 @@ func (s *Subscription) Unsubscribe() {
 }
 
 // Dropped returns how many events a [SubscribeChan] subscription could not
-// deliver because its channel was full.
+// deliver because its channel was full (0 for any other subscription: a
+// service listing waits for room, and a later change is folded into it).
 func (s *Subscription) Dropped() uint64 { return s.dropped.Load() }
 
-func (es *Events) add(s *Subscription) {
+func (es *eventStream) add(s *Subscription) {
 	es.mu.Lock()
 	defer es.mu.Unlock()
 	var next []*Subscription
@@ -123,7 +143,7 @@ func (es *Events) add(s *Subscription) {
 	es.subs.Store(&next)
 }
 
-func (es *Events) remove(s *Subscription) {
+func (es *eventStream) remove(s *Subscription) {
 	es.mu.Lock()
 	defer es.mu.Unlock()
 	cur := es.subs.Load()
@@ -139,18 +159,19 @@ func (es *Events) remove(s *Subscription) {
 	es.subs.Store(&next)
 }
 
-// Publish hands e to every subscription that matches its type, on the
-// calling goroutine. An event a program publishes reaches the program's
+// PublishEvent hands e to every subscription of n's event stream that
+// matches its type ([Subscribe], [SubscribeChan]), on the calling
+// goroutine. An event a program publishes reaches the program's
 // subscribers only: troupe itself never acts on it, even when it is one
 // of troupe's own types (a [PeerUnreachable] published by hand does not
 // make the registrar drop the node, nor a service listing look again).
-func (es *Events) Publish(e any) { es.publish(e, false) }
+func (n *Node) PublishEvent(e any) { n.events.publish(e, false) }
 
 // emit publishes an event of troupe's own: every subscription that
 // matches it gets it, troupe's own consumers included.
-func (es *Events) emit(e any) { es.publish(e, true) }
+func (es *eventStream) emit(e any) { es.publish(e, true) }
 
-func (es *Events) publish(e any, fromTroupe bool) {
+func (es *eventStream) publish(e any, fromTroupe bool) {
 	cur := es.subs.Load()
 	if cur == nil {
 		return
@@ -165,12 +186,12 @@ func (es *Events) publish(e any, fromTroupe bool) {
 
 // hasSubscribers reports whether anything is subscribed, so hot paths can
 // skip building an event nobody reads.
-func (es *Events) hasSubscribers() bool {
+func (es *eventStream) hasSubscribers() bool {
 	cur := es.subs.Load()
 	return cur != nil && len(*cur) > 0
 }
 
-func (es *Events) deliver(s *Subscription, e any) {
+func (es *eventStream) deliver(s *Subscription, e any) {
 	defer func() {
 		if p := recover(); p != nil {
 			s.Unsubscribe()

@@ -9,20 +9,20 @@ import "testing"
 func TestEventsMatchDropAndUnsubscribe(t *testing.T) {
 	t.Parallel()
 	checkLeaks(t)
-	var es Events
+	var es eventStream
 	var peers []PeerConnected
 	var all int
-	s1 := Subscribe(&es, func(e PeerConnected) { peers = append(peers, e) })
-	Subscribe(&es, func(any) { all++ })
+	s1 := subscribe(&es, func(e PeerConnected) { peers = append(peers, e) }, false)
+	subscribe(&es, func(any) { all++ }, false)
 	ch := make(chan DeadLetter, 1)
-	s3 := SubscribeChan(&es, ch)
-	panics := Subscribe(&es, func(ProtocolError) { panic("subscriber bug") })
+	s3 := subscribeChan(&es, ch, false)
+	panics := subscribe(&es, func(ProtocolError) { panic("subscriber bug") }, false)
 
-	es.Publish(PeerConnected{Name: "a"})
-	es.Publish(DeadLetter{Target: "x"})
-	es.Publish(DeadLetter{Target: "y"}) // the channel is full: dropped
-	es.Publish(ProtocolError{Remote: "r"})
-	es.Publish(ProtocolError{Remote: "r"}) // the panicking subscriber is gone
+	es.publish(PeerConnected{Name: "a"}, false)
+	es.publish(DeadLetter{Target: "x"}, false)
+	es.publish(DeadLetter{Target: "y"}, false) // the channel is full: dropped
+	es.publish(ProtocolError{Remote: "r"}, false)
+	es.publish(ProtocolError{Remote: "r"}, false) // the panicking subscriber is gone
 	if len(peers) != 1 || peers[0].Name != "a" {
 		t.Fatalf("PeerConnected subscriber saw %v", peers)
 	}
@@ -37,7 +37,7 @@ func TestEventsMatchDropAndUnsubscribe(t *testing.T) {
 	}
 	s1.Unsubscribe()
 	s1.Unsubscribe() // twice is fine
-	es.Publish(PeerConnected{Name: "b"})
+	es.publish(PeerConnected{Name: "b"}, false)
 	if len(peers) != 1 {
 		t.Fatalf("an unsubscribed callback ran: %v", peers)
 	}

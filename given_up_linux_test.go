@@ -57,7 +57,7 @@ func TestAGivenUpPeerThatReadsNothingLeavesNoSocket(t *testing.T) {
 	cfg.Listen = []string{"tcp://127.0.0.1:0"}
 	n := startNode(t, cfg)
 	gone := make(chan PeerUnreachable, 1)
-	SubscribeChan(n.Events(), gone)
+	SubscribeChan(n, gone)
 	// A peer that handshakes, then neither reads nor says anything.
 	c, uid := rawHandshakeWith(t, n, helloResumable)
 	c.(*net.TCPConn).SetReadBuffer(4 << 10)

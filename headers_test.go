@@ -312,7 +312,7 @@ func TestHeadersPastTheirBoundsAreRefused(t *testing.T) {
 	n := startQuiet(t, cfg)
 	there := startQuiet(t, quietConfig("there"))
 	dead := make(chan troupe.DeadLetter, 10)
-	troupe.SubscribeChan(n.Events(), dead)
+	troupe.SubscribeChan(n, dead)
 	local, localSeen := spawnHeaderProbe(t, n, "probe")
 	spawnHeaderProbe(t, there, "probe")
 	remote := remoteRef[hdrMsg](t, n, there, "/user/probe")
@@ -402,7 +402,7 @@ func TestHeadersCountTowardsMailboxBytes(t *testing.T) {
 		t.Fatal(err)
 	}
 	dead := make(chan troupe.DeadLetter, 64)
-	troupe.SubscribeChan(there.Events(), dead)
+	troupe.SubscribeChan(there, dead)
 	to := remoteRef[hdrMsg](t, here, there, "/user/slow")
 	to.Tell(hdrMsg{})
 	within(t, busy, 5*time.Second, "the actor busy") // so that what follows waits in its mailbox

@@ -220,7 +220,7 @@ func TestAttacksDoNotDisturbHealthyPeers(t *testing.T) {
 		{"frames for a missing actor", func(stop <-chan struct{}) {
 			c := rawHandshake(t, victim)
 			dead := make(chan DeadLetter, 1000)
-			sub := SubscribeChan(victim.Events(), dead)
+			sub := SubscribeChan(victim, dead)
 			defer sub.Unsubscribe()
 			for range 1000 {
 				c.Write(ghostTell())
@@ -302,7 +302,7 @@ func TestMailboxBytesBoundWireMessages(t *testing.T) {
 	t.Cleanup(release)
 	sink, _ := Spawn(home, "sink", Behavior[string]{Receive: func(*Context[string], string) { <-gate }})
 	full := make(chan DeadLetter, 1000)
-	SubscribeChan(home.Events(), full)
+	SubscribeChan(home, full)
 	away := startNode(t, testConfig())
 	r, err := Resolve[string](ctxT(t, 5*time.Second), away, FormatRef(home.Addrs()[0], sink.Path()))
 	if err != nil {

@@ -199,7 +199,7 @@ func TestRegistrarRestartedAfterAKillGetsEverythingBack(t *testing.T) {
 	waitFor(t, 5*time.Second, "the wait to be parked", func() bool { return old.reg().waiting() == 1 })
 
 	lost := make(chan PeerUnreachable, 4)
-	SubscribeChan(service.Events(), lost)
+	SubscribeChan(service, lost)
 	f.Kill(old)
 	if e := recv(t, lost, "the service to lose the registrar"); e.Quarantined {
 		t.Fatalf("the registrar was quarantined: %+v", e)

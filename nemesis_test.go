@@ -259,7 +259,7 @@ func (z *nemesis) join() *nemesisMember {
 	if err != nil {
 		z.t.Fatal(err)
 	}
-	troupe.Subscribe(n.Events(), func(d troupe.DeadLetter) {
+	troupe.Subscribe(n, func(d troupe.DeadLetter) {
 		if msg, ok := d.Message.(nemesisMsg); ok {
 			z.deadLetter(msg, d.Unconfirmed)
 		}

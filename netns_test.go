@@ -64,14 +64,14 @@ func TestHelperNetnsNode(t *testing.T) {
 		out.Unlock()
 	}
 	start := time.Now()
-	Subscribe(n.Events(), func(e PeerUnreachable) {
+	Subscribe(n, func(e PeerUnreachable) {
 		say("UNREACHABLE %s %v %d", e.Name, e.Quarantined, time.Since(start).Milliseconds())
 	})
 	var mu sync.Mutex
 	received := map[string][]int{}
 	dead := map[string][]int{}
 	unconfirmed := map[string][]int{}
-	Subscribe(n.Events(), func(d DeadLetter) {
+	Subscribe(n, func(d DeadLetter) {
 		if m, ok := d.Message.(numbered); ok {
 			mu.Lock()
 			dead[m.Stream] = append(dead[m.Stream], m.Seq)

@@ -46,7 +46,7 @@ type Node struct {
 	addrsP    atomic.Pointer[[]Addr] // bound listen addresses (see addrList)
 	lmu       sync.Mutex             // guards listeners, and changes of addrsP
 	listeners []net.Listener
-	events    Events
+	events    eventStream
 	uuidBase  [16]byte // actor uuids are this with a counter mixed in
 	ctx       context.Context
 	cancel    context.CancelFunc
@@ -284,9 +284,6 @@ func (n *Node) Name() string { return n.name }
 // Addrs returns the addresses the node actually bound, in the order of
 // [Config.Listen] (with real ports in place of port 0).
 func (n *Node) Addrs() []Addr { return slices.Clone(n.addrList()) }
-
-// Events returns the node's event stream.
-func (n *Node) Events() *Events { return &n.events }
 
 // reg returns the registry this node serves, or nil. A node may become a
 // registrar while it runs (taking over a registry address whose registrar

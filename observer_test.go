@@ -61,10 +61,10 @@ func TestAKilledObserverLeavesNoTrace(t *testing.T) {
 	var mu sync.Mutex
 	var events []string
 	note := func(ev any) { mu.Lock(); events = append(events, fmt.Sprintf("%T %+v", ev, ev)); mu.Unlock() }
-	troupe.Subscribe(n.Events(), func(e troupe.PeerConnected) { note(e) })
-	troupe.Subscribe(n.Events(), func(e troupe.PeerLinkLost) { note(e) })
-	troupe.Subscribe(n.Events(), func(e troupe.PeerUnreachable) { note(e) })
-	troupe.Subscribe(n.Events(), func(e troupe.PeerResumed) { note(e) })
+	troupe.Subscribe(n, func(e troupe.PeerConnected) { note(e) })
+	troupe.Subscribe(n, func(e troupe.PeerLinkLost) { note(e) })
+	troupe.Subscribe(n, func(e troupe.PeerUnreachable) { note(e) })
+	troupe.Subscribe(n, func(e troupe.PeerResumed) { note(e) })
 
 	exe, err := os.Executable()
 	if err != nil {
@@ -145,7 +145,7 @@ func TestAnObserverOutlivesAReset(t *testing.T) {
 	var mu sync.Mutex
 	var events []string
 	for _, node := range []*troupe.Node{n, o} {
-		troupe.Subscribe(node.Events(), func(e troupe.PeerUnreachable) { mu.Lock(); events = append(events, fmt.Sprintf("%+v", e)); mu.Unlock() })
+		troupe.Subscribe(node, func(e troupe.PeerUnreachable) { mu.Lock(); events = append(events, fmt.Sprintf("%+v", e)); mu.Unlock() })
 	}
 	target := n.Addrs()[0].String()
 	for round := range 3 {

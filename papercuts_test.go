@@ -26,7 +26,7 @@ func TestTellingTheZeroRefIsADeadLetter(t *testing.T) {
 	// nodes must not hear it.
 	n := quietNode(t, nil)
 	dead := make(chan troupe.DeadLetter, 10)
-	troupe.SubscribeChan(n.Events(), dead)
+	troupe.SubscribeChan(n, dead)
 	r, err := troupe.Spawn(n, "replier", troupe.Behavior[zeroReq]{Receive: func(_ *troupe.Context[zeroReq], m zeroReq) {
 		m.ReplyTo.Tell("done")
 	}})

@@ -106,7 +106,7 @@ func TestWatchesOfOnePeerAreBounded(t *testing.T) {
 
 	t.Run("path length", func(t *testing.T) {
 		errs := make(chan ProtocolError, 1)
-		SubscribeChan(n.Events(), errs)
+		SubscribeChan(n, errs)
 		c, _ := rawPeer(t, n, false)
 		c.Write(watchFrames(key.path, key.uuid, "/user/"+strings.Repeat("w", 1<<20), 0, 1))
 		expectClosed(t, c)
@@ -207,7 +207,7 @@ func TestRefsFromOnePeerCauseBoundedDials(t *testing.T) {
 		t.Fatalf("MaxRefDialsPerPeer defaults to %d", limit)
 	}
 	dead := make(chan DeadLetter, 1024)
-	SubscribeChan(n.Events(), dead)
+	SubscribeChan(n, dead)
 	// An actor that answers every ref it is sent, as an echo does.
 	told := make(chan struct{})
 	if _, err := Spawn(n, "fan", Behavior[refList]{Receive: func(_ *Context[refList], m refList) {
@@ -280,9 +280,9 @@ func TestAPeerThatAsksAndNeverReads(t *testing.T) {
 	n := startNode(t, cfg)
 	spawnEcho(t, n, "echo")
 	ended := make(chan PeerUnreachable, 1)
-	SubscribeChan(n.Events(), ended)
+	SubscribeChan(n, ended)
 	protocol := make(chan ProtocolError, 1)
-	SubscribeChan(n.Events(), protocol)
+	SubscribeChan(n, protocol)
 	c, _ := rawPeer(t, n, false)
 	c.(*net.TCPConn).SetReadBuffer(4 << 10)
 
@@ -464,7 +464,7 @@ func TestAWatchEndedAfterAResumeFreesItsPlace(t *testing.T) {
 	watched := startOn(t, f, cfg)
 	from := startOn(t, f, failConfig("from", 50*time.Millisecond, 5*time.Second))
 	resumed := make(chan PeerResumed, 4)
-	SubscribeChan(from.Events(), resumed)
+	SubscribeChan(from, resumed)
 	refs := make([]Ref[count], 3)
 	var locals []Ref[count]
 	for i := range refs {
@@ -576,9 +576,9 @@ func TestARefDialStaysChargedAcrossAResume(t *testing.T) {
 	cfg.MaxRefDialsPerPeer = 2
 	n := startOn(t, f, cfg)
 	dead := make(chan DeadLetter, 16)
-	SubscribeChan(n.Events(), dead)
+	SubscribeChan(n, dead)
 	resumed := make(chan PeerResumed, 4)
-	SubscribeChan(n.Events(), resumed)
+	SubscribeChan(n, resumed)
 	if _, err := Spawn(n, "fan", Behavior[refList]{Receive: func(_ *Context[refList], m refList) {
 		for _, r := range m.Refs {
 			r.Tell(testPing{N: 1})

@@ -50,7 +50,7 @@ func TestHelperNodeProcess(t *testing.T) {
 			fmt.Println("DIALED")
 		}
 		if key, ok := strings.CutPrefix(in.Text(), "service "); ok {
-			if err := RegisterService(n, NewServiceKey[testPing](key), echo); err != nil {
+			if err := (ServiceKey[testPing]{Name: key}).Register(n, echo); err != nil {
 				fmt.Println("ERR", err)
 				continue
 			}
@@ -146,7 +146,7 @@ func (c *child) signal(t *testing.T, s syscall.Signal) {
 func processParent(t *testing.T, c *child) (*Node, Ref[testPing], chan Terminated, chan PeerUnreachable) {
 	n := startNode(t, failConfig("parent", 50*time.Millisecond, 500*time.Millisecond))
 	events := make(chan PeerUnreachable, 4)
-	SubscribeChan(n.Events(), events)
+	SubscribeChan(n, events)
 	echo, err := Resolve[testPing](ctxT(t, 5*time.Second), n, FormatRef(c.addr, "/user/echo"))
 	if err != nil {
 		t.Fatal(err)
@@ -192,7 +192,7 @@ func TestProcessStoppedWithSIGSTOPStaysQuarantined(t *testing.T) {
 	}
 	recv(t, term, "Terminated")
 	connected := make(chan PeerConnected, 1)
-	SubscribeChan(n.Events(), connected)
+	SubscribeChan(n, connected)
 	c.signal(t, syscall.SIGCONT)
 	time.Sleep(3 * 500 * time.Millisecond) // three windows in which nothing may reconnect
 	select {
@@ -219,7 +219,7 @@ func TestProcessStoppedWithSIGSTOPStaysQuarantined(t *testing.T) {
 		t.Fatalf("Resolve after reconnect = %v, %v; want the same incarnation", again, err)
 	}
 	dead := make(chan DeadLetter, 1)
-	SubscribeChan(n.Events(), dead)
+	SubscribeChan(n, dead)
 	echo.Tell(testPing{})
 	if dl := recv(t, dead, "dead letter"); !errors.Is(dl.Reason, ErrSessionEnded) {
 		t.Fatalf("old ref to the same incarnation: %v, want ErrSessionEnded", dl.Reason)
@@ -244,7 +244,7 @@ func TestProcessRestartedAtSameAddressIsANewPeer(t *testing.T) {
 		t.Fatalf("Resolve = %v (%v), want uid %s", fresh, err, second.uid)
 	}
 	dead := make(chan DeadLetter, 1)
-	SubscribeChan(n.Events(), dead)
+	SubscribeChan(n, dead)
 	echo.Tell(testPing{})
 	if dl := recv(t, dead, "dead letter"); !errors.Is(dl.Reason, ErrSessionEnded) {
 		t.Fatalf("old ref after restart: %v, want ErrSessionEnded", dl.Reason)
@@ -295,7 +295,7 @@ func TestProcessThatDialedUsKilledIsDetected(t *testing.T) {
 	n := startNode(t, cfg)
 	spawnEcho(t, n, "echo")
 	events := make(chan PeerUnreachable, 4)
-	SubscribeChan(n.Events(), events)
+	SubscribeChan(n, events)
 	c := startChild(t, "tcp://127.0.0.1:0")
 	fmt.Fprintln(c.stdin, "dial "+n.Addrs()[0].Address())
 	if l := c.line(t); l != "DIALED" {
@@ -323,7 +323,7 @@ func TestProcessThatDialedUsKilledIsDetected(t *testing.T) {
 }
 
 // A service key's listing follows actors in other processes: a child's
-// actor registered under the key is pushed to a WatchService here, and
+// actor registered under the key is pushed to a ServiceKey.Watch here, and
 // leaves the listing when the child is killed -9 (the registrar gives up
 // on it).
 func TestServiceKeyAcrossProcesses(t *testing.T) {
@@ -336,11 +336,11 @@ func TestServiceKeyAcrossProcesses(t *testing.T) {
 		t.Fatal("the parent is not the registrar")
 	}
 	c := startChild(t, "tcp://127.0.0.1:0", "TROUPE_HELPER_REGISTRY="+reg)
-	key := NewServiceKey[testPing]("echoes")
+	key := ServiceKey[testPing]{Name: "echoes"}
 	listings := make(chan []Ref[testPing], 16)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- WatchService(ctx, n, key, func(rs []Ref[testPing]) { listings <- rs }) }()
+	go func() { done <- key.Watch(ctx, n, func(rs []Ref[testPing]) { listings <- rs }) }()
 	t.Cleanup(func() { cancel(); <-done })
 	if l := <-listings; len(l) != 0 {
 		t.Fatalf("the first listing holds %d actors before any registered", len(l))

@@ -51,7 +51,7 @@ func TestSendWaitsForRoomInTheMailbox(t *testing.T) {
 		t.Fatal(err)
 	}
 	dead := make(chan DeadLetter, 4)
-	SubscribeChan(n.Events(), dead)
+	SubscribeChan(n, dead)
 	ctx := ctxT(t, 10*time.Second)
 	if err := r.Send(ctx, 1); err != nil { // taken at once: the handler holds it
 		t.Fatal(err)
@@ -109,7 +109,7 @@ func TestSendWaitsForRoomOnTheWire(t *testing.T) {
 		t.Fatal(err)
 	}
 	dead := make(chan DeadLetter, 4)
-	SubscribeChan(home.Events(), dead)
+	SubscribeChan(home, dead)
 	f.Partition(home, away)
 	const total = 20000
 	ctx := ctxT(t, 60*time.Second)
@@ -158,7 +158,7 @@ func TestSendToAGonePeerFails(t *testing.T) {
 	checkLeaks(t)
 	p := newPair(t, 20*time.Millisecond, 300*time.Millisecond)
 	dead := make(chan DeadLetter, 4)
-	SubscribeChan(p.home.Events(), dead)
+	SubscribeChan(p.home, dead)
 	p.f.Partition(p.home, p.away)
 	recv(t, p.homeEvents, "PeerUnreachable")
 	err := p.toAway.Send(ctxT(t, 5*time.Second), testPing{N: 1})
@@ -203,7 +203,7 @@ func TestSendCarriesABurst(t *testing.T) {
 		t.Fatal(err)
 	}
 	dead := make(chan DeadLetter, 4)
-	SubscribeChan(home.Events(), dead)
+	SubscribeChan(home, dead)
 	stop := make(chan struct{})
 	var maxHeld atomic.Int64
 	go func() {

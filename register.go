@@ -131,7 +131,7 @@ func (n *Node) keepRegistrars() {
 	// registrar that closes or whose process dies is replaced without
 	// waiting for the next tick.
 	ended := make(chan struct{}, 1)
-	sub := subscribeOwn(n.Events(), func(PeerUnreachable) {
+	sub := subscribeOwn(&n.events, func(PeerUnreachable) {
 		select {
 		case ended <- struct{}{}:
 		default:

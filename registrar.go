@@ -631,7 +631,7 @@ func (n *Node) startRegistrar() error {
 	if err != nil {
 		return err
 	}
-	subscribeOwn(n.Events(), func(e PeerUnreachable) { n.reg().dropNode(e.UID) })
+	subscribeOwn(&n.events, func(e PeerUnreachable) { n.reg().dropNode(e.UID) })
 	return nil
 }
 

@@ -93,7 +93,7 @@ func TestARegistrarRefusesOversizedRegistrations(t *testing.T) {
 }
 
 // A registrar holds at most its bounds: per node incarnation, per name,
-// in all. RegisterService past one fails with ErrRegistrationRefused and
+// in all. ServiceKey.Register past one fails with ErrRegistrationRefused and
 // keeps the entry nowhere; a place freed (an actor stops) is taken again.
 func TestARegistrarBoundsAPeerAndAName(t *testing.T) {
 	t.Parallel()
@@ -108,21 +108,21 @@ func TestARegistrarBoundsAPeerAndAName(t *testing.T) {
 	// b: its node, three actors (4), two services under echoKey (6).
 	w1, w2, w3 := spawnEcho(t, b, "w1"), spawnEcho(t, b, "w2"), spawnEcho(t, b, "w3")
 	for _, w := range []Ref[testPing]{w1, w2} {
-		if err := RegisterService(b, echoKey, w); err != nil {
+		if err := echoKey.Register(b, w); err != nil {
 			t.Fatal(err)
 		}
 	}
-	other := NewServiceKey[testPing]("others")
-	if err := RegisterService(b, other, w3); !errors.Is(err, ErrRegistrationRefused) || !strings.Contains(err.Error(), "from one node") {
+	other := ServiceKey[testPing]{Name: "others"}
+	if err := other.Register(b, w3); !errors.Is(err, ErrRegistrationRefused) || !strings.Contains(err.Error(), "from one node") {
 		t.Fatalf("a seventh registration of one node: %v, want ErrRegistrationRefused (per node)", err)
 	}
 	// c: a third entry under echoKey.
 	c1 := spawnEcho(t, c, "c1")
-	if err := RegisterService(c, echoKey, c1); !errors.Is(err, ErrRegistrationRefused) || !strings.Contains(err.Error(), "under one name") {
+	if err := echoKey.Register(c, c1); !errors.Is(err, ErrRegistrationRefused) || !strings.Contains(err.Error(), "under one name") {
 		t.Fatalf("a third registration under one key: %v, want ErrRegistrationRefused (per name)", err)
 	}
 	ctx := ctxT(t, 5*time.Second)
-	got, err := FindService(ctx, c, echoKey)
+	got, err := echoKey.Find(ctx, c)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -134,7 +134,7 @@ func TestARegistrarBoundsAPeerAndAName(t *testing.T) {
 	b.Stop(w1)
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		err := RegisterService(c, echoKey, c1)
+		err := echoKey.Register(c, c1)
 		if err == nil {
 			break
 		}

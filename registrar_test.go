@@ -94,7 +94,7 @@ func TestReRegistersAfterReassociation(t *testing.T) {
 	service := startOn(t, f, cfgS)
 	spawnEcho(t, service, "svc")
 	lost := make(chan PeerUnreachable, 1)
-	SubscribeChan(service.Events(), lost)
+	SubscribeChan(service, lost)
 	f.Partition(registrar, service)
 	waitFor(t, 5*time.Second, "the registrar to drop the unreachable service", func() bool { return len(registrar.reg().find("svc")) == 0 })
 	recv(t, lost, "the service gives up on the registrar")

@@ -204,9 +204,9 @@ func TestPeerCloseTerminatesWatchersWithPeerLeft(t *testing.T) {
 			t.Fatal(err)
 		}
 		gone := make(chan PeerUnreachable, 1)
-		SubscribeChan(a.Events(), gone)
+		SubscribeChan(a, gone)
 		dead := make(chan DeadLetter, 4)
-		SubscribeChan(a.Events(), dead)
+		SubscribeChan(a, dead)
 		got := watcher(t, a, "w", remote)
 		if err := b.Close(); err != nil {
 			t.Fatal(err)

@@ -29,7 +29,7 @@ func TestALookupSkipsAQuarantinedIncarnationWithoutDialing(t *testing.T) {
 	spawnEcho(t, c, "svc")
 	spawnEcho(t, b, "svc") // newest: preferred
 	gone := make(chan PeerUnreachable, 8)
-	SubscribeChan(a.Events(), gone)
+	SubscribeChan(a, gone)
 	waitFor(t, 5*time.Second, "both registered", func() bool {
 		regs, err := a.askRegistrar(ctxT(t, 5*time.Second), registrarSource{addr: mustAddr(t, registry)}, regRequest{Op: regOpFind, Name: "svc"})
 		return err == nil && len(slices.DeleteFunc(regs, func(r Registration) bool { return r.Path == "" })) == 2

@@ -51,9 +51,9 @@ func TestARestartedProcessAtItsAddressIsAdmittedAtOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	gone := make(chan troupe.PeerUnreachable, 8)
-	troupe.SubscribeChan(peer.Events(), gone)
+	troupe.SubscribeChan(peer, gone)
 	regGone := make(chan troupe.PeerUnreachable, 8)
-	troupe.SubscribeChan(reg.Events(), regGone)
+	troupe.SubscribeChan(reg, regGone)
 
 	svc, err := start("service", fixed)
 	if err != nil {

@@ -24,12 +24,12 @@ func TestResetsResumeExactlyOnceInOrder(t *testing.T) {
 	away := startOn(t, f, failConfig("away", 50*time.Millisecond, 5*time.Second))
 	sinkHere, got := spawnCollector[count](t, away, "sink", 1<<20)
 	unreachable := make(chan PeerUnreachable, 4)
-	SubscribeChan(home.Events(), unreachable)
-	SubscribeChan(away.Events(), unreachable)
+	SubscribeChan(home, unreachable)
+	SubscribeChan(away, unreachable)
 	resumed := make(chan PeerResumed, 256)
-	SubscribeChan(home.Events(), resumed)
+	SubscribeChan(home, resumed)
 	dead := make(chan DeadLetter, 16)
-	SubscribeChan(home.Events(), dead)
+	SubscribeChan(home, dead)
 
 	sink, err := Resolve[count](ctxT(t, 5*time.Second), home, FormatRef(away.Addrs()[0], "/user/sink"))
 	if err != nil {
@@ -110,9 +110,9 @@ func TestResetThenSilenceIsDetectedByTheWindow(t *testing.T) {
 	checkLeaks(t)
 	p := newPair(t, 20*time.Millisecond, 400*time.Millisecond)
 	lost := make(chan PeerLinkLost, 4)
-	SubscribeChan(p.home.Events(), lost)
+	SubscribeChan(p.home, lost)
 	// The link is cut the moment the flap is seen, before the redial.
-	Subscribe(p.home.Events(), func(PeerLinkLost) { p.f.Partition(p.home, p.away) })
+	Subscribe(p.home, func(PeerLinkLost) { p.f.Partition(p.home, p.away) })
 	cut := time.Now()
 	p.f.Reset(p.home, p.away)
 	ev := recv(t, p.homeEvents, "PeerUnreachable")
@@ -141,9 +141,9 @@ func TestAPeerThatCannotResumeEndsAtOnce(t *testing.T) {
 	cfg.Listen = []string{"tcp://127.0.0.1:0"}
 	n := startNode(t, cfg)
 	unreachable := make(chan PeerUnreachable, 1)
-	SubscribeChan(n.Events(), unreachable)
+	SubscribeChan(n, unreachable)
 	lost := make(chan PeerLinkLost, 1)
-	SubscribeChan(n.Events(), lost)
+	SubscribeChan(n, lost)
 	c := rawHandshake(t, n)
 	waitFor(t, 5*time.Second, "the raw peer to be up", func() bool { return len(n.Stats().Peers) == 1 })
 	c.(*net.TCPConn).SetLinger(0)
@@ -180,9 +180,9 @@ func TestResetsResumeLargeMessages(t *testing.T) {
 	away := startOn(t, f, failConfig("away", 50*time.Millisecond, 5*time.Second))
 	_, got := spawnCollector[padded](t, away, "sink", 1<<12)
 	resumed := make(chan PeerResumed, 64)
-	SubscribeChan(home.Events(), resumed)
+	SubscribeChan(home, resumed)
 	dead := make(chan DeadLetter, 16)
-	SubscribeChan(home.Events(), dead)
+	SubscribeChan(home, dead)
 	sink, err := Resolve[padded](ctxT(t, 5*time.Second), home, FormatRef(away.Addrs()[0], "/user/sink"))
 	if err != nil {
 		t.Fatal(err)
@@ -267,9 +267,9 @@ func TestFailingABacklogDoesNotHoldUpDetection(t *testing.T) {
 	roundTrip(t, c, home, "/user/echo")
 
 	unreachable := make(chan PeerUnreachable, 4)
-	SubscribeChan(home.Events(), unreachable)
+	SubscribeChan(home, unreachable)
 	linkLost := make(chan PeerLinkLost, 1)
-	SubscribeChan(home.Events(), linkLost)
+	SubscribeChan(home, linkLost)
 	const backlog = 200
 	var queued atomic.Bool
 	var dead atomic.Int64
@@ -277,7 +277,7 @@ func TestFailingABacklogDoesNotHoldUpDetection(t *testing.T) {
 	releaseOnce := sync.OnceFunc(func() { close(release) })
 	t.Cleanup(releaseOnce) // (before the nodes close)
 	var once sync.Once
-	Subscribe(home.Events(), func(d DeadLetter) {
+	Subscribe(home, func(d DeadLetter) {
 		if !strings.HasSuffix(d.Target, "/user/sink") {
 			return
 		}
@@ -292,7 +292,7 @@ func TestFailingABacklogDoesNotHoldUpDetection(t *testing.T) {
 	// The link is cut once both ends have seen it break (a cut link
 	// holds the break too), and before b, the dialer, dials again.
 	cut := make(chan struct{})
-	Subscribe(b.Events(), func(PeerLinkLost) {
+	Subscribe(b, func(PeerLinkLost) {
 		select {
 		case <-linkLost:
 		case <-time.After(10 * time.Second):

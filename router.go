@@ -10,7 +10,7 @@ import (
 
 // Group routers: an actor whose messages go on to one of the actors
 // under a service key, chosen by a strategy, over the key's listing as it
-// changes (WatchService).
+// changes (ServiceKey.Watch).
 
 // ErrNoRoutee is the dead-letter reason of a message a group router
 // could not route: no actor is under its key.
@@ -70,7 +70,7 @@ func ConsistentHash[T any](key func(T) string) RouteStrategy[T] {
 
 // SpawnGroupRouter spawns, on n, an actor called name that routes every
 // message it takes to one of the actors under key, chosen by strategy.
-// It follows key's listing as [WatchService] does, pushed: a routee that
+// It follows key's listing as [ServiceKey.Watch] does, pushed: a routee that
 // stops, or whose node is lost, drops out as soon as the listing says so,
 // and one that registers joins. A message that finds no routee is a dead
 // letter with [ErrNoRoutee]. The router forwards with Tell: a routee
@@ -80,7 +80,7 @@ func ConsistentHash[T any](key func(T) string) RouteStrategy[T] {
 // [ErrBadConfig] for a strategy that cannot choose (the zero
 // RouteStrategy), else what [Spawn] returns.
 func SpawnGroupRouter[T any](n *Node, name string, key ServiceKey[T], strategy RouteStrategy[T], opts ...LookupOption) (Ref[T], error) {
-	if err := checkName(key.name); err != nil {
+	if err := checkName(key.Name); err != nil {
 		return Ref[T]{}, err
 	}
 	if strategy.pick == nil {
@@ -92,7 +92,7 @@ func SpawnGroupRouter[T any](n *Node, name string, key ServiceKey[T], strategy R
 		Setup: func(c *Context[T]) {
 			ctx := c.Context()
 			n.wg.Go(func() {
-				WatchService(ctx, n, key, func(rs []Ref[T]) { routees.Store(&rs) }, opts...)
+				key.Watch(ctx, n, func(rs []Ref[T]) { routees.Store(&rs) }, opts...)
 			})
 		},
 		Receive: func(c *Context[T], msg T) {

@@ -145,8 +145,8 @@ func TestARouterWithNoRouteeMakesADeadLetter(t *testing.T) {
 	_, ns := serviceNodes(t, "client")
 	client := ns[0]
 	dead := make(chan troupe.DeadLetter, 4)
-	troupe.SubscribeChan(client.Events(), dead)
-	router, err := troupe.SpawnGroupRouter(client, "none", troupe.NewServiceKey[job]("nobody"), troupe.RoundRobin[job]())
+	troupe.SubscribeChan(client, dead)
+	router, err := troupe.SpawnGroupRouter(client, "none", troupe.ServiceKey[job]{Name: "nobody"}, troupe.RoundRobin[job]())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -155,7 +155,7 @@ func TestARouterWithNoRouteeMakesADeadLetter(t *testing.T) {
 	if !errors.Is(d.Reason, troupe.ErrNoRoutee) {
 		t.Fatalf("dead letter %+v, want ErrNoRoutee", d)
 	}
-	if _, err := troupe.SpawnGroupRouter(client, "bad", troupe.NewServiceKey[job]("no good"), troupe.RoundRobin[job]()); !errors.Is(err, troupe.ErrBadName) {
+	if _, err := troupe.SpawnGroupRouter(client, "bad", troupe.ServiceKey[job]{Name: "no good"}, troupe.RoundRobin[job]()); !errors.Is(err, troupe.ErrBadName) {
 		t.Fatalf("a bad key: %v, want ErrBadName", err)
 	}
 }

@@ -18,42 +18,43 @@ import (
 // the registrar's watch or etcd's.
 
 // ServiceKey names a set of actors that take messages of type T: any
-// number of actors, on any number of nodes, register under it, and a
-// lookup returns them all as Ref[T]s. Two keys with one name and two
-// types are two sets in effect: an actor registered under one is not in
-// the other's listing (its protocol is checked, as [Resolve] checks it).
-type ServiceKey[T any] struct{ name string }
-
-// NewServiceKey returns the key of the set called name (letters, digits,
-// '-', '_' and '.', as an actor's name; [ErrBadName] is returned where it
-// is used otherwise).
-func NewServiceKey[T any](name string) ServiceKey[T] { return ServiceKey[T]{name: name} }
-
-// Name returns the key's name.
-func (k ServiceKey[T]) Name() string { return k.name }
+// number of actors, on any number of nodes, register under it
+// ([ServiceKey.Register]), and a lookup returns them all as Ref[T]s
+// ([ServiceKey.Find], [ServiceKey.Watch], [ServiceKey.Subscribe]). Two
+// keys with one name and two types are two sets in effect: an actor
+// registered under one is not in the other's listing (its protocol is
+// checked, as [Resolve] checks it). Make one with a literal:
+//
+//	jobs := troupe.ServiceKey[Job]{Name: "jobs"}
+type ServiceKey[T any] struct {
+	// Name is the set's name: letters, digits, '-', '_' and '.', as an
+	// actor's name ([ErrBadName] is returned where a key is used
+	// otherwise).
+	Name string
+}
 
 // String returns the key's name and the message type.
 func (k ServiceKey[T]) String() string {
-	return "service " + k.name + " of " + protocolName(reflect.TypeFor[T]())
+	return "service " + k.Name + " of " + protocolName(reflect.TypeFor[T]())
 }
 
 // servicePrefix starts the registry name of a service key: no actor's
 // name has a colon, so the two never meet.
 const servicePrefix = "service:"
 
-func (k ServiceKey[T]) regName() string { return servicePrefix + k.name }
+func (k ServiceKey[T]) regName() string { return servicePrefix + k.Name }
 
-// ErrNotLocal is returned by [RegisterService] for a ref that is not one
+// ErrNotLocal is returned by [ServiceKey.Register] for a ref that is not one
 // of the calling node's own actors (a remote actor, an Ask's reply ref or
 // a message adapter): a node registers only what it runs.
 var ErrNotLocal = errors.New("troupe: not an actor of this node")
 
 // maxServicesPerNode bounds the service registrations one node holds
-// (every key, every actor); [RegisterService] past it returns
+// (every key, every actor); Register past it returns
 // ErrTooManyServices.
 const maxServicesPerNode = 10000
 
-// ErrTooManyServices is returned by [RegisterService] when the node holds
+// ErrTooManyServices is returned by [ServiceKey.Register] when the node holds
 // 10,000 service registrations (every key, every actor).
 var ErrTooManyServices = errors.New("troupe: the node holds as many service registrations as it takes")
 
@@ -69,10 +70,10 @@ type services struct {
 	entries map[serviceEntry]struct{}
 }
 
-// RegisterService lists ref, an actor of this node, under k with every
+// Register lists ref, an actor of this node, under k with every
 // registry the node uses (its registrars, or etcd; a cluster member that
 // uses neither, its cluster: see [StartCluster]), until the actor stops
-// or [DeregisterService] removes it. An actor may be under many keys, and
+// or [ServiceKey.Unregister] removes it. An actor may be under many keys, and
 // a key holds any number of actors. Like Spawn of a public actor, it
 // waits, within Config.RegistryTimeout, for the registry to confirm, and
 // a registrar that does not answer gets it when it does again (the
@@ -84,8 +85,8 @@ type services struct {
 // as the 16,384 registrations under one name; the entry is then kept
 // nowhere) or
 // [ErrNodeClosed].
-func RegisterService[T any](n *Node, k ServiceKey[T], ref Ref[T]) error {
-	if err := checkName(k.name); err != nil {
+func (k ServiceKey[T]) Register(n *Node, ref Ref[T]) error {
+	if err := checkName(k.Name); err != nil {
 		return err
 	}
 	if ref.h == nil || ref.h.node != n {
@@ -127,7 +128,7 @@ func RegisterService[T any](n *Node, k ServiceKey[T], ref Ref[T]) error {
 		return err
 	}
 	if !n.holdsService(e) {
-		// The actor stopped, or DeregisterService ran, while it was being
+		// The actor stopped, or Unregister ran, while it was being
 		// registered: their unregistration may have gone first.
 		n.unregisterEntry(e.name, ref.h.key.uuid)
 		if n.lookup(ref.h.key.path, ref.h.key.uuid) == nil {
@@ -147,9 +148,9 @@ func (n *Node) holdsService(e serviceEntry) bool {
 	return ok && n.lookup(e.h.key.path, e.h.key.uuid) != nil
 }
 
-// DeregisterService takes ref out of k's set, telling the registries
+// Unregister takes ref out of k's set, telling the registries
 // without waiting for them. It reports whether it was there.
-func DeregisterService[T any](n *Node, k ServiceKey[T], ref Ref[T]) bool {
+func (k ServiceKey[T]) Unregister(n *Node, ref Ref[T]) bool {
 	if ref.h == nil || ref.h.node != n {
 		return false
 	}
@@ -213,15 +214,15 @@ func (n *Node) serviceRegistration(e serviceEntry) Registration {
 	return Registration{Name: e.name, UUID: e.h.key.uuid, Path: e.h.key.path, Node: n.uid, NodeName: n.name, Addrs: n.Addrs()}
 }
 
-// FindService returns the actors under k that this node can reach now,
+// Find returns the actors under k that this node can reach now,
 // from every registry the node uses (or those of [WithRegistries]), one
 // ref per actor, in a stable order (by node, then path). An actor whose
 // node is quarantined here, or that does not answer, or that takes
 // another message type, is left out. It returns an empty listing when
 // there is none, and an error when no registry answered, or ctx's when
 // ctx ended before the listing was made (never a listing cut short).
-func FindService[T any](ctx context.Context, n *Node, k ServiceKey[T], opts ...LookupOption) ([]Ref[T], error) {
-	if err := checkName(k.name); err != nil {
+func (k ServiceKey[T]) Find(ctx context.Context, n *Node, opts ...LookupOption) ([]Ref[T], error) {
+	if err := checkName(k.Name); err != nil {
 		return nil, err
 	}
 	srcs, err := n.serviceSources(opts)
@@ -308,7 +309,7 @@ func serviceRefs[T any](ctx context.Context, n *Node, regs []Registration, known
 	return out, now, unresolved
 }
 
-// WatchService calls each with the listing of k (as [FindService] makes
+// Watch calls each with the listing of k (as [ServiceKey.Find] makes
 // it) at once, and again whenever the set changes, until ctx ends
 // ([context.Canceled] or the deadline's error is returned) or the node
 // closes ([ErrNodeClosed]). The changes are pushed: by the first
@@ -321,14 +322,14 @@ func serviceRefs[T any](ctx context.Context, n *Node, regs []Registration, known
 // (the registrar drops it, or etcd its lease); a listing never holds an
 // actor of a node quarantined here, and a member that could not be
 // reached is tried again (with a growing pause) until it is, or leaves.
-// While no registry answers, nothing is delivered; WatchService watches
-// again with a growing pause (up to 5 s). Each WatchService takes one of
+// While no registry answers, nothing is delivered; Watch watches
+// again with a growing pause (up to 5 s). Each Watch takes one of
 // the registrar's 1,024 watch subscribers. each runs on one goroutine at
 // a time; a listing equal to the last is not delivered again. Besides
 // ctx's error and ErrNodeClosed, it returns [ErrBadName] or
 // [ErrNoRegistry] at once.
-func WatchService[T any](ctx context.Context, n *Node, k ServiceKey[T], each func([]Ref[T]), opts ...LookupOption) error {
-	if err := checkName(k.name); err != nil {
+func (k ServiceKey[T]) Watch(ctx context.Context, n *Node, each func([]Ref[T]), opts ...LookupOption) error {
+	if err := checkName(k.Name); err != nil {
 		return err
 	}
 	w := &serviceWatch[T]{n: n, name: k.regName(), each: each}
@@ -365,7 +366,7 @@ func (s regSelector) etcdPrefix(r *etcdRegistry) string {
 func (n *Node) followRegistry(ctx context.Context, sel regSelector, deliver func([]Registration) (again bool), opts []LookupOption) error {
 	f := &regFollower{deliver: deliver, kick: make(chan struct{}, 1)}
 	lost := make(chan PeerUnreachable, 1)
-	sub := subscribeOwnChan(n.Events(), lost)
+	sub := subscribeOwnChan(&n.events, lost)
 	stop, done := make(chan struct{}), make(chan struct{})
 	go f.refresh(stop, done, lost)
 	defer func() { close(stop); <-done; sub.Unsubscribe() }()
@@ -520,7 +521,7 @@ const (
 	serviceRewatchMax = 5 * time.Second
 )
 
-// serviceWatch is one WatchService's state.
+// serviceWatch is one ServiceKey.Watch's state.
 type serviceWatch[T any] struct {
 	n     *Node
 	name  string

@@ -10,7 +10,7 @@ import (
 	"time"
 )
 
-var echoKey = NewServiceKey[testPing]("echoes")
+var echoKey = ServiceKey[testPing]{Name: "echoes"}
 
 // listingPaths lists the paths of refs, sorted.
 func listingPaths(refs []Ref[testPing]) []string {
@@ -22,7 +22,7 @@ func listingPaths(refs []Ref[testPing]) []string {
 	return out
 }
 
-// followService runs WatchService on n and returns its listings.
+// followService runs ServiceKey.Watch on n and returns its listings.
 func followService(t *testing.T, n *Node) <-chan []string {
 	t.Helper()
 	ch := make(chan []string, 256)
@@ -30,7 +30,7 @@ func followService(t *testing.T, n *Node) <-chan []string {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		WatchService(ctx, n, echoKey, func(refs []Ref[testPing]) { ch <- listingPaths(refs) })
+		echoKey.Watch(ctx, n, func(refs []Ref[testPing]) { ch <- listingPaths(refs) })
 	}()
 	t.Cleanup(func() { cancel(); <-done })
 	return ch
@@ -56,13 +56,13 @@ func awaitListing(t *testing.T, ch <-chan []string, what string, want ...string)
 func registerEcho(t *testing.T, n *Node, name string) Ref[testPing] {
 	t.Helper()
 	r := spawnEcho(t, n, name)
-	if err := RegisterService(n, echoKey, r); err != nil {
+	if err := echoKey.Register(n, r); err != nil {
 		t.Fatal(err)
 	}
 	return r
 }
 
-// A WatchService follows the registry through a failover: the registrar
+// A ServiceKey.Watch follows the registry through a failover: the registrar
 // vanishes, another node takes its address over, the nodes register
 // again, and what is registered after is pushed by the new registrar,
 // in a listing that holds every actor again.
@@ -92,7 +92,7 @@ func TestWatchServiceFollowsARegistrarFailover(t *testing.T) {
 	awaitListing(t, ch, "a registration after the failover", "/user/ea", "/user/ea2", "/user/eb")
 }
 
-// Over etcd: FindService lists the actors of every node, and WatchService
+// Over etcd: ServiceKey.Find lists the actors of every node, and ServiceKey.Watch
 // is pushed by etcd's watch stream: a registration, a stop, and a node
 // that closes (its entries go with its lease).
 func TestServiceKeysOverEtcd(t *testing.T) {
@@ -103,9 +103,9 @@ func TestServiceKeysOverEtcd(t *testing.T) {
 	a, b := etcdNode(t, "alpha", url), etcdNode(t, "beta", url)
 	registerEcho(t, a, "ea")
 	eb := registerEcho(t, b, "eb")
-	refs, err := FindService(ctxT(t, 10*time.Second), a, echoKey)
+	refs, err := echoKey.Find(ctxT(t, 10*time.Second), a)
 	if err != nil || !slices.Equal(listingPaths(refs), []string{"/user/ea", "/user/eb"}) {
-		t.Fatalf("FindService = %v, %v", listingPaths(refs), err)
+		t.Fatalf("ServiceKey.Find = %v, %v", listingPaths(refs), err)
 	}
 	for _, r := range refs {
 		roundTripRef(t, a, r)
@@ -129,13 +129,13 @@ func subscribePings(t *testing.T, n *Node, name string) <-chan int {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := SubscribeTopic(n, pingTopic, ref); err != nil {
+	if err := pingTopic.Subscribe(n, ref); err != nil {
 		t.Fatal(err)
 	}
 	return got
 }
 
-var pingTopic = NewTopic[testPing]("pings")
+var pingTopic = Topic[testPing]{Name: "pings"}
 
 // A node's topic relays are registered again with everything else: after
 // the registrar fails over, a publisher on another node still reaches
@@ -153,7 +153,7 @@ func TestTopicRelaysFollowARegistrarFailover(t *testing.T) {
 	first := startOn(t, f, cfg("first"))
 	a, b := startOn(t, f, cfg("a")), startOn(t, f, cfg("b"))
 	got := subscribePings(t, b, "sub")
-	if err := Publish(ctxT(t, 10*time.Second), a, pingTopic, testPing{N: 1}); err != nil {
+	if err := pingTopic.Publish(ctxT(t, 10*time.Second), a, testPing{N: 1}); err != nil {
 		t.Fatal(err)
 	}
 	if n := recv(t, got, "the first publish"); n != 1 {
@@ -174,7 +174,7 @@ func TestTopicRelaysFollowARegistrarFailover(t *testing.T) {
 	// Once a publish gets through (a's listing follows the new registrar),
 	// every one does, in order.
 	waitFor(t, 10*time.Second, "a publish to reach b after the failover", func() bool {
-		if err := Publish(ctxT(t, time.Second), a, pingTopic, testPing{N: -1}); err != nil {
+		if err := pingTopic.Publish(ctxT(t, time.Second), a, testPing{N: -1}); err != nil {
 			return false
 		}
 		select {
@@ -185,7 +185,7 @@ func TestTopicRelaysFollowARegistrarFailover(t *testing.T) {
 		}
 	})
 	for i := 2; i <= 50; i++ {
-		if err := Publish(ctxT(t, 10*time.Second), a, pingTopic, testPing{N: i}); err != nil {
+		if err := pingTopic.Publish(ctxT(t, 10*time.Second), a, testPing{N: i}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -210,7 +210,7 @@ func TestTopicsOverEtcd(t *testing.T) {
 	a, b := etcdNode(t, "alpha", url), etcdNode(t, "beta", url)
 	got := subscribePings(t, b, "sub")
 	for i := 1; i <= 20; i++ {
-		if err := Publish(ctxT(t, 10*time.Second), a, pingTopic, testPing{N: i}); err != nil {
+		if err := pingTopic.Publish(ctxT(t, 10*time.Second), a, testPing{N: i}); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -7,11 +7,11 @@ import (
 	"sync"
 )
 
-// Following a service key's listing from an actor: SubscribeService
+// Following a service key's listing from an actor: ServiceKey.Subscribe
 // sends the listing to an actor of this node as a message, at once and
 // at each change, until the actor stops or the subscription is ended.
 
-// ServiceListing is a service key's listing as [SubscribeService]
+// ServiceListing is a service key's listing as [ServiceKey.Subscribe]
 // delivers it: every actor under Key that the registry lists and this
 // node reaches, in a stable order (by node, then path).
 type ServiceListing[T any] struct {
@@ -19,31 +19,17 @@ type ServiceListing[T any] struct {
 	Refs []Ref[T]
 }
 
-// ServiceSubscription is a subscription made by [SubscribeService].
-type ServiceSubscription struct {
-	cancel context.CancelFunc
-	done   chan struct{}
-}
-
-// Unsubscribe ends the subscription: no listing is sent once it
-// returns. It may be called more than once, from any goroutine
-// (a handler included).
-func (s *ServiceSubscription) Unsubscribe() {
-	s.cancel()
-	<-s.done
-}
-
 // serviceSubs are this node's subscriptions by subscriber, so that an
 // actor's stop ends its own.
 type serviceSubs struct {
 	mu sync.Mutex
-	by map[*handle]map[*ServiceSubscription]struct{}
+	by map[*handle]map[*Subscription]struct{}
 }
 
-// SubscribeService sends k's listing to subscriber, an actor of this
+// Subscribe sends k's listing to subscriber, an actor of this
 // node, as a [ServiceListing]: at once, then each time the set changes
-// (pushed, as [WatchService] follows it), until the subscriber stops,
-// [ServiceSubscription.Unsubscribe] is called, or the node closes (or,
+// (pushed, as [ServiceKey.Watch] follows it), until the subscriber stops,
+// [Subscription.Unsubscribe] is called, or the node closes (or,
 // on a cluster member that uses no registry, the cluster stops: the
 // subscriber then gets an empty listing, the last). A
 // listing waits for room in the subscriber's mailbox (a full mailbox
@@ -52,12 +38,12 @@ type serviceSubs struct {
 // was sent: one that waited in the mailbox may be older than the last
 // change (the next listing follows), and listings left in the mailbox
 // when the subscriber stops are dead letters like any message. Like
-// WatchService, it takes one of the registrar's 1,024 watch subscribers.
+// Watch, it takes one of the registrar's 1,024 watch subscribers.
 // It returns [ErrBadName], [ErrNotLocal]
 // (a remote ref, or not an actor), [ErrActorStopped], [ErrNoRegistry] or
 // [ErrNodeClosed].
-func SubscribeService[T any](n *Node, k ServiceKey[T], subscriber Ref[ServiceListing[T]], opts ...LookupOption) (*ServiceSubscription, error) {
-	if err := checkName(k.name); err != nil {
+func (k ServiceKey[T]) Subscribe(n *Node, subscriber Ref[ServiceListing[T]], opts ...LookupOption) (*Subscription, error) {
+	if err := checkName(k.Name); err != nil {
 		return nil, err
 	}
 	h := subscriber.h
@@ -74,14 +60,14 @@ func SubscribeService[T any](n *Node, k ServiceKey[T], subscriber Ref[ServiceLis
 		return nil, err
 	}
 	ctx, cancel := context.WithCancel(n.actorsCtx)
-	s := &ServiceSubscription{cancel: cancel, done: make(chan struct{})}
+	s := &Subscription{cancel: cancel, done: make(chan struct{})}
 	ss := &n.serviceSubs
 	ss.mu.Lock()
 	if ss.by == nil {
-		ss.by = map[*handle]map[*ServiceSubscription]struct{}{}
+		ss.by = map[*handle]map[*Subscription]struct{}{}
 	}
 	if ss.by[h] == nil {
-		ss.by[h] = map[*ServiceSubscription]struct{}{}
+		ss.by[h] = map[*Subscription]struct{}{}
 	}
 	ss.by[h][s] = struct{}{}
 	ss.mu.Unlock()
@@ -95,7 +81,7 @@ func SubscribeService[T any](n *Node, k ServiceKey[T], subscriber Ref[ServiceLis
 	n.wg.Go(func() {
 		defer close(s.done)
 		defer n.endServiceSub(h, s)
-		err := WatchService(ctx, n, k, func(refs []Ref[T]) {
+		err := k.Watch(ctx, n, func(refs []Ref[T]) {
 			subscriber.Send(ctx, ServiceListing[T]{Key: k, Refs: refs})
 		}, opts...)
 		if errors.Is(err, ErrClusterStopped) {
@@ -108,7 +94,7 @@ func SubscribeService[T any](n *Node, k ServiceKey[T], subscriber Ref[ServiceLis
 }
 
 // endServiceSub forgets the subscription s of h.
-func (n *Node) endServiceSub(h *handle, s *ServiceSubscription) {
+func (n *Node) endServiceSub(h *handle, s *Subscription) {
 	ss := &n.serviceSubs
 	ss.mu.Lock()
 	defer ss.mu.Unlock()

@@ -23,7 +23,7 @@ type job struct {
 
 func init() { troupe.RegisterMessage[job]("troupe.test.service.job") }
 
-var workersKey = troupe.NewServiceKey[job]("workers")
+var workersKey = troupe.ServiceKey[job]{Name: "workers"}
 
 // serviceNodes starts a registrar and names more nodes that use it.
 func serviceNodes(t *testing.T, names ...string) (*troupe.Node, []*troupe.Node) {
@@ -59,7 +59,7 @@ func spawnWorker(t *testing.T, n *troupe.Node, name string) troupe.Ref[job] {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := troupe.RegisterService(n, workersKey, ref); err != nil {
+	if err := workersKey.Register(n, ref); err != nil {
 		t.Fatal(err)
 	}
 	return ref
@@ -90,11 +90,11 @@ func TestServiceKeyListsItsActorsOnEveryNode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := troupe.RegisterService(b, troupe.NewServiceKey[string]("workers"), other); err != nil {
+	if err := (troupe.ServiceKey[string]{Name: "workers"}).Register(b, other); err != nil {
 		t.Fatal(err)
 	}
 	for _, from := range []*troupe.Node{client, a, reg} {
-		refs, err := troupe.FindService(ctxFor(t), from, workersKey)
+		refs, err := workersKey.Find(ctxFor(t), from)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -108,43 +108,43 @@ func TestServiceKeyListsItsActorsOnEveryNode(t *testing.T) {
 			}
 		}
 	}
-	if strs, err := troupe.FindService(ctxFor(t), client, troupe.NewServiceKey[string]("workers")); err != nil || !slices.Equal(paths(strs), []string{"/user/other"}) {
+	if strs, err := (troupe.ServiceKey[string]{Name: "workers"}).Find(ctxFor(t), client); err != nil || !slices.Equal(paths(strs), []string{"/user/other"}) {
 		t.Fatalf("the string key lists %v, %v", paths(strs), err)
 	}
-	if !troupe.DeregisterService(a, workersKey, w2) {
-		t.Fatal("DeregisterService of a registered worker reported false")
+	if !workersKey.Unregister(a, w2) {
+		t.Fatal("ServiceKey.Unregister of a registered worker reported false")
 	}
-	if troupe.DeregisterService(a, workersKey, w2) {
-		t.Fatal("a second DeregisterService reported true")
+	if workersKey.Unregister(a, w2) {
+		t.Fatal("a second ServiceKey.Unregister reported true")
 	}
 	b.Stop(w3)
 	waitUntil(t, 10*time.Second, "w2 and w3 to leave the listing", func() bool {
-		refs, err := troupe.FindService(ctxFor(t), client, workersKey)
+		refs, err := workersKey.Find(ctxFor(t), client)
 		return err == nil && slices.Equal(paths(refs), []string{"/user/w1"})
 	})
 }
 
-// RegisterService refuses what it cannot list, with a clear error.
+// ServiceKey.Register refuses what it cannot list, with a clear error.
 func TestRegisterServiceRefusals(t *testing.T) {
 	t.Parallel()
 	_, ns := serviceNodes(t, "a", "b")
 	a, b := ns[0], ns[1]
 	w := spawnWorker(t, a, "w")
-	if err := troupe.RegisterService(a, troupe.NewServiceKey[job]("no spaces"), w); !errors.Is(err, troupe.ErrBadName) {
+	if err := (troupe.ServiceKey[job]{Name: "no spaces"}).Register(a, w); !errors.Is(err, troupe.ErrBadName) {
 		t.Errorf("a bad key name: %v, want ErrBadName", err)
 	}
-	if _, err := troupe.FindService(ctxFor(t), a, troupe.NewServiceKey[job]("")); !errors.Is(err, troupe.ErrBadName) {
-		t.Errorf("FindService of an empty name: %v, want ErrBadName", err)
+	if _, err := (troupe.ServiceKey[job]{Name: ""}).Find(ctxFor(t), a); !errors.Is(err, troupe.ErrBadName) {
+		t.Errorf("ServiceKey.Find of an empty name: %v, want ErrBadName", err)
 	}
 	remote := remoteRef[job](t, b, a, "/user/w")
-	if err := troupe.RegisterService(b, workersKey, remote); !errors.Is(err, troupe.ErrNotLocal) {
+	if err := workersKey.Register(b, remote); !errors.Is(err, troupe.ErrNotLocal) {
 		t.Errorf("a remote ref: %v, want ErrNotLocal", err)
 	}
 	a.Stop(w)
 	waitUntil(t, 5*time.Second, "w to stop", func() bool {
-		return errors.Is(troupe.RegisterService(a, workersKey, w), troupe.ErrActorStopped)
+		return errors.Is(workersKey.Register(a, w), troupe.ErrActorStopped)
 	})
-	refs, err := troupe.FindService(ctxFor(t), b, workersKey)
+	refs, err := workersKey.Find(ctxFor(t), b)
 	if err != nil || len(refs) != 0 {
 		t.Fatalf("a stopped actor is listed: %v, %v", paths(refs), err)
 	}
@@ -160,40 +160,40 @@ func TestAHandPublishedPeerUnreachableIsNotActedOn(t *testing.T) {
 	a, client := ns[0], ns[1]
 	spawnWorker(t, a, "w")
 	waitUntil(t, 10*time.Second, "w to be listed", func() bool {
-		refs, err := troupe.FindService(ctxFor(t), reg, workersKey)
+		refs, err := workersKey.Find(ctxFor(t), reg)
 		return err == nil && len(refs) == 1
 	})
 	got := make(chan troupe.PeerUnreachable, 1)
-	sub := troupe.SubscribeChan(reg.Events(), got)
+	sub := troupe.SubscribeChan(reg, got)
 	defer sub.Unsubscribe()
-	reg.Events().Publish(troupe.PeerUnreachable{UID: a.UID(), Name: "a"})
+	reg.PublishEvent(troupe.PeerUnreachable{UID: a.UID(), Name: "a"})
 	if e := within(t, got, 10*time.Second, "the event at the program's subscriber"); e.UID != a.UID() {
 		t.Fatalf("the subscriber got %+v", e)
 	}
 	// Publish calls every subscriber before it returns: a registrar that
 	// acted on the event has dropped a's registrations by now.
 	for _, n := range []*troupe.Node{reg, client} {
-		refs, err := troupe.FindService(ctxFor(t), n, workersKey)
+		refs, err := workersKey.Find(ctxFor(t), n)
 		if err != nil || !slices.Equal(paths(refs), []string{"/user/w"}) {
 			t.Fatalf("%s lists %v, %v after a hand-published PeerUnreachable; want /user/w", n.Name(), paths(refs), err)
 		}
 	}
 }
 
-// listings collects what WatchService delivers.
+// listings collects what ServiceKey.Watch delivers.
 func watchListings(t *testing.T, n *troupe.Node, k troupe.ServiceKey[job]) (<-chan []troupe.Ref[job], func() error) {
 	t.Helper()
 	ch := make(chan []troupe.Ref[job], 64)
 	ctx, cancel := context.WithCancel(context.Background())
 	ended := make(chan error, 1)
-	go func() { ended <- troupe.WatchService(ctx, n, k, func(refs []troupe.Ref[job]) { ch <- refs }) }()
+	go func() { ended <- k.Watch(ctx, n, func(refs []troupe.Ref[job]) { ch <- refs }) }()
 	stop := sync.OnceValue(func() error {
 		cancel()
 		select {
 		case err := <-ended:
 			return err
 		case <-time.After(10 * time.Second):
-			return errors.New("WatchService did not return after its ctx ended")
+			return errors.New("ServiceKey.Watch did not return after its ctx ended")
 		}
 	})
 	t.Cleanup(func() { stop() })
@@ -219,7 +219,7 @@ func nextListing(t *testing.T, ch <-chan []troupe.Ref[job], what string, want ..
 	}
 }
 
-// WatchService delivers the listing at once and each change as it
+// ServiceKey.Watch delivers the listing at once and each change as it
 // happens, pushed by the registrar: a registration, a stop, a node that
 // closes; and returns ctx's error when ctx ends.
 func TestWatchServiceIsPushed(t *testing.T) {
@@ -241,13 +241,13 @@ func TestWatchServiceIsPushed(t *testing.T) {
 	a.Close()
 	nextListing(t, ch, "a closed")
 	if err := stop(); !errors.Is(err, context.Canceled) {
-		t.Fatalf("WatchService after its ctx ended = %v", err)
+		t.Fatalf("ServiceKey.Watch after its ctx ended = %v", err)
 	}
 }
 
 // A node cut off from the registrar leaves the listing when the
 // registrar gives up on it, and the watcher's own node quarantining it
-// keeps it out; a node that closes ends WatchService with ErrNodeClosed.
+// keeps it out; a node that closes ends ServiceKey.Watch with ErrNodeClosed.
 func TestWatchServiceDropsAnUnreachableNode(t *testing.T) {
 	t.Parallel()
 	slowTest(t)
@@ -280,10 +280,10 @@ func TestWatchServiceDropsAnUnreachableNode(t *testing.T) {
 	f.Isolate(b)
 	nextListing(t, ch, "b cut off", "/user/wa")
 	ended := make(chan error, 1)
-	go func() { ended <- troupe.WatchService(context.Background(), a, workersKey, func([]troupe.Ref[job]) {}) }()
+	go func() { ended <- workersKey.Watch(context.Background(), a, func([]troupe.Ref[job]) {}) }()
 	a.Close()
-	if err := within(t, ended, 10*time.Second, "WatchService on a closed node"); !errors.Is(err, troupe.ErrNodeClosed) {
-		t.Fatalf("WatchService on a closed node = %v, want ErrNodeClosed", err)
+	if err := within(t, ended, 10*time.Second, "ServiceKey.Watch on a closed node"); !errors.Is(err, troupe.ErrNodeClosed) {
+		t.Fatalf("ServiceKey.Watch on a closed node = %v, want ErrNodeClosed", err)
 	}
 }
 
@@ -342,7 +342,7 @@ func TestWatchServiceFollowsWhatThisNodeReaches(t *testing.T) {
 	}
 }
 
-// SubscribeService sends the listing to an actor, at once and at each
+// ServiceKey.Subscribe sends the listing to an actor, at once and at each
 // change; Unsubscribe ends it, and so does the subscriber's stop (which
 // leaves no dead letter behind).
 func TestSubscribeServiceDeliversListingsToAnActor(t *testing.T) {
@@ -379,7 +379,7 @@ func TestSubscribeServiceDeliversListingsToAnActor(t *testing.T) {
 		}
 	}
 	ref, ch := follower("follower")
-	sub, err := troupe.SubscribeService(front, workersKey, ref)
+	sub, err := workersKey.Subscribe(front, ref)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -394,7 +394,7 @@ func TestSubscribeServiceDeliversListingsToAnActor(t *testing.T) {
 	sub.Unsubscribe()
 	sub.Unsubscribe() // (twice is fine)
 	other, otherCh := follower("other")
-	if _, err := troupe.SubscribeService(front, workersKey, other); err != nil {
+	if _, err := workersKey.Subscribe(front, other); err != nil {
 		t.Fatal(err)
 	}
 	await(otherCh, "the second follower's listing", "/user/w2")
@@ -408,7 +408,7 @@ func TestSubscribeServiceDeliversListingsToAnActor(t *testing.T) {
 
 	var dead sync.Mutex
 	deadLetters := 0
-	sub2 := troupe.Subscribe(front.Events(), func(d troupe.DeadLetter) {
+	sub2 := troupe.Subscribe(front, func(d troupe.DeadLetter) {
 		if _, ok := d.Message.(troupe.ServiceListing[job]); ok {
 			dead.Lock()
 			deadLetters++
@@ -419,7 +419,7 @@ func TestSubscribeServiceDeliversListingsToAnActor(t *testing.T) {
 	front.Stop(other)
 	spawnWorker(t, back, "w4")
 	last, lastCh := follower("last")
-	if _, err := troupe.SubscribeService(front, workersKey, last); err != nil {
+	if _, err := workersKey.Subscribe(front, last); err != nil {
 		t.Fatal(err)
 	}
 	await(lastCh, "w4 registered", "/user/w2", "/user/w3", "/user/w4")
@@ -430,7 +430,7 @@ func TestSubscribeServiceDeliversListingsToAnActor(t *testing.T) {
 	}
 }
 
-// SubscribeService refuses what it cannot follow.
+// ServiceKey.Subscribe refuses what it cannot follow.
 func TestSubscribeServiceErrors(t *testing.T) {
 	t.Parallel()
 	_, nodes := serviceNodes(t, "a", "b")
@@ -440,10 +440,10 @@ func TestSubscribeServiceErrors(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := troupe.SubscribeService(a, workersKey, onB); !errors.Is(err, troupe.ErrNotLocal) {
+	if _, err := workersKey.Subscribe(a, onB); !errors.Is(err, troupe.ErrNotLocal) {
 		t.Fatalf("another node's subscriber: %v, want ErrNotLocal", err)
 	}
-	if _, err := troupe.SubscribeService(b, troupe.NewServiceKey[job]("bad name!"), onB); !errors.Is(err, troupe.ErrBadName) {
+	if _, err := (troupe.ServiceKey[job]{Name: "bad name!"}).Subscribe(b, onB); !errors.Is(err, troupe.ErrBadName) {
 		t.Fatalf("a bad key: %v, want ErrBadName", err)
 	}
 	stopped, err := troupe.Spawn(a, "stopped", sink)
@@ -460,7 +460,7 @@ func TestSubscribeServiceErrors(t *testing.T) {
 	}
 	a.Stop(stopped)
 	<-gone
-	if _, err := troupe.SubscribeService(a, workersKey, stopped); !errors.Is(err, troupe.ErrActorStopped) {
+	if _, err := workersKey.Subscribe(a, stopped); !errors.Is(err, troupe.ErrActorStopped) {
 		t.Fatalf("a stopped subscriber: %v, want ErrActorStopped", err)
 	}
 	lone := startQuiet(t, troupe.Config{Name: "lone", Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
@@ -468,11 +468,11 @@ func TestSubscribeServiceErrors(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := troupe.SubscribeService(lone, workersKey, there); !errors.Is(err, troupe.ErrNoRegistry) {
+	if _, err := workersKey.Subscribe(lone, there); !errors.Is(err, troupe.ErrNoRegistry) {
 		t.Fatalf("a node without a registry: %v, want ErrNoRegistry", err)
 	}
 	lone.Close()
-	if _, err := troupe.SubscribeService(lone, workersKey, there); !errors.Is(err, troupe.ErrNodeClosed) {
+	if _, err := workersKey.Subscribe(lone, there); !errors.Is(err, troupe.ErrNodeClosed) {
 		t.Fatalf("a closed node: %v, want ErrNodeClosed", err)
 	}
 }

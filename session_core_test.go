@@ -64,12 +64,12 @@ func TestResetsWhileMidSizeMessagesStream(t *testing.T) {
 		_, got := spawnCollector[padded](t, away, "sink", 1<<16)
 		var trouble firstOf
 		for _, n := range []*Node{home, away} {
-			Subscribe(n.Events(), func(ev PeerUnreachable) { trouble.CompareAndSwap(nil, ev) })
-			Subscribe(n.Events(), func(ev DeadLetter) { trouble.CompareAndSwap(nil, ev) })
-			Subscribe(n.Events(), func(ev ProtocolError) { trouble.CompareAndSwap(nil, ev) })
+			Subscribe(n, func(ev PeerUnreachable) { trouble.CompareAndSwap(nil, ev) })
+			Subscribe(n, func(ev DeadLetter) { trouble.CompareAndSwap(nil, ev) })
+			Subscribe(n, func(ev ProtocolError) { trouble.CompareAndSwap(nil, ev) })
 		}
 		resumed := make(chan PeerResumed, 64)
-		SubscribeChan(home.Events(), resumed)
+		SubscribeChan(home, resumed)
 		sink, err := Resolve[padded](ctxT(t, 5*time.Second), home, FormatRef(away.Addrs()[0], "/user/sink"))
 		if err != nil {
 			t.Fatal(err)
@@ -145,7 +145,7 @@ func TestAResumeIntoALeavingSessionLosesNothingSilently(t *testing.T) {
 	cfg := failConfig("n", 50*time.Millisecond, 5*time.Second)
 	n := startNode(t, cfg)
 	dead := make(chan DeadLetter, 64)
-	SubscribeChan(n.Events(), dead)
+	SubscribeChan(n, dead)
 	var peer NodeUID
 	rand.Read(peer[:])
 	a := newAssoc(n, true, TCPAddr("127.0.0.1:1"))
@@ -191,9 +191,9 @@ func TestAPeerThatNeverReadsIsEndedWithinItsBudget(t *testing.T) {
 	cfg.UnackedLimit = 64 << 10
 	n := startNode(t, cfg)
 	ended := make(chan PeerUnreachable, 1)
-	SubscribeChan(n.Events(), ended)
+	SubscribeChan(n, ended)
 	protocol := make(chan ProtocolError, 1)
-	SubscribeChan(n.Events(), protocol)
+	SubscribeChan(n, protocol)
 	addr := n.Addrs()[0]
 	c, err := net.Dial(addr.Network(), addr.Address())
 	if err != nil {
@@ -284,7 +284,7 @@ func TestARedialThatReachesANewIncarnationLeavesNoGhost(t *testing.T) {
 		t.Fatalf("Resolve = %v, want ErrNoSuchActor", err)
 	}
 	gone := make(chan PeerUnreachable, 4)
-	SubscribeChan(home.Events(), gone)
+	SubscribeChan(home, gone)
 	f.Kill(first)
 	second, err := f.Start(ctxT(t, 10*time.Second), cfg("second", addr.String()))
 	if err != nil {
@@ -430,9 +430,9 @@ func TestAPeerThatNeverAcknowledgesIsGivenUpOn(t *testing.T) {
 		cfg.Listen = []string{"tcp://127.0.0.1:0"}
 		n := startNode(t, cfg)
 		gone := make(chan PeerUnreachable, 1)
-		SubscribeChan(n.Events(), gone)
+		SubscribeChan(n, gone)
 		dead := make(chan DeadLetter, 64)
-		SubscribeChan(n.Events(), dead)
+		SubscribeChan(n, dead)
 		_, uid := rawPeer(t, n, read)
 		var a *assoc
 		waitFor(t, 5*time.Second, "the raw peer to be up", func() bool {
@@ -491,7 +491,7 @@ func TestSendsWaitingForCreditSurviveResets(t *testing.T) {
 	away := startOn(t, f, cfg)
 	var dead firstOf
 	for _, n := range []*Node{home, away} {
-		Subscribe(n.Events(), func(ev DeadLetter) { dead.CompareAndSwap(nil, ev) })
+		Subscribe(n, func(ev DeadLetter) { dead.CompareAndSwap(nil, ev) })
 	}
 	got := make(chan int, 4096)
 	if _, err := Spawn(away, "slow", Behavior[int]{Receive: func(_ *Context[int], n int) {
@@ -505,7 +505,7 @@ func TestSendsWaitingForCreditSurviveResets(t *testing.T) {
 		t.Fatal(err)
 	}
 	resumed := make(chan PeerResumed, 64)
-	SubscribeChan(home.Events(), resumed)
+	SubscribeChan(home, resumed)
 	const total = 2000
 	sent := make(chan error, 1)
 	go func() {

@@ -85,8 +85,8 @@ func TestABurstOfLargeMessagesNeverEndsAReadingPeer(t *testing.T) {
 			sink := spawnCountingSink(t, away, "sink", int64(tc.count))
 			var trouble firstOf
 			for _, n := range []*troupe.Node{home, away} {
-				s1 := troupe.Subscribe(n.Events(), func(ev troupe.PeerUnreachable) { trouble.CompareAndSwap(nil, ev) })
-				s2 := troupe.Subscribe(n.Events(), func(ev troupe.DeadLetter) { trouble.CompareAndSwap(nil, ev) })
+				s1 := troupe.Subscribe(n, func(ev troupe.PeerUnreachable) { trouble.CompareAndSwap(nil, ev) })
+				s2 := troupe.Subscribe(n, func(ev troupe.DeadLetter) { trouble.CompareAndSwap(nil, ev) })
 				t.Cleanup(s1.Unsubscribe)
 				t.Cleanup(s2.Unsubscribe)
 			}
@@ -227,9 +227,9 @@ func TestAQuarantinedPeerIsToldAtOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	homeSaw := make(chan troupe.PeerUnreachable, 1)
-	troupe.SubscribeChan(home.Events(), homeSaw)
+	troupe.SubscribeChan(home, homeSaw)
 	awaySaw := make(chan troupe.PeerUnreachable, 1)
-	troupe.SubscribeChan(away.Events(), awaySaw)
+	troupe.SubscribeChan(away, awaySaw)
 	f.Drop(away, home) // home hears nothing more; away still hears home
 	ev := within(t, homeSaw, 10*time.Second, "home giving up on away")
 	if !ev.Quarantined {
@@ -291,7 +291,7 @@ func TestSendWaitsForRoomInARemoteMailbox(t *testing.T) {
 	away := limitedNode(t, "away", 50)
 	var dead firstOf
 	for _, n := range []*troupe.Node{home, away} {
-		s := troupe.Subscribe(n.Events(), func(ev troupe.DeadLetter) { dead.CompareAndSwap(nil, ev) })
+		s := troupe.Subscribe(n, func(ev troupe.DeadLetter) { dead.CompareAndSwap(nil, ev) })
 		t.Cleanup(s.Unsubscribe)
 	}
 	const slowN, fastN = 2000, 20000
@@ -367,9 +367,9 @@ func TestTellToAFullRemoteMailboxIsADeadLetterTheSenderSees(t *testing.T) {
 		t.Fatal(err)
 	}
 	homeDead := make(chan troupe.DeadLetter, 100)
-	troupe.SubscribeChan(home.Events(), homeDead)
+	troupe.SubscribeChan(home, homeDead)
 	awayDead := make(chan troupe.DeadLetter, 100)
-	troupe.SubscribeChan(away.Events(), awayDead)
+	troupe.SubscribeChan(away, awayDead)
 	ref, err := troupe.Resolve[int](ctxFor(t), home, troupe.FormatRef(away.Addrs()[0], "/user/stuck"))
 	if err != nil {
 		t.Fatal(err)
@@ -401,7 +401,7 @@ func TestSendWaitsForRoomInATinyRemoteMailbox(t *testing.T) {
 	away := limitedNode(t, "away", 1)
 	var dead firstOf
 	for _, n := range []*troupe.Node{home, away} {
-		s := troupe.Subscribe(n.Events(), func(ev troupe.DeadLetter) { dead.CompareAndSwap(nil, ev) })
+		s := troupe.Subscribe(n, func(ev troupe.DeadLetter) { dead.CompareAndSwap(nil, ev) })
 		t.Cleanup(s.Unsubscribe)
 	}
 	got := make(chan int, 512)

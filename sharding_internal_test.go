@@ -91,7 +91,7 @@ func TestAnEnvelopesDeadLetterNamesTheUsersMessage(t *testing.T) {
 	checkLeaks(t)
 	n := startNode(t, failConfig("a", 20*time.Millisecond, 2*time.Second))
 	dead := make(chan DeadLetter, 1)
-	sub := SubscribeChan(n.Events(), dead)
+	sub := SubscribeChan(n, dead)
 	defer sub.Unsubscribe()
 	n.deadLetter("/system/sharding-k", shardEnvelope[testPing]{id: "x", msg: testPing{N: 7}, to: "/system/sharding-k/entity/x"}, ErrActorStopped)
 	d := <-dead

@@ -117,7 +117,7 @@ func TestShardsMoveWhenTheirProcessIsKilled(t *testing.T) {
 		t.Fatal("no entity ran in the child")
 	}
 	unreachable := make(chan MemberEvent, 64)
-	sub := SubscribeChan(nodes[0].Events(), unreachable)
+	sub := SubscribeChan(nodes[0], unreachable)
 	defer sub.Unsubscribe()
 	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)

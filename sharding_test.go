@@ -391,7 +391,7 @@ func TestShardsMoveAfterACrashOrASplitNeverTwice(t *testing.T) {
 				t.Fatal("no entity ran on a")
 			}
 			events := make(chan troupe.MemberEvent, 64)
-			sub := troupe.SubscribeChan(nodes[1].Events(), events)
+			sub := troupe.SubscribeChan(nodes[1], events)
 			defer sub.Unsubscribe()
 			switch fault {
 			case "crash":
@@ -819,7 +819,7 @@ func TestShardsSurviveASplitUnderEachStrategy(t *testing.T) {
 				t.Fatal("no entity ran on the side that is downed")
 			}
 			events := make(chan troupe.MemberEvent, 64)
-			sub := troupe.SubscribeChan(nodes[tc.survivor].Events(), events)
+			sub := troupe.SubscribeChan(nodes[tc.survivor], events)
 			defer sub.Unsubscribe()
 			f.Partition(nodes[0], nodes[1])
 			f.Partition(nodes[0], nodes[2])
@@ -877,10 +877,10 @@ func TestAShardsBufferIsBounded(t *testing.T) {
 		}
 	}
 	dead := make(chan troupe.DeadLetter, 100)
-	sub := troupe.SubscribeChan(nodes[1].Events(), dead)
+	sub := troupe.SubscribeChan(nodes[1], dead)
 	defer sub.Unsubscribe()
 	events := make(chan troupe.MemberEvent, 64)
-	esub := troupe.SubscribeChan(nodes[1].Events(), events)
+	esub := troupe.SubscribeChan(nodes[1], events)
 	defer esub.Unsubscribe()
 	f.Partition(nodes[0], nodes[1])
 	for seen := false; !seen; {

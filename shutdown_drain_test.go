@@ -35,7 +35,7 @@ func newDrainRig(t *testing.T, drain bool, gate <-chan struct{}) *drainRig {
 	}
 	t.Cleanup(func() { n.Close() })
 	r := &drainRig{n: n, dead: make(chan troupe.DeadLetter, 1024)}
-	troupe.SubscribeChan(n.Events(), r.dead)
+	troupe.SubscribeChan(n, r.dead)
 	work := func(c *troupe.Context[drainJob], m drainJob) {
 		if m.N == 0 {
 			select {
@@ -194,7 +194,7 @@ func TestALongDrainKeepsPeersInTouch(t *testing.T) {
 	}
 	t.Cleanup(func() { asker.Close() })
 	gaveUp := make(chan troupe.PeerUnreachable, 1)
-	troupe.SubscribeChan(asker.Events(), gaveUp)
+	troupe.SubscribeChan(asker, gaveUp)
 	replies := make(chan error, 3)
 	for i := range 3 {
 		slow, err := troupe.Resolve[adaptedAsk](ctxFor(t), asker, troupe.FormatRef(served.Addrs()[0], fmt.Sprintf("/user/slow%d", i)))

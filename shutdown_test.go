@@ -85,7 +85,7 @@ func TestShutdownDeliversWhatIsQueued(t *testing.T) {
 		}
 	}})
 	dead := make(chan DeadLetter, 1)
-	SubscribeChan(away.Events(), dead)
+	SubscribeChan(away, dead)
 	r, err := Resolve[int](ctxT(t, 5*time.Second), away, FormatRef(home.Addrs()[0], sink.Path()))
 	if err != nil {
 		t.Fatal(err)

@@ -18,7 +18,7 @@ func TestTheFenceHoldsASupervisedInstance(t *testing.T) {
 	cfg.Listen = []string{"tcp://127.0.0.1:0"}
 	n := startNode(t, cfg)
 	dead := make(chan DeadLetter, 16)
-	SubscribeChan(n.Events(), dead)
+	SubscribeChan(n, dead)
 	c, err := StartCluster(ctxT(t, 5*time.Second), n, clusterCfg(nil))
 	if err != nil {
 		t.Fatal(err)

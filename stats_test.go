@@ -57,7 +57,7 @@ func TestStatsPeersAndQuarantine(t *testing.T) {
 		t.Fatalf("peer %+v", p)
 	}
 	unreachable := make(chan troupe.PeerUnreachable, 1)
-	sub := troupe.SubscribeChan(a.Events(), unreachable)
+	sub := troupe.SubscribeChan(a, unreachable)
 	defer sub.Unsubscribe()
 	f.Partition(a, b)
 	within(t, unreachable, 10*time.Second, "PeerUnreachable")

@@ -425,7 +425,7 @@ func TestRestartDropsTimersAndWatches(t *testing.T) {
 	}
 	// The first build's adapter is gone with it.
 	dead := make(chan troupe.DeadLetter, 4)
-	sub := troupe.SubscribeChan(n.Events(), dead)
+	sub := troupe.SubscribeChan(n, dead)
 	defer sub.Unsubscribe()
 	old := within(t, adapters, time.Second, "the old adapter")
 	old.Tell(1)
@@ -646,7 +646,7 @@ func TestBackoffRespectsMailboxLimit(t *testing.T) {
 	}
 	defer n.Close()
 	dead := make(chan troupe.DeadLetter, 16)
-	sub := troupe.SubscribeChan(n.Events(), dead)
+	sub := troupe.SubscribeChan(n, dead)
 	defer sub.Unsubscribe()
 	var builds atomic.Int32
 	signals := make(chan string, 4)

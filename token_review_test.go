@@ -154,9 +154,9 @@ func TestALiveSessionsTokenOutlivesManyOtherPeers(t *testing.T) {
 	spawnEcho(t, away, "echo")
 	spawnEcho(t, home, "echo")
 	unreachable := make(chan PeerUnreachable, 4)
-	SubscribeChan(home.Events(), unreachable)
+	SubscribeChan(home, unreachable)
 	resumed := make(chan PeerResumed, 4)
-	SubscribeChan(home.Events(), resumed)
+	SubscribeChan(home, resumed)
 	ref, err := Resolve[testPing](ctxT(t, 5*time.Second), home, FormatRef(away.Addrs()[0], "/user/echo"))
 	if err != nil {
 		t.Fatal(err)
@@ -220,9 +220,9 @@ func TestARedialThatWinsAHeldSessionKeepsTheTokensInStep(t *testing.T) {
 		return now != nil && now != old && bytes.Equal(c.byUIDToken(t, b.UID()), b.tokenFor(c.UID()))
 	})
 	unreachable := make(chan PeerUnreachable, 4)
-	SubscribeChan(b.Events(), unreachable)
+	SubscribeChan(b, unreachable)
 	resumed := make(chan PeerResumed, 4)
-	SubscribeChan(b.Events(), resumed)
+	SubscribeChan(b, resumed)
 	if f.Reset(b, c) == 0 {
 		t.Fatal("the reset found no connection")
 	}

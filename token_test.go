@@ -62,9 +62,9 @@ func claimAs(t *testing.T, n *Node, h *hello, secret, proof []byte) (verdict fra
 // troubleOn records the first event on n that says a session broke or a
 // message was lost.
 func troubleOn(n *Node, first *firstOf) {
-	Subscribe(n.Events(), func(ev PeerLinkLost) { first.CompareAndSwap(nil, ev) })
-	Subscribe(n.Events(), func(ev PeerUnreachable) { first.CompareAndSwap(nil, ev) })
-	Subscribe(n.Events(), func(ev DeadLetter) { first.CompareAndSwap(nil, ev) })
+	Subscribe(n, func(ev PeerLinkLost) { first.CompareAndSwap(nil, ev) })
+	Subscribe(n, func(ev PeerUnreachable) { first.CompareAndSwap(nil, ev) })
+	Subscribe(n, func(ev DeadLetter) { first.CompareAndSwap(nil, ev) })
 }
 
 // TestAClaimOfALiveSessionNeedsItsToken is issue #50's first item: a
@@ -155,8 +155,8 @@ func TestAnAcceptorClaimingALivePeersUIDIsRefused(t *testing.T) {
 		d := startNode(t, testConfig("tcp://127.0.0.1:0"))
 		var trouble firstOf
 		troubleOn(server, &trouble)
-		Subscribe(d.Events(), func(ev PeerLinkLost) { trouble.CompareAndSwap(nil, ev) })
-		Subscribe(d.Events(), func(ev PeerUnreachable) { trouble.CompareAndSwap(nil, ev) })
+		Subscribe(d, func(ev PeerLinkLost) { trouble.CompareAndSwap(nil, ev) })
+		Subscribe(d, func(ev PeerUnreachable) { trouble.CompareAndSwap(nil, ev) })
 		ref, err := Resolve[testPing](ctxT(t, 5*time.Second), d, FormatRef(server.Addrs()[0], echo.Path()))
 		if err != nil {
 			t.Fatal(err)
@@ -289,8 +289,8 @@ func TestANodeWithoutTokensTalksToOneWithThem(t *testing.T) {
 		cur := startOn(t, f, failConfig("new", 50*time.Millisecond, 5*time.Second))
 		var trouble firstOf
 		for _, n := range []*Node{old, cur} {
-			Subscribe(n.Events(), func(ev PeerUnreachable) { trouble.CompareAndSwap(nil, ev) })
-			Subscribe(n.Events(), func(ev DeadLetter) {
+			Subscribe(n, func(ev PeerUnreachable) { trouble.CompareAndSwap(nil, ev) })
+			Subscribe(n, func(ev DeadLetter) {
 				// An Unconfirmed dead letter of a retired duplicate is a
 				// message that may have arrived (every Ask below checks
 				// that its reply did): trouble is one known lost.
@@ -300,8 +300,8 @@ func TestANodeWithoutTokensTalksToOneWithThem(t *testing.T) {
 			})
 		}
 		resumed := make(chan PeerResumed, 4)
-		SubscribeChan(old.Events(), resumed)
-		SubscribeChan(cur.Events(), resumed)
+		SubscribeChan(old, resumed)
+		SubscribeChan(cur, resumed)
 		spawnEcho(t, old, "echo")
 		spawnEcho(t, cur, "echo")
 		var askAt func(from *Node, at Addr, what string)

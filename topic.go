@@ -19,19 +19,19 @@ import (
 // through one registry watch.
 
 // Topic names a stream of messages of type T that actors on any node
-// subscribe to ([SubscribeTopic]) and anyone publishes to ([Publish]).
-type Topic[T any] struct{ name string }
-
-// NewTopic returns the topic called name (letters, digits, '-', '_' and
-// '.'; [ErrBadName] is returned where it is used otherwise).
-func NewTopic[T any](name string) Topic[T] { return Topic[T]{name: name} }
-
-// Name returns the topic's name.
-func (t Topic[T]) Name() string { return t.name }
+// subscribe to ([Topic.Subscribe]) and anyone publishes to
+// ([Topic.Publish]). Make one with a literal:
+//
+//	news := troupe.Topic[News]{Name: "news"}
+type Topic[T any] struct {
+	// Name is the topic's name: letters, digits, '-', '_' and '.'
+	// ([ErrBadName] is returned where a topic is used otherwise).
+	Name string
+}
 
 // String returns the topic's name and its message type.
 func (t Topic[T]) String() string {
-	return "topic " + t.name + " of " + protocolName(reflect.TypeFor[T]())
+	return "topic " + t.Name + " of " + protocolName(reflect.TypeFor[T]())
 }
 
 // topicPrefix starts the registry name of a topic's relays.
@@ -174,16 +174,16 @@ func (r *topicRelay[T]) listing(n *Node, name string) (Registration, bool) {
 
 func (r *topicRelay[T]) relayType() reflect.Type { return reflect.TypeFor[T]() }
 
-// SubscribeTopic subscribes ref, an actor of this node (or one of its
+// Subscribe subscribes ref, an actor of this node (or one of its
 // message adapters), to t: every message published to t from now on, on
 // any node, is delivered to it once, in each publisher's order, until it
-// stops or [UnsubscribeTopic]. A subscriber whose mailbox is full when a
+// stops or [Topic.Unsubscribe]. A subscriber whose mailbox is full when a
 // message arrives gets a dead letter in its place; one that stopped just
 // leaves the topic. It returns [ErrBadName], [ErrNotLocal], [ErrWrongType]
 // (the topic has subscribers of another type on this node) or
 // [ErrNodeClosed].
-func SubscribeTopic[T any](n *Node, t Topic[T], ref Ref[T]) error {
-	if err := checkName(t.name); err != nil {
+func (t Topic[T]) Subscribe(n *Node, ref Ref[T]) error {
+	if err := checkName(t.Name); err != nil {
 		return err
 	}
 	if ref.h == nil || ref.h.node != n || ref.h.local == nil {
@@ -194,7 +194,7 @@ func SubscribeTopic[T any](n *Node, t Topic[T], ref Ref[T]) error {
 	}
 	ts := &n.topics
 	ts.mu.Lock()
-	r, err := relayOf[T](n, t.name)
+	r, err := relayOf[T](n, t.Name)
 	if err != nil {
 		ts.mu.Unlock()
 		return err
@@ -206,7 +206,7 @@ func SubscribeTopic[T any](n *Node, t Topic[T], ref Ref[T]) error {
 	r.mu.Unlock()
 	r.listed = true
 	ts.mu.Unlock()
-	r.syncListing(n, t.name)
+	r.syncListing(n, t.Name)
 	return nil
 }
 
@@ -271,13 +271,13 @@ func tellRecovered(h *handle, msg any, hd Headers) (err error) {
 	return h.local.tellWire(msg, 0, hd)
 }
 
-// UnsubscribeTopic takes ref out of t's subscribers; it reports whether
+// Unsubscribe takes ref out of t's subscribers; it reports whether
 // it was one.
-func UnsubscribeTopic[T any](n *Node, t Topic[T], ref Ref[T]) bool {
+func (t Topic[T]) Unsubscribe(n *Node, ref Ref[T]) bool {
 	if ref.h == nil {
 		return false
 	}
-	return unsubscribe[T](n, t.name, ref.h)
+	return unsubscribe[T](n, t.Name, ref.h)
 }
 
 // unsubscribe takes h out of the topic name's subscribers here; the
@@ -344,18 +344,18 @@ func (p *topicPub[T]) current() []Ref[T] {
 // no subscriber. A node this node has quarantined is skipped. The first
 // Publish on a node waits (within ctx) for the registry's listing of
 // every topic's relays, which the node then follows, pushed.
-func Publish[T any](ctx context.Context, n *Node, t Topic[T], msg T) error {
-	if err := checkName(t.name); err != nil {
+func (t Topic[T]) Publish(ctx context.Context, n *Node, msg T) error {
+	if err := checkName(t.Name); err != nil {
 		return err
 	}
 	if n.workOver() {
 		return ErrNodeClosed
 	}
-	p, err := publisherOf[T](ctx, n, t.name)
+	p, err := publisherOf[T](ctx, n, t.Name)
 	if err != nil {
 		return err
 	}
-	local := localRelay[T](n, t.name)
+	local := localRelay[T](n, t.Name)
 	for _, r := range p.current() {
 		if r.h.local == nil && (n.isQuarantined(r.h.key.node) || r.h.assoc.failure() != nil) {
 			continue // a node lost: the listing is being made again

@@ -51,14 +51,14 @@ func BenchmarkPublish(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				if err := troupe.SubscribeTopic(n, newsTopic, ref); err != nil {
+				if err := newsTopic.Subscribe(n, ref); err != nil {
 					b.Fatal(err)
 				}
 			}
 			pub := nodes[0]
 			ctx := context.Background()
 			want.Store(int64(subs))
-			if err := troupe.Publish(ctx, pub, newsTopic, news{From: "pub", N: 0}); err != nil {
+			if err := newsTopic.Publish(ctx, pub, news{From: "pub", N: 0}); err != nil {
 				b.Fatal(err)
 			}
 			<-done
@@ -76,7 +76,7 @@ func BenchmarkPublish(b *testing.B) {
 			b.ReportAllocs()
 			b.ResetTimer()
 			for i := range b.N {
-				if err := troupe.Publish(ctx, pub, newsTopic, news{From: "pub", N: i + 1}); err != nil {
+				if err := newsTopic.Publish(ctx, pub, news{From: "pub", N: i + 1}); err != nil {
 					b.Fatal(err)
 				}
 			}

@@ -20,7 +20,7 @@ type news struct {
 
 func init() { troupe.RegisterMessage[news]("troupe.test.topic.news") }
 
-var newsTopic = troupe.NewTopic[news]("news")
+var newsTopic = troupe.Topic[news]{Name: "news"}
 
 // subscriber is a subscribed actor and what it received, per publisher.
 type subscriber struct {
@@ -35,7 +35,7 @@ func subscribe(t *testing.T, n *troupe.Node, name string) subscriber {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := troupe.SubscribeTopic(n, newsTopic, ref); err != nil {
+	if err := newsTopic.Subscribe(n, ref); err != nil {
 		t.Fatal(err)
 	}
 	s.ref = ref
@@ -46,7 +46,7 @@ func subscribe(t *testing.T, n *troupe.Node, name string) subscriber {
 func countDeadOn(t *testing.T, nodes ...*troupe.Node) *atomic.Int64 {
 	var c atomic.Int64
 	for _, n := range nodes {
-		s := troupe.Subscribe(n.Events(), func(troupe.DeadLetter) { c.Add(1) })
+		s := troupe.Subscribe(n, func(troupe.DeadLetter) { c.Add(1) })
 		t.Cleanup(s.Unsubscribe)
 	}
 	return &c
@@ -90,7 +90,7 @@ func TestPublishReachesEverySubscriberOnEveryNode(t *testing.T) {
 	for _, pub := range []*troupe.Node{c, a} {
 		go func() {
 			for i := 1; i <= total; i++ {
-				if err := troupe.Publish(ctxFor(t), pub, newsTopic, news{From: pub.Name(), N: i}); err != nil {
+				if err := newsTopic.Publish(ctxFor(t), pub, news{From: pub.Name(), N: i}); err != nil {
 					t.Errorf("Publish %d from %s: %v", i, pub.Name(), err)
 					return
 				}
@@ -123,7 +123,7 @@ func TestPublishSendsOneCopyPerNode(t *testing.T) {
 		subs = append(subs, subscribe(t, many, name))
 	}
 	pad := strings.Repeat("x", 4096)
-	if err := troupe.Publish(ctxFor(t), pub, newsTopic, news{From: "pub", N: 1, Pad: pad}); err != nil { // the session, the tables
+	if err := newsTopic.Publish(ctxFor(t), pub, news{From: "pub", N: 1, Pad: pad}); err != nil { // the session, the tables
 		t.Fatal(err)
 	}
 	for _, s := range subs {
@@ -132,7 +132,7 @@ func TestPublishSendsOneCopyPerNode(t *testing.T) {
 	before := bytesTo(pub, many)
 	const total = 100
 	for i := 2; i <= total+1; i++ {
-		if err := troupe.Publish(ctxFor(t), pub, newsTopic, news{From: "pub", N: i, Pad: pad}); err != nil {
+		if err := newsTopic.Publish(ctxFor(t), pub, news{From: "pub", N: i, Pad: pad}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -169,7 +169,7 @@ func TestATopicsSubscribersLeaveQuietly(t *testing.T) {
 	dead := countDeadOn(t, a, b, pub)
 	publish := func(n int) {
 		t.Helper()
-		if err := troupe.Publish(ctxFor(t), pub, newsTopic, news{From: "pub", N: n}); err != nil {
+		if err := newsTopic.Publish(ctxFor(t), pub, news{From: "pub", N: n}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -179,11 +179,11 @@ func TestATopicsSubscribersLeaveQuietly(t *testing.T) {
 	}
 	a.Stop(s1.ref)
 	waitUntil(t, 5*time.Second, "s1 to stop", func() bool { return a.Stop(s1.ref) != nil }) // (a message in its mailbox as it stops is a dead letter, rightly)
-	if !troupe.UnsubscribeTopic(b, newsTopic, s3.ref) {
-		t.Fatal("UnsubscribeTopic of a subscriber reported false")
+	if !newsTopic.Unsubscribe(b, s3.ref) {
+		t.Fatal("Topic.Unsubscribe of a subscriber reported false")
 	}
-	if troupe.UnsubscribeTopic(b, newsTopic, s3.ref) {
-		t.Fatal("a second UnsubscribeTopic reported true")
+	if newsTopic.Unsubscribe(b, s3.ref) {
+		t.Fatal("a second Topic.Unsubscribe reported true")
 	}
 	for i := 2; i <= 100; i++ {
 		publish(i)
@@ -220,19 +220,19 @@ func TestTopicRefusalsAndALoneNode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := troupe.SubscribeTopic(n, troupe.NewTopic[string]("news"), other); !errors.Is(err, troupe.ErrWrongType) {
+	if err := (troupe.Topic[string]{Name: "news"}).Subscribe(n, other); !errors.Is(err, troupe.ErrWrongType) {
 		t.Errorf("a subscriber of another type: %v, want ErrWrongType", err)
 	}
-	if err := troupe.SubscribeTopic(n, troupe.NewTopic[news]("bad name"), s.ref); !errors.Is(err, troupe.ErrBadName) {
+	if err := (troupe.Topic[news]{Name: "bad name"}).Subscribe(n, s.ref); !errors.Is(err, troupe.ErrBadName) {
 		t.Errorf("a bad name: %v, want ErrBadName", err)
 	}
-	if err := troupe.Publish(ctxFor(t), n, newsTopic, news{From: "pub", N: 1}); err != nil {
+	if err := newsTopic.Publish(ctxFor(t), n, news{From: "pub", N: 1}); err != nil {
 		t.Fatal(err)
 	}
 	s.expectNewsFrom(t, 1, 1)
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	if err := troupe.Publish(ctx, n, troupe.NewTopic[news]("other"), news{}); err != nil && !errors.Is(err, context.Canceled) {
+	if err := (troupe.Topic[news]{Name: "other"}).Publish(ctx, n, news{}); err != nil && !errors.Is(err, context.Canceled) {
 		t.Errorf("Publish with an ended ctx: %v", err)
 	}
 }

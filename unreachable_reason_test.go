@@ -42,7 +42,7 @@ func TestAWatchersReasonDoesNotDependOnTheRoleOfTheNodeThatDied(t *testing.T) {
 	}
 	plain, w := start("plain"), start("watching")
 	gone := make(chan troupe.PeerUnreachable, 8)
-	troupe.SubscribeChan(w.Events(), gone)
+	troupe.SubscribeChan(w, gone)
 	terms := make(chan troupe.Terminated, 4)
 	watching := make(chan struct{}, 2)
 	watcher, err := troupe.Spawn(w, "watcher", troupe.Behavior[troupe.Ref[string]]{

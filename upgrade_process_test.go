@@ -238,8 +238,8 @@ func TestHelperUpgradedService(t *testing.T) {
 		return
 	}
 	defer n.Close()
-	troupe.Subscribe(n.Events(), tally.deadLetter)
-	troupe.Subscribe(n.Events(), func(u troupe.PeerUnreachable) {
+	troupe.Subscribe(n, tally.deadLetter)
+	troupe.Subscribe(n, func(u troupe.PeerUnreachable) {
 		if u.Quarantined { // (not a peer that said goodbye)
 			fmt.Fprintf(os.Stderr, "%s: gave up on a peer: %+v\n", name, u)
 			tally.mu.Lock()
@@ -247,7 +247,7 @@ func TestHelperUpgradedService(t *testing.T) {
 			tally.mu.Unlock()
 		}
 	})
-	troupe.Subscribe(n.Events(), func(troupe.PeerLinkLost) { tally.mu.Lock(); tally.flaps++; tally.mu.Unlock() })
+	troupe.Subscribe(n, func(troupe.PeerLinkLost) { tally.mu.Lock(); tally.flaps++; tally.mu.Unlock() })
 	// What the rules make of the fields: v1 sets Legacy, which v2 lacks
 	// (a v1 receiver sees it only from v1); v2 sets Trace, which v1 lacks.
 	if v2 {
@@ -302,7 +302,7 @@ func TestHelperUpgradedService(t *testing.T) {
 		}
 	}
 	stale := make(chan string, 1024)
-	troupe.Subscribe(n.Events(), func(d troupe.DeadLetter) {
+	troupe.Subscribe(n, func(d troupe.DeadLetter) {
 		for _, p := range peers {
 			if strings.HasPrefix(d.Target, troupe.FormatRef(mustAddr(p), "/user/")) {
 				select {

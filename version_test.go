@@ -81,7 +81,7 @@ func TestHelperShapeV2(t *testing.T) {
 	defer n.Close()
 	out := make(chan string, 64)
 	dead := make(chan troupe.DeadLetter, 64)
-	troupe.SubscribeChan(n.Events(), dead)
+	troupe.SubscribeChan(n, dead)
 	troupe.Spawn(n, "sink", troupe.Behavior[shapeV2]{Receive: func(_ *troupe.Context[shapeV2], m shapeV2) {
 		out <- fmt.Sprintf("GOT %d %s %d", m.ID, m.Name, len(m.Tags))
 	}})
@@ -203,9 +203,9 @@ func TestTwoVersionsOfAMessageTalk(t *testing.T) {
 	t.Parallel()
 	n := defaultNode(t, "v1")
 	dead := make(chan troupe.DeadLetter, 64)
-	troupe.SubscribeChan(n.Events(), dead)
+	troupe.SubscribeChan(n, dead)
 	lost := make(chan troupe.PeerUnreachable, 4)
-	troupe.SubscribeChan(n.Events(), lost)
+	troupe.SubscribeChan(n, lost)
 	got := make(chan string, 64)
 	spawn := func(err error) {
 		if err != nil {

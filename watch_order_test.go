@@ -193,7 +193,7 @@ func TestTerminatedAfterMessagesFromAnUnreachablePeer(t *testing.T) {
 	home := startOn(t, f, failConfig("home", 20*time.Millisecond, window))
 	away := startOn(t, f, failConfig("away", 20*time.Millisecond, window))
 	unreachable := make(chan PeerUnreachable, 1)
-	SubscribeChan(home.Events(), unreachable)
+	SubscribeChan(home, unreachable)
 	// The sender sends its messages and then waits, alive, to be cut off.
 	if _, err := Spawn(away, "sender", Behavior[orderGo]{
 		Receive: func(_ *Context[orderGo], g orderGo) {

@@ -117,7 +117,7 @@ func run(ctx context.Context, w io.Writer) error {
 		n *troupe.Node
 		j *journal
 	}{{here, &homeLines}, {there, &awayLines}} {
-		sub := troupe.Subscribe(side.n.Events(), func(e troupe.PeerUnreachable) {
+		sub := troupe.Subscribe(side.n, func(e troupe.PeerUnreachable) {
 			verdict := "link ended"
 			if e.Quarantined {
 				verdict = "quarantined"

@@ -199,7 +199,7 @@ func deposit(ctx context.Context, banks []*troupe.Sharded[Deposit], want map[str
 // about the member at addr.
 func sees(n *troupe.Node, addr troupe.Addr, kind string) <-chan struct{} {
 	events := make(chan troupe.MemberEvent, 64)
-	sub := troupe.SubscribeChan(n.Events(), events)
+	sub := troupe.SubscribeChan(n, events)
 	done := make(chan struct{})
 	go func() {
 		defer sub.Unsubscribe()

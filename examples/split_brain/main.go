@@ -87,7 +87,7 @@ func run(ctx context.Context, w io.Writer) error {
 		sides = append(sides, &side{name: name, node: n, lease: troupe.NewNodeLease(n, arbiter.Addrs()[0].String(), "split-brain", time.Second)})
 	}
 	for i, s := range sides {
-		troupe.Subscribe(s.node.Events(), func(e troupe.MemberEvent) {
+		troupe.Subscribe(s.node, func(e troupe.MemberEvent) {
 			who := names[e.Member.UID]
 			switch {
 			case e.Kind == troupe.EventMemberUnreachable:

@@ -35,7 +35,7 @@ type Job struct {
 
 func init() { troupe.RegisterMessage[Job]("workers.job") }
 
-var workersKey = troupe.NewServiceKey[Job]("workers")
+var workersKey = troupe.ServiceKey[Job]{Name: "workers"}
 
 func main() {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -78,7 +78,7 @@ func run(ctx context.Context, w io.Writer) error {
 			if err != nil {
 				return err
 			}
-			if err := troupe.RegisterService(n, workersKey, ref); err != nil {
+			if err := workersKey.Register(n, ref); err != nil {
 				return err
 			}
 		}
