@@ -153,7 +153,7 @@ type bulk struct {
 	Data []byte
 }
 
-func init() { RegisterMessage[bulk]("troupe.test.bulk") }
+func init() { SetWireKey[bulk]("troupe.test.bulk") }
 
 func TestEveryMessageToAQuarantinedPeerIsOneDeadLetter(t *testing.T) {
 	t.Parallel()

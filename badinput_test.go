@@ -123,7 +123,7 @@ func TestUnknownTargetAndKeyAreDeadLetters(t *testing.T) {
 	body = append(body, 1)
 	body = appendString(body, "no.such.key")
 	c.Write(appendFrame(nil, func(b []byte) []byte { return append(b, body...) }))
-	if dl := recv(t, dead, "dead letter"); !errors.Is(dl.Reason, ErrNotRegistered) || !strings.Contains(dl.Reason.Error(), "no.such.key") {
+	if dl := recv(t, dead, "dead letter"); !errors.Is(dl.Reason, ErrNoWireKey) || !strings.Contains(dl.Reason.Error(), "no.such.key") {
 		t.Fatalf("dead letter = %+v", dl)
 	}
 }

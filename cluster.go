@@ -221,10 +221,10 @@ func (downRequest) isClusterMsg() {}
 type downReply struct{ Err string }
 
 func init() {
-	RegisterMessage[gossipMsg]("troupe.cluster.gossip")
-	RegisterMessage[gossipStatus]("troupe.cluster.status")
-	RegisterMessage[downRequest]("troupe.cluster.down")
-	RegisterMessage[downReply]("troupe.cluster.down-reply")
+	SetWireKey[gossipMsg]("troupe.cluster.gossip")
+	SetWireKey[gossipStatus]("troupe.cluster.status")
+	SetWireKey[downRequest]("troupe.cluster.down")
+	SetWireKey[downReply]("troupe.cluster.down-reply")
 }
 
 // DownMember asks the cluster member listening at node to down the member

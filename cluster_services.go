@@ -105,10 +105,10 @@ func (m recepDigest) stamped(s sentBy) any { m.sentBy = s; return m }
 func (m recepPull) stamped(s sentBy) any   { m.sentBy = s; return m }
 
 func init() {
-	RegisterMessage[recepDelta]("troupe.receptionist.delta")
-	RegisterMessage[recepFull]("troupe.receptionist.full")
-	RegisterMessage[recepDigest]("troupe.receptionist.digest")
-	RegisterMessage[recepPull]("troupe.receptionist.pull")
+	SetWireKey[recepDelta]("troupe.receptionist.delta")
+	SetWireKey[recepFull]("troupe.receptionist.full")
+	SetWireKey[recepDigest]("troupe.receptionist.digest")
+	SetWireKey[recepPull]("troupe.receptionist.pull")
 
 }
 

@@ -54,7 +54,7 @@ type singletonCtl struct {
 }
 
 func init() {
-	RegisterMessage[singletonCtl]("troupe.singleton.handover")
+	SetWireKey[singletonCtl]("troupe.singleton.handover")
 }
 
 func (m singletonCtl) stamped(s sentBy) any { m.sentBy = s; return m }

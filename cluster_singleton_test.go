@@ -51,7 +51,7 @@ func marginCluster(d troupe.DowningStrategy) troupe.ClusterConfig {
 		DownAllWhenUnstable: 3 * time.Second, LeaseMinorityDelay: 100 * time.Millisecond}
 }
 
-func init() { troupe.RegisterMessage[tick]("troupe.test.singleton.tick") }
+func init() { troupe.SetWireKey[tick]("troupe.test.singleton.tick") }
 
 // factory makes instances for the member named name that report to tl.
 func (tl *tally) factory(name string) func() troupe.Behavior[tick] {

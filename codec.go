@@ -14,10 +14,10 @@ import (
 
 // Errors of the payload codec.
 var (
-	// ErrNotRegistered is the dead-letter reason for a message told to a
-	// remote actor whose type has no wire key (see [RegisterMessage]), and
+	// ErrNoWireKey is the dead-letter reason for a message told to a
+	// remote actor whose type has no wire key (see [SetWireKey]), and
 	// for an inbound message naming a key this node does not know.
-	ErrNotRegistered = errors.New("troupe: message type not registered")
+	ErrNoWireKey = errors.New("troupe: message type has no wire key")
 	// ErrMalformed is wrapped by every error about bytes that do not decode:
 	// a truncated, oversized or inconsistent frame or payload.
 	ErrMalformed = errors.New("troupe: malformed input")
@@ -32,7 +32,7 @@ var (
 // WireMarshaler is the fast path for a message type that encodes itself:
 // AppendWire appends the encoding of the value to b and returns the result.
 // A type that implements it must also implement [WireUnmarshaler] on its
-// pointer; [RegisterMessage] checks.
+// pointer; [SetWireKey] checks.
 //
 // AppendWire is called on the goroutine that sends the message (Tell,
 // Send, Ask), with no troupe lock held, so it may itself send, to the
@@ -93,11 +93,11 @@ var wireTypes struct {
 	byWord atomic.Pointer[map[unsafe.Pointer]*msgType] // by interface type word
 }
 
-// RegisterMessage gives T the wire key key, so that values of T can cross a
+// SetWireKey gives T the wire key key, so that values of T can cross a
 // link; only types that cross a link need one. string, int, int64, uint64,
-// bool, float64, []byte and struct{} are registered already. Both nodes must register the
-// same key for the same type. Call it from init or main, before the first
-// message of T is sent.
+// bool, float64, []byte and struct{} have theirs already. Both nodes must
+// give the same type the same key. Call it from init or main, before the
+// first message of T is sent.
 //
 // T's fields are encoded. Fields may be bool, integers, floats, strings,
 // []byte, slices, arrays, maps, nested structs, pointers, time.Time,
@@ -108,11 +108,11 @@ var wireTypes struct {
 // [WireMarshaler] and [WireUnmarshaler] to encode itself, and a field of
 // such a type is not looked into.
 //
-// RegisterMessage panics if the key is empty or longer than 255 bytes, if
-// the key or the type is already registered to something else, or if T
-// cannot be encoded: these are programming errors, found at start-up.
-// Registering the same pair twice is allowed.
-func RegisterMessage[T any](key string) {
+// SetWireKey panics if the key is empty or longer than 255 bytes, if
+// the key is already another type's or the type already has another key,
+// or if T cannot be encoded: these are programming errors, found at
+// start-up. Setting the same pair twice is allowed.
+func SetWireKey[T any](key string) {
 	alloc := func() unsafe.Pointer { return unsafe.Pointer(new(T)) }
 	if err := registerType(reflect.TypeFor[T](), key, alloc); err != nil {
 		panic(err)
@@ -126,7 +126,7 @@ var ownPkgPath = reflect.TypeFor[Node]().PkgPath()
 // value of t (faster than reflect.New).
 func registerType(t reflect.Type, key string, alloc func() unsafe.Pointer) error {
 	if key == "" || len(key) > maxWireKey {
-		return fmt.Errorf("troupe: RegisterMessage[%s]: key must be 1 to %d bytes", t, maxWireKey)
+		return fmt.Errorf("troupe: SetWireKey[%s]: key must be 1 to %d bytes", t, maxWireKey)
 	}
 	wireTypes.mu.Lock()
 	defer wireTypes.mu.Unlock()
@@ -141,16 +141,16 @@ func registerType(t reflect.Type, key string, alloc func() unsafe.Pointer) error
 		if old.t == t {
 			return nil
 		}
-		return fmt.Errorf("troupe: RegisterMessage[%s]: key %q is already registered to %s", t, key, old.t)
+		return fmt.Errorf("troupe: SetWireKey[%s]: key %q is already the wire key of %s", t, key, old.t)
 	}
 	if old, ok := byType[t]; ok {
-		return fmt.Errorf("troupe: RegisterMessage[%s]: type already registered as %q", t, old.key)
+		return fmt.Errorf("troupe: SetWireKey[%s]: the type already has the wire key %q", t, old.key)
 	}
 	mt := &msgType{key: key, t: t, alloc: alloc, internal: t.PkgPath() == ownPkgPath}
 	mt.stamped = mt.internal && t.Implements(stampableType)
 	if t.Implements(wireMarshalerType) || reflect.PointerTo(t).Implements(wireUnmarshalerType) {
 		if !t.Implements(wireMarshalerType) || !reflect.PointerTo(t).Implements(wireUnmarshalerType) {
-			return fmt.Errorf("troupe: RegisterMessage[%s]: implement both AppendWire on %s and UnmarshalWire on *%s", t, t, t)
+			return fmt.Errorf("troupe: SetWireKey[%s]: implement both AppendWire on %s and UnmarshalWire on *%s", t, t, t)
 		}
 		mt.fast = true
 	}
@@ -163,14 +163,14 @@ func registerType(t reflect.Type, key string, alloc func() unsafe.Pointer) error
 			root = t.String()
 		}
 		if path, in := unexportedField(t, root, map[reflect.Type]bool{}); path != "" {
-			return fmt.Errorf("troupe: RegisterMessage[%s]: field %s is unexported, so it would not cross the wire "+
+			return fmt.Errorf("troupe: SetWireKey[%s]: field %s is unexported, so it would not cross the wire "+
 				"(a message sent on the same node would keep it, one sent to another node would lose it): "+
 				"export it, or implement WireMarshaler and WireUnmarshaler on %s", t, path, in)
 		}
 	}
 	p, err := planFor(t)
 	if err != nil {
-		return fmt.Errorf("RegisterMessage[%s]: %w", t, err)
+		return fmt.Errorf("SetWireKey[%s]: %w", t, err)
 	}
 	mt.p = p
 	if !mt.fast {
@@ -200,14 +200,14 @@ func registerType(t reflect.Type, key string, alloc func() unsafe.Pointer) error
 // Built-in types that may cross the wire without registration, so that
 // simple replies (Ask for a string or an int) need no declaration.
 func init() {
-	RegisterMessage[string]("troupe.string")
-	RegisterMessage[int]("troupe.int")
-	RegisterMessage[int64]("troupe.int64")
-	RegisterMessage[uint64]("troupe.uint64")
-	RegisterMessage[bool]("troupe.bool")
-	RegisterMessage[float64]("troupe.float64")
-	RegisterMessage[[]byte]("troupe.bytes")
-	RegisterMessage[struct{}]("troupe.empty")
+	SetWireKey[string]("troupe.string")
+	SetWireKey[int]("troupe.int")
+	SetWireKey[int64]("troupe.int64")
+	SetWireKey[uint64]("troupe.uint64")
+	SetWireKey[bool]("troupe.bool")
+	SetWireKey[float64]("troupe.float64")
+	SetWireKey[[]byte]("troupe.bytes")
+	SetWireKey[struct{}]("troupe.empty")
 }
 
 func typeByKey(key string) *msgType {

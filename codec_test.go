@@ -70,9 +70,9 @@ type holdsSelfEncoded struct {
 }
 
 func init() {
-	RegisterMessage[everything]("troupe.test.everything")
-	RegisterMessage[selfEncoded]("troupe.test.self")
-	RegisterMessage[holdsSelfEncoded]("troupe.test.holds-self")
+	SetWireKey[everything]("troupe.test.everything")
+	SetWireKey[selfEncoded]("troupe.test.self")
+	SetWireKey[holdsSelfEncoded]("troupe.test.holds-self")
 }
 
 func sampleEverything() everything {
@@ -138,7 +138,7 @@ func TestCodecFastPath(t *testing.T) {
 	}
 }
 
-func TestRegisterMessageRejects(t *testing.T) {
+func TestSetWireKeyRejects(t *testing.T) {
 	t.Parallel()
 	checkLeaks(t)
 	type withChan struct{ C chan int }
@@ -153,8 +153,8 @@ func TestRegisterMessageRejects(t *testing.T) {
 		{"empty key", reflect.TypeFor[ok](), "", "1 to 255 bytes"},
 		{"chan field", reflect.TypeFor[withChan](), "k.chan", "cannot cross the wire"},
 		{"interface field", reflect.TypeFor[withIface](), "k.iface", "cannot cross the wire"},
-		{"key taken", reflect.TypeFor[ok](), "troupe.test.ping", "already registered"},
-		{"type taken", reflect.TypeFor[testPing](), "other.key", "already registered"},
+		{"key taken", reflect.TypeFor[ok](), "troupe.test.ping", "already the wire key of"},
+		{"type taken", reflect.TypeFor[testPing](), "other.key", "already has the wire key"},
 	}
 	for _, tt := range tests {
 		err := registerType(tt.t, tt.key, nil)
@@ -240,8 +240,8 @@ func TestDecodeAmplificationIsBounded(t *testing.T) {
 	slowTest(t)
 	type strMap struct{ M map[string]string }
 	type strs struct{ S []string }
-	RegisterMessage[strMap]("troupe.test.strmap")
-	RegisterMessage[strs]("troupe.test.strs")
+	SetWireKey[strMap]("troupe.test.strmap")
+	SetWireKey[strs]("troupe.test.strs")
 	// A map of empty strings: two wire bytes an entry, ~66 bytes decoded.
 	m := strMap{M: map[string]string{}}
 	for i := range 200_000 {
@@ -309,7 +309,7 @@ func TestAPointerFlagOtherThanZeroOrOneIsRefused(t *testing.T) {
 
 type withPtr struct{ P *int64 }
 
-func init() { RegisterMessage[withPtr]("troupe.test.withptr") }
+func init() { SetWireKey[withPtr]("troupe.test.withptr") }
 
 // The cache in front of the type-word map answers every registered type
 // with its own entry, whichever types share its slots, in any order and

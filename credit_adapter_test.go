@@ -23,9 +23,9 @@ type adOwnerMsg struct {
 }
 
 func init() {
-	troupe.RegisterMessage[adaptedN]("troupe.test.credit-adapter.n")
-	troupe.RegisterMessage[adOwnerMsg]("troupe.test.credit-adapter.owner")
-	troupe.RegisterMessage[troupe.Ref[adaptedN]]("troupe.test.credit-adapter.ref")
+	troupe.SetWireKey[adaptedN]("troupe.test.credit-adapter.n")
+	troupe.SetWireKey[adOwnerMsg]("troupe.test.credit-adapter.owner")
+	troupe.SetWireKey[troupe.Ref[adaptedN]]("troupe.test.credit-adapter.ref")
 }
 
 // spawnAdapterOwner spawns, on n, an actor that handles each number with

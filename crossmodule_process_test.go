@@ -53,8 +53,8 @@ type News struct {
 }
 
 func init() {
-	troupe.RegisterMessage[Job]("crossmodule.job")
-	troupe.RegisterMessage[News]("crossmodule.news")
+	troupe.SetWireKey[Job]("crossmodule.job")
+	troupe.SetWireKey[News]("crossmodule.news")
 }
 
 func fail(what string, err error) {

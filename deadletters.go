@@ -121,7 +121,7 @@ func quietDeadLetter(d DeadLetter) bool {
 
 // deadLetterLog logs the first [Config.DeadLetterLog] dead letters, then
 // counts the rest and logs the count once a minute, so that a forgotten
-// RegisterMessage leaves a trace without a flood burying the log.
+// SetWireKey leaves a trace without a flood burying the log.
 type deadLetterLog struct {
 	mu         sync.Mutex
 	logged     int       // dead letters logged one by one
@@ -183,7 +183,7 @@ var deadLetterReasons = []struct {
 	{"actor-stopped", ErrActorStopped}, {"no-such-actor", ErrNoSuchActor}, {"wrong-type", ErrWrongType},
 	{"mailbox-full", ErrMailboxFull}, {"send-queue-full", ErrSendQueueFull}, {"quarantined", ErrQuarantined},
 	{"peer-left", ErrPeerLeft}, {"node-closed", ErrNodeClosed}, {"session-ended", ErrSessionEnded},
-	{"not-registered", ErrNotRegistered}, {"incompatible", ErrIncompatibleMessage},
+	{"not-registered", ErrNoWireKey}, {"incompatible", ErrIncompatibleMessage},
 }
 
 // deadLetterReasonNames lists every reason Stats counts by, "other"

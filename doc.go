@@ -11,7 +11,7 @@
 //
 //   - [Start] with a [Config] starts a node; [Node.Shutdown] stops it
 //     gracefully and [Node.Close] at once.
-//   - [RegisterMessage] gives a message type that crosses the wire its key.
+//   - [SetWireKey] gives a message type that crosses the wire its key.
 //   - [Spawn] starts an actor with a [Behavior] under a node or a parent's
 //     [Context] and returns its [Ref].
 //   - [Ref.Tell] sends without waiting; [Ref.Send] waits for room.
@@ -119,7 +119,7 @@
 // # Remote messaging
 //
 // Only message types that cross a link need a wire key, given once with
-// [RegisterMessage]. [Resolve] turns a ref string such as
+// [SetWireKey]. [Resolve] turns a ref string such as
 // "troupe://127.0.0.1:7001/user/counter" into a ref, checking that the
 // remote actor exists and accepts the type asked for. Two nodes keep one
 // association (one connection) however they first met, and messages from
@@ -203,7 +203,7 @@
 //
 // Errors are values: compare with errors.Is against the exported sentinels
 // ([ErrNodeClosed], [ErrNoSuchActor], [ErrWrongType], [ErrPeerLeft],
-// [ErrSessionEnded], [ErrNotRegistered], [ErrMalformed], …) and use
+// [ErrSessionEnded], [ErrNoWireKey], [ErrMalformed], …) and use
 // errors.As for [*PanicError], [*FailureError], [*FrameError] and
 // [*RemoteError].
 //

@@ -18,7 +18,7 @@ func (s *slowWire) UnmarshalWire(b []byte) error {
 	return nil
 }
 
-func init() { RegisterMessage[slowWire]("troupe.test.slowwire") }
+func init() { SetWireKey[slowWire]("troupe.test.slowwire") }
 
 // Messages queued before a session came up are encoded by its writer, a
 // round at a time: between rounds it writes, heartbeats included, so a

@@ -220,7 +220,7 @@ type DeadLetter struct {
 	// the same actors.
 	Message any
 	// Reason says why; compare it with errors.Is against ErrActorStopped,
-	// ErrNoSuchActor, ErrNotRegistered, ErrMailboxFull, ErrSendQueueFull,
+	// ErrNoSuchActor, ErrNoWireKey, ErrMailboxFull, ErrSendQueueFull,
 	// ErrNodeClosed, ErrPeerLeft, ErrSessionEnded and the other sentinels.
 	Reason error
 	// Unconfirmed is true for a message that was written to the peer but

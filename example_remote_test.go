@@ -21,8 +21,8 @@ type Query struct {
 type Answer struct{ Text string }
 
 func init() {
-	troupe.RegisterMessage[Query]("example.query")
-	troupe.RegisterMessage[Answer]("example.answer")
+	troupe.SetWireKey[Query]("example.query")
+	troupe.SetWireKey[Answer]("example.answer")
 }
 
 // quiet is a Config with the node's logs discarded, so that the examples'

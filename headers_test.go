@@ -20,7 +20,7 @@ type hdrMsg struct {
 	Reply troupe.Ref[string]
 }
 
-func init() { troupe.RegisterMessage[hdrMsg]("troupe.test.hdrmsg") }
+func init() { troupe.SetWireKey[hdrMsg]("troupe.test.hdrmsg") }
 
 // seen is what a handler saw of one message's headers.
 type seen struct {

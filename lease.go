@@ -88,8 +88,8 @@ type leaseReply struct {
 }
 
 func init() {
-	RegisterMessage[leaseRequest]("troupe.lease.request")
-	RegisterMessage[leaseReply]("troupe.lease.reply")
+	SetWireKey[leaseRequest]("troupe.lease.request")
+	SetWireKey[leaseReply]("troupe.lease.reply")
 }
 
 // ServeLeases makes n serve leases at /system/lease, for [NewNodeLease]

@@ -95,7 +95,7 @@ type askReq struct {
 	ReplyTo troupe.Ref[string]
 }
 
-func init() { troupe.RegisterMessage[askReq]("troupe.test.lifecycle.ask") }
+func init() { troupe.SetWireKey[askReq]("troupe.test.lifecycle.ask") }
 
 func askable(t *testing.T, n *troupe.Node, name string) troupe.Ref[askReq] {
 	t.Helper()

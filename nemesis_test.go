@@ -42,7 +42,7 @@ type nemesisWatch struct {
 }
 
 func init() {
-	troupe.RegisterMessage[nemesisMsg]("troupe_test.nemesis.msg")
+	troupe.SetWireKey[nemesisMsg]("troupe_test.nemesis.msg")
 }
 
 type nemesisMember struct {

@@ -29,7 +29,7 @@ type numbered struct {
 	Seq    int
 }
 
-func init() { RegisterMessage[numbered]("troupe.test.numbered") }
+func init() { SetWireKey[numbered]("troupe.test.numbered") }
 
 // netnsStableAfter is the clusters' StableAfter in the multi-host tests.
 const netnsStableAfter = time.Second

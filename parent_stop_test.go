@@ -12,7 +12,7 @@ import (
 // knows its watch, sent before the ask, is in place.
 type childPing struct{ Reply troupe.Ref[string] }
 
-func init() { troupe.RegisterMessage[childPing]("troupe.test.child-ping") }
+func init() { troupe.SetWireKey[childPing]("troupe.test.child-ping") }
 
 // A child stopped because its parent stopped reports ErrParentStopped to
 // its watchers, on its own node and on another, whether the parent was

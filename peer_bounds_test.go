@@ -169,7 +169,7 @@ func watcherOf(r AnyRef, got chan<- error) (Behavior[testPing], error) {
 
 type refList struct{ Refs []Ref[testPing] }
 
-func init() { RegisterMessage[refList]("troupe.test.reflist") }
+func init() { SetWireKey[refList]("troupe.test.reflist") }
 
 // holdingListeners starts k listeners that accept connections and never
 // answer: a dial to one succeeds and its handshake waits.

@@ -494,7 +494,7 @@ func structPlan(p *plan, t reflect.Type, building map[reflect.Type]*plan) error 
 // pointers), and the struct type that holds it, or "" if there is none.
 // The codec does not send such a field, so a value sent to another node
 // would arrive without it while one sent on the same node keeps it:
-// [RegisterMessage] refuses the type instead. A type with a plan of its
+// [SetWireKey] refuses the type instead. A type with a plan of its
 // own (a Ref, a time.Time, a WireMarshaler) is not looked into, nor is a
 // blank field (_), which holds nothing.
 func unexportedField(t reflect.Type, path string, seen map[reflect.Type]bool) (string, reflect.Type) {

@@ -39,7 +39,7 @@ const (
 func (count) isSink()     {}
 func (sinkQuery) isSink() {}
 
-func init() { RegisterMessage[sinkQuery]("troupe.test.sink-query") }
+func init() { SetWireKey[sinkQuery]("troupe.test.sink-query") }
 
 // TestHelperSinkProcess is not a test: the process benchmarks run it in a
 // child process. It serves, over loopback TCP or (TROUPE_HELPER_NET=unix)

@@ -221,7 +221,7 @@ func flatTypeFor[T any]() *msgType {
 // of delivery; ctx.Err() if ctx ends first (msg is then not sent, and no
 // dead letter is published: the caller still holds it); or why msg cannot
 // be delivered at all (the actor stopped, its node is gone or
-// quarantined, this node closed, the type is not registered, the Ref is
+// quarantined, this node closed, the type has no wire key, the Ref is
 // zero), in which
 // case a DeadLetter is published too, as Tell would. A session with the peer that is suspended
 // by a link flap keeps Send waiting until it resumes or ends.
@@ -313,7 +313,7 @@ func Ask[Req, Resp any](ctx context.Context, to Ref[Req], mk func(replyTo Ref[Re
 	}
 	n := to.h.node
 	if rt := reflect.TypeFor[Resp](); to.h.assoc != nil && rt.Kind() != reflect.Interface && typeOf(rt) == nil {
-		return zero, fmt.Errorf("%w: the reply type %s of an Ask to another node needs RegisterMessage", ErrNotRegistered, rt)
+		return zero, fmt.Errorf("%w: the reply type %s of an Ask to another node needs SetWireKey", ErrNoWireKey, rt)
 	}
 	hd, err := n.outHeaders(ctx, to.h)
 	if err != nil {

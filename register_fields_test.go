@@ -65,7 +65,7 @@ type holdsSelfCoded struct {
 	One   *selfCoded
 }
 
-// registerErr registers T under key and returns RegisterMessage's panic
+// registerErr registers T under key and returns SetWireKey's panic
 // as an error, or nil.
 func registerErr[T any](key string) (err error) {
 	defer func() {
@@ -73,16 +73,16 @@ func registerErr[T any](key string) (err error) {
 			err = fmt.Errorf("%v", r)
 		}
 	}()
-	troupe.RegisterMessage[T](key)
+	troupe.SetWireKey[T](key)
 	return nil
 }
 
-// RegisterMessage refuses a type with an unexported field at any depth
+// SetWireKey refuses a type with an unexported field at any depth
 // (nested structs, slices, arrays, maps, pointers, an embedded struct),
 // with an error that names the field by its path and says how to fix it;
 // a type that encodes itself, or a field of such a type, is accepted, and
 // so is a blank field.
-func TestRegisterMessageRefusesUnexportedFields(t *testing.T) {
+func TestSetWireKeyRefusesUnexportedFields(t *testing.T) {
 	t.Parallel()
 	for _, c := range []struct {
 		name  string
@@ -151,8 +151,8 @@ type wholeMsg struct {
 }
 
 func init() {
-	troupe.RegisterMessage[wholeOrder]("troupe.test.whole.order")
-	troupe.RegisterMessage[wholeMsg]("troupe.test.whole.msg")
+	troupe.SetWireKey[wholeOrder]("troupe.test.whole.order")
+	troupe.SetWireKey[wholeMsg]("troupe.test.whole.msg")
 }
 
 func TestAMessageArrivesWholeOnAnotherNode(t *testing.T) {

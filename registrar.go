@@ -491,9 +491,9 @@ type regWire struct {
 }
 
 func init() {
-	RegisterMessage[regRequest]("troupe.registry.request")
-	RegisterMessage[regReply]("troupe.registry.reply")
-	RegisterMessage[regEvent]("troupe.registry.event")
+	SetWireKey[regRequest]("troupe.registry.request")
+	SetWireKey[regReply]("troupe.registry.reply")
+	SetWireKey[regEvent]("troupe.registry.event")
 }
 
 func toWire(rs []Registration) []regWire {

@@ -18,7 +18,7 @@ import (
 //
 // Resolve fails with an error wrapping [ErrNoSuchActor] when no actor lives
 // at that path, [ErrWrongType] when the actor's protocol is not T (the
-// nodes compare T's wire key if it is registered, else its package path
+// nodes compare T's wire key if it has one, else its package path
 // and name, troupe's own types by name alone wherever the package lives),
 // the dial or handshake error when the node cannot be reached, ctx.Err()
 // when ctx ends first, [ErrPeerShuttingDown] when that node is shutting
@@ -261,7 +261,7 @@ func (a *assoc) onTell(b []byte, hd Headers, size int) error {
 		ty = &a.inTypes[tid-1]
 	}
 	if ty.mt == nil {
-		n.deadLetter(n.localRefString(it.path), nil, fmt.Errorf("%w: unknown wire key %q from %s", ErrNotRegistered, ty.key, a.label()))
+		n.deadLetter(n.localRefString(it.path), nil, fmt.Errorf("%w: unknown wire key %q from %s", ErrNoWireKey, ty.key, a.label()))
 		return nil
 	}
 	if ty.incompat != nil {

@@ -21,8 +21,8 @@ type testPong struct {
 }
 
 func init() {
-	RegisterMessage[testPing]("troupe.test.ping")
-	RegisterMessage[testPong]("troupe.test.pong")
+	SetWireKey[testPing]("troupe.test.ping")
+	SetWireKey[testPong]("troupe.test.pong")
 }
 
 // spawnEcho spawns an actor that answers each ping with a pong.
@@ -237,8 +237,8 @@ type job struct {
 }
 
 func init() {
-	RegisterMessage[job]("troupe.test.job")
-	RegisterMessage[done]("troupe.test.done")
+	SetWireKey[job]("troupe.test.job")
+	SetWireKey[done]("troupe.test.done")
 }
 
 func TestAdapterRefAcrossTheWire(t *testing.T) {
@@ -306,12 +306,12 @@ func TestAskWithUnregisteredReplyTypeFailsFast(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = Ask(ctxT(t, 5*time.Second), r, func(Ref[private]) testPing { return testPing{} })
-	if !errors.Is(err, ErrNotRegistered) {
-		t.Fatalf("Ask with an unregistered reply type = %v, want ErrNotRegistered at once", err)
+	if !errors.Is(err, ErrNoWireKey) {
+		t.Fatalf("Ask with an unregistered reply type = %v, want ErrNoWireKey at once", err)
 	}
 }
 
-func init() { RegisterMessage[Ref[testPong]]("troupe.test.pong-ref") }
+func init() { SetWireKey[Ref[testPong]]("troupe.test.pong-ref") }
 
 func TestWatchARemoteAdapterRef(t *testing.T) {
 	t.Parallel()
@@ -410,7 +410,7 @@ func TestWatchesOfAPeerThatLeftAreDropped(t *testing.T) {
 // refBag carries refs to other nodes.
 type refBag struct{ Refs []Ref[int] }
 
-func init() { RegisterMessage[refBag]("troupe.test.refbag") }
+func init() { SetWireKey[refBag]("troupe.test.refbag") }
 
 // TestRefsInAMessageDialNothing: a peer naming thousands of third nodes in
 // a message makes this node dial none of them; a ref dials when it is

@@ -124,7 +124,7 @@ type restartPing struct {
 	ReplyTo troupe.Ref[int]
 }
 
-func init() { troupe.RegisterMessage[restartPing]("troupe_test.restartPing") }
+func init() { troupe.SetWireKey[restartPing]("troupe_test.restartPing") }
 
 func spawnEchoActor(t *testing.T, n *troupe.Node, name string) {
 	t.Helper()

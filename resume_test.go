@@ -165,7 +165,7 @@ type padded struct {
 	Pad string
 }
 
-func init() { RegisterMessage[padded]("troupe.test.padded") }
+func init() { SetWireKey[padded]("troupe.test.padded") }
 
 // TestResetsResumeLargeMessages is TestResetsResumeExactlyOnceInOrder with
 // messages of 5 KB, written and resent in parts of several blocks: a

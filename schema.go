@@ -14,11 +14,11 @@ import (
 
 // Schemas: which message types a node speaks, and whether two versions
 // of a program agree on them. A node's schema is the shape (see shape.go)
-// of every message type registered in its process; troupe schema prints
+// of every message type with a wire key in its process; troupe schema prints
 // it, and troupe schema diff compares two nodes' type by type with the
 // rules a session applies to each message.
 
-// MessageSchema is one registered message type as it travels: its wire
+// MessageSchema is one message type with a wire key as it travels: its wire
 // key, its Go type, and its shape (field names and kinds, recursively).
 type MessageSchema struct {
 	Key string `json:"key"`
@@ -39,8 +39,8 @@ type MessageSchema struct {
 	Raw []byte `json:"raw,omitempty"`
 }
 
-// Schema returns the schema of every message type registered in this
-// process ([RegisterMessage], and troupe's own), by wire key.
+// Schema returns the schema of every message type with a wire key in this
+// process ([SetWireKey], and troupe's own), by wire key.
 func Schema() []MessageSchema {
 	m := wireTypes.byKey.Load()
 	if m == nil {

@@ -30,7 +30,7 @@ func (a *assoc) tell(h *handle, msg any) error { return a.send(nil, h, msg, nil)
 func (a *assoc) send(ctx context.Context, h *handle, msg any, hd Headers) error {
 	mt := typeOfValue(msg)
 	if mt == nil {
-		return fmt.Errorf("%w: %T (call RegisterMessage to send it to another node)", ErrNotRegistered, msg)
+		return fmt.Errorf("%w: %T (call SetWireKey to send it to another node)", ErrNoWireKey, msg)
 	}
 	var pb *payloadBuf
 	defer func() {

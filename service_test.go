@@ -21,7 +21,7 @@ type job struct {
 	Reply troupe.Ref[string]
 }
 
-func init() { troupe.RegisterMessage[job]("troupe.test.service.job") }
+func init() { troupe.SetWireKey[job]("troupe.test.service.job") }
 
 var workersKey = troupe.ServiceKey[job]{Name: "workers"}
 

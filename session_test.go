@@ -21,7 +21,7 @@ type bigMsg struct {
 	Pad string
 }
 
-func init() { troupe.RegisterMessage[bigMsg]("troupe.test.session.big") }
+func init() { troupe.SetWireKey[bigMsg]("troupe.test.session.big") }
 
 // defaultNode starts a node with the default Config but for its listen
 // address and a quiet logger.
@@ -146,7 +146,7 @@ func (c *chatty) UnmarshalWire(b []byte) error {
 	return nil
 }
 
-func init() { troupe.RegisterMessage[chatty]("troupe.test.session.chatty") }
+func init() { troupe.SetWireKey[chatty]("troupe.test.session.chatty") }
 
 // WireMarshaler.AppendWire runs on the sender's goroutine with no troupe
 // lock held: an AppendWire that sends to the same peer neither deadlocks

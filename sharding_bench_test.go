@@ -21,7 +21,7 @@ type hit struct {
 	ReplyTo troupe.Ref[int]
 }
 
-func init() { troupe.RegisterMessage[hit]("troupe.test.sharding.hit") }
+func init() { troupe.SetWireKey[hit]("troupe.test.sharding.hit") }
 
 // benchCluster starts n members in this process (real TCP on loopback,
 // default Config but a quiet logger), each running the kind "bench"

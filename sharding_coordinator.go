@@ -99,16 +99,16 @@ func (shardHandOff) regionMsg()        {}
 func (shardFlush) regionMsg()          {}
 
 func init() {
-	RegisterMessage[shardRegister]("troupe.sharding.register")
-	RegisterMessage[shardWhere]("troupe.sharding.where")
-	RegisterMessage[shardStopped]("troupe.sharding.stopped")
-	RegisterMessage[shardLeaving]("troupe.sharding.leaving")
-	RegisterMessage[shardRegionGone]("troupe.sharding.gone")
-	RegisterMessage[shardHello]("troupe.sharding.hello")
-	RegisterMessage[shardHome]("troupe.sharding.home")
-	RegisterMessage[shardMoving]("troupe.sharding.moving")
-	RegisterMessage[shardHandOff]("troupe.sharding.handoff")
-	RegisterMessage[shardFlush]("troupe.sharding.flush")
+	SetWireKey[shardRegister]("troupe.sharding.register")
+	SetWireKey[shardWhere]("troupe.sharding.where")
+	SetWireKey[shardStopped]("troupe.sharding.stopped")
+	SetWireKey[shardLeaving]("troupe.sharding.leaving")
+	SetWireKey[shardRegionGone]("troupe.sharding.gone")
+	SetWireKey[shardHello]("troupe.sharding.hello")
+	SetWireKey[shardHome]("troupe.sharding.home")
+	SetWireKey[shardMoving]("troupe.sharding.moving")
+	SetWireKey[shardHandOff]("troupe.sharding.handoff")
+	SetWireKey[shardFlush]("troupe.sharding.flush")
 }
 
 // The regions' words carry their sender, stamped by the association they

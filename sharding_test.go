@@ -24,7 +24,7 @@ type acct struct {
 	Stop bool // the entity asks to be passivated after it
 }
 
-func init() { troupe.RegisterMessage[acct]("troupe.test.sharding.acct") }
+func init() { troupe.SetWireKey[acct]("troupe.test.sharding.acct") }
 
 // ledger is what a sharding test's entities report: how many run per id
 // now and at most, where each started, and whether each sender's

@@ -280,7 +280,7 @@ type adaptedAsk struct {
 	ReplyTo troupe.Ref[string]
 }
 
-func init() { troupe.RegisterMessage[adaptedAsk]("troupe.test.adapted-ask") }
+func init() { troupe.SetWireKey[adaptedAsk]("troupe.test.adapted-ask") }
 
 // An Ask through a message adapter of a local actor ends as soon as the
 // actor stops, as an Ask to the actor itself does (issue #26, item 5: the

@@ -20,8 +20,8 @@ type refuseReq struct {
 type refuseRep struct{ N int }
 
 func init() {
-	troupe.RegisterMessage[refuseReq]("troupe.test.refuseReq")
-	troupe.RegisterMessage[refuseRep]("troupe.test.refuseRep")
+	troupe.SetWireKey[refuseReq]("troupe.test.refuseReq")
+	troupe.SetWireKey[refuseRep]("troupe.test.refuseRep")
 }
 
 // spawnRefuseEcho spawns an actor that answers every request with its

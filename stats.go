@@ -41,8 +41,8 @@ type Stats struct {
 	// DeadLetters counts the node's dead letters since it started, by
 	// reason: "actor-stopped", "no-such-actor", "wrong-type",
 	// "mailbox-full", "send-queue-full", "quarantined", "peer-left",
-	// "node-closed", "session-ended", "not-registered", "incompatible" or
-	// "other".
+	// "node-closed", "session-ended", "not-registered" ([ErrNoWireKey]),
+	// "incompatible" or "other".
 	DeadLetters map[string]uint64
 	// RegistryPending counts the node's registrations and removals that
 	// its etcd registry has not confirmed yet (an election, an outage):
@@ -356,8 +356,8 @@ type statsRequest struct {
 type statsReply struct{ JSON []byte }
 
 func init() {
-	RegisterMessage[statsRequest]("troupe.stats.request")
-	RegisterMessage[statsReply]("troupe.stats.reply")
+	SetWireKey[statsRequest]("troupe.stats.request")
+	SetWireKey[statsReply]("troupe.stats.reply")
 }
 
 // maxActorList bounds how many actors a stats reply lists.

@@ -18,7 +18,7 @@ type news struct {
 	Pad  string
 }
 
-func init() { troupe.RegisterMessage[news]("troupe.test.topic.news") }
+func init() { troupe.SetWireKey[news]("troupe.test.topic.news") }
 
 var newsTopic = troupe.Topic[news]{Name: "news"}
 

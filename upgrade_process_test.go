@@ -63,11 +63,11 @@ const (
 
 func init() {
 	if os.Getenv("TROUPE_UP_V2") != "" {
-		troupe.RegisterMessage[upMsgV2](upMsgKey)
-		troupe.RegisterMessage[upKindV2](upKindKey)
+		troupe.SetWireKey[upMsgV2](upMsgKey)
+		troupe.SetWireKey[upKindV2](upKindKey)
 	} else {
-		troupe.RegisterMessage[upMsgV1](upMsgKey)
-		troupe.RegisterMessage[upKindV1](upKindKey)
+		troupe.SetWireKey[upMsgV1](upMsgKey)
+		troupe.SetWireKey[upKindV1](upKindKey)
 	}
 }
 

@@ -56,13 +56,13 @@ const (
 
 func init() {
 	if os.Getenv("TROUPE_SHAPE_V2") != "" {
-		troupe.RegisterMessage[shapeV2](shapeKey)
-		troupe.RegisterMessage[kindV2](kindKey)
-		troupe.RegisterMessage[widthV2](widthKey)
+		troupe.SetWireKey[shapeV2](shapeKey)
+		troupe.SetWireKey[kindV2](kindKey)
+		troupe.SetWireKey[widthV2](widthKey)
 	} else {
-		troupe.RegisterMessage[shapeV1](shapeKey)
-		troupe.RegisterMessage[kindV1](kindKey)
-		troupe.RegisterMessage[widthV1](widthKey)
+		troupe.SetWireKey[shapeV1](shapeKey)
+		troupe.SetWireKey[kindV1](kindKey)
+		troupe.SetWireKey[widthV1](widthKey)
 	}
 }
 

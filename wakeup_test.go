@@ -16,7 +16,7 @@ type wakeReq struct {
 	ReplyTo troupe.Ref[string]
 }
 
-func init() { troupe.RegisterMessage[wakeReq]("troupe.test.wakereq") }
+func init() { troupe.SetWireKey[wakeReq]("troupe.test.wakereq") }
 
 // The writer of a session is woken for the first frames a session queues
 // and for a type's first message (its shape goes first, two frames at

@@ -19,7 +19,7 @@ type orderGo struct {
 	N  int
 }
 
-func init() { RegisterMessage[orderGo]("troupe.test.ordergo") }
+func init() { SetWireKey[orderGo]("troupe.test.ordergo") }
 
 // orderSender sends 1..N to the ref it is given, then stops.
 var orderSender = Behavior[orderGo]{

@@ -135,7 +135,7 @@ func goldenFrames(t *testing.T) map[string][]byte {
 	return out
 }
 
-func init() { RegisterMessage[count]("troupe.test.count") }
+func init() { SetWireKey[count]("troupe.test.count") }
 
 func TestGoldenFrames(t *testing.T) {
 	t.Parallel()

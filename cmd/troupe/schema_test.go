@@ -41,12 +41,12 @@ type refundV2 struct{ ID int64 }
 func init() {
 	switch os.Getenv("TROUPE_CLI_SCHEMA") {
 	case "v1":
-		troupe.RegisterMessage[orderV1]("shop.order")
-		troupe.RegisterMessage[codeV1]("shop.code")
+		troupe.SetWireKey[orderV1]("shop.order")
+		troupe.SetWireKey[codeV1]("shop.code")
 	case "v2":
-		troupe.RegisterMessage[orderV2]("shop.order")
-		troupe.RegisterMessage[codeV2]("shop.code")
-		troupe.RegisterMessage[refundV2]("shop.refund")
+		troupe.SetWireKey[orderV2]("shop.order")
+		troupe.SetWireKey[codeV2]("shop.code")
+		troupe.SetWireKey[refundV2]("shop.refund")
 	}
 }
 

@@ -40,8 +40,8 @@ func (Add) request()      {}
 func (Shutdown) request() {}
 
 func init() {
-	troupe.RegisterMessage[Add]("daemon_discovery.add")
-	troupe.RegisterMessage[Shutdown]("daemon_discovery.shutdown")
+	troupe.SetWireKey[Add]("daemon_discovery.add")
+	troupe.SetWireKey[Shutdown]("daemon_discovery.shutdown")
 }
 
 func main() {

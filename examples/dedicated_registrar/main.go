@@ -36,7 +36,7 @@ type Hello struct {
 	ReplyTo troupe.Ref[string]
 }
 
-func init() { troupe.RegisterMessage[Hello]("dedicated_registrar.hello") }
+func init() { troupe.SetWireKey[Hello]("dedicated_registrar.hello") }
 
 func main() {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

@@ -34,7 +34,7 @@ type Write struct {
 	Stall bool // stall in the middle of the write, until released
 }
 
-func init() { troupe.RegisterMessage[Write]("fencing.write") }
+func init() { troupe.SetWireKey[Write]("fencing.write") }
 
 // store is a record outside the cluster that keeps the greatest fence it
 // has seen, and refuses a write whose fence is less.

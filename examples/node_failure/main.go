@@ -50,8 +50,8 @@ func (Assign) coord() {}
 func (Done) coord()   {}
 
 func init() {
-	troupe.RegisterMessage[Job]("node_failure.job")
-	troupe.RegisterMessage[Done]("node_failure.done")
+	troupe.SetWireKey[Job]("node_failure.job")
+	troupe.SetWireKey[Done]("node_failure.done")
 }
 
 // worker does the work and says where it was done.

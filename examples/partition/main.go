@@ -39,8 +39,8 @@ type Poke struct {
 }
 
 func init() {
-	troupe.RegisterMessage[Poke]("partition.poke")
-	troupe.RegisterMessage[Poked]("partition.poked")
+	troupe.SetWireKey[Poke]("partition.poke")
+	troupe.SetWireKey[Poked]("partition.poked")
 }
 
 // journal collects one node's lines; actors and event callbacks add to it.

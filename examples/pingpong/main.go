@@ -32,8 +32,8 @@ type Pong struct {
 }
 
 func init() {
-	troupe.RegisterMessage[Ping]("pingpong.ping")
-	troupe.RegisterMessage[Pong]("pingpong.pong")
+	troupe.SetWireKey[Ping]("pingpong.ping")
+	troupe.SetWireKey[Pong]("pingpong.pong")
 }
 
 func main() {

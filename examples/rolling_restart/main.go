@@ -48,8 +48,8 @@ type Reply struct {
 }
 
 func init() {
-	troupe.RegisterMessage[Echo]("rolling_restart.echo")
-	troupe.RegisterMessage[Reply]("rolling_restart.reply")
+	troupe.SetWireKey[Echo]("rolling_restart.echo")
+	troupe.SetWireKey[Reply]("rolling_restart.reply")
 }
 
 // serviceEnv, when set, makes this program a service process registering

@@ -36,8 +36,8 @@ type Price struct {
 }
 
 func init() {
-	troupe.RegisterMessage[Quote]("service_discovery.quote")
-	troupe.RegisterMessage[Price]("service_discovery.price")
+	troupe.SetWireKey[Quote]("service_discovery.quote")
+	troupe.SetWireKey[Price]("service_discovery.price")
 }
 
 func main() {

@@ -41,8 +41,8 @@ type Balance struct {
 }
 
 func init() {
-	troupe.RegisterMessage[Deposit]("sharding.deposit")
-	troupe.RegisterMessage[Balance]("sharding.balance")
+	troupe.SetWireKey[Deposit]("sharding.deposit")
+	troupe.SetWireKey[Balance]("sharding.balance")
 }
 
 // watch counts the accounts running, per id, in this process (the three

@@ -39,8 +39,8 @@ type Reserve struct {
 }
 
 func init() {
-	troupe.RegisterMessage[Order]("tracing.order")
-	troupe.RegisterMessage[Reserve]("tracing.reserve")
+	troupe.SetWireKey[Order]("tracing.order")
+	troupe.SetWireKey[Reserve]("tracing.reserve")
 }
 
 // span is the current span of a request: its trace, its own id and its

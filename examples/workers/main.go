@@ -33,7 +33,7 @@ type Job struct {
 	ReplyTo  troupe.Ref[string]
 }
 
-func init() { troupe.RegisterMessage[Job]("workers.job") }
+func init() { troupe.SetWireKey[Job]("workers.job") }
 
 var workersKey = troupe.ServiceKey[Job]{Name: "workers"}
 
