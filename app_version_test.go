@@ -100,14 +100,14 @@ func TestAppVersionIsSeenByPeersAndMembers(t *testing.T) {
 
 	// The debug page: the node's own, its peers' and its members'.
 	rec := httptest.NewRecorder()
-	troupe.DebugHandler(a).ServeHTTP(rec, httptest.NewRequest("GET", "/", nil))
+	a.DebugHandler().ServeHTTP(rec, httptest.NewRequest("GET", "/", nil))
 	page := rec.Body.String()
 	if !strings.Contains(page, `<span id="app-version">orders-1.4.2</span>`) || !strings.Contains(page, `<td class="version">orders-1.5.0</td>`) ||
 		strings.Count(page, `<td class="version">orders-1.4.2</td>`) != 1 {
 		t.Errorf("the debug page does not show the versions:\n%s", page)
 	}
 	rec = httptest.NewRecorder()
-	troupe.DebugHandler(a).ServeHTTP(rec, httptest.NewRequest("GET", "/?format=json", nil))
+	a.DebugHandler().ServeHTTP(rec, httptest.NewRequest("GET", "/?format=json", nil))
 	var doc struct {
 		AppVersion string `json:"app_version"`
 		Peers      []struct {
@@ -170,7 +170,7 @@ func TestSchemaOfARunningNode(t *testing.T) {
 	t.Parallel()
 	n := defaultNode(t, "schema")
 	asker := defaultNode(t, "asker")
-	got, err := troupe.FetchSchema(ctxFor(t), asker, n.Addrs()[0].String())
+	got, err := asker.FetchSchema(ctxFor(t), n.Addrs()[0].String())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -188,7 +188,7 @@ func TestSchemaOfARunningNode(t *testing.T) {
 	if d := troupe.DiffSchemas(got[i], local[slices.IndexFunc(local, func(s troupe.MessageSchema) bool { return s.Key == shapeKey })]); !d.Same || !d.Compatible() {
 		t.Fatalf("a schema differs from itself: %+v", d)
 	}
-	if _, err := troupe.FetchSchema(ctxFor(t), asker, "127.0.0.1:1"); err == nil {
+	if _, err := asker.FetchSchema(ctxFor(t), "127.0.0.1:1"); err == nil {
 		t.Fatal("FetchSchema from an address where nothing listens succeeded")
 	}
 }

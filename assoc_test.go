@@ -109,10 +109,10 @@ func TestPartitionQuarantinesBothSidesUntilExplicitReconnect(t *testing.T) {
 	}
 
 	// Only an explicit repair works, and old refs stay dead.
-	if !p.away.ClearQuarantine(p.home.Addrs()[0].String()) {
-		t.Fatal("away had no quarantine of home to clear")
+	if cleared, err := p.away.ClearQuarantine(ctxT(t, time.Second), p.home.Addrs()[0].String()); !cleared || err != nil {
+		t.Fatalf("away had no quarantine of home to clear: %v, %v", cleared, err)
 	}
-	if err := p.home.Reconnect(ctxT(t, 5*time.Second), p.away.Addrs()[0].String()); err != nil {
+	if _, err := p.home.ClearQuarantine(ctxT(t, 5*time.Second), p.away.Addrs()[0].String(), Reconnect()); err != nil {
 		t.Fatalf("Reconnect: %v", err)
 	}
 	roundTrip(t, p.home, p.away, "/user/echo")
@@ -132,7 +132,7 @@ func TestReconnectRefusedWhilePeerQuarantinesUs(t *testing.T) {
 	recv(t, p.homeEvents, "home gives up")
 	recv(t, p.awayEv, "away gives up")
 	p.f.Heal()
-	err := p.home.Reconnect(ctxT(t, 5*time.Second), p.away.Addrs()[0].String())
+	_, err := p.home.ClearQuarantine(ctxT(t, 5*time.Second), p.away.Addrs()[0].String(), Reconnect())
 	if !errors.Is(err, ErrQuarantinedByPeer) {
 		t.Fatalf("Reconnect while away still quarantines home = %v, want ErrQuarantinedByPeer", err)
 	}
@@ -140,8 +140,8 @@ func TestReconnectRefusedWhilePeerQuarantinesUs(t *testing.T) {
 	if len(p.away.Quarantined()) != 1 || len(p.home.Quarantined()) != 0 {
 		t.Fatalf("quarantines: away %v, home %v", p.away.Quarantined(), p.home.Quarantined())
 	}
-	p.away.ClearQuarantine(p.home.Addrs()[0].String())
-	if err := p.home.Reconnect(ctxT(t, 5*time.Second), p.away.Addrs()[0].String()); err != nil {
+	p.away.ClearQuarantine(ctxT(t, time.Second), p.home.Addrs()[0].String())
+	if _, err := p.home.ClearQuarantine(ctxT(t, 5*time.Second), p.away.Addrs()[0].String(), Reconnect()); err != nil {
 		t.Fatalf("Reconnect after away cleared: %v", err)
 	}
 	roundTrip(t, p.home, p.away, "/user/echo")

@@ -200,7 +200,7 @@ func (a *assoc) carryOutEnd(eff effect, tk *taken) {
 		a.n.addQuarantine(a, err)
 		reason = &quarantineError{peer: a.label(), uid: a.peerUID, cause: err}
 		a.transition(lifeEvent{kind: evQuarantined, cause: reason})
-		a.n.log.Warn("troupe: peer unreachable; quarantined until Reconnect or ClearQuarantine", "peer", a.label(), "uid", a.peerUID.String(), "cause", err)
+		a.n.log.Warn("troupe: peer unreachable; quarantined until ClearQuarantine", "peer", a.label(), "uid", a.peerUID.String(), "cause", err)
 	}
 	if tk.conn != nil {
 		tk.conn.Close()

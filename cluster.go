@@ -234,7 +234,7 @@ func init() {
 // (Config.Secret, TLS, peer credentials) like any peer's, and any peer it
 // admits may down members. Errors: the member's answer (such as
 // [ErrNotMember]'s text), or why it could not be asked.
-func DownMember(ctx context.Context, n *Node, node, member string) error {
+func (n *Node) DownMember(ctx context.Context, node, member string) error {
 	addr, err := ParseAddr(node)
 	if err != nil {
 		return err

@@ -87,7 +87,7 @@ func TestAMemberThatStoodStillDoesNotRaceForTheLease(t *testing.T) {
 	slowTest(t)
 	r := &clusterRig{t: t, f: NewFaultNet()}
 	leaseNode := startOn(t, r.f, failConfig("lease", 20*time.Millisecond, 2*time.Second))
-	if err := ServeLeases(leaseNode); err != nil {
+	if err := leaseNode.ServeLeases(); err != nil {
 		t.Fatal(err)
 	}
 	serving := time.Now()

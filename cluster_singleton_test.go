@@ -376,7 +376,7 @@ func TestASingletonWaitsOutALeaseMinority(t *testing.T) {
 	}
 	leaseNode := start("lease")
 	t.Cleanup(f.Heal)
-	if err := troupe.ServeLeases(leaseNode); err != nil {
+	if err := leaseNode.ServeLeases(); err != nil {
 		t.Fatal(err)
 	}
 	serving := time.Now()

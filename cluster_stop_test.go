@@ -84,7 +84,7 @@ func TestABlockedClusterSaysHowToUnblockIt(t *testing.T) {
 	}
 	// The debug page says it in a banner at the top.
 	rec := httptest.NewRecorder()
-	troupe.DebugHandler(home).ServeHTTP(rec, httptest.NewRequest("GET", "/debug/troupe", nil))
+	home.DebugHandler().ServeHTTP(rec, httptest.NewRequest("GET", "/debug/troupe", nil))
 	if page := rec.Body.String(); !strings.Contains(page, `<p id="banner" class="banner bad">`) || !strings.Contains(page, want) || strings.Index(page, `id="banner"`) > strings.Index(page, `id="peers"`) {
 		t.Errorf("the debug page has no banner above the peers naming %q:\n%s", want, page)
 	}

@@ -258,7 +258,7 @@ func TestClusterLeaseMajority(t *testing.T) {
 			t.Parallel()
 			r := &clusterRig{t: t, f: NewFaultNet()}
 			leaseNode := startOn(t, r.f, failConfig("lease", 20*time.Millisecond, 2*time.Second))
-			if err := ServeLeases(leaseNode); err != nil {
+			if err := leaseNode.ServeLeases(); err != nil {
 				t.Fatal(err)
 			}
 			serving := time.Now()
@@ -360,7 +360,7 @@ func TestDownedMemberCannotRejoinWithTheSameUID(t *testing.T) {
 		}
 		return false
 	})
-	downed.ClearQuarantineUID(r.nodes[0].UID())
+	downed.ClearQuarantine(context.Background(), r.nodes[0].UID().String())
 	again, err := StartCluster(ctxT(t, 5*time.Second), downed, ClusterConfig{Seeds: []string{r.nodes[0].Addrs()[0].String()}, GossipInterval: 20 * time.Millisecond, Detector: clusterDetector})
 	if err != nil {
 		t.Fatal(err)
@@ -640,11 +640,11 @@ func TestClusterManualDown(t *testing.T) {
 	waitFor(t, 10*time.Second, "the dead member to be unreachable", func() bool { return len(r.members[0].Unreachable()) == 1 })
 
 	operator := startOn(t, r.f, failConfig("operator", 20*time.Millisecond, 2*time.Second))
-	err := DownMember(ctxT(t, 5*time.Second), operator, r.nodes[1].Addrs()[0].String(), "tcp://127.0.0.1:1")
+	err := operator.DownMember(ctxT(t, 5*time.Second), r.nodes[1].Addrs()[0].String(), "tcp://127.0.0.1:1")
 	if err == nil || !strings.Contains(err.Error(), "no such cluster member") {
 		t.Fatalf("DownMember of an unknown address: %v, want the member's ErrNotMember", err)
 	}
-	if err := DownMember(ctxT(t, 5*time.Second), operator, r.nodes[1].Addrs()[0].String(), deadAddr); err != nil {
+	if err := operator.DownMember(ctxT(t, 5*time.Second), r.nodes[1].Addrs()[0].String(), deadAddr); err != nil {
 		t.Fatalf("DownMember: %v", err)
 	}
 	waitFor(t, 10*time.Second, "the dead member removed everywhere", func() bool {

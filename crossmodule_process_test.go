@@ -215,7 +215,7 @@ func main() {
 	// other member answers that 127.0.0.1:1 is no member.
 	for _, m := range c.Members() {
 		if m.UID != n.UID() {
-			fmt.Println("DOWNMEMBER", troupe.DownMember(ctx, n, m.Addr.String(), "127.0.0.1:1"))
+			fmt.Println("DOWNMEMBER", n.DownMember(ctx, m.Addr.String(), "127.0.0.1:1"))
 		}
 	}
 	fmt.Println("DONE")
@@ -555,7 +555,7 @@ func main() {
 	}
 	fmt.Println("READY", n.Addrs()[0])
 	for in := bufio.NewScanner(os.Stdin); in.Scan(); {
-		fmt.Println("DOWNMEMBER", troupe.DownMember(ctx, n, in.Text(), "127.0.0.1:1"))
+		fmt.Println("DOWNMEMBER", n.DownMember(ctx, in.Text(), "127.0.0.1:1"))
 	}
 }
 `

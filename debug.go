@@ -25,7 +25,7 @@ import (
 // snapshot as JSON when asked with ?format=json or an Accept header of
 // application/json. Mount it where you like, behind your own
 // authentication: it shows addresses and names to whoever can reach it.
-func DebugHandler(n *Node) http.Handler {
+func (n *Node) DebugHandler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		s := n.Stats()
 		if r.URL.Query().Get("format") == "json" || strings.Contains(r.Header.Get("Accept"), "application/json") {
@@ -227,7 +227,7 @@ var debugPage = template.Must(template.New("debug").Funcs(template.FuncMap{"dur"
 // by status; and, kept from the moment MetricsHandler is called for n,
 // histograms of handler time, mailbox wait and Ask round trips by message type
 // (latency.go). It is written by hand, with no dependency.
-func MetricsHandler(n *Node) http.Handler {
+func (n *Node) MetricsHandler() http.Handler {
 	n.measure()
 	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
@@ -394,7 +394,7 @@ func writeMetrics(w io.Writer, s Stats) {
 
 // PublishExpvar publishes n's [Node.Stats] through the standard library's
 // expvar under name (served at /debug/vars by expvar's handler), as the
-// JSON that [DebugHandler] serves. Like expvar.Publish, it panics if name
+// JSON that [Node.DebugHandler] serves. Like expvar.Publish, it panics if name
 // is already published.
 func (n *Node) PublishExpvar(name string) {
 	expvar.Publish(name, expvar.Func(func() any { return statsJSON(n.Stats()) }))

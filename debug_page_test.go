@@ -81,7 +81,7 @@ func TestDebugPageShowsWhatAnOperatorActsOn(t *testing.T) {
 	var page string
 	waitUntil(t, 10*time.Second, "the restart counted", func() bool {
 		rec := httptest.NewRecorder()
-		troupe.DebugHandler(n).ServeHTTP(rec, httptest.NewRequest("GET", "/debug/troupe", nil))
+		n.DebugHandler().ServeHTTP(rec, httptest.NewRequest("GET", "/debug/troupe", nil))
 		page = rec.Body.String()
 		return strings.Contains(page, `data-path="/user/parent/worker"><td style="padding-left:3em">worker</td><td>/user/parent/worker</td><td>0</td><td class="bad">1</td>`)
 	})
@@ -139,7 +139,7 @@ func TestDebugPageTreeOrderAndEscaping(t *testing.T) {
 		}
 	}
 	rec := httptest.NewRecorder()
-	troupe.DebugHandler(n).ServeHTTP(rec, httptest.NewRequest("GET", "/debug/troupe", nil))
+	n.DebugHandler().ServeHTTP(rec, httptest.NewRequest("GET", "/debug/troupe", nil))
 	page := rec.Body.String()
 	a, x, ab := strings.Index(page, `data-path="/user/a"`), strings.Index(page, `data-path="/user/a/x"`), strings.Index(page, `data-path="/user/a-b"`)
 	if a < 0 || x < 0 || ab < 0 || !(a < x && x < ab) {

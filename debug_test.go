@@ -19,9 +19,9 @@ func TestDebugAndMetricsHandlers(t *testing.T) {
 	t.Parallel()
 	slowTest(t)
 	f, a, b := faultPair(t)
-	srv := httptest.NewServer(troupe.DebugHandler(a))
+	srv := httptest.NewServer(a.DebugHandler())
 	defer srv.Close()
-	metrics := httptest.NewServer(troupe.MetricsHandler(a))
+	metrics := httptest.NewServer(a.MetricsHandler())
 	defer metrics.Close()
 	get := func(url string, accept string) string {
 		req, _ := http.NewRequest("GET", url, nil)
@@ -91,7 +91,7 @@ func TestDebugPageInABrowser(t *testing.T) {
 		t.Skip("no chromium on PATH (apt-get install chromium)")
 	}
 	f, a, b := faultPair(t)
-	srv := httptest.NewServer(troupe.DebugHandler(a))
+	srv := httptest.NewServer(a.DebugHandler())
 	defer srv.Close()
 	dom := func() string {
 		// A browser that dies of a signal (chromium segfaults now and

@@ -161,8 +161,8 @@
 // [Terminated] with a reason wrapping [ErrPeerUnreachable], the peer is
 // quarantined (sends become dead letters wrapping [ErrQuarantined], pending
 // asks fail), and a [PeerUnreachable] event is published. Nothing
-// reconnects to that incarnation until [Node.Reconnect] or
-// [Node.ClearQuarantine] is called; a quarantine binds the incarnation,
+// reconnects to that incarnation until [Node.ClearQuarantine] is called
+// (with [Reconnect] it associates again at once); a quarantine binds the incarnation,
 // so a process restarted at the same address is a new peer, admitted.
 // Remote refs are bound to the association session they came from.
 // Registrars and cluster members are exempt from quarantine. A
@@ -194,9 +194,9 @@
 // [Node.Stats] is a snapshot of a node: its associations and how close
 // each peer is to being declared unreachable, quarantines, actors and the
 // deepest mailboxes, dead letters by reason, cluster members.
-// [DebugHandler] serves it as a live HTML page and as JSON,
-// [MetricsHandler] in the Prometheus text format, [Node.PublishExpvar]
-// through expvar, and [FetchStats] fetches another node's over the
+// [Node.DebugHandler] serves it as a live HTML page and as JSON,
+// [Node.MetricsHandler] in the Prometheus text format, [Node.PublishExpvar]
+// through expvar, and [Node.FetchStats] fetches another node's over the
 // protocol (troupe peers, actors and stats).
 //
 // # Errors

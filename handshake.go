@@ -544,7 +544,7 @@ func (n *Node) decideAttach(a *assoc, h *hello) admission {
 		// a process started again at the same address is a new peer,
 		// whose actors are new, and is admitted.
 		q := n.quarantineFor(h.uid)
-		d.reject, d.text = rejectQuarantined, fmt.Sprintf("%s quarantined you at %s (%v); it must call ClearQuarantine or Reconnect first", n.name, q.Since.Format(time.RFC3339), q.Cause)
+		d.reject, d.text = rejectQuarantined, fmt.Sprintf("%s quarantined you at %s (%v); it must call ClearQuarantine first", n.name, q.Since.Format(time.RFC3339), q.Cause)
 		d.quarantined = q
 	default:
 		// Only the uid decides which connection is a duplicate: the
@@ -648,7 +648,7 @@ func (n *Node) refuse(a *assoc, h *hello, d admission) {
 		// does not, or it would wait for the session to come back.
 		sayBye(a.conn, byeRefused, d.text)
 		if q := d.quarantined; q != nil {
-			a.fail(fmt.Errorf("%s: %w since %s (%v); call Reconnect to try again", a.dialAddr, ErrQuarantined, q.Since.Format(time.RFC3339), q.Cause))
+			a.fail(fmt.Errorf("%s: %w since %s (%v); ClearQuarantine with Reconnect to try again", a.dialAddr, ErrQuarantined, q.Since.Format(time.RFC3339), q.Cause))
 			return
 		}
 		if d.impostor {

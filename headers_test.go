@@ -434,7 +434,7 @@ func TestInterceptorsLeaveTroupesOwnActorsAlone(t *testing.T) {
 	}
 	here, there := startQuiet(t, cfg("here")), startQuiet(t, cfg("there"))
 	for range 2 {
-		if _, err := troupe.FetchStats(ctxFor(t), here, there.Addrs()[0].String()); err != nil {
+		if _, err := here.FetchStats(ctxFor(t), there.Addrs()[0].String()); err != nil {
 			t.Fatalf("FetchStats through interceptors that panic: %v", err)
 		}
 	}

@@ -27,7 +27,7 @@ func TestMetricsHaveLatencyHistograms(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer n.Close()
-	metrics := troupe.MetricsHandler(n) // (histograms are kept from here on)
+	metrics := n.MetricsHandler() // (histograms are kept from here on)
 	done := make(chan struct{})
 	const work = 200
 	handled := 0
@@ -125,7 +125,7 @@ func TestLatencyKindsOfOneNameAddUp(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer n.Close()
-	metrics := troupe.MetricsHandler(n)
+	metrics := n.MetricsHandler()
 	done := make(chan struct{}, 2)
 	one := func() {
 		type msg struct{}

@@ -97,7 +97,7 @@ func init() {
 // on a third machine outside any partition of the cluster, with no extra
 // software. It grants nothing for the first ttl of each request after it
 // starts: a restarted server may have forgotten a grant that still runs.
-func ServeLeases(n *Node) error {
+func (n *Node) ServeLeases() error {
 	type held struct {
 		owner   string
 		expires time.Time
@@ -136,7 +136,7 @@ func ServeLeases(n *Node) error {
 	return err
 }
 
-// NodeLease is a [Lease] served by another troupe node ([ServeLeases]).
+// NodeLease is a [Lease] served by another troupe node ([Node.ServeLeases]).
 type NodeLease struct {
 	n         *Node
 	server    Addr

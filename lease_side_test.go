@@ -26,7 +26,7 @@ func leaseSideSplitTTL(t *testing.T, n int, small []int, freshServer bool, ttl t
 	f := troupe.NewFaultNet()
 	leaseNode := faultNode(t, f, "lease")
 	t.Cleanup(f.Heal)
-	if err := troupe.ServeLeases(leaseNode); err != nil {
+	if err := leaseNode.ServeLeases(); err != nil {
 		t.Fatal(err)
 	}
 	serving := time.Now()

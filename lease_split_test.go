@@ -181,7 +181,7 @@ func leaseSplit(t *testing.T, size int, reach string, rep int) {
 	}
 	leaseNode := start("lease")
 	t.Cleanup(f.Heal) // first: the nodes close without waiting on a cut network
-	if err := troupe.ServeLeases(leaseNode); err != nil {
+	if err := leaseNode.ServeLeases(); err != nil {
 		t.Fatal(err)
 	}
 	serving := time.Now()

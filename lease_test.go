@@ -11,7 +11,7 @@ func TestNodeLease(t *testing.T) {
 	checkLeaks(t)
 	slowTest(t)
 	server := startNode(t, testConfig("tcp://127.0.0.1:0"))
-	if err := ServeLeases(server); err != nil {
+	if err := server.ServeLeases(); err != nil {
 		t.Fatal(err)
 	}
 	a, b := startNode(t, testConfig()), startNode(t, testConfig())

@@ -133,9 +133,9 @@ func (n *Node) Alive() error {
 // ProbeHandler serves the node's probes for an orchestrator: GET /readyz
 // answers 200 "ok" while [Node.Ready] is nil and 503 with the reason
 // otherwise; GET /livez does the same with [Node.Alive]. Mount it where
-// the probes look, e.g. mux.Handle("/readyz", ProbeHandler(n)) and
-// mux.Handle("/livez", ProbeHandler(n)).
-func ProbeHandler(n *Node) http.Handler {
+// the probes look, e.g. mux.Handle("/readyz", n.ProbeHandler()) and
+// mux.Handle("/livez", n.ProbeHandler()).
+func (n *Node) ProbeHandler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		var err error
 		switch r.URL.Path {
@@ -165,7 +165,7 @@ func ProbeHandler(n *Node) http.Handler {
 // (a Close, a Shutdown, a downed member's CloseNodeOnDown) — and then
 // only once that close has finished, so a main that returns it never
 // exits while actors are still stopping or goodbyes are unwritten.
-func ShutdownOnSignal(n *Node, grace time.Duration, signals ...os.Signal) error {
+func (n *Node) ShutdownOnSignal(grace time.Duration, signals ...os.Signal) error {
 	if len(signals) == 0 {
 		signals = []os.Signal{os.Interrupt, syscall.SIGTERM}
 	}

@@ -17,7 +17,7 @@ import (
 // probe GETs path from the node's ProbeHandler: status and body.
 func probe(n *troupe.Node, path string) (int, string) {
 	rec := httptest.NewRecorder()
-	troupe.ProbeHandler(n).ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
+	n.ProbeHandler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
 	return rec.Code, strings.TrimSpace(rec.Body.String())
 }
 

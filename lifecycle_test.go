@@ -420,7 +420,7 @@ func TestShutdownOnSignalReturnsOnlyWhenTheCloseItSawIsOver(t *testing.T) {
 	within(t, started, 5*time.Second, "the handler starting")
 
 	returned := make(chan error, 1)
-	go func() { returned <- troupe.ShutdownOnSignal(n, time.Minute, os.Interrupt) }()
+	go func() { returned <- n.ShutdownOnSignal(time.Minute, os.Interrupt) }()
 	closed := make(chan error, 1)
 	go func() { closed <- n.Close() }()
 	within(t, n.Done(), 5*time.Second, "the close beginning")

@@ -293,7 +293,7 @@ func TestMetricsAreValidPrometheusText(t *testing.T) {
 	waitUntil(t, 5*time.Second, "a dead letter", func() bool { gone.Tell("late"); return len(a.Stats().DeadLetters) > 0 })
 
 	rec := httptest.NewRecorder()
-	troupe.MetricsHandler(a).ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	a.MetricsHandler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
 	text := rec.Body.String()
 	s := parseMetrics(t, text)
 	if strings.Contains(text, "uid=") {
@@ -357,14 +357,14 @@ func TestMetricsAreValidPrometheusText(t *testing.T) {
 		return tot.PeersLeft == 1 && tot.ProtocolErrors >= 1
 	})
 	rec = httptest.NewRecorder()
-	troupe.MetricsHandler(a).ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	a.MetricsHandler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
 	s = parseMetrics(t, rec.Body.String())
 	if s["troupe_peers_left_total{}"] != 1 || s["troupe_peers_given_up_total{}"] != 0 || s["troupe_protocol_errors_total{}"] < 1 {
 		t.Errorf("after a goodbye and a protocol error: left %v, given up %v, protocol errors %v",
 			s["troupe_peers_left_total{}"], s["troupe_peers_given_up_total{}"], s["troupe_protocol_errors_total{}"])
 	}
 	rec = httptest.NewRecorder()
-	troupe.DebugHandler(a).ServeHTTP(rec, httptest.NewRequest("GET", "/?format=json", nil))
+	a.DebugHandler().ServeHTTP(rec, httptest.NewRequest("GET", "/?format=json", nil))
 	var doc struct {
 		Totals map[string]uint64 `json:"totals"`
 	}
@@ -389,7 +389,7 @@ func TestMetricsOfAPeerWithABadName(t *testing.T) {
 		t.Fatal(err)
 	}
 	rec := httptest.NewRecorder()
-	troupe.MetricsHandler(a).ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	a.MetricsHandler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
 	s := parseMetrics(t, rec.Body.String())
 	sampleOf(t, s, "troupe_peer_sent_bytes_total", "name="+strconv.Quote("bad\uFFFD\"name\"\n"))
 }

@@ -134,7 +134,7 @@ func TestNemesis(t *testing.T) {
 	t.Logf("seed %d (TROUPE_NEMESIS_SEED=%d replays it), %v, lease %v", seed, seed, run, z.useLease)
 	t.Cleanup(z.f.Heal) // first: the nodes close without waiting on a cut network
 	z.leaseNode = z.start("lease")
-	if err := troupe.ServeLeases(z.leaseNode); err != nil {
+	if err := z.leaseNode.ServeLeases(); err != nil {
 		t.Fatal(err)
 	}
 	for range 5 {

@@ -5,6 +5,7 @@ package troupe
 import (
 	"bufio"
 	"cmp"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -144,7 +145,7 @@ func TestHelperNetnsNode(t *testing.T) {
 			say("Q %d", len(n.Quarantined()))
 		case "clear":
 			for _, q := range n.Quarantined() {
-				n.ClearQuarantineUID(q.UID)
+				n.ClearQuarantine(context.Background(), q.UID.String())
 			}
 			say("OK")
 		case "cluster": // cluster majority|lease SEED|- [ETCD_ENDPOINT LEASE_KEY]
@@ -223,7 +224,7 @@ func TestHelperNetnsNode(t *testing.T) {
 			n.Shutdown(ctxT(t, 10*time.Second))
 			say("SHUTDOWN")
 		case "reconnect": // reconnect ADDR
-			if err := n.Reconnect(ctxT(t, 5*time.Second), f[1]); err != nil {
+			if _, err := n.ClearQuarantine(ctxT(t, 5*time.Second), f[1], Reconnect()); err != nil {
 				say("ERR %v", err)
 			} else {
 				say("OK")

@@ -35,7 +35,7 @@ func TestHelperObserver(t *testing.T) {
 	}
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		_, err := troupe.FetchStats(ctx, n, target)
+		_, err := n.FetchStats(ctx, target)
 		cancel()
 		if err != nil {
 			fmt.Println("ERR", err)
@@ -93,12 +93,12 @@ func TestAKilledObserverLeavesNoTrace(t *testing.T) {
 		t.Fatalf("while an observer asks: Peers %+v, Observers %d; want no peer and one observer", s.Peers, s.Observers)
 	}
 	rec := httptest.NewRecorder()
-	troupe.MetricsHandler(n).ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	n.MetricsHandler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
 	if !strings.Contains(rec.Body.String(), "\ntroupe_observers 1\n") || strings.Contains(rec.Body.String(), "troupe-cli") {
 		t.Fatalf("/metrics while an observer asks:\n%s", rec.Body.String())
 	}
 	rec = httptest.NewRecorder()
-	troupe.DebugHandler(n).ServeHTTP(rec, httptest.NewRequest("GET", "/debug/troupe?format=json", nil))
+	n.DebugHandler().ServeHTTP(rec, httptest.NewRequest("GET", "/debug/troupe?format=json", nil))
 	var doc struct {
 		Observers int   `json:"observers"`
 		Peers     []any `json:"peers"`
@@ -149,7 +149,7 @@ func TestAnObserverOutlivesAReset(t *testing.T) {
 	}
 	target := n.Addrs()[0].String()
 	for round := range 3 {
-		if _, err := troupe.FetchStats(ctxFor(t), o, target); err != nil {
+		if _, err := o.FetchStats(ctxFor(t), target); err != nil {
 			t.Fatalf("round %d: the observer's call after a reset: %v", round, err)
 		}
 		if f.Reset(o, n) == 0 {

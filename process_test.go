@@ -58,7 +58,7 @@ func TestHelperNodeProcess(t *testing.T) {
 		}
 		if in.Text() == "clear" {
 			for _, q := range n.Quarantined() {
-				n.ClearQuarantineUID(q.UID)
+				n.ClearQuarantine(context.Background(), q.UID.String())
 			}
 			fmt.Println("CLEARED")
 		}
@@ -204,14 +204,14 @@ func TestProcessStoppedWithSIGSTOPStaysQuarantined(t *testing.T) {
 		t.Fatalf("Resolve after SIGCONT = %v, want ErrQuarantined", err)
 	}
 	// The child, woken, found the link gone and quarantined us too.
-	if err := n.Reconnect(ctxT(t, 5*time.Second), c.addr.String()); !errors.Is(err, ErrQuarantinedByPeer) {
+	if _, err := n.ClearQuarantine(ctxT(t, 5*time.Second), c.addr.String(), Reconnect()); !errors.Is(err, ErrQuarantinedByPeer) {
 		t.Fatalf("Reconnect before the child cleared = %v, want ErrQuarantinedByPeer", err)
 	}
 	fmt.Fprintln(c.stdin, "clear")
 	if l := c.line(t); l != "CLEARED" {
 		t.Fatalf("child said %q", l)
 	}
-	if err := n.Reconnect(ctxT(t, 5*time.Second), c.addr.String()); err != nil {
+	if _, err := n.ClearQuarantine(ctxT(t, 5*time.Second), c.addr.String(), Reconnect()); err != nil {
 		t.Fatalf("Reconnect: %v", err)
 	}
 	again, err := Resolve[testPing](ctxT(t, 5*time.Second), n, FormatRef(c.addr, "/user/echo"))
@@ -236,7 +236,7 @@ func TestProcessRestartedAtSameAddressIsANewPeer(t *testing.T) {
 	if second.uid == first.uid {
 		t.Fatalf("restarted child kept uid %s", first.uid)
 	}
-	if err := n.Reconnect(ctxT(t, 5*time.Second), first.addr.String()); err != nil {
+	if _, err := n.ClearQuarantine(ctxT(t, 5*time.Second), first.addr.String(), Reconnect()); err != nil {
 		t.Fatalf("Reconnect: %v", err)
 	}
 	fresh, err := Resolve[testPing](ctxT(t, 5*time.Second), n, FormatRef(first.addr, "/user/echo"))

@@ -2,6 +2,7 @@ package troupe
 
 import (
 	"context"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"slices"
@@ -22,12 +23,12 @@ var (
 	// ErrQuarantined is wrapped by the dead-letter reason of every message
 	// for a quarantined peer, by the error of an [Ask] pending when the
 	// peer was quarantined, and by the error of [Resolve] or a dial that
-	// reaches a quarantined incarnation. Only [Node.Reconnect] or [Node.ClearQuarantine]
-	// lifts a quarantine.
+	// reaches a quarantined incarnation. Only [Node.ClearQuarantine] lifts
+	// a quarantine.
 	ErrQuarantined = errors.New("troupe: peer quarantined")
-	// ErrQuarantinedByPeer is wrapped by the error of [Node.Reconnect] (or
-	// any dial) when the peer has quarantined this node and not yet
-	// cleared it: the peer must call ClearQuarantine or Reconnect first.
+	// ErrQuarantinedByPeer is wrapped by the error of [Node.ClearQuarantine]
+	// with [Reconnect] (or any dial) when the peer has quarantined this node and not yet
+	// cleared it: the peer must call [Node.ClearQuarantine] first.
 	// It is also wrapped by the reason of the [PeerUnreachable] event, and
 	// of the [Terminated] signals, when a peer tells this node that it gave
 	// up on it: this node then ends the session at once, as it would at
@@ -306,7 +307,7 @@ func (n *Node) logRefusedQuarantined(a *assoc, h *hello, q *QuarantineInfo) {
 	}
 	n.log.Warn("troupe: refused a connection of a quarantined peer incarnation; a new incarnation (a restart) is admitted, this one only after its quarantine is lifted",
 		"peer", h.name, "uid", h.uid.String(), "since", q.Since.Format(time.RFC3339), "cause", q.Cause,
-		"lift", lift+" (or ClearQuarantine / Reconnect in code)")
+		"lift", lift+" (or Node.ClearQuarantine in code)")
 }
 
 // addQuarantine records that this node gave up on a's peer.
@@ -328,52 +329,90 @@ func (n *Node) Quarantined() []QuarantineInfo {
 	return n.quarantine.list()
 }
 
-// ClearQuarantine lifts this node's quarantine of the peer at address
-// (in any form [ParseAddr] accepts), and of every other address that peer
-// announced, so that the peer may connect again, or this node may dial it.
-// It does not connect. It reports whether anything was quarantined (false
-// for an address that does not parse).
-func (n *Node) ClearQuarantine(address string) bool {
-	addr, err := ParseAddr(address)
+// ClearOption adjusts [Node.ClearQuarantine].
+type ClearOption func(*clearConfig)
+
+type clearConfig struct {
+	reconnect bool
+	node      string
+}
+
+// Reconnect makes [Node.ClearQuarantine] associate with the peer again once
+// its quarantine is lifted, and wait for the handshake: the peer must be
+// named by an address. Refs obtained before the quarantine stay dead
+// (they belong to the ended session): resolve again.
+func Reconnect() ClearOption { return func(c *clearConfig) { c.reconnect = true } }
+
+// OnNode makes [Node.ClearQuarantine] ask the node listening at address
+// (in any form [ParseAddr] accepts), through this node, to lift its own
+// quarantine of the peer, instead of lifting this node's. That node
+// checks this one's credentials like any peer's. This is what troupe
+// quarantine clear does.
+func OnNode(address string) ClearOption { return func(c *clearConfig) { c.node = address } }
+
+// ClearQuarantine lifts this node's quarantine of peer, so that the peer
+// may connect again, or this node may dial it. peer is an address in any
+// form [ParseAddr] accepts (and with it every other address that peer
+// announced), or a peer incarnation's uid in hex as [NodeUID.String],
+// [Stats] and troupe peers print it (for a peer that announced no listen
+// address, one that only dials out). It reports whether the peer was
+// quarantined, and fails with an error wrapping [ErrBadAddr] for a peer
+// that is neither.
+//
+// By itself it does not connect. With [Reconnect] it then associates with
+// the peer again: if the peer has not cleared its own quarantine of this
+// node, that fails with an error wrapping [ErrQuarantinedByPeer]; it may
+// also fail with the dial or handshake error, ctx.Err(), or
+// [ErrNodeClosed]. With [OnNode] it lifts another node's quarantine
+// instead, and reports whether that node had the peer quarantined.
+func (n *Node) ClearQuarantine(ctx context.Context, peer string, opts ...ClearOption) (bool, error) {
+	var cfg clearConfig
+	for _, o := range opts {
+		o(&cfg)
+	}
+	addr, aerr := ParseAddr(peer)
+	if aerr != nil && !isUIDText(peer) {
+		return false, fmt.Errorf("%w: %q is neither an address nor a peer uid (32 hex digits)", ErrBadAddr, peer)
+	}
+	switch {
+	case cfg.node != "" && cfg.reconnect:
+		return false, fmt.Errorf("%w: ClearQuarantine with both Reconnect and OnNode", ErrBadConfig)
+	case cfg.node != "":
+		return n.clearQuarantineAt(ctx, cfg.node, peer)
+	}
+	cleared := n.clearQuarantineOf(peer)
+	if !cfg.reconnect {
+		return cleared, nil
+	}
+	if aerr != nil {
+		return cleared, fmt.Errorf("reconnect: %w (a uid names no address to dial)", aerr)
+	}
+	a, err := n.assocFor(addr)
 	if err != nil {
+		return cleared, err
+	}
+	if err := a.awaitUp(ctx); err != nil {
+		return cleared, fmt.Errorf("reconnect %s: %w", addr, err)
+	}
+	return cleared, nil
+}
+
+// clearQuarantineOf lifts the quarantine of the peer named by an address
+// (and of every other address it announced) or by its uid in hex (as
+// Stats and troupe peers print it).
+func (n *Node) clearQuarantineOf(peer string) bool {
+	var match func(q *QuarantineInfo) bool
+	if addr, err := ParseAddr(peer); err == nil {
+		match = func(q *QuarantineInfo) bool {
+			return slices.Contains(q.Addrs, addr) || slices.Contains(q.Announced, addr)
+		}
+	} else if b, err := hex.DecodeString(peer); err == nil && len(b) == len(NodeUID{}) {
+		uid := NodeUID(b)
+		match = func(q *QuarantineInfo) bool { return q.UID == uid }
+	} else {
 		return false
 	}
 	n.pmu.Lock()
 	defer n.pmu.Unlock()
-	return n.quarantine.clear(func(q *QuarantineInfo) bool {
-		return slices.Contains(q.Addrs, addr) || slices.Contains(q.Announced, addr)
-	})
-}
-
-// ClearQuarantineUID lifts this node's quarantine of the peer incarnation
-// uid; use it for a peer that announced no listen address (one that only
-// dials out), which ClearQuarantine cannot name. It reports whether that
-// peer was quarantined.
-func (n *Node) ClearQuarantineUID(uid NodeUID) bool {
-	n.pmu.Lock()
-	defer n.pmu.Unlock()
-	return n.quarantine.clear(func(q *QuarantineInfo) bool { return q.UID == uid })
-}
-
-// Reconnect clears this node's quarantine of address (in any form
-// [ParseAddr] accepts) and associates with the node there again, waiting for the handshake. Refs obtained before the
-// quarantine stay dead (they belong to the ended session): resolve again.
-// If the peer has not cleared its own quarantine of this node, Reconnect
-// fails with an error wrapping [ErrQuarantinedByPeer]; it also returns the
-// dial or handshake error, an error wrapping [ErrBadAddr], ctx.Err(), or
-// [ErrNodeClosed].
-func (n *Node) Reconnect(ctx context.Context, address string) error {
-	addr, err := ParseAddr(address)
-	if err != nil {
-		return fmt.Errorf("reconnect: %w", err)
-	}
-	n.ClearQuarantine(address)
-	a, err := n.assocFor(addr)
-	if err != nil {
-		return err
-	}
-	if err := a.awaitUp(ctx); err != nil {
-		return fmt.Errorf("reconnect %s: %w", addr, err)
-	}
-	return nil
+	return n.quarantine.clear(match)
 }

@@ -99,8 +99,8 @@ func TestReRegistersAfterReassociation(t *testing.T) {
 	waitFor(t, 5*time.Second, "the registrar to drop the unreachable service", func() bool { return len(registrar.reg().find("svc")) == 0 })
 	recv(t, lost, "the service gives up on the registrar")
 	f.Heal()
-	registrar.ClearQuarantineUID(service.UID())
-	if err := service.Reconnect(ctxT(t, 5*time.Second), registrar.Addrs()[0].String()); err != nil {
+	registrar.ClearQuarantine(context.Background(), service.UID().String())
+	if _, err := service.ClearQuarantine(ctxT(t, 5*time.Second), registrar.Addrs()[0].String(), Reconnect()); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, 5*time.Second, "the service to register again", func() bool { return len(registrar.reg().find("svc")) == 1 })

@@ -41,7 +41,7 @@ func TestResolvingALookupsWatcherFromAnotherNode(t *testing.T) {
 	if _, err := troupe.FindActor[string](ctxFor(t), finder, "echo"); err != nil {
 		t.Fatalf("FindActor: %v", err)
 	}
-	doc, err := troupe.FetchStats(ctxFor(t), service, finder.Addrs()[0].String())
+	doc, err := service.FetchStats(ctxFor(t), finder.Addrs()[0].String())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -64,7 +64,7 @@ func TestResolvingALookupsWatcherFromAnotherNode(t *testing.T) {
 	if !errors.Is(err, troupe.ErrNoSuchActor) {
 		t.Fatalf("Resolve of %s on the finder: %v, want ErrNoSuchActor", watcher, err)
 	}
-	if _, err := troupe.FetchStats(ctxFor(t), service, finder.Addrs()[0].String()); err != nil {
+	if _, err := service.FetchStats(ctxFor(t), finder.Addrs()[0].String()); err != nil {
 		t.Fatalf("the finder after the resolve: %v", err)
 	}
 	_, err = troupe.Resolve[string](ctxFor(t), finder, troupe.FormatRef(finder.Addrs()[0], watcher))

@@ -60,8 +60,8 @@ func Schema() []MessageSchema {
 }
 
 // FetchSchema asks the node listening at address, through n, for its
-// [Schema], the way [FetchStats] asks for its stats.
-func FetchSchema(ctx context.Context, n *Node, address string) ([]MessageSchema, error) {
+// [Schema], the way [Node.FetchStats] asks for its stats.
+func (n *Node) FetchSchema(ctx context.Context, address string) ([]MessageSchema, error) {
 	doc, err := fetchStats(ctx, n, address, statsRequest{Schema: true})
 	if err != nil {
 		return nil, err

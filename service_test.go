@@ -330,8 +330,8 @@ func TestWatchServiceFollowsWhatThisNodeReaches(t *testing.T) {
 		return false
 	})
 	f.Heal()
-	b.ClearQuarantine(w.Addrs()[0].String()) // (each side gave up on the other)
-	if err := w.Reconnect(ctxFor(t), b.Addrs()[0].String()); err != nil {
+	b.ClearQuarantine(ctxFor(t), w.Addrs()[0].String()) // (each side gave up on the other)
+	if _, err := w.ClearQuarantine(ctxFor(t), b.Addrs()[0].String(), troupe.Reconnect()); err != nil {
 		t.Fatal(err)
 	}
 	got := nextListing(t, ch, "b back", "/user/wb", "/user/ww")

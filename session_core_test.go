@@ -300,7 +300,7 @@ func TestARedialThatReachesANewIncarnationLeavesNoGhost(t *testing.T) {
 	if ev := recv(t, gone, "the first incarnation's end"); ev.UID != first.UID() {
 		t.Fatalf("%+v", ev)
 	}
-	if err := home.Reconnect(ctxT(t, 10*time.Second), addr.String()); err != nil {
+	if _, err := home.ClearQuarantine(ctxT(t, 10*time.Second), addr.String(), Reconnect()); err != nil {
 		t.Fatalf("Reconnect: %v", err)
 	}
 	ref, err := Resolve[string](ctxT(t, 10*time.Second), home, FormatRef(addr, "/user/echo"))

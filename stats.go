@@ -18,7 +18,7 @@ import (
 
 // Stats is a snapshot of what a node is doing and what it thinks of its
 // peers, made by [Node.Stats]. It is plain data: encode it as JSON, print
-// it, or serve it with [DebugHandler] and [MetricsHandler].
+// it, or serve it with [Node.DebugHandler] and [Node.MetricsHandler].
 type Stats struct {
 	Name       string
 	UID        NodeUID
@@ -441,30 +441,9 @@ func isUIDText(s string) bool {
 	return err == nil && len(b) == len(NodeUID{})
 }
 
-// clearQuarantineOf lifts the quarantine of the peer named by an address
-// or by its uid in hex (as Stats and troupe peers print it).
-func (n *Node) clearQuarantineOf(peer string) bool {
-	if n.ClearQuarantine(peer) {
-		return true
-	}
-	var uid NodeUID
-	if b, err := hex.DecodeString(peer); err == nil && len(b) == len(uid) {
-		copy(uid[:], b)
-		return n.ClearQuarantineUID(uid)
-	}
-	return false
-}
-
-// ClearQuarantineAt asks the node listening at address, through n, to lift
-// its quarantine of peer: an address in any form [ParseAddr] accepts, or
-// a peer's uid in hex as [Stats] and troupe peers print it. It reports
-// whether that node had the peer quarantined; as with
-// [Node.ClearQuarantine], it does not connect them. The node checks n's
-// credentials like any peer's. This is what troupe quarantine clear does.
-func ClearQuarantineAt(ctx context.Context, n *Node, address, peer string) (bool, error) {
-	if _, err := ParseAddr(peer); err != nil && !isUIDText(peer) {
-		return false, fmt.Errorf("%w: %q is neither an address nor a peer uid (32 hex digits)", ErrBadAddr, peer)
-	}
+// clearQuarantineAt asks the node listening at address, through n, to
+// lift its quarantine of peer (see [OnNode]).
+func (n *Node) clearQuarantineAt(ctx context.Context, address, peer string) (bool, error) {
 	doc, err := fetchStats(ctx, n, address, statsRequest{Clear: peer})
 	if err != nil {
 		return false, err
@@ -476,17 +455,17 @@ func ClearQuarantineAt(ctx context.Context, n *Node, address, peer string) (bool
 		return false, fmt.Errorf("the node at %s answered with something else than its stats: %w", address, err)
 	}
 	if v.Cleared == nil {
-		return false, fmt.Errorf("the node at %s cannot lift a quarantine when asked over the protocol (troupe before 0.11.0): call ClearQuarantine there", address)
+		return false, fmt.Errorf("the node at %s cannot lift a quarantine when asked over the protocol (troupe before 0.11.0): clear it there", address)
 	}
 	return *v.Cleared, nil
 }
 
 // FetchStats asks the node listening at address for its [Node.Stats],
-// through n, and returns them as the JSON document [DebugHandler] serves,
+// through n, and returns them as the JSON document [Node.DebugHandler] serves,
 // with every actor's path and mailbox depth added as "actor_list" (at
 // most 10,000). The node checks n's credentials like any peer's. This is
 // what troupe peers, actors and stats print.
-func FetchStats(ctx context.Context, n *Node, address string) ([]byte, error) {
+func (n *Node) FetchStats(ctx context.Context, address string) ([]byte, error) {
 	return fetchStats(ctx, n, address, statsRequest{})
 }
 

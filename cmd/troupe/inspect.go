@@ -18,7 +18,7 @@ func down(ctx context.Context, c *call) int {
 }
 
 func (c *call) down(ctx context.Context, n *troupe.Node) int {
-	if err := troupe.DownMember(ctx, n, c.node, c.args[0]); err != nil {
+	if err := n.DownMember(ctx, c.node, c.args[0]); err != nil {
 		return c.fail(err)
 	}
 	fmt.Fprintf(c.stdout, "%s is down\n", c.args[0])
@@ -78,7 +78,7 @@ func remoteStats(ctx context.Context, c *call) int {
 }
 
 func (c *call) remoteStats(ctx context.Context, n *troupe.Node) int {
-	doc, err := troupe.FetchStats(ctx, n, c.node)
+	doc, err := n.FetchStats(ctx, c.node)
 	if err != nil {
 		return c.fail(err)
 	}
@@ -188,7 +188,7 @@ func quarantine(ctx context.Context, c *call) int {
 func (c *call) quarantine(ctx context.Context, n *troupe.Node) int {
 	if c.args[0] == "clear" {
 		peer := c.args[1]
-		cleared, err := troupe.ClearQuarantineAt(ctx, n, c.node, peer)
+		cleared, err := n.ClearQuarantine(ctx, peer, troupe.OnNode(c.node))
 		switch {
 		case errors.Is(err, troupe.ErrBadAddr):
 			fmt.Fprintf(c.stderr, "troupe %s: %s\nusage: %s\n", c.cmd.name, strings.TrimPrefix(err.Error(), "troupe: "), c.cmd.usage)
@@ -201,7 +201,7 @@ func (c *call) quarantine(ctx context.Context, n *troupe.Node) int {
 		fmt.Fprintf(c.stdout, "%s: quarantine lifted at %s\n", printable(peer), c.node)
 		return 0
 	}
-	doc, err := troupe.FetchStats(ctx, n, c.node)
+	doc, err := n.FetchStats(ctx, c.node)
 	if err != nil {
 		return c.fail(err)
 	}

@@ -49,8 +49,8 @@ func registrar(ctx context.Context, c *call) int {
 			return c.failf("--http: %v", err)
 		}
 		mux := http.NewServeMux()
-		mux.Handle("/debug/troupe", troupe.DebugHandler(n))
-		mux.Handle("/metrics", troupe.MetricsHandler(n))
+		mux.Handle("/debug/troupe", n.DebugHandler())
+		mux.Handle("/metrics", n.MetricsHandler())
 		mux.Handle("/debug/vars", varsHandler(n))
 		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 		served := make(chan struct{})
@@ -78,7 +78,7 @@ func registrar(ctx context.Context, c *call) int {
 // node's stats document added as "troupe" (without publishing it in the
 // process-wide expvar table, which would outlive the node).
 func varsHandler(n *troupe.Node) http.Handler {
-	debug := troupe.DebugHandler(n)
+	debug := n.DebugHandler()
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		doc := httptest.NewRecorder()
 		debug.ServeHTTP(doc, httptest.NewRequest(http.MethodGet, "/?format=json", nil))

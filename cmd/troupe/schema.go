@@ -41,7 +41,7 @@ func schema(ctx context.Context, c *call) int {
 func (c *call) schema(ctx context.Context, n *troupe.Node, diff bool) int {
 	var schemas [][]troupe.MessageSchema
 	for _, addr := range c.addrs {
-		s, err := troupe.FetchSchema(ctx, n, addr)
+		s, err := n.FetchSchema(ctx, addr)
 		if err != nil {
 			return c.fail(err)
 		}

@@ -189,8 +189,10 @@ func run(ctx context.Context, w io.Writer) error {
 	}
 	homeLines.add("home: network repaired, and still no association")
 
-	there.ClearQuarantine(here.Addrs()[0].String())
-	if err := here.Reconnect(ctx, there.Addrs()[0].String()); err != nil {
+	if _, err := there.ClearQuarantine(ctx, here.Addrs()[0].String()); err != nil {
+		return err
+	}
+	if _, err := here.ClearQuarantine(ctx, there.Addrs()[0].String(), troupe.Reconnect()); err != nil {
 		return err
 	}
 	homeLines.add("home: reconnected, because somebody decided to")

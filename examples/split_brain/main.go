@@ -63,7 +63,7 @@ func run(ctx context.Context, w io.Writer) error {
 		return err
 	}
 	defer arbiter.Close()
-	if err := troupe.ServeLeases(arbiter); err != nil {
+	if err := arbiter.ServeLeases(); err != nil {
 		return err
 	}
 	serving := time.Now()
