@@ -10,8 +10,7 @@ import (
 	"strings"
 )
 
-// ErrBadAddr is returned (wrapped) by [ParseAddr], [ParseMultiaddr] and
-// [ParseRef] when a string is not an address troupe can use. The wrapping
+// ErrBadAddr is returned (wrapped) by [ParseAddr] and [ParseRef] when a string is not an address troupe can use. The wrapping
 // error names the input and the problem.
 var ErrBadAddr = errors.New("troupe: bad address")
 
@@ -25,10 +24,9 @@ type Addr struct {
 	address string // "host:port" for tcp, an absolute path for unix
 }
 
-// TCPAddr returns the TCP address hostport ("127.0.0.1:7001", "[::1]:0").
-// It panics if hostport is not a valid host and numeric port; use
-// [ParseAddr] for input that may be malformed.
-func TCPAddr(hostport string) Addr {
+// tcpAddr returns the TCP address hostport ("127.0.0.1:7001", "[::1]:0").
+// It panics if hostport is not a valid host and numeric port.
+func tcpAddr(hostport string) Addr {
 	a, err := parseHostPort(hostport)
 	if err != nil {
 		panic(err)
@@ -36,9 +34,9 @@ func TCPAddr(hostport string) Addr {
 	return a
 }
 
-// UnixAddr returns the Unix domain socket address at path, which must be
-// absolute. It panics otherwise; use [ParseAddr] for untrusted input.
-func UnixAddr(path string) Addr {
+// unixAddr returns the Unix domain socket address at path, which must be
+// absolute. It panics otherwise.
+func unixAddr(path string) Addr {
 	a, err := parseUnixPath(path)
 	if err != nil {
 		panic(err)
@@ -56,8 +54,8 @@ func (a Addr) Address() string { return a.address }
 // IsZero reports whether a is the zero Addr.
 func (a Addr) IsZero() bool { return a.network == "" }
 
-// IsUnix reports whether a is a Unix domain socket address.
-func (a Addr) IsUnix() bool { return a.network == "unix" }
+// isUnix reports whether a is a Unix domain socket address.
+func (a Addr) isUnix() bool { return a.network == "unix" }
 
 // String returns the URL form: "tcp://127.0.0.1:7001" or
 // "unix:///run/app/a.sock". [ParseAddr] reads it back exactly.
@@ -70,7 +68,7 @@ func (a Addr) String() string {
 
 // Multiaddr returns the libp2p-style form: "/ip4/127.0.0.1/tcp/1616",
 // "/ip6/::1/tcp/1616", "/dns/example.com/tcp/80" or "/unix/run/app/a.sock".
-// [ParseMultiaddr] reads it back exactly.
+// [ParseAddr] reads it back exactly.
 func (a Addr) Multiaddr() string {
 	switch a.network {
 	case "unix":
@@ -112,7 +110,7 @@ func ParseAddr(s string) (Addr, error) {
 	case s == "":
 		return Addr{}, fmt.Errorf("%w: empty string", ErrBadAddr)
 	case strings.HasPrefix(s, "/"):
-		return ParseMultiaddr(s)
+		return parseMultiaddr(s)
 	case strings.HasPrefix(s, "tcp://"):
 		return parseHostPort(strings.TrimPrefix(s, "tcp://"))
 	case strings.HasPrefix(s, "unix://"):
@@ -124,10 +122,10 @@ func ParseAddr(s string) (Addr, error) {
 	return parseHostPort(s)
 }
 
-// ParseMultiaddr parses a libp2p-style multiaddr. Supported forms are
+// parseMultiaddr parses a libp2p-style multiaddr. Supported forms are
 // /ip4/A/tcp/P, /ip6/A/tcp/P, /dns/NAME/tcp/P and /unix/PATH; anything else
 // (udp, quic, dns4, p2p, …) is rejected with an error naming the part.
-func ParseMultiaddr(s string) (Addr, error) {
+func parseMultiaddr(s string) (Addr, error) {
 	if !strings.HasPrefix(s, "/") {
 		return Addr{}, fmt.Errorf("%w: multiaddr %q must start with /", ErrBadAddr, s)
 	}
@@ -211,7 +209,7 @@ func FormatRef(addr Addr, path string) string {
 	if !strings.HasPrefix(path, "/") {
 		path = "/" + path
 	}
-	if addr.IsUnix() {
+	if addr.isUnix() {
 		return "troupe+unix://" + url.PathEscape(addr.address) + path
 	}
 	return "troupe://" + addr.address + path

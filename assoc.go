@@ -279,7 +279,7 @@ type assoc struct {
 	endingAt atomic.Int64
 
 	// Owned by the node's heartbeat goroutine.
-	det      WindowDetector
+	det      windowDetector
 	lastBeat time.Time
 	// judged: the window decides about this peer (it is no member whose
 	// liveness the cluster judges, or this node flushes); when it becomes

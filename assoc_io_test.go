@@ -157,7 +157,7 @@ func TestTheWindowBoundsWhatIsUnacknowledged(t *testing.T) {
 func TestSendQueueLimit(t *testing.T) {
 	t.Parallel()
 	checkLeaks(t)
-	f := NewFaultNet()
+	f := new(FaultNet)
 	cfg := failConfig("home", 50*time.Millisecond, 5*time.Second)
 	cfg.SendQueueLimit = 100
 	home := startOn(t, f, cfg)
@@ -191,7 +191,7 @@ func TestABurstHeldCostsAboutItsEncodedSize(t *testing.T) {
 	if testing.Short() {
 		t.Skip("a large burst")
 	}
-	f := NewFaultNet()
+	f := new(FaultNet)
 	home := startOn(t, f, failConfig("home", 100*time.Millisecond, 30*time.Second))
 	away := startOn(t, f, failConfig("away", 100*time.Millisecond, 30*time.Second))
 	const total = 1_000_000

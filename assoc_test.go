@@ -40,7 +40,7 @@ type pair struct {
 }
 
 func newPair(t *testing.T, interval, window time.Duration) *pair {
-	p := &pair{f: NewFaultNet()}
+	p := &pair{f: new(FaultNet)}
 	p.home = startOn(t, p.f, failConfig("home", interval, window))
 	p.away = startOn(t, p.f, failConfig("away", interval, window))
 	spawnEcho(t, p.home, "echo")

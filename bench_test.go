@@ -420,7 +420,7 @@ func BenchmarkClusterScale(b *testing.B) {
 
 func clusterScale(b *testing.B, size int) {
 	const interval = 200 * time.Millisecond
-	f := NewFaultNet()
+	f := new(FaultNet)
 	var nodes []*Node
 	var members []*Cluster
 	defer func() {
@@ -483,7 +483,7 @@ func clusterScale(b *testing.B, size int) {
 
 	sent := func() (total uint64) {
 		for _, n := range nodes {
-			total += f.BytesSent(n)
+			total += f.bytesSent(n)
 		}
 		return total
 	}

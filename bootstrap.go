@@ -108,7 +108,7 @@ func (c Config) registryAddrs() ([]Addr, error) {
 		}
 		return []Addr{a}, nil
 	}
-	return []Addr{TCPAddr(DefaultRegistryTCP)}, nil
+	return []Addr{tcpAddr(DefaultRegistryTCP)}, nil
 }
 
 // probe finds out what holds addr: nothing, a registrar, or something
@@ -128,7 +128,7 @@ func (n *Node) probe(ctx context.Context, addr Addr) (probeResult, string) {
 			why = err.Error()
 			continue
 		}
-		if n.cfg.TLS != nil && !addr.IsUnix() {
+		if n.cfg.TLS != nil && !addr.isUnix() {
 			tc := n.clientTLS(c, addr)
 			tctx, cancel := context.WithTimeout(ctx, probeAttemptTimeout)
 			err := tc.HandshakeContext(tctx)
@@ -262,7 +262,7 @@ func (n *Node) bootstrap(ctx context.Context) error {
 				// A joining node binds random addresses in the registry's
 				// transport.
 				own := "tcp://127.0.0.1:0"
-				if registrars[0].IsUnix() {
+				if registrars[0].isUnix() {
 					dir, err := RuntimeDir()
 					if err != nil {
 						return err

@@ -39,12 +39,12 @@ func TestBootstrapJoinFindQuery(t *testing.T) {
 	forEachRegistryTransport(t, func(t *testing.T, tr string) {
 		reg := freeRegistryAddr(t, tr)
 		first := startNode(t, discoveryConfig("first", reg))
-		if !first.IsRegistrar() || first.Addrs()[0].String() != reg {
-			t.Fatalf("first node: registrar %v, addrs %v; want it to become the registrar on %s", first.IsRegistrar(), first.Addrs(), reg)
+		if !first.isRegistrar() || first.Addrs()[0].String() != reg {
+			t.Fatalf("first node: registrar %v, addrs %v; want it to become the registrar on %s", first.isRegistrar(), first.Addrs(), reg)
 		}
 		second := startNode(t, discoveryConfig("second", reg))
-		if second.IsRegistrar() || len(second.Addrs()) != 1 || second.Addrs()[0].Network() != first.Addrs()[0].Network() {
-			t.Fatalf("second node: registrar %v, addrs %v; want a joiner on its own address in the same transport", second.IsRegistrar(), second.Addrs())
+		if second.isRegistrar() || len(second.Addrs()) != 1 || second.Addrs()[0].Network() != first.Addrs()[0].Network() {
+			t.Fatalf("second node: registrar %v, addrs %v; want a joiner on its own address in the same transport", second.isRegistrar(), second.Addrs())
 		}
 		spawnEcho(t, second, "svc")
 		ctx := ctxT(t, 5*time.Second)
@@ -164,11 +164,11 @@ func TestConcurrentFirstBootsEndWithOneRegistrar(t *testing.T) {
 				}
 				defer n.Close()
 			}
-			if nodes[0].IsRegistrar() == nodes[1].IsRegistrar() {
-				t.Fatalf("round %d: registrar flags %v and %v, want exactly one", round, nodes[0].IsRegistrar(), nodes[1].IsRegistrar())
+			if nodes[0].isRegistrar() == nodes[1].isRegistrar() {
+				t.Fatalf("round %d: registrar flags %v and %v, want exactly one", round, nodes[0].isRegistrar(), nodes[1].isRegistrar())
 			}
 			registrar := nodes[0]
-			if !registrar.IsRegistrar() {
+			if !registrar.isRegistrar() {
 				registrar = nodes[1]
 			}
 			if got := len(registrar.reg().list()); got != 2 {

@@ -14,7 +14,7 @@ import (
 func TestCloseOfAShardedMemberDoesNotWaitOutTheHandOff(t *testing.T) {
 	t.Parallel()
 	slowTest(t)
-	f := troupe.NewFaultNet()
+	f := new(troupe.FaultNet)
 	l := newLedger()
 	// HandOffTimeout at its default; GossipInterval defaults to the
 	// node's 20 ms heartbeat, so the leave's wait is 1 s.

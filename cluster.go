@@ -276,11 +276,7 @@ func (c ClusterConfig) withDefaults(n *Node) ClusterConfig {
 	if c.Detector == nil {
 		hb := n.cfg.HeartbeatInterval
 		c.Detector = func() FailureDetector {
-			d := NewPhiAccrual()
-			d.FirstHeartbeatEstimate = hb
-			d.AcceptableHeartbeatPause = 3 * hb
-			d.MinStdDeviation = max(hb/10, time.Millisecond)
-			return d
+			return &PhiAccrual{FirstHeartbeatEstimate: hb, AcceptableHeartbeatPause: 3 * hb, MinStdDeviation: max(hb/10, time.Millisecond)}
 		}
 	}
 	return c
@@ -300,7 +296,7 @@ func StartCluster(ctx context.Context, n *Node, cfg ClusterConfig) (*Cluster, er
 	if len(n.addrList()) == 0 {
 		return nil, fmt.Errorf("%w: a cluster member must listen on an address", ErrBadConfig)
 	}
-	if _, ok := cfg.Downing.(LeaseMajority); ok && cfg.Lease == nil {
+	if _, ok := cfg.Downing.(leaseMajority); ok && cfg.Lease == nil {
 		return nil, fmt.Errorf("%w: LeaseMajority needs ClusterConfig.Lease", ErrBadConfig)
 	}
 	var seeds []Addr

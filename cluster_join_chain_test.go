@@ -13,7 +13,7 @@ import (
 func TestClusterJoinerThroughAJoiningSeed(t *testing.T) {
 	t.Parallel()
 	checkLeaks(t)
-	r := newClusterRig(t, 1, clusterCfg(KeepMajority{}))
+	r := newClusterRig(t, 1, clusterCfg(KeepMajority()))
 	defer r.dumpOnFailure()
 	nodeB := startOn(t, r.f, failConfig("b", 20*time.Millisecond, 2*time.Second))
 	r.f.Partition(nodeB, r.nodes[0]) // B's knocks do not reach A yet

@@ -108,7 +108,7 @@ func (c *Cluster) turnDone() {
 // decide runs the strategy on a clean split; LeaseMajority races for the
 // lease.
 func (c *Cluster) decide(s DowningStrategy, v SplitView) Downing {
-	if _, ok := s.(LeaseMajority); !ok {
+	if _, ok := s.(leaseMajority); !ok {
 		return s.Decide(v)
 	}
 	start := time.Now()
@@ -126,7 +126,7 @@ func (c *Cluster) decide(s DowningStrategy, v SplitView) Downing {
 		return DownReachable
 	}
 	delay := time.Duration(0)
-	if MinorityDelay(v) {
+	if minorityDelay(v) {
 		delay = c.cfg.LeaseMinorityDelay
 		t := time.NewTimer(delay)
 		defer t.Stop()
@@ -175,7 +175,7 @@ func (c *Cluster) decide(s DowningStrategy, v SplitView) Downing {
 	c.mu.Lock()
 	c.leaseHeld, c.leaseAt, c.leaseDowned, c.leaseLost = true, time.Now(), nil, lost
 	c.mu.Unlock()
-	return LeaseDecision(true)
+	return leaseDecision(true)
 }
 
 // acquireLease asks for the lease with a timeout of callTimeout. A lease
@@ -318,14 +318,17 @@ func (c *Cluster) keepLeaseThroughHold() {
 	}
 }
 
-// LeaseMajority is the downing strategy that lets a lease decide: the side
-// that acquires [ClusterConfig.Lease] downs the other; the minority side
-// (see [MinorityDelay]) waits [ClusterConfig.LeaseMinorityDelay]
-// before trying, so the majority wins a fair race; a side that cannot
-// acquire it — including when the lease is unreachable — downs itself.
-// Never two surviving sides.
-type LeaseMajority struct{}
+// LeaseMajority returns the downing strategy that lets a lease decide:
+// the side that acquires [ClusterConfig.Lease] downs the other; the
+// minority side (more than half of the members, up or leaving, are
+// unreachable from it, or exactly half and the lowest address is among
+// them) waits [ClusterConfig.LeaseMinorityDelay] before trying, so the
+// majority wins a fair race; a side that cannot acquire it — including
+// when the lease is unreachable — downs itself. Never two surviving
+// sides. Its Decide, the rule without a lease, is only used when the
+// lease cannot be consulted, and then downs this side.
+func LeaseMajority() DowningStrategy { return leaseMajority{} }
 
-// Decide is the rule without a lease: it is only used when the lease
-// cannot be consulted, and then downs this side.
-func (LeaseMajority) Decide(SplitView) Downing { return DownReachable }
+type leaseMajority struct{}
+
+func (leaseMajority) Decide(SplitView) Downing { return DownReachable }

@@ -85,7 +85,7 @@ func TestAMemberThatStoodStillDoesNotRaceForTheLease(t *testing.T) {
 	// Not beside other tests: it sets a package-wide hook
 	// (clusterTurnHook) that every cluster would call.
 	slowTest(t)
-	r := &clusterRig{t: t, f: NewFaultNet()}
+	r := &clusterRig{t: t, f: new(FaultNet)}
 	leaseNode := startOn(t, r.f, failConfig("lease", 20*time.Millisecond, 2*time.Second))
 	if err := leaseNode.ServeLeases(); err != nil {
 		t.Fatal(err)

@@ -36,8 +36,8 @@ func (l *scriptedLease) Lost() <-chan struct{}                 { return l.lost }
 func decideWithLease(t *testing.T, l *scriptedLease, limit, within time.Duration) Downing {
 	t.Helper()
 	l.lost = make(chan struct{})
-	r := &clusterRig{t: t, f: NewFaultNet()}
-	cfg := clusterCfg(LeaseMajority{})
+	r := &clusterRig{t: t, f: new(FaultNet)}
+	cfg := clusterCfg(LeaseMajority())
 	cfg.StableAfter = time.Second
 	cfg.Lease = l
 	c := r.add("m0", cfg)
@@ -45,7 +45,7 @@ func decideWithLease(t *testing.T, l *scriptedLease, limit, within time.Duration
 		c.leaseWaitLimit = limit
 	}
 	done := make(chan Downing, 1)
-	go func() { done <- c.decide(LeaseMajority{}, SplitView{Reachable: []Member{c.Self()}}) }()
+	go func() { done <- c.decide(LeaseMajority(), SplitView{Reachable: []Member{c.Self()}}) }()
 	select {
 	case d := <-done:
 		return d
@@ -98,8 +98,8 @@ func TestALeaseWaitedForIsWon(t *testing.T) {
 		}
 		return true, nil
 	}}
-	if d := decideWithLease(t, l, 0, 10*time.Second); d != LeaseDecision(true) {
-		t.Fatalf("decided %v, want LeaseDecision(true)", d)
+	if d := decideWithLease(t, l, 0, 10*time.Second); d != leaseDecision(true) {
+		t.Fatalf("decided %v, want leaseDecision(true)", d)
 	}
 	if n := l.calls.Load(); n != 2 {
 		t.Fatalf("%d lease calls, want 2", n)

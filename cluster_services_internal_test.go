@@ -183,7 +183,7 @@ func TestClusterRegistryRepairsLostChanges(t *testing.T) {
 func TestAReceptionistRunsOnlyWithoutARegistry(t *testing.T) {
 	t.Parallel()
 	checkLeaks(t)
-	f := NewFaultNet()
+	f := new(FaultNet)
 	cfg := failConfig("with-registry", 20*time.Millisecond, 2*time.Second)
 	cfg.RegistryAddrs = []string{freeRegistryAddr(t, "tcp")}
 	withReg := startOn(t, f, cfg)

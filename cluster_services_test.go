@@ -116,7 +116,7 @@ func followKey(t *testing.T, n *troupe.Node) (*listings, <-chan error) {
 // gets the listing and adds its own.
 func TestServiceKeysLiveInTheClusterWithoutARegistry(t *testing.T) {
 	t.Parallel()
-	f := troupe.NewFaultNet()
+	f := new(troupe.FaultNet)
 	nodes, _ := registrylessCluster(t, f, troupe.ClusterConfig{}, "a", "b", "c")
 	refs := make([]troupe.Ref[job], len(nodes))
 	for i, n := range nodes {
@@ -186,8 +186,8 @@ func TestServiceKeysLiveInTheClusterWithoutARegistry(t *testing.T) {
 // empty listing, and lookups and registrations return ErrNoRegistry.
 func TestClusterServiceListingsFollowMembersThatGo(t *testing.T) {
 	t.Parallel()
-	f := troupe.NewFaultNet()
-	nodes, members := registrylessCluster(t, f, troupe.ClusterConfig{Downing: troupe.KeepMajority{}}, "a", "b", "c")
+	f := new(troupe.FaultNet)
+	nodes, members := registrylessCluster(t, f, troupe.ClusterConfig{Downing: troupe.KeepMajority()}, "a", "b", "c")
 	for i, n := range nodes {
 		spawnWorker(t, n, fmt.Sprintf("w%d", i))
 	}
@@ -260,7 +260,7 @@ func TestClusterServiceListingsFollowMembersThatGo(t *testing.T) {
 // topics only: a name lookup still needs a registry.
 func TestAClusterRegistryServesServiceKeysOnly(t *testing.T) {
 	t.Parallel()
-	f := troupe.NewFaultNet()
+	f := new(troupe.FaultNet)
 	n := registrylessNode(t, f, "alone")
 	w, err := troupe.Spawn(n, "w", troupe.Behavior[job]{Receive: func(*troupe.Context[job], job) {}})
 	if err != nil {
@@ -287,7 +287,7 @@ func TestAClusterRegistryServesServiceKeysOnly(t *testing.T) {
 // that subscribed, before its cluster started.
 func TestTopicsAcrossAClusterWithoutARegistry(t *testing.T) {
 	t.Parallel()
-	f := troupe.NewFaultNet()
+	f := new(troupe.FaultNet)
 	first, err := f.Start(ctxFor(t), troupe.Config{Name: "pub", HeartbeatInterval: 20 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)

@@ -145,9 +145,9 @@ func singletonCluster(t *testing.T, f *troupe.FaultNet, tl *tally, ccfg troupe.C
 // delivered.
 func TestASingletonRunsOnTheOldestAndIsHandedOver(t *testing.T) {
 	t.Parallel()
-	f := troupe.NewFaultNet()
+	f := new(troupe.FaultNet)
 	tl := &tally{}
-	_, members, refs := singletonCluster(t, f, tl, troupe.ClusterConfig{Downing: troupe.KeepMajority{}, StableAfter: singletonStable},
+	_, members, refs := singletonCluster(t, f, tl, troupe.ClusterConfig{Downing: troupe.KeepMajority(), StableAfter: singletonStable},
 		troupe.SingletonConfig{RemovalMargin: time.Hour}, "a", "b", "c")
 	for i := range 30 {
 		refs[i%3].Tell(tick{i})
@@ -180,9 +180,9 @@ func TestASingletonMovesAfterACrashOrASplitNeverTwice(t *testing.T) {
 	for _, fault := range []string{"crash", "split"} {
 		t.Run(fault, func(t *testing.T) {
 			t.Parallel() // (each on its own network)
-			f := troupe.NewFaultNet()
+			f := new(troupe.FaultNet)
 			tl := &tally{}
-			nodes, _, refs := singletonCluster(t, f, tl, marginCluster(troupe.KeepMajority{}), troupe.SingletonConfig{}, "a", "b", "c")
+			nodes, _, refs := singletonCluster(t, f, tl, marginCluster(troupe.KeepMajority()), troupe.SingletonConfig{}, "a", "b", "c")
 			refs[2].Tell(tick{1})
 			waitUntil(t, 10*time.Second, "a tick handled on a", func() bool { return tl.count("a") == 1 })
 			switch fault {
@@ -213,7 +213,7 @@ func TestASingletonMovesAfterACrashOrASplitNeverTwice(t *testing.T) {
 // member.
 func TestSingletonErrors(t *testing.T) {
 	t.Parallel()
-	f := troupe.NewFaultNet()
+	f := new(troupe.FaultNet)
 	tl := &tally{}
 	_, members := registrylessCluster(t, f, troupe.ClusterConfig{}, "a")
 	if _, err := troupe.Singleton(members[0], "bad name", tl.factory("a"), troupe.SingletonConfig{}); err == nil {
@@ -234,7 +234,7 @@ func TestSingletonErrors(t *testing.T) {
 func TestASingletonsBufferIsBounded(t *testing.T) {
 	t.Parallel()
 	slowTest(t)
-	f := troupe.NewFaultNet()
+	f := new(troupe.FaultNet)
 	tl := &tally{}
 	nodes, _, refs := singletonCluster(t, f, tl, troupe.ClusterConfig{StableAfter: singletonStable}, troupe.SingletonConfig{Buffer: 5}, "a", "b")
 	refs[1].Tell(tick{0})
@@ -285,7 +285,7 @@ func BenchmarkSingletonHandOver(b *testing.B) {
 }
 
 func singletonHandOver(b *testing.B, how string) time.Duration {
-	f := troupe.NewFaultNet()
+	f := new(troupe.FaultNet)
 	tl := &tally{}
 	var nodes []*troupe.Node
 	var members []*troupe.Cluster
@@ -296,7 +296,7 @@ func singletonHandOver(b *testing.B, how string) time.Duration {
 			b.Fatal(err)
 		}
 		defer n.Close()
-		cfg := troupe.ClusterConfig{StableAfter: 300 * time.Millisecond, Downing: troupe.KeepMajority{}}
+		cfg := troupe.ClusterConfig{StableAfter: 300 * time.Millisecond, Downing: troupe.KeepMajority()}
 		if len(nodes) > 0 {
 			cfg.Seeds = []string{nodes[0].Addrs()[0].String()}
 		}
@@ -364,7 +364,7 @@ func allUp(members []*troupe.Cluster, want int) bool {
 func TestASingletonWaitsOutALeaseMinority(t *testing.T) {
 	t.Parallel()
 	slowTest(t)
-	f := troupe.NewFaultNet()
+	f := new(troupe.FaultNet)
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	start := func(name string) *troupe.Node {
 		n, err := f.Start(ctxFor(t), troupe.Config{Name: name, Logger: quiet, HeartbeatInterval: 50 * time.Millisecond, UnreachableAfter: 2 * time.Second})
@@ -386,7 +386,7 @@ func TestASingletonWaitsOutALeaseMinority(t *testing.T) {
 	var members []*troupe.Cluster
 	for _, name := range []string{"a", "b", "c"} {
 		n := start(name)
-		cfg := troupe.ClusterConfig{Downing: troupe.LeaseMajority{}, StableAfter: time.Second, DownAllWhenUnstable: 2 * time.Second,
+		cfg := troupe.ClusterConfig{Downing: troupe.LeaseMajority(), StableAfter: time.Second, DownAllWhenUnstable: 2 * time.Second,
 			Lease: troupe.NewNodeLease(n, leaseNode.Addrs()[0].String(), "cluster", ttl)}
 		if len(nodes) > 0 {
 			cfg.Seeds = []string{nodes[0].Addrs()[0].String()}
@@ -438,7 +438,7 @@ func TestASingletonWaitsOutALeaseMinority(t *testing.T) {
 // Supervise's behavior does not pass on).
 func TestASupervisedSingletonThatStopsIsStartedAgain(t *testing.T) {
 	t.Parallel()
-	f := troupe.NewFaultNet()
+	f := new(troupe.FaultNet)
 	var gen atomic.Int32
 	var handled atomic.Int32
 	var mu sync.Mutex
@@ -489,9 +489,9 @@ func TestASupervisedSingletonThatStopsIsStartedAgain(t *testing.T) {
 // and starts at once, not after the removal margin for a.
 func TestASingletonIsHandedOverThroughARollingChange(t *testing.T) {
 	t.Parallel()
-	f := troupe.NewFaultNet()
+	f := new(troupe.FaultNet)
 	tl := &tally{}
-	ccfg := troupe.ClusterConfig{Downing: troupe.KeepMajority{}, StableAfter: singletonStable}
+	ccfg := troupe.ClusterConfig{Downing: troupe.KeepMajority(), StableAfter: singletonStable}
 	scfg := troupe.SingletonConfig{RemovalMargin: time.Hour}
 	nodes, members, refs := singletonCluster(t, f, tl, ccfg, scfg, "a", "b")
 	refs[1].Tell(tick{1})
@@ -519,7 +519,7 @@ func TestASingletonIsHandedOverThroughARollingChange(t *testing.T) {
 // starts (the first cluster's control actor is gone when Close returns).
 func TestASingletonOnANodesNextCluster(t *testing.T) {
 	t.Parallel()
-	f := troupe.NewFaultNet()
+	f := new(troupe.FaultNet)
 	tl := &tally{}
 	n := registrylessNode(t, f, "a")
 	c1 := startMember(t, n, nil, troupe.ClusterConfig{})
@@ -541,7 +541,7 @@ func TestASingletonOnANodesNextCluster(t *testing.T) {
 // instance it had just started, again and again).
 func TestASlowSingletonFactoryIsNoPause(t *testing.T) {
 	t.Parallel()
-	f := troupe.NewFaultNet()
+	f := new(troupe.FaultNet)
 	var handled atomic.Int32
 	_, members := registrylessCluster(t, f, troupe.ClusterConfig{StableAfter: singletonStable}, "a")
 	ref, err := troupe.Singleton(members[0], "slow", func() troupe.Behavior[tick] {

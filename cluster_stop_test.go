@@ -40,7 +40,7 @@ func (l *lockedBuffer) String() string {
 func TestABlockedClusterSaysHowToUnblockIt(t *testing.T) {
 	t.Parallel()
 	slowTest(t)
-	f := troupe.NewFaultNet()
+	f := new(troupe.FaultNet)
 	var logs lockedBuffer
 	start := func(name string, log *slog.Logger) *troupe.Node {
 		n, err := f.Start(ctxFor(t), troupe.Config{Name: name, Logger: log, HeartbeatInterval: 20 * time.Millisecond, UnreachableAfter: time.Second})
@@ -107,7 +107,7 @@ func TestABlockedClusterSaysHowToUnblockIt(t *testing.T) {
 // this: before, the watch waited for ever.)
 func TestAWatchOfADownedMemberEnds(t *testing.T) {
 	t.Parallel()
-	f := troupe.NewFaultNet()
+	f := new(troupe.FaultNet)
 	var nodes []*troupe.Node
 	var members []*troupe.Cluster
 	for i := range 3 {
@@ -117,7 +117,7 @@ func TestAWatchOfADownedMemberEnds(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { n.Close() })
-		cfg := troupe.ClusterConfig{Downing: troupe.KeepMajority{}, StableAfter: 300 * time.Millisecond}
+		cfg := troupe.ClusterConfig{Downing: troupe.KeepMajority(), StableAfter: 300 * time.Millisecond}
 		if i > 0 {
 			cfg.Seeds = []string{nodes[0].Addrs()[0].String()}
 		}

@@ -22,7 +22,7 @@ type clusterRig struct {
 }
 
 func clusterDetector() FailureDetector {
-	d := NewPhiAccrual()
+	d := &PhiAccrual{}
 	d.FirstHeartbeatEstimate = 20 * time.Millisecond
 	d.AcceptableHeartbeatPause = 600 * time.Millisecond // generous: tests run side by side, under the race detector, pause
 	d.MinStdDeviation = 5 * time.Millisecond
@@ -36,7 +36,7 @@ func clusterCfg(downing DowningStrategy) ClusterConfig {
 // newClusterRig starts n members; the first starts the cluster and the
 // others join through it.
 func newClusterRig(t *testing.T, n int, cfg ClusterConfig) *clusterRig {
-	r := &clusterRig{t: t, f: NewFaultNet()}
+	r := &clusterRig{t: t, f: new(FaultNet)}
 	for i := range n {
 		r.add(fmt.Sprintf("m%d", i), cfg)
 	}
@@ -155,17 +155,17 @@ func TestClusterKeepMajority(t *testing.T) {
 	slowTest(t)
 	const bound = 300*time.Millisecond + 5*time.Second // StableAfter plus detection and gossip, generously
 	t.Run("3 members, 2|1", func(t *testing.T) {
-		r := newClusterRig(t, 3, clusterCfg(KeepMajority{}))
+		r := newClusterRig(t, 3, clusterCfg(KeepMajority()))
 		r.split([]int{0, 1}, []int{2})
 		r.expectSurvivors(bound, 0, 1)
 	})
 	t.Run("5 members, 3|2", func(t *testing.T) {
-		r := newClusterRig(t, 5, clusterCfg(KeepMajority{}))
+		r := newClusterRig(t, 5, clusterCfg(KeepMajority()))
 		r.split([]int{0, 1, 2}, []int{3, 4})
 		r.expectSurvivors(bound, 0, 1, 2)
 	})
 	t.Run("4 members, 2|2 keeps the lowest address", func(t *testing.T) {
-		r := newClusterRig(t, 4, clusterCfg(KeepMajority{}))
+		r := newClusterRig(t, 4, clusterCfg(KeepMajority()))
 		ms := r.members[0].Members() // address order
 		var low, high []int
 		for i, n := range r.nodes {
@@ -256,7 +256,7 @@ func TestClusterLeaseMajority(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			r := &clusterRig{t: t, f: NewFaultNet()}
+			r := &clusterRig{t: t, f: new(FaultNet)}
 			leaseNode := startOn(t, r.f, failConfig("lease", 20*time.Millisecond, 2*time.Second))
 			if err := leaseNode.ServeLeases(); err != nil {
 				t.Fatal(err)
@@ -296,7 +296,7 @@ func TestClusterLeaseMajority(t *testing.T) {
 // of every split down themselves that way.
 func (r *clusterRig) addLeaseMembers(lease func(i int, node *Node) Lease) {
 	for i := range 2 {
-		cfg := clusterCfg(LeaseMajority{})
+		cfg := clusterCfg(LeaseMajority())
 		cfg.StableAfter, cfg.DownAllWhenUnstable = time.Second, 3*time.Second
 		cfg.LeaseMinorityDelay = 100 * time.Millisecond
 		node := startOn(r.t, r.f, failConfig(fmt.Sprintf("m%d", i), 20*time.Millisecond, 2*time.Second))
@@ -319,7 +319,7 @@ func (r *clusterRig) addLeaseMembers(lease func(i int, node *Node) Lease) {
 func TestCloseNodeOnDown(t *testing.T) {
 	t.Parallel()
 	checkLeaks(t)
-	cfg := clusterCfg(KeepMajority{})
+	cfg := clusterCfg(KeepMajority())
 	cfg.CloseNodeOnDown = true
 	r := newClusterRig(t, 3, cfg)
 	r.split([]int{0, 1}, []int{2})
@@ -334,7 +334,7 @@ func TestCloseNodeOnDown(t *testing.T) {
 func TestDownedMemberCannotRejoinWithTheSameUID(t *testing.T) {
 	t.Parallel()
 	checkLeaks(t)
-	r := newClusterRig(t, 3, clusterCfg(KeepMajority{}))
+	r := newClusterRig(t, 3, clusterCfg(KeepMajority()))
 	r.split([]int{0, 1}, []int{2})
 	r.expectSurvivors(10*time.Second, 0, 1)
 	r.f.Heal()
@@ -384,7 +384,7 @@ func TestDownedMemberCannotRejoinWithTheSameUID(t *testing.T) {
 func TestClusterSeedsFromTheRegistry(t *testing.T) {
 	t.Parallel()
 	checkLeaks(t)
-	f := NewFaultNet()
+	f := new(FaultNet)
 	reg := freeRegistryAddr(t, "tcp")
 	var nodes []*Node
 	for i := range 3 {
@@ -529,7 +529,7 @@ func (r *clusterRig) expectOneSide(within time.Duration, must ...int) {
 func TestClusterPartialPartition(t *testing.T) {
 	t.Parallel()
 	checkLeaks(t)
-	r := newClusterRig(t, 3, clusterCfg(KeepMajority{}))
+	r := newClusterRig(t, 3, clusterCfg(KeepMajority()))
 	r.f.Partition(r.nodes[0], r.nodes[1])
 	r.expectOneSide(10*time.Second, 2)
 }
@@ -539,7 +539,7 @@ func TestClusterPartialPartition(t *testing.T) {
 func TestClusterJoinerReachingOnlyItsSeed(t *testing.T) {
 	t.Parallel()
 	checkLeaks(t)
-	r := newClusterRig(t, 5, clusterCfg(KeepMajority{}))
+	r := newClusterRig(t, 5, clusterCfg(KeepMajority()))
 	node := startOn(t, r.f, failConfig("joiner", 20*time.Millisecond, 2*time.Second))
 	for _, n := range r.nodes[1:] {
 		r.f.Partition(node, n)
@@ -556,7 +556,7 @@ func TestClusterJoinerReachingOnlyItsSeed(t *testing.T) {
 // and adds it to the rig.
 func (r *clusterRig) joinVia(node, seed *Node) *Cluster {
 	r.t.Helper()
-	cfg := clusterCfg(KeepMajority{})
+	cfg := clusterCfg(KeepMajority())
 	cfg.Seeds = []string{seed.Addrs()[0].String()}
 	c, err := StartCluster(ctxT(r.t, 5*time.Second), node, cfg)
 	if err != nil {
@@ -577,7 +577,7 @@ func TestClusterOneWayPartition(t *testing.T) {
 	slowTest(t)
 	for _, dir := range []string{"cannot send", "cannot receive"} {
 		t.Run(dir, func(t *testing.T) {
-			r := newClusterRig(t, 5, clusterCfg(KeepMajority{}))
+			r := newClusterRig(t, 5, clusterCfg(KeepMajority()))
 			x := r.nodes[4]
 			for _, n := range r.nodes[:4] {
 				if dir == "cannot send" {
@@ -669,7 +669,7 @@ func TestClusterMemberRestartedAtSameAddress(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
 		downing DowningStrategy
-	}{{"no downing", nil}, {"keep majority", KeepMajority{}}} {
+	}{{"no downing", nil}, {"keep majority", KeepMajority()}} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := newClusterRig(t, 3, clusterCfg(tc.downing))
 			old := r.nodes[2]
@@ -756,7 +756,7 @@ func TestClusterWatchesPartOfALargerCluster(t *testing.T) {
 	t.Parallel()
 	checkLeaks(t)
 	slowTest(t)
-	cfg := clusterCfg(KeepMajority{})
+	cfg := clusterCfg(KeepMajority())
 	cfg.MonitoredMembers = 3
 	r := newClusterRig(t, 8, cfg)
 	victim := r.nodes[5]

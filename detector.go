@@ -35,7 +35,7 @@ func (r *stampReader) Read(p []byte) (int, error) {
 
 // startDetector starts a's window detector as its handshake completes.
 func (a *assoc) startDetector(now time.Time) {
-	a.det = WindowDetector{Window: a.n.cfg.UnreachableAfter, Start: now}
+	a.det = windowDetector{Window: a.n.cfg.UnreachableAfter, Start: now}
 }
 
 // heartbeatLoop is the node's one liveness goroutine: every quarter
@@ -196,10 +196,10 @@ type FailureDetector interface {
 	Available(now time.Time) bool
 }
 
-// WindowDetector is the fixed-window detector of a plain association: the
+// windowDetector is the fixed-window detector of a plain association: the
 // peer is available until nothing has arrived from it for Window. A
 // detector that has seen no heartbeat yet counts from Start.
-type WindowDetector struct {
+type windowDetector struct {
 	// Window is how long the peer may stay silent.
 	Window time.Duration
 	// Start is when watching began (the handshake); the window runs from
@@ -209,11 +209,11 @@ type WindowDetector struct {
 	last time.Time // the latest heartbeat, or zero
 }
 
-var _ FailureDetector = (*WindowDetector)(nil)
+var _ FailureDetector = (*windowDetector)(nil)
 
 // Heartbeat records a sign of life at now. Out-of-order timestamps never
 // move the last heartbeat backwards.
-func (d *WindowDetector) Heartbeat(now time.Time) {
+func (d *windowDetector) Heartbeat(now time.Time) {
 	if now.After(d.last) {
 		d.last = now
 	}
@@ -221,12 +221,12 @@ func (d *WindowDetector) Heartbeat(now time.Time) {
 
 // Available reports whether less than Window has passed since the last
 // heartbeat (or since Start, before the first one).
-func (d *WindowDetector) Available(now time.Time) bool {
+func (d *windowDetector) Available(now time.Time) bool {
 	return now.Sub(d.LastHeard()) < d.Window
 }
 
 // LastHeard returns the latest heartbeat, or Start if there has been none.
-func (d *WindowDetector) LastHeard() time.Time {
+func (d *windowDetector) LastHeard() time.Time {
 	if d.last.IsZero() || d.last.Before(d.Start) {
 		return d.Start
 	}
@@ -239,20 +239,26 @@ func (d *WindowDetector) LastHeard() time.Time {
 // normal distribution of that history (approximated with the logistic
 // formula those implementations use, not an exact erf) and t the time since
 // the last heartbeat. A late peer is then a probability rather than a
-// deadline. The zero value is not ready: use [NewPhiAccrual].
+// deadline.
+//
+// Make one with a literal, &troupe.PhiAccrual{}: a zero field means its
+// default, the established one, so the zero value is ready to use.
 type PhiAccrual struct {
 	// Threshold is the phi above which the peer counts as unavailable.
+	// Default: 8.
 	Threshold float64
-	// MaxSampleSize bounds the history of intervals.
+	// MaxSampleSize bounds the history of intervals. Default: 1000.
 	MaxSampleSize int
 	// MinStdDeviation is the floor of the standard deviation, so a very
 	// regular history does not make phi explode at the first late beat.
+	// Default: 100 ms.
 	MinStdDeviation time.Duration
 	// AcceptableHeartbeatPause is added to the mean: pauses up to it are
-	// not held against the peer.
+	// not held against the peer. Default: 3 s.
 	AcceptableHeartbeatPause time.Duration
 	// FirstHeartbeatEstimate seeds the history at the first heartbeat
 	// (with ± a quarter of it), before any interval has been measured.
+	// Default: 1 s.
 	FirstHeartbeatEstimate time.Duration
 
 	last      time.Time
@@ -263,12 +269,21 @@ type PhiAccrual struct {
 
 var _ FailureDetector = (*PhiAccrual)(nil)
 
-// NewPhiAccrual returns a detector with the established defaults: threshold
-// 8, 1000 samples, minimum standard deviation 100 ms, acceptable pause 3 s,
-// first estimate 1 s.
-func NewPhiAccrual() *PhiAccrual {
-	return &PhiAccrual{Threshold: 8, MaxSampleSize: 1000, MinStdDeviation: 100 * time.Millisecond,
-		AcceptableHeartbeatPause: 3 * time.Second, FirstHeartbeatEstimate: time.Second}
+// The defaults of a PhiAccrual's zero fields.
+const (
+	phiThreshold     = 8
+	phiMaxSampleSize = 1000
+	phiMinStd        = 100 * time.Millisecond
+	phiPause         = 3 * time.Second
+	phiFirstEstimate = time.Second
+)
+
+func orDefault[T comparable](v, def T) T {
+	var zero T
+	if v == zero {
+		return def
+	}
+	return v
 }
 
 // Heartbeat records a heartbeat at now. An interval is not recorded when the
@@ -276,7 +291,7 @@ func NewPhiAccrual() *PhiAccrual {
 // outage does not teach the detector that outages are normal.
 func (d *PhiAccrual) Heartbeat(now time.Time) {
 	if d.last.IsZero() {
-		first := float64(d.FirstHeartbeatEstimate) / float64(time.Millisecond)
+		first := float64(orDefault(d.FirstHeartbeatEstimate, phiFirstEstimate)) / float64(time.Millisecond)
 		d.add(first - first/4)
 		d.add(first + first/4)
 	} else if d.Available(now) {
@@ -286,7 +301,7 @@ func (d *PhiAccrual) Heartbeat(now time.Time) {
 }
 
 func (d *PhiAccrual) add(ms float64) {
-	if len(d.intervals) < max(1, d.MaxSampleSize) {
+	if len(d.intervals) < max(1, orDefault(d.MaxSampleSize, phiMaxSampleSize)) {
 		d.intervals = append(d.intervals, ms)
 	} else {
 		old := d.intervals[d.next]
@@ -300,7 +315,9 @@ func (d *PhiAccrual) add(ms float64) {
 }
 
 // Available reports whether phi at now is below Threshold.
-func (d *PhiAccrual) Available(now time.Time) bool { return d.Phi(now) < d.Threshold }
+func (d *PhiAccrual) Available(now time.Time) bool {
+	return d.Phi(now) < orDefault(d.Threshold, phiThreshold)
+}
 
 // Phi returns the suspicion level at now: 0 before the first heartbeat,
 // growing as the silence outlasts the usual interval. It is never NaN.
@@ -312,8 +329,8 @@ func (d *PhiAccrual) Phi(now time.Time) float64 {
 	mean := d.sum / n
 	variance := d.sq/n - mean*mean
 	std := math.Sqrt(math.Max(variance, 0))
-	std = math.Max(std, float64(d.MinStdDeviation)/float64(time.Millisecond))
-	mean += float64(d.AcceptableHeartbeatPause) / float64(time.Millisecond)
+	std = math.Max(std, float64(orDefault(d.MinStdDeviation, phiMinStd))/float64(time.Millisecond))
+	mean += float64(orDefault(d.AcceptableHeartbeatPause, phiPause)) / float64(time.Millisecond)
 	return phi(float64(now.Sub(d.last))/float64(time.Millisecond), mean, std)
 }
 

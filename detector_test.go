@@ -32,7 +32,7 @@ func TestWindowDetector(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			d := &WindowDetector{Window: time.Second, Start: t0}
+			d := &windowDetector{Window: time.Second, Start: t0}
 			for _, s := range tt.steps {
 				if s.heartbeat {
 					d.Heartbeat(at(s.ms))
@@ -100,7 +100,7 @@ func TestPhiAccrualDetector(t *testing.T) {
 	checkLeaks(t)
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	ms := func(v int) time.Time { return t0.Add(time.Duration(v) * time.Millisecond) }
-	d := NewPhiAccrual()
+	d := &PhiAccrual{}
 	if got := d.Phi(ms(0)); got != 0 || !d.Available(ms(100000)) {
 		t.Fatalf("before any heartbeat: phi %v", got)
 	}
@@ -122,7 +122,7 @@ func TestPhiAccrualDetector(t *testing.T) {
 		t.Fatal("an interval measured while unavailable was recorded")
 	}
 	// The history is a bounded ring.
-	small := NewPhiAccrual()
+	small := &PhiAccrual{}
 	small.MaxSampleSize = 3
 	for i := range 10 {
 		small.Heartbeat(ms(i * 100))
@@ -131,7 +131,7 @@ func TestPhiAccrualDetector(t *testing.T) {
 		t.Fatalf("%d samples kept, want 3", len(small.intervals))
 	}
 	// Seeded on the first heartbeat with the estimate ± a quarter.
-	seeded := NewPhiAccrual()
+	seeded := &PhiAccrual{}
 	seeded.Heartbeat(ms(0))
 	if len(seeded.intervals) != 2 || seeded.intervals[0] != 750 || seeded.intervals[1] != 1250 {
 		t.Fatalf("seed = %v", seeded.intervals)

@@ -146,16 +146,18 @@ func majority(here, there int, lowestHere bool) Downing {
 	return DownReachable
 }
 
-// KeepMajority keeps the side with more members (up or leaving); on a tie,
-// the side holding the member with the lowest address survives. A
-// decision to survive is checked again with the membership changes the
-// other side may have made meanwhile: counting its joining members (they
-// may be up there) and not this side's leaving ones (they may be exiting
-// there). If that changes the answer, everyone is downed.
-type KeepMajority struct{}
+// KeepMajority returns the strategy that keeps the side with more members
+// (up or leaving); on a tie, the side holding the member with the lowest
+// address survives. A decision to survive is checked again with the
+// membership changes the other side may have made meanwhile: counting its
+// joining members (they may be up there) and not this side's leaving ones
+// (they may be exiting there). If that changes the answer, everyone is
+// downed.
+func KeepMajority() DowningStrategy { return keepMajority{} }
 
-// Decide applies the rule.
-func (KeepMajority) Decide(v SplitView) Downing {
+type keepMajority struct{}
+
+func (keepMajority) Decide(v SplitView) Downing {
 	here, there := counted(v.Reachable, false, false), counted(v.Unreachable, false, false)
 	if len(here)+len(there) == 0 {
 		return DownEveryone
@@ -174,35 +176,37 @@ func (KeepMajority) Decide(v SplitView) Downing {
 	return DownUnreachable
 }
 
-// StaticQuorum keeps a side that has at least Size members (up or leaving)
-// and downs a side with fewer. A cluster of more than 2·Size−1 members
-// could hold two quorums at once: that is a configuration error, and
-// everyone is downed.
-type StaticQuorum struct{ Size int }
+// StaticQuorum returns the strategy that keeps a side that has at least
+// size members (up or leaving) and downs a side with fewer. A cluster of
+// more than 2·size−1 members could hold two quorums at once: that is a
+// configuration error, and everyone is downed.
+func StaticQuorum(size int) DowningStrategy { return staticQuorum{size: size} }
 
-// Decide applies the rule.
-func (q StaticQuorum) Decide(v SplitView) Downing {
+type staticQuorum struct{ size int }
+
+func (q staticQuorum) Decide(v SplitView) Downing {
 	here, there := counted(v.Reachable, false, false), counted(v.Unreachable, false, false)
 	switch {
-	case len(here)+len(there) > 2*q.Size-1, len(here)+len(there) == 0:
+	case len(here)+len(there) > 2*q.size-1, len(here)+len(there) == 0:
 		return DownEveryone
-	case len(here) >= q.Size:
+	case len(here) >= q.size:
 		return DownUnreachable
 	}
 	return DownReachable
 }
 
-// KeepOldest keeps the side with the oldest member (by up number). With
-// DownIfAlone, an oldest member cut off from two or more others is downed
-// instead and the others survive; in a cluster of two, the oldest always
-// survives. A decision to survive is checked again as for [KeepMajority]
-// (without this side's leaving members and, with DownIfAlone, counting
-// joining members on both sides); if that changes the answer, everyone is
-// downed.
-type KeepOldest struct{ DownIfAlone bool }
+// KeepOldest returns the strategy that keeps the side with the oldest
+// member (by up number). With downIfAlone, an oldest member cut off from
+// two or more others is downed instead and the others survive; in a
+// cluster of two, the oldest always survives. A decision to survive is
+// checked again as for [KeepMajority] (without this side's leaving
+// members and, with downIfAlone, counting joining members on both sides);
+// if that changes the answer, everyone is downed.
+func KeepOldest(downIfAlone bool) DowningStrategy { return keepOldest{DownIfAlone: downIfAlone} }
 
-// Decide applies the rule.
-func (k KeepOldest) Decide(v SplitView) Downing {
+type keepOldest struct{ DownIfAlone bool }
+
+func (k keepOldest) Decide(v SplitView) Downing {
 	d := k.oldest(counted(v.Reachable, false, false), counted(v.Unreachable, false, false))
 	if d != DownUnreachable {
 		return d
@@ -222,7 +226,7 @@ func (k KeepOldest) Decide(v SplitView) Downing {
 	return DownUnreachable
 }
 
-func (k KeepOldest) oldest(here, there []Member) Downing {
+func (k keepOldest) oldest(here, there []Member) Downing {
 	if len(here)+len(there) == 0 {
 		return DownEveryone
 	}
@@ -231,7 +235,7 @@ func (k KeepOldest) oldest(here, there []Member) Downing {
 }
 
 // decide is the keep-oldest rule on the sides' sizes.
-func (k KeepOldest) decide(oldestHere bool, here, there int) Downing {
+func (k keepOldest) decide(oldestHere bool, here, there int) Downing {
 	switch {
 	case oldestHere && k.DownIfAlone && here == 1 && there >= 2:
 		return DownReachable // the oldest is alone: the others carry on
@@ -255,33 +259,35 @@ func isIn(ms []Member, m Member) bool {
 	return slices.ContainsFunc(ms, func(x Member) bool { return x.UID == m.UID })
 }
 
-// DownAll downs every member whenever there is a split: the safest answer
-// when no side can be trusted to be the right one.
-type DownAll struct{}
+// DownAll returns the strategy that downs every member whenever there is
+// a split: the safest answer when no side can be trusted to be the right
+// one.
+func DownAll() DowningStrategy { return downAll{} }
 
-// Decide downs everyone if anyone is unreachable.
-func (DownAll) Decide(v SplitView) Downing {
+type downAll struct{}
+
+func (downAll) Decide(v SplitView) Downing {
 	if len(v.Unreachable) == 0 {
 		return DownUnreachable
 	}
 	return DownEveryone
 }
 
-// LeaseDecision is the pure rule of LeaseMajority once the side knows
+// leaseDecision is the pure rule of LeaseMajority once the side knows
 // whether it acquired the lease: the side that holds it downs the other;
 // a side that could not acquire it downs itself.
-func LeaseDecision(acquired bool) Downing {
+func leaseDecision(acquired bool) Downing {
 	if acquired {
 		return DownUnreachable
 	}
 	return DownReachable
 }
 
-// MinorityDelay reports whether this side is the minority and must wait
+// minorityDelay reports whether this side is the minority and must wait
 // before trying to acquire the lease, so that the majority wins a fair
 // race: more than half of the members (up or leaving) are unreachable, or
 // exactly half and the lowest address is among them.
-func MinorityDelay(v SplitView) bool {
+func minorityDelay(v SplitView) bool {
 	here, there := counted(v.Reachable, false, false), counted(v.Unreachable, false, false)
 	switch total := len(here) + len(there); {
 	case total == 0:

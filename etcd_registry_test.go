@@ -398,7 +398,7 @@ func TestEtcdRegistryClusterSeeds(t *testing.T) {
 	t.Parallel()
 	checkLeaks(t)
 	url := sharedEtcdURL(t)
-	f := NewFaultNet()
+	f := new(FaultNet)
 	var nodes []*Node
 	for i := range 3 {
 		cfg := failConfig(fmt.Sprintf("e%d", i), 20*time.Millisecond, 2*time.Second)

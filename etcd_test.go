@@ -75,7 +75,7 @@ func TestClusterLeaseMajorityWithEtcd(t *testing.T) {
 	checkLeaks(t)
 	ep := etcdEndpoint(t)
 	key := freshKey()
-	r := &clusterRig{t: t, f: NewFaultNet()}
+	r := &clusterRig{t: t, f: new(FaultNet)}
 	r.addLeaseMembers(func(i int, _ *Node) Lease {
 		endpoint := ep
 		if i == 1 {

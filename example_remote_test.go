@@ -121,7 +121,7 @@ func ExampleWaitForActor() {
 func ExampleFaultNet() {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	network := troupe.NewFaultNet()
+	network := new(troupe.FaultNet)
 	fast := func(name string) troupe.Config {
 		cfg := quiet(name)
 		cfg.HeartbeatInterval = 20 * time.Millisecond

@@ -15,12 +15,14 @@ import (
 // open and bytes simply stop flowing, the case no node can tell from its
 // peer's death — heal it, pause a node's network, and kill a node silently.
 //
-// Start nodes with [FaultNet.Start]; close them as usual. FaultNet has no
-// goroutines of its own (a write deadline on a cut link is a timer) and
-// needs no closing. A write waiting on a cut link honours the
-// connection's write deadline. It is safe for concurrent
-// use.
+// The zero FaultNet is a fault network with nothing cut: make one with
+// new(troupe.FaultNet), and start nodes with [FaultNet.Start]; close them
+// as usual. FaultNet has no goroutines of its own (a write deadline on a
+// cut link is a timer) and needs no closing. A write waiting on a cut
+// link honours the connection's write deadline. It is safe for concurrent
+// use, and must not be copied after first use.
 type FaultNet struct {
+	once sync.Once // makes the maps and cond, on first use
 	// mu guards everything below; cond is signalled on every change.
 	mu      sync.Mutex
 	cond    *sync.Cond
@@ -34,20 +36,20 @@ type FaultNet struct {
 	conns   map[*faultConn]struct{} // open connections, for Reset
 }
 
-// NewFaultNet returns a fault network with nothing cut.
-func NewFaultNet() *FaultNet {
-	f := &FaultNet{
-		byAddr:  make(map[Addr]*Node),
-		dialers: make(map[string]*Node),
-		cuts:    make(map[[2]*Node]bool),
-		drops:   make(map[[2]*Node]bool),
-		sent:    make(map[*Node]uint64),
-		paused:  make(map[*Node]bool),
-		killed:  make(map[*Node]bool),
-		conns:   make(map[*faultConn]struct{}),
-	}
-	f.cond = sync.NewCond(&f.mu)
-	return f
+// lock takes f.mu, making f's tables on first use.
+func (f *FaultNet) lock() {
+	f.once.Do(func() {
+		f.byAddr = make(map[Addr]*Node)
+		f.dialers = make(map[string]*Node)
+		f.cuts = make(map[[2]*Node]bool)
+		f.drops = make(map[[2]*Node]bool)
+		f.sent = make(map[*Node]uint64)
+		f.paused = make(map[*Node]bool)
+		f.killed = make(map[*Node]bool)
+		f.conns = make(map[*faultConn]struct{})
+		f.cond = sync.NewCond(&f.mu)
+	})
+	f.mu.Lock()
 }
 
 // Start starts a node on the fault network. Its Listen addresses must be
@@ -62,7 +64,7 @@ func (f *FaultNet) Start(ctx context.Context, cfg Config) (*Node, error) {
 	if err != nil {
 		return nil, err
 	}
-	f.mu.Lock()
+	f.lock()
 	for _, a := range n.addrList() {
 		f.byAddr[a] = n
 	}
@@ -78,7 +80,7 @@ func pairOf(a, b *Node) [2]*Node {
 }
 
 func (f *FaultNet) change(fn func()) {
-	f.mu.Lock()
+	f.lock()
 	fn()
 	f.cond.Broadcast()
 	f.mu.Unlock()
@@ -97,12 +99,12 @@ func (f *FaultNet) Drop(from, to *Node) {
 	f.change(func() { f.drops[[2]*Node{from, to}] = true })
 }
 
-// BytesSent reports how many bytes n has written to its connections on
+// bytesSent reports how many bytes n has written to its connections on
 // f: what troupe puts on the wire (frames, handshakes), not TCP/IP
 // headers. Bytes held by a cut count once they are written; bytes
 // swallowed because a node at either end was killed do not count.
-func (f *FaultNet) BytesSent(n *Node) uint64 {
-	f.mu.Lock()
+func (f *FaultNet) bytesSent(n *Node) uint64 {
+	f.lock()
 	defer f.mu.Unlock()
 	return f.sent[n]
 }
@@ -150,7 +152,7 @@ func (f *FaultNet) dial(ctx context.Context, n *Node, addr Addr) (net.Conn, erro
 	if err != nil {
 		return nil, err
 	}
-	f.mu.Lock()
+	f.lock()
 	f.dialers[c.LocalAddr().String()] = n
 	remote := f.byAddr[addr]
 	if remote == nil || remote.isClosed() {
@@ -173,7 +175,7 @@ func (f *FaultNet) dial(ctx context.Context, n *Node, addr Addr) (net.Conn, erro
 // accepted wraps a connection n accepted.
 func (f *FaultNet) accepted(n *Node, c net.Conn) net.Conn {
 	fc := &faultConn{Conn: c, f: f, local: n, remoteKey: c.RemoteAddr().String()}
-	f.mu.Lock()
+	f.lock()
 	f.conns[fc] = struct{}{}
 	f.mu.Unlock()
 	return fc
@@ -188,7 +190,7 @@ func (f *FaultNet) accepted(n *Node, c net.Conn) net.Conn {
 // dials again.
 func (f *FaultNet) Reset(a, b *Node) int {
 	pair := pairOf(a, b)
-	f.mu.Lock()
+	f.lock()
 	var ends []*faultConn
 	for c := range f.conns {
 		if r := c.peerLocked(); r != nil && pairOf(c.local, r) == pair {
@@ -236,7 +238,7 @@ func (c *faultConn) SetDeadline(t time.Time) error {
 
 func (c *faultConn) setWriteDeadline(t time.Time) {
 	f := c.f
-	f.mu.Lock()
+	f.lock()
 	defer f.mu.Unlock()
 	c.wdl = t
 	if c.wake != nil {
@@ -278,7 +280,7 @@ func (c *faultConn) stateLocked(out bool) (cut, dead bool) {
 // the bytes.
 func (c *faultConn) Write(p []byte) (int, error) {
 	f := c.f
-	f.mu.Lock()
+	f.lock()
 	for {
 		if c.closed {
 			f.mu.Unlock()
@@ -311,7 +313,7 @@ func (c *faultConn) Read(p []byte) (int, error) {
 		return n, err // a deadline passed: nothing to hold
 	}
 	f := c.f
-	f.mu.Lock()
+	f.lock()
 	defer f.mu.Unlock()
 	for {
 		if c.closed {

@@ -142,7 +142,7 @@ func TestConcurrentResolvesAcrossASimultaneousDial(t *testing.T) {
 		}
 		loopback := func(n *Node) Addr {
 			_, port, _ := net.SplitHostPort(n.Addrs()[0].Address())
-			return TCPAddr("127.0.0.1:" + port)
+			return tcpAddr("127.0.0.1:" + port)
 		}
 		ctx := ctxT(t, 10*time.Second)
 		var wg sync.WaitGroup
@@ -213,7 +213,7 @@ func TestAnotherProtocolVersionIsRefusedInOneLine(t *testing.T) {
 		newFrameReader(c, defaultMaxFrameSize).hello()
 		c.Write(rejectFrame(rejectVersion, NodeUID{6}, "troupe: malformed frame: protocol version 2, want 1"))
 	}()
-	_, err = Resolve[string](ctxT(t, 5*time.Second), n, FormatRef(TCPAddr(l.Addr().String()), "/user/x"))
+	_, err = Resolve[string](ctxT(t, 5*time.Second), n, FormatRef(tcpAddr(l.Addr().String()), "/user/x"))
 	if !errors.Is(err, ErrRejected) || !strings.Contains(err.Error(), "another wire protocol version than this node's 2") || !strings.Contains(err.Error(), "want 1") {
 		t.Fatalf("Resolve at a version 1 node: %v", err)
 	}

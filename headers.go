@@ -59,8 +59,8 @@ var headersUsed atomic.Bool
 
 // WithHeaders returns a copy of ctx that carries h, over any headers ctx
 // carries already (a key in both takes h's value). [Ref.Send] and [Ask]
-// send a context's headers with the message; the handler reads them with
-// [Context.Headers], and its [Context.Context] carries them on, so that
+// send a context's headers with the message; the handler's
+// [Context.Context] carries them (read them with [HeadersFrom]), so that
 // a handler that sends or asks with it passes them along. h is copied:
 // changing it afterwards changes nothing sent.
 func WithHeaders(ctx context.Context, h Headers) context.Context {

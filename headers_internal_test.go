@@ -73,7 +73,7 @@ func TestAPeerWithoutHeadersGetsAPlainTell(t *testing.T) {
 	uid := NodeUID{1}
 	target := &handle{key: refKey{node: uid, path: "/user/echo", uuid: UUID{2}}}
 	for _, takes := range []bool{false, true} {
-		a := newAssoc(nil, true, TCPAddr("127.0.0.1:7001"))
+		a := newAssoc(nil, true, tcpAddr("127.0.0.1:7001"))
 		a.n = &Node{cfg: Config{MaxFrameSize: defaultMaxFrameSize}}
 		a.peerUID, a.peerHeaders = uid, takes
 		if err := a.sendTellHeadersLocked(target, typeOf(reflect.TypeFor[count]()), count{N: 1}, Headers{"trace": "x"}); err != nil {

@@ -25,8 +25,8 @@ func init() { troupe.SetWireKey[hdrMsg]("troupe.test.hdrmsg") }
 // seen is what a handler saw of one message's headers.
 type seen struct {
 	n       int
-	headers troupe.Headers // Context.Headers
-	fromCtx troupe.Headers // HeadersFrom(Context.Context)
+	headers troupe.Headers // HeadersFrom(Context.Context), read first
+	fromCtx troupe.Headers // HeadersFrom(Context.Context), read again
 }
 
 // spawnHeaderProbe spawns an actor that reports each message's headers on
@@ -35,9 +35,9 @@ func spawnHeaderProbe(t *testing.T, n *troupe.Node, name string) (troupe.Ref[hdr
 	t.Helper()
 	ch := make(chan seen, 10_000)
 	r, err := troupe.Spawn(n, name, troupe.Behavior[hdrMsg]{Receive: func(c *troupe.Context[hdrMsg], m hdrMsg) {
-		ch <- seen{n: m.N, headers: c.Headers(), fromCtx: troupe.HeadersFrom(c.Context())}
+		ch <- seen{n: m.N, headers: troupe.HeadersFrom(c.Context()), fromCtx: troupe.HeadersFrom(c.Context())}
 		if !m.Reply.IsZero() {
-			m.Reply.Tell(c.Headers().Get("trace"))
+			m.Reply.Tell(troupe.HeadersFrom(c.Context()).Get("trace"))
 		}
 	}})
 	if err != nil {
@@ -61,7 +61,7 @@ func remoteRef[T any](t *testing.T, from, n *troupe.Node, path string) troupe.Re
 }
 
 // Headers put in a context with WithHeaders reach the handler, by Send and
-// by Ask, on the same node and on another: Context.Headers has them, and
+// by Ask, on the same node and on another: the handler's context has them, and
 // the handler's Context.Context carries them.
 func TestHeadersReachTheHandler(t *testing.T) {
 	t.Parallel()
@@ -133,7 +133,7 @@ func TestHeadersFollowARequestAcrossThreeNodes(t *testing.T) {
 // what was not acknowledged again) changes nothing.
 func TestEachMessageKeepsItsOwnHeaders(t *testing.T) {
 	t.Parallel()
-	f := troupe.NewFaultNet()
+	f := new(troupe.FaultNet)
 	cfg := func(name string) troupe.Config {
 		c := quietConfig(name)
 		c.HeartbeatInterval, c.UnreachableAfter = 50*time.Millisecond, 10*time.Second
@@ -212,7 +212,7 @@ func TestHeadersOutliveARestart(t *testing.T) {
 			case 0:
 				panic("the first message breaks it")
 			}
-			ch <- seen{n: m.N, headers: c.Headers()}
+			ch <- seen{n: m.N, headers: troupe.HeadersFrom(c.Context())}
 		}}
 	}, troupe.RestartWithBackoff(50*time.Millisecond, time.Second, 0)))
 	if err != nil {
@@ -265,7 +265,7 @@ func TestSendAndReceiveInterceptors(t *testing.T) {
 	ch := make(chan string, 10)
 	r, err := troupe.Spawn(n, "svc", troupe.Behavior[hdrMsg]{Receive: func(c *troupe.Context[hdrMsg], m hdrMsg) {
 		span, _ := c.Context().Value(spanKey{}).(string)
-		ch <- fmt.Sprintf("%d %s %s", m.N, span, c.Headers().Get("traceparent"))
+		ch <- fmt.Sprintf("%d %s %s", m.N, span, troupe.HeadersFrom(c.Context()).Get("traceparent"))
 	}})
 	if err != nil {
 		t.Fatal(err)

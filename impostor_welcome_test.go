@@ -73,7 +73,7 @@ func TestAnImpostorWelcomeWithoutProofDoesNotJoinTheSession(t *testing.T) {
 			kinds = append(kinds, frameKind(body[0]))
 		}
 	}()
-	_, err = Resolve[testPing](ctxT(t, 5*time.Second), d, FormatRef(TCPAddr(l.Addr().String()), echoS.Path()))
+	_, err = Resolve[testPing](ctxT(t, 5*time.Second), d, FormatRef(tcpAddr(l.Addr().String()), echoS.Path()))
 	t.Logf("Resolve through the impostor: %v", err)
 	kinds := <-got
 	t.Logf("impostor read %v", kinds)

@@ -23,7 +23,7 @@ func leaseSideSplit(t *testing.T, n int, small []int, freshServer bool) []int {
 
 // leaseSideSplitTTL is leaseSideSplit with a lease of the given ttl.
 func leaseSideSplitTTL(t *testing.T, n int, small []int, freshServer bool, ttl time.Duration) []int {
-	f := troupe.NewFaultNet()
+	f := new(troupe.FaultNet)
 	leaseNode := faultNode(t, f, "lease")
 	t.Cleanup(f.Heal)
 	if err := leaseNode.ServeLeases(); err != nil {
@@ -32,7 +32,7 @@ func leaseSideSplitTTL(t *testing.T, n int, small []int, freshServer bool, ttl t
 	serving := time.Now()
 	w := newSidesWatcher()
 	nodes, members := faultMembers(t, f, n, w, func(node *troupe.Node) troupe.ClusterConfig {
-		return troupe.ClusterConfig{Downing: troupe.LeaseMajority{}, StableAfter: time.Second,
+		return troupe.ClusterConfig{Downing: troupe.LeaseMajority(), StableAfter: time.Second,
 			Lease: troupe.NewNodeLease(node, leaseNode.Addrs()[0].String(), "cluster", ttl)}
 	})
 	// Order by address: index 0 holds the lowest.

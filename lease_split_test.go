@@ -167,7 +167,7 @@ func TestLeaseMajorityNeverLetsTwoSidesLive(t *testing.T) {
 // nobody when neither does, and never two sides at any moment.
 func leaseSplit(t *testing.T, size int, reach string, rep int) {
 	t.Helper()
-	f := troupe.NewFaultNet()
+	f := new(troupe.FaultNet)
 	var logs lockedBuffer
 	quiet := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	var nodes []*troupe.Node
@@ -190,10 +190,10 @@ func leaseSplit(t *testing.T, size int, reach string, rep int) {
 	for i := range size {
 		n := start(fmt.Sprintf("m%d-%d", rep, i))
 		cfg := troupe.ClusterConfig{
-			Downing: troupe.LeaseMajority{}, StableAfter: time.Second,
+			Downing: troupe.LeaseMajority(), StableAfter: time.Second,
 			Lease: troupe.NewNodeLease(n, leaseNode.Addrs()[0].String(), "cluster", 2*time.Second),
 			Detector: func() troupe.FailureDetector {
-				d := troupe.NewPhiAccrual()
+				d := &troupe.PhiAccrual{}
 				d.FirstHeartbeatEstimate = 50 * time.Millisecond
 				d.AcceptableHeartbeatPause = 300 * time.Millisecond
 				d.MinStdDeviation = 10 * time.Millisecond

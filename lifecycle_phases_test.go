@@ -157,7 +157,7 @@ func TestCloseRunsNoShutdownHooks(t *testing.T) {
 func TestAMemberIsReadyOnlyWhileUp(t *testing.T) {
 	t.Parallel()
 	slowTest(t)
-	f := troupe.NewFaultNet()
+	f := new(troupe.FaultNet)
 	n, err := f.Start(ctxFor(t), troupe.Config{Name: "m"})
 	if err != nil {
 		t.Fatal(err)

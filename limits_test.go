@@ -196,7 +196,7 @@ func TestAttacksDoNotDisturbHealthyPeers(t *testing.T) {
 			defer victim.Stop(sink)
 			var bag refBag
 			for i := range 1000 {
-				a, err := attacker.assocAt(TCPAddr(fmt.Sprintf("127.0.0.1:%d", 30000+i)), false, NodeUID{})
+				a, err := attacker.assocAt(tcpAddr(fmt.Sprintf("127.0.0.1:%d", 30000+i)), false, NodeUID{})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -283,7 +283,7 @@ func TestOneSourceCannotTakeEveryHandshake(t *testing.T) {
 	// Peers from another source still get in, several of them.
 	for i := range 8 {
 		peer := startNode(t, testConfig())
-		if _, err := Resolve[testPing](ctxT(t, 5*time.Second), peer, FormatRef(TCPAddr("127.0.0.1:"+port), "/user/echo")); err != nil {
+		if _, err := Resolve[testPing](ctxT(t, 5*time.Second), peer, FormatRef(tcpAddr("127.0.0.1:"+port), "/user/echo")); err != nil {
 			t.Fatalf("peer %d during the flood: %v", i, err)
 		}
 	}

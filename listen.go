@@ -41,7 +41,7 @@ func (n *Node) listen(ctx context.Context, a Addr) error {
 // the caller starts its accept loop.
 func (n *Node) listenOne(ctx context.Context, a Addr) (net.Listener, error) {
 	var lc net.ListenConfig
-	if a.IsUnix() {
+	if a.isUnix() {
 		if err := checkSocketPath(a.address); err != nil {
 			return nil, err
 		}
@@ -67,8 +67,8 @@ func (n *Node) listenOne(ctx context.Context, a Addr) (net.Listener, error) {
 		return nil, err
 	}
 	bound := a
-	if !a.IsUnix() {
-		bound = TCPAddr(l.Addr().String())
+	if !a.isUnix() {
+		bound = tcpAddr(l.Addr().String())
 	}
 	n.lmu.Lock()
 	if n.isClosed() {

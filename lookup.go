@@ -169,7 +169,7 @@ func (n *Node) askRegistrar(ctx context.Context, src registrarSource, req regReq
 // localTier ranks an address for a caller on this host: 0 Unix socket, 1
 // TCP on loopback or one of this host's addresses, 2 remote TCP.
 func localTier(a Addr) int {
-	if a.IsUnix() {
+	if a.isUnix() {
 		return 0
 	}
 	if a.isLoopback() {

@@ -54,7 +54,7 @@ func TestWaitForANameOnlyANodeHoldsReturnsAtItsDeadline(t *testing.T) {
 func plantStale(t *testing.T, registrar *Node, name string) {
 	var ghost NodeUID
 	rand.Read(ghost[:])
-	registrar.registryRegister(Registration{Name: name, UUID: UUID(ghost), Path: "/user/" + name, Node: ghost, NodeName: "ghost", Addrs: []Addr{TCPAddr(freeRegistryAddr(t, "tcp")[len("tcp://"):])}})
+	registrar.registryRegister(Registration{Name: name, UUID: UUID(ghost), Path: "/user/" + name, Node: ghost, NodeName: "ghost", Addrs: []Addr{tcpAddr(freeRegistryAddr(t, "tcp")[len("tcp://"):])}})
 }
 
 func TestWaitMeetingAStaleEntryOnANodeThatIsNotTheRegistrar(t *testing.T) {
@@ -177,7 +177,7 @@ func TestLookupsOnAClosedNode(t *testing.T) {
 func TestRegistrarRestartedAfterAKillGetsEverythingBack(t *testing.T) {
 	t.Parallel()
 	checkLeaks(t)
-	f := NewFaultNet()
+	f := new(FaultNet)
 	reg := freeRegistryAddr(t, "tcp")
 	cfg := func(name string) Config {
 		c := failConfig(name, 20*time.Millisecond, 300*time.Millisecond)
@@ -230,7 +230,7 @@ func TestRegistrarFailover(t *testing.T) {
 
 		var slowest [2]time.Duration // vanished (FaultNet Kill), closed
 		for round := range 8 {
-			f := NewFaultNet()
+			f := new(FaultNet)
 			reg := freeRegistryAddr(t, tr)
 			cfg := func(name string) Config {
 				// A window wide enough that a loaded machine (tests run
@@ -243,7 +243,7 @@ func TestRegistrarFailover(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if !first.IsRegistrar() {
+			if !first.isRegistrar() {
 				t.Fatal("the first node did not become the registrar")
 			}
 			a := startOn(t, f, cfg("a"))
@@ -265,7 +265,7 @@ func TestRegistrarFailover(t *testing.T) {
 				kind = 1
 			}
 			slowest[kind] = max(slowest[kind], time.Since(start))
-			if a.IsRegistrar() && b.IsRegistrar() {
+			if a.isRegistrar() && b.isRegistrar() {
 				t.Fatalf("round %d: two registrars", round)
 			}
 			a.Close()
@@ -278,7 +278,7 @@ func TestRegistrarFailover(t *testing.T) {
 // oneRegistrarFindingAll reports whether exactly one of a and b is the
 // registrar at reg, and both find svc-a and svc-b through it.
 func oneRegistrarFindingAll(t *testing.T, reg string, a, b *Node) bool {
-	if a.IsRegistrar() == b.IsRegistrar() {
+	if a.isRegistrar() == b.isRegistrar() {
 		return false
 	}
 	for _, n := range []*Node{a, b} {
@@ -358,7 +358,7 @@ func TestLocalFastPathSkipsTheRegistrar(t *testing.T) {
 func TestAddressPreference(t *testing.T) {
 	t.Parallel()
 	checkLeaks(t)
-	uds, loop, remote := UnixAddr("/run/a.sock"), TCPAddr("127.0.0.1:1"), TCPAddr("203.0.113.9:1")
+	uds, loop, remote := unixAddr("/run/a.sock"), tcpAddr("127.0.0.1:1"), tcpAddr("203.0.113.9:1")
 	older := Registration{Name: "x", Seq: 1, Addrs: []Addr{remote, loop}}
 	newer := Registration{Name: "x", Seq: 2, Addrs: []Addr{remote, loop, uds}}
 	tests := []struct {
@@ -393,7 +393,7 @@ func TestStaleEntriesAreDeletedOnUse(t *testing.T) {
 	registrar := startNode(t, discoveryConfig("registrar", reg))
 	service := startNode(t, discoveryConfig("service", reg))
 	spawnEcho(t, service, "svc")
-	ghost := TCPAddr(freeRegistryAddr(t, "tcp")[len("tcp://"):])
+	ghost := tcpAddr(freeRegistryAddr(t, "tcp")[len("tcp://"):])
 	// A newer registration of the same name on a node that is gone.
 	registrar.reg().register(Registration{Name: "svc", UUID: UUID{7}, Path: "/user/svc", Node: NodeUID{7}, Addrs: []Addr{ghost}})
 	client := startNode(t, discoveryConfig("client", reg))
@@ -427,7 +427,7 @@ func TestLookupOfNoneIsErrNotFound(t *testing.T) {
 	if all, err := FindActorPerRegistrar[testPing](ctx, n, "ghost"); all != nil || err != nil {
 		t.Fatalf("FindActorPerRegistrar of a missing name = %v, %v; want nil, nil", all, err)
 	}
-	dead := TCPAddr(freeRegistryAddr(t, "tcp")[len("tcp://"):])
+	dead := tcpAddr(freeRegistryAddr(t, "tcp")[len("tcp://"):])
 	if _, err := FindActor[testPing](ctx, n, "ghost", WithRegistries(dead.String())); err == nil || errors.Is(err, ErrNotFound) {
 		t.Fatalf("FindActor against an unreachable registrar = %v, want a connection error", err)
 	}

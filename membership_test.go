@@ -20,7 +20,7 @@ func at(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) 
 func uidOf(i int) NodeUID { return NodeUID{byte(i)} }
 
 func memberOf(i int, s MemberStatus, up int) Member {
-	return Member{Addr: TCPAddr(fmt.Sprintf("10.0.0.%d:7000", i)), UID: uidOf(i), Status: s, UpNumber: up}
+	return Member{Addr: tcpAddr(fmt.Sprintf("10.0.0.%d:7000", i)), UID: uidOf(i), Status: s, UpNumber: up}
 }
 
 // state builds member self's membership holding the given members.

@@ -124,7 +124,7 @@ func TestNemesis(t *testing.T) {
 	run := nemesisDuration(t)
 	var logs lockedBuffer
 	z := &nemesis{
-		t: t, seed: seed, rng: rand.New(rand.NewPCG(seed, 0x7e57)), f: troupe.NewFaultNet(),
+		t: t, seed: seed, rng: rand.New(rand.NewPCG(seed, 0x7e57)), f: new(troupe.FaultNet),
 		log:  slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn})),
 		refs: map[[2]string]troupe.Ref[nemesisMsg]{}, resolving: map[[2]string]bool{},
 		streams: map[[2]string]*nemesisStream{}, terminated: map[[2]string]int{}, watched: map[[2]string]bool{},
@@ -221,9 +221,9 @@ func (z *nemesis) join() *nemesisMember {
 	cfg := troupe.ClusterConfig{
 		Seeds: seeds, StableAfter: time.Second, DownAllWhenUnstable: 1500 * time.Millisecond,
 		LeaseMinorityDelay: 300 * time.Millisecond, CloseNodeOnDown: true,
-		Downing: troupe.KeepMajority{},
+		Downing: troupe.KeepMajority(),
 		Detector: func() troupe.FailureDetector {
-			d := troupe.NewPhiAccrual()
+			d := &troupe.PhiAccrual{}
 			d.FirstHeartbeatEstimate = 50 * time.Millisecond
 			d.AcceptableHeartbeatPause = 300 * time.Millisecond
 			d.MinStdDeviation = 10 * time.Millisecond
@@ -232,7 +232,7 @@ func (z *nemesis) join() *nemesisMember {
 	}
 	if z.useLease {
 		m.lease = troupe.NewNodeLease(n, z.leaseNode.Addrs()[0].String(), "cluster", 2*time.Second)
-		cfg.Downing, cfg.Lease = troupe.LeaseMajority{}, m.lease
+		cfg.Downing, cfg.Lease = troupe.LeaseMajority(), m.lease
 	}
 	uid := n.UID().String()
 	sink, err := troupe.Spawn(n, "sink", troupe.Behavior[nemesisMsg]{Receive: func(_ *troupe.Context[nemesisMsg], msg nemesisMsg) {

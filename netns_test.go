@@ -149,11 +149,11 @@ func TestHelperNetnsNode(t *testing.T) {
 			}
 			say("OK")
 		case "cluster": // cluster majority|lease SEED|- [ETCD_ENDPOINT LEASE_KEY]
-			ccfg := ClusterConfig{Downing: KeepMajority{}, StableAfter: netnsStableAfter, GossipInterval: hb}
+			ccfg := ClusterConfig{Downing: KeepMajority(), StableAfter: netnsStableAfter, GossipInterval: hb}
 			if f[1] == "lease" {
 				lease := NewEtcdLease(f[3], f[4], 2*time.Second)
 				defer lease.Close() // its keep-alive is the lease's, not the node's
-				ccfg.Downing, ccfg.Lease, ccfg.LeaseMinorityDelay = LeaseMajority{}, lease, 500*time.Millisecond
+				ccfg.Downing, ccfg.Lease, ccfg.LeaseMinorityDelay = LeaseMajority(), lease, 500*time.Millisecond
 			}
 			if f[2] != "-" {
 				ccfg.Seeds = []string{f[2]}

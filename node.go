@@ -456,7 +456,7 @@ func (n *Node) dial(addr Addr) (net.Conn, error) {
 	if err == nil {
 		sizeBuffers(c)
 	}
-	if err != nil || n.cfg.TLS == nil || addr.IsUnix() {
+	if err != nil || n.cfg.TLS == nil || addr.isUnix() {
 		return c, err
 	}
 	tc := n.clientTLS(c, addr)

@@ -118,7 +118,7 @@ func TestAcceptErrorsDoNotStopTheListener(t *testing.T) {
 	n.wg.Go(func() { n.acceptLoop(fl) })
 	spawnEcho(t, n, "echo")
 	other := startNode(t, testConfig())
-	r, err := Resolve[testPing](ctxT(t, 10*time.Second), other, FormatRef(TCPAddr(l.Addr().String()), "/user/echo"))
+	r, err := Resolve[testPing](ctxT(t, 10*time.Second), other, FormatRef(tcpAddr(l.Addr().String()), "/user/echo"))
 	if err != nil {
 		t.Fatalf("a peer after six failed accepts: %v", err)
 	}

@@ -130,7 +130,7 @@ func TestAKilledObserverLeavesNoTrace(t *testing.T) {
 // observer's next call dials again and is answered.
 func TestAnObserverOutlivesAReset(t *testing.T) {
 	t.Parallel()
-	f := troupe.NewFaultNet()
+	f := new(troupe.FaultNet)
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	n, err := f.Start(ctxFor(t), troupe.Config{Name: "inspected", Logger: quiet})
 	if err != nil {

@@ -19,11 +19,11 @@ func TestAMemberCutOffOneWayStops(t *testing.T) {
 	slowTest(t)
 	for _, dir := range []string{"cannot send", "cannot receive"} {
 		t.Run(dir, func(t *testing.T) {
-			f := troupe.NewFaultNet()
+			f := new(troupe.FaultNet)
 			t.Cleanup(f.Heal)
 			w := newSidesWatcher()
 			nodes, members := faultMembers(t, f, 5, w, func(*troupe.Node) troupe.ClusterConfig {
-				return troupe.ClusterConfig{Downing: troupe.KeepMajority{}, StableAfter: time.Second}
+				return troupe.ClusterConfig{Downing: troupe.KeepMajority(), StableAfter: time.Second}
 			})
 			stop := make(chan struct{})
 			defer close(stop)

@@ -183,7 +183,7 @@ func holdingListeners(t *testing.T, k int) []Addr {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { l.Close() })
-		addrs = append(addrs, TCPAddr(l.Addr().String()))
+		addrs = append(addrs, tcpAddr(l.Addr().String()))
 		go func() {
 			for {
 				c, err := l.Accept()
@@ -398,7 +398,7 @@ func TestRefsNobodyKeepsAreForgotten(t *testing.T) {
 	}
 	var m refList
 	for i := range n.cfg.MaxOutboundConns {
-		ad := TCPAddr(fmt.Sprintf("127.0.0.%d:%d", 2+i/60000, 1024+i%60000))
+		ad := tcpAddr(fmt.Sprintf("127.0.0.%d:%d", 2+i/60000, 1024+i%60000))
 		a, err := peer.assocAt(ad, false, NodeUID{})
 		if err != nil {
 			t.Fatal(err)
@@ -458,7 +458,7 @@ func watchesHeld(n *Node) (count int) {
 func TestAWatchEndedAfterAResumeFreesItsPlace(t *testing.T) {
 	t.Parallel()
 	checkLeaks(t)
-	f := NewFaultNet()
+	f := new(FaultNet)
 	cfg := failConfig("watched", 50*time.Millisecond, 5*time.Second)
 	cfg.MaxWatchesPerPeer = 2
 	watched := startOn(t, f, cfg)
@@ -571,7 +571,7 @@ func TestWatchesOverSeveralConnectionsShareOneBound(t *testing.T) {
 func TestARefDialStaysChargedAcrossAResume(t *testing.T) {
 	t.Parallel()
 	checkLeaks(t)
-	f := NewFaultNet()
+	f := new(FaultNet)
 	cfg := failConfig("n", 50*time.Millisecond, 5*time.Second)
 	cfg.MaxRefDialsPerPeer = 2
 	n := startOn(t, f, cfg)
@@ -628,7 +628,7 @@ func TestABindingInUseIsNotForgotten(t *testing.T) {
 	t.Parallel()
 	checkLeaks(t)
 	n := startNode(t, testConfig("tcp://127.0.0.1:0"))
-	ad := TCPAddr("127.0.0.1:9")
+	ad := tcpAddr("127.0.0.1:9")
 	live := func(a *assoc) bool {
 		n.pmu.Lock()
 		defer n.pmu.Unlock()
@@ -653,7 +653,7 @@ func TestABindingInUseIsNotForgotten(t *testing.T) {
 	if !live(a) {
 		t.Fatal("a binding this node's own dial found was forgotten")
 	}
-	c, held, _ := n.assocHeld(TCPAddr("127.0.0.1:10"), false, NodeUID{1})
+	c, held, _ := n.assocHeld(tcpAddr("127.0.0.1:10"), false, NodeUID{1})
 	n.releaseBinding(c)
 	if live(c) {
 		t.Fatal("a binding no ref holds was kept")

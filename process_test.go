@@ -43,7 +43,7 @@ func TestHelperNodeProcess(t *testing.T) {
 	in := bufio.NewScanner(os.Stdin)
 	for in.Scan() {
 		if addr, ok := strings.CutPrefix(in.Text(), "dial "); ok {
-			if _, err := Resolve[testPing](ctxT(t, 5*time.Second), n, FormatRef(TCPAddr(addr), "/user/echo")); err != nil {
+			if _, err := Resolve[testPing](ctxT(t, 5*time.Second), n, FormatRef(tcpAddr(addr), "/user/echo")); err != nil {
 				fmt.Println("ERR", err)
 				continue
 			}
@@ -332,7 +332,7 @@ func TestServiceKeyAcrossProcesses(t *testing.T) {
 	cfg := failConfig("parent", 50*time.Millisecond, 500*time.Millisecond)
 	cfg.RegistryAddrs = []string{reg}
 	n := startNode(t, cfg)
-	if !n.IsRegistrar() {
+	if !n.isRegistrar() {
 		t.Fatal("the parent is not the registrar")
 	}
 	c := startChild(t, "tcp://127.0.0.1:0", "TROUPE_HELPER_REGISTRY="+reg)

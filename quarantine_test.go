@@ -12,7 +12,7 @@ func TestQuarantineTable(t *testing.T) {
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	hour := time.Hour
 	uid := func(i int) NodeUID { var u NodeUID; u[0], u[1], u[2] = byte(i), byte(i>>8), byte(i>>16); return u }
-	a1, a2 := TCPAddr("10.0.0.1:7000"), TCPAddr("10.0.0.2:7000")
+	a1, a2 := tcpAddr("10.0.0.1:7000"), tcpAddr("10.0.0.2:7000")
 
 	var q quarantineTable
 	q.add(QuarantineInfo{UID: uid(1), Addrs: []Addr{a1}, Announced: []Addr{a2}, Since: t0})
@@ -29,7 +29,7 @@ func TestQuarantineTable(t *testing.T) {
 		{hour - time.Second, uid(9), a1, true, 1},             // still within the expiry
 		{hour, uid(9), a1, false, 0},                          // the address is freed
 		{hour + time.Minute, uid(1), Addr{}, true, 0},         // the uid stays refused (a tombstone)
-		{1000 * hour, uid(1), TCPAddr("10.0.0.3:1"), true, 0}, // for good
+		{1000 * hour, uid(1), tcpAddr("10.0.0.3:1"), true, 0}, // for good
 	}
 	for i, s := range steps {
 		got := q.find(t0.Add(s.at), hour, s.uid, s.addr) != nil
@@ -75,15 +75,15 @@ func TestQuarantineOrderStaysBoundedOverAddClearCycles(t *testing.T) {
 		next func(i int) QuarantineInfo
 	}{
 		{"a live entry at the head, one peer again", func(q *quarantineTable) {
-			q.add(QuarantineInfo{UID: uid(1), Addrs: []Addr{TCPAddr("10.0.0.1:1")}, Since: t0})
+			q.add(QuarantineInfo{UID: uid(1), Addrs: []Addr{tcpAddr("10.0.0.1:1")}, Since: t0})
 		}, func(int) QuarantineInfo {
-			return QuarantineInfo{UID: uid(2), Addrs: []Addr{TCPAddr("10.0.0.2:1")}, Since: t0}
+			return QuarantineInfo{UID: uid(2), Addrs: []Addr{tcpAddr("10.0.0.2:1")}, Since: t0}
 		}},
 		{"a tombstone at the head, new peers", func(q *quarantineTable) {
-			q.add(QuarantineInfo{UID: uid(1), Addrs: []Addr{TCPAddr("10.0.0.1:1")}, Since: t0})
+			q.add(QuarantineInfo{UID: uid(1), Addrs: []Addr{tcpAddr("10.0.0.1:1")}, Since: t0})
 			q.find(t0.Add(2*hour), hour, uid(1)) // expires it: a tombstone
 		}, func(i int) QuarantineInfo {
-			return QuarantineInfo{UID: uid(i + 10), Addrs: []Addr{TCPAddr(fmt.Sprintf("10.1.%d.%d:1", i>>8&255, i&255))}, Since: t0.Add(2 * hour)}
+			return QuarantineInfo{UID: uid(i + 10), Addrs: []Addr{tcpAddr(fmt.Sprintf("10.1.%d.%d:1", i>>8&255, i&255))}, Since: t0.Add(2 * hour)}
 		}},
 		{"nothing at the head", func(*quarantineTable) {}, func(i int) QuarantineInfo {
 			return QuarantineInfo{UID: uid(i + 10), Since: t0}

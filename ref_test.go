@@ -13,7 +13,7 @@ import (
 func TestRefStrings(t *testing.T) {
 	t.Parallel()
 	checkLeaks(t)
-	for _, a := range []Addr{TCPAddr("127.0.0.1:7001"), UnixAddr("/run/app/a.sock"), TCPAddr("[::1]:5")} {
+	for _, a := range []Addr{tcpAddr("127.0.0.1:7001"), unixAddr("/run/app/a.sock"), tcpAddr("[::1]:5")} {
 		s := FormatRef(a, "/user/worker")
 		got, path, err := ParseRef(s)
 		if err != nil || got != a || path != "/user/worker" {
@@ -98,7 +98,7 @@ func TestSendWaitsForRoomOnTheWire(t *testing.T) {
 	t.Parallel()
 	checkLeaks(t)
 	slowTest(t)
-	f := NewFaultNet()
+	f := new(FaultNet)
 	cfg := failConfig("home", 50*time.Millisecond, 10*time.Second)
 	cfg.SendQueueLimit = 512
 	home := startOn(t, f, cfg)

@@ -16,7 +16,7 @@ import (
 func TestAFailedRegistrationIsSentAgain(t *testing.T) {
 	t.Parallel()
 	checkLeaks(t)
-	f := NewFaultNet()
+	f := new(FaultNet)
 	reg := freeRegistryAddr(t, "tcp")
 	cfg := func(name string) Config {
 		c := failConfig(name, 50*time.Millisecond, 10*time.Second)
@@ -25,7 +25,7 @@ func TestAFailedRegistrationIsSentAgain(t *testing.T) {
 		return c
 	}
 	registrar := startOn(t, f, cfg("registrar"))
-	if !registrar.IsRegistrar() {
+	if !registrar.isRegistrar() {
 		t.Fatal("the first node is not the registrar")
 	}
 	n := startOn(t, f, cfg("n"))

@@ -635,8 +635,9 @@ func (n *Node) startRegistrar() error {
 	return nil
 }
 
-// IsRegistrar reports whether this node serves a registry.
-func (n *Node) IsRegistrar() bool { return n.reg() != nil }
+// isRegistrar reports whether this node serves a registry (see
+// Stats.Registrar).
+func (n *Node) isRegistrar() bool { return n.reg() != nil }
 
 // systemParent spawns the node's own actors under /system.
 type systemParent struct{ n *Node }

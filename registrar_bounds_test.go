@@ -71,11 +71,11 @@ func TestARegistrarRefusesOversizedRegistrations(t *testing.T) {
 		long(func(r *Registration) { r.Name = strings.Repeat("n", maxRegNameLen+1) }),
 		long(func(r *Registration) { r.Path = "/user/" + strings.Repeat("p", maxRegPathLen) }),
 		long(func(r *Registration) { r.NodeName = strings.Repeat("x", maxRegNodeName+1) }),
-		long(func(r *Registration) { r.Addrs = []Addr{TCPAddr(strings.Repeat("h", maxRegAddrLen) + ":80")} }),
+		long(func(r *Registration) { r.Addrs = []Addr{tcpAddr(strings.Repeat("h", maxRegAddrLen) + ":80")} }),
 		long(func(r *Registration) {
 			r.Addrs = nil
 			for i := range maxRegAddrs + 1 {
-				r.Addrs = append(r.Addrs, TCPAddr(fmt.Sprintf("127.0.0.1:%d", 10000+i)))
+				r.Addrs = append(r.Addrs, tcpAddr(fmt.Sprintf("127.0.0.1:%d", 10000+i)))
 			}
 		}),
 	} {
@@ -152,7 +152,7 @@ func TestRegTableCountsAndTotalBound(t *testing.T) {
 	checkLeaks(t)
 	g := newRegTable()
 	g.bounds = regBounds{perPeer: 10, perName: 10, total: 3}
-	addr := TCPAddr("127.0.0.1:7001")
+	addr := tcpAddr("127.0.0.1:7001")
 	reg := func(name string, uuid byte, node byte, addrs ...Addr) error {
 		_, err := g.register(Registration{Name: name, UUID: UUID{uuid}, Node: NodeUID{node}, Addrs: addrs})
 		return err
@@ -166,7 +166,7 @@ func TestRegTableCountsAndTotalBound(t *testing.T) {
 		t.Fatalf("a refresh of a held entry at the bound: %v", err)
 	}
 	g.unregister("a", UUID{1}, NodeUID{1})
-	if err := reg("b", 4, 2, UnixAddr("/x")); err != nil {
+	if err := reg("b", 4, 2, unixAddr("/x")); err != nil {
 		t.Fatalf("after one left: %v", err)
 	}
 	// Node 3 on node 1's address takes it: node 1's entries go.
@@ -180,7 +180,7 @@ func TestRegTableCountsAndTotalBound(t *testing.T) {
 	if err := reg("c", 5, 3, addr); err != nil {
 		t.Fatal(err)
 	}
-	if err := reg("c", 6, 4, UnixAddr("/y")); err != nil {
+	if err := reg("c", 6, 4, unixAddr("/y")); err != nil {
 		t.Fatal(err)
 	}
 	// Node 5 takes node 3's only address: node 3's entry goes first.
@@ -196,7 +196,7 @@ func TestRegTableCountsAndTotalBound(t *testing.T) {
 		t.Fatalf("after an address was taken over: %v by node, %v by name", g.byNode, g.byName)
 	}
 	// A refresh on other addresses moves the entry's addresses.
-	other := UnixAddr("/z")
+	other := unixAddr("/z")
 	if err := reg("d", 7, 5, other); err != nil {
 		t.Fatal(err)
 	}
@@ -246,14 +246,14 @@ func BenchmarkRegistrarRegister(b *testing.B) {
 	for i := range 100000 {
 		node := NodeUID{byte(i % 1000), byte(i % 1000 >> 8)}
 		g.register(Registration{Name: fmt.Sprintf("svc-%d", i%97), UUID: UUID{byte(i), byte(i >> 8), byte(i >> 16)}, Path: "/user/a",
-			Node: node, Addrs: []Addr{TCPAddr(fmt.Sprintf("10.0.%d.%d:7000", i%1000/250, i%1000%250))}})
+			Node: node, Addrs: []Addr{tcpAddr(fmt.Sprintf("10.0.%d.%d:7000", i%1000/250, i%1000%250))}})
 	}
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := range b.N {
 		node := NodeUID{byte(i % 1000), byte(i % 1000 >> 8)}
 		g.register(Registration{Name: fmt.Sprintf("svc-%d", i%97), UUID: UUID{byte(i), byte(i >> 8), byte(i >> 16)}, Path: "/user/a",
-			Node: node, Addrs: []Addr{TCPAddr(fmt.Sprintf("10.0.%d.%d:7000", i%1000/250, i%1000%250))}})
+			Node: node, Addrs: []Addr{tcpAddr(fmt.Sprintf("10.0.%d.%d:7000", i%1000/250, i%1000%250))}})
 	}
 }
 

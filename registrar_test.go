@@ -17,16 +17,16 @@ func TestRegistrationOnAnAddressEvictsTheOldIdentity(t *testing.T) {
 	t.Parallel()
 	checkLeaks(t)
 	g := newRegTable()
-	addr := TCPAddr("127.0.0.1:7001")
+	addr := tcpAddr("127.0.0.1:7001")
 	old := NodeUID{1}
-	g.register(Registration{Name: "svc", UUID: UUID{1}, Path: "/user/svc", Node: old, Addrs: []Addr{addr, UnixAddr("/run/old.sock")}})
+	g.register(Registration{Name: "svc", UUID: UUID{1}, Path: "/user/svc", Node: old, Addrs: []Addr{addr, unixAddr("/run/old.sock")}})
 	g.register(Registration{Name: "other", UUID: UUID{2}, Path: "/user/other", Node: old, Addrs: []Addr{addr}})
 	g.register(Registration{Name: "svc", UUID: UUID{3}, Path: "/user/svc", Node: NodeUID{2}, Addrs: []Addr{addr}})
 	got := g.find("svc")
 	if len(got) != 2 || got[0].Node != (NodeUID{2}) {
 		t.Fatalf("find(svc) = %+v", got)
 	}
-	if len(got[1].Addrs) != 1 || got[1].Addrs[0] != UnixAddr("/run/old.sock") {
+	if len(got[1].Addrs) != 1 || got[1].Addrs[0] != unixAddr("/run/old.sock") {
 		t.Fatalf("the old incarnation kept %v, want only its other address", got[1].Addrs)
 	}
 	if len(g.find("other")) != 0 {
@@ -84,7 +84,7 @@ func TestFindActorAllHasOneEntryPerRegistrar(t *testing.T) {
 func TestReRegistersAfterReassociation(t *testing.T) {
 	t.Parallel()
 	checkLeaks(t)
-	f := NewFaultNet()
+	f := new(FaultNet)
 	reg := freeRegistryAddr(t, "tcp")
 	cfgR := failConfig("registrar", 20*time.Millisecond, 300*time.Millisecond)
 	cfgR.RegistryAddrs = []string{reg}
@@ -135,10 +135,10 @@ func TestRuntimeDirIsPrivate(t *testing.T) {
 	os.RemoveAll(dir)
 	cfg := Config{Listen: []string{"unix://" + shortSocket(t)}, Discovery: true}
 	addrs, err := cfg.registryAddrs()
-	if err != nil || len(addrs) != 1 || addrs[0] != UnixAddr(filepath.Join(base, "troupe", "registry@1616.sock")) {
+	if err != nil || len(addrs) != 1 || addrs[0] != unixAddr(filepath.Join(base, "troupe", "registry@1616.sock")) {
 		t.Fatalf("default unix registry = %v, %v", addrs, err)
 	}
-	if addrs, _ := (Config{Discovery: true}).registryAddrs(); addrs[0] != TCPAddr("127.0.0.1:1616") {
+	if addrs, _ := (Config{Discovery: true}).registryAddrs(); addrs[0] != tcpAddr("127.0.0.1:1616") {
 		t.Fatalf("default registry = %v", addrs)
 	}
 }
@@ -195,7 +195,7 @@ func TestAnyNodeCanServeARegistry(t *testing.T) {
 	cfg := testConfig("tcp://127.0.0.1:0")
 	cfg.Name, cfg.ServeRegistry = "side-registrar", true
 	side := startNode(t, cfg)
-	if !side.IsRegistrar() {
+	if !side.isRegistrar() {
 		t.Fatal("ServeRegistry did not make the node a registrar")
 	}
 	worker := startNode(t, discoveryConfig("worker", side.Addrs()[0].String()))
@@ -270,7 +270,7 @@ func TestARegistrySnapshotGoesInPieces(t *testing.T) {
 	checkLeaks(t)
 	g := newRegTable()
 	for i := range 2*snapshotPiece + 5 {
-		g.register(Registration{Name: fmt.Sprintf("a%d", i), UUID: UUID{byte(i), byte(i >> 8)}, Node: NodeUID{1}, Addrs: []Addr{TCPAddr("127.0.0.1:1")}})
+		g.register(Registration{Name: fmt.Sprintf("a%d", i), UUID: UUID{byte(i), byte(i >> 8)}, Node: NodeUID{1}, Addrs: []Addr{tcpAddr("127.0.0.1:1")}})
 	}
 	h := &handle{key: refKey{path: "/system/w"}}
 	g.subscribe(h, 7)
@@ -295,7 +295,7 @@ func TestRegisteringWithoutSubscribersCostsNothingMore(t *testing.T) {
 	// Not beside other tests: it measures the process's heap, goroutines or
 	// allocations, which tests running beside it would change.
 	g := newRegTable()
-	r := Registration{Name: "a", UUID: UUID{1}, Node: NodeUID{1}, Addrs: []Addr{TCPAddr("127.0.0.1:1")}}
+	r := Registration{Name: "a", UUID: UUID{1}, Node: NodeUID{1}, Addrs: []Addr{tcpAddr("127.0.0.1:1")}}
 	g.register(r) // (the entry exists: a refresh)
 	allocs := testing.AllocsPerRun(100, func() { g.register(r) })
 	if allocs > 2 { // the entry and its addresses' copy

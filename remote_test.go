@@ -349,7 +349,7 @@ func TestWatchesOfAPeerThatLeftAreDropped(t *testing.T) {
 	slowTest(t)
 	for _, abrupt := range []bool{false, true} {
 		t.Run(fmt.Sprintf("abrupt=%v", abrupt), func(t *testing.T) {
-			f := NewFaultNet()
+			f := new(FaultNet)
 			home := startOn(t, f, failConfig("home", 50*time.Millisecond, 2*time.Second))
 			peer, err := f.Start(ctxT(t, 5*time.Second), failConfig("peer", 50*time.Millisecond, 2*time.Second))
 			if err != nil {
@@ -439,7 +439,7 @@ func TestRefsInAMessageDialNothing(t *testing.T) {
 		}
 		var uid NodeUID
 		uid[0], uid[1] = byte(i), byte(i>>8)
-		a, err := attacker.assocAt(TCPAddr(addr), false, NodeUID{}) // bound lazily: the attacker dials nothing either
+		a, err := attacker.assocAt(tcpAddr(addr), false, NodeUID{}) // bound lazily: the attacker dials nothing either
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -13,7 +13,7 @@ import (
 func TestALookupSkipsAQuarantinedIncarnationWithoutDialing(t *testing.T) {
 	t.Parallel()
 	checkLeaks(t)
-	f := NewFaultNet()
+	f := new(FaultNet)
 	t.Cleanup(f.Heal)
 	registry := freeRegistryAddr(t, "tcp")
 	cfg := func(name string) Config {
@@ -22,7 +22,7 @@ func TestALookupSkipsAQuarantinedIncarnationWithoutDialing(t *testing.T) {
 		c.HandshakeTimeout = 3 * time.Second
 		return c
 	}
-	if reg := startOn(t, f, cfg("reg")); !reg.IsRegistrar() {
+	if reg := startOn(t, f, cfg("reg")); !reg.isRegistrar() {
 		t.Fatal("no registrar")
 	}
 	a, b, c := startOn(t, f, cfg("a")), startOn(t, f, cfg("b")), startOn(t, f, cfg("c"))

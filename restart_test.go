@@ -29,7 +29,7 @@ func TestARestartedProcessAtItsAddressIsAdmittedAtOnce(t *testing.T) {
 		return l.Addr().String()
 	}
 	registry, fixed := free(), "tcp://"+free()
-	f := troupe.NewFaultNet()
+	f := new(troupe.FaultNet)
 	t.Cleanup(f.Heal)
 	start := func(name string, listen ...string) (*troupe.Node, error) {
 		n, err := f.Start(ctxFor(t), troupe.Config{Name: name, Listen: listen, RegistryAddrs: []string{registry},
@@ -43,7 +43,7 @@ func TestARestartedProcessAtItsAddressIsAdmittedAtOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !reg.IsRegistrar() {
+	if !reg.Stats().Registrar {
 		t.Fatal("no registrar")
 	}
 	peer, err := start("peer")

@@ -69,7 +69,7 @@ func registerEcho(t *testing.T, n *Node, name string) Ref[testPing] {
 func TestWatchServiceFollowsARegistrarFailover(t *testing.T) {
 	t.Parallel()
 	checkLeaks(t)
-	f := NewFaultNet()
+	f := new(FaultNet)
 	reg := freeRegistryAddr(t, "tcp")
 	cfg := func(name string) Config {
 		c := failConfig(name, 20*time.Millisecond, time.Second) // (a window a loaded machine does not trip)
@@ -77,7 +77,7 @@ func TestWatchServiceFollowsARegistrarFailover(t *testing.T) {
 		return c
 	}
 	first := startOn(t, f, cfg("first"))
-	if !first.IsRegistrar() {
+	if !first.isRegistrar() {
 		t.Fatal("the first node did not become the registrar")
 	}
 	a, b := startOn(t, f, cfg("a")), startOn(t, f, cfg("b"))
@@ -86,7 +86,7 @@ func TestWatchServiceFollowsARegistrarFailover(t *testing.T) {
 	ch := followService(t, b)
 	awaitListing(t, ch, "before the failover", "/user/ea", "/user/eb")
 	f.Kill(first)
-	waitFor(t, 10*time.Second, "a new registrar", func() bool { return a.IsRegistrar() != b.IsRegistrar() })
+	waitFor(t, 10*time.Second, "a new registrar", func() bool { return a.isRegistrar() != b.isRegistrar() })
 	// (The listing is the same: it is not delivered again.)
 	registerEcho(t, a, "ea2")
 	awaitListing(t, ch, "a registration after the failover", "/user/ea", "/user/ea2", "/user/eb")
@@ -143,7 +143,7 @@ var pingTopic = Topic[testPing]{Name: "pings"}
 func TestTopicRelaysFollowARegistrarFailover(t *testing.T) {
 	t.Parallel()
 	checkLeaks(t)
-	f := NewFaultNet()
+	f := new(FaultNet)
 	reg := freeRegistryAddr(t, "tcp")
 	cfg := func(name string) Config {
 		c := failConfig(name, 20*time.Millisecond, time.Second) // (a window a loaded machine does not trip)
@@ -161,7 +161,7 @@ func TestTopicRelaysFollowARegistrarFailover(t *testing.T) {
 	}
 	f.Kill(first)
 	waitFor(t, 10*time.Second, "a new registrar that lists b's relay", func() bool {
-		if a.IsRegistrar() == b.IsRegistrar() {
+		if a.isRegistrar() == b.isRegistrar() {
 			return false
 		}
 		r, err := a.Registry()

@@ -39,7 +39,7 @@ func serviceNodes(t *testing.T, names ...string) (*troupe.Node, []*troupe.Node) 
 			Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
 	}
 	reg := startQuiet(t, cfg("registrar"))
-	if !reg.IsRegistrar() {
+	if !reg.Stats().Registrar {
 		t.Fatal("the first node is not the registrar")
 	}
 	var out []*troupe.Node
@@ -257,7 +257,7 @@ func TestWatchServiceDropsAnUnreachableNode(t *testing.T) {
 	}
 	addr := l.Addr().String()
 	l.Close()
-	f := troupe.NewFaultNet()
+	f := new(troupe.FaultNet)
 	t.Cleanup(f.Heal)
 	start := func(name string) *troupe.Node {
 		n, err := f.Start(ctxFor(t), troupe.Config{Name: name, RegistryAddrs: []string{addr}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
@@ -270,7 +270,7 @@ func TestWatchServiceDropsAnUnreachableNode(t *testing.T) {
 	}
 	reg := start("registrar")
 	a, b := start("a"), start("b")
-	if !reg.IsRegistrar() {
+	if !reg.Stats().Registrar {
 		t.Fatal("no registrar")
 	}
 	spawnWorker(t, a, "wa")
@@ -299,7 +299,7 @@ func TestWatchServiceFollowsWhatThisNodeReaches(t *testing.T) {
 	}
 	addr := l.Addr().String()
 	l.Close()
-	f := troupe.NewFaultNet()
+	f := new(troupe.FaultNet)
 	t.Cleanup(f.Heal)
 	start := func(name string) *troupe.Node {
 		n, err := f.Start(ctxFor(t), troupe.Config{Name: name, RegistryAddrs: []string{addr}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
@@ -312,7 +312,7 @@ func TestWatchServiceFollowsWhatThisNodeReaches(t *testing.T) {
 	}
 	reg := start("registrar")
 	w, b := start("w"), start("b")
-	if !reg.IsRegistrar() {
+	if !reg.Stats().Registrar {
 		t.Fatal("no registrar")
 	}
 	spawnWorker(t, w, "ww")

@@ -20,7 +20,7 @@ import (
 func TestLargeFramesGetBlocksOfTheirOwn(t *testing.T) {
 	t.Parallel()
 	checkLeaks(t)
-	f := NewFaultNet()
+	f := new(FaultNet)
 	home := startOn(t, f, failConfig("home", 50*time.Millisecond, 10*time.Second))
 	away := startOn(t, f, failConfig("away", 50*time.Millisecond, 10*time.Second))
 	t.Cleanup(f.Heal)
@@ -58,7 +58,7 @@ func TestResetsWhileMidSizeMessagesStream(t *testing.T) {
 	checkLeaks(t)
 	slowTest(t)
 	for _, size := range []int{5 << 10, 16 << 10} {
-		f := NewFaultNet()
+		f := new(FaultNet)
 		home := startOn(t, f, failConfig("home", 50*time.Millisecond, 5*time.Second))
 		away := startOn(t, f, failConfig("away", 50*time.Millisecond, 5*time.Second))
 		_, got := spawnCollector[padded](t, away, "sink", 1<<16)
@@ -148,7 +148,7 @@ func TestAResumeIntoALeavingSessionLosesNothingSilently(t *testing.T) {
 	SubscribeChan(n, dead)
 	var peer NodeUID
 	rand.Read(peer[:])
-	a := newAssoc(n, true, TCPAddr("127.0.0.1:1"))
+	a := newAssoc(n, true, tcpAddr("127.0.0.1:1"))
 	a.peerUID, a.life.state, a.resumable, a.life.encoding = peer, assocSuspended, true, true
 	h := &handle{node: n, key: refKey{node: peer, path: "/user/x", uuid: UUID{1}}, assoc: a}
 	a.mu.Lock()
@@ -163,7 +163,7 @@ func TestAResumeIntoALeavingSessionLosesNothingSilently(t *testing.T) {
 		}
 	}
 	a.mu.Unlock()
-	w := newAssoc(n, true, TCPAddr("127.0.0.1:1"))
+	w := newAssoc(n, true, tcpAddr("127.0.0.1:1"))
 	w.peerUID, w.life.state = peer, assocLeaving
 	a.mergeInto(w)
 	unconfirmed := 0
@@ -266,7 +266,7 @@ func TestARedialThatReachesANewIncarnationLeavesNoGhost(t *testing.T) {
 	t.Parallel()
 	checkLeaks(t)
 	slowTest(t)
-	f := NewFaultNet()
+	f := new(FaultNet)
 	cfg := func(name string, listen ...string) Config {
 		return Config{Name: name, Logger: quietLogger(), Listen: listen, HeartbeatInterval: 50 * time.Millisecond, UnreachableAfter: 5 * time.Second}
 	}
@@ -484,7 +484,7 @@ func TestSendsWaitingForCreditSurviveResets(t *testing.T) {
 	t.Parallel()
 	checkLeaks(t)
 	slowTest(t)
-	f := NewFaultNet()
+	f := new(FaultNet)
 	home := startOn(t, f, failConfig("home", 50*time.Millisecond, 5*time.Second))
 	cfg := failConfig("away", 50*time.Millisecond, 5*time.Second)
 	cfg.MailboxLimit = 8
@@ -575,7 +575,7 @@ func TestRefsInMessagesDoNotTakeTheRoomOfDials(t *testing.T) {
 	healthy := startNode(t, testConfig("tcp://127.0.0.1:0"))
 	spawnEcho(t, healthy, "echo")
 	for i := range 150 { // as a message's refs bind them: past the bound, dead refs
-		n.assocAt(TCPAddr(fmt.Sprintf("127.0.0.1:%d", 20000+i)), false, NodeUID{})
+		n.assocAt(tcpAddr(fmt.Sprintf("127.0.0.1:%d", 20000+i)), false, NodeUID{})
 	}
 	if _, err := Resolve[testPing](ctxT(t, 5*time.Second), n, FormatRef(healthy.Addrs()[0], "/user/echo")); err != nil {
 		t.Fatalf("Resolve after 150 refs bound: %v", err)
@@ -678,7 +678,7 @@ func TestASendWaitingForCreditEndsWithItsPeer(t *testing.T) {
 	t.Parallel()
 	checkLeaks(t)
 	slowTest(t)
-	f := NewFaultNet()
+	f := new(FaultNet)
 	home := startOn(t, f, failConfig("home", 50*time.Millisecond, time.Second))
 	cfg := failConfig("away", 50*time.Millisecond, time.Second)
 	cfg.MailboxLimit = 8
@@ -724,7 +724,7 @@ func TestASendWaitingForRoomEndsWhenItsPeerIsGivenUp(t *testing.T) {
 	t.Parallel()
 	checkLeaks(t)
 	slowTest(t)
-	f := NewFaultNet()
+	f := new(FaultNet)
 	hc := failConfig("home", 50*time.Millisecond, time.Second)
 	hc.SendQueueLimit = 16 << 10
 	home := startOn(t, f, hc)
@@ -770,7 +770,7 @@ func TestAnswersQueuedAsRecordsCountAgainstTheBudget(t *testing.T) {
 	n := startNode(t, failConfig("n", 50*time.Millisecond, 5*time.Second))
 	var peer NodeUID
 	rand.Read(peer[:])
-	a := newAssoc(n, true, TCPAddr("127.0.0.1:1"))
+	a := newAssoc(n, true, tcpAddr("127.0.0.1:1"))
 	a.peerUID, a.life.state, a.resumable = peer, assocSuspended, true
 	a.mu.Lock()
 	a.queue.push(outRec{msg: ctlFrame(appendBye(nil, byeDuplicate, ""))}) // a round left behind

@@ -207,7 +207,7 @@ func TestAppendWireMaySendToTheSamePeer(t *testing.T) {
 // (issue #24, defect 7).
 func TestAQuarantinedPeerIsToldAtOnce(t *testing.T) {
 	t.Parallel()
-	f := troupe.NewFaultNet()
+	f := new(troupe.FaultNet)
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	home, err := f.Start(ctxFor(t), troupe.Config{Name: "home", Logger: quiet, HeartbeatInterval: 50 * time.Millisecond, UnreachableAfter: 500 * time.Millisecond})
 	if err != nil {

@@ -370,7 +370,7 @@ func TestSkippingManyEmptyFieldsIsBounded(t *testing.T) {
 func TestShapesHeldAreCountedNotShapesEverSent(t *testing.T) {
 	t.Parallel()
 	checkLeaks(t)
-	a := newAssoc(nil, true, TCPAddr("127.0.0.1:7001"))
+	a := newAssoc(nil, true, tcpAddr("127.0.0.1:7001"))
 	a.n = &Node{cfg: Config{MaxFrameSize: defaultMaxFrameSize}}
 	old := typeOf(reflect.TypeFor[shOld]())
 	big := shapeOf(reflect.TypeFor[shNest]())

@@ -13,7 +13,7 @@ import (
 func TestAPokeWhileShardingStartsIsSafe(t *testing.T) {
 	t.Parallel()
 	checkLeaks(t)
-	f := NewFaultNet()
+	f := new(FaultNet)
 	n := startOn(t, f, failConfig("alone", 20*time.Millisecond, 2*time.Second))
 	c, err := StartCluster(ctxT(t, 5*time.Second), n, clusterCfg(nil))
 	if err != nil {

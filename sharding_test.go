@@ -215,7 +215,7 @@ func shardedCluster(t *testing.T, f *troupe.FaultNet, l *ledger, ccfg troupe.Clu
 // and take messages sent through any member, in order per sender.
 func TestShardedEntitiesRunOnceEachAndKeepOrder(t *testing.T) {
 	t.Parallel()
-	f := troupe.NewFaultNet()
+	f := new(troupe.FaultNet)
 	l := newLedger()
 	_, _, kinds := shardedCluster(t, f, l, troupe.ClusterConfig{StableAfter: singletonStable}, troupe.ShardingConfig{Shards: 30}, "a", "b", "c")
 	senders := []*sender{{name: "a"}, {name: "b"}, {name: "c"}}
@@ -244,7 +244,7 @@ func TestShardedEntitiesRunOnceEachAndKeepOrder(t *testing.T) {
 // member.
 func TestShardingErrors(t *testing.T) {
 	t.Parallel()
-	f := troupe.NewFaultNet()
+	f := new(troupe.FaultNet)
 	l := newLedger()
 	_, members := registrylessCluster(t, f, troupe.ClusterConfig{}, "a")
 	if _, err := troupe.Sharding(members[0], "bad name", l.factory("a"), troupe.ShardingConfig{}); !errors.Is(err, troupe.ErrBadName) {
@@ -268,7 +268,7 @@ func TestShardingErrors(t *testing.T) {
 // entity runs twice.
 func TestShardsAreHandedOverWhenAMemberLeaves(t *testing.T) {
 	t.Parallel()
-	f := troupe.NewFaultNet()
+	f := new(troupe.FaultNet)
 	l := newLedger()
 	_, members, kinds := shardedCluster(t, f, l, troupe.ClusterConfig{StableAfter: singletonStable}, troupe.ShardingConfig{Shards: 20}, "a", "b", "c")
 	s := &sender{name: "b"}
@@ -343,7 +343,7 @@ func traffic(s *sender, k *troupe.Sharded[acct], prefix string, ids int) (stop f
 // flow: each stops on its member first, nothing is lost, and order holds.
 func TestShardsMoveToAJoiningMember(t *testing.T) {
 	t.Parallel()
-	f := troupe.NewFaultNet()
+	f := new(troupe.FaultNet)
 	l := newLedger()
 	ccfg := troupe.ClusterConfig{StableAfter: singletonStable}
 	scfg := troupe.ShardingConfig{Shards: 20, RebalanceInterval: 100 * time.Millisecond}
@@ -373,9 +373,9 @@ func TestShardsMoveAfterACrashOrASplitNeverTwice(t *testing.T) {
 	for _, fault := range []string{"crash", "split"} {
 		t.Run(fault, func(t *testing.T) {
 			t.Parallel() // (each on its own network)
-			f := troupe.NewFaultNet()
+			f := new(troupe.FaultNet)
 			l := newLedger()
-			nodes, _, kinds := shardedCluster(t, f, l, marginCluster(troupe.KeepMajority{}), troupe.ShardingConfig{Shards: 12}, "a", "b", "c")
+			nodes, _, kinds := shardedCluster(t, f, l, marginCluster(troupe.KeepMajority()), troupe.ShardingConfig{Shards: 12}, "a", "b", "c")
 			s := &sender{name: "b"}
 			for id := range 24 {
 				s.send(kinds[1], fmt.Sprint("item-", id))
@@ -429,7 +429,7 @@ func TestShardsMoveAfterACrashOrASplitNeverTwice(t *testing.T) {
 // message starts either again, and none is lost.
 func TestEntitiesArePassivated(t *testing.T) {
 	t.Parallel()
-	f := troupe.NewFaultNet()
+	f := new(troupe.FaultNet)
 	l := newLedger()
 	_, _, kinds := shardedCluster(t, f, l, troupe.ClusterConfig{StableAfter: singletonStable},
 		troupe.ShardingConfig{Shards: 4, PassivateAfter: 200 * time.Millisecond}, "a", "b")
@@ -476,7 +476,7 @@ func TestEntitiesArePassivated(t *testing.T) {
 // entity through the member it came from, and Ask works through it.
 func TestAnEntityRefTravels(t *testing.T) {
 	t.Parallel()
-	f := troupe.NewFaultNet()
+	f := new(troupe.FaultNet)
 	nodes, members := registrylessCluster(t, f, troupe.ClusterConfig{StableAfter: singletonStable}, "a", "b")
 	echo := func(id string) troupe.Behavior[Query] {
 		return troupe.Behavior[Query]{Receive: func(_ *troupe.Context[Query], m Query) { m.ReplyTo.Tell(Answer{Text: id + ":" + m.Text}) }}
@@ -510,7 +510,7 @@ func TestAnEntityRefTravels(t *testing.T) {
 func TestARollingRestartOfEveryMemberLosesNothing(t *testing.T) {
 	t.Parallel()
 	slowTest(t)
-	f := troupe.NewFaultNet()
+	f := new(troupe.FaultNet)
 	l := newLedger()
 	ccfg := troupe.ClusterConfig{StableAfter: singletonStable}
 	scfg := troupe.ShardingConfig{Shards: 30, RebalanceInterval: 100 * time.Millisecond}
@@ -558,7 +558,7 @@ func TestARollingRestartOfEveryMemberLosesNothing(t *testing.T) {
 func TestAJoinDuringTheCoordinatorsLeaveLosesNothing(t *testing.T) {
 	t.Parallel()
 	slowTest(t)
-	f := troupe.NewFaultNet()
+	f := new(troupe.FaultNet)
 	l := newLedger()
 	ccfg := troupe.ClusterConfig{StableAfter: singletonStable}
 	scfg := troupe.ShardingConfig{Shards: 30, RebalanceInterval: 100 * time.Millisecond}
@@ -591,7 +591,7 @@ func TestAJoinDuringTheCoordinatorsLeaveLosesNothing(t *testing.T) {
 // to go, and it stops them all the same.
 func TestALoneMembersLeaveEnds(t *testing.T) {
 	t.Parallel()
-	f := troupe.NewFaultNet()
+	f := new(troupe.FaultNet)
 	l := newLedger()
 	_, members, kinds := shardedCluster(t, f, l, troupe.ClusterConfig{StableAfter: singletonStable}, troupe.ShardingConfig{Shards: 4}, "a")
 	s := &sender{name: "a"}
@@ -612,7 +612,7 @@ func TestALoneMembersLeaveEnds(t *testing.T) {
 func TestABurstAtTheDefaultConfig(t *testing.T) {
 	t.Parallel()
 	slowTest(t)
-	f := troupe.NewFaultNet()
+	f := new(troupe.FaultNet)
 	l := newLedger()
 	_, _, kinds := shardedCluster(t, f, l, troupe.ClusterConfig{StableAfter: singletonStable}, troupe.ShardingConfig{}, "a", "b", "c")
 	start := time.Now()
@@ -637,7 +637,7 @@ func TestABurstAtTheDefaultConfig(t *testing.T) {
 func TestAnEntityWithABacklogIsStoppedWhenItsClusterStops(t *testing.T) {
 	t.Parallel()
 	slowTest(t)
-	f := troupe.NewFaultNet()
+	f := new(troupe.FaultNet)
 	l := newLedger()
 	slow := func(member string) func(id string) troupe.Behavior[acct] {
 		inner := l.factory(member)
@@ -720,7 +720,7 @@ func TestAnEntityWithABacklogIsStoppedWhenItsClusterStops(t *testing.T) {
 // not wait for room: it stalls neither its region nor other shards.
 func TestASendToAFullEntityDoesNotStallItsRegion(t *testing.T) {
 	t.Parallel()
-	f := troupe.NewFaultNet()
+	f := new(troupe.FaultNet)
 	n, err := f.Start(ctxFor(t), troupe.Config{Name: "a", HeartbeatInterval: 20 * time.Millisecond, UnreachableAfter: 2 * time.Second,
 		MailboxLimit: 4, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
@@ -795,12 +795,12 @@ func TestShardsSurviveASplitUnderEachStrategy(t *testing.T) {
 		strategy troupe.DowningStrategy
 		survivor int // the member that sends: 0 for a's side, 1 for b's
 	}{
-		{"keep-oldest", troupe.KeepOldest{}, 0},
-		{"static-quorum", troupe.StaticQuorum{Size: 2}, 1},
+		{"keep-oldest", troupe.KeepOldest(false), 0},
+		{"static-quorum", troupe.StaticQuorum(2), 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel() // (each on its own network)
-			f := troupe.NewFaultNet()
+			f := new(troupe.FaultNet)
 			l := newLedger()
 			nodes, _, kinds := shardedCluster(t, f, l, marginCluster(tc.strategy), troupe.ShardingConfig{Shards: 12}, "a", "b", "c")
 			s := &sender{name: "s"}
@@ -861,7 +861,7 @@ func TestShardsSurviveASplitUnderEachStrategy(t *testing.T) {
 // is a dead letter with ErrEntityUnavailable.
 func TestAShardsBufferIsBounded(t *testing.T) {
 	t.Parallel()
-	f := troupe.NewFaultNet()
+	f := new(troupe.FaultNet)
 	l := newLedger()
 	nodes, _, kinds := shardedCluster(t, f, l, troupe.ClusterConfig{StableAfter: singletonStable}, troupe.ShardingConfig{Shards: 4, Buffer: 5}, "a", "b")
 	var onA string
@@ -922,7 +922,7 @@ func TestAShardsBufferIsBounded(t *testing.T) {
 // cannot see this case: it sees two starts on one member).
 func TestAnEntityMovedAwayAndBackHasAGreaterFence(t *testing.T) {
 	t.Parallel()
-	f := troupe.NewFaultNet()
+	f := new(troupe.FaultNet)
 	l := newLedger()
 	ccfg := troupe.ClusterConfig{StableAfter: singletonStable}
 	scfg := troupe.ShardingConfig{Shards: 2, RebalanceInterval: 50 * time.Millisecond}

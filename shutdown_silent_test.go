@@ -65,7 +65,7 @@ func TestShutdownSaysGoodbyeToAMemberItNeverHeardFrom(t *testing.T) {
 	t.Parallel()
 	checkLeaks(t)
 	slowTest(t)
-	f := NewFaultNet()
+	f := new(FaultNet)
 	t.Cleanup(f.Heal)
 	a := startOn(t, f, failConfig("a", 50*time.Millisecond, 500*time.Millisecond))
 	b := startOn(t, f, failConfig("b", 50*time.Millisecond, 500*time.Millisecond))

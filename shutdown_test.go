@@ -108,7 +108,7 @@ func TestShutdownDeliversWhatIsQueued(t *testing.T) {
 // actor on a peer whose network is frozen, so that nothing away writes is
 // delivered and its goodbye cannot finish.
 func frozenPeer(t *testing.T) (*Node, Ref[testPing]) {
-	f := NewFaultNet()
+	f := new(FaultNet)
 	home := startOn(t, f, failConfig("home", 50*time.Millisecond, 5*time.Second))
 	away, err := f.Start(ctxT(t, 5*time.Second), failConfig("away", 50*time.Millisecond, 5*time.Second))
 	if err != nil {

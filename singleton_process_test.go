@@ -24,7 +24,7 @@ import (
 // may stay unstable 3 s (three StableAfters, not the 4 s floor) before
 // every member is downed, as in the tests' marginCluster.
 func singletonProcessCluster(seeds ...string) ClusterConfig {
-	return ClusterConfig{Seeds: seeds, Downing: KeepMajority{}, StableAfter: time.Second,
+	return ClusterConfig{Seeds: seeds, Downing: KeepMajority(), StableAfter: time.Second,
 		DownAllWhenUnstable: 3 * time.Second, LeaseMinorityDelay: 100 * time.Millisecond}
 }
 

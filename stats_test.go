@@ -15,7 +15,7 @@ import (
 // makes them associate by resolving an actor of b from a.
 func faultPair(t *testing.T) (*troupe.FaultNet, *troupe.Node, *troupe.Node) {
 	t.Helper()
-	f := troupe.NewFaultNet()
+	f := new(troupe.FaultNet)
 	start := func(name string) *troupe.Node {
 		n, err := f.Start(ctxFor(t), troupe.Config{Name: name, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 			HeartbeatInterval: 50 * time.Millisecond, UnreachableAfter: time.Second})
@@ -118,7 +118,7 @@ func TestStatsMailboxesAndDeadLetters(t *testing.T) {
 // reachable.
 func TestStatsClusterMembers(t *testing.T) {
 	t.Parallel()
-	f := troupe.NewFaultNet()
+	f := new(troupe.FaultNet)
 	var nodes []*troupe.Node
 	var members []*troupe.Cluster
 	for i := range 2 {

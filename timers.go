@@ -64,9 +64,10 @@ func (c *Context[T]) Context() context.Context {
 	return c.c.actorContext()
 }
 
-// Headers returns a copy of the headers of the message being handled, or
-// nil (see [WithHeaders]).
-func (c *Context[T]) Headers() Headers {
+// headers returns a copy of the headers of the message being handled, or
+// nil: what HeadersFrom(c.Context()) returns, without making the actor's
+// context.
+func (c *Context[T]) headers() Headers {
 	if t := c.c.tools; t != nil {
 		return maps.Clone(t.cur)
 	}

@@ -92,7 +92,7 @@ func TestAZeroProofWelcomeDoesNotReplaceASuspendedSession(t *testing.T) {
 			}
 		}
 	}()
-	_, err = Resolve[testPing](ctxT(t, 3*time.Second), b, FormatRef(TCPAddr(l.Addr().String()), "/user/echo"))
+	_, err = Resolve[testPing](ctxT(t, 3*time.Second), b, FormatRef(tcpAddr(l.Addr().String()), "/user/echo"))
 	t.Logf("Resolve through the stranger: %v", err)
 	b.pmu.Lock()
 	now := b.byUID[c.UID()]
@@ -148,7 +148,7 @@ func TestADialerHoldingAGivenUpSessionIsWelcomedAnew(t *testing.T) {
 func TestALiveSessionsTokenOutlivesManyOtherPeers(t *testing.T) {
 	t.Parallel()
 	checkLeaks(t)
-	f := NewFaultNet()
+	f := new(FaultNet)
 	home := startOn(t, f, failConfig("home", 50*time.Millisecond, 5*time.Second))
 	away := startOn(t, f, failConfig("away", 50*time.Millisecond, 5*time.Second))
 	spawnEcho(t, away, "echo")
@@ -191,7 +191,7 @@ func TestALiveSessionsTokenOutlivesManyOtherPeers(t *testing.T) {
 func TestARedialThatWinsAHeldSessionKeepsTheTokensInStep(t *testing.T) {
 	t.Parallel()
 	checkLeaks(t)
-	f := NewFaultNet()
+	f := new(FaultNet)
 	b := startOn(t, f, failConfig("b", 50*time.Millisecond, 5*time.Second))
 	c := startOn(t, f, failConfig("c", 50*time.Millisecond, 5*time.Second))
 	spawnEcho(t, c, "echo")

@@ -204,7 +204,7 @@ func TestAnAcceptorClaimingALivePeersUIDIsRefused(t *testing.T) {
 				kinds = append(kinds, frameKind(body[0]))
 			}
 		})
-		_, err = Resolve[testPing](ctxT(t, 5*time.Second), d, FormatRef(TCPAddr(l.Addr().String()), echo.Path()))
+		_, err = Resolve[testPing](ctxT(t, 5*time.Second), d, FormatRef(tcpAddr(l.Addr().String()), echo.Path()))
 		if !errors.Is(err, ErrAuth) {
 			t.Fatalf("proof %v: Resolve through the impostor = %v, want ErrAuth", withProof, err)
 		}
@@ -282,7 +282,7 @@ func TestANodeWithoutTokensTalksToOneWithThem(t *testing.T) {
 	t.Parallel()
 	checkLeaks(t)
 	for _, oldDials := range []bool{true, false} {
-		f := NewFaultNet()
+		f := new(FaultNet)
 		oldCfg := failConfig("old", 50*time.Millisecond, 5*time.Second)
 		oldCfg.priorRelease = true
 		old := startOn(t, f, oldCfg)
@@ -333,7 +333,7 @@ func TestANodeWithoutTokensTalksToOneWithThem(t *testing.T) {
 		// peer's that neither has dialed (localhost for 127.0.0.1).
 		for _, pair := range [][2]*Node{{second, first}, {first, second}} {
 			_, port, _ := net.SplitHostPort(pair[1].Addrs()[0].Address())
-			at := TCPAddr("localhost:" + port)
+			at := tcpAddr("localhost:" + port)
 			askAt(pair[0], at, "through a second connection from "+pair[0].Name())
 			pair[0].pmu.Lock()
 			via := pair[0].byAddr[at]

@@ -224,7 +224,7 @@ func relayOf[T any](n *Node, name string) (r *topicRelay[T], err error) {
 	r = &topicRelay[T]{}
 	ts.seq++
 	ref, err := Spawn(systemParent{n}, "topic-"+name+"-"+strconv.FormatUint(ts.seq, 36), Behavior[T]{
-		Receive: func(c *Context[T], msg T) { r.relay(n, name, c.Headers(), msg) },
+		Receive: func(c *Context[T], msg T) { r.relay(n, name, c.headers(), msg) },
 	})
 	if err != nil {
 		return nil, err

@@ -25,7 +25,7 @@ func TestAWatchersReasonDoesNotDependOnTheRoleOfTheNodeThatDied(t *testing.T) {
 	}
 	addr := l.Addr().String()
 	l.Close()
-	f := troupe.NewFaultNet()
+	f := new(troupe.FaultNet)
 	t.Cleanup(f.Heal)
 	start := func(name string) *troupe.Node {
 		n, err := f.Start(ctxFor(t), troupe.Config{Name: name, RegistryAddrs: []string{addr}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
@@ -37,7 +37,7 @@ func TestAWatchersReasonDoesNotDependOnTheRoleOfTheNodeThatDied(t *testing.T) {
 		return n
 	}
 	reg := start("registrar")
-	if !reg.IsRegistrar() {
+	if !reg.Stats().Registrar {
 		t.Fatal("the first node did not become the registrar")
 	}
 	plain, w := start("plain"), start("watching")

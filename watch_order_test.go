@@ -186,7 +186,7 @@ func TestTerminatedAfterMessagesFromAnUnreachablePeer(t *testing.T) {
 	t.Parallel()
 	checkLeaks(t)
 	slowTest(t)
-	f := NewFaultNet()
+	f := new(FaultNet)
 	// A window a loaded machine does not run out while 1,000 messages
 	// cross (400 ms did once under -race beside the whole suite).
 	const window = 2 * time.Second

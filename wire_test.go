@@ -88,7 +88,7 @@ func goldenFrames(t *testing.T) map[string][]byte {
 	dead := watch
 	dead.code, dead.text = reasonOther, "boom"
 
-	a := newAssoc(nil, true, TCPAddr("127.0.0.1:7001"))
+	a := newAssoc(nil, true, tcpAddr("127.0.0.1:7001"))
 	a.n = &Node{cfg: Config{MaxFrameSize: defaultMaxFrameSize}}
 	a.peerUID, a.peerHeaders = uid, true
 	tellTo := func(msg any, hd ...string) []byte {

@@ -229,7 +229,7 @@ func TestQuarantineLsAndClear(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	f := troupe.NewFaultNet()
+	f := new(troupe.FaultNet)
 	defer f.Heal()
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	start := func(name string) *troupe.Node {

@@ -64,7 +64,7 @@ func main() {
 }
 
 func run(ctx context.Context, w io.Writer) error {
-	f := troupe.NewFaultNet()
+	f := new(troupe.FaultNet)
 	defer f.Heal() // runs first on the way out: the nodes close without waiting on a cut network
 	st := &store{written: make(chan string, 8)}
 	stalled, release := make(chan struct{}), make(chan struct{})
@@ -97,7 +97,7 @@ func run(ctx context.Context, w io.Writer) error {
 		// No lease here: the minority's delay would only lengthen the
 		// removal margin (5.6 s with these settings; see
 		// examples/sharding).
-		cfg := troupe.ClusterConfig{Downing: troupe.KeepMajority{}, StableAfter: time.Second,
+		cfg := troupe.ClusterConfig{Downing: troupe.KeepMajority(), StableAfter: time.Second,
 			DownAllWhenUnstable: 3 * time.Second, LeaseMinorityDelay: 100 * time.Millisecond}
 		if len(nodes) > 0 {
 			cfg.Seeds = []string{nodes[0].Addrs()[0].String()}

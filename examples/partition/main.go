@@ -100,7 +100,7 @@ func run(ctx context.Context, w io.Writer) error {
 	cfg := func(name string) troupe.Config {
 		return troupe.Config{Name: name, Logger: quiet, HeartbeatInterval: 20 * time.Millisecond, UnreachableAfter: 500 * time.Millisecond}
 	}
-	network := troupe.NewFaultNet()
+	network := new(troupe.FaultNet)
 	here, err := network.Start(ctx, cfg("home"))
 	if err != nil {
 		return err

@@ -62,14 +62,14 @@ func run(ctx context.Context, w io.Writer) error {
 		return err
 	}
 	defer app.Close()
-	fmt.Fprintf(w, "app: registrar? %v\n", app.IsRegistrar())
+	fmt.Fprintf(w, "app: registrar? %v\n", app.Stats().Registrar)
 
 	feeds, err := troupe.Start(ctx, troupe.Config{Name: "feeds", RegistryAddrs: []string{registry}, Logger: quiet})
 	if err != nil {
 		return err
 	}
 	defer feeds.Close()
-	fmt.Fprintf(w, "feeds: registrar? %v\n", feeds.IsRegistrar())
+	fmt.Fprintf(w, "feeds: registrar? %v\n", feeds.Stats().Registrar)
 
 	found := make(chan troupe.Ref[Quote], 1)
 	errs := make(chan error, 1)

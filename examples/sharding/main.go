@@ -89,7 +89,7 @@ func main() {
 const accounts = 30
 
 func run(ctx context.Context, w io.Writer) error {
-	f := troupe.NewFaultNet()
+	f := new(troupe.FaultNet)
 	defer f.Heal()
 	seen := &watch{running: map[string]int{}}
 	var nodes []*troupe.Node
@@ -106,7 +106,7 @@ func run(ctx context.Context, w io.Writer) error {
 		// max(StableAfter, 1 s) + StableAfter/2 (README, "How long the
 		// lease is held"). With no lease, the minority's delay only
 		// lengthens it: 1 + 3 + 0.1 + 1 + 0.5 = 5.6 s, not 8.5 s.
-		cfg := troupe.ClusterConfig{Downing: troupe.KeepMajority{}, StableAfter: time.Second,
+		cfg := troupe.ClusterConfig{Downing: troupe.KeepMajority(), StableAfter: time.Second,
 			DownAllWhenUnstable: 3 * time.Second, LeaseMinorityDelay: 100 * time.Millisecond}
 		if len(nodes) > 0 {
 			cfg.Seeds = []string{nodes[0].Addrs()[0].String()}

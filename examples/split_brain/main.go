@@ -57,7 +57,7 @@ func run(ctx context.Context, w io.Writer) error {
 	nodeCfg := func(name string) troupe.Config {
 		return troupe.Config{Name: name, Logger: quiet, HeartbeatInterval: 20 * time.Millisecond, UnreachableAfter: 2 * time.Second}
 	}
-	network := troupe.NewFaultNet()
+	network := new(troupe.FaultNet)
 	arbiter, err := network.Start(ctx, nodeCfg("arbiter"))
 	if err != nil {
 		return err
@@ -100,11 +100,11 @@ func run(ctx context.Context, w io.Writer) error {
 			}
 		})
 		cfg := troupe.ClusterConfig{
-			Downing: troupe.LeaseMajority{}, Lease: s.lease,
+			Downing: troupe.LeaseMajority(), Lease: s.lease,
 			StableAfter: 300 * time.Millisecond, LeaseMinorityDelay: 100 * time.Millisecond,
 			GossipInterval: 20 * time.Millisecond,
 			Detector: func() troupe.FailureDetector {
-				d := troupe.NewPhiAccrual()
+				d := &troupe.PhiAccrual{}
 				d.FirstHeartbeatEstimate, d.AcceptableHeartbeatPause, d.MinStdDeviation = 20*time.Millisecond, 200*time.Millisecond, 5*time.Millisecond
 				return d
 			},

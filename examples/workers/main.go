@@ -52,7 +52,7 @@ func run(ctx context.Context, w io.Writer) error {
 	}
 	registry := l.Addr().String()
 	l.Close()
-	f := troupe.NewFaultNet()
+	f := new(troupe.FaultNet)
 	defer f.Heal()
 	start := func(name string) (*troupe.Node, error) {
 		return f.Start(ctx, troupe.Config{Name: name, RegistryAddrs: []string{registry},
