@@ -49,7 +49,7 @@ func TestHelperClusterMember(t *testing.T) {
 	n.OnShutdown(troupe.PhaseLeave, func(context.Context) error { fmt.Println("HOOK leave"); return nil })
 	n.OnShutdown(troupe.PhaseFlush, func(context.Context) error { fmt.Println("HOOK flush"); return nil })
 	signalled := make(chan error, 1)
-	go func() { signalled <- n.ShutdownOnSignal(10*time.Second) }()
+	go func() { signalled <- n.ShutdownOnSignal(10 * time.Second) }()
 	fmt.Printf("READY %s %s\n", n.Addrs()[0], n.UID())
 	cmds := make(chan string)
 	go func() {

@@ -45,7 +45,7 @@ func TestShutdownOnSignalEndsAtItsGracePeriod(t *testing.T) {
 	n.OnShutdown(troupe.PhaseFlush, func(context.Context) error { close(flushed); return nil })
 
 	returned := make(chan error, 1)
-	go func() { returned <- n.ShutdownOnSignal(300*time.Millisecond) }()
+	go func() { returned <- n.ShutdownOnSignal(300 * time.Millisecond) }()
 	// ShutdownOnSignal listens from some moment on: signal until the
 	// node begins to close.
 	tick := time.NewTicker(10 * time.Millisecond)

@@ -104,7 +104,7 @@ func service(registry string, slot int) error {
 		return err
 	}
 	fmt.Println("READY")
-	return n.ShutdownOnSignal(10*time.Second)
+	return n.ShutdownOnSignal(10 * time.Second)
 }
 
 // result is what the client saw during the deploy.
