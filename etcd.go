@@ -12,10 +12,10 @@ import (
 	"time"
 )
 
-// EtcdLease is a [Lease] kept in etcd, reached through etcd's JSON gateway
+// etcdLease is a [Lease] kept in etcd, reached through etcd's JSON gateway
 // with net/http (no etcd Go module): the holder is the owner of a key bound
 // to an etcd lease that a keep-alive goroutine renews every TTL/3.
-type EtcdLease struct {
+type etcdLease struct {
 	endpoint string // e.g. "http://127.0.0.1:2379"
 	key      string
 	ttl      time.Duration
@@ -30,17 +30,28 @@ type EtcdLease struct {
 	wg      sync.WaitGroup // the keep-alive goroutine
 }
 
-var _ Lease = (*EtcdLease)(nil)
+var _ Lease = (*etcdLease)(nil)
 
-// NewEtcdLease returns a lease on key in the etcd at endpoint, with the
-// given time to live (at least one second; etcd counts in seconds). Call
-// Close when done: it releases the lease and stops the keep-alive.
-func NewEtcdLease(endpoint, key string, ttl time.Duration) *EtcdLease {
-	return &EtcdLease{endpoint: endpoint, key: key, ttl: max(ttl, time.Second),
+// NewEtcdLease returns a [Lease] on key in the etcd at endpoint, with the
+// given time to live (at least one second; etcd counts in seconds),
+// reached through etcd's JSON gateway with net/http (no etcd Go module):
+// the holder is the owner of a key bound to an etcd lease that a
+// keep-alive goroutine renews every ttl/3. It returns the function that
+// closes it, as context.WithCancel returns its cancel: call it when done;
+// it releases the lease if held and waits for the keep-alive to stop.
+// CheckHeld reports a lease held through this client until a fifth of the
+// ttl before etcd may expire it.
+func NewEtcdLease(endpoint, key string, ttl time.Duration) (Lease, func() error) {
+	l := newEtcdLease(endpoint, key, ttl)
+	return l, l.Close
+}
+
+func newEtcdLease(endpoint, key string, ttl time.Duration) *etcdLease {
+	return &etcdLease{endpoint: endpoint, key: key, ttl: max(ttl, time.Second),
 		client: &http.Client{Timeout: 5 * time.Second}, lost: make(chan struct{})}
 }
 
-func (l *EtcdLease) post(ctx context.Context, path string, in, out any) error {
+func (l *etcdLease) post(ctx context.Context, path string, in, out any) error {
 	body, err := json.Marshal(in)
 	if err != nil {
 		return err
@@ -65,7 +76,7 @@ func b64(s string) string { return base64.StdEncoding.EncodeToString([]byte(s)) 
 
 // Acquire takes the key for owner if nobody holds it (or owner already
 // does), binding it to a fresh etcd lease that is then kept alive.
-func (l *EtcdLease) Acquire(ctx context.Context, owner string) (bool, error) {
+func (l *etcdLease) Acquire(ctx context.Context, owner string) (bool, error) {
 	if l.CheckHeld(owner) {
 		return true, nil
 	}
@@ -103,7 +114,7 @@ func (l *EtcdLease) Acquire(ctx context.Context, owner string) (bool, error) {
 	return true, nil
 }
 
-func (l *EtcdLease) keepAlive(owner, id string, stop chan struct{}) {
+func (l *etcdLease) keepAlive(owner, id string, stop chan struct{}) {
 	keepLeaseAlive(l.ttl, stop, nil, func(ctx context.Context) (bool, error) {
 		var res struct {
 			Result struct{ TTL string }
@@ -132,7 +143,7 @@ func (l *EtcdLease) keepAlive(owner, id string, stop chan struct{}) {
 
 // Release revokes the etcd lease (which deletes the key) and stops the
 // keep-alive.
-func (l *EtcdLease) Release(ctx context.Context, owner string) error {
+func (l *etcdLease) Release(ctx context.Context, owner string) error {
 	l.mu.Lock()
 	if l.owner != owner {
 		l.mu.Unlock()
@@ -147,7 +158,7 @@ func (l *EtcdLease) Release(ctx context.Context, owner string) error {
 }
 
 // Close releases the lease if held and waits for the keep-alive to stop.
-func (l *EtcdLease) Close() error {
+func (l *etcdLease) Close() error {
 	l.mu.Lock()
 	owner := l.owner
 	l.mu.Unlock()
@@ -161,7 +172,7 @@ func (l *EtcdLease) Close() error {
 }
 
 // CheckHeld reports whether owner holds the lease through this client.
-func (l *EtcdLease) CheckHeld(owner string) bool {
+func (l *etcdLease) CheckHeld(owner string) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return owner != "" && l.owner == owner && heldUntil(l.until, l.ttl)
@@ -175,7 +186,7 @@ func heldUntil(until time.Time, ttl time.Duration) bool {
 }
 
 // Lost returns a channel closed when the held lease is lost.
-func (l *EtcdLease) Lost() <-chan struct{} {
+func (l *etcdLease) Lost() <-chan struct{} {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.lost

@@ -25,7 +25,7 @@ import (
 //	etcd://host:port[,host:port...]/prefix     plain HTTP
 //	etcds://host:port[,host:port...]/prefix    HTTPS, with Config.TLS
 //
-// It is reached through etcd's JSON gateway with net/http, as EtcdLease is.
+// It is reached through etcd's JSON gateway with net/http, as NewEtcdLease's lease is.
 // Each registration is one key, prefix/name/uuid (the uuid in hex), whose
 // value is the JSON of etcdEntry, attached to the node's one etcd lease.
 // The lease's time to live is Config.UnreachableAfter (at least etcd's

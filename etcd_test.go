@@ -37,7 +37,7 @@ func TestEtcdLease(t *testing.T) {
 	checkLeaks(t)
 	ep := etcdEndpoint(t)
 	key := freshKey()
-	a, b := NewEtcdLease(ep, key, time.Second), NewEtcdLease(ep, key, time.Second)
+	a, b := newEtcdLease(ep, key, time.Second), newEtcdLease(ep, key, time.Second)
 	defer a.Close()
 	defer b.Close()
 	ctx := ctxT(t, 10*time.Second)
@@ -81,7 +81,7 @@ func TestClusterLeaseMajorityWithEtcd(t *testing.T) {
 		if i == 1 {
 			endpoint = "http://127.0.0.1:1" // member 1 cannot reach etcd
 		}
-		lease := NewEtcdLease(endpoint, key, time.Second)
+		lease := newEtcdLease(endpoint, key, time.Second)
 		t.Cleanup(func() { lease.Close() })
 		return lease
 	})

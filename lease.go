@@ -2,7 +2,6 @@ package troupe
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -10,9 +9,6 @@ import (
 
 // leasePath is where a node that serves leases keeps its lease actor.
 const leasePath = "/system/lease"
-
-// ErrLeaseLost is returned by a lease operation after the lease was lost.
-var ErrLeaseLost = errors.New("troupe: lease lost")
 
 // LeaseWaitError is what a [Lease]'s Acquire returns when nobody holds
 // the lease but it cannot be granted yet: a lease server that has just
@@ -136,8 +132,8 @@ func (n *Node) ServeLeases() error {
 	return err
 }
 
-// NodeLease is a [Lease] served by another troupe node ([Node.ServeLeases]).
-type NodeLease struct {
+// nodeLease is a [Lease] served by another troupe node ([Node.ServeLeases]).
+type nodeLease struct {
 	n         *Node
 	server    Addr
 	badServer error // why server did not parse; every call returns it
@@ -151,19 +147,29 @@ type NodeLease struct {
 	cancel chan struct{} // stops the keep-alive
 }
 
-var _ Lease = (*NodeLease)(nil)
+var _ Lease = (*nodeLease)(nil)
 
-// NewNodeLease returns a client for the lease name served by the node at
-// server, an address in any form [ParseAddr] accepts (one that does not
-// parse makes every call fail with an error wrapping [ErrBadAddr]). A held
-// lease is renewed every ttl/3 by a goroutine owned by n;
-// if a renewal fails before the lease expires, Lost is closed.
-func NewNodeLease(n *Node, server string, name string, ttl time.Duration) *NodeLease {
-	addr, err := ParseAddr(server)
-	return &NodeLease{n: n, server: addr, badServer: err, name: name, ttl: ttl, lost: make(chan struct{})}
+// NewNodeLease returns a client for the [Lease] name served by the node at
+// server ([Node.ServeLeases]), an address in any form [ParseAddr] accepts
+// (one that does not parse makes every call fail with an error wrapping
+// [ErrBadAddr]). A held lease is renewed every ttl/3 by a goroutine owned
+// by n; if a renewal fails before the lease expires, Lost is closed. A
+// server that has just started and grants nothing yet, though nobody
+// holds the lease, makes Acquire return a [*LeaseWaitError]. CheckHeld
+// reports a lease held through this client while the last renewal the
+// server granted still runs, counted from when it was asked for, for
+// more than a fifth of the ttl. It needs no closing: its keep-alive ends
+// with n.
+func NewNodeLease(n *Node, server string, name string, ttl time.Duration) Lease {
+	return newNodeLease(n, server, name, ttl)
 }
 
-func (l *NodeLease) call(ctx context.Context, op uint8, owner string) (leaseReply, error) {
+func newNodeLease(n *Node, server string, name string, ttl time.Duration) *nodeLease {
+	addr, err := ParseAddr(server)
+	return &nodeLease{n: n, server: addr, badServer: err, name: name, ttl: ttl, lost: make(chan struct{})}
+}
+
+func (l *nodeLease) call(ctx context.Context, op uint8, owner string) (leaseReply, error) {
 	if l.badServer != nil {
 		return leaseReply{}, fmt.Errorf("lease server: %w", l.badServer)
 	}
@@ -179,7 +185,7 @@ func (l *NodeLease) call(ctx context.Context, op uint8, owner string) (leaseRepl
 // Acquire tries to take the lease; while held it is kept alive. A server
 // that has just started and grants nothing yet, though nobody holds the
 // lease, makes it return a [*LeaseWaitError].
-func (l *NodeLease) Acquire(ctx context.Context, owner string) (bool, error) {
+func (l *nodeLease) Acquire(ctx context.Context, owner string) (bool, error) {
 	asked := time.Now()
 	rep, err := l.call(ctx, leaseOpAcquire, owner)
 	if err == nil && !rep.Granted && rep.Wait > 0 {
@@ -203,7 +209,7 @@ func (l *NodeLease) Acquire(ctx context.Context, owner string) (bool, error) {
 	return true, nil
 }
 
-func (l *NodeLease) keepAlive(owner string, cancel chan struct{}) {
+func (l *nodeLease) keepAlive(owner string, cancel chan struct{}) {
 	keepLeaseAlive(l.ttl, cancel, l.n.done, func(ctx context.Context) (bool, error) {
 		asked := time.Now()
 		rep, err := l.call(ctx, leaseOpRenew, owner)
@@ -257,7 +263,7 @@ func keepLeaseAlive(ttl time.Duration, stop, quit <-chan struct{}, renew func(co
 }
 
 // Release gives the lease up.
-func (l *NodeLease) Release(ctx context.Context, owner string) error {
+func (l *nodeLease) Release(ctx context.Context, owner string) error {
 	l.mu.Lock()
 	if l.owner == owner {
 		l.owner = ""
@@ -272,14 +278,14 @@ func (l *NodeLease) Release(ctx context.Context, owner string) error {
 // it took it, and the last renewal the server granted still runs, counted
 // from when it was asked for (so never past the server's own expiry),
 // for more than a fifth of the ttl.
-func (l *NodeLease) CheckHeld(owner string) bool {
+func (l *nodeLease) CheckHeld(owner string) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.owner == owner && owner != "" && heldUntil(l.until, l.ttl)
 }
 
 // Lost returns a channel closed when the held lease is lost.
-func (l *NodeLease) Lost() <-chan struct{} {
+func (l *nodeLease) Lost() <-chan struct{} {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.lost

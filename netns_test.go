@@ -151,7 +151,7 @@ func TestHelperNetnsNode(t *testing.T) {
 		case "cluster": // cluster majority|lease SEED|- [ETCD_ENDPOINT LEASE_KEY]
 			ccfg := ClusterConfig{Downing: KeepMajority(), StableAfter: netnsStableAfter, GossipInterval: hb}
 			if f[1] == "lease" {
-				lease := NewEtcdLease(f[3], f[4], 2*time.Second)
+				lease := newEtcdLease(f[3], f[4], 2*time.Second)
 				defer lease.Close() // its keep-alive is the lease's, not the node's
 				ccfg.Downing, ccfg.Lease, ccfg.LeaseMinorityDelay = LeaseMajority(), lease, 500*time.Millisecond
 			}

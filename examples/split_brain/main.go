@@ -72,7 +72,7 @@ func run(ctx context.Context, w io.Writer) error {
 		name    string
 		node    *troupe.Node
 		cluster *troupe.Cluster
-		lease   *troupe.NodeLease
+		lease   troupe.Lease
 		lines   journal
 	}
 	var sides []*side
