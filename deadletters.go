@@ -244,10 +244,10 @@ func (s *deadLetterSamples) add(d DeadLetter) {
 }
 
 // list returns the samples, newest first.
-func (s *deadLetterSamples) list() []DeadLetterSample {
+func (s *deadLetterSamples) list() []deadLetterSample {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	out := []DeadLetterSample{}
+	out := []deadLetterSample{}
 	for i := s.n - 1; i >= 0 && i >= s.n-deadLetterSampleCount; i-- {
 		e := s.ring[i%deadLetterSampleCount]
 		typ := "<nil>"
@@ -258,7 +258,7 @@ func (s *deadLetterSamples) list() []DeadLetterSample {
 		if e.reason != nil {
 			reason = e.reason.Error()
 		}
-		out = append(out, DeadLetterSample{At: e.at, Target: e.target, Type: typ, Reason: reason})
+		out = append(out, deadLetterSample{At: e.at, Target: e.target, Type: typ, Reason: reason})
 	}
 	return out
 }

@@ -112,12 +112,12 @@ const maxPageActors = 500
 
 // pageActor is one row of the page's actor tree.
 type pageActor struct {
-	MailboxStats
+	mailboxStats
 	Name   string // the last element of the path
 	Indent int    // its depth below /user or /system, in em
 }
 
-func pageData(s Stats, actors []MailboxStats) map[string]any {
+func pageData(s Stats, actors []mailboxStats) map[string]any {
 	more := 0
 	if len(actors) > maxPageActors {
 		more, actors = len(actors)-maxPageActors, actors[:maxPageActors]
@@ -125,7 +125,7 @@ func pageData(s Stats, actors []MailboxStats) map[string]any {
 	tree := make([]pageActor, 0, len(actors))
 	for _, a := range actors {
 		depth := strings.Count(a.Path, "/") - 1
-		tree = append(tree, pageActor{MailboxStats: a, Name: a.Path[strings.LastIndexByte(a.Path, '/')+1:], Indent: 1 + 2*max(0, depth-1)})
+		tree = append(tree, pageActor{mailboxStats: a, Name: a.Path[strings.LastIndexByte(a.Path, '/')+1:], Indent: 1 + 2*max(0, depth-1)})
 	}
 	return map[string]any{"S": s, "Reasons": slices.Sorted(maps.Keys(s.DeadLetters)), "Taken": s.Taken.Format(time.RFC3339),
 		"Tree": tree, "MoreActors": more}
@@ -240,7 +240,7 @@ func (n *Node) MetricsHandler() http.Handler {
 // rather than q (the same address and name): one that is up, then the
 // newest, then by uid, so that the choice does not change from scrape to
 // scrape.
-func newerSession(p, q PeerStats) bool {
+func newerSession(p, q peerStats) bool {
 	if (p.State == "up") != (q.State == "up") {
 		return p.State == "up"
 	}
@@ -290,7 +290,7 @@ func writeMetrics(w io.Writer, s Stats) {
 	fmt.Fprintf(w, "troupe_observers %d\n", s.Observers)
 	// One series per peer address and name: of two sessions with one
 	// (a new incarnation while the old one ends), the one up.
-	var peers []PeerStats
+	var peers []peerStats
 	seen := map[string]int{}
 	for _, p := range s.Peers {
 		k := p.Addr.String() + "\x00" + p.Name
@@ -303,7 +303,7 @@ func writeMetrics(w io.Writer, s Stats) {
 		seen[k] = len(peers)
 		peers = append(peers, p)
 	}
-	perPeer := func(name, help, kind string, value func(PeerStats) (float64, bool)) {
+	perPeer := func(name, help, kind string, value func(peerStats) (float64, bool)) {
 		metric(name, help, kind)
 		for _, p := range peers {
 			if v, ok := value(p); ok {
@@ -311,22 +311,22 @@ func writeMetrics(w io.Writer, s Stats) {
 			}
 		}
 	}
-	always := func(f func(PeerStats) float64) func(PeerStats) (float64, bool) {
-		return func(p PeerStats) (float64, bool) { return f(p), true }
+	always := func(f func(peerStats) float64) func(peerStats) (float64, bool) {
+		return func(p peerStats) (float64, bool) { return f(p), true }
 	}
-	perPeer("troupe_peer_received_bytes_total", "Bytes read from a peer's connection.", "counter", always(func(p PeerStats) float64 { return float64(p.BytesIn) }))
-	perPeer("troupe_peer_sent_bytes_total", "Bytes written to a peer's connection.", "counter", always(func(p PeerStats) float64 { return float64(p.BytesOut) }))
-	perPeer("troupe_peer_received_messages_total", "Messages received from a peer (as of the last acknowledgement).", "counter", always(func(p PeerStats) float64 { return float64(p.MessagesIn) }))
-	perPeer("troupe_peer_sent_messages_total", "Messages written to a peer.", "counter", always(func(p PeerStats) float64 { return float64(p.MessagesOut) }))
-	perPeer("troupe_peer_queued_frames", "Frames waiting to be written to a peer.", "gauge", always(func(p PeerStats) float64 { return float64(p.Queued) }))
-	perPeer("troupe_peer_unacked_bytes", "Bytes of messages written to a peer and not yet acknowledged.", "gauge", always(func(p PeerStats) float64 { return float64(p.Unacked) }))
-	perPeer("troupe_peer_held_bytes", "Bytes a peer's association holds against Config.SendQueueLimit.", "gauge", always(func(p PeerStats) float64 { return float64(p.Held) }))
+	perPeer("troupe_peer_received_bytes_total", "Bytes read from a peer's connection.", "counter", always(func(p peerStats) float64 { return float64(p.BytesIn) }))
+	perPeer("troupe_peer_sent_bytes_total", "Bytes written to a peer's connection.", "counter", always(func(p peerStats) float64 { return float64(p.BytesOut) }))
+	perPeer("troupe_peer_received_messages_total", "Messages received from a peer (as of the last acknowledgement).", "counter", always(func(p peerStats) float64 { return float64(p.MessagesIn) }))
+	perPeer("troupe_peer_sent_messages_total", "Messages written to a peer.", "counter", always(func(p peerStats) float64 { return float64(p.MessagesOut) }))
+	perPeer("troupe_peer_queued_frames", "Frames waiting to be written to a peer.", "gauge", always(func(p peerStats) float64 { return float64(p.Queued) }))
+	perPeer("troupe_peer_unacked_bytes", "Bytes of messages written to a peer and not yet acknowledged.", "gauge", always(func(p peerStats) float64 { return float64(p.Unacked) }))
+	perPeer("troupe_peer_held_bytes", "Bytes a peer's association holds against Config.SendQueueLimit.", "gauge", always(func(p peerStats) float64 { return float64(p.Held) }))
 	perPeer("troupe_peer_window_left_seconds", "How long a peer (not a cluster member) may stay silent before it is declared unreachable.", "gauge",
-		func(p PeerStats) (float64, bool) { return p.WindowLeft.Seconds(), !p.Member })
+		func(p peerStats) (float64, bool) { return p.WindowLeft.Seconds(), !p.Member })
 	perPeer("troupe_peer_phi", "A cluster member's phi-accrual suspicion (unreachable at the detector's threshold, 8 by default).", "gauge",
-		func(p PeerStats) (float64, bool) { return p.Phi, p.Member })
+		func(p peerStats) (float64, bool) { return p.Phi, p.Member })
 	perPeer("troupe_peer_round_trip_seconds", "The round trip to a peer, as the handshake measured it (this node dialed).", "gauge",
-		func(p PeerStats) (float64, bool) { return p.RoundTrip.Seconds(), p.RoundTrip > 0 })
+		func(p peerStats) (float64, bool) { return p.RoundTrip.Seconds(), p.RoundTrip > 0 })
 	metric("troupe_quarantined_peers", "Peers this node has quarantined.", "gauge")
 	fmt.Fprintf(w, "troupe_quarantined_peers %d\n", len(s.Quarantined))
 	if s.Registrar {

@@ -14,7 +14,7 @@ func TestThePageNamesAMemberWithoutAnAssociationWithADash(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := Stats{Name: "n", Taken: time.Now(), Members: []MemberStats{{Member: Member{Addr: addr, Status: MemberUp, UpNumber: 2}, Reachable: true}}}
+	s := Stats{Name: "n", Taken: time.Now(), Members: []memberStats{{Member: Member{Addr: addr, Status: MemberUp, UpNumber: 2}, Reachable: true}}}
 	var b strings.Builder
 	if err := debugPage.Execute(&b, pageData(s, nil)); err != nil {
 		t.Fatal(err)

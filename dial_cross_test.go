@@ -115,7 +115,7 @@ func TestTwoDialsAtOnceToOneNodeSettleOnOneConnection(t *testing.T) {
 		if ev := trouble.Load(); ev != nil {
 			t.Fatalf("trial %d: %+v", trial, ev)
 		}
-		if q := p.Quarantined(); len(q) != 0 {
+		if q := p.quarantined(); len(q) != 0 {
 			t.Fatalf("trial %d: quarantined %+v", trial, q)
 		}
 		d.Close()
@@ -218,7 +218,7 @@ func TestTwoNodesDialingEachOtherAtOnceKeepOneConnection(t *testing.T) {
 			t.Fatalf("trial %d: %+v", trial, ev)
 		}
 		for _, n := range nodes {
-			if q := n.Quarantined(); len(q) != 0 {
+			if q := n.quarantined(); len(q) != 0 {
 				t.Fatalf("trial %d: quarantined %+v", trial, q)
 			}
 			n.Close()

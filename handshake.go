@@ -506,7 +506,7 @@ type admission struct {
 	replaced      *assoc
 	resume        bool
 	// quarantined: the entry that refused the peer.
-	quarantined *QuarantineInfo
+	quarantined *quarantineInfo
 	// impostor: the connection offered a wrong proof of the session's
 	// token (see token.go).
 	impostor bool

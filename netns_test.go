@@ -142,9 +142,9 @@ func TestHelperNetnsNode(t *testing.T) {
 			mu.Unlock()
 			say("END")
 		case "quarantined":
-			say("Q %d", len(n.Quarantined()))
+			say("Q %d", len(n.quarantined()))
 		case "clear":
-			for _, q := range n.Quarantined() {
+			for _, q := range n.quarantined() {
 				n.ClearQuarantine(context.Background(), q.UID.String())
 			}
 			say("OK")

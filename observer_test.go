@@ -110,7 +110,7 @@ func TestAKilledObserverLeavesNoTrace(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitUntil(t, 10*time.Second, "the killed observer's session ends", func() bool { return n.Stats().Observers == 0 })
-	if q := n.Quarantined(); len(q) != 0 {
+	if q := n.Stats().Quarantined; len(q) != 0 {
 		t.Fatalf("a killed observer was quarantined: %+v", q)
 	}
 	mu.Lock()
@@ -159,7 +159,7 @@ func TestAnObserverOutlivesAReset(t *testing.T) {
 		// fails; the next one dials again.)
 		waitUntil(t, 10*time.Second, "the session ends on both ends", func() bool { return n.Stats().Observers == 0 && len(o.Stats().Peers) == 0 })
 	}
-	if q, p := o.Quarantined(), n.Quarantined(); len(q)+len(p) != 0 {
+	if q, p := o.Stats().Quarantined, n.Stats().Quarantined; len(q)+len(p) != 0 {
 		t.Fatalf("quarantines after resets: observer %+v, inspected %+v", q, p)
 	}
 	mu.Lock()

@@ -56,23 +56,6 @@ type PeerUnreachable struct {
 	LastHeard time.Time
 }
 
-// QuarantineInfo describes one quarantined peer incarnation.
-type QuarantineInfo struct {
-	UID  NodeUID
-	Name string
-	// Addrs are the peer's proven addresses: those this node dialed and
-	// found this uid at. They name the peer for ClearQuarantine and refuse
-	// nobody: a quarantine binds the incarnation (UID), so a new
-	// incarnation listening on one (a restart) is admitted.
-	Addrs []Addr
-	// Announced are the addresses the peer claimed in its handshake. They
-	// refuse nobody (they may be another node's); ClearQuarantine accepts
-	// them to name the peer.
-	Announced []Addr
-	Since     time.Time
-	Cause     error
-}
-
 // quarantineError is the reason carried by everything a quarantine ends.
 type quarantineError struct {
 	peer  string
@@ -116,7 +99,7 @@ type quarantineTable struct {
 }
 
 type quarantineEntry struct {
-	info    QuarantineInfo
+	info    quarantineInfo
 	expired bool // its addresses are freed; the uid is a tombstone
 	cleared bool
 	logged  bool // a refusal of this incarnation was logged
@@ -135,7 +118,7 @@ func (t *quarantineTable) noteRefused(uid NodeUID) bool {
 
 // find returns the live entry covering uid or one of addrs, expiring
 // entries older than expiry (relative to now) on the way.
-func (t *quarantineTable) find(now time.Time, expiry time.Duration, uid NodeUID, addrs ...Addr) *QuarantineInfo {
+func (t *quarantineTable) find(now time.Time, expiry time.Duration, uid NodeUID, addrs ...Addr) *quarantineInfo {
 	t.expire(now, expiry)
 	if e := t.byUID[uid]; e != nil {
 		return &e.info
@@ -149,7 +132,7 @@ func (t *quarantineTable) find(now time.Time, expiry time.Duration, uid NodeUID,
 }
 
 // add records a quarantine, unless its uid is quarantined already.
-func (t *quarantineTable) add(q QuarantineInfo) {
+func (t *quarantineTable) add(q quarantineInfo) {
 	if t.byUID == nil {
 		t.byUID, t.byAddr = make(map[NodeUID]*quarantineEntry), make(map[Addr]*quarantineEntry)
 	}
@@ -244,7 +227,7 @@ func (t *quarantineTable) remove(e *quarantineEntry) {
 }
 
 // clear lifts every entry match selects; it reports whether any did.
-func (t *quarantineTable) clear(match func(*QuarantineInfo) bool) bool {
+func (t *quarantineTable) clear(match func(*quarantineInfo) bool) bool {
 	any := false
 	for _, e := range t.byUID {
 		if match(&e.info) {
@@ -257,8 +240,8 @@ func (t *quarantineTable) clear(match func(*QuarantineInfo) bool) bool {
 }
 
 // list copies the entries whose addresses are still refused, oldest first.
-func (t *quarantineTable) list() []QuarantineInfo {
-	var out []QuarantineInfo
+func (t *quarantineTable) list() []quarantineInfo {
+	var out []quarantineInfo
 	for _, e := range t.order[t.head:] {
 		if e == nil || e.cleared || e.expired {
 			continue
@@ -281,7 +264,7 @@ func (n *Node) isQuarantined(uid NodeUID) bool {
 
 // quarantineFor returns the quarantine entry covering uid or any of addrs.
 // The caller holds n.pmu.
-func (n *Node) quarantineFor(uid NodeUID, addrs ...Addr) *QuarantineInfo {
+func (n *Node) quarantineFor(uid NodeUID, addrs ...Addr) *quarantineInfo {
 	return n.quarantine.find(time.Now(), n.cfg.QuarantineExpiry, uid, addrs...)
 }
 
@@ -297,7 +280,7 @@ func (a *assoc) exemptFromQuarantine() bool {
 
 // logRefusedQuarantined says, once per incarnation, that a connection
 // of a quarantined peer was refused, and what would lift the quarantine.
-func (n *Node) logRefusedQuarantined(a *assoc, h *hello, q *QuarantineInfo) {
+func (n *Node) logRefusedQuarantined(a *assoc, h *hello, q *quarantineInfo) {
 	lift := "troupe quarantine clear " + h.uid.String()
 	if len(q.Addrs) > 0 {
 		lift = "troupe quarantine clear " + q.Addrs[0].String()
@@ -317,12 +300,13 @@ func (n *Node) addQuarantine(a *assoc, cause error) {
 	// node's, which must not be refused for this peer's faults.
 	n.pmu.Lock()
 	defer n.pmu.Unlock()
-	n.quarantine.add(QuarantineInfo{UID: a.peerUID, Name: a.peerName, Addrs: slices.Clone(a.proven), Announced: slices.Clone(a.peerAddrs), Since: time.Now(), Cause: cause})
+	n.quarantine.add(quarantineInfo{UID: a.peerUID, Name: a.peerName, Addrs: slices.Clone(a.proven), Announced: slices.Clone(a.peerAddrs), Since: time.Now(), Cause: cause})
 }
 
-// Quarantined lists the peers this node has quarantined and not yet
-// cleared, whose quarantine has not expired ([Config.QuarantineExpiry]).
-func (n *Node) Quarantined() []QuarantineInfo {
+// quarantined lists the peers this node has quarantined and not yet
+// cleared, whose quarantine has not expired ([Config.QuarantineExpiry]):
+// Stats.Quarantined.
+func (n *Node) quarantined() []quarantineInfo {
 	n.pmu.Lock()
 	defer n.pmu.Unlock()
 	n.quarantine.expire(time.Now(), n.cfg.QuarantineExpiry)
@@ -401,14 +385,14 @@ func (n *Node) ClearQuarantine(ctx context.Context, peer string, opts ...ClearOp
 // (and of every other address it announced) or by its uid in hex (as
 // Stats and troupe peers print it).
 func (n *Node) clearQuarantineOf(peer string) bool {
-	var match func(q *QuarantineInfo) bool
+	var match func(q *quarantineInfo) bool
 	if addr, err := ParseAddr(peer); err == nil {
-		match = func(q *QuarantineInfo) bool {
+		match = func(q *quarantineInfo) bool {
 			return slices.Contains(q.Addrs, addr) || slices.Contains(q.Announced, addr)
 		}
 	} else if b, err := hex.DecodeString(peer); err == nil && len(b) == len(NodeUID{}) {
 		uid := NodeUID(b)
-		match = func(q *QuarantineInfo) bool { return q.UID == uid }
+		match = func(q *quarantineInfo) bool { return q.UID == uid }
 	} else {
 		return false
 	}

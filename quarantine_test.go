@@ -15,7 +15,7 @@ func TestQuarantineTable(t *testing.T) {
 	a1, a2 := tcpAddr("10.0.0.1:7000"), tcpAddr("10.0.0.2:7000")
 
 	var q quarantineTable
-	q.add(QuarantineInfo{UID: uid(1), Addrs: []Addr{a1}, Announced: []Addr{a2}, Since: t0})
+	q.add(quarantineInfo{UID: uid(1), Addrs: []Addr{a1}, Announced: []Addr{a2}, Since: t0})
 	steps := []struct {
 		at     time.Duration
 		uid    NodeUID
@@ -37,7 +37,7 @@ func TestQuarantineTable(t *testing.T) {
 			t.Fatalf("step %d at +%v: refused %v, listed %d; want %v, %d", i, s.at, got, len(q.list()), s.want, s.listed)
 		}
 	}
-	if !q.clear(func(i *QuarantineInfo) bool { return i.UID == uid(1) }) || q.find(t0.Add(1000*hour), hour, uid(1)) != nil {
+	if !q.clear(func(i *quarantineInfo) bool { return i.UID == uid(1) }) || q.find(t0.Add(1000*hour), hour, uid(1)) != nil {
 		t.Fatal("clearing the tombstone did not lift it")
 	}
 
@@ -45,7 +45,7 @@ func TestQuarantineTable(t *testing.T) {
 	// maxQuarantined, and finding one costs no scan.
 	var big quarantineTable
 	for i := range maxQuarantined + 1000 {
-		big.add(QuarantineInfo{UID: uid(i + 10), Since: t0.Add(time.Duration(i) * time.Millisecond)})
+		big.add(quarantineInfo{UID: uid(i + 10), Since: t0.Add(time.Duration(i) * time.Millisecond)})
 	}
 	if len(big.byUID) != maxQuarantined {
 		t.Fatalf("%d entries kept, want %d", len(big.byUID), maxQuarantined)
@@ -72,21 +72,21 @@ func TestQuarantineOrderStaysBoundedOverAddClearCycles(t *testing.T) {
 	for _, tc := range []struct {
 		what string
 		head func(q *quarantineTable) // what stays at the head of the list
-		next func(i int) QuarantineInfo
+		next func(i int) quarantineInfo
 	}{
 		{"a live entry at the head, one peer again", func(q *quarantineTable) {
-			q.add(QuarantineInfo{UID: uid(1), Addrs: []Addr{tcpAddr("10.0.0.1:1")}, Since: t0})
-		}, func(int) QuarantineInfo {
-			return QuarantineInfo{UID: uid(2), Addrs: []Addr{tcpAddr("10.0.0.2:1")}, Since: t0}
+			q.add(quarantineInfo{UID: uid(1), Addrs: []Addr{tcpAddr("10.0.0.1:1")}, Since: t0})
+		}, func(int) quarantineInfo {
+			return quarantineInfo{UID: uid(2), Addrs: []Addr{tcpAddr("10.0.0.2:1")}, Since: t0}
 		}},
 		{"a tombstone at the head, new peers", func(q *quarantineTable) {
-			q.add(QuarantineInfo{UID: uid(1), Addrs: []Addr{tcpAddr("10.0.0.1:1")}, Since: t0})
+			q.add(quarantineInfo{UID: uid(1), Addrs: []Addr{tcpAddr("10.0.0.1:1")}, Since: t0})
 			q.find(t0.Add(2*hour), hour, uid(1)) // expires it: a tombstone
-		}, func(i int) QuarantineInfo {
-			return QuarantineInfo{UID: uid(i + 10), Addrs: []Addr{tcpAddr(fmt.Sprintf("10.1.%d.%d:1", i>>8&255, i&255))}, Since: t0.Add(2 * hour)}
+		}, func(i int) quarantineInfo {
+			return quarantineInfo{UID: uid(i + 10), Addrs: []Addr{tcpAddr(fmt.Sprintf("10.1.%d.%d:1", i>>8&255, i&255))}, Since: t0.Add(2 * hour)}
 		}},
-		{"nothing at the head", func(*quarantineTable) {}, func(i int) QuarantineInfo {
-			return QuarantineInfo{UID: uid(i + 10), Since: t0}
+		{"nothing at the head", func(*quarantineTable) {}, func(i int) quarantineInfo {
+			return quarantineInfo{UID: uid(i + 10), Since: t0}
 		}},
 	} {
 		var q quarantineTable
@@ -95,7 +95,7 @@ func TestQuarantineOrderStaysBoundedOverAddClearCycles(t *testing.T) {
 		for i := range cycles {
 			e := tc.next(i)
 			q.add(e)
-			if !q.clear(func(x *QuarantineInfo) bool { return x.UID == e.UID }) {
+			if !q.clear(func(x *quarantineInfo) bool { return x.UID == e.UID }) {
 				t.Fatalf("%s: cycle %d cleared nothing", tc.what, i)
 			}
 			if len(q.order) > bound {

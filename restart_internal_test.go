@@ -84,9 +84,9 @@ func TestServiceRefsReadsTheQuarantineUnderItsLock(t *testing.T) {
 			default:
 			}
 			n.pmu.Lock()
-			n.quarantine.add(QuarantineInfo{UID: NodeUID{byte(i), 1}, Since: time.Now()})
-			n.quarantine.add(QuarantineInfo{UID: gone, Since: time.Now()})
-			n.quarantine.clear(func(*QuarantineInfo) bool { return true })
+			n.quarantine.add(quarantineInfo{UID: NodeUID{byte(i), 1}, Since: time.Now()})
+			n.quarantine.add(quarantineInfo{UID: gone, Since: time.Now()})
+			n.quarantine.clear(func(*quarantineInfo) bool { return true })
 			n.pmu.Unlock()
 		}
 	}()

@@ -111,7 +111,7 @@ func TestARestartedProcessAtItsAddressIsAdmittedAtOnce(t *testing.T) {
 	if _, err := askN(old, 4); err == nil {
 		t.Fatal("an Ask through the old incarnation's ref succeeded")
 	}
-	for _, q := range peer.Quarantined() {
+	for _, q := range peer.Stats().Quarantined {
 		if q.UID == again.UID() {
 			t.Fatalf("the new incarnation is quarantined: %+v", q)
 		}

@@ -322,7 +322,7 @@ func TestWatchServiceFollowsWhatThisNodeReaches(t *testing.T) {
 	f.Partition(w, b)
 	nextListing(t, ch, "b cut off from w", "/user/ww")
 	waitUntil(t, 10*time.Second, "b to give up on w too", func() bool {
-		for _, q := range b.Quarantined() {
+		for _, q := range b.Stats().Quarantined {
 			if q.UID == w.UID() {
 				return true
 			}

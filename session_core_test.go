@@ -321,7 +321,7 @@ func TestARedialThatReachesANewIncarnationLeavesNoGhost(t *testing.T) {
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
-	for _, q := range home.Quarantined() {
+	for _, q := range home.quarantined() {
 		if q.UID == second.UID() {
 			t.Fatalf("the second incarnation is quarantined: %+v", q)
 		}

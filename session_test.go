@@ -118,7 +118,7 @@ func TestABurstOfLargeMessagesNeverEndsAReadingPeer(t *testing.T) {
 			if ev := trouble.Load(); ev != nil {
 				t.Fatalf("%#v", ev)
 			}
-			if q := home.Quarantined(); len(q) != 0 {
+			if q := home.Stats().Quarantined; len(q) != 0 {
 				t.Fatalf("quarantined: %+v", q)
 			}
 		})
@@ -240,7 +240,7 @@ func TestAQuarantinedPeerIsToldAtOnce(t *testing.T) {
 	if ev.UID != home.UID() || !errors.Is(ev.Reason, troupe.ErrQuarantinedByPeer) || !ev.Quarantined {
 		t.Fatalf("away: %+v", ev)
 	}
-	if q := away.Quarantined(); len(q) != 1 || q[0].UID != home.UID() {
+	if q := away.Stats().Quarantined; len(q) != 1 || q[0].UID != home.UID() {
 		t.Fatalf("away quarantines %+v, want home, as it would have at its window", q)
 	}
 	t.Logf("away learned %v after home gave up", time.Since(gaveUp))

@@ -27,17 +27,79 @@ type Stats struct {
 	Taken      time.Time // when the snapshot was made
 
 	// Peers are the associations with other nodes, by address.
-	Peers []PeerStats
+	Peers []struct {
+		Addr Addr
+		UID  NodeUID
+		Name string
+		// AppVersion is the peer's Config.AppVersion, as its handshake said.
+		AppVersion string
+		State      string // "connecting", "up", "suspended" (a flap: see PeerLinkLost), "ending", "leaving", "retiring" or "closed"
+		Outbound   bool   // this node dialed
+		Since      time.Time
+		// LastHeard is when anything last arrived from the peer.
+		LastHeard time.Time
+		// WindowLeft is how long the peer may stay silent before it is
+		// declared unreachable ([Config.UnreachableAfter] minus its
+		// silence); zero for a cluster member, whose detector is the
+		// cluster's.
+		WindowLeft time.Duration
+		Member     bool // a cluster member (never quarantined)
+		// Phi is, for a cluster member this member watches, its
+		// phi-accrual detector's suspicion now (unreachable at the
+		// detector's threshold, 8 by default); 0 otherwise.
+		Phi         float64
+		BytesIn     uint64 // bytes read from the connection
+		BytesOut    uint64 // bytes written to it
+		MessagesIn  uint64 // messages received (as of the last acknowledgement)
+		MessagesOut uint64 // messages written
+		// RoundTrip estimates the round trip to the peer: how long the
+		// handshake's reply took, on an association this node dialed (0
+		// on one the peer dialed).
+		RoundTrip time.Duration
+		Queued    int // frames waiting to be written
+		Unacked   int // bytes of messages written and not yet acknowledged
+		// Held is what the association holds against
+		// Config.SendQueueLimit, in bytes: frames waiting to be written
+		// (those not yet encoded, before the connection is up, count 64
+		// bytes each) and Unacked.
+		Held int
+	}
 	// Observers is how many Observers (Config.Observer: the troupe
 	// command, for one) are connected; they are not listed in Peers.
 	Observers int
-	// Quarantined are the peers this node has given up on, with why.
-	Quarantined []QuarantineInfo
+	// Quarantined are the peer incarnations this node has quarantined and
+	// not yet cleared, whose quarantine has not expired
+	// ([Config.QuarantineExpiry]), with why.
+	Quarantined []struct {
+		UID  NodeUID
+		Name string
+		// Addrs are the peer's proven addresses: those this node dialed
+		// and found this uid at. They name the peer for
+		// [Node.ClearQuarantine] and refuse nobody: a quarantine binds the
+		// incarnation (UID), so a new incarnation listening on one (a
+		// restart) is admitted.
+		Addrs []Addr
+		// Announced are the addresses the peer claimed in its handshake.
+		// They refuse nobody (they may be another node's);
+		// ClearQuarantine accepts them to name the peer.
+		Announced []Addr
+		Since     time.Time
+		Cause     error
+	}
 	// Actors is how many actors live on the node (system actors included).
 	Actors int
 	// Mailboxes are the deepest mailboxes, deepest first (at most 10, and
 	// only those with messages waiting).
-	Mailboxes []MailboxStats
+	Mailboxes []struct {
+		Path string `json:"path"`
+		// Restarts counts the times its supervisor restarted it.
+		Restarts int `json:"restarts"`
+		// Waiting counts the messages queued behind the batch the actor
+		// is working through (it takes all that are waiting at once): a
+		// mailbox that keeps growing here is one whose actor cannot keep
+		// up.
+		Waiting int `json:"waiting"`
+	}
 	// DeadLetters counts the node's dead letters since it started, by
 	// reason: "actor-stopped", "no-such-actor", "wrong-type",
 	// "mailbox-full", "send-queue-full", "quarantined", "peer-left",
@@ -50,130 +112,121 @@ type Stats struct {
 	RegistryPending int
 	// Members is the cluster membership as this node sees it, when it is
 	// a cluster member.
-	Members []MemberStats
+	Members []struct {
+		Member
+		// Reachable reports whether this member's failure detector hears
+		// the member (false for a removed member, which nobody watches).
+		Reachable bool
+		// Name is the member's node name, from this node's association
+		// with it (empty without one).
+		Name string
+		// Self marks this node's own member; Leader the member this node
+		// sees as the leader.
+		Self, Leader bool
+	}
 	// ClusterBlocked, when not empty, says why this member's cluster
 	// cannot converge — an unreachable member and no downing strategy to
 	// act on it — and the command that would unblock it.
 	ClusterBlocked string
-	// Registrations is how many registrations this node holds when it is
-	// a registrar (Registrar true).
+	// Registrar says whether this node serves a registry, and
+	// Registrations how many registrations it then holds.
 	Registrar     bool
 	Registrations int
 	// Totals counts what happened since the node started.
-	Totals Totals
+	Totals struct {
+		ActorFailures  uint64 // actors that failed (a panic, or a reported failure)
+		ActorRestarts  uint64 // of those, the ones their supervision restarted
+		PeersConnected uint64 // sessions with a peer that came up (a resumed one is not counted again)
+		PeersGivenUp   uint64 // peers declared unreachable: silent, broken or misbehaving (quarantined, unless cluster members or registrars)
+		PeersLeft      uint64 // peers that said goodbye
+		LinksLost      uint64 // links that broke under a session that may resume (PeerLinkLost)
+		LinksResumed   uint64 // sessions resumed over a new connection (PeerResumed)
+		ProtocolErrors uint64 // connections closed for a protocol error (ProtocolError), refused authentications not included
+		AuthRefused    uint64 // connections refused because the peer failed authentication or claimed another's session (a ProtocolError wrapping ErrAuth)
+	}
 	// RecentDeadLetters are the node's last dead letters, newest first
 	// (at most 16), with what they were for and why.
-	RecentDeadLetters []DeadLetterSample
-	// Runtime describes the process.
-	Runtime RuntimeStats
+	RecentDeadLetters []struct {
+		At     time.Time
+		Target string
+		Type   string // the message's Go type
+		Reason string
+	}
+	// Runtime describes the process the node runs in.
+	Runtime struct {
+		Version    string        // troupe's Version
+		GoVersion  string        // runtime.Version()
+		Uptime     time.Duration // since the node started
+		Goroutines int
+		HeapBytes  uint64 // bytes in live and not yet swept heap objects
+		GCCycles   uint64 // completed since the process started
+		// GCPauseP99 is the 99th percentile of the process's
+		// stop-the-world pauses since it started (an upper bound: the
+		// histogram bucket's).
+		GCPauseP99 time.Duration
+	}
 }
 
-// Totals are a node's counts of what happened since it started.
-type Totals struct {
-	ActorFailures  uint64 // actors that failed (a panic, or a reported failure)
-	ActorRestarts  uint64 // of those, the ones their supervision restarted
-	PeersConnected uint64 // sessions with a peer that came up (a resumed one is not counted again)
-	PeersGivenUp   uint64 // peers declared unreachable: silent, broken or misbehaving (quarantined, unless cluster members or registrars)
-	PeersLeft      uint64 // peers that said goodbye
-	LinksLost      uint64 // links that broke under a session that may resume (PeerLinkLost)
-	LinksResumed   uint64 // sessions resumed over a new connection (PeerResumed)
-	ProtocolErrors uint64 // connections closed for a protocol error (ProtocolError), refused authentications not included
-	AuthRefused    uint64 // connections refused because the peer failed authentication or claimed another's session (a ProtocolError wrapping ErrAuth)
-}
+// The element types of Stats' fields, for troupe's own code: each is
+// identical to the struct written out in Stats (the compiler checks it
+// wherever one is stored there), where the fields are documented.
+type (
+	peerStats = struct {
+		Addr                                       Addr
+		UID                                        NodeUID
+		Name, AppVersion, State                    string
+		Outbound                                   bool
+		Since, LastHeard                           time.Time
+		WindowLeft                                 time.Duration
+		Member                                     bool
+		Phi                                        float64
+		BytesIn, BytesOut, MessagesIn, MessagesOut uint64
+		RoundTrip                                  time.Duration
+		Queued, Unacked, Held                      int
+	}
+	quarantineInfo = struct {
+		UID              NodeUID
+		Name             string
+		Addrs, Announced []Addr
+		Since            time.Time
+		Cause            error
+	}
+	mailboxStats = struct {
+		Path     string `json:"path"`
+		Restarts int    `json:"restarts"`
+		Waiting  int    `json:"waiting"`
+	}
+	memberStats = struct {
+		Member
+		Reachable    bool
+		Name         string
+		Self, Leader bool
+	}
+	totals = struct {
+		ActorFailures, ActorRestarts, PeersConnected, PeersGivenUp, PeersLeft, LinksLost, LinksResumed, ProtocolErrors, AuthRefused uint64
+	}
+	deadLetterSample = struct {
+		At                   time.Time
+		Target, Type, Reason string
+	}
+	runtimeStats = struct {
+		Version, GoVersion  string
+		Uptime              time.Duration
+		Goroutines          int
+		HeapBytes, GCCycles uint64
+		GCPauseP99          time.Duration
+	}
+)
 
 // nodeTotals are the counters behind Totals.
 type nodeTotals struct {
 	actorFailures, actorRestarts, peersConnected, peersGivenUp, peersLeft, linksLost, linksResumed, protocolErrors, authRefused atomic.Uint64
 }
 
-func (t *nodeTotals) snapshot() Totals {
-	return Totals{ActorFailures: t.actorFailures.Load(), ActorRestarts: t.actorRestarts.Load(), PeersConnected: t.peersConnected.Load(),
+func (t *nodeTotals) snapshot() totals {
+	return totals{ActorFailures: t.actorFailures.Load(), ActorRestarts: t.actorRestarts.Load(), PeersConnected: t.peersConnected.Load(),
 		PeersGivenUp: t.peersGivenUp.Load(), PeersLeft: t.peersLeft.Load(), LinksLost: t.linksLost.Load(),
 		LinksResumed: t.linksResumed.Load(), ProtocolErrors: t.protocolErrors.Load(), AuthRefused: t.authRefused.Load()}
-}
-
-// PeerStats is one association with another node.
-type PeerStats struct {
-	Addr Addr
-	UID  NodeUID
-	Name string
-	// AppVersion is the peer's Config.AppVersion, as its handshake said.
-	AppVersion string
-	State      string // "connecting", "up", "suspended" (a flap: see PeerLinkLost), "ending", "leaving", "retiring" or "closed"
-	Outbound   bool   // this node dialed
-	Since      time.Time
-	// LastHeard is when anything last arrived from the peer.
-	LastHeard time.Time
-	// WindowLeft is how long the peer may stay silent before it is
-	// declared unreachable ([Config.UnreachableAfter] minus its silence);
-	// zero for a cluster member, whose detector is the cluster's.
-	WindowLeft time.Duration
-	Member     bool // a cluster member (never quarantined)
-	// Phi is, for a cluster member this member watches, its phi-accrual
-	// detector's suspicion now (unreachable at the detector's threshold,
-	// 8 by default); 0 otherwise.
-	Phi         float64
-	BytesIn     uint64 // bytes read from the connection
-	BytesOut    uint64 // bytes written to it
-	MessagesIn  uint64 // messages received (as of the last acknowledgement)
-	MessagesOut uint64 // messages written
-	// RoundTrip estimates the round trip to the peer: how long the
-	// handshake's reply took, on an association this node dialed (0 on
-	// one the peer dialed).
-	RoundTrip time.Duration
-	Queued    int // frames waiting to be written
-	Unacked   int // bytes of messages written and not yet acknowledged
-	// Held is what the association holds against Config.SendQueueLimit,
-	// in bytes: frames waiting to be written (those not yet encoded, before
-	// the connection is up, count 64 bytes each) and Unacked.
-	Held int
-}
-
-// MailboxStats is one actor's mailbox depth.
-type MailboxStats struct {
-	Path string `json:"path"`
-	// Restarts counts the times its supervisor restarted it.
-	Restarts int `json:"restarts"`
-	// Waiting counts the messages queued behind the batch the actor is
-	// working through (it takes all that are waiting at once): a mailbox
-	// that keeps growing here is one whose actor cannot keep up.
-	Waiting int `json:"waiting"`
-}
-
-// MemberStats is one cluster member as this member sees it.
-type MemberStats struct {
-	Member
-	// Reachable reports whether this member's failure detector hears the
-	// member (false for a removed member, which nobody watches).
-	Reachable bool
-	// Name is the member's node name, from this node's association with
-	// it (empty without one).
-	Name string
-	// Self marks this node's own member; Leader the member this node
-	// sees as the leader.
-	Self, Leader bool
-}
-
-// DeadLetterSample is one of a node's recent dead letters, as the debug
-// page lists them.
-type DeadLetterSample struct {
-	At     time.Time
-	Target string
-	Type   string // the message's Go type
-	Reason string
-}
-
-// RuntimeStats are the numbers of the process a node runs in.
-type RuntimeStats struct {
-	Version    string        // troupe's Version
-	GoVersion  string        // runtime.Version()
-	Uptime     time.Duration // since the node started
-	Goroutines int
-	HeapBytes  uint64 // bytes in live and not yet swept heap objects
-	GCCycles   uint64 // completed since the process started
-	// GCPauseP99 is the 99th percentile of the process's stop-the-world
-	// pauses since it started (an upper bound: the histogram bucket's).
-	GCPauseP99 time.Duration
 }
 
 // Stats returns a snapshot of the node: its associations, quarantines,
@@ -199,7 +252,7 @@ func (n *Node) Stats() Stats {
 			s.Observers++
 			continue
 		}
-		p := PeerStats{Addr: a.addr(), UID: a.peerUID, Name: a.peerName, AppVersion: a.peerAppVersion, State: a.life.state.String(), Outbound: a.outbound,
+		p := peerStats{Addr: a.addr(), UID: a.peerUID, Name: a.peerName, AppVersion: a.peerAppVersion, State: a.life.state.String(), Outbound: a.outbound,
 			Since: a.life.upAt, Queued: a.queue.len() + a.out.frames, Unacked: a.unacked.bytes, Held: a.held(), BytesOut: a.bytesOutBase + a.written.Load(), Member: n.isMember(a.peerUID),
 			MessagesIn: a.ackTo.Load(), MessagesOut: a.tellsOutBase + a.tellsOut.Load(), RoundTrip: a.rtt, BytesIn: a.bytesInBase}
 		in := a.in
@@ -219,8 +272,8 @@ func (n *Node) Stats() Stats {
 		}
 		s.Peers = append(s.Peers, p)
 	}
-	slices.SortFunc(s.Peers, func(a, b PeerStats) int { return cmp.Compare(a.Addr.String(), b.Addr.String()) })
-	s.Quarantined = n.Quarantined()
+	slices.SortFunc(s.Peers, func(a, b peerStats) int { return cmp.Compare(a.Addr.String(), b.Addr.String()) })
+	s.Quarantined = n.quarantined()
 
 	all := n.actorList(math.MaxInt)
 	s.Actors = len(all)
@@ -229,7 +282,7 @@ func (n *Node) Stats() Stats {
 			s.Mailboxes = append(s.Mailboxes, m)
 		}
 	}
-	slices.SortFunc(s.Mailboxes, func(a, b MailboxStats) int {
+	slices.SortFunc(s.Mailboxes, func(a, b mailboxStats) int {
 		return cmp.Or(cmp.Compare(b.Waiting, a.Waiting), cmp.Compare(a.Path, b.Path))
 	})
 	s.Mailboxes = s.Mailboxes[:min(len(s.Mailboxes), 10)]
@@ -254,7 +307,7 @@ func (n *Node) Stats() Stats {
 		}
 		for _, m := range c.members {
 			reachable := !unreachable[m.UID] && m.Status != MemberRemoved // (a removed member is no longer watched)
-			s.Members = append(s.Members, MemberStats{Member: *m, Reachable: reachable, Self: m.UID == n.uid, Leader: m.UID == leader})
+			s.Members = append(s.Members, memberStats{Member: *m, Reachable: reachable, Self: m.UID == n.uid, Leader: m.UID == leader})
 		}
 		c.mu.Unlock()
 		names := map[NodeUID]string{}
@@ -270,7 +323,7 @@ func (n *Node) Stats() Stats {
 				s.Members[i].Name = n.name
 			}
 		}
-		slices.SortFunc(s.Members, func(a, b MemberStats) int { return lowerAddr(a.Member, b.Member) })
+		slices.SortFunc(s.Members, func(a, b memberStats) int { return lowerAddr(a.Member, b.Member) })
 	}
 	s.RecentDeadLetters = n.dlSamples.list()
 	s.Runtime = n.runtimeStats(now)
@@ -279,8 +332,8 @@ func (n *Node) Stats() Stats {
 
 // runtimeStats reads the process's numbers from runtime/metrics, which
 // does not stop the world.
-func (n *Node) runtimeStats(now time.Time) RuntimeStats {
-	r := RuntimeStats{Version: Version, GoVersion: runtime.Version(), Uptime: now.Sub(n.epoch)}
+func (n *Node) runtimeStats(now time.Time) runtimeStats {
+	r := runtimeStats{Version: Version, GoVersion: runtime.Version(), Uptime: now.Sub(n.epoch)}
 	samples := []metrics.Sample{{Name: "/sched/goroutines:goroutines"}, {Name: "/memory/classes/heap/objects:bytes"},
 		{Name: "/gc/cycles/total:gc-cycles"}, {Name: "/sched/pauses/total/gc:seconds"}}
 	metrics.Read(samples)
@@ -390,7 +443,7 @@ func (n *Node) startStatsActor() error {
 
 // actorList is every actor's path and mailbox depth, by path, at most
 // limit of them.
-func (n *Node) actorList(limit int) []MailboxStats {
+func (n *Node) actorList(limit int) []mailboxStats {
 	n.amu.Lock()
 	handles := make([]*handle, 0, len(n.actors))
 	for _, h := range n.actors {
@@ -398,12 +451,12 @@ func (n *Node) actorList(limit int) []MailboxStats {
 	}
 	restarts := maps.Clone(n.restarts)
 	n.amu.Unlock()
-	out := []MailboxStats{}
+	out := []mailboxStats{}
 	for _, h := range handles {
 		if h.local == nil || h.local.watchHandle() != h {
 			continue // adapters and temporary refs are not actors
 		}
-		m := MailboxStats{Path: h.key.path, Restarts: int(restarts[h.key.path])}
+		m := mailboxStats{Path: h.key.path, Restarts: int(restarts[h.key.path])}
 		if w, ok := h.local.(interface{ waiting() int }); ok {
 			m.Waiting = w.waiting()
 		}
@@ -411,7 +464,7 @@ func (n *Node) actorList(limit int) []MailboxStats {
 	}
 	// By path element, so that a child comes right after its parent even
 	// when a sibling's name sorts between them ("a-b" < "a/x").
-	slices.SortFunc(out, func(a, b MailboxStats) int { return comparePaths(a.Path, b.Path) })
+	slices.SortFunc(out, func(a, b mailboxStats) int { return comparePaths(a.Path, b.Path) })
 	return out[:min(len(out), limit)]
 }
 

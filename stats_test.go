@@ -149,16 +149,18 @@ func TestStatsClusterMembers(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	var peer *troupe.PeerStats
-	for deadline := time.Now().Add(10 * time.Second); peer == nil && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-		for _, p := range nodes[0].Stats().Peers {
+	var st troupe.Stats
+	peer := -1
+	for deadline := time.Now().Add(10 * time.Second); peer < 0 && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		st = nodes[0].Stats()
+		for i, p := range st.Peers {
 			if p.UID == nodes[1].UID() && p.Member && p.MessagesOut > 0 && p.MessagesIn > 0 {
-				peer = &p
+				peer = i
 			}
 		}
 	}
-	if peer == nil || peer.Phi < 0 || peer.Phi >= 8 || peer.WindowLeft != 0 {
-		t.Fatalf("the member peer %+v, want messages both ways and a low phi", peer)
+	if peer < 0 || st.Peers[peer].Phi < 0 || st.Peers[peer].Phi >= 8 || st.Peers[peer].WindowLeft != 0 {
+		t.Fatalf("the member peer (%d) of %+v, want messages both ways and a low phi", peer, st.Peers)
 	}
 	if err := members[1].Close(); err != nil && !errors.Is(err, troupe.ErrClusterStopped) {
 		t.Fatal(err)

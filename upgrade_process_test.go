@@ -409,7 +409,7 @@ func TestHelperUpgradedService(t *testing.T) {
 					fmt.Printf("MEMBER %s %s %s %v\n", m.Addr, m.Status, m.AppVersion, reachable)
 				}
 			}
-			fmt.Printf("QUARANTINED %d\n", len(n.Quarantined()))
+			fmt.Printf("QUARANTINED %d\n", len(n.Stats().Quarantined))
 			fmt.Println("END")
 		case "quiesce":
 			quiesce()

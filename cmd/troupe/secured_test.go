@@ -258,7 +258,7 @@ func TestQuarantineLsAndClear(t *testing.T) {
 	}
 	f.Partition(a, b)
 	deadline := time.Now().Add(10 * time.Second)
-	for len(a.Quarantined()) == 0 {
+	for len(a.Stats().Quarantined) == 0 {
 		if time.Now().After(deadline) {
 			t.Fatal("alpha did not give up on beta across a partition")
 		}
@@ -275,7 +275,7 @@ func TestQuarantineLsAndClear(t *testing.T) {
 	if out, errOut, code := run1("quarantine", "clear", beta, "--node", node); code != 0 || !strings.Contains(out, "lifted") {
 		t.Fatalf("quarantine clear: exit %d\n%s%s", code, out, errOut)
 	}
-	if q := a.Quarantined(); len(q) != 0 {
+	if q := a.Stats().Quarantined; len(q) != 0 {
 		t.Fatalf("after clear, alpha still quarantines %+v", q)
 	}
 	if _, errOut, code := run1("quarantine", "clear", beta, "--node", node); code != 1 || !strings.Contains(errOut, "not quarantined") || strings.Count(errOut, "\n") != 1 {
@@ -283,7 +283,7 @@ func TestQuarantineLsAndClear(t *testing.T) {
 	}
 	// By uid, as ls prints it: beta holds alpha, which dialed it, by uid
 	// alone.
-	for len(b.Quarantined()) == 0 {
+	for len(b.Stats().Quarantined) == 0 {
 		if time.Now().After(deadline) {
 			t.Fatal("beta did not give up on alpha across a partition")
 		}
@@ -292,8 +292,8 @@ func TestQuarantineLsAndClear(t *testing.T) {
 	if out, errOut, code := run1("quarantine", "ls", "--node", beta); code != 0 || !strings.Contains(out, a.UID().String()) {
 		t.Fatalf("quarantine ls at beta: exit %d\n%s%s", code, out, errOut)
 	}
-	if out, errOut, code := run1("quarantine", "clear", a.UID().String(), "--node", beta); code != 0 || len(b.Quarantined()) != 0 {
-		t.Fatalf("quarantine clear by uid: exit %d\n%s%s; beta still quarantines %+v", code, out, errOut, b.Quarantined())
+	if out, errOut, code := run1("quarantine", "clear", a.UID().String(), "--node", beta); code != 0 || len(b.Stats().Quarantined) != 0 {
+		t.Fatalf("quarantine clear by uid: exit %d\n%s%s; beta still quarantines %+v", code, out, errOut, b.Stats().Quarantined)
 	}
 	for _, args := range [][]string{{"quarantine"}, {"quarantine", "clear"}, {"quarantine", "rm", "x"}, {"quarantine", "ls", "extra"}} {
 		if _, errOut, code := run1(append(args, "--node", node)...); code != 2 || !strings.Contains(errOut, "usage:") {
