@@ -57,7 +57,7 @@ func TestBootstrapJoinFindQuery(t *testing.T) {
 			t.Fatalf("Ask the found actor: %v", err)
 		}
 		q, err := second.QueryActor(ctx, "svc")
-		if err != nil || q.Addr != second.Addrs()[0] || q.Registry.String() != reg {
+		if err != nil || q.Addrs[0] != second.Addrs()[0] || q.Registry.String() != reg {
 			t.Fatalf("QueryActor = %+v, %v", q, err)
 		}
 		r, err := second.Registry()

@@ -176,7 +176,7 @@ func TestEtcdRegistry(t *testing.T) {
 	}
 	roundTripRef(t, b, r)
 	q, err := b.QueryActor(ctx, "echo")
-	if err != nil || q.Registration.Node != a.UID() || q.Addr != a.Addrs()[0] {
+	if err != nil || q.Node != a.UID() || q.Addrs[0] != a.Addrs()[0] {
 		t.Fatalf("QueryActor = %+v, %v", q, err)
 	}
 
@@ -522,7 +522,7 @@ func TestEtcdRegistryOverTLS(t *testing.T) {
 	n := startNode(t, cfg)
 	spawnEcho(t, n, "echo")
 	q, err := n.QueryActor(ctxT(t, 5*time.Second), "echo")
-	if err != nil || q.Registration.Node != n.UID() {
+	if err != nil || q.Node != n.UID() {
 		t.Fatalf("QueryActor over TLS = %+v, %v", q, err)
 	}
 

@@ -217,30 +217,28 @@ func preferAddrs(regs []Registration) []candidate {
 	return out
 }
 
-// QueryResult is the answer of [Node.QueryActor]: where the actor is, and
-// who said so.
-type QueryResult struct {
-	Addr         Addr         // the preferred address to reach it
-	Registry     Addr         // the registrar that answered (zero: this node's own registry)
-	Registration Registration // the registration the address belongs to
-}
-
 // QueryActor asks the node's registrars (or those of [WithRegistries])
-// where an actor named name lives, without connecting to it. When none of
-// them has it, the error wraps [ErrNotFound] (or, when a registrar could
-// not be asked, is why).
-func (n *Node) QueryActor(ctx context.Context, name string, opts ...LookupOption) (QueryResult, error) {
+// where an actor named name lives, without connecting to it, and returns
+// the registration a lookup would use, with the address it would dial
+// first in Addrs[0] (a Unix socket, then local TCP, then remote TCP) and
+// the registrar that answered in Registry (zero: this node's own
+// registry, or etcd). When none of them has it, the error wraps
+// [ErrNotFound] (or, when a registrar could not be asked, is why).
+func (n *Node) QueryActor(ctx context.Context, name string, opts ...LookupOption) (Registration, error) {
 	srcs, err := n.lookupSources(opts)
 	if err != nil {
-		return QueryResult{}, err
+		return Registration{}, err
 	}
 	answers, errs := n.findAll(ctx, srcs, name)
 	for i, regs := range answers {
 		if c := preferAddrs(regs); len(c) > 0 {
-			return QueryResult{Addr: c[0].addr, Registry: srcs[i].addr, Registration: c[0].reg}, nil
+			r := c[0].reg
+			r.Registry = srcs[i].addr
+			r.Addrs = append([]Addr{c[0].addr}, slices.DeleteFunc(slices.Clone(r.Addrs), func(a Addr) bool { return a == c[0].addr })...)
+			return r, nil
 		}
 	}
-	return QueryResult{}, n.notFound(srcs, name, errs)
+	return Registration{}, n.notFound(srcs, name, errs)
 }
 
 // findAll asks every source concurrently.

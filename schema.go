@@ -78,49 +78,46 @@ func (n *Node) FetchSchema(ctx context.Context, address string) ([]MessageSchema
 	return *v.Schema, nil
 }
 
-// ErrShapesDiffer is what a [SchemaDiff] holds for a direction in which
-// messages would not decode: the field and both kinds are in the text.
-var ErrShapesDiffer = errors.New("troupe: incompatible shapes")
-
-// SchemaDiff is how two schemas of one wire key compare, by the rules a
-// session applies to each message (see "Changing a message type during
-// a rolling upgrade" in the README): fields match by name, a field only
-// the sender has is skipped, one only the receiver has stays zero, and a
-// change of a field's kind, of an array's length or of a map's key type
-// is incompatible.
-type SchemaDiff struct {
-	Key  string
-	Same bool // the shapes are identical
-	// OnlyA and OnlyB are the fields, as dotted paths from the message
-	// ("Items[].Note"), that only one side has.
+// schemaDiff is what DiffSchemas returns.
+type schemaDiff = struct {
+	Key          string
+	Same         bool
 	OnlyA, OnlyB []string
-	// AToB is nil when messages sent under A's schema decode into B's,
-	// else why not (wrapping [ErrShapesDiffer], naming the field; or
-	// saying that a side has no shape, or that one is malformed); BToA
-	// the other way. An int, int16, int32 or int64 widened or narrowed
-	// among those (or an unsigned one among its own) compares as
-	// compatible: a value that does not fit the receiver's width is still
-	// one dead letter when it comes. A type that encodes itself (a
-	// [WireMarshaler]) compares as compatible: its bytes are its author's
-	// to keep readable.
-	AToB, BToA error
+	AToB, BToA   error
 }
 
-// Compatible reports whether messages decode both ways.
-func (d SchemaDiff) Compatible() bool { return d.AToB == nil && d.BToA == nil }
-
-// DiffSchemas compares two schemas of one wire key.
-func DiffSchemas(a, b MessageSchema) SchemaDiff {
-	d := SchemaDiff{Key: a.Key}
+// DiffSchemas compares two schemas of one wire key, by the rules a session
+// applies to each message (see docs/upgrades.md): fields match by name, a
+// field only the sender has is skipped, one only the receiver has stays
+// zero, and a change of a field's kind, of an array's length or of a
+// map's key type is incompatible. Same says the shapes are identical;
+// OnlyA and OnlyB are the fields, as dotted paths from the message
+// ("Items[].Note"), that only one side has. AToB is nil when messages
+// sent under A's schema decode into B's, else why not (wrapping
+// [ErrIncompatibleMessage], naming the field and both kinds; or saying
+// that a side has no shape, or that one is malformed); BToA the other
+// way. Messages decode both ways when both are nil. An int, int16, int32
+// or int64 widened or narrowed among those (or an unsigned one among its
+// own) compares as compatible: a value that does not fit the receiver's
+// width is still one dead letter when it comes. A type that encodes
+// itself (a [WireMarshaler]) compares as compatible: its bytes are its
+// author's to keep readable.
+func DiffSchemas(a, b MessageSchema) struct {
+	Key          string
+	Same         bool
+	OnlyA, OnlyB []string
+	AToB, BToA   error
+} {
+	d := schemaDiff{Key: a.Key}
 	if a.Key != b.Key {
-		d.AToB = fmt.Errorf("%w: wire keys %q and %q", ErrShapesDiffer, a.Key, b.Key)
+		d.AToB = fmt.Errorf("%w: wire keys %q and %q", ErrIncompatibleMessage, a.Key, b.Key)
 		d.BToA = d.AToB
 		return d
 	}
 	if a.Raw == nil || b.Raw == nil {
 		// A type without a shape (too large or too deep) decodes
 		// positionally: nothing can say whether two versions agree.
-		d.AToB = fmt.Errorf("%w: %s: a side has no shape (too large or too deep), so troupe cannot check it: messages decode by position, or not at all", ErrShapesDiffer, a.Key)
+		d.AToB = fmt.Errorf("%w: %s: a side has no shape (too large or too deep), so troupe cannot check it: messages decode by position, or not at all", ErrIncompatibleMessage, a.Key)
 		d.BToA = d.AToB
 		return d
 	}
@@ -134,17 +131,17 @@ func DiffSchemas(a, b MessageSchema) SchemaDiff {
 		if sb, err = parseShape(b.Raw); err == nil {
 			ab := shapeComparer{s: sa, r: sb, seen: map[[2]int]bool{}}
 			if e := ab.compare(0, 0, ""); e != nil {
-				d.AToB = fmt.Errorf("%w: %s: %w", ErrShapesDiffer, a.Key, e)
+				d.AToB = fmt.Errorf("%w: %s: %w", ErrIncompatibleMessage, a.Key, e)
 			}
 			ba := shapeComparer{s: sb, r: sa, seen: map[[2]int]bool{}}
 			if e := ba.compare(0, 0, ""); e != nil {
-				d.BToA = fmt.Errorf("%w: %s: %w", ErrShapesDiffer, a.Key, e)
+				d.BToA = fmt.Errorf("%w: %s: %w", ErrIncompatibleMessage, a.Key, e)
 			}
 			d.OnlyA, d.OnlyB = ab.onlySender, ba.onlySender
 			return d
 		}
 	}
-	d.AToB = fmt.Errorf("%w: %s: %w", ErrShapesDiffer, a.Key, err)
+	d.AToB = fmt.Errorf("%w: %s: %w", ErrIncompatibleMessage, a.Key, err)
 	d.BToA = d.AToB
 	return d
 }

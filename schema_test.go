@@ -114,8 +114,8 @@ func TestDiffSchemas(t *testing.T) {
 			switch {
 			case want == "" && err != nil:
 				t.Errorf("%s: %s: %v, want compatible", c.name, dir, err)
-			case want != "" && (err == nil || !errors.Is(err, ErrShapesDiffer) || !strings.Contains(err.Error(), want)):
-				t.Errorf("%s: %s: %v, want ErrShapesDiffer with %q", c.name, dir, err, want)
+			case want != "" && (err == nil || !errors.Is(err, ErrIncompatibleMessage) || !strings.Contains(err.Error(), want)):
+				t.Errorf("%s: %s: %v, want ErrIncompatibleMessage with %q", c.name, dir, err, want)
 			}
 		}
 		check("a to b", d.AToB, c.aToB)
@@ -123,8 +123,8 @@ func TestDiffSchemas(t *testing.T) {
 		if d.Same != c.same || !slices.Equal(d.OnlyA, c.onlyA) || !slices.Equal(d.OnlyB, c.onlyB) {
 			t.Errorf("%s: same %v, only a %q, only b %q; want %v, %q, %q", c.name, d.Same, d.OnlyA, d.OnlyB, c.same, c.onlyA, c.onlyB)
 		}
-		if d.Compatible() != (c.aToB == "" && c.bToA == "") {
-			t.Errorf("%s: Compatible() is %v", c.name, d.Compatible())
+		if (d.AToB == nil && d.BToA == nil) != (c.aToB == "" && c.bToA == "") {
+			t.Errorf("%s: both ways nil is %v", c.name, d.AToB == nil && d.BToA == nil)
 		}
 	}
 	if got := schemaOf("k", reflect.TypeOf(diffTree{})).Shape; got != "struct { Name string; Kids []*(recursive) }" {
@@ -137,13 +137,13 @@ func TestDiffSchemas(t *testing.T) {
 		t.Errorf("the text: %q", got)
 	}
 	shapeless := MessageSchema{Key: "k", Type: "main.Big", Shape: "(none: decoded positionally)"}
-	if d := DiffSchemas(shapeless, shapeless); d.Same || d.Compatible() || !errors.Is(d.AToB, ErrShapesDiffer) || !strings.Contains(d.AToB.Error(), "no shape") {
+	if d := DiffSchemas(shapeless, shapeless); d.Same || (d.AToB == nil && d.BToA == nil) || !errors.Is(d.AToB, ErrIncompatibleMessage) || !strings.Contains(d.AToB.Error(), "no shape") {
 		t.Errorf("two types without a shape, one name: %+v", d)
 	}
-	if d := DiffSchemas(MessageSchema{Key: "a", Raw: []byte{shapeInt}}, MessageSchema{Key: "b", Raw: []byte{shapeInt}}); d.Compatible() {
+	if d := DiffSchemas(MessageSchema{Key: "a", Raw: []byte{shapeInt}}, MessageSchema{Key: "b", Raw: []byte{shapeInt}}); d.AToB == nil && d.BToA == nil {
 		t.Error("two keys compared as compatible")
 	}
-	if d := DiffSchemas(MessageSchema{Key: "a", Raw: []byte{shapeStruct, 9}}, MessageSchema{Key: "a", Raw: []byte{shapeInt}}); d.Compatible() || d.AToB == nil || !strings.Contains(d.AToB.Error(), "malformed") {
+	if d := DiffSchemas(MessageSchema{Key: "a", Raw: []byte{shapeStruct, 9}}, MessageSchema{Key: "a", Raw: []byte{shapeInt}}); (d.AToB == nil && d.BToA == nil) || d.AToB == nil || !strings.Contains(d.AToB.Error(), "malformed") {
 		t.Errorf("a malformed shape: %+v", d)
 	}
 }

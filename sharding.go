@@ -156,17 +156,12 @@ func (s *Sharded[T]) Entity(id string) Ref[T] {
 	return Ref[T]{h: s.r.entityHandle(id)}
 }
 
-// ShardingStats is what a member's region of a kind holds now.
-type ShardingStats struct {
-	Shards   int // shards run on this member (stopping ones included)
-	Entities int // entities running on this member
-	Held     int // messages held for shards without a home to send to
-}
-
-// Stats returns what this member's region of the kind holds now.
-func (s *Sharded[T]) Stats() ShardingStats {
+// Stats returns what this member's region of the kind holds now: the
+// shards it runs (stopping ones included), the entities running on it,
+// and the messages it holds for shards without a home to send to.
+func (s *Sharded[T]) Stats() struct{ Shards, Entities, Held int } {
 	st := &s.r.stats
-	return ShardingStats{Shards: int(st.shards.Load()), Entities: int(st.entities.Load()), Held: int(st.held.Load())}
+	return struct{ Shards, Entities, Held int }{int(st.shards.Load()), int(st.entities.Load()), int(st.held.Load())}
 }
 
 // Shard returns the shard of id (0 to Shards-1).

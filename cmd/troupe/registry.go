@@ -130,9 +130,9 @@ func (c *call) query(ctx context.Context, n *troupe.Node, addr string) int {
 		return c.noRegistrar(addr, err)
 	}
 	if c.asJSON {
-		return c.printJSON(queryResult{Addr: q.Addr.String(), Registration: toJSON(q.Registration)})
+		return c.printJSON(queryResult{Addr: q.Addrs[0].String(), Registration: toJSON(q)})
 	}
-	fmt.Fprintln(c.stdout, q.Addr)
+	fmt.Fprintln(c.stdout, q.Addrs[0])
 	return 0
 }
 

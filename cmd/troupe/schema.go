@@ -90,7 +90,7 @@ func (c *call) schema(ctx context.Context, n *troupe.Node, diff bool) int {
 			case d.Same:
 				e.Verdict = "same"
 				same++
-			case d.Compatible():
+			case d.AToB == nil && d.BToA == nil:
 				e.Verdict = "compatible"
 			case sa.Raw == nil || sb.Raw == nil:
 				e.Verdict = "unchecked"

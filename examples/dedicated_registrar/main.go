@@ -106,7 +106,7 @@ func run(ctx context.Context, w io.Writer) error {
 	if q.Registry.String() != registrar.Addrs()[0].String() {
 		return fmt.Errorf("the registrar did not answer the query (answered by %v)", q.Registry)
 	}
-	fmt.Fprintf(w, "client: the registrar says greeter lives on node %s\n", q.Registration.NodeName)
+	fmt.Fprintf(w, "client: the registrar says greeter lives on node %s\n", q.NodeName)
 	greeter, err := troupe.FindActor[Hello](ctx, client, "greeter")
 	if err != nil {
 		return fmt.Errorf("find greeter: %v", err)

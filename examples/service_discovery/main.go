@@ -102,7 +102,7 @@ func run(ctx context.Context, w io.Writer) error {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(w, "app: it lives on node %s, over a %s socket\n", q.Registration.NodeName, q.Addr.Network())
+	fmt.Fprintf(w, "app: it lives on node %s, over a %s socket\n", q.NodeName, q.Addrs[0].Network())
 	p, err := troupe.Ask(ctx, feed, func(r troupe.Ref[Price]) Quote { return Quote{Symbol: "TRP", ReplyTo: r} })
 	if err != nil {
 		return err
