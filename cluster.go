@@ -95,14 +95,16 @@ type ClusterConfig struct {
 type MemberEvent struct {
 	Member    Member
 	Reachable bool // as seen from this member (reachability changes)
-	Kind      string
+	// Kind is "status" for a change of Member.Status, and "unreachable"
+	// or "reachable" for a change of reachability.
+	Kind string
 }
 
-// Member event kinds.
+// The kinds of a MemberEvent.
 const (
-	EventMemberStatus      = "status"
-	EventMemberUnreachable = "unreachable"
-	EventMemberReachable   = "reachable"
+	eventMemberStatus      = "status"
+	eventMemberUnreachable = "unreachable"
+	eventMemberReachable   = "reachable"
 )
 
 // Cluster is this node's membership in a cluster: gossiped state, a

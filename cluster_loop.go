@@ -443,7 +443,7 @@ func (c *Cluster) publish(events []MemberEvent) {
 		c.pokeRegions() // (before the events: who sees one finds its shards held)
 	}
 	for _, e := range events {
-		if e.Kind == EventMemberStatus && e.Member.UID != c.n.uid {
+		if e.Kind == eventMemberStatus && e.Member.UID != c.n.uid {
 			c.forgetDowned(e.Member)
 		}
 		c.n.events.emit(e)
@@ -488,7 +488,7 @@ func (c *Cluster) forgetDowned(m Member) {
 // selfDowned ends this member's membership.
 func (c *Cluster) selfDowned(m Member) {
 	c.n.log.Info("troupe: this member is no longer in the cluster", "status", m.Status.String())
-	c.n.events.emit(MemberEvent{Member: m, Kind: EventMemberStatus})
+	c.n.events.emit(MemberEvent{Member: m, Kind: eventMemberStatus})
 	if c.cfg.CloseNodeOnDown {
 		// Close waits for the node's goroutines, this one among them, so it
 		// runs on its own goroutine; it ends when the node is closed.

@@ -188,10 +188,10 @@ func TestAMemberThatStopsLeaves(t *testing.T) {
 					if e.Member.UID.String() != p.uid {
 						continue
 					}
-					if e.Kind == troupe.EventMemberUnreachable {
+					if e.Kind == "unreachable" {
 						t.Fatalf("the stopped member was seen unreachable (a crash), not leaving: %+v", e)
 					}
-					if e.Kind == troupe.EventMemberStatus {
+					if e.Kind == "status" {
 						seen[e.Member.Status] = true
 					}
 				case <-deadline:

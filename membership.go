@@ -217,7 +217,7 @@ func (ms *membership) merge(g gossipMsg, now time.Time) merged {
 			m = &Member{Addr: addr, UID: gm.UID, Status: MemberStatus(gm.Status), UpNumber: gm.UpNumber, AppVersion: boundedAppVersion(gm.AppVersion)}
 			ms.members[gm.UID] = m
 			out.added = append(out.added, gm.UID)
-			out.events = append(out.events, MemberEvent{Member: *m, Kind: EventMemberStatus})
+			out.events = append(out.events, MemberEvent{Member: *m, Kind: eventMemberStatus})
 			if live(m) {
 				out.events = append(out.events, ms.replaceIncarnation(m, &out.ended)...)
 			}
@@ -236,7 +236,7 @@ func (ms *membership) merge(g gossipMsg, now time.Time) merged {
 			m.UpNumber, changed = gm.UpNumber, true
 		}
 		if changed {
-			out.events = append(out.events, MemberEvent{Member: *m, Kind: EventMemberStatus})
+			out.events = append(out.events, MemberEvent{Member: *m, Kind: eventMemberStatus})
 		}
 	}
 	for _, r := range g.Reach {
@@ -279,7 +279,7 @@ func (ms *membership) replaceIncarnation(m *Member, ended *[]NodeUID) []MemberEv
 		}
 		if live(old) {
 			old.Status = MemberDown
-			events = append(events, MemberEvent{Member: *old, Kind: EventMemberStatus})
+			events = append(events, MemberEvent{Member: *old, Kind: eventMemberStatus})
 		}
 		// Ended even when already downed (the same gossip may have said
 		// so): sends to the address must reach the new incarnation, not
@@ -296,12 +296,12 @@ func (ms *membership) reachEvents(old map[NodeUID]bool, now time.Time) []MemberE
 	cur := ms.unreachable()
 	for uid := range cur {
 		if !old[uid] {
-			out = append(out, MemberEvent{Member: *ms.members[uid], Kind: EventMemberUnreachable})
+			out = append(out, MemberEvent{Member: *ms.members[uid], Kind: eventMemberUnreachable})
 		}
 	}
 	for uid := range old {
 		if !cur[uid] && ms.members[uid] != nil {
-			out = append(out, MemberEvent{Member: *ms.members[uid], Kind: EventMemberReachable, Reachable: true})
+			out = append(out, MemberEvent{Member: *ms.members[uid], Kind: eventMemberReachable, Reachable: true})
 		}
 	}
 	if len(cur) > 0 && ms.unstable.IsZero() {
@@ -348,7 +348,7 @@ func (ms *membership) lead(now time.Time) []MemberEvent {
 	for _, m := range joining {
 		maxUp++
 		m.Status, m.UpNumber = MemberUp, maxUp
-		events = append(events, MemberEvent{Member: *m, Kind: EventMemberStatus})
+		events = append(events, MemberEvent{Member: *m, Kind: eventMemberStatus})
 	}
 	for _, m := range ms.members {
 		switch m.Status {
@@ -359,7 +359,7 @@ func (ms *membership) lead(now time.Time) []MemberEvent {
 		default:
 			continue
 		}
-		events = append(events, MemberEvent{Member: *m, Kind: EventMemberStatus})
+		events = append(events, MemberEvent{Member: *m, Kind: eventMemberStatus})
 	}
 	ms.touched(now)
 	return events
@@ -379,7 +379,7 @@ func (ms *membership) down(down []Member, now time.Time) []MemberEvent {
 	for _, d := range down {
 		if m := ms.members[d.UID]; m != nil && live(m) {
 			m.Status = MemberDown
-			events = append(events, MemberEvent{Member: *m, Kind: EventMemberStatus})
+			events = append(events, MemberEvent{Member: *m, Kind: eventMemberStatus})
 		}
 	}
 	ms.touched(now)

@@ -25,7 +25,8 @@ var (
 	ErrNodeClosed = errors.New("troupe: node closed")
 	// ErrBadConfig is wrapped by the error [Start] returns for an invalid
 	// [Config], and by that of a call given an argument it cannot use (a
-	// shutdown phase that does not exist, a router strategy that cannot
+	// behavior without Receive, or whose factory fails, for [Spawn]; a
+	// shutdown phase that does not exist; a router strategy that cannot
 	// choose).
 	ErrBadConfig = errors.New("troupe: bad config")
 )

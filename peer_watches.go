@@ -12,8 +12,9 @@ import (
 // watch of an actor on another node could not be placed: the watched node
 // already holds [Config.MaxWatchesPerPeer] watches (or 16 MiB of watcher
 // paths) for the watcher's node, or the watcher's path is longer than
-// 1 KiB. The watched actor may well be running: this is no stop. The
-// text says which bound was met.
+// 1 KiB. The watched actor may well be running: this is no stop. It is
+// also wrapped by the error of a [Registry.Watch] the registrar refused
+// (it has 1,024 subscribers already). The text says which bound was met.
 var ErrWatchRefused = errors.New("troupe: watch refused")
 
 const (

@@ -29,10 +29,6 @@ type RegistryChange struct {
 // successor.
 var ErrWatchLost = errors.New("troupe: the registrar being watched is gone")
 
-// ErrTooManySubscribers is wrapped by the error [Registry.Watch] returns
-// when the registrar has as many subscribers as it takes (1,024).
-var ErrTooManySubscribers = errors.New("troupe: the registrar has as many subscribers as it takes")
-
 // The registrar's side.
 
 // maxRegistrySubscribers bounds a registrar's Registry.Watch subscribers.
@@ -179,10 +175,10 @@ var watchSeq atomic.Uint64
 // while it runs, changes wait (in a mailbox of this node's). When changes
 // come faster than each takes them and some are lost, the next call is a
 // Snapshot again, so what each has seen always adds up to the table. A
-// registrar takes at most 1,024 subscribers; one more fails at once
-// ([ErrTooManySubscribers]); one whose node refuses this node one more
-// watch (its [Config.MaxWatchesPerPeer]), so that its end could not be
-// seen, fails with an error wrapping [ErrWatchRefused]. A registrar that
+// registrar takes at most 1,024 subscribers; one more fails at once, as
+// does one whose node refuses this node one more watch (its
+// [Config.MaxWatchesPerPeer]), so that its end could not be seen: with an
+// error wrapping [ErrWatchRefused] that says which. A registrar that
 // does not push (troupe before 0.11) fails with errors.ErrUnsupported
 // after RegistryTimeout.
 //
@@ -243,7 +239,7 @@ func (r *Registry) Watch(ctx context.Context, each func(RegistryChange)) error {
 				return ErrNodeClosed
 			}
 			if !g.subscribe(self.h, gen) {
-				return fmt.Errorf("registrar %s: %w", r.src.addr, ErrTooManySubscribers)
+				return fmt.Errorf("registrar %s: %w: it has as many subscribers as it takes (1,024)", r.src.addr, ErrWatchRefused)
 			}
 			g.publish()
 			return nil
@@ -283,7 +279,7 @@ func (r *Registry) Watch(ctx context.Context, each func(RegistryChange)) error {
 			case ev.Gen != gen:
 				continue // an older subscription's
 			case ev.Refused:
-				return fmt.Errorf("registrar %s: %w", r.src.addr, ErrTooManySubscribers)
+				return fmt.Errorf("registrar %s: %w: it has as many subscribers as it takes (1,024)", r.src.addr, ErrWatchRefused)
 			case ev.Seq != want:
 				// One was lost: subscribe again, and ignore what the
 				// older subscription still sends.

@@ -50,13 +50,8 @@ func (k ServiceKey[T]) regName() string { return servicePrefix + k.Name }
 var ErrNotLocal = errors.New("troupe: not an actor of this node")
 
 // maxServicesPerNode bounds the service registrations one node holds
-// (every key, every actor); Register past it returns
-// ErrTooManyServices.
+// (every key, every actor); Register past it is refused.
 const maxServicesPerNode = 10000
-
-// ErrTooManyServices is returned by [ServiceKey.Register] when the node holds
-// 10,000 service registrations (every key, every actor).
-var ErrTooManyServices = errors.New("troupe: the node holds as many service registrations as it takes")
 
 // serviceEntry is one actor under one key, on this node.
 type serviceEntry struct {
@@ -78,12 +73,12 @@ type services struct {
 // waits, within Config.RegistryTimeout, for the registry to confirm, and
 // a registrar that does not answer gets it when it does again (the
 // cluster takes it at once and pushes it to the other members). It
-// returns [ErrBadName], [ErrNotLocal], [ErrActorStopped],
-// [ErrTooManyServices], [ErrNoRegistry] (the node uses no registry and is
-// no cluster member: nobody could find it),
-// [ErrRegistrationRefused] (a registrar is past one of its bounds, such
-// as the 16,384 registrations under one name; the entry is then kept
-// nowhere) or
+// returns [ErrBadName], [ErrNotLocal], [ErrActorStopped], [ErrNoRegistry]
+// (the node uses no registry and is no cluster member: nobody could find
+// it), [ErrRegistrationRefused] (the node holds 10,000 service
+// registrations, every key and actor, or a registrar is past one of its
+// bounds, such as the 16,384 registrations under one name; the entry is
+// then kept nowhere) or
 // [ErrNodeClosed].
 func (k ServiceKey[T]) Register(n *Node, ref Ref[T]) error {
 	if err := checkName(k.Name); err != nil {
@@ -106,7 +101,7 @@ func (k ServiceKey[T]) Register(n *Node, ref Ref[T]) error {
 	s.mu.Lock()
 	if _, ok := s.entries[e]; !ok && len(s.entries) >= maxServicesPerNode {
 		s.mu.Unlock()
-		return ErrTooManyServices
+		return fmt.Errorf("%w: the node holds %d service registrations, as many as it takes", ErrRegistrationRefused, maxServicesPerNode)
 	}
 	if s.entries == nil {
 		s.entries = map[serviceEntry]struct{}{}

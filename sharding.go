@@ -497,13 +497,13 @@ func goneAfter(p *map[NodeUID]bool, events []MemberEvent, self NodeUID) map[Node
 		switch {
 		case uid == self:
 			continue
-		case e.Kind == EventMemberUnreachable || e.Kind == EventMemberStatus && e.Member.Status >= MemberDown:
+		case e.Kind == eventMemberUnreachable || e.Kind == eventMemberStatus && e.Member.Status >= MemberDown:
 			away = true
-		case e.Kind == EventMemberReachable && e.Member.Status < MemberDown:
+		case e.Kind == eventMemberReachable && e.Member.Status < MemberDown:
 		default:
 			continue
 		}
-		forGood := e.Kind == EventMemberStatus
+		forGood := e.Kind == eventMemberStatus
 		if was, ok := old[uid]; away && ok && (was || !forGood) || !away && (!ok || was) {
 			continue // (no change; a downed member stays away)
 		}

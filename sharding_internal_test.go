@@ -59,14 +59,14 @@ func TestGoneAfter(t *testing.T) {
 		event MemberEvent
 		away  bool // a is away after it
 	}{
-		{ev(EventMemberUnreachable, MemberUp), true},
-		{ev(EventMemberUnreachable, MemberUp), true},
-		{ev(EventMemberReachable, MemberUp), false},
-		{ev(EventMemberReachable, MemberUp), false},
-		{ev(EventMemberUnreachable, MemberUp), true},
-		{ev(EventMemberStatus, MemberDown), true},
-		{ev(EventMemberReachable, MemberUp), true}, // (downed: for good)
-		{ev(EventMemberStatus, MemberRemoved), true},
+		{ev(eventMemberUnreachable, MemberUp), true},
+		{ev(eventMemberUnreachable, MemberUp), true},
+		{ev(eventMemberReachable, MemberUp), false},
+		{ev(eventMemberReachable, MemberUp), false},
+		{ev(eventMemberUnreachable, MemberUp), true},
+		{ev(eventMemberStatus, MemberDown), true},
+		{ev(eventMemberReachable, MemberUp), true}, // (downed: for good)
+		{ev(eventMemberStatus, MemberRemoved), true},
 	}
 	var cur *map[NodeUID]bool
 	for i, st := range steps {
@@ -78,7 +78,7 @@ func TestGoneAfter(t *testing.T) {
 			t.Fatalf("step %d (%s %s): away %v; want %v", i, st.event.Kind, st.event.Member.Status, away, st.away)
 		}
 	}
-	if m := goneAfter(cur, []MemberEvent{{Member: Member{UID: self, Status: MemberDown}, Kind: EventMemberStatus}}, self); m != nil {
+	if m := goneAfter(cur, []MemberEvent{{Member: Member{UID: self, Status: MemberDown}, Kind: eventMemberStatus}}, self); m != nil {
 		t.Fatal("this member's own event changed the set")
 	}
 }

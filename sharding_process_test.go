@@ -125,7 +125,7 @@ func TestShardsMoveWhenTheirProcessIsKilled(t *testing.T) {
 	for seen := false; !seen; {
 		select {
 		case e := <-unreachable:
-			seen = e.Kind == EventMemberUnreachable && e.Member.Addr.String() == addr
+			seen = e.Kind == eventMemberUnreachable && e.Member.Addr.String() == addr
 		case <-time.After(20 * time.Second):
 			t.Fatal("b never saw the child unreachable")
 		}

@@ -404,7 +404,7 @@ func TestShardsMoveAfterACrashOrASplitNeverTwice(t *testing.T) {
 			for seen := false; !seen; { // b sees a downed
 				select {
 				case e := <-events:
-					seen = e.Kind == troupe.EventMemberStatus && e.Member.Addr == nodes[0].Addrs()[0] && e.Member.Status >= troupe.MemberDown
+					seen = e.Kind == "status" && e.Member.Addr == nodes[0].Addrs()[0] && e.Member.Status >= troupe.MemberDown
 				case <-deadline:
 					t.Fatal("b never saw a downed")
 				}
@@ -834,7 +834,7 @@ func TestShardsSurviveASplitUnderEachStrategy(t *testing.T) {
 			for len(other) > 0 {
 				select {
 				case e := <-events:
-					if e.Kind == troupe.EventMemberUnreachable {
+					if e.Kind == "unreachable" {
 						delete(other, e.Member.Addr)
 					}
 				case <-deadline:
@@ -886,7 +886,7 @@ func TestAShardsBufferIsBounded(t *testing.T) {
 	for seen := false; !seen; {
 		select {
 		case e := <-events:
-			seen = e.Kind == troupe.EventMemberUnreachable
+			seen = e.Kind == "unreachable"
 		case <-time.After(20 * time.Second):
 			t.Fatal("b never saw a unreachable")
 		}

@@ -142,33 +142,29 @@ func Supervise[T any](newBehavior func() Behavior[T], s Strategy) Behavior[T] {
 	return Behavior[T]{sup: &supervisor[T]{build: newBehavior, strategy: s}}
 }
 
-// ErrBadBehavior is returned by [Spawn] for a behavior without Receive,
-// or one whose factory (see [Supervise]) fails or builds one without it.
-var ErrBadBehavior = errors.New("troupe: bad behavior")
-
 // behavior builds the behavior to run: b itself, or what its supervisor's
 // factory makes, carrying the supervisor along.
 func (b Behavior[T]) behavior() (built Behavior[T], err error) {
 	if b.sup == nil {
 		if b.Receive == nil {
-			return b, fmt.Errorf("%w: Receive is nil", ErrBadBehavior)
+			return b, fmt.Errorf("%w: Receive is nil", ErrBadConfig)
 		}
 		return b, nil
 	}
 	defer func() {
 		if p := recover(); p != nil {
-			err = fmt.Errorf("%w: its factory panicked: %v", ErrBadBehavior, p)
+			err = fmt.Errorf("%w: its factory panicked: %v", ErrBadConfig, p)
 		}
 	}()
 	if b.sup.build == nil {
-		return b, fmt.Errorf("%w: Supervise was given a nil factory", ErrBadBehavior)
+		return b, fmt.Errorf("%w: Supervise was given a nil factory", ErrBadConfig)
 	}
 	built = b.sup.build()
 	if built.sup != nil {
-		return b, fmt.Errorf("%w: a supervised behavior's factory returned a supervised behavior", ErrBadBehavior)
+		return b, fmt.Errorf("%w: a supervised behavior's factory returned a supervised behavior", ErrBadConfig)
 	}
 	if built.Receive == nil {
-		return b, fmt.Errorf("%w: the factory built a behavior whose Receive is nil", ErrBadBehavior)
+		return b, fmt.Errorf("%w: the factory built a behavior whose Receive is nil", ErrBadConfig)
 	}
 	built.sup = b.sup
 	return built, nil

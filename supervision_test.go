@@ -546,8 +546,8 @@ func TestSpawnBadBehavior(t *testing.T) {
 		"factory panics":    troupe.Supervise(func() troupe.Behavior[int] { panic("no") }, troupe.RestartOnFailure()),
 		"builds no Receive": troupe.Supervise(func() troupe.Behavior[int] { return troupe.Behavior[int]{} }, troupe.RestartOnFailure()),
 	} {
-		if _, err := troupe.Spawn(n, "", b); !errors.Is(err, troupe.ErrBadBehavior) {
-			t.Errorf("%s: Spawn = %v, want ErrBadBehavior", name, err)
+		if _, err := troupe.Spawn(n, "", b); !errors.Is(err, troupe.ErrBadConfig) {
+			t.Errorf("%s: Spawn = %v, want ErrBadConfig", name, err)
 		}
 	}
 }

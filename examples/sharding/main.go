@@ -139,7 +139,7 @@ func run(ctx context.Context, w io.Writer) error {
 	// to n2, are lost with it: an Ask would time out).
 	var saw []<-chan struct{}
 	for _, n := range []*troupe.Node{nodes[0], nodes[2]} {
-		saw = append(saw, sees(n, nodes[1].Addrs()[0], troupe.EventMemberUnreachable))
+		saw = append(saw, sees(n, nodes[1].Addrs()[0], "unreachable"))
 	}
 	f.Kill(nodes[1])
 	for _, ch := range saw {

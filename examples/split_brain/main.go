@@ -90,9 +90,9 @@ func run(ctx context.Context, w io.Writer) error {
 		troupe.Subscribe(s.node, func(e troupe.MemberEvent) {
 			who := names[e.Member.UID]
 			switch {
-			case e.Kind == troupe.EventMemberUnreachable:
+			case e.Kind == "unreachable":
 				s.lines.add(fmt.Sprintf("%s: %s is unreachable", s.name, who))
-			case e.Kind != troupe.EventMemberStatus || e.Member.Status != troupe.MemberDown:
+			case e.Kind != "status" || e.Member.Status != troupe.MemberDown:
 			case e.Member.UID == s.node.UID():
 				s.lines.add(fmt.Sprintf("%s: could not take the lease, so it downed itself", s.name))
 			case s.lease.CheckHeld(s.node.UID().String()):
