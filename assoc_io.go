@@ -544,7 +544,7 @@ func (a *assoc) readFailed(err error) {
 		a.lost(fmt.Errorf("connection to %s broke inside a frame: %w", a.label(), err))
 	case errors.Is(err, ErrMalformed) || errors.Is(err, ErrFrameTooBig):
 		a.n.protocolError(a.label(), "", err)
-		a.fail(&FrameError{Peer: a.label(), Reason: err})
+		a.fail(&frameError{Peer: a.label(), Reason: err})
 	case errors.Is(err, io.EOF):
 		a.lost(fmt.Errorf("connection to %s closed by the peer: %w", a.label(), io.EOF))
 	default:
@@ -556,7 +556,7 @@ func (a *assoc) readFailed(err error) {
 func (a *assoc) frameFailed(kind frameKind, err error) {
 	a.flushBatch()
 	a.n.protocolError(a.label(), kind.String(), err)
-	a.fail(&FrameError{Peer: a.label(), Kind: kind.String(), Reason: err})
+	a.fail(&frameError{Peer: a.label(), Kind: kind.String(), Reason: err})
 }
 
 // readLoop reads frames until the connection ends or misbehaves. It

@@ -80,9 +80,9 @@ func TestBadInputClosesOnlyThatConnection(t *testing.T) {
 				if !strings.Contains(ev.Err.Error(), at.mention) {
 					t.Errorf("ProtocolError = %v, want it to mention %q", ev.Err, at.mention)
 				}
-				var fe *FrameError
+				var fe *frameError
 				if !errors.As(ev.Err, &fe) {
-					t.Errorf("ProtocolError.Err = %T, want *FrameError", ev.Err)
+					t.Errorf("ProtocolError.Err = %T, want *frameError", ev.Err)
 				}
 				// A well-behaved peer is not disturbed.
 				roundTrip(t, friend, victim, "/user/echo")

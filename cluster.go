@@ -253,7 +253,7 @@ func (n *Node) DownMember(ctx context.Context, node, member string) error {
 		return err
 	}
 	if reply.Err != "" {
-		return &RemoteError{Text: reply.Err}
+		return &remoteError{Text: reply.Err}
 	}
 	return nil
 }

@@ -204,8 +204,8 @@
 // Errors are values: compare with errors.Is against the exported sentinels
 // ([ErrNodeClosed], [ErrNoSuchActor], [ErrWrongType], [ErrPeerLeft],
 // [ErrSessionEnded], [ErrNoWireKey], [ErrMalformed], …) and use
-// errors.As for [*PanicError], [*FailureError], [*FrameError] and
-// [*RemoteError].
+// errors.As for [*PanicError] and [*AskError]; [IsFailure] tells an
+// actor's failure (a panic, or [Context.Fail]) from any other stop.
 //
 // # Concurrency
 //

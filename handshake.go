@@ -137,12 +137,12 @@ func (a *assoc) handshakeDialed(c net.Conn) *frameReader {
 		a.fail(fmt.Errorf("%w: %s", ErrRejected, r.text))
 		return nil
 	default:
-		a.fail(&FrameError{Peer: a.dialAddr.String(), Kind: frameKind(body[0]).String(), Reason: fmt.Errorf("%w: expected a welcome", ErrMalformed)})
+		a.fail(&frameError{Peer: a.dialAddr.String(), Kind: frameKind(body[0]).String(), Reason: fmt.Errorf("%w: expected a welcome", ErrMalformed)})
 		return nil
 	}
 	w, err := parseHello(body[1:])
 	if err != nil {
-		a.fail(&FrameError{Peer: a.dialAddr.String(), Kind: "welcome", Reason: err})
+		a.fail(&frameError{Peer: a.dialAddr.String(), Kind: "welcome", Reason: err})
 		return nil
 	}
 	h = w
@@ -287,7 +287,7 @@ func (n *Node) hello() *hello {
 }
 
 func (n *Node) protocolError(remote, kind string, err error) {
-	fe := &FrameError{Peer: remote, Kind: kind, Reason: err}
+	fe := &frameError{Peer: remote, Kind: kind, Reason: err}
 	n.log.Warn("troupe: closing connection after a protocol error", "peer", remote, "err", err)
 	n.totals.protocolErrors.Add(1)
 	n.events.emit(ProtocolError{Remote: remote, Err: fe})

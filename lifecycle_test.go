@@ -83,8 +83,8 @@ func TestAFailureWrappingASentinelCrossesAsAFailure(t *testing.T) {
 	remote.Tell("go")
 	for where, ch := range map[string]<-chan troupe.Terminated{"local": local, "remote": got} {
 		term := within(t, ch, 10*time.Second, where+" Terminated")
-		if !term.Failed() || !strings.Contains(term.Reason.Error(), "downstream gone") {
-			t.Fatalf("%s watcher: Failed() = %v, reason %v", where, term.Failed(), term.Reason)
+		if !troupe.IsFailure(term.Reason) || !strings.Contains(term.Reason.Error(), "downstream gone") {
+			t.Fatalf("%s watcher: Failed() = %v, reason %v", where, troupe.IsFailure(term.Reason), term.Reason)
 		}
 	}
 }
@@ -157,7 +157,7 @@ func TestAskFailsWhenItsTargetStops(t *testing.T) {
 				case "panic", "fail":
 					var term troupe.Terminated
 					term.Reason = ae.Reason
-					if !term.Failed() {
+					if !troupe.IsFailure(term.Reason) {
 						t.Fatalf("reason %v is not a failure", ae.Reason)
 					}
 				case "stop":

@@ -392,8 +392,9 @@ func Ask[Req, Resp any](ctx context.Context, to Ref[Req], mk func(replyTo Ref[Re
 // AskError is the error of an [Ask] whose target stopped before it
 // replied: on this node or on another, by a panic, a failure, or a stop.
 // It wraps [ErrActorStopped] and the stop's reason (nil for a normal
-// stop; a [*PanicError] or [*FailureError] locally; a [*RemoteError] or
-// one of troupe's errors from another node).
+// stop; a [*PanicError] or the error given to [Context.Fail] locally; the
+// text of the failure, or one of troupe's errors, from another node):
+// [IsFailure] reports whether the target failed.
 type AskError struct {
 	Target string // the ref string of the actor asked
 	Reason error  // why it stopped; nil for a normal stop

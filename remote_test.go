@@ -151,8 +151,8 @@ func TestRemoteWatch(t *testing.T) {
 		roundTrip(t, a, b, "/user/other")
 		worker.Tell(count{N: -1})
 		term := recv(t, got, "remote Terminated")
-		var re *RemoteError
-		if !errors.As(term.Reason, &re) || re.Text != "troupe: actor panicked: negative" || !re.Failed || !term.Failed() {
+		var re *remoteError
+		if !errors.As(term.Reason, &re) || re.Text != "troupe: actor panicked: negative" || !re.Failed || !IsFailure(term.Reason) {
 			t.Fatalf("remote stop reason = %#v, want the panic's text, marked as a failure", term.Reason)
 		}
 		if term.Ref.Path() != "/user/worker" {
@@ -167,7 +167,7 @@ func TestRemoteWatch(t *testing.T) {
 		// with the reason it stopped for (its node keeps the reasons of its
 		// last stops for such late watchers).
 		late := watcher(t, a, "late", remote)
-		if term := recv(t, late, "late Terminated"); !errors.As(term.Reason, &re) || re.Text != "troupe: actor panicked: negative" || !term.Failed() {
+		if term := recv(t, late, "late Terminated"); !errors.As(term.Reason, &re) || re.Text != "troupe: actor panicked: negative" || !IsFailure(term.Reason) {
 			t.Fatalf("late remote watch reason = %v, want the panic's text", term.Reason)
 		}
 		// One never seen there: ErrNoSuchActor.

@@ -187,36 +187,35 @@ type PostStop struct{ Reason error }
 
 func (PostStop) isSignal() {}
 
-// FailureError is the stop reason of an actor that reported a failure with
+// failureError is the stop reason of an actor that reported a failure with
 // [Context.Fail] and whose strategy stopped it.
-type FailureError struct{ Err error }
+type failureError struct{ Err error }
 
-func (e *FailureError) Error() string { return "troupe: actor failed: " + e.Err.Error() }
+func (e *failureError) Error() string { return "troupe: actor failed: " + e.Err.Error() }
 
 // Unwrap returns the reported error.
-func (e *FailureError) Unwrap() error { return e.Err }
+func (e *failureError) Unwrap() error { return e.Err }
 
-// Failed reports whether the actor stopped because it failed — a panic in
-// a handler ([*PanicError]) or an error it reported with [Context.Fail]
-// ([*FailureError]) — rather than by stopping itself, being stopped, or
-// being cut off. It holds across nodes too: a remote actor's failure
-// arrives as a [*RemoteError] with Failed set. A parent that wants to fail
-// when its child fails calls [Context.Fail] from its Signal handler when it
-// sees this.
-func (t Terminated) Failed() bool { return isFailure(t.Reason) }
-
-func isFailure(err error) bool {
+// IsFailure reports whether err is, or wraps, the reason of an actor that
+// failed — a panic in a handler ([*PanicError]) or an error it reported
+// with [Context.Fail] (which it wraps) — rather than one that stopped
+// itself, was stopped, or was cut off: a [Terminated] signal's Reason, or
+// the error of an [Ask] whose target stopped (an [*AskError]). It holds
+// across nodes too: a remote actor's failure arrives as an error whose
+// text is the failure's. A parent that wants to fail when its child fails
+// calls [Context.Fail] from its Signal handler when it sees this.
+func IsFailure(err error) bool {
 	var pe *PanicError
-	var fe *FailureError
-	var re *RemoteError
+	var fe *failureError
+	var re *remoteError
 	return errors.As(err, &pe) || errors.As(err, &fe) || errors.As(err, &re) && re.Failed
 }
 
 // Fail reports that the current message (or signal, or Setup) failed with
 // err. Once the handler returns, the actor's strategy handles the failure
-// as it would a panic: by default the actor stops with a [*FailureError]
-// wrapping err. A nil err is ignored; a second call in the same handler
-// replaces the first.
+// as it would a panic: by default the actor stops with a reason that
+// wraps err ([IsFailure] reports it). A nil err is ignored; a second call
+// in the same handler replaces the first.
 func (c *Context[T]) Fail(err error) {
 	if err != nil {
 		c.c.tooling().failed = err
@@ -257,7 +256,7 @@ func (c *cell[T]) recoverFailure(inSetup bool) {
 	if c.tools != nil && c.tools.failed != nil {
 		err := c.tools.failed
 		c.tools.failed = nil
-		c.onFailure(&FailureError{Err: err}, inSetup)
+		c.onFailure(&failureError{Err: err}, inSetup)
 	}
 }
 

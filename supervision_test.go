@@ -194,12 +194,11 @@ func TestSupervisionStrategies(t *testing.T) {
 				stops := st.name == "stop" || st.name == "resume" && failIn == "setup"
 				if stops {
 					tm := within(t, term, 10*time.Second, "Terminated")
-					if !tm.Failed() {
-						t.Fatalf("Terminated.Failed() = false for reason %v", tm.Reason)
+					if !troupe.IsFailure(tm.Reason) {
+						t.Fatalf("IsFailure = false for reason %v", tm.Reason)
 					}
 					var pe *troupe.PanicError
-					var fe *troupe.FailureError
-					if failIn == "fail" && !errors.As(tm.Reason, &fe) || failIn != "fail" && !errors.As(tm.Reason, &pe) {
+					if isPanic := errors.As(tm.Reason, &pe); failIn == "fail" && isPanic || failIn != "fail" && !isPanic {
 						t.Fatalf("reason = %#v", tm.Reason)
 					}
 					if pe != nil && !bytes.Contains(pe.Stack, []byte("supervision_test.go")) {
@@ -369,7 +368,7 @@ func TestLifecycleSignals(t *testing.T) {
 	if got := within(t, signals, 10*time.Second, "PostStop"); got != "build 2 PostStop: <nil>, context done: true" {
 		t.Fatalf("got %q", got)
 	}
-	if tm := within(t, term, 10*time.Second, "Terminated"); tm.Reason != nil || tm.Failed() {
+	if tm := within(t, term, 10*time.Second, "Terminated"); tm.Reason != nil || troupe.IsFailure(tm.Reason) {
 		t.Fatalf("Terminated = %+v, want a normal stop (the restart is not a stop)", tm)
 	}
 
@@ -465,7 +464,7 @@ func TestEscalation(t *testing.T) {
 			},
 			Receive: func(_ *troupe.Context[string], m string) { child.Tell(m) },
 			Signal: func(c *troupe.Context[string], s troupe.Signal) {
-				if tm, ok := s.(troupe.Terminated); ok && tm.Failed() {
+				if tm, ok := s.(troupe.Terminated); ok && troupe.IsFailure(tm.Reason) {
 					failures <- tm.Reason
 					c.Fail(fmt.Errorf("child %s failed: %w", tm.Ref.Path(), tm.Reason))
 				}

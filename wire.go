@@ -93,22 +93,22 @@ const (
 	readBufferSize = 64 << 10
 )
 
-// FrameError is the error that closes an association because a peer sent a
+// frameError is the error that closes an association because a peer sent a
 // frame this node cannot accept. It wraps [ErrMalformed] or [ErrFrameTooBig].
-type FrameError struct {
+type frameError struct {
 	Peer   string // the remote network address
 	Kind   string // the frame kind, when it was read
 	Reason error
 }
 
-func (e *FrameError) Error() string {
+func (e *frameError) Error() string {
 	if e.Kind != "" {
 		return fmt.Sprintf("troupe: bad %s frame from %s: %v", e.Kind, e.Peer, e.Reason)
 	}
 	return fmt.Sprintf("troupe: bad frame from %s: %v", e.Peer, e.Reason)
 }
 
-func (e *FrameError) Unwrap() error { return e.Reason }
+func (e *frameError) Unwrap() error { return e.Reason }
 
 // appendFrame appends a frame whose body is produced by body: it reserves
 // one byte for the length, and moves the body if the length needs more.
@@ -333,7 +333,7 @@ const (
 	reasonParentStopped             // ErrParentStopped
 	reasonNodeClosed                // ErrNodeClosed
 	reasonOther                     // text follows
-	reasonFailed                    // the actor failed (Terminated.Failed); text follows
+	reasonFailed                    // the actor failed (IsFailure); text follows
 	reasonWatchRefused              // ErrWatchRefused: the watch was not placed; text follows
 )
 
@@ -343,7 +343,7 @@ func reasonCode(err error) (byte, string) {
 	if err == nil {
 		return reasonNone, ""
 	}
-	if isFailure(err) {
+	if IsFailure(err) {
 		// First: a failure may wrap one of troupe's errors (an Ask's
 		// error passed to Fail), and it is still the actor's failure.
 		return reasonFailed, err.Error()
@@ -359,15 +359,15 @@ func reasonCode(err error) (byte, string) {
 	return reasonOther, err.Error()
 }
 
-// RemoteError carries the text of an error that happened on another node,
+// remoteError carries the text of an error that happened on another node,
 // such as the panic that stopped a remote actor. Failed says that it
-// was the actor's failure (see [Terminated.Failed]).
-type RemoteError struct {
+// was the actor's failure (see [IsFailure]).
+type remoteError struct {
 	Text   string
 	Failed bool
 }
 
-func (e *RemoteError) Error() string { return e.Text }
+func (e *remoteError) Error() string { return e.Text }
 
 func reasonErr(code byte, text string) error {
 	if code == reasonNone {
@@ -379,7 +379,7 @@ func reasonErr(code byte, text string) error {
 	if code == reasonWatchRefused {
 		return fmt.Errorf("%w: %s", ErrWatchRefused, text)
 	}
-	return &RemoteError{Text: text, Failed: code == reasonFailed}
+	return &remoteError{Text: text, Failed: code == reasonFailed}
 }
 
 // Sizes of the fixed-size fields of frames.

@@ -88,7 +88,7 @@ func parent(inputs []string, w io.Writer, done chan<- struct{}) troupe.Behavior[
 		Signal: func(_ *troupe.Context[Report], s troupe.Signal) {
 			if t, ok := s.(troupe.Terminated); ok {
 				var pe *troupe.PanicError
-				if t.Failed() && errors.As(t.Reason, &pe) {
+				if troupe.IsFailure(t.Reason) && errors.As(t.Reason, &pe) {
 					fmt.Fprintf(w, "parent: the worker stopped for good, failing on %v\n", pe.Value)
 				}
 				close(done)
