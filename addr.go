@@ -66,10 +66,10 @@ func (a Addr) String() string {
 	return a.network + "://" + a.address
 }
 
-// Multiaddr returns the libp2p-style form: "/ip4/127.0.0.1/tcp/1616",
+// multiaddr returns the libp2p-style form: "/ip4/127.0.0.1/tcp/1616",
 // "/ip6/::1/tcp/1616", "/dns/example.com/tcp/80" or "/unix/run/app/a.sock".
-// [ParseAddr] reads it back exactly.
-func (a Addr) Multiaddr() string {
+// ParseAddr reads it back exactly.
+func (a Addr) multiaddr() string {
 	switch a.network {
 	case "unix":
 		return "/unix" + a.address

@@ -31,10 +31,10 @@ func TestParseAddrRoundTrip(t *testing.T) {
 		if got := a.String(); got != tt.url {
 			t.Errorf("ParseAddr(%q).String() = %q, want %q", tt.in, got, tt.url)
 		}
-		if got := a.Multiaddr(); got != tt.maddr {
-			t.Errorf("ParseAddr(%q).Multiaddr() = %q, want %q", tt.in, got, tt.maddr)
+		if got := a.multiaddr(); got != tt.maddr {
+			t.Errorf("ParseAddr(%q).multiaddr() = %q, want %q", tt.in, got, tt.maddr)
 		}
-		for _, form := range []string{a.String(), a.Multiaddr()} {
+		for _, form := range []string{a.String(), a.multiaddr()} {
 			b, err := ParseAddr(form)
 			if err != nil || b != a {
 				t.Errorf("ParseAddr(%q) = %v, %v; want %v", form, b, err, a)
@@ -84,7 +84,7 @@ func FuzzParseAddr(f *testing.F) {
 				t.Fatalf("ParseAddr(%q) error %v does not wrap ErrBadAddr", s, err)
 			}
 		} else {
-			for _, form := range []string{a.String(), a.Multiaddr()} {
+			for _, form := range []string{a.String(), a.multiaddr()} {
 				b, err := ParseAddr(form)
 				if err != nil || b != a {
 					t.Fatalf("ParseAddr(%q) = %v; its form %q parses to %v, %v", s, a, form, b, err)

@@ -234,8 +234,8 @@ func init() {
 // answer: manual downing from outside the cluster, as troupe down does.
 // n is any node that can reach node; the member checks n's credentials
 // (Config.Secret, TLS, peer credentials) like any peer's, and any peer it
-// admits may down members. Errors: the member's answer (such as
-// [ErrNotMember]'s text), or why it could not be asked.
+// admits may down members. Errors: the member's answer (such as "no
+// such cluster member at …"), or why it could not be asked.
 func (n *Node) DownMember(ctx context.Context, node, member string) error {
 	addr, err := ParseAddr(node)
 	if err != nil {
@@ -543,10 +543,6 @@ func (c *Cluster) Leader() (Member, bool) {
 // node must restart (a new uid) to join again.
 var ErrMemberDowned = errors.New("troupe: this cluster member was downed; restart its node to join again")
 
-// ErrNotMember is returned by [Cluster.Down] for an address no live member
-// has.
-var ErrNotMember = errors.New("troupe: no such cluster member")
-
 // Err reports why this member stopped: nil while it runs,
 // [ErrMemberDowned] when it was downed or removed (including when it
 // tried to join with a uid the cluster had downed), [ErrClusterStopped]
@@ -590,7 +586,7 @@ func (c *Cluster) Down(addr string) error {
 	events := c.membership.down(down, time.Now())
 	c.mu.Unlock()
 	if len(down) == 0 {
-		return fmt.Errorf("%w at %s", ErrNotMember, a)
+		return fmt.Errorf("%w: no such cluster member at %s", ErrBadConfig, a)
 	}
 	c.n.log.Warn("troupe: cluster member downed by hand", "addr", a.String())
 	c.publish(events)

@@ -101,7 +101,7 @@ func (tl *tally) checkFences(t *testing.T) {
 	tl.mu.Lock()
 	defer tl.mu.Unlock()
 	for i, f := range tl.fences {
-		if f.IsZero() || i > 0 && f.Compare(tl.fences[i-1]) <= 0 {
+		if f == (troupe.Fence{}) || i > 0 && f.Compare(tl.fences[i-1]) <= 0 {
 			t.Fatalf("the instances' fences, in the order they started on %v: %v; want each greater than the one before", tl.starts, tl.fences)
 		}
 	}
@@ -457,7 +457,7 @@ func TestASupervisedSingletonThatStopsIsStartedAgain(t *testing.T) {
 				mu.Unlock()
 				handled.Add(1)
 			}}
-		}, troupe.StopOnFailure())
+		}, troupe.Strategy{})
 	}, troupe.SingletonConfig{})
 	if err != nil {
 		t.Fatal(err)
@@ -479,7 +479,7 @@ func TestASupervisedSingletonThatStopsIsStartedAgain(t *testing.T) {
 	mu.Lock()
 	defer mu.Unlock()
 	first, last := fences[0], fences[len(fences)-1]
-	if first.IsZero() || last.Compare(first) <= 0 {
+	if first == (troupe.Fence{}) || last.Compare(first) <= 0 {
 		t.Fatalf("the first instance's fence %v, the second's %v: want a non-zero one, then a greater one", first, last)
 	}
 }

@@ -655,8 +655,8 @@ func TestClusterManualDown(t *testing.T) {
 	waitFor(t, 10*time.Second, "the late member up", func() bool {
 		return memberStatus(r.members[0], r.nodes[3].UID()) == MemberUp
 	})
-	if err := r.members[0].Down("tcp://127.0.0.1:1"); !errors.Is(err, ErrNotMember) {
-		t.Fatalf("Down of an unknown address: %v, want ErrNotMember", err)
+	if err := r.members[0].Down("tcp://127.0.0.1:1"); !errors.Is(err, ErrBadConfig) {
+		t.Fatalf("Down of an unknown address: %v, want ErrBadConfig", err)
 	}
 }
 

@@ -450,7 +450,7 @@ func TestCopiesAtTwoModulePathsFormOneCluster(t *testing.T) {
 			other = "alpha"
 		}
 		if got := p.saidLines("DOWNMEMBER "); len(got) != 1 || !strings.Contains(got[0], "no such cluster member") {
-			t.Errorf("%s: DownMember at %s of a non-member answered %q, want the member's ErrNotMember", p.name, other, got)
+			t.Errorf("%s: DownMember at %s of a non-member answered %q, want the member's no-such-cluster-member answer", p.name, other, got)
 		}
 		if got := p.saidLines("SERVICE "); len(got) != 1 || got[0] != "service@alpha service@beta" {
 			t.Errorf("%s: the service key's actors answered %q, want one on each member", p.name, got)
@@ -592,7 +592,7 @@ func TestACopyAndAnEarlierCopyAtOnePathResolveEachOther(t *testing.T) {
 	for _, c := range []struct{ from, to *crossModuleProcess }{{now, then}, {then, now}} {
 		fmt.Fprintln(c.from.stdin, c.to.addr)
 		if got := c.from.await(t, "DOWNMEMBER "); !strings.Contains(got, "no such cluster member") {
-			t.Errorf("DownMember from %s at %s of a non-member: %q, want the member's ErrNotMember", c.from.name, c.to.name, got)
+			t.Errorf("DownMember from %s at %s of a non-member: %q, want the member's no-such-cluster-member answer", c.from.name, c.to.name, got)
 		}
 	}
 }

@@ -2,7 +2,6 @@ package troupe
 
 import (
 	"encoding/json"
-	"expvar"
 	"fmt"
 	"html/template"
 	"io"
@@ -390,12 +389,4 @@ func writeMetrics(w io.Writer, s Stats) {
 			fmt.Fprintf(w, "troupe_cluster_members{status=%q} %d\n", st, byStatus[st])
 		}
 	}
-}
-
-// PublishExpvar publishes n's [Node.Stats] through the standard library's
-// expvar under name (served at /debug/vars by expvar's handler), as the
-// JSON that [Node.DebugHandler] serves. Like expvar.Publish, it panics if name
-// is already published.
-func (n *Node) PublishExpvar(name string) {
-	expvar.Publish(name, expvar.Func(func() any { return statsJSON(n.Stats()) }))
 }

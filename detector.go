@@ -316,12 +316,13 @@ func (d *PhiAccrual) add(ms float64) {
 
 // Available reports whether phi at now is below Threshold.
 func (d *PhiAccrual) Available(now time.Time) bool {
-	return d.Phi(now) < orDefault(d.Threshold, phiThreshold)
+	return d.suspicion(now) < orDefault(d.Threshold, phiThreshold)
 }
 
-// Phi returns the suspicion level at now: 0 before the first heartbeat,
-// growing as the silence outlasts the usual interval. It is never NaN.
-func (d *PhiAccrual) Phi(now time.Time) float64 {
+// suspicion returns phi at now: 0 before the first heartbeat, growing as
+// the silence outlasts the usual interval (Stats shows it for each
+// member, as Peers[i].Phi). It is never NaN.
+func (d *PhiAccrual) suspicion(now time.Time) float64 {
 	if d.last.IsZero() || len(d.intervals) == 0 {
 		return 0
 	}

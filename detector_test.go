@@ -101,7 +101,7 @@ func TestPhiAccrualDetector(t *testing.T) {
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	ms := func(v int) time.Time { return t0.Add(time.Duration(v) * time.Millisecond) }
 	d := &PhiAccrual{}
-	if got := d.Phi(ms(0)); got != 0 || !d.Available(ms(100000)) {
+	if got := d.suspicion(ms(0)); got != 0 || !d.Available(ms(100000)) {
 		t.Fatalf("before any heartbeat: phi %v", got)
 	}
 	// Regular heartbeats every second: a short delay is fine, a long
@@ -109,11 +109,11 @@ func TestPhiAccrualDetector(t *testing.T) {
 	for i := 0; i <= 10; i++ {
 		d.Heartbeat(ms(i * 1000))
 	}
-	if p := d.Phi(ms(10000 + 1000)); p > 1 || !d.Available(ms(11000)) {
+	if p := d.suspicion(ms(10000 + 1000)); p > 1 || !d.Available(ms(11000)) {
 		t.Fatalf("one interval after the last beat: phi %v", p)
 	}
 	if d.Available(ms(10000 + 8000)) {
-		t.Fatalf("eight seconds of silence after 1 s beats is still available (phi %v)", d.Phi(ms(18000)))
+		t.Fatalf("eight seconds of silence after 1 s beats is still available (phi %v)", d.suspicion(ms(18000)))
 	}
 	// The outage is not learned: after it, the history is unchanged.
 	before := d.sum

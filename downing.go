@@ -62,17 +62,15 @@ func lowerAddr(a, b Member) int {
 type SplitView struct {
 	Reachable   []Member
 	Unreachable []Member
-	// Observations are who cannot reach whom, as gossiped. Only those made
-	// by up or leaving members count. With none, the split is taken as
-	// clean.
-	Observations []Observation
+	// Observations are who cannot reach whom, as gossiped: each one
+	// member's (the Observer's) finding that it cannot reach another (the
+	// Subject). Only those made by up or leaving members count. With none,
+	// the split is taken as clean.
+	Observations []struct{ Observer, Subject NodeUID }
 }
 
-// Observation is one member's finding that it cannot reach another.
-type Observation struct {
-	Observer NodeUID
-	Subject  NodeUID
-}
+// observation is an element of SplitView.Observations.
+type observation = struct{ Observer, Subject NodeUID }
 
 // Downing is what a strategy decides for one side.
 type Downing uint8
@@ -520,7 +518,7 @@ func observers(v SplitView, ms []Member) []Member {
 		if !m.counts() { // only observations of up or leaving members count
 			continue
 		}
-		if slices.ContainsFunc(v.Observations, func(o Observation) bool {
+		if slices.ContainsFunc(v.Observations, func(o observation) bool {
 			return o.Observer == m.UID && o.Subject != m.UID && known(o.Subject)
 		}) {
 			out = append(out, m)

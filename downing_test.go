@@ -235,7 +235,7 @@ func TestResolveSplit(t *testing.T) {
 		ms := members(tt.members)
 		v := split(ms, tt.side...)
 		for _, o := range tt.obs {
-			v.Observations = append(v.Observations, Observation{Observer: ms[o[0]-'1'].UID, Subject: ms[o[2]-'1'].UID})
+			v.Observations = append(v.Observations, observation{Observer: ms[o[0]-'1'].UID, Subject: ms[o[2]-'1'].UID})
 		}
 		s := tt.s
 		if s == nil {

@@ -109,8 +109,8 @@ func (f *FaultNet) bytesSent(n *Node) uint64 {
 	return f.sent[n]
 }
 
-// Isolate cuts n off from every other node started on f so far.
-func (f *FaultNet) Isolate(n *Node) {
+// isolate cuts n off from every other node started on f so far.
+func (f *FaultNet) isolate(n *Node) {
 	f.change(func() {
 		for _, other := range f.byAddr {
 			if other != n {

@@ -39,7 +39,7 @@ func TestFaultNetIsolate(t *testing.T) {
 	third := startOn(t, p.f, failConfig("third", 20*time.Millisecond, 300*time.Millisecond))
 	spawnEcho(t, third, "echo")
 	roundTrip(t, third, p.home, "/user/echo")
-	p.f.Isolate(p.home)
+	p.f.isolate(p.home)
 	recv(t, p.homeEvents, "home gives up on a peer")
 	recv(t, p.awayEv, "away gives up on home")
 	roundTrip(t, third, p.away, "/user/echo") // the others still talk

@@ -34,10 +34,6 @@ type Fence struct {
 	Seq uint64
 }
 
-// IsZero reports whether f is the zero Fence: the actor is neither a
-// singleton's instance nor a sharded entity.
-func (f Fence) IsZero() bool { return f == Fence{} }
-
 // Compare returns -1 if f is less than g (an earlier placement), +1 if
 // it is greater, and 0 if they are equal.
 func (f Fence) Compare(g Fence) int {

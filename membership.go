@@ -406,7 +406,7 @@ func (ms *membership) splitView() SplitView {
 			continue
 		}
 		for _, u := range r.unreachable {
-			view.Observations = append(view.Observations, Observation{Observer: obs, Subject: u})
+			view.Observations = append(view.Observations, observation{Observer: obs, Subject: u})
 		}
 	}
 	return view

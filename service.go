@@ -33,21 +33,18 @@ type ServiceKey[T any] struct {
 	Name string
 }
 
-// String returns the key's name and the message type.
-func (k ServiceKey[T]) String() string {
-	return "service " + k.Name + " of " + protocolName(reflect.TypeFor[T]())
-}
-
 // servicePrefix starts the registry name of a service key: no actor's
 // name has a colon, so the two never meet.
 const servicePrefix = "service:"
 
 func (k ServiceKey[T]) regName() string { return servicePrefix + k.Name }
 
-// ErrNotLocal is returned by [ServiceKey.Register] for a ref that is not one
-// of the calling node's own actors (a remote actor, an Ask's reply ref or
-// a message adapter): a node registers only what it runs.
-var ErrNotLocal = errors.New("troupe: not an actor of this node")
+// notLocal is the error of a call given a ref that is not one of the
+// calling node's own actors (a remote actor, an Ask's reply ref or a
+// message adapter): a node registers only what it runs.
+func notLocal(ref any) error {
+	return fmt.Errorf("%w: %v is not an actor of this node", ErrBadConfig, ref)
+}
 
 // maxServicesPerNode bounds the service registrations one node holds
 // (every key, every actor); Register past it is refused.
@@ -73,22 +70,22 @@ type services struct {
 // waits, within Config.RegistryTimeout, for the registry to confirm, and
 // a registrar that does not answer gets it when it does again (the
 // cluster takes it at once and pushes it to the other members). It
-// returns [ErrBadName], [ErrNotLocal], [ErrActorStopped], [ErrNoRegistry]
-// (the node uses no registry and is no cluster member: nobody could find
-// it), [ErrRegistrationRefused] (the node holds 10,000 service
-// registrations, every key and actor, or a registrar is past one of its
-// bounds, such as the 16,384 registrations under one name; the entry is
-// then kept nowhere) or
-// [ErrNodeClosed].
+// returns [ErrBadName], [ErrBadConfig] (ref is not an actor of this
+// node), [ErrActorStopped], [ErrNoRegistry] (the node uses no registry
+// and is no cluster member: nobody could find it),
+// [ErrRegistrationRefused] (the node holds 10,000 service registrations,
+// every key and actor, or a registrar is past one of its bounds, such as
+// the 16,384 registrations under one name; the entry is then kept
+// nowhere) or [ErrNodeClosed].
 func (k ServiceKey[T]) Register(n *Node, ref Ref[T]) error {
 	if err := checkName(k.Name); err != nil {
 		return err
 	}
 	if ref.h == nil || ref.h.node != n {
-		return fmt.Errorf("%w: %v", ErrNotLocal, ref)
+		return notLocal(ref)
 	}
 	if _, ok := ref.h.local.(*cell[T]); !ok {
-		return fmt.Errorf("%w: %v is not an actor", ErrNotLocal, ref)
+		return fmt.Errorf("%w: %v is not an actor", ErrBadConfig, ref)
 	}
 	if n.workOver() {
 		return ErrNodeClosed

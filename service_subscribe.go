@@ -39,19 +39,18 @@ type serviceSubs struct {
 // change (the next listing follows), and listings left in the mailbox
 // when the subscriber stops are dead letters like any message. Like
 // Watch, it takes one of the registrar's 1,024 watch subscribers.
-// It returns [ErrBadName], [ErrNotLocal]
-// (a remote ref, or not an actor), [ErrActorStopped], [ErrNoRegistry] or
-// [ErrNodeClosed].
+// It returns [ErrBadName], [ErrBadConfig] (a remote ref, or not an
+// actor), [ErrActorStopped], [ErrNoRegistry] or [ErrNodeClosed].
 func (k ServiceKey[T]) Subscribe(n *Node, subscriber Ref[ServiceListing[T]], opts ...LookupOption) (*Subscription, error) {
 	if err := checkName(k.Name); err != nil {
 		return nil, err
 	}
 	h := subscriber.h
 	if h == nil || h.node != n {
-		return nil, fmt.Errorf("%w: %v", ErrNotLocal, subscriber)
+		return nil, notLocal(subscriber)
 	}
 	if _, ok := h.local.(*cell[ServiceListing[T]]); !ok {
-		return nil, fmt.Errorf("%w: %v is not an actor", ErrNotLocal, subscriber)
+		return nil, fmt.Errorf("%w: %v is not an actor", ErrBadConfig, subscriber)
 	}
 	if n.workOver() {
 		return nil, ErrNodeClosed

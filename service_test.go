@@ -137,8 +137,8 @@ func TestRegisterServiceRefusals(t *testing.T) {
 		t.Errorf("ServiceKey.Find of an empty name: %v, want ErrBadName", err)
 	}
 	remote := remoteRef[job](t, b, a, "/user/w")
-	if err := workersKey.Register(b, remote); !errors.Is(err, troupe.ErrNotLocal) {
-		t.Errorf("a remote ref: %v, want ErrNotLocal", err)
+	if err := workersKey.Register(b, remote); !errors.Is(err, troupe.ErrBadConfig) {
+		t.Errorf("a remote ref: %v, want ErrBadConfig", err)
 	}
 	a.Stop(w)
 	waitUntil(t, 5*time.Second, "w to stop", func() bool {
@@ -277,7 +277,8 @@ func TestWatchServiceDropsAnUnreachableNode(t *testing.T) {
 	spawnWorker(t, b, "wb")
 	ch, _ := watchListings(t, reg, workersKey)
 	nextListing(t, ch, "the first listing", "/user/wa", "/user/wb")
-	f.Isolate(b)
+	f.Partition(b, reg) // b cut off from everyone
+	f.Partition(b, a)
 	nextListing(t, ch, "b cut off", "/user/wa")
 	ended := make(chan error, 1)
 	go func() { ended <- workersKey.Watch(context.Background(), a, func([]troupe.Ref[job]) {}) }()
@@ -440,8 +441,8 @@ func TestSubscribeServiceErrors(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := workersKey.Subscribe(a, onB); !errors.Is(err, troupe.ErrNotLocal) {
-		t.Fatalf("another node's subscriber: %v, want ErrNotLocal", err)
+	if _, err := workersKey.Subscribe(a, onB); !errors.Is(err, troupe.ErrBadConfig) {
+		t.Fatalf("another node's subscriber: %v, want ErrBadConfig", err)
 	}
 	if _, err := (troupe.ServiceKey[job]{Name: "bad name!"}).Subscribe(b, onB); !errors.Is(err, troupe.ErrBadName) {
 		t.Fatalf("a bad key: %v, want ErrBadName", err)

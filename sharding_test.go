@@ -148,7 +148,7 @@ func (l *ledger) check(t *testing.T) {
 	}
 	for id, fences := range l.fences {
 		for i, f := range fences {
-			if f.IsZero() {
+			if f == (troupe.Fence{}) {
 				t.Errorf("%s started on %v with no fence: %v", id, l.starts[id], fences)
 				break
 			}

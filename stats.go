@@ -296,7 +296,7 @@ func (n *Node) Stats() Stats {
 		c.mu.Lock()
 		for i := range s.Peers {
 			if d, ok := c.detectors[s.Peers[i].UID].(*PhiAccrual); ok {
-				s.Peers[i].Phi = d.Phi(now)
+				s.Peers[i].Phi = d.suspicion(now)
 			}
 		}
 		unreachable := c.unreachable()

@@ -17,9 +17,12 @@ import (
 
 // Strategy says what an actor does when one of its handlers fails: stop
 // (the default for every actor), resume, restart, or restart after a
-// backoff, within optional limits. Make one with [StopOnFailure],
-// [ResumeOnFailure], [RestartOnFailure] or [RestartWithBackoff], refine it
-// with its With methods, and attach it with [Supervise].
+// backoff, within optional limits. Make one with [ResumeOnFailure],
+// [RestartOnFailure] or [RestartWithBackoff], refine it with its With
+// methods, and attach it with [Supervise]. The zero Strategy stops the
+// actor on its first failure, with the failure as the reason its
+// watchers see: what every actor does unless it was spawned with
+// another strategy.
 type Strategy struct {
 	action       failureAction
 	maxFailures  int           // 0: no limit
@@ -37,11 +40,6 @@ const (
 	actResume
 	actRestart
 )
-
-// StopOnFailure stops the actor on its first failure, with the failure as
-// the reason its watchers see. It is what every actor does unless it was
-// spawned with another strategy.
-func StopOnFailure() Strategy { return Strategy{action: actStop} }
 
 // ResumeOnFailure drops the message whose handling failed and goes on with
 // the next one, keeping the actor's state as the failed handler left it.
@@ -273,7 +271,7 @@ func (c *cell[T]) onFailure(reason error, inSetup bool) {
 		c.n.log.Error("troupe: actor failed while stopping", "path", c.self.key.path, "error", reason)
 		return
 	}
-	s := StopOnFailure()
+	s := Strategy{}
 	if c.b.sup != nil {
 		s = c.b.sup.strategy
 	}

@@ -28,8 +28,8 @@ func TestStrategyDecide(t *testing.T) {
 		want    failureAction
 		kept    []time.Time
 	}{
-		{"stop always stops", StopOnFailure(), nil, false, 0, actStop, nil},
-		{"stop ignores its limit", StopOnFailure().WithLimit(5, 0), nil, false, 0, actStop, nil},
+		{"stop always stops", Strategy{}, nil, false, 0, actStop, nil},
+		{"stop ignores its limit", Strategy{}.WithLimit(5, 0), nil, false, 0, actStop, nil},
 		{"resume", ResumeOnFailure(), nil, false, 0, actResume, nil},
 		{"resume cannot resume a failed Setup", ResumeOnFailure(), nil, true, 0, actStop, nil},
 		{"restart without limit keeps no history", RestartOnFailure(), nil, false, 0, actRestart, nil},
@@ -85,8 +85,8 @@ func TestStrategyString(t *testing.T) {
 	t.Parallel()
 	checkLeaks(t)
 	for s, want := range map[*Strategy]string{
-		ptr(StopOnFailure()):                                   "stop",
-		ptr(ResumeOnFailure()):                                 "resume",
+		ptr(Strategy{}):        "stop",
+		ptr(ResumeOnFailure()): "resume",
 		ptr(RestartOnFailure().WithLimit(3, time.Minute)):      "restart, at most 3 failures within 1m0s",
 		ptr(RestartWithBackoff(time.Second, 8*time.Second, 0)): "restart with backoff 1s..8s",
 		ptr(RestartOnFailure().WithLimit(0, 0)):                "restart, no failure survived",

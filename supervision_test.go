@@ -163,7 +163,7 @@ func TestSupervisionStrategies(t *testing.T) {
 		name string
 		s    troupe.Strategy
 	}{
-		{"stop", troupe.StopOnFailure()},
+		{"stop", troupe.Strategy{}},
 		{"resume", troupe.ResumeOnFailure()},
 		{"restart", troupe.RestartOnFailure()},
 		{"backoff", troupe.RestartWithBackoff(20*time.Millisecond, 100*time.Millisecond, 0.2)},

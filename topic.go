@@ -29,11 +29,6 @@ type Topic[T any] struct {
 	Name string
 }
 
-// String returns the topic's name and its message type.
-func (t Topic[T]) String() string {
-	return "topic " + t.Name + " of " + protocolName(reflect.TypeFor[T]())
-}
-
 // topicPrefix starts the registry name of a topic's relays.
 const topicPrefix = "topic:"
 
@@ -179,15 +174,16 @@ func (r *topicRelay[T]) relayType() reflect.Type { return reflect.TypeFor[T]() }
 // any node, is delivered to it once, in each publisher's order, until it
 // stops or [Topic.Unsubscribe]. A subscriber whose mailbox is full when a
 // message arrives gets a dead letter in its place; one that stopped just
-// leaves the topic. It returns [ErrBadName], [ErrNotLocal], [ErrWrongType]
-// (the topic has subscribers of another type on this node) or
-// [ErrNodeClosed].
+// leaves the topic. It returns [ErrBadName], [ErrBadConfig] (ref is not
+// an actor of this node, nor one of its message adapters),
+// [ErrWrongType] (the topic has subscribers of another type on this
+// node) or [ErrNodeClosed].
 func (t Topic[T]) Subscribe(n *Node, ref Ref[T]) error {
 	if err := checkName(t.Name); err != nil {
 		return err
 	}
 	if ref.h == nil || ref.h.node != n || ref.h.local == nil {
-		return fmt.Errorf("%w: %v", ErrNotLocal, ref)
+		return notLocal(ref)
 	}
 	if n.workOver() {
 		return ErrNodeClosed
