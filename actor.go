@@ -47,6 +47,7 @@ type PanicError struct {
 	Stack []byte // the panicking goroutine's stack
 }
 
+// Error says that the actor panicked, and with what value.
 func (e *PanicError) Error() string { return fmt.Sprintf("troupe: actor panicked: %v", e.Value) }
 
 // Behavior is what an actor does. Receive handles each user message; Signal,

@@ -23,8 +23,8 @@ type Config struct {
 
 	// AppVersion is the version of the program running this node, for
 	// people: it travels in the handshake and in cluster membership, and
-	// is shown by [Node.Stats] ([PeerStats.AppVersion],
-	// [MemberStats.AppVersion]), the debug page and troupe peers, so that
+	// is shown by [Node.Stats] (AppVersion in [Stats].Peers and
+	// [Stats].Members), the debug page and troupe peers, so that
 	// during a rolling upgrade an operator sees which peer runs what. At
 	// most 128 bytes of printable UTF-8. Default: empty.
 	// troupe never compares versions: whether two versions talk is
@@ -91,8 +91,8 @@ type Config struct {
 	// directions, and nothing else. Default: 5 s.
 	HandshakeTimeout time.Duration
 
-	// QuarantineExpiry is how long a quarantined peer is listed by
-	// [Node.Quarantined] (and found by its addresses for
+	// QuarantineExpiry is how long a quarantined peer is listed in
+	// [Stats].Quarantined (and found by its addresses for
 	// [Node.ClearQuarantine]); its uid stays refused after it, as a
 	// tombstone. A quarantine binds the incarnation, never the address: a
 	// new incarnation at the same address is admitted at any time.

@@ -28,6 +28,35 @@
 // The README's tour is a complete program with all of them; the guides in
 // docs/ hold the detail.
 //
+// # How values are made
+//
+// Each kind of value is made one way, so that its name says how:
+//
+//   - Configuration and plain values are struct literals, and a zero field
+//     means its documented default: [Config], [ClusterConfig],
+//     [ShardingConfig], [SingletonConfig], [Behavior], [PhiAccrual], a
+//     [ServiceKey] or [Topic] (troupe.ServiceKey[Job]{Name: "jobs"}). A
+//     type whose zero value works has no constructor: the zero [Strategy]
+//     stops (every actor's default), new(troupe.FaultNet) is a network
+//     with nothing cut.
+//   - A strategy, a choice among behaviors, is made by a function named
+//     for the choice: [ResumeOnFailure], [RestartOnFailure] and
+//     [RestartWithBackoff] (refined by Strategy's With methods);
+//     [RoundRobin], [RandomRoute] and [ConsistentHash]; [KeepMajority],
+//     [StaticQuorum], [KeepOldest], [DownAll] and [LeaseMajority].
+//   - What runs is started by a verb that returns its handle: [Start] (a
+//     [Node]), [StartCluster], [Spawn], [SpawnGroupRouter], [Singleton],
+//     [Sharding]; it ends with the handle's Close or Shutdown, or an
+//     actor's Stop.
+//   - A client of something outside the node is made by New and what it
+//     reaches: [NewNodeLease], [NewEtcdLease] (which also returns the
+//     function that closes it, as context.WithCancel returns its cancel).
+//   - Text is read by Parse and what it reads, [ParseAddr] and [ParseRef],
+//     and written by the value's String (or [FormatRef]).
+//   - A call's options are values made by functions named for what they
+//     ask: [WithRegistries] (a [LookupOption]); [Reconnect] and [OnNode]
+//     (a [ClearOption]).
+//
 // # Watching a remote actor
 //
 // The seed's central pattern: watch an actor on another node, and when it
@@ -195,9 +224,9 @@
 // each peer is to being declared unreachable, quarantines, actors and the
 // deepest mailboxes, dead letters by reason, cluster members.
 // [Node.DebugHandler] serves it as a live HTML page and as JSON,
-// [Node.MetricsHandler] in the Prometheus text format, [Node.PublishExpvar]
-// through expvar, and [Node.FetchStats] fetches another node's over the
-// protocol (troupe peers, actors and stats).
+// [Node.MetricsHandler] in the Prometheus text format, and
+// [Node.FetchStats] fetches another node's over the protocol (troupe
+// peers, actors and stats).
 //
 // # Errors
 //

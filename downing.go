@@ -25,6 +25,7 @@ const (
 
 var memberStatusNames = [...]string{"joining", "up", "leaving", "exiting", "down", "removed"}
 
+// String returns the status as the debug page and troupe print it.
 func (s MemberStatus) String() string {
 	if int(s) < len(memberStatusNames) {
 		return memberStatusNames[s]
@@ -85,6 +86,7 @@ const (
 
 var downingNames = [...]string{"down the unreachable", "down this side", "down everyone", "down the indirectly connected"}
 
+// String returns the decision as logs and troupe print it.
 func (d Downing) String() string {
 	if int(d) < len(downingNames) {
 		return downingNames[d]

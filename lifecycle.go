@@ -44,6 +44,8 @@ const (
 
 var phaseNames = [...]string{PhaseLeave: "leave", PhaseUnregister: "unregister", PhaseRefuse: "refuse", PhaseActors: "actors", PhaseFlush: "flush"}
 
+// String returns the phase's name: "leave", "unregister", "refuse",
+// "actors" or "flush".
 func (p ShutdownPhase) String() string {
 	if p >= PhaseLeave && p <= PhaseFlush {
 		return phaseNames[p]

@@ -400,6 +400,8 @@ type AskError struct {
 	Reason error  // why it stopped; nil for a normal stop
 }
 
+// Error names the target and says that it stopped before it replied, and
+// why.
 func (e *AskError) Error() string {
 	if e.Reason == nil {
 		return "troupe: " + e.Target + " stopped before it replied"

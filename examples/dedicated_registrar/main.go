@@ -10,7 +10,7 @@
 //
 // The client is not the service's parent and has no connection to it: the
 // only way it can learn where the service lives is to ask the registrar,
-// which it does with QueryActor before calling the service with FindActor.
+// which it does with Node.QueryActor before calling the service with FindActor.
 //
 // Run it with: go run ./examples/dedicated_registrar
 package main
