@@ -86,7 +86,11 @@ func (c *cell[T]) actorContext() context.Context {
 		// handler may still be waiting on it (see sysPush).
 		c.mu.Lock()
 		c.moreFor().cancel = t.cancel
+		pushed := c.stopPushedLocked() // before this call: nothing cancelled it
 		c.mu.Unlock()
+		if pushed {
+			t.cancel()
+		}
 	}
 	return t.ctx
 }
