@@ -87,12 +87,29 @@ func TestFaultNetAHeldReadHonoursItsDeadline(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f, a, b := NewFaultNet(), &Node{}, &Node{uid: NodeUID{1}}
-			near, far := net.Pipe()
+			// A real connection, so that what the far end writes is there
+			// to read before the first Read (a pipe writes only into a
+			// waiting read).
+			l, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer l.Close()
+			near, err := net.Dial("tcp", l.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			far, err := l.Accept()
+			if err != nil {
+				t.Fatal(err)
+			}
 			defer far.Close()
 			c := &faultConn{Conn: near, f: f, local: a, remote: b}
 			defer c.Close()
 			tc.fault(f, a, b)
-			go far.Write([]byte("hello"))
+			if _, err := far.Write([]byte("hello")); err != nil {
+				t.Fatal(err)
+			}
 			if got, err := read(t, c); !errors.Is(err, os.ErrDeadlineExceeded) {
 				t.Fatalf("held read: %q, %v; want the deadline's error", got, err)
 			}

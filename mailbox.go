@@ -218,12 +218,7 @@ func (c *cell[T]) stopPushedLocked() bool {
 	if c.q == nil {
 		return false
 	}
-	for _, m := range c.q.sys {
-		if m.kind == sysStop && !m.drain {
-			return true
-		}
-	}
-	return false
+	return stopIn(c.q.sys)
 }
 
 // lanes is an actor's mailbox: what waits (under the cell's mu) and the
