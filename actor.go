@@ -480,6 +480,12 @@ func (c *cell[T]) drainSys() bool {
 		if len(sys) == 0 {
 			return c.stopping
 		}
+		if len(sys) > 1 && stopIn(sys) {
+			// A handler run for a signal ahead of the stop (Setup, a timer,
+			// a Terminated) that first asks for its Context then gets one
+			// already done: the stop's push found none to cancel.
+			c.tooling().stopTaken = true
+		}
 		for _, m := range sys {
 			if (m.kind == sysTerminated || m.kind == sysStop && m.drain) && (m.after > q.handled || c.tools != nil && len(c.tools.later) > 0) {
 				t := c.tooling()
@@ -495,6 +501,17 @@ func (c *cell[T]) drainSys() bool {
 			return true
 		}
 	}
+}
+
+// stopIn says whether sys holds a stop that cancels the actor's context
+// (see sysPush).
+func stopIn(sys []sysMsg) bool {
+	for _, m := range sys {
+		if m.kind == sysStop && !m.drain {
+			return true
+		}
+	}
+	return false
 }
 
 // deliverLater handles the waiting terminations whose messages have all

@@ -1,9 +1,11 @@
 package troupe
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"runtime/pprof"
 	"slices"
 	"strings"
 	"sync"
@@ -612,7 +614,51 @@ func (r *clusterRig) dumpOnFailure() {
 		for _, m := range c.Unreachable() {
 			r.t.Logf("    unreachable %v", m.UID)
 		}
+		c.mu.Lock()
+		for uid := range c.seen {
+			r.t.Logf("    has seen it: %v", uid)
+		}
+		c.mu.Unlock()
+		r.t.Logf("    associations: %s", assocDump(r.nodes[i]))
 	}
+	var buf bytes.Buffer
+	pprof.Lookup("goroutine").WriteTo(&buf, 2)
+	for _, g := range strings.Split(buf.String(), "\n\n") {
+		if strings.Contains(g, "runOutbound") || strings.Contains(g, "awaitWinner") || strings.Contains(g, "handshakeInbound") {
+			r.t.Logf("a dial or handshake under way:\n%s", g)
+		}
+	}
+}
+
+// assocDump describes a node's associations, by address and by uid, and
+// the address claims it is checking: what a stalled test needs to show.
+func assocDump(n *Node) string {
+	type entry struct {
+		what string
+		a    *assoc
+	}
+	var es []entry
+	n.pmu.Lock()
+	for ad, a := range n.byAddr {
+		es = append(es, entry{"addr " + ad.String(), a})
+	}
+	for uid, a := range n.byUID {
+		es = append(es, entry{"uid " + uid.String(), a})
+	}
+	for ad := range n.claims {
+		es = append(es, entry{"claim " + ad.String(), nil})
+	}
+	n.pmu.Unlock()
+	var b strings.Builder
+	for _, e := range es {
+		fmt.Fprintf(&b, "\n      %s", e.what)
+		if e.a != nil {
+			t := e.a.lockTarget()
+			fmt.Fprintf(&b, " -> %p (%p) peer=%v state=%v err=%v", e.a, t, t.peerUID, t.life.state, t.life.err)
+			t.mu.Unlock()
+		}
+	}
+	return b.String()
 }
 
 // memberStatus is how c sees the member with uid (MemberRemoved when it

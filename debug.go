@@ -41,33 +41,37 @@ func (n *Node) DebugHandler() http.Handler {
 	})
 }
 
-// coarse writes a duration to three or four significant figures
-// ("9.977s", "268.4ms", "274µs"): a stats document is read by people and
-// dashboards, and nanoseconds of a window that moves every heartbeat are
-// noise.
-func coarse(d time.Duration) string {
+// seconds gives a duration in seconds, as the stats document gives every
+// duration (a number a dashboard can plot, its key ending in _seconds),
+// to three or four significant figures: to the microsecond under a
+// millisecond, to 100 µs under a second, to the millisecond above. A
+// stats document is read by people and dashboards, and nanoseconds of a
+// window that moves every heartbeat are noise.
+func seconds(d time.Duration) float64 {
 	switch {
 	case d >= time.Second:
-		return d.Round(time.Millisecond).String()
+		d = d.Round(time.Millisecond)
 	case d >= time.Millisecond:
-		return d.Round(100 * time.Microsecond).String()
+		d = d.Round(100 * time.Microsecond)
 	default:
-		return d.Round(time.Microsecond).String()
+		d = d.Round(time.Microsecond)
 	}
+	return d.Seconds()
 }
 
 // ms is t to the millisecond, as the stats document gives times.
 func ms(t time.Time) time.Time { return t.Truncate(time.Millisecond) }
 
-// statsJSON is Stats with its addresses, uids and durations as text.
+// statsJSON is Stats with its addresses and uids as text and its
+// durations in seconds.
 func statsJSON(s Stats) map[string]any {
 	peers := []map[string]any{}
 	for _, p := range s.Peers {
 		peers = append(peers, map[string]any{
 			"addr": p.Addr.String(), "uid": p.UID.String(), "name": p.Name, "app_version": p.AppVersion, "state": p.State, "outbound": p.Outbound,
-			"since": ms(p.Since), "last_heard": ms(p.LastHeard), "window_left": coarse(p.WindowLeft), "member": p.Member,
+			"since": ms(p.Since), "last_heard": ms(p.LastHeard), "window_left_seconds": seconds(p.WindowLeft), "member": p.Member,
 			"bytes_in": p.BytesIn, "bytes_out": p.BytesOut, "messages_in": p.MessagesIn, "messages_out": p.MessagesOut,
-			"phi": p.Phi, "round_trip": coarse(p.RoundTrip), "queued": p.Queued, "unacked_bytes": p.Unacked,
+			"phi": p.Phi, "round_trip_seconds": seconds(p.RoundTrip), "queued": p.Queued, "unacked_bytes": p.Unacked,
 		})
 	}
 	quarantined := []map[string]any{}
@@ -91,8 +95,8 @@ func statsJSON(s Stats) map[string]any {
 			"peer_links_resumed": s.Totals.LinksResumed, "protocol_errors": s.Totals.ProtocolErrors, "auth_refused": s.Totals.AuthRefused,
 		}, "cluster_blocked": s.ClusterBlocked, "registrar": s.Registrar, "registrations": s.Registrations, "registry_pending": s.RegistryPending,
 		"recent_dead_letters": recent, "runtime": map[string]any{
-			"version": s.Runtime.Version, "go_version": s.Runtime.GoVersion, "uptime": coarse(s.Runtime.Uptime), "goroutines": s.Runtime.Goroutines,
-			"heap_bytes": s.Runtime.HeapBytes, "gc_cycles": s.Runtime.GCCycles, "gc_pause_p99": coarse(s.Runtime.GCPauseP99),
+			"version": s.Runtime.Version, "go_version": s.Runtime.GoVersion, "uptime_seconds": seconds(s.Runtime.Uptime), "goroutines": s.Runtime.Goroutines,
+			"heap_bytes": s.Runtime.HeapBytes, "gc_cycles": s.Runtime.GCCycles, "gc_pause_p99_seconds": seconds(s.Runtime.GCPauseP99),
 		},
 	}
 }

@@ -221,6 +221,13 @@ type faultConn struct {
 	// blocked write on a real connection does. wake wakes the waiters then.
 	wdl  time.Time
 	wake *time.Timer
+	// The read deadline, which a read held on a cut or dead link honours
+	// as a read on a real connection does: rwake wakes it then, and what
+	// it had read (held, heldErr) waits for the next Read.
+	rdl     time.Time
+	rwake   *time.Timer
+	held    []byte
+	heldErr error
 }
 
 // SetWriteDeadline sets the write deadline, which a write waiting for a
@@ -230,24 +237,44 @@ func (c *faultConn) SetWriteDeadline(t time.Time) error {
 	return c.Conn.SetWriteDeadline(t)
 }
 
+// SetReadDeadline sets the read deadline, which a read held on a cut
+// link, or one to a killed node, honours too.
+func (c *faultConn) SetReadDeadline(t time.Time) error {
+	c.setReadDeadline(t)
+	return c.Conn.SetReadDeadline(t)
+}
+
 // SetDeadline sets both deadlines; see SetWriteDeadline.
 func (c *faultConn) SetDeadline(t time.Time) error {
 	c.setWriteDeadline(t)
+	c.setReadDeadline(t)
 	return c.Conn.SetDeadline(t)
 }
 
 func (c *faultConn) setWriteDeadline(t time.Time) {
-	f := c.f
-	f.lock()
-	defer f.mu.Unlock()
+	c.f.lock()
+	defer c.f.mu.Unlock()
 	c.wdl = t
-	if c.wake != nil {
-		c.wake.Stop()
-		c.wake = nil
+	c.wake = c.f.wakeAt(c.wake, t, c.closed)
+}
+
+func (c *faultConn) setReadDeadline(t time.Time) {
+	c.f.lock()
+	defer c.f.mu.Unlock()
+	c.rdl = t
+	c.rwake = c.f.wakeAt(c.rwake, t, c.closed)
+}
+
+// wakeAt replaces the timer old with one that wakes the waiters at t
+// (none for the zero time or a closed connection); f.mu held.
+func (f *FaultNet) wakeAt(old *time.Timer, t time.Time, closed bool) *time.Timer {
+	if old != nil {
+		old.Stop()
 	}
-	if !t.IsZero() && !c.closed {
-		c.wake = time.AfterFunc(time.Until(t), func() { f.change(func() {}) })
+	if t.IsZero() || closed {
+		return nil
 	}
+	return time.AfterFunc(time.Until(t), func() { f.change(func() {}) })
 }
 
 // peerLocked returns the node at the other end, if known.
@@ -306,22 +333,46 @@ func (c *faultConn) Write(p []byte) (int, error) {
 }
 
 // Read holds what arrives (bytes, or the peer closing) while the link is
-// cut; from a killed node nothing ever arrives.
+// cut; from a killed node nothing ever arrives. A held read ends at the
+// read deadline, as a read on a real connection that hears nothing does;
+// what it had read is kept for the next Read.
 func (c *faultConn) Read(p []byte) (int, error) {
-	n, err := c.Conn.Read(p)
-	if ne, ok := err.(net.Error); ok && ne.Timeout() && n == 0 {
-		return n, err // a deadline passed: nothing to hold
-	}
 	f := c.f
 	f.lock()
+	heldBack := len(c.held) > 0 || c.heldErr != nil
+	f.mu.Unlock()
+	var n int
+	var err error
+	if !heldBack {
+		n, err = c.Conn.Read(p)
+		if ne, ok := err.(net.Error); ok && ne.Timeout() && n == 0 {
+			return n, err // a deadline passed: nothing to hold
+		}
+	}
+	f.lock()
 	defer f.mu.Unlock()
+	if !heldBack {
+		if cut, dead := c.stateLocked(false); !cut && !dead && !c.closed {
+			return n, err
+		}
+		c.held, c.heldErr = append(c.held, p[:n]...), err
+	}
 	for {
 		if c.closed {
 			return 0, net.ErrClosed
 		}
 		cut, dead := c.stateLocked(false)
 		if !cut && !dead {
+			n = copy(p, c.held)
+			c.held = c.held[n:]
+			if len(c.held) > 0 {
+				return n, nil // the rest, and any error, next time
+			}
+			c.held, err, c.heldErr = nil, c.heldErr, nil
 			return n, err
+		}
+		if !c.rdl.IsZero() && !time.Now().Before(c.rdl) {
+			return 0, os.ErrDeadlineExceeded
 		}
 		f.cond.Wait()
 	}
@@ -332,10 +383,8 @@ func (c *faultConn) Close() error {
 	c.f.change(func() {
 		c.closed = true
 		delete(c.f.conns, c)
-		if c.wake != nil {
-			c.wake.Stop()
-			c.wake = nil
-		}
+		c.wake = c.f.wakeAt(c.wake, time.Time{}, true)
+		c.rwake = c.f.wakeAt(c.rwake, time.Time{}, true)
 	})
 	return c.Conn.Close()
 }

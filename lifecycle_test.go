@@ -329,6 +329,38 @@ func TestAParentStopsWhileItsChildWaitsOnItsContext(t *testing.T) {
 	within(t, stopped, 10*time.Second, "the parent's Terminated")
 }
 
+// A handler that first asks for its Context after a stop was pushed to
+// it (the stop came while the handler ran, before its first call to
+// Context) gets a context that is already done. Found beside two CPU
+// burners: TestAParentStopsWhileItsChildWaitsOnItsContext's child closed
+// its channel, the parent's stop reached it, and only then did it ask for
+// its context, made fresh and never cancelled: the tree never stopped.
+func TestAStopBeforeTheFirstContextCallStillCancelsIt(t *testing.T) {
+	t.Parallel()
+	n, err := troupe.Start(context.Background(), troupe.Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	running, proceed := make(chan struct{}), make(chan struct{})
+	r, err := troupe.Spawn(n, "late-context", troupe.Behavior[string]{Receive: func(c *troupe.Context[string], _ string) {
+		close(running)
+		<-proceed
+		<-c.Context().Done()
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stopped := watchOn(t, n, r)
+	r.Tell("block")
+	within(t, running, 10*time.Second, "the handler to run")
+	if err := n.Stop(r); err != nil { // pushed while the handler runs
+		t.Fatal(err)
+	}
+	close(proceed)
+	within(t, stopped, 10*time.Second, "the actor's Terminated")
+}
+
 // Many Asks waiting on one local actor at once all fail with its stop's
 // reason when it stops before replying, and an Ask that got its reply
 // leaves nothing waiting behind (#33: the asks waiting on an actor are

@@ -212,6 +212,15 @@ func (c *cell[T]) sysPush(m sysMsg) bool {
 	return true
 }
 
+// stopPushedLocked says whether a stop that cancels the actor's context
+// (see sysPush) waits in its mailbox (mu held).
+func (c *cell[T]) stopPushedLocked() bool {
+	if c.q == nil {
+		return false
+	}
+	return stopIn(c.q.sys)
+}
+
 // lanes is an actor's mailbox: what waits (under the cell's mu) and the
 // batch being handled (owned by the goroutine running the cell).
 type lanes[T any] struct {

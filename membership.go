@@ -538,9 +538,20 @@ func (ms *membership) watchers(k int) map[NodeUID]bool {
 func (ms *membership) gossipTargets(fanout int, pick func(n int) int) (to []NodeUID, full bool) {
 	var unseen, all []NodeUID
 	unreachable := ms.unreachable()
+	held := map[Addr]bool{} // addresses a live member listens on
+	for _, m := range ms.members {
+		if live(m) {
+			held[m.Addr] = true
+		}
+	}
 	for uid, m := range ms.members {
 		if uid == ms.self || m.Status == MemberRemoved {
 			continue // a member just downed still needs to hear it
+		}
+		if !live(m) && held[m.Addr] {
+			// ... but not one whose address a later incarnation holds:
+			// it is gone, and what is sent there reaches that one.
+			continue
 		}
 		all = append(all, uid)
 		if !ms.seen[uid] {

@@ -309,6 +309,59 @@ func TestGossipTargets(t *testing.T) {
 	}
 }
 
+// A downed member whose address a later incarnation now holds is gone
+// (two processes cannot listen on one address): gossip for it would reach
+// the new incarnation — or, sent by that incarnation, itself — so it is
+// no target. Found beside two CPU burners: a member restarted at its
+// address gossiped only to its own address, the leader's fanout went
+// there too, and the leader never heard that the new member had seen its
+// state, so the new member stayed joining.
+func TestGossipSkipsAnIncarnationReplacedAtItsAddress(t *testing.T) {
+	t.Parallel()
+	checkLeaks(t)
+	old := memberOf(3, MemberDown, 3)
+	reborn := Member{Addr: old.Addr, UID: uidOf(4), Status: MemberJoining}
+	first := func(int) int { return 0 }
+	last := func(n int) int { return n - 1 }
+	for _, tc := range []struct {
+		name string
+		self int
+		seen []int
+		want []NodeUID
+		full bool
+	}{
+		// The new incarnation has seen everything but its predecessor.
+		{"the new incarnation", 4, []int{1, 2}, nil, false},
+		// The leader has not heard the new one has seen its state.
+		{"the leader", 1, []int{2}, []NodeUID{uidOf(4)}, true},
+		{"a member that has heard from all", 2, []int{1, 4}, nil, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for _, pick := range []func(int) int{first, last} {
+				ms := []Member{memberOf(1, MemberUp, 1), memberOf(2, MemberUp, 2), old, reborn}
+				st := newMembership(ms[tc.self-1], t0)
+				for _, m := range ms {
+					st.members[m.UID] = &m
+				}
+				st.resetSeen()
+				for _, i := range tc.seen {
+					st.seen[uidOf(i)] = true
+				}
+				to, full := st.gossipTargets(1, pick)
+				if slices.Contains(to, old.UID) {
+					t.Fatalf("targets %v include the replaced incarnation %v", to, old.UID)
+				}
+				if tc.want != nil && (!full || !slices.Equal(to, tc.want)) {
+					t.Fatalf("targets %v full %v, want %v full", to, full, tc.want)
+				}
+				if tc.want == nil && (full || len(to) != 1) {
+					t.Fatalf("targets %v full %v, want a digest to one live member", to, full)
+				}
+			}
+		})
+	}
+}
+
 // A member's app version: learned from any gossip when unknown, from the
 // member itself whenever it speaks (a relay's copy never overrides it),
 // and never longer than maxAppVersion.

@@ -21,7 +21,10 @@ func TestAFailedRegistrationIsSentAgain(t *testing.T) {
 	cfg := func(name string) Config {
 		c := failConfig(name, 50*time.Millisecond, 10*time.Second)
 		c.RegistryAddrs = []string{reg}
-		c.RegistryTimeout = 300 * time.Millisecond
+		// Short, so that the registration made during the cut times out
+		// soon, but not so short that the registration Start makes
+		// times out on a loaded machine (300 ms did, under -race).
+		c.RegistryTimeout = 2 * time.Second
 		return c
 	}
 	registrar := startOn(t, f, cfg("registrar"))

@@ -445,10 +445,17 @@ func TestAPeerThatNeverAcknowledgesIsGivenUpOn(t *testing.T) {
 		pad := strings.Repeat("u", 256<<10)
 		const sent = 40 // 10 MiB: more than a socket takes when nobody reads
 		start := time.Now()
+		queued := 0
 		for i := range sent {
 			if err := a.tell(h, padded{N: i, Pad: pad}); err != nil {
-				t.Fatal(err)
+				// On a loaded machine the window can run out before all
+				// of it is queued: the rest is refused with the reason.
+				if !errors.Is(err, ErrPeerUnreachable) {
+					t.Fatalf("read %v: tell %d: %v", read, i, err)
+				}
+				break
 			}
+			queued++
 		}
 		ev := recv(t, gone, "PeerUnreachable")
 		if !ev.Quarantined || !errors.Is(ev.Reason, ErrPeerUnreachable) {
@@ -461,7 +468,7 @@ func TestAPeerThatNeverAcknowledgesIsGivenUpOn(t *testing.T) {
 		// comes first; on a loaded machine the writer may not have
 		// written all of it before the window ran out.
 		unconfirmed := 0
-		for i := range sent {
+		for i := range queued {
 			d := recv(t, dead, "a dead letter")
 			if d.Unconfirmed {
 				if unconfirmed != i {

@@ -296,9 +296,16 @@ func TestSendWaitsForRoomInARemoteMailbox(t *testing.T) {
 	}
 	const slowN, fastN = 2000, 20000
 	slowGot := make(chan int, slowN)
+	// The slow actor holds its first message until the fast burst is
+	// through: its mailbox fills, and its sender must wait all that time
+	// (a millisecond of work per message raced the burst, which under
+	// -race on a loaded machine took longer than the 2 s of work).
+	release := make(chan struct{})
 	if _, err := troupe.Spawn(away, "slow", troupe.Behavior[int]{Receive: func(_ *troupe.Context[int], n int) {
-		time.Sleep(time.Millisecond) // the work
 		slowGot <- n
+		if n == 1 {
+			<-release
+		}
 	}}); err != nil {
 		t.Fatal(err)
 	}
@@ -336,9 +343,10 @@ func TestSendWaitsForRoomInARemoteMailbox(t *testing.T) {
 	within(t, fast.completed, 30*time.Second, "the fast actor's burst")
 	select {
 	case err := <-slowDone:
-		t.Fatalf("the slow actor's sender finished (%v) before the fast burst: nothing showed that it waited", err)
+		t.Fatalf("the slow actor's sender finished (%v) while the actor held its first message: it did not wait for room", err)
 	default:
 	}
+	close(release)
 	if err := within(t, slowDone, time.Minute, "the slow actor's sender"); err != nil {
 		t.Fatal(err)
 	}

@@ -32,6 +32,9 @@ type actorTools[T any] struct {
 	hdrs   []heldHeaders
 	cur    Headers
 	curCtx context.Context
+	// stopTaken: the signals being handled hold a stop that cancels the
+	// context (see drainSys).
+	stopTaken bool
 }
 
 // tooling returns the actor's tools, making them on first use.
@@ -80,14 +83,18 @@ func (c *cell[T]) actorContext() context.Context {
 	t := c.tooling()
 	if t.ctx == nil {
 		t.ctx, t.cancel = context.WithCancel(c.n.actorsCtx)
-		if c.stopping {
+		if c.stopping || t.stopTaken {
 			t.cancel() // asked for in PostStop, or after Stop
 		}
 		// A stop pushed from elsewhere cancels it at once, while a
 		// handler may still be waiting on it (see sysPush).
 		c.mu.Lock()
 		c.moreFor().cancel = t.cancel
+		pushed := c.stopPushedLocked() // before this call: nothing cancelled it
 		c.mu.Unlock()
+		if pushed {
+			t.cancel()
+		}
 	}
 	return t.ctx
 }

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"troupe"
 )
@@ -32,15 +33,15 @@ type nodeStats struct {
 	AppVersion string   `json:"app_version"`
 	Addrs      []string `json:"addrs"`
 	Peers      []struct {
-		Addr       string `json:"addr"`
-		UID        string `json:"uid"`
-		Name       string `json:"name"`
-		AppVersion string `json:"app_version"`
-		State      string `json:"state"`
-		WindowLeft string `json:"window_left"`
-		Member     bool   `json:"member"`
-		BytesIn    uint64 `json:"bytes_in"`
-		BytesOut   uint64 `json:"bytes_out"`
+		Addr       string  `json:"addr"`
+		UID        string  `json:"uid"`
+		Name       string  `json:"name"`
+		AppVersion string  `json:"app_version"`
+		State      string  `json:"state"`
+		WindowLeft float64 `json:"window_left_seconds"`
+		Member     bool    `json:"member"`
+		BytesIn    uint64  `json:"bytes_in"`
+		BytesOut   uint64  `json:"bytes_out"`
 	} `json:"peers"`
 	Quarantined []struct {
 		UID   string   `json:"uid"`
@@ -63,6 +64,15 @@ type nodeStats struct {
 	ClusterBlocked string `json:"cluster_blocked"`
 	Registrar      bool   `json:"registrar"`
 	Registrations  int    `json:"registrations"`
+}
+
+// windowLeft writes the window a peer has left, from the stats
+// document's seconds: "9.977s", "0s (expired)".
+func windowLeft(secs float64) string {
+	if secs <= 0 {
+		return "0s (expired)"
+	}
+	return time.Duration(secs * float64(time.Second)).Round(time.Millisecond).String()
 }
 
 // mailbox is one actor's path and mailbox depth in a stats document.
@@ -97,7 +107,7 @@ func (c *call) remoteStats(ctx context.Context, n *troupe.Node) int {
 	case "peers":
 		fmt.Fprintln(tw, "ADDR\tNAME\tVERSION\tUID\tSTATE\tWINDOW LEFT\tIN\tOUT")
 		for _, p := range s.Peers {
-			state, left := p.State, p.WindowLeft
+			state, left := p.State, windowLeft(p.WindowLeft)
 			if p.Member {
 				state, left = state+" (member)", "-"
 			}
