@@ -1,10 +1,7 @@
 package troupe_test
 
 import (
-	"context"
 	"fmt"
-	"io"
-	"log/slog"
 	"testing"
 	"time"
 
@@ -23,11 +20,7 @@ import (
 // closes. (Review of 755aed8, which covers a stop still in the lane.)
 func TestAStopTakenWithASignalStillCancelsTheFirstContext(t *testing.T) {
 	t.Parallel()
-	n, err := troupe.Start(context.Background(), troupe.Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer n.Close()
+	n := defaultNode(t, "n")
 	gone, err := troupe.Spawn(n, "gone", troupe.Behavior[string]{Receive: func(*troupe.Context[string], string) {}})
 	if err != nil {
 		t.Fatal(err)
@@ -69,11 +62,7 @@ func TestAStopTakenWithASignalStillCancelsTheFirstContext(t *testing.T) {
 // the order likely; if the timer fires late the test passes anyway.)
 func TestAStopTakenWithATimerStillCancelsTheFirstContext(t *testing.T) {
 	t.Parallel()
-	n, err := troupe.Start(context.Background(), troupe.Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer n.Close()
+	n := defaultNode(t, "n")
 	running, proceed := make(chan struct{}), make(chan struct{})
 	r, err := troupe.Spawn(n, "late-context-timer", troupe.Behavior[string]{
 		Receive: func(c *troupe.Context[string], m string) {
@@ -107,11 +96,7 @@ func TestAStopTakenWithATimerStillCancelsTheFirstContext(t *testing.T) {
 // actor's goroutine must not have taken the start before the stop came.
 func TestAStopRightAfterSpawnCancelsSetupsContext(t *testing.T) {
 	t.Parallel()
-	n, err := troupe.Start(context.Background(), troupe.Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer n.Close()
+	n := defaultNode(t, "n")
 	for i := range 20 {
 		r, err := troupe.Spawn(n, "", troupe.Behavior[string]{
 			Setup: func(c *troupe.Context[string]) {

@@ -337,11 +337,7 @@ func TestAParentStopsWhileItsChildWaitsOnItsContext(t *testing.T) {
 // its context, made fresh and never cancelled: the tree never stopped.
 func TestAStopBeforeTheFirstContextCallStillCancelsIt(t *testing.T) {
 	t.Parallel()
-	n, err := troupe.Start(context.Background(), troupe.Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer n.Close()
+	n := defaultNode(t, "n")
 	running, proceed := make(chan struct{}), make(chan struct{})
 	r, err := troupe.Spawn(n, "late-context", troupe.Behavior[string]{Receive: func(c *troupe.Context[string], _ string) {
 		close(running)
