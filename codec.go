@@ -23,9 +23,11 @@ var (
 	ErrMalformed = errors.New("troupe: malformed input")
 	// ErrIncompatibleMessage is the dead-letter reason of a message whose
 	// frame was whole but whose payload does not decode into the type
-	// registered here under its wire key — most often a peer that runs
+	// that has its wire key here — most often a peer that runs
 	// another version of the type. The error names the key and, where it
 	// can, the field. Only that message is lost: the association goes on.
+	// [DiffSchemas] wraps it, too, for a direction in which messages would
+	// not decode.
 	ErrIncompatibleMessage = errors.New("troupe: incompatible message")
 )
 

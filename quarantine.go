@@ -318,6 +318,7 @@ type ClearOption func(*clearConfig)
 
 type clearConfig struct {
 	reconnect bool
+	onNode    bool // OnNode was given (with node, which may be empty: an error)
 	node      string
 }
 
@@ -332,7 +333,9 @@ func Reconnect() ClearOption { return func(c *clearConfig) { c.reconnect = true 
 // quarantine of the peer, instead of lifting this node's. That node
 // checks this one's credentials like any peer's. This is what troupe
 // quarantine clear does.
-func OnNode(address string) ClearOption { return func(c *clearConfig) { c.node = address } }
+func OnNode(address string) ClearOption {
+	return func(c *clearConfig) { c.onNode, c.node = true, address }
+}
 
 // ClearQuarantine lifts this node's quarantine of peer, so that the peer
 // may connect again, or this node may dial it. peer is an address in any
@@ -359,9 +362,9 @@ func (n *Node) ClearQuarantine(ctx context.Context, peer string, opts ...ClearOp
 		return false, fmt.Errorf("%w: %q is neither an address nor a peer uid (32 hex digits)", ErrBadAddr, peer)
 	}
 	switch {
-	case cfg.node != "" && cfg.reconnect:
+	case cfg.onNode && cfg.reconnect:
 		return false, fmt.Errorf("%w: ClearQuarantine with both Reconnect and OnNode", ErrBadConfig)
-	case cfg.node != "":
+	case cfg.onNode:
 		return n.clearQuarantineAt(ctx, cfg.node, peer)
 	}
 	cleared := n.clearQuarantineOf(peer)

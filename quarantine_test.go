@@ -1,6 +1,7 @@
 package troupe
 
 import (
+	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -108,5 +109,37 @@ func TestQuarantineOrderStaysBoundedOverAddClearCycles(t *testing.T) {
 		if live > 0 && q.find(t0.Add(2*hour), hour, uid(1)) == nil {
 			t.Fatalf("%s: the entry at the head was lost", tc.what)
 		}
+	}
+}
+
+// TestClearQuarantineRefusesWhatItCannotUse: ClearQuarantine names a peer
+// by an address or a uid, and says so for anything else; its options
+// conflict visibly, and OnNode with no address is an error rather than
+// this node's own quarantine lifted.
+func TestClearQuarantineRefusesWhatItCannotUse(t *testing.T) {
+	t.Parallel()
+	checkLeaks(t)
+	n := startNode(t, Config{})
+	ctx := ctxT(t, 5*time.Second)
+	uid := NodeUID{1}
+	n.pmu.Lock()
+	n.quarantine.add(quarantineInfo{UID: uid, Since: time.Now()})
+	n.pmu.Unlock()
+	for _, peer := range []string{"", "garbage", "0123"} {
+		if ok, err := n.ClearQuarantine(ctx, peer); ok || !errors.Is(err, ErrBadAddr) {
+			t.Errorf("ClearQuarantine(%q) = %v, %v; want ErrBadAddr", peer, ok, err)
+		}
+	}
+	if ok, err := n.ClearQuarantine(ctx, "127.0.0.1:1", Reconnect(), OnNode("127.0.0.1:2")); ok || !errors.Is(err, ErrBadConfig) {
+		t.Errorf("ClearQuarantine with Reconnect and OnNode = %v, %v; want ErrBadConfig", ok, err)
+	}
+	if ok, err := n.ClearQuarantine(ctx, uid.String(), OnNode("")); ok || !errors.Is(err, ErrBadAddr) {
+		t.Errorf(`ClearQuarantine(uid, OnNode("")) = %v, %v; want ErrBadAddr`, ok, err)
+	}
+	if !n.isQuarantined(uid) {
+		t.Fatal(`ClearQuarantine with OnNode("") lifted this node's own quarantine`)
+	}
+	if ok, err := n.ClearQuarantine(ctx, uid.String()); !ok || err != nil {
+		t.Errorf("ClearQuarantine(uid) = %v, %v; want true, nil", ok, err)
 	}
 }

@@ -360,7 +360,7 @@ func (a *assoc) incompatible(path string, mt *msgType, why error) {
 			a.incompatLogged = map[string]struct{}{}
 		}
 		a.incompatLogged[mt.key] = struct{}{}
-		n.log.Warn("troupe: a message from a peer does not decode as the type registered here; it is a dead letter (the peer may run another version of the type)",
+		n.log.Warn("troupe: a message from a peer does not decode as the type with its wire key here; it is a dead letter (the peer may run another version of the type)",
 			"peer", a.label(), "key", mt.key, "to", path, "err", why)
 	}
 	n.deadLetter(n.localRefString(path), nil, err)
