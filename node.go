@@ -25,7 +25,10 @@ var (
 	ErrNodeClosed = errors.New("troupe: node closed")
 	// ErrBadConfig is wrapped by the error [Start] returns for an invalid
 	// [Config], and by that of a call given an argument it cannot use (a
-	// behavior without Receive, or whose factory fails, for [Spawn]; a
+	// behavior without Receive, or whose factory fails, for [Spawn]; a ref
+	// that is not an actor of this node for [ServiceKey.Register],
+	// [ServiceKey.Subscribe] or [Topic.Subscribe]; an address no live
+	// member has for [Cluster.Down]; [Reconnect] with [OnNode]; a
 	// shutdown phase that does not exist; a router strategy that cannot
 	// choose).
 	ErrBadConfig = errors.New("troupe: bad config")
