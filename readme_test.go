@@ -19,9 +19,9 @@ import (
 )
 
 // The promises of README.md's "Use it in your module": a copy of the
-// package's files builds and runs in another module, so does a replace
-// directive, and every Go snippet in the README and the guides (docs/)
-// compiles.
+// package's files builds and runs in another module, and so does a
+// replace directive. Every Go snippet in the README and the guides
+// (docs/) runs: see doc_snippets_test.go.
 
 // readmeBlocks returns the README's fenced code blocks of the given
 // language, in order.
@@ -194,152 +194,6 @@ func TestReplaceDirective(t *testing.T) {
 	writeFile(t, dir, "go.mod", fmt.Sprintf("module example.com/app\n\ngo 1.26.0\n\nrequire troupe v0.0.0\n\nreplace troupe => %s\n", filepath.ToSlash(here)))
 	writeFile(t, dir, "main.go", strings.Replace(readmeProgram(t), `"example.com/app/troupe"`, `"troupe"`, 1))
 	buildAndRun(t, dir)
-}
-
-// snippetImports are the packages every snippet file may use.
-const snippetImports = `import (
-	"context"
-	"expvar"
-	"fmt"
-	"log"
-	"net/http"
-	"testing"
-	"time"
-
-	"troupe"
-	"troupe/hostnet"
-)
-`
-
-// snippetPrelude declares what the README's fragments use without
-// declaring: the message types and the variables of the surrounding code.
-const snippetPrelude = `package main
-
-` + snippetImports + `
-type Ping struct {
-	N       int
-	ReplyTo troupe.Ref[Pong]
-}
-
-type Pong struct {
-	N    int
-	From string
-}
-
-type Quote struct{ Price float64 }
-
-type Job struct{ ID int }
-
-var (
-	_ = expvar.Handler
-	_ = fmt.Sprint
-	_ = log.Println
-	_ = http.NewServeMux
-	_ = time.Second
-	_ = hostnet.New
-)
-
-func main() {}
-`
-
-// ignoredSnippetErrors are the compiler's complaints that a fragment
-// cannot avoid: it shows a call, not what is done with its result.
-var ignoredSnippetErrors = regexp.MustCompile(`declared and not used|imported and not used|^#|^\s*$`)
-
-// TestReadmeSnippetsCompile compiles every Go block of the README and of
-// the guides in docs/. Which of them run:
-//
-//   - the README's tour (the one block that starts with package main) is
-//     built and run to its end by TestReplaceDirective and TestVendoredCopy,
-//     and its output checked;
-//   - every other block is a fragment (a call, a function, a Config) and is
-//     compiled here only, in a function of its own, with the prelude's
-//     types and variables. They are not run: most need more than the
-//     fragment shows — a registry or a cluster of several nodes
-//     (discovery.md, sets-topics-routers.md, cluster.md), an etcd
-//     (discovery.md's etcd address), root and network namespaces
-//     (testing.md's hostnet block), a signal (operations.md) — and what
-//     they promise is run by the tests each guide's "Tested by" lines
-//     name.
-func TestReadmeSnippetsCompile(t *testing.T) {
-	t.Parallel()
-	needGo(t)
-	if runtime.GOOS != "linux" {
-		t.Skip("one snippet uses hostnet, which is Linux only")
-	}
-	here, err := os.Getwd()
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	writeFile(t, dir, "go.mod", fmt.Sprintf("module example.com/snippets\n\ngo 1.26.0\n\nrequire troupe v0.0.0\n\nreplace troupe => %s\n", filepath.ToSlash(here)))
-	writeFile(t, dir, "prelude.go", snippetPrelude)
-	count := 0
-	var blocks, from []string
-	for _, f := range docFiles(t) {
-		for _, b := range markdownBlocks(t, f, "go") {
-			blocks, from = append(blocks, b), append(from, f)
-		}
-	}
-	for j, block := range blocks {
-		if strings.HasPrefix(block, "package main") {
-			if from[j] != "README.md" {
-				t.Errorf("%s: only the README's tour is a complete program; a guide's block is a fragment", from[j])
-			}
-			continue // the tour: built and run by TestReplaceDirective and TestVendoredCopy
-		}
-		count++
-		// Top-level functions and one-line variables stay at top level;
-		// the rest is a body.
-		var decls, body []string
-		inDecl := false
-		for line := range strings.SplitSeq(block, "\n") {
-			switch {
-			case strings.HasPrefix(line, "func "):
-				inDecl = true
-				decls = append(decls, line)
-			case strings.HasPrefix(line, "var ") && !strings.HasSuffix(line, "("):
-				decls = append(decls, line) // a one-line package variable
-			case inDecl:
-				decls = append(decls, line)
-				if line == "}" {
-					inDecl = false
-				}
-			default:
-				body = append(body, line)
-			}
-		}
-		src := fmt.Sprintf(`package main
-
-// From %s.
-
-%s
-%s
-
-func snippet%d(ctx context.Context, t *testing.T, n, node, pingNode, pongNode *troupe.Node, a, b string) error {
-%s
-	return nil
-}
-`, from[j], snippetImports, strings.Join(decls, "\n"), j, strings.Join(body, "\n"))
-		writeFile(t, dir, fmt.Sprintf("snippet%d.go", j), src)
-	}
-	if count < 15 {
-		t.Fatalf("found only %d Go snippets in README.md and docs/", count)
-	}
-	out, err := goCmd(t, dir, "mod", "tidy")
-	if err != nil {
-		t.Fatalf("go mod tidy: %v\n%s", err, out)
-	}
-	out, _ = goCmd(t, dir, "build", "-gcflags=-e", "-o", os.DevNull, ".")
-	var real []string
-	for line := range strings.SplitSeq(out, "\n") {
-		if !ignoredSnippetErrors.MatchString(line) {
-			real = append(real, line)
-		}
-	}
-	if len(real) > 0 {
-		t.Fatalf("snippets of README.md or docs/ do not compile (each snippetN.go names its file):\n%s", strings.Join(real, "\n"))
-	}
 }
 
 // README.md's "Where things are" names every library file of the package
