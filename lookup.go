@@ -271,6 +271,10 @@ func (n *Node) notFound(srcs []registrarSource, name string, errs []error) error
 // the first match in their configured order. When no registrar has the
 // name, the error wraps [ErrNotFound] and names the name and the
 // registrars asked; when a registrar could not be asked, it says why.
+// When the name is registered but no instance can be handed out, the error
+// says why and is not ErrNotFound: [ErrWrongType] for an actor of another
+// message type, the dial's error for one that cannot be reached, the
+// context's error when ctx ended.
 //
 // Names are not unique: when several actors share a name, the one chosen is
 // the most recently registered in the preferred locality tier (see
@@ -288,12 +292,34 @@ func FindActor[T any](ctx context.Context, n *Node, name string, opts ...LookupO
 		return Ref[T]{}, err
 	}
 	answers, errs := n.findAll(ctx, srcs, name)
+	var whys []error
 	for i, regs := range answers {
-		if r, ok, _ := connect[T](ctx, n, srcs[i], regs); ok {
+		r, ok, _, why := connect[T](ctx, n, srcs[i], regs)
+		if ok {
 			return r, nil
 		}
+		if why != nil {
+			whys = append(whys, why)
+		}
+	}
+	if err := unreachedErr[T](ctx, name, whys); err != nil {
+		return Ref[T]{}, err
 	}
 	return Ref[T]{}, n.notFound(srcs, name, errs)
+}
+
+// unreachedErr says why a lookup that found name registered returns no
+// ref: the context ended, or each instance answered with an error (of
+// another message type, or not reachable). Nil when there is no such
+// reason: then the name is not registered, as far as the lookup saw.
+func unreachedErr[T any](ctx context.Context, name string, whys []error) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("troupe: looking up %q: %w", name, err)
+	}
+	if len(whys) == 0 {
+		return nil
+	}
+	return fmt.Errorf("troupe: %q is registered but cannot be reached as a %s: %w", name, reflect.TypeFor[T](), errors.Join(whys...))
 }
 
 // FindActorPerRegistrar asks every registrar (the node's, or those of
@@ -311,7 +337,7 @@ func FindActorPerRegistrar[T any](ctx context.Context, n *Node, name string, opt
 	out := make([]Ref[T], len(srcs))
 	any := false
 	for i, regs := range answers {
-		if r, ok, _ := connect[T](ctx, n, srcs[i], regs); ok {
+		if r, ok, _, _ := connect[T](ctx, n, srcs[i], regs); ok {
 			out[i], any = r, true
 		}
 	}
@@ -324,16 +350,22 @@ func FindActorPerRegistrar[T any](ctx context.Context, n *Node, name string, opt
 // connect returns a ref to the first of regs that can be reached, trying
 // addresses in order of preference and deleting from src's table each
 // address that refuses connections. stale reports that every failure was
-// such an address.
-func connect[T any](ctx context.Context, n *Node, src registrarSource, regs []Registration) (r Ref[T], ok, stale bool) {
+// such an address; why is the last failure that says something about the
+// name (another message type, an address that could not be reached), nil
+// when every instance was simply gone.
+func connect[T any](ctx context.Context, n *Node, src registrarSource, regs []Registration) (r Ref[T], ok, stale bool, why error) {
 	stale = true
 	for _, c := range preferAddrs(regs) {
 		if c.reg.Path == "" {
 			continue // a node, not an actor
 		}
 		if c.reg.Node == n.uid {
-			if h := n.lookup(c.reg.Path, c.reg.UUID); h != nil && h.local.protocol() == reflect.TypeFor[T]() {
-				return Ref[T]{h: h}, true, false
+			h := n.lookup(c.reg.Path, c.reg.UUID)
+			if h != nil && h.local.protocol() == reflect.TypeFor[T]() {
+				return Ref[T]{h: h}, true, false, nil
+			}
+			if h != nil {
+				why = fmt.Errorf("%w: %s accepts %s", ErrWrongType, c.reg.Path, h.local.protocol())
 			}
 			stale = false
 			continue
@@ -347,15 +379,18 @@ func connect[T any](ctx context.Context, n *Node, src registrarSource, regs []Re
 		r, err := Resolve[T](ctx, n, FormatRef(c.addr, c.reg.Path))
 		if err == nil && r.NodeUID() == c.reg.Node {
 			n.remember(c.reg.Name, r.h, protocolName(reflect.TypeFor[T]()))
-			return r, true, false
+			return r, true, false, nil
 		}
 		if err != nil && isRefused(err) {
 			n.deleteStale(ctx, src, c.reg.Node, c.addr)
 		} else {
 			stale = false
+			if err != nil && !errors.Is(err, ErrNoSuchActor) {
+				why = err
+			}
 		}
 	}
-	return Ref[T]{}, false, stale
+	return Ref[T]{}, false, stale, why
 }
 
 // deleteStale removes an address that refused connections from a
@@ -513,11 +548,14 @@ func WaitForActor[T any](ctx context.Context, n *Node, name string, opts ...Look
 		if err != nil {
 			return Ref[T]{}, err
 		}
-		r, ok, stale := connect[T](ctx, n, srcs[from], regs)
+		r, ok, stale, why := connect[T](ctx, n, srcs[from], regs)
 		if ok {
 			return r, nil
 		}
 		if !stale {
+			if err := unreachedErr[T](ctx, name, []error{why}); why != nil || ctx.Err() != nil {
+				return Ref[T]{}, err
+			}
 			return Ref[T]{}, fmt.Errorf("troupe: %q is registered but cannot be reached as a %s", name, reflect.TypeFor[T]())
 		}
 		// Only stale addresses (deleted where the registrar could be
