@@ -62,6 +62,13 @@ func seconds(d time.Duration) float64 {
 // ms is t to the millisecond, as the stats document gives times.
 func ms(t time.Time) time.Time { return t.Truncate(time.Millisecond) }
 
+// MarshalJSON encodes s as the debug page's JSON document (what
+// [Node.DebugHandler] serves with ?format=json): addresses and uids as
+// text, durations as numbers of seconds in keys ending in _seconds,
+// causes as their messages. So json.Marshal(n.Stats()), and an expvar.Func
+// returning it, give what a dashboard or troupe's command line reads.
+func (s Stats) MarshalJSON() ([]byte, error) { return json.Marshal(statsJSON(s)) }
+
 // statsJSON is Stats with its addresses and uids as text and its
 // durations in seconds.
 func statsJSON(s Stats) map[string]any {

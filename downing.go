@@ -299,7 +299,7 @@ func minorityDelay(v SplitView) bool {
 	}
 }
 
-// IndirectlyConnected returns the members to take out of v so that what
+// indirectlyConnected returns the members to take out of v so that what
 // remains is a clean split (every pair of members that lost each other has
 // one on this side and one on the other: no pair on the same side has) or
 // no split at all. Completeness is not required: a member watches only
@@ -310,7 +310,7 @@ func minorityDelay(v SplitView) bool {
 // the one in the most lost pairs; on a tie
 // one on the other side, then a joining one, then the youngest, then the
 // highest address. Only observations made by up or leaving members count.
-func IndirectlyConnected(v SplitView) []Member {
+func indirectlyConnected(v SplitView) []Member {
 	var out []Member
 	g := newReachGraph(v)
 	for !g.clean() {
@@ -467,7 +467,7 @@ func (g *reachGraph) worse(a, b Member) bool {
 
 // ResolveSplit is the whole decision for one side of a split: the
 // indirectly connected members are taken out first (see
-// [IndirectlyConnected]); the strategy then decides on what remains, with
+// indirectlyConnected); the strategy then decides on what remains, with
 // them counted on the other side. They are downed whatever it decides,
 // and with this side when this side downs itself, as are the members of
 // the other side whose own observations reached this side. It returns the
@@ -478,7 +478,7 @@ func ResolveSplit(s DowningStrategy, v SplitView) (Downing, []Member) {
 }
 
 func resolve(v SplitView, decide func(SplitView) Downing) (Downing, []Member) {
-	indirect := IndirectlyConnected(v)
+	indirect := indirectlyConnected(v)
 	if len(indirect) == 0 {
 		d := decide(v)
 		if d == DownReachable {

@@ -17,8 +17,9 @@ import (
 )
 
 // Stats is a snapshot of what a node is doing and what it thinks of its
-// peers, made by [Node.Stats]. It is plain data: encode it as JSON, print
-// it, or serve it with [Node.DebugHandler] and [Node.MetricsHandler].
+// peers, made by [Node.Stats]. It is plain data: print it, encode it as
+// JSON (the debug page's document: [Stats.MarshalJSON]), or serve it with
+// [Node.DebugHandler] and [Node.MetricsHandler].
 type Stats struct {
 	Name       string
 	UID        NodeUID

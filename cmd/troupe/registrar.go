@@ -1,15 +1,14 @@
 package main
 
 import (
-	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"expvar"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"strings"
 	"time"
@@ -78,12 +77,14 @@ func registrar(ctx context.Context, c *call) int {
 // node's stats document added as "troupe" (without publishing it in the
 // process-wide expvar table, which would outlive the node).
 func varsHandler(n *troupe.Node) http.Handler {
-	debug := n.DebugHandler()
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		doc := httptest.NewRecorder()
-		debug.ServeHTTP(doc, httptest.NewRequest(http.MethodGet, "/?format=json", nil))
+		doc, err := json.Marshal(n.Stats())
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
 		w.Header().Set("Content-Type", "application/json; charset=utf-8")
-		fmt.Fprintf(w, "{\n%q: %s", "troupe", bytes.TrimSpace(doc.Body.Bytes()))
+		fmt.Fprintf(w, "{\n%q: %s", "troupe", doc)
 		expvar.Do(func(kv expvar.KeyValue) {
 			if kv.Key != "troupe" {
 				fmt.Fprintf(w, ",\n%q: %s", kv.Key, kv.Value)
