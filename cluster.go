@@ -234,8 +234,8 @@ func init() {
 // answer: manual downing from outside the cluster, as troupe down does.
 // n is any node that can reach node; the member checks n's credentials
 // (Config.Secret, TLS, peer credentials) like any peer's, and any peer it
-// admits may down members. Errors: the member's answer (such as "no
-// such cluster member at …"), or why it could not be asked.
+// admits may down members. Errors: the member's answer (such as "not
+// found: no such cluster member at …"), or why it could not be asked.
 func (n *Node) DownMember(ctx context.Context, node, member string) error {
 	addr, err := ParseAddr(node)
 	if err != nil {
@@ -586,7 +586,7 @@ func (c *Cluster) Down(addr string) error {
 	events := c.membership.down(down, time.Now())
 	c.mu.Unlock()
 	if len(down) == 0 {
-		return fmt.Errorf("%w: no such cluster member at %s", ErrBadConfig, a)
+		return fmt.Errorf("%w: no such cluster member at %s", ErrNotFound, a)
 	}
 	c.n.log.Warn("troupe: cluster member downed by hand", "addr", a.String())
 	c.publish(events)

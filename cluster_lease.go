@@ -331,4 +331,6 @@ func LeaseMajority() DowningStrategy { return leaseMajority{} }
 
 type leaseMajority struct{}
 
+func (leaseMajority) String() string { return "LeaseMajority()" }
+
 func (leaseMajority) Decide(SplitView) Downing { return DownReachable }

@@ -387,7 +387,7 @@ func (c *Cluster) downing(now time.Time) bool {
 		decision, down = resolve(view, func(v SplitView) Downing { return c.decide(strategy, v) })
 	}
 	c.n.log.Warn("troupe: cluster split resolved", "decision", decision.String(), "downed", len(down),
-		"reachable", len(view.Reachable), "unreachable", len(view.Unreachable), "strategy", fmt.Sprintf("%T", strategy))
+		"reachable", len(view.Reachable), "unreachable", len(view.Unreachable), "strategy", strategyName(strategy))
 	c.mu.Lock()
 	events := c.down(down, time.Now())
 	if c.leaseHeld && c.leaseDowned == nil {
@@ -494,4 +494,14 @@ func (c *Cluster) selfDowned(m Member) {
 		// runs on its own goroutine; it ends when the node is closed.
 		go c.n.Close()
 	}
+}
+
+// strategyName names a downing strategy in the logs: a built-in one as the
+// call that made it (StaticQuorum(3)), one of the user's by its String
+// method or, without one, its type.
+func strategyName(s DowningStrategy) string {
+	if st, ok := s.(fmt.Stringer); ok {
+		return st.String()
+	}
+	return fmt.Sprintf("%T", s)
 }

@@ -688,7 +688,7 @@ func TestClusterManualDown(t *testing.T) {
 	operator := startOn(t, r.f, failConfig("operator", 20*time.Millisecond, 2*time.Second))
 	err := operator.DownMember(ctxT(t, 5*time.Second), r.nodes[1].Addrs()[0].String(), "tcp://127.0.0.1:1")
 	if err == nil || !strings.Contains(err.Error(), "no such cluster member") {
-		t.Fatalf("DownMember of an unknown address: %v, want the member's ErrNotMember", err)
+		t.Fatalf("DownMember of an unknown address: %v, want the member's \"no such cluster member\"", err)
 	}
 	if err := operator.DownMember(ctxT(t, 5*time.Second), r.nodes[1].Addrs()[0].String(), deadAddr); err != nil {
 		t.Fatalf("DownMember: %v", err)
@@ -701,8 +701,8 @@ func TestClusterManualDown(t *testing.T) {
 	waitFor(t, 10*time.Second, "the late member up", func() bool {
 		return memberStatus(r.members[0], r.nodes[3].UID()) == MemberUp
 	})
-	if err := r.members[0].Down("tcp://127.0.0.1:1"); !errors.Is(err, ErrBadConfig) {
-		t.Fatalf("Down of an unknown address: %v, want ErrBadConfig", err)
+	if err := r.members[0].Down("tcp://127.0.0.1:1"); !errors.Is(err, ErrNotFound) || !strings.Contains(err.Error(), "no such cluster member at") {
+		t.Fatalf("Down of an unknown address: %v, want ErrNotFound naming the address", err)
 	}
 }
 

@@ -2,6 +2,7 @@ package troupe
 
 import (
 	"cmp"
+	"fmt"
 	"slices"
 )
 
@@ -157,6 +158,8 @@ func KeepMajority() DowningStrategy { return keepMajority{} }
 
 type keepMajority struct{}
 
+func (keepMajority) String() string { return "KeepMajority()" }
+
 func (keepMajority) Decide(v SplitView) Downing {
 	here, there := counted(v.Reachable, false, false), counted(v.Unreachable, false, false)
 	if len(here)+len(there) == 0 {
@@ -184,6 +187,8 @@ func StaticQuorum(size int) DowningStrategy { return staticQuorum{size: size} }
 
 type staticQuorum struct{ size int }
 
+func (q staticQuorum) String() string { return fmt.Sprintf("StaticQuorum(%d)", q.size) }
+
 func (q staticQuorum) Decide(v SplitView) Downing {
 	here, there := counted(v.Reachable, false, false), counted(v.Unreachable, false, false)
 	switch {
@@ -205,6 +210,8 @@ func (q staticQuorum) Decide(v SplitView) Downing {
 func KeepOldest(downIfAlone bool) DowningStrategy { return keepOldest{DownIfAlone: downIfAlone} }
 
 type keepOldest struct{ DownIfAlone bool }
+
+func (k keepOldest) String() string { return fmt.Sprintf("KeepOldest(%v)", k.DownIfAlone) }
 
 func (k keepOldest) Decide(v SplitView) Downing {
 	d := k.oldest(counted(v.Reachable, false, false), counted(v.Unreachable, false, false))
@@ -265,6 +272,8 @@ func isIn(ms []Member, m Member) bool {
 func DownAll() DowningStrategy { return downAll{} }
 
 type downAll struct{}
+
+func (downAll) String() string { return "DownAll()" }
 
 func (downAll) Decide(v SplitView) Downing {
 	if len(v.Unreachable) == 0 {

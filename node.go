@@ -27,8 +27,8 @@ var (
 	// [Config], and by that of a call given an argument it cannot use (a
 	// behavior without Receive, or whose factory fails, for [Spawn]; a ref
 	// that is not an actor of this node for [ServiceKey.Register],
-	// [ServiceKey.Subscribe] or [Topic.Subscribe]; an address no live
-	// member has for [Cluster.Down]; [Reconnect] with [OnNode]; a
+	// [ServiceKey.Subscribe] or [Topic.Subscribe]; [Reconnect] with
+	// [OnNode]; a
 	// shutdown phase that does not exist; a router strategy that cannot
 	// choose).
 	ErrBadConfig = errors.New("troupe: bad config")

@@ -19,8 +19,9 @@ var (
 	// when a registrar already answers on a registry address.
 	ErrRegistryRunning = errors.New("troupe: a registrar already answers on the registry address")
 	// ErrNotFound is wrapped by the error of a lookup of one actor
-	// ([FindActor], [Node.QueryActor]) when no registrar has the name.
-	ErrNotFound = errors.New("troupe: not registered")
+	// ([FindActor], [Node.QueryActor]) when no registrar has the name, and
+	// by [Cluster.Down] when no member is at the address.
+	ErrNotFound = errors.New("troupe: not found")
 	// ErrNoRegistry is returned by lookups on a node that has no registrar
 	// configured and none given with [WithRegistries].
 	ErrNoRegistry = errors.New("troupe: no registrar configured")
@@ -29,8 +30,9 @@ var (
 	// registrar's bounds (16,384 registrations of one node incarnation,
 	// 16,384 under one name, 262,144 in all), a field of it is
 	// longer than a registrar keeps, or it names another node than the
-	// one that sent it.
-	ErrRegistrationRefused = errors.New("troupe: registration refused by the registrar")
+	// one that sent it. A node refuses a service registration of its own
+	// past 10,000 (service keys), with the same error.
+	ErrRegistrationRefused = errors.New("troupe: registration refused")
 )
 
 // registrarPath is where a registrar's actor lives on its node.

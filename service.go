@@ -98,7 +98,7 @@ func (k ServiceKey[T]) Register(n *Node, ref Ref[T]) error {
 	s.mu.Lock()
 	if _, ok := s.entries[e]; !ok && len(s.entries) >= maxServicesPerNode {
 		s.mu.Unlock()
-		return fmt.Errorf("%w: the node holds %d service registrations, as many as it takes", ErrRegistrationRefused, maxServicesPerNode)
+		return fmt.Errorf("%w by this node: it holds %d service registrations, as many as it takes", ErrRegistrationRefused, maxServicesPerNode)
 	}
 	if s.entries == nil {
 		s.entries = map[serviceEntry]struct{}{}
