@@ -28,8 +28,7 @@ type Config struct {
 	// during a rolling upgrade an operator sees which peer runs what. At
 	// most 128 bytes of printable UTF-8. Default: empty.
 	// troupe never compares versions: whether two versions talk is
-	// decided per message type (see "Changing a message type during a
-	// rolling upgrade" in the README).
+	// decided per message type (see docs/upgrades.md).
 	AppVersion string
 
 	// Listen lists the addresses to listen on, in any form [ParseAddr]
@@ -108,7 +107,7 @@ type Config struct {
 	// The etcd client derives its bounds from it: a member silent for
 	// one EtcdElectionTimeout is passed over for the next, and a request
 	// goes on trying the members for 3.5 of them, which outlasts an
-	// election (see the README's etcd section). Default:
+	// election (see docs/discovery.md, etcd). Default:
 	// 1 s, etcd's own default.
 	EtcdElectionTimeout time.Duration
 
@@ -144,7 +143,7 @@ type Config struct {
 	// are the client certificate), or several such entries with the same
 	// scheme and prefix, one per member. The endpoints are tried in turn; the
 	// node holds one etcd lease of [Config.UnreachableAfter] and attaches
-	// its registrations to it. See the README's discovery section.
+	// its registrations to it. See docs/discovery.md.
 	RegistryAddrs []string
 
 	// Discovery turns discovery on with the default RegistryAddrs. It is

@@ -19,8 +19,7 @@ import (
 // a field only the sender has is skipped, one only the receiver has keeps
 // its zero value, order does not matter, and a field whose kind changed
 // makes every message of that key a dead letter (ErrIncompatibleMessage,
-// naming the field). See "Changing a message type during a rolling
-// upgrade" in the README.
+// naming the field). See docs/upgrades.md.
 //
 // A shape from a peer is kept as its bytes, with two tables beside them
 // (where each node ends, and which nodes encode to nothing): at most
