@@ -278,6 +278,7 @@ var snippetUnused = regexp.MustCompile(`snippet(\d+)_test\.go:(\d+):\d+: declare
 func TestDocSnippetsRun(t *testing.T) {
 	t.Parallel()
 	needGo(t)
+	buildsBesideTheSuite(t)
 	if runtime.GOOS != "linux" {
 		t.Skip("one snippet uses hostnet, one sends itself SIGTERM: Linux only")
 	}

@@ -105,6 +105,16 @@ func needGo(t *testing.T) {
 	}
 }
 
+// buildsBesideTheSuite skips a test of the default suite that builds and
+// runs programs with the go command when the race detector is on (see
+// raceBuild): .ci/run runs it in a step of its own, without the detector.
+func buildsBesideTheSuite(t *testing.T) {
+	t.Helper()
+	if raceBuild {
+		t.Skip("builds programs with the go command: run without -race (.ci/run's step \"the docs' programs\" does)")
+	}
+}
+
 // tourOutput is what the README's tour prints, line by line, in any
 // order: the printer actor prints on its own goroutine.
 var tourOutput = []string{
@@ -186,6 +196,7 @@ func TestReplaceDirective(t *testing.T) {
 	t.Parallel()
 	slowTest(t)
 	needGo(t)
+	buildsBesideTheSuite(t)
 	here, err := os.Getwd()
 	if err != nil {
 		t.Fatal(err)
