@@ -114,6 +114,7 @@ func nemesisDuration(t *testing.T) time.Duration {
 
 func TestNemesis(t *testing.T) {
 	longRun(t, "TROUPE_NEMESIS_DURATION", "TROUPE_NEMESIS_SEED")
+	t.Parallel() // beside the process nemesis: CI's step runs both at once
 	seed := uint64(time.Now().UnixNano())
 	if s := os.Getenv("TROUPE_NEMESIS_SEED"); s != "" {
 		var err error

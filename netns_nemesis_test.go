@@ -28,6 +28,7 @@ import (
 // TestNemesis; it needs root, ip and nft, and skips otherwise.
 func TestNemesisProcesses(t *testing.T) {
 	longRun(t, "TROUPE_NEMESIS_DURATION", "TROUPE_NEMESIS_SEED")
+	t.Parallel() // beside the in-process nemesis: CI's step runs both at once
 	if why := hostnet.Available(); why != "" {
 		t.Skip(why)
 	}
