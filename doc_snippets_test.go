@@ -109,7 +109,7 @@ func freeAddr(t *testing.T) string {
 
 // clusterOf starts a one-member cluster on nd.
 func clusterOf(t *testing.T, ctx context.Context, nd *troupe.Node) *troupe.Cluster {
-	c, err := troupe.StartCluster(ctx, nd, troupe.ClusterConfig{})
+	c, err := troupe.StartCluster(ctx, nd, troupe.ClusterConfig{StableAfter: 100 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -225,7 +225,13 @@ var snippetRunners = map[string]string{
 		return err
 	}
 	addToCart(carts, "alice")
-	addToCart(carts, "bob")`,
+	addToCart(carts, "bob")
+	for carts.Stats().Entities < 2 { // each cart started on its first message
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("the carts never started: %w", err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}`,
 	"addToCart": ``, // with startCarts
 	"sendAll": `if err := sendAll(ctx, sink[string](t, n, "billing"), []string{"o-1", "o-2", "o-3"}); err != nil {
 		return err
@@ -270,6 +276,10 @@ var snippetRunners = map[string]string{
 
 // snippetDeclared matches a top-level function a fragment declares.
 var snippetDeclared = regexp.MustCompile(`(?m)^func (\w+)\(`)
+
+// snippetDeclares matches a statement at a fragment body's top level that
+// declares variables (n, err := …).
+var snippetDeclares = regexp.MustCompile(`^(\w+(?:, \w+)*) :=`)
 
 // snippetUnused matches the compiler's complaint about a variable a
 // fragment declares to show a call's result and then leaves alone.
@@ -331,6 +341,16 @@ func TestDocSnippetsRun(t *testing.T) {
 					}
 				default:
 					fr.body = append(fr.body, line)
+					// A variable the body declares at its top level is
+					// used once at its end: a fragment shows a call's
+					// result without using it.
+					if m := snippetDeclares.FindStringSubmatch(line); m != nil {
+						for v := range strings.SplitSeq(m[1], ", ") {
+							if v != "_" && !slices.Contains(fr.unused, v) {
+								fr.unused = append(fr.unused, v)
+							}
+						}
+					}
 				}
 			}
 			frags = append(frags, fr)
@@ -398,15 +418,15 @@ func TestSnippet%[4]d(t *testing.T) {
 `, fr.from, strings.Join(imports, "\n\t"), strings.Join(fr.decls, "\n"), j, strings.Join(setup, "\n"), body, strings.Join(run, "\n")))
 		}
 	}
-	// A fragment shows a call's result without using it: the compiler's
-	// "declared and not used" names each such variable, which the
-	// fragment's function then uses (twice at most: a use can reveal
-	// another).
+	// A variable declared deeper that the fragment leaves alone: the
+	// compiler's "declared and not used" names it, and the fragment's
+	// function then uses it (twice at most: a use can reveal another).
 	bin := filepath.Join(dir, "snippets.test")
 	var out string
 	for range 3 {
 		write()
-		if out, err = goCmd(t, dir, "test", "-c", "-o", bin, "."); err == nil {
+		// (No vet, no symbol table: a build for one run.)
+		if out, err = goCmd(t, dir, "test", "-c", "-vet=off", "-ldflags=-s -w", "-o", bin, "."); err == nil {
 			break
 		}
 		ms := snippetUnused.FindAllStringSubmatch(out, -1)
