@@ -21,6 +21,7 @@ import (
 // side instead of go test's default of one per processor.
 func TestMain(m *testing.M) {
 	flag.Parse()
+	exitWithParent()
 	given := false
 	flag.Visit(func(f *flag.Flag) { given = given || f.Name == "test.parallel" })
 	// (-parallel is also the number of fuzzing workers: a fuzz run keeps
@@ -36,6 +37,38 @@ func TestMain(m *testing.M) {
 		}
 	}
 	os.Exit(code)
+}
+
+// exitWithParent makes a helper process (this test binary run again for
+// one TestHelper…, by a process test) end when the process that started it
+// ends: a test binary killed by its timeout, or by kill -9, would leave
+// its helpers running, holding ports and both cores for the next run. The
+// parent is polled: on Unix an orphan is adopted by another process; on
+// Windows the parent's pid stays, and nothing happens.
+func exitWithParent() {
+	// The test process put its pid in the environment the helper
+	// inherited: a helper that only watched its parent change from when
+	// it started might already have been orphaned by then. (Its parent
+	// may also be another process, such as ip netns exec.)
+	start := os.Getppid()
+	test, err := strconv.Atoi(os.Getenv("TROUPE_TEST_PROCESS"))
+	if err != nil {
+		test = start
+	}
+	os.Setenv("TROUPE_TEST_PROCESS", strconv.Itoa(os.Getpid())) // (for this process's helpers)
+	run := flag.Lookup("test.run")
+	if run == nil || !strings.HasPrefix(run.Value.String(), "^TestHelper") && !strings.HasPrefix(run.Value.String(), "^TestIdleAssociationsClient") {
+		return
+	}
+	go func() {
+		for {
+			if os.Getppid() != start || processGone(test) {
+				fmt.Fprintln(os.Stderr, "the test process that started this helper is gone: exiting")
+				os.Exit(3)
+			}
+			time.Sleep(250 * time.Millisecond)
+		}
+	}()
 }
 
 // leakedStacks returns the stacks of goroutines running troupe code that a
@@ -55,7 +88,7 @@ func leakedStacks(test string) string {
 			continue
 		}
 		if strings.Contains(g, "troupe.Test") || strings.Contains(g, "troupe.Benchmark") ||
-			strings.Contains(g, "troupe.Fuzz") || strings.Contains(g, "troupe.leakedStacks") ||
+			strings.Contains(g, "troupe.Fuzz") || strings.Contains(g, "troupe.leakedStacks") || strings.Contains(g, "troupe.exitWithParent") ||
 			strings.Contains(g, "troupe.Example") || strings.Contains(g, "testing.(*M)") {
 			continue
 		}
