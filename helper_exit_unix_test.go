@@ -80,6 +80,7 @@ func dirExists(p string) bool { fi, err := os.Stat(p); return err == nil && fi.I
 // TestHelperStartsAHelper starts a helper that waits for good, says its
 // pid, and waits to be killed.
 func TestHelperStartsAHelper(t *testing.T) {
+	t.Parallel()
 	if os.Getenv("TROUPE_HELPER_STARTS") == "" {
 		t.Skip("helper for TestAHelperEndsWithTheProcessThatStartedIt")
 	}
@@ -98,6 +99,7 @@ func TestHelperStartsAHelper(t *testing.T) {
 
 // TestHelperWaitsForGood waits until it is made to exit.
 func TestHelperWaitsForGood(t *testing.T) {
+	t.Parallel()
 	if os.Getenv("TROUPE_HELPER_WAITS") == "" {
 		t.Skip("helper for TestAHelperEndsWithTheProcessThatStartedIt")
 	}
