@@ -347,6 +347,13 @@ func FindActorPerRegistrar[T any](ctx context.Context, n *Node, name string, opt
 	return nil, errors.Join(errs...)
 }
 
+// gone reports whether err, from resolving a registered actor, says the
+// actor or its node is gone for good: the registration is stale, and the
+// name is as good as not registered.
+func gone(err error) bool {
+	return errors.Is(err, ErrNoSuchActor) || errors.Is(err, ErrActorStopped) || errors.Is(err, ErrPeerLeft)
+}
+
 // connect returns a ref to the first of regs that can be reached, trying
 // addresses in order of preference and deleting from src's table each
 // address that refuses connections. stale reports that every failure was
@@ -385,7 +392,7 @@ func connect[T any](ctx context.Context, n *Node, src registrarSource, regs []Re
 			n.deleteStale(ctx, src, c.reg.Node, c.addr)
 		} else {
 			stale = false
-			if err != nil && !errors.Is(err, ErrNoSuchActor) {
+			if err != nil && !gone(err) {
 				why = err
 			}
 		}
