@@ -37,9 +37,11 @@ const snippetPrelude = `package snippets
 
 import (
 	"context"
+	"errors"
 	"net"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -60,6 +62,19 @@ type Pong struct {
 type Quote struct{ Price float64 }
 
 type Job struct{ ID int }
+
+// snippetErrOK says whether err is what the guide says the statement
+// stmt returns: FindActor of a name nobody registered yet, a watch that
+// runs until its context ends.
+func snippetErrOK(stmt string, err error) bool {
+	switch {
+	case strings.Contains(stmt, "troupe.FindActor[Quote](ctx, n, \"data_feed\")"):
+		return errors.Is(err, troupe.ErrNotFound)
+	case strings.Contains(stmt, ".Watch(ctx"):
+		return errors.Is(err, context.DeadlineExceeded)
+	}
+	return false
+}
 
 // snippetEnv starts the nodes a fragment uses: n (the registrar at a),
 // pingNode and pongNode in the same registry, and a second registrar at
@@ -169,6 +184,27 @@ func signalUntil(done <-chan struct{}) {
 	}()
 }
 
+// collector spawns an actor that hands each message it takes to the
+// channel it returns.
+func collector[T any](t *testing.T, nd *troupe.Node, name string) (troupe.Ref[T], chan T) {
+	ch := make(chan T, 16)
+	r, err := troupe.Spawn(nd, name, troupe.Behavior[T]{Receive: func(_ *troupe.Context[T], m T) { ch <- m }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r, ch
+}
+
+// await waits for a message on ch, or says what never came.
+func await[T any](ctx context.Context, ch chan T, what string) error {
+	select {
+	case <-ch:
+		return nil
+	case <-ctx.Done():
+		return errors.New("waited in vain for " + what)
+	}
+}
+
 // sink spawns an actor that takes messages of type T and does nothing.
 func sink[T any](t *testing.T, nd *troupe.Node, name string) troupe.Ref[T] {
 	r, err := troupe.Spawn(nd, name, troupe.Behavior[T]{Receive: func(*troupe.Context[T], T) {}})
@@ -184,7 +220,6 @@ func sink[T any](t *testing.T, nd *troupe.Node, name string) troupe.Ref[T] {
 var snippetImports = []struct{ path, use string }{
 	{"errors", "errors."},
 	{"expvar", "expvar."},
-	{"fmt", "fmt."},
 	{"log", "log."},
 	{"net/http", "http."},
 	{"troupe/hostnet", "hostnet."},
@@ -260,22 +295,41 @@ var snippetRunners = map[string]string{
 	}`,
 	"followWorkers":     ``, // with serveJobs
 	"followFromAnActor": ``, // with serveJobs
-	"listen": `if err := listen(n, sink[Quote](t, n, "ticker")); err != nil {
+	"listen": `ticker, quotes := collector[Quote](t, n, "ticker")
+	if err := listen(n, ticker); err != nil {
 		return err
 	}
 	if err := announce(ctx, n, Quote{Price: 101.5}); err != nil {
 		return err
+	}
+	if err := await(ctx, quotes, "the subscriber to get the quote"); err != nil {
+		return err
 	}`,
 	"announce": ``, // with listen
-	"startRouter": `jobs, err := startRouter(n)
+	"startRouter": `worker, done := collector[Job](t, n, "worker")
+	if err := workersKey.Register(n, worker); err != nil {
+		return err
+	}
+	jobs, err := startRouter(n)
 	if err != nil {
 		return err
 	}
-	jobs.Tell(Job{ID: 7})`,
+	jobs.Tell(Job{ID: 7})
+	if err := await(ctx, done, "the worker to get the job"); err != nil {
+		return err
+	}`,
 }
 
 // snippetDeclared matches a top-level function a fragment declares.
 var snippetDeclared = regexp.MustCompile(`(?m)^func (\w+)\(`)
+
+// snippetStarts matches a statement at a fragment body's top level that
+// starts a node.
+var snippetStarts = regexp.MustCompile(`^(\w+), (?:err|_) :?= (?:troupe|network)\.Start\(`)
+
+// snippetAssignsErr matches a statement at a fragment body's top level
+// that assigns err.
+var snippetAssignsErr = regexp.MustCompile(`^(?:\w+, )*err(?:, \w+)* :?= `)
 
 // snippetDeclares matches a statement at a fragment body's top level that
 // declares variables (n, err := …).
@@ -327,6 +381,13 @@ func TestDocSnippetsRun(t *testing.T) {
 			// Top-level functions and one-line variables stay at top
 			// level; the rest is the body.
 			inDecl := false
+			depth := 0        // of brackets in the body, at the end of the line
+			pending := ""     // a statement assigning err, until it ends
+			due := ""         // a statement assigning err that has ended
+			started := ""     // a node the statement starts
+			check := func() { // the error of statement due: nil, or one the guide says it returns (snippetErrOK)
+				fr.body = append(fr.body, fmt.Sprintf("if err != nil && !snippetErrOK(%q, err) {\n\treturn fmt.Errorf(\"%%s: %%w\", %q, err)\n}", due, due))
+			}
 			for line := range strings.SplitSeq(block, "\n") {
 				switch {
 				case strings.HasPrefix(line, "func "):
@@ -340,7 +401,28 @@ func TestDocSnippetsRun(t *testing.T) {
 						inDecl = false
 					}
 				default:
+					if due != "" && !strings.HasPrefix(line, "if err != nil") {
+						check()
+					}
+					due = ""
+					if depth == 0 && snippetAssignsErr.MatchString(line) {
+						pending = strings.TrimSpace(line)
+					}
+					// A node the fragment starts is closed when its test
+					// ends, once the statement has.
+					if m := snippetStarts.FindStringSubmatch(line); depth == 0 && m != nil {
+						started = m[1]
+					}
+					depth += strings.Count(line, "(") + strings.Count(line, "{") + strings.Count(line, "[") -
+						strings.Count(line, ")") - strings.Count(line, "}") - strings.Count(line, "]")
+					if depth == 0 && pending != "" {
+						due, pending = pending, ""
+					}
 					fr.body = append(fr.body, line)
+					if depth == 0 && started != "" {
+						fr.body = append(fr.body, fmt.Sprintf("if nd := %s; nd != nil {\n\tt.Cleanup(func() { nd.Close() })\n}", started))
+						started = ""
+					}
 					// A variable the body declares at its top level is
 					// used once at its end: a fragment shows a call's
 					// result without using it.
@@ -352,6 +434,9 @@ func TestDocSnippetsRun(t *testing.T) {
 						}
 					}
 				}
+			}
+			if due != "" {
+				check()
 			}
 			frags = append(frags, fr)
 		}
@@ -383,7 +468,7 @@ func TestDocSnippetsRun(t *testing.T) {
 				run = append(run, "\t_ = "+v)
 			}
 			src := strings.Join(fr.decls, "\n") + "\n" + body
-			imports := []string{`"context"`, `"testing"`, `"time"`, `"troupe"`}
+			imports := []string{`"context"`, `"fmt"`, `"sync"`, `"testing"`, `"time"`, `"troupe"`}
 			for _, im := range snippetImports {
 				if strings.Contains(src, im.use) || strings.Contains(strings.Join(run, "\n"), im.use) {
 					imports = append(imports, `"`+im.path+`"`)
@@ -411,8 +496,23 @@ func TestSnippet%[4]d(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	n, pingNode, pongNode, a, b := snippetEnv(t, ctx)
+	var mu sync.Mutex
+	var dead []string
+	for _, nd := range []*troupe.Node{n, pingNode, pongNode} {
+		sub := troupe.Subscribe(nd, func(d troupe.DeadLetter) {
+			mu.Lock()
+			defer mu.Unlock()
+			dead = append(dead, fmt.Sprintf("to %%s: %%v", d.Target, d.Reason))
+		})
+		defer sub.Unsubscribe()
+	}
 	if err := snippet%[4]d(ctx, t, n, n, pingNode, pongNode, a, b); err != nil {
 		t.Fatalf("the fragment from %[1]s: %%v", err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(dead) > 0 {
+		t.Fatalf("the fragment from %[1]s made dead letters: %%v", dead)
 	}
 }
 `, fr.from, strings.Join(imports, "\n\t"), strings.Join(fr.decls, "\n"), j, strings.Join(setup, "\n"), body, strings.Join(run, "\n")))

@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"hash/maphash"
 	"math/rand/v2"
+	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // Group routers: an actor whose messages go on to one of the actors
@@ -72,7 +74,10 @@ func ConsistentHash[T any](key func(T) string) RouteStrategy[T] {
 // message it takes to one of the actors under key, chosen by strategy.
 // It follows key's listing as [ServiceKey.Watch] does, pushed: a routee that
 // stops, or whose node is lost, drops out as soon as the listing says so,
-// and one that registers joins. A message that finds no routee is a dead
+// and one that registers joins. The router takes its first message once
+// it has the first listing (waiting at most Config.RegistryTimeout for
+// it), so a message sent as soon as SpawnGroupRouter returns reaches a
+// routee registered before. A message that finds no routee is a dead
 // letter with [ErrNoRoutee]. The router forwards with Tell: a routee
 // whose mailbox (or whose node's credit) is full makes a dead letter, as
 // a Tell to it would, and a message's headers are not passed on. It
@@ -88,12 +93,29 @@ func SpawnGroupRouter[T any](n *Node, name string, key ServiceKey[T], strategy R
 	}
 	var routees atomic.Pointer[[]Ref[T]]
 	var next atomic.Uint64
+	first := make(chan struct{})
+	var once sync.Once
 	return Spawn(n, name, Behavior[T]{
 		Setup: func(c *Context[T]) {
 			ctx := c.Context()
 			n.wg.Go(func() {
-				key.Watch(ctx, n, func(rs []Ref[T]) { routees.Store(&rs) }, opts...)
+				key.Watch(ctx, n, func(rs []Ref[T]) {
+					routees.Store(&rs)
+					once.Do(func() { close(first) })
+				}, opts...)
 			})
+			// The watch's first listing comes at once: the router takes
+			// its first message with it, so that a message sent right
+			// after the spawn reaches a routee registered before. (A
+			// registry that does not answer within RegistryTimeout
+			// leaves the router with none, as before.)
+			t := time.NewTimer(n.cfg.RegistryTimeout)
+			defer t.Stop()
+			select {
+			case <-first:
+			case <-ctx.Done():
+			case <-t.C:
+			}
 		},
 		Receive: func(c *Context[T], msg T) {
 			rs := routees.Load()

@@ -140,6 +140,50 @@ func TestRoundRobinAndRandomRouters(t *testing.T) {
 }
 
 // A router with no routee makes a dead letter that says so.
+// A message sent the moment SpawnGroupRouter returns reaches a routee
+// registered before it: the router takes its first message once it has
+// its first listing, not before (it made a dead letter with ErrNoRoutee
+// while the listing was on its way).
+func TestARouterRoutesItsFirstMessageToARouteeRegisteredBefore(t *testing.T) {
+	t.Parallel()
+	// A node that is its own registrar, as a first program's is.
+	cfg := quiet("client", "tcp://127.0.0.1:0")
+	cfg.RegistryAddrs = []string{"tcp://127.0.0.1:0"}
+	client, err := troupe.Start(ctxFor(t), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { client.Close() })
+	dead := make(chan troupe.DeadLetter, 4)
+	troupe.SubscribeChan(client, dead)
+	key := troupe.ServiceKey[job]{Name: "early"}
+	got := make(chan int, 4)
+	worker, err := troupe.Spawn(client, "early-worker", troupe.Behavior[job]{Receive: func(_ *troupe.Context[job], j job) { got <- j.N }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := key.Register(client, worker); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 5 {
+		router, err := troupe.SpawnGroupRouter(client, fmt.Sprint("early-", i), key, troupe.ConsistentHash(func(j job) string { return fmt.Sprint(j.N) }))
+		if err != nil {
+			t.Fatal(err)
+		}
+		router.Tell(job{N: i})
+		select {
+		case n := <-got:
+			if n != i {
+				t.Fatalf("the worker got job %d, want %d", n, i)
+			}
+		case d := <-dead:
+			t.Fatalf("router %d's first message: dead letter %+v", i, d)
+		case <-time.After(10 * time.Second):
+			t.Fatalf("router %d's first message never arrived", i)
+		}
+	}
+}
+
 func TestARouterWithNoRouteeMakesADeadLetter(t *testing.T) {
 	t.Parallel()
 	_, ns := serviceNodes(t, "client")
