@@ -160,11 +160,12 @@ func spawnPonger(t *testing.T, nd *troupe.Node) {
 // spawnSoon spawns a named Quote actor on nd a moment from now, for a
 // fragment that finds nothing first and then waits for it.
 func spawnSoon(t *testing.T, nd *troupe.Node, name string) {
-	time.AfterFunc(100*time.Millisecond, func() {
+	timer := time.AfterFunc(100*time.Millisecond, func() {
 		if _, err := troupe.Spawn(nd, name, troupe.Behavior[Quote]{Receive: func(*troupe.Context[Quote], Quote) {}}); err != nil {
 			t.Error(err)
 		}
 	})
+	t.Cleanup(func() { timer.Stop() })
 }
 
 // signalUntil sends this process SIGTERM every 50 ms until done closes,
@@ -549,7 +550,7 @@ func TestSnippet%[4]d(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the fragments of README.md and docs/ do not compile (each snippetN_test.go names its file):\n%s", out)
 	}
-	cmd := exec.Command(bin, "-test.timeout=2m", fmt.Sprintf("-test.v=%v", testing.Verbose()))
+	cmd := exec.CommandContext(t.Context(), bin, "-test.timeout=2m", "-test.v=true")
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), "SNIPPET_ETCD="+snippetEtcd(t))
 	b, err := cmd.CombinedOutput()

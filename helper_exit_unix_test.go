@@ -46,6 +46,9 @@ func TestAHelperEndsWithTheProcessThatStartedIt(t *testing.T) {
 		middle.Wait()
 		t.Fatal("the middle process never said its helper's pid")
 	}
+	if !alive(pid) {
+		t.Fatalf("the helper (pid %d) was gone before the process that started it", pid)
+	}
 	middle.Process.Kill()
 	middle.Wait()
 	deadline := time.Now().Add(10 * time.Second)

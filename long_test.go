@@ -47,7 +47,8 @@ func TestLongRunsAreInCI(t *testing.T) {
 		t.Fatal(err)
 	}
 	long := regexp.MustCompile(`func (Test\w+)\(t \*testing\.T\) \{\n(?:\t//[^\n]*\n)*\tlongRun\(t[,)]`)
-	found := 0
+	besideSuite := regexp.MustCompile(`func (Test\w+)\(t \*testing\.T\) \{\n(?:\t[^\n]*\n){0,6}?\tbuildsBesideTheSuite\(t\)`)
+	found, besides := 0, 0
 	for _, f := range files {
 		if !strings.HasSuffix(f.Name(), "_test.go") {
 			continue
@@ -62,6 +63,17 @@ func TestLongRunsAreInCI(t *testing.T) {
 				t.Errorf("%s (%s) is a long run that .ci/run's long-run step does not name", m[1], f.Name())
 			}
 		}
+		// A test that skips under -race (buildsBesideTheSuite) runs in
+		// the docs' step, without it: CI's default run is a race run.
+		for _, m := range besideSuite.FindAllSubmatch(src, -1) {
+			besides++
+			if !strings.Contains(string(ci), string(m[1])) {
+				t.Errorf("%s (%s) skips under -race, and .ci/run's docs' programs step does not name it", m[1], f.Name())
+			}
+		}
+	}
+	if besides == 0 {
+		t.Error("found no test that calls buildsBesideTheSuite: the pattern no longer matches how they are written")
 	}
 	if found == 0 {
 		t.Fatal("found no long runs: the pattern no longer matches how they are written")

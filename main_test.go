@@ -39,9 +39,9 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// exitWithParent makes a helper process (this test binary run again for
-// one TestHelper…, by a process test) end when the process that started it
-// ends: a test binary killed by its timeout, or by kill -9, would leave
+// exitWithParent makes a helper process (this test binary run again by a
+// process test: a process that inherited TROUPE_TEST_PROCESS) end when
+// the process that started it ends: a test binary killed by its timeout, or by kill -9, would leave
 // its helpers running, holding ports and both cores for the next run. The
 // parent is polled: on Unix an orphan is adopted by another process; on
 // Windows the parent's pid stays, and nothing happens.
@@ -51,14 +51,11 @@ func exitWithParent() {
 	// it started might already have been orphaned by then. (Its parent
 	// may also be another process, such as ip netns exec.)
 	start := os.Getppid()
-	test, err := strconv.Atoi(os.Getenv("TROUPE_TEST_PROCESS"))
-	if err != nil {
-		test = start
-	}
+	inherited := os.Getenv("TROUPE_TEST_PROCESS")
 	os.Setenv("TROUPE_TEST_PROCESS", strconv.Itoa(os.Getpid())) // (for this process's helpers)
-	run := flag.Lookup("test.run")
-	if run == nil || !strings.HasPrefix(run.Value.String(), "^TestHelper") && !strings.HasPrefix(run.Value.String(), "^TestIdleAssociationsClient") {
-		return
+	test, err := strconv.Atoi(inherited)
+	if err != nil {
+		return // a test process, not a helper: only a test process sets it
 	}
 	go func() {
 		for {

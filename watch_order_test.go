@@ -226,6 +226,11 @@ func TestTerminatedAfterMessagesFromAnUnreachablePeer(t *testing.T) {
 	if e.LastHeard.IsZero() || e.LastHeard.Before(before.Add(-window)) || e.LastHeard.After(after.Add(250*time.Millisecond)) {
 		t.Fatalf("PeerUnreachable.LastHeard = %v, want between a window before the cut (%v) and the cut (%v); reason %v", e.LastHeard, before, after, e.Reason)
 	}
+	// And it came no sooner than most of a window after the cut: the
+	// acknowledgements, like the bytes, flowed until the cut.
+	if d := time.Since(after); d < window/2 {
+		t.Fatalf("PeerUnreachable %v after the cut, want at least half the %v window; reason %v", d, window, e.Reason)
+	}
 	release()
 	log.check(t, 1000)
 	if !errors.Is(log.reason, ErrPeerUnreachable) {
