@@ -348,10 +348,12 @@ func FindActorPerRegistrar[T any](ctx context.Context, n *Node, name string, opt
 }
 
 // gone reports whether err, from resolving a registered actor, says the
-// actor or its node is gone for good: the registration is stale, and the
-// name is as good as not registered.
+// actor or its node incarnation is gone for good (it stopped, its node
+// left, or this node quarantined it, as connect skips one it had already
+// quarantined): the registration is stale, and the name is as good as not
+// registered.
 func gone(err error) bool {
-	return errors.Is(err, ErrNoSuchActor) || errors.Is(err, ErrActorStopped) || errors.Is(err, ErrPeerLeft)
+	return errors.Is(err, ErrNoSuchActor) || errors.Is(err, ErrActorStopped) || errors.Is(err, ErrPeerLeft) || errors.Is(err, ErrPeerUnreachable)
 }
 
 // connect returns a ref to the first of regs that can be reached, trying

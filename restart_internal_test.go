@@ -18,7 +18,9 @@ func TestALookupSkipsAQuarantinedIncarnationWithoutDialing(t *testing.T) {
 	registry := freeRegistryAddr(t, "tcp")
 	cfg := func(name string) Config {
 		c := discoveryConfig(name, registry)
-		c.HeartbeatInterval, c.UnreachableAfter = 50*time.Millisecond, 500*time.Millisecond
+		// (A 500 ms window wrote c off too, once, under -race beside the
+		// suite and two burners.)
+		c.HeartbeatInterval, c.UnreachableAfter = 100*time.Millisecond, 1500*time.Millisecond
 		c.HandshakeTimeout = 3 * time.Second
 		return c
 	}
