@@ -287,7 +287,10 @@ func TestEtcdRegistryKilledProcessExpires(t *testing.T) {
 // TestProcessThatDialedUsKilledIsDetected kills -9 a process that dialed
 // this node: the connection breaks, the session is suspended, and this
 // side, which cannot dial it back, asks its proven address who answers:
-// nobody, so the peer is declared unreachable before the 500 ms window.
+// nobody, so the peer is declared unreachable by that probe (its reason
+// says the address refuses connections), not by the window running out.
+// (It checks the reason, not the time: under -race beside the suite and
+// two burners the probe's answer once took 444 ms of a 500 ms window.)
 func TestProcessThatDialedUsKilledIsDetected(t *testing.T) {
 	t.Parallel()
 	cfg := failConfig("parent", 50*time.Millisecond, 500*time.Millisecond)
@@ -312,13 +315,13 @@ func TestProcessThatDialedUsKilledIsDetected(t *testing.T) {
 		}
 		return false
 	})
-	killed := time.Now()
 	c.signal(t, syscall.SIGKILL)
-	if ev := recv(t, events, "PeerUnreachable"); !ev.Quarantined || ev.UID.String() != c.uid {
+	ev := recv(t, events, "PeerUnreachable")
+	if !ev.Quarantined || ev.UID.String() != c.uid {
 		t.Fatalf("PeerUnreachable = %+v", ev)
 	}
-	if took := time.Since(killed); took > 400*time.Millisecond {
-		t.Fatalf("a killed process that had dialed us was declared unreachable after %v", took)
+	if ev.Reason == nil || !strings.Contains(ev.Reason.Error(), "now refuses connections") {
+		t.Fatalf("a killed process that had dialed us was declared unreachable because %v; want the dial-back probe's refusal", ev.Reason)
 	}
 }
 
