@@ -103,6 +103,7 @@ func SpawnGroupRouter[T any](n *Node, name string, key ServiceKey[T], strategy R
 					routees.Store(&rs)
 					once.Do(func() { close(first) })
 				}, opts...)
+				once.Do(func() { close(first) }) // (a watch that ended without a listing: no registry)
 			})
 			// The watch's first listing comes at once: the router takes
 			// its first message with it, so that a message sent right

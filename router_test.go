@@ -184,6 +184,30 @@ func TestARouterRoutesItsFirstMessageToARouteeRegisteredBefore(t *testing.T) {
 	}
 }
 
+// A router on a node without a registry has no listing to wait for: its
+// first message is a dead letter at once, not after RegistryTimeout (five
+// minutes here, past the stretched wait below).
+func TestARouterWithoutARegistryDoesNotWaitForAListing(t *testing.T) {
+	t.Parallel()
+	cfg := quiet("alone", "tcp://127.0.0.1:0")
+	cfg.RegistryTimeout = 5 * time.Minute
+	n, err := troupe.Start(ctxFor(t), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { n.Close() })
+	dead := make(chan troupe.DeadLetter, 4)
+	troupe.SubscribeChan(n, dead)
+	router, err := troupe.SpawnGroupRouter(n, "r", troupe.ServiceKey[job]{Name: "nobody"}, troupe.RoundRobin[job]())
+	if err != nil {
+		t.Fatal(err)
+	}
+	router.Tell(job{N: 1})
+	if d := within(t, dead, 30*time.Second, "a dead letter"); !errors.Is(d.Reason, troupe.ErrNoRoutee) {
+		t.Fatalf("dead letter %+v, want ErrNoRoutee", d)
+	}
+}
+
 func TestARouterWithNoRouteeMakesADeadLetter(t *testing.T) {
 	t.Parallel()
 	_, ns := serviceNodes(t, "client")
