@@ -15,23 +15,7 @@ import (
 // not registered when it is.
 func TestALookupThatFindsTheNameSaysWhyItReturnsNoRef(t *testing.T) {
 	t.Parallel()
-	cfg := quiet("registrar")
-	cfg.RegistryAddrs = []string{"tcp://127.0.0.1:0"}
-	registrar, err := troupe.Start(ctxFor(t), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { registrar.Close() })
-	start := func(name string) *troupe.Node {
-		cfg := quiet(name, "tcp://127.0.0.1:0")
-		cfg.RegistryAddrs = []string{registrar.Addrs()[0].String()}
-		n, err := troupe.Start(ctxFor(t), cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { n.Close() })
-		return n
-	}
+	start := registryStarter(t)
 	service, finder := start("service"), start("finder")
 	if _, err := troupe.Spawn(service, "echo", troupe.Behavior[string]{Receive: func(*troupe.Context[string], string) {}}); err != nil {
 		t.Fatal(err)

@@ -9,14 +9,10 @@ import (
 	"troupe"
 )
 
-// Any path a node lists among its actors (troupe actors prints them) may
-// be resolved from another node without harm. A lookup that found an
-// actor on a peer keeps a watcher at /system/$found…, which takes no
-// messages: resolving it from a peer panicked the node's connection
-// reader (it named a protocol the watcher does not have) and ended the
-// process.
-func TestResolvingALookupsWatcherFromAnotherNode(t *testing.T) {
-	t.Parallel()
+// registryStarter starts a registrar node and returns a function that
+// starts quiet nodes registered with it; all close when t ends.
+func registryStarter(t *testing.T) func(name string) *troupe.Node {
+	t.Helper()
 	cfg := quiet("registrar")
 	cfg.RegistryAddrs = []string{"tcp://127.0.0.1:0"}
 	registrar, err := troupe.Start(ctxFor(t), cfg)
@@ -24,7 +20,7 @@ func TestResolvingALookupsWatcherFromAnotherNode(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { registrar.Close() })
-	start := func(name string) *troupe.Node {
+	return func(name string) *troupe.Node {
 		cfg := quiet(name, "tcp://127.0.0.1:0")
 		cfg.RegistryAddrs = []string{registrar.Addrs()[0].String()}
 		n, err := troupe.Start(ctxFor(t), cfg)
@@ -34,6 +30,17 @@ func TestResolvingALookupsWatcherFromAnotherNode(t *testing.T) {
 		t.Cleanup(func() { n.Close() })
 		return n
 	}
+}
+
+// Any path a node lists among its actors (troupe actors prints them) may
+// be resolved from another node without harm. A lookup that found an
+// actor on a peer keeps a watcher at /system/$found…, which takes no
+// messages: resolving it from a peer panicked the node's connection
+// reader (it named a protocol the watcher does not have) and ended the
+// process.
+func TestResolvingALookupsWatcherFromAnotherNode(t *testing.T) {
+	t.Parallel()
+	start := registryStarter(t)
 	service, finder := start("service"), start("finder")
 	if _, err := troupe.Spawn(service, "echo", troupe.Behavior[string]{Receive: func(*troupe.Context[string], string) {}}); err != nil {
 		t.Fatal(err)
