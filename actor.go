@@ -309,13 +309,13 @@ func Spawn[T any](p Spawner, name string, b Behavior[T]) (Ref[T], error) {
 	}
 	c.selfH = handle{node: n, key: refKey{node: n.uid, path: path, uuid: n.newUUID()}, local: c}
 	c.self = &c.selfH
-	if err := n.addActor(c.self.key.path, c.self, name == ""); err != nil {
+	if err := n.actors.add(c.self.key.path, c.self, name == ""); err != nil {
 		return Ref[T]{}, err
 	}
 	if parent != nil {
 		if err := parent.addChild(c.self); err != nil {
-			n.removeActor(c.self.key.path)
-			n.live.Done() // the cell never runs, so it never terminates
+			n.actors.remove(c.self.key.path)
+			n.actors.live.Done() // the cell never runs, so it never terminates
 			return Ref[T]{}, err
 		}
 	}

@@ -107,9 +107,9 @@ func (c *cell[T]) terminate(rest []T) bool {
 		l = c.links // (PostStop may have made them)
 	}
 	for _, a := range l.adapters {
-		c.n.removeActor(a.key.path)
+		c.n.actors.remove(a.key.path)
 	}
-	c.n.removeActor(c.self.key.path)
+	c.n.actors.remove(c.self.key.path)
 	c.n.stopServices(c.self)
 	c.n.stopServiceSubs(c.self)
 	c.n.stopTopics(c.self)
@@ -124,7 +124,7 @@ func (c *cell[T]) terminate(rest []T) bool {
 	if c.parent != nil {
 		c.parent.sysPush(sysMsg{kind: sysChildStopped, ref: c.self})
 	}
-	c.n.live.Done()
+	c.n.actors.live.Done()
 	return true
 }
 
@@ -234,7 +234,7 @@ func stopAndWait[T any](n *Node, r Ref[T]) {
 	}
 	t := time.NewTicker(time.Millisecond)
 	defer t.Stop()
-	for n.lookup(r.h.key.path, r.h.key.uuid) != nil { // (PostStop, then out of the table)
+	for n.actors.get(r.h.key.path, r.h.key.uuid) != nil { // (PostStop, then out of the table)
 		select {
 		case <-t.C:
 		case <-n.workDone():

@@ -299,7 +299,7 @@ type singletonInstance[T any] struct {
 // gone reports whether the instance has stopped (its PostStop done: it
 // left the node's table after it).
 func (i *singletonInstance[T]) gone(n *Node) bool {
-	return n.lookup(i.ref.h.key.path, i.ref.h.key.uuid) == nil
+	return n.actors.get(i.ref.h.key.path, i.ref.h.key.uuid) == nil
 }
 
 // step looks at the membership once (stood: this process stood still

@@ -251,7 +251,7 @@ func TestEtcdRegistry(t *testing.T) {
 // mustFind returns the local ref of n's actor called name.
 func mustFind(t *testing.T, n *Node, name string) AnyRef {
 	t.Helper()
-	h := n.lookup("/user/"+name, UUID{})
+	h := n.actors.get("/user/"+name, UUID{})
 	if h == nil {
 		t.Fatalf("no local actor %q", name)
 	}

@@ -108,7 +108,7 @@ func (n *Node) awaitEtcd(ctx context.Context, h *handle, reg Registration) bool 
 		down := s.refused && s.passes > began
 		ch := s.changed
 		s.mu.Unlock()
-		if ok || n.lookup(h.key.path, h.key.uuid) == nil {
+		if ok || n.actors.get(h.key.path, h.key.uuid) == nil {
 			return true
 		}
 		if down {

@@ -316,7 +316,7 @@ func TestMailboxBytesBoundWireMessages(t *testing.T) {
 	if !errors.Is(d.Reason, ErrMailboxFull) || !strings.Contains(d.Reason.Error(), "MailboxBytes") {
 		t.Fatalf("dead letter %+v", d)
 	}
-	c := home.lookup(sink.Path(), UUID{}).local.(*cell[string])
+	c := home.actors.get(sink.Path(), UUID{}).local.(*cell[string])
 	c.mu.Lock()
 	held := c.q.inBytes
 	c.mu.Unlock()

@@ -369,7 +369,7 @@ func connect[T any](ctx context.Context, n *Node, src registrarSource, regs []Re
 			continue // a node, not an actor
 		}
 		if c.reg.Node == n.uid {
-			h := n.lookup(c.reg.Path, c.reg.UUID)
+			h := n.actors.get(c.reg.Path, c.reg.UUID)
 			if h != nil && h.local.protocol() == reflect.TypeFor[T]() {
 				return Ref[T]{h: h}, true, false, nil
 			}
@@ -436,7 +436,7 @@ func (n *Node) remember(name string, h *handle, proto string) {
 	}
 	w := &foundWatch{name: name, target: h.key}
 	w.h = &handle{node: n, key: refKey{node: n.uid, path: "/system/$found" + formatBase36(tempSeq.Add(1))}, local: w}
-	n.registerPath(w.h.key.path, w.h)
+	n.actors.put(w.h.key.path, w.h)
 	if err := h.assoc.watch(h, w.h); err != nil {
 		w.sysPush(sysMsg{kind: sysTerminated})
 	}
@@ -495,7 +495,7 @@ func (w *foundWatch) sysPush(m sysMsg) bool {
 	if m.kind == sysTerminated {
 		w.once.Do(func() {
 			w.h.node.forget(w.name, w.target)
-			w.h.node.removeActor(w.h.key.path)
+			w.h.node.actors.remove(w.h.key.path)
 		})
 	}
 	return true
@@ -516,14 +516,9 @@ func fastPath[T any](n *Node, name string, opts []LookupOption) (Ref[T], bool) {
 		return Ref[T]{}, false // a closed node answers with ErrNodeClosed
 	}
 	want := reflect.TypeFor[T]()
-	n.amu.RLock()
-	for _, h := range n.byName[name] {
-		if h.local.protocol() == want {
-			n.amu.RUnlock()
-			return Ref[T]{h: h}, true
-		}
+	if h, ok := n.actors.named(name, want); ok {
+		return Ref[T]{h: h}, true
 	}
-	n.amu.RUnlock()
 	n.pmu.Lock()
 	list := n.found[name]
 	n.pmu.Unlock()

@@ -84,19 +84,8 @@ type Node struct {
 	hsMu         sync.Mutex
 	hsBySource   map[string]int // handshakes in progress by source (hsMu)
 
-	// amu guards actors and closing; actors maps a path to the handle of
-	// the actor, adapter or exported ask promise that lives there.
-	amu    sync.RWMutex
-	actors map[string]*handle
-	// restarts counts the restarts of the actors at these paths (only
-	// of those restarted), for Stats; guarded by amu.
-	restarts map[string]uint32
-	byName   map[string][]*handle // public actors by name, for the lookup fast path
-	closing  bool
-	// entityKinds resolves the paths under a sharded kind's prefix to
-	// entity handles (sharding.go); guarded by amu.
-	entityKinds    map[string]func(id string) *handle
-	hasEntityKinds atomic.Bool
+	// actors is the table of local actors (actor_table.go).
+	actors actorTable
 
 	// pmu guards the peer tables.
 	pmu      sync.Mutex
@@ -199,7 +188,6 @@ type Node struct {
 	// Shutdown reaches PhaseFlush.
 	dialCtx    context.Context
 	dialCancel context.CancelFunc
-	live       sync.WaitGroup // one count per actor not yet terminated
 	wg         sync.WaitGroup // every goroutine the node started
 }
 
@@ -215,8 +203,7 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 	n := &Node{
 		cfg:         cfg,
 		log:         cfg.Logger,
-		actors:      make(map[string]*handle),
-		byName:      make(map[string][]*handle),
+		actors:      actorTable{byPath: make(map[string]*handle), byName: make(map[string][]*handle)},
 		byUID:       make(map[NodeUID]*assoc),
 		byAddr:      make(map[Addr]*assoc),
 		all:         make(map[*assoc]struct{}),
@@ -344,70 +331,6 @@ func (n *Node) Stop(r AnyRef) error {
 		return fmt.Errorf("Stop %s: %w", h.key.path, ErrNoSuchActor)
 	}
 	return nil
-}
-
-// addActor enters a new cell in the path table; anonymous if its name
-// was generated.
-func (n *Node) addActor(path string, h *handle, anonymous bool) error {
-	n.amu.Lock()
-	defer n.amu.Unlock()
-	if n.closing {
-		return ErrNodeClosed
-	}
-	// An anonymous actor's generated name is new under its parent (a
-	// sequence number, in a name no user may give): one hash, not two.
-	if !anonymous {
-		if _, ok := n.actors[path]; ok {
-			return fmt.Errorf("%w: %s", ErrNameTaken, path)
-		}
-	}
-	n.actors[path] = h
-	if isPublic(path) {
-		n.byName[h.name()] = append(n.byName[h.name()], h)
-	}
-	n.live.Add(1)
-	return nil
-}
-
-// registerPath enters an adapter or an ask promise in the path table.
-func (n *Node) registerPath(path string, h *handle) {
-	n.amu.Lock()
-	n.actors[path] = h
-	n.amu.Unlock()
-}
-
-func (n *Node) removeActor(path string) {
-	n.amu.Lock()
-	defer n.amu.Unlock()
-	h := n.actors[path]
-	delete(n.actors, path)
-	delete(n.restarts, path)
-	if h == nil || !isPublic(path) {
-		return
-	}
-	name := h.name()
-	list := slices.DeleteFunc(n.byName[name], func(x *handle) bool { return x == h })
-	if len(list) == 0 {
-		delete(n.byName, name)
-	} else {
-		n.byName[name] = list
-	}
-}
-
-// lookup returns the handle of the local actor at path, checking the uuid
-// when one is given. nil if there is none (or another incarnation lives
-// there).
-func (n *Node) lookup(path string, uuid UUID) *handle {
-	n.amu.RLock()
-	h := n.actors[path]
-	n.amu.RUnlock()
-	if h == nil && len(path) > 0 && n.hasEntityKinds.Load() {
-		h = n.entityLookup(path) // (an entity ref has no uuid)
-	}
-	if h == nil || uuid != (UUID{}) && h.key.uuid != uuid {
-		return nil
-	}
-	return h
 }
 
 func (n *Node) newUUID() UUID {

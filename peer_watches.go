@@ -102,7 +102,7 @@ func (a *assoc) onWatch(kind frameKind, b []byte) error {
 		return fmt.Errorf("%w: a %d-byte watcher path (at most %d)", ErrMalformed, len(wpath), maxWatchPath)
 	}
 	watcher := &handle{node: n, key: refKey{node: a.peerUID, path: wpath}, assoc: a}
-	h := n.lookup(path, uuid)
+	h := n.actors.get(path, uuid)
 	var w inWatch
 	if h != nil {
 		// Kept, and ended, under the key of the actor that stops: a

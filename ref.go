@@ -479,7 +479,7 @@ func (p *promise[T]) finish() {
 	p.registered = false
 	p.mu.Unlock()
 	if reg {
-		p.h.node.removeActor(p.h.key.path)
+		p.h.node.actors.remove(p.h.key.path)
 	}
 }
 
@@ -491,7 +491,7 @@ func (p *promise[T]) exportTemp() {
 		return
 	}
 	p.registered = true
-	p.h.node.registerPath(p.h.key.path, p.h)
+	p.h.node.actors.put(p.h.key.path, p.h)
 }
 
 func (p *promise[T]) tellAny(msg any) error {
@@ -569,7 +569,7 @@ func MessageAdapter[U, T any](c *Context[T], f func(U) T) Ref[U] {
 	l.adapterSeq++
 	a := &adapter[U, T]{owner: cl, f: f}
 	a.h = &handle{node: cl.n, key: refKey{node: cl.n.uid, path: cl.self.key.path + "/$adapter" + formatBase36(l.adapterSeq), uuid: cl.self.key.uuid}, local: a}
-	cl.n.registerPath(a.h.key.path, a.h)
+	cl.n.actors.put(a.h.key.path, a.h)
 	l.adapters = append(l.adapters, a.h)
 	return Ref[U]{h: a.h}
 }

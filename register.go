@@ -36,13 +36,9 @@ func (n *Node) actorRegistration(h *handle) Registration {
 // under service keys and its listed topic relays.
 func (n *Node) publicRegistrations() []Registration {
 	out := []Registration{n.nodeRegistration()}
-	n.amu.RLock()
-	for p, h := range n.actors {
-		if isPublic(p) {
-			out = append(out, n.actorRegistration(h))
-		}
+	for _, h := range n.actors.public() {
+		out = append(out, n.actorRegistration(h))
 	}
-	n.amu.RUnlock()
 	out = append(out, n.serviceRegistrations()...)
 	return append(out, n.topicRegistrations()...)
 }

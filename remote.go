@@ -43,7 +43,7 @@ func Resolve[T any](ctx context.Context, n *Node, ref string) (Ref[T], error) {
 func resolveAt[T any](ctx context.Context, n *Node, addr Addr, path string) (Ref[T], error) {
 	want := reflect.TypeFor[T]()
 	if n.isOwnAddr(addr) {
-		h := n.lookup(path, UUID{})
+		h := n.actors.get(path, UUID{})
 		if h == nil || h.local.protocol() == nil {
 			return Ref[T]{}, ErrNoSuchActor // (nil: a lookup's watcher, no actor)
 		}
@@ -210,7 +210,7 @@ func (a *assoc) onTell(b []byte, hd Headers, size int) error {
 	var it *inTarget
 	if th.targetInline {
 		it = &inTarget{path: th.path, uuid: th.uuid}
-		if h := n.lookup(it.path, it.uuid); h != nil {
+		if h := n.actors.get(it.path, it.uuid); h != nil {
 			it.target = h.local
 			it.batch, _ = h.local.(batchTarget)
 		}
@@ -520,7 +520,7 @@ func (a *assoc) onTerminated(b []byte) error {
 		return err
 	}
 	key := refKey{node: a.peerUID, path: wb.path, uuid: wb.uuid}
-	w := n.lookup(wb.watcher, UUID{})
+	w := n.actors.get(wb.watcher, UUID{})
 	if w == nil {
 		return nil // the watcher has stopped meanwhile
 	}
@@ -540,7 +540,7 @@ func (a *assoc) onResolve(b []byte) error {
 	ans := resolveAnswer{status: resolveNoSuchActor}
 	// A handle without a protocol (a lookup's watcher of a found actor,
 	// at /system/$found…) takes no messages: no actor to resolve.
-	if h := a.n.lookup(r.path, UUID{}); h != nil && h.local.protocol() != nil {
+	if h := a.n.actors.get(r.path, UUID{}); h != nil && h.local.protocol() != nil {
 		ans = resolveAnswer{status: resolveOK, uuid: h.key.uuid, proto: protocolName(h.local.protocol())}
 		if !sameProtocol(r.proto, h.local.protocol()) {
 			ans.status = resolveWrongType
@@ -639,7 +639,7 @@ func (a *assoc) bindRefFrom(kind byte, key refKey, addr string, from NodeUID) *h
 	switch kind {
 	case refReceiver:
 		key.node = n.uid
-		if h := n.lookup(key.path, key.uuid); h != nil {
+		if h := n.actors.get(key.path, key.uuid); h != nil {
 			return h
 		}
 		return deadHandle(n, key)

@@ -105,7 +105,7 @@ func (k ServiceKey[T]) Register(n *Node, ref Ref[T]) error {
 	}
 	s.entries[e] = struct{}{}
 	s.mu.Unlock()
-	if n.lookup(ref.h.key.path, ref.h.key.uuid) == nil {
+	if n.actors.get(ref.h.key.path, ref.h.key.uuid) == nil {
 		// It stopped before its entry was made: its stop could not take
 		// the entry away.
 		n.dropService(e)
@@ -123,7 +123,7 @@ func (k ServiceKey[T]) Register(n *Node, ref Ref[T]) error {
 		// The actor stopped, or Unregister ran, while it was being
 		// registered: their unregistration may have gone first.
 		n.unregisterEntry(e.name, ref.h.key.uuid)
-		if n.lookup(ref.h.key.path, ref.h.key.uuid) == nil {
+		if n.actors.get(ref.h.key.path, ref.h.key.uuid) == nil {
 			return fmt.Errorf("%w: %v", ErrActorStopped, ref)
 		}
 	}
@@ -137,7 +137,7 @@ func (n *Node) holdsService(e serviceEntry) bool {
 	s.mu.Lock()
 	_, ok := s.entries[e]
 	s.mu.Unlock()
-	return ok && n.lookup(e.h.key.path, e.h.key.uuid) != nil
+	return ok && n.actors.get(e.h.key.path, e.h.key.uuid) != nil
 }
 
 // Unregister takes ref out of k's set, telling the registries
@@ -261,7 +261,7 @@ func serviceRefs[T any](ctx context.Context, n *Node, regs []Registration, known
 			continue
 		}
 		if c.reg.Node == n.uid {
-			if h := n.lookup(c.reg.Path, c.reg.UUID); h != nil && h.local.protocol() == reflect.TypeFor[T]() {
+			if h := n.actors.get(c.reg.Path, c.reg.UUID); h != nil && h.local.protocol() == reflect.TypeFor[T]() {
 				now[m] = Ref[T]{h: h}
 			}
 			continue

@@ -70,7 +70,7 @@ func (k ServiceKey[T]) Subscribe(n *Node, subscriber Ref[ServiceListing[T]], opt
 	}
 	ss.by[h][s] = struct{}{}
 	ss.mu.Unlock()
-	if n.lookup(h.key.path, h.key.uuid) == nil {
+	if n.actors.get(h.key.path, h.key.uuid) == nil {
 		// It stopped before the subscription was recorded: its stop
 		// could not end it.
 		n.endServiceSub(h, s)

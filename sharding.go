@@ -7,7 +7,6 @@ import (
 	"hash/fnv"
 	"maps"
 	"reflect"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -121,7 +120,7 @@ func Sharding[T any](c *Cluster, name string, factory func(id string) Behavior[T
 	c.shardings.by[name] = r
 	c.shardings.mu.Unlock()
 	c.noteMargin(cfg.RemovalMargin)
-	c.n.addEntityKind(r.prefix, r.entityHandle)
+	c.n.actors.addKind(r.prefix, r.entityHandle)
 	return &Sharded[T]{r: r}, nil
 }
 
@@ -583,36 +582,4 @@ func (c *Cluster) endShardings() {
 		wg.Go(r.end)
 	}
 	wg.Wait()
-}
-
-// addEntityKind makes the node resolve the paths under prefix to entity
-// handles made by mk, for refs that arrive from other nodes.
-func (n *Node) addEntityKind(prefix string, mk func(id string) *handle) {
-	n.amu.Lock()
-	if n.entityKinds == nil {
-		n.entityKinds = map[string]func(string) *handle{}
-	}
-	n.entityKinds[prefix] = mk
-	n.hasEntityKinds.Store(true)
-	n.amu.Unlock()
-}
-
-func (n *Node) dropEntityKind(prefix string) {
-	n.amu.Lock()
-	delete(n.entityKinds, prefix)
-	n.hasEntityKinds.Store(len(n.entityKinds) > 0)
-	n.amu.Unlock()
-}
-
-// entityLookup returns the entity handle for path, if it is under a
-// kind's prefix.
-func (n *Node) entityLookup(path string) *handle {
-	n.amu.RLock()
-	defer n.amu.RUnlock()
-	for prefix, mk := range n.entityKinds {
-		if strings.HasPrefix(path, prefix) {
-			return mk(path[len(prefix):])
-		}
-	}
-	return nil
 }

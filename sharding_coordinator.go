@@ -533,7 +533,7 @@ func (k *coordinator) tellHome(uid NodeUID, s int32, home NodeUID) {
 func (k *coordinator) tellRegion(uid NodeUID, msg regionMsg) bool {
 	n := k.c.n
 	if uid == n.uid {
-		if h := n.lookup(k.path, UUID{}); h != nil {
+		if h := n.actors.get(k.path, UUID{}); h != nil {
 			return h.local.tellAny(msg) == nil
 		}
 		return false

@@ -88,7 +88,7 @@ func (r *region[T]) behavior() Behavior[regionMsg] {
 				r.mu.Unlock()
 				r.dropHeld()
 				r.coord.Tell(shardRegionGone{Origin: r.n.uid, sentBy: sentBy{from: r.n.uid}})
-				r.n.dropEntityKind(r.prefix)
+				r.n.actors.dropKind(r.prefix)
 				r.endOnce.Do(func() { close(r.ended) })
 			}
 		},

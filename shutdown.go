@@ -99,25 +99,24 @@ func (n *Node) Shutdown(ctx context.Context) error {
 // node's last wait still is). It says which actors still run.
 func (n *Node) waitActors(ctx context.Context) error {
 	done := make(chan struct{})
-	n.wg.Go(func() { n.live.Wait(); close(done) }) // (ends before the node's last wait does)
+	n.wg.Go(func() { n.actors.live.Wait(); close(done) }) // (ends before the node's last wait does)
 	select {
 	case <-done:
 		return nil
 	case <-ctx.Done():
 	case <-n.hurry:
 	}
-	n.amu.Lock()
 	var running []string
-	for path, h := range n.actors {
+	all, _ := n.actors.list()
+	for _, h := range all {
 		if _, ok := h.local.(batchTarget); !ok {
 			continue // an ask's promise or an adapter, not an actor
 		}
-		running = append(running, path)
+		running = append(running, h.key.path)
 		if len(running) == 8 {
 			break
 		}
 	}
-	n.amu.Unlock()
 	n.log.Warn("troupe: shutdown went on without waiting for actors still in a handler", "actors", running)
 	err := ctx.Err()
 	if err == nil {
@@ -267,13 +266,7 @@ func (n *Node) refuseWork() {
 // goodbyes): each after the handler it runs, or with ShutdownDrain after
 // its mailbox, waiting for them within ctx when graceful.
 func (n *Node) stopActors(ctx context.Context, graceful bool) error {
-	n.amu.Lock()
-	n.closing = true
-	targets := make([]*handle, 0, len(n.actors))
-	for _, h := range n.actors {
-		targets = append(targets, h)
-	}
-	n.amu.Unlock()
+	targets := n.actors.close()
 	if graceful && n.cfg.ShutdownDrain {
 		// Every actor first handles what its mailbox holds, its
 		// context live, within ctx; past ctx, the rest stop as below.
@@ -309,6 +302,6 @@ func (n *Node) stopActors(ctx context.Context, graceful bool) error {
 	if graceful {
 		return n.waitActors(ctx)
 	}
-	n.live.Wait()
+	n.actors.live.Wait()
 	return nil
 }

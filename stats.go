@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"maps"
 	"math"
 	"runtime"
 	"runtime/metrics"
@@ -445,13 +444,7 @@ func (n *Node) startStatsActor() error {
 // actorList is every actor's path and mailbox depth, by path, at most
 // limit of them.
 func (n *Node) actorList(limit int) []mailboxStats {
-	n.amu.Lock()
-	handles := make([]*handle, 0, len(n.actors))
-	for _, h := range n.actors {
-		handles = append(handles, h)
-	}
-	restarts := maps.Clone(n.restarts)
-	n.amu.Unlock()
+	handles, restarts := n.actors.list()
 	out := []mailboxStats{}
 	for _, h := range handles {
 		if h.local == nil || h.local.watchHandle() != h {

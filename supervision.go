@@ -361,7 +361,7 @@ func (c *cell[T]) beginRestart(reason error, s Strategy) {
 	}
 	for _, a := range l.adapters {
 		a.local.(retirable).retire()
-		c.n.removeActor(a.key.path)
+		c.n.actors.remove(a.key.path)
 	}
 	l.adapters = nil
 	st.reason = reason
@@ -445,12 +445,7 @@ func (c *cell[T]) restart(gen uint64) {
 	}
 	c.b = b
 	c.n.totals.actorRestarts.Add(1)
-	c.n.amu.Lock()
-	if c.n.restarts == nil {
-		c.n.restarts = map[string]uint32{}
-	}
-	c.n.restarts[c.self.key.path]++
-	c.n.amu.Unlock()
+	c.n.actors.restarted(c.self.key.path)
 	c.mu.Lock()
 	c.held = false
 	c.mu.Unlock()

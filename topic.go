@@ -73,7 +73,7 @@ func (r *topicRelay[T]) drop(h *handle) (bool, UUID) {
 // alive reports whether the relay's actor still runs (a relay that
 // stopped is made anew).
 func (r *topicRelay[T]) alive(n *Node) bool {
-	return n.lookup(r.ref.h.key.path, r.ref.h.key.uuid) != nil
+	return n.actors.get(r.ref.h.key.path, r.ref.h.key.uuid) != nil
 }
 
 // stopTopics takes a stopped actor out of every topic it subscribed to.

@@ -158,7 +158,7 @@ func TestTerminatedAfterTheSendersMessages(t *testing.T) {
 				}
 				sender.Tell(orderGo{To: w, N: 1000})
 				if busy > 0 {
-					waitFor(t, 10*time.Second, "the sender to stop", func() bool { return away.lookup("/user/sender", UUID{}) == nil })
+					waitFor(t, 10*time.Second, "the sender to stop", func() bool { return away.actors.get("/user/sender", UUID{}) == nil })
 				}
 				release()
 				log.check(t, 1000)
@@ -172,7 +172,7 @@ func TestTerminatedAfterTheSendersMessages(t *testing.T) {
 
 // mailboxLen is how many user messages wait in the actor at path.
 func mailboxLen(n *Node, path string) int {
-	h := n.lookup(path, UUID{})
+	h := n.actors.get(path, UUID{})
 	if h == nil {
 		return -1
 	}
