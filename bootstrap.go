@@ -258,7 +258,7 @@ func (n *Node) bootstrap(ctx context.Context) error {
 			if err := n.listenAll(ctx, n.cfg.Listen); err != nil {
 				return err
 			}
-			if len(n.listeners) == 0 {
+			if len(n.lis.all()) == 0 {
 				// A joining node binds random addresses in the registry's
 				// transport.
 				own := "tcp://127.0.0.1:0"
@@ -300,13 +300,7 @@ func (n *Node) listenRegistry(ctx context.Context, regAddrs []Addr) error {
 		}
 	}
 	if err := n.listenAll(ctx, list); err != nil {
-		n.lmu.Lock()
-		for _, l := range n.listeners {
-			l.Close()
-		}
-		n.listeners = nil
-		n.addrsP.Store(nil)
-		n.lmu.Unlock()
+		n.lis.closeAll(false)
 		return err
 	}
 	return nil

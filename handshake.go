@@ -167,7 +167,7 @@ func (n *Node) handshakeInbound(c net.Conn, src string) (*assoc, *frameReader) {
 	if n.pclosing {
 		n.pmu.Unlock()
 		c.Close()
-		n.handshakeDone(src)
+		n.inbound.handshakeDone(src)
 		return nil, nil
 	}
 	n.inHandshake[c] = struct{}{}
@@ -177,7 +177,7 @@ func (n *Node) handshakeInbound(c net.Conn, src string) (*assoc, *frameReader) {
 		n.pmu.Lock()
 		delete(n.inHandshake, c)
 		n.pmu.Unlock()
-		n.handshakeDone(src)
+		n.inbound.handshakeDone(src)
 	}
 	defer func() {
 		if handshaking {

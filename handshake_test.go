@@ -65,9 +65,9 @@ func FuzzHandshake(f *testing.F) {
 				theirs.Write(in)
 				theirs.Close()
 			}()
-			src, _ := n.admit(ours)
+			src, _ := n.inbound.admit(ours, n.cfg.MaxInboundConns, n.cfg.MaxPendingHandshakes)
 			n.serveInbound(ours, src)
-			n.inbound.Add(-1)
+			n.inbound.open.Add(-1)
 			if n == guarded && guarded.liveAssocs() != 0 {
 				t.Fatalf("an unauthenticated dialer got an association from %x", in)
 			}

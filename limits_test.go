@@ -246,7 +246,7 @@ func TestAttacksDoNotDisturbHealthyPeers(t *testing.T) {
 			}
 		})
 	}
-	waitFor(t, 5*time.Second, "every attack connection to be gone", func() bool { return victim.handshaking.Load() == 0 && victim.inbound.Load() <= 2 })
+	waitFor(t, 5*time.Second, "every attack connection to be gone", func() bool { return victim.inbound.handshaking.Load() == 0 && victim.inbound.open.Load() <= 2 })
 }
 
 // TestOneSourceCannotTakeEveryHandshake: a source holding every pending
@@ -276,9 +276,9 @@ func TestOneSourceCannotTakeEveryHandshake(t *testing.T) {
 		held = append(held, c)
 	}
 	waitFor(t, 5*time.Second, "the flood to be admitted or refused", func() bool {
-		victim.hsMu.Lock()
-		defer victim.hsMu.Unlock()
-		return victim.hsBySource["127.0.0.2"] == cfg.MaxPendingHandshakes/4
+		victim.inbound.mu.Lock()
+		defer victim.inbound.mu.Unlock()
+		return victim.inbound.bySource["127.0.0.2"] == cfg.MaxPendingHandshakes/4
 	})
 	// Peers from another source still get in, several of them.
 	for i := range 8 {

@@ -11,12 +11,98 @@ import (
 	"runtime"
 	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 )
 
 // Listening: binding each Config.Listen address (and a Unix socket's
 // lock file), accepting connections, and the admission limits a
 // connection meets before its handshake.
+
+// listenerSet is a node's listeners and the addresses they bound. mu
+// guards list and closed; addrs is replaced, never changed, under mu and
+// read without it.
+type listenerSet struct {
+	mu     sync.Mutex
+	list   []net.Listener
+	closed bool // closeAll ran: no listener is added after it
+	addrs  atomic.Pointer[[]Addr]
+}
+
+// add enters l, bound at a; false once the set is closed.
+func (s *listenerSet) add(l net.Listener, a Addr) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return false
+	}
+	s.list = append(s.list, l)
+	addrs := append(slices.Clone(s.addrList()), a)
+	s.addrs.Store(&addrs)
+	return true
+}
+
+// addrList returns the bound addresses; the slice is never changed.
+func (s *listenerSet) addrList() []Addr {
+	if p := s.addrs.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// all returns the listeners.
+func (s *listenerSet) all() []net.Listener {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.list)
+}
+
+// serve runs start, under the set's lock, unless the set is closed: a
+// listener's accept loop never starts after closeAll.
+func (s *listenerSet) serve(start func()) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return false
+	}
+	start()
+	return true
+}
+
+// closeAll closes every listener (removing a Unix socket's lock file)
+// and, if final, refuses every listener added after it; otherwise the
+// set is empty again (a start that failed part way).
+func (s *listenerSet) closeAll(final bool) []error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var errs []error
+	for _, l := range s.list {
+		if err := l.Close(); err != nil && !errors.Is(err, net.ErrClosed) {
+			errs = append(errs, err)
+		}
+		if a, ok := l.Addr().(*net.UnixAddr); ok && final {
+			removeLockFile(a.Name + ".lock")
+		}
+	}
+	s.closed = final
+	if !final {
+		s.list = nil
+		s.addrs.Store(nil)
+	}
+	return errs
+}
+
+// inboundLimits counts accepted connections against the node's limits:
+// those open, those in their handshake, and those in their handshake by
+// source. mu guards bySource and orders the checks with the counts.
+type inboundLimits struct {
+	mu           sync.Mutex
+	open         atomic.Int64 // inbound connections open
+	handshaking  atomic.Int64 // inbound connections in their handshake
+	bySource     map[string]int
+	acceptErrors atomic.Uint64 // failed Accept calls, retried
+}
 
 // listenAll binds every address in list.
 func (n *Node) listenAll(ctx context.Context, list []string) error {
@@ -70,16 +156,10 @@ func (n *Node) listenOne(ctx context.Context, a Addr) (net.Listener, error) {
 	if !a.isUnix() {
 		bound = tcpAddr(l.Addr().String())
 	}
-	n.lmu.Lock()
-	if n.isClosed() {
-		n.lmu.Unlock()
+	if n.isClosed() || !n.lis.add(l, bound) {
 		l.Close()
 		return nil, ErrNodeClosed
 	}
-	n.listeners = append(n.listeners, l)
-	addrs := append(slices.Clone(n.addrList()), bound)
-	n.addrsP.Store(&addrs)
-	n.lmu.Unlock()
 	return l, nil
 }
 
@@ -208,7 +288,7 @@ func (n *Node) acceptLoop(l net.Listener) {
 			if errors.Is(err, net.ErrClosed) || n.isClosed() {
 				return
 			}
-			n.acceptErrors.Add(1)
+			n.inbound.acceptErrors.Add(1)
 			if backoff == 0 {
 				backoff = acceptBackoffMin
 				n.log.Warn("troupe: accept failed; retrying with backoff", "addr", l.Addr().String(), "err", err)
@@ -225,13 +305,13 @@ func (n *Node) acceptLoop(l net.Listener) {
 			continue
 		}
 		if backoff != 0 {
-			n.log.Info("troupe: accepting again", "addr", l.Addr().String(), "failed", n.acceptErrors.Load())
+			n.log.Info("troupe: accepting again", "addr", l.Addr().String(), "failed", n.inbound.acceptErrors.Load())
 			backoff = 0
 		}
-		src, ok := n.admit(c)
+		src, ok := n.inbound.admit(c, n.cfg.MaxInboundConns, n.cfg.MaxPendingHandshakes)
 		if !ok {
 			n.log.Debug("troupe: refused a connection over the limits", "remote", c.RemoteAddr().String(),
-				"inbound", n.inbound.Load(), "handshaking", n.handshaking.Load())
+				"inbound", n.inbound.open.Load(), "handshaking", n.inbound.handshaking.Load())
 			c.Close()
 			continue
 		}
@@ -242,7 +322,7 @@ func (n *Node) acceptLoop(l net.Listener) {
 			c = tls.Server(c, n.cfg.TLS)
 		}
 		n.wg.Go(func() {
-			defer n.inbound.Add(-1)
+			defer n.inbound.open.Add(-1)
 			n.serveInbound(c, src)
 		})
 	}
@@ -260,33 +340,34 @@ func sourceOf(c net.Conn) string {
 // admit counts an accepted connection against the limits: open inbound
 // connections, pending handshakes, and the pending handshakes of its
 // source, which may hold at most a quarter of them (at least 4), so that
-// one source flooding the node cannot keep everyone else out. It returns
-// the source to release with endHandshake.
-func (n *Node) admit(c net.Conn) (string, bool) {
+// one source flooding the node cannot keep everyone else out: at most
+// maxOpen open and maxPending in their handshake. It returns the source
+// to release with handshakeDone.
+func (s *inboundLimits) admit(c net.Conn, maxOpen, maxPending int) (string, bool) {
 	src := sourceOf(c)
-	n.hsMu.Lock()
-	defer n.hsMu.Unlock()
-	share := max(4, n.cfg.MaxPendingHandshakes/4)
-	if n.inbound.Load() >= int64(n.cfg.MaxInboundConns) || n.handshaking.Load() >= int64(n.cfg.MaxPendingHandshakes) || n.hsBySource[src] >= share {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	share := max(4, maxPending/4)
+	if s.open.Load() >= int64(maxOpen) || s.handshaking.Load() >= int64(maxPending) || s.bySource[src] >= share {
 		return "", false
 	}
-	if n.hsBySource == nil {
-		n.hsBySource = make(map[string]int)
+	if s.bySource == nil {
+		s.bySource = make(map[string]int)
 	}
-	n.hsBySource[src]++
-	n.inbound.Add(1)
-	n.handshaking.Add(1)
+	s.bySource[src]++
+	s.open.Add(1)
+	s.handshaking.Add(1)
 	return src, true
 }
 
 // handshakeDone releases what admit counted for a handshake from src.
-func (n *Node) handshakeDone(src string) {
-	n.hsMu.Lock()
-	defer n.hsMu.Unlock()
-	if n.hsBySource[src]--; n.hsBySource[src] <= 0 {
-		delete(n.hsBySource, src)
+func (s *inboundLimits) handshakeDone(src string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.bySource[src]--; s.bySource[src] <= 0 {
+		delete(s.bySource, src)
 	}
-	n.handshaking.Add(-1)
+	s.handshaking.Add(-1)
 }
 
 // peerLabel names a connection's remote end for logs and errors.

@@ -43,17 +43,15 @@ type Node struct {
 	totals nodeTotals // counted since Start (see Totals)
 
 	// Set once in Start, then read-only.
-	cfg       Config
-	uid       NodeUID
-	name      string
-	log       *slog.Logger
-	addrsP    atomic.Pointer[[]Addr] // bound listen addresses (see addrList)
-	lmu       sync.Mutex             // guards listeners, and changes of addrsP
-	listeners []net.Listener
-	events    eventStream
-	uuidBase  [16]byte // actor uuids are this with a counter mixed in
-	ctx       context.Context
-	cancel    context.CancelFunc
+	cfg      Config
+	uid      NodeUID
+	name     string
+	log      *slog.Logger
+	lis      listenerSet // its listeners and bound addresses (listen.go)
+	events   eventStream
+	uuidBase [16]byte // actor uuids are this with a counter mixed in
+	ctx      context.Context
+	cancel   context.CancelFunc
 	// actorsCtx is the parent of every actor's Context: cancelled when
 	// the node starts stopping its actors, so that a handler waiting on
 	// it returns.
@@ -78,11 +76,7 @@ type Node struct {
 	reqSeq  atomic.Uint64
 	anonSeq atomic.Uint64
 
-	inbound      atomic.Int64  // inbound connections open
-	acceptErrors atomic.Uint64 // failed Accept calls, retried
-	handshaking  atomic.Int64  // inbound connections in their handshake
-	hsMu         sync.Mutex
-	hsBySource   map[string]int // handshakes in progress by source (hsMu)
+	inbound inboundLimits // accepted connections against the limits (listen.go)
 
 	// actors is the table of local actors (actor_table.go).
 	actors actorTable
@@ -245,7 +239,7 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 		n.Close()
 		return nil, err
 	}
-	for _, l := range n.listeners {
+	for _, l := range n.lis.all() {
 		n.wg.Go(func() { n.acceptLoop(l) })
 	}
 	n.wg.Go(n.heartbeatLoop)
@@ -260,10 +254,7 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 // addrList returns the node's bound addresses; the slice is never
 // changed (a node that binds another address stores a new one).
 func (n *Node) addrList() []Addr {
-	if p := n.addrsP.Load(); p != nil {
-		return *p
-	}
-	return nil
+	return n.lis.addrList()
 }
 
 // UID returns this node incarnation's uid.

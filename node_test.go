@@ -112,9 +112,9 @@ func TestAcceptErrorsDoNotStopTheListener(t *testing.T) {
 	fl := &flakyListener{Listener: l}
 	fl.fails.Store(6)
 	// The node serves this listener as it serves its own; Close ends it.
-	n.lmu.Lock()
-	n.listeners = append(n.listeners, fl)
-	n.lmu.Unlock()
+	n.lis.mu.Lock()
+	n.lis.list = append(n.lis.list, fl)
+	n.lis.mu.Unlock()
 	n.wg.Go(func() { n.acceptLoop(fl) })
 	spawnEcho(t, n, "echo")
 	other := startNode(t, testConfig())
@@ -125,7 +125,7 @@ func TestAcceptErrorsDoNotStopTheListener(t *testing.T) {
 	if _, err := Ask(ctxT(t, 5*time.Second), r, func(rr Ref[testPong]) testPing { return testPing{ReplyTo: rr} }); err != nil {
 		t.Fatal(err)
 	}
-	if got := n.acceptErrors.Load(); got != 6 {
+	if got := n.inbound.acceptErrors.Load(); got != 6 {
 		t.Fatalf("acceptErrors = %d, want 6", got)
 	}
 }

@@ -206,13 +206,9 @@ func (n *Node) takeOver(addr Addr) bool {
 			return false
 		}
 	}
-	n.lmu.Lock()
-	if n.isClosed() {
-		n.lmu.Unlock()
+	if n.isClosed() || !n.lis.serve(func() { n.wg.Go(func() { n.acceptLoop(l) }) }) {
 		return false // shutdown closes l with the others
 	}
-	n.wg.Go(func() { n.acceptLoop(l) })
-	n.lmu.Unlock()
 	var refused []error
 	for _, r := range n.publicRegistrations() {
 		if err := n.registryRegister(r); err != nil {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"time"
 )
 
@@ -158,16 +157,7 @@ func (n *Node) shutdown(ctx context.Context, graceful bool) error {
 		n.revokeEtcd(wait)
 	}
 	phase(PhaseRefuse)
-	n.lmu.Lock() // no listener is added after this: the node is closed
-	for _, l := range n.listeners {
-		if err := l.Close(); err != nil && !errors.Is(err, net.ErrClosed) {
-			errs = append(errs, err)
-		}
-		if a, ok := l.Addr().(*net.UnixAddr); ok {
-			removeLockFile(a.Name + ".lock")
-		}
-	}
-	n.lmu.Unlock()
+	errs = append(errs, n.lis.closeAll(true)...) // no listener is added after this
 	if graceful {
 		n.refuseWork()
 	}
