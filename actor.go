@@ -298,7 +298,7 @@ func Spawn[T any](p Spawner, name string, b Behavior[T]) (Ref[T], error) {
 		if pc, ok := parent.(interface{ nextChild() uint64 }); ok {
 			seq = pc.nextChild()
 		} else {
-			seq = n.anonSeq.Add(1)
+			seq = n.ids.anon.Add(1)
 		}
 		// One allocation for the whole path; the name is its tail.
 		b := make([]byte, 0, len(base)+15)
@@ -307,7 +307,7 @@ func Spawn[T any](p Spawner, name string, b Behavior[T]) (Ref[T], error) {
 	} else {
 		path = base + "/" + name
 	}
-	c.selfH = handle{node: n, key: refKey{node: n.uid, path: path, uuid: n.newUUID()}, local: c}
+	c.selfH = handle{node: n, key: refKey{node: n.uid, path: path, uuid: n.ids.newUUID()}, local: c}
 	c.self = &c.selfH
 	if err := n.actors.add(c.self.key.path, c.self, name == ""); err != nil {
 		return Ref[T]{}, err
@@ -400,7 +400,7 @@ func (c *cell[T]) run() {
 			}
 		}
 		c.mu.Unlock()
-		if c.n.creditWaiting.Load() > 0 {
+		if c.n.credit.waiting.Load() > 0 {
 			c.n.wakeCredit(c.self)
 		}
 		// q.handled is brought up to date only where a signal needs it,

@@ -66,7 +66,7 @@ func (c *cell[T]) terminate(rest []T) bool {
 		note, w.stop = w.stop, nil
 	}
 	c.mu.Unlock()
-	if c.n.creditWaiting.Load() > 0 {
+	if c.n.credit.waiting.Load() > 0 {
 		c.n.wakeCredit(c.self)
 	}
 	if note != nil {

@@ -367,7 +367,7 @@ func (a *assoc) label() string {
 // node's tables and anyone waiting on ready or stop.
 func (a *assoc) finish() {
 	n := a.n
-	if n.creditWaiting.Load() > 0 {
+	if n.credit.waiting.Load() > 0 {
 		a.forgetCredit()
 	}
 	n.untable(a)

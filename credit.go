@@ -3,6 +3,7 @@ package troupe
 import (
 	"fmt"
 	"slices"
+	"sync"
 	"sync/atomic"
 )
 
@@ -112,19 +113,52 @@ func (a *assoc) moveCredit(w *assoc) {
 
 // forgetCredit takes a's accounts out of the mailboxes' waiting lists
 // when a ends: a stuck actor must not keep an ended session alive.
-func (a *assoc) forgetCredit() {
-	n := a.n
-	n.creditMu.Lock()
-	defer n.creditMu.Unlock()
-	for h, ws := range n.creditWaiters {
+func (a *assoc) forgetCredit() { a.n.credit.forget(a) }
+
+// creditWaiters holds, by actor, the credit accounts that wait for its
+// mailbox to make room. mu guards waiters; waiting is its length, read
+// without the lock on every mailbox's drain.
+type creditWaiters struct {
+	mu      sync.Mutex
+	waiters map[*handle][]*creditAcct
+	waiting atomic.Int32
+}
+
+// add makes ac wait for room in h's mailbox.
+func (w *creditWaiters) add(h *handle, ac *creditAcct) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.waiters == nil {
+		w.waiters = make(map[*handle][]*creditAcct)
+	}
+	w.waiters[h] = append(w.waiters[h], ac)
+	w.waiting.Store(int32(len(w.waiters)))
+}
+
+// take returns the accounts waiting for h's mailbox, which no longer
+// wait.
+func (w *creditWaiters) take(h *handle) []*creditAcct {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	ws := w.waiters[h]
+	delete(w.waiters, h)
+	w.waiting.Store(int32(len(w.waiters)))
+	return ws
+}
+
+// forget drops a's accounts from every mailbox's list.
+func (w *creditWaiters) forget(a *assoc) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for h, ws := range w.waiters {
 		ws = slices.DeleteFunc(ws, func(ac *creditAcct) bool { return ac.a.Load() == a })
 		if len(ws) == 0 {
-			delete(n.creditWaiters, h)
+			delete(w.waiters, h)
 		} else {
-			n.creditWaiters[h] = ws
+			w.waiters[h] = ws
 		}
 	}
-	n.creditWaiting.Store(int32(len(n.creditWaiters)))
+	w.waiting.Store(int32(len(w.waiters)))
 }
 
 // wake tells ac's session that the target's mailbox made room.
@@ -233,13 +267,7 @@ func (c *cell[T]) creditRoom(ac *creditAcct) int {
 		room = max(limit-len(c.q.in), 0)
 	}
 	if (room == 0 || room < limit/2) && ac.waiting.CompareAndSwap(false, true) {
-		c.n.creditMu.Lock()
-		if c.n.creditWaiters == nil {
-			c.n.creditWaiters = make(map[*handle][]*creditAcct)
-		}
-		c.n.creditWaiters[c.self] = append(c.n.creditWaiters[c.self], ac)
-		c.n.creditWaiting.Store(int32(len(c.n.creditWaiters)))
-		c.n.creditMu.Unlock()
+		c.n.credit.add(c.self, ac)
 	}
 	return room
 }
@@ -247,12 +275,7 @@ func (c *cell[T]) creditRoom(ac *creditAcct) int {
 // wakeCredit wakes the credit accounts waiting for room in the mailbox
 // of h (the mailbox drained, or its actor stopped).
 func (n *Node) wakeCredit(h *handle) {
-	n.creditMu.Lock()
-	ws := n.creditWaiters[h]
-	delete(n.creditWaiters, h)
-	n.creditWaiting.Store(int32(len(n.creditWaiters)))
-	n.creditMu.Unlock()
-	for _, ac := range ws {
+	for _, ac := range n.credit.take(h) {
 		ac.wake()
 	}
 }

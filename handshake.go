@@ -85,7 +85,7 @@ func (a *assoc) handshakeDialed(c net.Conn) *frameReader {
 	if !n.cfg.priorRelease {
 		a.nonce = newNonce()
 		h.session = a.nonce
-		a.dialNum = n.dialSeq.Add(1)
+		a.dialNum = n.ids.dial.Add(1)
 		h.dial = a.dialNum
 	}
 	body, trips, err := n.dialHandshake(c, fr, h)

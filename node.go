@@ -43,38 +43,25 @@ type Node struct {
 	totals nodeTotals // counted since Start (see Totals)
 
 	// Set once in Start, then read-only.
-	cfg      Config
-	uid      NodeUID
-	name     string
-	log      *slog.Logger
-	lis      listenerSet // its listeners and bound addresses (listen.go)
-	events   eventStream
-	uuidBase [16]byte // actor uuids are this with a counter mixed in
-	ctx      context.Context
-	cancel   context.CancelFunc
+	cfg    Config
+	uid    NodeUID
+	name   string
+	log    *slog.Logger
+	lis    listenerSet // its listeners and bound addresses (listen.go)
+	events eventStream
+	ids    idSource // actor uuids and the node-wide sequence numbers
+	ctx    context.Context
+	cancel context.CancelFunc
 	// actorsCtx is the parent of every actor's Context: cancelled when
 	// the node starts stopping its actors, so that a handler waiting on
 	// it returns.
 	actorsCtx    context.Context
 	cancelActors context.CancelFunc
-	// creditWaiters (creditMu) holds, by actor, the credit accounts that
-	// wait for its mailbox to make room (see credit.go).
-	creditMu      sync.Mutex
-	creditWaiters map[*handle][]*creditAcct
-	creditWaiting atomic.Int32 // len(creditWaiters), read without the lock
-	epoch         time.Time    // the zero of the monotonic stamps in connections
+	credit       creditWaiters // the credit accounts waiting for room in a mailbox (credit.go)
+	epoch        time.Time     // the zero of the monotonic stamps in connections
 
-	uuidSeq atomic.Uint64
-	// dialSeq numbers the connections this node dials (hello extension
-	// 5; see chooseDuplicate).
-	dialSeq atomic.Uint64
 	// tokens are the session tokens this node drew for its peers (token.go).
 	tokens tokenTable
-	// reqSeq numbers resolve requests node-wide, so that an answer that
-	// arrives on the association a request moved to by a merge can never
-	// be taken for another request's.
-	reqSeq  atomic.Uint64
-	anonSeq atomic.Uint64
 
 	inbound inboundLimits // accepted connections against the limits (listen.go)
 
@@ -210,7 +197,7 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 	}
 	n.events.node = n
 	rand.Read(n.uid[:])
-	rand.Read(n.uuidBase[:])
+	rand.Read(n.ids.base[:])
 	n.name = cfg.Name
 	if n.name == "" {
 		n.name = "node-" + n.uid.String()[:8]
@@ -324,13 +311,6 @@ func (n *Node) Stop(r AnyRef) error {
 	return nil
 }
 
-func (n *Node) newUUID() UUID {
-	u := UUID(n.uuidBase)
-	seq := n.uuidSeq.Add(1)
-	binary.BigEndian.PutUint64(u[8:], binary.BigEndian.Uint64(u[8:])^seq)
-	return u
-}
-
 // isOwnAddr reports whether a is one of this node's bound addresses.
 func (n *Node) isOwnAddr(a Addr) bool {
 	for _, x := range n.addrList() {
@@ -400,4 +380,27 @@ func (n *Node) endMemberAssoc(uid NodeUID, cause error) {
 func (n *Node) isMember(uid NodeUID) bool {
 	_, ok := n.members.Load(uid)
 	return ok
+}
+
+// idSource draws actor uuids and the node-wide sequence numbers; every
+// field is set once (base) or atomic.
+type idSource struct {
+	base UUID // actor uuids are this with a counter mixed in
+	uuid atomic.Uint64
+	// dial numbers the connections this node dials (hello extension
+	// 5; see chooseDuplicate).
+	dial atomic.Uint64
+	// req numbers resolve requests node-wide, so that an answer that
+	// arrives on the association a request moved to by a merge can never
+	// be taken for another request's.
+	req  atomic.Uint64
+	anon atomic.Uint64 // anonymous actors' names
+}
+
+// newUUID returns a new actor uuid.
+func (s *idSource) newUUID() UUID {
+	u := s.base
+	seq := s.uuid.Add(1)
+	binary.BigEndian.PutUint64(u[8:], binary.BigEndian.Uint64(u[8:])^seq)
+	return u
 }

@@ -112,7 +112,7 @@ func (a *assoc) resolve(ctx context.Context, path, proto string) (resolveAnswer,
 		t.mu.Unlock()
 		return resolveAnswer{}, err
 	}
-	id := a.n.reqSeq.Add(1)
+	id := a.n.ids.req.Add(1)
 	t.resolves[id] = ch
 	t.mu.Unlock()
 	t.control(appendResolve(nil, resolveBody{id: id, path: path, proto: proto}))
