@@ -36,7 +36,7 @@ func (c *cell[T]) terminate(rest []T) bool {
 			c.held = true // user messages wait, to be dead letters at the end
 			c.mu.Unlock()
 			for ch := range l.children {
-				ch.local.sysPush(sysMsg{kind: sysStop, reason: ErrParentStopped, drain: c.n.drainingMailboxes.Load()})
+				ch.local.sysPush(sysMsg{kind: sysStop, reason: ErrParentStopped, drain: c.n.lc.drainingMailboxes.Load()})
 			}
 		}
 		return false
@@ -97,7 +97,7 @@ func (c *cell[T]) terminate(rest []T) bool {
 		}
 	}
 	for ch := range l.children {
-		ch.local.sysPush(sysMsg{kind: sysStop, reason: ErrParentStopped, drain: c.n.drainingMailboxes.Load()})
+		ch.local.sysPush(sysMsg{kind: sysStop, reason: ErrParentStopped, drain: c.n.lc.drainingMailboxes.Load()})
 	}
 	c.dropWatches()
 	if c.b.Signal != nil && (c.tools == nil || c.tools.sup == nil || c.tools.sup.phase == restartNone) {
@@ -114,7 +114,7 @@ func (c *cell[T]) terminate(rest []T) bool {
 	c.n.stopServiceSubs(c.self)
 	c.n.stopTopics(c.self)
 	if c.n.discovering() && isPublic(c.self.key.path) {
-		if !c.n.isClosed() { // (a closing node unregistered everything at once)
+		if !c.n.lc.isClosed() { // (a closing node unregistered everything at once)
 			c.n.unregisterActor(c.self)
 		}
 	}
@@ -229,7 +229,7 @@ func stopAndWait[T any](n *Node, r Ref[T]) {
 	}
 	select {
 	case <-note.ch:
-	case <-n.workDone():
+	case <-n.lc.workDone():
 		return
 	}
 	t := time.NewTicker(time.Millisecond)
@@ -237,7 +237,7 @@ func stopAndWait[T any](n *Node, r Ref[T]) {
 	for n.actors.get(r.h.key.path, r.h.key.uuid) != nil { // (PostStop, then out of the table)
 		select {
 		case <-t.C:
-		case <-n.workDone():
+		case <-n.lc.workDone():
 			return
 		}
 	}

@@ -531,7 +531,7 @@ func (a *assoc) signal(h *handle, m sysMsg) {
 	t.watchedBy.remove(inWatch{m.key.path, m.key.uuid, h.key.path})
 	t.mu.Unlock()
 	ask := strings.HasPrefix(h.key.path, "/temp/")
-	if m.reason == ErrNodeClosed && a.n.isClosed() && !ask {
+	if m.reason == ErrNodeClosed && a.n.lc.isClosed() && !ask {
 		// This node is shutting down: the goodbye that follows tells the
 		// peer's watchers, as ErrPeerLeft, rather than one frame each.
 		// (A peer's Ask is told at once.)

@@ -45,7 +45,7 @@ func (n *Node) assocHeld(addr Addr, wait bool, from NodeUID) (_ *assoc, held boo
 		n.pmu.Unlock()
 		select {
 		case <-cl.done:
-		case <-n.flushing:
+		case <-n.lc.flushing:
 		}
 		n.pmu.Lock()
 	}

@@ -182,7 +182,7 @@ func (a *assoc) fail(err error) {
 func (a *assoc) endEvent(err error) lifeEvent {
 	closing := a.n.cfg.Observer
 	select {
-	case <-a.n.done:
+	case <-a.n.lc.done:
 		closing = true
 	default:
 	}

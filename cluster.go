@@ -292,7 +292,7 @@ func (c ClusterConfig) withDefaults(n *Node) ClusterConfig {
 // member holds every member's entries, pushed as they change (see
 // [ServiceKey.Register] and [ServiceKey.Watch]).
 func StartCluster(ctx context.Context, n *Node, cfg ClusterConfig) (*Cluster, error) {
-	if n.isClosed() {
+	if n.lc.isClosed() {
 		return nil, ErrNodeClosed
 	}
 	if len(n.addrList()) == 0 {

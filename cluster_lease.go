@@ -134,7 +134,7 @@ func (c *Cluster) decide(s DowningStrategy, v SplitView) Downing {
 		case <-t.C:
 		case <-c.stop:
 			return DownReachable
-		case <-c.n.done:
+		case <-c.n.lc.done:
 			return DownReachable
 		}
 	}
@@ -148,7 +148,7 @@ func (c *Cluster) decide(s DowningStrategy, v SplitView) Downing {
 		case <-releasing:
 		case <-c.stop:
 			return DownReachable
-		case <-c.n.done:
+		case <-c.n.lc.done:
 			return DownReachable
 		}
 	}
@@ -193,7 +193,7 @@ func (c *Cluster) acquireLease(owner string, callTimeout, delay time.Duration) (
 	first := time.Now()
 	limit := cmp.Or(c.leaseWaitLimit, maxLeaseWait)
 	for {
-		ctx, cancel := context.WithTimeout(c.n.ctx, callTimeout)
+		ctx, cancel := context.WithTimeout(c.n.lc.ctx, callTimeout)
 		go func() { // Close does not wait for the call
 			select {
 			case <-c.stop:
@@ -218,7 +218,7 @@ func (c *Cluster) acquireLease(owner string, callTimeout, delay time.Duration) (
 		case <-c.stop:
 			t.Stop()
 			return false, waited, ErrClusterStopped
-		case <-c.n.done:
+		case <-c.n.lc.done:
 			t.Stop()
 			return false, waited, ErrNodeClosed
 		}
@@ -293,11 +293,11 @@ func (c *Cluster) releaseLeaseAfterLocked(owner string, wait time.Duration) {
 			defer t.Stop()
 			select {
 			case <-t.C:
-			case <-c.n.done:
+			case <-c.n.lc.done:
 				return // the node's keep-alive ends with it: the lease expires by its TTL
 			}
 		}
-		ctx, cancel := context.WithTimeout(c.n.ctx, timeout)
+		ctx, cancel := context.WithTimeout(c.n.lc.ctx, timeout)
 		defer cancel()
 		if err := lease.Release(ctx, owner); err != nil {
 			c.n.log.Warn("troupe: could not release the cluster lease", "err", err)

@@ -28,7 +28,7 @@ func (c *Cluster) run() {
 		select {
 		case <-c.stop:
 			return
-		case <-c.n.done:
+		case <-c.n.lc.done:
 			return
 		case <-c.lostLease():
 			c.leaseLostInHold()
@@ -61,7 +61,7 @@ func (c *Cluster) cleanup() {
 	c.n.quarantinedBy.Store(nil)
 	c.n.beatMembers.Store(nil)
 	if c.n.cluster.CompareAndSwap(c, nil) {
-		c.n.clusterEnded.Store(true)
+		c.n.lc.clusterEnded.Store(true)
 	}
 	if c.recep != nil {
 		c.recep.stop()

@@ -616,7 +616,7 @@ func followCluster(ctx context.Context, n *Node, rc *receptionist, sel regSelect
 		case <-changed:
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-n.workDone():
+		case <-n.lc.workDone():
 			return ErrNodeClosed
 		}
 	}

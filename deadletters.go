@@ -85,7 +85,7 @@ func (n *Node) reportDeadLetter(d DeadLetter) {
 		}
 	}
 	switch {
-	case errors.Is(d.Reason, ErrNodeClosed) || n.isClosed():
+	case errors.Is(d.Reason, ErrNodeClosed) || n.lc.isClosed():
 		// This node is closing (whatever the session's own end says, as
 		// when the peer answers the goodbye first): nothing the user
 		// forgot.

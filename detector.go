@@ -50,7 +50,7 @@ func (n *Node) heartbeatLoop() {
 	defer t.Stop()
 	for {
 		select {
-		case <-n.ctx.Done():
+		case <-n.lc.ctx.Done():
 			return
 		case now := <-t.C:
 			n.pmu.Lock()
@@ -82,7 +82,7 @@ func (a *assoc) checkLiveness(now time.Time) {
 	// A member's liveness is the cluster's to judge, until this node
 	// flushes: then nothing but the window stands between a silent peer
 	// and the end of the shutdown.
-	flushing := a.n.flushBegun()
+	flushing := a.n.lc.flushBegun()
 	judged := flushing || !a.n.isMember(a.peerUID)
 	if judged && !a.judged {
 		// A member that exchanged no heartbeats with this node (it

@@ -591,11 +591,11 @@ func (n *Node) keepEtcd() {
 	unreachable := false
 	for {
 		select {
-		case <-n.done:
+		case <-n.lc.done:
 			return
 		case <-t.C:
 		}
-		ctx, cancel := context.WithTimeout(n.ctx, ttl/3)
+		ctx, cancel := context.WithTimeout(n.lc.ctx, ttl/3)
 		alive, err := r.keepAlive(ctx, r.currentLease())
 		switch {
 		case err != nil:
@@ -609,7 +609,7 @@ func (n *Node) keepEtcd() {
 				unreachable = false
 			}
 		default:
-			if n.isClosed() {
+			if n.lc.isClosed() {
 				break // (revoked by the shutdown)
 			}
 			// The lease expired, and the entries with it: a new lease,
@@ -652,7 +652,7 @@ func (n *Node) closeEtcdClients() {
 
 // askEtcd answers a lookup request from an etcd registry.
 func (n *Node) askEtcd(ctx context.Context, r *etcdRegistry, req regRequest) ([]Registration, error) {
-	if n.workOver() {
+	if n.lc.workOver() {
 		return nil, ErrNodeClosed
 	}
 	ctx, cancel := context.WithTimeout(ctx, n.registryTimeout())

@@ -118,7 +118,7 @@ func (n *Node) awaitEtcd(ctx context.Context, h *handle, reg Registration) bool 
 		case <-ch:
 		case <-ctx.Done():
 			return false
-		case <-n.done:
+		case <-n.lc.done:
 			return false
 		}
 	}
@@ -133,7 +133,7 @@ func (n *Node) syncEtcd() {
 	var retry <-chan time.Time
 	for {
 		select {
-		case <-n.done:
+		case <-n.lc.done:
 			return
 		case <-s.kick:
 		case <-verify.C:
@@ -141,11 +141,11 @@ func (n *Node) syncEtcd() {
 			continue
 		case <-retry:
 		}
-		if n.isClosed() {
+		if n.lc.isClosed() {
 			return // (the lease is being revoked: nothing is put again)
 		}
 		retry = nil
-		ctx, cancel := context.WithTimeout(n.ctx, n.registryTimeout())
+		ctx, cancel := context.WithTimeout(n.lc.ctx, n.registryTimeout())
 		err := n.reconcileEtcd(ctx)
 		cancel()
 		s.mu.Lock()
@@ -160,7 +160,7 @@ func (n *Node) syncEtcd() {
 			wait = 0
 			continue
 		}
-		if n.isClosed() {
+		if n.lc.isClosed() {
 			return
 		}
 		if wait == 0 {

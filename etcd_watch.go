@@ -87,7 +87,7 @@ func (r *Registry) watchEtcd(ctx context.Context, each func(RegistryChange)) err
 	go func() {
 		defer close(closed)
 		select {
-		case <-n.workDone():
+		case <-n.lc.workDone():
 			cancel()
 		case <-ctx.Done():
 		}
@@ -101,7 +101,7 @@ func (r *Registry) watchEtcd(ctx context.Context, each func(RegistryChange)) err
 			err = e.watchFrom(ctx, e.prefix, rev+1, func(bool, Registration, bool) bool { return true })
 		}
 		switch {
-		case n.workOver():
+		case n.lc.workOver():
 			return ErrNodeClosed
 		case ctx.Err() != nil:
 			return ctx.Err()

@@ -155,11 +155,11 @@ func (f *FaultNet) dial(ctx context.Context, n *Node, addr Addr) (net.Conn, erro
 	f.lock()
 	f.dialers[c.LocalAddr().String()] = n
 	remote := f.byAddr[addr]
-	if remote == nil || remote.isClosed() {
+	if remote == nil || remote.lc.isClosed() {
 		// The address may have changed hands (a node that took over a
 		// registry address): find who listens there now.
 		for _, nd := range f.byAddr {
-			if !nd.isClosed() && slices.Contains(nd.addrList(), addr) {
+			if !nd.lc.isClosed() && slices.Contains(nd.addrList(), addr) {
 				remote = nd
 				f.byAddr[addr] = nd
 				break

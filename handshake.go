@@ -471,7 +471,7 @@ func (a *assoc) firstFrames(resume bool) {
 	if a.credit && !resume && a.resumeOf == nil {
 		a.encodeControl(appendCredit(nil, 0, uint64(a.n.mailboxCredit())), false)
 	}
-	if a.n.refusing.Load() && a.peerFlags&helloDrains != 0 {
+	if a.n.lc.refusing.Load() && a.peerFlags&helloDrains != 0 {
 		a.encodeControl(appendDraining(nil), false)
 	}
 	if a.out.frames > 0 {

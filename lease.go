@@ -210,7 +210,7 @@ func (l *nodeLease) Acquire(ctx context.Context, owner string) (bool, error) {
 }
 
 func (l *nodeLease) keepAlive(owner string, cancel chan struct{}) {
-	keepLeaseAlive(l.ttl, cancel, l.n.done, func(ctx context.Context) (bool, error) {
+	keepLeaseAlive(l.ttl, cancel, l.n.lc.done, func(ctx context.Context) (bool, error) {
 		asked := time.Now()
 		rep, err := l.call(ctx, leaseOpRenew, owner)
 		if err == nil && rep.Granted {

@@ -7,6 +7,8 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -63,23 +65,23 @@ func (n *Node) OnShutdown(phase ShutdownPhase, fn func(ctx context.Context) erro
 	if phase < PhaseLeave || phase > PhaseFlush {
 		return fmt.Errorf("%w: no shutdown phase %d", ErrBadConfig, int(phase))
 	}
-	if n.draining.Load() {
+	if n.lc.draining.Load() {
 		return ErrNodeClosed
 	}
-	n.hmu.Lock()
-	defer n.hmu.Unlock()
-	if n.hooks == nil {
-		n.hooks = map[ShutdownPhase][]func(context.Context) error{}
+	n.lc.hooksMu.Lock()
+	defer n.lc.hooksMu.Unlock()
+	if n.lc.hooks == nil {
+		n.lc.hooks = map[ShutdownPhase][]func(context.Context) error{}
 	}
-	n.hooks[phase] = append(n.hooks[phase], fn)
+	n.lc.hooks[phase] = append(n.lc.hooks[phase], fn)
 	return nil
 }
 
 // runHooks runs the work added to phase, in order, outside any lock.
 func (n *Node) runHooks(ctx context.Context, phase ShutdownPhase) error {
-	n.hmu.Lock()
-	hooks := n.hooks[phase]
-	n.hmu.Unlock()
+	n.lc.hooksMu.Lock()
+	hooks := n.lc.hooks[phase]
+	n.lc.hooksMu.Unlock()
 	var errs []error
 	for _, fn := range hooks {
 		if err := fn(ctx); err != nil {
@@ -101,14 +103,14 @@ var ErrNotReady = errors.New("troupe: node not ready")
 // was lost; they are all sent again until it confirms). A readiness
 // probe should route traffic to the node only while it is nil.
 func (n *Node) Ready() error {
-	if n.draining.Load() {
+	if n.lc.draining.Load() {
 		return fmt.Errorf("%w: shutting down", ErrNotReady)
 	}
 	if c := n.cluster.Load(); c != nil {
 		if s := c.Self().Status; s != MemberUp {
 			return fmt.Errorf("%w: cluster member %v", ErrNotReady, s)
 		}
-	} else if n.clusterEnded.Load() {
+	} else if n.lc.clusterEnded.Load() {
 		return fmt.Errorf("%w: no longer a cluster member", ErrNotReady)
 	}
 	if a, ok := n.regPendingAt(); ok {
@@ -125,7 +127,7 @@ func (n *Node) Ready() error {
 // restarts the process; only a node that has stopped should fail it.
 func (n *Node) Alive() error {
 	select {
-	case <-n.ctx.Done():
+	case <-n.lc.ctx.Done():
 		return ErrNodeClosed
 	default:
 		return nil
@@ -175,13 +177,88 @@ func (n *Node) ShutdownOnSignal(grace time.Duration, signals ...os.Signal) error
 	defer stop()
 	select {
 	case <-ctx.Done():
-	case <-n.done:
+	case <-n.lc.done:
 		stop() // (the signals are the process's again: a second Ctrl-C ends it)
-		<-n.closed
+		<-n.lc.closed
 		return nil
 	}
 	n.log.Info("troupe: signal received; shutting down", "grace", grace.String())
 	sctx, cancel := context.WithTimeout(context.Background(), grace)
 	defer cancel()
 	return n.Shutdown(sctx)
+}
+
+// lifecycle is a node's life from Start to the end of Close: the
+// channels and flags that say how far a shutdown has gone, the contexts
+// it cancels, and the hooks users add to its phases. The channels and
+// contexts are made in Start and closed or cancelled once; hooksMu
+// guards hooks.
+type lifecycle struct {
+	ctx    context.Context
+	cancel context.CancelFunc
+	// actorsCtx is the parent of every actor's Context: cancelled when
+	// the node starts stopping its actors, so that a handler waiting on
+	// it returns.
+	actorsCtx    context.Context
+	cancelActors context.CancelFunc
+	// dialCtx ends every dial in progress when Close begins, or when a
+	// Shutdown reaches PhaseFlush.
+	dialCtx    context.Context
+	dialCancel context.CancelFunc
+
+	closeOnce sync.Once
+	closeErr  error
+	done      chan struct{} // closed when Close or Shutdown begins
+	closed    chan struct{} // closed when the Close or Shutdown has finished
+	// flushing is closed when the shutdown reaches PhaseFlush: heartbeats
+	// go on until then, through a long drain of mailboxes.
+	flushing chan struct{}
+	// refusing is set when the shutdown reaches PhaseRefuse: peers that
+	// understand it are told (a draining frame) that this node takes no
+	// new asks.
+	refusing atomic.Bool
+	// drainingMailboxes: Shutdown lets mailboxes drain (ShutdownDrain),
+	// and a stopping parent's children drain theirs too.
+	drainingMailboxes atomic.Bool
+	hurry             chan struct{} // closed by Close: a Shutdown in progress stops waiting
+	hurryOnce         sync.Once
+	// draining is set when a Shutdown begins: the node is no longer ready.
+	draining atomic.Bool
+	// clusterEnded is set when this node's cluster membership ended (it
+	// left, or was downed): it is no longer ready.
+	clusterEnded atomic.Bool
+
+	hooksMu sync.Mutex
+	hooks   map[ShutdownPhase][]func(context.Context) error // the work users added to Shutdown's phases
+}
+
+// isClosed reports whether Close or Shutdown has begun.
+func (l *lifecycle) isClosed() bool {
+	select {
+	case <-l.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// workDone is closed when a closing node cancels its actors' contexts
+// (Close at once; Shutdown at PhaseActors, or after the drain with
+// ShutdownDrain): until then, the handlers a Shutdown lets finish may
+// still ask, look up, send and dial, and a wait of theirs ends then with
+// ErrNodeClosed, so that none holds the shutdown.
+func (l *lifecycle) workDone() <-chan struct{} { return l.actorsCtx.Done() }
+
+// workOver reports whether workDone is closed.
+func (l *lifecycle) workOver() bool { return l.actorsCtx.Err() != nil }
+
+// flushBegun reports whether the shutdown reached PhaseFlush (at once for
+// Close): sessions are no longer resumed.
+func (l *lifecycle) flushBegun() bool {
+	select {
+	case <-l.flushing:
+		return true
+	default:
+		return false
+	}
 }

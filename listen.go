@@ -156,7 +156,7 @@ func (n *Node) listenOne(ctx context.Context, a Addr) (net.Listener, error) {
 	if !a.isUnix() {
 		bound = tcpAddr(l.Addr().String())
 	}
-	if n.isClosed() || !n.lis.add(l, bound) {
+	if n.lc.isClosed() || !n.lis.add(l, bound) {
 		l.Close()
 		return nil, ErrNodeClosed
 	}
@@ -285,7 +285,7 @@ func (n *Node) acceptLoop(l net.Listener) {
 			sizeBuffers(c)
 		}
 		if err != nil {
-			if errors.Is(err, net.ErrClosed) || n.isClosed() {
+			if errors.Is(err, net.ErrClosed) || n.lc.isClosed() {
 				return
 			}
 			n.inbound.acceptErrors.Add(1)
@@ -298,7 +298,7 @@ func (n *Node) acceptLoop(l net.Listener) {
 			t := time.NewTimer(backoff)
 			select {
 			case <-t.C:
-			case <-n.done:
+			case <-n.lc.done:
 				t.Stop()
 				return
 			}

@@ -52,7 +52,7 @@ func (n *Node) serviceSources(opts []LookupOption) ([]registrarSource, error) {
 
 func (n *Node) lookupSources(opts []LookupOption) ([]registrarSource, error) {
 	var cfg lookupConfig
-	if n.workOver() {
+	if n.lc.workOver() {
 		return nil, ErrNodeClosed
 	}
 	for _, o := range opts {
@@ -512,7 +512,7 @@ func fastPath[T any](n *Node, name string, opts []LookupOption) (Ref[T], bool) {
 	for _, o := range opts {
 		o(&cfg)
 	}
-	if cfg.registries != nil || n.workOver() {
+	if cfg.registries != nil || n.lc.workOver() {
 		return Ref[T]{}, false // a closed node answers with ErrNodeClosed
 	}
 	want := reflect.TypeFor[T]()
@@ -630,7 +630,7 @@ func (n *Node) awaitRegistration(ctx context.Context, srcs []registrarSource, na
 	}
 	cases = append(cases,
 		reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(ctx.Done())},
-		reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(n.workDone())},
+		reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(n.lc.workDone())},
 		reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(n.registrarEpoch())})
 	var i int
 	var v reflect.Value

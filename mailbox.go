@@ -50,7 +50,7 @@ func (c *cell[T]) pushWaitUnless(ctx context.Context, msg T, hd Headers, retired
 		case <-room:
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-c.n.workDone():
+		case <-c.n.lc.workDone():
 			return ErrNodeClosed
 		}
 	}

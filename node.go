@@ -49,16 +49,9 @@ type Node struct {
 	log    *slog.Logger
 	lis    listenerSet // its listeners and bound addresses (listen.go)
 	events eventStream
-	ids    idSource // actor uuids and the node-wide sequence numbers
-	ctx    context.Context
-	cancel context.CancelFunc
-	// actorsCtx is the parent of every actor's Context: cancelled when
-	// the node starts stopping its actors, so that a handler waiting on
-	// it returns.
-	actorsCtx    context.Context
-	cancelActors context.CancelFunc
-	credit       creditWaiters // the credit accounts waiting for room in a mailbox (credit.go)
-	epoch        time.Time     // the zero of the monotonic stamps in connections
+	ids    idSource      // actor uuids and the node-wide sequence numbers
+	credit creditWaiters // the credit accounts waiting for room in a mailbox (credit.go)
+	epoch  time.Time     // the zero of the monotonic stamps in connections
 
 	// tokens are the session tokens this node drew for its peers (token.go).
 	tokens tokenTable
@@ -136,40 +129,13 @@ type Node struct {
 	// dlSamples are the last dead letters, for Stats.
 	dlSamples deadLetterSamples
 
-	// Lifecycle.
-	closeOnce sync.Once
-	closeErr  error
-	done      chan struct{} // closed when Close or Shutdown begins
-	closed    chan struct{} // closed when the Close or Shutdown has finished
-	// flushing is closed when the shutdown reaches PhaseFlush: heartbeats
-	// go on until then, through a long drain of mailboxes.
-	flushing chan struct{}
-	// refusing is set when the shutdown reaches PhaseRefuse: peers that
-	// understand it are told (a draining frame) that this node takes no
-	// new asks.
-	refusing atomic.Bool
-	// drainingMailboxes: Shutdown lets mailboxes drain (ShutdownDrain),
-	// and a stopping parent's children drain theirs too.
-	drainingMailboxes atomic.Bool
-	hurry             chan struct{} // closed by Close: a Shutdown in progress stops waiting
-	hurryOnce         sync.Once
-
-	// draining is set when a Shutdown begins: the node is no longer ready.
-	draining atomic.Bool
-	// clusterEnded is set when this node's cluster membership ended (it
-	// left, or was downed): it is no longer ready.
-	clusterEnded atomic.Bool
 	// clusterStarts wakes what waits for a cluster to serve as the
 	// node's registry (topics, with none).
 	clusterStarts wakeup
-	// hmu guards hooks, the work users added to Shutdown's phases.
-	hmu   sync.Mutex
-	hooks map[ShutdownPhase][]func(context.Context) error
-	// dialCtx ends every dial in progress when Close begins, or when a
-	// Shutdown reaches PhaseFlush.
-	dialCtx    context.Context
-	dialCancel context.CancelFunc
-	wg         sync.WaitGroup // every goroutine the node started
+	// lc is the node's life: started, shutting down by phases, closed
+	// (lifecycle.go).
+	lc lifecycle
+	wg sync.WaitGroup // every goroutine the node started
 }
 
 // Start starts a node: it binds every address in cfg.Listen and returns
@@ -190,11 +156,9 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 		all:         make(map[*assoc]struct{}),
 		awaiting:    make(map[NodeUID][]*assoc),
 		inHandshake: make(map[net.Conn]struct{}),
-		done:        make(chan struct{}),
-		closed:      make(chan struct{}),
-		flushing:    make(chan struct{}),
-		hurry:       make(chan struct{}),
 	}
+	n.lc.done, n.lc.closed = make(chan struct{}), make(chan struct{})
+	n.lc.flushing, n.lc.hurry = make(chan struct{}), make(chan struct{})
 	n.events.node = n
 	rand.Read(n.uid[:])
 	rand.Read(n.ids.base[:])
@@ -203,9 +167,9 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 		n.name = "node-" + n.uid.String()[:8]
 	}
 	n.log = n.log.With("node", n.name)
-	n.ctx, n.cancel = context.WithCancel(context.Background())
-	n.actorsCtx, n.cancelActors = context.WithCancel(n.ctx)
-	n.dialCtx, n.dialCancel = context.WithCancel(n.ctx)
+	n.lc.ctx, n.lc.cancel = context.WithCancel(context.Background())
+	n.lc.actorsCtx, n.lc.cancelActors = context.WithCancel(n.lc.ctx)
+	n.lc.dialCtx, n.lc.dialCancel = context.WithCancel(n.lc.ctx)
 	n.epoch = time.Now()
 	var err error
 	switch {
@@ -259,39 +223,8 @@ func (n *Node) Addrs() []Addr { return slices.Clone(n.addrList()) }
 // is gone), so it is read atomically.
 func (n *Node) reg() *regTable { return n.regP.Load() }
 
-// isClosed reports whether Close or Shutdown has begun.
-func (n *Node) isClosed() bool {
-	select {
-	case <-n.done:
-		return true
-	default:
-		return false
-	}
-}
-
-// workDone is closed when a closing node cancels its actors' contexts
-// (Close at once; Shutdown at PhaseActors, or after the drain with
-// ShutdownDrain): until then, the handlers a Shutdown lets finish may
-// still ask, look up, send and dial, and a wait of theirs ends then with
-// ErrNodeClosed, so that none holds the shutdown.
-func (n *Node) workDone() <-chan struct{} { return n.actorsCtx.Done() }
-
-// workOver reports whether workDone is closed.
-func (n *Node) workOver() bool { return n.actorsCtx.Err() != nil }
-
-// flushBegun reports whether the shutdown reached PhaseFlush (at once for
-// Close): sessions are no longer resumed.
-func (n *Node) flushBegun() bool {
-	select {
-	case <-n.flushing:
-		return true
-	default:
-		return false
-	}
-}
-
 // Done returns a channel that is closed when the node begins to close.
-func (n *Node) Done() <-chan struct{} { return n.done }
+func (n *Node) Done() <-chan struct{} { return n.lc.done }
 
 func (n *Node) spawnParent() (*Node, parentCell) { return n, nil }
 
@@ -344,7 +277,7 @@ func (n *Node) bytesWritten() uint64 {
 
 // dial connects to addr, through the fault network if the node is on one.
 func (n *Node) dial(addr Addr) (net.Conn, error) {
-	ctx, cancel := context.WithTimeout(n.dialCtx, n.cfg.DialTimeout)
+	ctx, cancel := context.WithTimeout(n.lc.dialCtx, n.cfg.DialTimeout)
 	defer cancel()
 	if f := n.cfg.fault; f != nil {
 		return f.dial(ctx, n, addr)

@@ -70,7 +70,7 @@ func (n *Node) probeAt(addr Addr) (NodeUID, error) {
 	defer c.Close()
 	// Bounded by the handshake timeout and by the node closing, whatever
 	// the connection does with deadlines.
-	ctx, cancel := context.WithTimeout(n.dialCtx, n.cfg.HandshakeTimeout)
+	ctx, cancel := context.WithTimeout(n.lc.dialCtx, n.cfg.HandshakeTimeout)
 	defer cancel()
 	stop := context.AfterFunc(ctx, func() { c.Close() })
 	defer stop()

@@ -374,7 +374,7 @@ func Ask[Req, Resp any](ctx context.Context, to Ref[Req], mk func(replyTo Ref[Re
 		return r.v, r.err
 	case <-ctx.Done():
 		return zero, ctx.Err()
-	case <-n.workDone(): // (handlers that a Shutdown lets finish may still ask)
+	case <-n.lc.workDone(): // (handlers that a Shutdown lets finish may still ask)
 		return zero, ErrNodeClosed
 	case <-stopped:
 		select {

@@ -147,7 +147,7 @@ func (n *Node) keepRegistrars() {
 	}
 	for {
 		select {
-		case <-n.done:
+		case <-n.lc.done:
 			return
 		case <-t.C:
 		case <-ended:
@@ -192,7 +192,7 @@ func (n *Node) keepRegistrars() {
 // election: of the nodes that try at once exactly one succeeds, and the
 // others find it on their next round and register with it.
 func (n *Node) takeOver(addr Addr) bool {
-	ctx, cancel := context.WithTimeout(n.ctx, n.registryTimeout())
+	ctx, cancel := context.WithTimeout(n.lc.ctx, n.registryTimeout())
 	defer cancel()
 	if res, _ := n.probe(ctx, addr); res != probeAbsent {
 		return false // it answers again, or something else holds it
@@ -206,7 +206,7 @@ func (n *Node) takeOver(addr Addr) bool {
 			return false
 		}
 	}
-	if n.isClosed() || !n.lis.serve(func() { n.wg.Go(func() { n.acceptLoop(l) }) }) {
+	if n.lc.isClosed() || !n.lis.serve(func() { n.wg.Go(func() { n.acceptLoop(l) }) }) {
 		return false // shutdown closes l with the others
 	}
 	var refused []error
@@ -257,7 +257,7 @@ func (n *Node) regPendingAt() (Addr, bool) {
 // addr again. Registrations the registrar refuses (past its bounds) are
 // logged, not retried: it took the rest.
 func (n *Node) reregister(addr Addr) error {
-	ctx, cancel := context.WithTimeout(n.ctx, n.registryTimeout())
+	ctx, cancel := context.WithTimeout(n.lc.ctx, n.registryTimeout())
 	defer cancel()
 	regs := n.publicRegistrations()
 	var refused error
@@ -335,7 +335,7 @@ func (n *Node) registerEntry(h *handle, r Registration) (refused error) {
 	}
 	for _, a := range n.remoteRegistrars() {
 		req := regRequest{Op: regOpRegister, Regs: toWire([]Registration{r})}
-		_, err := n.askRegistrar(n.ctx, registrarSource{addr: a}, req)
+		_, err := n.askRegistrar(n.lc.ctx, registrarSource{addr: a}, req)
 		switch {
 		case errors.Is(err, ErrRegistrationRefused):
 			if refused == nil {
@@ -351,7 +351,7 @@ func (n *Node) registerEntry(h *handle, r Registration) (refused error) {
 		// Spawn waits for it, boundedly: past that, it is pending (Stats,
 		// Ready) until etcd takes it.
 		n.etcdSync.poke(false)
-		ctx, cancel := context.WithTimeout(n.ctx, n.registryTimeout())
+		ctx, cancel := context.WithTimeout(n.lc.ctx, n.registryTimeout())
 		if !n.awaitEtcd(ctx, h, r) {
 			n.log.Warn("troupe: etcd has not confirmed an actor's registration yet; it stays pending until etcd takes it", "path", h.key.path, "name", r.Name, "registry", n.etcd.String())
 		}

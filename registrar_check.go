@@ -104,7 +104,7 @@ func (n *Node) checkAddr(node NodeUID, addr Addr, reporter NodeUID) bool {
 	n.wg.Go(func() {
 		defer g.checks.done(addr)
 		uid, err := n.probeAt(addr)
-		if n.workOver() {
+		if n.lc.workOver() {
 			return
 		}
 		var why string

@@ -268,7 +268,7 @@ func (r *Registry) Watch(ctx context.Context, each func(RegistryChange)) error {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-n.workDone():
+		case <-n.lc.workDone():
 			return ErrNodeClosed
 		case err := <-gone:
 			return err

@@ -87,7 +87,7 @@ func (a *assoc) awaitUp(ctx context.Context) error {
 	case <-a.ready:
 	case <-ctx.Done():
 		return ctx.Err()
-	case <-a.n.workDone():
+	case <-a.n.lc.workDone():
 		return ErrNodeClosed
 	}
 	if err := a.failure(); err != nil {
@@ -124,7 +124,7 @@ func (a *assoc) resolve(ctx context.Context, path, proto string) (resolveAnswer,
 		delete(t.resolves, id)
 		t.mu.Unlock()
 		return resolveAnswer{}, ctx.Err()
-	case <-a.n.workDone():
+	case <-a.n.lc.workDone():
 		return resolveAnswer{}, ErrNodeClosed
 	}
 }

@@ -26,7 +26,7 @@ const (
 // that was up is suspended; anything else ends.
 func (a *assoc) lost(err error) {
 	a.mu.Lock()
-	ev := lifeEvent{kind: evLinkLost, cause: err, resumable: a.resumable && !a.n.flushBegun()}
+	ev := lifeEvent{kind: evLinkLost, cause: err, resumable: a.resumable && !a.n.lc.flushBegun()}
 	_, _, resumable := a.life.step(ev) // (a question: nothing moves yet)
 	conn := a.conn
 	a.mu.Unlock()
@@ -108,7 +108,7 @@ func (a *assoc) whileSuspended(try func(cause error, silent bool) (done bool)) {
 		if wait > 0 {
 			t := time.NewTimer(wait)
 			select {
-			case <-n.flushing: // (a flap during a drain resumes)
+			case <-n.lc.flushing: // (a flap during a drain resumes)
 				t.Stop()
 				return
 			case <-t.C:
@@ -220,7 +220,7 @@ func (n *Node) suspendFor(uid NodeUID) {
 	select {
 	case <-ex.readerDone:
 	case <-t.C:
-	case <-n.done:
+	case <-n.lc.done:
 	}
 }
 

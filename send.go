@@ -124,7 +124,7 @@ func (a *assoc) await(ctx context.Context, ch chan struct{}) error {
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()
-	case <-a.n.workDone():
+	case <-a.n.lc.workDone():
 		return ErrNodeClosed
 	}
 }

@@ -87,7 +87,7 @@ func (k ServiceKey[T]) Register(n *Node, ref Ref[T]) error {
 	if _, ok := ref.h.local.(*cell[T]); !ok {
 		return fmt.Errorf("%w: %v is not an actor", ErrBadConfig, ref)
 	}
-	if n.workOver() {
+	if n.lc.workOver() {
 		return ErrNodeClosed
 	}
 	if !n.discovering() && n.clusterRegistry() == nil {
@@ -150,7 +150,7 @@ func (k ServiceKey[T]) Unregister(n *Node, ref Ref[T]) bool {
 	if !n.dropService(e) {
 		return false
 	}
-	if !n.isClosed() {
+	if !n.lc.isClosed() {
 		n.unregisterEntry(e.name, ref.h.key.uuid)
 	}
 	return true
@@ -182,7 +182,7 @@ func (n *Node) stopServices(h *handle) {
 		}
 	}
 	s.mu.Unlock()
-	if n.isClosed() {
+	if n.lc.isClosed() {
 		return // (a closing node unregistered everything at once)
 	}
 	for _, name := range names {
@@ -407,7 +407,7 @@ func (n *Node) followRegistry(ctx context.Context, sel regSelector, deliver func
 		switch {
 		case ctx.Err() != nil:
 			return ctx.Err()
-		case n.workOver() || errors.Is(err, ErrNodeClosed):
+		case n.lc.workOver() || errors.Is(err, ErrNodeClosed):
 			return ErrNodeClosed
 		case errors.Is(err, ErrNoRegistry):
 			return err
@@ -424,7 +424,7 @@ func (n *Node) followRegistry(ctx context.Context, sel regSelector, deliver func
 		case <-ctx.Done():
 			t.Stop()
 			return ctx.Err()
-		case <-n.workDone():
+		case <-n.lc.workDone():
 			t.Stop()
 			return ErrNodeClosed
 		}
@@ -527,7 +527,7 @@ type serviceWatch[T any] struct {
 // it reports whether some member could not be resolved (to try again).
 func (w *serviceWatch[T]) deliver(ctx context.Context, regs []Registration) bool {
 	refs, known, unresolved := serviceRefs[T](ctx, w.n, regs, w.known)
-	if ctx.Err() != nil || w.n.workOver() {
+	if ctx.Err() != nil || w.n.lc.workOver() {
 		return false // a listing cut short is not the set
 	}
 	w.known = known

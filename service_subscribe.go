@@ -52,13 +52,13 @@ func (k ServiceKey[T]) Subscribe(n *Node, subscriber Ref[ServiceListing[T]], opt
 	if _, ok := h.local.(*cell[ServiceListing[T]]); !ok {
 		return nil, fmt.Errorf("%w: %v is not an actor", ErrBadConfig, subscriber)
 	}
-	if n.workOver() {
+	if n.lc.workOver() {
 		return nil, ErrNodeClosed
 	}
 	if _, err := n.serviceSources(opts); err != nil {
 		return nil, err
 	}
-	ctx, cancel := context.WithCancel(n.actorsCtx)
+	ctx, cancel := context.WithCancel(n.lc.actorsCtx)
 	s := &Subscription{cancel: cancel, done: make(chan struct{})}
 	ss := &n.serviceSubs
 	ss.mu.Lock()

@@ -658,6 +658,6 @@ func (r *region[T]) end() {
 		stopAndWait(r.n, r.self)
 	case <-t.C:
 		r.n.log.Warn("troupe: a sharded kind's entities did not stop in HandOffTimeout as the cluster stopped; another member may start them after the removal margin", "kind", r.name)
-	case <-r.n.workDone():
+	case <-r.n.lc.workDone():
 	}
 }

@@ -41,20 +41,20 @@ const (
 // Close is idempotent; it may be called during a Shutdown, which it makes
 // finish at once. Calls after the first return the first one's result.
 func (n *Node) Close() error {
-	n.hurryOnce.Do(func() { close(n.hurry) })
-	n.closeOnce.Do(func() {
+	n.lc.hurryOnce.Do(func() { close(n.lc.hurry) })
+	n.lc.closeOnce.Do(func() {
 		n.leaveCluster(context.Background(), nil, false)
-		n.closeErr = n.shutdown(context.Background(), false)
+		n.lc.closeErr = n.shutdown(context.Background(), false)
 	})
-	return n.closeErr
+	return n.lc.closeErr
 }
 
 // crash closes the node as a crash would look to others: no cluster
 // leave (FaultNet.Kill).
 func (n *Node) crash() error {
-	n.hurryOnce.Do(func() { close(n.hurry) })
-	n.closeOnce.Do(func() { n.closeErr = n.shutdown(context.Background(), false) })
-	return n.closeErr
+	n.lc.hurryOnce.Do(func() { close(n.lc.hurry) })
+	n.lc.closeOnce.Do(func() { n.lc.closeErr = n.shutdown(context.Background(), false) })
+	return n.lc.closeErr
 }
 
 // leaveCluster leaves the cluster this node is a member of, if any, before
@@ -83,13 +83,13 @@ func (n *Node) leaveCluster(ctx context.Context, hurry <-chan struct{}, patient 
 // short: a handler that ignores its Context (Go cannot stop it) holds the
 // node's last wait until it returns. The phases are [ShutdownPhase]'s.
 func (n *Node) Shutdown(ctx context.Context) error {
-	n.closeOnce.Do(func() {
-		n.draining.Store(true)
+	n.lc.closeOnce.Do(func() {
+		n.lc.draining.Store(true)
 		hookErr := n.runHooks(ctx, PhaseLeave)
-		n.leaveCluster(ctx, n.hurry, true)
-		n.closeErr = errors.Join(hookErr, n.shutdown(ctx, true))
+		n.leaveCluster(ctx, n.lc.hurry, true)
+		n.lc.closeErr = errors.Join(hookErr, n.shutdown(ctx, true))
 	})
-	return n.closeErr
+	return n.lc.closeErr
 }
 
 // waitActors waits until every actor has terminated, or ctx ends (or
@@ -103,7 +103,7 @@ func (n *Node) waitActors(ctx context.Context) error {
 	case <-done:
 		return nil
 	case <-ctx.Done():
-	case <-n.hurry:
+	case <-n.lc.hurry:
 	}
 	var running []string
 	all, _ := n.actors.list()
@@ -127,13 +127,13 @@ func (n *Node) waitActors(ctx context.Context) error {
 // shutdown closes the node; graceful says whether queued frames and
 // unregistrations are delivered first (within ctx).
 func (n *Node) shutdown(ctx context.Context, graceful bool) error {
-	defer close(n.closed) // after every goroutine of the node has ended
-	n.draining.Store(true)
-	close(n.done)
+	defer close(n.lc.closed) // after every goroutine of the node has ended
+	n.lc.draining.Store(true)
+	close(n.lc.done)
 	forgetNode(n)
 	if !graceful {
-		n.dialCancel()   // a dial in progress has nobody left to serve
-		n.cancelActors() // handlers waiting on their Context return now
+		n.lc.dialCancel()   // a dial in progress has nobody left to serve
+		n.lc.cancelActors() // handlers waiting on their Context return now
 	}
 	var errs []error
 	phase := func(p ShutdownPhase) {
@@ -171,8 +171,8 @@ func (n *Node) shutdown(ctx context.Context, graceful bool) error {
 		}
 	}
 	phase(PhaseFlush)
-	close(n.flushing)
-	n.dialCancel() // (the handlers Shutdown let finish might have dialed)
+	close(n.lc.flushing)
+	n.lc.dialCancel() // (the handlers Shutdown let finish might have dialed)
 	n.pmu.Lock()
 	n.pclosing = true
 	assocs := make([]*assoc, 0, len(n.all))
@@ -196,7 +196,7 @@ func (n *Node) shutdown(ctx context.Context, graceful bool) error {
 
 	// Let the writers send what they hold and the goodbye: for as long as
 	// ctx allows when graceful, briefly otherwise.
-	wait, hurry := ctx, n.hurry
+	wait, hurry := ctx, n.lc.hurry
 	if !graceful {
 		var cancel context.CancelFunc
 		wait, cancel = context.WithTimeout(ctx, closeByeWait)
@@ -220,7 +220,7 @@ func (n *Node) shutdown(ctx context.Context, graceful bool) error {
 	if graceful && late != nil {
 		errs = append(errs, late)
 	}
-	n.cancel()
+	n.lc.cancel()
 	n.wg.Wait()
 	n.closeEtcdClients()
 	return errors.Join(errs...)
@@ -233,7 +233,7 @@ func (n *Node) shutdown(ctx context.Context, graceful bool) error {
 // the handlers still running reach them. A session that comes up later
 // is told in its handshake.
 func (n *Node) refuseWork() {
-	n.refusing.Store(true)
+	n.lc.refusing.Store(true)
 	n.pmu.Lock()
 	assocs := make([]*assoc, 0, len(n.all))
 	for a := range n.all {
@@ -263,7 +263,7 @@ func (n *Node) stopActors(ctx context.Context, graceful bool) error {
 		// The stop goes to the top of each tree: a parent stops its
 		// children once it has drained, and they drain in turn what it
 		// sent them.
-		n.drainingMailboxes.Store(true)
+		n.lc.drainingMailboxes.Store(true)
 		for _, h := range targets {
 			if c, ok := h.local.(interface{ topLevel() bool }); ok && c.topLevel() {
 				h.local.sysPush(sysMsg{kind: sysStop, reason: ErrNodeClosed, drain: true})
@@ -271,15 +271,15 @@ func (n *Node) stopActors(ctx context.Context, graceful bool) error {
 		}
 		err := n.waitActors(ctx)
 		if err == nil {
-			n.cancelActors()
+			n.lc.cancelActors()
 			return nil
 		}
 		drainErr := fmt.Errorf("the mailboxes did not drain: %w", err)
-		n.drainingMailboxes.Store(false)
+		n.lc.drainingMailboxes.Store(false)
 		for _, h := range targets {
 			h.local.sysPush(sysMsg{kind: sysStop, reason: ErrNodeClosed})
 		}
-		n.cancelActors() // ctx has ended: nothing more is waited for
+		n.lc.cancelActors() // ctx has ended: nothing more is waited for
 		return drainErr
 	}
 	for _, h := range targets {
@@ -288,7 +288,7 @@ func (n *Node) stopActors(ctx context.Context, graceful bool) error {
 	// Every actor stops after the handler it runs: a handler waiting
 	// on its context returns now. Shutdown waits for the others
 	// within ctx.
-	n.cancelActors()
+	n.lc.cancelActors()
 	if graceful {
 		return n.waitActors(ctx)
 	}

@@ -82,7 +82,7 @@ func (c *Context[T]) headers() Headers {
 func (c *cell[T]) actorContext() context.Context {
 	t := c.tooling()
 	if t.ctx == nil {
-		t.ctx, t.cancel = context.WithCancel(c.n.actorsCtx)
+		t.ctx, t.cancel = context.WithCancel(c.n.lc.actorsCtx)
 		if c.stopping || t.stopTaken {
 			t.cancel() // asked for in PostStop, or after Stop
 		}

@@ -130,7 +130,7 @@ func (r *topicRelay[T]) syncListing(n *Node, name string) {
 	ts.mu.Lock()
 	want := r.listed
 	ts.mu.Unlock()
-	if want == r.sent || n.isClosed() {
+	if want == r.sent || n.lc.isClosed() {
 		return
 	}
 	r.sent = want
@@ -185,7 +185,7 @@ func (t Topic[T]) Subscribe(n *Node, ref Ref[T]) error {
 	if ref.h == nil || ref.h.node != n || ref.h.local == nil {
 		return notLocal(ref)
 	}
-	if n.workOver() {
+	if n.lc.workOver() {
 		return ErrNodeClosed
 	}
 	ts := &n.topics
@@ -344,7 +344,7 @@ func (t Topic[T]) Publish(ctx context.Context, n *Node, msg T) error {
 	if err := checkName(t.Name); err != nil {
 		return err
 	}
-	if n.workOver() {
+	if n.lc.workOver() {
 		return ErrNodeClosed
 	}
 	p, err := publisherOf[T](ctx, n, t.Name)
@@ -414,7 +414,7 @@ func publisherOf[T any](ctx context.Context, n *Node, name string) (*topicPub[T]
 	case <-ctx.Done():
 		t.Stop()
 		return nil, ctx.Err()
-	case <-n.workDone():
+	case <-n.lc.workDone():
 		t.Stop()
 		return nil, ErrNodeClosed
 	}
@@ -436,7 +436,7 @@ func publisherOf[T any](ctx context.Context, n *Node, name string) (*topicPub[T]
 	ts.mu.Unlock()
 	// Made with the node's context, not the caller's: a Publish whose
 	// ctx ends must not leave the listing empty for the next.
-	uctx, cancel := context.WithTimeout(n.ctx, n.registryTimeout())
+	uctx, cancel := context.WithTimeout(n.lc.ctx, n.registryTimeout())
 	p.update(uctx, regs, gen)
 	cancel()
 	if err := ctx.Err(); err != nil {
@@ -480,13 +480,13 @@ func (n *Node) followTopics() {
 		ts.mu.Unlock()
 		again := false
 		for name, p := range pubs {
-			again = p.update(n.ctx, byName[topicPrefix+name], gen) || again
+			again = p.update(n.lc.ctx, byName[topicPrefix+name], gen) || again
 		}
 		return again
 	}
 	for {
 		started := n.clusterStarts.wait()
-		err := n.followRegistry(n.ctx, regSelector{prefix: topicPrefix}, deliver, nil)
+		err := n.followRegistry(n.lc.ctx, regSelector{prefix: topicPrefix}, deliver, nil)
 		if !errors.Is(err, ErrNoRegistry) && !errors.Is(err, ErrClusterStopped) {
 			return
 		}
@@ -503,7 +503,7 @@ func (n *Node) followTopics() {
 		ts.mu.Unlock()
 		select {
 		case <-started:
-		case <-n.workDone():
+		case <-n.lc.workDone():
 			return
 		}
 	}
