@@ -222,7 +222,7 @@ func (c *Context[T]) Watch(r AnyRef) {
 	switch {
 	case h.local != nil:
 		if !h.local.sysPush(sysMsg{kind: sysWatch, ref: cl.self}) {
-			err = cl.n.stops.reason(h.key.path, h.key.uuid, ErrActorStopped)
+			err = cl.n.actors.stops.reason(h.key.path, h.key.uuid, ErrActorStopped)
 		}
 	case h.assoc != nil:
 		err = h.assoc.watch(h, cl.self)

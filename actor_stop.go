@@ -44,7 +44,7 @@ func (c *cell[T]) terminate(rest []T) bool {
 	c.stopTimers()
 	// Kept before the cell refuses watches: a watch from now on finds
 	// the reason (recentStops), not a bare ErrActorStopped.
-	c.n.stops.record(c.self.key.path, c.self.key.uuid, l.stopReason)
+	c.n.actors.stops.record(c.self.key.path, c.self.key.uuid, l.stopReason)
 	c.mu.Lock()
 	c.closed = true
 	var waiting []T

@@ -33,6 +33,9 @@ type actorTable struct {
 	// live counts the actors added and not yet terminated; Shutdown
 	// waits for it.
 	live sync.WaitGroup
+	// stops keeps why the last actors stopped, for late watchers; it
+	// has a lock of its own.
+	stops recentStops
 }
 
 // add enters a new cell in the path table; anonymous if its name

@@ -15,6 +15,15 @@ import (
 // not logged one by one is logged.
 const deadLetterSummaryEvery = time.Minute
 
+// deadLetters is what a node keeps of its dead letters: the paced log,
+// the counts by reason and the last samples for Stats; each has a lock
+// of its own.
+type deadLetters struct {
+	log     deadLetterLog
+	counts  deadLetterCounts
+	samples deadLetterSamples
+}
+
 // deadLetter reports a message that cannot be delivered: a DeadLetter
 // event (if anything listens) and the node's rate-limited log.
 func (n *Node) deadLetter(target string, msg any, reason error) {
@@ -94,12 +103,12 @@ func (n *Node) reportDeadLetter(d DeadLetter) {
 			n.log.Debug("troupe: dead letter", "target", d.Target, "reason", d.Reason, "type", fmt.Sprintf("%T", d.Message))
 		}
 	default:
-		n.dlSamples.add(d) // (the user's only: troupe's own would crowd them out)
+		n.dead.samples.add(d) // (the user's only: troupe's own would crowd them out)
 		if n.cfg.DeadLetterLog >= 0 {
-			n.dlog.note(n, d)
+			n.dead.log.note(n, d)
 		}
 	}
-	n.dlCount.add(d.Reason)
+	n.dead.counts.add(d.Reason)
 	if n.events.hasSubscribers() {
 		n.events.emit(d)
 	}

@@ -61,15 +61,15 @@ func TestDeadLettersAreLoggedThenCounted(t *testing.T) {
 		t.Fatalf("the log lacks the type, the target or the note on the limit:\n%s", out)
 	}
 	// The other seven are counted and summarized once a minute.
-	client.dlog.summarize(client, time.Now().Add(30*time.Second))
+	client.dead.log.summarize(client, time.Now().Add(30*time.Second))
 	if strings.Contains(logs.String(), "not logged one by one") {
 		t.Fatalf("summarized before a minute passed:\n%s", logs.String())
 	}
-	client.dlog.summarize(client, time.Now().Add(2*time.Minute))
+	client.dead.log.summarize(client, time.Now().Add(2*time.Minute))
 	if !strings.Contains(logs.String(), "count=7") {
 		t.Fatalf("no summary of the seven others:\n%s", logs.String())
 	}
-	client.dlog.summarize(client, time.Now().Add(4*time.Minute))
+	client.dead.log.summarize(client, time.Now().Add(4*time.Minute))
 	if got := strings.Count(logs.String(), "not logged one by one"); got != 1 {
 		t.Fatalf("%d summaries with nothing new to count, want 1", got)
 	}

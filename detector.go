@@ -62,7 +62,7 @@ func (n *Node) heartbeatLoop() {
 			for _, a := range assocs {
 				a.checkLiveness(now)
 			}
-			n.dlog.summarize(n, now)
+			n.dead.log.summarize(n, now)
 		}
 	}
 }

@@ -94,7 +94,9 @@ type Node struct {
 	regRefs     sync.Map                 // Addr -> Ref[regRequest], resolved registrar actors
 	found       map[string][]foundRef    // guarded by pmu: actors lookups found on peers
 
-	dlog deadLetterLog
+	// dead counts and samples the dead letters, and paces their log
+	// (deadletters.go).
+	dead deadLetters
 	// regRefusedLog paces the registrar's warnings of refused
 	// registrations.
 	regRefusedLog logGate
@@ -120,14 +122,9 @@ type Node struct {
 	beatMembers atomic.Pointer[map[NodeUID]bool]
 	// cluster is the cluster this node is a member of, if any (Stats).
 	cluster atomic.Pointer[Cluster]
-	dlCount deadLetterCounts
-	// stops keeps why the last actors stopped, for late watchers.
-	stops recentStops
 	// lat holds the latency histograms once a MetricsHandler exists
 	// (latency.go); nil until then.
 	lat atomic.Pointer[nodeLatencies]
-	// dlSamples are the last dead letters, for Stats.
-	dlSamples deadLetterSamples
 
 	// clusterStarts wakes what waits for a cluster to serve as the
 	// node's registry (topics, with none).

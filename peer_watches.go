@@ -145,7 +145,7 @@ func (a *assoc) onWatch(kind frameKind, b []byte) error {
 		t.mu.Unlock()
 		reason = ErrActorStopped
 	}
-	reason = n.stops.reason(path, uuid, reason) // (it stopped before the watch arrived: why)
+	reason = n.actors.stops.reason(path, uuid, reason) // (it stopped before the watch arrived: why)
 	a.signal(watcher, sysMsg{kind: sysTerminated, key: refKey{node: n.uid, path: path, uuid: uuid}, reason: reason})
 	return nil
 }
