@@ -334,7 +334,7 @@ func StartCluster(ctx context.Context, n *Node, cfg ClusterConfig) (*Cluster, er
 			return nil, err
 		}
 	}
-	n.members.Store(n.uid, struct{}{})
+	n.cl.members.Store(n.uid, struct{}{})
 	ref, err := Spawn(systemParent{n}, "cluster", Behavior[clusterMsg]{
 		Receive: func(_ *Context[clusterMsg], m clusterMsg) {
 			switch m := m.(type) {
@@ -352,7 +352,7 @@ func StartCluster(ctx context.Context, n *Node, cfg ClusterConfig) (*Cluster, er
 		},
 	})
 	if err != nil {
-		n.members.Delete(n.uid)
+		n.cl.members.Delete(n.uid)
 		if c.recep != nil {
 			c.recep.stop()
 		}
@@ -362,11 +362,11 @@ func StartCluster(ctx context.Context, n *Node, cfg ClusterConfig) (*Cluster, er
 	c.ref = ref
 	c.mu.Unlock()
 	onQuarantine := c.quarantinedBy
-	n.quarantinedBy.Store(&onQuarantine)
-	n.cluster.Store(c)
+	n.cl.quarantinedBy.Store(&onQuarantine)
+	n.cl.cluster.Store(c)
 	if c.recep != nil {
 		c.recep.adopt()
-		n.clusterStarts.signal()
+		n.cl.starts.signal()
 	}
 	for _, s := range seeds {
 		if !n.isOwnAddr(s) {

@@ -58,9 +58,9 @@ func (c *Cluster) run() {
 
 func (c *Cluster) cleanup() {
 	c.keepLeaseThroughHold()
-	c.n.quarantinedBy.Store(nil)
-	c.n.beatMembers.Store(nil)
-	if c.n.cluster.CompareAndSwap(c, nil) {
+	c.n.cl.quarantinedBy.Store(nil)
+	c.n.cl.beat.Store(nil)
+	if c.n.cl.cluster.CompareAndSwap(c, nil) {
 		c.n.lc.clusterEnded.Store(true)
 	}
 	if c.recep != nil {
@@ -76,7 +76,7 @@ func (c *Cluster) cleanup() {
 	}
 	c.mu.Unlock()
 	for _, uid := range uids {
-		c.n.members.Delete(uid)
+		c.n.cl.members.Delete(uid)
 	}
 	stopAndWait(c.n, c.ref) // a cluster started next on this node takes its path
 	if c.cfg.SeedsFromRegistry {
@@ -254,7 +254,7 @@ func (c *Cluster) receive(g gossipMsg) {
 		c.reply(g.ReplyTo, sender.Addr, confirm) // so that it counts this member as having seen it
 	}
 	for _, uid := range out.added {
-		c.n.members.Store(uid, struct{}{})
+		c.n.cl.members.Store(uid, struct{}{})
 	}
 	for _, uid := range out.ended {
 		c.n.log.Info("troupe: cluster member restarted; its earlier incarnation is downed", "uid", uid.String())
@@ -307,7 +307,7 @@ func (c *Cluster) detect(now time.Time) {
 		}
 	}
 	watchers := c.watchers(c.cfg.MonitoredMembers)
-	c.n.beatMembers.Store(&watchers)
+	c.n.cl.beat.Store(&watchers)
 	var mine []NodeUID
 	for _, uid := range monitored {
 		if heard[uid] == 0 {

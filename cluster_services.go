@@ -209,7 +209,7 @@ func (rc *receptionist) bump() {
 // clusterRegistry returns the receptionist of the node's cluster, if the
 // cluster is the node's registry.
 func (n *Node) clusterRegistry() *receptionist {
-	if c := n.cluster.Load(); c != nil {
+	if c := n.cl.cluster.Load(); c != nil {
 		return c.recep
 	}
 	return nil

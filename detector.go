@@ -83,7 +83,7 @@ func (a *assoc) checkLiveness(now time.Time) {
 	// flushes: then nothing but the window stands between a silent peer
 	// and the end of the shutdown.
 	flushing := a.n.lc.flushBegun()
-	judged := flushing || !a.n.isMember(a.peerUID)
+	judged := flushing || !a.n.cl.isMember(a.peerUID)
 	if judged && !a.judged {
 		// A member that exchanged no heartbeats with this node (it
 		// watches other members) was judged by the cluster until now:
@@ -148,10 +148,10 @@ func (a *assoc) ackStuck(now time.Time) error {
 // ClusterConfig.MonitoredMembers) — in a large cluster, heartbeats to
 // every member would cost each member bytes in proportion to the cluster.
 func (a *assoc) needsBeat() bool {
-	if !a.n.isMember(a.peerUID) {
+	if !a.n.cl.isMember(a.peerUID) {
 		return true
 	}
-	w := a.n.beatMembers.Load()
+	w := a.n.cl.beat.Load()
 	return w == nil || (*w)[a.peerUID]
 }
 

@@ -121,7 +121,7 @@ func (a *assoc) handshakeDialed(c net.Conn) *frameReader {
 			} else {
 				a.fail(fmt.Errorf("%w: %w: %s", ErrRejected, ErrQuarantinedByPeer, r.text))
 			}
-			if f := n.quarantinedBy.Load(); f != nil && perr == nil {
+			if f := n.cl.quarantinedBy.Load(); f != nil && perr == nil {
 				(*f)(r.uid)
 			}
 			return nil

@@ -106,7 +106,7 @@ func (n *Node) Ready() error {
 	if n.lc.draining.Load() {
 		return fmt.Errorf("%w: shutting down", ErrNotReady)
 	}
-	if c := n.cluster.Load(); c != nil {
+	if c := n.cl.cluster.Load(); c != nil {
 		if s := c.Self().Status; s != MemberUp {
 			return fmt.Errorf("%w: cluster member %v", ErrNotReady, s)
 		}

@@ -111,24 +111,12 @@ type Node struct {
 	regPending map[Addr]bool
 	regEpoch   chan struct{}
 
-	// members holds the uids of cluster members (NodeUID -> struct{}):
-	// peers exempt from quarantine while they are members.
-	members sync.Map
-	// quarantinedBy, set while a cluster runs, hears that a peer refused
-	// this node because it has quarantined it.
-	quarantinedBy atomic.Pointer[func(NodeUID)]
-	// beatMembers, set while a cluster runs, is the set of members that
-	// watch this one: the only members its associations heartbeat.
-	beatMembers atomic.Pointer[map[NodeUID]bool]
-	// cluster is the cluster this node is a member of, if any (Stats).
-	cluster atomic.Pointer[Cluster]
+	// cl is what a running cluster tells the core (seams.go).
+	cl clusterSeam
 	// lat holds the latency histograms once a MetricsHandler exists
 	// (latency.go); nil until then.
 	lat atomic.Pointer[nodeLatencies]
 
-	// clusterStarts wakes what waits for a cluster to serve as the
-	// node's registry (topics, with none).
-	clusterStarts wakeup
 	// lc is the node's life: started, shutting down by phases, closed
 	// (lifecycle.go).
 	lc lifecycle
@@ -304,12 +292,6 @@ func (n *Node) endMemberAssoc(uid NodeUID, cause error) {
 	if a != nil {
 		a.fail(cause)
 	}
-}
-
-// isMember reports whether uid is a member of a cluster this node is in.
-func (n *Node) isMember(uid NodeUID) bool {
-	_, ok := n.members.Load(uid)
-	return ok
 }
 
 // idSource draws actor uuids and the node-wide sequence numbers; every

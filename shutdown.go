@@ -65,7 +65,7 @@ func (n *Node) crash() error {
 // HandOffTimeout if patient (Shutdown), else for at most the leave wait
 // (Close, which stops at once).
 func (n *Node) leaveCluster(ctx context.Context, hurry <-chan struct{}, patient bool) {
-	if c := n.cluster.Load(); c != nil {
+	if c := n.cl.cluster.Load(); c != nil {
 		c.stepOut(ctx, hurry, patient)
 	}
 }

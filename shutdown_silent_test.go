@@ -81,10 +81,10 @@ func TestShutdownSaysGoodbyeToAMemberItNeverHeardFrom(t *testing.T) {
 	}
 	term := watcher(t, b, "w", echo)
 	none := map[NodeUID]bool{} // members that watch neither: no heartbeats either way
-	a.members.Store(b.UID(), struct{}{})
-	a.beatMembers.Store(&none)
-	b.members.Store(a.UID(), struct{}{})
-	b.beatMembers.Store(&none)
+	a.cl.members.Store(b.UID(), struct{}{})
+	a.cl.beat.Store(&none)
+	b.cl.members.Store(a.UID(), struct{}{})
+	b.cl.beat.Store(&none)
 	time.Sleep(1500 * time.Millisecond) // (three windows of silence between them)
 	a.OnShutdown(PhaseFlush, func(context.Context) error { toSink.Tell(testPong{N: 7}); return nil })
 	if err := a.Shutdown(ctxT(t, 5*time.Second)); err != nil {

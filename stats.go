@@ -253,7 +253,7 @@ func (n *Node) Stats() Stats {
 			continue
 		}
 		p := peerStats{Addr: a.addr(), UID: a.peerUID, Name: a.peerName, AppVersion: a.peerAppVersion, State: a.life.state.String(), Outbound: a.outbound,
-			Since: a.life.upAt, Queued: a.queue.len() + a.out.frames, Unacked: a.unacked.bytes, Held: a.held(), BytesOut: a.bytesOutBase + a.written.Load(), Member: n.isMember(a.peerUID),
+			Since: a.life.upAt, Queued: a.queue.len() + a.out.frames, Unacked: a.unacked.bytes, Held: a.held(), BytesOut: a.bytesOutBase + a.written.Load(), Member: n.cl.isMember(a.peerUID),
 			MessagesIn: a.ackTo.Load(), MessagesOut: a.tellsOutBase + a.tellsOut.Load(), RoundTrip: a.rtt, BytesIn: a.bytesInBase}
 		in := a.in
 		a.mu.Unlock()
@@ -292,7 +292,7 @@ func (n *Node) Stats() Stats {
 		s.Registrar, s.Registrations = true, len(g.entries)
 		g.mu.Unlock()
 	}
-	if c := n.cluster.Load(); c != nil {
+	if c := n.cl.cluster.Load(); c != nil {
 		c.mu.Lock()
 		for i := range s.Peers {
 			if d, ok := c.detectors[s.Peers[i].UID].(*PhiAccrual); ok {

@@ -485,7 +485,7 @@ func (n *Node) followTopics() {
 		return again
 	}
 	for {
-		started := n.clusterStarts.wait()
+		started := n.cl.starts.wait()
 		err := n.followRegistry(n.lc.ctx, regSelector{prefix: topicPrefix}, deliver, nil)
 		if !errors.Is(err, ErrNoRegistry) && !errors.Is(err, ErrClusterStopped) {
 			return
