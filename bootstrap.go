@@ -254,7 +254,7 @@ func (n *Node) bootstrap(ctx context.Context) error {
 			if n.cfg.EnsureRegistry {
 				return fmt.Errorf("%w: %s", ErrRegistryRunning, strings.Join(answering, ", "))
 			}
-			n.registrars = registrars
+			n.disc.registrars = registrars
 			if err := n.listenAll(ctx, n.cfg.Listen); err != nil {
 				return err
 			}

@@ -126,7 +126,7 @@ func TestEnsureRegistryAndProbeLeavesNothing(t *testing.T) {
 	if _, err := Start(ctxT(t, 5*time.Second), cfg); !errors.Is(err, ErrRegistryRunning) {
 		t.Fatalf("EnsureRegistry with a registrar running = %v, want ErrRegistryRunning", err)
 	}
-	if got := len(first.reg().list()); got != 1 {
+	if got := len(first.disc.reg().list()); got != 1 {
 		t.Fatalf("registry holds %d entries after a probe, want just the registrar itself", got)
 	}
 	select {
@@ -171,7 +171,7 @@ func TestConcurrentFirstBootsEndWithOneRegistrar(t *testing.T) {
 			if !registrar.isRegistrar() {
 				registrar = nodes[1]
 			}
-			if got := len(registrar.reg().list()); got != 2 {
+			if got := len(registrar.disc.reg().list()); got != 2 {
 				t.Fatalf("round %d: registry has %d entries, want both nodes", round, got)
 			}
 		}

@@ -522,7 +522,7 @@ func (n *Node) startEtcdRegistry(ctx context.Context) error {
 			r.endpoints = append(r.endpoints, one.endpoints...)
 		}
 	}
-	n.etcd = r
+	n.disc.etcd = r
 	listen := n.cfg.Listen
 	if len(listen) == 0 {
 		listen = []string{"tcp://127.0.0.1:0"}
@@ -533,17 +533,17 @@ func (n *Node) startEtcdRegistry(ctx context.Context) error {
 // etcdFor returns the etcd registry named s: the node's own, or one kept
 // for lookups through WithRegistries.
 func (n *Node) etcdFor(s string) (*etcdRegistry, error) {
-	if n.etcd != nil && n.etcd.url == s {
-		return n.etcd, nil
+	if n.disc.etcd != nil && n.disc.etcd.url == s {
+		return n.disc.etcd, nil
 	}
-	if v, ok := n.etcdOthers.Load(s); ok {
+	if v, ok := n.disc.etcdOthers.Load(s); ok {
 		return v.(*etcdRegistry), nil
 	}
 	r, err := parseEtcdURL(s, n.registryTLS(), n.cfg.EtcdElectionTimeout)
 	if err != nil {
 		return nil, err
 	}
-	v, _ := n.etcdOthers.LoadOrStore(s, r)
+	v, _ := n.disc.etcdOthers.LoadOrStore(s, r)
 	return v.(*etcdRegistry), nil
 }
 
@@ -565,17 +565,17 @@ func (n *Node) etcdTTL() time.Duration {
 func (n *Node) registerEtcd(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, n.registryTimeout())
 	defer cancel()
-	lease, err := n.etcd.grant(ctx, n.etcdTTL())
+	lease, err := n.disc.etcd.grant(ctx, n.etcdTTL())
 	self := n.nodeRegistration()
 	if err == nil {
-		err = n.etcd.put(ctx, lease, self)
+		err = n.disc.etcd.put(ctx, lease, self)
 	}
 	if err != nil {
 		return fmt.Errorf("register with %w", err)
 	}
-	n.etcd.setLease(lease)
-	n.etcdSync.init()
-	n.etcdSync.written[n.etcd.key(self.Name, self.UUID)] = struct{}{}
+	n.disc.etcd.setLease(lease)
+	n.disc.etcdSync.init()
+	n.disc.etcdSync.written[n.disc.etcd.key(self.Name, self.UUID)] = struct{}{}
 	n.wg.Go(n.keepEtcd)
 	n.wg.Go(n.syncEtcd)
 	return nil
@@ -585,7 +585,7 @@ func (n *Node) registerEtcd(ctx context.Context) error {
 // etcd says the lease has expired (the node was cut off from etcd for
 // longer than that), it takes a new one and registers everything again.
 func (n *Node) keepEtcd() {
-	r, ttl := n.etcd, n.etcdTTL()
+	r, ttl := n.disc.etcd, n.etcdTTL()
 	t := time.NewTicker(ttl / 3)
 	defer t.Stop()
 	unreachable := false
@@ -623,7 +623,7 @@ func (n *Node) keepEtcd() {
 			n.leaseLost()
 			n.log.Info("troupe: etcd lease had expired; registering everything again", "registry", r.String())
 			unreachable = false
-			n.bumpRegistrarEpoch()
+			n.disc.bump()
 		}
 		cancel()
 	}
@@ -634,17 +634,17 @@ func (n *Node) keepEtcd() {
 func (n *Node) revokeEtcd(d time.Duration) {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	defer cancel()
-	if lease := n.etcd.currentLease(); lease != "" {
-		n.etcd.revoke(ctx, lease)
+	if lease := n.disc.etcd.currentLease(); lease != "" {
+		n.disc.etcd.revoke(ctx, lease)
 	}
 }
 
 // closeEtcdClients releases the idle connections of every etcd client.
 func (n *Node) closeEtcdClients() {
-	if n.etcd != nil {
-		n.etcd.client.CloseIdleConnections()
+	if n.disc.etcd != nil {
+		n.disc.etcd.client.CloseIdleConnections()
 	}
-	n.etcdOthers.Range(func(_, v any) bool {
+	n.disc.etcdOthers.Range(func(_, v any) bool {
 		v.(*etcdRegistry).client.CloseIdleConnections()
 		return true
 	})

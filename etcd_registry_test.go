@@ -207,8 +207,8 @@ func TestEtcdRegistry(t *testing.T) {
 	}
 
 	// A key under the prefix that is not a registration is ignored.
-	junk := map[string]any{"key": b64(a.etcd.prefix + "echo/not-a-uuid"), "value": b64("{not json")}
-	if err := a.etcd.call(ctx, "/v3/kv/put", junk, &struct{}{}); err != nil {
+	junk := map[string]any{"key": b64(a.disc.etcd.prefix + "echo/not-a-uuid"), "value": b64("{not json")}
+	if err := a.disc.etcd.call(ctx, "/v3/kv/put", junk, &struct{}{}); err != nil {
 		t.Fatal(err)
 	}
 	if regs, err := reg.Find(ctx, "echo"); err != nil || len(regs) != 2 {
@@ -359,7 +359,7 @@ func TestEtcdRegistryLeaseExpires(t *testing.T) {
 	// Revoking the lease behind alpha's back is what etcd does when the
 	// TTL runs out with no keep-alive: the entries go at once.
 	lost := time.Now()
-	if err := a.etcd.revoke(ctx, a.etcd.currentLease()); err != nil {
+	if err := a.disc.etcd.revoke(ctx, a.disc.etcd.currentLease()); err != nil {
 		t.Fatal(err)
 	}
 	regs, err := reg.Find(ctx, "echo")

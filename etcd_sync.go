@@ -82,10 +82,10 @@ func (s *etcdSync) poke(verify bool) {
 // pending says how many of the node's puts and deletes etcd has not
 // confirmed.
 func (n *Node) etcdPending() int {
-	if n.etcd == nil {
+	if n.disc.etcd == nil {
 		return 0
 	}
-	s := &n.etcdSync
+	s := &n.disc.etcdSync
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.behind
@@ -97,8 +97,8 @@ func (n *Node) etcdPending() int {
 // every member refusing connections: an election answers within ctx, an
 // etcd that is down does not.
 func (n *Node) awaitEtcd(ctx context.Context, h *handle, reg Registration) bool {
-	key := n.etcd.key(reg.Name, reg.UUID)
-	s := &n.etcdSync
+	key := n.disc.etcd.key(reg.Name, reg.UUID)
+	s := &n.disc.etcdSync
 	s.mu.Lock()
 	began := s.passes
 	s.mu.Unlock()
@@ -126,7 +126,7 @@ func (n *Node) awaitEtcd(ctx context.Context, h *handle, reg Registration) bool 
 
 // syncEtcd is the goroutine that writes the node's entries.
 func (n *Node) syncEtcd() {
-	s := &n.etcdSync
+	s := &n.disc.etcdSync
 	verify := time.NewTicker(etcdVerifyEvery)
 	defer verify.Stop()
 	wait := time.Duration(0)
@@ -155,7 +155,7 @@ func (n *Node) syncEtcd() {
 		s.mu.Unlock()
 		if err == nil {
 			if wait > 0 {
-				n.log.Info("troupe: the etcd registry holds this node's entries again", "registry", n.etcd.String())
+				n.log.Info("troupe: the etcd registry holds this node's entries again", "registry", n.disc.etcd.String())
 			}
 			wait = 0
 			continue
@@ -164,7 +164,7 @@ func (n *Node) syncEtcd() {
 			return
 		}
 		if wait == 0 {
-			n.log.Warn("troupe: could not update this node's entries in the etcd registry; trying again until it answers", "registry", n.etcd.String(), "pending", n.etcdPending(), "err", err)
+			n.log.Warn("troupe: could not update this node's entries in the etcd registry; trying again until it answers", "registry", n.disc.etcd.String(), "pending", n.etcdPending(), "err", err)
 		}
 		wait = min(max(2*wait, etcdRetryMin), etcdRetryMax)
 		s.mu.Lock()
@@ -180,7 +180,7 @@ func (n *Node) syncEtcd() {
 // is deleted; it goes on until nothing is left to do (the set may change
 // while it works).
 func (n *Node) reconcileEtcd(ctx context.Context) error {
-	r, s := n.etcd, &n.etcdSync
+	r, s := n.disc.etcd, &n.disc.etcdSync
 	for {
 		want := map[string]Registration{}
 		for _, reg := range n.publicRegistrations() {
@@ -293,7 +293,7 @@ func diffCount(want map[string]Registration, written map[string]struct{}) int {
 // leaseLost forgets what etcd confirmed (it went with the lease) and has
 // everything put again under the new lease.
 func (n *Node) leaseLost() {
-	s := &n.etcdSync
+	s := &n.disc.etcdSync
 	s.mu.Lock()
 	clear(s.written)
 	clear(s.maybe) // (gone with the lease too)

@@ -274,7 +274,7 @@ func (n *Node) hello() *hello {
 		h.flags &^= helloResumable
 		h.observer = true
 	}
-	if n.reg() != nil {
+	if n.disc.reg() != nil {
 		h.flags |= helloRegistrar
 		if n.cfg.EnsureRegistry {
 			h.flags |= helloDedicated

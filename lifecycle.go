@@ -113,7 +113,7 @@ func (n *Node) Ready() error {
 	} else if n.lc.clusterEnded.Load() {
 		return fmt.Errorf("%w: no longer a cluster member", ErrNotReady)
 	}
-	if a, ok := n.regPendingAt(); ok {
+	if a, ok := n.disc.pendingAt(); ok {
 		return fmt.Errorf("%w: the registrar at %s lacks some of this node's names (registering again)", ErrNotReady, a)
 	}
 	if k := n.etcdPending(); k > 0 {

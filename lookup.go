@@ -73,18 +73,18 @@ func (n *Node) lookupSources(opts []LookupOption) ([]registrarSource, error) {
 			if err != nil {
 				return nil, fmt.Errorf("WithRegistries: %w", err)
 			}
-			out = append(out, registrarSource{addr: a, local: n.reg() != nil && n.isOwnAddr(a)})
+			out = append(out, registrarSource{addr: a, local: n.disc.reg() != nil && n.isOwnAddr(a)})
 		}
 		return out, nil
 	}
-	if n.reg() != nil {
+	if n.disc.reg() != nil {
 		out = append(out, registrarSource{local: true})
 	}
 	for _, a := range n.remoteRegistrars() {
 		out = append(out, registrarSource{addr: a})
 	}
-	if n.etcd != nil {
-		out = append(out, registrarSource{etcd: n.etcd})
+	if n.disc.etcd != nil {
+		out = append(out, registrarSource{etcd: n.disc.etcd})
 	}
 	if len(out) == 0 {
 		return nil, ErrNoRegistry
@@ -108,7 +108,7 @@ func (s registrarSource) String() string {
 // registrarRef returns a ref to the registrar actor at addr, resolving it
 // again when the association it was bound to has ended.
 func (n *Node) registrarRef(ctx context.Context, addr Addr) (Ref[regRequest], error) {
-	if v, ok := n.regRefs.Load(addr); ok {
+	if v, ok := n.disc.refs.Load(addr); ok {
 		r := v.(Ref[regRequest])
 		if r.h.assoc == nil || r.h.assoc.failure() == nil {
 			return r, nil
@@ -118,7 +118,7 @@ func (n *Node) registrarRef(ctx context.Context, addr Addr) (Ref[regRequest], er
 	if err != nil {
 		return Ref[regRequest]{}, err
 	}
-	n.regRefs.Store(addr, r)
+	n.disc.refs.Store(addr, r)
 	return r, nil
 }
 
@@ -138,16 +138,16 @@ func (n *Node) askRegistrar(ctx context.Context, src registrarSource, req regReq
 		return regs, err
 	}
 	if src.local {
-		if n.reg() == nil {
+		if n.disc.reg() == nil {
 			return nil, ErrNoRegistry
 		}
 		switch req.Op {
 		case regOpFind:
-			n.reg().requests.Add(1)
-			return n.reg().find(req.Name), nil
+			n.disc.reg().requests.Add(1)
+			return n.disc.reg().find(req.Name), nil
 		case regOpList:
-			n.reg().requests.Add(1)
-			return n.reg().list(), nil
+			n.disc.reg().requests.Add(1)
+			return n.disc.reg().list(), nil
 		}
 	}
 	ctx, cancel := context.WithTimeout(ctx, n.registryTimeout())
@@ -411,10 +411,10 @@ func (n *Node) deleteStale(ctx context.Context, src registrarSource, node NodeUI
 		return
 	}
 	if src.local {
-		if n.reg() == nil {
+		if n.disc.reg() == nil {
 			return
 		}
-		n.reg().deleteAddr(node, addr)
+		n.disc.reg().deleteAddr(node, addr)
 		return
 	}
 	n.askRegistrar(ctx, src, regRequest{Op: regOpDeleteAddr, Node: node, Addr: addr.String()})
@@ -591,8 +591,8 @@ func (n *Node) awaitRegistration(ctx context.Context, srcs []registrarSource, na
 			p.finish()
 			switch {
 			case s.etcd != nil:
-			case s.local && n.reg() != nil:
-				n.reg().cancelWait(name, p.h.key)
+			case s.local && n.disc.reg() != nil:
+				n.disc.reg().cancelWait(name, p.h.key)
 			case !s.local:
 				n.tellRegistrar(s.addr, regRequest{Op: regOpCancelWait, Name: name, ReplyTo: Ref[regReply]{h: p.h}})
 			}
@@ -609,10 +609,10 @@ func (n *Node) awaitRegistration(ctx context.Context, srcs []registrarSource, na
 			continue
 		}
 		if s.local {
-			if n.reg() == nil {
+			if n.disc.reg() == nil {
 				return nil, i, ErrNoRegistry
 			}
-			if found := n.reg().wait(name, ps[i].h, conds[i]); found != nil {
+			if found := n.disc.reg().wait(name, ps[i].h, conds[i]); found != nil {
 				return found, i, nil
 			}
 			continue
@@ -631,7 +631,7 @@ func (n *Node) awaitRegistration(ctx context.Context, srcs []registrarSource, na
 	cases = append(cases,
 		reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(ctx.Done())},
 		reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(n.lc.workDone())},
-		reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(n.registrarEpoch())})
+		reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(n.disc.epochCh())})
 	var i int
 	var v reflect.Value
 	for {
@@ -642,7 +642,7 @@ func (n *Node) awaitRegistration(ctx context.Context, srcs []registrarSource, na
 		// This node registered again with a registrar (it restarted, or
 		// another took its place): the waits it held are gone, park them
 		// again wherever they are remote.
-		cases[i].Chan = reflect.ValueOf(n.registrarEpoch())
+		cases[i].Chan = reflect.ValueOf(n.disc.epochCh())
 		for j, s := range srcs {
 			if s.local || s.etcd != nil {
 				continue // (an etcd wait follows the store itself)

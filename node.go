@@ -82,34 +82,16 @@ type Node struct {
 	// quarantine holds the peer incarnations this node has given up on.
 	quarantine quarantineTable
 
-	// Discovery, set in Start.
-	regP        atomic.Pointer[regTable] // the registry this node serves, if any (see reg)
-	registrars  []Addr                   // the remote registrars this node registers with
-	etcd        *etcdRegistry            // the etcd registry this node registers with, if any
-	etcdSync    etcdSync                 // what etcd confirmed of this node's entries (etcd_sync.go)
-	services    services                 // its actors under service keys (service.go)
-	serviceSubs serviceSubs              // its actors following service keys (service_subscribe.go)
-	topics      topics                   // its topics' relays and publishers (topic.go)
-	etcdOthers  sync.Map                 // URL -> *etcdRegistry: those named in WithRegistries
-	regRefs     sync.Map                 // Addr -> Ref[regRequest], resolved registrar actors
-	found       map[string][]foundRef    // guarded by pmu: actors lookups found on peers
+	// disc is how this node reaches its registries (register.go).
+	disc        registryClient
+	services    services              // its actors under service keys (service.go)
+	serviceSubs serviceSubs           // its actors following service keys (service_subscribe.go)
+	topics      topics                // its topics' relays and publishers (topic.go)
+	found       map[string][]foundRef // guarded by pmu: actors lookups found on peers
 
 	// dead counts and samples the dead letters, and paces their log
 	// (deadletters.go).
 	dead deadLetters
-	// regRefusedLog paces the registrar's warnings of refused
-	// registrations.
-	regRefusedLog logGate
-
-	// regEpoch is closed (and replaced) each time this node registers
-	// again with a registrar; parked waits park again then.
-	regEpochMu sync.Mutex
-	// regPending (regEpochMu) holds the registrars whose copy of this
-	// node's registrations is known to be incomplete: a registration
-	// failed, or the registrar was lost. keepRegistrars sends them all
-	// again; Ready is false meanwhile.
-	regPending map[Addr]bool
-	regEpoch   chan struct{}
 
 	// cl is what a running cluster tells the core (seams.go).
 	cl clusterSeam
@@ -165,7 +147,7 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 	default:
 		err = n.listenAll(ctx, cfg.Listen)
 	}
-	if err == nil && cfg.ServeRegistry && n.reg() == nil {
+	if err == nil && cfg.ServeRegistry && n.disc.reg() == nil {
 		err = n.startRegistrar()
 	}
 	if err == nil {
@@ -202,11 +184,6 @@ func (n *Node) Name() string { return n.name }
 // Addrs returns the addresses the node actually bound, in the order of
 // [Config.Listen] (with real ports in place of port 0).
 func (n *Node) Addrs() []Addr { return slices.Clone(n.addrList()) }
-
-// reg returns the registry this node serves, or nil. A node may become a
-// registrar while it runs (taking over a registry address whose registrar
-// is gone), so it is read atomically.
-func (n *Node) reg() *regTable { return n.regP.Load() }
 
 // Done returns a channel that is closed when the node begins to close.
 func (n *Node) Done() <-chan struct{} { return n.lc.done }

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -22,7 +24,9 @@ func isPublic(path string) bool {
 	return !strings.HasPrefix(path[strings.LastIndexByte(path, '/')+1:], "$")
 }
 
-func (n *Node) discovering() bool { return n.reg() != nil || len(n.registrars) > 0 || n.etcd != nil }
+func (n *Node) discovering() bool {
+	return n.disc.reg() != nil || len(n.disc.registrars) > 0 || n.disc.etcd != nil
+}
 
 func (n *Node) nodeRegistration() Registration {
 	return Registration{Name: n.name, UUID: UUID(n.uid), Node: n.uid, NodeName: n.name, Addrs: n.Addrs()}
@@ -50,7 +54,7 @@ func (n *Node) registerNode(ctx context.Context) error {
 	if !n.discovering() {
 		return nil
 	}
-	if n.reg() != nil {
+	if n.disc.reg() != nil {
 		if err := n.registryRegister(n.nodeRegistration()); err != nil {
 			return err
 		}
@@ -61,10 +65,10 @@ func (n *Node) registerNode(ctx context.Context) error {
 			return fmt.Errorf("register with %w", err)
 		}
 	}
-	if len(n.registrars) > 0 {
+	if len(n.disc.registrars) > 0 {
 		n.wg.Go(n.keepRegistrars)
 	}
-	if n.etcd != nil {
+	if n.disc.etcd != nil {
 		return n.registerEtcd(ctx)
 	}
 	return nil
@@ -73,8 +77,8 @@ func (n *Node) registerNode(ctx context.Context) error {
 // remoteRegistrars lists the registrars this node uses that are not this
 // node itself (it may have taken one's address over).
 func (n *Node) remoteRegistrars() []Addr {
-	out := make([]Addr, 0, len(n.registrars))
-	for _, a := range n.registrars {
+	out := make([]Addr, 0, len(n.disc.registrars))
+	for _, a := range n.disc.registrars {
 		if !n.isOwnAddr(a) {
 			out = append(out, a)
 		}
@@ -87,7 +91,7 @@ func (n *Node) remoteRegistrars() []Addr {
 func (n *Node) isRegistrarAssoc(a *assoc) bool {
 	n.pmu.Lock()
 	defer n.pmu.Unlock()
-	for _, r := range n.registrars {
+	for _, r := range n.disc.registrars {
 		if a.outbound && a.dialAddr == r || slices.Contains(a.proven, r) {
 			return true
 		}
@@ -99,7 +103,7 @@ func (n *Node) isRegistrarAssoc(a *assoc) bool {
 // association with at addr (the zero uid if none), and whether it is a
 // dedicated registrar.
 func (n *Node) registrarAt(addr Addr) (NodeUID, bool) {
-	v, ok := n.regRefs.Load(addr)
+	v, ok := n.disc.refs.Load(addr)
 	if !ok {
 		return NodeUID{}, false
 	}
@@ -155,32 +159,32 @@ func (n *Node) keepRegistrars() {
 		for _, addr := range n.remoteRegistrars() {
 			uid, _ := n.registrarAt(addr)
 			if uid != (NodeUID{}) && uid == registered[addr] {
-				if n.regIsPending(addr) && n.reregister(addr) == nil {
+				if n.disc.isPending(addr) && n.reregister(addr) == nil {
 					// The same registrar missed a registration: it has
 					// them all now.
-					n.setRegPending(addr, false)
+					n.disc.setPending(addr, false)
 					n.log.Info("troupe: registered again", "registrar", addr.String())
 				}
 				continue
 			}
-			n.setRegPending(addr, true)
+			n.disc.setPending(addr, true)
 			if !lost[addr] {
 				lost[addr] = true
 				n.log.Warn("troupe: registrar lost; registering again when it answers", "registrar", addr.String())
 			}
 			if n.reregister(addr) == nil {
 				registered[addr], dedicated[addr] = n.registrarAt(addr)
-				n.setRegPending(addr, false)
+				n.disc.setPending(addr, false)
 				delete(lost, addr)
 				n.log.Info("troupe: registered again", "registrar", addr.String())
-				n.bumpRegistrarEpoch()
+				n.disc.bump()
 				continue
 			}
 			if !dedicated[addr] && n.takeOver(addr) {
-				n.setRegPending(addr, false) // this node serves its own registrations there
+				n.disc.setPending(addr, false) // this node serves its own registrations there
 				delete(lost, addr)
 				n.log.Warn("troupe: took over the registry address of a registrar that is gone", "registrar", addr.String())
-				n.bumpRegistrarEpoch()
+				n.disc.bump()
 			}
 		}
 	}
@@ -201,7 +205,7 @@ func (n *Node) takeOver(addr Addr) bool {
 	if err != nil {
 		return false // another node bound it first: it is the registrar
 	}
-	if n.reg() == nil {
+	if n.disc.reg() == nil {
 		if err := n.startRegistrar(); err != nil {
 			return false
 		}
@@ -219,38 +223,6 @@ func (n *Node) takeOver(addr Addr) bool {
 		n.refusedRegistrations(NodeUID{}, refused)
 	}
 	return true
-}
-
-// setRegPending records whether the registrar at addr lacks some of this
-// node's registrations.
-func (n *Node) setRegPending(addr Addr, pending bool) {
-	n.regEpochMu.Lock()
-	defer n.regEpochMu.Unlock()
-	if !pending {
-		delete(n.regPending, addr)
-		return
-	}
-	if n.regPending == nil {
-		n.regPending = make(map[Addr]bool)
-	}
-	n.regPending[addr] = true
-}
-
-func (n *Node) regIsPending(addr Addr) bool {
-	n.regEpochMu.Lock()
-	defer n.regEpochMu.Unlock()
-	return n.regPending[addr]
-}
-
-// regPendingAt returns a registrar that lacks some of this node's
-// registrations, if any.
-func (n *Node) regPendingAt() (Addr, bool) {
-	n.regEpochMu.Lock()
-	defer n.regEpochMu.Unlock()
-	for a := range n.regPending {
-		return a, true
-	}
-	return Addr{}, false
 }
 
 // reregister sends every registration of this node to the registrar at
@@ -285,29 +257,9 @@ func (n *Node) reregister(addr Addr) error {
 // MaxFrameSize.
 const regPiece = 256
 
-// registrarEpoch returns a channel closed the next time this node
-// registers again with a registrar, so that parked waits park again.
-func (n *Node) registrarEpoch() <-chan struct{} {
-	n.regEpochMu.Lock()
-	defer n.regEpochMu.Unlock()
-	if n.regEpoch == nil {
-		n.regEpoch = make(chan struct{})
-	}
-	return n.regEpoch
-}
-
-func (n *Node) bumpRegistrarEpoch() {
-	n.regEpochMu.Lock()
-	defer n.regEpochMu.Unlock()
-	if n.regEpoch != nil {
-		close(n.regEpoch)
-	}
-	n.regEpoch = make(chan struct{})
-}
-
 // tellRegistrar sends req without waiting for an answer.
 func (n *Node) tellRegistrar(addr Addr, req regRequest) {
-	if v, ok := n.regRefs.Load(addr); ok {
+	if v, ok := n.disc.refs.Load(addr); ok {
 		v.(Ref[regRequest]).Tell(req)
 	}
 }
@@ -330,7 +282,7 @@ func (n *Node) registerEntry(h *handle, r Registration) (refused error) {
 	if err := checkRegistration(false, n.uid, &r); err != nil {
 		return err // (no registrar keeps it: a path longer than 1 KiB)
 	}
-	if n.reg() != nil {
+	if n.disc.reg() != nil {
 		refused = n.registryRegister(r)
 	}
 	for _, a := range n.remoteRegistrars() {
@@ -343,17 +295,17 @@ func (n *Node) registerEntry(h *handle, r Registration) (refused error) {
 			}
 		case err != nil:
 			n.log.Warn("troupe: could not register actor; registering again when the registrar answers", "path", h.key.path, "name", r.Name, "registrar", a.String(), "err", err)
-			n.setRegPending(a, true)
+			n.disc.setPending(a, true)
 		}
 	}
-	if n.etcd != nil {
+	if n.disc.etcd != nil {
 		// The node's one writer puts it (with whatever else is due);
 		// Spawn waits for it, boundedly: past that, it is pending (Stats,
 		// Ready) until etcd takes it.
-		n.etcdSync.poke(false)
+		n.disc.etcdSync.poke(false)
 		ctx, cancel := context.WithTimeout(n.lc.ctx, n.registryTimeout())
 		if !n.awaitEtcd(ctx, h, r) {
-			n.log.Warn("troupe: etcd has not confirmed an actor's registration yet; it stays pending until etcd takes it", "path", h.key.path, "name", r.Name, "registry", n.etcd.String())
+			n.log.Warn("troupe: etcd has not confirmed an actor's registration yet; it stays pending until etcd takes it", "path", h.key.path, "name", r.Name, "registry", n.disc.etcd.String())
 		}
 		cancel()
 	}
@@ -374,14 +326,14 @@ func (n *Node) unregisterActor(h *handle) { n.unregisterEntry(h.name(), h.key.uu
 // unregisterEntry removes the entry name of the actor uuid from every
 // registrar, without waiting.
 func (n *Node) unregisterEntry(name string, uuid UUID) {
-	if n.reg() != nil {
-		n.reg().unregister(name, uuid, n.uid)
+	if n.disc.reg() != nil {
+		n.disc.reg().unregister(name, uuid, n.uid)
 	}
 	for _, a := range n.remoteRegistrars() {
 		n.tellRegistrar(a, regRequest{Op: regOpUnregister, Regs: []regWire{{Name: name, UUID: uuid}}})
 	}
-	if n.etcd != nil {
-		n.etcdSync.poke(false) // the writer deletes it
+	if n.disc.etcd != nil {
+		n.disc.etcdSync.poke(false) // the writer deletes it
 	}
 	if rc := n.clusterRegistry(); rc != nil {
 		rc.remove(name, uuid)
@@ -391,7 +343,7 @@ func (n *Node) unregisterEntry(name string, uuid UUID) {
 // unregisterAll removes the node and its actors from the remote registrars
 // as it closes; the frames go out ahead of the goodbye.
 func (n *Node) unregisterAll() {
-	if len(n.registrars) == 0 {
+	if len(n.disc.registrars) == 0 {
 		return
 	}
 	regs := n.publicRegistrations()
@@ -400,4 +352,88 @@ func (n *Node) unregisterAll() {
 			n.tellRegistrar(a, regRequest{Op: regOpUnregister, Regs: toWire(piece)})
 		}
 	}
+}
+
+// registryClient is how a node reaches its registries: the registry it
+// serves itself (a registrar may take over an address while it runs),
+// the remote registrars it registers with, or etcd. Set in Start and
+// then read-only, but for served (atomic), the maps (sync.Map) and what
+// mu guards: pending and epoch.
+type registryClient struct {
+	served     atomic.Pointer[regTable] // the registry this node serves, if any (see reg)
+	registrars []Addr                   // the remote registrars this node registers with
+	etcd       *etcdRegistry            // the etcd registry this node registers with, if any
+	etcdSync   etcdSync                 // what etcd confirmed of this node's entries (etcd_sync.go)
+	etcdOthers sync.Map                 // URL -> *etcdRegistry: those named in WithRegistries
+	refs       sync.Map                 // Addr -> Ref[regRequest], resolved registrar actors
+	// refusedLog paces the registrar's warnings of refused
+	// registrations.
+	refusedLog logGate
+
+	mu sync.Mutex
+	// pending holds the registrars whose copy of this node's
+	// registrations is known to be incomplete: a registration failed, or
+	// the registrar was lost. keepRegistrars sends them all again; Ready
+	// is false meanwhile.
+	pending map[Addr]bool
+	// epoch is closed (and replaced) each time this node registers again
+	// with a registrar; parked waits park again then.
+	epoch chan struct{}
+}
+
+// reg returns the registry this node serves, or nil. A node may become a
+// registrar while it runs (taking over a registry address whose registrar
+// is gone), so it is read atomically.
+func (c *registryClient) reg() *regTable { return c.served.Load() }
+
+// setPending records whether the registrar at addr lacks some of this
+// node's registrations.
+func (c *registryClient) setPending(addr Addr, pending bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !pending {
+		delete(c.pending, addr)
+		return
+	}
+	if c.pending == nil {
+		c.pending = make(map[Addr]bool)
+	}
+	c.pending[addr] = true
+}
+
+func (c *registryClient) isPending(addr Addr) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.pending[addr]
+}
+
+// pendingAt returns a registrar that lacks some of this node's
+// registrations, if any.
+func (c *registryClient) pendingAt() (Addr, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for a := range c.pending {
+		return a, true
+	}
+	return Addr{}, false
+}
+
+// epochCh returns a channel closed the next time this node
+// registers again with a registrar, so that parked waits park again.
+func (c *registryClient) epochCh() <-chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.epoch == nil {
+		c.epoch = make(chan struct{})
+	}
+	return c.epoch
+}
+
+func (c *registryClient) bump() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.epoch != nil {
+		close(c.epoch)
+	}
+	c.epoch = make(chan struct{})
 }

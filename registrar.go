@@ -530,7 +530,7 @@ func (m regRequest) stamped(s sentBy) any { m.sentBy = s; return m }
 
 // serveRegistry handles one request to this node's registrar actor.
 func (n *Node) serveRegistry(req regRequest) {
-	g := n.reg()
+	g := n.disc.reg()
 	g.requests.Add(1)
 	reply := func(rs []Registration) {
 		if !req.ReplyTo.IsZero() {
@@ -612,7 +612,7 @@ func (n *Node) serveRegistry(req regRequest) {
 // registryRegister registers r in this node's registry and answers the
 // waiters it wakes; past the registry's bounds it returns why not.
 func (n *Node) registryRegister(r Registration) error {
-	woken, err := n.reg().register(r)
+	woken, err := n.disc.reg().register(r)
 	for _, w := range woken {
 		Ref[regReply]{h: w}.Tell(regReply{Regs: toWire([]Registration{r})})
 	}
@@ -626,20 +626,20 @@ func (n *Node) startRegistrar() error {
 	g := newRegTable()
 	g.live = n.liveHere
 	g.contest = func(node NodeUID, addr Addr, by NodeUID) { n.checkAddr(node, addr, by) }
-	n.regP.Store(g)
+	n.disc.served.Store(g)
 	_, err := Spawn(systemParent{n}, "registrar", Behavior[regRequest]{
 		Receive: func(_ *Context[regRequest], req regRequest) { n.serveRegistry(req) },
 	})
 	if err != nil {
 		return err
 	}
-	subscribeOwn(&n.events, func(e PeerUnreachable) { n.reg().dropNode(e.UID) })
+	subscribeOwn(&n.events, func(e PeerUnreachable) { n.disc.reg().dropNode(e.UID) })
 	return nil
 }
 
 // isRegistrar reports whether this node serves a registry (see
 // Stats.Registrar).
-func (n *Node) isRegistrar() bool { return n.reg() != nil }
+func (n *Node) isRegistrar() bool { return n.disc.reg() != nil }
 
 // systemParent spawns the node's own actors under /system.
 type systemParent struct{ n *Node }

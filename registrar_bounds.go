@@ -87,7 +87,7 @@ func refusedText(errs []error) string {
 // refusedRegistrations logs, at most once a second, that the registrar
 // refused registrations of a peer (from; zero for this node).
 func (n *Node) refusedRegistrations(from NodeUID, errs []error) {
-	if n.regRefusedLog.allow() {
+	if n.disc.refusedLog.allow() {
 		n.log.Warn("troupe: the registrar refused registrations", "from", from.String(), "refused", len(errs), "err", errs[0])
 	}
 }

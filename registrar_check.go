@@ -96,7 +96,7 @@ func (c *addrChecks) done(addr Addr) {
 // no answer. And an address only the node's own host can reach (a Unix
 // socket, loopback) is checked only for a node on the registrar's host.
 func (n *Node) checkAddr(node NodeUID, addr Addr, reporter NodeUID) bool {
-	g := n.reg()
+	g := n.disc.reg()
 	if g == nil || node == n.uid || n.isOwnAddr(addr) || !g.lists(node, addr) || !n.reachesAsItsHost(node, addr) ||
 		!g.checks.take(time.Now(), reporter, addr) {
 		return false

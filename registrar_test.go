@@ -96,14 +96,14 @@ func TestReRegistersAfterReassociation(t *testing.T) {
 	lost := make(chan PeerUnreachable, 1)
 	SubscribeChan(service, lost)
 	f.Partition(registrar, service)
-	waitFor(t, 5*time.Second, "the registrar to drop the unreachable service", func() bool { return len(registrar.reg().find("svc")) == 0 })
+	waitFor(t, 5*time.Second, "the registrar to drop the unreachable service", func() bool { return len(registrar.disc.reg().find("svc")) == 0 })
 	recv(t, lost, "the service gives up on the registrar")
 	f.Heal()
 	registrar.ClearQuarantine(context.Background(), service.UID().String())
 	if _, err := service.ClearQuarantine(ctxT(t, 5*time.Second), registrar.Addrs()[0].String(), Reconnect()); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 5*time.Second, "the service to register again", func() bool { return len(registrar.reg().find("svc")) == 1 })
+	waitFor(t, 5*time.Second, "the service to register again", func() bool { return len(registrar.disc.reg().find("svc")) == 1 })
 }
 
 func TestRuntimeDirIsPrivate(t *testing.T) {
@@ -213,12 +213,12 @@ func TestRegistrarDropsNodesThatLeave(t *testing.T) {
 	registrar := startNode(t, discoveryConfig("registrar", reg))
 	service := startNode(t, discoveryConfig("service", reg))
 	spawnEcho(t, service, "svc")
-	if len(registrar.reg().find("svc")) != 1 {
+	if len(registrar.disc.reg().find("svc")) != 1 {
 		t.Fatal("svc not registered")
 	}
 	service.Close()
 	waitFor(t, 5*time.Second, "the service's registrations to go", func() bool {
-		return len(registrar.reg().find("svc")) == 0 && len(registrar.reg().find("service")) == 0
+		return len(registrar.disc.reg().find("svc")) == 0 && len(registrar.disc.reg().find("service")) == 0
 	})
 }
 
@@ -230,7 +230,7 @@ func TestActorStopUnregisters(t *testing.T) {
 	service := startNode(t, discoveryConfig("service", reg))
 	r := spawnEcho(t, service, "svc")
 	service.Stop(r)
-	waitFor(t, 5*time.Second, "svc to be unregistered", func() bool { return len(registrar.reg().find("svc")) == 0 })
+	waitFor(t, 5*time.Second, "svc to be unregistered", func() bool { return len(registrar.disc.reg().find("svc")) == 0 })
 }
 
 // A registrar takes at most maxRegistrySubscribers Registry.Watch
@@ -339,7 +339,7 @@ func TestAWatchRecoversFromALostEvent(t *testing.T) {
 	}()
 	waitFor(t, 5*time.Second, "the snapshot", func() bool { mu.Lock(); defer mu.Unlock(); return snapshots == 1 })
 	// Lose one event: the registrar numbers it, and nobody gets it.
-	g := n.reg()
+	g := n.disc.reg()
 	g.mu.Lock()
 	for _, s := range g.subs {
 		s.seq++

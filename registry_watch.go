@@ -201,7 +201,7 @@ func (r *Registry) Watch(ctx context.Context, each func(RegistryChange)) error {
 		if err != nil {
 			return fmt.Errorf("registrar %s: %w", r.src.addr, err)
 		}
-	} else if n.reg() == nil {
+	} else if n.disc.reg() == nil {
 		return ErrNoRegistry
 	}
 	name := fmt.Sprintf("registry-watch-%d", watchSeq.Add(1))
@@ -234,7 +234,7 @@ func (r *Registry) Watch(ctx context.Context, each func(RegistryChange)) error {
 	subscribe := func() error {
 		gen++
 		if r.src.local {
-			g := n.reg()
+			g := n.disc.reg()
 			if g == nil {
 				return ErrNodeClosed
 			}
@@ -249,7 +249,7 @@ func (r *Registry) Watch(ctx context.Context, each func(RegistryChange)) error {
 	}
 	defer func() {
 		if r.src.local {
-			if g := n.reg(); g != nil {
+			if g := n.disc.reg(); g != nil {
 				g.unsubscribe(self.h.key)
 			}
 			return

@@ -147,7 +147,7 @@ func (n *Node) shutdown(ctx context.Context, graceful bool) error {
 	if graceful {
 		n.unregisterAll() // queued ahead of the goodbyes below
 	}
-	if n.etcd != nil {
+	if n.disc.etcd != nil {
 		// Revoking the lease removes every entry at once; Close gives it
 		// as long as it gives a goodbye.
 		wait := closeByeWait
