@@ -371,18 +371,18 @@ func (a *assoc) finish() {
 		a.forgetCredit()
 	}
 	n.untable(a)
-	n.pmu.Lock()
+	n.peers.mu.Lock()
 	n.forgetAssoc(a)
-	if w := n.awaiting[a.peerUID]; len(w) > 0 {
+	if w := n.peers.awaiting[a.peerUID]; len(w) > 0 {
 		// A duplicate parked for the winner it never saw: it must not
 		// hold its association for ever.
 		if w = slices.DeleteFunc(w, func(x *assoc) bool { return x == a }); len(w) == 0 {
-			delete(n.awaiting, a.peerUID)
+			delete(n.peers.awaiting, a.peerUID)
 		} else {
-			n.awaiting[a.peerUID] = w
+			n.peers.awaiting[a.peerUID] = w
 		}
 	}
-	n.pmu.Unlock()
+	n.peers.mu.Unlock()
 	a.closeReady()
 	a.stopOnce.Do(func() { close(a.stop) })
 }

@@ -121,9 +121,9 @@ func TestTheWindowBoundsWhatIsUnacknowledged(t *testing.T) {
 	_, uid := rawPeer(t, victim, true) // reads everything, acknowledges nothing
 	var a *assoc
 	waitFor(t, 5*time.Second, "the association", func() bool {
-		victim.pmu.Lock()
-		defer victim.pmu.Unlock()
-		a = victim.byUID[uid]
+		victim.peers.mu.Lock()
+		defer victim.peers.mu.Unlock()
+		a = victim.peers.byUID[uid]
 		return a != nil
 	})
 	ref := Ref[string]{h: &handle{node: victim, key: refKey{node: a.peerUID, path: "/user/sink", uuid: UUID{1}}, assoc: a}}

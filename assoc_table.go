@@ -2,11 +2,43 @@ package troupe
 
 import (
 	"fmt"
+	"net"
+	"sync"
 )
 
 // The node's table of associations: finding or starting the one for an
 // address, binding refs from messages to it (and charging the dials they
 // cause to the peer that sent them), and forgetting it when it ends.
+
+// peerTable is the node's table of associations: by peer incarnation,
+// by address, every one not yet finished, and those waiting for a
+// duplicate's end; beside them, what the node holds about peers: the
+// dials their refs caused, the claims being checked, the inbound
+// connections in their handshake, the quarantine, and the actors that
+// lookups found on peers. mu guards every field.
+type peerTable struct {
+	mu       sync.Mutex
+	byUID    map[NodeUID]*assoc  // the live association with each peer incarnation
+	byAddr   map[Addr]*assoc     // the association to use for an address
+	all      map[*assoc]struct{} // every association not yet finished
+	awaiting map[NodeUID][]*assoc
+	closing  bool
+	outbound int // outbound associations dialing or up, not yet finished
+	bindings int // outbound associations bound to refs read from messages, never dialed
+	// refDials counts, by peer, the outbound associations its refs made
+	// dial, live (see Config.MaxRefDialsPerPeer).
+	refDials map[NodeUID]int
+	// claims are the announced addresses of inbound peers being checked
+	// by a dial-back probe (proveClaims).
+	claims map[Addr]*claim
+	// handshaking holds inbound connections still in their handshake, so
+	// that Close need not wait for their deadline.
+	inHandshake map[net.Conn]struct{}
+	// quarantine holds the peer incarnations this node has given up on.
+	quarantine quarantineTable
+	// found holds the actors lookups found on peers, by name.
+	found map[string][]foundRef
+}
 
 // assocFor returns the association to use for addr, starting a dial if
 // there is none. Messages may be queued on it at once.
@@ -37,22 +69,22 @@ func (n *Node) assocAt(addr Addr, wait bool, from NodeUID) (*assoc, error) {
 // returned and counted as held by one more ref (see holdBinding): the
 // caller arranges its release.
 func (n *Node) assocHeld(addr Addr, wait bool, from NodeUID) (_ *assoc, held bool, _ error) {
-	n.pmu.Lock()
-	defer n.pmu.Unlock()
-	if cl := n.claims[addr]; wait && cl != nil && !n.pclosing && n.byAddr[addr] == nil {
+	n.peers.mu.Lock()
+	defer n.peers.mu.Unlock()
+	if cl := n.peers.claims[addr]; wait && cl != nil && !n.peers.closing && n.peers.byAddr[addr] == nil {
 		// A peer that connected here claims addr, and the check is under
 		// way: its answer decides whether a new connection is needed.
-		n.pmu.Unlock()
+		n.peers.mu.Unlock()
 		select {
 		case <-cl.done:
 		case <-n.lc.flushing:
 		}
-		n.pmu.Lock()
+		n.peers.mu.Lock()
 	}
-	if n.pclosing {
+	if n.peers.closing {
 		return nil, false, ErrNodeClosed
 	}
-	if a := n.byAddr[addr]; a != nil {
+	if a := n.peers.byAddr[addr]; a != nil {
 		if wait {
 			n.ownDial(a)
 			a.pinned = true
@@ -69,24 +101,24 @@ func (n *Node) assocHeld(addr Addr, wait bool, from NodeUID) (_ *assoc, held boo
 		// A ref read from a message: bound, not dialed. Bindings have a
 		// bound of their own, so that a message full of refs cannot take
 		// the room of the dials this node makes.
-		if n.bindings >= n.cfg.MaxOutboundConns {
-			return nil, false, fmt.Errorf("%s: %w: %d refs to nodes never dialed (Config.MaxOutboundConns)", addr, ErrTooManyConns, n.bindings)
+		if n.peers.bindings >= n.cfg.MaxOutboundConns {
+			return nil, false, fmt.Errorf("%s: %w: %d refs to nodes never dialed (Config.MaxOutboundConns)", addr, ErrTooManyConns, n.peers.bindings)
 		}
 		a := newAssoc(n, true, addr)
 		a.binding, a.refsOf, a.bound = true, from, 1
-		n.bindings++
-		n.byAddr[addr] = a
-		n.all[a] = struct{}{}
+		n.peers.bindings++
+		n.peers.byAddr[addr] = a
+		n.peers.all[a] = struct{}{}
 		return a, true, nil
 	}
-	if n.outbound >= n.cfg.MaxOutboundConns {
-		return nil, false, fmt.Errorf("%s: %w: %d outbound associations (Config.MaxOutboundConns)", addr, ErrTooManyConns, n.outbound)
+	if n.peers.outbound >= n.cfg.MaxOutboundConns {
+		return nil, false, fmt.Errorf("%s: %w: %d outbound associations (Config.MaxOutboundConns)", addr, ErrTooManyConns, n.peers.outbound)
 	}
 	a := newAssoc(n, true, addr)
 	a.pinned = true
-	n.outbound++
-	n.byAddr[addr] = a
-	n.all[a] = struct{}{}
+	n.peers.outbound++
+	n.peers.byAddr[addr] = a
+	n.peers.all[a] = struct{}{}
 	return a, false, nil
 }
 
@@ -100,36 +132,36 @@ func (a *assoc) use() {
 
 // untable removes a from the node's lookup tables, so no new ref binds to it.
 func (n *Node) untable(a *assoc) {
-	n.pmu.Lock()
-	defer n.pmu.Unlock()
-	if n.byUID[a.peerUID] == a {
-		delete(n.byUID, a.peerUID)
+	n.peers.mu.Lock()
+	defer n.peers.mu.Unlock()
+	if n.peers.byUID[a.peerUID] == a {
+		delete(n.peers.byUID, a.peerUID)
 	}
-	if a.outbound && n.byAddr[a.dialAddr] == a {
-		delete(n.byAddr, a.dialAddr)
+	if a.outbound && n.peers.byAddr[a.dialAddr] == a {
+		delete(n.peers.byAddr, a.dialAddr)
 	}
 	for _, ad := range a.peerAddrs {
-		if n.byAddr[ad] == a {
-			delete(n.byAddr, ad)
+		if n.peers.byAddr[ad] == a {
+			delete(n.peers.byAddr, ad)
 		}
 	}
 }
 
 // forgetAssoc removes a from the set of live associations (pmu held).
 func (n *Node) forgetAssoc(a *assoc) {
-	if _, ok := n.all[a]; ok {
-		delete(n.all, a)
+	if _, ok := n.peers.all[a]; ok {
+		delete(n.peers.all, a)
 		switch {
 		case a.binding:
-			n.bindings--
+			n.peers.bindings--
 		case a.outbound:
-			n.outbound--
+			n.peers.outbound--
 		}
 		if p := a.dialFor; p != (NodeUID{}) {
 			// A session that merged into another with the same peer (a
 			// resume, a simultaneous dial): the charge moves to it.
 			w := a.mergedTo.Load()
-			if _, live := n.all[w]; w != nil && live && w.dialFor == (NodeUID{}) {
+			if _, live := n.peers.all[w]; w != nil && live && w.dialFor == (NodeUID{}) {
 				w.dialFor, a.dialFor = p, NodeUID{}
 			}
 		}
@@ -142,16 +174,16 @@ func (n *Node) forgetAssoc(a *assoc) {
 // is forgotten, so that refs nobody keeps do not fill the bound of
 // bindings ([Config.MaxOutboundConns]).
 func (n *Node) releaseBinding(a *assoc) {
-	n.pmu.Lock()
-	defer n.pmu.Unlock()
+	n.peers.mu.Lock()
+	defer n.peers.mu.Unlock()
 	if a.bound--; a.bound > 0 || !a.binding || a.pinned {
 		return
 	}
-	if _, live := n.all[a]; !live {
+	if _, live := n.peers.all[a]; !live {
 		return
 	}
-	if n.byAddr[a.dialAddr] == a {
-		delete(n.byAddr, a.dialAddr)
+	if n.peers.byAddr[a.dialAddr] == a {
+		delete(n.peers.byAddr, a.dialAddr)
 	}
 	n.forgetAssoc(a)
 }
@@ -162,8 +194,8 @@ func (n *Node) ownDial(a *assoc) {
 	a.refsOf = NodeUID{}
 	if p := a.dialFor; p != (NodeUID{}) {
 		a.dialFor = NodeUID{}
-		if n.refDials[p]--; n.refDials[p] <= 0 {
-			delete(n.refDials, p)
+		if n.peers.refDials[p]--; n.peers.refDials[p] <= 0 {
+			delete(n.peers.refDials, p)
 		}
 	}
 }
@@ -176,13 +208,13 @@ func (n *Node) chargeRefDial(a *assoc) error {
 	if p == (NodeUID{}) {
 		return nil
 	}
-	if k := n.refDials[p]; k >= n.cfg.MaxRefDialsPerPeer {
+	if k := n.peers.refDials[p]; k >= n.cfg.MaxRefDialsPerPeer {
 		return fmt.Errorf("%s: %w: refs sent by peer %s already hold %d connections (Config.MaxRefDialsPerPeer)", a.dialAddr, ErrTooManyConns, p.String()[:8], k)
 	}
-	if n.refDials == nil {
-		n.refDials = make(map[NodeUID]int)
+	if n.peers.refDials == nil {
+		n.peers.refDials = make(map[NodeUID]int)
 	}
-	n.refDials[p]++
+	n.peers.refDials[p]++
 	a.dialFor = p
 	return nil
 }

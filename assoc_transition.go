@@ -289,14 +289,14 @@ func (a *assoc) carryOutMerge(eff effect, tk *taken) {
 	// The address a dialed reached w's peer (its hello, or its refusal
 	// of a duplicate, said so): sends to that address go to w now.
 	w := a.mergedTo.Load()
-	a.n.pmu.Lock()
-	if a.outbound && a.n.byAddr[a.dialAddr] == a {
-		a.n.byAddr[a.dialAddr] = w
+	a.n.peers.mu.Lock()
+	if a.outbound && a.n.peers.byAddr[a.dialAddr] == a {
+		a.n.peers.byAddr[a.dialAddr] = w
 	}
 	if a.outbound && !slices.Contains(w.proven, a.dialAddr) {
 		w.proven = append(w.proven, a.dialAddr)
 	}
-	a.n.pmu.Unlock()
+	a.n.peers.mu.Unlock()
 	a.n.untable(a)
 	a.closeReady()
 	if eff&effRetire != 0 {

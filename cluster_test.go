@@ -638,17 +638,17 @@ func assocDump(n *Node) string {
 		a    *assoc
 	}
 	var es []entry
-	n.pmu.Lock()
-	for ad, a := range n.byAddr {
+	n.peers.mu.Lock()
+	for ad, a := range n.peers.byAddr {
 		es = append(es, entry{"addr " + ad.String(), a})
 	}
-	for uid, a := range n.byUID {
+	for uid, a := range n.peers.byUID {
 		es = append(es, entry{"uid " + uid.String(), a})
 	}
-	for ad := range n.claims {
+	for ad := range n.peers.claims {
 		es = append(es, entry{"claim " + ad.String(), nil})
 	}
-	n.pmu.Unlock()
+	n.peers.mu.Unlock()
 	var b strings.Builder
 	for _, e := range es {
 		fmt.Fprintf(&b, "\n      %s", e.what)

@@ -53,12 +53,12 @@ func (n *Node) heartbeatLoop() {
 		case <-n.lc.ctx.Done():
 			return
 		case now := <-t.C:
-			n.pmu.Lock()
-			assocs := make([]*assoc, 0, len(n.byUID))
-			for _, a := range n.byUID {
+			n.peers.mu.Lock()
+			assocs := make([]*assoc, 0, len(n.peers.byUID))
+			for _, a := range n.peers.byUID {
 				assocs = append(assocs, a)
 			}
-			n.pmu.Unlock()
+			n.peers.mu.Unlock()
 			for _, a := range assocs {
 				a.checkLiveness(now)
 			}

@@ -154,9 +154,9 @@ func TestDetectionTimeBounds(t *testing.T) {
 	checkLeaks(t)
 	const interval, window = 50 * time.Millisecond, 500 * time.Millisecond
 	p := newPair(t, interval, window)
-	p.home.pmu.Lock()
-	a := p.home.byUID[p.away.UID()]
-	p.home.pmu.Unlock()
+	p.home.peers.mu.Lock()
+	a := p.home.peers.byUID[p.away.UID()]
+	p.home.peers.mu.Unlock()
 	detected := make(chan time.Time, 1)
 	Subscribe(p.home, func(PeerUnreachable) { detected <- time.Now() })
 	p.f.Kill(p.away)

@@ -12,12 +12,12 @@ import (
 // oneConnection reports whether a and b hold one session with each
 // other, over one connection (both ends of it), and nothing else.
 func oneConnection(a, b *Node) bool {
-	a.pmu.Lock()
-	x := a.byUID[b.uid]
-	a.pmu.Unlock()
-	b.pmu.Lock()
-	y := b.byUID[a.uid]
-	b.pmu.Unlock()
+	a.peers.mu.Lock()
+	x := a.peers.byUID[b.uid]
+	a.peers.mu.Unlock()
+	b.peers.mu.Lock()
+	y := b.peers.byUID[a.uid]
+	b.peers.mu.Unlock()
 	if x == nil || y == nil || a.liveAssocs() != 1 || b.liveAssocs() != 1 {
 		return false
 	}
@@ -201,9 +201,9 @@ func TestTwoNodesDialingEachOtherAtOnceKeepOneConnection(t *testing.T) {
 		if string(nodes[1].uid[:]) < string(low.uid[:]) {
 			low = nodes[1]
 		}
-		low.pmu.Lock()
-		kept := low.byUID[map[*Node]*Node{nodes[0]: nodes[1], nodes[1]: nodes[0]}[low].uid]
-		low.pmu.Unlock()
+		low.peers.mu.Lock()
+		kept := low.peers.byUID[map[*Node]*Node{nodes[0]: nodes[1], nodes[1]: nodes[0]}[low].uid]
+		low.peers.mu.Unlock()
 		if !kept.outbound {
 			t.Fatalf("trial %d: both kept the connection the higher uid dialed", trial)
 		}

@@ -63,9 +63,9 @@ func TestAGivenUpPeerThatReadsNothingLeavesNoSocket(t *testing.T) {
 	c.(*net.TCPConn).SetReadBuffer(4 << 10)
 	var a *assoc
 	waitFor(t, 5*time.Second, "the raw peer to be up", func() bool {
-		n.pmu.Lock()
-		defer n.pmu.Unlock()
-		a = n.byUID[uid]
+		n.peers.mu.Lock()
+		defer n.peers.mu.Unlock()
+		a = n.peers.byUID[uid]
 		return a != nil
 	})
 	// More than the peer's window takes, less than the node's socket

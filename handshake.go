@@ -17,34 +17,34 @@ import (
 // runOutbound dials, handshakes and then runs the reader.
 func (a *assoc) runOutbound() {
 	n := a.n
-	n.pmu.Lock()
-	if _, live := n.all[a]; a.binding && !live {
+	n.peers.mu.Lock()
+	if _, live := n.peers.all[a]; a.binding && !live {
 		// Forgotten (the node closed, or no ref held it): nothing dials.
-		n.pmu.Unlock()
+		n.peers.mu.Unlock()
 		a.fail(fmt.Errorf("%s: the binding of a ref was forgotten: %w", a.dialAddr, ErrNodeClosed))
 		return
 	}
-	if _, live := n.all[a]; a.binding && live {
+	if _, live := n.peers.all[a]; a.binding && live {
 		// First use of a ref's binding: from now on it is a dial (one
 		// refused stays a binding, and ends as one).
 		err := n.chargeRefDial(a)
-		if n.outbound >= n.cfg.MaxOutboundConns {
-			err = fmt.Errorf("%s: %w: %d outbound associations (Config.MaxOutboundConns)", a.dialAddr, ErrTooManyConns, n.outbound)
+		if n.peers.outbound >= n.cfg.MaxOutboundConns {
+			err = fmt.Errorf("%s: %w: %d outbound associations (Config.MaxOutboundConns)", a.dialAddr, ErrTooManyConns, n.peers.outbound)
 		}
 		if err != nil {
 			// No dial of this node's own may find this binding from now on.
-			if n.byAddr[a.dialAddr] == a {
-				delete(n.byAddr, a.dialAddr)
+			if n.peers.byAddr[a.dialAddr] == a {
+				delete(n.peers.byAddr, a.dialAddr)
 			}
-			n.pmu.Unlock()
+			n.peers.mu.Unlock()
 			a.fail(err)
 			return
 		}
-		n.bindings--
+		n.peers.bindings--
 		a.binding = false
-		n.outbound++
+		n.peers.outbound++
 	}
-	n.pmu.Unlock()
+	n.peers.mu.Unlock()
 	c, err := a.n.dial(a.dialAddr)
 	if err != nil {
 		a.fail(err)
@@ -111,9 +111,9 @@ func (a *assoc) handshakeDialed(c net.Conn) *frameReader {
 			return nil
 		}
 		if r.code == rejectQuarantined {
-			n.pmu.Lock()
+			n.peers.mu.Lock()
 			q := n.quarantineFor(r.uid)
-			n.pmu.Unlock()
+			n.peers.mu.Unlock()
 			if q != nil && perr == nil {
 				// Each side gave up on the other (a partition): the answer
 				// is this node's quarantine as much as the peer's.
@@ -163,20 +163,20 @@ func (n *Node) serveInbound(c net.Conn, src string) {
 // handshakeInbound handshakes an accepted connection: the association
 // that reads it from now on, or nil.
 func (n *Node) handshakeInbound(c net.Conn, src string) (*assoc, *frameReader) {
-	n.pmu.Lock()
-	if n.pclosing {
-		n.pmu.Unlock()
+	n.peers.mu.Lock()
+	if n.peers.closing {
+		n.peers.mu.Unlock()
 		c.Close()
 		n.inbound.handshakeDone(src)
 		return nil, nil
 	}
-	n.inHandshake[c] = struct{}{}
-	n.pmu.Unlock()
+	n.peers.inHandshake[c] = struct{}{}
+	n.peers.mu.Unlock()
 	handshaking := true
 	endHandshake := func() {
-		n.pmu.Lock()
-		delete(n.inHandshake, c)
-		n.pmu.Unlock()
+		n.peers.mu.Lock()
+		delete(n.peers.inHandshake, c)
+		n.peers.mu.Unlock()
 		n.inbound.handshakeDone(src)
 	}
 	defer func() {
@@ -249,9 +249,9 @@ func (n *Node) handshakeInbound(c net.Conn, src string) (*assoc, *frameReader) {
 		// a live session by claiming its peer's uid.
 		n.suspendFor(h.uid)
 	}
-	n.pmu.Lock()
-	n.all[a] = struct{}{}
-	n.pmu.Unlock()
+	n.peers.mu.Lock()
+	n.peers.all[a] = struct{}{}
+	n.peers.mu.Unlock()
 	if !n.attach(a, h) {
 		return nil, nil
 	}
@@ -345,7 +345,7 @@ func (n *Node) attachConn(a *assoc, h *hello) bool {
 		}
 	}
 	a.mu.Unlock()
-	n.pmu.Lock()
+	n.peers.mu.Lock()
 	d := n.decideAttach(a, h)
 	loser, winner, replaced, resume := d.loser, d.winner, d.replaced, d.resume
 	if d.reject != accept {
@@ -377,24 +377,24 @@ func (n *Node) attachConn(a *assoc, h *hello) bool {
 	if loser == a {
 		// This connection lost to one that is already up: retire it
 		// (the peer is told, and both ends drain it).
-		n.pmu.Unlock()
+		n.peers.mu.Unlock()
 		writeWelcome(a.conn, welcome)
 		a.mergeInto(winner)
 		return true
 	}
-	n.byUID[h.uid] = a
+	n.peers.byUID[h.uid] = a
 	// Routing by address uses only what is proven: the address this node
 	// dialed and found this uid at. A peer's announced addresses are
 	// claims; a send to one of them dials it, and the handshake proves
 	// (or not) that the same node answers there.
 	if a.outbound {
-		n.byAddr[a.dialAddr] = a
+		n.peers.byAddr[a.dialAddr] = a
 		a.proven = append(a.proven, a.dialAddr)
 	}
-	waiting := n.awaiting[h.uid]
-	delete(n.awaiting, h.uid)
+	waiting := n.peers.awaiting[h.uid]
+	delete(n.peers.awaiting, h.uid)
 	a.closeReady()
-	n.pmu.Unlock()
+	n.peers.mu.Unlock()
 	writeWelcome(a.conn, welcome)
 
 	if replaced != nil {
@@ -535,7 +535,7 @@ func (n *Node) refuseClaim(a *assoc, d *admission) {
 func (n *Node) decideAttach(a *assoc, h *hello) admission {
 	d := admission{reject: accept}
 	switch {
-	case n.pclosing:
+	case n.peers.closing:
 		d.reject, d.text = rejectClosing, "node is closing"
 	case h.uid == n.uid:
 		d.reject, d.text = rejectOther, "a node cannot associate with itself"
@@ -549,7 +549,7 @@ func (n *Node) decideAttach(a *assoc, h *hello) admission {
 	default:
 		// Only the uid decides which connection is a duplicate: the
 		// addresses a peer announces are claims, not proof.
-		ex := n.byUID[h.uid]
+		ex := n.peers.byUID[h.uid]
 		if ex == nil || ex == a {
 			d.founds = true
 			break
@@ -628,8 +628,8 @@ func (n *Node) decideAttach(a *assoc, h *hello) admission {
 // (n.pmu held; refuse unlocks it).
 func (n *Node) refuse(a *assoc, h *hello, d admission) {
 	n.forgetAssoc(a)
-	first := d.quarantined != nil && n.quarantine.noteRefused(h.uid)
-	n.pmu.Unlock()
+	first := d.quarantined != nil && n.peers.quarantine.noteRefused(h.uid)
+	n.peers.mu.Unlock()
 	if first {
 		n.logRefusedQuarantined(a, h, d.quarantined)
 	}
@@ -675,22 +675,22 @@ func writeWelcome(c net.Conn, welcome []byte) {
 // simultaneous dial: it is merged into the peer's connection once that is
 // attached, or fails after mergeWait.
 func (n *Node) awaitWinner(a *assoc, uid NodeUID) {
-	n.pmu.Lock()
-	if w := n.byUID[uid]; w != nil {
-		n.pmu.Unlock()
+	n.peers.mu.Lock()
+	if w := n.peers.byUID[uid]; w != nil {
+		n.peers.mu.Unlock()
 		a.mergeInto(w)
 		return
 	}
-	n.awaiting[uid] = append(n.awaiting[uid], a)
-	n.pmu.Unlock()
+	n.peers.awaiting[uid] = append(n.peers.awaiting[uid], a)
+	n.peers.mu.Unlock()
 	t := time.NewTimer(mergeWait)
 	defer t.Stop()
 	select {
 	case <-a.stop:
 	case <-t.C:
-		n.pmu.Lock()
-		n.awaiting[uid] = slices.DeleteFunc(n.awaiting[uid], func(x *assoc) bool { return x == a })
-		n.pmu.Unlock()
+		n.peers.mu.Lock()
+		n.peers.awaiting[uid] = slices.DeleteFunc(n.peers.awaiting[uid], func(x *assoc) bool { return x == a })
+		n.peers.mu.Unlock()
 		a.fail(errors.New("the peer chose its own connection, which never arrived"))
 	}
 }

@@ -71,17 +71,17 @@ func TestAHarvestedTokenDoesNotTakeOverALiveSession(t *testing.T) {
 	if _, err := Ask(ctxT(t, 5*time.Second), ref, func(r Ref[testPong]) testPing { return testPing{ReplyTo: r} }); err != nil {
 		t.Fatal(err)
 	}
-	b.pmu.Lock()
-	held := b.byUID[c.UID()]
-	b.pmu.Unlock()
+	b.peers.mu.Lock()
+	held := b.peers.byUID[c.UID()]
+	b.peers.mu.Unlock()
 	// 3. Claim C at B, resuming, with the harvested token.
 	h2 := &hello{version: protocolVersion, uid: c.UID(), name: c.Name(), flags: helloResumable | helloCredit | helloResuming, session: newNonce(), dial: 1 << 40}
 	v, _, conn2 := rawDial(t, b, h2, tokCforB)
 	defer conn2.Close()
 	time.Sleep(200 * time.Millisecond)
-	b.pmu.Lock()
-	now := b.byUID[c.UID()]
-	b.pmu.Unlock()
+	b.peers.mu.Lock()
+	now := b.peers.byUID[c.UID()]
+	b.peers.mu.Unlock()
 	t.Logf("verdict %v; B's session with C replaced: %v", v, now != held)
 	if v == frameWelcome || now != held {
 		t.Errorf("the stranger took over B's live session with C with a token it harvested earlier")
@@ -113,16 +113,16 @@ func TestAPeerThatGaveItsSessionUpRedialsAndIsAdmitted(t *testing.T) {
 	}
 	ask("first session")
 	first := b.tokenFor(c.UID())
-	c.pmu.Lock()
-	held := c.byUID[b.UID()]
-	c.pmu.Unlock()
+	c.peers.mu.Lock()
+	held := c.peers.byUID[b.UID()]
+	c.peers.mu.Unlock()
 	if first == nil || !bytes.Equal(c.byUIDToken(t, b.UID()), first) {
 		t.Fatalf("c does not hold b's token for their session")
 	}
 	// B ends its side quietly: its connection closes, C suspends.
-	b.pmu.Lock()
-	a := b.byUID[c.UID()]
-	b.pmu.Unlock()
+	b.peers.mu.Lock()
+	a := b.peers.byUID[c.UID()]
+	b.peers.mu.Unlock()
 	a.conn.(*net.TCPConn).SetLinger(0)
 	a.fail(fmt.Errorf("%w: the test gives the session up", errSessionReplaced))
 	deadline := time.Now().Add(5 * time.Second)
@@ -139,9 +139,9 @@ func TestAPeerThatGaveItsSessionUpRedialsAndIsAdmitted(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 	}
 	ask("after b gave the session up")
-	c.pmu.Lock()
-	now := c.byUID[b.UID()]
-	c.pmu.Unlock()
+	c.peers.mu.Lock()
+	now := c.peers.byUID[b.UID()]
+	c.peers.mu.Unlock()
 	if now == held {
 		t.Fatalf("c still holds the session b gave up")
 	}

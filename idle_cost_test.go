@@ -56,9 +56,9 @@ func TestAnIdleAssociationIsCheap(t *testing.T) {
 		t.Fatal(err)
 	}
 	peers := func() int {
-		n.pmu.Lock()
-		defer n.pmu.Unlock()
-		return len(n.byUID)
+		n.peers.mu.Lock()
+		defer n.peers.mu.Unlock()
+		return len(n.peers.byUID)
 	}
 	heapStacks := func() (uint64, uint64) {
 		runtime.GC()

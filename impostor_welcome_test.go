@@ -35,9 +35,9 @@ func TestAnImpostorWelcomeWithoutProofDoesNotJoinTheSession(t *testing.T) {
 	if _, err := Ask(ctxT(t, 5*time.Second), rs, func(r Ref[testPong]) testPing { return testPing{ReplyTo: r} }); err != nil {
 		t.Fatal(err)
 	}
-	d.pmu.Lock()
-	held := d.byUID[server.UID()]
-	d.pmu.Unlock()
+	d.peers.mu.Lock()
+	held := d.peers.byUID[server.UID()]
+	d.peers.mu.Unlock()
 	if held == nil || held.outbound {
 		t.Fatalf("held %+v", held)
 	}
@@ -80,10 +80,10 @@ func TestAnImpostorWelcomeWithoutProofDoesNotJoinTheSession(t *testing.T) {
 	held.mu.Lock()
 	dr := held.peerDraining
 	held.mu.Unlock()
-	d.pmu.Lock()
-	now := d.byUID[server.UID()]
+	d.peers.mu.Lock()
+	now := d.peers.byUID[server.UID()]
 	proven := now.proven
-	d.pmu.Unlock()
+	d.peers.mu.Unlock()
 	t.Logf("held still the session: %v; proven addrs: %v", now == held, proven)
 	if dr {
 		t.Errorf("the impostor's draining frame marked the real session with the server as draining")

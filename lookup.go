@@ -448,35 +448,35 @@ func (n *Node) remember(name string, h *handle, proto string) {
 // writes to a list the table held: fastPath reads a list it took under
 // n.pmu after letting go of the lock.
 func (n *Node) addFound(name string, h *handle, proto string) bool {
-	n.pmu.Lock()
-	defer n.pmu.Unlock()
-	for _, f := range n.found[name] {
+	n.peers.mu.Lock()
+	defer n.peers.mu.Unlock()
+	for _, f := range n.peers.found[name] {
 		if f.h.key == h.key && f.h.assoc == h.assoc {
 			return false
 		}
 	}
-	list := slices.DeleteFunc(slices.Clone(n.found[name]), func(f foundRef) bool { return f.h.key == h.key })
-	if n.found == nil {
-		n.found = make(map[string][]foundRef)
+	list := slices.DeleteFunc(slices.Clone(n.peers.found[name]), func(f foundRef) bool { return f.h.key == h.key })
+	if n.peers.found == nil {
+		n.peers.found = make(map[string][]foundRef)
 	}
-	n.found[name] = append(list, foundRef{h, proto})
+	n.peers.found[name] = append(list, foundRef{h, proto})
 	return true
 }
 
 // forget drops the fast-path entry for the actor key found under name. It
 // deletes from a copy: fastPath may be reading the list the table held.
 func (n *Node) forget(name string, key refKey) {
-	n.pmu.Lock()
-	defer n.pmu.Unlock()
-	list := n.found[name]
+	n.peers.mu.Lock()
+	defer n.peers.mu.Unlock()
+	list := n.peers.found[name]
 	if !slices.ContainsFunc(list, func(f foundRef) bool { return f.h.key == key }) {
 		return
 	}
 	list = slices.DeleteFunc(slices.Clone(list), func(f foundRef) bool { return f.h.key == key })
 	if len(list) == 0 {
-		delete(n.found, name)
+		delete(n.peers.found, name)
 	} else {
-		n.found[name] = list
+		n.peers.found[name] = list
 	}
 }
 
@@ -519,9 +519,9 @@ func fastPath[T any](n *Node, name string, opts []LookupOption) (Ref[T], bool) {
 	if h, ok := n.actors.named(name, want); ok {
 		return Ref[T]{h: h}, true
 	}
-	n.pmu.Lock()
-	list := n.found[name]
-	n.pmu.Unlock()
+	n.peers.mu.Lock()
+	list := n.peers.found[name]
+	n.peers.mu.Unlock()
 	for i := len(list) - 1; i >= 0; i-- {
 		f := list[i]
 		if f.proto == protocolName(want) && f.h.assoc.failure() == nil && !f.h.assoc.shuttingDown() {

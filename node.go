@@ -61,33 +61,15 @@ type Node struct {
 	// actors is the table of local actors (actor_table.go).
 	actors actorTable
 
-	// pmu guards the peer tables.
-	pmu      sync.Mutex
-	byUID    map[NodeUID]*assoc  // the live association with each peer incarnation
-	byAddr   map[Addr]*assoc     // the association to use for an address
-	all      map[*assoc]struct{} // every association not yet finished
-	awaiting map[NodeUID][]*assoc
-	pclosing bool
-	outbound int // outbound associations dialing or up, not yet finished
-	bindings int // outbound associations bound to refs read from messages, never dialed
-	// refDials counts, by peer, the outbound associations its refs made
-	// dial, live (see Config.MaxRefDialsPerPeer).
-	refDials map[NodeUID]int
-	// claims are the announced addresses of inbound peers being checked
-	// by a dial-back probe (proveClaims).
-	claims map[Addr]*claim
-	// handshaking holds inbound connections still in their handshake, so
-	// that Close need not wait for their deadline.
-	inHandshake map[net.Conn]struct{}
-	// quarantine holds the peer incarnations this node has given up on.
-	quarantine quarantineTable
+	// peers is the table of associations with peers, and what the
+	// node holds about peers beside them (assoc_table.go).
+	peers peerTable
 
 	// disc is how this node reaches its registries (register.go).
 	disc        registryClient
-	services    services              // its actors under service keys (service.go)
-	serviceSubs serviceSubs           // its actors following service keys (service_subscribe.go)
-	topics      topics                // its topics' relays and publishers (topic.go)
-	found       map[string][]foundRef // guarded by pmu: actors lookups found on peers
+	services    services    // its actors under service keys (service.go)
+	serviceSubs serviceSubs // its actors following service keys (service_subscribe.go)
+	topics      topics      // its topics' relays and publishers (topic.go)
 
 	// dead counts and samples the dead letters, and paces their log
 	// (deadletters.go).
@@ -115,14 +97,16 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 		return nil, err
 	}
 	n := &Node{
-		cfg:         cfg,
-		log:         cfg.Logger,
-		actors:      actorTable{byPath: make(map[string]*handle), byName: make(map[string][]*handle)},
-		byUID:       make(map[NodeUID]*assoc),
-		byAddr:      make(map[Addr]*assoc),
-		all:         make(map[*assoc]struct{}),
-		awaiting:    make(map[NodeUID][]*assoc),
-		inHandshake: make(map[net.Conn]struct{}),
+		cfg:    cfg,
+		log:    cfg.Logger,
+		actors: actorTable{byPath: make(map[string]*handle), byName: make(map[string][]*handle)},
+		peers: peerTable{
+			byUID:       make(map[NodeUID]*assoc),
+			byAddr:      make(map[Addr]*assoc),
+			all:         make(map[*assoc]struct{}),
+			awaiting:    make(map[NodeUID][]*assoc),
+			inHandshake: make(map[net.Conn]struct{}),
+		},
 	}
 	n.lc.done, n.lc.closed = make(chan struct{}), make(chan struct{})
 	n.lc.flushing, n.lc.hurry = make(chan struct{}), make(chan struct{})
@@ -221,17 +205,17 @@ var _ io.Closer = (*Node)(nil)
 // liveAssocs counts associations that are up and not retired (for tests
 // and introspection).
 func (n *Node) liveAssocs() int {
-	n.pmu.Lock()
-	defer n.pmu.Unlock()
-	return len(n.byUID)
+	n.peers.mu.Lock()
+	defer n.peers.mu.Unlock()
+	return len(n.peers.byUID)
 }
 
 // bytesWritten sums the bytes written on every live association.
 func (n *Node) bytesWritten() uint64 {
-	n.pmu.Lock()
-	defer n.pmu.Unlock()
+	n.peers.mu.Lock()
+	defer n.peers.mu.Unlock()
 	var sum uint64
-	for a := range n.all {
+	for a := range n.peers.all {
 		sum += a.written.Load()
 	}
 	return sum
@@ -263,9 +247,9 @@ func (n *Node) dial(addr Addr) (net.Conn, error) {
 // endMemberAssoc ends the association to a cluster member's uid, if any,
 // without quarantine (members are never quarantined).
 func (n *Node) endMemberAssoc(uid NodeUID, cause error) {
-	n.pmu.Lock()
-	a := n.byUID[uid]
-	n.pmu.Unlock()
+	n.peers.mu.Lock()
+	a := n.peers.byUID[uid]
+	n.peers.mu.Unlock()
 	if a != nil {
 		a.fail(cause)
 	}

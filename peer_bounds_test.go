@@ -63,12 +63,12 @@ func TestWatchesOfOnePeerAreBounded(t *testing.T) {
 	target := spawnEcho(t, n, "watched")
 	key := target.h.key
 	held := func() (count, bytes int) {
-		n.pmu.Lock()
-		all := make([]*assoc, 0, len(n.all))
-		for a := range n.all {
+		n.peers.mu.Lock()
+		all := make([]*assoc, 0, len(n.peers.all))
+		for a := range n.peers.all {
 			all = append(all, a)
 		}
-		n.pmu.Unlock()
+		n.peers.mu.Unlock()
 		for _, a := range all {
 			a.mu.Lock()
 			count, bytes = max(count, len(a.watchedBy.m)), max(bytes, a.watchedBy.bytes)
@@ -238,9 +238,9 @@ func TestRefsFromOnePeerCauseBoundedDials(t *testing.T) {
 	fan.Tell(m)
 	recv(t, told, "the fan actor's sends")
 	outbound := func() int {
-		n.pmu.Lock()
-		defer n.pmu.Unlock()
-		return n.outbound
+		n.peers.mu.Lock()
+		defer n.peers.mu.Unlock()
+		return n.peers.outbound
 	}
 	refused := 0
 	deadline := time.After(10 * time.Second)
@@ -392,9 +392,9 @@ func TestRefsNobodyKeepsAreForgotten(t *testing.T) {
 		t.Fatal(err)
 	}
 	bindings := func() int {
-		n.pmu.Lock()
-		defer n.pmu.Unlock()
-		return n.bindings
+		n.peers.mu.Lock()
+		defer n.peers.mu.Unlock()
+		return n.peers.bindings
 	}
 	var m refList
 	for i := range n.cfg.MaxOutboundConns {
@@ -438,12 +438,12 @@ func TestRefsNobodyKeepsAreForgotten(t *testing.T) {
 // watchesHeld sums, over every association of n, the watches its peers'
 // actors hold on n's actors.
 func watchesHeld(n *Node) (count int) {
-	n.pmu.Lock()
-	all := make([]*assoc, 0, len(n.all))
-	for a := range n.all {
+	n.peers.mu.Lock()
+	all := make([]*assoc, 0, len(n.peers.all))
+	for a := range n.peers.all {
 		all = append(all, a)
 	}
-	n.pmu.Unlock()
+	n.peers.mu.Unlock()
 	for _, a := range all {
 		a.mu.Lock()
 		count += len(a.watchedBy.m)
@@ -630,10 +630,10 @@ func TestABindingInUseIsNotForgotten(t *testing.T) {
 	n := startNode(t, testConfig("tcp://127.0.0.1:0"))
 	ad := tcpAddr("127.0.0.1:9")
 	live := func(a *assoc) bool {
-		n.pmu.Lock()
-		defer n.pmu.Unlock()
-		_, ok := n.all[a]
-		return ok && n.byAddr[ad] == a
+		n.peers.mu.Lock()
+		defer n.peers.mu.Unlock()
+		_, ok := n.peers.all[a]
+		return ok && n.peers.byAddr[ad] == a
 	}
 	a, held, err := n.assocHeld(ad, false, NodeUID{1})
 	if err != nil || !held {

@@ -25,29 +25,29 @@ type claim struct{ done chan struct{} }
 // association. Until then a send to the address waits for the check
 // (assocAt), so that it does not open a second connection to the peer.
 func (n *Node) proveClaims(a *assoc) {
-	n.pmu.Lock()
-	defer n.pmu.Unlock()
+	n.peers.mu.Lock()
+	defer n.peers.mu.Unlock()
 	for i, ad := range a.peerAddrs {
-		if i == maxProvenClaims || n.pclosing {
+		if i == maxProvenClaims || n.peers.closing {
 			return
 		}
-		if n.byAddr[ad] != nil || n.claims[ad] != nil || n.isOwnAddr(ad) {
+		if n.peers.byAddr[ad] != nil || n.peers.claims[ad] != nil || n.isOwnAddr(ad) {
 			continue
 		}
-		if n.claims == nil {
-			n.claims = make(map[Addr]*claim)
+		if n.peers.claims == nil {
+			n.peers.claims = make(map[Addr]*claim)
 		}
 		cl := &claim{done: make(chan struct{})}
-		n.claims[ad] = cl
+		n.peers.claims[ad] = cl
 		n.wg.Go(func() {
 			proven := n.probeUID(ad) == a.peerUID
-			n.pmu.Lock()
-			delete(n.claims, ad)
-			if proven && n.byUID[a.peerUID] == a && n.byAddr[ad] == nil {
-				n.byAddr[ad] = a
+			n.peers.mu.Lock()
+			delete(n.peers.claims, ad)
+			if proven && n.peers.byUID[a.peerUID] == a && n.peers.byAddr[ad] == nil {
+				n.peers.byAddr[ad] = a
 				a.proven = append(a.proven, ad)
 			}
-			n.pmu.Unlock()
+			n.peers.mu.Unlock()
 			close(cl.done)
 		})
 	}

@@ -306,9 +306,9 @@ func TestProcessThatDialedUsKilledIsDetected(t *testing.T) {
 	}
 	// The child's announced address is proven by a dial-back probe.
 	waitFor(t, 5*time.Second, "the child's address to be proven", func() bool {
-		n.pmu.Lock()
-		defer n.pmu.Unlock()
-		for _, a := range n.byUID {
+		n.peers.mu.Lock()
+		defer n.peers.mu.Unlock()
+		for _, a := range n.peers.byUID {
 			if len(a.proven) > 0 {
 				return true
 			}

@@ -257,15 +257,15 @@ func (t *quarantineTable) list() []quarantineInfo {
 // isQuarantined reports whether the incarnation uid is quarantined here;
 // it takes n.pmu.
 func (n *Node) isQuarantined(uid NodeUID) bool {
-	n.pmu.Lock()
-	defer n.pmu.Unlock()
+	n.peers.mu.Lock()
+	defer n.peers.mu.Unlock()
 	return n.quarantineFor(uid) != nil
 }
 
 // quarantineFor returns the quarantine entry covering uid or any of addrs.
 // The caller holds n.pmu.
 func (n *Node) quarantineFor(uid NodeUID, addrs ...Addr) *quarantineInfo {
-	return n.quarantine.find(time.Now(), n.cfg.QuarantineExpiry, uid, addrs...)
+	return n.peers.quarantine.find(time.Now(), n.cfg.QuarantineExpiry, uid, addrs...)
 }
 
 // quarantines decides whether an association that ended with err
@@ -298,19 +298,19 @@ func (n *Node) addQuarantine(a *assoc, cause error) {
 	// Only a proven address is quarantined: one this node dialed and found
 	// the peer at. An address the peer merely announced may be another
 	// node's, which must not be refused for this peer's faults.
-	n.pmu.Lock()
-	defer n.pmu.Unlock()
-	n.quarantine.add(quarantineInfo{UID: a.peerUID, Name: a.peerName, Addrs: slices.Clone(a.proven), Announced: slices.Clone(a.peerAddrs), Since: time.Now(), Cause: cause})
+	n.peers.mu.Lock()
+	defer n.peers.mu.Unlock()
+	n.peers.quarantine.add(quarantineInfo{UID: a.peerUID, Name: a.peerName, Addrs: slices.Clone(a.proven), Announced: slices.Clone(a.peerAddrs), Since: time.Now(), Cause: cause})
 }
 
 // quarantined lists the peers this node has quarantined and not yet
 // cleared, whose quarantine has not expired ([Config.QuarantineExpiry]):
 // Stats.Quarantined.
 func (n *Node) quarantined() []quarantineInfo {
-	n.pmu.Lock()
-	defer n.pmu.Unlock()
-	n.quarantine.expire(time.Now(), n.cfg.QuarantineExpiry)
-	return n.quarantine.list()
+	n.peers.mu.Lock()
+	defer n.peers.mu.Unlock()
+	n.peers.quarantine.expire(time.Now(), n.cfg.QuarantineExpiry)
+	return n.peers.quarantine.list()
 }
 
 // ClearOption adjusts [Node.ClearQuarantine].
@@ -399,7 +399,7 @@ func (n *Node) clearQuarantineOf(peer string) bool {
 	} else {
 		return false
 	}
-	n.pmu.Lock()
-	defer n.pmu.Unlock()
-	return n.quarantine.clear(match)
+	n.peers.mu.Lock()
+	defer n.peers.mu.Unlock()
+	return n.peers.quarantine.clear(match)
 }

@@ -89,8 +89,8 @@ func (n *Node) remoteRegistrars() []Addr {
 // isRegistrarAssoc reports whether a is the association with one of this
 // node's registrars (dialed at its address, or proven to answer there).
 func (n *Node) isRegistrarAssoc(a *assoc) bool {
-	n.pmu.Lock()
-	defer n.pmu.Unlock()
+	n.peers.mu.Lock()
+	defer n.peers.mu.Unlock()
 	for _, r := range n.disc.registrars {
 		if a.outbound && a.dialAddr == r || slices.Contains(a.proven, r) {
 			return true

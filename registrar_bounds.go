@@ -99,9 +99,9 @@ func (n *Node) liveHere(uid NodeUID) bool {
 	if uid == n.uid {
 		return true
 	}
-	n.pmu.Lock()
-	a := n.byUID[uid]
-	n.pmu.Unlock()
+	n.peers.mu.Lock()
+	a := n.peers.byUID[uid]
+	n.peers.mu.Unlock()
 	return a != nil && a.failure() == nil
 }
 

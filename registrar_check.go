@@ -144,9 +144,9 @@ func (n *Node) reachesAsItsHost(node NodeUID, addr Addr) bool {
 	if addr.network != "unix" && !addr.isLoopback() {
 		return true
 	}
-	n.pmu.Lock()
-	a := n.byUID[node]
-	n.pmu.Unlock()
+	n.peers.mu.Lock()
+	a := n.peers.byUID[node]
+	n.peers.mu.Unlock()
 	if a == nil {
 		return true
 	}

@@ -602,16 +602,16 @@ func (a *assoc) onBye(b []byte) error {
 	// The peer keeps another connection with us: move over to it, and
 	// answer with our own bye once what we queued here is written.
 	n := a.n
-	n.pmu.Lock()
-	w := n.byUID[a.peerUID]
+	n.peers.mu.Lock()
+	w := n.peers.byUID[a.peerUID]
 	if w == a {
 		w = nil
-		delete(n.byUID, a.peerUID)
+		delete(n.peers.byUID, a.peerUID)
 	}
 	if w == nil {
-		n.awaiting[a.peerUID] = append(n.awaiting[a.peerUID], a)
+		n.peers.awaiting[a.peerUID] = append(n.peers.awaiting[a.peerUID], a)
 	}
-	n.pmu.Unlock()
+	n.peers.mu.Unlock()
 	if w != nil {
 		a.mergeInto(w)
 	}

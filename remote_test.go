@@ -451,9 +451,9 @@ func TestRefsInAMessageDialNothing(t *testing.T) {
 	}
 	r.Tell(bag)
 	refs := recv(t, got, "the bag of refs")
-	victim.pmu.Lock()
-	outbound := victim.outbound
-	victim.pmu.Unlock()
+	victim.peers.mu.Lock()
+	outbound := victim.peers.outbound
+	victim.peers.mu.Unlock()
 	if outbound > 100 {
 		t.Fatalf("%d outbound associations, over MaxOutboundConns 100", outbound)
 	}

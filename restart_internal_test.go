@@ -42,9 +42,9 @@ func TestALookupSkipsAQuarantinedIncarnationWithoutDialing(t *testing.T) {
 	f.Partition(a, b)
 	for ev := recv(t, gone, "b quarantined"); ev.UID != b.UID(); ev = recv(t, gone, "b quarantined") {
 	}
-	a.pmu.Lock()
-	a.found = nil
-	a.pmu.Unlock()
+	a.peers.mu.Lock()
+	a.peers.found = nil
+	a.peers.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	start := time.Now()
@@ -85,11 +85,11 @@ func TestServiceRefsReadsTheQuarantineUnderItsLock(t *testing.T) {
 				return
 			default:
 			}
-			n.pmu.Lock()
-			n.quarantine.add(quarantineInfo{UID: NodeUID{byte(i), 1}, Since: time.Now()})
-			n.quarantine.add(quarantineInfo{UID: gone, Since: time.Now()})
-			n.quarantine.clear(func(*quarantineInfo) bool { return true })
-			n.pmu.Unlock()
+			n.peers.mu.Lock()
+			n.peers.quarantine.add(quarantineInfo{UID: NodeUID{byte(i), 1}, Since: time.Now()})
+			n.peers.quarantine.add(quarantineInfo{UID: gone, Since: time.Now()})
+			n.peers.quarantine.clear(func(*quarantineInfo) bool { return true })
+			n.peers.mu.Unlock()
 		}
 	}()
 	for range 200 { // (the race detector needs one overlap; the writer spins all along)

@@ -61,12 +61,12 @@ func (a *assoc) suspended() {
 	// The acceptor waits for the dialer's new connection; the heartbeat
 	// loop ends the wait after UnreachableAfter. Meanwhile it asks the
 	// dialer's proven address, if it has one, who answers there.
-	a.n.pmu.Lock()
+	a.n.peers.mu.Lock()
 	var back Addr
 	if len(a.proven) > 0 {
 		back = a.proven[0]
 	}
-	a.n.pmu.Unlock()
+	a.n.peers.mu.Unlock()
 	if !back.IsZero() {
 		a.n.wg.Go(func() { a.watchBack(back) })
 	}
@@ -144,9 +144,9 @@ func (a *assoc) redial() {
 			a.fail(fmt.Errorf("%v, and no new connection within %v", cause, n.cfg.UnreachableAfter))
 			return true
 		}
-		n.pmu.Lock()
-		held := n.byUID[a.peerUID]
-		n.pmu.Unlock()
+		n.peers.mu.Lock()
+		held := n.peers.byUID[a.peerUID]
+		n.peers.mu.Unlock()
 		switch {
 		case held == nil:
 			// Out of the table for a moment (a duplicate's winner not yet
@@ -172,15 +172,15 @@ func (a *assoc) redial() {
 		fresh := newAssoc(n, true, a.dialAddr)
 		fresh.resumeOf = a
 		fresh.dialOnce.Do(func() {}) // it never dials by itself
-		n.pmu.Lock()
-		if n.pclosing {
-			n.pmu.Unlock()
+		n.peers.mu.Lock()
+		if n.peers.closing {
+			n.peers.mu.Unlock()
 			c.Close()
 			return true
 		}
-		n.all[fresh] = struct{}{}
-		n.outbound++
-		n.pmu.Unlock()
+		n.peers.all[fresh] = struct{}{}
+		n.peers.outbound++
+		n.peers.mu.Unlock()
 		fresh.runDialed(c) // on success, reads until that session ends
 		a.mu.Lock()
 		suspended := a.life.state == assocSuspended
@@ -202,9 +202,9 @@ func (a *assoc) redial() {
 // that the session is suspended, with everything it received counted,
 // before the new connection takes it over.
 func (n *Node) suspendFor(uid NodeUID) {
-	n.pmu.Lock()
-	ex := n.byUID[uid]
-	n.pmu.Unlock()
+	n.peers.mu.Lock()
+	ex := n.peers.byUID[uid]
+	n.peers.mu.Unlock()
 	if ex == nil || !ex.resumable {
 		return
 	}

@@ -436,9 +436,9 @@ func TestAPeerThatNeverAcknowledgesIsGivenUpOn(t *testing.T) {
 		_, uid := rawPeer(t, n, read)
 		var a *assoc
 		waitFor(t, 5*time.Second, "the raw peer to be up", func() bool {
-			n.pmu.Lock()
-			defer n.pmu.Unlock()
-			a = n.byUID[uid]
+			n.peers.mu.Lock()
+			defer n.peers.mu.Unlock()
+			a = n.peers.byUID[uid]
 			return a != nil
 		})
 		h := &handle{node: n, key: refKey{node: uid, path: "/user/x", uuid: UUID{1}}, assoc: a}
@@ -564,9 +564,9 @@ func TestDuplicateGoodbyesLeaveNothingParked(t *testing.T) {
 		c.Close()
 	}
 	waitFor(t, 10*time.Second, "the parked duplicates to go", func() bool {
-		n.pmu.Lock()
-		defer n.pmu.Unlock()
-		return len(n.awaiting) == 0 && len(n.all) == 0
+		n.peers.mu.Lock()
+		defer n.peers.mu.Unlock()
+		return len(n.peers.awaiting) == 0 && len(n.peers.all) == 0
 	})
 }
 

@@ -173,16 +173,16 @@ func (n *Node) shutdown(ctx context.Context, graceful bool) error {
 	phase(PhaseFlush)
 	close(n.lc.flushing)
 	n.lc.dialCancel() // (the handlers Shutdown let finish might have dialed)
-	n.pmu.Lock()
-	n.pclosing = true
-	assocs := make([]*assoc, 0, len(n.all))
-	for a := range n.all {
+	n.peers.mu.Lock()
+	n.peers.closing = true
+	assocs := make([]*assoc, 0, len(n.peers.all))
+	for a := range n.peers.all {
 		assocs = append(assocs, a)
 	}
-	for c := range n.inHandshake {
+	for c := range n.peers.inHandshake {
 		c.Close()
 	}
-	n.pmu.Unlock()
+	n.peers.mu.Unlock()
 	for _, a := range assocs {
 		a.leave(!graceful)
 	}
@@ -234,9 +234,9 @@ func (n *Node) shutdown(ctx context.Context, graceful bool) error {
 // is told in its handshake.
 func (n *Node) refuseWork() {
 	n.lc.refusing.Store(true)
-	n.pmu.Lock()
-	assocs := make([]*assoc, 0, len(n.all))
-	for a := range n.all {
+	n.peers.mu.Lock()
+	assocs := make([]*assoc, 0, len(n.peers.all))
+	for a := range n.peers.all {
 		select {
 		case <-a.ready: // (the handshake set peerFlags before, under pmu)
 		default:
@@ -246,7 +246,7 @@ func (n *Node) refuseWork() {
 			assocs = append(assocs, a)
 		}
 	}
-	n.pmu.Unlock()
+	n.peers.mu.Unlock()
 	for _, a := range assocs {
 		a.control(appendDraining(nil))
 	}

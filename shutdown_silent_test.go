@@ -28,9 +28,9 @@ func TestAShutdownWaitsForASilentPeerOnlyUntilItIsUnreachable(t *testing.T) {
 		}
 		var a *assoc
 		waitFor(t, 5*time.Second, "the raw peer to be up", func() bool {
-			n.pmu.Lock()
-			defer n.pmu.Unlock()
-			a = n.byUID[uid]
+			n.peers.mu.Lock()
+			defer n.peers.mu.Unlock()
+			a = n.peers.byUID[uid]
 			return a != nil
 		})
 		h := &handle{node: n, key: refKey{node: uid, path: "/user/x", uuid: UUID{1}}, assoc: a}

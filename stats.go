@@ -239,12 +239,12 @@ func (n *Node) Stats() Stats {
 	if s.DeadLetters == nil {
 		s.DeadLetters = map[string]uint64{}
 	}
-	n.pmu.Lock()
-	assocs := make([]*assoc, 0, len(n.byUID))
-	for _, a := range n.byUID {
+	n.peers.mu.Lock()
+	assocs := make([]*assoc, 0, len(n.peers.byUID))
+	for _, a := range n.peers.byUID {
 		assocs = append(assocs, a)
 	}
-	n.pmu.Unlock()
+	n.peers.mu.Unlock()
 	for _, a := range assocs {
 		a.mu.Lock()
 		if a.observer {

@@ -156,18 +156,18 @@ func (n *Node) sessionProof(dialer NodeUID, nonce []byte, founds bool, prev []by
 // holdsSession reports whether this node holds a session with uid: a
 // connection claiming it is to be challenged.
 func (n *Node) holdsSession(uid NodeUID) bool {
-	n.pmu.Lock()
-	defer n.pmu.Unlock()
-	return n.byUID[uid] != nil
+	n.peers.mu.Lock()
+	defer n.peers.mu.Unlock()
+	return n.peers.byUID[uid] != nil
 }
 
 // mayTakeOver reports whether a, whose hello claimed uid, may take over
 // the session this node holds with uid, if it holds one: it proved that
 // it holds the session's token, or the session has none.
 func (n *Node) mayTakeOver(a *assoc, uid NodeUID) bool {
-	n.pmu.Lock()
-	ex := n.byUID[uid]
-	n.pmu.Unlock()
+	n.peers.mu.Lock()
+	ex := n.peers.byUID[uid]
+	n.peers.mu.Unlock()
 	if ex == nil {
 		return true
 	}
@@ -284,7 +284,7 @@ func (n *Node) sessionTokens(a *assoc, d admission) {
 		return
 	}
 	if d.founds {
-		n.tokens.issue(a.peerUID, func(uid NodeUID) bool { return n.byUID[uid] != nil })
+		n.tokens.issue(a.peerUID, func(uid NodeUID) bool { return n.peers.byUID[uid] != nil })
 	}
 	a.sendToken = d.founds || d.proven
 	if d.winner == a && d.loser != nil {

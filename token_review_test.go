@@ -30,12 +30,12 @@ func sessionGivenUp(t *testing.T) (b, c *Node, held *assoc) {
 	if _, err := Ask(ctxT(t, 5*time.Second), ref, func(r Ref[testPong]) testPing { return testPing{ReplyTo: r} }); err != nil {
 		t.Fatal(err)
 	}
-	b.pmu.Lock()
-	held = b.byUID[c.UID()]
-	b.pmu.Unlock()
-	c.pmu.Lock()
-	ca := c.byUID[b.UID()]
-	c.pmu.Unlock()
+	b.peers.mu.Lock()
+	held = b.peers.byUID[c.UID()]
+	b.peers.mu.Unlock()
+	c.peers.mu.Lock()
+	ca := c.peers.byUID[b.UID()]
+	c.peers.mu.Unlock()
 	if held == nil || held.outbound || ca == nil {
 		t.Fatalf("b's session with c: %+v", held)
 	}
@@ -94,9 +94,9 @@ func TestAZeroProofWelcomeDoesNotReplaceASuspendedSession(t *testing.T) {
 	}()
 	_, err = Resolve[testPing](ctxT(t, 3*time.Second), b, FormatRef(tcpAddr(l.Addr().String()), "/user/echo"))
 	t.Logf("Resolve through the stranger: %v", err)
-	b.pmu.Lock()
-	now := b.byUID[c.UID()]
-	b.pmu.Unlock()
+	b.peers.mu.Lock()
+	now := b.peers.byUID[c.UID()]
+	b.peers.mu.Unlock()
 	held.mu.Lock()
 	st := held.life.state
 	held.mu.Unlock()
@@ -117,13 +117,13 @@ func TestADialerHoldingAGivenUpSessionIsWelcomedAnew(t *testing.T) {
 	checkLeaks(t)
 	b, c, held := sessionGivenUp(t)
 	spawnEcho(t, c, "echo")
-	b.pmu.Lock()
-	for ad, x := range b.byAddr {
+	b.peers.mu.Lock()
+	for ad, x := range b.peers.byAddr {
 		if x == held {
-			delete(b.byAddr, ad) // b dials c anew, not through the session
+			delete(b.peers.byAddr, ad) // b dials c anew, not through the session
 		}
 	}
-	b.pmu.Unlock()
+	b.peers.mu.Unlock()
 	ref, err := Resolve[testPing](ctxT(t, slack(5*time.Second)), b, FormatRef(c.Addrs()[0], "/user/echo"))
 	if err != nil {
 		t.Fatalf("b resolves at c: %v", err)
@@ -131,9 +131,9 @@ func TestADialerHoldingAGivenUpSessionIsWelcomedAnew(t *testing.T) {
 	if _, err := Ask(ctxT(t, 5*time.Second), ref, func(r Ref[testPong]) testPing { return testPing{ReplyTo: r} }); err != nil {
 		t.Fatal(err)
 	}
-	b.pmu.Lock()
-	now := b.byUID[c.UID()]
-	b.pmu.Unlock()
+	b.peers.mu.Lock()
+	now := b.peers.byUID[c.UID()]
+	b.peers.mu.Unlock()
 	if now == held || now == nil {
 		t.Fatalf("b still holds the session c gave up")
 	}
@@ -165,13 +165,13 @@ func TestALiveSessionsTokenOutlivesManyOtherPeers(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, n := range []*Node{home, away} {
-		n.pmu.Lock()
+		n.peers.mu.Lock()
 		for range maxKeptTokens {
 			var other NodeUID
 			copy(other[:], newNonce())
-			n.tokens.issue(other, func(uid NodeUID) bool { return n.byUID[uid] != nil }) // as a session with another peer does
+			n.tokens.issue(other, func(uid NodeUID) bool { return n.peers.byUID[uid] != nil }) // as a session with another peer does
 		}
-		n.pmu.Unlock()
+		n.peers.mu.Unlock()
 	}
 	if f.Reset(home, away) == 0 {
 		t.Fatal("the reset found no connection")
@@ -206,17 +206,17 @@ func TestARedialThatWinsAHeldSessionKeepsTheTokensInStep(t *testing.T) {
 		}
 	}
 	ask("first session")
-	b.pmu.Lock()
-	old := b.byUID[c.UID()]
-	b.pmu.Unlock()
+	b.peers.mu.Lock()
+	old := b.peers.byUID[c.UID()]
+	b.peers.mu.Unlock()
 	waitFor(t, 5*time.Second, "c holds b's token", func() bool { return c.byUIDToken(t, b.UID()) != nil })
 	// b gives the session up; c has not heard of it yet.
 	b.untable(old)
 	ask("b dials again")
 	waitFor(t, 5*time.Second, "the tokens in step", func() bool {
-		b.pmu.Lock()
-		now := b.byUID[c.UID()]
-		b.pmu.Unlock()
+		b.peers.mu.Lock()
+		now := b.peers.byUID[c.UID()]
+		b.peers.mu.Unlock()
 		return now != nil && now != old && bytes.Equal(c.byUIDToken(t, b.UID()), b.tokenFor(c.UID()))
 	})
 	unreachable := make(chan PeerUnreachable, 4)

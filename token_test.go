@@ -95,9 +95,9 @@ func TestAClaimOfALiveSessionNeedsItsToken(t *testing.T) {
 			}
 		}
 		ask("before the claims") // (the friend's token frame came before its ask)
-		server.pmu.Lock()
-		held := server.byUID[friend.UID()]
-		server.pmu.Unlock()
+		server.peers.mu.Lock()
+		held := server.peers.byUID[friend.UID()]
+		server.peers.mu.Unlock()
 		var addrs []string
 		for _, a := range friend.Addrs() {
 			addrs = append(addrs, a.String())
@@ -125,9 +125,9 @@ func TestAClaimOfALiveSessionNeedsItsToken(t *testing.T) {
 				t.Errorf("secret %q: %s: challenged %v", secret, tt.name, challenged)
 			}
 			ask("after " + tt.name)
-			server.pmu.Lock()
-			now := server.byUID[friend.UID()]
-			server.pmu.Unlock()
+			server.peers.mu.Lock()
+			now := server.peers.byUID[friend.UID()]
+			server.peers.mu.Unlock()
 			if now != held {
 				t.Fatalf("secret %q: after %s the server's session with the friend is another", secret, tt.name)
 			}
@@ -245,9 +245,9 @@ func TestASecondConnectionOfThePeerProvesItsToken(t *testing.T) {
 			t.Fatalf("ask through ref %d: %v", i, err)
 		}
 	}
-	server.pmu.Lock()
-	a := server.byUID[d.UID()]
-	server.pmu.Unlock()
+	server.peers.mu.Lock()
+	a := server.peers.byUID[d.UID()]
+	server.peers.mu.Unlock()
 	// (Not a check of a's proof against the token the server holds now:
 	// d may have read the first connection's retirement before the
 	// second's welcome, founded the session there and drawn a new token,
@@ -262,9 +262,9 @@ func TestASecondConnectionOfThePeerProvesItsToken(t *testing.T) {
 
 // byUIDToken is the token the peer uid gave n for their session.
 func (n *Node) byUIDToken(t *testing.T, uid NodeUID) []byte {
-	n.pmu.Lock()
-	a := n.byUID[uid]
-	n.pmu.Unlock()
+	n.peers.mu.Lock()
+	a := n.peers.byUID[uid]
+	n.peers.mu.Unlock()
 	if a == nil {
 		t.Fatalf("no session with %v", uid)
 	}
@@ -335,9 +335,9 @@ func TestANodeWithoutTokensTalksToOneWithThem(t *testing.T) {
 			_, port, _ := net.SplitHostPort(pair[1].Addrs()[0].Address())
 			at := tcpAddr("localhost:" + port)
 			askAt(pair[0], at, "through a second connection from "+pair[0].Name())
-			pair[0].pmu.Lock()
-			via := pair[0].byAddr[at]
-			pair[0].pmu.Unlock()
+			pair[0].peers.mu.Lock()
+			via := pair[0].peers.byAddr[at]
+			pair[0].peers.mu.Unlock()
 			if via == nil {
 				t.Fatalf("old dials %v: %s did not dial %s", oldDials, pair[0].Name(), at)
 			}
@@ -348,9 +348,9 @@ func TestANodeWithoutTokensTalksToOneWithThem(t *testing.T) {
 			}
 		}
 		for _, n := range []*Node{old, cur} {
-			n.pmu.Lock()
-			a := n.byUID[map[*Node]*Node{old: cur, cur: old}[n].UID()]
-			n.pmu.Unlock()
+			n.peers.mu.Lock()
+			a := n.peers.byUID[map[*Node]*Node{old: cur, cur: old}[n].UID()]
+			n.peers.mu.Unlock()
 			a.mu.Lock()
 			tok := a.peerToken
 			a.mu.Unlock()
