@@ -86,10 +86,10 @@ func TestReRegistersAfterReassociation(t *testing.T) {
 	checkLeaks(t)
 	f := new(FaultNet)
 	reg := freeRegistryAddr(t, "tcp")
-	cfgR := failConfig("registrar", 20*time.Millisecond, 300*time.Millisecond)
+	cfgR := failConfig("registrar", 20*time.Millisecond, time.Second)
 	cfgR.RegistryAddrs = []string{reg}
 	registrar := startOn(t, f, cfgR)
-	cfgS := failConfig("service", 20*time.Millisecond, 300*time.Millisecond)
+	cfgS := failConfig("service", 20*time.Millisecond, time.Second)
 	cfgS.RegistryAddrs = []string{reg}
 	service := startOn(t, f, cfgS)
 	spawnEcho(t, service, "svc")
@@ -98,8 +98,13 @@ func TestReRegistersAfterReassociation(t *testing.T) {
 	f.Partition(registrar, service)
 	waitFor(t, 5*time.Second, "the registrar to drop the unreachable service", func() bool { return len(registrar.disc.reg().find("svc")) == 0 })
 	recv(t, lost, "the service gives up on the registrar")
+	// The registrar may drop the entry on the link's loss, before its
+	// own verdict: clear its quarantine once there is one.
+	waitFor(t, 5*time.Second, "the registrar to quarantine the service", func() bool { return registrar.isQuarantined(service.UID()) })
 	f.Heal()
-	registrar.ClearQuarantine(context.Background(), service.UID().String())
+	if ok, err := registrar.ClearQuarantine(ctxT(t, 5*time.Second), service.UID().String()); !ok || err != nil {
+		t.Fatalf("the registrar's ClearQuarantine of the service: %v, %v", ok, err)
+	}
 	if _, err := service.ClearQuarantine(ctxT(t, 5*time.Second), registrar.Addrs()[0].String(), Reconnect()); err != nil {
 		t.Fatal(err)
 	}
