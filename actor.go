@@ -322,8 +322,8 @@ func Spawn[T any](p Spawner, name string, b Behavior[T]) (Ref[T], error) {
 	if b.Setup != nil {
 		c.sysPush(sysMsg{kind: sysStart})
 	}
-	if n.discovering() && isPublic(path) {
-		n.registerActor(c.self)
+	if n.disc.discovering() && isPublic(path) {
+		n.disc.registerActor(c.self)
 	}
 	return Ref[T]{h: c.self}, nil
 }

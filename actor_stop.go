@@ -113,9 +113,9 @@ func (c *cell[T]) terminate(rest []T) bool {
 	c.n.stopServices(c.self)
 	c.n.stopServiceSubs(c.self)
 	c.n.stopTopics(c.self)
-	if c.n.discovering() && isPublic(c.self.key.path) {
+	if c.n.disc.discovering() && isPublic(c.self.key.path) {
 		if !c.n.lc.isClosed() { // (a closing node unregistered everything at once)
-			c.n.unregisterActor(c.self)
+			c.n.disc.unregisterActor(c.self)
 		}
 	}
 	l.eachWatcher(func(w *handle) {

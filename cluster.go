@@ -325,7 +325,7 @@ func StartCluster(ctx context.Context, n *Node, cfg ClusterConfig) (*Cluster, er
 		detectors: map[NodeUID]FailureDetector{}, lastHeard: map[NodeUID]int64{}, leftSeen: map[NodeUID]bool{}, downedAt: map[NodeUID]time.Time{},
 		stop: make(chan struct{}), done: make(chan struct{}),
 	}
-	if !n.discovering() {
+	if !n.disc.discovering() {
 		// No registrar and no etcd: the members keep the service keys
 		// and topics. (Made before the cluster actor, whose gossip may
 		// publish events that reach it.)
@@ -384,7 +384,7 @@ func (n *Node) clusterSeeds(ctx context.Context, name string) ([]Addr, error) {
 	if name == "" {
 		name = "default"
 	}
-	srcs, err := n.lookupSources(nil)
+	srcs, err := n.disc.lookupSources(nil)
 	if err != nil {
 		return nil, fmt.Errorf("cluster seeds from the registry: %w", err)
 	}
@@ -394,10 +394,10 @@ func (n *Node) clusterSeeds(ctx context.Context, name string) ([]Addr, error) {
 		if err := n.registryRegister(me); err != nil {
 			return nil, err
 		}
-	} else if _, err := n.askRegistrar(ctx, src, regRequest{Op: regOpRegister, Regs: toWire([]Registration{me})}); err != nil {
+	} else if _, err := n.disc.askRegistrar(ctx, src, regRequest{Op: regOpRegister, Regs: toWire([]Registration{me})}); err != nil {
 		return nil, err
 	}
-	regs, err := n.askRegistrar(ctx, src, regRequest{Op: regOpFind, Name: me.Name})
+	regs, err := n.disc.askRegistrar(ctx, src, regRequest{Op: regOpFind, Name: me.Name})
 	if err != nil {
 		return nil, err
 	}

@@ -84,8 +84,8 @@ func (c *Cluster) cleanup() {
 		if c.n.disc.reg() != nil {
 			c.n.disc.reg().unregister(name, UUID(c.n.uid), c.n.uid)
 		}
-		for _, a := range c.n.remoteRegistrars() {
-			c.n.tellRegistrar(a, regRequest{Op: regOpUnregister, Regs: []regWire{{Name: name, UUID: UUID(c.n.uid)}}})
+		for _, a := range c.n.disc.remoteRegistrars() {
+			c.n.disc.tellRegistrar(a, regRequest{Op: regOpUnregister, Regs: []regWire{{Name: name, UUID: UUID(c.n.uid)}}})
 		}
 	}
 }

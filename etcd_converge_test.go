@@ -283,8 +283,8 @@ func TestSpawnOfAnActorThatStopsAtOnceReturnsAtOnce(t *testing.T) {
 	}
 	took := time.Since(start)
 	t.Logf("Spawn took %v", took)
-	if took > n.registryTimeout()/2 {
-		t.Fatalf("Spawn took %v for an actor that stopped in Setup (RegistryTimeout %v)", took, n.registryTimeout())
+	if took > n.disc.registryTimeout()/2 {
+		t.Fatalf("Spawn took %v for an actor that stopped in Setup (RegistryTimeout %v)", took, n.disc.registryTimeout())
 	}
 	waitFor(t, 5*time.Second, "nothing pending", func() bool { return n.Stats().RegistryPending == 0 })
 }

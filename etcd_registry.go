@@ -563,10 +563,10 @@ func (n *Node) etcdTTL() time.Duration {
 // registerEtcd takes the node's etcd lease and registers the node with
 // it before Start returns; a goroutine then keeps the lease alive.
 func (n *Node) registerEtcd(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, n.registryTimeout())
+	ctx, cancel := context.WithTimeout(ctx, n.disc.registryTimeout())
 	defer cancel()
 	lease, err := n.disc.etcd.grant(ctx, n.etcdTTL())
-	self := n.nodeRegistration()
+	self := n.disc.nodeRegistration()
 	if err == nil {
 		err = n.disc.etcd.put(ctx, lease, self)
 	}
@@ -655,7 +655,7 @@ func (n *Node) askEtcd(ctx context.Context, r *etcdRegistry, req regRequest) ([]
 	if n.lc.workOver() {
 		return nil, ErrNodeClosed
 	}
-	ctx, cancel := context.WithTimeout(ctx, n.registryTimeout())
+	ctx, cancel := context.WithTimeout(ctx, n.disc.registryTimeout())
 	defer cancel()
 	switch req.Op {
 	case regOpFind:

@@ -145,7 +145,7 @@ func (n *Node) syncEtcd() {
 			return // (the lease is being revoked: nothing is put again)
 		}
 		retry = nil
-		ctx, cancel := context.WithTimeout(n.lc.ctx, n.registryTimeout())
+		ctx, cancel := context.WithTimeout(n.lc.ctx, n.disc.registryTimeout())
 		err := n.reconcileEtcd(ctx)
 		cancel()
 		s.mu.Lock()
@@ -183,7 +183,7 @@ func (n *Node) reconcileEtcd(ctx context.Context) error {
 	r, s := n.disc.etcd, &n.disc.etcdSync
 	for {
 		want := map[string]Registration{}
-		for _, reg := range n.publicRegistrations() {
+		for _, reg := range n.disc.publicRegistrations() {
 			want[r.key(reg.Name, reg.UUID)] = reg
 		}
 		s.mu.Lock()

@@ -40,19 +40,19 @@ type registrarSource struct {
 
 // serviceSources is lookupSources for service keys and topics: a node
 // that uses no registry but is a cluster member asks the cluster's.
-func (n *Node) serviceSources(opts []LookupOption) ([]registrarSource, error) {
-	srcs, err := n.lookupSources(opts)
+func (dc *registryClient) serviceSources(opts []LookupOption) ([]registrarSource, error) {
+	srcs, err := dc.lookupSources(opts)
 	if errors.Is(err, ErrNoRegistry) {
-		if rc := n.clusterRegistry(); rc != nil {
+		if rc := dc.n.clusterRegistry(); rc != nil {
 			return []registrarSource{{recep: rc}}, nil
 		}
 	}
 	return srcs, err
 }
 
-func (n *Node) lookupSources(opts []LookupOption) ([]registrarSource, error) {
+func (dc *registryClient) lookupSources(opts []LookupOption) ([]registrarSource, error) {
 	var cfg lookupConfig
-	if n.lc.workOver() {
+	if dc.n.lc.workOver() {
 		return nil, ErrNodeClosed
 	}
 	for _, o := range opts {
@@ -62,7 +62,7 @@ func (n *Node) lookupSources(opts []LookupOption) ([]registrarSource, error) {
 	if cfg.registries != nil {
 		for _, s := range cfg.registries {
 			if isEtcdURL(s) {
-				r, err := n.etcdFor(s)
+				r, err := dc.n.etcdFor(s)
 				if err != nil {
 					return nil, fmt.Errorf("WithRegistries: %w", err)
 				}
@@ -73,18 +73,18 @@ func (n *Node) lookupSources(opts []LookupOption) ([]registrarSource, error) {
 			if err != nil {
 				return nil, fmt.Errorf("WithRegistries: %w", err)
 			}
-			out = append(out, registrarSource{addr: a, local: n.disc.reg() != nil && n.isOwnAddr(a)})
+			out = append(out, registrarSource{addr: a, local: dc.reg() != nil && dc.n.isOwnAddr(a)})
 		}
 		return out, nil
 	}
-	if n.disc.reg() != nil {
+	if dc.reg() != nil {
 		out = append(out, registrarSource{local: true})
 	}
-	for _, a := range n.remoteRegistrars() {
+	for _, a := range dc.remoteRegistrars() {
 		out = append(out, registrarSource{addr: a})
 	}
-	if n.disc.etcd != nil {
-		out = append(out, registrarSource{etcd: n.disc.etcd})
+	if dc.etcd != nil {
+		out = append(out, registrarSource{etcd: dc.etcd})
 	}
 	if len(out) == 0 {
 		return nil, ErrNoRegistry
@@ -107,28 +107,28 @@ func (s registrarSource) String() string {
 
 // registrarRef returns a ref to the registrar actor at addr, resolving it
 // again when the association it was bound to has ended.
-func (n *Node) registrarRef(ctx context.Context, addr Addr) (Ref[regRequest], error) {
-	if v, ok := n.disc.refs.Load(addr); ok {
+func (dc *registryClient) registrarRef(ctx context.Context, addr Addr) (Ref[regRequest], error) {
+	if v, ok := dc.refs.Load(addr); ok {
 		r := v.(Ref[regRequest])
 		if r.h.assoc == nil || r.h.assoc.failure() == nil {
 			return r, nil
 		}
 	}
-	r, err := resolveAt[regRequest](ctx, n, addr, registrarPath)
+	r, err := resolveAt[regRequest](ctx, dc.n, addr, registrarPath)
 	if err != nil {
 		return Ref[regRequest]{}, err
 	}
-	n.disc.refs.Store(addr, r)
+	dc.refs.Store(addr, r)
 	return r, nil
 }
 
 // registryTimeout bounds one request to a registrar.
-func (n *Node) registryTimeout() time.Duration { return n.cfg.RegistryTimeout }
+func (dc *registryClient) registryTimeout() time.Duration { return dc.n.cfg.RegistryTimeout }
 
 // ask sends req to the registrar src and waits for its reply.
-func (n *Node) askRegistrar(ctx context.Context, src registrarSource, req regRequest) ([]Registration, error) {
+func (dc *registryClient) askRegistrar(ctx context.Context, src registrarSource, req regRequest) ([]Registration, error) {
 	if src.etcd != nil {
-		return n.askEtcd(ctx, src.etcd, req)
+		return dc.n.askEtcd(ctx, src.etcd, req)
 	}
 	if src.recep != nil {
 		if req.Op != regOpFind {
@@ -138,21 +138,21 @@ func (n *Node) askRegistrar(ctx context.Context, src registrarSource, req regReq
 		return regs, err
 	}
 	if src.local {
-		if n.disc.reg() == nil {
+		if dc.reg() == nil {
 			return nil, ErrNoRegistry
 		}
 		switch req.Op {
 		case regOpFind:
-			n.disc.reg().requests.Add(1)
-			return n.disc.reg().find(req.Name), nil
+			dc.reg().requests.Add(1)
+			return dc.reg().find(req.Name), nil
 		case regOpList:
-			n.disc.reg().requests.Add(1)
-			return n.disc.reg().list(), nil
+			dc.reg().requests.Add(1)
+			return dc.reg().list(), nil
 		}
 	}
-	ctx, cancel := context.WithTimeout(ctx, n.registryTimeout())
+	ctx, cancel := context.WithTimeout(ctx, dc.registryTimeout())
 	defer cancel()
-	r, err := n.registrarRef(ctx, src.addr)
+	r, err := dc.registrarRef(ctx, src.addr)
 	if err != nil {
 		return nil, fmt.Errorf("registrar %s: %w", src.addr, err)
 	}
@@ -225,11 +225,11 @@ func preferAddrs(regs []Registration) []candidate {
 // registry, or etcd). When none of them has it, the error wraps
 // [ErrNotFound] (or, when a registrar could not be asked, is why).
 func (n *Node) QueryActor(ctx context.Context, name string, opts ...LookupOption) (Registration, error) {
-	srcs, err := n.lookupSources(opts)
+	srcs, err := n.disc.lookupSources(opts)
 	if err != nil {
 		return Registration{}, err
 	}
-	answers, errs := n.findAll(ctx, srcs, name)
+	answers, errs := n.disc.findAll(ctx, srcs, name)
 	for i, regs := range answers {
 		if c := preferAddrs(regs); len(c) > 0 {
 			r := c[0].reg
@@ -238,15 +238,15 @@ func (n *Node) QueryActor(ctx context.Context, name string, opts ...LookupOption
 			return r, nil
 		}
 	}
-	return Registration{}, n.notFound(srcs, name, errs)
+	return Registration{}, n.disc.notFound(srcs, name, errs)
 }
 
 // findAll asks every source concurrently.
-func (n *Node) findAll(ctx context.Context, srcs []registrarSource, name string) ([][]Registration, []error) {
+func (dc *registryClient) findAll(ctx context.Context, srcs []registrarSource, name string) ([][]Registration, []error) {
 	answers, errs := make([][]Registration, len(srcs)), make([]error, len(srcs))
 	var wg sync.WaitGroup
 	for i, s := range srcs {
-		wg.Go(func() { answers[i], errs[i] = n.askRegistrar(ctx, s, regRequest{Op: regOpFind, Name: name}) })
+		wg.Go(func() { answers[i], errs[i] = dc.askRegistrar(ctx, s, regRequest{Op: regOpFind, Name: name}) })
 	}
 	wg.Wait()
 	return answers, errs
@@ -255,7 +255,7 @@ func (n *Node) findAll(ctx context.Context, srcs []registrarSource, name string)
 // notFound is what a lookup of one actor that found nothing returns: the
 // registrars' errors if any failed, else ErrNotFound naming the name and
 // the registrars asked.
-func (n *Node) notFound(srcs []registrarSource, name string, errs []error) error {
+func (dc *registryClient) notFound(srcs []registrarSource, name string, errs []error) error {
 	if err := errors.Join(errs...); err != nil {
 		return err
 	}
@@ -287,11 +287,11 @@ func FindActor[T any](ctx context.Context, n *Node, name string, opts ...LookupO
 	if r, ok := fastPath[T](n, name, opts); ok {
 		return r, nil
 	}
-	srcs, err := n.lookupSources(opts)
+	srcs, err := n.disc.lookupSources(opts)
 	if err != nil {
 		return Ref[T]{}, err
 	}
-	answers, errs := n.findAll(ctx, srcs, name)
+	answers, errs := n.disc.findAll(ctx, srcs, name)
 	var whys []error
 	for i, regs := range answers {
 		r, ok, _, why := connect[T](ctx, n, srcs[i], regs)
@@ -305,7 +305,7 @@ func FindActor[T any](ctx context.Context, n *Node, name string, opts ...LookupO
 	if err := unreachedErr[T](ctx, name, whys); err != nil {
 		return Ref[T]{}, err
 	}
-	return Ref[T]{}, n.notFound(srcs, name, errs)
+	return Ref[T]{}, n.disc.notFound(srcs, name, errs)
 }
 
 // unreachedErr says why a lookup that found name registered returns no
@@ -329,11 +329,11 @@ func unreachedErr[T any](ctx context.Context, name string, whys []error) error {
 // returns an empty one (nil) when every registrar missed; an error says
 // why a registrar could not be asked.
 func FindActorPerRegistrar[T any](ctx context.Context, n *Node, name string, opts ...LookupOption) ([]Ref[T], error) {
-	srcs, err := n.lookupSources(opts)
+	srcs, err := n.disc.lookupSources(opts)
 	if err != nil {
 		return nil, err
 	}
-	answers, errs := n.findAll(ctx, srcs, name)
+	answers, errs := n.disc.findAll(ctx, srcs, name)
 	out := make([]Ref[T], len(srcs))
 	any := false
 	for i, regs := range answers {
@@ -387,11 +387,11 @@ func connect[T any](ctx context.Context, n *Node, src registrarSource, regs []Re
 		}
 		r, err := Resolve[T](ctx, n, FormatRef(c.addr, c.reg.Path))
 		if err == nil && r.NodeUID() == c.reg.Node {
-			n.remember(c.reg.Name, r.h, protocolName(reflect.TypeFor[T]()))
+			n.disc.remember(c.reg.Name, r.h, protocolName(reflect.TypeFor[T]()))
 			return r, true, false, nil
 		}
 		if err != nil && isRefused(err) {
-			n.deleteStale(ctx, src, c.reg.Node, c.addr)
+			n.disc.deleteStale(ctx, src, c.reg.Node, c.addr)
 		} else {
 			stale = false
 			if err != nil && !gone(err) {
@@ -404,20 +404,20 @@ func connect[T any](ctx context.Context, n *Node, src registrarSource, regs []Re
 
 // deleteStale removes an address that refused connections from a
 // registrar's table.
-func (n *Node) deleteStale(ctx context.Context, src registrarSource, node NodeUID, addr Addr) {
-	n.log.Info("troupe: deleting a stale registry address", "addr", addr.String(), "registrar", src.String())
+func (dc *registryClient) deleteStale(ctx context.Context, src registrarSource, node NodeUID, addr Addr) {
+	dc.n.log.Info("troupe: deleting a stale registry address", "addr", addr.String(), "registrar", src.String())
 	if src.etcd != nil {
 		src.etcd.deleteAddr(ctx, node, addr)
 		return
 	}
 	if src.local {
-		if n.disc.reg() == nil {
+		if dc.reg() == nil {
 			return
 		}
-		n.disc.reg().deleteAddr(node, addr)
+		dc.reg().deleteAddr(node, addr)
 		return
 	}
-	n.askRegistrar(ctx, src, regRequest{Op: regOpDeleteAddr, Node: node, Addr: addr.String()})
+	dc.askRegistrar(ctx, src, regRequest{Op: regOpDeleteAddr, Node: node, Addr: addr.String()})
 }
 
 // foundRef is an actor a lookup found on a peer, kept for the local fast
@@ -430,13 +430,13 @@ type foundRef struct {
 // remember records that name was found at h, on a live association, and
 // watches that actor: the fast path forgets it the moment it stops (or its
 // association ends), so it never hands out a ref to a stopped actor.
-func (n *Node) remember(name string, h *handle, proto string) {
-	if !n.addFound(name, h, proto) {
+func (dc *registryClient) remember(name string, h *handle, proto string) {
+	if !dc.addFound(name, h, proto) {
 		return // known, and watched already
 	}
 	w := &foundWatch{name: name, target: h.key}
-	w.h = &handle{node: n, key: refKey{node: n.uid, path: "/system/$found" + formatBase36(tempSeq.Add(1))}, local: w}
-	n.actors.put(w.h.key.path, w.h)
+	w.h = &handle{node: dc.n, key: refKey{node: dc.n.uid, path: "/system/$found" + formatBase36(tempSeq.Add(1))}, local: w}
+	dc.n.actors.put(w.h.key.path, w.h)
 	if err := h.assoc.watch(h, w.h); err != nil {
 		w.sysPush(sysMsg{kind: sysTerminated})
 	}
@@ -447,36 +447,36 @@ func (n *Node) remember(name string, h *handle, proto string) {
 // the table has it over this session already. Like forget, it never
 // writes to a list the table held: fastPath reads a list it took under
 // n.pmu after letting go of the lock.
-func (n *Node) addFound(name string, h *handle, proto string) bool {
-	n.peers.mu.Lock()
-	defer n.peers.mu.Unlock()
-	for _, f := range n.peers.found[name] {
+func (dc *registryClient) addFound(name string, h *handle, proto string) bool {
+	dc.n.peers.mu.Lock()
+	defer dc.n.peers.mu.Unlock()
+	for _, f := range dc.n.peers.found[name] {
 		if f.h.key == h.key && f.h.assoc == h.assoc {
 			return false
 		}
 	}
-	list := slices.DeleteFunc(slices.Clone(n.peers.found[name]), func(f foundRef) bool { return f.h.key == h.key })
-	if n.peers.found == nil {
-		n.peers.found = make(map[string][]foundRef)
+	list := slices.DeleteFunc(slices.Clone(dc.n.peers.found[name]), func(f foundRef) bool { return f.h.key == h.key })
+	if dc.n.peers.found == nil {
+		dc.n.peers.found = make(map[string][]foundRef)
 	}
-	n.peers.found[name] = append(list, foundRef{h, proto})
+	dc.n.peers.found[name] = append(list, foundRef{h, proto})
 	return true
 }
 
 // forget drops the fast-path entry for the actor key found under name. It
 // deletes from a copy: fastPath may be reading the list the table held.
-func (n *Node) forget(name string, key refKey) {
-	n.peers.mu.Lock()
-	defer n.peers.mu.Unlock()
-	list := n.peers.found[name]
+func (dc *registryClient) forget(name string, key refKey) {
+	dc.n.peers.mu.Lock()
+	defer dc.n.peers.mu.Unlock()
+	list := dc.n.peers.found[name]
 	if !slices.ContainsFunc(list, func(f foundRef) bool { return f.h.key == key }) {
 		return
 	}
 	list = slices.DeleteFunc(slices.Clone(list), func(f foundRef) bool { return f.h.key == key })
 	if len(list) == 0 {
-		delete(n.peers.found, name)
+		delete(dc.n.peers.found, name)
 	} else {
-		n.peers.found[name] = list
+		dc.n.peers.found[name] = list
 	}
 }
 
@@ -494,7 +494,7 @@ func (w *foundWatch) tellWire(any, int, Headers) error { return ErrNoSuchActor }
 func (w *foundWatch) sysPush(m sysMsg) bool {
 	if m.kind == sysTerminated {
 		w.once.Do(func() {
-			w.h.node.forget(w.name, w.target)
+			w.h.node.disc.forget(w.name, w.target)
 			w.h.node.actors.remove(w.h.key.path)
 		})
 	}
@@ -539,7 +539,7 @@ func WaitForActor[T any](ctx context.Context, n *Node, name string, opts ...Look
 	if r, ok := fastPath[T](n, name, opts); ok {
 		return r, nil
 	}
-	srcs, err := n.lookupSources(opts)
+	srcs, err := n.disc.lookupSources(opts)
 	if err != nil {
 		return Ref[T]{}, err
 	}
@@ -548,7 +548,7 @@ func WaitForActor[T any](ctx context.Context, n *Node, name string, opts ...Look
 		conds[i].actorsOnly = true
 	}
 	for {
-		regs, from, err := n.awaitRegistration(ctx, srcs, name, conds)
+		regs, from, err := n.disc.awaitRegistration(ctx, srcs, name, conds)
 		if err != nil {
 			return Ref[T]{}, err
 		}
@@ -575,10 +575,10 @@ func WaitForActor[T any](ctx context.Context, n *Node, name string, opts ...Look
 // registrations pushed to one of them, with that source's index. Nothing
 // polls: until a registrar pushes, no request crosses the wire. Every
 // waiter is released before it returns.
-func (n *Node) awaitRegistration(ctx context.Context, srcs []registrarSource, name string, conds []waitCond) ([]Registration, int, error) {
+func (dc *registryClient) awaitRegistration(ctx context.Context, srcs []registrarSource, name string, conds []waitCond) ([]Registration, int, error) {
 	ps := make([]*promise[regReply], len(srcs))
 	for i := range ps {
-		ps[i] = newPromise[regReply](n)
+		ps[i] = newPromise[regReply](dc.n)
 	}
 	// An etcd source waits on a goroutine of its own, which ends with
 	// wctx; what it found is in etcdFound[i] before its promise completes.
@@ -591,17 +591,17 @@ func (n *Node) awaitRegistration(ctx context.Context, srcs []registrarSource, na
 			p.finish()
 			switch {
 			case s.etcd != nil:
-			case s.local && n.disc.reg() != nil:
-				n.disc.reg().cancelWait(name, p.h.key)
+			case s.local && dc.reg() != nil:
+				dc.reg().cancelWait(name, p.h.key)
 			case !s.local:
-				n.tellRegistrar(s.addr, regRequest{Op: regOpCancelWait, Name: name, ReplyTo: Ref[regReply]{h: p.h}})
+				dc.tellRegistrar(s.addr, regRequest{Op: regOpCancelWait, Name: name, ReplyTo: Ref[regReply]{h: p.h}})
 			}
 		}
 	}()
 	for i, s := range srcs {
 		if s.etcd != nil {
 			p, c := ps[i], conds[i]
-			n.wg.Go(func() {
+			dc.n.wg.Go(func() {
 				regs, err := s.etcd.wait(wctx, name, c)
 				etcdFound[i] = regs
 				p.complete(regReply{}, err)
@@ -609,15 +609,15 @@ func (n *Node) awaitRegistration(ctx context.Context, srcs []registrarSource, na
 			continue
 		}
 		if s.local {
-			if n.disc.reg() == nil {
+			if dc.reg() == nil {
 				return nil, i, ErrNoRegistry
 			}
-			if found := n.disc.reg().wait(name, ps[i].h, conds[i]); found != nil {
+			if found := dc.reg().wait(name, ps[i].h, conds[i]); found != nil {
 				return found, i, nil
 			}
 			continue
 		}
-		r, err := n.registrarRef(ctx, s.addr)
+		r, err := dc.registrarRef(ctx, s.addr)
 		if err != nil {
 			return nil, i, fmt.Errorf("registrar %s: %w", s.addr, err)
 		}
@@ -630,8 +630,8 @@ func (n *Node) awaitRegistration(ctx context.Context, srcs []registrarSource, na
 	}
 	cases = append(cases,
 		reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(ctx.Done())},
-		reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(n.lc.workDone())},
-		reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(n.disc.epochCh())})
+		reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(dc.n.lc.workDone())},
+		reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(dc.epochCh())})
 	var i int
 	var v reflect.Value
 	for {
@@ -642,12 +642,12 @@ func (n *Node) awaitRegistration(ctx context.Context, srcs []registrarSource, na
 		// This node registered again with a registrar (it restarted, or
 		// another took its place): the waits it held are gone, park them
 		// again wherever they are remote.
-		cases[i].Chan = reflect.ValueOf(n.disc.epochCh())
+		cases[i].Chan = reflect.ValueOf(dc.epochCh())
 		for j, s := range srcs {
 			if s.local || s.etcd != nil {
 				continue // (an etcd wait follows the store itself)
 			}
-			if r, err := n.registrarRef(ctx, s.addr); err == nil {
+			if r, err := dc.registrarRef(ctx, s.addr); err == nil {
 				conds[j].after = 0 // a new registrar numbers from the start
 				c := conds[j]
 				r.Tell(regRequest{Op: regOpWait, Name: name, ReplyTo: Ref[regReply]{h: ps[j].h}, ActorsOnly: c.actorsOnly, After: c.after})
@@ -680,7 +680,7 @@ type Registry struct {
 // Registry returns a handle to the node's first registrar (or the first of
 // [WithRegistries]).
 func (n *Node) Registry(opts ...LookupOption) (*Registry, error) {
-	srcs, err := n.lookupSources(opts)
+	srcs, err := n.disc.lookupSources(opts)
 	if err != nil {
 		return nil, err
 	}
@@ -695,17 +695,17 @@ func (r *Registry) Addr() Addr { return r.src.addr }
 
 // List returns every registration, oldest first.
 func (r *Registry) List(ctx context.Context) ([]Registration, error) {
-	return r.n.askRegistrar(ctx, r.src, regRequest{Op: regOpList})
+	return r.n.disc.askRegistrar(ctx, r.src, regRequest{Op: regOpList})
 }
 
 // Find returns the registrations under name, newest first.
 func (r *Registry) Find(ctx context.Context, name string) ([]Registration, error) {
-	return r.n.askRegistrar(ctx, r.src, regRequest{Op: regOpFind, Name: name})
+	return r.n.disc.askRegistrar(ctx, r.src, regRequest{Op: regOpFind, Name: name})
 }
 
 // Wait blocks until something is registered under name with this
 // registrar and returns its registrations.
 func (r *Registry) Wait(ctx context.Context, name string) ([]Registration, error) {
-	regs, _, err := r.n.awaitRegistration(ctx, []registrarSource{r.src}, name, []waitCond{{}})
+	regs, _, err := r.n.disc.awaitRegistration(ctx, []registrarSource{r.src}, name, []waitCond{{}})
 	return regs, err
 }

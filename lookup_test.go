@@ -122,10 +122,10 @@ func TestFastPathBesideForgetReadsWholeEntries(t *testing.T) {
 		defer close(done)
 		for range 2000 {
 			for _, h := range hs {
-				n.addFound("svc", h, proto(h))
+				n.disc.addFound("svc", h, proto(h))
 			}
 			for _, h := range hs {
-				n.forget("svc", h.key)
+				n.disc.forget("svc", h.key)
 			}
 		}
 	}()

@@ -111,6 +111,7 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 	n.lc.done, n.lc.closed = make(chan struct{}), make(chan struct{})
 	n.lc.flushing, n.lc.hurry = make(chan struct{}), make(chan struct{})
 	n.events.node = n
+	n.disc.n = n
 	rand.Read(n.uid[:])
 	rand.Read(n.ids.base[:])
 	n.name = cfg.Name
@@ -145,7 +146,7 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 		n.wg.Go(func() { n.acceptLoop(l) })
 	}
 	n.wg.Go(n.heartbeatLoop)
-	if err := n.registerNode(ctx); err != nil {
+	if err := n.disc.registerNode(ctx); err != nil {
 		n.Close()
 		return nil, err
 	}

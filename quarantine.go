@@ -275,7 +275,7 @@ func (n *Node) quarantineFor(uid NodeUID, addrs ...Addr) *quarantineInfo {
 // Registrars neither: a registrar is infrastructure, not a peer whose
 // actors anyone relies on, and discovery must come back with it.
 func (a *assoc) exemptFromQuarantine() bool {
-	return a.n.cl.isMember(a.peerUID) || a.n.isRegistrarAssoc(a)
+	return a.n.cl.isMember(a.peerUID) || a.n.disc.isRegistrarAssoc(a)
 }
 
 // logRefusedQuarantined says, once per incarnation, that a connection

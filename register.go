@@ -24,62 +24,62 @@ func isPublic(path string) bool {
 	return !strings.HasPrefix(path[strings.LastIndexByte(path, '/')+1:], "$")
 }
 
-func (n *Node) discovering() bool {
-	return n.disc.reg() != nil || len(n.disc.registrars) > 0 || n.disc.etcd != nil
+func (dc *registryClient) discovering() bool {
+	return dc.reg() != nil || len(dc.registrars) > 0 || dc.etcd != nil
 }
 
-func (n *Node) nodeRegistration() Registration {
-	return Registration{Name: n.name, UUID: UUID(n.uid), Node: n.uid, NodeName: n.name, Addrs: n.Addrs()}
+func (dc *registryClient) nodeRegistration() Registration {
+	return Registration{Name: dc.n.name, UUID: UUID(dc.n.uid), Node: dc.n.uid, NodeName: dc.n.name, Addrs: dc.n.Addrs()}
 }
 
-func (n *Node) actorRegistration(h *handle) Registration {
-	return Registration{Name: h.name(), UUID: h.key.uuid, Path: h.key.path, Node: n.uid, NodeName: n.name, Addrs: n.Addrs()}
+func (dc *registryClient) actorRegistration(h *handle) Registration {
+	return Registration{Name: h.name(), UUID: h.key.uuid, Path: h.key.path, Node: dc.n.uid, NodeName: dc.n.name, Addrs: dc.n.Addrs()}
 }
 
 // publicRegistrations lists the node, its public actors, its actors
 // under service keys and its listed topic relays.
-func (n *Node) publicRegistrations() []Registration {
-	out := []Registration{n.nodeRegistration()}
-	for _, h := range n.actors.public() {
-		out = append(out, n.actorRegistration(h))
+func (dc *registryClient) publicRegistrations() []Registration {
+	out := []Registration{dc.nodeRegistration()}
+	for _, h := range dc.n.actors.public() {
+		out = append(out, dc.actorRegistration(h))
 	}
-	out = append(out, n.serviceRegistrations()...)
-	return append(out, n.topicRegistrations()...)
+	out = append(out, dc.n.serviceRegistrations()...)
+	return append(out, dc.n.topicRegistrations()...)
 }
 
 // registerNode registers the node itself with every registrar before Start
 // returns, and arranges to register everything again whenever it
 // re-associates with a registrar.
-func (n *Node) registerNode(ctx context.Context) error {
-	if !n.discovering() {
+func (dc *registryClient) registerNode(ctx context.Context) error {
+	if !dc.discovering() {
 		return nil
 	}
-	if n.disc.reg() != nil {
-		if err := n.registryRegister(n.nodeRegistration()); err != nil {
+	if dc.reg() != nil {
+		if err := dc.n.registryRegister(dc.nodeRegistration()); err != nil {
 			return err
 		}
 	}
-	for _, a := range n.remoteRegistrars() {
-		req := regRequest{Op: regOpRegister, Regs: toWire([]Registration{n.nodeRegistration()})}
-		if _, err := n.askRegistrar(ctx, registrarSource{addr: a}, req); err != nil {
+	for _, a := range dc.remoteRegistrars() {
+		req := regRequest{Op: regOpRegister, Regs: toWire([]Registration{dc.nodeRegistration()})}
+		if _, err := dc.askRegistrar(ctx, registrarSource{addr: a}, req); err != nil {
 			return fmt.Errorf("register with %w", err)
 		}
 	}
-	if len(n.disc.registrars) > 0 {
-		n.wg.Go(n.keepRegistrars)
+	if len(dc.registrars) > 0 {
+		dc.n.wg.Go(dc.keepRegistrars)
 	}
-	if n.disc.etcd != nil {
-		return n.registerEtcd(ctx)
+	if dc.etcd != nil {
+		return dc.n.registerEtcd(ctx)
 	}
 	return nil
 }
 
 // remoteRegistrars lists the registrars this node uses that are not this
 // node itself (it may have taken one's address over).
-func (n *Node) remoteRegistrars() []Addr {
-	out := make([]Addr, 0, len(n.disc.registrars))
-	for _, a := range n.disc.registrars {
-		if !n.isOwnAddr(a) {
+func (dc *registryClient) remoteRegistrars() []Addr {
+	out := make([]Addr, 0, len(dc.registrars))
+	for _, a := range dc.registrars {
+		if !dc.n.isOwnAddr(a) {
 			out = append(out, a)
 		}
 	}
@@ -88,10 +88,10 @@ func (n *Node) remoteRegistrars() []Addr {
 
 // isRegistrarAssoc reports whether a is the association with one of this
 // node's registrars (dialed at its address, or proven to answer there).
-func (n *Node) isRegistrarAssoc(a *assoc) bool {
-	n.peers.mu.Lock()
-	defer n.peers.mu.Unlock()
-	for _, r := range n.disc.registrars {
+func (dc *registryClient) isRegistrarAssoc(a *assoc) bool {
+	dc.n.peers.mu.Lock()
+	defer dc.n.peers.mu.Unlock()
+	for _, r := range dc.registrars {
 		if a.outbound && a.dialAddr == r || slices.Contains(a.proven, r) {
 			return true
 		}
@@ -102,8 +102,8 @@ func (n *Node) isRegistrarAssoc(a *assoc) bool {
 // registrarAt returns the uid of the registrar this node holds a live
 // association with at addr (the zero uid if none), and whether it is a
 // dedicated registrar.
-func (n *Node) registrarAt(addr Addr) (NodeUID, bool) {
-	v, ok := n.disc.refs.Load(addr)
+func (dc *registryClient) registrarAt(addr Addr) (NodeUID, bool) {
+	v, ok := dc.refs.Load(addr)
 	if !ok {
 		return NodeUID{}, false
 	}
@@ -124,14 +124,14 @@ func (n *Node) registrarAt(addr Addr) (NodeUID, bool) {
 // every parked WaitForActor wait there again. Registrar associations are
 // never quarantined, so nothing stands in the way but the registrar's
 // absence.
-func (n *Node) keepRegistrars() {
-	t := time.NewTicker(n.cfg.HeartbeatInterval)
+func (dc *registryClient) keepRegistrars() {
+	t := time.NewTicker(dc.n.cfg.HeartbeatInterval)
 	defer t.Stop()
 	// An association that ends wakes the keeper at once, so that a
 	// registrar that closes or whose process dies is replaced without
 	// waiting for the next tick.
 	ended := make(chan struct{}, 1)
-	sub := subscribeOwn(&n.events, func(PeerUnreachable) {
+	sub := subscribeOwn(&dc.n.events, func(PeerUnreachable) {
 		select {
 		case ended <- struct{}{}:
 		default:
@@ -146,45 +146,45 @@ func (n *Node) keepRegistrars() {
 	// dedicated marks the addresses served by a dedicated registrar: a
 	// node waits for one to come back rather than take its address over.
 	dedicated := map[Addr]bool{}
-	for _, addr := range n.remoteRegistrars() {
-		registered[addr], dedicated[addr] = n.registrarAt(addr)
+	for _, addr := range dc.remoteRegistrars() {
+		registered[addr], dedicated[addr] = dc.registrarAt(addr)
 	}
 	for {
 		select {
-		case <-n.lc.done:
+		case <-dc.n.lc.done:
 			return
 		case <-t.C:
 		case <-ended:
 		}
-		for _, addr := range n.remoteRegistrars() {
-			uid, _ := n.registrarAt(addr)
+		for _, addr := range dc.remoteRegistrars() {
+			uid, _ := dc.registrarAt(addr)
 			if uid != (NodeUID{}) && uid == registered[addr] {
-				if n.disc.isPending(addr) && n.reregister(addr) == nil {
+				if dc.isPending(addr) && dc.reregister(addr) == nil {
 					// The same registrar missed a registration: it has
 					// them all now.
-					n.disc.setPending(addr, false)
-					n.log.Info("troupe: registered again", "registrar", addr.String())
+					dc.setPending(addr, false)
+					dc.n.log.Info("troupe: registered again", "registrar", addr.String())
 				}
 				continue
 			}
-			n.disc.setPending(addr, true)
+			dc.setPending(addr, true)
 			if !lost[addr] {
 				lost[addr] = true
-				n.log.Warn("troupe: registrar lost; registering again when it answers", "registrar", addr.String())
+				dc.n.log.Warn("troupe: registrar lost; registering again when it answers", "registrar", addr.String())
 			}
-			if n.reregister(addr) == nil {
-				registered[addr], dedicated[addr] = n.registrarAt(addr)
-				n.disc.setPending(addr, false)
+			if dc.reregister(addr) == nil {
+				registered[addr], dedicated[addr] = dc.registrarAt(addr)
+				dc.setPending(addr, false)
 				delete(lost, addr)
-				n.log.Info("troupe: registered again", "registrar", addr.String())
-				n.disc.bump()
+				dc.n.log.Info("troupe: registered again", "registrar", addr.String())
+				dc.bump()
 				continue
 			}
-			if !dedicated[addr] && n.takeOver(addr) {
-				n.disc.setPending(addr, false) // this node serves its own registrations there
+			if !dedicated[addr] && dc.takeOver(addr) {
+				dc.setPending(addr, false) // this node serves its own registrations there
 				delete(lost, addr)
-				n.log.Warn("troupe: took over the registry address of a registrar that is gone", "registrar", addr.String())
-				n.disc.bump()
+				dc.n.log.Warn("troupe: took over the registry address of a registrar that is gone", "registrar", addr.String())
+				dc.bump()
 			}
 		}
 	}
@@ -195,32 +195,32 @@ func (n *Node) keepRegistrars() {
 // it and becomes the registrar, with its own registrations. Binding is the
 // election: of the nodes that try at once exactly one succeeds, and the
 // others find it on their next round and register with it.
-func (n *Node) takeOver(addr Addr) bool {
-	ctx, cancel := context.WithTimeout(n.lc.ctx, n.registryTimeout())
+func (dc *registryClient) takeOver(addr Addr) bool {
+	ctx, cancel := context.WithTimeout(dc.n.lc.ctx, dc.registryTimeout())
 	defer cancel()
-	if res, _ := n.probe(ctx, addr); res != probeAbsent {
+	if res, _ := dc.n.probe(ctx, addr); res != probeAbsent {
 		return false // it answers again, or something else holds it
 	}
-	l, err := n.listenOne(ctx, addr)
+	l, err := dc.n.listenOne(ctx, addr)
 	if err != nil {
 		return false // another node bound it first: it is the registrar
 	}
-	if n.disc.reg() == nil {
-		if err := n.startRegistrar(); err != nil {
+	if dc.reg() == nil {
+		if err := dc.n.startRegistrar(); err != nil {
 			return false
 		}
 	}
-	if n.lc.isClosed() || !n.lis.serve(func() { n.wg.Go(func() { n.acceptLoop(l) }) }) {
+	if dc.n.lc.isClosed() || !dc.n.lis.serve(func() { dc.n.wg.Go(func() { dc.n.acceptLoop(l) }) }) {
 		return false // shutdown closes l with the others
 	}
 	var refused []error
-	for _, r := range n.publicRegistrations() {
-		if err := n.registryRegister(r); err != nil {
+	for _, r := range dc.publicRegistrations() {
+		if err := dc.n.registryRegister(r); err != nil {
 			refused = append(refused, err)
 		}
 	}
 	if len(refused) > 0 {
-		n.refusedRegistrations(NodeUID{}, refused)
+		dc.n.refusedRegistrations(NodeUID{}, refused)
 	}
 	return true
 }
@@ -228,16 +228,16 @@ func (n *Node) takeOver(addr Addr) bool {
 // reregister sends every registration of this node to the registrar at
 // addr again. Registrations the registrar refuses (past its bounds) are
 // logged, not retried: it took the rest.
-func (n *Node) reregister(addr Addr) error {
-	ctx, cancel := context.WithTimeout(n.lc.ctx, n.registryTimeout())
+func (dc *registryClient) reregister(addr Addr) error {
+	ctx, cancel := context.WithTimeout(dc.n.lc.ctx, dc.registryTimeout())
 	defer cancel()
-	regs := n.publicRegistrations()
+	regs := dc.publicRegistrations()
 	var refused error
 	// In pieces, so that no request nears MaxFrameSize (a node may hold
 	// 10,000 service entries and any number of named actors).
 	for piece := range slices.Chunk(regs, regPiece) {
 		req := regRequest{Op: regOpRegister, Regs: toWire(piece)}
-		_, err := n.askRegistrar(ctx, registrarSource{addr: addr}, req)
+		_, err := dc.askRegistrar(ctx, registrarSource{addr: addr}, req)
 		switch {
 		case errors.Is(err, ErrRegistrationRefused):
 			refused = err
@@ -246,7 +246,7 @@ func (n *Node) reregister(addr Addr) error {
 		}
 	}
 	if refused != nil {
-		n.log.Warn("troupe: the registrar refused some of this node's registrations", "registrar", addr.String(), "err", refused)
+		dc.n.log.Warn("troupe: the registrar refused some of this node's registrations", "registrar", addr.String(), "err", refused)
 	}
 	return nil
 }
@@ -258,17 +258,17 @@ func (n *Node) reregister(addr Addr) error {
 const regPiece = 256
 
 // tellRegistrar sends req without waiting for an answer.
-func (n *Node) tellRegistrar(addr Addr, req regRequest) {
-	if v, ok := n.disc.refs.Load(addr); ok {
+func (dc *registryClient) tellRegistrar(addr Addr, req regRequest) {
+	if v, ok := dc.refs.Load(addr); ok {
 		v.(Ref[regRequest]).Tell(req)
 	}
 }
 
 // registerActor registers a newly spawned public actor with every
 // registrar (see registerEntry); a registrar's refusal is logged.
-func (n *Node) registerActor(h *handle) {
-	if err := n.registerEntry(h, n.actorRegistration(h)); err != nil {
-		n.log.Warn("troupe: a registrar refused an actor's registration; lookups there do not find it", "path", h.key.path, "err", err)
+func (dc *registryClient) registerActor(h *handle) {
+	if err := dc.registerEntry(h, dc.actorRegistration(h)); err != nil {
+		dc.n.log.Warn("troupe: a registrar refused an actor's registration; lookups there do not find it", "path", h.key.path, "err", err)
 	}
 }
 
@@ -278,38 +278,38 @@ func (n *Node) registerActor(h *handle) {
 // registers everything again when it re-associates with it. A registrar
 // that refuses r (past its bounds: [ErrRegistrationRefused]) is not
 // asked again; the first refusal is returned.
-func (n *Node) registerEntry(h *handle, r Registration) (refused error) {
-	if err := checkRegistration(false, n.uid, &r); err != nil {
+func (dc *registryClient) registerEntry(h *handle, r Registration) (refused error) {
+	if err := checkRegistration(false, dc.n.uid, &r); err != nil {
 		return err // (no registrar keeps it: a path longer than 1 KiB)
 	}
-	if n.disc.reg() != nil {
-		refused = n.registryRegister(r)
+	if dc.reg() != nil {
+		refused = dc.n.registryRegister(r)
 	}
-	for _, a := range n.remoteRegistrars() {
+	for _, a := range dc.remoteRegistrars() {
 		req := regRequest{Op: regOpRegister, Regs: toWire([]Registration{r})}
-		_, err := n.askRegistrar(n.lc.ctx, registrarSource{addr: a}, req)
+		_, err := dc.askRegistrar(dc.n.lc.ctx, registrarSource{addr: a}, req)
 		switch {
 		case errors.Is(err, ErrRegistrationRefused):
 			if refused == nil {
 				refused = err
 			}
 		case err != nil:
-			n.log.Warn("troupe: could not register actor; registering again when the registrar answers", "path", h.key.path, "name", r.Name, "registrar", a.String(), "err", err)
-			n.disc.setPending(a, true)
+			dc.n.log.Warn("troupe: could not register actor; registering again when the registrar answers", "path", h.key.path, "name", r.Name, "registrar", a.String(), "err", err)
+			dc.setPending(a, true)
 		}
 	}
-	if n.disc.etcd != nil {
+	if dc.etcd != nil {
 		// The node's one writer puts it (with whatever else is due);
 		// Spawn waits for it, boundedly: past that, it is pending (Stats,
 		// Ready) until etcd takes it.
-		n.disc.etcdSync.poke(false)
-		ctx, cancel := context.WithTimeout(n.lc.ctx, n.registryTimeout())
-		if !n.awaitEtcd(ctx, h, r) {
-			n.log.Warn("troupe: etcd has not confirmed an actor's registration yet; it stays pending until etcd takes it", "path", h.key.path, "name", r.Name, "registry", n.disc.etcd.String())
+		dc.etcdSync.poke(false)
+		ctx, cancel := context.WithTimeout(dc.n.lc.ctx, dc.registryTimeout())
+		if !dc.n.awaitEtcd(ctx, h, r) {
+			dc.n.log.Warn("troupe: etcd has not confirmed an actor's registration yet; it stays pending until etcd takes it", "path", h.key.path, "name", r.Name, "registry", dc.etcd.String())
 		}
 		cancel()
 	}
-	if rc := n.clusterRegistry(); rc != nil {
+	if rc := dc.n.clusterRegistry(); rc != nil {
 		// The cluster is the registry: this member has it at once, the
 		// others when its push reaches them.
 		if err := rc.add(r); err != nil && refused == nil {
@@ -321,35 +321,35 @@ func (n *Node) registerEntry(h *handle, r Registration) (refused error) {
 
 // unregisterActor removes a stopped public actor from every registrar,
 // without waiting.
-func (n *Node) unregisterActor(h *handle) { n.unregisterEntry(h.name(), h.key.uuid) }
+func (dc *registryClient) unregisterActor(h *handle) { dc.unregisterEntry(h.name(), h.key.uuid) }
 
 // unregisterEntry removes the entry name of the actor uuid from every
 // registrar, without waiting.
-func (n *Node) unregisterEntry(name string, uuid UUID) {
-	if n.disc.reg() != nil {
-		n.disc.reg().unregister(name, uuid, n.uid)
+func (dc *registryClient) unregisterEntry(name string, uuid UUID) {
+	if dc.reg() != nil {
+		dc.reg().unregister(name, uuid, dc.n.uid)
 	}
-	for _, a := range n.remoteRegistrars() {
-		n.tellRegistrar(a, regRequest{Op: regOpUnregister, Regs: []regWire{{Name: name, UUID: uuid}}})
+	for _, a := range dc.remoteRegistrars() {
+		dc.tellRegistrar(a, regRequest{Op: regOpUnregister, Regs: []regWire{{Name: name, UUID: uuid}}})
 	}
-	if n.disc.etcd != nil {
-		n.disc.etcdSync.poke(false) // the writer deletes it
+	if dc.etcd != nil {
+		dc.etcdSync.poke(false) // the writer deletes it
 	}
-	if rc := n.clusterRegistry(); rc != nil {
+	if rc := dc.n.clusterRegistry(); rc != nil {
 		rc.remove(name, uuid)
 	}
 }
 
 // unregisterAll removes the node and its actors from the remote registrars
 // as it closes; the frames go out ahead of the goodbye.
-func (n *Node) unregisterAll() {
-	if len(n.disc.registrars) == 0 {
+func (dc *registryClient) unregisterAll() {
+	if len(dc.registrars) == 0 {
 		return
 	}
-	regs := n.publicRegistrations()
-	for _, a := range n.remoteRegistrars() {
+	regs := dc.publicRegistrations()
+	for _, a := range dc.remoteRegistrars() {
 		for piece := range slices.Chunk(regs, regPiece) {
-			n.tellRegistrar(a, regRequest{Op: regOpUnregister, Regs: toWire(piece)})
+			dc.tellRegistrar(a, regRequest{Op: regOpUnregister, Regs: toWire(piece)})
 		}
 	}
 }
@@ -360,6 +360,7 @@ func (n *Node) unregisterAll() {
 // then read-only, but for served (atomic), the maps (sync.Map) and what
 // mu guards: pending and epoch.
 type registryClient struct {
+	n          *Node
 	served     atomic.Pointer[regTable] // the registry this node serves, if any (see reg)
 	registrars []Addr                   // the remote registrars this node registers with
 	etcd       *etcdRegistry            // the etcd registry this node registers with, if any

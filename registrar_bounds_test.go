@@ -24,7 +24,7 @@ func TestARegistrarTakesOnlyAPeersOwnRegistrations(t *testing.T) {
 	src := registrarSource{addr: hostile.disc.registrars[0]}
 
 	forged := Registration{Name: "svc", UUID: UUID{9}, Path: "/user/svc", Node: honest.uid, NodeName: "honest", Addrs: hostile.Addrs()}
-	_, err := hostile.askRegistrar(ctx, src, regRequest{Op: regOpRegister, Regs: toWire([]Registration{forged})})
+	_, err := hostile.disc.askRegistrar(ctx, src, regRequest{Op: regOpRegister, Regs: toWire([]Registration{forged})})
 	if !errors.Is(err, ErrRegistrationRefused) {
 		t.Fatalf("registering for another node: %v, want ErrRegistrationRefused", err)
 	}
@@ -33,7 +33,7 @@ func TestARegistrarTakesOnlyAPeersOwnRegistrations(t *testing.T) {
 	}
 
 	honestSvc := registrar.disc.reg().find("svc")[0]
-	if _, err := hostile.askRegistrar(ctx, src, regRequest{Op: regOpUnregister, Regs: []regWire{{Name: "svc", UUID: honestSvc.UUID}}}); err != nil {
+	if _, err := hostile.disc.askRegistrar(ctx, src, regRequest{Op: regOpUnregister, Regs: []regWire{{Name: "svc", UUID: honestSvc.UUID}}}); err != nil {
 		t.Fatal(err)
 	}
 	if got := registrar.disc.reg().find("svc"); len(got) != 1 {
@@ -42,13 +42,13 @@ func TestARegistrarTakesOnlyAPeersOwnRegistrations(t *testing.T) {
 
 	// Its own entry, it may register (and it is found), and take out.
 	own := Registration{Name: "mine", UUID: UUID{7}, Path: "/user/mine", Node: hostile.uid, NodeName: "hostile", Addrs: hostile.Addrs()}
-	if _, err := hostile.askRegistrar(ctx, src, regRequest{Op: regOpRegister, Regs: toWire([]Registration{own})}); err != nil {
+	if _, err := hostile.disc.askRegistrar(ctx, src, regRequest{Op: regOpRegister, Regs: toWire([]Registration{own})}); err != nil {
 		t.Fatalf("registering its own entry: %v", err)
 	}
 	if len(registrar.disc.reg().find("mine")) != 1 {
 		t.Fatal("a peer's own entry was not kept")
 	}
-	if _, err := hostile.askRegistrar(ctx, src, regRequest{Op: regOpUnregister, Regs: []regWire{{Name: "mine", UUID: UUID{7}}}}); err != nil {
+	if _, err := hostile.disc.askRegistrar(ctx, src, regRequest{Op: regOpUnregister, Regs: []regWire{{Name: "mine", UUID: UUID{7}}}}); err != nil {
 		t.Fatal(err)
 	}
 	if len(registrar.disc.reg().find("mine")) != 0 {
@@ -79,7 +79,7 @@ func TestARegistrarRefusesOversizedRegistrations(t *testing.T) {
 			}
 		}),
 	} {
-		_, err := peer.askRegistrar(ctx, registrarSource{addr: peer.disc.registrars[0]}, regRequest{Op: regOpRegister, Regs: toWire([]Registration{base, bad})})
+		_, err := peer.disc.askRegistrar(ctx, registrarSource{addr: peer.disc.registrars[0]}, regRequest{Op: regOpRegister, Regs: toWire([]Registration{base, bad})})
 		if !errors.Is(err, ErrRegistrationRefused) {
 			t.Fatalf("an oversized registration (%.40q): %v, want ErrRegistrationRefused", bad.Name, err)
 		}
@@ -230,7 +230,7 @@ func TestReregistrationOfManyServicesGoesInPieces(t *testing.T) {
 		s.entries[serviceEntry{name: fmt.Sprintf("%s%0250d", servicePrefix, i), h: w.h}] = struct{}{}
 	}
 	s.mu.Unlock()
-	if err := n.reregister(n.disc.registrars[0]); err != nil {
+	if err := n.disc.reregister(n.disc.registrars[0]); err != nil {
 		t.Fatalf("registering %d services again: %v", maxServicesPerNode, err)
 	}
 	if got := len(registrar.disc.reg().byNode[n.uid]); got < maxServicesPerNode {
@@ -289,7 +289,7 @@ func TestAPeerCannotTakeAnotherNodesEntries(t *testing.T) {
 	}
 	src := registrarSource{addr: regAddr}
 	ask := func(req regRequest) error {
-		_, err := hostile.askRegistrar(ctx, src, req)
+		_, err := hostile.disc.askRegistrar(ctx, src, req)
 		return err
 	}
 
@@ -305,7 +305,7 @@ func TestAPeerCannotTakeAnotherNodesEntries(t *testing.T) {
 	held("after a peer asked to delete honest's addresses")
 	ask(regRequest{Op: regOpRegister, Regs: toWire([]Registration{{Name: "svc", UUID: svc.UUID, Path: "/user/svc", Node: hostile.uid, Addrs: hostile.Addrs()}})})
 	registrar.disc.reg().dropNode(honest.uid) // (as if honest had been lost a moment)
-	if err := honest.reregister(regAddr); err != nil {
+	if err := honest.disc.reregister(regAddr); err != nil {
 		t.Fatal(err)
 	}
 	held("after a peer registered honest's uuid and honest registered again")
@@ -316,11 +316,11 @@ func TestAPeerCannotTakeAnotherNodesEntries(t *testing.T) {
 	zero := startNode(t, zcfg)
 	zero.uid = NodeUID{}
 	zctx := ctxT(t, 5*time.Second)
-	_, err = zero.askRegistrar(zctx, src, regRequest{Op: regOpRegister, Regs: toWire([]Registration{{Name: "svc", UUID: UUID{8}, Path: "/user/svc", Node: honest.uid, Addrs: honest.Addrs()}})})
+	_, err = zero.disc.askRegistrar(zctx, src, regRequest{Op: regOpRegister, Regs: toWire([]Registration{{Name: "svc", UUID: UUID{8}, Path: "/user/svc", Node: honest.uid, Addrs: honest.Addrs()}})})
 	if !errors.Is(err, ErrRegistrationRefused) {
 		t.Fatalf("a zero-uid peer registering for honest: %v, want ErrRegistrationRefused", err)
 	}
-	zero.askRegistrar(zctx, src, regRequest{Op: regOpUnregister, Regs: []regWire{{Name: "svc", UUID: svc.UUID, Node: honest.uid}}})
+	zero.disc.askRegistrar(zctx, src, regRequest{Op: regOpUnregister, Regs: []regWire{{Name: "svc", UUID: svc.UUID, Node: honest.uid}}})
 	held("after a zero-uid peer asked to take honest's entry out")
 }
 

@@ -194,9 +194,9 @@ func (r *Registry) Watch(ctx context.Context, each func(RegistryChange)) error {
 	gone := make(chan error, 1)
 	var target Ref[regRequest]
 	if !r.src.local {
-		rctx, cancel := context.WithTimeout(ctx, n.registryTimeout())
+		rctx, cancel := context.WithTimeout(ctx, n.disc.registryTimeout())
 		var err error
-		target, err = n.registrarRef(rctx, r.src.addr)
+		target, err = n.disc.registrarRef(rctx, r.src.addr)
 		cancel()
 		if err != nil {
 			return fmt.Errorf("registrar %s: %w", r.src.addr, err)
@@ -260,7 +260,7 @@ func (r *Registry) Watch(ctx context.Context, each func(RegistryChange)) error {
 		return err
 	}
 	// A registrar that does not know the subscription never answers it.
-	first := time.NewTimer(n.registryTimeout())
+	first := time.NewTimer(n.disc.registryTimeout())
 	defer first.Stop()
 	var want uint64 = 1 // the next event's number in this generation
 	var snap []Registration
@@ -273,7 +273,7 @@ func (r *Registry) Watch(ctx context.Context, each func(RegistryChange)) error {
 		case err := <-gone:
 			return err
 		case <-first.C:
-			return fmt.Errorf("registrar %s: %w: it sent no table within %v (a registrar before troupe 0.11 does not push)", r.src.addr, errors.ErrUnsupported, n.registryTimeout())
+			return fmt.Errorf("registrar %s: %w: it sent no table within %v (a registrar before troupe 0.11 does not push)", r.src.addr, errors.ErrUnsupported, n.disc.registryTimeout())
 		case ev := <-events:
 			switch {
 			case ev.Gen != gen:

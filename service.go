@@ -90,7 +90,7 @@ func (k ServiceKey[T]) Register(n *Node, ref Ref[T]) error {
 	if n.lc.workOver() {
 		return ErrNodeClosed
 	}
-	if !n.discovering() && n.clusterRegistry() == nil {
+	if !n.disc.discovering() && n.clusterRegistry() == nil {
 		return ErrNoRegistry // (nobody could find it)
 	}
 	e := serviceEntry{k.regName(), ref.h}
@@ -111,18 +111,18 @@ func (k ServiceKey[T]) Register(n *Node, ref Ref[T]) error {
 		n.dropService(e)
 		return fmt.Errorf("%w: %v", ErrActorStopped, ref)
 	}
-	if err := n.registerEntry(ref.h, n.serviceRegistration(e)); err != nil {
+	if err := n.disc.registerEntry(ref.h, n.serviceRegistration(e)); err != nil {
 		// A registrar is full (or its bounds say no): the entry is not
 		// kept anywhere, so that every registry lists the same.
 		if n.dropService(e) {
-			n.unregisterEntry(e.name, ref.h.key.uuid)
+			n.disc.unregisterEntry(e.name, ref.h.key.uuid)
 		}
 		return err
 	}
 	if !n.holdsService(e) {
 		// The actor stopped, or Unregister ran, while it was being
 		// registered: their unregistration may have gone first.
-		n.unregisterEntry(e.name, ref.h.key.uuid)
+		n.disc.unregisterEntry(e.name, ref.h.key.uuid)
 		if n.actors.get(ref.h.key.path, ref.h.key.uuid) == nil {
 			return fmt.Errorf("%w: %v", ErrActorStopped, ref)
 		}
@@ -151,7 +151,7 @@ func (k ServiceKey[T]) Unregister(n *Node, ref Ref[T]) bool {
 		return false
 	}
 	if !n.lc.isClosed() {
-		n.unregisterEntry(e.name, ref.h.key.uuid)
+		n.disc.unregisterEntry(e.name, ref.h.key.uuid)
 	}
 	return true
 }
@@ -186,7 +186,7 @@ func (n *Node) stopServices(h *handle) {
 		return // (a closing node unregistered everything at once)
 	}
 	for _, name := range names {
-		n.unregisterEntry(name, h.key.uuid)
+		n.disc.unregisterEntry(name, h.key.uuid)
 	}
 }
 
@@ -217,11 +217,11 @@ func (k ServiceKey[T]) Find(ctx context.Context, n *Node, opts ...LookupOption) 
 	if err := checkName(k.Name); err != nil {
 		return nil, err
 	}
-	srcs, err := n.serviceSources(opts)
+	srcs, err := n.disc.serviceSources(opts)
 	if err != nil {
 		return nil, err
 	}
-	answers, errs := n.findAll(ctx, srcs, k.regName())
+	answers, errs := n.disc.findAll(ctx, srcs, k.regName())
 	var regs []Registration
 	answered := false
 	for i, a := range answers {
@@ -275,7 +275,7 @@ func serviceRefs[T any](ctx context.Context, n *Node, regs []Registration, known
 			continue
 		}
 		tried[m] = true
-		rctx, cancel := context.WithTimeout(ctx, n.registryTimeout())
+		rctx, cancel := context.WithTimeout(ctx, n.disc.registryTimeout())
 		r, err := Resolve[T](rctx, n, FormatRef(c.addr, c.reg.Path))
 		cancel()
 		switch {
@@ -365,7 +365,7 @@ func (n *Node) followRegistry(ctx context.Context, sel regSelector, deliver func
 	pause := serviceRewatch
 	var last error
 	for {
-		srcs, err := n.serviceSources(opts)
+		srcs, err := n.disc.serviceSources(opts)
 		if err != nil {
 			if errors.Is(err, ErrNoRegistry) && errors.Is(last, ErrClusterStopped) {
 				return last // (the cluster was the registry)

@@ -55,7 +55,7 @@ func (k ServiceKey[T]) Subscribe(n *Node, subscriber Ref[ServiceListing[T]], opt
 	if n.lc.workOver() {
 		return nil, ErrNodeClosed
 	}
-	if _, err := n.serviceSources(opts); err != nil {
+	if _, err := n.disc.serviceSources(opts); err != nil {
 		return nil, err
 	}
 	ctx, cancel := context.WithCancel(n.lc.actorsCtx)

@@ -145,14 +145,14 @@ func (n *Node) shutdown(ctx context.Context, graceful bool) error {
 	}
 	phase(PhaseUnregister)
 	if graceful {
-		n.unregisterAll() // queued ahead of the goodbyes below
+		n.disc.unregisterAll() // queued ahead of the goodbyes below
 	}
 	if n.disc.etcd != nil {
 		// Revoking the lease removes every entry at once; Close gives it
 		// as long as it gives a goodbye.
 		wait := closeByeWait
 		if graceful {
-			wait = min(n.registryTimeout(), time.Second)
+			wait = min(n.disc.registryTimeout(), time.Second)
 		}
 		n.revokeEtcd(wait)
 	}

@@ -135,11 +135,11 @@ func (r *topicRelay[T]) syncListing(n *Node, name string) {
 	}
 	r.sent = want
 	if want {
-		if err := n.registerEntry(r.ref.h, r.registration(n, name)); err != nil {
+		if err := n.disc.registerEntry(r.ref.h, r.registration(n, name)); err != nil {
 			n.log.Warn("troupe: a registrar refused a topic's relay; publishers it serves miss this node's subscribers", "topic", name, "err", err)
 		}
 	} else {
-		n.unregisterEntry(topicPrefix+name, r.ref.h.key.uuid)
+		n.disc.unregisterEntry(topicPrefix+name, r.ref.h.key.uuid)
 	}
 }
 
@@ -407,7 +407,7 @@ func publisherOf[T any](ctx context.Context, n *Node, name string) (*topicPub[T]
 	// The registry's first listing, within RegistryTimeout: past that,
 	// the publisher goes on with what it has (its own node's relay) and
 	// the listing comes when the registry answers.
-	t := time.NewTimer(n.registryTimeout())
+	t := time.NewTimer(n.disc.registryTimeout())
 	select {
 	case <-synced:
 	case <-t.C:
@@ -436,7 +436,7 @@ func publisherOf[T any](ctx context.Context, n *Node, name string) (*topicPub[T]
 	ts.mu.Unlock()
 	// Made with the node's context, not the caller's: a Publish whose
 	// ctx ends must not leave the listing empty for the next.
-	uctx, cancel := context.WithTimeout(n.lc.ctx, n.registryTimeout())
+	uctx, cancel := context.WithTimeout(n.lc.ctx, n.disc.registryTimeout())
 	p.update(uctx, regs, gen)
 	cancel()
 	if err := ctx.Err(); err != nil {
