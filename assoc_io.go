@@ -42,7 +42,7 @@ func (a *assoc) writeLoop() {
 	if a.resumed {
 		first = append(first, appendWhole(nil, appendResume(nil, a.resumeRcv)))
 	}
-	if tok := a.n.tokenFor(a.peerUID); a.sendToken && tok != nil {
+	if tok := a.n.gate.tokenFor(a.peerUID); a.sendToken && tok != nil {
 		// This node's session token for the peer (after a resume frame,
 		// which goes first): see token.go.
 		first = append(first, appendWhole(nil, appendToken(nil, tok)))
@@ -543,7 +543,7 @@ func (a *assoc) readFailed(err error) {
 		// a malformed frame.
 		a.lost(fmt.Errorf("connection to %s broke inside a frame: %w", a.label(), err))
 	case errors.Is(err, ErrMalformed) || errors.Is(err, ErrFrameTooBig):
-		a.n.protocolError(a.label(), "", err)
+		a.n.gate.protocolError(a.label(), "", err)
 		a.fail(&frameError{Peer: a.label(), Reason: err})
 	case errors.Is(err, io.EOF):
 		a.lost(fmt.Errorf("connection to %s closed by the peer: %w", a.label(), io.EOF))
@@ -555,7 +555,7 @@ func (a *assoc) readFailed(err error) {
 // frameFailed ends the association on a frame it could not handle.
 func (a *assoc) frameFailed(kind frameKind, err error) {
 	a.flushBatch()
-	a.n.protocolError(a.label(), kind.String(), err)
+	a.n.gate.protocolError(a.label(), kind.String(), err)
 	a.fail(&frameError{Peer: a.label(), Kind: kind.String(), Reason: err})
 }
 

@@ -65,8 +65,8 @@ func authMAC(secret []byte, role string, mine, theirs []byte, me, them NodeUID) 
 // (welcome or reject), answering an authentication challenge and a token
 // challenge on the way, and how many round trips it took. With a secret,
 // an acceptor that does not prove it knows the secret is refused.
-func (n *Node) dialHandshake(c net.Conn, fr *frameReader, h *hello) (verdict []byte, trips int, err error) {
-	secret := n.cfg.Secret
+func (g *gate) dialHandshake(c net.Conn, fr *frameReader, h *hello) (verdict []byte, trips int, err error) {
+	secret := g.n.cfg.Secret
 	var nonce []byte
 	if secret != nil {
 		nonce = newNonce()
@@ -90,10 +90,10 @@ func (n *Node) dialHandshake(c net.Conn, fr *frameReader, h *hello) (verdict []b
 			return nil, trips, fmt.Errorf("%w: bad challenge frame", ErrMalformed)
 		}
 		theirNonce := append([]byte(nil), ch.nonce...) // the frame buffer is reused
-		if !hmac.Equal(ch.mac, authMAC(secret, "acceptor", nonce, theirNonce, ch.uid, n.uid)) {
+		if !hmac.Equal(ch.mac, authMAC(secret, "acceptor", nonce, theirNonce, ch.uid, g.n.uid)) {
 			return nil, trips, fmt.Errorf("%w: the peer does not know the shared secret", ErrAuth)
 		}
-		proof := authMAC(secret, "dialer", theirNonce, nonce, n.uid, ch.uid)
+		proof := authMAC(secret, "dialer", theirNonce, nonce, g.n.uid, ch.uid)
 		if _, err := c.Write(appendFrame(nil, func(b []byte) []byte { return appendProof(b, proof) })); err != nil {
 			return nil, trips, err
 		}
@@ -106,7 +106,7 @@ func (n *Node) dialHandshake(c net.Conn, fr *frameReader, h *hello) (verdict []b
 	}
 	if frameKind(body[0]) == frameTokenChallenge {
 		// This connection claims a session the acceptor holds: prove it.
-		proof, err := n.answerTokenChallenge(body[1:], h)
+		proof, err := g.answerTokenChallenge(body[1:], h)
 		if err != nil {
 			return nil, trips, err
 		}
@@ -122,8 +122,8 @@ func (n *Node) dialHandshake(c net.Conn, fr *frameReader, h *hello) (verdict []b
 // acceptAuth runs the acceptor's half of the secret handshake for hello h:
 // it challenges the dialer and checks its proof. nil means the dialer
 // proved it knows the secret (or no secret is configured).
-func (n *Node) acceptAuth(c net.Conn, fr *frameReader, h *hello) error {
-	secret := n.cfg.Secret
+func (g *gate) acceptAuth(c net.Conn, fr *frameReader, h *hello) error {
+	secret := g.n.cfg.Secret
 	if secret == nil {
 		return nil
 	}
@@ -131,8 +131,8 @@ func (n *Node) acceptAuth(c net.Conn, fr *frameReader, h *hello) error {
 		return fmt.Errorf("%w: a shared secret is required (Config.Secret) and the dialer offered none", ErrAuth)
 	}
 	nonce := newNonce()
-	mac := authMAC(secret, "acceptor", h.auth, nonce, n.uid, h.uid)
-	if _, err := c.Write(appendFrame(nil, func(b []byte) []byte { return appendChallenge(b, challengeBody{uid: n.uid, nonce: nonce, mac: mac}) })); err != nil {
+	mac := authMAC(secret, "acceptor", h.auth, nonce, g.n.uid, h.uid)
+	if _, err := c.Write(appendFrame(nil, func(b []byte) []byte { return appendChallenge(b, challengeBody{uid: g.n.uid, nonce: nonce, mac: mac}) })); err != nil {
 		return err
 	}
 	body, err := fr.next()
@@ -146,7 +146,7 @@ func (n *Node) acceptAuth(c net.Conn, fr *frameReader, h *hello) error {
 	if proof == nil || err != nil {
 		return fmt.Errorf("%w: expected a proof of the shared secret", ErrAuth)
 	}
-	if !hmac.Equal(proof, authMAC(secret, "dialer", nonce, h.auth, h.uid, n.uid)) {
+	if !hmac.Equal(proof, authMAC(secret, "dialer", nonce, h.auth, h.uid, g.n.uid)) {
 		return fmt.Errorf("%w: wrong shared secret", ErrAuth)
 	}
 	return nil
@@ -174,8 +174,8 @@ func isTimeout(err error) bool {
 
 // clientTLS wraps an outbound TCP connection in TLS, verifying the server
 // against the name it was dialed by unless the config names one.
-func (n *Node) clientTLS(c net.Conn, addr Addr) *tls.Conn {
-	cfg := n.cfg.TLS.Clone()
+func (g *gate) clientTLS(c net.Conn, addr Addr) *tls.Conn {
+	cfg := g.n.cfg.TLS.Clone()
 	if cfg.ServerName == "" {
 		host, _, _ := net.SplitHostPort(addr.address)
 		cfg.ServerName = host

@@ -129,7 +129,7 @@ func (n *Node) probe(ctx context.Context, addr Addr) (probeResult, string) {
 			continue
 		}
 		if n.cfg.TLS != nil && !addr.isUnix() {
-			tc := n.clientTLS(c, addr)
+			tc := n.gate.clientTLS(c, addr)
 			tctx, cancel := context.WithTimeout(ctx, probeAttemptTimeout)
 			err := tc.HandshakeContext(tctx)
 			cancel()
@@ -162,9 +162,9 @@ func (n *Node) probe(ctx context.Context, addr Addr) (probeResult, string) {
 
 func (n *Node) probeConn(c net.Conn) (res probeResult, why string, retry bool) {
 	c.SetDeadline(time.Now().Add(probeAttemptTimeout))
-	h := n.hello()
+	h := n.gate.hello()
 	h.flags |= helloProbe
-	body, _, err := n.dialHandshake(c, newFrameReader(c, maxHelloSize), h)
+	body, _, err := n.gate.dialHandshake(c, newFrameReader(c, maxHelloSize), h)
 	if errors.Is(err, ErrAuth) {
 		return probeAuth, strings.TrimPrefix(err.Error(), ErrAuth.Error()+": "), false
 	}

@@ -78,7 +78,7 @@ func (a *assoc) handshakeDialed(c net.Conn) *frameReader {
 	a.in = &stampReader{c: c, epoch: n.epoch}
 	fr := newFrameReader(a.in, n.cfg.MaxFrameSize)
 	sentHello := time.Now()
-	h := n.hello()
+	h := n.gate.hello()
 	if a.resumeOf != nil {
 		h.flags |= helloResuming
 	}
@@ -88,7 +88,7 @@ func (a *assoc) handshakeDialed(c net.Conn) *frameReader {
 		a.dialNum = n.ids.dial.Add(1)
 		h.dial = a.dialNum
 	}
-	body, trips, err := n.dialHandshake(c, fr, h)
+	body, trips, err := n.gate.dialHandshake(c, fr, h)
 	if at := a.in.heard.Load(); err == nil && at != 0 {
 		// The verdict came back one round trip after the hello, or more
 		// with a secret or a token challenge (each a challenge, then a
@@ -107,7 +107,7 @@ func (a *assoc) handshakeDialed(c net.Conn) *frameReader {
 		r, perr := parseReject(body[1:])
 		if r.code == rejectDuplicate && perr == nil {
 			c.Close()
-			n.awaitWinner(a, r.uid)
+			n.gate.awaitWinner(a, r.uid)
 			return nil
 		}
 		if r.code == rejectQuarantined {
@@ -147,37 +147,50 @@ func (a *assoc) handshakeDialed(c net.Conn) *frameReader {
 	}
 	h = w
 	c.SetDeadline(time.Time{})
-	if !n.attach(a, h) {
+	if !n.gate.attach(a, h) {
 		return nil
 	}
 	return fr
 }
 
+// gate admits peers into the node's peer table: it runs the handshake
+// of each connection, checks its proofs (the secret, a session's
+// token) and decides whether the connection attaches, merges, resumes
+// or is refused. Its methods run on the connection's goroutine; the
+// decision takes the peer table's lock, and the tokens have a lock of
+// their own.
+type gate struct {
+	n *Node
+	// tokens are the session tokens this node drew for its peers
+	// (token.go).
+	tokens tokenTable
+}
+
 // serveInbound handshakes an accepted connection and then runs its reader.
-func (n *Node) serveInbound(c net.Conn, src string) {
-	if a, fr := n.handshakeInbound(c, src); a != nil {
+func (g *gate) serveInbound(c net.Conn, src string) {
+	if a, fr := g.handshakeInbound(c, src); a != nil {
 		a.run(fr) // with the handshake's frame off the stack the reader idles on
 	}
 }
 
 // handshakeInbound handshakes an accepted connection: the association
 // that reads it from now on, or nil.
-func (n *Node) handshakeInbound(c net.Conn, src string) (*assoc, *frameReader) {
-	n.peers.mu.Lock()
-	if n.peers.closing {
-		n.peers.mu.Unlock()
+func (g *gate) handshakeInbound(c net.Conn, src string) (*assoc, *frameReader) {
+	g.n.peers.mu.Lock()
+	if g.n.peers.closing {
+		g.n.peers.mu.Unlock()
 		c.Close()
-		n.inbound.handshakeDone(src)
+		g.n.inbound.handshakeDone(src)
 		return nil, nil
 	}
-	n.peers.inHandshake[c] = struct{}{}
-	n.peers.mu.Unlock()
+	g.n.peers.inHandshake[c] = struct{}{}
+	g.n.peers.mu.Unlock()
 	handshaking := true
 	endHandshake := func() {
-		n.peers.mu.Lock()
-		delete(n.peers.inHandshake, c)
-		n.peers.mu.Unlock()
-		n.inbound.handshakeDone(src)
+		g.n.peers.mu.Lock()
+		delete(g.n.peers.inHandshake, c)
+		g.n.peers.mu.Unlock()
+		g.n.inbound.handshakeDone(src)
 	}
 	defer func() {
 		if handshaking {
@@ -185,15 +198,15 @@ func (n *Node) handshakeInbound(c net.Conn, src string) (*assoc, *frameReader) {
 		}
 	}()
 	label := peerLabel(c)
-	c.SetDeadline(time.Now().Add(n.cfg.HandshakeTimeout))
-	if err := n.checkPeerCred(c); err != nil {
+	c.SetDeadline(time.Now().Add(g.n.cfg.HandshakeTimeout))
+	if err := g.n.checkPeerCred(c); err != nil {
 		// The dialer wraps the text in its own ErrRejected and ErrAuth.
-		c.Write(rejectFrame(rejectAuth, n.uid, strings.TrimPrefix(err.Error(), ErrRejected.Error()+": ")))
+		c.Write(rejectFrame(rejectAuth, g.n.uid, strings.TrimPrefix(err.Error(), ErrRejected.Error()+": ")))
 		c.Close()
 		return nil, nil
 	}
-	in := &stampReader{c: c, epoch: n.epoch}
-	fr := newFrameReader(in, n.cfg.MaxFrameSize)
+	in := &stampReader{c: c, epoch: g.n.epoch}
+	fr := newFrameReader(in, g.n.cfg.MaxFrameSize)
 	body, err := fr.hello()
 	var h *hello
 	if err == nil {
@@ -201,58 +214,58 @@ func (n *Node) handshakeInbound(c net.Conn, src string) (*assoc, *frameReader) {
 	}
 	if err != nil {
 		if h != nil && h.version != protocolVersion {
-			c.Write(rejectFrame(rejectVersion, n.uid, err.Error()))
+			c.Write(rejectFrame(rejectVersion, g.n.uid, err.Error()))
 		}
 		c.Close()
 		if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) && !errors.Is(err, syscall.ECONNRESET) {
-			n.protocolError(label, "hello", err)
+			g.protocolError(label, "hello", err)
 		}
 		return nil, nil
 	}
-	if err := n.acceptAuth(c, fr, h); err != nil {
-		n.log.Warn("troupe: refused a peer that failed authentication", "peer", label, "claimed_name", h.name, "err", err)
+	if err := g.acceptAuth(c, fr, h); err != nil {
+		g.n.log.Warn("troupe: refused a peer that failed authentication", "peer", label, "claimed_name", h.name, "err", err)
 		// The dialer wraps the text in its own ErrAuth.
-		c.Write(rejectFrame(rejectAuth, n.uid, strings.TrimPrefix(err.Error(), ErrAuth.Error()+": ")))
+		c.Write(rejectFrame(rejectAuth, g.n.uid, strings.TrimPrefix(err.Error(), ErrAuth.Error()+": ")))
 		c.Close()
-		n.totals.authRefused.Add(1)
-		n.events.emit(ProtocolError{Remote: label, Err: err})
+		g.n.totals.authRefused.Add(1)
+		g.n.events.emit(ProtocolError{Remote: label, Err: err})
 		return nil, nil
 	}
 	if h.flags&helloProbe != 0 {
 		// A registry probe: answer who we are, and forget it.
-		c.Write(appendFrame(nil, func(b []byte) []byte { return appendHello(b, frameWelcome, n.hello()) }))
+		c.Write(appendFrame(nil, func(b []byte) []byte { return appendHello(b, frameWelcome, g.hello()) }))
 		c.Close()
 		return nil, nil
 	}
-	if n.cfg.priorRelease {
+	if g.n.cfg.priorRelease {
 		h.session, h.dial, h.ordered = nil, 0, false // (a node of an earlier release skips the tags)
 	}
-	a := newAssoc(n, false, Addr{})
+	a := newAssoc(g.n, false, Addr{})
 	a.conn, a.in = c, in
 	a.nonce = h.session
-	if h.session != nil && n.holdsSession(h.uid) {
+	if h.session != nil && g.holdsSession(h.uid) {
 		// The hello claims a session this node holds: the dialer proves
 		// it holds its token (checked by attach, against the session it
 		// would take over).
 		var err error
-		if a.challenged, a.proof, err = n.challengeToken(c, fr, h); err != nil {
+		if a.challenged, a.proof, err = g.challengeToken(c, fr, h); err != nil {
 			c.Close()
 			if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) && !errors.Is(err, syscall.ECONNRESET) {
-				n.protocolError(label, "proof", err)
+				g.protocolError(label, "proof", err)
 			}
 			return nil, nil
 		}
 	}
-	if h.flags&helloResuming != 0 && n.mayTakeOver(a, h.uid) {
+	if h.flags&helloResuming != 0 && g.mayTakeOver(a, h.uid) {
 		// Only once the dialer has authenticated, and proven that it
 		// holds the session's token: a stranger must not be able to break
 		// a live session by claiming its peer's uid.
-		n.suspendFor(h.uid)
+		g.n.suspendFor(h.uid)
 	}
-	n.peers.mu.Lock()
-	n.peers.all[a] = struct{}{}
-	n.peers.mu.Unlock()
-	if !n.attach(a, h) {
+	g.n.peers.mu.Lock()
+	g.n.peers.all[a] = struct{}{}
+	g.n.peers.mu.Unlock()
+	if !g.attach(a, h) {
 		return nil, nil
 	}
 	handshaking = false
@@ -266,41 +279,41 @@ func rejectFrame(code byte, uid NodeUID, text string) []byte {
 	return appendWhole(nil, appendReject(nil, rejectBody{code: code, uid: uid, text: text}))
 }
 
-func (n *Node) hello() *hello {
-	h := &hello{version: protocolVersion, uid: n.uid, name: n.name, flags: helloResumable | helloCredit | helloDrains | helloShapes, appVersion: n.cfg.AppVersion, headers: true}
-	if n.cfg.Observer {
+func (g *gate) hello() *hello {
+	h := &hello{version: protocolVersion, uid: g.n.uid, name: g.n.name, flags: helloResumable | helloCredit | helloDrains | helloShapes, appVersion: g.n.cfg.AppVersion, headers: true}
+	if g.n.cfg.Observer {
 		// An observer's session ends with its connection: nothing to
 		// resume.
 		h.flags &^= helloResumable
 		h.observer = true
 	}
-	if n.disc.reg() != nil {
+	if g.n.disc.reg() != nil {
 		h.flags |= helloRegistrar
-		if n.cfg.EnsureRegistry {
+		if g.n.cfg.EnsureRegistry {
 			h.flags |= helloDedicated
 		}
 	}
-	for _, a := range n.addrList() {
+	for _, a := range g.n.addrList() {
 		h.addrs = append(h.addrs, a.String())
 	}
 	return h
 }
 
-func (n *Node) protocolError(remote, kind string, err error) {
+func (g *gate) protocolError(remote, kind string, err error) {
 	fe := &frameError{Peer: remote, Kind: kind, Reason: err}
-	n.log.Warn("troupe: closing connection after a protocol error", "peer", remote, "err", err)
-	n.totals.protocolErrors.Add(1)
-	n.events.emit(ProtocolError{Remote: remote, Err: fe})
+	g.n.log.Warn("troupe: closing connection after a protocol error", "peer", remote, "err", err)
+	g.n.totals.protocolErrors.Add(1)
+	g.n.events.emit(ProtocolError{Remote: remote, Err: fe})
 }
 
 // attach is attachConn between the calls of a test's attach hook, if it
 // set one (Config.attachHook).
-func (n *Node) attach(a *assoc, h *hello) bool {
-	if hook := n.cfg.attachHook; hook != nil {
+func (g *gate) attach(a *assoc, h *hello) bool {
+	if hook := g.n.cfg.attachHook; hook != nil {
 		hook(a, h.uid, false)
 		defer hook(a, h.uid, true)
 	}
-	return n.attachConn(a, h)
+	return g.attachConn(a, h)
 }
 
 // attachConn decides whether a connection whose handshake just completed
@@ -309,7 +322,7 @@ func (n *Node) attach(a *assoc, h *hello) bool {
 // both sides; the loser is merged into the winner. For an inbound
 // connection attach also sends the welcome or the rejection. It returns
 // whether the caller should run the connection.
-func (n *Node) attachConn(a *assoc, h *hello) bool {
+func (g *gate) attachConn(a *assoc, h *hello) bool {
 	a.mu.Lock()
 	merged := a.life.state == assocClosed
 	a.mu.Unlock()
@@ -319,8 +332,8 @@ func (n *Node) attachConn(a *assoc, h *hello) bool {
 		a.conn.Close()
 		return false
 	}
-	a.tokens = h.session != nil && !n.cfg.priorRelease
-	if a.outbound && !n.cfg.priorRelease {
+	a.tokens = h.session != nil && !g.n.cfg.priorRelease
+	if a.outbound && !g.n.cfg.priorRelease {
 		a.proof = h.session // the acceptor's proof of its session token
 	}
 	switch {
@@ -329,13 +342,13 @@ func (n *Node) attachConn(a *assoc, h *hello) bool {
 	case !h.ordered:
 		a.dialNum = 0 // the peer orders this node's dials as they come
 	}
-	if !n.answersResume(a, h) {
+	if !g.answersResume(a, h) {
 		return false
 	}
 	// Under mu: senders that queue to a (before it is up) read these.
 	a.mu.Lock()
 	a.peerUID, a.peerName, a.peerFlags, a.peerAppVersion = h.uid, h.name, h.flags, h.appVersion
-	a.resumable = h.flags&helloResumable != 0 && !h.observer && !n.cfg.Observer
+	a.resumable = h.flags&helloResumable != 0 && !h.observer && !g.n.cfg.Observer
 	a.observer = h.observer
 	a.peerHeaders = h.headers
 	a.credit = h.flags&helloCredit != 0
@@ -345,28 +358,28 @@ func (n *Node) attachConn(a *assoc, h *hello) bool {
 		}
 	}
 	a.mu.Unlock()
-	n.peers.mu.Lock()
-	d := n.decideAttach(a, h)
+	g.n.peers.mu.Lock()
+	d := g.decideAttach(a, h)
 	loser, winner, replaced, resume := d.loser, d.winner, d.replaced, d.resume
 	if d.reject != accept {
-		n.refuse(a, h, d) // (it unlocks pmu)
+		g.refuse(a, h, d) // (it unlocks pmu)
 		return false
 	}
-	prev := n.tokenFor(h.uid) // (before a session this connection founds draws a new one)
-	n.sessionTokens(a, d)
+	prev := g.tokenFor(h.uid) // (before a session this connection founds draws a new one)
+	g.sessionTokens(a, d)
 	// The welcome is written once the peer table is unlocked: a slow
 	// write must not hold up the heartbeat loop or other handshakes. No
 	// other frame can go first: the writer starts after attach returns.
 	var welcome []byte
 	if !a.outbound {
-		w := n.hello()
+		w := g.hello()
 		if resume {
 			w.flags |= helloResuming
 		}
 		if a.tokens {
-			w.session = n.sessionProof(h.uid, a.nonce, d.founds, prev)
+			w.session = g.sessionProof(h.uid, a.nonce, d.founds, prev)
 		}
-		w.ordered = !n.cfg.priorRelease
+		w.ordered = !g.n.cfg.priorRelease
 		welcome = appendFrame(nil, func(b []byte) []byte { return appendHello(b, frameWelcome, w) })
 	}
 	a.mu.Lock()
@@ -377,24 +390,24 @@ func (n *Node) attachConn(a *assoc, h *hello) bool {
 	if loser == a {
 		// This connection lost to one that is already up: retire it
 		// (the peer is told, and both ends drain it).
-		n.peers.mu.Unlock()
+		g.n.peers.mu.Unlock()
 		writeWelcome(a.conn, welcome)
 		a.mergeInto(winner)
 		return true
 	}
-	n.peers.byUID[h.uid] = a
+	g.n.peers.byUID[h.uid] = a
 	// Routing by address uses only what is proven: the address this node
 	// dialed and found this uid at. A peer's announced addresses are
 	// claims; a send to one of them dials it, and the handshake proves
 	// (or not) that the same node answers there.
 	if a.outbound {
-		n.peers.byAddr[a.dialAddr] = a
+		g.n.peers.byAddr[a.dialAddr] = a
 		a.proven = append(a.proven, a.dialAddr)
 	}
-	waiting := n.peers.awaiting[h.uid]
-	delete(n.peers.awaiting, h.uid)
+	waiting := g.n.peers.awaiting[h.uid]
+	delete(g.n.peers.awaiting, h.uid)
 	a.closeReady()
-	n.peers.mu.Unlock()
+	g.n.peers.mu.Unlock()
 	writeWelcome(a.conn, welcome)
 
 	if replaced != nil {
@@ -407,11 +420,11 @@ func (n *Node) attachConn(a *assoc, h *hello) bool {
 		loser.mergeInto(a)
 	}
 	if !resume && a.resumeOf == nil && !a.observer {
-		n.totals.peersConnected.Add(1)
-		n.events.emit(PeerConnected{Addr: a.addr(), UID: a.peerUID, Name: a.peerName})
+		g.n.totals.peersConnected.Add(1)
+		g.n.events.emit(PeerConnected{Addr: a.addr(), UID: a.peerUID, Name: a.peerName})
 	}
 	if !a.outbound {
-		n.proveClaims(a)
+		g.n.proveClaims(a)
 	}
 	return true
 }
@@ -420,21 +433,21 @@ func (n *Node) attachConn(a *assoc, h *hello) bool {
 // suspended session (a.resumeOf): the same incarnation must prove the
 // session's token; another incarnation, or one that no longer holds the
 // session, ends it. False if the connection is refused.
-func (n *Node) answersResume(a *assoc, h *hello) bool {
+func (g *gate) answersResume(a *assoc, h *hello) bool {
 	if r := a.resumeOf; r != nil && h.uid == r.peerUID && h.flags&helloResuming != 0 {
 		// (A welcome that does not resume says the peer no longer holds
 		// the session: below.)
 		r.mu.Lock()
 		token := r.peerToken
 		r.mu.Unlock()
-		if token != nil && !n.provesSession(a, h.uid, token) {
+		if token != nil && !g.provesSession(a, h.uid, token) {
 			// Another answers with the uid of the peer whose session
 			// this connection was to resume: the session is not its to
 			// take, nor to end.
 			why := fmt.Sprintf("%s answers with the uid of the peer whose session this node resumes, without proving that it holds the session's token", a.dialAddr)
-			n.log.Warn("troupe: refused a connection that claims another's session", "peer", a.label(), "claimed_uid", h.uid.String(), "claimed_name", h.name)
-			n.totals.authRefused.Add(1)
-			n.events.emit(ProtocolError{Remote: a.label(), Err: fmt.Errorf("%w: %s", ErrAuth, why)})
+			g.n.log.Warn("troupe: refused a connection that claims another's session", "peer", a.label(), "claimed_uid", h.uid.String(), "claimed_name", h.name)
+			g.n.totals.authRefused.Add(1)
+			g.n.events.emit(ProtocolError{Remote: a.label(), Err: fmt.Errorf("%w: %s", ErrAuth, why)})
 			sayBye(a.conn, byeRefused, why)
 			a.fail(fmt.Errorf("%w: %s", ErrAuth, why))
 			return false
@@ -520,7 +533,7 @@ type admission struct {
 // proof is told that the other connection wins: it may be the peer
 // itself, whose hello crossed the session coming up (there was nothing
 // to challenge yet), and it then goes on with the session that holds.
-func (n *Node) refuseClaim(a *assoc, d *admission) {
+func (g *gate) refuseClaim(a *assoc, d *admission) {
 	switch {
 	case a.outbound:
 		d.reject, d.text, d.impostor = rejectAuth, fmt.Sprintf("%s answers with the uid of a peer this node holds a session with, without proving that it holds the session's token", a.dialAddr), true
@@ -532,24 +545,24 @@ func (n *Node) refuseClaim(a *assoc, d *admission) {
 }
 
 // decideAttach decides what becomes of a, whose peer said h (n.pmu held).
-func (n *Node) decideAttach(a *assoc, h *hello) admission {
+func (g *gate) decideAttach(a *assoc, h *hello) admission {
 	d := admission{reject: accept}
 	switch {
-	case n.peers.closing:
+	case g.n.peers.closing:
 		d.reject, d.text = rejectClosing, "node is closing"
-	case h.uid == n.uid:
+	case h.uid == g.n.uid:
 		d.reject, d.text = rejectOther, "a node cannot associate with itself"
-	case n.quarantineFor(h.uid) != nil:
+	case g.n.quarantineFor(h.uid) != nil:
 		// A quarantine binds the incarnation (its uid), not its addresses:
 		// a process started again at the same address is a new peer,
 		// whose actors are new, and is admitted.
-		q := n.quarantineFor(h.uid)
-		d.reject, d.text = rejectQuarantined, fmt.Sprintf("%s quarantined you at %s (%v); it must call ClearQuarantine first", n.name, q.Since.Format(time.RFC3339), q.Cause)
+		q := g.n.quarantineFor(h.uid)
+		d.reject, d.text = rejectQuarantined, fmt.Sprintf("%s quarantined you at %s (%v); it must call ClearQuarantine first", g.n.name, q.Since.Format(time.RFC3339), q.Cause)
 		d.quarantined = q
 	default:
 		// Only the uid decides which connection is a duplicate: the
 		// addresses a peer announces are claims, not proof.
-		ex := n.peers.byUID[h.uid]
+		ex := g.n.peers.byUID[h.uid]
 		if ex == nil || ex == a {
 			d.founds = true
 			break
@@ -559,7 +572,7 @@ func (n *Node) decideAttach(a *assoc, h *hello) admission {
 			suspended := ex.life.state == assocSuspended
 			token := ex.peerToken
 			ex.mu.Unlock()
-			if token != nil && n.provesNoSession(a, h.uid, token) {
+			if token != nil && g.provesNoSession(a, h.uid, token) {
 				// The acceptor proved that it holds no session with this
 				// node: the one held here ended there. A suspended one is
 				// replaced; a live one stays until it is judged. (A
@@ -575,15 +588,15 @@ func (n *Node) decideAttach(a *assoc, h *hello) admission {
 			// A connection that would take the session over must prove
 			// it holds the session's token (token.go); one that offers a
 			// wrong proof is refused whatever it would have become.
-			d.proven = token != nil && n.provesSession(a, h.uid, token)
+			d.proven = token != nil && g.provesSession(a, h.uid, token)
 			unproven := token != nil && !d.proven
 			if unproven && a.proof != nil {
-				n.refuseClaim(a, &d)
+				g.refuseClaim(a, &d)
 				break
 			}
 			if suspended && a.resumable && (a.resumeOf == ex || !a.outbound && h.flags&helloResuming != 0) {
 				if unproven {
-					n.refuseClaim(a, &d)
+					g.refuseClaim(a, &d)
 					break
 				}
 				d.loser, d.winner, d.resume = ex, a, true
@@ -595,16 +608,16 @@ func (n *Node) decideAttach(a *assoc, h *hello) admission {
 				// longer holds the session (it gave up on it). The new
 				// connection is the association from now on.
 				if unproven {
-					n.refuseClaim(a, &d)
+					g.refuseClaim(a, &d)
 					break
 				}
 				d.replaced, d.founds = ex, true
 				break
 			}
-			switch chooseDuplicate(dialOf{a.outbound, a.dialNum}, dialOf{ex.outbound, ex.dialNum}, n.uid, h.uid) {
+			switch chooseDuplicate(dialOf{a.outbound, a.dialNum}, dialOf{ex.outbound, ex.dialNum}, g.n.uid, h.uid) {
 			case keepFresh:
 				if unproven {
-					n.refuseClaim(a, &d)
+					g.refuseClaim(a, &d)
 					break
 				}
 				d.loser, d.winner = ex, a
@@ -612,7 +625,7 @@ func (n *Node) decideAttach(a *assoc, h *hello) admission {
 				if unproven {
 					// A losing duplicate retires into the session, its
 					// frames read as the peer's: it must prove it too.
-					n.refuseClaim(a, &d)
+					g.refuseClaim(a, &d)
 					break
 				}
 				d.loser, d.winner = a, ex
@@ -626,12 +639,12 @@ func (n *Node) decideAttach(a *assoc, h *hello) admission {
 
 // refuse carries out decideAttach's refusal of a, whose peer said h
 // (n.pmu held; refuse unlocks it).
-func (n *Node) refuse(a *assoc, h *hello, d admission) {
-	n.forgetAssoc(a)
-	first := d.quarantined != nil && n.peers.quarantine.noteRefused(h.uid)
-	n.peers.mu.Unlock()
+func (g *gate) refuse(a *assoc, h *hello, d admission) {
+	g.n.forgetAssoc(a)
+	first := d.quarantined != nil && g.n.peers.quarantine.noteRefused(h.uid)
+	g.n.peers.mu.Unlock()
 	if first {
-		n.logRefusedQuarantined(a, h, d.quarantined)
+		g.n.logRefusedQuarantined(a, h, d.quarantined)
 	}
 	if d.impostor {
 		label := a.label()
@@ -639,9 +652,9 @@ func (n *Node) refuse(a *assoc, h *hello, d admission) {
 			label = peerLabel(a.conn)
 		}
 		err := fmt.Errorf("%w: %s", ErrAuth, d.text)
-		n.log.Warn("troupe: refused a connection that claims another's session", "peer", label, "claimed_uid", h.uid.String(), "claimed_name", h.name, "err", err)
-		n.totals.authRefused.Add(1)
-		n.events.emit(ProtocolError{Remote: label, Err: err})
+		g.n.log.Warn("troupe: refused a connection that claims another's session", "peer", label, "claimed_uid", h.uid.String(), "claimed_name", h.name, "err", err)
+		g.n.totals.authRefused.Add(1)
+		g.n.events.emit(ProtocolError{Remote: label, Err: err})
 	}
 	if a.outbound {
 		// The peer accepted this connection: tell it that this node
@@ -658,7 +671,7 @@ func (n *Node) refuse(a *assoc, h *hello, d admission) {
 		a.fail(errors.New(d.text))
 		return
 	}
-	a.conn.Write(rejectFrame(d.reject, n.uid, d.text))
+	a.conn.Write(rejectFrame(d.reject, g.n.uid, d.text))
 	a.conn.Close()
 	a.finish()
 }
@@ -674,23 +687,23 @@ func writeWelcome(c net.Conn, welcome []byte) {
 // awaitWinner parks an outbound association whose connection lost a
 // simultaneous dial: it is merged into the peer's connection once that is
 // attached, or fails after mergeWait.
-func (n *Node) awaitWinner(a *assoc, uid NodeUID) {
-	n.peers.mu.Lock()
-	if w := n.peers.byUID[uid]; w != nil {
-		n.peers.mu.Unlock()
+func (g *gate) awaitWinner(a *assoc, uid NodeUID) {
+	g.n.peers.mu.Lock()
+	if w := g.n.peers.byUID[uid]; w != nil {
+		g.n.peers.mu.Unlock()
 		a.mergeInto(w)
 		return
 	}
-	n.peers.awaiting[uid] = append(n.peers.awaiting[uid], a)
-	n.peers.mu.Unlock()
+	g.n.peers.awaiting[uid] = append(g.n.peers.awaiting[uid], a)
+	g.n.peers.mu.Unlock()
 	t := time.NewTimer(mergeWait)
 	defer t.Stop()
 	select {
 	case <-a.stop:
 	case <-t.C:
-		n.peers.mu.Lock()
-		n.peers.awaiting[uid] = slices.DeleteFunc(n.peers.awaiting[uid], func(x *assoc) bool { return x == a })
-		n.peers.mu.Unlock()
+		g.n.peers.mu.Lock()
+		g.n.peers.awaiting[uid] = slices.DeleteFunc(g.n.peers.awaiting[uid], func(x *assoc) bool { return x == a })
+		g.n.peers.mu.Unlock()
 		a.fail(errors.New("the peer chose its own connection, which never arrived"))
 	}
 }

@@ -66,7 +66,7 @@ func FuzzHandshake(f *testing.F) {
 				theirs.Close()
 			}()
 			src, _ := n.inbound.admit(ours, n.cfg.MaxInboundConns, n.cfg.MaxPendingHandshakes)
-			n.serveInbound(ours, src)
+			n.gate.serveInbound(ours, src)
 			n.inbound.open.Add(-1)
 			if n == guarded && guarded.liveAssocs() != 0 {
 				t.Fatalf("an unauthenticated dialer got an association from %x", in)
@@ -82,9 +82,9 @@ func FuzzHandshake(f *testing.F) {
 				theirs.Close()
 			}()
 			ours.SetDeadline(time.Now().Add(time.Second))
-			h := n.hello()
+			h := n.gate.hello()
 			h.session = newNonce()
-			n.dialHandshake(ours, newFrameReader(ours, defaultMaxFrameSize), h)
+			n.gate.dialHandshake(ours, newFrameReader(ours, defaultMaxFrameSize), h)
 			ours.Close()
 		}
 	})

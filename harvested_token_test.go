@@ -112,7 +112,7 @@ func TestAPeerThatGaveItsSessionUpRedialsAndIsAdmitted(t *testing.T) {
 		}
 	}
 	ask("first session")
-	first := b.tokenFor(c.UID())
+	first := b.gate.tokenFor(c.UID())
 	c.peers.mu.Lock()
 	held := c.peers.byUID[b.UID()]
 	c.peers.mu.Unlock()
@@ -145,7 +145,7 @@ func TestAPeerThatGaveItsSessionUpRedialsAndIsAdmitted(t *testing.T) {
 	if now == held {
 		t.Fatalf("c still holds the session b gave up")
 	}
-	if second := b.tokenFor(c.UID()); bytes.Equal(second, first) || !bytes.Equal(c.byUIDToken(t, b.UID()), second) {
+	if second := b.gate.tokenFor(c.UID()); bytes.Equal(second, first) || !bytes.Equal(c.byUIDToken(t, b.UID()), second) {
 		t.Fatalf("the new session's token: b drew a new one %v, c holds it %v", !bytes.Equal(second, first), bytes.Equal(c.byUIDToken(t, b.UID()), second))
 	}
 }

@@ -323,7 +323,7 @@ func (n *Node) acceptLoop(l net.Listener) {
 		}
 		n.wg.Go(func() {
 			defer n.inbound.open.Add(-1)
-			n.serveInbound(c, src)
+			n.gate.serveInbound(c, src)
 		})
 	}
 }

@@ -53,8 +53,9 @@ type Node struct {
 	credit creditWaiters // the credit accounts waiting for room in a mailbox (credit.go)
 	epoch  time.Time     // the zero of the monotonic stamps in connections
 
-	// tokens are the session tokens this node drew for its peers (token.go).
-	tokens tokenTable
+	// gate admits peers: the handshake, its proofs and the decision
+	// (handshake.go, token.go, auth.go).
+	gate gate
 
 	inbound inboundLimits // accepted connections against the limits (listen.go)
 
@@ -112,6 +113,7 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 	n.lc.flushing, n.lc.hurry = make(chan struct{}), make(chan struct{})
 	n.events.node = n
 	n.disc.n = n
+	n.gate.n = n
 	rand.Read(n.uid[:])
 	rand.Read(n.ids.base[:])
 	n.name = cfg.Name
@@ -237,7 +239,7 @@ func (n *Node) dial(addr Addr) (net.Conn, error) {
 	if err != nil || n.cfg.TLS == nil || addr.isUnix() {
 		return c, err
 	}
-	tc := n.clientTLS(c, addr)
+	tc := n.gate.clientTLS(c, addr)
 	if err := tc.HandshakeContext(ctx); err != nil {
 		c.Close()
 		return nil, fmt.Errorf("tls: %w", err)

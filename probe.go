@@ -75,9 +75,9 @@ func (n *Node) probeAt(addr Addr) (NodeUID, error) {
 	stop := context.AfterFunc(ctx, func() { c.Close() })
 	defer stop()
 	c.SetDeadline(time.Now().Add(n.cfg.HandshakeTimeout))
-	h := n.hello()
+	h := n.gate.hello()
 	h.flags |= helloProbe
-	body, _, err := n.dialHandshake(c, newFrameReader(c, maxHelloSize), h)
+	body, _, err := n.gate.dialHandshake(c, newFrameReader(c, maxHelloSize), h)
 	if err != nil || frameKind(body[0]) != frameWelcome {
 		return NodeUID{}, nil
 	}

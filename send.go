@@ -300,7 +300,7 @@ func (a *assoc) answer(body []byte) bool {
 	if waiting := t.out.answers + t.queue.answerBytes + len(body); waiting > limit {
 		t.mu.Unlock()
 		err := fmt.Errorf("%w: the peer asks more than it reads: %d bytes of answers wait for it (at most %d)", ErrMalformed, waiting, limit)
-		t.n.protocolError(t.label(), frameKind(body[0]).String(), err)
+		t.n.gate.protocolError(t.label(), frameKind(body[0]).String(), err)
 		t.abort(&frameError{Peer: t.label(), Kind: frameKind(body[0]).String(), Reason: err})
 		return false
 	}

@@ -111,18 +111,18 @@ var noSessionProof = make([]byte, tokenSize)
 
 // tokenFor is this node's token for its session with peer (the last one
 // it drew), or nil.
-func (n *Node) tokenFor(peer NodeUID) []byte { return n.tokens.get(peer) }
+func (g *gate) tokenFor(peer NodeUID) []byte { return g.tokens.get(peer) }
 
 // provesSession reports whether a, a connection whose handshake claimed
 // uid, proved that it holds token, the session token uid gave this node.
-func (n *Node) provesSession(a *assoc, uid NodeUID, token []byte) bool {
+func (g *gate) provesSession(a *assoc, uid NodeUID, token []byte) bool {
 	if a.proof == nil {
 		return false
 	}
 	if a.outbound {
-		return hmac.Equal(a.proof, authMAC(token, "claim-acceptor", a.nonce, nil, uid, n.uid))
+		return hmac.Equal(a.proof, authMAC(token, "claim-acceptor", a.nonce, nil, uid, g.n.uid))
 	}
-	return a.challenged != nil && hmac.Equal(a.proof, authMAC(token, "claim-dialer", a.challenged, a.nonce, uid, n.uid))
+	return a.challenged != nil && hmac.Equal(a.proof, authMAC(token, "claim-dialer", a.challenged, a.nonce, uid, g.n.uid))
 }
 
 // provesNoSession reports whether a, an outbound connection whose
@@ -130,8 +130,8 @@ func (n *Node) provesSession(a *assoc, uid NodeUID, token []byte) bool {
 // session with this node: a proof of the session's token (the token uid
 // gave this node) with the no-session label. The 32 zero bytes prove
 // nothing: anyone can send them.
-func (n *Node) provesNoSession(a *assoc, uid NodeUID, token []byte) bool {
-	return a.outbound && a.proof != nil && hmac.Equal(a.proof, authMAC(token, "claim-acceptor-none", a.nonce, nil, uid, n.uid))
+func (g *gate) provesNoSession(a *assoc, uid NodeUID, token []byte) bool {
+	return a.outbound && a.proof != nil && hmac.Equal(a.proof, authMAC(token, "claim-acceptor-none", a.nonce, nil, uid, g.n.uid))
 }
 
 // sessionProof is the proof an acceptor puts in its welcome to a dialer
@@ -139,51 +139,51 @@ func (n *Node) provesNoSession(a *assoc, uid NodeUID, token []byte) bool {
 // it; or, when the connection founds a session, that it holds none, with
 // the token it last drew for the dialer (prev, drawn for a session the
 // dialer may still hold), or noSessionProof if it has none.
-func (n *Node) sessionProof(dialer NodeUID, nonce []byte, founds bool, prev []byte) []byte {
+func (g *gate) sessionProof(dialer NodeUID, nonce []byte, founds bool, prev []byte) []byte {
 	if founds {
 		if prev == nil {
 			return noSessionProof
 		}
-		return authMAC(prev, "claim-acceptor-none", nonce, nil, n.uid, dialer)
+		return authMAC(prev, "claim-acceptor-none", nonce, nil, g.n.uid, dialer)
 	}
-	tok := n.tokenFor(dialer)
+	tok := g.tokenFor(dialer)
 	if tok == nil {
 		return noSessionProof
 	}
-	return authMAC(tok, "claim-acceptor", nonce, nil, n.uid, dialer)
+	return authMAC(tok, "claim-acceptor", nonce, nil, g.n.uid, dialer)
 }
 
 // holdsSession reports whether this node holds a session with uid: a
 // connection claiming it is to be challenged.
-func (n *Node) holdsSession(uid NodeUID) bool {
-	n.peers.mu.Lock()
-	defer n.peers.mu.Unlock()
-	return n.peers.byUID[uid] != nil
+func (g *gate) holdsSession(uid NodeUID) bool {
+	g.n.peers.mu.Lock()
+	defer g.n.peers.mu.Unlock()
+	return g.n.peers.byUID[uid] != nil
 }
 
 // mayTakeOver reports whether a, whose hello claimed uid, may take over
 // the session this node holds with uid, if it holds one: it proved that
 // it holds the session's token, or the session has none.
-func (n *Node) mayTakeOver(a *assoc, uid NodeUID) bool {
-	n.peers.mu.Lock()
-	ex := n.peers.byUID[uid]
-	n.peers.mu.Unlock()
+func (g *gate) mayTakeOver(a *assoc, uid NodeUID) bool {
+	g.n.peers.mu.Lock()
+	ex := g.n.peers.byUID[uid]
+	g.n.peers.mu.Unlock()
 	if ex == nil {
 		return true
 	}
 	ex.mu.Lock()
 	token := ex.peerToken
 	ex.mu.Unlock()
-	return token == nil || n.provesSession(a, uid, token)
+	return token == nil || g.provesSession(a, uid, token)
 }
 
 // challengeToken runs the acceptor's token challenge for hello h: it
 // returns the nonce it sent and the dialer's proof (checked later, against
 // the session the connection would take over).
-func (n *Node) challengeToken(c net.Conn, fr *frameReader, h *hello) (nonce, proof []byte, err error) {
+func (g *gate) challengeToken(c net.Conn, fr *frameReader, h *hello) (nonce, proof []byte, err error) {
 	nonce = newNonce()
 	if _, err := c.Write(appendFrame(nil, func(b []byte) []byte {
-		return appendTokenChallenge(b, tokenChallenge{uid: n.uid, nonce: nonce})
+		return appendTokenChallenge(b, tokenChallenge{uid: g.n.uid, nonce: nonce})
 	})); err != nil {
 		return nil, nil, err
 	}
@@ -202,7 +202,7 @@ func (n *Node) challengeToken(c net.Conn, fr *frameReader, h *hello) (nonce, pro
 
 // answerTokenChallenge is the dialer's answer to a token challenge: the
 // proof frame, made with this node's token for the challenger.
-func (n *Node) answerTokenChallenge(body []byte, h *hello) ([]byte, error) {
+func (g *gate) answerTokenChallenge(body []byte, h *hello) ([]byte, error) {
 	if h.session == nil {
 		return nil, fmt.Errorf("%w: a token challenge to a hello without a session nonce", ErrMalformed)
 	}
@@ -211,8 +211,8 @@ func (n *Node) answerTokenChallenge(body []byte, h *hello) ([]byte, error) {
 		return nil, err
 	}
 	proof := noSessionProof // (no token for the challenger: the claim fails)
-	if tok := n.tokenFor(tc.uid); tok != nil {
-		proof = authMAC(tok, "claim-dialer", tc.nonce, h.session, n.uid, tc.uid)
+	if tok := g.tokenFor(tc.uid); tok != nil {
+		proof = authMAC(tok, "claim-dialer", tc.nonce, h.session, g.n.uid, tc.uid)
 	}
 	return appendFrame(nil, func(b []byte) []byte { return appendProof(b, proof) }), nil
 }
@@ -279,12 +279,12 @@ func parseToken(b []byte) ([]byte, error) {
 // this node's token for it; one that wins over the held connection
 // carries the session's token from the peer; and the token frame goes on
 // a connection that founds the session or whose peer proved it.
-func (n *Node) sessionTokens(a *assoc, d admission) {
+func (g *gate) sessionTokens(a *assoc, d admission) {
 	if !a.tokens {
 		return
 	}
 	if d.founds {
-		n.tokens.issue(a.peerUID, func(uid NodeUID) bool { return n.peers.byUID[uid] != nil })
+		g.tokens.issue(a.peerUID, func(uid NodeUID) bool { return g.n.peers.byUID[uid] != nil })
 	}
 	a.sendToken = d.founds || d.proven
 	if d.winner == a && d.loser != nil {

@@ -169,7 +169,7 @@ func TestALiveSessionsTokenOutlivesManyOtherPeers(t *testing.T) {
 		for range maxKeptTokens {
 			var other NodeUID
 			copy(other[:], newNonce())
-			n.tokens.issue(other, func(uid NodeUID) bool { return n.peers.byUID[uid] != nil }) // as a session with another peer does
+			n.gate.tokens.issue(other, func(uid NodeUID) bool { return n.peers.byUID[uid] != nil }) // as a session with another peer does
 		}
 		n.peers.mu.Unlock()
 	}
@@ -217,7 +217,7 @@ func TestARedialThatWinsAHeldSessionKeepsTheTokensInStep(t *testing.T) {
 		b.peers.mu.Lock()
 		now := b.peers.byUID[c.UID()]
 		b.peers.mu.Unlock()
-		return now != nil && now != old && bytes.Equal(c.byUIDToken(t, b.UID()), b.tokenFor(c.UID()))
+		return now != nil && now != old && bytes.Equal(c.byUIDToken(t, b.UID()), b.gate.tokenFor(c.UID()))
 	})
 	unreachable := make(chan PeerUnreachable, 4)
 	SubscribeChan(b, unreachable)
@@ -252,10 +252,10 @@ func TestASecondConnectionLeavesTheTokensInStep(t *testing.T) {
 			}
 		}
 		waitFor(t, 5*time.Second, "the tokens in step", func() bool {
-			if ok := bytes.Equal(server.byUIDToken(t, d.UID()), d.tokenFor(server.UID())); !ok {
+			if ok := bytes.Equal(server.byUIDToken(t, d.UID()), d.gate.tokenFor(server.UID())); !ok {
 				return false
 			}
-			return bytes.Equal(d.byUIDToken(t, server.UID()), server.tokenFor(d.UID()))
+			return bytes.Equal(d.byUIDToken(t, server.UID()), server.gate.tokenFor(d.UID()))
 		})
 	}
 }
