@@ -370,9 +370,9 @@ func (a *assoc) finish() {
 	if n.credit.waiting.Load() > 0 {
 		a.forgetCredit()
 	}
-	n.untable(a)
+	n.peers.untable(a)
 	n.peers.mu.Lock()
-	n.forgetAssoc(a)
+	n.peers.forgetAssoc(a)
 	if w := n.peers.awaiting[a.peerUID]; len(w) > 0 {
 		// A duplicate parked for the winner it never saw: it must not
 		// hold its association for ever.

@@ -1,6 +1,7 @@
 package troupe
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"sync"
@@ -17,6 +18,7 @@ import (
 // connections in their handshake, the quarantine, and the actors that
 // lookups found on peers. mu guards every field.
 type peerTable struct {
+	n        *Node
 	mu       sync.Mutex
 	byUID    map[NodeUID]*assoc  // the live association with each peer incarnation
 	byAddr   map[Addr]*assoc     // the association to use for an address
@@ -42,8 +44,8 @@ type peerTable struct {
 
 // assocFor returns the association to use for addr, starting a dial if
 // there is none. Messages may be queued on it at once.
-func (n *Node) assocFor(addr Addr) (*assoc, error) {
-	a, err := n.assocAt(addr, true, NodeUID{})
+func (pt *peerTable) assocFor(addr Addr) (*assoc, error) {
+	a, err := pt.assocAt(addr, true, NodeUID{})
 	if err != nil {
 		return nil, err
 	}
@@ -60,33 +62,33 @@ func (n *Node) assocFor(addr Addr) (*assoc, error) {
 // Without wait, the association is for a ref in a message from the peer
 // from: a new one is charged to it when it dials
 // ([Config.MaxRefDialsPerPeer]).
-func (n *Node) assocAt(addr Addr, wait bool, from NodeUID) (*assoc, error) {
-	a, _, err := n.assocHeld(addr, wait, from)
+func (pt *peerTable) assocAt(addr Addr, wait bool, from NodeUID) (*assoc, error) {
+	a, _, err := pt.assocHeld(addr, wait, from)
 	return a, err
 }
 
 // assocHeld is assocAt; held says that, without wait, a binding was
 // returned and counted as held by one more ref (see holdBinding): the
 // caller arranges its release.
-func (n *Node) assocHeld(addr Addr, wait bool, from NodeUID) (_ *assoc, held bool, _ error) {
-	n.peers.mu.Lock()
-	defer n.peers.mu.Unlock()
-	if cl := n.peers.claims[addr]; wait && cl != nil && !n.peers.closing && n.peers.byAddr[addr] == nil {
+func (pt *peerTable) assocHeld(addr Addr, wait bool, from NodeUID) (_ *assoc, held bool, _ error) {
+	pt.mu.Lock()
+	defer pt.mu.Unlock()
+	if cl := pt.claims[addr]; wait && cl != nil && !pt.closing && pt.byAddr[addr] == nil {
 		// A peer that connected here claims addr, and the check is under
 		// way: its answer decides whether a new connection is needed.
-		n.peers.mu.Unlock()
+		pt.mu.Unlock()
 		select {
 		case <-cl.done:
-		case <-n.lc.flushing:
+		case <-pt.n.lc.flushing:
 		}
-		n.peers.mu.Lock()
+		pt.mu.Lock()
 	}
-	if n.peers.closing {
+	if pt.closing {
 		return nil, false, ErrNodeClosed
 	}
-	if a := n.peers.byAddr[addr]; a != nil {
+	if a := pt.byAddr[addr]; a != nil {
 		if wait {
-			n.ownDial(a)
+			pt.ownDial(a)
 			a.pinned = true
 		} else if a.binding {
 			a.bound++
@@ -101,24 +103,24 @@ func (n *Node) assocHeld(addr Addr, wait bool, from NodeUID) (_ *assoc, held boo
 		// A ref read from a message: bound, not dialed. Bindings have a
 		// bound of their own, so that a message full of refs cannot take
 		// the room of the dials this node makes.
-		if n.peers.bindings >= n.cfg.MaxOutboundConns {
-			return nil, false, fmt.Errorf("%s: %w: %d refs to nodes never dialed (Config.MaxOutboundConns)", addr, ErrTooManyConns, n.peers.bindings)
+		if pt.bindings >= pt.n.cfg.MaxOutboundConns {
+			return nil, false, fmt.Errorf("%s: %w: %d refs to nodes never dialed (Config.MaxOutboundConns)", addr, ErrTooManyConns, pt.bindings)
 		}
-		a := newAssoc(n, true, addr)
+		a := newAssoc(pt.n, true, addr)
 		a.binding, a.refsOf, a.bound = true, from, 1
-		n.peers.bindings++
-		n.peers.byAddr[addr] = a
-		n.peers.all[a] = struct{}{}
+		pt.bindings++
+		pt.byAddr[addr] = a
+		pt.all[a] = struct{}{}
 		return a, true, nil
 	}
-	if n.peers.outbound >= n.cfg.MaxOutboundConns {
-		return nil, false, fmt.Errorf("%s: %w: %d outbound associations (Config.MaxOutboundConns)", addr, ErrTooManyConns, n.peers.outbound)
+	if pt.outbound >= pt.n.cfg.MaxOutboundConns {
+		return nil, false, fmt.Errorf("%s: %w: %d outbound associations (Config.MaxOutboundConns)", addr, ErrTooManyConns, pt.outbound)
 	}
-	a := newAssoc(n, true, addr)
+	a := newAssoc(pt.n, true, addr)
 	a.pinned = true
-	n.peers.outbound++
-	n.peers.byAddr[addr] = a
-	n.peers.all[a] = struct{}{}
+	pt.outbound++
+	pt.byAddr[addr] = a
+	pt.all[a] = struct{}{}
 	return a, false, nil
 }
 
@@ -131,41 +133,41 @@ func (a *assoc) use() {
 }
 
 // untable removes a from the node's lookup tables, so no new ref binds to it.
-func (n *Node) untable(a *assoc) {
-	n.peers.mu.Lock()
-	defer n.peers.mu.Unlock()
-	if n.peers.byUID[a.peerUID] == a {
-		delete(n.peers.byUID, a.peerUID)
+func (pt *peerTable) untable(a *assoc) {
+	pt.mu.Lock()
+	defer pt.mu.Unlock()
+	if pt.byUID[a.peerUID] == a {
+		delete(pt.byUID, a.peerUID)
 	}
-	if a.outbound && n.peers.byAddr[a.dialAddr] == a {
-		delete(n.peers.byAddr, a.dialAddr)
+	if a.outbound && pt.byAddr[a.dialAddr] == a {
+		delete(pt.byAddr, a.dialAddr)
 	}
 	for _, ad := range a.peerAddrs {
-		if n.peers.byAddr[ad] == a {
-			delete(n.peers.byAddr, ad)
+		if pt.byAddr[ad] == a {
+			delete(pt.byAddr, ad)
 		}
 	}
 }
 
 // forgetAssoc removes a from the set of live associations (pmu held).
-func (n *Node) forgetAssoc(a *assoc) {
-	if _, ok := n.peers.all[a]; ok {
-		delete(n.peers.all, a)
+func (pt *peerTable) forgetAssoc(a *assoc) {
+	if _, ok := pt.all[a]; ok {
+		delete(pt.all, a)
 		switch {
 		case a.binding:
-			n.peers.bindings--
+			pt.bindings--
 		case a.outbound:
-			n.peers.outbound--
+			pt.outbound--
 		}
 		if p := a.dialFor; p != (NodeUID{}) {
 			// A session that merged into another with the same peer (a
 			// resume, a simultaneous dial): the charge moves to it.
 			w := a.mergedTo.Load()
-			if _, live := n.peers.all[w]; w != nil && live && w.dialFor == (NodeUID{}) {
+			if _, live := pt.all[w]; w != nil && live && w.dialFor == (NodeUID{}) {
 				w.dialFor, a.dialFor = p, NodeUID{}
 			}
 		}
-		n.ownDial(a)
+		pt.ownDial(a)
 	}
 }
 
@@ -173,29 +175,29 @@ func (n *Node) forgetAssoc(a *assoc) {
 // cleanup): a binding that no reachable ref holds and that never dialed
 // is forgotten, so that refs nobody keeps do not fill the bound of
 // bindings ([Config.MaxOutboundConns]).
-func (n *Node) releaseBinding(a *assoc) {
-	n.peers.mu.Lock()
-	defer n.peers.mu.Unlock()
+func (pt *peerTable) releaseBinding(a *assoc) {
+	pt.mu.Lock()
+	defer pt.mu.Unlock()
 	if a.bound--; a.bound > 0 || !a.binding || a.pinned {
 		return
 	}
-	if _, live := n.peers.all[a]; !live {
+	if _, live := pt.all[a]; !live {
 		return
 	}
-	if n.peers.byAddr[a.dialAddr] == a {
-		delete(n.peers.byAddr, a.dialAddr)
+	if pt.byAddr[a.dialAddr] == a {
+		delete(pt.byAddr, a.dialAddr)
 	}
-	n.forgetAssoc(a)
+	pt.forgetAssoc(a)
 }
 
 // ownDial makes a this node's own association, no longer charged to the
 // peer whose refs made it (pmu held).
-func (n *Node) ownDial(a *assoc) {
+func (pt *peerTable) ownDial(a *assoc) {
 	a.refsOf = NodeUID{}
 	if p := a.dialFor; p != (NodeUID{}) {
 		a.dialFor = NodeUID{}
-		if n.peers.refDials[p]--; n.peers.refDials[p] <= 0 {
-			delete(n.peers.refDials, p)
+		if pt.refDials[p]--; pt.refDials[p] <= 0 {
+			delete(pt.refDials, p)
 		}
 	}
 }
@@ -203,18 +205,71 @@ func (n *Node) ownDial(a *assoc) {
 // chargeRefDial charges the first dial of a, a binding, to the peer whose
 // refs made it; an error when that peer's refs hold their bound (pmu
 // held).
-func (n *Node) chargeRefDial(a *assoc) error {
+func (pt *peerTable) chargeRefDial(a *assoc) error {
 	p := a.refsOf
 	if p == (NodeUID{}) {
 		return nil
 	}
-	if k := n.peers.refDials[p]; k >= n.cfg.MaxRefDialsPerPeer {
+	if k := pt.refDials[p]; k >= pt.n.cfg.MaxRefDialsPerPeer {
 		return fmt.Errorf("%s: %w: refs sent by peer %s already hold %d connections (Config.MaxRefDialsPerPeer)", a.dialAddr, ErrTooManyConns, p.String()[:8], k)
 	}
-	if n.peers.refDials == nil {
-		n.peers.refDials = make(map[NodeUID]int)
+	if pt.refDials == nil {
+		pt.refDials = make(map[NodeUID]int)
 	}
-	n.peers.refDials[p]++
+	pt.refDials[p]++
 	a.dialFor = p
 	return nil
+}
+
+// liveAssocs counts associations that are up and not retired (for tests
+// and introspection).
+func (pt *peerTable) liveAssocs() int {
+	pt.mu.Lock()
+	defer pt.mu.Unlock()
+	return len(pt.byUID)
+}
+
+// bytesWritten sums the bytes written on every live association.
+func (pt *peerTable) bytesWritten() uint64 {
+	pt.mu.Lock()
+	defer pt.mu.Unlock()
+	var sum uint64
+	for a := range pt.all {
+		sum += a.written.Load()
+	}
+	return sum
+}
+
+// dial connects to addr, through the fault network if the node is on one.
+func (pt *peerTable) dial(addr Addr) (net.Conn, error) {
+	ctx, cancel := context.WithTimeout(pt.n.lc.dialCtx, pt.n.cfg.DialTimeout)
+	defer cancel()
+	if f := pt.n.cfg.fault; f != nil {
+		return f.dial(ctx, pt.n, addr)
+	}
+	var d net.Dialer
+	c, err := d.DialContext(ctx, addr.network, addr.address)
+	if err == nil {
+		sizeBuffers(c)
+	}
+	if err != nil || pt.n.cfg.TLS == nil || addr.isUnix() {
+		return c, err
+	}
+	tc := pt.n.gate.clientTLS(c, addr)
+	if err := tc.HandshakeContext(ctx); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("tls: %w", err)
+	}
+	return tc, nil
+}
+
+// endMemberAssoc ends the association to a cluster member's uid, if any,
+// without quarantine (members are never quarantined).
+func (pt *peerTable) endMemberAssoc(uid NodeUID, cause error) {
+	pt.mu.Lock()
+	a := pt.byUID[uid]
+	pt.mu.Unlock()
+	if a != nil {
+		a.fail(cause)
+	}
 }

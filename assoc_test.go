@@ -137,8 +137,8 @@ func TestReconnectRefusedWhilePeerQuarantinesUs(t *testing.T) {
 		t.Fatalf("Reconnect while away still quarantines home = %v, want ErrQuarantinedByPeer", err)
 	}
 	// The refused attempt left home's own quarantine cleared; away's stands.
-	if len(p.away.quarantined()) != 1 || len(p.home.quarantined()) != 0 {
-		t.Fatalf("quarantines: away %v, home %v", p.away.quarantined(), p.home.quarantined())
+	if len(p.away.peers.quarantined()) != 1 || len(p.home.peers.quarantined()) != 0 {
+		t.Fatalf("quarantines: away %v, home %v", p.away.peers.quarantined(), p.home.peers.quarantined())
 	}
 	p.away.ClearQuarantine(ctxT(t, time.Second), p.home.Addrs()[0].String())
 	if _, err := p.home.ClearQuarantine(ctxT(t, 5*time.Second), p.away.Addrs()[0].String(), Reconnect()); err != nil {
@@ -231,7 +231,7 @@ func TestKilledPeerOverLoopbackAfterClose(t *testing.T) {
 	if ev := recv(t, events, "PeerUnreachable"); ev.Quarantined || !errors.Is(ev.Reason, ErrPeerLeft) {
 		t.Fatalf("graceful close reported as %+v", ev)
 	}
-	if q := a.quarantined(); len(q) != 0 {
+	if q := a.peers.quarantined(); len(q) != 0 {
 		t.Fatalf("a graceful close quarantined %v", q)
 	}
 }

@@ -197,7 +197,7 @@ func (a *assoc) carryOutEnd(eff effect, tk *taken) {
 	reason := err
 	quarantine := eff&effQuarantine != 0 && !a.exemptFromQuarantine() // (it takes the peer-table lock)
 	if quarantine {
-		a.n.addQuarantine(a, err)
+		a.n.peers.addQuarantine(a, err)
 		reason = &quarantineError{peer: a.label(), uid: a.peerUID, cause: err}
 		a.transition(lifeEvent{kind: evQuarantined, cause: reason})
 		a.n.log.Warn("troupe: peer unreachable; quarantined until ClearQuarantine", "peer", a.label(), "uid", a.peerUID.String(), "cause", err)
@@ -297,7 +297,7 @@ func (a *assoc) carryOutMerge(eff effect, tk *taken) {
 		w.proven = append(w.proven, a.dialAddr)
 	}
 	a.n.peers.mu.Unlock()
-	a.n.untable(a)
+	a.n.peers.untable(a)
 	a.closeReady()
 	if eff&effRetire != 0 {
 		a.notify()

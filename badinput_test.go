@@ -166,7 +166,7 @@ func TestAnnouncedAddressesAreNotBelieved(t *testing.T) {
 	SubscribeChan(victim, unreachable)
 	c.Write([]byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}) // a length prefix too long
 	waitFor(t, 5*time.Second, "the impostor to be dropped", func() bool {
-		for _, q := range victim.quarantined() {
+		for _, q := range victim.peers.quarantined() {
 			if q.UID == h.uid {
 				if slices.Contains(q.Addrs, x) {
 					t.Fatalf("the impostor's claimed address %s was quarantined: %+v", x, q)

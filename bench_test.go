@@ -269,7 +269,7 @@ func BenchmarkRemoteTell(b *testing.B) {
 			b.Fatal(err)
 		}
 		r.Tell(count{}) // define the target and type ids
-		before := a.bytesWritten()
+		before := a.peers.bytesWritten()
 		b.ReportAllocs()
 		b.ResetTimer()
 		for i := range b.N {
@@ -277,7 +277,7 @@ func BenchmarkRemoteTell(b *testing.B) {
 		}
 		<-done
 		b.StopTimer()
-		b.ReportMetric(float64(a.bytesWritten()-before)/float64(b.N), "wire-B/msg")
+		b.ReportMetric(float64(a.peers.bytesWritten()-before)/float64(b.N), "wire-B/msg")
 	})
 }
 

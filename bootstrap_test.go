@@ -134,7 +134,7 @@ func TestEnsureRegistryAndProbeLeavesNothing(t *testing.T) {
 		t.Fatalf("a probe left an event: %#v", e)
 	case <-time.After(100 * time.Millisecond):
 	}
-	if n := first.liveAssocs(); n != 0 {
+	if n := first.peers.liveAssocs(); n != 0 {
 		t.Fatalf("a probe left %d associations", n)
 	}
 }

@@ -195,7 +195,7 @@ func tellMember[T any](n *Node, addr Addr, path string, msg T) bool {
 // memberRef returns a ref to the actor at path on the member at addr, if
 // the association to it is up (dialing it if there is none).
 func memberRef[T any](n *Node, addr Addr, path string) (Ref[T], bool) {
-	a, err := n.assocFor(addr)
+	a, err := n.peers.assocFor(addr)
 	if err != nil {
 		return Ref[T]{}, false
 	}
@@ -258,7 +258,7 @@ func (c *Cluster) receive(g gossipMsg) {
 	}
 	for _, uid := range out.ended {
 		c.n.log.Info("troupe: cluster member restarted; its earlier incarnation is downed", "uid", uid.String())
-		c.n.endMemberAssoc(uid, errors.New("a new incarnation of this cluster member joined at its address"))
+		c.n.peers.endMemberAssoc(uid, errors.New("a new incarnation of this cluster member joined at its address"))
 	}
 	c.publish(out.events)
 	if out.tellTo != nil {
@@ -294,7 +294,7 @@ func (c *Cluster) detect(now time.Time) {
 			c.recep.membersChanged()
 		}
 		for _, a := range dial {
-			c.n.assocFor(a)
+			c.n.peers.assocFor(a)
 		}
 	}()
 	c.mu.Lock()
@@ -482,7 +482,7 @@ func (c *Cluster) forgetDowned(m Member) {
 	if left {
 		return
 	}
-	c.n.endMemberAssoc(m.UID, fmt.Errorf("%w: cluster member %s was downed", ErrPeerUnreachable, m.Addr))
+	c.n.peers.endMemberAssoc(m.UID, fmt.Errorf("%w: cluster member %s was downed", ErrPeerUnreachable, m.Addr))
 }
 
 // selfDowned ends this member's membership.

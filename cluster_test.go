@@ -355,7 +355,7 @@ func TestDownedMemberCannotRejoinWithTheSameUID(t *testing.T) {
 	// watchers of its actors hear of it); it then quarantines them, as a
 	// node no longer in a cluster does. Lift that, and knock again.
 	waitFor(t, 10*time.Second, "the downed member to quarantine the survivor", func() bool {
-		for _, q := range downed.quarantined() {
+		for _, q := range downed.peers.quarantined() {
 			if q.UID == r.nodes[0].UID() {
 				return true
 			}
@@ -371,7 +371,7 @@ func TestDownedMemberCannotRejoinWithTheSameUID(t *testing.T) {
 	select {
 	case <-again.Done():
 	case <-time.After(10 * time.Second):
-		t.Fatalf("a downed incarnation was never told: it sees itself %v; quarantined %v; peers %+v", again.Self().Status, downed.quarantined(), downed.Stats().Peers)
+		t.Fatalf("a downed incarnation was never told: it sees itself %v; quarantined %v; peers %+v", again.Self().Status, downed.peers.quarantined(), downed.Stats().Peers)
 	}
 	if err := again.Err(); !errors.Is(err, ErrMemberDowned) {
 		t.Fatalf("Err() = %v, want ErrMemberDowned", err)
@@ -764,7 +764,7 @@ func TestClusterJoinerQuarantinedByAMember(t *testing.T) {
 	}
 	r.f.Partition(outcast, r.nodes[0])
 	waitFor(t, 10*time.Second, "member 0 to quarantine the outcast", func() bool {
-		for _, q := range r.nodes[0].quarantined() {
+		for _, q := range r.nodes[0].peers.quarantined() {
 			if q.UID == outcast.UID() {
 				return true
 			}

@@ -18,7 +18,7 @@ func oneConnection(a, b *Node) bool {
 	b.peers.mu.Lock()
 	y := b.peers.byUID[a.uid]
 	b.peers.mu.Unlock()
-	if x == nil || y == nil || a.liveAssocs() != 1 || b.liveAssocs() != 1 {
+	if x == nil || y == nil || a.peers.liveAssocs() != 1 || b.peers.liveAssocs() != 1 {
 		return false
 	}
 	x.mu.Lock()
@@ -115,11 +115,11 @@ func TestTwoDialsAtOnceToOneNodeSettleOnOneConnection(t *testing.T) {
 		if ev := trouble.Load(); ev != nil {
 			t.Fatalf("trial %d: %+v", trial, ev)
 		}
-		if q := p.quarantined(); len(q) != 0 {
+		if q := p.peers.quarantined(); len(q) != 0 {
 			t.Fatalf("trial %d: quarantined %+v", trial, q)
 		}
 		d.Close()
-		waitFor(t, 5*time.Second, "the dialer's session to end", func() bool { return p.liveAssocs() == 0 })
+		waitFor(t, 5*time.Second, "the dialer's session to end", func() bool { return p.peers.liveAssocs() == 0 })
 	}
 }
 
@@ -218,7 +218,7 @@ func TestTwoNodesDialingEachOtherAtOnceKeepOneConnection(t *testing.T) {
 			t.Fatalf("trial %d: %+v", trial, ev)
 		}
 		for _, n := range nodes {
-			if q := n.quarantined(); len(q) != 0 {
+			if q := n.peers.quarantined(); len(q) != 0 {
 				t.Fatalf("trial %d: quarantined %+v", trial, q)
 			}
 			n.Close()

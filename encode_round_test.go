@@ -48,7 +48,7 @@ func TestAQueuedBacklogDoesNotSilenceTheConnection(t *testing.T) {
 		Subscribe(n, func(ev PeerUnreachable) { trouble.CompareAndSwap(nil, ev) })
 		Subscribe(n, func(ev DeadLetter) { trouble.CompareAndSwap(nil, ev) })
 	}
-	a, err := home.assocAt(away.Addrs()[0], false, NodeUID{})
+	a, err := home.peers.assocAt(away.Addrs()[0], false, NodeUID{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -27,7 +27,7 @@ func (a *assoc) runOutbound() {
 	if _, live := n.peers.all[a]; a.binding && live {
 		// First use of a ref's binding: from now on it is a dial (one
 		// refused stays a binding, and ends as one).
-		err := n.chargeRefDial(a)
+		err := n.peers.chargeRefDial(a)
 		if n.peers.outbound >= n.cfg.MaxOutboundConns {
 			err = fmt.Errorf("%s: %w: %d outbound associations (Config.MaxOutboundConns)", a.dialAddr, ErrTooManyConns, n.peers.outbound)
 		}
@@ -45,7 +45,7 @@ func (a *assoc) runOutbound() {
 		n.peers.outbound++
 	}
 	n.peers.mu.Unlock()
-	c, err := a.n.dial(a.dialAddr)
+	c, err := a.n.peers.dial(a.dialAddr)
 	if err != nil {
 		a.fail(err)
 		return
@@ -112,7 +112,7 @@ func (a *assoc) handshakeDialed(c net.Conn) *frameReader {
 		}
 		if r.code == rejectQuarantined {
 			n.peers.mu.Lock()
-			q := n.quarantineFor(r.uid)
+			q := n.peers.quarantineFor(r.uid)
 			n.peers.mu.Unlock()
 			if q != nil && perr == nil {
 				// Each side gave up on the other (a partition): the answer
@@ -424,7 +424,7 @@ func (g *gate) attachConn(a *assoc, h *hello) bool {
 		g.n.events.emit(PeerConnected{Addr: a.addr(), UID: a.peerUID, Name: a.peerName})
 	}
 	if !a.outbound {
-		g.n.proveClaims(a)
+		g.n.peers.proveClaims(a)
 	}
 	return true
 }
@@ -552,11 +552,11 @@ func (g *gate) decideAttach(a *assoc, h *hello) admission {
 		d.reject, d.text = rejectClosing, "node is closing"
 	case h.uid == g.n.uid:
 		d.reject, d.text = rejectOther, "a node cannot associate with itself"
-	case g.n.quarantineFor(h.uid) != nil:
+	case g.n.peers.quarantineFor(h.uid) != nil:
 		// A quarantine binds the incarnation (its uid), not its addresses:
 		// a process started again at the same address is a new peer,
 		// whose actors are new, and is admitted.
-		q := g.n.quarantineFor(h.uid)
+		q := g.n.peers.quarantineFor(h.uid)
 		d.reject, d.text = rejectQuarantined, fmt.Sprintf("%s quarantined you at %s (%v); it must call ClearQuarantine first", g.n.name, q.Since.Format(time.RFC3339), q.Cause)
 		d.quarantined = q
 	default:
@@ -640,11 +640,11 @@ func (g *gate) decideAttach(a *assoc, h *hello) admission {
 // refuse carries out decideAttach's refusal of a, whose peer said h
 // (n.pmu held; refuse unlocks it).
 func (g *gate) refuse(a *assoc, h *hello, d admission) {
-	g.n.forgetAssoc(a)
+	g.n.peers.forgetAssoc(a)
 	first := d.quarantined != nil && g.n.peers.quarantine.noteRefused(h.uid)
 	g.n.peers.mu.Unlock()
 	if first {
-		g.n.logRefusedQuarantined(a, h, d.quarantined)
+		g.n.peers.logRefusedQuarantined(a, h, d.quarantined)
 	}
 	if d.impostor {
 		label := a.label()

@@ -68,7 +68,7 @@ func FuzzHandshake(f *testing.F) {
 			src, _ := n.inbound.admit(ours, n.cfg.MaxInboundConns, n.cfg.MaxPendingHandshakes)
 			n.gate.serveInbound(ours, src)
 			n.inbound.open.Add(-1)
-			if n == guarded && guarded.liveAssocs() != 0 {
+			if n == guarded && guarded.peers.liveAssocs() != 0 {
 				t.Fatalf("an unauthenticated dialer got an association from %x", in)
 			}
 		}
@@ -116,7 +116,7 @@ func TestSimultaneousDialEndsWithOneAssociation(t *testing.T) {
 			}
 		}
 		waitFor(t, 5*time.Second, "one association on each side", func() bool {
-			return a.liveAssocs() == 1 && b.liveAssocs() == 1
+			return a.peers.liveAssocs() == 1 && b.peers.liveAssocs() == 1
 		})
 	}
 }

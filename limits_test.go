@@ -196,7 +196,7 @@ func TestAttacksDoNotDisturbHealthyPeers(t *testing.T) {
 			defer victim.Stop(sink)
 			var bag refBag
 			for i := range 1000 {
-				a, err := attacker.assocAt(tcpAddr(fmt.Sprintf("127.0.0.1:%d", 30000+i)), false, NodeUID{})
+				a, err := attacker.peers.assocAt(tcpAddr(fmt.Sprintf("127.0.0.1:%d", 30000+i)), false, NodeUID{})
 				if err != nil {
 					t.Fatal(err)
 				}

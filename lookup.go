@@ -379,7 +379,7 @@ func connect[T any](ctx context.Context, n *Node, src registrarSource, regs []Re
 			stale = false
 			continue
 		}
-		if n.isQuarantined(c.reg.Node) {
+		if n.peers.isQuarantined(c.reg.Node) {
 			// Known gone (the quarantine binds that incarnation): not
 			// dialed, until the quarantine is lifted.
 			stale = false

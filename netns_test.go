@@ -142,9 +142,9 @@ func TestHelperNetnsNode(t *testing.T) {
 			mu.Unlock()
 			say("END")
 		case "quarantined":
-			say("Q %d", len(n.quarantined()))
+			say("Q %d", len(n.peers.quarantined()))
 		case "clear":
-			for _, q := range n.quarantined() {
+			for _, q := range n.peers.quarantined() {
 				n.ClearQuarantine(context.Background(), q.UID.String())
 			}
 			say("OK")

@@ -114,6 +114,7 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 	n.events.node = n
 	n.disc.n = n
 	n.gate.n = n
+	n.peers.n = n
 	rand.Read(n.uid[:])
 	rand.Read(n.ids.base[:])
 	n.name = cfg.Name
@@ -204,59 +205,6 @@ func (n *Node) isOwnAddr(a Addr) bool {
 }
 
 var _ io.Closer = (*Node)(nil)
-
-// liveAssocs counts associations that are up and not retired (for tests
-// and introspection).
-func (n *Node) liveAssocs() int {
-	n.peers.mu.Lock()
-	defer n.peers.mu.Unlock()
-	return len(n.peers.byUID)
-}
-
-// bytesWritten sums the bytes written on every live association.
-func (n *Node) bytesWritten() uint64 {
-	n.peers.mu.Lock()
-	defer n.peers.mu.Unlock()
-	var sum uint64
-	for a := range n.peers.all {
-		sum += a.written.Load()
-	}
-	return sum
-}
-
-// dial connects to addr, through the fault network if the node is on one.
-func (n *Node) dial(addr Addr) (net.Conn, error) {
-	ctx, cancel := context.WithTimeout(n.lc.dialCtx, n.cfg.DialTimeout)
-	defer cancel()
-	if f := n.cfg.fault; f != nil {
-		return f.dial(ctx, n, addr)
-	}
-	var d net.Dialer
-	c, err := d.DialContext(ctx, addr.network, addr.address)
-	if err == nil {
-		sizeBuffers(c)
-	}
-	if err != nil || n.cfg.TLS == nil || addr.isUnix() {
-		return c, err
-	}
-	tc := n.gate.clientTLS(c, addr)
-	if err := tc.HandshakeContext(ctx); err != nil {
-		c.Close()
-		return nil, fmt.Errorf("tls: %w", err)
-	}
-	return tc, nil
-}
-
-// endMemberAssoc ends the association to a cluster member's uid, if any,
-// without quarantine (members are never quarantined).
-func (n *Node) endMemberAssoc(uid NodeUID, cause error) {
-	n.peers.mu.Lock()
-	a := n.peers.byUID[uid]
-	n.peers.mu.Unlock()
-	if a != nil {
-		a.fail(cause)
-	}
-}
 
 // idSource draws actor uuids and the node-wide sequence numbers; every
 // field is set once (base) or atomic.

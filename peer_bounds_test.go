@@ -225,7 +225,7 @@ func TestRefsFromOnePeerCauseBoundedDials(t *testing.T) {
 	}
 	var m refList
 	for _, ad := range holdingListeners(t, limit+44) {
-		a, err := peer.assocAt(ad, false, NodeUID{})
+		a, err := peer.peers.assocAt(ad, false, NodeUID{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -399,7 +399,7 @@ func TestRefsNobodyKeepsAreForgotten(t *testing.T) {
 	var m refList
 	for i := range n.cfg.MaxOutboundConns {
 		ad := tcpAddr(fmt.Sprintf("127.0.0.%d:%d", 2+i/60000, 1024+i%60000))
-		a, err := peer.assocAt(ad, false, NodeUID{})
+		a, err := peer.peers.assocAt(ad, false, NodeUID{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -635,26 +635,26 @@ func TestABindingInUseIsNotForgotten(t *testing.T) {
 		_, ok := n.peers.all[a]
 		return ok && n.peers.byAddr[ad] == a
 	}
-	a, held, err := n.assocHeld(ad, false, NodeUID{1})
+	a, held, err := n.peers.assocHeld(ad, false, NodeUID{1})
 	if err != nil || !held {
 		t.Fatalf("a new binding: held %v, %v", held, err)
 	}
-	if b, held, _ := n.assocHeld(ad, false, NodeUID{2}); b != a || !held {
+	if b, held, _ := n.peers.assocHeld(ad, false, NodeUID{2}); b != a || !held {
 		t.Fatal("a second ref to the same node did not share and hold the binding")
 	}
-	n.releaseBinding(a)
+	n.peers.releaseBinding(a)
 	if !live(a) {
 		t.Fatal("a binding a second ref holds was forgotten")
 	}
-	if own, err := n.assocAt(ad, true, NodeUID{}); err != nil || own != a {
+	if own, err := n.peers.assocAt(ad, true, NodeUID{}); err != nil || own != a {
 		t.Fatalf("this node's own lookup: %v", err)
 	}
-	n.releaseBinding(a)
+	n.peers.releaseBinding(a)
 	if !live(a) {
 		t.Fatal("a binding this node's own dial found was forgotten")
 	}
-	c, held, _ := n.assocHeld(tcpAddr("127.0.0.1:10"), false, NodeUID{1})
-	n.releaseBinding(c)
+	c, held, _ := n.peers.assocHeld(tcpAddr("127.0.0.1:10"), false, NodeUID{1})
+	n.peers.releaseBinding(c)
 	if live(c) {
 		t.Fatal("a binding no ref holds was kept")
 	}

@@ -24,30 +24,30 @@ type claim struct{ done chan struct{} }
 // same uid before this node routes that address's traffic to the peer's
 // association. Until then a send to the address waits for the check
 // (assocAt), so that it does not open a second connection to the peer.
-func (n *Node) proveClaims(a *assoc) {
-	n.peers.mu.Lock()
-	defer n.peers.mu.Unlock()
+func (pt *peerTable) proveClaims(a *assoc) {
+	pt.mu.Lock()
+	defer pt.mu.Unlock()
 	for i, ad := range a.peerAddrs {
-		if i == maxProvenClaims || n.peers.closing {
+		if i == maxProvenClaims || pt.closing {
 			return
 		}
-		if n.peers.byAddr[ad] != nil || n.peers.claims[ad] != nil || n.isOwnAddr(ad) {
+		if pt.byAddr[ad] != nil || pt.claims[ad] != nil || pt.n.isOwnAddr(ad) {
 			continue
 		}
-		if n.peers.claims == nil {
-			n.peers.claims = make(map[Addr]*claim)
+		if pt.claims == nil {
+			pt.claims = make(map[Addr]*claim)
 		}
 		cl := &claim{done: make(chan struct{})}
-		n.peers.claims[ad] = cl
-		n.wg.Go(func() {
-			proven := n.probeUID(ad) == a.peerUID
-			n.peers.mu.Lock()
-			delete(n.peers.claims, ad)
-			if proven && n.peers.byUID[a.peerUID] == a && n.peers.byAddr[ad] == nil {
-				n.peers.byAddr[ad] = a
+		pt.claims[ad] = cl
+		pt.n.wg.Go(func() {
+			proven := pt.probeUID(ad) == a.peerUID
+			pt.mu.Lock()
+			delete(pt.claims, ad)
+			if proven && pt.byUID[a.peerUID] == a && pt.byAddr[ad] == nil {
+				pt.byAddr[ad] = a
 				a.proven = append(a.proven, ad)
 			}
-			n.peers.mu.Unlock()
+			pt.mu.Unlock()
 			close(cl.done)
 		})
 	}
@@ -55,29 +55,29 @@ func (n *Node) proveClaims(a *assoc) {
 
 // probeUID dials addr and asks, without associating, which node answers
 // there; the zero uid if none does.
-func (n *Node) probeUID(addr Addr) NodeUID {
-	uid, _ := n.probeAt(addr)
+func (pt *peerTable) probeUID(addr Addr) NodeUID {
+	uid, _ := pt.probeAt(addr)
 	return uid
 }
 
 // probeAt is probeUID that also returns why nobody answered: the dial's
 // error, or nil for a connection that gave no troupe welcome.
-func (n *Node) probeAt(addr Addr) (NodeUID, error) {
-	c, err := n.dial(addr)
+func (pt *peerTable) probeAt(addr Addr) (NodeUID, error) {
+	c, err := pt.dial(addr)
 	if err != nil {
 		return NodeUID{}, err
 	}
 	defer c.Close()
 	// Bounded by the handshake timeout and by the node closing, whatever
 	// the connection does with deadlines.
-	ctx, cancel := context.WithTimeout(n.lc.dialCtx, n.cfg.HandshakeTimeout)
+	ctx, cancel := context.WithTimeout(pt.n.lc.dialCtx, pt.n.cfg.HandshakeTimeout)
 	defer cancel()
 	stop := context.AfterFunc(ctx, func() { c.Close() })
 	defer stop()
-	c.SetDeadline(time.Now().Add(n.cfg.HandshakeTimeout))
-	h := n.gate.hello()
+	c.SetDeadline(time.Now().Add(pt.n.cfg.HandshakeTimeout))
+	h := pt.n.gate.hello()
 	h.flags |= helloProbe
-	body, _, err := n.gate.dialHandshake(c, newFrameReader(c, maxHelloSize), h)
+	body, _, err := pt.n.gate.dialHandshake(c, newFrameReader(c, maxHelloSize), h)
 	if err != nil || frameKind(body[0]) != frameWelcome {
 		return NodeUID{}, nil
 	}

@@ -290,7 +290,7 @@ func BenchmarkRemoteTellProcessProtocol(b *testing.B) {
 func measureTells(b *testing.B, n *Node, child sinkChild, what int, tells func()) {
 	start := child.query(b, what)
 	mallocs := child.query(b, queryMallocs)
-	before := n.bytesWritten()
+	before := n.peers.bytesWritten()
 	b.ReportAllocs()
 	b.ResetTimer()
 	tells()
@@ -300,7 +300,7 @@ func measureTells(b *testing.B, n *Node, child sinkChild, what int, tells func()
 	}
 	b.StopTimer()
 	b.ReportMetric(float64(child.query(b, queryMallocs)-mallocs)/float64(b.N), "recv-allocs/msg")
-	b.ReportMetric(float64(n.bytesWritten()-before)/float64(b.N), "wire-B/msg")
+	b.ReportMetric(float64(n.peers.bytesWritten()-before)/float64(b.N), "wire-B/msg")
 }
 
 // BenchmarkFloorStreamProcess is the raw floor of

@@ -57,7 +57,7 @@ func TestHelperNodeProcess(t *testing.T) {
 			fmt.Println("REGISTERED")
 		}
 		if in.Text() == "clear" {
-			for _, q := range n.quarantined() {
+			for _, q := range n.peers.quarantined() {
 				n.ClearQuarantine(context.Background(), q.UID.String())
 			}
 			fmt.Println("CLEARED")

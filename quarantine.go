@@ -256,16 +256,16 @@ func (t *quarantineTable) list() []quarantineInfo {
 
 // isQuarantined reports whether the incarnation uid is quarantined here;
 // it takes n.pmu.
-func (n *Node) isQuarantined(uid NodeUID) bool {
-	n.peers.mu.Lock()
-	defer n.peers.mu.Unlock()
-	return n.quarantineFor(uid) != nil
+func (pt *peerTable) isQuarantined(uid NodeUID) bool {
+	pt.mu.Lock()
+	defer pt.mu.Unlock()
+	return pt.quarantineFor(uid) != nil
 }
 
 // quarantineFor returns the quarantine entry covering uid or any of addrs.
 // The caller holds n.pmu.
-func (n *Node) quarantineFor(uid NodeUID, addrs ...Addr) *quarantineInfo {
-	return n.peers.quarantine.find(time.Now(), n.cfg.QuarantineExpiry, uid, addrs...)
+func (pt *peerTable) quarantineFor(uid NodeUID, addrs ...Addr) *quarantineInfo {
+	return pt.quarantine.find(time.Now(), pt.n.cfg.QuarantineExpiry, uid, addrs...)
 }
 
 // quarantines decides whether an association that ended with err
@@ -280,37 +280,37 @@ func (a *assoc) exemptFromQuarantine() bool {
 
 // logRefusedQuarantined says, once per incarnation, that a connection
 // of a quarantined peer was refused, and what would lift the quarantine.
-func (n *Node) logRefusedQuarantined(a *assoc, h *hello, q *quarantineInfo) {
+func (pt *peerTable) logRefusedQuarantined(a *assoc, h *hello, q *quarantineInfo) {
 	lift := "troupe quarantine clear " + h.uid.String()
 	if len(q.Addrs) > 0 {
 		lift = "troupe quarantine clear " + q.Addrs[0].String()
 	}
-	if addrs := n.addrList(); len(addrs) > 0 {
+	if addrs := pt.n.addrList(); len(addrs) > 0 {
 		lift += " --node " + addrs[0].String()
 	}
-	n.log.Warn("troupe: refused a connection of a quarantined peer incarnation; a new incarnation (a restart) is admitted, this one only after its quarantine is lifted",
+	pt.n.log.Warn("troupe: refused a connection of a quarantined peer incarnation; a new incarnation (a restart) is admitted, this one only after its quarantine is lifted",
 		"peer", h.name, "uid", h.uid.String(), "since", q.Since.Format(time.RFC3339), "cause", q.Cause,
 		"lift", lift+" (or Node.ClearQuarantine in code)")
 }
 
 // addQuarantine records that this node gave up on a's peer.
-func (n *Node) addQuarantine(a *assoc, cause error) {
+func (pt *peerTable) addQuarantine(a *assoc, cause error) {
 	// Only a proven address is quarantined: one this node dialed and found
 	// the peer at. An address the peer merely announced may be another
 	// node's, which must not be refused for this peer's faults.
-	n.peers.mu.Lock()
-	defer n.peers.mu.Unlock()
-	n.peers.quarantine.add(quarantineInfo{UID: a.peerUID, Name: a.peerName, Addrs: slices.Clone(a.proven), Announced: slices.Clone(a.peerAddrs), Since: time.Now(), Cause: cause})
+	pt.mu.Lock()
+	defer pt.mu.Unlock()
+	pt.quarantine.add(quarantineInfo{UID: a.peerUID, Name: a.peerName, Addrs: slices.Clone(a.proven), Announced: slices.Clone(a.peerAddrs), Since: time.Now(), Cause: cause})
 }
 
 // quarantined lists the peers this node has quarantined and not yet
 // cleared, whose quarantine has not expired ([Config.QuarantineExpiry]):
 // Stats.Quarantined.
-func (n *Node) quarantined() []quarantineInfo {
-	n.peers.mu.Lock()
-	defer n.peers.mu.Unlock()
-	n.peers.quarantine.expire(time.Now(), n.cfg.QuarantineExpiry)
-	return n.peers.quarantine.list()
+func (pt *peerTable) quarantined() []quarantineInfo {
+	pt.mu.Lock()
+	defer pt.mu.Unlock()
+	pt.quarantine.expire(time.Now(), pt.n.cfg.QuarantineExpiry)
+	return pt.quarantine.list()
 }
 
 // ClearOption adjusts [Node.ClearQuarantine].
@@ -367,14 +367,14 @@ func (n *Node) ClearQuarantine(ctx context.Context, peer string, opts ...ClearOp
 	case cfg.onNode:
 		return n.clearQuarantineAt(ctx, cfg.node, peer)
 	}
-	cleared := n.clearQuarantineOf(peer)
+	cleared := n.peers.clearQuarantineOf(peer)
 	if !cfg.reconnect {
 		return cleared, nil
 	}
 	if aerr != nil {
 		return cleared, fmt.Errorf("reconnect: %w (a uid names no address to dial)", aerr)
 	}
-	a, err := n.assocFor(addr)
+	a, err := n.peers.assocFor(addr)
 	if err != nil {
 		return cleared, err
 	}
@@ -387,7 +387,7 @@ func (n *Node) ClearQuarantine(ctx context.Context, peer string, opts ...ClearOp
 // clearQuarantineOf lifts the quarantine of the peer named by an address
 // (and of every other address it announced) or by its uid in hex (as
 // Stats and troupe peers print it).
-func (n *Node) clearQuarantineOf(peer string) bool {
+func (pt *peerTable) clearQuarantineOf(peer string) bool {
 	var match func(q *quarantineInfo) bool
 	if addr, err := ParseAddr(peer); err == nil {
 		match = func(q *quarantineInfo) bool {
@@ -399,7 +399,7 @@ func (n *Node) clearQuarantineOf(peer string) bool {
 	} else {
 		return false
 	}
-	n.peers.mu.Lock()
-	defer n.peers.mu.Unlock()
-	return n.peers.quarantine.clear(match)
+	pt.mu.Lock()
+	defer pt.mu.Unlock()
+	return pt.quarantine.clear(match)
 }

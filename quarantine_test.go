@@ -136,7 +136,7 @@ func TestClearQuarantineRefusesWhatItCannotUse(t *testing.T) {
 	if ok, err := n.ClearQuarantine(ctx, uid.String(), OnNode("")); ok || !errors.Is(err, ErrBadAddr) {
 		t.Errorf(`ClearQuarantine(uid, OnNode("")) = %v, %v; want ErrBadAddr`, ok, err)
 	}
-	if !n.isQuarantined(uid) {
+	if !n.peers.isQuarantined(uid) {
 		t.Fatal(`ClearQuarantine with OnNode("") lifted this node's own quarantine`)
 	}
 	if ok, err := n.ClearQuarantine(ctx, uid.String()); !ok || err != nil {

@@ -103,7 +103,7 @@ func (n *Node) checkAddr(node NodeUID, addr Addr, reporter NodeUID) bool {
 	}
 	n.wg.Go(func() {
 		defer g.checks.done(addr)
-		uid, err := n.probeAt(addr)
+		uid, err := n.peers.probeAt(addr)
 		if n.lc.workOver() {
 			return
 		}

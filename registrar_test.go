@@ -100,7 +100,7 @@ func TestReRegistersAfterReassociation(t *testing.T) {
 	recv(t, lost, "the service gives up on the registrar")
 	// The registrar may drop the entry on the link's loss, before its
 	// own verdict: clear its quarantine once there is one.
-	waitFor(t, 5*time.Second, "the registrar to quarantine the service", func() bool { return registrar.isQuarantined(service.UID()) })
+	waitFor(t, 5*time.Second, "the registrar to quarantine the service", func() bool { return registrar.peers.isQuarantined(service.UID()) })
 	f.Heal()
 	if ok, err := registrar.ClearQuarantine(ctxT(t, 5*time.Second), service.UID().String()); !ok || err != nil {
 		t.Fatalf("the registrar's ClearQuarantine of the service: %v, %v", ok, err)

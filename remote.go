@@ -52,7 +52,7 @@ func resolveAt[T any](ctx context.Context, n *Node, addr Addr, path string) (Ref
 		}
 		return Ref[T]{h: h}, nil
 	}
-	a, err := n.assocFor(addr)
+	a, err := n.peers.assocFor(addr)
 	if err != nil {
 		return Ref[T]{}, err
 	}
@@ -651,13 +651,13 @@ func (a *assoc) bindRefFrom(kind byte, key refKey, addr string, from NodeUID) *h
 	if err != nil || n.isOwnAddr(ad) {
 		return deadHandle(n, key)
 	}
-	via, held, err := n.assocHeld(ad, false, from)
+	via, held, err := n.peers.assocHeld(ad, false, from)
 	if err != nil {
 		return deadHandle(n, key)
 	}
 	h := &handle{node: n, key: key, assoc: via}
 	if held {
-		runtime.AddCleanup(h, n.releaseBinding, via)
+		runtime.AddCleanup(h, n.peers.releaseBinding, via)
 	}
 	return h
 }

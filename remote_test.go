@@ -444,7 +444,7 @@ func TestRefsInAMessageDialNothing(t *testing.T) {
 		}
 		var uid NodeUID
 		uid[0], uid[1] = byte(i), byte(i>>8)
-		a, err := attacker.assocAt(tcpAddr(addr), false, NodeUID{}) // bound lazily: the attacker dials nothing either
+		a, err := attacker.peers.assocAt(tcpAddr(addr), false, NodeUID{}) // bound lazily: the attacker dials nothing either
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -83,7 +83,7 @@ func (a *assoc) watchBack(addr Addr) {
 		if silent {
 			return true // the heartbeat loop's to end it
 		}
-		uid, err := a.n.probeAt(addr)
+		uid, err := a.n.peers.probeAt(addr)
 		switch {
 		case err != nil && isRefused(err):
 			a.fail(fmt.Errorf("%v, and %s now refuses connections", cause, addr))
@@ -161,7 +161,7 @@ func (a *assoc) redial() {
 			a.fail(fmt.Errorf("%w: %v, and another session with the peer took its place", errSessionReplaced, cause))
 			return true
 		}
-		c, err := n.dial(a.dialAddr)
+		c, err := n.peers.dial(a.dialAddr)
 		if err != nil {
 			if isRefused(err) {
 				a.fail(fmt.Errorf("%v, and %s now refuses connections", cause, a.dialAddr))

@@ -76,7 +76,7 @@ func TestResetsResumeExactlyOnceInOrder(t *testing.T) {
 		t.Fatalf("Terminated across resets: %+v", tm)
 	default:
 	}
-	if q := home.quarantined(); len(q) != 0 {
+	if q := home.peers.quarantined(); len(q) != 0 {
 		t.Fatalf("quarantined: %+v", q)
 	}
 	// The session's counts went on across its connections.

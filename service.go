@@ -266,7 +266,7 @@ func serviceRefs[T any](ctx context.Context, n *Node, regs []Registration, known
 			}
 			continue
 		}
-		if n.isQuarantined(c.reg.Node) {
+		if n.peers.isQuarantined(c.reg.Node) {
 			tried[m] = true // known gone, until the quarantine is cleared
 			continue
 		}

@@ -321,7 +321,7 @@ func TestARedialThatReachesANewIncarnationLeavesNoGhost(t *testing.T) {
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
-	for _, q := range home.quarantined() {
+	for _, q := range home.peers.quarantined() {
 		if q.UID == second.UID() {
 			t.Fatalf("the second incarnation is quarantined: %+v", q)
 		}
@@ -582,7 +582,7 @@ func TestRefsInMessagesDoNotTakeTheRoomOfDials(t *testing.T) {
 	healthy := startNode(t, testConfig("tcp://127.0.0.1:0"))
 	spawnEcho(t, healthy, "echo")
 	for i := range 150 { // as a message's refs bind them: past the bound, dead refs
-		n.assocAt(tcpAddr(fmt.Sprintf("127.0.0.1:%d", 20000+i)), false, NodeUID{})
+		n.peers.assocAt(tcpAddr(fmt.Sprintf("127.0.0.1:%d", 20000+i)), false, NodeUID{})
 	}
 	if _, err := Resolve[testPing](ctxT(t, 5*time.Second), n, FormatRef(healthy.Addrs()[0], "/user/echo")); err != nil {
 		t.Fatalf("Resolve after 150 refs bound: %v", err)

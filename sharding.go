@@ -286,7 +286,7 @@ func (r *region[T]) viaRegion(sh *shard[T], id string, m T, hd Headers) error {
 // before it is up is queued in order, ahead of this). false if there is
 // no association to be had (the address is refused, or the node closes).
 func tellQueued[M any](n *Node, addr Addr, uid NodeUID, path string, msg M) bool {
-	a, err := n.assocFor(addr)
+	a, err := n.peers.assocFor(addr)
 	if err != nil {
 		return false
 	}

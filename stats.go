@@ -273,7 +273,7 @@ func (n *Node) Stats() Stats {
 		s.Peers = append(s.Peers, p)
 	}
 	slices.SortFunc(s.Peers, func(a, b peerStats) int { return cmp.Compare(a.Addr.String(), b.Addr.String()) })
-	s.Quarantined = n.quarantined()
+	s.Quarantined = n.peers.quarantined()
 
 	all := n.actorList(math.MaxInt)
 	s.Actors = len(all)
@@ -421,7 +421,7 @@ func (n *Node) startStatsActor() error {
 	_, err := Spawn(systemParent{n}, "stats", Behavior[statsRequest]{Receive: func(_ *Context[statsRequest], r statsRequest) {
 		var cleared bool
 		if r.Clear != "" {
-			cleared = n.clearQuarantineOf(r.Clear)
+			cleared = n.peers.clearQuarantineOf(r.Clear)
 		}
 		doc := statsJSON(n.Stats())
 		if r.Clear != "" {

@@ -211,7 +211,7 @@ func TestARedialThatWinsAHeldSessionKeepsTheTokensInStep(t *testing.T) {
 	b.peers.mu.Unlock()
 	waitFor(t, 5*time.Second, "c holds b's token", func() bool { return c.byUIDToken(t, b.UID()) != nil })
 	// b gives the session up; c has not heard of it yet.
-	b.untable(old)
+	b.peers.untable(old)
 	ask("b dials again")
 	waitFor(t, 5*time.Second, "the tokens in step", func() bool {
 		b.peers.mu.Lock()

@@ -353,7 +353,7 @@ func (t Topic[T]) Publish(ctx context.Context, n *Node, msg T) error {
 	}
 	local := localRelay[T](n, t.Name)
 	for _, r := range p.current() {
-		if r.h.local == nil && (n.isQuarantined(r.h.key.node) || r.h.assoc.failure() != nil) {
+		if r.h.local == nil && (n.peers.isQuarantined(r.h.key.node) || r.h.assoc.failure() != nil) {
 			continue // a node lost: the listing is being made again
 		}
 		if local != nil && r.h == local.h {
