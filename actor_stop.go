@@ -27,7 +27,7 @@ func (c *cell[T]) terminate(rest []T) bool {
 		t := c.tooling()
 		target := c.self.String()
 		for _, m := range rest {
-			c.n.deadLetter(target, m, ErrActorStopped)
+			c.n.dead.deadLetter(target, m, ErrActorStopped)
 		}
 		if !t.awaitingChildren {
 			t.awaitingChildren = true
@@ -82,10 +82,10 @@ func (c *cell[T]) terminate(rest []T) bool {
 	}
 
 	for _, m := range rest {
-		c.n.deadLetter(target, m, ErrActorStopped)
+		c.n.dead.deadLetter(target, m, ErrActorStopped)
 	}
 	for _, m := range waiting {
-		c.n.deadLetter(target, m, ErrActorStopped)
+		c.n.dead.deadLetter(target, m, ErrActorStopped)
 	}
 	if q := c.q; q != nil {
 		clear(q.batch)

@@ -81,7 +81,7 @@ func (a *assoc) unwritten() error {
 func (a *assoc) deadLetters(q recQueue, err error) {
 	q.each(func(r *outRec) {
 		if r.h != nil {
-			a.n.deadLetter(r.h.String(), r.msg, err)
+			a.n.dead.deadLetter(r.h.String(), r.msg, err)
 		}
 	})
 }
@@ -106,9 +106,9 @@ func (a *assoc) deadLettersOf(c *frameChain, err error, unconfirmed bool) {
 		}
 		target, msg := a.decodeHeld(fields)
 		if unconfirmed {
-			a.n.deadLetterUnconfirmed(target, msg, err)
+			a.n.dead.deadLetterUnconfirmed(target, msg, err)
 		} else {
-			a.n.deadLetter(target, msg, err)
+			a.n.dead.deadLetter(target, msg, err)
 		}
 		return true
 	})

@@ -80,7 +80,7 @@ func (a *assoc) writeRound(vectored bool, window int) bool {
 	if !a.encodesNow() && a.life.state != assocClosed {
 		a.mu.Unlock()
 		for _, f := range a.encodeQueued() {
-			a.n.deadLetter(f.h.String(), f.msg, f.err)
+			a.n.dead.deadLetter(f.h.String(), f.msg, f.err)
 		}
 		a.mu.Lock()
 	}

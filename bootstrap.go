@@ -255,7 +255,7 @@ func (n *Node) bootstrap(ctx context.Context) error {
 				return fmt.Errorf("%w: %s", ErrRegistryRunning, strings.Join(answering, ", "))
 			}
 			n.disc.registrars = registrars
-			if err := n.listenAll(ctx, n.cfg.Listen); err != nil {
+			if err := n.lis.listenAll(ctx, n.cfg.Listen); err != nil {
 				return err
 			}
 			if len(n.lis.all()) == 0 {
@@ -269,7 +269,7 @@ func (n *Node) bootstrap(ctx context.Context) error {
 					}
 					own = "unix://" + filepath.Join(dir, "node-"+n.uid.String()[:12]+".sock")
 				}
-				if err := n.listenAll(ctx, []string{own}); err != nil {
+				if err := n.lis.listenAll(ctx, []string{own}); err != nil {
 					return err
 				}
 			}
@@ -299,7 +299,7 @@ func (n *Node) listenRegistry(ctx context.Context, regAddrs []Addr) error {
 			list = append(list, s)
 		}
 	}
-	if err := n.listenAll(ctx, list); err != nil {
+	if err := n.lis.listenAll(ctx, list); err != nil {
 		n.lis.closeAll(false)
 		return err
 	}

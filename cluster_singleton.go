@@ -236,7 +236,7 @@ func (s *singleton[T]) receive(m T) {
 	switch {
 	case s.ended:
 		s.mu.Unlock()
-		s.n.deadLetter(s.station.String(), m, ErrSingletonUnavailable)
+		s.n.dead.deadLetter(s.station.String(), m, ErrSingletonUnavailable)
 	case s.instance != nil && len(s.buf) == 0:
 		r := *s.instance
 		s.mu.Unlock()
@@ -250,7 +250,7 @@ func (s *singleton[T]) receive(m T) {
 		s.mu.Unlock()
 	default:
 		s.mu.Unlock()
-		s.n.deadLetter(s.station.String(), m, fmt.Errorf("%w (its buffer of %d is full)", ErrSingletonUnavailable, s.cfg.Buffer))
+		s.n.dead.deadLetter(s.station.String(), m, fmt.Errorf("%w (its buffer of %d is full)", ErrSingletonUnavailable, s.cfg.Buffer))
 	}
 }
 
@@ -483,7 +483,7 @@ func (s *singleton[T]) fenced(b Behavior[T]) Behavior[T] {
 	wait := 2*s.c.cfg.GossipInterval + s.c.pauseBudget()
 	b.Receive = func(c *Context[T], m T) {
 		if !s.fence.mayRun(budget, wait, s.c.done) {
-			s.n.deadLetter(s.station.String(), m, fmt.Errorf("%w: this member stood still, and the instance here is being stopped", ErrSingletonUnavailable))
+			s.n.dead.deadLetter(s.station.String(), m, fmt.Errorf("%w: this member stood still, and the instance here is being stopped", ErrSingletonUnavailable))
 			return
 		}
 		recv(c, m)
@@ -538,7 +538,7 @@ func (s *singleton[T]) end(inst *singletonInstance[T]) {
 		s.tellHandedOver() // (else the others wait for the margin)
 	}
 	for _, m := range held {
-		s.n.deadLetter(s.station.String(), m, ErrSingletonUnavailable)
+		s.n.dead.deadLetter(s.station.String(), m, ErrSingletonUnavailable)
 	}
 	s.n.Stop(s.station)
 	s.c.dropSingleton(s.name)

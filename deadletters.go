@@ -19,6 +19,7 @@ const deadLetterSummaryEvery = time.Minute
 // the counts by reason and the last samples for Stats; each has a lock
 // of its own.
 type deadLetters struct {
+	n       *Node
 	log     deadLetterLog
 	counts  deadLetterCounts
 	samples deadLetterSamples
@@ -26,8 +27,8 @@ type deadLetters struct {
 
 // deadLetter reports a message that cannot be delivered: a DeadLetter
 // event (if anything listens) and the node's rate-limited log.
-func (n *Node) deadLetter(target string, msg any, reason error) {
-	n.reportDeadLetter(DeadLetter{Target: target, Message: msg, Reason: reason})
+func (dl *deadLetters) deadLetter(target string, msg any, reason error) {
+	dl.reportDeadLetter(DeadLetter{Target: target, Message: msg, Reason: reason})
 }
 
 // errZeroRef is the reason of a message told to the zero Ref.
@@ -66,7 +67,7 @@ func zeroRefDeadLetter(msg any) {
 	}
 	openNodes.Unlock()
 	for _, n := range nodes {
-		n.deadLetter("<zero ref>", msg, errZeroRef)
+		n.dead.deadLetter("<zero ref>", msg, errZeroRef)
 	}
 	if len(nodes) == 0 {
 		slog.Error("troupe: dead letter", "target", "<zero ref>", "reason", errZeroRef, "type", fmt.Sprintf("%T", msg))
@@ -75,8 +76,8 @@ func zeroRefDeadLetter(msg any) {
 
 // deadLetterUnconfirmed reports a message that was sent but never
 // confirmed.
-func (n *Node) deadLetterUnconfirmed(target string, msg any, reason error) {
-	n.reportDeadLetter(DeadLetter{Target: target, Message: msg, Reason: reason, Unconfirmed: true})
+func (dl *deadLetters) deadLetterUnconfirmed(target string, msg any, reason error) {
+	dl.reportDeadLetter(DeadLetter{Target: target, Message: msg, Reason: reason, Unconfirmed: true})
 }
 
 // wrapped is a message that troupe carries inside another, such as a
@@ -86,7 +87,7 @@ type wrapped interface {
 	unwrap() (target string, msg any)
 }
 
-func (n *Node) reportDeadLetter(d DeadLetter) {
+func (dl *deadLetters) reportDeadLetter(d DeadLetter) {
 	if w, ok := d.Message.(wrapped); ok {
 		d.Target, d.Message = w.unwrap()
 		if errors.Is(d.Reason, ErrActorStopped) {
@@ -94,23 +95,23 @@ func (n *Node) reportDeadLetter(d DeadLetter) {
 		}
 	}
 	switch {
-	case errors.Is(d.Reason, ErrNodeClosed) || n.lc.isClosed():
+	case errors.Is(d.Reason, ErrNodeClosed) || dl.n.lc.isClosed():
 		// This node is closing (whatever the session's own end says, as
 		// when the peer answers the goodbye first): nothing the user
 		// forgot.
 	case quietDeadLetter(d):
-		if n.cfg.DeadLetterLog >= 0 && n.log.Enabled(context.Background(), slog.LevelDebug) {
-			n.log.Debug("troupe: dead letter", "target", d.Target, "reason", d.Reason, "type", fmt.Sprintf("%T", d.Message))
+		if dl.n.cfg.DeadLetterLog >= 0 && dl.n.log.Enabled(context.Background(), slog.LevelDebug) {
+			dl.n.log.Debug("troupe: dead letter", "target", d.Target, "reason", d.Reason, "type", fmt.Sprintf("%T", d.Message))
 		}
 	default:
-		n.dead.samples.add(d) // (the user's only: troupe's own would crowd them out)
-		if n.cfg.DeadLetterLog >= 0 {
-			n.dead.log.note(n, d)
+		dl.samples.add(d) // (the user's only: troupe's own would crowd them out)
+		if dl.n.cfg.DeadLetterLog >= 0 {
+			dl.log.note(dl.n, d)
 		}
 	}
-	n.dead.counts.add(d.Reason)
-	if n.events.hasSubscribers() {
-		n.events.emit(d)
+	dl.counts.add(d.Reason)
+	if dl.n.events.hasSubscribers() {
+		dl.n.events.emit(d)
 	}
 }
 

@@ -138,9 +138,9 @@ func TestInternalDeadLettersDoNotUseTheLogBudget(t *testing.T) {
 	published := make(chan DeadLetter, 64)
 	SubscribeChan(n, published)
 	for range 20 {
-		n.deadLetter("troupe://gone/user/x", statsReply{JSON: []byte("{}")}, ErrNoSuchActor)
+		n.dead.deadLetter("troupe://gone/user/x", statsReply{JSON: []byte("{}")}, ErrNoSuchActor)
 	}
-	n.deadLetter("troupe://gone/user/x", unregistered{N: 1}, ErrNoSuchActor)
+	n.dead.deadLetter("troupe://gone/user/x", unregistered{N: 1}, ErrNoSuchActor)
 	for range 21 {
 		<-published
 	}

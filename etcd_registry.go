@@ -527,7 +527,7 @@ func (n *Node) startEtcdRegistry(ctx context.Context) error {
 	if len(listen) == 0 {
 		listen = []string{"tcp://127.0.0.1:0"}
 	}
-	return n.listenAll(ctx, listen)
+	return n.lis.listenAll(ctx, listen)
 }
 
 // etcdFor returns the etcd registry named s: the node's own, or one kept

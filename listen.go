@@ -24,6 +24,7 @@ import (
 // guards list and closed; addrs is replaced, never changed, under mu and
 // read without it.
 type listenerSet struct {
+	n      *Node
 	mu     sync.Mutex
 	list   []net.Listener
 	closed bool // closeAll ran: no listener is added after it
@@ -105,11 +106,11 @@ type inboundLimits struct {
 }
 
 // listenAll binds every address in list.
-func (n *Node) listenAll(ctx context.Context, list []string) error {
+func (ls *listenerSet) listenAll(ctx context.Context, list []string) error {
 	for _, s := range list {
 		a, err := ParseAddr(s)
 		if err == nil {
-			err = n.listen(ctx, a)
+			err = ls.listen(ctx, a)
 		}
 		if err != nil {
 			return fmt.Errorf("listen on %q: %w", s, err)
@@ -118,14 +119,14 @@ func (n *Node) listenAll(ctx context.Context, list []string) error {
 	return nil
 }
 
-func (n *Node) listen(ctx context.Context, a Addr) error {
-	_, err := n.listenOne(ctx, a)
+func (ls *listenerSet) listen(ctx context.Context, a Addr) error {
+	_, err := ls.listenOne(ctx, a)
 	return err
 }
 
 // listenOne binds a and adds it to the node's listeners and addresses;
 // the caller starts its accept loop.
-func (n *Node) listenOne(ctx context.Context, a Addr) (net.Listener, error) {
+func (ls *listenerSet) listenOne(ctx context.Context, a Addr) (net.Listener, error) {
 	var lc net.ListenConfig
 	if a.isUnix() {
 		if err := checkSocketPath(a.address); err != nil {
@@ -156,7 +157,7 @@ func (n *Node) listenOne(ctx context.Context, a Addr) (net.Listener, error) {
 	if !a.isUnix() {
 		bound = tcpAddr(l.Addr().String())
 	}
-	if n.lc.isClosed() || !n.lis.add(l, bound) {
+	if ls.n.lc.isClosed() || !ls.add(l, bound) {
 		l.Close()
 		return nil, ErrNodeClosed
 	}
@@ -277,7 +278,7 @@ func sizeBuffers(c net.Conn) {
 }
 
 // acceptLoop accepts connections on l until the node closes it.
-func (n *Node) acceptLoop(l net.Listener) {
+func (ls *listenerSet) acceptLoop(l net.Listener) {
 	var backoff time.Duration
 	for {
 		c, err := l.Accept()
@@ -285,45 +286,45 @@ func (n *Node) acceptLoop(l net.Listener) {
 			sizeBuffers(c)
 		}
 		if err != nil {
-			if errors.Is(err, net.ErrClosed) || n.lc.isClosed() {
+			if errors.Is(err, net.ErrClosed) || ls.n.lc.isClosed() {
 				return
 			}
-			n.inbound.acceptErrors.Add(1)
+			ls.n.inbound.acceptErrors.Add(1)
 			if backoff == 0 {
 				backoff = acceptBackoffMin
-				n.log.Warn("troupe: accept failed; retrying with backoff", "addr", l.Addr().String(), "err", err)
+				ls.n.log.Warn("troupe: accept failed; retrying with backoff", "addr", l.Addr().String(), "err", err)
 			} else {
 				backoff = min(2*backoff, acceptBackoffMax)
 			}
 			t := time.NewTimer(backoff)
 			select {
 			case <-t.C:
-			case <-n.lc.done:
+			case <-ls.n.lc.done:
 				t.Stop()
 				return
 			}
 			continue
 		}
 		if backoff != 0 {
-			n.log.Info("troupe: accepting again", "addr", l.Addr().String(), "failed", n.inbound.acceptErrors.Load())
+			ls.n.log.Info("troupe: accepting again", "addr", l.Addr().String(), "failed", ls.n.inbound.acceptErrors.Load())
 			backoff = 0
 		}
-		src, ok := n.inbound.admit(c, n.cfg.MaxInboundConns, n.cfg.MaxPendingHandshakes)
+		src, ok := ls.n.inbound.admit(c, ls.n.cfg.MaxInboundConns, ls.n.cfg.MaxPendingHandshakes)
 		if !ok {
-			n.log.Debug("troupe: refused a connection over the limits", "remote", c.RemoteAddr().String(),
-				"inbound", n.inbound.open.Load(), "handshaking", n.inbound.handshaking.Load())
+			ls.n.log.Debug("troupe: refused a connection over the limits", "remote", c.RemoteAddr().String(),
+				"inbound", ls.n.inbound.open.Load(), "handshaking", ls.n.inbound.handshaking.Load())
 			c.Close()
 			continue
 		}
-		if f := n.cfg.fault; f != nil {
-			c = f.accepted(n, c)
+		if f := ls.n.cfg.fault; f != nil {
+			c = f.accepted(ls.n, c)
 		}
-		if n.cfg.TLS != nil && c.LocalAddr().Network() == "tcp" {
-			c = tls.Server(c, n.cfg.TLS)
+		if ls.n.cfg.TLS != nil && c.LocalAddr().Network() == "tcp" {
+			c = tls.Server(c, ls.n.cfg.TLS)
 		}
-		n.wg.Go(func() {
-			defer n.inbound.open.Add(-1)
-			n.gate.serveInbound(c, src)
+		ls.n.wg.Go(func() {
+			defer ls.n.inbound.open.Add(-1)
+			ls.n.gate.serveInbound(c, src)
 		})
 	}
 }

@@ -115,6 +115,8 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 	n.disc.n = n
 	n.gate.n = n
 	n.peers.n = n
+	n.lis.n = n
+	n.dead.n = n
 	rand.Read(n.uid[:])
 	rand.Read(n.ids.base[:])
 	n.name = cfg.Name
@@ -133,7 +135,7 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 	case cfg.Discovery || len(cfg.RegistryAddrs) > 0 || cfg.EnsureRegistry:
 		err = n.bootstrap(ctx)
 	default:
-		err = n.listenAll(ctx, cfg.Listen)
+		err = n.lis.listenAll(ctx, cfg.Listen)
 	}
 	if err == nil && cfg.ServeRegistry && n.disc.reg() == nil {
 		err = n.startRegistrar()
@@ -146,7 +148,7 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 		return nil, err
 	}
 	for _, l := range n.lis.all() {
-		n.wg.Go(func() { n.acceptLoop(l) })
+		n.wg.Go(func() { n.lis.acceptLoop(l) })
 	}
 	n.wg.Go(n.heartbeatLoop)
 	if err := n.disc.registerNode(ctx); err != nil {

@@ -115,7 +115,7 @@ func TestAcceptErrorsDoNotStopTheListener(t *testing.T) {
 	n.lis.mu.Lock()
 	n.lis.list = append(n.lis.list, fl)
 	n.lis.mu.Unlock()
-	n.wg.Go(func() { n.acceptLoop(fl) })
+	n.wg.Go(func() { n.lis.acceptLoop(fl) })
 	spawnEcho(t, n, "echo")
 	other := startNode(t, testConfig())
 	r, err := Resolve[testPing](ctxT(t, 10*time.Second), other, FormatRef(tcpAddr(l.Addr().String()), "/user/echo"))

@@ -126,7 +126,7 @@ func (h *handle) sendHeaders(msg any, hd Headers) error {
 		}
 	}
 	if err != nil {
-		h.node.deadLetter(h.String(), msg, err)
+		h.node.dead.deadLetter(h.String(), msg, err)
 	}
 	return err
 }
@@ -173,12 +173,12 @@ func (r Ref[T]) Tell(msg T) {
 	switch l := r.h.local.(type) {
 	case *cell[T]:
 		if err := l.push(msg); err != nil {
-			r.h.node.deadLetter(r.h.String(), msg, err)
+			r.h.node.dead.deadLetter(r.h.String(), msg, err)
 		}
 		return
 	case *promise[T]: // the reply to a local Ask: no box on the way
 		if !l.complete(msg, nil) {
-			r.h.node.deadLetter(r.h.String(), msg, errAskOver)
+			r.h.node.dead.deadLetter(r.h.String(), msg, errAskOver)
 		}
 		return
 	}
@@ -251,7 +251,7 @@ func (r Ref[T]) Send(ctx context.Context, msg T) error {
 		err = r.h.assoc.send(ctx, r.h, msg, hd)
 	}
 	if err != nil && err != ctx.Err() {
-		r.h.node.deadLetter(r.h.String(), msg, err)
+		r.h.node.dead.deadLetter(r.h.String(), msg, err)
 	}
 	return err
 }
@@ -338,7 +338,7 @@ func Ask[Req, Resp any](ctx context.Context, to Ref[Req], mk func(replyTo Ref[Re
 		// A local actor takes the request typed: no box on the way. Its
 		// stop fails the promise.
 		if err = c.pushAsked(req, 0, hd, false, p); err != nil {
-			n.deadLetter(to.h.String(), req, err)
+			n.dead.deadLetter(to.h.String(), req, err)
 		} else {
 			defer c.removeAsker(p)
 		}

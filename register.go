@@ -201,7 +201,7 @@ func (dc *registryClient) takeOver(addr Addr) bool {
 	if res, _ := dc.n.probe(ctx, addr); res != probeAbsent {
 		return false // it answers again, or something else holds it
 	}
-	l, err := dc.n.listenOne(ctx, addr)
+	l, err := dc.n.lis.listenOne(ctx, addr)
 	if err != nil {
 		return false // another node bound it first: it is the registrar
 	}
@@ -210,7 +210,7 @@ func (dc *registryClient) takeOver(addr Addr) bool {
 			return false
 		}
 	}
-	if dc.n.lc.isClosed() || !dc.n.lis.serve(func() { dc.n.wg.Go(func() { dc.n.acceptLoop(l) }) }) {
+	if dc.n.lc.isClosed() || !dc.n.lis.serve(func() { dc.n.wg.Go(func() { dc.n.lis.acceptLoop(l) }) }) {
 		return false // shutdown closes l with the others
 	}
 	var refused []error

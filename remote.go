@@ -261,7 +261,7 @@ func (a *assoc) onTell(b []byte, hd Headers, size int) error {
 		ty = &a.inTypes[tid-1]
 	}
 	if ty.mt == nil {
-		n.deadLetter(n.localRefString(it.path), nil, fmt.Errorf("%w: unknown wire key %q from %s", ErrNoWireKey, ty.key, a.label()))
+		n.dead.deadLetter(n.localRefString(it.path), nil, fmt.Errorf("%w: unknown wire key %q from %s", ErrNoWireKey, ty.key, a.label()))
 		return nil
 	}
 	if ty.incompat != nil {
@@ -314,7 +314,7 @@ func (a *assoc) onTell(b []byte, hd Headers, size int) error {
 func (a *assoc) deliver(it *inTarget, id uint64, msg any, size int, credited bool, hd Headers) error {
 	n := a.n
 	if it.target == nil {
-		n.deadLetter(n.localRefString(it.path), msg, ErrNoSuchActor)
+		n.dead.deadLetter(n.localRefString(it.path), msg, ErrNoSuchActor)
 		return nil
 	}
 	if bt := it.batch; bt != nil {
@@ -329,7 +329,7 @@ func (a *assoc) deliver(it *inTarget, id uint64, msg any, size int, credited boo
 		err = it.target.tellWire(msg, size, hd)
 	}
 	if err != nil {
-		n.deadLetter(n.localRefString(it.path), msg, err)
+		n.dead.deadLetter(n.localRefString(it.path), msg, err)
 	}
 	return nil
 }
@@ -363,7 +363,7 @@ func (a *assoc) incompatible(path string, mt *msgType, why error) {
 		n.log.Warn("troupe: a message from a peer does not decode as the type with its wire key here; it is a dead letter (the peer may run another version of the type)",
 			"peer", a.label(), "key", mt.key, "to", path, "err", why)
 	}
-	n.deadLetter(n.localRefString(path), nil, err)
+	n.dead.deadLetter(n.localRefString(path), nil, err)
 }
 
 // onShape keeps a shape the peer sent for a wire key it is about to
@@ -498,7 +498,7 @@ func (a *assoc) flushBatch() {
 		if k >= len(ms) {
 			break
 		}
-		a.n.deadLetter(a.n.localRefString(a.batchPath), ms[k].value(a.arena), err)
+		a.n.dead.deadLetter(a.n.localRefString(a.batchPath), ms[k].value(a.arena), err)
 		ms = ms[k+1:]
 	}
 	clear(a.batch)

@@ -121,7 +121,7 @@ func SpawnGroupRouter[T any](n *Node, name string, key ServiceKey[T], strategy R
 		Receive: func(c *Context[T], msg T) {
 			rs := routees.Load()
 			if rs == nil || len(*rs) == 0 {
-				n.deadLetter(c.Self().String(), msg, ErrNoRoutee)
+				n.dead.deadLetter(c.Self().String(), msg, ErrNoRoutee)
 				return
 			}
 			strategy.pick(msg, *rs, &next).Tell(msg)

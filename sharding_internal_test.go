@@ -93,7 +93,7 @@ func TestAnEnvelopesDeadLetterNamesTheUsersMessage(t *testing.T) {
 	dead := make(chan DeadLetter, 1)
 	sub := SubscribeChan(n, dead)
 	defer sub.Unsubscribe()
-	n.deadLetter("/system/sharding-k", shardEnvelope[testPing]{id: "x", msg: testPing{N: 7}, to: "/system/sharding-k/entity/x"}, ErrActorStopped)
+	n.dead.deadLetter("/system/sharding-k", shardEnvelope[testPing]{id: "x", msg: testPing{N: 7}, to: "/system/sharding-k/entity/x"}, ErrActorStopped)
 	d := <-dead
 	if m, ok := d.Message.(testPing); !ok || m.N != 7 || d.Target != "/system/sharding-k/entity/x" || !errors.Is(d.Reason, ErrEntityUnavailable) {
 		t.Fatalf("dead letter %T %+v to %s (%v); want the testPing to the entity, ErrEntityUnavailable", d.Message, d.Message, d.Target, d.Reason)

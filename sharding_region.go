@@ -179,7 +179,7 @@ func (r *region[T]) onEnvelope(ctx *Context[regionMsg], env shardEnvelope[T]) {
 	switch {
 	case over:
 		sh.queued.Add(-1)
-		r.n.deadLetter(r.prefix+env.id, env.msg, ErrEntityUnavailable)
+		r.n.dead.deadLetter(r.prefix+env.id, env.msg, ErrEntityUnavailable)
 	case sh.mode == shardHere:
 		r.deliverHere(ctx, sh, env)
 	case sh.mode == shardThere && r.c.isGone(sh.homeUID):
@@ -195,7 +195,7 @@ func (r *region[T]) onEnvelope(ctx *Context[regionMsg], env shardEnvelope[T]) {
 		}
 		sh.queued.Add(-1)
 		if err != nil {
-			r.n.deadLetter(h.String(), env.msg, err)
+			r.n.dead.deadLetter(h.String(), env.msg, err)
 		}
 	default:
 		r.hold(sh, env)
@@ -208,7 +208,7 @@ func (r *region[T]) deliverHere(ctx *Context[regionMsg], sh *shard[T], env shard
 	if e == nil {
 		if e = r.activate(ctx, sh, env.id); e == nil {
 			sh.queued.Add(-1)
-			r.n.deadLetter(r.prefix+env.id, env.msg, ErrEntityUnavailable)
+			r.n.dead.deadLetter(r.prefix+env.id, env.msg, ErrEntityUnavailable)
 			return
 		}
 	}
@@ -221,7 +221,7 @@ func (r *region[T]) deliverHere(ctx *Context[regionMsg], sh *shard[T], env shard
 	err := deliverLocal(nil, e.cell, env.msg, env.hd)
 	sh.queued.Add(-1)
 	if err != nil {
-		r.n.deadLetter(e.ref.String(), env.msg, err)
+		r.n.dead.deadLetter(e.ref.String(), env.msg, err)
 	}
 }
 
@@ -261,7 +261,7 @@ func (r *region[T]) build(id string) (b Behavior[T], err error) {
 func (r *region[T]) hold(sh *shard[T], env shardEnvelope[T]) {
 	if r.held >= r.cfg.Buffer {
 		sh.queued.Add(-1)
-		r.n.deadLetter(r.prefix+env.id, env.msg, fmt.Errorf("%w (its buffer of %d is full)", ErrEntityUnavailable, r.cfg.Buffer))
+		r.n.dead.deadLetter(r.prefix+env.id, env.msg, fmt.Errorf("%w (its buffer of %d is full)", ErrEntityUnavailable, r.cfg.Buffer))
 		return
 	}
 	sh.held = append(sh.held, env)
@@ -590,14 +590,14 @@ func (r *region[T]) dropHeld() {
 		waitInflight(&sh.inflight)
 		for _, env := range sh.held {
 			sh.queued.Add(-1)
-			r.n.deadLetter(r.prefix+env.id, env.msg, ErrEntityUnavailable)
+			r.n.dead.deadLetter(r.prefix+env.id, env.msg, ErrEntityUnavailable)
 		}
 		r.addHeld(-len(sh.held))
 		sh.held = nil
 	}
 	for _, e := range r.byPath {
 		for _, env := range e.held {
-			r.n.deadLetter(r.prefix+env.id, env.msg, ErrEntityUnavailable)
+			r.n.dead.deadLetter(r.prefix+env.id, env.msg, ErrEntityUnavailable)
 		}
 		r.addHeld(-len(e.held))
 		e.held = nil

@@ -248,7 +248,7 @@ func (r *topicRelay[T]) relay(n *Node, name string, hd Headers, msg T) {
 		case errors.Is(err, ErrActorStopped), errors.Is(err, ErrNoSuchActor):
 			gone = append(gone, h)
 		default:
-			n.deadLetter(h.String(), msg, err)
+			n.dead.deadLetter(h.String(), msg, err)
 		}
 	}
 	for _, h := range gone {
