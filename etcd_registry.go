@@ -485,8 +485,8 @@ func (r *etcdRegistry) setLease(lease string) {
 }
 
 // etcdConfigured reports whether Config.RegistryAddrs names an etcd.
-func (n *Node) etcdConfigured() bool {
-	for _, s := range n.cfg.RegistryAddrs {
+func (ec *etcdClient) etcdConfigured() bool {
+	for _, s := range ec.n.cfg.RegistryAddrs {
 		if isEtcdURL(s) {
 			return true
 		}
@@ -500,16 +500,16 @@ func (n *Node) etcdConfigured() bool {
 // Several entries name the endpoints of one etcd cluster, as commas in one
 // entry do: they must agree on the scheme and the prefix, and none may be
 // a registrar's address.
-func (n *Node) startEtcdRegistry(ctx context.Context) error {
-	if n.cfg.EnsureRegistry || n.cfg.ServeRegistry {
+func (ec *etcdClient) startEtcdRegistry(ctx context.Context) error {
+	if ec.n.cfg.EnsureRegistry || ec.n.cfg.ServeRegistry {
 		return fmt.Errorf("%w: EnsureRegistry and ServeRegistry serve a registrar; with an etcd registry there is none to serve", ErrBadConfig)
 	}
 	var r *etcdRegistry
-	for _, s := range n.cfg.RegistryAddrs {
+	for _, s := range ec.n.cfg.RegistryAddrs {
 		if !isEtcdURL(s) {
 			return fmt.Errorf("%w: RegistryAddrs: %q is not an etcd endpoint; an etcd registry and registrars cannot be mixed", ErrBadConfig, s)
 		}
-		one, err := parseEtcdURL(s, n.registryTLS(), n.cfg.EtcdElectionTimeout)
+		one, err := parseEtcdURL(s, ec.registryTLS(), ec.n.cfg.EtcdElectionTimeout)
 		if err != nil {
 			return fmt.Errorf("%w: RegistryAddrs: %v", ErrBadConfig, err)
 		}
@@ -522,108 +522,108 @@ func (n *Node) startEtcdRegistry(ctx context.Context) error {
 			r.endpoints = append(r.endpoints, one.endpoints...)
 		}
 	}
-	n.disc.etcd = r
-	listen := n.cfg.Listen
+	ec.reg = r
+	listen := ec.n.cfg.Listen
 	if len(listen) == 0 {
 		listen = []string{"tcp://127.0.0.1:0"}
 	}
-	return n.lis.listenAll(ctx, listen)
+	return ec.n.lis.listenAll(ctx, listen)
 }
 
 // etcdFor returns the etcd registry named s: the node's own, or one kept
 // for lookups through WithRegistries.
-func (n *Node) etcdFor(s string) (*etcdRegistry, error) {
-	if n.disc.etcd != nil && n.disc.etcd.url == s {
-		return n.disc.etcd, nil
+func (ec *etcdClient) etcdFor(s string) (*etcdRegistry, error) {
+	if ec.reg != nil && ec.reg.url == s {
+		return ec.reg, nil
 	}
-	if v, ok := n.disc.etcdOthers.Load(s); ok {
+	if v, ok := ec.others.Load(s); ok {
 		return v.(*etcdRegistry), nil
 	}
-	r, err := parseEtcdURL(s, n.registryTLS(), n.cfg.EtcdElectionTimeout)
+	r, err := parseEtcdURL(s, ec.registryTLS(), ec.n.cfg.EtcdElectionTimeout)
 	if err != nil {
 		return nil, err
 	}
-	v, _ := n.disc.etcdOthers.LoadOrStore(s, r)
+	v, _ := ec.others.LoadOrStore(s, r)
 	return v.(*etcdRegistry), nil
 }
 
 // registryTLS is the TLS config for an etcds registry.
-func (n *Node) registryTLS() *tls.Config {
-	if n.cfg.RegistryTLS != nil {
-		return n.cfg.RegistryTLS
+func (ec *etcdClient) registryTLS() *tls.Config {
+	if ec.n.cfg.RegistryTLS != nil {
+		return ec.n.cfg.RegistryTLS
 	}
-	return n.cfg.TLS
+	return ec.n.cfg.TLS
 }
 
 // etcdTTL is the time to live of the node's etcd lease.
-func (n *Node) etcdTTL() time.Duration {
-	return max(n.cfg.UnreachableAfter, etcdTimingFor(n.cfg.EtcdElectionTimeout).minTTL)
+func (ec *etcdClient) etcdTTL() time.Duration {
+	return max(ec.n.cfg.UnreachableAfter, etcdTimingFor(ec.n.cfg.EtcdElectionTimeout).minTTL)
 }
 
 // registerEtcd takes the node's etcd lease and registers the node with
 // it before Start returns; a goroutine then keeps the lease alive.
-func (n *Node) registerEtcd(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, n.disc.registryTimeout())
+func (ec *etcdClient) registerEtcd(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, ec.n.disc.registryTimeout())
 	defer cancel()
-	lease, err := n.disc.etcd.grant(ctx, n.etcdTTL())
-	self := n.disc.nodeRegistration()
+	lease, err := ec.reg.grant(ctx, ec.etcdTTL())
+	self := ec.n.disc.nodeRegistration()
 	if err == nil {
-		err = n.disc.etcd.put(ctx, lease, self)
+		err = ec.reg.put(ctx, lease, self)
 	}
 	if err != nil {
 		return fmt.Errorf("register with %w", err)
 	}
-	n.disc.etcd.setLease(lease)
-	n.disc.etcdSync.init()
-	n.disc.etcdSync.written[n.disc.etcd.key(self.Name, self.UUID)] = struct{}{}
-	n.wg.Go(n.keepEtcd)
-	n.wg.Go(n.syncEtcd)
+	ec.reg.setLease(lease)
+	ec.sync.init()
+	ec.sync.written[ec.reg.key(self.Name, self.UUID)] = struct{}{}
+	ec.n.wg.Go(ec.keepEtcd)
+	ec.n.wg.Go(ec.syncEtcd)
 	return nil
 }
 
 // keepEtcd renews the node's lease every third of its time to live. When
 // etcd says the lease has expired (the node was cut off from etcd for
 // longer than that), it takes a new one and registers everything again.
-func (n *Node) keepEtcd() {
-	r, ttl := n.disc.etcd, n.etcdTTL()
+func (ec *etcdClient) keepEtcd() {
+	r, ttl := ec.reg, ec.etcdTTL()
 	t := time.NewTicker(ttl / 3)
 	defer t.Stop()
 	unreachable := false
 	for {
 		select {
-		case <-n.lc.done:
+		case <-ec.n.lc.done:
 			return
 		case <-t.C:
 		}
-		ctx, cancel := context.WithTimeout(n.lc.ctx, ttl/3)
+		ctx, cancel := context.WithTimeout(ec.n.lc.ctx, ttl/3)
 		alive, err := r.keepAlive(ctx, r.currentLease())
 		switch {
 		case err != nil:
 			if !unreachable {
-				n.log.Warn("troupe: etcd registry unreachable; this node's entries expire if it stays so", "registry", r.String(), "ttl", ttl, "err", err)
+				ec.n.log.Warn("troupe: etcd registry unreachable; this node's entries expire if it stays so", "registry", r.String(), "ttl", ttl, "err", err)
 				unreachable = true
 			}
 		case alive:
 			if unreachable {
-				n.log.Info("troupe: etcd registry reachable again", "registry", r.String())
+				ec.n.log.Info("troupe: etcd registry reachable again", "registry", r.String())
 				unreachable = false
 			}
 		default:
-			if n.lc.isClosed() {
+			if ec.n.lc.isClosed() {
 				break // (revoked by the shutdown)
 			}
 			// The lease expired, and the entries with it: a new lease,
 			// and everything put again under it (in batches).
 			lease, err := r.grant(ctx, ttl)
 			if err != nil {
-				n.log.Warn("troupe: could not take a new etcd lease", "registry", r.String(), "err", err)
+				ec.n.log.Warn("troupe: could not take a new etcd lease", "registry", r.String(), "err", err)
 				break
 			}
 			r.setLease(lease)
-			n.leaseLost()
-			n.log.Info("troupe: etcd lease had expired; registering everything again", "registry", r.String())
+			ec.leaseLost()
+			ec.n.log.Info("troupe: etcd lease had expired; registering everything again", "registry", r.String())
 			unreachable = false
-			n.disc.bump()
+			ec.n.disc.bump()
 		}
 		cancel()
 	}
@@ -631,31 +631,31 @@ func (n *Node) keepEtcd() {
 
 // revokeEtcd removes the node's entries as it closes (within d), by
 // revoking its lease; an etcd that does not answer lets them expire.
-func (n *Node) revokeEtcd(d time.Duration) {
+func (ec *etcdClient) revokeEtcd(d time.Duration) {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	defer cancel()
-	if lease := n.disc.etcd.currentLease(); lease != "" {
-		n.disc.etcd.revoke(ctx, lease)
+	if lease := ec.reg.currentLease(); lease != "" {
+		ec.reg.revoke(ctx, lease)
 	}
 }
 
 // closeEtcdClients releases the idle connections of every etcd client.
-func (n *Node) closeEtcdClients() {
-	if n.disc.etcd != nil {
-		n.disc.etcd.client.CloseIdleConnections()
+func (ec *etcdClient) closeEtcdClients() {
+	if ec.reg != nil {
+		ec.reg.client.CloseIdleConnections()
 	}
-	n.disc.etcdOthers.Range(func(_, v any) bool {
+	ec.others.Range(func(_, v any) bool {
 		v.(*etcdRegistry).client.CloseIdleConnections()
 		return true
 	})
 }
 
 // askEtcd answers a lookup request from an etcd registry.
-func (n *Node) askEtcd(ctx context.Context, r *etcdRegistry, req regRequest) ([]Registration, error) {
-	if n.lc.workOver() {
+func (ec *etcdClient) askEtcd(ctx context.Context, r *etcdRegistry, req regRequest) ([]Registration, error) {
+	if ec.n.lc.workOver() {
 		return nil, ErrNodeClosed
 	}
-	ctx, cancel := context.WithTimeout(ctx, n.disc.registryTimeout())
+	ctx, cancel := context.WithTimeout(ctx, ec.n.disc.registryTimeout())
 	defer cancel()
 	switch req.Op {
 	case regOpFind:
@@ -675,4 +675,15 @@ func (n *Node) askEtcd(ctx context.Context, r *etcdRegistry, req regRequest) ([]
 		return nil, nil
 	}
 	return nil, fmt.Errorf("etcd %s: request %d is for a registrar", r.url, req.Op)
+}
+
+// etcdClient is a node's use of etcd as its registry: the registry it
+// registers with, what etcd confirmed of its entries, and the other
+// etcd registries that lookups name. reg is set in Start, then
+// read-only; sync has its own lock; others is a sync.Map.
+type etcdClient struct {
+	n      *Node
+	reg    *etcdRegistry // the etcd registry this node registers with, if any
+	sync   etcdSync      // what etcd confirmed of this node's entries (etcd_sync.go)
+	others sync.Map      // URL -> *etcdRegistry: those named in WithRegistries
 }

@@ -207,8 +207,8 @@ func TestEtcdRegistry(t *testing.T) {
 	}
 
 	// A key under the prefix that is not a registration is ignored.
-	junk := map[string]any{"key": b64(a.disc.etcd.prefix + "echo/not-a-uuid"), "value": b64("{not json")}
-	if err := a.disc.etcd.call(ctx, "/v3/kv/put", junk, &struct{}{}); err != nil {
+	junk := map[string]any{"key": b64(a.disc.etcd.reg.prefix + "echo/not-a-uuid"), "value": b64("{not json")}
+	if err := a.disc.etcd.reg.call(ctx, "/v3/kv/put", junk, &struct{}{}); err != nil {
 		t.Fatal(err)
 	}
 	if regs, err := reg.Find(ctx, "echo"); err != nil || len(regs) != 2 {
@@ -359,7 +359,7 @@ func TestEtcdRegistryLeaseExpires(t *testing.T) {
 	// Revoking the lease behind alpha's back is what etcd does when the
 	// TTL runs out with no keep-alive: the entries go at once.
 	lost := time.Now()
-	if err := a.disc.etcd.revoke(ctx, a.disc.etcd.currentLease()); err != nil {
+	if err := a.disc.etcd.reg.revoke(ctx, a.disc.etcd.reg.currentLease()); err != nil {
 		t.Fatal(err)
 	}
 	regs, err := reg.Find(ctx, "echo")
@@ -367,11 +367,11 @@ func TestEtcdRegistryLeaseExpires(t *testing.T) {
 		t.Fatalf("after the lease ended: %v, %v", regs, err)
 	}
 	// Alpha's keeper finds its lease gone and registers everything again.
-	waitFor(t, 3*a.etcdTTL(), "alpha's entries to come back", func() bool {
+	waitFor(t, 3*a.disc.etcd.etcdTTL(), "alpha's entries to come back", func() bool {
 		regs, err := reg.Find(ctx, "echo")
 		return err == nil && len(regs) == 1 && regs[0].Node == a.UID()
 	})
-	t.Logf("registered again %v after the lease ended (ttl %v)", time.Since(lost).Round(time.Millisecond), a.etcdTTL())
+	t.Logf("registered again %v after the lease ended (ttl %v)", time.Since(lost).Round(time.Millisecond), a.disc.etcd.etcdTTL())
 }
 
 func TestEtcdRegistryBadConfig(t *testing.T) {

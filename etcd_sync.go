@@ -81,11 +81,11 @@ func (s *etcdSync) poke(verify bool) {
 
 // pending says how many of the node's puts and deletes etcd has not
 // confirmed.
-func (n *Node) etcdPending() int {
-	if n.disc.etcd == nil {
+func (ec *etcdClient) etcdPending() int {
+	if ec.reg == nil {
 		return 0
 	}
-	s := &n.disc.etcdSync
+	s := &ec.sync
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.behind
@@ -96,9 +96,9 @@ func (n *Node) etcdPending() int {
 // also stops waiting (false) once a pass that ended after it began found
 // every member refusing connections: an election answers within ctx, an
 // etcd that is down does not.
-func (n *Node) awaitEtcd(ctx context.Context, h *handle, reg Registration) bool {
-	key := n.disc.etcd.key(reg.Name, reg.UUID)
-	s := &n.disc.etcdSync
+func (ec *etcdClient) awaitEtcd(ctx context.Context, h *handle, reg Registration) bool {
+	key := ec.reg.key(reg.Name, reg.UUID)
+	s := &ec.sync
 	s.mu.Lock()
 	began := s.passes
 	s.mu.Unlock()
@@ -108,7 +108,7 @@ func (n *Node) awaitEtcd(ctx context.Context, h *handle, reg Registration) bool 
 		down := s.refused && s.passes > began
 		ch := s.changed
 		s.mu.Unlock()
-		if ok || n.actors.get(h.key.path, h.key.uuid) == nil {
+		if ok || ec.n.actors.get(h.key.path, h.key.uuid) == nil {
 			return true
 		}
 		if down {
@@ -118,22 +118,22 @@ func (n *Node) awaitEtcd(ctx context.Context, h *handle, reg Registration) bool 
 		case <-ch:
 		case <-ctx.Done():
 			return false
-		case <-n.lc.done:
+		case <-ec.n.lc.done:
 			return false
 		}
 	}
 }
 
 // syncEtcd is the goroutine that writes the node's entries.
-func (n *Node) syncEtcd() {
-	s := &n.disc.etcdSync
+func (ec *etcdClient) syncEtcd() {
+	s := &ec.sync
 	verify := time.NewTicker(etcdVerifyEvery)
 	defer verify.Stop()
 	wait := time.Duration(0)
 	var retry <-chan time.Time
 	for {
 		select {
-		case <-n.lc.done:
+		case <-ec.n.lc.done:
 			return
 		case <-s.kick:
 		case <-verify.C:
@@ -141,12 +141,12 @@ func (n *Node) syncEtcd() {
 			continue
 		case <-retry:
 		}
-		if n.lc.isClosed() {
+		if ec.n.lc.isClosed() {
 			return // (the lease is being revoked: nothing is put again)
 		}
 		retry = nil
-		ctx, cancel := context.WithTimeout(n.lc.ctx, n.disc.registryTimeout())
-		err := n.reconcileEtcd(ctx)
+		ctx, cancel := context.WithTimeout(ec.n.lc.ctx, ec.n.disc.registryTimeout())
+		err := ec.reconcileEtcd(ctx)
 		cancel()
 		s.mu.Lock()
 		s.passes++
@@ -155,16 +155,16 @@ func (n *Node) syncEtcd() {
 		s.mu.Unlock()
 		if err == nil {
 			if wait > 0 {
-				n.log.Info("troupe: the etcd registry holds this node's entries again", "registry", n.disc.etcd.String())
+				ec.n.log.Info("troupe: the etcd registry holds this node's entries again", "registry", ec.reg.String())
 			}
 			wait = 0
 			continue
 		}
-		if n.lc.isClosed() {
+		if ec.n.lc.isClosed() {
 			return
 		}
 		if wait == 0 {
-			n.log.Warn("troupe: could not update this node's entries in the etcd registry; trying again until it answers", "registry", n.disc.etcd.String(), "pending", n.etcdPending(), "err", err)
+			ec.n.log.Warn("troupe: could not update this node's entries in the etcd registry; trying again until it answers", "registry", ec.reg.String(), "pending", ec.etcdPending(), "err", err)
 		}
 		wait = min(max(2*wait, etcdRetryMin), etcdRetryMax)
 		s.mu.Lock()
@@ -179,11 +179,11 @@ func (n *Node) syncEtcd() {
 // etcd has not confirmed is put, what etcd holds and it no longer wants
 // is deleted; it goes on until nothing is left to do (the set may change
 // while it works).
-func (n *Node) reconcileEtcd(ctx context.Context) error {
-	r, s := n.disc.etcd, &n.disc.etcdSync
+func (ec *etcdClient) reconcileEtcd(ctx context.Context) error {
+	r, s := ec.reg, &ec.sync
 	for {
 		want := map[string]Registration{}
-		for _, reg := range n.disc.publicRegistrations() {
+		for _, reg := range ec.n.disc.publicRegistrations() {
 			want[r.key(reg.Name, reg.UUID)] = reg
 		}
 		s.mu.Lock()
@@ -292,8 +292,8 @@ func diffCount(want map[string]Registration, written map[string]struct{}) int {
 
 // leaseLost forgets what etcd confirmed (it went with the lease) and has
 // everything put again under the new lease.
-func (n *Node) leaseLost() {
-	s := &n.disc.etcdSync
+func (ec *etcdClient) leaseLost() {
+	s := &ec.sync
 	s.mu.Lock()
 	clear(s.written)
 	clear(s.maybe) // (gone with the lease too)

@@ -62,7 +62,7 @@ func (dc *registryClient) lookupSources(opts []LookupOption) ([]registrarSource,
 	if cfg.registries != nil {
 		for _, s := range cfg.registries {
 			if isEtcdURL(s) {
-				r, err := dc.n.etcdFor(s)
+				r, err := dc.n.disc.etcd.etcdFor(s)
 				if err != nil {
 					return nil, fmt.Errorf("WithRegistries: %w", err)
 				}
@@ -83,8 +83,8 @@ func (dc *registryClient) lookupSources(opts []LookupOption) ([]registrarSource,
 	for _, a := range dc.remoteRegistrars() {
 		out = append(out, registrarSource{addr: a})
 	}
-	if dc.etcd != nil {
-		out = append(out, registrarSource{etcd: dc.etcd})
+	if dc.etcd.reg != nil {
+		out = append(out, registrarSource{etcd: dc.etcd.reg})
 	}
 	if len(out) == 0 {
 		return nil, ErrNoRegistry
@@ -128,7 +128,7 @@ func (dc *registryClient) registryTimeout() time.Duration { return dc.n.cfg.Regi
 // ask sends req to the registrar src and waits for its reply.
 func (dc *registryClient) askRegistrar(ctx context.Context, src registrarSource, req regRequest) ([]Registration, error) {
 	if src.etcd != nil {
-		return dc.n.askEtcd(ctx, src.etcd, req)
+		return dc.n.disc.etcd.askEtcd(ctx, src.etcd, req)
 	}
 	if src.recep != nil {
 		if req.Op != regOpFind {

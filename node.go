@@ -117,6 +117,7 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 	n.peers.n = n
 	n.lis.n = n
 	n.dead.n = n
+	n.disc.etcd.n = n
 	rand.Read(n.uid[:])
 	rand.Read(n.ids.base[:])
 	n.name = cfg.Name
@@ -130,8 +131,8 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 	n.epoch = time.Now()
 	var err error
 	switch {
-	case n.etcdConfigured():
-		err = n.startEtcdRegistry(ctx)
+	case n.disc.etcd.etcdConfigured():
+		err = n.disc.etcd.startEtcdRegistry(ctx)
 	case cfg.Discovery || len(cfg.RegistryAddrs) > 0 || cfg.EnsureRegistry:
 		err = n.bootstrap(ctx)
 	default:

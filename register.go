@@ -25,7 +25,7 @@ func isPublic(path string) bool {
 }
 
 func (dc *registryClient) discovering() bool {
-	return dc.reg() != nil || len(dc.registrars) > 0 || dc.etcd != nil
+	return dc.reg() != nil || len(dc.registrars) > 0 || dc.etcd.reg != nil
 }
 
 func (dc *registryClient) nodeRegistration() Registration {
@@ -68,8 +68,8 @@ func (dc *registryClient) registerNode(ctx context.Context) error {
 	if len(dc.registrars) > 0 {
 		dc.n.wg.Go(dc.keepRegistrars)
 	}
-	if dc.etcd != nil {
-		return dc.n.registerEtcd(ctx)
+	if dc.etcd.reg != nil {
+		return dc.n.disc.etcd.registerEtcd(ctx)
 	}
 	return nil
 }
@@ -298,14 +298,14 @@ func (dc *registryClient) registerEntry(h *handle, r Registration) (refused erro
 			dc.setPending(a, true)
 		}
 	}
-	if dc.etcd != nil {
+	if dc.etcd.reg != nil {
 		// The node's one writer puts it (with whatever else is due);
 		// Spawn waits for it, boundedly: past that, it is pending (Stats,
 		// Ready) until etcd takes it.
-		dc.etcdSync.poke(false)
+		dc.etcd.sync.poke(false)
 		ctx, cancel := context.WithTimeout(dc.n.lc.ctx, dc.registryTimeout())
-		if !dc.n.awaitEtcd(ctx, h, r) {
-			dc.n.log.Warn("troupe: etcd has not confirmed an actor's registration yet; it stays pending until etcd takes it", "path", h.key.path, "name", r.Name, "registry", dc.etcd.String())
+		if !dc.n.disc.etcd.awaitEtcd(ctx, h, r) {
+			dc.n.log.Warn("troupe: etcd has not confirmed an actor's registration yet; it stays pending until etcd takes it", "path", h.key.path, "name", r.Name, "registry", dc.etcd.reg.String())
 		}
 		cancel()
 	}
@@ -332,8 +332,8 @@ func (dc *registryClient) unregisterEntry(name string, uuid UUID) {
 	for _, a := range dc.remoteRegistrars() {
 		dc.tellRegistrar(a, regRequest{Op: regOpUnregister, Regs: []regWire{{Name: name, UUID: uuid}}})
 	}
-	if dc.etcd != nil {
-		dc.etcdSync.poke(false) // the writer deletes it
+	if dc.etcd.reg != nil {
+		dc.etcd.sync.poke(false) // the writer deletes it
 	}
 	if rc := dc.n.clusterRegistry(); rc != nil {
 		rc.remove(name, uuid)
@@ -363,9 +363,7 @@ type registryClient struct {
 	n          *Node
 	served     atomic.Pointer[regTable] // the registry this node serves, if any (see reg)
 	registrars []Addr                   // the remote registrars this node registers with
-	etcd       *etcdRegistry            // the etcd registry this node registers with, if any
-	etcdSync   etcdSync                 // what etcd confirmed of this node's entries (etcd_sync.go)
-	etcdOthers sync.Map                 // URL -> *etcdRegistry: those named in WithRegistries
+	etcd       etcdClient               // etcd, when it is the registry (etcd_registry.go)
 	refs       sync.Map                 // Addr -> Ref[regRequest], resolved registrar actors
 	// refusedLog paces the registrar's warnings of refused
 	// registrations.

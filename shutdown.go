@@ -147,14 +147,14 @@ func (n *Node) shutdown(ctx context.Context, graceful bool) error {
 	if graceful {
 		n.disc.unregisterAll() // queued ahead of the goodbyes below
 	}
-	if n.disc.etcd != nil {
+	if n.disc.etcd.reg != nil {
 		// Revoking the lease removes every entry at once; Close gives it
 		// as long as it gives a goodbye.
 		wait := closeByeWait
 		if graceful {
 			wait = min(n.disc.registryTimeout(), time.Second)
 		}
-		n.revokeEtcd(wait)
+		n.disc.etcd.revokeEtcd(wait)
 	}
 	phase(PhaseRefuse)
 	errs = append(errs, n.lis.closeAll(true)...) // no listener is added after this
@@ -222,7 +222,7 @@ func (n *Node) shutdown(ctx context.Context, graceful bool) error {
 	}
 	n.lc.cancel()
 	n.wg.Wait()
-	n.closeEtcdClients()
+	n.disc.etcd.closeEtcdClients()
 	return errors.Join(errs...)
 }
 
