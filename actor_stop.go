@@ -110,9 +110,9 @@ func (c *cell[T]) terminate(rest []T) bool {
 		c.n.actors.remove(a.key.path)
 	}
 	c.n.actors.remove(c.self.key.path)
-	c.n.stopServices(c.self)
-	c.n.stopServiceSubs(c.self)
-	c.n.stopTopics(c.self)
+	c.n.services.stopServices(c.self)
+	c.n.serviceSubs.stopServiceSubs(c.self)
+	c.n.topics.stopTopics(c.self)
 	if c.n.disc.discovering() && isPublic(c.self.key.path) {
 		if !c.n.lc.isClosed() { // (a closing node unregistered everything at once)
 			c.n.disc.unregisterActor(c.self)

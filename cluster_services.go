@@ -162,7 +162,9 @@ func startReceptionist(c *Cluster) (*receptionist, error) {
 // its topic's last subscriber left) found nothing to remove: a second
 // snapshot finds it gone.
 func (rc *receptionist) adopt() {
-	snapshot := func() []Registration { return append(rc.n.serviceRegistrations(), rc.n.topicRegistrations()...) }
+	snapshot := func() []Registration {
+		return append(rc.n.services.serviceRegistrations(), rc.n.topics.topicRegistrations()...)
+	}
 	adopted := snapshot()
 	for _, r := range adopted {
 		rc.add(r)

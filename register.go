@@ -43,8 +43,8 @@ func (dc *registryClient) publicRegistrations() []Registration {
 	for _, h := range dc.n.actors.public() {
 		out = append(out, dc.actorRegistration(h))
 	}
-	out = append(out, dc.n.serviceRegistrations()...)
-	return append(out, dc.n.topicRegistrations()...)
+	out = append(out, dc.n.services.serviceRegistrations()...)
+	return append(out, dc.n.topics.topicRegistrations()...)
 }
 
 // registerNode registers the node itself with every registrar before Start

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sync/atomic"
 	"time"
@@ -301,6 +302,90 @@ func (r *Registry) Watch(ctx context.Context, each func(RegistryChange)) error {
 				continue
 			}
 			each(RegistryChange{Added: fromWire(ev.Added, r.src.addr), Removed: fromWire(ev.Removed, r.src.addr)})
+		}
+	}
+}
+
+// followRegistry calls deliver with the registrations sel picks from the
+// first registry, at once and after each change among them, until ctx
+// ends or the node closes: a registrar's push stream, followed to its
+// successor when it is gone (with a growing pause while none answers),
+// or etcd's watch stream. deliver reports whether some registration
+// could not be acted on (a member not resolved): it is called again with
+// the same registrations after a pause, and whenever a peer becomes
+// unreachable (a listing must drop what the node no longer reaches).
+func (dc *registryClient) followRegistry(ctx context.Context, sel regSelector, deliver func([]Registration) (again bool), opts []LookupOption) error {
+	f := &regFollower{deliver: deliver, kick: make(chan struct{}, 1)}
+	lost := make(chan PeerUnreachable, 1)
+	sub := subscribeOwnChan(&dc.n.events, lost)
+	stop, done := make(chan struct{}), make(chan struct{})
+	go f.refresh(stop, done, lost)
+	defer func() { close(stop); <-done; sub.Unsubscribe() }()
+	pause := serviceRewatch
+	var last error
+	for {
+		srcs, err := dc.serviceSources(opts)
+		if err != nil {
+			if errors.Is(err, ErrNoRegistry) && errors.Is(last, ErrClusterStopped) {
+				return last // (the cluster was the registry)
+			}
+			return err
+		}
+		src := srcs[0]
+		if src.recep != nil {
+			err = followCluster(ctx, dc.n, src.recep, sel, func(regs []Registration) { f.set(regs) })
+		} else if src.etcd != nil {
+			err = followEtcd(ctx, src.etcd, sel, func(regs []Registration) {
+				f.set(regs)
+				pause = serviceRewatch // (it answered)
+			})
+		} else {
+			r := &Registry{n: dc.n, src: src}
+			table := map[regKey]Registration{}
+			err = r.Watch(ctx, func(c RegistryChange) {
+				touched := c.Snapshot
+				if c.Snapshot {
+					clear(table)
+				}
+				for _, reg := range c.Removed {
+					touched = touched || sel.match(reg.Name)
+					delete(table, keyOf(&reg))
+				}
+				for _, reg := range c.Added {
+					if sel.match(reg.Name) {
+						touched = true
+						table[keyOf(&reg)] = reg
+					}
+				}
+				if touched {
+					f.set(slices.Collect(maps.Values(table)))
+					pause = serviceRewatch // (it answered)
+				}
+			})
+		}
+		switch {
+		case ctx.Err() != nil:
+			return ctx.Err()
+		case dc.n.lc.workOver() || errors.Is(err, ErrNodeClosed):
+			return ErrNodeClosed
+		case errors.Is(err, ErrNoRegistry):
+			return err
+		case errors.Is(err, ErrClusterStopped):
+			last = err
+			continue // (another cluster may have started)
+		}
+		// The registry is gone, unreachable or not answering yet: follow
+		// its successor (another node takes the registry address over).
+		t := time.NewTimer(pause)
+		pause = min(2*pause, serviceRewatchMax)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-dc.n.lc.workDone():
+			t.Stop()
+			return ErrNodeClosed
 		}
 	}
 }

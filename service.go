@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"reflect"
 	"slices"
 	"strings"
@@ -58,6 +57,7 @@ type serviceEntry struct {
 
 // services is what this node registered under service keys.
 type services struct {
+	n       *Node
 	mu      sync.Mutex
 	entries map[serviceEntry]struct{}
 }
@@ -108,18 +108,18 @@ func (k ServiceKey[T]) Register(n *Node, ref Ref[T]) error {
 	if n.actors.get(ref.h.key.path, ref.h.key.uuid) == nil {
 		// It stopped before its entry was made: its stop could not take
 		// the entry away.
-		n.dropService(e)
+		n.services.dropService(e)
 		return fmt.Errorf("%w: %v", ErrActorStopped, ref)
 	}
-	if err := n.disc.registerEntry(ref.h, n.serviceRegistration(e)); err != nil {
+	if err := n.disc.registerEntry(ref.h, n.services.serviceRegistration(e)); err != nil {
 		// A registrar is full (or its bounds say no): the entry is not
 		// kept anywhere, so that every registry lists the same.
-		if n.dropService(e) {
+		if n.services.dropService(e) {
 			n.disc.unregisterEntry(e.name, ref.h.key.uuid)
 		}
 		return err
 	}
-	if !n.holdsService(e) {
+	if !n.services.holdsService(e) {
 		// The actor stopped, or Unregister ran, while it was being
 		// registered: their unregistration may have gone first.
 		n.disc.unregisterEntry(e.name, ref.h.key.uuid)
@@ -132,12 +132,12 @@ func (k ServiceKey[T]) Register(n *Node, ref Ref[T]) error {
 
 // holdsService reports whether e is still registered here, its actor
 // alive.
-func (n *Node) holdsService(e serviceEntry) bool {
-	s := &n.services
+func (sv *services) holdsService(e serviceEntry) bool {
+	s := sv
 	s.mu.Lock()
 	_, ok := s.entries[e]
 	s.mu.Unlock()
-	return ok && n.actors.get(e.h.key.path, e.h.key.uuid) != nil
+	return ok && sv.n.actors.get(e.h.key.path, e.h.key.uuid) != nil
 }
 
 // Unregister takes ref out of k's set, telling the registries
@@ -147,7 +147,7 @@ func (k ServiceKey[T]) Unregister(n *Node, ref Ref[T]) bool {
 		return false
 	}
 	e := serviceEntry{k.regName(), ref.h}
-	if !n.dropService(e) {
+	if !n.services.dropService(e) {
 		return false
 	}
 	if !n.lc.isClosed() {
@@ -157,8 +157,8 @@ func (k ServiceKey[T]) Unregister(n *Node, ref Ref[T]) bool {
 }
 
 // dropService forgets e; it reports whether it was there.
-func (n *Node) dropService(e serviceEntry) bool {
-	s := &n.services
+func (sv *services) dropService(e serviceEntry) bool {
+	s := sv
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	_, ok := s.entries[e]
@@ -167,8 +167,8 @@ func (n *Node) dropService(e serviceEntry) bool {
 }
 
 // stopServices takes a stopped actor out of every set it was in.
-func (n *Node) stopServices(h *handle) {
-	s := &n.services
+func (sv *services) stopServices(h *handle) {
+	s := sv
 	s.mu.Lock()
 	if len(s.entries) == 0 {
 		s.mu.Unlock()
@@ -182,28 +182,28 @@ func (n *Node) stopServices(h *handle) {
 		}
 	}
 	s.mu.Unlock()
-	if n.lc.isClosed() {
+	if sv.n.lc.isClosed() {
 		return // (a closing node unregistered everything at once)
 	}
 	for _, name := range names {
-		n.disc.unregisterEntry(name, h.key.uuid)
+		sv.n.disc.unregisterEntry(name, h.key.uuid)
 	}
 }
 
 // serviceRegistrations lists this node's service registrations.
-func (n *Node) serviceRegistrations() []Registration {
-	s := &n.services
+func (sv *services) serviceRegistrations() []Registration {
+	s := sv
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	out := make([]Registration, 0, len(s.entries))
 	for e := range s.entries {
-		out = append(out, n.serviceRegistration(e))
+		out = append(out, sv.serviceRegistration(e))
 	}
 	return out
 }
 
-func (n *Node) serviceRegistration(e serviceEntry) Registration {
-	return Registration{Name: e.name, UUID: e.h.key.uuid, Path: e.h.key.path, Node: n.uid, NodeName: n.name, Addrs: n.Addrs()}
+func (sv *services) serviceRegistration(e serviceEntry) Registration {
+	return Registration{Name: e.name, UUID: e.h.key.uuid, Path: e.h.key.path, Node: sv.n.uid, NodeName: sv.n.name, Addrs: sv.n.Addrs()}
 }
 
 // Find returns the actors under k that this node can reach now,
@@ -325,7 +325,7 @@ func (k ServiceKey[T]) Watch(ctx context.Context, n *Node, each func([]Ref[T]), 
 		return err
 	}
 	w := &serviceWatch[T]{n: n, name: k.regName(), each: each}
-	return n.followRegistry(ctx, regSelector{name: w.name}, func(regs []Registration) bool { return w.deliver(ctx, regs) }, opts)
+	return n.disc.followRegistry(ctx, regSelector{name: w.name}, func(regs []Registration) bool { return w.deliver(ctx, regs) }, opts)
 }
 
 // regSelector picks registrations: those under name, or (name empty)
@@ -345,90 +345,6 @@ func (s regSelector) etcdPrefix(r *etcdRegistry) string {
 		return r.prefix + s.name + "/"
 	}
 	return r.prefix + s.prefix
-}
-
-// followRegistry calls deliver with the registrations sel picks from the
-// first registry, at once and after each change among them, until ctx
-// ends or the node closes: a registrar's push stream, followed to its
-// successor when it is gone (with a growing pause while none answers),
-// or etcd's watch stream. deliver reports whether some registration
-// could not be acted on (a member not resolved): it is called again with
-// the same registrations after a pause, and whenever a peer becomes
-// unreachable (a listing must drop what the node no longer reaches).
-func (n *Node) followRegistry(ctx context.Context, sel regSelector, deliver func([]Registration) (again bool), opts []LookupOption) error {
-	f := &regFollower{deliver: deliver, kick: make(chan struct{}, 1)}
-	lost := make(chan PeerUnreachable, 1)
-	sub := subscribeOwnChan(&n.events, lost)
-	stop, done := make(chan struct{}), make(chan struct{})
-	go f.refresh(stop, done, lost)
-	defer func() { close(stop); <-done; sub.Unsubscribe() }()
-	pause := serviceRewatch
-	var last error
-	for {
-		srcs, err := n.disc.serviceSources(opts)
-		if err != nil {
-			if errors.Is(err, ErrNoRegistry) && errors.Is(last, ErrClusterStopped) {
-				return last // (the cluster was the registry)
-			}
-			return err
-		}
-		src := srcs[0]
-		if src.recep != nil {
-			err = followCluster(ctx, n, src.recep, sel, func(regs []Registration) { f.set(regs) })
-		} else if src.etcd != nil {
-			err = followEtcd(ctx, src.etcd, sel, func(regs []Registration) {
-				f.set(regs)
-				pause = serviceRewatch // (it answered)
-			})
-		} else {
-			r := &Registry{n: n, src: src}
-			table := map[regKey]Registration{}
-			err = r.Watch(ctx, func(c RegistryChange) {
-				touched := c.Snapshot
-				if c.Snapshot {
-					clear(table)
-				}
-				for _, reg := range c.Removed {
-					touched = touched || sel.match(reg.Name)
-					delete(table, keyOf(&reg))
-				}
-				for _, reg := range c.Added {
-					if sel.match(reg.Name) {
-						touched = true
-						table[keyOf(&reg)] = reg
-					}
-				}
-				if touched {
-					f.set(slices.Collect(maps.Values(table)))
-					pause = serviceRewatch // (it answered)
-				}
-			})
-		}
-		switch {
-		case ctx.Err() != nil:
-			return ctx.Err()
-		case n.lc.workOver() || errors.Is(err, ErrNodeClosed):
-			return ErrNodeClosed
-		case errors.Is(err, ErrNoRegistry):
-			return err
-		case errors.Is(err, ErrClusterStopped):
-			last = err
-			continue // (another cluster may have started)
-		}
-		// The registry is gone, unreachable or not answering yet: follow
-		// its successor (another node takes the registry address over).
-		t := time.NewTimer(pause)
-		pause = min(2*pause, serviceRewatchMax)
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
-			return ctx.Err()
-		case <-n.lc.workDone():
-			t.Stop()
-			return ErrNodeClosed
-		}
-	}
 }
 
 // regFollower holds what followRegistry last delivered, to deliver it

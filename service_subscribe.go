@@ -22,6 +22,7 @@ type ServiceListing[T any] struct {
 // serviceSubs are this node's subscriptions by subscriber, so that an
 // actor's stop ends its own.
 type serviceSubs struct {
+	n  *Node
 	mu sync.Mutex
 	by map[*handle]map[*Subscription]struct{}
 }
@@ -73,13 +74,13 @@ func (k ServiceKey[T]) Subscribe(n *Node, subscriber Ref[ServiceListing[T]], opt
 	if n.actors.get(h.key.path, h.key.uuid) == nil {
 		// It stopped before the subscription was recorded: its stop
 		// could not end it.
-		n.endServiceSub(h, s)
+		n.serviceSubs.endServiceSub(h, s)
 		cancel()
 		return nil, fmt.Errorf("%w: %v", ErrActorStopped, subscriber)
 	}
 	n.wg.Go(func() {
 		defer close(s.done)
-		defer n.endServiceSub(h, s)
+		defer n.serviceSubs.endServiceSub(h, s)
 		err := k.Watch(ctx, n, func(refs []Ref[T]) {
 			subscriber.Send(ctx, ServiceListing[T]{Key: k, Refs: refs})
 		}, opts...)
@@ -93,8 +94,8 @@ func (k ServiceKey[T]) Subscribe(n *Node, subscriber Ref[ServiceListing[T]], opt
 }
 
 // endServiceSub forgets the subscription s of h.
-func (n *Node) endServiceSub(h *handle, s *Subscription) {
-	ss := &n.serviceSubs
+func (ssb *serviceSubs) endServiceSub(h *handle, s *Subscription) {
+	ss := ssb
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
 	delete(ss.by[h], s)
@@ -105,8 +106,8 @@ func (n *Node) endServiceSub(h *handle, s *Subscription) {
 
 // stopServiceSubs ends the subscriptions of a stopped actor (without
 // waiting: its stop may run on a goroutine a listing's Send waits on).
-func (n *Node) stopServiceSubs(h *handle) {
-	ss := &n.serviceSubs
+func (ssb *serviceSubs) stopServiceSubs(h *handle) {
+	ss := ssb
 	ss.mu.Lock()
 	subs := ss.by[h]
 	delete(ss.by, h)

@@ -35,6 +35,7 @@ const topicPrefix = "topic:"
 // topics is a node's side of its topics: its relays (by topic name) and
 // its publishers' listings of every node's relays.
 type topics struct {
+	n      *Node
 	mu     sync.Mutex
 	relays map[string]topicRelayer
 	pubs   map[string]topicLister
@@ -77,8 +78,8 @@ func (r *topicRelay[T]) alive(n *Node) bool {
 }
 
 // stopTopics takes a stopped actor out of every topic it subscribed to.
-func (n *Node) stopTopics(h *handle) {
-	ts := &n.topics
+func (tp *topics) stopTopics(h *handle) {
+	ts := tp
 	ts.mu.Lock()
 	if len(ts.relays) == 0 {
 		ts.mu.Unlock()
@@ -92,7 +93,7 @@ func (n *Node) stopTopics(h *handle) {
 	}
 	ts.mu.Unlock()
 	for name, r := range unlist {
-		r.syncListing(n, name)
+		r.syncListing(tp.n, name)
 	}
 }
 
@@ -144,18 +145,18 @@ func (r *topicRelay[T]) syncListing(n *Node, name string) {
 }
 
 func (r *topicRelay[T]) registration(n *Node, name string) Registration {
-	return n.serviceRegistration(serviceEntry{topicPrefix + name, r.ref.h})
+	return n.services.serviceRegistration(serviceEntry{topicPrefix + name, r.ref.h})
 }
 
 // topicRegistrations lists this node's listed relays, for the registries
 // (registered again with everything else, and kept by etcd's writer).
-func (n *Node) topicRegistrations() []Registration {
-	ts := &n.topics
+func (tp *topics) topicRegistrations() []Registration {
+	ts := tp
 	ts.mu.Lock()
 	defer ts.mu.Unlock()
 	var out []Registration
 	for name, r := range ts.relays {
-		if reg, ok := r.listing(n, name); ok {
+		if reg, ok := r.listing(tp.n, name); ok {
 			out = append(out, reg)
 		}
 	}
@@ -392,7 +393,7 @@ func publisherOf[T any](ctx context.Context, n *Node, name string) (*topicPub[T]
 	ts.mu.Lock()
 	if !ts.follow {
 		ts.follow, ts.synced = true, make(chan struct{})
-		n.wg.Go(n.followTopics)
+		n.wg.Go(n.topics.followTopics)
 	}
 	synced := ts.synced
 	old, ok := ts.pubs[name]
@@ -447,8 +448,8 @@ func publisherOf[T any](ctx context.Context, n *Node, name string) (*topicPub[T]
 
 // followTopics follows every topic's relays in the registry for the
 // node's publishers, until the node closes.
-func (n *Node) followTopics() {
-	ts := &n.topics
+func (tp *topics) followTopics() {
+	ts := tp
 	first := true
 	defer func() {
 		// No registry (or the node closed): the publishers have what
@@ -480,13 +481,13 @@ func (n *Node) followTopics() {
 		ts.mu.Unlock()
 		again := false
 		for name, p := range pubs {
-			again = p.update(n.lc.ctx, byName[topicPrefix+name], gen) || again
+			again = p.update(tp.n.lc.ctx, byName[topicPrefix+name], gen) || again
 		}
 		return again
 	}
 	for {
-		started := n.cl.starts.wait()
-		err := n.followRegistry(n.lc.ctx, regSelector{prefix: topicPrefix}, deliver, nil)
+		started := tp.n.cl.starts.wait()
+		err := tp.n.disc.followRegistry(tp.n.lc.ctx, regSelector{prefix: topicPrefix}, deliver, nil)
 		if !errors.Is(err, ErrNoRegistry) && !errors.Is(err, ErrClusterStopped) {
 			return
 		}
@@ -503,7 +504,7 @@ func (n *Node) followTopics() {
 		ts.mu.Unlock()
 		select {
 		case <-started:
-		case <-n.lc.workDone():
+		case <-tp.n.lc.workDone():
 			return
 		}
 	}
