@@ -142,7 +142,7 @@ func (f *FaultNet) Resume(n *Node) { f.change(func() { delete(f.paused, n) }) }
 // out by their failure detectors), then it is closed.
 func (f *FaultNet) Kill(n *Node) error {
 	f.change(func() { f.killed[n] = true })
-	return n.crash()
+	return n.lc.crash()
 }
 
 // dial connects n to addr through the fault layer.

@@ -78,10 +78,10 @@ func (n *Node) OnShutdown(phase ShutdownPhase, fn func(ctx context.Context) erro
 }
 
 // runHooks runs the work added to phase, in order, outside any lock.
-func (n *Node) runHooks(ctx context.Context, phase ShutdownPhase) error {
-	n.lc.hooksMu.Lock()
-	hooks := n.lc.hooks[phase]
-	n.lc.hooksMu.Unlock()
+func (l *lifecycle) runHooks(ctx context.Context, phase ShutdownPhase) error {
+	l.hooksMu.Lock()
+	hooks := l.hooks[phase]
+	l.hooksMu.Unlock()
 	var errs []error
 	for _, fn := range hooks {
 		if err := fn(ctx); err != nil {
@@ -194,6 +194,7 @@ func (n *Node) ShutdownOnSignal(grace time.Duration, signals ...os.Signal) error
 // contexts are made in Start and closed or cancelled once; hooksMu
 // guards hooks.
 type lifecycle struct {
+	n      *Node
 	ctx    context.Context
 	cancel context.CancelFunc
 	// actorsCtx is the parent of every actor's Context: cancelled when

@@ -119,6 +119,7 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 	n.dead.n = n
 	n.disc.etcd.n = n
 	n.services.n, n.serviceSubs.n, n.topics.n = n, n, n
+	n.lc.n = n
 	rand.Read(n.uid[:])
 	rand.Read(n.ids.base[:])
 	n.name = cfg.Name

@@ -43,18 +43,18 @@ const (
 func (n *Node) Close() error {
 	n.lc.hurryOnce.Do(func() { close(n.lc.hurry) })
 	n.lc.closeOnce.Do(func() {
-		n.leaveCluster(context.Background(), nil, false)
-		n.lc.closeErr = n.shutdown(context.Background(), false)
+		n.lc.leaveCluster(context.Background(), nil, false)
+		n.lc.closeErr = n.lc.shutdown(context.Background(), false)
 	})
 	return n.lc.closeErr
 }
 
 // crash closes the node as a crash would look to others: no cluster
 // leave (FaultNet.Kill).
-func (n *Node) crash() error {
-	n.lc.hurryOnce.Do(func() { close(n.lc.hurry) })
-	n.lc.closeOnce.Do(func() { n.lc.closeErr = n.shutdown(context.Background(), false) })
-	return n.lc.closeErr
+func (l *lifecycle) crash() error {
+	l.hurryOnce.Do(func() { close(l.hurry) })
+	l.closeOnce.Do(func() { l.closeErr = l.shutdown(context.Background(), false) })
+	return l.closeErr
 }
 
 // leaveCluster leaves the cluster this node is a member of, if any, before
@@ -64,8 +64,8 @@ func (n *Node) crash() error {
 // that it hands the member's shards over, for at most twice
 // HandOffTimeout if patient (Shutdown), else for at most the leave wait
 // (Close, which stops at once).
-func (n *Node) leaveCluster(ctx context.Context, hurry <-chan struct{}, patient bool) {
-	if c := n.cl.cluster.Load(); c != nil {
+func (l *lifecycle) leaveCluster(ctx context.Context, hurry <-chan struct{}, patient bool) {
+	if c := l.n.cl.cluster.Load(); c != nil {
 		c.stepOut(ctx, hurry, patient)
 	}
 }
@@ -85,9 +85,9 @@ func (n *Node) leaveCluster(ctx context.Context, hurry <-chan struct{}, patient 
 func (n *Node) Shutdown(ctx context.Context) error {
 	n.lc.closeOnce.Do(func() {
 		n.lc.draining.Store(true)
-		hookErr := n.runHooks(ctx, PhaseLeave)
-		n.leaveCluster(ctx, n.lc.hurry, true)
-		n.lc.closeErr = errors.Join(hookErr, n.shutdown(ctx, true))
+		hookErr := n.lc.runHooks(ctx, PhaseLeave)
+		n.lc.leaveCluster(ctx, n.lc.hurry, true)
+		n.lc.closeErr = errors.Join(hookErr, n.lc.shutdown(ctx, true))
 	})
 	return n.lc.closeErr
 }
@@ -96,17 +96,17 @@ func (n *Node) Shutdown(ctx context.Context) error {
 // Close hurries a Shutdown), so that the phases after PhaseActors are not
 // held past the deadline by a handler that ignores its context (the
 // node's last wait still is). It says which actors still run.
-func (n *Node) waitActors(ctx context.Context) error {
+func (l *lifecycle) waitActors(ctx context.Context) error {
 	done := make(chan struct{})
-	n.wg.Go(func() { n.actors.live.Wait(); close(done) }) // (ends before the node's last wait does)
+	l.n.wg.Go(func() { l.n.actors.live.Wait(); close(done) }) // (ends before the node's last wait does)
 	select {
 	case <-done:
 		return nil
 	case <-ctx.Done():
-	case <-n.lc.hurry:
+	case <-l.hurry:
 	}
 	var running []string
-	all, _ := n.actors.list()
+	all, _ := l.n.actors.list()
 	for _, h := range all {
 		if _, ok := h.local.(batchTarget); !ok {
 			continue // an ask's promise or an adapter, not an actor
@@ -116,7 +116,7 @@ func (n *Node) waitActors(ctx context.Context) error {
 			break
 		}
 	}
-	n.log.Warn("troupe: shutdown went on without waiting for actors still in a handler", "actors", running)
+	l.n.log.Warn("troupe: shutdown went on without waiting for actors still in a handler", "actors", running)
 	err := ctx.Err()
 	if err == nil {
 		err = context.Canceled
@@ -126,77 +126,77 @@ func (n *Node) waitActors(ctx context.Context) error {
 
 // shutdown closes the node; graceful says whether queued frames and
 // unregistrations are delivered first (within ctx).
-func (n *Node) shutdown(ctx context.Context, graceful bool) error {
-	defer close(n.lc.closed) // after every goroutine of the node has ended
-	n.lc.draining.Store(true)
-	close(n.lc.done)
-	forgetNode(n)
+func (l *lifecycle) shutdown(ctx context.Context, graceful bool) error {
+	defer close(l.closed) // after every goroutine of the node has ended
+	l.draining.Store(true)
+	close(l.done)
+	forgetNode(l.n)
 	if !graceful {
-		n.lc.dialCancel()   // a dial in progress has nobody left to serve
-		n.lc.cancelActors() // handlers waiting on their Context return now
+		l.dialCancel()   // a dial in progress has nobody left to serve
+		l.cancelActors() // handlers waiting on their Context return now
 	}
 	var errs []error
 	phase := func(p ShutdownPhase) {
 		if graceful {
-			if err := n.runHooks(ctx, p); err != nil {
+			if err := l.runHooks(ctx, p); err != nil {
 				errs = append(errs, err)
 			}
 		}
 	}
 	phase(PhaseUnregister)
 	if graceful {
-		n.disc.unregisterAll() // queued ahead of the goodbyes below
+		l.n.disc.unregisterAll() // queued ahead of the goodbyes below
 	}
-	if n.disc.etcd.reg != nil {
+	if l.n.disc.etcd.reg != nil {
 		// Revoking the lease removes every entry at once; Close gives it
 		// as long as it gives a goodbye.
 		wait := closeByeWait
 		if graceful {
-			wait = min(n.disc.registryTimeout(), time.Second)
+			wait = min(l.n.disc.registryTimeout(), time.Second)
 		}
-		n.disc.etcd.revokeEtcd(wait)
+		l.n.disc.etcd.revokeEtcd(wait)
 	}
 	phase(PhaseRefuse)
-	errs = append(errs, n.lis.closeAll(true)...) // no listener is added after this
+	errs = append(errs, l.n.lis.closeAll(true)...) // no listener is added after this
 	if graceful {
-		n.refuseWork()
+		l.refuseWork()
 	}
 	phase(PhaseActors)
 	if graceful {
 		// Handlers in progress finish while the associations are up, so
 		// that their replies reach the peers that asked; the goodbyes
 		// follow them.
-		if err := n.stopActors(ctx, graceful); err != nil {
+		if err := l.stopActors(ctx, graceful); err != nil {
 			errs = append(errs, err)
 		}
 	}
 	phase(PhaseFlush)
-	close(n.lc.flushing)
-	n.lc.dialCancel() // (the handlers Shutdown let finish might have dialed)
-	n.peers.mu.Lock()
-	n.peers.closing = true
-	assocs := make([]*assoc, 0, len(n.peers.all))
-	for a := range n.peers.all {
+	close(l.flushing)
+	l.dialCancel() // (the handlers Shutdown let finish might have dialed)
+	l.n.peers.mu.Lock()
+	l.n.peers.closing = true
+	assocs := make([]*assoc, 0, len(l.n.peers.all))
+	for a := range l.n.peers.all {
 		assocs = append(assocs, a)
 	}
-	for c := range n.peers.inHandshake {
+	for c := range l.n.peers.inHandshake {
 		c.Close()
 	}
-	n.peers.mu.Unlock()
+	l.n.peers.mu.Unlock()
 	for _, a := range assocs {
 		a.leave(!graceful)
 	}
 	if !graceful {
 		// Peers first, so they hear that this node left rather than that
 		// each actor stopped.
-		if err := n.stopActors(ctx, graceful); err != nil {
+		if err := l.stopActors(ctx, graceful); err != nil {
 			errs = append(errs, err)
 		}
 	}
 
 	// Let the writers send what they hold and the goodbye: for as long as
 	// ctx allows when graceful, briefly otherwise.
-	wait, hurry := ctx, n.lc.hurry
+	wait, hurry := ctx, l.hurry
 	if !graceful {
 		var cancel context.CancelFunc
 		wait, cancel = context.WithTimeout(ctx, closeByeWait)
@@ -220,9 +220,9 @@ func (n *Node) shutdown(ctx context.Context, graceful bool) error {
 	if graceful && late != nil {
 		errs = append(errs, late)
 	}
-	n.lc.cancel()
-	n.wg.Wait()
-	n.disc.etcd.closeEtcdClients()
+	l.cancel()
+	l.n.wg.Wait()
+	l.n.disc.etcd.closeEtcdClients()
 	return errors.Join(errs...)
 }
 
@@ -232,11 +232,11 @@ func (n *Node) shutdown(ctx context.Context, graceful bool) error {
 // ErrPeerShuttingDown and look the names up again, while the replies of
 // the handlers still running reach them. A session that comes up later
 // is told in its handshake.
-func (n *Node) refuseWork() {
-	n.lc.refusing.Store(true)
-	n.peers.mu.Lock()
-	assocs := make([]*assoc, 0, len(n.peers.all))
-	for a := range n.peers.all {
+func (l *lifecycle) refuseWork() {
+	l.refusing.Store(true)
+	l.n.peers.mu.Lock()
+	assocs := make([]*assoc, 0, len(l.n.peers.all))
+	for a := range l.n.peers.all {
 		select {
 		case <-a.ready: // (the handshake set peerFlags before, under pmu)
 		default:
@@ -246,7 +246,7 @@ func (n *Node) refuseWork() {
 			assocs = append(assocs, a)
 		}
 	}
-	n.peers.mu.Unlock()
+	l.n.peers.mu.Unlock()
 	for _, a := range assocs {
 		a.control(appendDraining(nil))
 	}
@@ -255,31 +255,31 @@ func (n *Node) refuseWork() {
 // stopActors stops every actor (PhaseActors; for Close, after the
 // goodbyes): each after the handler it runs, or with ShutdownDrain after
 // its mailbox, waiting for them within ctx when graceful.
-func (n *Node) stopActors(ctx context.Context, graceful bool) error {
-	targets := n.actors.close()
-	if graceful && n.cfg.ShutdownDrain {
+func (l *lifecycle) stopActors(ctx context.Context, graceful bool) error {
+	targets := l.n.actors.close()
+	if graceful && l.n.cfg.ShutdownDrain {
 		// Every actor first handles what its mailbox holds, its
 		// context live, within ctx; past ctx, the rest stop as below.
 		// The stop goes to the top of each tree: a parent stops its
 		// children once it has drained, and they drain in turn what it
 		// sent them.
-		n.lc.drainingMailboxes.Store(true)
+		l.drainingMailboxes.Store(true)
 		for _, h := range targets {
 			if c, ok := h.local.(interface{ topLevel() bool }); ok && c.topLevel() {
 				h.local.sysPush(sysMsg{kind: sysStop, reason: ErrNodeClosed, drain: true})
 			}
 		}
-		err := n.waitActors(ctx)
+		err := l.waitActors(ctx)
 		if err == nil {
-			n.lc.cancelActors()
+			l.cancelActors()
 			return nil
 		}
 		drainErr := fmt.Errorf("the mailboxes did not drain: %w", err)
-		n.lc.drainingMailboxes.Store(false)
+		l.drainingMailboxes.Store(false)
 		for _, h := range targets {
 			h.local.sysPush(sysMsg{kind: sysStop, reason: ErrNodeClosed})
 		}
-		n.lc.cancelActors() // ctx has ended: nothing more is waited for
+		l.cancelActors() // ctx has ended: nothing more is waited for
 		return drainErr
 	}
 	for _, h := range targets {
@@ -288,10 +288,10 @@ func (n *Node) stopActors(ctx context.Context, graceful bool) error {
 	// Every actor stops after the handler it runs: a handler waiting
 	// on its context returns now. Shutdown waits for the others
 	// within ctx.
-	n.lc.cancelActors()
+	l.cancelActors()
 	if graceful {
-		return n.waitActors(ctx)
+		return l.waitActors(ctx)
 	}
-	n.actors.live.Wait()
+	l.n.actors.live.Wait()
 	return nil
 }
