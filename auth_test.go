@@ -187,7 +187,7 @@ func TestRegistryIsBehindTheSecret(t *testing.T) {
 	if _, err := FindActor[testPing](ctxT(t, 5*time.Second), outsider, "svc", WithRegistries(registrar.Addrs()[0].String())); !errors.Is(err, ErrAuth) {
 		t.Fatalf("lookup without the secret = %v, want ErrAuth", err)
 	}
-	if got := registrar.disc.reg().find("svc"); len(got) != 1 {
+	if got := registrar.registrar.reg().find("svc"); len(got) != 1 {
 		t.Fatalf("registry holds %v", got)
 	}
 }

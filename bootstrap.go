@@ -278,7 +278,7 @@ func (n *Node) bootstrap(ctx context.Context) error {
 		// Every address is free: become the registrar.
 		err := n.listenRegistry(ctx, regAddrs)
 		if err == nil {
-			return n.startRegistrar()
+			return n.registrar.startRegistrar()
 		}
 		if !isAddrInUse(err) || round >= 5 {
 			return err

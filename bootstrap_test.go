@@ -39,12 +39,12 @@ func TestBootstrapJoinFindQuery(t *testing.T) {
 	forEachRegistryTransport(t, func(t *testing.T, tr string) {
 		reg := freeRegistryAddr(t, tr)
 		first := startNode(t, discoveryConfig("first", reg))
-		if !first.isRegistrar() || first.Addrs()[0].String() != reg {
-			t.Fatalf("first node: registrar %v, addrs %v; want it to become the registrar on %s", first.isRegistrar(), first.Addrs(), reg)
+		if !first.registrar.isRegistrar() || first.Addrs()[0].String() != reg {
+			t.Fatalf("first node: registrar %v, addrs %v; want it to become the registrar on %s", first.registrar.isRegistrar(), first.Addrs(), reg)
 		}
 		second := startNode(t, discoveryConfig("second", reg))
-		if second.isRegistrar() || len(second.Addrs()) != 1 || second.Addrs()[0].Network() != first.Addrs()[0].Network() {
-			t.Fatalf("second node: registrar %v, addrs %v; want a joiner on its own address in the same transport", second.isRegistrar(), second.Addrs())
+		if second.registrar.isRegistrar() || len(second.Addrs()) != 1 || second.Addrs()[0].Network() != first.Addrs()[0].Network() {
+			t.Fatalf("second node: registrar %v, addrs %v; want a joiner on its own address in the same transport", second.registrar.isRegistrar(), second.Addrs())
 		}
 		spawnEcho(t, second, "svc")
 		ctx := ctxT(t, 5*time.Second)
@@ -126,7 +126,7 @@ func TestEnsureRegistryAndProbeLeavesNothing(t *testing.T) {
 	if _, err := Start(ctxT(t, 5*time.Second), cfg); !errors.Is(err, ErrRegistryRunning) {
 		t.Fatalf("EnsureRegistry with a registrar running = %v, want ErrRegistryRunning", err)
 	}
-	if got := len(first.disc.reg().list()); got != 1 {
+	if got := len(first.registrar.reg().list()); got != 1 {
 		t.Fatalf("registry holds %d entries after a probe, want just the registrar itself", got)
 	}
 	select {
@@ -164,14 +164,14 @@ func TestConcurrentFirstBootsEndWithOneRegistrar(t *testing.T) {
 				}
 				defer n.Close()
 			}
-			if nodes[0].isRegistrar() == nodes[1].isRegistrar() {
-				t.Fatalf("round %d: registrar flags %v and %v, want exactly one", round, nodes[0].isRegistrar(), nodes[1].isRegistrar())
+			if nodes[0].registrar.isRegistrar() == nodes[1].registrar.isRegistrar() {
+				t.Fatalf("round %d: registrar flags %v and %v, want exactly one", round, nodes[0].registrar.isRegistrar(), nodes[1].registrar.isRegistrar())
 			}
 			registrar := nodes[0]
-			if !registrar.isRegistrar() {
+			if !registrar.registrar.isRegistrar() {
 				registrar = nodes[1]
 			}
-			if got := len(registrar.disc.reg().list()); got != 2 {
+			if got := len(registrar.registrar.reg().list()); got != 2 {
 				t.Fatalf("round %d: registry has %d entries, want both nodes", round, got)
 			}
 		}

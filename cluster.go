@@ -391,7 +391,7 @@ func (n *Node) clusterSeeds(ctx context.Context, name string) ([]Addr, error) {
 	src := srcs[0]
 	me := Registration{Name: "troupe.cluster." + name, UUID: UUID(n.uid), Path: clusterPath, Node: n.uid, NodeName: n.name, Addrs: n.Addrs()}
 	if src.local {
-		if err := n.registryRegister(me); err != nil {
+		if err := n.registrar.registryRegister(me); err != nil {
 			return nil, err
 		}
 	} else if _, err := n.disc.askRegistrar(ctx, src, regRequest{Op: regOpRegister, Regs: toWire([]Registration{me})}); err != nil {

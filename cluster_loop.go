@@ -81,8 +81,8 @@ func (c *Cluster) cleanup() {
 	stopAndWait(c.n, c.ref) // a cluster started next on this node takes its path
 	if c.cfg.SeedsFromRegistry {
 		name := "troupe.cluster." + cmp.Or(c.cfg.Name, "default")
-		if c.n.disc.reg() != nil {
-			c.n.disc.reg().unregister(name, UUID(c.n.uid), c.n.uid)
+		if c.n.registrar.reg() != nil {
+			c.n.registrar.reg().unregister(name, UUID(c.n.uid), c.n.uid)
 		}
 		for _, a := range c.n.disc.remoteRegistrars() {
 			c.n.disc.tellRegistrar(a, regRequest{Op: regOpUnregister, Regs: []regWire{{Name: name, UUID: UUID(c.n.uid)}}})

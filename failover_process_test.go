@@ -26,7 +26,7 @@ func TestHelperRegistrarProcess(t *testing.T) {
 	cfg := failConfig("child", 50*time.Millisecond, time.Second)
 	cfg.RegistryAddrs = []string{reg}
 	n, err := Start(ctxT(t, 5*time.Second), cfg)
-	if err != nil || !n.isRegistrar() {
+	if err != nil || !n.registrar.isRegistrar() {
 		fmt.Println("ERR", err)
 		return
 	}

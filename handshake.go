@@ -287,7 +287,7 @@ func (g *gate) hello() *hello {
 		h.flags &^= helloResumable
 		h.observer = true
 	}
-	if g.n.disc.reg() != nil {
+	if g.n.registrar.reg() != nil {
 		h.flags |= helloRegistrar
 		if g.n.cfg.EnsureRegistry {
 			h.flags |= helloDedicated

@@ -32,39 +32,39 @@ type listenerSet struct {
 }
 
 // add enters l, bound at a; false once the set is closed.
-func (s *listenerSet) add(l net.Listener, a Addr) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
+func (ls *listenerSet) add(l net.Listener, a Addr) bool {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	if ls.closed {
 		return false
 	}
-	s.list = append(s.list, l)
-	addrs := append(slices.Clone(s.addrList()), a)
-	s.addrs.Store(&addrs)
+	ls.list = append(ls.list, l)
+	addrs := append(slices.Clone(ls.addrList()), a)
+	ls.addrs.Store(&addrs)
 	return true
 }
 
 // addrList returns the bound addresses; the slice is never changed.
-func (s *listenerSet) addrList() []Addr {
-	if p := s.addrs.Load(); p != nil {
+func (ls *listenerSet) addrList() []Addr {
+	if p := ls.addrs.Load(); p != nil {
 		return *p
 	}
 	return nil
 }
 
 // all returns the listeners.
-func (s *listenerSet) all() []net.Listener {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return slices.Clone(s.list)
+func (ls *listenerSet) all() []net.Listener {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	return slices.Clone(ls.list)
 }
 
 // serve runs start, under the set's lock, unless the set is closed: a
 // listener's accept loop never starts after closeAll.
-func (s *listenerSet) serve(start func()) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
+func (ls *listenerSet) serve(start func()) bool {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	if ls.closed {
 		return false
 	}
 	start()
@@ -74,11 +74,11 @@ func (s *listenerSet) serve(start func()) bool {
 // closeAll closes every listener (removing a Unix socket's lock file)
 // and, if final, refuses every listener added after it; otherwise the
 // set is empty again (a start that failed part way).
-func (s *listenerSet) closeAll(final bool) []error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+func (ls *listenerSet) closeAll(final bool) []error {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
 	var errs []error
-	for _, l := range s.list {
+	for _, l := range ls.list {
 		if err := l.Close(); err != nil && !errors.Is(err, net.ErrClosed) {
 			errs = append(errs, err)
 		}
@@ -86,10 +86,10 @@ func (s *listenerSet) closeAll(final bool) []error {
 			removeLockFile(a.Name + ".lock")
 		}
 	}
-	s.closed = final
+	ls.closed = final
 	if !final {
-		s.list = nil
-		s.addrs.Store(nil)
+		ls.list = nil
+		ls.addrs.Store(nil)
 	}
 	return errs
 }

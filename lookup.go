@@ -73,11 +73,11 @@ func (dc *registryClient) lookupSources(opts []LookupOption) ([]registrarSource,
 			if err != nil {
 				return nil, fmt.Errorf("WithRegistries: %w", err)
 			}
-			out = append(out, registrarSource{addr: a, local: dc.reg() != nil && dc.n.isOwnAddr(a)})
+			out = append(out, registrarSource{addr: a, local: dc.n.registrar.reg() != nil && dc.n.isOwnAddr(a)})
 		}
 		return out, nil
 	}
-	if dc.reg() != nil {
+	if dc.n.registrar.reg() != nil {
 		out = append(out, registrarSource{local: true})
 	}
 	for _, a := range dc.remoteRegistrars() {
@@ -138,16 +138,16 @@ func (dc *registryClient) askRegistrar(ctx context.Context, src registrarSource,
 		return regs, err
 	}
 	if src.local {
-		if dc.reg() == nil {
+		if dc.n.registrar.reg() == nil {
 			return nil, ErrNoRegistry
 		}
 		switch req.Op {
 		case regOpFind:
-			dc.reg().requests.Add(1)
-			return dc.reg().find(req.Name), nil
+			dc.n.registrar.reg().requests.Add(1)
+			return dc.n.registrar.reg().find(req.Name), nil
 		case regOpList:
-			dc.reg().requests.Add(1)
-			return dc.reg().list(), nil
+			dc.n.registrar.reg().requests.Add(1)
+			return dc.n.registrar.reg().list(), nil
 		}
 	}
 	ctx, cancel := context.WithTimeout(ctx, dc.registryTimeout())
@@ -411,10 +411,10 @@ func (dc *registryClient) deleteStale(ctx context.Context, src registrarSource, 
 		return
 	}
 	if src.local {
-		if dc.reg() == nil {
+		if dc.n.registrar.reg() == nil {
 			return
 		}
-		dc.reg().deleteAddr(node, addr)
+		dc.n.registrar.reg().deleteAddr(node, addr)
 		return
 	}
 	dc.askRegistrar(ctx, src, regRequest{Op: regOpDeleteAddr, Node: node, Addr: addr.String()})
@@ -591,8 +591,8 @@ func (dc *registryClient) awaitRegistration(ctx context.Context, srcs []registra
 			p.finish()
 			switch {
 			case s.etcd != nil:
-			case s.local && dc.reg() != nil:
-				dc.reg().cancelWait(name, p.h.key)
+			case s.local && dc.n.registrar.reg() != nil:
+				dc.n.registrar.reg().cancelWait(name, p.h.key)
 			case !s.local:
 				dc.tellRegistrar(s.addr, regRequest{Op: regOpCancelWait, Name: name, ReplyTo: Ref[regReply]{h: p.h}})
 			}
@@ -609,10 +609,10 @@ func (dc *registryClient) awaitRegistration(ctx context.Context, srcs []registra
 			continue
 		}
 		if s.local {
-			if dc.reg() == nil {
+			if dc.n.registrar.reg() == nil {
 				return nil, i, ErrNoRegistry
 			}
-			if found := dc.reg().wait(name, ps[i].h, conds[i]); found != nil {
+			if found := dc.n.registrar.reg().wait(name, ps[i].h, conds[i]); found != nil {
 				return found, i, nil
 			}
 			continue

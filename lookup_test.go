@@ -23,7 +23,7 @@ func TestWaitForANameOnlyANodeHoldsReturnsAtItsDeadline(t *testing.T) {
 	startNode(t, discoveryConfig("billing", reg)) // a node, not an actor, named billing
 	client := startNode(t, discoveryConfig("client", reg))
 	for _, n := range []*Node{registrar, client} {
-		before := registrar.disc.reg().requests.Load()
+		before := registrar.registrar.reg().requests.Load()
 		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
 		done := make(chan error, 1)
 		go func() { _, err := WaitForActor[testPing](ctx, n, "billing"); done <- err }()
@@ -37,7 +37,7 @@ func TestWaitForANameOnlyANodeHoldsReturnsAtItsDeadline(t *testing.T) {
 		}
 		cancel()
 		// Parked, not polled: a request to wait and one to cancel it.
-		if got := registrar.disc.reg().requests.Load() - before; got > 4 {
+		if got := registrar.registrar.reg().requests.Load() - before; got > 4 {
 			t.Fatalf("%s: %d registry requests during one wait", n.Name(), got)
 		}
 	}
@@ -55,7 +55,7 @@ func TestWaitForANameOnlyANodeHoldsReturnsAtItsDeadline(t *testing.T) {
 func plantStale(t *testing.T, registrar *Node, name string) {
 	var ghost NodeUID
 	rand.Read(ghost[:])
-	registrar.registryRegister(Registration{Name: name, UUID: UUID(ghost), Path: "/user/" + name, Node: ghost, NodeName: "ghost", Addrs: []Addr{tcpAddr(freeRegistryAddr(t, "tcp")[len("tcp://"):])}})
+	registrar.registrar.registryRegister(Registration{Name: name, UUID: UUID(ghost), Path: "/user/" + name, Node: ghost, NodeName: "ghost", Addrs: []Addr{tcpAddr(freeRegistryAddr(t, "tcp")[len("tcp://"):])}})
 }
 
 func TestWaitMeetingAStaleEntryOnANodeThatIsNotTheRegistrar(t *testing.T) {
@@ -67,7 +67,7 @@ func TestWaitMeetingAStaleEntryOnANodeThatIsNotTheRegistrar(t *testing.T) {
 	plantStale(t, registrar, "svc")
 	waited := make(chan error, 1)
 	go func() { _, err := WaitForActor[testPing](ctxT(t, 10*time.Second), client, "svc"); waited <- err }()
-	waitFor(t, 5*time.Second, "the stale entry to be deleted", func() bool { return len(registrar.disc.reg().find("svc")) == 0 })
+	waitFor(t, 5*time.Second, "the stale entry to be deleted", func() bool { return len(registrar.registrar.reg().find("svc")) == 0 })
 	spawnEcho(t, registrar, "svc")
 	if err := recv(t, waited, "the wait to end"); err != nil {
 		t.Fatalf("WaitForActor after a stale entry: %v", err)
@@ -197,7 +197,7 @@ func TestRegistrarRestartedAfterAKillGetsEverythingBack(t *testing.T) {
 
 	waited := make(chan error, 1)
 	go func() { _, err := WaitForActor[testPing](ctxT(t, 20*time.Second), client, "late"); waited <- err }()
-	waitFor(t, 5*time.Second, "the wait to be parked", func() bool { return old.disc.reg().waiting() == 1 })
+	waitFor(t, 5*time.Second, "the wait to be parked", func() bool { return old.registrar.reg().waiting() == 1 })
 
 	lost := make(chan PeerUnreachable, 4)
 	SubscribeChan(service, lost)
@@ -206,8 +206,8 @@ func TestRegistrarRestartedAfterAKillGetsEverythingBack(t *testing.T) {
 		t.Fatalf("the registrar was quarantined: %+v", e)
 	}
 	fresh := startOn(t, f, dedicated)
-	waitFor(t, 5*time.Second, "the service to register again", func() bool { return len(fresh.disc.reg().find("svc")) == 1 })
-	waitFor(t, 5*time.Second, "the client's wait to be parked again", func() bool { return fresh.disc.reg().waiting() == 1 })
+	waitFor(t, 5*time.Second, "the service to register again", func() bool { return len(fresh.registrar.reg().find("svc")) == 1 })
+	waitFor(t, 5*time.Second, "the client's wait to be parked again", func() bool { return fresh.registrar.reg().waiting() == 1 })
 	if _, err := FindActor[testPing](ctxT(t, 5*time.Second), client, "svc", WithRegistries(reg)); err != nil {
 		t.Fatalf("FindActor after the restart: %v", err)
 	}
@@ -244,7 +244,7 @@ func TestRegistrarFailover(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if !first.isRegistrar() {
+			if !first.registrar.isRegistrar() {
 				t.Fatal("the first node did not become the registrar")
 			}
 			a := startOn(t, f, cfg("a"))
@@ -266,7 +266,7 @@ func TestRegistrarFailover(t *testing.T) {
 				kind = 1
 			}
 			slowest[kind] = max(slowest[kind], time.Since(start))
-			if a.isRegistrar() && b.isRegistrar() {
+			if a.registrar.isRegistrar() && b.registrar.isRegistrar() {
 				t.Fatalf("round %d: two registrars", round)
 			}
 			a.Close()
@@ -279,7 +279,7 @@ func TestRegistrarFailover(t *testing.T) {
 // oneRegistrarFindingAll reports whether exactly one of a and b is the
 // registrar at reg, and both find svc-a and svc-b through it.
 func oneRegistrarFindingAll(t *testing.T, reg string, a, b *Node) bool {
-	if a.isRegistrar() == b.isRegistrar() {
+	if a.registrar.isRegistrar() == b.registrar.isRegistrar() {
 		return false
 	}
 	for _, n := range []*Node{a, b} {
@@ -304,12 +304,12 @@ func TestWaitForActorIsPushedAndCancelReleases(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	errc := make(chan error, 1)
 	go func() { _, err := WaitForActor[testPing](ctx, client, "late"); errc <- err }()
-	waitFor(t, 5*time.Second, "the waiter to be parked", func() bool { return registrar.disc.reg().waiting() == 1 })
+	waitFor(t, 5*time.Second, "the waiter to be parked", func() bool { return registrar.registrar.reg().waiting() == 1 })
 	cancel()
 	if err := recv(t, errc, "WaitForActor to return"); !errors.Is(err, context.Canceled) {
 		t.Fatalf("cancelled WaitForActor = %v", err)
 	}
-	waitFor(t, 5*time.Second, "the waiter to be released", func() bool { return registrar.disc.reg().waiting() == 0 })
+	waitFor(t, 5*time.Second, "the waiter to be released", func() bool { return registrar.registrar.reg().waiting() == 0 })
 
 	// A registration is pushed to the waiter.
 	got := make(chan Ref[testPing], 1)
@@ -320,7 +320,7 @@ func TestWaitForActorIsPushedAndCancelReleases(t *testing.T) {
 		}
 		got <- r
 	}()
-	waitFor(t, 5*time.Second, "the waiter to be parked", func() bool { return registrar.disc.reg().waiting() == 1 })
+	waitFor(t, 5*time.Second, "the waiter to be parked", func() bool { return registrar.registrar.reg().waiting() == 1 })
 	spawnEcho(t, service, "late")
 	r := recv(t, got, "WaitForActor")
 	if _, err := Ask(ctxT(t, 5*time.Second), r, func(rr Ref[testPong]) testPing { return testPing{ReplyTo: rr} }); err != nil {
@@ -341,7 +341,7 @@ func TestLocalFastPathSkipsTheRegistrar(t *testing.T) {
 	if _, err := FindActor[testPing](ctx, client, "svc"); err != nil {
 		t.Fatalf("first lookup: %v", err)
 	}
-	before := registrar.disc.reg().requests.Load()
+	before := registrar.registrar.reg().requests.Load()
 	for _, name := range []string{"svc", "mine"} {
 		r, err := FindActor[testPing](ctx, client, name)
 		if err != nil {
@@ -351,7 +351,7 @@ func TestLocalFastPathSkipsTheRegistrar(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if after := registrar.disc.reg().requests.Load(); after != before {
+	if after := registrar.registrar.reg().requests.Load(); after != before {
 		t.Fatalf("the fast path made %d registrar requests", after-before)
 	}
 }
@@ -396,7 +396,7 @@ func TestStaleEntriesAreDeletedOnUse(t *testing.T) {
 	spawnEcho(t, service, "svc")
 	ghost := tcpAddr(freeRegistryAddr(t, "tcp")[len("tcp://"):])
 	// A newer registration of the same name on a node that is gone.
-	registrar.disc.reg().register(Registration{Name: "svc", UUID: UUID{7}, Path: "/user/svc", Node: NodeUID{7}, Addrs: []Addr{ghost}})
+	registrar.registrar.reg().register(Registration{Name: "svc", UUID: UUID{7}, Path: "/user/svc", Node: NodeUID{7}, Addrs: []Addr{ghost}})
 	client := startNode(t, discoveryConfig("client", reg))
 	r, err := FindActor[testPing](ctxT(t, 10*time.Second), client, "svc")
 	if err != nil || r.NodeUID() != service.UID() {
@@ -406,7 +406,7 @@ func TestStaleEntriesAreDeletedOnUse(t *testing.T) {
 	// deletes it once its own check finds nobody there: soon after, not
 	// before FindActor returns.
 	waitFor(t, 5*time.Second, "the stale registration deleted", func() bool {
-		return !slices.ContainsFunc(registrar.disc.reg().find("svc"), func(e Registration) bool { return e.Node == (NodeUID{7}) })
+		return !slices.ContainsFunc(registrar.registrar.reg().find("svc"), func(e Registration) bool { return e.Node == (NodeUID{7}) })
 	})
 }
 

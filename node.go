@@ -67,7 +67,9 @@ type Node struct {
 	peers peerTable
 
 	// disc is how this node reaches its registries (register.go).
-	disc        registryClient
+	disc registryClient
+	// registrar is this node as a registrar, if it is one (registrar.go).
+	registrar   registrarRole
 	services    services    // its actors under service keys (service.go)
 	serviceSubs serviceSubs // its actors following service keys (service_subscribe.go)
 	topics      topics      // its topics' relays and publishers (topic.go)
@@ -120,6 +122,7 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 	n.disc.etcd.n = n
 	n.services.n, n.serviceSubs.n, n.topics.n = n, n, n
 	n.lc.n = n
+	n.registrar.n = n
 	rand.Read(n.uid[:])
 	rand.Read(n.ids.base[:])
 	n.name = cfg.Name
@@ -140,8 +143,8 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 	default:
 		err = n.lis.listenAll(ctx, cfg.Listen)
 	}
-	if err == nil && cfg.ServeRegistry && n.disc.reg() == nil {
-		err = n.startRegistrar()
+	if err == nil && cfg.ServeRegistry && n.registrar.reg() == nil {
+		err = n.registrar.startRegistrar()
 	}
 	if err == nil {
 		err = n.startStatsActor()

@@ -335,7 +335,7 @@ func TestServiceKeyAcrossProcesses(t *testing.T) {
 	cfg := failConfig("parent", 50*time.Millisecond, 500*time.Millisecond)
 	cfg.RegistryAddrs = []string{reg}
 	n := startNode(t, cfg)
-	if !n.isRegistrar() {
+	if !n.registrar.isRegistrar() {
 		t.Fatal("the parent is not the registrar")
 	}
 	c := startChild(t, "tcp://127.0.0.1:0", "TROUPE_HELPER_REGISTRY="+reg)

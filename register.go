@@ -7,7 +7,6 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 )
 
@@ -25,7 +24,7 @@ func isPublic(path string) bool {
 }
 
 func (dc *registryClient) discovering() bool {
-	return dc.reg() != nil || len(dc.registrars) > 0 || dc.etcd.reg != nil
+	return dc.n.registrar.reg() != nil || len(dc.registrars) > 0 || dc.etcd.reg != nil
 }
 
 func (dc *registryClient) nodeRegistration() Registration {
@@ -54,8 +53,8 @@ func (dc *registryClient) registerNode(ctx context.Context) error {
 	if !dc.discovering() {
 		return nil
 	}
-	if dc.reg() != nil {
-		if err := dc.n.registryRegister(dc.nodeRegistration()); err != nil {
+	if dc.n.registrar.reg() != nil {
+		if err := dc.n.registrar.registryRegister(dc.nodeRegistration()); err != nil {
 			return err
 		}
 	}
@@ -205,8 +204,8 @@ func (dc *registryClient) takeOver(addr Addr) bool {
 	if err != nil {
 		return false // another node bound it first: it is the registrar
 	}
-	if dc.reg() == nil {
-		if err := dc.n.startRegistrar(); err != nil {
+	if dc.n.registrar.reg() == nil {
+		if err := dc.n.registrar.startRegistrar(); err != nil {
 			return false
 		}
 	}
@@ -215,12 +214,12 @@ func (dc *registryClient) takeOver(addr Addr) bool {
 	}
 	var refused []error
 	for _, r := range dc.publicRegistrations() {
-		if err := dc.n.registryRegister(r); err != nil {
+		if err := dc.n.registrar.registryRegister(r); err != nil {
 			refused = append(refused, err)
 		}
 	}
 	if len(refused) > 0 {
-		dc.n.refusedRegistrations(NodeUID{}, refused)
+		dc.n.registrar.refusedRegistrations(NodeUID{}, refused)
 	}
 	return true
 }
@@ -282,8 +281,8 @@ func (dc *registryClient) registerEntry(h *handle, r Registration) (refused erro
 	if err := checkRegistration(false, dc.n.uid, &r); err != nil {
 		return err // (no registrar keeps it: a path longer than 1 KiB)
 	}
-	if dc.reg() != nil {
-		refused = dc.n.registryRegister(r)
+	if dc.n.registrar.reg() != nil {
+		refused = dc.n.registrar.registryRegister(r)
 	}
 	for _, a := range dc.remoteRegistrars() {
 		req := regRequest{Op: regOpRegister, Regs: toWire([]Registration{r})}
@@ -326,8 +325,8 @@ func (dc *registryClient) unregisterActor(h *handle) { dc.unregisterEntry(h.name
 // unregisterEntry removes the entry name of the actor uuid from every
 // registrar, without waiting.
 func (dc *registryClient) unregisterEntry(name string, uuid UUID) {
-	if dc.reg() != nil {
-		dc.reg().unregister(name, uuid, dc.n.uid)
+	if dc.n.registrar.reg() != nil {
+		dc.n.registrar.reg().unregister(name, uuid, dc.n.uid)
 	}
 	for _, a := range dc.remoteRegistrars() {
 		dc.tellRegistrar(a, regRequest{Op: regOpUnregister, Regs: []regWire{{Name: name, UUID: uuid}}})
@@ -355,19 +354,14 @@ func (dc *registryClient) unregisterAll() {
 }
 
 // registryClient is how a node reaches its registries: the registry it
-// serves itself (a registrar may take over an address while it runs),
-// the remote registrars it registers with, or etcd. Set in Start and
-// then read-only, but for served (atomic), the maps (sync.Map) and what
-// mu guards: pending and epoch.
+// serves itself (registrarRole), the remote registrars it registers
+// with, or etcd. Set in Start and then read-only, but for the maps
+// (sync.Map) and what mu guards: pending and epoch.
 type registryClient struct {
 	n          *Node
-	served     atomic.Pointer[regTable] // the registry this node serves, if any (see reg)
-	registrars []Addr                   // the remote registrars this node registers with
-	etcd       etcdClient               // etcd, when it is the registry (etcd_registry.go)
-	refs       sync.Map                 // Addr -> Ref[regRequest], resolved registrar actors
-	// refusedLog paces the registrar's warnings of refused
-	// registrations.
-	refusedLog logGate
+	registrars []Addr     // the remote registrars this node registers with
+	etcd       etcdClient // etcd, when it is the registry (etcd_registry.go)
+	refs       sync.Map   // Addr -> Ref[regRequest], resolved registrar actors
 
 	mu sync.Mutex
 	// pending holds the registrars whose copy of this node's
@@ -380,38 +374,33 @@ type registryClient struct {
 	epoch chan struct{}
 }
 
-// reg returns the registry this node serves, or nil. A node may become a
-// registrar while it runs (taking over a registry address whose registrar
-// is gone), so it is read atomically.
-func (c *registryClient) reg() *regTable { return c.served.Load() }
-
 // setPending records whether the registrar at addr lacks some of this
 // node's registrations.
-func (c *registryClient) setPending(addr Addr, pending bool) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
+func (dc *registryClient) setPending(addr Addr, pending bool) {
+	dc.mu.Lock()
+	defer dc.mu.Unlock()
 	if !pending {
-		delete(c.pending, addr)
+		delete(dc.pending, addr)
 		return
 	}
-	if c.pending == nil {
-		c.pending = make(map[Addr]bool)
+	if dc.pending == nil {
+		dc.pending = make(map[Addr]bool)
 	}
-	c.pending[addr] = true
+	dc.pending[addr] = true
 }
 
-func (c *registryClient) isPending(addr Addr) bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.pending[addr]
+func (dc *registryClient) isPending(addr Addr) bool {
+	dc.mu.Lock()
+	defer dc.mu.Unlock()
+	return dc.pending[addr]
 }
 
 // pendingAt returns a registrar that lacks some of this node's
 // registrations, if any.
-func (c *registryClient) pendingAt() (Addr, bool) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	for a := range c.pending {
+func (dc *registryClient) pendingAt() (Addr, bool) {
+	dc.mu.Lock()
+	defer dc.mu.Unlock()
+	for a := range dc.pending {
 		return a, true
 	}
 	return Addr{}, false
@@ -419,20 +408,20 @@ func (c *registryClient) pendingAt() (Addr, bool) {
 
 // epochCh returns a channel closed the next time this node
 // registers again with a registrar, so that parked waits park again.
-func (c *registryClient) epochCh() <-chan struct{} {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.epoch == nil {
-		c.epoch = make(chan struct{})
+func (dc *registryClient) epochCh() <-chan struct{} {
+	dc.mu.Lock()
+	defer dc.mu.Unlock()
+	if dc.epoch == nil {
+		dc.epoch = make(chan struct{})
 	}
-	return c.epoch
+	return dc.epoch
 }
 
-func (c *registryClient) bump() {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.epoch != nil {
-		close(c.epoch)
+func (dc *registryClient) bump() {
+	dc.mu.Lock()
+	defer dc.mu.Unlock()
+	if dc.epoch != nil {
+		close(dc.epoch)
 	}
-	c.epoch = make(chan struct{})
+	dc.epoch = make(chan struct{})
 }

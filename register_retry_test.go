@@ -28,7 +28,7 @@ func TestAFailedRegistrationIsSentAgain(t *testing.T) {
 		return c
 	}
 	registrar := startOn(t, f, cfg("registrar"))
-	if !registrar.isRegistrar() {
+	if !registrar.registrar.isRegistrar() {
 		t.Fatal("the first node is not the registrar")
 	}
 	n := startOn(t, f, cfg("n"))

@@ -529,8 +529,8 @@ func fromWire(ws []regWire, from Addr) []Registration {
 func (m regRequest) stamped(s sentBy) any { m.sentBy = s; return m }
 
 // serveRegistry handles one request to this node's registrar actor.
-func (n *Node) serveRegistry(req regRequest) {
-	g := n.disc.reg()
+func (rr *registrarRole) serveRegistry(req regRequest) {
+	g := rr.reg()
 	g.requests.Add(1)
 	reply := func(rs []Registration) {
 		if !req.ReplyTo.IsZero() {
@@ -543,14 +543,14 @@ func (n *Node) serveRegistry(req regRequest) {
 		for _, r := range fromWire(req.Regs, Addr{}) {
 			err := checkRegistration(req.remote, req.from, &r)
 			if err == nil {
-				err = n.registryRegister(r)
+				err = rr.registryRegister(r)
 			}
 			if err != nil {
 				refused = append(refused, err)
 			}
 		}
 		if len(refused) > 0 {
-			n.refusedRegistrations(req.from, refused)
+			rr.refusedRegistrations(req.from, refused)
 			if !req.ReplyTo.IsZero() {
 				req.ReplyTo.Tell(regReply{Refused: refusedText(refused)})
 			}
@@ -587,7 +587,7 @@ func (n *Node) serveRegistry(req regRequest) {
 		// (registrar_check.go). Its own lookups' reports are its own word.
 		if a, err := ParseAddr(req.Addr); err == nil {
 			if req.remote {
-				n.checkAddr(req.Node, a, req.from)
+				rr.checkAddr(req.Node, a, req.from)
 			} else {
 				g.deleteAddr(req.Node, a)
 			}
@@ -611,8 +611,8 @@ func (n *Node) serveRegistry(req regRequest) {
 
 // registryRegister registers r in this node's registry and answers the
 // waiters it wakes; past the registry's bounds it returns why not.
-func (n *Node) registryRegister(r Registration) error {
-	woken, err := n.disc.reg().register(r)
+func (rr *registrarRole) registryRegister(r Registration) error {
+	woken, err := rr.reg().register(r)
 	for _, w := range woken {
 		Ref[regReply]{h: w}.Tell(regReply{Regs: toWire([]Registration{r})})
 	}
@@ -622,24 +622,24 @@ func (n *Node) registryRegister(r Registration) error {
 // startRegistrar makes this node serve a registry: the table, the actor at
 // registrarPath, and the rule that a peer which leaves or becomes
 // unreachable takes its registrations with it.
-func (n *Node) startRegistrar() error {
+func (rr *registrarRole) startRegistrar() error {
 	g := newRegTable()
-	g.live = n.liveHere
-	g.contest = func(node NodeUID, addr Addr, by NodeUID) { n.checkAddr(node, addr, by) }
-	n.disc.served.Store(g)
-	_, err := Spawn(systemParent{n}, "registrar", Behavior[regRequest]{
-		Receive: func(_ *Context[regRequest], req regRequest) { n.serveRegistry(req) },
+	g.live = rr.liveHere
+	g.contest = func(node NodeUID, addr Addr, by NodeUID) { rr.checkAddr(node, addr, by) }
+	rr.served.Store(g)
+	_, err := Spawn(systemParent{rr.n}, "registrar", Behavior[regRequest]{
+		Receive: func(_ *Context[regRequest], req regRequest) { rr.serveRegistry(req) },
 	})
 	if err != nil {
 		return err
 	}
-	subscribeOwn(&n.events, func(e PeerUnreachable) { n.disc.reg().dropNode(e.UID) })
+	subscribeOwn(&rr.n.events, func(e PeerUnreachable) { rr.reg().dropNode(e.UID) })
 	return nil
 }
 
 // isRegistrar reports whether this node serves a registry (see
 // Stats.Registrar).
-func (n *Node) isRegistrar() bool { return n.disc.reg() != nil }
+func (rr *registrarRole) isRegistrar() bool { return rr.reg() != nil }
 
 // systemParent spawns the node's own actors under /system.
 type systemParent struct{ n *Node }
@@ -647,3 +647,19 @@ type systemParent struct{ n *Node }
 func (s systemParent) spawnParent() (*Node, parentCell) { return s.n, nil }
 
 func (s systemParent) basePath() string { return "/system" }
+
+// registrarRole is the node as a registrar: the registry it serves, if
+// it serves one (from Start, or from taking over a registry address
+// whose registrar is gone), the requests it answers, and its checks of
+// what others register. served is atomic; refusedLog has a lock of its
+// own.
+type registrarRole struct {
+	n      *Node
+	served atomic.Pointer[regTable]
+	// refusedLog paces the warnings of refused registrations.
+	refusedLog logGate
+}
+
+// reg returns the registry this node serves, or nil. A node may become a
+// registrar while it runs, so it is read atomically.
+func (rr *registrarRole) reg() *regTable { return rr.served.Load() }

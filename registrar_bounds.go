@@ -86,22 +86,22 @@ func refusedText(errs []error) string {
 
 // refusedRegistrations logs, at most once a second, that the registrar
 // refused registrations of a peer (from; zero for this node).
-func (n *Node) refusedRegistrations(from NodeUID, errs []error) {
-	if n.disc.refusedLog.allow() {
-		n.log.Warn("troupe: the registrar refused registrations", "from", from.String(), "refused", len(errs), "err", errs[0])
+func (rr *registrarRole) refusedRegistrations(from NodeUID, errs []error) {
+	if rr.refusedLog.allow() {
+		rr.n.log.Warn("troupe: the registrar refused registrations", "from", from.String(), "refused", len(errs), "err", errs[0])
 	}
 }
 
 // liveHere reports whether the node incarnation uid is this node or one
 // it holds a live association with. (Called under a regTable's mu: it
 // takes pmu after it, never the other way.)
-func (n *Node) liveHere(uid NodeUID) bool {
-	if uid == n.uid {
+func (rr *registrarRole) liveHere(uid NodeUID) bool {
+	if uid == rr.n.uid {
 		return true
 	}
-	n.peers.mu.Lock()
-	a := n.peers.byUID[uid]
-	n.peers.mu.Unlock()
+	rr.n.peers.mu.Lock()
+	a := rr.n.peers.byUID[uid]
+	rr.n.peers.mu.Unlock()
 	return a != nil && a.failure() == nil
 }
 

@@ -28,15 +28,15 @@ func TestARegistrarTakesOnlyAPeersOwnRegistrations(t *testing.T) {
 	if !errors.Is(err, ErrRegistrationRefused) {
 		t.Fatalf("registering for another node: %v, want ErrRegistrationRefused", err)
 	}
-	if got := registrar.disc.reg().find("svc"); len(got) != 1 || got[0].UUID == (UUID{9}) {
+	if got := registrar.registrar.reg().find("svc"); len(got) != 1 || got[0].UUID == (UUID{9}) {
 		t.Fatalf("the registrar lists %+v under svc, want only the honest actor", got)
 	}
 
-	honestSvc := registrar.disc.reg().find("svc")[0]
+	honestSvc := registrar.registrar.reg().find("svc")[0]
 	if _, err := hostile.disc.askRegistrar(ctx, src, regRequest{Op: regOpUnregister, Regs: []regWire{{Name: "svc", UUID: honestSvc.UUID}}}); err != nil {
 		t.Fatal(err)
 	}
-	if got := registrar.disc.reg().find("svc"); len(got) != 1 {
+	if got := registrar.registrar.reg().find("svc"); len(got) != 1 {
 		t.Fatalf("a peer took another node's entry out: %+v", got)
 	}
 
@@ -45,13 +45,13 @@ func TestARegistrarTakesOnlyAPeersOwnRegistrations(t *testing.T) {
 	if _, err := hostile.disc.askRegistrar(ctx, src, regRequest{Op: regOpRegister, Regs: toWire([]Registration{own})}); err != nil {
 		t.Fatalf("registering its own entry: %v", err)
 	}
-	if len(registrar.disc.reg().find("mine")) != 1 {
+	if len(registrar.registrar.reg().find("mine")) != 1 {
 		t.Fatal("a peer's own entry was not kept")
 	}
 	if _, err := hostile.disc.askRegistrar(ctx, src, regRequest{Op: regOpUnregister, Regs: []regWire{{Name: "mine", UUID: UUID{7}}}}); err != nil {
 		t.Fatal(err)
 	}
-	if len(registrar.disc.reg().find("mine")) != 0 {
+	if len(registrar.registrar.reg().find("mine")) != 0 {
 		t.Fatal("a peer could not take its own entry out")
 	}
 }
@@ -83,11 +83,11 @@ func TestARegistrarRefusesOversizedRegistrations(t *testing.T) {
 		if !errors.Is(err, ErrRegistrationRefused) {
 			t.Fatalf("an oversized registration (%.40q): %v, want ErrRegistrationRefused", bad.Name, err)
 		}
-		if got := registrar.disc.reg().find(bad.Name); bad.Name != "ok" && len(got) != 0 || bad.Name == "ok" && len(got) != 1 {
+		if got := registrar.registrar.reg().find(bad.Name); bad.Name != "ok" && len(got) != 0 || bad.Name == "ok" && len(got) != 1 {
 			t.Fatalf("after refusing %.40q the registrar lists %d under it", bad.Name, len(got))
 		}
 	}
-	if len(registrar.disc.reg().find("ok")) != 1 {
+	if len(registrar.registrar.reg().find("ok")) != 1 {
 		t.Fatal("the well-formed registration beside the refused one was not kept")
 	}
 }
@@ -100,9 +100,9 @@ func TestARegistrarBoundsAPeerAndAName(t *testing.T) {
 	checkLeaks(t)
 	reg := freeRegistryAddr(t, "tcp")
 	registrar := startNode(t, discoveryConfig("registrar", reg))
-	registrar.disc.reg().mu.Lock()
-	registrar.disc.reg().bounds = regBounds{perPeer: 6, perName: 2, total: 1000}
-	registrar.disc.reg().mu.Unlock()
+	registrar.registrar.reg().mu.Lock()
+	registrar.registrar.reg().bounds = regBounds{perPeer: 6, perName: 2, total: 1000}
+	registrar.registrar.reg().mu.Unlock()
 	b := startNode(t, discoveryConfig("b", reg))
 	c := startNode(t, discoveryConfig("c", reg))
 	// b: its node, three actors (4), two services under echoKey (6).
@@ -233,7 +233,7 @@ func TestReregistrationOfManyServicesGoesInPieces(t *testing.T) {
 	if err := n.disc.reregister(n.disc.registrars[0]); err != nil {
 		t.Fatalf("registering %d services again: %v", maxServicesPerNode, err)
 	}
-	if got := len(registrar.disc.reg().byNode[n.uid]); got < maxServicesPerNode {
+	if got := len(registrar.registrar.reg().byNode[n.uid]); got < maxServicesPerNode {
 		t.Fatalf("the registrar holds %d of the node's entries, want at least %d", got, maxServicesPerNode)
 	}
 }
@@ -269,7 +269,7 @@ func TestAPeerCannotTakeAnotherNodesEntries(t *testing.T) {
 	spawnEcho(t, honest, "svc")
 	held := func(what string) {
 		t.Helper()
-		got := registrar.disc.reg().find("svc")
+		got := registrar.registrar.reg().find("svc")
 		for _, r := range got {
 			if r.Node == honest.uid && slices.Equal(r.Addrs, honest.Addrs()) {
 				return
@@ -278,7 +278,7 @@ func TestAPeerCannotTakeAnotherNodesEntries(t *testing.T) {
 		t.Fatalf("%s: the registrar lists %+v under svc, without honest's entry", what, got)
 	}
 	held("at first")
-	svc := registrar.disc.reg().find("svc")[0]
+	svc := registrar.registrar.reg().find("svc")[0]
 	ctx := ctxT(t, 5*time.Second)
 	cfg := testConfig()
 	cfg.Name = "hostile"
@@ -296,15 +296,15 @@ func TestAPeerCannotTakeAnotherNodesEntries(t *testing.T) {
 	if err := ask(regRequest{Op: regOpRegister, Regs: toWire([]Registration{{Name: "mine", UUID: UUID{5}, Path: "/user/mine", Node: hostile.uid, Addrs: honest.Addrs()}})}); err != nil {
 		t.Fatal(err)
 	}
-	waitChecksIdle(t, registrar.disc.reg()) // (a claim on a live node's address is checked: it must answer as honest)
+	waitChecksIdle(t, registrar.registrar.reg()) // (a claim on a live node's address is checked: it must answer as honest)
 	held("after a peer claimed honest's addresses")
 	for _, a := range honest.Addrs() {
 		ask(regRequest{Op: regOpDeleteAddr, Node: honest.uid, Addr: a.String()})
 	}
-	waitChecksIdle(t, registrar.disc.reg()) // (the registrar checks each report itself; then it holds or drops)
+	waitChecksIdle(t, registrar.registrar.reg()) // (the registrar checks each report itself; then it holds or drops)
 	held("after a peer asked to delete honest's addresses")
 	ask(regRequest{Op: regOpRegister, Regs: toWire([]Registration{{Name: "svc", UUID: svc.UUID, Path: "/user/svc", Node: hostile.uid, Addrs: hostile.Addrs()}})})
-	registrar.disc.reg().dropNode(honest.uid) // (as if honest had been lost a moment)
+	registrar.registrar.reg().dropNode(honest.uid) // (as if honest had been lost a moment)
 	if err := honest.disc.reregister(regAddr); err != nil {
 		t.Fatal(err)
 	}

@@ -95,16 +95,16 @@ func (c *addrChecks) done(addr Addr) {
 // or timed out (the node busy, or a peer holding its handshake slots) is
 // no answer. And an address only the node's own host can reach (a Unix
 // socket, loopback) is checked only for a node on the registrar's host.
-func (n *Node) checkAddr(node NodeUID, addr Addr, reporter NodeUID) bool {
-	g := n.disc.reg()
-	if g == nil || node == n.uid || n.isOwnAddr(addr) || !g.lists(node, addr) || !n.reachesAsItsHost(node, addr) ||
+func (rr *registrarRole) checkAddr(node NodeUID, addr Addr, reporter NodeUID) bool {
+	g := rr.reg()
+	if g == nil || node == rr.n.uid || rr.n.isOwnAddr(addr) || !g.lists(node, addr) || !rr.reachesAsItsHost(node, addr) ||
 		!g.checks.take(time.Now(), reporter, addr) {
 		return false
 	}
-	n.wg.Go(func() {
+	rr.n.wg.Go(func() {
 		defer g.checks.done(addr)
-		uid, err := n.peers.probeAt(addr)
-		if n.lc.workOver() {
+		uid, err := rr.n.peers.probeAt(addr)
+		if rr.n.lc.workOver() {
 			return
 		}
 		var why string
@@ -116,7 +116,7 @@ func (n *Node) checkAddr(node NodeUID, addr Addr, reporter NodeUID) bool {
 		default:
 			return // it answers there, or no definite answer: it stays
 		}
-		n.log.Info("troupe: the registrar checked an address and drops the entries that list it", "addr", addr.String(), "node", node.String(), "why", why)
+		rr.n.log.Info("troupe: the registrar checked an address and drops the entries that list it", "addr", addr.String(), "node", node.String(), "why", why)
 		g.deleteAddr(node, addr)
 	})
 	return true
@@ -140,13 +140,13 @@ func (g *regTable) lists(node NodeUID, addr Addr) bool {
 // when node is associated here over a local connection (it is on this
 // host). A node this node has no association with is judged by the
 // address alone.
-func (n *Node) reachesAsItsHost(node NodeUID, addr Addr) bool {
+func (rr *registrarRole) reachesAsItsHost(node NodeUID, addr Addr) bool {
 	if addr.network != "unix" && !addr.isLoopback() {
 		return true
 	}
-	n.peers.mu.Lock()
-	a := n.peers.byUID[node]
-	n.peers.mu.Unlock()
+	rr.n.peers.mu.Lock()
+	a := rr.n.peers.byUID[node]
+	rr.n.peers.mu.Unlock()
 	if a == nil {
 		return true
 	}

@@ -34,7 +34,7 @@ func TestAHostilePeerCannotGetALiveNodesEntriesDropped(t *testing.T) {
 	honest := startNode(t, hcfg)
 	spawnEcho(t, honest, "svc")
 	listed := func() bool {
-		for _, r := range registrar.disc.reg().find("svc") {
+		for _, r := range registrar.registrar.reg().find("svc") {
 			if r.Node == honest.uid {
 				return true
 			}
@@ -55,7 +55,7 @@ func TestAHostilePeerCannotGetALiveNodesEntriesDropped(t *testing.T) {
 		t.Cleanup(func() { c.Close() })
 	}
 	hostile.disc.askRegistrar(ctxT(t, 5*time.Second), registrarSource{addr: regAddr}, regRequest{Op: regOpDeleteAddr, Node: honest.uid, Addr: addr.String()})
-	if started := waitChecksIdle(t, registrar.disc.reg()); started != 1 {
+	if started := waitChecksIdle(t, registrar.registrar.reg()); started != 1 {
 		t.Fatalf("%d checks started, want 1", started)
 	}
 	if !listed() {
@@ -83,7 +83,7 @@ func TestAReportOfAnUnlistedAddressDialsNothing(t *testing.T) {
 		hostile.disc.askRegistrar(ctxT(t, 5*time.Second), registrarSource{addr: regAddr},
 			regRequest{Op: regOpDeleteAddr, Node: node, Addr: "tcp://" + victim.Addr().String()})
 	}
-	if started := waitChecksIdle(t, registrar.disc.reg()); started != 0 {
+	if started := waitChecksIdle(t, registrar.registrar.reg()); started != 0 {
 		t.Fatalf("the registrar started %d checks of an address no entry lists", started)
 	}
 }

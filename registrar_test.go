@@ -96,7 +96,7 @@ func TestReRegistersAfterReassociation(t *testing.T) {
 	lost := make(chan PeerUnreachable, 1)
 	SubscribeChan(service, lost)
 	f.Partition(registrar, service)
-	waitFor(t, 5*time.Second, "the registrar to drop the unreachable service", func() bool { return len(registrar.disc.reg().find("svc")) == 0 })
+	waitFor(t, 5*time.Second, "the registrar to drop the unreachable service", func() bool { return len(registrar.registrar.reg().find("svc")) == 0 })
 	recv(t, lost, "the service gives up on the registrar")
 	// The registrar may drop the entry on the link's loss, before its
 	// own verdict: clear its quarantine once there is one.
@@ -108,7 +108,7 @@ func TestReRegistersAfterReassociation(t *testing.T) {
 	if _, err := service.ClearQuarantine(ctxT(t, 5*time.Second), registrar.Addrs()[0].String(), Reconnect()); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 5*time.Second, "the service to register again", func() bool { return len(registrar.disc.reg().find("svc")) == 1 })
+	waitFor(t, 5*time.Second, "the service to register again", func() bool { return len(registrar.registrar.reg().find("svc")) == 1 })
 }
 
 func TestRuntimeDirIsPrivate(t *testing.T) {
@@ -200,7 +200,7 @@ func TestAnyNodeCanServeARegistry(t *testing.T) {
 	cfg := testConfig("tcp://127.0.0.1:0")
 	cfg.Name, cfg.ServeRegistry = "side-registrar", true
 	side := startNode(t, cfg)
-	if !side.isRegistrar() {
+	if !side.registrar.isRegistrar() {
 		t.Fatal("ServeRegistry did not make the node a registrar")
 	}
 	worker := startNode(t, discoveryConfig("worker", side.Addrs()[0].String()))
@@ -218,12 +218,12 @@ func TestRegistrarDropsNodesThatLeave(t *testing.T) {
 	registrar := startNode(t, discoveryConfig("registrar", reg))
 	service := startNode(t, discoveryConfig("service", reg))
 	spawnEcho(t, service, "svc")
-	if len(registrar.disc.reg().find("svc")) != 1 {
+	if len(registrar.registrar.reg().find("svc")) != 1 {
 		t.Fatal("svc not registered")
 	}
 	service.Close()
 	waitFor(t, 5*time.Second, "the service's registrations to go", func() bool {
-		return len(registrar.disc.reg().find("svc")) == 0 && len(registrar.disc.reg().find("service")) == 0
+		return len(registrar.registrar.reg().find("svc")) == 0 && len(registrar.registrar.reg().find("service")) == 0
 	})
 }
 
@@ -235,7 +235,7 @@ func TestActorStopUnregisters(t *testing.T) {
 	service := startNode(t, discoveryConfig("service", reg))
 	r := spawnEcho(t, service, "svc")
 	service.Stop(r)
-	waitFor(t, 5*time.Second, "svc to be unregistered", func() bool { return len(registrar.disc.reg().find("svc")) == 0 })
+	waitFor(t, 5*time.Second, "svc to be unregistered", func() bool { return len(registrar.registrar.reg().find("svc")) == 0 })
 }
 
 // A registrar takes at most maxRegistrySubscribers Registry.Watch
@@ -344,7 +344,7 @@ func TestAWatchRecoversFromALostEvent(t *testing.T) {
 	}()
 	waitFor(t, 5*time.Second, "the snapshot", func() bool { mu.Lock(); defer mu.Unlock(); return snapshots == 1 })
 	// Lose one event: the registrar numbers it, and nobody gets it.
-	g := n.disc.reg()
+	g := n.registrar.reg()
 	g.mu.Lock()
 	for _, s := range g.subs {
 		s.seq++

@@ -202,7 +202,7 @@ func (r *Registry) Watch(ctx context.Context, each func(RegistryChange)) error {
 		if err != nil {
 			return fmt.Errorf("registrar %s: %w", r.src.addr, err)
 		}
-	} else if n.disc.reg() == nil {
+	} else if n.registrar.reg() == nil {
 		return ErrNoRegistry
 	}
 	name := fmt.Sprintf("registry-watch-%d", watchSeq.Add(1))
@@ -235,7 +235,7 @@ func (r *Registry) Watch(ctx context.Context, each func(RegistryChange)) error {
 	subscribe := func() error {
 		gen++
 		if r.src.local {
-			g := n.disc.reg()
+			g := n.registrar.reg()
 			if g == nil {
 				return ErrNodeClosed
 			}
@@ -250,7 +250,7 @@ func (r *Registry) Watch(ctx context.Context, each func(RegistryChange)) error {
 	}
 	defer func() {
 		if r.src.local {
-			if g := n.disc.reg(); g != nil {
+			if g := n.registrar.reg(); g != nil {
 				g.unsubscribe(self.h.key)
 			}
 			return

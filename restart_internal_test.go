@@ -24,7 +24,7 @@ func TestALookupSkipsAQuarantinedIncarnationWithoutDialing(t *testing.T) {
 		c.HandshakeTimeout = 3 * time.Second
 		return c
 	}
-	if reg := startOn(t, f, cfg("reg")); !reg.isRegistrar() {
+	if reg := startOn(t, f, cfg("reg")); !reg.registrar.isRegistrar() {
 		t.Fatal("no registrar")
 	}
 	a, b, c := startOn(t, f, cfg("a")), startOn(t, f, cfg("b")), startOn(t, f, cfg("c"))

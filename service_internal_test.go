@@ -77,7 +77,7 @@ func TestWatchServiceFollowsARegistrarFailover(t *testing.T) {
 		return c
 	}
 	first := startOn(t, f, cfg("first"))
-	if !first.isRegistrar() {
+	if !first.registrar.isRegistrar() {
 		t.Fatal("the first node did not become the registrar")
 	}
 	a, b := startOn(t, f, cfg("a")), startOn(t, f, cfg("b"))
@@ -86,7 +86,7 @@ func TestWatchServiceFollowsARegistrarFailover(t *testing.T) {
 	ch := followService(t, b)
 	awaitListing(t, ch, "before the failover", "/user/ea", "/user/eb")
 	f.Kill(first)
-	waitFor(t, 10*time.Second, "a new registrar", func() bool { return a.isRegistrar() != b.isRegistrar() })
+	waitFor(t, 10*time.Second, "a new registrar", func() bool { return a.registrar.isRegistrar() != b.registrar.isRegistrar() })
 	// (The listing is the same: it is not delivered again.)
 	registerEcho(t, a, "ea2")
 	awaitListing(t, ch, "a registration after the failover", "/user/ea", "/user/ea2", "/user/eb")
@@ -161,7 +161,7 @@ func TestTopicRelaysFollowARegistrarFailover(t *testing.T) {
 	}
 	f.Kill(first)
 	waitFor(t, 10*time.Second, "a new registrar that lists b's relay", func() bool {
-		if a.isRegistrar() == b.isRegistrar() {
+		if a.registrar.isRegistrar() == b.registrar.isRegistrar() {
 			return false
 		}
 		r, err := a.Registry()

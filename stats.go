@@ -287,7 +287,7 @@ func (n *Node) Stats() Stats {
 	})
 	s.Mailboxes = s.Mailboxes[:min(len(s.Mailboxes), 10)]
 
-	if g := n.disc.reg(); g != nil {
+	if g := n.registrar.reg(); g != nil {
 		g.mu.Lock()
 		s.Registrar, s.Registrations = true, len(g.entries)
 		g.mu.Unlock()
