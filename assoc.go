@@ -120,7 +120,7 @@ type assoc struct {
 	bytesInBase, bytesOutBase, tellsOutBase uint64
 	peerFlags                               uint8  // the peer's hello flags
 	peerAddrs                               []Addr // as the peer announced them: claims, not proof
-	// proven (n.pmu) are the addresses this node dialed and found this
+	// proven (peers.mu) are the addresses this node dialed and found this
 	// peer at: this session's, and those of duplicates merged into it.
 	proven []Addr
 	conn   net.Conn
@@ -176,24 +176,24 @@ type assoc struct {
 	resumeOf  *assoc // outbound: the suspended session this connection was dialed to resume
 	resumed   bool   // this connection resumes a session: its first frame is a resume
 	resumeRcv uint64 // what that resume frame says this side received
-	// resumes (n.pmu) is the suspended session this connection takes
+	// resumes (peers.mu) is the suspended session this connection takes
 	// over, set by attach before the merge.
 	resumes   *assoc
 	ready     chan struct{} // closed (once, by closeReady) when up, merged or closed
 	readyOnce sync.Once
 	stopOnce  sync.Once
 	dialOnce  sync.Once // an outbound association dials on first use
-	// binding (n.pmu): an outbound association made for a ref read from
+	// binding (peers.mu): an outbound association made for a ref read from
 	// a message, not yet dialed: counted in n.bindings, not n.outbound.
 	binding bool
-	// bound (n.pmu) counts the refs bound to this binding that are still
+	// bound (peers.mu) counts the refs bound to this binding that are still
 	// reachable: at zero, undialed and not pinned, it is forgotten
 	// (releaseBinding). pinned: this node's own use found it.
 	bound  int
 	pinned bool
-	// mergedTo is mergedInto, for readers that hold n.pmu, not mu.
+	// mergedTo is mergedInto, for readers that hold the peer table's lock, not mu.
 	mergedTo atomic.Pointer[assoc]
-	// refsOf (n.pmu) is the peer whose refs made this binding; dialFor
+	// refsOf (peers.mu) is the peer whose refs made this binding; dialFor
 	// is that peer once the binding dials, counted in n.refDials until
 	// the association ends. Zero for this node's own dials.
 	refsOf, dialFor NodeUID

@@ -149,7 +149,7 @@ func (pt *peerTable) untable(a *assoc) {
 	}
 }
 
-// forgetAssoc removes a from the set of live associations (pmu held).
+// forgetAssoc removes a from the set of live associations (peers.mu held).
 func (pt *peerTable) forgetAssoc(a *assoc) {
 	if _, ok := pt.all[a]; ok {
 		delete(pt.all, a)
@@ -191,7 +191,7 @@ func (pt *peerTable) releaseBinding(a *assoc) {
 }
 
 // ownDial makes a this node's own association, no longer charged to the
-// peer whose refs made it (pmu held).
+// peer whose refs made it (peers.mu held).
 func (pt *peerTable) ownDial(a *assoc) {
 	a.refsOf = NodeUID{}
 	if p := a.dialFor; p != (NodeUID{}) {
@@ -203,7 +203,7 @@ func (pt *peerTable) ownDial(a *assoc) {
 }
 
 // chargeRefDial charges the first dial of a, a binding, to the peer whose
-// refs made it; an error when that peer's refs hold their bound (pmu
+// refs made it; an error when that peer's refs hold their bound (peers.mu
 // held).
 func (pt *peerTable) chargeRefDial(a *assoc) error {
 	p := a.refsOf

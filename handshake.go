@@ -362,7 +362,7 @@ func (g *gate) attachConn(a *assoc, h *hello) bool {
 	d := g.decideAttach(a, h)
 	loser, winner, replaced, resume := d.loser, d.winner, d.replaced, d.resume
 	if d.reject != accept {
-		g.refuse(a, h, d) // (it unlocks pmu)
+		g.refuse(a, h, d) // (it unlocks peers.mu)
 		return false
 	}
 	prev := g.tokenFor(h.uid) // (before a session this connection founds draws a new one)
@@ -544,7 +544,7 @@ func (g *gate) refuseClaim(a *assoc, d *admission) {
 	}
 }
 
-// decideAttach decides what becomes of a, whose peer said h (n.pmu held).
+// decideAttach decides what becomes of a, whose peer said h (peers.mu held).
 func (g *gate) decideAttach(a *assoc, h *hello) admission {
 	d := admission{reject: accept}
 	switch {
@@ -638,7 +638,7 @@ func (g *gate) decideAttach(a *assoc, h *hello) admission {
 }
 
 // refuse carries out decideAttach's refusal of a, whose peer said h
-// (n.pmu held; refuse unlocks it).
+// (peers.mu held; refuse unlocks it).
 func (g *gate) refuse(a *assoc, h *hello, d admission) {
 	g.n.peers.forgetAssoc(a)
 	first := d.quarantined != nil && g.n.peers.quarantine.noteRefused(h.uid)

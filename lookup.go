@@ -446,7 +446,7 @@ func (dc *registryClient) remember(name string, h *handle, proto string) {
 // entry for the same actor over another session; it reports false when
 // the table has it over this session already. Like forget, it never
 // writes to a list the table held: fastPath reads a list it took under
-// n.pmu after letting go of the lock.
+// the peer table's lock after letting go of the lock.
 func (dc *registryClient) addFound(name string, h *handle, proto string) bool {
 	dc.n.peers.mu.Lock()
 	defer dc.n.peers.mu.Unlock()

@@ -88,7 +88,7 @@ func (e *unreachableError) Unwrap() []error { return []error{ErrPeerUnreachable,
 const maxQuarantined = 1 << 16
 
 // quarantineTable is the node's quarantine: indexed by uid and by proven
-// address, in the order entries were added. Guarded by n.pmu.
+// address, in the order entries were added. Guarded by the peer table's lock.
 type quarantineTable struct {
 	byUID  map[NodeUID]*quarantineEntry
 	byAddr map[Addr]*quarantineEntry
@@ -255,7 +255,7 @@ func (t *quarantineTable) list() []quarantineInfo {
 }
 
 // isQuarantined reports whether the incarnation uid is quarantined here;
-// it takes n.pmu.
+// it takes the peer table's lock.
 func (pt *peerTable) isQuarantined(uid NodeUID) bool {
 	pt.mu.Lock()
 	defer pt.mu.Unlock()
@@ -263,7 +263,7 @@ func (pt *peerTable) isQuarantined(uid NodeUID) bool {
 }
 
 // quarantineFor returns the quarantine entry covering uid or any of addrs.
-// The caller holds n.pmu.
+// The caller holds the peer table's lock.
 func (pt *peerTable) quarantineFor(uid NodeUID, addrs ...Addr) *quarantineInfo {
 	return pt.quarantine.find(time.Now(), pt.n.cfg.QuarantineExpiry, uid, addrs...)
 }

@@ -94,7 +94,7 @@ func (rr *registrarRole) refusedRegistrations(from NodeUID, errs []error) {
 
 // liveHere reports whether the node incarnation uid is this node or one
 // it holds a live association with. (Called under a regTable's mu: it
-// takes pmu after it, never the other way.)
+// takes peers.mu after it, never the other way.)
 func (rr *registrarRole) liveHere(uid NodeUID) bool {
 	if uid == rr.n.uid {
 		return true

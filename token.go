@@ -274,7 +274,7 @@ func parseToken(b []byte) ([]byte, error) {
 	return t, d.whole("token")
 }
 
-// sessionTokens settles a's tokens once attach admitted it (n.pmu held,
+// sessionTokens settles a's tokens once attach admitted it (peers.mu held,
 // before its writer starts): a connection that founds a session draws
 // this node's token for it; one that wins over the held connection
 // carries the session's token from the peer; and the token frame goes on
