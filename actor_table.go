@@ -14,7 +14,8 @@ import (
 // path (of an actor, an adapter or an exported ask's promise), the public
 // actors by name for the lookups' fast path, the restart counts that
 // Stats reports, and the resolvers of the sharded kinds' entity paths.
-// mu guards every field but hasKinds and live; any goroutine may call
+// mu guards every field but hasKinds (atomic), live (a WaitGroup) and
+// stops (a lock of its own); any goroutine may call
 // its methods, and none calls out of the table under mu except a kind's
 // resolver (sharding's code, never a user's).
 type actorTable struct {
@@ -167,21 +168,25 @@ func (t *actorTable) public() []*handle {
 func (t *actorTable) list() ([]*handle, map[string]uint32) {
 	t.mu.RLock()
 	defer t.mu.RUnlock()
-	out := make([]*handle, 0, len(t.byPath))
-	for _, h := range t.byPath {
-		out = append(out, h)
-	}
-	return out, maps.Clone(t.restarts)
+	return t.handles(), maps.Clone(t.restarts)
 }
 
 // close refuses every actor added from now on and returns the handles in
 // the table.
 func (t *actorTable) close() []*handle {
 	t.mu.Lock()
+	defer t.mu.Unlock()
 	t.closing = true
-	t.mu.Unlock()
-	l, _ := t.list()
-	return l
+	return t.handles()
+}
+
+// handles returns every handle in the table (mu held).
+func (t *actorTable) handles() []*handle {
+	out := make([]*handle, 0, len(t.byPath))
+	for _, h := range t.byPath {
+		out = append(out, h)
+	}
+	return out
 }
 
 // restarted counts a restart of the actor at path.

@@ -184,7 +184,8 @@ type assoc struct {
 	stopOnce  sync.Once
 	dialOnce  sync.Once // an outbound association dials on first use
 	// binding (peers.mu): an outbound association made for a ref read from
-	// a message, not yet dialed: counted in n.bindings, not n.outbound.
+	// a message, not yet dialed: counted in peers.bindings, not
+	// peers.outbound.
 	binding bool
 	// bound (peers.mu) counts the refs bound to this binding that are still
 	// reachable: at zero, undialed and not pinned, it is forgotten
@@ -194,7 +195,7 @@ type assoc struct {
 	// mergedTo is mergedInto, for readers that hold the peer table's lock, not mu.
 	mergedTo atomic.Pointer[assoc]
 	// refsOf (peers.mu) is the peer whose refs made this binding; dialFor
-	// is that peer once the binding dials, counted in n.refDials until
+	// is that peer once the binding dials, counted in peers.refDials until
 	// the association ends. Zero for this node's own dials.
 	refsOf, dialFor NodeUID
 

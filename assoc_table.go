@@ -33,7 +33,7 @@ type peerTable struct {
 	// claims are the announced addresses of inbound peers being checked
 	// by a dial-back probe (proveClaims).
 	claims map[Addr]*claim
-	// handshaking holds inbound connections still in their handshake, so
+	// inHandshake holds inbound connections still in their handshake, so
 	// that Close need not wait for their deadline.
 	inHandshake map[net.Conn]struct{}
 	// quarantine holds the peer incarnations this node has given up on.

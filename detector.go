@@ -42,7 +42,7 @@ func (a *assoc) startDetector(now time.Time) {
 // interval it feeds each association's detector the time it last heard from
 // the peer, quarantines the silent ones, and asks each writer for a
 // heartbeat once per interval. It runs until the node's last writer has
-// ended (n.ctx): a closing node's leaving writers wait for their peers'
+// ended (n.lc.ctx): a closing node's leaving writers wait for their peers'
 // acknowledgements, and a peer that stopped answering must not hold that
 // wait past UnreachableAfter.
 func (n *Node) heartbeatLoop() {

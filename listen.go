@@ -86,8 +86,9 @@ func (ls *listenerSet) closeAll(final bool) []error {
 			removeLockFile(a.Name + ".lock")
 		}
 	}
-	ls.closed = final
-	if !final {
+	if final {
+		ls.closed = true
+	} else {
 		ls.list = nil
 		ls.addrs.Store(nil)
 	}

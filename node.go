@@ -42,7 +42,8 @@ var (
 type Node struct {
 	totals nodeTotals // counted since Start (see Totals)
 
-	// Set once in Start, then read-only.
+	// cfg, uid, name, log and epoch are set in Start, then read-only;
+	// every other field is a subsystem that says who guards it.
 	cfg    Config
 	uid    NodeUID
 	name   string

@@ -432,7 +432,7 @@ type promise[T any] struct {
 	done   atomic.Bool
 
 	mu         sync.Mutex // guards registered
-	registered bool       // in n.temps, so remote replies can find it
+	registered bool       // in the actor table, so remote replies can find it
 
 	path [tempPathLen]byte // hd's path is here: one allocation for the promise
 }

@@ -651,8 +651,8 @@ func (s systemParent) basePath() string { return "/system" }
 // registrarRole is the node as a registrar: the registry it serves, if
 // it serves one (from Start, or from taking over a registry address
 // whose registrar is gone), the requests it answers, and its checks of
-// what others register. served is atomic; refusedLog has a lock of its
-// own.
+// what others register. served and refusedLog (a compare-and-swap on
+// a time) are atomic.
 type registrarRole struct {
 	n      *Node
 	served atomic.Pointer[regTable]
