@@ -15,8 +15,8 @@ import (
 // by address, every one not yet finished, and those waiting for a
 // duplicate's end; beside them, what the node holds about peers: the
 // dials their refs caused, the claims being checked, the inbound
-// connections in their handshake, the quarantine, and the actors that
-// lookups found on peers. mu guards every field.
+// connections in their handshake, and the quarantine. mu guards every
+// field.
 type peerTable struct {
 	n        *Node
 	mu       sync.Mutex
@@ -38,8 +38,6 @@ type peerTable struct {
 	inHandshake map[net.Conn]struct{}
 	// quarantine holds the peer incarnations this node has given up on.
 	quarantine quarantineTable
-	// found holds the actors lookups found on peers, by name.
-	found map[string][]foundRef
 }
 
 // assocFor returns the association to use for addr, starting a dial if

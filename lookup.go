@@ -444,40 +444,59 @@ func (dc *registryClient) remember(name string, h *handle, proto string) {
 
 // addFound records h in the fast-path table under name, replacing an
 // entry for the same actor over another session; it reports false when
-// the table has it over this session already. Like forget, it never
-// writes to a list the table held: fastPath reads a list it took under
-// the peer table's lock after letting go of the lock.
+// the table has it over this session already.
 func (dc *registryClient) addFound(name string, h *handle, proto string) bool {
-	dc.n.peers.mu.Lock()
-	defer dc.n.peers.mu.Unlock()
-	for _, f := range dc.n.peers.found[name] {
-		if f.h.key == h.key && f.h.assoc == h.assoc {
+	return dc.found.add(name, h, proto)
+}
+
+// forget drops the fast-path entry for the actor key found under name.
+func (dc *registryClient) forget(name string, key refKey) { dc.found.drop(name, key) }
+
+// foundRefs is the lookups' fast path: the actors that lookups found on
+// peers, by name. mu guards by. A list in the map is never written to
+// (add and drop replace it with a changed copy), so that get's caller
+// reads the list it took after letting go of the lock.
+type foundRefs struct {
+	mu sync.Mutex
+	by map[string][]foundRef
+}
+
+func (f *foundRefs) add(name string, h *handle, proto string) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, e := range f.by[name] {
+		if e.h.key == h.key && e.h.assoc == h.assoc {
 			return false
 		}
 	}
-	list := slices.DeleteFunc(slices.Clone(dc.n.peers.found[name]), func(f foundRef) bool { return f.h.key == h.key })
-	if dc.n.peers.found == nil {
-		dc.n.peers.found = make(map[string][]foundRef)
+	list := slices.DeleteFunc(slices.Clone(f.by[name]), func(e foundRef) bool { return e.h.key == h.key })
+	if f.by == nil {
+		f.by = make(map[string][]foundRef)
 	}
-	dc.n.peers.found[name] = append(list, foundRef{h, proto})
+	f.by[name] = append(list, foundRef{h, proto})
 	return true
 }
 
-// forget drops the fast-path entry for the actor key found under name. It
-// deletes from a copy: fastPath may be reading the list the table held.
-func (dc *registryClient) forget(name string, key refKey) {
-	dc.n.peers.mu.Lock()
-	defer dc.n.peers.mu.Unlock()
-	list := dc.n.peers.found[name]
-	if !slices.ContainsFunc(list, func(f foundRef) bool { return f.h.key == key }) {
+func (f *foundRefs) drop(name string, key refKey) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	list := f.by[name]
+	if !slices.ContainsFunc(list, func(e foundRef) bool { return e.h.key == key }) {
 		return
 	}
-	list = slices.DeleteFunc(slices.Clone(list), func(f foundRef) bool { return f.h.key == key })
+	list = slices.DeleteFunc(slices.Clone(list), func(e foundRef) bool { return e.h.key == key })
 	if len(list) == 0 {
-		delete(dc.n.peers.found, name)
+		delete(f.by, name)
 	} else {
-		dc.n.peers.found[name] = list
+		f.by[name] = list
 	}
+}
+
+// get returns the list under name; the caller must not change it.
+func (f *foundRefs) get(name string) []foundRef {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.by[name]
 }
 
 // foundWatch is the system-lane watcher of an actor the fast path
@@ -519,9 +538,7 @@ func fastPath[T any](n *Node, name string, opts []LookupOption) (Ref[T], bool) {
 	if h, ok := n.actors.named(name, want); ok {
 		return Ref[T]{h: h}, true
 	}
-	n.peers.mu.Lock()
-	list := n.peers.found[name]
-	n.peers.mu.Unlock()
+	list := n.disc.found.get(name)
 	for i := len(list) - 1; i >= 0; i-- {
 		f := list[i]
 		if f.proto == protocolName(want) && f.h.assoc.failure() == nil && !f.h.assoc.shuttingDown() {

@@ -363,6 +363,7 @@ type registryClient struct {
 	registrars []Addr     // the remote registrars this node registers with
 	etcd       etcdClient // etcd, when it is the registry (etcd_registry.go)
 	refs       sync.Map   // Addr -> Ref[regRequest], resolved registrar actors
+	found      foundRefs  // the actors lookups found on peers (lookup.go)
 
 	mu sync.Mutex
 	// pending holds the registrars whose copy of this node's

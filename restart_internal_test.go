@@ -42,9 +42,9 @@ func TestALookupSkipsAQuarantinedIncarnationWithoutDialing(t *testing.T) {
 	f.Partition(a, b)
 	for ev := recv(t, gone, "b quarantined"); ev.UID != b.UID(); ev = recv(t, gone, "b quarantined") {
 	}
-	a.peers.mu.Lock()
-	a.peers.found = nil
-	a.peers.mu.Unlock()
+	a.disc.found.mu.Lock()
+	a.disc.found.by = nil
+	a.disc.found.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	start := time.Now()
