@@ -95,7 +95,7 @@ func TestFastPathForgetsAnActorThatStopped(t *testing.T) {
 }
 
 // The fast path reads the list of found actors after letting go of the
-// peer-table lock, while a stopped actor (or an ended session) makes the
+// found table's lock, while a stopped actor (or an ended session) makes the
 // node forget one: at a failover, FindActor and the forgetting meet. The
 // list the fast path took must never change under it: a torn entry pairs
 // one actor's protocol with another's handle (or a nil handle).

@@ -356,8 +356,8 @@ func (dc *registryClient) unregisterAll() {
 // registryClient is how a node reaches its registries: the registry it
 // serves itself (registrarRole), the remote registrars it registers
 // with, or etcd. Set in Start and then read-only, but for the maps
-// (sync.Map), etcd's record of what it confirmed (its own lock) and what
-// mu guards: pending and epoch.
+// (sync.Map), etcd's record of what it confirmed and the lookups' fast
+// path (each with its own lock), and what mu guards: pending and epoch.
 type registryClient struct {
 	n          *Node
 	registrars []Addr     // the remote registrars this node registers with
