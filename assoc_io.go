@@ -34,7 +34,8 @@ const prioKeep = 1 << 20
 // writeLoop is the association's only writer: it takes what the senders
 // encoded, a part at a time, records it as unacknowledged and writes it
 // with one call. It never has more than Config.UnackedLimit bytes
-// unacknowledged (the window): past it, it waits for the peer to
+// unacknowledged (the window), give or take one block of frames (64 KiB,
+// or one frame larger than that): past it, it waits for the peer to
 // acknowledge, and asks it to with a heartbeat.
 func (a *assoc) writeLoop() {
 	defer close(a.writerDone)
@@ -109,8 +110,13 @@ func (a *assoc) writeRound(vectored bool, window int) bool {
 		} else {
 			// A part at a time, so that what counts as
 			// unacknowledged is what the connection took, not what
-			// waits to be written.
-			out = a.out.takePrefix(writeChunk)
+			// waits to be written, and no more than the window has
+			// room for (give or take a block: see takePrefix).
+			part := writeChunk
+			if window > 0 {
+				part = min(part, window-a.unacked.bytes)
+			}
+			out = a.out.takePrefix(part)
 			if a.out.frames > 0 {
 				a.notify() // the rest, next
 			}

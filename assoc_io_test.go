@@ -107,8 +107,9 @@ func TestEveryMessageIsDeliveredOrDeadLetteredAcrossAPartition(t *testing.T) {
 
 // TestTheWindowBoundsWhatIsUnacknowledged: for a peer that reads
 // everything and confirms nothing, the writer keeps at most UnackedLimit
-// (plus one write) unacknowledged, waits with the rest, and the peer is
-// given up on once it has confirmed nothing for UnreachableAfter.
+// (plus one block of frames) unacknowledged, waits with the rest, and
+// the peer is given up on once it has confirmed nothing for
+// UnreachableAfter.
 func TestTheWindowBoundsWhatIsUnacknowledged(t *testing.T) {
 	t.Parallel()
 	checkLeaks(t)
@@ -145,8 +146,8 @@ func TestTheWindowBoundsWhatIsUnacknowledged(t *testing.T) {
 		a.mu.Lock()
 		held := a.unacked.bytes
 		a.mu.Unlock()
-		if held > cfg.UnackedLimit+writeChunk+2000 {
-			t.Fatalf("%d bytes kept unacknowledged, the window is %d (plus one write)", held, cfg.UnackedLimit)
+		if held > cfg.UnackedLimit+blockSize {
+			t.Fatalf("%d bytes kept unacknowledged, the window is %d (plus one block)", held, cfg.UnackedLimit)
 		}
 		if i%100 == 99 {
 			time.Sleep(time.Millisecond) // a steady producer, not a flood

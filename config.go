@@ -74,8 +74,9 @@ type Config struct {
 	SendQueueLimit int
 
 	// UnackedLimit is the window of one association, in encoded bytes:
-	// the most it writes to its peer before the peer acknowledges. Past
-	// it the writer waits for an acknowledgement (a reading peer
+	// the most it writes to its peer before the peer acknowledges (it
+	// may pass it by one block of frames: 64 KiB, or one message larger
+	// than that). Past it the writer waits for an acknowledgement (a reading peer
 	// acknowledges at least every 256 KiB), so a peer that reads is never
 	// dropped for what it has not yet confirmed. A peer that acknowledges
 	// nothing for UnreachableAfter while something waits for it is

@@ -201,27 +201,34 @@ func (c *frameChain) commit(b []byte, tell bool) {
 }
 
 // takePrefix removes and returns the blocks from the front of c that
-// hold at least max bytes, or all of c.
+// hold at most max bytes together, or the first block alone when it
+// holds more: a write never takes past the room the window has left by
+// more than one block.
 func (c *frameChain) takePrefix(max int) frameChain {
 	var p frameChain
+	var last *frameBlock
 	size := -c.off
 	for b := c.head; b != nil; b = b.next {
+		if last != nil && size+len(b.b) > max {
+			break
+		}
 		size += len(b.b)
 		p.frames += b.frames
 		p.tells += b.tells
 		p.answers += b.answers
-		if size >= max && b.next != nil {
-			p.head, p.tail, p.off, p.bytes = c.head, b, c.off, size
-			c.head, c.off = b.next, 0
-			b.next = nil
-			c.bytes -= size
-			c.frames -= p.frames
-			c.tells -= p.tells
-			c.answers -= p.answers
-			return p
-		}
+		last = b
 	}
-	return c.take()
+	if last == nil || last == c.tail {
+		return c.take()
+	}
+	p.head, p.tail, p.off, p.bytes = c.head, last, c.off, size
+	c.head, c.off = last.next, 0
+	last.next = nil
+	c.bytes -= size
+	c.frames -= p.frames
+	c.tells -= p.tells
+	c.answers -= p.answers
+	return p
 }
 
 // link appends b, whose frames from off on are c's now, as a block: the

@@ -103,7 +103,7 @@ func TestFrameChainKeepsOrderAcrossBlocks(t *testing.T) {
 		t.Fatalf("%d blocks, %d frames (%d tells), %d bytes; want several blocks, %d frames (%d tells), %d bytes", blocks, c.frames, c.tells, c.bytes, total, tells, size)
 	}
 	front := c.takePrefix(blockSize)
-	if front.frames+c.frames != total || front.tells+c.tells != tells || front.bytes+c.bytes != size || front.bytes < blockSize {
+	if front.frames+c.frames != total || front.tells+c.tells != tells || front.bytes+c.bytes != size || front.bytes > blockSize || front.bytes == 0 {
 		t.Fatalf("a prefix of %d frames, %d bytes, and %d, %d left", front.frames, front.bytes, c.frames, c.bytes)
 	}
 	// Acknowledge 700 tells: they go, with the watches before and among them.
@@ -141,5 +141,34 @@ func TestFrameChainKeepsOrderAcrossBlocks(t *testing.T) {
 	}
 	if want != onto.frames {
 		t.Fatalf("the blocks count %d frames, the chain %d", want, onto.frames)
+	}
+}
+
+// TestAPrefixNeverPassesItsBound: the writer takes a prefix of what
+// waits to be written bounded by the room left in the window, so a
+// prefix holds at most the bytes asked for, or the one block at the
+// front when that alone is more.
+func TestAPrefixNeverPassesItsBound(t *testing.T) {
+	t.Parallel()
+	checkLeaks(t)
+	for _, max := range []int{1, 1000, blockSize - 1, blockSize, blockSize + 1, 3*blockSize + 7, writeChunk} {
+		var c frameChain
+		size := 0
+		for i := 0; size < 2*writeChunk; i++ {
+			f := chainFrame(i)
+			c.commit(append(c.room(len(f)), f...), f[frameBodyAt(f)] == byte(frameTell))
+			size += len(f)
+		}
+		for c.frames > 0 {
+			headBytes := len(c.head.b) - c.off
+			before := c.bytes
+			p := c.takePrefix(max)
+			if p.bytes > max && p.bytes != headBytes {
+				t.Fatalf("takePrefix(%d) took %d bytes; the head block holds %d", max, p.bytes, headBytes)
+			}
+			if p.bytes == 0 || p.bytes+c.bytes != before {
+				t.Fatalf("takePrefix(%d) took %d of %d bytes, leaving %d", max, p.bytes, before, c.bytes)
+			}
+		}
 	}
 }
