@@ -390,14 +390,14 @@ func (n *Node) clusterSeeds(ctx context.Context, name string) ([]Addr, error) {
 	}
 	src := srcs[0]
 	me := Registration{Name: "troupe.cluster." + name, UUID: UUID(n.uid), Path: clusterPath, Node: n.uid, NodeName: n.name, Addrs: n.Addrs()}
-	if src.local {
+	if src.isLocal() {
 		if err := n.registrar.registryRegister(me); err != nil {
 			return nil, err
 		}
-	} else if _, err := n.disc.askRegistrar(ctx, src, regRequest{Op: regOpRegister, Regs: toWire([]Registration{me})}); err != nil {
+	} else if _, err := src.ask(ctx, regRequest{Op: regOpRegister, Regs: toWire([]Registration{me})}); err != nil {
 		return nil, err
 	}
-	regs, err := n.disc.askRegistrar(ctx, src, regRequest{Op: regOpFind, Name: me.Name})
+	regs, err := src.ask(ctx, regRequest{Op: regOpFind, Name: me.Name})
 	if err != nil {
 		return nil, err
 	}

@@ -594,14 +594,48 @@ func (c *Cluster) listable() map[NodeUID]Addr {
 	return out
 }
 
-// followCluster follows the entries sel picks in the cluster's registry:
-// deliver gets them at once and after each change among them, until ctx
-// ends, the node closes or the cluster stops.
-func followCluster(ctx context.Context, n *Node, rc *receptionist, sel regSelector, deliver func([]Registration)) error {
+// clusterSource is the cluster's registry as lookups and watches of
+// service keys and topics ask it (see registries.go): it answers lookups
+// of a name and follows, nothing else.
+type clusterSource struct {
+	n  *Node
+	rc *receptionist
+}
+
+func (s clusterSource) String() string { return "the cluster's members" }
+func (s clusterSource) addr() Addr     { return Addr{} }
+func (s clusterSource) isLocal() bool  { return false }
+
+func (s clusterSource) ask(_ context.Context, req regRequest) ([]Registration, error) {
+	if req.Op != regOpFind {
+		return nil, errNoClusterRegistry
+	}
+	regs, _, err := s.rc.listing(regSelector{name: req.Name})
+	return regs, err
+}
+
+func (s clusterSource) deleteAddr(context.Context, NodeUID, Addr) {}
+
+func (s clusterSource) park(context.Context, context.Context, *regWaiter) ([]Registration, error) {
+	return nil, errNoClusterRegistry
+}
+
+func (s clusterSource) repark(context.Context, *regWaiter)         {}
+func (s clusterSource) unpark(*regWaiter)                          {}
+func (s clusterSource) answer(*regWaiter, regReply) []Registration { return nil }
+
+func (s clusterSource) watch(context.Context, func(RegistryChange)) error {
+	return errNoClusterRegistry
+}
+
+// follow follows the entries sel picks in the cluster's registry: set
+// gets them at once and after each change among them, until ctx ends,
+// the node closes or the cluster stops.
+func (s clusterSource) follow(ctx context.Context, sel regSelector, set func([]Registration), _ func()) error {
 	var last []regKey
 	first := true
 	for {
-		regs, changed, err := rc.listing(sel)
+		regs, changed, err := s.rc.listing(sel)
 		if err != nil {
 			return err
 		}
@@ -612,13 +646,13 @@ func followCluster(ctx context.Context, n *Node, rc *receptionist, sel regSelect
 		slices.SortFunc(keys, compareRegKey)
 		if first || !slices.Equal(keys, last) {
 			first, last = false, keys
-			deliver(regs)
+			set(regs)
 		}
 		select {
 		case <-changed:
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-n.lc.workDone():
+		case <-s.n.lc.workDone():
 			return ErrNodeClosed
 		}
 	}

@@ -14,7 +14,8 @@ import (
 )
 
 // Following etcd's changes: its watch stream under a prefix (watchFrom),
-// and Registry.Watch of an etcd registry on it.
+// and etcdSource, etcd as the registry lookups, waits and watches ask
+// (see registries.go).
 
 // watchFrom follows the keys under p from revision rev until an event
 // that stop accepts (a delete, or a put of reg, ok when it decoded), the
@@ -77,11 +78,11 @@ func (r *etcdRegistry) watchFrom(outer context.Context, p string, rev uint64, st
 	}
 }
 
-// watchEtcd is Watch of an etcd registry: the table, then what differs
+// watch is Watch of an etcd registry: the table, then what differs
 // each time etcd's watch stream reports a change under the registry's
 // prefix, until ctx ends, the node closes or etcd does not answer.
-func (r *Registry) watchEtcd(ctx context.Context, each func(RegistryChange)) error {
-	n, e := r.n, r.src.etcd
+func (s etcdSource) watch(ctx context.Context, each func(RegistryChange)) error {
+	n, e := s.ec.n, s.r
 	ctx, cancel := context.WithCancel(ctx)
 	closed := make(chan struct{})
 	go func() {
@@ -139,4 +140,64 @@ func etcdChange(seen map[regKey]Registration, regs []Registration, each func(Reg
 		each(c)
 	}
 	return now
+}
+
+// etcdSource is an etcd registry as lookups, waits and watches ask it
+// (see registries.go): ec is the node's etcd client.
+type etcdSource struct {
+	ec *etcdClient
+	r  *etcdRegistry
+}
+
+func (s etcdSource) String() string { return s.r.String() }
+func (s etcdSource) addr() Addr     { return Addr{} }
+func (s etcdSource) isLocal() bool  { return false }
+
+func (s etcdSource) ask(ctx context.Context, req regRequest) ([]Registration, error) {
+	return s.ec.askEtcd(ctx, s.r, req)
+}
+
+func (s etcdSource) deleteAddr(ctx context.Context, node NodeUID, addr Addr) {
+	s.r.deleteAddr(ctx, node, addr)
+}
+
+// park waits on a goroutine of the node's, which ends with wctx; what it
+// found is in w.found before w.p completes.
+func (s etcdSource) park(_, wctx context.Context, w *regWaiter) ([]Registration, error) {
+	c := w.cond
+	s.ec.n.wg.Go(func() {
+		regs, err := s.r.wait(wctx, w.name, c)
+		w.found = regs
+		w.p.complete(regReply{}, err)
+	})
+	return nil, nil
+}
+
+// repark: an etcd wait follows the store itself.
+func (s etcdSource) repark(context.Context, *regWaiter) {}
+func (s etcdSource) unpark(*regWaiter)                  {}
+
+func (s etcdSource) answer(w *regWaiter, _ regReply) []Registration { return w.found }
+
+// follow reads the registrations sel picks, delivers them, and waits on
+// etcd's watch stream for the next change among them (a put or a
+// delete), until ctx ends or the stream breaks.
+func (s etcdSource) follow(ctx context.Context, sel regSelector, set func([]Registration), answered func()) error {
+	r := s.r
+	p := sel.etcdPrefix(r)
+	for {
+		regs, rev, err := r.rangeOf(ctx, p)
+		if err != nil {
+			return err
+		}
+		set(slices.DeleteFunc(regs, func(reg Registration) bool { return !sel.match(reg.Name) }))
+		answered()
+		err = r.watchFrom(ctx, p, rev+1, func(bool, Registration, bool) bool { return true })
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if err != nil {
+			return err
+		}
+	}
 }

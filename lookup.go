@@ -29,28 +29,19 @@ func WithRegistries(addrs ...string) LookupOption {
 	return func(c *lookupConfig) { c.registries = addrs }
 }
 
-// registrarSource is one registrar a lookup asks: this node's own registry
-// (addr zero), or a remote one.
-type registrarSource struct {
-	addr  Addr
-	local bool
-	etcd  *etcdRegistry // an etcd registry (addr zero)
-	recep *receptionist // the cluster's registry (addr zero)
-}
-
 // serviceSources is lookupSources for service keys and topics: a node
 // that uses no registry but is a cluster member asks the cluster's.
-func (dc *registryClient) serviceSources(opts []LookupOption) ([]registrarSource, error) {
+func (dc *registryClient) serviceSources(opts []LookupOption) ([]registry, error) {
 	srcs, err := dc.lookupSources(opts)
 	if errors.Is(err, ErrNoRegistry) {
 		if rc := dc.n.clusterRegistry(); rc != nil {
-			return []registrarSource{{recep: rc}}, nil
+			return []registry{clusterSource{dc.n, rc}}, nil
 		}
 	}
 	return srcs, err
 }
 
-func (dc *registryClient) lookupSources(opts []LookupOption) ([]registrarSource, error) {
+func (dc *registryClient) lookupSources(opts []LookupOption) ([]registry, error) {
 	var cfg lookupConfig
 	if dc.n.lc.workOver() {
 		return nil, ErrNodeClosed
@@ -58,7 +49,7 @@ func (dc *registryClient) lookupSources(opts []LookupOption) ([]registrarSource,
 	for _, o := range opts {
 		o(&cfg)
 	}
-	var out []registrarSource
+	var out []registry
 	if cfg.registries != nil {
 		for _, s := range cfg.registries {
 			if isEtcdURL(s) {
@@ -66,43 +57,34 @@ func (dc *registryClient) lookupSources(opts []LookupOption) ([]registrarSource,
 				if err != nil {
 					return nil, fmt.Errorf("WithRegistries: %w", err)
 				}
-				out = append(out, registrarSource{etcd: r})
+				out = append(out, etcdSource{&dc.etcd, r})
 				continue
 			}
 			a, err := ParseAddr(s)
 			if err != nil {
 				return nil, fmt.Errorf("WithRegistries: %w", err)
 			}
-			out = append(out, registrarSource{addr: a, local: dc.n.registrar.reg() != nil && dc.n.isOwnAddr(a)})
+			if dc.n.registrar.reg() != nil && dc.n.isOwnAddr(a) {
+				out = append(out, localRegistry{dc, a})
+			} else {
+				out = append(out, remoteRegistrar{dc, a})
+			}
 		}
 		return out, nil
 	}
 	if dc.n.registrar.reg() != nil {
-		out = append(out, registrarSource{local: true})
+		out = append(out, localRegistry{dc: dc})
 	}
 	for _, a := range dc.remoteRegistrars() {
-		out = append(out, registrarSource{addr: a})
+		out = append(out, remoteRegistrar{dc, a})
 	}
 	if dc.etcd.reg != nil {
-		out = append(out, registrarSource{etcd: dc.etcd.reg})
+		out = append(out, etcdSource{&dc.etcd, dc.etcd.reg})
 	}
 	if len(out) == 0 {
 		return nil, ErrNoRegistry
 	}
 	return out, nil
-}
-
-func (s registrarSource) String() string {
-	if s.etcd != nil {
-		return s.etcd.String()
-	}
-	if s.recep != nil {
-		return "the cluster's members"
-	}
-	if s.local {
-		return "this node's registry"
-	}
-	return s.addr.String()
 }
 
 // registrarRef returns a ref to the registrar actor at addr, resolving it
@@ -124,47 +106,6 @@ func (dc *registryClient) registrarRef(ctx context.Context, addr Addr) (Ref[regR
 
 // registryTimeout bounds one request to a registrar.
 func (dc *registryClient) registryTimeout() time.Duration { return dc.n.cfg.RegistryTimeout }
-
-// ask sends req to the registrar src and waits for its reply.
-func (dc *registryClient) askRegistrar(ctx context.Context, src registrarSource, req regRequest) ([]Registration, error) {
-	if src.etcd != nil {
-		return dc.n.disc.etcd.askEtcd(ctx, src.etcd, req)
-	}
-	if src.recep != nil {
-		if req.Op != regOpFind {
-			return nil, errNoClusterRegistry
-		}
-		regs, _, err := src.recep.listing(regSelector{name: req.Name})
-		return regs, err
-	}
-	if src.local {
-		if dc.n.registrar.reg() == nil {
-			return nil, ErrNoRegistry
-		}
-		switch req.Op {
-		case regOpFind:
-			dc.n.registrar.reg().requests.Add(1)
-			return dc.n.registrar.reg().find(req.Name), nil
-		case regOpList:
-			dc.n.registrar.reg().requests.Add(1)
-			return dc.n.registrar.reg().list(), nil
-		}
-	}
-	ctx, cancel := context.WithTimeout(ctx, dc.registryTimeout())
-	defer cancel()
-	r, err := dc.registrarRef(ctx, src.addr)
-	if err != nil {
-		return nil, fmt.Errorf("registrar %s: %w", src.addr, err)
-	}
-	rep, err := Ask(ctx, r, func(reply Ref[regReply]) regRequest { req.ReplyTo = reply; return req })
-	if err != nil {
-		return nil, fmt.Errorf("registrar %s: %w", src.addr, err)
-	}
-	if rep.Refused != "" {
-		return nil, fmt.Errorf("registrar %s: %w: %s", src.addr, ErrRegistrationRefused, strings.TrimPrefix(rep.Refused, ErrRegistrationRefused.Error()+": "))
-	}
-	return fromWire(rep.Regs, src.addr), nil
-}
 
 // localTier ranks an address for a caller on this host: 0 Unix socket, 1
 // TCP on loopback or one of this host's addresses, 2 remote TCP.
@@ -233,7 +174,7 @@ func (n *Node) QueryActor(ctx context.Context, name string, opts ...LookupOption
 	for i, regs := range answers {
 		if c := preferAddrs(regs); len(c) > 0 {
 			r := c[0].reg
-			r.Registry = srcs[i].addr
+			r.Registry = srcs[i].addr()
 			r.Addrs = append([]Addr{c[0].addr}, slices.DeleteFunc(slices.Clone(r.Addrs), func(a Addr) bool { return a == c[0].addr })...)
 			return r, nil
 		}
@@ -242,11 +183,11 @@ func (n *Node) QueryActor(ctx context.Context, name string, opts ...LookupOption
 }
 
 // findAll asks every source concurrently.
-func (dc *registryClient) findAll(ctx context.Context, srcs []registrarSource, name string) ([][]Registration, []error) {
+func (dc *registryClient) findAll(ctx context.Context, srcs []registry, name string) ([][]Registration, []error) {
 	answers, errs := make([][]Registration, len(srcs)), make([]error, len(srcs))
 	var wg sync.WaitGroup
 	for i, s := range srcs {
-		wg.Go(func() { answers[i], errs[i] = dc.askRegistrar(ctx, s, regRequest{Op: regOpFind, Name: name}) })
+		wg.Go(func() { answers[i], errs[i] = s.ask(ctx, regRequest{Op: regOpFind, Name: name}) })
 	}
 	wg.Wait()
 	return answers, errs
@@ -255,7 +196,7 @@ func (dc *registryClient) findAll(ctx context.Context, srcs []registrarSource, n
 // notFound is what a lookup of one actor that found nothing returns: the
 // registrars' errors if any failed, else ErrNotFound naming the name and
 // the registrars asked.
-func (dc *registryClient) notFound(srcs []registrarSource, name string, errs []error) error {
+func (dc *registryClient) notFound(srcs []registry, name string, errs []error) error {
 	if err := errors.Join(errs...); err != nil {
 		return err
 	}
@@ -362,7 +303,7 @@ func gone(err error) bool {
 // such an address; why is the last failure that says something about the
 // name (another message type, an address that could not be reached), nil
 // when every instance was simply gone.
-func connect[T any](ctx context.Context, n *Node, src registrarSource, regs []Registration) (r Ref[T], ok, stale bool, why error) {
+func connect[T any](ctx context.Context, n *Node, src registry, regs []Registration) (r Ref[T], ok, stale bool, why error) {
 	stale = true
 	for _, c := range preferAddrs(regs) {
 		if c.reg.Path == "" {
@@ -404,20 +345,9 @@ func connect[T any](ctx context.Context, n *Node, src registrarSource, regs []Re
 
 // deleteStale removes an address that refused connections from a
 // registrar's table.
-func (dc *registryClient) deleteStale(ctx context.Context, src registrarSource, node NodeUID, addr Addr) {
+func (dc *registryClient) deleteStale(ctx context.Context, src registry, node NodeUID, addr Addr) {
 	dc.n.log.Info("troupe: deleting a stale registry address", "addr", addr.String(), "registrar", src.String())
-	if src.etcd != nil {
-		src.etcd.deleteAddr(ctx, node, addr)
-		return
-	}
-	if src.local {
-		if dc.n.registrar.reg() == nil {
-			return
-		}
-		dc.n.registrar.reg().deleteAddr(node, addr)
-		return
-	}
-	dc.askRegistrar(ctx, src, regRequest{Op: regOpDeleteAddr, Node: node, Addr: addr.String()})
+	src.deleteAddr(ctx, node, addr)
 }
 
 // foundRef is an actor a lookup found on a peer, kept for the local fast
@@ -592,58 +522,33 @@ func WaitForActor[T any](ctx context.Context, n *Node, name string, opts ...Look
 // registrations pushed to one of them, with that source's index. Nothing
 // polls: until a registrar pushes, no request crosses the wire. Every
 // waiter is released before it returns.
-func (dc *registryClient) awaitRegistration(ctx context.Context, srcs []registrarSource, name string, conds []waitCond) ([]Registration, int, error) {
-	ps := make([]*promise[regReply], len(srcs))
-	for i := range ps {
-		ps[i] = newPromise[regReply](dc.n)
+func (dc *registryClient) awaitRegistration(ctx context.Context, srcs []registry, name string, conds []waitCond) ([]Registration, int, error) {
+	ws := make([]*regWaiter, len(srcs))
+	for i := range ws {
+		ws[i] = &regWaiter{name: name, p: newPromise[regReply](dc.n), cond: conds[i]}
 	}
-	// An etcd source waits on a goroutine of its own, which ends with
-	// wctx; what it found is in etcdFound[i] before its promise completes.
-	wctx, stopEtcd := context.WithCancel(ctx)
-	etcdFound := make([][]Registration, len(srcs))
+	// A wait on a goroutine of its own (etcd's) ends with wctx.
+	wctx, stopWaits := context.WithCancel(ctx)
 	defer func() {
-		stopEtcd()
+		stopWaits()
 		for i, s := range srcs {
-			p := ps[i]
-			p.finish()
-			switch {
-			case s.etcd != nil:
-			case s.local && dc.n.registrar.reg() != nil:
-				dc.n.registrar.reg().cancelWait(name, p.h.key)
-			case !s.local:
-				dc.tellRegistrar(s.addr, regRequest{Op: regOpCancelWait, Name: name, ReplyTo: Ref[regReply]{h: p.h}})
-			}
+			ws[i].p.finish()
+			s.unpark(ws[i])
+			conds[i] = ws[i].cond
 		}
 	}()
 	for i, s := range srcs {
-		if s.etcd != nil {
-			p, c := ps[i], conds[i]
-			dc.n.wg.Go(func() {
-				regs, err := s.etcd.wait(wctx, name, c)
-				etcdFound[i] = regs
-				p.complete(regReply{}, err)
-			})
-			continue
-		}
-		if s.local {
-			if dc.n.registrar.reg() == nil {
-				return nil, i, ErrNoRegistry
-			}
-			if found := dc.n.registrar.reg().wait(name, ps[i].h, conds[i]); found != nil {
-				return found, i, nil
-			}
-			continue
-		}
-		r, err := dc.registrarRef(ctx, s.addr)
+		found, err := s.park(ctx, wctx, ws[i])
 		if err != nil {
-			return nil, i, fmt.Errorf("registrar %s: %w", s.addr, err)
+			return nil, i, err
 		}
-		c := conds[i]
-		r.Tell(regRequest{Op: regOpWait, Name: name, ReplyTo: Ref[regReply]{h: ps[i].h}, ActorsOnly: c.actorsOnly, After: c.after})
+		if found != nil {
+			return found, i, nil
+		}
 	}
-	cases := make([]reflect.SelectCase, 0, len(ps)+3)
-	for _, p := range ps {
-		cases = append(cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(p.ch)})
+	cases := make([]reflect.SelectCase, 0, len(ws)+3)
+	for _, w := range ws {
+		cases = append(cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(w.p.ch)})
 	}
 	cases = append(cases,
 		reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(ctx.Done())},
@@ -653,7 +558,7 @@ func (dc *registryClient) awaitRegistration(ctx context.Context, srcs []registra
 	var v reflect.Value
 	for {
 		i, v, _ = reflect.Select(cases)
-		if i != len(ps)+2 {
+		if i != len(ws)+2 {
 			break
 		}
 		// This node registered again with a registrar (it restarted, or
@@ -661,37 +566,27 @@ func (dc *registryClient) awaitRegistration(ctx context.Context, srcs []registra
 		// again wherever they are remote.
 		cases[i].Chan = reflect.ValueOf(dc.epochCh())
 		for j, s := range srcs {
-			if s.local || s.etcd != nil {
-				continue // (an etcd wait follows the store itself)
-			}
-			if r, err := dc.registrarRef(ctx, s.addr); err == nil {
-				conds[j].after = 0 // a new registrar numbers from the start
-				c := conds[j]
-				r.Tell(regRequest{Op: regOpWait, Name: name, ReplyTo: Ref[regReply]{h: ps[j].h}, ActorsOnly: c.actorsOnly, After: c.after})
-			}
+			s.repark(ctx, ws[j])
 		}
 	}
 	switch {
-	case i == len(ps):
+	case i == len(ws):
 		return nil, 0, ctx.Err()
-	case i == len(ps)+1:
+	case i == len(ws)+1:
 		return nil, 0, ErrNodeClosed
 	}
 	res := v.Interface().(result[regReply])
 	if res.err != nil {
 		return nil, i, res.err
 	}
-	if srcs[i].etcd != nil {
-		return etcdFound[i], i, nil
-	}
-	return fromWire(res.v.Regs, srcs[i].addr), i, nil
+	return srcs[i].answer(ws[i], res.v), i, nil
 }
 
 // Registry is a handle to one registrar. When the registrar is the calling
 // node itself, it is an in-process shim that makes no connection.
 type Registry struct {
 	n   *Node
-	src registrarSource
+	src registry
 }
 
 // Registry returns a handle to the node's first registrar (or the first of
@@ -705,24 +600,24 @@ func (n *Node) Registry(opts ...LookupOption) (*Registry, error) {
 }
 
 // IsLocal reports whether the registrar is this node itself.
-func (r *Registry) IsLocal() bool { return r.src.local }
+func (r *Registry) IsLocal() bool { return r.src.isLocal() }
 
 // Addr returns the registrar's address (zero for the local shim).
-func (r *Registry) Addr() Addr { return r.src.addr }
+func (r *Registry) Addr() Addr { return r.src.addr() }
 
 // List returns every registration, oldest first.
 func (r *Registry) List(ctx context.Context) ([]Registration, error) {
-	return r.n.disc.askRegistrar(ctx, r.src, regRequest{Op: regOpList})
+	return r.src.ask(ctx, regRequest{Op: regOpList})
 }
 
 // Find returns the registrations under name, newest first.
 func (r *Registry) Find(ctx context.Context, name string) ([]Registration, error) {
-	return r.n.disc.askRegistrar(ctx, r.src, regRequest{Op: regOpFind, Name: name})
+	return r.src.ask(ctx, regRequest{Op: regOpFind, Name: name})
 }
 
 // Wait blocks until something is registered under name with this
 // registrar and returns its registrations.
 func (r *Registry) Wait(ctx context.Context, name string) ([]Registration, error) {
-	regs, _, err := r.n.disc.awaitRegistration(ctx, []registrarSource{r.src}, name, []waitCond{{}})
+	regs, _, err := r.n.disc.awaitRegistration(ctx, []registry{r.src}, name, []waitCond{{}})
 	return regs, err
 }

@@ -60,7 +60,7 @@ func (dc *registryClient) registerNode(ctx context.Context) error {
 	}
 	for _, a := range dc.remoteRegistrars() {
 		req := regRequest{Op: regOpRegister, Regs: toWire([]Registration{dc.nodeRegistration()})}
-		if _, err := dc.askRegistrar(ctx, registrarSource{addr: a}, req); err != nil {
+		if _, err := (remoteRegistrar{dc, a}).ask(ctx, req); err != nil {
 			return fmt.Errorf("register with %w", err)
 		}
 	}
@@ -236,7 +236,7 @@ func (dc *registryClient) reregister(addr Addr) error {
 	// 10,000 service entries and any number of named actors).
 	for piece := range slices.Chunk(regs, regPiece) {
 		req := regRequest{Op: regOpRegister, Regs: toWire(piece)}
-		_, err := dc.askRegistrar(ctx, registrarSource{addr: addr}, req)
+		_, err := remoteRegistrar{dc, addr}.ask(ctx, req)
 		switch {
 		case errors.Is(err, ErrRegistrationRefused):
 			refused = err
@@ -286,7 +286,7 @@ func (dc *registryClient) registerEntry(h *handle, r Registration) (refused erro
 	}
 	for _, a := range dc.remoteRegistrars() {
 		req := regRequest{Op: regOpRegister, Regs: toWire([]Registration{r})}
-		_, err := dc.askRegistrar(dc.n.lc.ctx, registrarSource{addr: a}, req)
+		_, err := remoteRegistrar{dc, a}.ask(dc.n.lc.ctx, req)
 		switch {
 		case errors.Is(err, ErrRegistrationRefused):
 			if refused == nil {

@@ -21,10 +21,10 @@ func TestARegistrarTakesOnlyAPeersOwnRegistrations(t *testing.T) {
 	hostile := startNode(t, discoveryConfig("hostile", reg))
 	spawnEcho(t, honest, "svc")
 	ctx := ctxT(t, 5*time.Second)
-	src := registrarSource{addr: hostile.disc.registrars[0]}
+	src := hostile.disc.registrars[0]
 
 	forged := Registration{Name: "svc", UUID: UUID{9}, Path: "/user/svc", Node: honest.uid, NodeName: "honest", Addrs: hostile.Addrs()}
-	_, err := hostile.disc.askRegistrar(ctx, src, regRequest{Op: regOpRegister, Regs: toWire([]Registration{forged})})
+	_, err := remoteRegistrar{&hostile.disc, src}.ask(ctx, regRequest{Op: regOpRegister, Regs: toWire([]Registration{forged})})
 	if !errors.Is(err, ErrRegistrationRefused) {
 		t.Fatalf("registering for another node: %v, want ErrRegistrationRefused", err)
 	}
@@ -33,7 +33,7 @@ func TestARegistrarTakesOnlyAPeersOwnRegistrations(t *testing.T) {
 	}
 
 	honestSvc := registrar.registrar.reg().find("svc")[0]
-	if _, err := hostile.disc.askRegistrar(ctx, src, regRequest{Op: regOpUnregister, Regs: []regWire{{Name: "svc", UUID: honestSvc.UUID}}}); err != nil {
+	if _, err := (remoteRegistrar{&hostile.disc, src}).ask(ctx, regRequest{Op: regOpUnregister, Regs: []regWire{{Name: "svc", UUID: honestSvc.UUID}}}); err != nil {
 		t.Fatal(err)
 	}
 	if got := registrar.registrar.reg().find("svc"); len(got) != 1 {
@@ -42,13 +42,13 @@ func TestARegistrarTakesOnlyAPeersOwnRegistrations(t *testing.T) {
 
 	// Its own entry, it may register (and it is found), and take out.
 	own := Registration{Name: "mine", UUID: UUID{7}, Path: "/user/mine", Node: hostile.uid, NodeName: "hostile", Addrs: hostile.Addrs()}
-	if _, err := hostile.disc.askRegistrar(ctx, src, regRequest{Op: regOpRegister, Regs: toWire([]Registration{own})}); err != nil {
+	if _, err := (remoteRegistrar{&hostile.disc, src}).ask(ctx, regRequest{Op: regOpRegister, Regs: toWire([]Registration{own})}); err != nil {
 		t.Fatalf("registering its own entry: %v", err)
 	}
 	if len(registrar.registrar.reg().find("mine")) != 1 {
 		t.Fatal("a peer's own entry was not kept")
 	}
-	if _, err := hostile.disc.askRegistrar(ctx, src, regRequest{Op: regOpUnregister, Regs: []regWire{{Name: "mine", UUID: UUID{7}}}}); err != nil {
+	if _, err := (remoteRegistrar{&hostile.disc, src}).ask(ctx, regRequest{Op: regOpUnregister, Regs: []regWire{{Name: "mine", UUID: UUID{7}}}}); err != nil {
 		t.Fatal(err)
 	}
 	if len(registrar.registrar.reg().find("mine")) != 0 {
@@ -79,7 +79,7 @@ func TestARegistrarRefusesOversizedRegistrations(t *testing.T) {
 			}
 		}),
 	} {
-		_, err := peer.disc.askRegistrar(ctx, registrarSource{addr: peer.disc.registrars[0]}, regRequest{Op: regOpRegister, Regs: toWire([]Registration{base, bad})})
+		_, err := remoteRegistrar{&peer.disc, peer.disc.registrars[0]}.ask(ctx, regRequest{Op: regOpRegister, Regs: toWire([]Registration{base, bad})})
 		if !errors.Is(err, ErrRegistrationRefused) {
 			t.Fatalf("an oversized registration (%.40q): %v, want ErrRegistrationRefused", bad.Name, err)
 		}
@@ -287,9 +287,9 @@ func TestAPeerCannotTakeAnotherNodesEntries(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	src := registrarSource{addr: regAddr}
+	src := regAddr
 	ask := func(req regRequest) error {
-		_, err := hostile.disc.askRegistrar(ctx, src, req)
+		_, err := remoteRegistrar{&hostile.disc, src}.ask(ctx, req)
 		return err
 	}
 
@@ -316,11 +316,11 @@ func TestAPeerCannotTakeAnotherNodesEntries(t *testing.T) {
 	zero := startNode(t, zcfg)
 	zero.uid = NodeUID{}
 	zctx := ctxT(t, 5*time.Second)
-	_, err = zero.disc.askRegistrar(zctx, src, regRequest{Op: regOpRegister, Regs: toWire([]Registration{{Name: "svc", UUID: UUID{8}, Path: "/user/svc", Node: honest.uid, Addrs: honest.Addrs()}})})
+	_, err = remoteRegistrar{&zero.disc, src}.ask(zctx, regRequest{Op: regOpRegister, Regs: toWire([]Registration{{Name: "svc", UUID: UUID{8}, Path: "/user/svc", Node: honest.uid, Addrs: honest.Addrs()}})})
 	if !errors.Is(err, ErrRegistrationRefused) {
 		t.Fatalf("a zero-uid peer registering for honest: %v, want ErrRegistrationRefused", err)
 	}
-	zero.disc.askRegistrar(zctx, src, regRequest{Op: regOpUnregister, Regs: []regWire{{Name: "svc", UUID: svc.UUID, Node: honest.uid}}})
+	remoteRegistrar{&zero.disc, src}.ask(zctx, regRequest{Op: regOpUnregister, Regs: []regWire{{Name: "svc", UUID: svc.UUID, Node: honest.uid}}})
 	held("after a zero-uid peer asked to take honest's entry out")
 }
 

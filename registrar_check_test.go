@@ -54,7 +54,7 @@ func TestAHostilePeerCannotGetALiveNodesEntriesDropped(t *testing.T) {
 		}
 		t.Cleanup(func() { c.Close() })
 	}
-	hostile.disc.askRegistrar(ctxT(t, 5*time.Second), registrarSource{addr: regAddr}, regRequest{Op: regOpDeleteAddr, Node: honest.uid, Addr: addr.String()})
+	remoteRegistrar{&hostile.disc, regAddr}.ask(ctxT(t, 5*time.Second), regRequest{Op: regOpDeleteAddr, Node: honest.uid, Addr: addr.String()})
 	if started := waitChecksIdle(t, registrar.registrar.reg()); started != 1 {
 		t.Fatalf("%d checks started, want 1", started)
 	}
@@ -80,7 +80,7 @@ func TestAReportOfAnUnlistedAddressDialsNothing(t *testing.T) {
 	defer victim.Close()
 	regAddr, _ := ParseAddr(reg)
 	for _, node := range []NodeUID{{42}, registrar.uid} {
-		hostile.disc.askRegistrar(ctxT(t, 5*time.Second), registrarSource{addr: regAddr},
+		remoteRegistrar{&hostile.disc, regAddr}.ask(ctxT(t, 5*time.Second),
 			regRequest{Op: regOpDeleteAddr, Node: node, Addr: "tcp://" + victim.Addr().String()})
 	}
 	if started := waitChecksIdle(t, registrar.registrar.reg()); started != 0 {

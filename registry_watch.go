@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"slices"
 	"sync/atomic"
 	"time"
@@ -187,23 +186,17 @@ var watchSeq atomic.Uint64
 // there has the table read again, and what differs is passed to each;
 // etcd not answering ends the watch with [ErrWatchLost].
 func (r *Registry) Watch(ctx context.Context, each func(RegistryChange)) error {
-	if r.src.etcd != nil {
-		return r.watchEtcd(ctx, each)
-	}
-	n := r.n
+	return r.src.watch(ctx, each)
+}
+
+// watchRegistrar is Registry.Watch of a registrar, src, at the address
+// at: it subscribes an actor of this node's to the registrar's pushes.
+func watchRegistrar(ctx context.Context, n *Node, src subscriber, at Addr, each func(RegistryChange)) error {
 	events := make(chan regEvent, 16)
 	gone := make(chan error, 1)
-	var target Ref[regRequest]
-	if !r.src.local {
-		rctx, cancel := context.WithTimeout(ctx, n.disc.registryTimeout())
-		var err error
-		target, err = n.disc.registrarRef(rctx, r.src.addr)
-		cancel()
-		if err != nil {
-			return fmt.Errorf("registrar %s: %w", r.src.addr, err)
-		}
-	} else if n.registrar.reg() == nil {
-		return ErrNoRegistry
+	target, err := src.target(ctx)
+	if err != nil {
+		return err
 	}
 	name := fmt.Sprintf("registry-watch-%d", watchSeq.Add(1))
 	self, err := Spawn(systemParent{n}, name, Behavior[regEvent]{
@@ -221,7 +214,7 @@ func (r *Registry) Watch(ctx context.Context, each func(RegistryChange)) error {
 		Signal: func(_ *Context[regEvent], s Signal) {
 			if t, ok := s.(Terminated); ok {
 				select {
-				case gone <- watchEnded(r.src.addr, t.Reason):
+				case gone <- watchEnded(at, t.Reason):
 				default:
 				}
 			}
@@ -234,29 +227,9 @@ func (r *Registry) Watch(ctx context.Context, each func(RegistryChange)) error {
 	var gen uint64
 	subscribe := func() error {
 		gen++
-		if r.src.local {
-			g := n.registrar.reg()
-			if g == nil {
-				return ErrNodeClosed
-			}
-			if !g.subscribe(self.h, gen) {
-				return fmt.Errorf("registrar %s: %w: it has as many subscribers as it takes (1,024)", r.src.addr, ErrWatchRefused)
-			}
-			g.publish()
-			return nil
-		}
-		target.Tell(regRequest{Op: regOpSubscribe, ReplyTo: Ref[regReply]{h: self.h}, After: gen})
-		return nil
+		return src.subscribe(target, self.h, gen)
 	}
-	defer func() {
-		if r.src.local {
-			if g := n.registrar.reg(); g != nil {
-				g.unsubscribe(self.h.key)
-			}
-			return
-		}
-		target.Tell(regRequest{Op: regOpUnsubscribe, ReplyTo: Ref[regReply]{h: self.h}})
-	}()
+	defer src.unsubscribe(target, self.h)
 	if err := subscribe(); err != nil {
 		return err
 	}
@@ -274,13 +247,13 @@ func (r *Registry) Watch(ctx context.Context, each func(RegistryChange)) error {
 		case err := <-gone:
 			return err
 		case <-first.C:
-			return fmt.Errorf("registrar %s: %w: it sent no table within %v (a registrar before troupe 0.11 does not push)", r.src.addr, errors.ErrUnsupported, n.disc.registryTimeout())
+			return fmt.Errorf("registrar %s: %w: it sent no table within %v (a registrar before troupe 0.11 does not push)", at, errors.ErrUnsupported, n.disc.registryTimeout())
 		case ev := <-events:
 			switch {
 			case ev.Gen != gen:
 				continue // an older subscription's
 			case ev.Refused:
-				return fmt.Errorf("registrar %s: %w: it has as many subscribers as it takes (1,024)", r.src.addr, ErrWatchRefused)
+				return fmt.Errorf("registrar %s: %w: it has as many subscribers as it takes (1,024)", at, ErrWatchRefused)
 			case ev.Seq != want:
 				// One was lost: subscribe again, and ignore what the
 				// older subscription still sends.
@@ -292,7 +265,7 @@ func (r *Registry) Watch(ctx context.Context, each func(RegistryChange)) error {
 			}
 			want++
 			if ev.Snapshot {
-				snap = append(snap, fromWire(ev.Added, r.src.addr)...)
+				snap = append(snap, fromWire(ev.Added, at)...)
 				if ev.More {
 					continue
 				}
@@ -301,7 +274,7 @@ func (r *Registry) Watch(ctx context.Context, each func(RegistryChange)) error {
 				snap = nil
 				continue
 			}
-			each(RegistryChange{Added: fromWire(ev.Added, r.src.addr), Removed: fromWire(ev.Removed, r.src.addr)})
+			each(RegistryChange{Added: fromWire(ev.Added, at), Removed: fromWire(ev.Removed, at)})
 		}
 	}
 }
@@ -331,38 +304,7 @@ func (dc *registryClient) followRegistry(ctx context.Context, sel regSelector, d
 			}
 			return err
 		}
-		src := srcs[0]
-		if src.recep != nil {
-			err = followCluster(ctx, dc.n, src.recep, sel, func(regs []Registration) { f.set(regs) })
-		} else if src.etcd != nil {
-			err = followEtcd(ctx, src.etcd, sel, func(regs []Registration) {
-				f.set(regs)
-				pause = serviceRewatch // (it answered)
-			})
-		} else {
-			r := &Registry{n: dc.n, src: src}
-			table := map[regKey]Registration{}
-			err = r.Watch(ctx, func(c RegistryChange) {
-				touched := c.Snapshot
-				if c.Snapshot {
-					clear(table)
-				}
-				for _, reg := range c.Removed {
-					touched = touched || sel.match(reg.Name)
-					delete(table, keyOf(&reg))
-				}
-				for _, reg := range c.Added {
-					if sel.match(reg.Name) {
-						touched = true
-						table[keyOf(&reg)] = reg
-					}
-				}
-				if touched {
-					f.set(slices.Collect(maps.Values(table)))
-					pause = serviceRewatch // (it answered)
-				}
-			})
-		}
+		err = srcs[0].follow(ctx, sel, func(regs []Registration) { f.set(regs) }, func() { pause = serviceRewatch })
 		switch {
 		case ctx.Err() != nil:
 			return ctx.Err()

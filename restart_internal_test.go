@@ -33,7 +33,7 @@ func TestALookupSkipsAQuarantinedIncarnationWithoutDialing(t *testing.T) {
 	gone := make(chan PeerUnreachable, 8)
 	SubscribeChan(a, gone)
 	waitFor(t, 5*time.Second, "both registered", func() bool {
-		regs, err := a.disc.askRegistrar(ctxT(t, 5*time.Second), registrarSource{addr: mustAddr(t, registry)}, regRequest{Op: regOpFind, Name: "svc"})
+		regs, err := remoteRegistrar{&a.disc, mustAddr(t, registry)}.ask(ctxT(t, 5*time.Second), regRequest{Op: regOpFind, Name: "svc"})
 		return err == nil && len(slices.DeleteFunc(regs, func(r Registration) bool { return r.Path == "" })) == 2
 	})
 	if r, err := FindActor[testPing](ctxT(t, 5*time.Second), a, "svc"); err != nil || r.NodeUID() != b.UID() {

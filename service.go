@@ -454,24 +454,3 @@ func (w *serviceWatch[T]) deliver(ctx context.Context, regs []Registration) bool
 	w.each(slices.Clone(refs))
 	return unresolved > 0
 }
-
-// followEtcd follows the registrations sel picks in etcd: read them,
-// deliver, and wait on etcd's watch stream for the next change among
-// them (a put or a delete), until ctx ends or the stream breaks.
-func followEtcd(ctx context.Context, r *etcdRegistry, sel regSelector, deliver func([]Registration)) error {
-	p := sel.etcdPrefix(r)
-	for {
-		regs, rev, err := r.rangeOf(ctx, p)
-		if err != nil {
-			return err
-		}
-		deliver(slices.DeleteFunc(regs, func(reg Registration) bool { return !sel.match(reg.Name) }))
-		err = r.watchFrom(ctx, p, rev+1, func(bool, Registration, bool) bool { return true })
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		if err != nil {
-			return err
-		}
-	}
-}
