@@ -8,7 +8,6 @@ import (
 	"reflect"
 	"runtime"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -146,7 +145,7 @@ type cell[T any] struct {
 	ctx    Context[T]
 
 	// mu guards the mailbox (q's lanes) and the scheduling flags.
-	mu        sync.Mutex
+	mu        mutex[lkCell]
 	scheduled bool // a goroutine is running (or about to run) the cell
 	closed    bool // the actor has stopped; nothing more is accepted
 	held      bool // a restart is pending: user messages wait in in

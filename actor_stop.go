@@ -2,7 +2,6 @@ package troupe
 
 import (
 	"context"
-	"sync"
 	"time"
 )
 
@@ -327,7 +326,7 @@ func (c *cell[T]) setStopping(reason error) {
 // reason (ErrParentStopped, a panic) rather than a bare ErrActorStopped.
 // Only stops with a reason are kept, the last maxRecentStops of them.
 type recentStops struct {
-	mu   sync.Mutex
+	mu   mutex[lkRecentStops]
 	ring []stopKey // maxRecentStops slots, made by the first stop kept
 	next int
 	by   map[stopKey]stoppedAt

@@ -19,7 +19,7 @@ import (
 // its methods, and none calls out of the table under mu except a kind's
 // resolver (sharding's code, never a user's).
 type actorTable struct {
-	mu       sync.RWMutex
+	mu       rwMutex[lkActors]
 	byPath   map[string]*handle
 	byName   map[string][]*handle // public actors by name
 	restarts map[string]uint32    // by path, only of actors restarted

@@ -150,7 +150,7 @@ type assoc struct {
 	peerDraining bool
 	// The credit due to the peer's senders (credit.go): accounts for the
 	// writer to consider granting.
-	cmu    sync.Mutex
+	cmu    mutex[lkAssocCredit]
 	due    []*creditAcct
 	hasDue atomic.Bool
 	// Session tokens (token.go), set by the handshake before attach.
@@ -200,7 +200,7 @@ type assoc struct {
 	refsOf, dialFor NodeUID
 
 	// mu guards everything below up to the writer's fields.
-	mu   sync.Mutex
+	mu   mutex[lkAssoc]
 	life life   // the session's state: moved only by transition (assoc_transition.go)
 	qgen uint64 // counts the times queue was taken (see encodeQueued)
 	// queue holds frames as records until the writer has started, so

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"sync"
 )
 
 // The node's table of associations: finding or starting the one for an
@@ -19,7 +18,7 @@ import (
 // field.
 type peerTable struct {
 	n        *Node
-	mu       sync.Mutex
+	mu       mutex[lkPeers]
 	byUID    map[NodeUID]*assoc  // the live association with each peer incarnation
 	byAddr   map[Addr]*assoc     // the association to use for an address
 	all      map[*assoc]struct{} // every association not yet finished

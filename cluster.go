@@ -121,7 +121,7 @@ type Cluster struct {
 	cfg ClusterConfig
 
 	// mu guards the state below.
-	mu sync.Mutex
+	mu mutex[lkCluster]
 	membership
 	detectors map[NodeUID]FailureDetector
 	lastHeard map[NodeUID]int64

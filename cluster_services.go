@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
-	"sync"
 	"time"
 )
 
@@ -126,9 +125,9 @@ type receptionist struct {
 
 	// sendMu orders what this member sends of its own set: a whole set,
 	// then the changes after it, to each member.
-	sendMu sync.Mutex
+	sendMu mutex[lkRecepSend]
 
-	mu       sync.Mutex // guards the state below
+	mu       mutex[lkRecep] // guards the state below
 	own      map[recepKey]Registration
 	version  uint64 // of own, as last pushed
 	pending  map[recepKey]struct{}
@@ -668,7 +667,7 @@ var errNoClusterRegistry = errors.New("troupe: the cluster's registry answers lo
 
 // wakeup is a channel closed at each signal, for any number of waiters.
 type wakeup struct {
-	mu sync.Mutex
+	mu mutex[lkWakeup]
 	ch chan struct{}
 }
 

@@ -3,7 +3,6 @@ package troupe
 import (
 	"errors"
 	"fmt"
-	"sync"
 	"time"
 )
 
@@ -111,7 +110,7 @@ type singletonRunner interface {
 
 // singletons are the singletons this member takes part in.
 type singletons struct {
-	mu  sync.Mutex
+	mu  mutex[lkSingletons]
 	by  map[string]singletonRunner
 	ctl *Ref[singletonCtl]
 }
@@ -188,7 +187,7 @@ type singleton[T any] struct {
 
 	// mu guards where the station sends (the instance here, a member's
 	// station, or the buffer) and the buffer.
-	mu       sync.Mutex
+	mu       mutex[lkSingleton]
 	instance *Ref[T] // running here, taking messages
 	fwd      *Ref[T] // the oldest member's station
 	buf      []T
@@ -428,7 +427,7 @@ func (s *singleton[T]) point(inst, fwd *Ref[T]) {
 }
 
 var singletonSeq struct {
-	sync.Mutex
+	mutex[lkSingletonSeq]
 	n uint64
 }
 

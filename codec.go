@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"reflect"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -89,7 +88,7 @@ type msgType struct {
 // wireTypes holds every registered message type. Reads go through snapshots so the
 // hot path takes no lock.
 var wireTypes struct {
-	mu     sync.Mutex
+	mu     mutex[lkWireTypes]
 	byKey  atomic.Pointer[map[string]*msgType]
 	byType atomic.Pointer[map[reflect.Type]*msgType]
 	byWord atomic.Pointer[map[unsafe.Pointer]*msgType] // by interface type word

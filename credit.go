@@ -3,7 +3,6 @@ package troupe
 import (
 	"fmt"
 	"slices"
-	"sync"
 	"sync/atomic"
 )
 
@@ -119,7 +118,7 @@ func (a *assoc) forgetCredit() { a.n.credit.forget(a) }
 // mailbox to make room. mu guards waiters; waiting is its length, read
 // without the lock on every mailbox's drain.
 type creditWaiters struct {
-	mu      sync.Mutex
+	mu      mutex[lkCreditWaiters]
 	waiters map[*handle][]*creditAcct
 	waiting atomic.Int32
 }

@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"maps"
 	"reflect"
-	"sync"
 	"time"
 )
 
@@ -38,7 +37,7 @@ var errZeroRef = errors.New("troupe: the zero Ref refers to no actor (a ReplyTo 
 // message told to the zero Ref belongs to no node, so it is a dead letter
 // on each of them (in a service, the one node it runs).
 var openNodes struct {
-	sync.Mutex
+	mutex[lkOpenNodes]
 	set map[*Node]struct{}
 }
 
@@ -133,7 +132,7 @@ func quietDeadLetter(d DeadLetter) bool {
 // counts the rest and logs the count once a minute, so that a forgotten
 // SetWireKey leaves a trace without a flood burying the log.
 type deadLetterLog struct {
-	mu         sync.Mutex
+	mu         mutex[lkDeadLetterLog]
 	logged     int       // dead letters logged one by one
 	suppressed int       // dead letters counted since the last summary
 	since      time.Time // when counting started
@@ -180,7 +179,7 @@ func (l *deadLetterLog) summarize(n *Node, now time.Time) {
 
 // deadLetterCounts counts dead letters by reason, for Stats.
 type deadLetterCounts struct {
-	mu     sync.Mutex
+	mu     mutex[lkDeadLetterCounts]
 	counts map[string]uint64
 }
 
@@ -235,7 +234,7 @@ const deadLetterSampleCount = 16
 // debug page. A sample's type and reason are made into text only when
 // read.
 type deadLetterSamples struct {
-	mu   sync.Mutex
+	mu   mutex[lkDeadLetterSamples]
 	ring [deadLetterSampleCount]struct {
 		at     time.Time
 		target string

@@ -21,7 +21,7 @@ type etcdLease struct {
 	ttl      time.Duration
 	client   *http.Client
 
-	mu      sync.Mutex
+	mu      mutex[lkEtcdLease]
 	owner   string
 	leaseID string
 	until   time.Time // when etcd expires it at the latest, counted from the asking

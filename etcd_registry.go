@@ -104,7 +104,7 @@ type etcdRegistry struct {
 	client    *http.Client
 	timing    etcdTiming
 
-	mu    sync.Mutex
+	mu    mutex[lkEtcdRegistry]
 	first int    // the endpoint that answered last
 	lease string // the node's lease ID, "" before the first grant
 }

@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"sync"
 	"time"
 )
 
@@ -37,7 +36,7 @@ const (
 
 // etcdSync is the node's side of its etcd entries.
 type etcdSync struct {
-	mu sync.Mutex
+	mu mutex[lkEtcdSync]
 	// written is what etcd confirmed, by key, under the current lease.
 	written map[string]struct{}
 	// maybe is what was put without an answer (an election, a cut): etcd

@@ -3,7 +3,6 @@ package troupe
 import (
 	"context"
 	"fmt"
-	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -18,7 +17,7 @@ type eventStream struct {
 
 	// mu serializes Subscribe and Unsubscribe; subs is replaced, never
 	// mutated, so Publish reads it without a lock.
-	mu   sync.Mutex
+	mu   mutex[lkEvents]
 	subs atomic.Pointer[[]*Subscription]
 }
 

@@ -24,7 +24,7 @@ import (
 type FaultNet struct {
 	once sync.Once // makes the maps and cond, on first use
 	// mu guards everything below; cond is signalled on every change.
-	mu      sync.Mutex
+	mu      mutex[lkFaultNet]
 	cond    *sync.Cond
 	byAddr  map[Addr]*Node   // listen address -> node
 	dialers map[string]*Node // local address of an outbound connection -> its node

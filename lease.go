@@ -3,7 +3,6 @@ package troupe
 import (
 	"context"
 	"fmt"
-	"sync"
 	"time"
 )
 
@@ -140,7 +139,7 @@ type nodeLease struct {
 	name      string
 	ttl       time.Duration
 
-	mu     sync.Mutex
+	mu     mutex[lkNodeLease]
 	owner  string    // who holds it through this client, "" if nobody
 	until  time.Time // when it expires at the server at the latest
 	lost   chan struct{}

@@ -229,7 +229,7 @@ type lifecycle struct {
 	// left, or was downed): it is no longer ready.
 	clusterEnded atomic.Bool
 
-	hooksMu sync.Mutex
+	hooksMu mutex[lkHooks]
 	hooks   map[ShutdownPhase][]func(context.Context) error // the work users added to Shutdown's phases
 }
 

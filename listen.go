@@ -11,7 +11,6 @@ import (
 	"runtime"
 	"slices"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -25,7 +24,7 @@ import (
 // read without it.
 type listenerSet struct {
 	n      *Node
-	mu     sync.Mutex
+	mu     mutex[lkListeners]
 	list   []net.Listener
 	closed bool // closeAll ran: no listener is added after it
 	addrs  atomic.Pointer[[]Addr]
@@ -99,7 +98,7 @@ func (ls *listenerSet) closeAll(final bool) []error {
 // those open, those in their handshake, and those in their handshake by
 // source. mu guards bySource and orders the checks with the counts.
 type inboundLimits struct {
-	mu           sync.Mutex
+	mu           mutex[lkInbound]
 	open         atomic.Int64 // inbound connections open
 	handshaking  atomic.Int64 // inbound connections in their handshake
 	bySource     map[string]int

@@ -387,7 +387,7 @@ func (dc *registryClient) forget(name string, key refKey) { dc.found.drop(name, 
 // (add and drop replace it with a changed copy), so that get's caller
 // reads the list it took after letting go of the lock.
 type foundRefs struct {
-	mu sync.Mutex
+	mu mutex[lkFoundRefs]
 	by map[string][]foundRef
 }
 

@@ -21,6 +21,7 @@ import (
 // side instead of go test's default of one per processor.
 func TestMain(m *testing.M) {
 	flag.Parse()
+	helper := os.Getenv("TROUPE_TEST_PROCESS") != ""
 	exitWithParent()
 	given := false
 	flag.Visit(func(f *flag.Flag) { given = given || f.Name == "test.parallel" })
@@ -29,7 +30,12 @@ func TestMain(m *testing.M) {
 	if fz := flag.Lookup("test.fuzz"); !given && (fz == nil || fz.Value.String() == "") {
 		_ = flag.Set("test.parallel", strconv.Itoa(testParallel))
 	}
+	record := os.Getenv("TROUPE_LOCKRANK_RECORD") // a file: see lockrank.go
+	lockTrack.on, lockTrack.record = raceEnabled, record != ""
 	code := m.Run()
+	if record != "" && !helper {
+		os.WriteFile(record, []byte(lockOrderSeen()+"\n"), 0o644)
+	}
 	if code == 0 {
 		if leaked := waitNoLeaks("", 5*time.Second); leaked != "" {
 			fmt.Fprintf(os.Stderr, "goroutines leaked after the tests:\n%s\n", leaked)

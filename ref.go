@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"reflect"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -431,8 +430,8 @@ type promise[T any] struct {
 	ch     chan result[T]
 	done   atomic.Bool
 
-	mu         sync.Mutex // guards registered
-	registered bool       // in the actor table, so remote replies can find it
+	mu         mutex[lkPromise] // guards registered
+	registered bool             // in the actor table, so remote replies can find it
 
 	path [tempPathLen]byte // hd's path is here: one allocation for the promise
 }

@@ -365,7 +365,7 @@ type registryClient struct {
 	refs       sync.Map   // Addr -> Ref[regRequest], resolved registrar actors
 	found      foundRefs  // the actors lookups found on peers (lookup.go)
 
-	mu sync.Mutex
+	mu mutex[lkRegistrars]
 	// pending holds the registrars whose copy of this node's
 	// registrations is known to be incomplete: a registration failed, or
 	// the registrar was lost. keepRegistrars sends them all again; Ready

@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"errors"
 	"slices"
-	"sync"
 	"sync/atomic"
 )
 
@@ -66,7 +65,7 @@ func keyOf(r *Registration) regKey { return regKey{r.Name, r.UUID, r.Node} }
 // regTable is the table a registrar serves. It is safe for concurrent use.
 type regTable struct {
 	// mu guards entries, their counts, seq and waiters.
-	mu      sync.Mutex
+	mu      mutex[lkRegTable]
 	entries map[regKey]*Registration
 	// The entries by node incarnation, by name, and how many of each
 	// node's list each address: so that a registration, a lookup and a
@@ -98,7 +97,7 @@ type regTable struct {
 	// pubMu orders the sending of events: whoever holds it sends all that
 	// is pending, oldest first. hasPending says, without a lock, whether
 	// there is anything to send.
-	pubMu      sync.Mutex
+	pubMu      mutex[lkRegPublish]
 	hasPending atomic.Bool
 }
 

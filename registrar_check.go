@@ -3,7 +3,6 @@ package troupe
 import (
 	"net"
 	"slices"
-	"sync"
 	"time"
 )
 
@@ -29,7 +28,7 @@ const (
 // addrChecks is a registrar's checks of reported addresses. Its lock
 // guards its maps alone; the checks run on goroutines of the node's.
 type addrChecks struct {
-	mu       sync.Mutex
+	mu       mutex[lkAddrChecks]
 	inFlight map[Addr]bool
 	budget   map[NodeUID]*checkBudget
 	started  int // checks started, for the tests

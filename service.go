@@ -8,7 +8,6 @@ import (
 	"reflect"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 )
 
@@ -58,7 +57,7 @@ type serviceEntry struct {
 // services is what this node registered under service keys.
 type services struct {
 	n       *Node
-	mu      sync.Mutex
+	mu      mutex[lkServices]
 	entries map[serviceEntry]struct{}
 }
 
@@ -351,7 +350,7 @@ func (s regSelector) etcdPrefix(r *etcdRegistry) string {
 // again.
 type regFollower struct {
 	deliver func([]Registration) bool
-	mu      sync.Mutex // one delivery at a time
+	mu      mutex[lkFollower] // one delivery at a time
 	last    []Registration
 	have    bool
 	kick    chan struct{} // capacity 1: deliver again after a pause

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 )
 
 // Following a service key's listing from an actor: ServiceKey.Subscribe
@@ -23,7 +22,7 @@ type ServiceListing[T any] struct {
 // actor's stop ends its own.
 type serviceSubs struct {
 	n  *Node
-	mu sync.Mutex
+	mu mutex[lkServiceSubs]
 	by map[*handle]map[*Subscription]struct{}
 }
 

@@ -378,7 +378,7 @@ func (shardPassivate) regionMsg() {}
 
 // shardings are the kinds of sharded entity this member runs.
 type shardings struct {
-	mu    sync.Mutex
+	mu    mutex[lkShardings]
 	by    map[string]regionRunner
 	ended bool // the cluster stopped: no kind is added
 }

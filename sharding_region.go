@@ -30,7 +30,7 @@ type region[T any] struct {
 
 	// mu guards over and each shard's mode, home and entities (written
 	// on the region's goroutine only).
-	mu     sync.RWMutex
+	mu     rwMutex[lkRegion]
 	shards []*shard[T]
 	over   bool // ended: messages are dead letters
 

@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"fmt"
 	"net"
-	"sync"
 )
 
 // Session tokens: a new connection that claims a session this node holds
@@ -62,7 +61,7 @@ const maxKeptTokens = 4096
 // tokenTable is the last session token this node drew for each peer
 // incarnation. Its own lock; written when a session is founded.
 type tokenTable struct {
-	mu    sync.Mutex
+	mu    mutex[lkTokens]
 	byUID map[NodeUID][]byte
 	order []NodeUID // oldest first, for the bound
 }

@@ -7,7 +7,6 @@ import (
 	"reflect"
 	"slices"
 	"strconv"
-	"sync"
 	"time"
 )
 
@@ -36,7 +35,7 @@ const topicPrefix = "topic:"
 // its publishers' listings of every node's relays.
 type topics struct {
 	n      *Node
-	mu     sync.Mutex
+	mu     mutex[lkTopics]
 	relays map[string]topicRelayer
 	pubs   map[string]topicLister
 	seq    uint64
@@ -113,12 +112,12 @@ type topicRelay[T any] struct {
 	// way to it is dropped, not a dead letter), and listed again by the
 	// next subscriber.
 	listed bool
-	mu     sync.Mutex
+	mu     mutex[lkRelay]
 	subs   []*handle
 	// regMu orders the relay's registrations: held across each, it
 	// makes the registries end as listed says (sent is what they were
 	// last told).
-	regMu sync.Mutex
+	regMu mutex[lkRelayReg]
 	sent  bool
 }
 
@@ -301,9 +300,9 @@ func unsubscribe[T any](n *Node, name string, h *handle) bool {
 // topicPub is a publisher's listing of a topic's relays.
 type topicPub[T any] struct {
 	n     *Node
-	umu   sync.Mutex // one update at a time
-	gen   uint64     // (umu) the table generation refs were made from
-	mu    sync.Mutex
+	umu   mutex[lkPubUpdate] // one update at a time
+	gen   uint64             // (umu) the table generation refs were made from
+	mu    mutex[lkPub]
 	refs  []Ref[T]
 	known map[serviceMember]Ref[T]
 }
