@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"runtime/debug"
 	"sort"
 	"strconv"
 	"strings"
@@ -15,10 +16,11 @@ import (
 
 // The lock order: every lock of the package, ranked. A goroutine that
 // holds a lock takes only locks ranked after it (a lock of its own rank
-// only where lockNests says so). Race builds of the package's tests check
+// only where lockNests says so, in either order; TryLock, which cannot
+// block, anything). Race builds of the package's tests check
 // it at every acquisition (as does any race build run with
-// TROUPE_LOCKRANK=check): a lock taken out of order panics, naming both
-// locks, so that a test that takes two locks the wrong way round fails
+// TROUPE_LOCKRANK=check): a lock taken out of order ends the process,
+// naming both locks, so that a test that takes two locks the wrong way round fails
 // the first time it runs, not the day two goroutines interleave. (The Go
 // runtime checks its own locks the same way: runtime/lockrank.go.)
 //
@@ -441,18 +443,24 @@ type heldLock struct {
 	rank lockRank
 }
 
-// lockShard holds, for some goroutines (by their runtime g, which the
-// runtime reuses, so that the table stays as large as the most
-// goroutines alive at once), the locks each holds.
+// lockShard holds, for some goroutines (by getg), the locks each holds.
+// A shard's lock makes the goroutines that share it look synchronized to
+// the race detector at each lock they take: with 1,024 shards, a pair of
+// goroutines shares one seldom (TROUPE_LOCKRANK=off runs a race build
+// without the checks).
 type lockShard struct {
 	sync.Mutex
 	held map[uintptr][]heldLock
-	_    [40]byte // (a cache line each)
+}
+
+// lockShardOf is the shard of the goroutine g.
+func lockShardOf(g uintptr) *lockShard {
+	return &lockTrack.shards[uint64(g)*0x9e3779b97f4a7c15>>54]
 }
 
 // lockTrack is what race builds know of the locks held.
 var lockTrack struct {
-	shards [64]lockShard
+	shards [1024]lockShard
 	// pairs records every pair of ranks held one inside the other, outer
 	// first (lockOrderSeen).
 	pairs [lockRanks][lockRanks]atomic.Bool
@@ -469,6 +477,12 @@ func init() {
 	lockTrack.on = raceEnabled && os.Getenv("TROUPE_LOCKRANK") == "check"
 }
 
+// lockCheckInTests is whether the package's own race-built tests check
+// the order: unless TROUPE_LOCKRANK=off.
+func lockCheckInTests() bool {
+	return raceEnabled && os.Getenv("TROUPE_LOCKRANK") != "off"
+}
+
 func (t *lockShard) init() {
 	if t.held == nil {
 		t.held = map[uintptr][]heldLock{}
@@ -479,7 +493,7 @@ func (t *lockShard) init() {
 // rank r (check: it may block, not TryLock) and records it as held.
 func lockAcquire(m unsafe.Pointer, r lockRank, check bool) {
 	g := getg()
-	sh := &lockTrack.shards[(g>>9)%64]
+	sh := lockShardOf(g)
 	sh.Lock()
 	sh.init()
 	held := sh.held[g]
@@ -497,15 +511,23 @@ func lockAcquire(m unsafe.Pointer, r lockRank, check bool) {
 	}
 	sh.Unlock()
 	if bad != lockNone && !lockTrack.record {
-		panic(fmt.Sprintf("troupe: lock order: taking %s while holding %s (lockrank.go ranks %s first)", lockNames[r], lockNames[bad], lockNames[min(r, bad)]))
+		lockFatal(fmt.Sprintf("troupe: lock order: taking %s while holding %s (lockrank.go ranks %s first)", lockNames[r], lockNames[bad], lockNames[min(r, bad)]))
 	}
+}
+
+// lockFatal ends the process with msg and the goroutine's stack, as the
+// runtime ends it for a lock taken out of its order: not a panic, which
+// the package recovers from in handlers, subscribers and encoders.
+func lockFatal(msg string) {
+	fmt.Fprintf(os.Stderr, "%s\n\n%s", msg, debug.Stack())
+	os.Exit(2)
 }
 
 // lockRelease forgets the lock m: held by the calling goroutine, or, when
 // another goroutine locked it, by that one.
 func lockRelease(m unsafe.Pointer) {
 	g := getg()
-	sh := &lockTrack.shards[(g>>9)%64]
+	sh := lockShardOf(g)
 	sh.Lock()
 	sh.init()
 	ok := drop(sh.held, g, m)
@@ -526,12 +548,19 @@ func lockRelease(m unsafe.Pointer) {
 	}
 }
 
-// drop removes m from what g holds (keeping the slice for its next lock).
+// drop removes m from what g holds. A runtime g is reused by the
+// goroutines that come after, so its slice is kept for their locks; a
+// goroutine id (getgReused false) never comes back, so its entry goes.
 func drop(held map[uintptr][]heldLock, g uintptr, m unsafe.Pointer) bool {
 	hs := held[g]
 	for i := len(hs) - 1; i >= 0; i-- {
 		if hs[i].m == m {
-			held[g] = append(hs[:i], hs[i+1:]...)
+			hs = append(hs[:i], hs[i+1:]...)
+			if len(hs) == 0 && !getgReused {
+				delete(held, g)
+			} else {
+				held[g] = hs
+			}
 			return true
 		}
 	}

@@ -6,3 +6,6 @@ package troupe
 // lockrank_arm64.s): what identifies a goroutine to the lock order's
 // checks in race builds, in a nanosecond (see lockrank.go).
 func getg() uintptr
+
+// getgReused: the runtime reuses a g (see drop, lockrank.go).
+const getgReused = true

@@ -1,18 +1,27 @@
 package troupe
 
 import (
+	"errors"
+	"os"
+	"os/exec"
 	"strings"
 	"testing"
+	"time"
 )
 
-// TestTheLockOrderIsChecked: in a race build, a lock taken while one
-// ranked after it is held panics before it blocks, naming both; locks
-// taken in order, two associations' (which nest), and a TryLock out of
-// order (it cannot block) pass.
+// TestTheLockOrderIsChecked: in a race build, locks taken in order, two
+// associations' (which nest) and a TryLock out of order (it cannot
+// block) pass; a lock taken while one ranked after it is held ends the
+// process before it blocks, naming both, even in an actor's handler,
+// whose panics the node recovers.
 func TestTheLockOrderIsChecked(t *testing.T) {
 	t.Parallel()
 	if !raceEnabled || !lockTrack.on || lockTrack.record {
 		t.Skip("the lock order is checked in race builds of the tests")
+	}
+	if c := os.Getenv("TROUPE_LOCKRANK_CASE"); c != "" {
+		lockOrderCase(t, c)
+		return
 	}
 	var peers mutex[lkPeers]
 	var a, b mutex[lkAssoc]
@@ -25,38 +34,62 @@ func TestTheLockOrderIsChecked(t *testing.T) {
 	b.Unlock()
 	a.Unlock()
 	peers.Unlock()
-
-	outOfOrder := func(what string, take func(), want string) {
-		t.Helper()
-		defer func() {
-			msg, _ := recover().(string)
-			if !strings.Contains(msg, want) {
-				t.Errorf("%s: recovered %q, want a panic saying %q", what, msg, want)
-			}
-		}()
-		take()
-	}
 	a.Lock()
-	outOfOrder("the peer table under an association", peers.Lock, "taking Peers while holding Assoc")
 	if !peers.TryLock() {
 		t.Fatal("TryLock of a free lock failed")
 	}
 	peers.Unlock()
 	a.Unlock()
-	actors.Lock()
-	outOfOrder("an association under the actor table", a.Lock, "taking Assoc while holding Actors")
-	actors.Unlock()
-	var p2 mutex[lkPeers]
-	peers.Lock()
-	outOfOrder("two peer tables", p2.Lock, "taking Peers while holding Peers")
-	peers.Unlock()
-	// Nothing is held now: what panicked was never recorded as held.
-	a.Lock()
-	peers.TryLock()
-	peers.Unlock()
-	a.Unlock()
-	peers.Lock()
-	a.Lock()
-	a.Unlock()
-	peers.Unlock()
+
+	for _, c := range []struct{ name, want string }{
+		{"peers under an association", "taking Peers while holding Assoc"},
+		{"an association under the actor table", "taking Assoc while holding Actors"},
+		{"two peer tables", "taking Peers while holding Peers"},
+		{"in a handler", "taking Peers while holding Assoc"},
+	} {
+		cmd := exec.Command(os.Args[0], "-test.run=^TestTheLockOrderIsChecked$", "-test.v")
+		cmd.Env = append(os.Environ(), "TROUPE_LOCKRANK_CASE="+c.name)
+		out, err := cmd.CombinedOutput()
+		var exit *exec.ExitError
+		if !errors.As(err, &exit) || exit.ExitCode() != 2 || !strings.Contains(string(out), "troupe: lock order: "+c.want) {
+			t.Errorf("%s: the process ended with %v, saying:\n%s\nwant exit status 2 and %q", c.name, err, out, c.want)
+		}
+	}
+}
+
+// lockOrderCase takes locks out of order, as the case c says: it never
+// returns.
+func lockOrderCase(t *testing.T, c string) {
+	var peers, p2 mutex[lkPeers]
+	var a mutex[lkAssoc]
+	var actors rwMutex[lkActors]
+	switch c {
+	case "peers under an association":
+		a.Lock()
+		peers.Lock()
+	case "an association under the actor table":
+		actors.RLock()
+		a.Lock()
+	case "two peer tables":
+		peers.Lock()
+		p2.Lock()
+	case "in a handler":
+		n := startNode(t, testConfig("tcp://127.0.0.1:0"))
+		taken := make(chan struct{})
+		ref, err := Spawn(n, "out-of-order", Behavior[string]{Receive: func(_ *Context[string], _ string) {
+			a.Lock()
+			defer a.Unlock() // (a recovered panic would leave nothing held)
+			peers.Lock()
+			close(taken) // (never: the process ends first)
+		}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ref.Tell("go")
+		select {
+		case <-taken:
+		case <-time.After(10 * time.Second):
+		}
+	}
+	t.Fatalf("case %q: the process goes on", c)
 }

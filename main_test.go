@@ -31,7 +31,7 @@ func TestMain(m *testing.M) {
 		_ = flag.Set("test.parallel", strconv.Itoa(testParallel))
 	}
 	record := os.Getenv("TROUPE_LOCKRANK_RECORD") // a file: see lockrank.go
-	lockTrack.on, lockTrack.record = raceEnabled, record != ""
+	lockTrack.on, lockTrack.record = lockCheckInTests(), record != ""
 	code := m.Run()
 	if record != "" && !helper {
 		os.WriteFile(record, []byte(lockOrderSeen()+"\n"), 0o644)

@@ -190,6 +190,9 @@ func (t Topic[T]) Subscribe(n *Node, ref Ref[T]) error {
 	}
 	ts := &n.topics
 	ts.mu.Lock()
+	// (relayOf may spawn the relay under ts.mu: under the system parent,
+	// so that it registers with no registry, which lockrank.go ranks
+	// before the topics.)
 	r, err := relayOf[T](n, t.Name)
 	if err != nil {
 		ts.mu.Unlock()
