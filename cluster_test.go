@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"runtime/pprof"
 	"slices"
 	"strings"
@@ -21,6 +22,10 @@ type clusterRig struct {
 	mu      sync.Mutex // guards nodes and members against the invariant's watcher
 	nodes   []*Node
 	members []*Cluster
+	// warnings holds every member's warnings, printed when the test
+	// fails: whether a singleton restarted, a split was resolved, a
+	// shard was run twice.
+	warnings syncBuffer
 }
 
 func clusterDetector() FailureDetector {
@@ -39,6 +44,11 @@ func clusterCfg(downing DowningStrategy) ClusterConfig {
 // others join through it.
 func newClusterRig(t *testing.T, n int, cfg ClusterConfig) *clusterRig {
 	r := &clusterRig{t: t, f: new(FaultNet)}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("the members' warnings:\n%s", r.warnings.String())
+		}
+	})
 	for i := range n {
 		r.add(fmt.Sprintf("m%d", i), cfg)
 	}
@@ -49,7 +59,9 @@ func newClusterRig(t *testing.T, n int, cfg ClusterConfig) *clusterRig {
 }
 
 func (r *clusterRig) add(name string, cfg ClusterConfig) *Cluster {
-	node := startOn(r.t, r.f, failConfig(name, 20*time.Millisecond, 2*time.Second))
+	ncfg := failConfig(name, 20*time.Millisecond, 2*time.Second)
+	ncfg.Logger = slog.New(slog.NewTextHandler(&r.warnings, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	node := startOn(r.t, r.f, ncfg)
 	if len(r.nodes) > 0 {
 		cfg.Seeds = []string{r.nodes[0].Addrs()[0].String()}
 	}
