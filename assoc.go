@@ -109,95 +109,29 @@ type assoc struct {
 	n        *Node
 	outbound bool // this node dialed
 	dialAddr Addr // the address dialed (outbound only)
+	// peer is what the handshake learned of the peer and agreed with it
+	// (handshake.go): complete before ready is closed and the reader and
+	// writer start, read-only from then on.
+	peer peerInfo
+	// open is what the writer sends first, as attach decided.
+	open opening
 
-	// Set once when the handshake completes, before ready is closed.
-	peerUID  NodeUID
-	peerName string
-	// peerAppVersion is the peer's Config.AppVersion, from its hello.
-	peerAppVersion string
-	// What the connections of this session before this one carried (a
-	// resumed session's counts go on; mu).
-	bytesInBase, bytesOutBase, tellsOutBase uint64
-	peerFlags                               uint8  // the peer's hello flags
-	peerAddrs                               []Addr // as the peer announced them: claims, not proof
-	// proven (peers.mu) are the addresses this node dialed and found this
-	// peer at: this session's, and those of duplicates merged into it.
-	proven []Addr
-	conn   net.Conn
-	// resumable: both sides sequence every queued frame, and a broken
-	// connection suspends the session instead of ending it (set by the
-	// handshake, before the reader and writer start).
-	resumable bool
-	// observer: the peer is an Observer (Config.Observer): it is not
-	// listed, published, resumed or quarantined (set by the handshake).
-	observer bool
-	// peerHeaders: the peer takes tells with headers (set by the
-	// handshake); another gets messages without their headers.
-	peerHeaders bool
-	// credit: both sides grant and heed per-actor credit (set by the
-	// handshake, before the reader and writer start).
-	credit bool
-	// inShapes (the reader's) holds the shapes the peer sent for wire
-	// keys it has not yet defined in the session; shapeBytes counts
-	// their bytes (at most maxShapeSession are held).
-	inShapes   map[string]*rawShape
-	shapeBytes int
-	// incompatLogged (the reader's) holds the wire keys whose
-	// incompatible messages this session has logged.
-	incompatLogged map[string]struct{}
+	conn net.Conn
 	// peerDraining (mu): the peer said it is shutting down (a draining
 	// frame): asks and resolves of its users' actors are refused.
 	peerDraining bool
-	// The credit due to the peer's senders (credit.go): accounts for the
-	// writer to consider granting.
-	cmu    mutex[lkAssocCredit]
-	due    []*creditAcct
-	hasDue atomic.Bool
-	// Session tokens (token.go), set by the handshake before attach.
-	// tokens: the peer speaks them. nonce: the dialer's nonce in this
-	// connection's hello. challenged: the nonce of the token challenge
-	// this node sent as the acceptor, if it sent one. proof: the peer's
-	// proof of its claim (the acceptor's, from its welcome; the dialer's,
-	// answering the challenge).
-	tokens                   bool
-	nonce, challenged, proof []byte
-	// sendToken: this node's token goes first on the connection (it
-	// founds the session, or its peer proved it: token.go).
-	sendToken bool
+	due          creditDue // the credit due to the peer's senders (credit.go)
 	// peerToken (mu) is the token the peer gave this node for the
 	// session: a new connection that would take the session over must
 	// prove that it holds it.
 	peerToken []byte
-	// dialNum is the number of the dial that made this connection (hello
-	// extension 5): this node's for an outbound one, the peer's for an
-	// inbound one; 0 when the peer does not order dials by them (set by
-	// the handshake, before attach decides).
-	dialNum   uint64
-	resumeOf  *assoc // outbound: the suspended session this connection was dialed to resume
-	resumed   bool   // this connection resumes a session: its first frame is a resume
-	resumeRcv uint64 // what that resume frame says this side received
-	// resumes (peers.mu) is the suspended session this connection takes
-	// over, set by attach before the merge.
-	resumes   *assoc
+	resumeOf  *assoc        // outbound: the suspended session this connection was dialed to resume
 	ready     chan struct{} // closed (once, by closeReady) when up, merged or closed
 	readyOnce sync.Once
 	stopOnce  sync.Once
 	dialOnce  sync.Once // an outbound association dials on first use
-	// binding (peers.mu): an outbound association made for a ref read from
-	// a message, not yet dialed: counted in peers.bindings, not
-	// peers.outbound.
-	binding bool
-	// bound (peers.mu) counts the refs bound to this binding that are still
-	// reachable: at zero, undialed and not pinned, it is forgotten
-	// (releaseBinding). pinned: this node's own use found it.
-	bound  int
-	pinned bool
 	// mergedTo is mergedInto, for readers that hold the peer table's lock, not mu.
 	mergedTo atomic.Pointer[assoc]
-	// refsOf (peers.mu) is the peer whose refs made this binding; dialFor
-	// is that peer once the binding dials, counted in peers.refDials until
-	// the association ends. Zero for this node's own dials.
-	refsOf, dialFor NodeUID
 
 	// mu guards everything below up to the writer's fields.
 	mu   mutex[lkAssoc]
@@ -214,12 +148,7 @@ type assoc struct {
 	// peer's unread answers (see answer).
 	creditStalled bool
 	out           frameChain // encoded frames waiting to be written
-	pending       map[pendingAsk]struct{}
-	resolves      map[uint64]chan resolveAnswer
-	watches       map[watchPair]struct{}
-	// watchedBy holds the watches the peer's actors placed on this node's
-	// actors, so that they are dropped when the session ends.
-	watchedBy watchSet
+	reqs          requests   // what each side asked of the other and awaits
 
 	wake       chan struct{} // capacity 1: the writer has work
 	stop       chan struct{} // closed when the session ends or is suspended: the writer exits
@@ -232,81 +161,27 @@ type assoc struct {
 	// is closed by a grant, or when the session ends or moves.
 	credited chan struct{}
 
-	written  atomic.Uint64 // bytes written to the connection
-	in       *stampReader  // the connection's reading side; nil until connected
-	tellsOut atomic.Uint64 // tell frames written to the connection
-	rtt      time.Duration // the handshake's round trip (outbound; under mu)
-	beat     atomic.Bool   // the writer owes the peer a heartbeat
-	ackTo    atomic.Uint64 // tell frames received that the writer should acknowledge
+	in      *stampReader  // the connection's reading side; nil until connected
+	traffic trafficCounts // what the session carried (stats.go)
+	beat    atomic.Bool   // the writer owes the peer a heartbeat
+	ackTo   atomic.Uint64 // tell frames received that the writer should acknowledge
 
-	// Delivery confirmation, guarded by mu: unacked holds the frames
-	// written and not yet acknowledged by the peer, in order (unackedSeq
-	// counts the sequenced ones), and acked counts those acknowledged.
-	// While the writer writes (writing), blocks an acknowledgement frees
-	// wait in freed.
-	unacked frameChain
-	acked   uint64
-	writing bool
-	freed   []*frameBlock
-
-	// The out tables and the encoder, guarded by mu: the senders encode.
-	// outTargetKeys and outTypeList are the tables by id less one, to
-	// decode a held frame again for its dead letter.
-	outTypes      map[*msgType]uint32
-	outTargets    map[refKey]uint32
-	outTargetKeys []refKey
-	outTypeList   []*msgType
-	// Credit (mu; see credit.go): how many messages the peer's mailboxes
-	// take (0 not yet known, -1 no limit), and, for each target in
-	// outTargetKeys, the messages sent to it and the credit granted for
-	// it besides that.
-	peerMailbox int64
-	outSent     []int64
-	outGranted  []int64
-	lastType    *msgType // the type of the last message encoded, if in the table
-	lastTypeID  uint32
-	hdr         []byte // scratch for a tell's header
-	// The window (mu): the writer stalled with UnackedLimit bytes
-	// unacknowledged, and when the peer's acknowledgements last moved
-	// (or something became outstanding).
-	stalled  bool
-	ackMoved time.Time
-	// writeDeadline (mu) is the connection's write deadline, moved ahead
-	// as the writer writes.
-	writeDeadline time.Time
 	// endingAt (Unix ns) is when this node gave up on the peer; the
 	// heartbeat loop closes the connection byeGrace after it, if the
 	// writer has not (see abort).
 	endingAt atomic.Int64
 
-	// Owned by the node's heartbeat goroutine.
-	det      windowDetector
-	lastBeat time.Time
-	// judged: the window decides about this peer (it is no member whose
-	// liveness the cluster judges, or this node flushes); when it becomes
-	// so, the window starts then, not at the last bytes heard.
-	judged bool
-
-	// Owned by the writer goroutine.
-	iov     net.Buffers   // the buffers of one write
-	bufs    [][]byte      // the blocks it writes
-	prio    []byte        // its heartbeat and acknowledgement
-	ackSent uint64        // the last acknowledgement written
-	spent   []*frameBlock // blocks a write copied, to recycle after it
-	wiov    net.Buffers   // what WriteTo consumes
-
-	// Owned by the reader goroutine.
-	inTypes   []inType
-	inTargets []inTarget
-	dec       decoder
-	rcvTells  uint64 // tell frames received
-	batch     []wireMsg
-	batchTo   batchTarget // the target of batch
-	batchID   uint64      // its table id (0: none, or defined inline)
-	batchPath string      // its path, for dead letters
-	arena     []uint64    // the plain values of batch
-	ackQueued uint64      // the last count handed to the writer to acknowledge
-	ackBytes  int         // bytes received since then
+	hb liveness    // the node's heartbeat goroutine's (detector.go)
+	wr assocWriter // the writer goroutine's (assoc_io.go)
+	// rd is the reader goroutine's (assoc_reader.go); a session that
+	// resumes takes its tables over before its reader starts.
+	rd assocReader
+	// Guarded by mu: the senders' tables and encoder (send.go) and the
+	// window (assoc_io.go).
+	enc outTables
+	win sendWindow
+	// tab is the peer table's (peers.mu; assoc_table.go).
+	tab tableEntry
 }
 
 // inTarget is an entry of the receive-side target table.
@@ -325,6 +200,19 @@ type resolveAnswer struct {
 	err    error // the session ended before the answer came
 }
 
+// requests is what each side of a session asked of the other and awaits,
+// guarded by the association's lock (mu): when the session ends, the
+// asks fail, the resolves are answered and the watches fire or are
+// dropped.
+type requests struct {
+	asks     map[pendingAsk]struct{}       // this node's asks awaiting the peer's answers
+	resolves map[uint64]chan resolveAnswer // this node's resolves, by request id
+	watches  map[watchPair]struct{}        // this node's actors' watches of the peer's
+	// watchedBy holds the watches the peer's actors placed on this
+	// node's actors, so that they are dropped when the session ends.
+	watchedBy watchSet
+}
+
 func newAssoc(n *Node, outbound bool, dial Addr) *assoc {
 	a := &assoc{
 		n:          n,
@@ -335,13 +223,17 @@ func newAssoc(n *Node, outbound bool, dial Addr) *assoc {
 		stop:       make(chan struct{}),
 		writerDone: make(chan struct{}),
 		readerDone: make(chan struct{}),
-		pending:    make(map[pendingAsk]struct{}),
-		resolves:   make(map[uint64]chan resolveAnswer),
-		watches:    make(map[watchPair]struct{}),
-		outTypes:   make(map[*msgType]uint32),
-		outTargets: make(map[refKey]uint32),
+		reqs: requests{
+			asks:     make(map[pendingAsk]struct{}),
+			resolves: make(map[uint64]chan resolveAnswer),
+			watches:  make(map[watchPair]struct{}),
+		},
+		enc: outTables{
+			types:   make(map[*msgType]uint32),
+			targets: make(map[refKey]uint32),
+		},
 	}
-	a.dec.binder = a
+	a.rd.dec.binder = a
 	return a
 }
 
@@ -351,8 +243,8 @@ func (a *assoc) addr() Addr {
 	if a.outbound {
 		return a.dialAddr
 	}
-	if len(a.peerAddrs) > 0 {
-		return a.peerAddrs[0]
+	if len(a.peer.addrs) > 0 {
+		return a.peer.addrs[0]
 	}
 	return Addr{}
 }
@@ -361,7 +253,7 @@ func (a *assoc) label() string {
 	if ad := a.addr(); !ad.IsZero() {
 		return ad.String()
 	}
-	return a.peerName + " (" + a.peerUID.String()[:8] + ")"
+	return a.peer.name + " (" + a.peer.uid.String()[:8] + ")"
 }
 
 // finish releases what every ended session releases: its place in the
@@ -374,13 +266,13 @@ func (a *assoc) finish() {
 	n.peers.untable(a)
 	n.peers.mu.Lock()
 	n.peers.forgetAssoc(a)
-	if w := n.peers.awaiting[a.peerUID]; len(w) > 0 {
+	if w := n.peers.awaiting[a.peer.uid]; len(w) > 0 {
 		// A duplicate parked for the winner it never saw: it must not
 		// hold its association for ever.
 		if w = slices.DeleteFunc(w, func(x *assoc) bool { return x == a }); len(w) == 0 {
-			delete(n.peers.awaiting, a.peerUID)
+			delete(n.peers.awaiting, a.peer.uid)
 		} else {
-			n.peers.awaiting[a.peerUID] = w
+			n.peers.awaiting[a.peer.uid] = w
 		}
 	}
 	n.peers.mu.Unlock()
@@ -418,9 +310,9 @@ func (a *assoc) failure() error {
 		return nil
 	}
 	if a.life.state == assocLeaving || a.life.err == nil {
-		return &sessionError{peer: a.label(), cause: ErrNodeClosed, observer: a.observer}
+		return &sessionError{peer: a.label(), cause: ErrNodeClosed, observer: a.peer.observer}
 	}
-	return &sessionError{peer: a.label(), cause: a.life.err, observer: a.observer}
+	return &sessionError{peer: a.label(), cause: a.life.err, observer: a.peer.observer}
 }
 
 // target returns the association that frames for a go to (following
@@ -450,7 +342,7 @@ func (a *assoc) addPending(p pendingAsk, work bool) error {
 		a.mu.Unlock()
 		return err
 	}
-	a.pending[p] = struct{}{}
+	a.reqs.asks[p] = struct{}{}
 	a.mu.Unlock()
 	return nil
 }
@@ -474,7 +366,7 @@ func isWork(path string) bool { return strings.HasPrefix(path, "/user/") }
 
 func (a *assoc) removePending(p pendingAsk) {
 	a = a.lockTarget()
-	delete(a.pending, p)
+	delete(a.reqs.asks, p)
 	a.mu.Unlock()
 }
 
@@ -490,7 +382,7 @@ func (a *assoc) watch(target, watcher *handle) error {
 		a.mu.Unlock()
 		return a.failure()
 	}
-	a.watches[watchPair{target.key, watcher}] = struct{}{}
+	a.reqs.watches[watchPair{target.key, watcher}] = struct{}{}
 	if a.life.state >= assocEnding {
 		a.mu.Unlock() // (recorded: the end tells the watcher)
 		return nil
@@ -503,7 +395,7 @@ func (a *assoc) unwatch(target, watcher *handle) {
 	var scratch [watchScratch]byte
 	body := appendWatch(scratch[:0], frameUnwatch, watchBody{path: target.key.path, uuid: target.key.uuid, watcher: watcher.key.path})
 	a = a.lockTarget()
-	delete(a.watches, watchPair{target.key, watcher})
+	delete(a.reqs.watches, watchPair{target.key, watcher})
 	if a.life.state >= assocEnding {
 		a.mu.Unlock()
 		return
@@ -519,7 +411,7 @@ const watchScratch = 192
 // session they were placed in.
 func (a *assoc) dropWatchedBy(ws map[inWatch]*handle) {
 	for w, target := range ws {
-		target.local.sysPush(sysMsg{kind: sysUnwatch, ref: &handle{node: a.n, key: refKey{node: a.peerUID, path: w.watcher}, assoc: a}})
+		target.local.sysPush(sysMsg{kind: sysUnwatch, ref: &handle{node: a.n, key: refKey{node: a.peer.uid, path: w.watcher}, assoc: a}})
 	}
 }
 
@@ -529,7 +421,7 @@ func (a *assoc) signal(h *handle, m sysMsg) {
 		return
 	}
 	t := a.lockTarget() // the session that holds the peer's watches now
-	t.watchedBy.remove(inWatch{m.key.path, m.key.uuid, h.key.path})
+	t.reqs.watchedBy.remove(inWatch{m.key.path, m.key.uuid, h.key.path})
 	t.mu.Unlock()
 	ask := strings.HasPrefix(h.key.path, "/temp/")
 	if m.reason == ErrNodeClosed && a.n.lc.isClosed() && !ask {

@@ -123,16 +123,16 @@ func (a *assoc) decodeHeld(b []byte) (string, any) {
 		return "", nil
 	}
 	path := th.path
-	if !th.targetInline && th.target > 0 && th.target <= uint64(len(a.outTargetKeys)) {
-		path = a.outTargetKeys[th.target-1].path
+	if !th.targetInline && th.target > 0 && th.target <= uint64(len(a.enc.targetKeys)) {
+		path = a.enc.targetKeys[th.target-1].path
 	}
 	target := FormatRef(a.addr(), path)
 	var mt *msgType
 	switch {
 	case th.typInline:
 		mt = typeByKey(th.key)
-	case th.typ > 0 && th.typ <= uint64(len(a.outTypeList)):
-		mt = a.outTypeList[th.typ-1]
+	case th.typ > 0 && th.typ <= uint64(len(a.enc.typeList)):
+		mt = a.enc.typeList[th.typ-1]
 	}
 	if mt == nil {
 		return target, nil
@@ -165,6 +165,6 @@ func (b heldBinder) bindRef(kind byte, key refKey, addr string) *handle {
 // and the records not yet encoded. Their blocks are left to the garbage
 // collector, not recycled: the writer may still be writing them.
 func (a *assoc) takeHeld() (unacked, out frameChain, queue recQueue) {
-	unacked, out, queue = a.unacked.take(), a.out.take(), a.takeQueue()
+	unacked, out, queue = a.win.unacked.take(), a.out.take(), a.takeQueue()
 	return
 }

@@ -31,6 +31,41 @@ const brokenWriteDrain = 250 * time.Millisecond
 // without vectored writes).
 const prioKeep = 1 << 20
 
+// assocWriter is what an association's writer goroutine keeps between
+// writes, and only it reads or writes (a connection resuming a session
+// starts its ackSent from the old one's, before its writer starts).
+type assocWriter struct {
+	iov     net.Buffers   // the buffers of one write
+	bufs    [][]byte      // the blocks it writes
+	prio    []byte        // its heartbeat and acknowledgement
+	ackSent uint64        // the last acknowledgement written
+	spent   []*frameBlock // blocks a write copied, to recycle after it
+	wiov    net.Buffers   // what WriteTo consumes
+}
+
+// sendWindow is what an association has written and the peer has not yet
+// acknowledged, guarded by the association's lock (mu): the writer adds
+// to it, the reader's acknowledgements free it, a resuming connection
+// takes it over.
+type sendWindow struct {
+	// unacked holds the frames written and not yet acknowledged by the
+	// peer, in order (unackedSeq counts the sequenced ones), and acked
+	// counts those acknowledged. While the writer writes (writing), blocks
+	// an acknowledgement frees wait in freed.
+	unacked frameChain
+	acked   uint64
+	writing bool
+	freed   []*frameBlock
+	// stalled: the writer stopped with UnackedLimit bytes unacknowledged;
+	// ackMoved is when the peer's acknowledgements last moved (or
+	// something became outstanding).
+	stalled  bool
+	ackMoved time.Time
+	// writeDeadline is the connection's write deadline, moved ahead as the
+	// writer writes.
+	writeDeadline time.Time
+}
+
 // writeLoop is the association's only writer: it takes what the senders
 // encoded, a part at a time, records it as unacknowledged and writes it
 // with one call. It never has more than Config.UnackedLimit bytes
@@ -40,10 +75,10 @@ const prioKeep = 1 << 20
 func (a *assoc) writeLoop() {
 	defer close(a.writerDone)
 	var first net.Buffers
-	if a.resumed {
-		first = append(first, appendWhole(nil, appendResume(nil, a.resumeRcv)))
+	if a.open.resume {
+		first = append(first, appendWhole(nil, appendResume(nil, a.open.resumeRcv)))
 	}
-	if tok := a.n.gate.tokenFor(a.peerUID); a.sendToken && tok != nil {
+	if tok := a.n.gate.tokenFor(a.peer.uid); a.open.sendToken && tok != nil {
 		// This node's session token for the peer (after a resume frame,
 		// which goes first): see token.go.
 		first = append(first, appendWhole(nil, appendToken(nil, tok)))
@@ -95,16 +130,16 @@ func (a *assoc) writeRound(vectored bool, window int) bool {
 	}
 	var out frameChain
 	var spent []*frameBlock
-	bufs := a.bufs[:0]
+	bufs := a.wr.bufs[:0]
 	if !a.life.holdQueue {
-		if !a.resumable {
+		if !a.peer.resumable {
 			// Frames that are not sequenced need no acknowledgement:
 			// those at the front go, so they never hold the window.
 			a.release(0)
 		}
-		if window > 0 && a.unacked.bytes >= window {
-			if !a.stalled {
-				a.stalled = true
+		if window > 0 && a.win.unacked.bytes >= window {
+			if !a.win.stalled {
+				a.win.stalled = true
 				a.beat.Store(true) // ask for an acknowledgement now
 			}
 		} else {
@@ -114,7 +149,7 @@ func (a *assoc) writeRound(vectored bool, window int) bool {
 			// room for (give or take a block: see takePrefix).
 			part := writeChunk
 			if window > 0 {
-				part = min(part, window-a.unacked.bytes)
+				part = min(part, window-a.win.unacked.bytes)
 			}
 			out = a.out.takePrefix(part)
 			if a.out.frames > 0 {
@@ -123,34 +158,34 @@ func (a *assoc) writeRound(vectored bool, window int) bool {
 		}
 		bufs = out.buffers(bufs) // before keepUnacked relinks the blocks
 		spent = a.keepUnacked(&out)
-		a.writing = out.frames > 0
+		a.win.writing = out.frames > 0
 	}
 	draining := a.life.state == assocLeaving || a.life.state == assocRetiring
-	a.prio = a.writePriority(a.prio[:0])
-	if len(a.prio) > 0 || len(bufs) > 0 {
+	a.wr.prio = a.writePriority(a.wr.prio[:0])
+	if len(a.wr.prio) > 0 || len(bufs) > 0 {
 		a.extendWriteDeadline(now)
 	}
 	a.mu.Unlock()
-	iov := a.iov[:0]
+	iov := a.wr.iov[:0]
 	if !vectored {
 		for _, b := range bufs {
-			a.prio = append(a.prio, b...)
+			a.wr.prio = append(a.wr.prio, b...)
 		}
 		bufs = bufs[:0]
 	}
-	if len(a.prio) > 0 {
-		iov = append(iov, a.prio)
+	if len(a.wr.prio) > 0 {
+		iov = append(iov, a.wr.prio)
 	}
 	iov = append(iov, bufs...)
 	ok := len(iov) == 0 || a.write(iov)
 	if ok {
-		a.tellsOut.Add(uint64(out.tells))
+		a.traffic.tellsOut.Add(uint64(out.tells))
 	}
 	clear(iov)
 	clear(bufs)
-	a.iov, a.bufs = iov[:0], bufs[:0]
-	if cap(a.prio) > prioKeep {
-		a.prio = nil
+	a.wr.iov, a.wr.bufs = iov[:0], bufs[:0]
+	if cap(a.wr.prio) > prioKeep {
+		a.wr.prio = nil
 	}
 	a.doneWriting(out.frames > 0, spent)
 	if !ok {
@@ -183,8 +218,8 @@ func (a *assoc) writeRound(vectored bool, window int) bool {
 // once a tenth of it has passed, so a busy writer seldom touches it.
 func (a *assoc) extendWriteDeadline(now time.Time) {
 	window := a.n.cfg.UnreachableAfter
-	if next := now.Add(window); next.Sub(a.writeDeadline) > window/10 {
-		a.writeDeadline = next
+	if next := now.Add(window); next.Sub(a.win.writeDeadline) > window/10 {
+		a.win.writeDeadline = next
 		a.conn.SetWriteDeadline(next)
 	}
 }
@@ -230,7 +265,7 @@ func (a *assoc) encodeQueued() []failedRec {
 		// end, a merge) reports it, and its encoding is dropped here.
 		r, gen := *a.queue.peek(), a.qgen
 		if r.h != nil && r.pb == nil {
-			peer := a.peerUID
+			peer := a.peer.uid
 			a.mu.Unlock()
 			pb, err := encodeFor(peer, r.mt, r.msg)
 			a.mu.Lock()
@@ -301,10 +336,10 @@ func (a *assoc) keepUnacked(out *frameChain) []*frameBlock {
 		return nil
 	}
 	if a.unackedSeq() == 0 {
-		a.ackMoved = time.Now() // something is outstanding from now on
+		a.win.ackMoved = time.Now() // something is outstanding from now on
 	}
-	spent := a.spent[:0]
-	u := &a.unacked
+	spent := a.wr.spent[:0]
+	u := &a.win.unacked
 	off := out.off
 	for b := out.head; b != nil; {
 		next := b.next
@@ -336,15 +371,15 @@ func (a *assoc) doneWriting(wrote bool, spent []*frameBlock) {
 	}
 	if cap(spent) > 0 { // (a round that wrote no frame had none)
 		clear(spent)
-		a.spent = spent[:0]
+		a.wr.spent = spent[:0]
 	}
 	if !wrote {
 		return
 	}
 	a.mu.Lock()
-	a.writing = false
-	freed := a.freed
-	a.freed = nil
+	a.win.writing = false
+	freed := a.win.freed
+	a.win.freed = nil
 	a.mu.Unlock()
 	for _, b := range freed {
 		recycle(b)
@@ -367,8 +402,8 @@ func (a *assoc) writePriority(buf []byte) []byte {
 	if a.beat.Swap(false) {
 		buf = appendWhole(buf, appendHeartbeat(body[:0]))
 	}
-	if v := a.ackTo.Load(); v != a.ackSent {
-		a.ackSent = v
+	if v := a.ackTo.Load(); v != a.wr.ackSent {
+		a.wr.ackSent = v
 		buf = appendWhole(buf, appendAck(body[:0], v))
 	}
 	return buf
@@ -393,11 +428,11 @@ func (a *assoc) write(iov net.Buffers) bool {
 		k, err = a.conn.Write(iov[0]) // (WriteTo would use writev for one buffer too)
 		n = int64(k)
 	default:
-		a.wiov = iov // (WriteTo takes a pointer: a field does not escape each call)
-		n, err = a.wiov.WriteTo(a.conn)
-		a.wiov = nil
+		a.wr.wiov = iov // (WriteTo takes a pointer: a field does not escape each call)
+		n, err = a.wr.wiov.WriteTo(a.conn)
+		a.wr.wiov = nil
 	}
-	a.written.Add(uint64(n))
+	a.traffic.written.Add(uint64(n))
 	if err == nil {
 		return true
 	}
@@ -416,7 +451,7 @@ func (a *assoc) write(iov net.Buffers) bool {
 		closeHard(a.conn)
 		return false
 	}
-	if a.resumable {
+	if a.peer.resumable {
 		// A broken connection. The reader finds it broken too, and
 		// suspends the session, once it has read what did arrive —
 		// perhaps the peer's goodbye, which closing the connection here
@@ -446,7 +481,7 @@ func (a *assoc) writeSlices(iov net.Buffers) (int64, error) {
 				a.extendWriteDeadline(now)
 				// A frame is acknowledged only once all of it arrived:
 				// a slice the link took is progress too.
-				a.ackMoved = time.Now()
+				a.win.ackMoved = time.Now()
 			}
 			a.mu.Unlock()
 			m, err := a.conn.Write(b[:k])
@@ -471,23 +506,23 @@ func (a *assoc) onAck(b []byte) error {
 	if a.life.state == assocClosed {
 		return nil // the session ended; its unacknowledged messages are reported
 	}
-	if count <= a.acked {
+	if count <= a.win.acked {
 		return nil // nothing new (an acknowledgement may repeat what a resume said)
 	}
-	if count-a.acked > uint64(a.unackedSeq()) {
+	if count-a.win.acked > uint64(a.unackedSeq()) {
 		if a.life.mergedInto != nil {
 			return nil
 		}
-		return fmt.Errorf("%w: acknowledgement of %d frames, %d were sent", ErrMalformed, count, a.acked+uint64(a.unackedSeq()))
+		return fmt.Errorf("%w: acknowledgement of %d frames, %d were sent", ErrMalformed, count, a.win.acked+uint64(a.unackedSeq()))
 	}
-	a.release(int(count - a.acked))
-	a.acked = count
-	a.ackMoved = time.Now()
+	a.release(int(count - a.win.acked))
+	a.win.acked = count
+	a.win.ackMoved = time.Now()
 	if a.unackedSeq() == 0 && a.life.byeOnAck {
 		a.notify() // the writer may say bye now
 	}
-	if a.stalled && a.unacked.bytes < a.n.cfg.UnackedLimit {
-		a.stalled = false
+	if a.win.stalled && a.win.unacked.bytes < a.n.cfg.UnackedLimit {
+		a.win.stalled = false
 		a.notify() // the window is open again
 	}
 	if a.room != nil && !a.full() {
@@ -499,17 +534,17 @@ func (a *assoc) onAck(b []byte) error {
 // unackedSeq counts the sequenced frames in unacked: its tells, or every
 // frame of a resumable session (mu held).
 func (a *assoc) unackedSeq() int {
-	if a.resumable {
-		return a.unacked.frames
+	if a.peer.resumable {
+		return a.win.unacked.frames
 	}
-	return a.unacked.tells
+	return a.win.unacked.tells
 }
 
 // release drops the first k sequenced frames from unacked, with the
 // frames that are not sequenced before and among them (mu held).
 func (a *assoc) release(k int) {
-	a.unacked.drop(func(kind frameKind) bool {
-		if !a.resumable && !kind.isTell() {
+	a.win.unacked.drop(func(kind frameKind) bool {
+		if !a.peer.resumable && !kind.isTell() {
 			return true
 		}
 		if k == 0 {
@@ -523,8 +558,8 @@ func (a *assoc) release(k int) {
 // free recycles a block an acknowledgement emptied, or keeps it for the
 // writer to recycle if a write may still be reading it (mu held).
 func (a *assoc) free(b *frameBlock) {
-	if a.writing {
-		a.freed = append(a.freed, b)
+	if a.win.writing {
+		a.win.freed = append(a.win.freed, b)
 		return
 	}
 	recycle(b)
@@ -570,13 +605,13 @@ func (a *assoc) frameFailed(kind frameKind, err error) {
 // is small enough for the collector to halve (TestAnIdleAssociationIsCheap).
 func (a *assoc) readLoop(fr *frameReader) {
 	for {
-		if len(a.batch) > 0 && !fr.complete() {
+		if len(a.rd.batch) > 0 && !fr.complete() {
 			a.flushBatch() // before waiting for the connection
 		}
-		if fr.quiet() && (cap(a.batch) > keepBatch || cap(a.arena) > keepArena) {
+		if fr.quiet() && (cap(a.rd.batch) > keepBatch || cap(a.rd.arena) > keepArena) {
 			// About to wait on a link gone quiet: what a burst grew goes
 			// (the batch is empty: a quiet reader holds no whole frame).
-			a.batch, a.arena = nil, nil
+			a.rd.batch, a.rd.arena = nil, nil
 		}
 		fr.await()
 		body, err := fr.next()
@@ -590,7 +625,7 @@ func (a *assoc) readLoop(fr *frameReader) {
 			// its goodbye goes out is neither delivered nor acknowledged.
 			continue
 		}
-		if !kind.isTell() && len(a.batch) > 0 {
+		if !kind.isTell() && len(a.rd.batch) > 0 {
 			a.flushBatch()
 		}
 		done, err := a.handleFrame(kind, body[1:])
@@ -601,17 +636,17 @@ func (a *assoc) readLoop(fr *frameReader) {
 		if done {
 			return
 		}
-		a.ackBytes += len(body)
-		if a.rcvTells != a.ackQueued {
+		a.rd.ackBytes += len(body)
+		if a.rd.rcvTells != a.rd.ackQueued {
 			// About to wait for more, or a steady stream: confirm what
 			// arrived. The acknowledgement rides on the next frame this
 			// node writes (a reply, at the latest the next heartbeat);
 			// every ackEvery frames or ackBytes bytes it wakes the writer
 			// for it alone, so that the sender's window keeps moving.
-			now := a.rcvTells-a.ackQueued >= ackEvery || a.ackBytes >= ackBytes
+			now := a.rd.rcvTells-a.rd.ackQueued >= ackEvery || a.rd.ackBytes >= ackBytes
 			if now || fr.buffered() == 0 {
-				a.ackTo.Store(a.rcvTells)
-				a.ackQueued, a.ackBytes = a.rcvTells, 0
+				a.ackTo.Store(a.rd.rcvTells)
+				a.rd.ackQueued, a.rd.ackBytes = a.rd.rcvTells, 0
 				if now {
 					a.notify()
 				}

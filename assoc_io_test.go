@@ -19,9 +19,9 @@ func TestLateAckAfterTheSessionEnded(t *testing.T) {
 	a := newAssoc(n, false, Addr{})
 	a.life.state = assocUp
 	for range 2 {
-		b := a.unacked.room(64)
+		b := a.win.unacked.room(64)
 		b = appendWhole(b, appendTellHeader(nil, &tellHeader{target: 1, typ: 1}))
-		a.unacked.commit(b, true)
+		a.win.unacked.commit(b, true)
 	}
 	a.onAck([]byte{1})
 	a.fail(ErrNodeClosed)
@@ -127,7 +127,7 @@ func TestTheWindowBoundsWhatIsUnacknowledged(t *testing.T) {
 		a = victim.peers.byUID[uid]
 		return a != nil
 	})
-	ref := Ref[string]{h: &handle{node: victim, key: refKey{node: a.peerUID, path: "/user/sink", uuid: UUID{1}}, assoc: a}}
+	ref := Ref[string]{h: &handle{node: victim, key: refKey{node: a.peer.uid, path: "/user/sink", uuid: UUID{1}}, assoc: a}}
 	payload := strings.Repeat("x", 1000)
 	start := time.Now()
 	for i := 0; ; i++ {
@@ -144,7 +144,7 @@ func TestTheWindowBoundsWhatIsUnacknowledged(t *testing.T) {
 		}
 		ref.Tell(payload)
 		a.mu.Lock()
-		held := a.unacked.bytes
+		held := a.win.unacked.bytes
 		a.mu.Unlock()
 		if held > cfg.UnackedLimit+blockSize {
 			t.Fatalf("%d bytes kept unacknowledged, the window is %d (plus one block)", held, cfg.UnackedLimit)

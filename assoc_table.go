@@ -39,6 +39,30 @@ type peerTable struct {
 	quarantine quarantineTable
 }
 
+// tableEntry is what the peer table keeps of one association, under the
+// table's lock (peers.mu).
+type tableEntry struct {
+	// proven are the addresses this node dialed and found this peer at:
+	// this session's, and those of duplicates merged into it.
+	proven []Addr
+	// resumes is the suspended session this connection takes over, set
+	// by attach before the merge.
+	resumes *assoc
+	// binding: an outbound association made for a ref read from a
+	// message, not yet dialed: counted in peers.bindings, not
+	// peers.outbound.
+	binding bool
+	// bound counts the refs bound to this binding that are still
+	// reachable: at zero, undialed and not pinned, it is forgotten
+	// (releaseBinding). pinned: this node's own use found it.
+	bound  int
+	pinned bool
+	// refsOf is the peer whose refs made this binding; dialFor is that
+	// peer once the binding dials, counted in peers.refDials until the
+	// association ends. Zero for this node's own dials.
+	refsOf, dialFor NodeUID
+}
+
 // assocFor returns the association to use for addr, starting a dial if
 // there is none. Messages may be queued on it at once.
 func (pt *peerTable) assocFor(addr Addr) (*assoc, error) {
@@ -86,9 +110,9 @@ func (pt *peerTable) assocHeld(addr Addr, wait bool, from NodeUID) (_ *assoc, he
 	if a := pt.byAddr[addr]; a != nil {
 		if wait {
 			pt.ownDial(a)
-			a.pinned = true
-		} else if a.binding {
-			a.bound++
+			a.tab.pinned = true
+		} else if a.tab.binding {
+			a.tab.bound++
 			held = true
 		}
 		return a, held, nil
@@ -104,7 +128,7 @@ func (pt *peerTable) assocHeld(addr Addr, wait bool, from NodeUID) (_ *assoc, he
 			return nil, false, fmt.Errorf("%s: %w: %d refs to nodes never dialed (Config.MaxOutboundConns)", addr, ErrTooManyConns, pt.bindings)
 		}
 		a := newAssoc(pt.n, true, addr)
-		a.binding, a.refsOf, a.bound = true, from, 1
+		a.tab.binding, a.tab.refsOf, a.tab.bound = true, from, 1
 		pt.bindings++
 		pt.byAddr[addr] = a
 		pt.all[a] = struct{}{}
@@ -114,7 +138,7 @@ func (pt *peerTable) assocHeld(addr Addr, wait bool, from NodeUID) (_ *assoc, he
 		return nil, false, fmt.Errorf("%s: %w: %d outbound associations (Config.MaxOutboundConns)", addr, ErrTooManyConns, pt.outbound)
 	}
 	a := newAssoc(pt.n, true, addr)
-	a.pinned = true
+	a.tab.pinned = true
 	pt.outbound++
 	pt.byAddr[addr] = a
 	pt.all[a] = struct{}{}
@@ -133,13 +157,13 @@ func (a *assoc) use() {
 func (pt *peerTable) untable(a *assoc) {
 	pt.mu.Lock()
 	defer pt.mu.Unlock()
-	if pt.byUID[a.peerUID] == a {
-		delete(pt.byUID, a.peerUID)
+	if pt.byUID[a.peer.uid] == a {
+		delete(pt.byUID, a.peer.uid)
 	}
 	if a.outbound && pt.byAddr[a.dialAddr] == a {
 		delete(pt.byAddr, a.dialAddr)
 	}
-	for _, ad := range a.peerAddrs {
+	for _, ad := range a.peer.addrs {
 		if pt.byAddr[ad] == a {
 			delete(pt.byAddr, ad)
 		}
@@ -151,17 +175,17 @@ func (pt *peerTable) forgetAssoc(a *assoc) {
 	if _, ok := pt.all[a]; ok {
 		delete(pt.all, a)
 		switch {
-		case a.binding:
+		case a.tab.binding:
 			pt.bindings--
 		case a.outbound:
 			pt.outbound--
 		}
-		if p := a.dialFor; p != (NodeUID{}) {
+		if p := a.tab.dialFor; p != (NodeUID{}) {
 			// A session that merged into another with the same peer (a
 			// resume, a simultaneous dial): the charge moves to it.
 			w := a.mergedTo.Load()
-			if _, live := pt.all[w]; w != nil && live && w.dialFor == (NodeUID{}) {
-				w.dialFor, a.dialFor = p, NodeUID{}
+			if _, live := pt.all[w]; w != nil && live && w.tab.dialFor == (NodeUID{}) {
+				w.tab.dialFor, a.tab.dialFor = p, NodeUID{}
 			}
 		}
 		pt.ownDial(a)
@@ -175,7 +199,7 @@ func (pt *peerTable) forgetAssoc(a *assoc) {
 func (pt *peerTable) releaseBinding(a *assoc) {
 	pt.mu.Lock()
 	defer pt.mu.Unlock()
-	if a.bound--; a.bound > 0 || !a.binding || a.pinned {
+	if a.tab.bound--; a.tab.bound > 0 || !a.tab.binding || a.tab.pinned {
 		return
 	}
 	if _, live := pt.all[a]; !live {
@@ -190,9 +214,9 @@ func (pt *peerTable) releaseBinding(a *assoc) {
 // ownDial makes a this node's own association, no longer charged to the
 // peer whose refs made it (peers.mu held).
 func (pt *peerTable) ownDial(a *assoc) {
-	a.refsOf = NodeUID{}
-	if p := a.dialFor; p != (NodeUID{}) {
-		a.dialFor = NodeUID{}
+	a.tab.refsOf = NodeUID{}
+	if p := a.tab.dialFor; p != (NodeUID{}) {
+		a.tab.dialFor = NodeUID{}
 		if pt.refDials[p]--; pt.refDials[p] <= 0 {
 			delete(pt.refDials, p)
 		}
@@ -203,7 +227,7 @@ func (pt *peerTable) ownDial(a *assoc) {
 // refs made it; an error when that peer's refs hold their bound (peers.mu
 // held).
 func (pt *peerTable) chargeRefDial(a *assoc) error {
-	p := a.refsOf
+	p := a.tab.refsOf
 	if p == (NodeUID{}) {
 		return nil
 	}
@@ -214,7 +238,7 @@ func (pt *peerTable) chargeRefDial(a *assoc) error {
 		pt.refDials = make(map[NodeUID]int)
 	}
 	pt.refDials[p]++
-	a.dialFor = p
+	a.tab.dialFor = p
 	return nil
 }
 
@@ -232,7 +256,7 @@ func (pt *peerTable) bytesWritten() uint64 {
 	defer pt.mu.Unlock()
 	var sum uint64
 	for a := range pt.all {
-		sum += a.written.Load()
+		sum += a.traffic.written.Load()
 	}
 	return sum
 }

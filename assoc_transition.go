@@ -48,14 +48,14 @@ func (a *assoc) transition(ev lifeEvent) bool {
 // stepLocked steps the session by ev and takes into tk what the effects
 // need (mu held); the caller carries them out once it has unlocked.
 func (a *assoc) stepLocked(ev lifeEvent, tk *taken) (effect, bool) {
-	if ev.kind == evEnded && a.observer {
+	if ev.kind == evEnded && a.peer.observer {
 		// An observer's session ends quietly, whatever ended it, on both
 		// ends: the observer does not quarantine what it inspects either
 		// (it dials again on its next call).
 		ev.closing = true
 	}
 	next, eff, ok := a.life.step(ev)
-	tk.from, tk.conn, tk.observer = a.life, a.conn, a.observer
+	tk.from, tk.conn, tk.observer = a.life, a.conn, a.peer.observer
 	a.life = next
 	if eff&effWake != 0 {
 		a.wakeSenders()
@@ -68,7 +68,7 @@ func (a *assoc) stepLocked(ev lifeEvent, tk *taken) (effect, bool) {
 		a.conn.SetWriteDeadline(time.Now().Add(byeGrace))
 	}
 	if eff&effFailPending != 0 {
-		tk.pending, a.pending = a.pending, map[pendingAsk]struct{}{}
+		tk.pending, a.reqs.asks = a.reqs.asks, map[pendingAsk]struct{}{}
 	}
 	if eff&effDropQueued != 0 {
 		tk.queue, tk.out = a.takeQueue(), a.out.take()
@@ -80,20 +80,20 @@ func (a *assoc) stepLocked(ev lifeEvent, tk *taken) (effect, bool) {
 		} else {
 			tk.queue = a.takeQueue()
 		}
-		tk.pending, tk.watches, tk.resolves, tk.watchedBy = a.pending, a.watches, a.resolves, a.watchedBy.take()
-		a.pending, a.watches, a.resolves = map[pendingAsk]struct{}{}, map[watchPair]struct{}{}, map[uint64]chan resolveAnswer{}
+		tk.pending, tk.watches, tk.resolves, tk.watchedBy = a.reqs.asks, a.reqs.watches, a.reqs.resolves, a.reqs.watchedBy.take()
+		a.reqs.asks, a.reqs.watches, a.reqs.resolves = map[pendingAsk]struct{}{}, map[watchPair]struct{}{}, map[uint64]chan resolveAnswer{}
 		a.mergedTo.Store(next.mergedInto)
 	}
 	if eff&effHeldLost != 0 {
-		tk.unacked, tk.out = a.unacked.take(), a.out.take() // (the queue was handed over)
+		tk.unacked, tk.out = a.win.unacked.take(), a.out.take() // (the queue was handed over)
 	}
 	if eff&(effEnd|effRetiredEnd) != 0 {
 		tk.unacked, tk.out, tk.queue = a.takeHeld()
 	}
 	if eff&effEnd != 0 {
 		tk.err = next.err
-		tk.pending, tk.resolves, tk.watches, tk.watchedBy = a.pending, a.resolves, a.watches, a.watchedBy.take()
-		a.pending, a.resolves, a.watches = nil, nil, nil
+		tk.pending, tk.resolves, tk.watches, tk.watchedBy = a.reqs.asks, a.reqs.resolves, a.reqs.watches, a.reqs.watchedBy.take()
+		a.reqs.asks, a.reqs.resolves, a.reqs.watches = nil, nil, nil
 	}
 	return eff, ok
 }
@@ -148,7 +148,7 @@ func (a *assoc) carryOut(eff effect, tk *taken) {
 	if eff&effResumed != 0 {
 		a.n.log.Info("troupe: session with peer resumed", "peer", a.label(), "down", tk.down, "resent", tk.resent)
 		a.n.totals.linksResumed.Add(1)
-		a.n.events.emit(PeerResumed{Addr: a.addr(), UID: a.peerUID, Name: a.peerName, Resent: tk.resent, Down: tk.down})
+		a.n.events.emit(PeerResumed{Addr: a.addr(), UID: a.peer.uid, Name: a.peer.name, Resent: tk.resent, Down: tk.down})
 	}
 }
 
@@ -198,9 +198,9 @@ func (a *assoc) carryOutEnd(eff effect, tk *taken) {
 	quarantine := eff&effQuarantine != 0 && !a.exemptFromQuarantine() // (it takes the peer-table lock)
 	if quarantine {
 		a.n.peers.addQuarantine(a, err)
-		reason = &quarantineError{peer: a.label(), uid: a.peerUID, cause: err}
+		reason = &quarantineError{peer: a.label(), uid: a.peer.uid, cause: err}
 		a.transition(lifeEvent{kind: evQuarantined, cause: reason})
-		a.n.log.Warn("troupe: peer unreachable; quarantined until ClearQuarantine", "peer", a.label(), "uid", a.peerUID.String(), "cause", err)
+		a.n.log.Warn("troupe: peer unreachable; quarantined until ClearQuarantine", "peer", a.label(), "uid", a.peer.uid.String(), "cause", err)
 	}
 	if tk.conn != nil {
 		tk.conn.Close()
@@ -213,7 +213,7 @@ func (a *assoc) carryOutEnd(eff effect, tk *taken) {
 		} else {
 			a.n.totals.peersGivenUp.Add(1) // (quarantined, unless a cluster member or a registrar)
 		}
-		a.n.events.emit(PeerUnreachable{Addr: a.addr(), UID: a.peerUID, Name: a.peerName, Quarantined: quarantine, Reason: reason, LastHeard: a.lastHeard()})
+		a.n.events.emit(PeerUnreachable{Addr: a.addr(), UID: a.peer.uid, Name: a.peer.name, Quarantined: quarantine, Reason: reason, LastHeard: a.lastHeard()})
 	}
 	a.deadLettersOf(&tk.unacked, serr, true)
 	a.deadLettersOf(&tk.out, serr, false)
@@ -245,7 +245,7 @@ func (a *assoc) mergeInto(w *assoc) {
 		return
 	}
 	t := w.lockTarget() // lock order: a, then the winner
-	ev := lifeEvent{kind: evLostMerge, winner: w, gone: t.life.state >= assocLeaving, resuming: t.resumes == a}
+	ev := lifeEvent{kind: evLostMerge, winner: w, gone: t.life.state >= assocLeaving, resuming: t.tab.resumes == a}
 	var tk taken
 	eff, _ := a.stepLocked(ev, &tk)
 	tk.winner = t
@@ -257,14 +257,14 @@ func (a *assoc) mergeInto(w *assoc) {
 			t.queue.appendQueue(tk.queue)
 		}
 		for p := range tk.pending {
-			t.pending[p] = struct{}{}
+			t.reqs.asks[p] = struct{}{}
 		}
 		for k, ch := range tk.resolves {
-			t.resolves[k] = ch
+			t.reqs.resolves[k] = ch
 		}
-		t.watchedBy.merge(tk.watchedBy)
+		t.reqs.watchedBy.merge(tk.watchedBy)
 		for p := range tk.watches {
-			t.watches[p] = struct{}{}
+			t.reqs.watches[p] = struct{}{}
 		}
 	}
 	t.mu.Unlock()
@@ -293,8 +293,8 @@ func (a *assoc) carryOutMerge(eff effect, tk *taken) {
 	if a.outbound && a.n.peers.byAddr[a.dialAddr] == a {
 		a.n.peers.byAddr[a.dialAddr] = w
 	}
-	if a.outbound && !slices.Contains(w.proven, a.dialAddr) {
-		w.proven = append(w.proven, a.dialAddr)
+	if a.outbound && !slices.Contains(w.tab.proven, a.dialAddr) {
+		w.tab.proven = append(w.tab.proven, a.dialAddr)
 	}
 	a.n.peers.mu.Unlock()
 	a.n.peers.untable(a)

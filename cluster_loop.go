@@ -203,7 +203,7 @@ func memberRef[T any](n *Node, addr Addr, path string) (Ref[T], bool) {
 	up := t.life.state == assocUp
 	var peer NodeUID
 	if up {
-		peer = t.peerUID // written by the handshake before it set the state, under mu
+		peer = t.peer.uid // written by the handshake before it set the state, under mu
 	}
 	t.mu.Unlock()
 	if !up {

@@ -666,7 +666,7 @@ func assocDump(n *Node) string {
 		fmt.Fprintf(&b, "\n      %s", e.what)
 		if e.a != nil {
 			t := e.a.lockTarget()
-			fmt.Fprintf(&b, " -> %p (%p) peer=%v state=%v err=%v", e.a, t, t.peerUID, t.life.state, t.life.err)
+			fmt.Fprintf(&b, " -> %p (%p) peer=%v state=%v err=%v", e.a, t, t.peer.uid, t.life.state, t.life.err)
 			t.mu.Unlock()
 		}
 	}

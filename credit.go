@@ -42,6 +42,15 @@ type creditAcct struct {
 	waiting  atomic.Bool  // registered with the target's mailbox for room
 }
 
+// creditDue is a session's list of the accounts whose credit the writer
+// is to consider granting, under a lock of its own: the reader and the
+// mailboxes that make room add to it, the writer takes it.
+type creditDue struct {
+	mu    mutex[lkAssocCredit]
+	accts []*creditAcct
+	has   atomic.Bool // accts is not empty
+}
+
 // mailboxCredit is what this node announces: its MailboxLimit, or 0 for
 // none (no credit is counted).
 func (n *Node) mailboxCredit() int64 { return min(int64(n.cfg.MailboxLimit), maxCredit) }
@@ -79,18 +88,18 @@ func (a *assoc) creditDue(ac *creditAcct) {
 	if !ac.queued.CompareAndSwap(false, true) {
 		return
 	}
-	a.cmu.Lock()
+	a.due.mu.Lock()
 	if now := ac.a.Load(); now != a {
 		// A resume moved the account meanwhile (under a.cmu): queue it
 		// on the session it answers to now.
-		a.cmu.Unlock()
+		a.due.mu.Unlock()
 		ac.queued.Store(false)
 		now.creditDue(ac)
 		return
 	}
-	a.due = append(a.due, ac)
-	a.cmu.Unlock()
-	a.hasDue.Store(true)
+	a.due.accts = append(a.due.accts, ac)
+	a.due.mu.Unlock()
+	a.due.has.Store(true)
 	a.notify()
 }
 
@@ -98,11 +107,11 @@ func (a *assoc) creditDue(ac *creditAcct) {
 // session (both are a resume's, before w's writer starts): what was due
 // is due on w.
 func (a *assoc) moveCredit(w *assoc) {
-	a.cmu.Lock()
-	defer a.cmu.Unlock()
-	a.due = nil
-	for i := range w.inTargets {
-		if ac := w.inTargets[i].acct; ac != nil {
+	a.due.mu.Lock()
+	defer a.due.mu.Unlock()
+	a.due.accts = nil
+	for i := range w.rd.inTargets {
+		if ac := w.rd.inTargets[i].acct; ac != nil {
 			ac.a.Store(w)
 			ac.queued.Store(false)
 			w.creditDue(ac)
@@ -172,13 +181,13 @@ func (ac *creditAcct) wake() {
 // for, as credit frames (writer; mu not held). A target with little room is left registered with its mailbox,
 // which wakes it when it drains.
 func (a *assoc) grantCredits() {
-	if !a.hasDue.Load() || !a.hasDue.Swap(false) {
+	if !a.due.has.Load() || !a.due.has.Swap(false) {
 		return
 	}
-	a.cmu.Lock()
-	due := a.due
-	a.due = nil
-	a.cmu.Unlock()
+	a.due.mu.Lock()
+	due := a.due.accts
+	a.due.accts = nil
+	a.due.mu.Unlock()
 	for _, ac := range due {
 		ac.queued.Store(false)
 		limit := a.n.mailboxCredit()
@@ -213,16 +222,16 @@ func (a *assoc) onCredit(b []byte) error {
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if id > uint64(len(a.outSent)) || n > maxCredit || id == 0 && a.peerMailbox != 0 {
-		return fmt.Errorf("%w: credit of %d for target %d (%d defined)", ErrMalformed, n, id, len(a.outSent))
+	if id > uint64(len(a.enc.sent)) || n > maxCredit || id == 0 && a.enc.peerMailbox != 0 {
+		return fmt.Errorf("%w: credit of %d for target %d (%d defined)", ErrMalformed, n, id, len(a.enc.sent))
 	}
 	if id == 0 {
-		a.peerMailbox = int64(n)
+		a.enc.peerMailbox = int64(n)
 		if n == 0 {
-			a.peerMailbox = -1 // no limit there
+			a.enc.peerMailbox = -1 // no limit there
 		}
 	} else {
-		a.outGranted[id-1] = min(a.outGranted[id-1]+int64(n), 4*maxCredit)
+		a.enc.granted[id-1] = min(a.enc.granted[id-1]+int64(n), 4*maxCredit)
 	}
 	a.wakeCredited()
 	if a.queue.len() > 0 {
@@ -235,13 +244,13 @@ func (a *assoc) onCredit(b []byte) error {
 // be queued (mu held): the peer's limit is not known yet, or h's target
 // has no credit left.
 func (a *assoc) waitsForCredit(h *handle) bool {
-	if !a.credit {
+	if !a.peer.credit {
 		return false
 	}
-	if a.peerMailbox == 0 {
+	if a.enc.peerMailbox == 0 {
 		return a.life.state == assocUp // (before the handshake the peer is not known)
 	}
-	id, ok := a.outTargets[h.key]
+	id, ok := a.enc.targets[h.key]
 	return ok && !a.hasCredit(id)
 }
 
@@ -249,7 +258,7 @@ func (a *assoc) waitsForCredit(h *handle) bool {
 // id (mu held): always, until the peer's limit is known, or when it has
 // none.
 func (a *assoc) hasCredit(id uint32) bool {
-	return a.peerMailbox <= 0 || a.outSent[id-1] < a.peerMailbox+a.outGranted[id-1]
+	return a.enc.peerMailbox <= 0 || a.enc.sent[id-1] < a.enc.peerMailbox+a.enc.granted[id-1]
 }
 
 // creditRoom is the room a mailbox has for credit; with less than half

@@ -33,9 +33,20 @@ func (r *stampReader) Read(p []byte) (int, error) {
 	return n, err
 }
 
+// liveness is what the node's heartbeat goroutine keeps for each
+// association, and only it reads or writes.
+type liveness struct {
+	det      windowDetector
+	lastBeat time.Time
+	// judged: the window decides about this peer (it is no member whose
+	// liveness the cluster judges, or this node flushes); when it becomes
+	// so, the window starts then, not at the last bytes heard.
+	judged bool
+}
+
 // startDetector starts a's window detector as its handshake completes.
 func (a *assoc) startDetector(now time.Time) {
-	a.det = windowDetector{Window: a.n.cfg.UnreachableAfter, Start: now}
+	a.hb.det = windowDetector{Window: a.n.cfg.UnreachableAfter, Start: now}
 }
 
 // heartbeatLoop is the node's one liveness goroutine: every quarter
@@ -77,30 +88,30 @@ func (a *assoc) checkLiveness(now time.Time) {
 		return
 	}
 	if at := a.in.heard.Load(); at != 0 {
-		a.det.Heartbeat(a.n.epoch.Add(time.Duration(at)))
+		a.hb.det.Heartbeat(a.n.epoch.Add(time.Duration(at)))
 	}
 	// A member's liveness is the cluster's to judge, until this node
 	// flushes: then nothing but the window stands between a silent peer
 	// and the end of the shutdown.
 	flushing := a.n.lc.flushBegun()
-	judged := flushing || !a.n.cl.isMember(a.peerUID)
-	if judged && !a.judged {
+	judged := flushing || !a.n.cl.isMember(a.peer.uid)
+	if judged && !a.hb.judged {
 		// A member that exchanged no heartbeats with this node (it
 		// watches other members) was judged by the cluster until now:
 		// its window starts here, not at whatever was last heard.
-		a.det.Start = now
+		a.hb.det.Start = now
 	}
-	a.judged = judged
-	if !a.det.Available(now) && judged {
-		a.declareUnreachable(fmt.Errorf("nothing heard for %v (the limit is %v)", now.Sub(a.det.LastHeard()).Round(time.Millisecond), a.n.cfg.UnreachableAfter))
+	a.hb.judged = judged
+	if !a.hb.det.Available(now) && judged {
+		a.declareUnreachable(fmt.Errorf("nothing heard for %v (the limit is %v)", now.Sub(a.hb.det.LastHeard()).Round(time.Millisecond), a.n.cfg.UnreachableAfter))
 		return
 	}
-	if now.Sub(a.lastBeat) >= a.n.cfg.HeartbeatInterval {
+	if now.Sub(a.hb.lastBeat) >= a.n.cfg.HeartbeatInterval {
 		if stuck := a.ackStuck(now); stuck != nil && judged {
 			a.declareUnreachable(stuck)
 			return
 		}
-		a.lastBeat = now
+		a.hb.lastBeat = now
 		if a.needsBeat() && !flushing { // (a leaving writer sends its queue, then its bye)
 			a.beat.Store(true)
 		}
@@ -137,8 +148,8 @@ func (a *assoc) ackStuck(now time.Time) error {
 	if (a.life.state != assocUp && a.life.state != assocLeaving) || a.unackedSeq() == 0 {
 		return nil
 	}
-	if d := now.Sub(a.ackMoved); d >= a.n.cfg.UnreachableAfter {
-		return fmt.Errorf("%s has acknowledged nothing for %v while %d bytes wait for it (the limit is %v)", a.label(), d.Round(time.Millisecond), a.unacked.bytes, a.n.cfg.UnreachableAfter)
+	if d := now.Sub(a.win.ackMoved); d >= a.n.cfg.UnreachableAfter {
+		return fmt.Errorf("%s has acknowledged nothing for %v while %d bytes wait for it (the limit is %v)", a.label(), d.Round(time.Millisecond), a.win.unacked.bytes, a.n.cfg.UnreachableAfter)
 	}
 	return nil
 }
@@ -148,11 +159,11 @@ func (a *assoc) ackStuck(now time.Time) error {
 // ClusterConfig.MonitoredMembers) — in a large cluster, heartbeats to
 // every member would cost each member bytes in proportion to the cluster.
 func (a *assoc) needsBeat() bool {
-	if !a.n.cl.isMember(a.peerUID) {
+	if !a.n.cl.isMember(a.peer.uid) {
 		return true
 	}
 	w := a.n.cl.beat.Load()
-	return w == nil || (*w)[a.peerUID]
+	return w == nil || (*w)[a.peer.uid]
 }
 
 // declareUnreachable ends an association whose peer went silent. It closes

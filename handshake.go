@@ -14,17 +14,65 @@ import (
 // The handshake of a new connection, in both directions, and the rule that
 // keeps one association per pair of nodes when both dial at once.
 
+// peerInfo is what a connection's handshake learned of the peer and agreed
+// with it. The handshake fills it in (the dialer's nonce and dial number
+// before the hello, the rest from the peer's hello or welcome) and attach
+// stores it in the association whole, under the association's lock, before
+// the association is up; from then on it is read-only.
+type peerInfo struct {
+	uid        NodeUID
+	name       string
+	appVersion string // the peer's Config.AppVersion
+	flags      uint8  // the peer's hello flags
+	addrs      []Addr // as the peer announced them: claims, not proof
+	// resumable: both sides sequence every queued frame, and a broken
+	// connection suspends the session instead of ending it.
+	resumable bool
+	// observer: the peer is an Observer (Config.Observer): it is not
+	// listed, published, resumed or quarantined.
+	observer bool
+	// headers: the peer takes tells with headers; another gets messages
+	// without their headers.
+	headers bool
+	// credit: both sides grant and heed per-actor credit.
+	credit bool
+	// Session tokens (token.go). tokens: the peer speaks them. nonce: the
+	// dialer's nonce in this connection's hello. challenged: the nonce of
+	// the token challenge this node sent as the acceptor, if it sent one.
+	// proof: the peer's proof of its claim (the acceptor's, from its
+	// welcome; the dialer's, answering the challenge).
+	tokens                   bool
+	nonce, challenged, proof []byte
+	// dialNum is the number of the dial that made this connection (hello
+	// extension 5): this node's for an outbound one, the peer's for an
+	// inbound one; 0 when the peer does not order dials by them.
+	dialNum uint64
+	rtt     time.Duration // the handshake's round trip (outbound)
+}
+
+// opening is what attach decided that a connection's writer sends first,
+// set (under both locks that attach holds) before the writer starts.
+type opening struct {
+	// sendToken: this node's session token goes first (the connection
+	// founds the session, or its peer proved it: token.go).
+	sendToken bool
+	// resume: the connection resumes a session, and its first frame is a
+	// resume saying that this side received resumeRcv frames.
+	resume    bool
+	resumeRcv uint64
+}
+
 // runOutbound dials, handshakes and then runs the reader.
 func (a *assoc) runOutbound() {
 	n := a.n
 	n.peers.mu.Lock()
-	if _, live := n.peers.all[a]; a.binding && !live {
+	if _, live := n.peers.all[a]; a.tab.binding && !live {
 		// Forgotten (the node closed, or no ref held it): nothing dials.
 		n.peers.mu.Unlock()
 		a.fail(fmt.Errorf("%s: the binding of a ref was forgotten: %w", a.dialAddr, ErrNodeClosed))
 		return
 	}
-	if _, live := n.peers.all[a]; a.binding && live {
+	if _, live := n.peers.all[a]; a.tab.binding && live {
 		// First use of a ref's binding: from now on it is a dial (one
 		// refused stays a binding, and ends as one).
 		err := n.peers.chargeRefDial(a)
@@ -41,7 +89,7 @@ func (a *assoc) runOutbound() {
 			return
 		}
 		n.peers.bindings--
-		a.binding = false
+		a.tab.binding = false
 		n.peers.outbound++
 	}
 	n.peers.mu.Unlock()
@@ -82,20 +130,19 @@ func (a *assoc) handshakeDialed(c net.Conn) *frameReader {
 	if a.resumeOf != nil {
 		h.flags |= helloResuming
 	}
+	var p peerInfo // what the handshake learns of the peer, for attach
 	if !n.cfg.priorRelease {
-		a.nonce = newNonce()
-		h.session = a.nonce
-		a.dialNum = n.ids.dial.Add(1)
-		h.dial = a.dialNum
+		p.nonce = newNonce()
+		h.session = p.nonce
+		p.dialNum = n.ids.dial.Add(1)
+		h.dial = p.dialNum
 	}
 	body, trips, err := n.gate.dialHandshake(c, fr, h)
 	if at := a.in.heard.Load(); err == nil && at != 0 {
 		// The verdict came back one round trip after the hello, or more
 		// with a secret or a token challenge (each a challenge, then a
 		// proof): an estimate for Stats.
-		a.mu.Lock()
-		a.rtt = max(0, n.epoch.Add(time.Duration(at)).Sub(sentHello)/time.Duration(trips))
-		a.mu.Unlock()
+		p.rtt = max(0, n.epoch.Add(time.Duration(at)).Sub(sentHello)/time.Duration(trips))
 	}
 	if err != nil {
 		a.fail(fmt.Errorf("handshake: %w", err))
@@ -147,7 +194,7 @@ func (a *assoc) handshakeDialed(c net.Conn) *frameReader {
 	}
 	h = w
 	c.SetDeadline(time.Time{})
-	if !n.gate.attach(a, h) {
+	if !n.gate.attach(a, h, p) {
 		return nil
 	}
 	return fr
@@ -242,13 +289,13 @@ func (g *gate) handshakeInbound(c net.Conn, src string) (*assoc, *frameReader) {
 	}
 	a := newAssoc(g.n, false, Addr{})
 	a.conn, a.in = c, in
-	a.nonce = h.session
+	p := peerInfo{nonce: h.session} // what the handshake learns of the peer, for attach
 	if h.session != nil && g.holdsSession(h.uid) {
 		// The hello claims a session this node holds: the dialer proves
 		// it holds its token (checked by attach, against the session it
 		// would take over).
 		var err error
-		if a.challenged, a.proof, err = g.challengeToken(c, fr, h); err != nil {
+		if p.challenged, p.proof, err = g.challengeToken(c, fr, h); err != nil {
 			c.Close()
 			if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) && !errors.Is(err, syscall.ECONNRESET) {
 				g.protocolError(label, "proof", err)
@@ -256,7 +303,7 @@ func (g *gate) handshakeInbound(c net.Conn, src string) (*assoc, *frameReader) {
 			return nil, nil
 		}
 	}
-	if h.flags&helloResuming != 0 && g.mayTakeOver(a, h.uid) {
+	if h.flags&helloResuming != 0 && g.mayTakeOver(&p, h.uid) {
 		// Only once the dialer has authenticated, and proven that it
 		// holds the session's token: a stranger must not be able to break
 		// a live session by claiming its peer's uid.
@@ -265,7 +312,7 @@ func (g *gate) handshakeInbound(c net.Conn, src string) (*assoc, *frameReader) {
 	g.n.peers.mu.Lock()
 	g.n.peers.all[a] = struct{}{}
 	g.n.peers.mu.Unlock()
-	if !g.attach(a, h) {
+	if !g.attach(a, h, p) {
 		return nil, nil
 	}
 	handshaking = false
@@ -308,12 +355,12 @@ func (g *gate) protocolError(remote, kind string, err error) {
 
 // attach is attachConn between the calls of a test's attach hook, if it
 // set one (Config.attachHook).
-func (g *gate) attach(a *assoc, h *hello) bool {
+func (g *gate) attach(a *assoc, h *hello, p peerInfo) bool {
 	if hook := g.n.cfg.attachHook; hook != nil {
 		hook(a, h.uid, false)
 		defer hook(a, h.uid, true)
 	}
-	return g.attachConn(a, h)
+	return g.attachConn(a, h, p)
 }
 
 // attachConn decides whether a connection whose handshake just completed
@@ -322,7 +369,7 @@ func (g *gate) attach(a *assoc, h *hello) bool {
 // both sides; the loser is merged into the winner. For an inbound
 // connection attach also sends the welcome or the rejection. It returns
 // whether the caller should run the connection.
-func (g *gate) attachConn(a *assoc, h *hello) bool {
+func (g *gate) attachConn(a *assoc, h *hello, p peerInfo) bool {
 	a.mu.Lock()
 	merged := a.life.state == assocClosed
 	a.mu.Unlock()
@@ -332,31 +379,13 @@ func (g *gate) attachConn(a *assoc, h *hello) bool {
 		a.conn.Close()
 		return false
 	}
-	a.tokens = h.session != nil && !g.n.cfg.priorRelease
-	if a.outbound && !g.n.cfg.priorRelease {
-		a.proof = h.session // the acceptor's proof of its session token
-	}
-	switch {
-	case !a.outbound:
-		a.dialNum = h.dial
-	case !h.ordered:
-		a.dialNum = 0 // the peer orders this node's dials as they come
-	}
-	if !g.answersResume(a, h) {
+	g.learn(&p, a.outbound, h)
+	if !g.answersResume(a, h, &p) {
 		return false
 	}
-	// Under mu: senders that queue to a (before it is up) read these.
+	// Under mu: senders that queue to a (before it is up) read it.
 	a.mu.Lock()
-	a.peerUID, a.peerName, a.peerFlags, a.peerAppVersion = h.uid, h.name, h.flags, h.appVersion
-	a.resumable = h.flags&helloResumable != 0 && !h.observer && !g.n.cfg.Observer
-	a.observer = h.observer
-	a.peerHeaders = h.headers
-	a.credit = h.flags&helloCredit != 0
-	for _, s := range h.addrs {
-		if ad, err := ParseAddr(s); err == nil {
-			a.peerAddrs = append(a.peerAddrs, ad)
-		}
-	}
+	a.peer = p
 	a.mu.Unlock()
 	g.n.peers.mu.Lock()
 	d := g.decideAttach(a, h)
@@ -376,8 +405,8 @@ func (g *gate) attachConn(a *assoc, h *hello) bool {
 		if resume {
 			w.flags |= helloResuming
 		}
-		if a.tokens {
-			w.session = g.sessionProof(h.uid, a.nonce, d.founds, prev)
+		if a.peer.tokens {
+			w.session = g.sessionProof(h.uid, a.peer.nonce, d.founds, prev)
 		}
 		w.ordered = !g.n.cfg.priorRelease
 		welcome = appendFrame(nil, func(b []byte) []byte { return appendHello(b, frameWelcome, w) })
@@ -402,7 +431,7 @@ func (g *gate) attachConn(a *assoc, h *hello) bool {
 	// (or not) that the same node answers there.
 	if a.outbound {
 		g.n.peers.byAddr[a.dialAddr] = a
-		a.proven = append(a.proven, a.dialAddr)
+		a.tab.proven = append(a.tab.proven, a.dialAddr)
 	}
 	waiting := g.n.peers.awaiting[h.uid]
 	delete(g.n.peers.awaiting, h.uid)
@@ -419,9 +448,9 @@ func (g *gate) attachConn(a *assoc, h *hello) bool {
 	if loser != nil {
 		loser.mergeInto(a)
 	}
-	if !resume && a.resumeOf == nil && !a.observer {
+	if !resume && a.resumeOf == nil && !a.peer.observer {
 		g.n.totals.peersConnected.Add(1)
-		g.n.events.emit(PeerConnected{Addr: a.addr(), UID: a.peerUID, Name: a.peerName})
+		g.n.events.emit(PeerConnected{Addr: a.addr(), UID: a.peer.uid, Name: a.peer.name})
 	}
 	if !a.outbound {
 		g.n.peers.proveClaims(a)
@@ -429,18 +458,44 @@ func (g *gate) attachConn(a *assoc, h *hello) bool {
 	return true
 }
 
+// learn completes p, what the handshake of a connection (outbound or
+// not) learned of the peer, from the peer's hello h (its welcome, for an
+// outbound connection).
+func (g *gate) learn(p *peerInfo, outbound bool, h *hello) {
+	p.tokens = h.session != nil && !g.n.cfg.priorRelease
+	if outbound && !g.n.cfg.priorRelease {
+		p.proof = h.session // the acceptor's proof of its session token
+	}
+	switch {
+	case !outbound:
+		p.dialNum = h.dial
+	case !h.ordered:
+		p.dialNum = 0 // the peer orders this node's dials as they come
+	}
+	p.uid, p.name, p.flags, p.appVersion = h.uid, h.name, h.flags, h.appVersion
+	p.resumable = h.flags&helloResumable != 0 && !h.observer && !g.n.cfg.Observer
+	p.observer = h.observer
+	p.headers = h.headers
+	p.credit = h.flags&helloCredit != 0
+	for _, s := range h.addrs {
+		if ad, err := ParseAddr(s); err == nil {
+			p.addrs = append(p.addrs, ad)
+		}
+	}
+}
+
 // answersResume checks who answered a connection that was to resume a
 // suspended session (a.resumeOf): the same incarnation must prove the
 // session's token; another incarnation, or one that no longer holds the
 // session, ends it. False if the connection is refused.
-func (g *gate) answersResume(a *assoc, h *hello) bool {
-	if r := a.resumeOf; r != nil && h.uid == r.peerUID && h.flags&helloResuming != 0 {
+func (g *gate) answersResume(a *assoc, h *hello, p *peerInfo) bool {
+	if r := a.resumeOf; r != nil && h.uid == r.peer.uid && h.flags&helloResuming != 0 {
 		// (A welcome that does not resume says the peer no longer holds
 		// the session: below.)
 		r.mu.Lock()
 		token := r.peerToken
 		r.mu.Unlock()
-		if token != nil && !g.provesSession(a, h.uid, token) {
+		if token != nil && !g.provesSession(a.outbound, p, h.uid, token) {
 			// Another answers with the uid of the peer whose session
 			// this connection was to resume: the session is not its to
 			// take, nor to end.
@@ -453,18 +508,18 @@ func (g *gate) answersResume(a *assoc, h *hello) bool {
 			return false
 		}
 	}
-	if r := a.resumeOf; r != nil && (h.uid != r.peerUID || h.flags&helloResuming == 0) {
+	if r := a.resumeOf; r != nil && (h.uid != r.peer.uid || h.flags&helloResuming == 0) {
 		// The incarnation the suspended session was with is gone (another
 		// answers), or it no longer holds the session: it ended there.
 		why := "another incarnation answers at " + a.dialAddr.String()
-		if h.uid == r.peerUID {
+		if h.uid == r.peer.uid {
 			why = "the peer no longer holds the session"
 		}
 		r.mu.Lock()
 		cause := r.life.lostCause
 		r.mu.Unlock()
 		r.fail(fmt.Errorf("%v, and %s", cause, why))
-		if h.uid == r.peerUID {
+		if h.uid == r.peer.uid {
 			// The peer holds an accepted session for this connection:
 			// it must not wait for it to come back.
 			sayBye(a.conn, byeRefused, why)
@@ -481,10 +536,10 @@ func (g *gate) answersResume(a *assoc, h *hello) bool {
 // credit.go; a resumed session keeps what it was told), and that this
 // node is shutting down if it is (a peer told twice ignores the second).
 func (a *assoc) firstFrames(resume bool) {
-	if a.credit && !resume && a.resumeOf == nil {
+	if a.peer.credit && !resume && a.resumeOf == nil {
 		a.encodeControl(appendCredit(nil, 0, uint64(a.n.mailboxCredit())), false)
 	}
-	if a.n.lc.refusing.Load() && a.peerFlags&helloDrains != 0 {
+	if a.n.lc.refusing.Load() && a.peer.flags&helloDrains != 0 {
 		a.encodeControl(appendDraining(nil), false)
 	}
 	if a.out.frames > 0 {
@@ -537,7 +592,7 @@ func (g *gate) refuseClaim(a *assoc, d *admission) {
 	switch {
 	case a.outbound:
 		d.reject, d.text, d.impostor = rejectAuth, fmt.Sprintf("%s answers with the uid of a peer this node holds a session with, without proving that it holds the session's token", a.dialAddr), true
-	case a.proof == nil:
+	case a.peer.proof == nil:
 		d.reject, d.text = rejectDuplicate, "the other connection between these nodes wins (this one did not prove that it holds the session's token)"
 	default:
 		d.reject, d.text, d.impostor = rejectAuth, "this connection claims a session it could not prove it holds (a wrong session token)", true
@@ -572,7 +627,7 @@ func (g *gate) decideAttach(a *assoc, h *hello) admission {
 			suspended := ex.life.state == assocSuspended
 			token := ex.peerToken
 			ex.mu.Unlock()
-			if token != nil && g.provesNoSession(a, h.uid, token) {
+			if token != nil && g.provesNoSession(a.outbound, &a.peer, h.uid, token) {
 				// The acceptor proved that it holds no session with this
 				// node: the one held here ended there. A suspended one is
 				// replaced; a live one stays until it is judged. (A
@@ -588,19 +643,19 @@ func (g *gate) decideAttach(a *assoc, h *hello) admission {
 			// A connection that would take the session over must prove
 			// it holds the session's token (token.go); one that offers a
 			// wrong proof is refused whatever it would have become.
-			d.proven = token != nil && g.provesSession(a, h.uid, token)
+			d.proven = token != nil && g.provesSession(a.outbound, &a.peer, h.uid, token)
 			unproven := token != nil && !d.proven
-			if unproven && a.proof != nil {
+			if unproven && a.peer.proof != nil {
 				g.refuseClaim(a, &d)
 				break
 			}
-			if suspended && a.resumable && (a.resumeOf == ex || !a.outbound && h.flags&helloResuming != 0) {
+			if suspended && a.peer.resumable && (a.resumeOf == ex || !a.outbound && h.flags&helloResuming != 0) {
 				if unproven {
 					g.refuseClaim(a, &d)
 					break
 				}
 				d.loser, d.winner, d.resume = ex, a, true
-				a.resumes = ex
+				a.tab.resumes = ex
 				break
 			}
 			if suspended && !a.outbound && h.flags&helloResuming == 0 {
@@ -614,7 +669,7 @@ func (g *gate) decideAttach(a *assoc, h *hello) admission {
 				d.replaced, d.founds = ex, true
 				break
 			}
-			switch chooseDuplicate(dialOf{a.outbound, a.dialNum}, dialOf{ex.outbound, ex.dialNum}, g.n.uid, h.uid) {
+			switch chooseDuplicate(dialOf{a.outbound, a.peer.dialNum}, dialOf{ex.outbound, ex.peer.dialNum}, g.n.uid, h.uid) {
 			case keepFresh:
 				if unproven {
 					g.refuseClaim(a, &d)

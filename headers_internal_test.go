@@ -75,7 +75,7 @@ func TestAPeerWithoutHeadersGetsAPlainTell(t *testing.T) {
 	for _, takes := range []bool{false, true} {
 		a := newAssoc(nil, true, tcpAddr("127.0.0.1:7001"))
 		a.n = &Node{cfg: Config{MaxFrameSize: defaultMaxFrameSize}}
-		a.peerUID, a.peerHeaders = uid, takes
+		a.peer.uid, a.peer.headers = uid, takes
 		if err := a.sendTellHeadersLocked(target, typeOf(reflect.TypeFor[count]()), count{N: 1}, Headers{"trace": "x"}); err != nil {
 			t.Fatal(err)
 		}

@@ -82,7 +82,7 @@ func TestAnImpostorWelcomeWithoutProofDoesNotJoinTheSession(t *testing.T) {
 	held.mu.Unlock()
 	d.peers.mu.Lock()
 	now := d.peers.byUID[server.UID()]
-	proven := now.proven
+	proven := now.tab.proven
 	d.peers.mu.Unlock()
 	t.Logf("held still the session: %v; proven addrs: %v", now == held, proven)
 	if dr {

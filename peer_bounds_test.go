@@ -71,7 +71,7 @@ func TestWatchesOfOnePeerAreBounded(t *testing.T) {
 		n.peers.mu.Unlock()
 		for _, a := range all {
 			a.mu.Lock()
-			count, bytes = max(count, len(a.watchedBy.m)), max(bytes, a.watchedBy.bytes)
+			count, bytes = max(count, len(a.reqs.watchedBy.m)), max(bytes, a.reqs.watchedBy.bytes)
 			a.mu.Unlock()
 		}
 		return
@@ -446,7 +446,7 @@ func watchesHeld(n *Node) (count int) {
 	n.peers.mu.Unlock()
 	for _, a := range all {
 		a.mu.Lock()
-		count += len(a.watchedBy.m)
+		count += len(a.reqs.watchedBy.m)
 		a.mu.Unlock()
 	}
 	return count

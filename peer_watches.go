@@ -101,7 +101,7 @@ func (a *assoc) onWatch(kind frameKind, b []byte) error {
 	if len(wpath) > maxWatchPath {
 		return fmt.Errorf("%w: a %d-byte watcher path (at most %d)", ErrMalformed, len(wpath), maxWatchPath)
 	}
-	watcher := &handle{node: n, key: refKey{node: a.peerUID, path: wpath}, assoc: a}
+	watcher := &handle{node: n, key: refKey{node: a.peer.uid, path: wpath}, assoc: a}
 	h := n.actors.get(path, uuid)
 	var w inWatch
 	if h != nil {
@@ -116,7 +116,7 @@ func (a *assoc) onWatch(kind frameKind, b []byte) error {
 	// a connection retiring after a merge or a resume adds to the winner's.
 	if kind == frameUnwatch {
 		t := a.lockTarget()
-		t.watchedBy.remove(w)
+		t.reqs.watchedBy.remove(w)
 		t.mu.Unlock()
 		if h != nil {
 			h.local.watchHandle().local.sysPush(sysMsg{kind: sysUnwatch, ref: watcher})
@@ -129,8 +129,8 @@ func (a *assoc) onWatch(kind frameKind, b []byte) error {
 		t := a.lockTarget()
 		live := t.life.state < assocClosed
 		var refused error
-		if live && !t.watchedBy.add(w, target, n.cfg.MaxWatchesPerPeer) {
-			refused = t.watchedBy.refusal(n.cfg.MaxWatchesPerPeer)
+		if live && !t.reqs.watchedBy.add(w, target, n.cfg.MaxWatchesPerPeer) {
+			refused = t.reqs.watchedBy.refusal(n.cfg.MaxWatchesPerPeer)
 		}
 		t.mu.Unlock()
 		if refused != nil {
@@ -141,7 +141,7 @@ func (a *assoc) onWatch(kind frameKind, b []byte) error {
 			return nil
 		}
 		t = a.lockTarget()
-		t.watchedBy.remove(w)
+		t.reqs.watchedBy.remove(w)
 		t.mu.Unlock()
 		reason = ErrActorStopped
 	}

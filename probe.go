@@ -27,7 +27,7 @@ type claim struct{ done chan struct{} }
 func (pt *peerTable) proveClaims(a *assoc) {
 	pt.mu.Lock()
 	defer pt.mu.Unlock()
-	for i, ad := range a.peerAddrs {
+	for i, ad := range a.peer.addrs {
 		if i == maxProvenClaims || pt.closing {
 			return
 		}
@@ -40,12 +40,12 @@ func (pt *peerTable) proveClaims(a *assoc) {
 		cl := &claim{done: make(chan struct{})}
 		pt.claims[ad] = cl
 		pt.n.wg.Go(func() {
-			proven := pt.probeUID(ad) == a.peerUID
+			proven := pt.probeUID(ad) == a.peer.uid
 			pt.mu.Lock()
 			delete(pt.claims, ad)
-			if proven && pt.byUID[a.peerUID] == a && pt.byAddr[ad] == nil {
+			if proven && pt.byUID[a.peer.uid] == a && pt.byAddr[ad] == nil {
 				pt.byAddr[ad] = a
-				a.proven = append(a.proven, ad)
+				a.tab.proven = append(a.tab.proven, ad)
 			}
 			pt.mu.Unlock()
 			close(cl.done)

@@ -309,7 +309,7 @@ func TestProcessThatDialedUsKilledIsDetected(t *testing.T) {
 		n.peers.mu.Lock()
 		defer n.peers.mu.Unlock()
 		for _, a := range n.peers.byUID {
-			if len(a.proven) > 0 {
+			if len(a.tab.proven) > 0 {
 				return true
 			}
 		}

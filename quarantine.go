@@ -275,7 +275,7 @@ func (pt *peerTable) quarantineFor(uid NodeUID, addrs ...Addr) *quarantineInfo {
 // Registrars neither: a registrar is infrastructure, not a peer whose
 // actors anyone relies on, and discovery must come back with it.
 func (a *assoc) exemptFromQuarantine() bool {
-	return a.n.cl.isMember(a.peerUID) || a.n.disc.isRegistrarAssoc(a)
+	return a.n.cl.isMember(a.peer.uid) || a.n.disc.isRegistrarAssoc(a)
 }
 
 // logRefusedQuarantined says, once per incarnation, that a connection
@@ -300,7 +300,7 @@ func (pt *peerTable) addQuarantine(a *assoc, cause error) {
 	// node's, which must not be refused for this peer's faults.
 	pt.mu.Lock()
 	defer pt.mu.Unlock()
-	pt.quarantine.add(quarantineInfo{UID: a.peerUID, Name: a.peerName, Addrs: slices.Clone(a.proven), Announced: slices.Clone(a.peerAddrs), Since: time.Now(), Cause: cause})
+	pt.quarantine.add(quarantineInfo{UID: a.peer.uid, Name: a.peer.name, Addrs: slices.Clone(a.tab.proven), Announced: slices.Clone(a.peer.addrs), Since: time.Now(), Cause: cause})
 }
 
 // quarantined lists the peers this node has quarantined and not yet

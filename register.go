@@ -91,7 +91,7 @@ func (dc *registryClient) isRegistrarAssoc(a *assoc) bool {
 	dc.n.peers.mu.Lock()
 	defer dc.n.peers.mu.Unlock()
 	for _, r := range dc.registrars {
-		if a.outbound && a.dialAddr == r || slices.Contains(a.proven, r) {
+		if a.outbound && a.dialAddr == r || slices.Contains(a.tab.proven, r) {
 			return true
 		}
 	}
@@ -111,7 +111,7 @@ func (dc *registryClient) registrarAt(addr Addr) (NodeUID, bool) {
 		return NodeUID{}, false
 	}
 	t := r.h.assoc.lockTarget()
-	flags := t.peerFlags
+	flags := t.peer.flags
 	t.mu.Unlock()
 	return r.NodeUID(), flags&helloDedicated != 0
 }

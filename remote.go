@@ -71,7 +71,7 @@ func resolveAt[T any](ctx context.Context, n *Node, addr Addr, path string) (Ref
 		return Ref[T]{}, fmt.Errorf("%w: the actor accepts %s, not %s", ErrWrongType, ans.proto, protocolName(want))
 	}
 	t := a.lockTarget()
-	peer := t.peerUID
+	peer := t.peer.uid
 	t.mu.Unlock()
 	return Ref[T]{h: &handle{node: n, key: refKey{node: peer, path: path, uuid: ans.uuid}, assoc: a}}, nil
 }
@@ -113,7 +113,7 @@ func (a *assoc) resolve(ctx context.Context, path, proto string) (resolveAnswer,
 		return resolveAnswer{}, err
 	}
 	id := a.n.ids.req.Add(1)
-	t.resolves[id] = ch
+	t.reqs.resolves[id] = ch
 	t.mu.Unlock()
 	t.control(appendResolve(nil, resolveBody{id: id, path: path, proto: proto}))
 	select {
@@ -121,7 +121,7 @@ func (a *assoc) resolve(ctx context.Context, path, proto string) (resolveAnswer,
 		return ans, ans.err
 	case <-ctx.Done():
 		t = a.lockTarget() // the request may have moved with a merge
-		delete(t.resolves, id)
+		delete(t.reqs.resolves, id)
 		t.mu.Unlock()
 		return resolveAnswer{}, ctx.Err()
 	case <-a.n.lc.workDone():
@@ -132,8 +132,8 @@ func (a *assoc) resolve(ctx context.Context, path, proto string) (resolveAnswer,
 // handleFrame acts on one frame read after the handshake. done means the
 // reader must stop (the peer said goodbye).
 func (a *assoc) handleFrame(kind frameKind, b []byte) (done bool, err error) {
-	if kind.isTell() || a.resumable && kind.sequenced() {
-		a.rcvTells++
+	if kind.isTell() || a.peer.resumable && kind.sequenced() {
+		a.rd.rcvTells++
 	}
 	switch kind {
 	case frameTell:
@@ -215,22 +215,22 @@ func (a *assoc) onTell(b []byte, hd Headers, size int) error {
 			it.batch, _ = h.local.(batchTarget)
 		}
 		if id != 0 {
-			if id != uint64(len(a.inTargets))+1 || id > maxTableSize {
+			if id != uint64(len(a.rd.inTargets))+1 || id > maxTableSize {
 				return fmt.Errorf("%w: target id %d defined out of sequence", ErrMalformed, id)
 			}
 			if len(it.path) > maxTableEntry {
 				return fmt.Errorf("%w: a %d-byte target path entered in the table (at most %d)", ErrMalformed, len(it.path), maxTableEntry)
 			}
-			if a.credit && n.mailboxCredit() > 0 {
+			if a.peer.credit && n.mailboxCredit() > 0 {
 				it.acct = a.newCreditAcct(uint32(id), it.target)
 			}
-			a.inTargets = append(a.inTargets, *it)
+			a.rd.inTargets = append(a.rd.inTargets, *it)
 		}
 	} else {
-		if id == 0 || id > uint64(len(a.inTargets)) {
+		if id == 0 || id > uint64(len(a.rd.inTargets)) {
 			return fmt.Errorf("%w: undefined target id %d", ErrMalformed, id)
 		}
-		it = &a.inTargets[id-1]
+		it = &a.rd.inTargets[id-1]
 	}
 	credited := false
 	if ac := it.acct; ac != nil {
@@ -246,19 +246,19 @@ func (a *assoc) onTell(b []byte, hd Headers, size int) error {
 		ty = &inType{key: th.key, mt: typeByKey(th.key)}
 		a.matchShape(ty)
 		if tid != 0 {
-			if tid != uint64(len(a.inTypes))+1 || tid > maxTableSize {
+			if tid != uint64(len(a.rd.inTypes))+1 || tid > maxTableSize {
 				return fmt.Errorf("%w: type id %d defined out of sequence", ErrMalformed, tid)
 			}
 			if len(ty.key) > maxTableEntry {
 				return fmt.Errorf("%w: a %d-byte wire key entered in the table (at most %d)", ErrMalformed, len(ty.key), maxTableEntry)
 			}
-			a.inTypes = append(a.inTypes, *ty)
+			a.rd.inTypes = append(a.rd.inTypes, *ty)
 		}
 	} else {
-		if tid == 0 || tid > uint64(len(a.inTypes)) {
+		if tid == 0 || tid > uint64(len(a.rd.inTypes)) {
 			return fmt.Errorf("%w: undefined type id %d", ErrMalformed, tid)
 		}
-		ty = &a.inTypes[tid-1]
+		ty = &a.rd.inTypes[tid-1]
 	}
 	if ty.mt == nil {
 		n.dead.deadLetter(n.localRefString(it.path), nil, fmt.Errorf("%w: unknown wire key %q from %s", ErrNoWireKey, ty.key, a.label()))
@@ -269,13 +269,13 @@ func (a *assoc) onTell(b []byte, hd Headers, size int) error {
 		return nil
 	}
 	if ty.conv != nil {
-		msg, err := a.dec.convert(ty.mt, ty.conv, payload)
+		msg, err := a.rd.dec.convert(ty.mt, ty.conv, payload)
 		if err != nil {
 			a.incompatible(it.path, ty.mt, err)
 			return nil
 		}
 		if ty.mt.stamped {
-			msg = stampSender(msg, a.peerUID)
+			msg = stampSender(msg, a.peer.uid)
 		}
 		return a.deliver(it, id, msg, size, credited, hd)
 	}
@@ -286,24 +286,24 @@ func (a *assoc) onTell(b []byte, hd Headers, size int) error {
 		mt := ty.mt
 		a.batchFor(bt, it.path, id) // (a flush empties the arena)
 		words := mt.words
-		at := len(a.arena)
-		a.arena = slices.Grow(a.arena, words)[:at+words]
-		clear(a.arena[at:])
-		if err := a.dec.flatInto(mt, payload, unsafe.Pointer(&a.arena[at])); err != nil {
-			a.arena = a.arena[:at]
+		at := len(a.rd.arena)
+		a.rd.arena = slices.Grow(a.rd.arena, words)[:at+words]
+		clear(a.rd.arena[at:])
+		if err := a.rd.dec.flatInto(mt, payload, unsafe.Pointer(&a.rd.arena[at])); err != nil {
+			a.rd.arena = a.rd.arena[:at]
 			a.incompatible(it.path, mt, a.explain(mt, payload, err))
 			return nil
 		}
 		a.batchPush(wireMsg{size: size, mt: mt, at: at, credited: credited, hd: hd})
 		return nil
 	}
-	msg, err := a.dec.payload(ty.mt, payload)
+	msg, err := a.rd.dec.payload(ty.mt, payload)
 	if err != nil {
 		a.incompatible(it.path, ty.mt, a.explain(ty.mt, payload, err))
 		return nil
 	}
 	if ty.mt.stamped {
-		msg = stampSender(msg, a.peerUID)
+		msg = stampSender(msg, a.peer.uid)
 	}
 	return a.deliver(it, id, msg, size, credited, hd)
 }
@@ -340,7 +340,7 @@ func (a *assoc) deliver(it *inTarget, id uint64, msg any, size int, credited boo
 // at.
 func (a *assoc) explain(mt *msgType, payload []byte, err error) error {
 	if mt.flat != nil {
-		if why := a.dec.explain(mt, payload); why != nil {
+		if why := a.rd.dec.explain(mt, payload); why != nil {
 			return why
 		}
 	}
@@ -355,11 +355,11 @@ func (a *assoc) explain(mt *msgType, payload []byte, err error) error {
 func (a *assoc) incompatible(path string, mt *msgType, why error) {
 	n := a.n
 	err := fmt.Errorf("%w: %q from %s: %v", ErrIncompatibleMessage, mt.key, a.label(), why)
-	if _, seen := a.incompatLogged[mt.key]; !seen && len(a.incompatLogged) < maxIncompatLogged {
-		if a.incompatLogged == nil {
-			a.incompatLogged = map[string]struct{}{}
+	if _, seen := a.rd.incompatLogged[mt.key]; !seen && len(a.rd.incompatLogged) < maxIncompatLogged {
+		if a.rd.incompatLogged == nil {
+			a.rd.incompatLogged = map[string]struct{}{}
 		}
-		a.incompatLogged[mt.key] = struct{}{}
+		a.rd.incompatLogged[mt.key] = struct{}{}
 		n.log.Warn("troupe: a message from a peer does not decode as the type with its wire key here; it is a dead letter (the peer may run another version of the type)",
 			"peer", a.label(), "key", mt.key, "to", path, "err", why)
 	}
@@ -382,19 +382,19 @@ func (a *assoc) onShape(b []byte) error {
 	if mt := typeByKey(key); mt == nil || mt.fast {
 		return nil
 	}
-	if old := a.inShapes[key]; old != nil {
-		a.shapeBytes -= len(old.b) // (sent again: a message that failed to encode)
-		delete(a.inShapes, key)
+	if old := a.rd.inShapes[key]; old != nil {
+		a.rd.shapeBytes -= len(old.b) // (sent again: a message that failed to encode)
+		delete(a.rd.inShapes, key)
 	}
-	if a.shapeBytes+len(shape) > maxShapeSession || len(a.inShapes) >= maxTableSize {
+	if a.rd.shapeBytes+len(shape) > maxShapeSession || len(a.rd.inShapes) >= maxTableSize {
 		return nil
 	}
-	if a.inShapes == nil {
-		a.inShapes = map[string]*rawShape{}
+	if a.rd.inShapes == nil {
+		a.rd.inShapes = map[string]*rawShape{}
 	}
 	rs.b = append([]byte(nil), shape...) // (b is the read buffer's)
-	a.inShapes[key] = rs
-	a.shapeBytes += len(shape)
+	a.rd.inShapes[key] = rs
+	a.rd.shapeBytes += len(shape)
 	return nil
 }
 
@@ -403,12 +403,12 @@ func (a *assoc) onShape(b []byte) error {
 // different, and they decode through a conversion by field name, or are
 // dead letters when a field's kind changed.
 func (a *assoc) matchShape(ty *inType) {
-	rs := a.inShapes[ty.key]
+	rs := a.rd.inShapes[ty.key]
 	if rs == nil {
 		return
 	}
-	delete(a.inShapes, ty.key)
-	a.shapeBytes -= len(rs.b)
+	delete(a.rd.inShapes, ty.key)
+	a.rd.shapeBytes -= len(rs.b)
 	mt := ty.mt
 	if mt == nil || mt.fast || bytes.Equal(rs.b, mt.shape) {
 		return
@@ -471,20 +471,20 @@ type batchTarget interface {
 // for a target defined inline), delivering the batch for another target
 // first.
 func (a *assoc) batchFor(bt batchTarget, path string, id uint64) {
-	if id != 0 && id == a.batchID {
+	if id != 0 && id == a.rd.batchID {
 		return // the same entry of the table: the same target
 	}
-	if a.batchTo != bt {
+	if a.rd.batchTo != bt {
 		a.flushBatch()
-		a.batchTo, a.batchPath = bt, path
+		a.rd.batchTo, a.rd.batchPath = bt, path
 	}
-	a.batchID = id
+	a.rd.batchID = id
 }
 
 // batchPush adds m to the batch, for the target batchFor named.
 func (a *assoc) batchPush(m wireMsg) {
-	a.batch = append(a.batch, m)
-	if len(a.batch) >= maxBatch {
+	a.rd.batch = append(a.rd.batch, m)
+	if len(a.rd.batch) >= maxBatch {
 		a.flushBatch()
 	}
 }
@@ -492,17 +492,17 @@ func (a *assoc) batchPush(m wireMsg) {
 // flushBatch delivers the batch; a message its target refuses becomes a
 // dead letter, and the rest are offered again.
 func (a *assoc) flushBatch() {
-	ms := a.batch
+	ms := a.rd.batch
 	for len(ms) > 0 {
-		k, err := a.batchTo.tellWireBatch(ms, a.arena)
+		k, err := a.rd.batchTo.tellWireBatch(ms, a.rd.arena)
 		if k >= len(ms) {
 			break
 		}
-		a.n.dead.deadLetter(a.n.localRefString(a.batchPath), ms[k].value(a.arena), err)
+		a.n.dead.deadLetter(a.n.localRefString(a.rd.batchPath), ms[k].value(a.rd.arena), err)
 		ms = ms[k+1:]
 	}
-	clear(a.batch)
-	a.batch, a.batchTo, a.batchID, a.arena = a.batch[:0], nil, 0, a.arena[:0]
+	clear(a.rd.batch)
+	a.rd.batch, a.rd.batchTo, a.rd.batchID, a.rd.arena = a.rd.batch[:0], nil, 0, a.rd.arena[:0]
 }
 
 // localRefString is the ref string of a local path, for dead letters.
@@ -519,14 +519,14 @@ func (a *assoc) onTerminated(b []byte) error {
 	if err != nil {
 		return err
 	}
-	key := refKey{node: a.peerUID, path: wb.path, uuid: wb.uuid}
+	key := refKey{node: a.peer.uid, path: wb.path, uuid: wb.uuid}
 	w := n.actors.get(wb.watcher, UUID{})
 	if w == nil {
 		return nil // the watcher has stopped meanwhile
 	}
 	wh := w.local.watchHandle()
 	t := a.lockTarget()
-	delete(t.watches, watchPair{key, wh})
+	delete(t.reqs.watches, watchPair{key, wh})
 	t.mu.Unlock()
 	wh.local.sysPush(sysMsg{kind: sysTerminated, key: key, reason: reasonErr(wb.code, wb.text)})
 	return nil
@@ -556,8 +556,8 @@ func (a *assoc) onResolved(b []byte) error {
 		return err
 	}
 	t := a.lockTarget()
-	ch := t.resolves[id]
-	delete(t.resolves, id)
+	ch := t.reqs.resolves[id]
+	delete(t.reqs.resolves, id)
 	t.mu.Unlock()
 	if ch != nil {
 		ch <- ans
@@ -603,13 +603,13 @@ func (a *assoc) onBye(b []byte) error {
 	// answer with our own bye once what we queued here is written.
 	n := a.n
 	n.peers.mu.Lock()
-	w := n.peers.byUID[a.peerUID]
+	w := n.peers.byUID[a.peer.uid]
 	if w == a {
 		w = nil
-		delete(n.peers.byUID, a.peerUID)
+		delete(n.peers.byUID, a.peer.uid)
 	}
 	if w == nil {
-		n.peers.awaiting[a.peerUID] = append(n.peers.awaiting[a.peerUID], a)
+		n.peers.awaiting[a.peer.uid] = append(n.peers.awaiting[a.peer.uid], a)
 	}
 	n.peers.mu.Unlock()
 	if w != nil {
@@ -623,7 +623,7 @@ func (a *assoc) onBye(b []byte) error {
 // of this node, to the peer's actor through a, or to a third node's actor
 // through an association that dials on first use (never from the reader).
 func (a *assoc) bindRef(kind byte, key refKey, addr string) *handle {
-	return a.bindRefFrom(kind, key, addr, a.peerUID)
+	return a.bindRefFrom(kind, key, addr, a.peer.uid)
 }
 
 // bindRefFrom is bindRef, a new node's binding charged to the peer from
@@ -633,7 +633,7 @@ func (a *assoc) bindRefFrom(kind byte, key refKey, addr string, from NodeUID) *h
 	if kind == refThird && key.node == n.uid {
 		kind = refReceiver
 	}
-	if kind == refThird && key.node == a.peerUID {
+	if kind == refThird && key.node == a.peer.uid {
 		kind = refSender
 	}
 	switch kind {
@@ -644,7 +644,7 @@ func (a *assoc) bindRefFrom(kind byte, key refKey, addr string, from NodeUID) *h
 		}
 		return deadHandle(n, key)
 	case refSender:
-		key.node = a.peerUID
+		key.node = a.peer.uid
 		return &handle{node: n, key: key, assoc: a}
 	}
 	ad, err := ParseAddr(addr)

@@ -26,7 +26,7 @@ const (
 // that was up is suspended; anything else ends.
 func (a *assoc) lost(err error) {
 	a.mu.Lock()
-	ev := lifeEvent{kind: evLinkLost, cause: err, resumable: a.resumable && !a.n.lc.flushBegun()}
+	ev := lifeEvent{kind: evLinkLost, cause: err, resumable: a.peer.resumable && !a.n.lc.flushBegun()}
 	_, _, resumable := a.life.step(ev) // (a question: nothing moves yet)
 	conn := a.conn
 	a.mu.Unlock()
@@ -53,7 +53,7 @@ func (a *assoc) suspended() {
 	a.mu.Unlock()
 	a.n.log.Info("troupe: connection to peer lost; resuming", "peer", a.label(), "cause", err)
 	a.n.totals.linksLost.Add(1)
-	a.n.events.emit(PeerLinkLost{Addr: a.addr(), UID: a.peerUID, Name: a.peerName, Cause: err})
+	a.n.events.emit(PeerLinkLost{Addr: a.addr(), UID: a.peer.uid, Name: a.peer.name, Cause: err})
 	if a.outbound {
 		a.n.wg.Go(a.redial)
 		return
@@ -63,8 +63,8 @@ func (a *assoc) suspended() {
 	// dialer's proven address, if it has one, who answers there.
 	a.n.peers.mu.Lock()
 	var back Addr
-	if len(a.proven) > 0 {
-		back = a.proven[0]
+	if len(a.tab.proven) > 0 {
+		back = a.tab.proven[0]
 	}
 	a.n.peers.mu.Unlock()
 	if !back.IsZero() {
@@ -88,7 +88,7 @@ func (a *assoc) watchBack(addr Addr) {
 		case err != nil && isRefused(err):
 			a.fail(fmt.Errorf("%v, and %s now refuses connections", cause, addr))
 			return true
-		case uid != (NodeUID{}) && uid != a.peerUID:
+		case uid != (NodeUID{}) && uid != a.peer.uid:
 			a.fail(fmt.Errorf("%v, and another incarnation answers at %s", cause, addr))
 			return true
 		}
@@ -145,7 +145,7 @@ func (a *assoc) redial() {
 			return true
 		}
 		n.peers.mu.Lock()
-		held := n.peers.byUID[a.peerUID]
+		held := n.peers.byUID[a.peer.uid]
 		n.peers.mu.Unlock()
 		switch {
 		case held == nil:
@@ -205,7 +205,7 @@ func (n *Node) suspendFor(uid NodeUID) {
 	n.peers.mu.Lock()
 	ex := n.peers.byUID[uid]
 	n.peers.mu.Unlock()
-	if ex == nil || !ex.resumable {
+	if ex == nil || !ex.peer.resumable {
 		return
 	}
 	ex.mu.Lock()
@@ -230,36 +230,36 @@ func (n *Node) suspendFor(uid NodeUID) {
 // the peer had not confirmed (sent again once the peer's resume frame says
 // where to start). w holds its queue until then. Both are locked.
 func (a *assoc) takeOver(w *assoc, moved recQueue) {
-	w.unacked, w.acked = a.unacked.take(), a.acked
+	w.win.unacked, w.win.acked = a.win.unacked.take(), a.win.acked
 	// The session's counts go on (Stats, /metrics): what the old
 	// connections carried, beside what w's will.
-	w.bytesOutBase, w.tellsOutBase = a.bytesOutBase+a.written.Load(), a.tellsOutBase+a.tellsOut.Load()
-	w.bytesInBase = a.bytesInBase
+	w.traffic.bytesOutBase, w.traffic.tellsOutBase = a.traffic.bytesOutBase+a.traffic.written.Load(), a.traffic.tellsOutBase+a.traffic.tellsOut.Load()
+	w.traffic.bytesInBase = a.traffic.bytesInBase
 	if a.in != nil {
-		w.bytesInBase += a.in.bytes.Load()
+		w.traffic.bytesInBase += a.in.bytes.Load()
 	}
 	// What a encoded refers to a's tables, which the peer keeps for the
 	// session: w goes on with them, and its reader with a's in tables.
 	// (w encodes nothing before its writer starts.)
 	w.out = a.out.take()
-	w.outTypes, w.outTargets, w.outTargetKeys, w.outTypeList = a.outTypes, a.outTargets, a.outTargetKeys, a.outTypeList
-	w.inTypes, w.inTargets, w.inShapes, w.shapeBytes = a.inTypes, a.inTargets, a.inShapes, a.shapeBytes
-	w.peerDraining, w.incompatLogged = a.peerDraining, a.incompatLogged
+	w.enc.types, w.enc.targets, w.enc.targetKeys, w.enc.typeList = a.enc.types, a.enc.targets, a.enc.targetKeys, a.enc.typeList
+	w.rd.inTypes, w.rd.inTargets, w.rd.inShapes, w.rd.shapeBytes = a.rd.inTypes, a.rd.inTargets, a.rd.inShapes, a.rd.shapeBytes
+	w.peerDraining, w.rd.incompatLogged = a.peerDraining, a.rd.incompatLogged
 	if w.peerToken == nil {
 		w.peerToken = a.peerToken // the session's, until w's token frame
 	}
 	// Credit goes on with the tables: what the peer granted, and the
 	// accounts of what this side granted, which now answer to w.
-	w.peerMailbox, w.outSent, w.outGranted = a.peerMailbox, a.outSent, a.outGranted
+	w.enc.peerMailbox, w.enc.sent, w.enc.granted = a.enc.peerMailbox, a.enc.sent, a.enc.granted
 	a.moveCredit(w)
 	// The resume frame acknowledges everything received: an acknowledgement
 	// of less (a count the old reader had not yet handed on) must not
 	// follow it.
-	w.rcvTells, w.ackQueued, w.ackSent = a.rcvTells, a.rcvTells, a.rcvTells
-	w.ackTo.Store(a.rcvTells)
-	w.resumeRcv, w.resumed = a.rcvTells, true
+	w.rd.rcvTells, w.rd.ackQueued, w.wr.ackSent = a.rd.rcvTells, a.rd.rcvTells, a.rd.rcvTells
+	w.ackTo.Store(a.rd.rcvTells)
+	w.open.resumeRcv, w.open.resume = a.rd.rcvTells, true
 	w.stepLocked(lifeEvent{kind: evTakenOver, at: a.life.lostAt}, &taken{}) // (no effects)
-	w.ackMoved = time.Now()                                                 // the peer's acknowledgements may move again from now
+	w.win.ackMoved = time.Now()                                             // the peer's acknowledgements may move again from now
 	// What waited here goes before anything sent to w meanwhile.
 	moved.appendQueue(w.takeQueue())
 	w.queue = moved
@@ -278,16 +278,16 @@ func (a *assoc) onResume(b []byte) error {
 		a.mu.Unlock()
 		return fmt.Errorf("%w: resume on a session that was not resumed", ErrMalformed)
 	}
-	if count < a.acked || count-a.acked > uint64(a.unackedSeq()) {
+	if count < a.win.acked || count-a.win.acked > uint64(a.unackedSeq()) {
 		a.mu.Unlock()
-		return fmt.Errorf("%w: resume after %d frames, %d were sent", ErrMalformed, count, a.acked+uint64(a.unackedSeq()))
+		return fmt.Errorf("%w: resume after %d frames, %d were sent", ErrMalformed, count, a.win.acked+uint64(a.unackedSeq()))
 	}
-	a.release(int(count - a.acked))
+	a.release(int(count - a.win.acked))
 	resend := a.unackedSeq()
-	rest := a.unacked.take()
+	rest := a.win.unacked.take()
 	rest.appendChain(a.out.take())
 	a.out = rest
-	a.acked = count
+	a.win.acked = count
 	var tk taken
 	eff, _ := a.stepLocked(lifeEvent{kind: evResumeFrame}, &tk)
 	tk.resent, tk.down = resend, a.life.upAt.Sub(a.life.lostAt)

@@ -14,6 +14,30 @@ import (
 // with no lock held; under the association's lock only the table ids are
 // assigned, the credit and the budgets checked, and the frame copied in.
 // Before a session's writer starts, messages wait as records.
+// outTables is a session's outbound side as the senders see it, guarded
+// by the association's lock (mu): the tables of the types and targets
+// defined for the peer, the credit the peer granted, and the encoder's
+// scratch. The senders encode; a connection resuming the session takes
+// the tables over (takeOver, resume.go).
+type outTables struct {
+	// types and targets give the ids defined in the session; targetKeys
+	// and typeList are the same by id less one, to decode a held frame
+	// again for its dead letter.
+	types      map[*msgType]uint32
+	targets    map[refKey]uint32
+	targetKeys []refKey
+	typeList   []*msgType
+	// Credit (credit.go): how many messages the peer's mailboxes take (0
+	// not yet known, -1 no limit), and, for each target in targetKeys,
+	// the messages sent to it and the credit granted for it besides that.
+	peerMailbox int64
+	sent        []int64
+	granted     []int64
+	lastType    *msgType // the type of the last message encoded, if in the table
+	lastTypeID  uint32
+	hdr         []byte // scratch for a tell's header
+}
+
 // tell queues a user message for the remote actor h, or says why it
 // cannot: a full send budget is ErrSendQueueFull.
 func (a *assoc) tell(h *handle, msg any) error { return a.send(nil, h, msg, nil) }
@@ -65,8 +89,8 @@ func (a *assoc) send(ctx context.Context, h *handle, msg any, hd Headers) error 
 			}
 			continue
 		}
-		if ctx == nil && t.credit && t.peerMailbox > 0 {
-			if id, ok := t.outTargets[h.key]; ok && !t.hasCredit(id) {
+		if ctx == nil && t.peer.credit && t.enc.peerMailbox > 0 {
+			if id, ok := t.enc.targets[h.key]; ok && !t.hasCredit(id) {
 				t.mu.Unlock()
 				return errNoCredit // (without encoding what would be refused)
 			}
@@ -86,7 +110,7 @@ func (a *assoc) send(ctx context.Context, h *handle, msg any, hd Headers) error 
 			return nil
 		}
 		if pb == nil {
-			peer := t.peerUID
+			peer := t.peer.uid
 			t.mu.Unlock()
 			var err error
 			if pb, err = encodeFor(peer, mt, msg); err != nil {
@@ -219,7 +243,7 @@ const answerBudget = 1 << 20
 // recordCharge.
 func (a *assoc) held() int {
 	q := &a.queue
-	return a.out.bytes + a.unacked.bytes + (q.len()-q.answers)*recordCharge + q.answerBytes
+	return a.out.bytes + a.win.unacked.bytes + (q.len()-q.answers)*recordCharge + q.answerBytes
 }
 
 // full says whether a user message must wait for room (mu held).
@@ -383,7 +407,7 @@ func maxHeader(path, key string) int {
 // make it a tell with headers, for a peer that takes them; another peer
 // gets the message without.
 func (a *assoc) encodeTell(h *handle, mt *msgType, payload []byte, p unsafe.Pointer, hd Headers) error {
-	if h.key.node != a.peerUID {
+	if h.key.node != a.peer.uid {
 		return fmt.Errorf("%w: the node incarnation %s is gone", ErrNoSuchActor, h.key.node.String()[:8])
 	}
 	size := len(payload)
@@ -398,7 +422,7 @@ func (a *assoc) encodeTell(h *handle, mt *msgType, payload []byte, p unsafe.Poin
 	if exact := size - binary.MaxVarintLen64*len(mt.flat)*btoi(p != nil); exact > a.n.cfg.MaxFrameSize {
 		return fmt.Errorf("%w: %d bytes, the limit is %d", ErrFrameTooBig, exact, a.n.cfg.MaxFrameSize)
 	}
-	if !a.peerHeaders {
+	if !a.peer.headers {
 		hd = nil
 	}
 	need := size + maxHeader(h.key.path, mt.key)
@@ -412,12 +436,12 @@ func (a *assoc) encodeTell(h *handle, mt *msgType, payload []byte, p unsafe.Poin
 	var knownTarget bool
 	if w := h.wire.Load(); w != nil && w.a == a {
 		id, knownTarget = w.id, true
-	} else if id, knownTarget = a.outTargets[h.key]; knownTarget {
+	} else if id, knownTarget = a.enc.targets[h.key]; knownTarget {
 		h.wire.Store(&wireID{a, id})
 	}
-	newTarget := !knownTarget && h.key.uuid != (UUID{}) && len(a.outTargets) < maxTableSize && len(h.key.path) <= maxTableEntry
+	newTarget := !knownTarget && h.key.uuid != (UUID{}) && len(a.enc.targets) < maxTableSize && len(h.key.path) <= maxTableEntry
 	if newTarget {
-		id = uint32(len(a.outTargets) + 1)
+		id = uint32(len(a.enc.targets) + 1)
 	} else if knownTarget && !a.hasCredit(id) {
 		return errNoCredit
 	}
@@ -427,20 +451,20 @@ func (a *assoc) encodeTell(h *handle, mt *msgType, payload []byte, p unsafe.Poin
 	}
 	var tid uint32
 	var knownType bool
-	if mt == a.lastType {
-		tid, knownType = a.lastTypeID, true
-	} else if tid, knownType = a.outTypes[mt]; knownType {
-		a.lastType, a.lastTypeID = mt, tid
+	if mt == a.enc.lastType {
+		tid, knownType = a.enc.lastTypeID, true
+	} else if tid, knownType = a.enc.types[mt]; knownType {
+		a.enc.lastType, a.enc.lastTypeID = mt, tid
 	}
-	newType := !knownType && len(a.outTypes) < maxTableSize
+	newType := !knownType && len(a.enc.types) < maxTableSize
 	if newType {
-		tid = uint32(len(a.outTypes) + 1)
+		tid = uint32(len(a.enc.types) + 1)
 	}
 	th.typ, th.typInline = uint64(tid), !knownType
 	if !knownType {
 		th.key = mt.key
 	}
-	if newType && mt.shape != nil && a.peerFlags&helloShapes != 0 {
+	if newType && mt.shape != nil && a.peer.flags&helloShapes != 0 {
 		// The peer learns the type's shape before its first message,
 		// once a session: it decodes by field name if its own differs.
 		a.encodeControl(appendShapeFrame(nil, mt.key, mt.shape), false)
@@ -460,31 +484,31 @@ func (a *assoc) encodeTell(h *handle, mt *msgType, payload []byte, p unsafe.Poin
 		// The header first on its own, so that the length prefix goes
 		// in front of a large payload without moving it.
 		if hd != nil {
-			a.hdr = appendHeaders(append(a.hdr[:0], byte(frameTellHeaders)), hd)
-			a.hdr = appendTellFields(a.hdr, &th)
+			a.enc.hdr = appendHeaders(append(a.enc.hdr[:0], byte(frameTellHeaders)), hd)
+			a.enc.hdr = appendTellFields(a.enc.hdr, &th)
 		} else {
-			a.hdr = appendTellHeader(a.hdr[:0], &th)
+			a.enc.hdr = appendTellHeader(a.enc.hdr[:0], &th)
 		}
-		body = len(a.hdr) + len(payload)
+		body = len(a.enc.hdr) + len(payload)
 		buf = binary.AppendUvarint(buf, uint64(body))
-		buf = append(buf, a.hdr...)
+		buf = append(buf, a.enc.hdr...)
 		buf = append(buf, payload...)
 	}
 	if body > a.n.cfg.MaxFrameSize {
 		return fmt.Errorf("%w: %d bytes, the limit is %d", ErrFrameTooBig, body, a.n.cfg.MaxFrameSize)
 	}
 	if newTarget {
-		a.outTargets[h.key] = id
-		a.outTargetKeys = append(a.outTargetKeys, h.key)
-		a.outSent = append(a.outSent, 1)
-		a.outGranted = append(a.outGranted, 0)
+		a.enc.targets[h.key] = id
+		a.enc.targetKeys = append(a.enc.targetKeys, h.key)
+		a.enc.sent = append(a.enc.sent, 1)
+		a.enc.granted = append(a.enc.granted, 0)
 		h.wire.Store(&wireID{a, id})
 	} else if knownTarget {
-		a.outSent[id-1]++
+		a.enc.sent[id-1]++
 	}
 	if newType {
-		a.outTypes[mt] = tid
-		a.outTypeList = append(a.outTypeList, mt)
+		a.enc.types[mt] = tid
+		a.enc.typeList = append(a.enc.typeList, mt)
 	}
 	a.out.commit(buf, true)
 	return nil

@@ -36,7 +36,7 @@ func TestLargeFramesGetBlocksOfTheirOwn(t *testing.T) {
 	}
 	a := sink.h.assoc.lockTarget()
 	defer a.mu.Unlock()
-	for _, c := range []*frameChain{&a.out, &a.unacked} {
+	for _, c := range []*frameChain{&a.out, &a.win.unacked} {
 		for b := c.head; b != nil; b = b.next {
 			if cap(b.b) > blockSize && b.frames > 1 {
 				t.Fatalf("a block of %d bytes holds %d frames", cap(b.b), b.frames)
@@ -149,7 +149,7 @@ func TestAResumeIntoALeavingSessionLosesNothingSilently(t *testing.T) {
 	var peer NodeUID
 	rand.Read(peer[:])
 	a := newAssoc(n, true, tcpAddr("127.0.0.1:1"))
-	a.peerUID, a.life.state, a.resumable, a.life.encoding = peer, assocSuspended, true, true
+	a.peer.uid, a.life.state, a.peer.resumable, a.life.encoding = peer, assocSuspended, true, true
 	h := &handle{node: n, key: refKey{node: peer, path: "/user/x", uuid: UUID{1}}, assoc: a}
 	a.mu.Lock()
 	for i := range 6 {
@@ -164,7 +164,7 @@ func TestAResumeIntoALeavingSessionLosesNothingSilently(t *testing.T) {
 	}
 	a.mu.Unlock()
 	w := newAssoc(n, true, tcpAddr("127.0.0.1:1"))
-	w.peerUID, w.life.state = peer, assocLeaving
+	w.peer.uid, w.life.state = peer, assocLeaving
 	a.mergeInto(w)
 	unconfirmed := 0
 	for range 6 {
@@ -357,7 +357,7 @@ func (a *assoc) sendTellLocked(h *handle, mt *msgType, msg any) error {
 
 // sendTellHeadersLocked is sendTellLocked for a message with headers.
 func (a *assoc) sendTellHeadersLocked(h *handle, mt *msgType, msg any, hd Headers) error {
-	pb, err := encodeFor(a.peerUID, mt, msg)
+	pb, err := encodeFor(a.peer.uid, mt, msg)
 	if err != nil {
 		return err
 	}
@@ -778,7 +778,7 @@ func TestAnswersQueuedAsRecordsCountAgainstTheBudget(t *testing.T) {
 	var peer NodeUID
 	rand.Read(peer[:])
 	a := newAssoc(n, true, tcpAddr("127.0.0.1:1"))
-	a.peerUID, a.life.state, a.resumable = peer, assocSuspended, true
+	a.peer.uid, a.life.state, a.peer.resumable = peer, assocSuspended, true
 	a.mu.Lock()
 	a.queue.push(outRec{msg: ctlFrame(appendBye(nil, byeDuplicate, ""))}) // a round left behind
 	a.mu.Unlock()

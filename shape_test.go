@@ -390,6 +390,6 @@ func TestShapesHeldAreCountedNotShapesEverSent(t *testing.T) {
 	ty := &inType{key: old.key, mt: old}
 	a.matchShape(ty)
 	if ty.conv == nil {
-		t.Fatalf("after %d bytes of shapes, a reordered type decodes positionally (held %d)", 2*maxShapeSession, a.shapeBytes)
+		t.Fatalf("after %d bytes of shapes, a reordered type decodes positionally (held %d)", 2*maxShapeSession, a.rd.shapeBytes)
 	}
 }

@@ -238,11 +238,11 @@ func (l *lifecycle) refuseWork() {
 	assocs := make([]*assoc, 0, len(l.n.peers.all))
 	for a := range l.n.peers.all {
 		select {
-		case <-a.ready: // (the handshake set peerFlags before, under peers.mu)
+		case <-a.ready: // (the handshake set peer.flags before, under peers.mu)
 		default:
 			continue // its handshake, under peers.mu later, sees refusing
 		}
-		if a.peerFlags&helloDrains != 0 {
+		if a.peer.flags&helloDrains != 0 {
 			assocs = append(assocs, a)
 		}
 	}

@@ -229,6 +229,15 @@ func (t *nodeTotals) snapshot() totals {
 		LinksResumed: t.linksResumed.Load(), ProtocolErrors: t.protocolErrors.Load(), AuthRefused: t.authRefused.Load()}
 }
 
+// trafficCounts is what a session carried: the counts of the
+// connections before this one (a resumed session's counts go on; under
+// the association's lock) and this connection's, which the writer adds.
+type trafficCounts struct {
+	bytesInBase, bytesOutBase, tellsOutBase uint64
+	written                                 atomic.Uint64 // bytes written to the connection
+	tellsOut                                atomic.Uint64 // tell frames written to the connection
+}
+
 // Stats returns a snapshot of the node: its associations, quarantines,
 // actors and deepest mailboxes, dead letters by reason, and its cluster
 // membership. It takes each table's lock briefly, one at a time, so the
@@ -247,14 +256,14 @@ func (n *Node) Stats() Stats {
 	n.peers.mu.Unlock()
 	for _, a := range assocs {
 		a.mu.Lock()
-		if a.observer {
+		if a.peer.observer {
 			a.mu.Unlock()
 			s.Observers++
 			continue
 		}
-		p := peerStats{Addr: a.addr(), UID: a.peerUID, Name: a.peerName, AppVersion: a.peerAppVersion, State: a.life.state.String(), Outbound: a.outbound,
-			Since: a.life.upAt, Queued: a.queue.len() + a.out.frames, Unacked: a.unacked.bytes, Held: a.held(), BytesOut: a.bytesOutBase + a.written.Load(), Member: n.cl.isMember(a.peerUID),
-			MessagesIn: a.ackTo.Load(), MessagesOut: a.tellsOutBase + a.tellsOut.Load(), RoundTrip: a.rtt, BytesIn: a.bytesInBase}
+		p := peerStats{Addr: a.addr(), UID: a.peer.uid, Name: a.peer.name, AppVersion: a.peer.appVersion, State: a.life.state.String(), Outbound: a.outbound,
+			Since: a.life.upAt, Queued: a.queue.len() + a.out.frames, Unacked: a.win.unacked.bytes, Held: a.held(), BytesOut: a.traffic.bytesOutBase + a.traffic.written.Load(), Member: n.cl.isMember(a.peer.uid),
+			MessagesIn: a.ackTo.Load(), MessagesOut: a.traffic.tellsOutBase + a.traffic.tellsOut.Load(), RoundTrip: a.peer.rtt, BytesIn: a.traffic.bytesInBase}
 		in := a.in
 		a.mu.Unlock()
 		if in != nil {

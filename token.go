@@ -112,25 +112,26 @@ var noSessionProof = make([]byte, tokenSize)
 // it drew), or nil.
 func (g *gate) tokenFor(peer NodeUID) []byte { return g.tokens.get(peer) }
 
-// provesSession reports whether a, a connection whose handshake claimed
-// uid, proved that it holds token, the session token uid gave this node.
-func (g *gate) provesSession(a *assoc, uid NodeUID, token []byte) bool {
-	if a.proof == nil {
+// provesSession reports whether p, what the handshake of a connection
+// (outbound or not) that claimed uid learned, proves that the peer holds
+// token, the session token uid gave this node.
+func (g *gate) provesSession(outbound bool, p *peerInfo, uid NodeUID, token []byte) bool {
+	if p.proof == nil {
 		return false
 	}
-	if a.outbound {
-		return hmac.Equal(a.proof, authMAC(token, "claim-acceptor", a.nonce, nil, uid, g.n.uid))
+	if outbound {
+		return hmac.Equal(p.proof, authMAC(token, "claim-acceptor", p.nonce, nil, uid, g.n.uid))
 	}
-	return a.challenged != nil && hmac.Equal(a.proof, authMAC(token, "claim-dialer", a.challenged, a.nonce, uid, g.n.uid))
+	return p.challenged != nil && hmac.Equal(p.proof, authMAC(token, "claim-dialer", p.challenged, p.nonce, uid, g.n.uid))
 }
 
-// provesNoSession reports whether a, an outbound connection whose
-// welcome claimed uid, was welcomed by that peer saying that it holds no
-// session with this node: a proof of the session's token (the token uid
-// gave this node) with the no-session label. The 32 zero bytes prove
+// provesNoSession reports whether p, what the handshake of an outbound
+// connection whose welcome claimed uid learned, says that the peer holds
+// no session with this node: a proof of the session's token (the token
+// uid gave this node) with the no-session label. The 32 zero bytes prove
 // nothing: anyone can send them.
-func (g *gate) provesNoSession(a *assoc, uid NodeUID, token []byte) bool {
-	return a.outbound && a.proof != nil && hmac.Equal(a.proof, authMAC(token, "claim-acceptor-none", a.nonce, nil, uid, g.n.uid))
+func (g *gate) provesNoSession(outbound bool, p *peerInfo, uid NodeUID, token []byte) bool {
+	return outbound && p.proof != nil && hmac.Equal(p.proof, authMAC(token, "claim-acceptor-none", p.nonce, nil, uid, g.n.uid))
 }
 
 // sessionProof is the proof an acceptor puts in its welcome to a dialer
@@ -160,10 +161,11 @@ func (g *gate) holdsSession(uid NodeUID) bool {
 	return g.n.peers.byUID[uid] != nil
 }
 
-// mayTakeOver reports whether a, whose hello claimed uid, may take over
-// the session this node holds with uid, if it holds one: it proved that
-// it holds the session's token, or the session has none.
-func (g *gate) mayTakeOver(a *assoc, uid NodeUID) bool {
+// mayTakeOver reports whether an inbound connection whose hello claimed
+// uid, and whose handshake learned p, may take over the session this node
+// holds with uid, if it holds one: it proved that it holds the session's
+// token, or the session has none.
+func (g *gate) mayTakeOver(p *peerInfo, uid NodeUID) bool {
 	g.n.peers.mu.Lock()
 	ex := g.n.peers.byUID[uid]
 	g.n.peers.mu.Unlock()
@@ -173,7 +175,7 @@ func (g *gate) mayTakeOver(a *assoc, uid NodeUID) bool {
 	ex.mu.Lock()
 	token := ex.peerToken
 	ex.mu.Unlock()
-	return token == nil || g.provesSession(a, uid, token)
+	return token == nil || g.provesSession(false, p, uid, token)
 }
 
 // challengeToken runs the acceptor's token challenge for hello h: it
@@ -229,7 +231,7 @@ func (a *assoc) onToken(b []byte) error {
 		return err
 	}
 	t := a.lockTarget()
-	if t.peerToken == nil || a.sendToken {
+	if t.peerToken == nil || a.open.sendToken {
 		t.peerToken = append([]byte(nil), tok...)
 	}
 	t.mu.Unlock()
@@ -279,13 +281,13 @@ func parseToken(b []byte) ([]byte, error) {
 // carries the session's token from the peer; and the token frame goes on
 // a connection that founds the session or whose peer proved it.
 func (g *gate) sessionTokens(a *assoc, d admission) {
-	if !a.tokens {
+	if !a.peer.tokens {
 		return
 	}
 	if d.founds {
-		g.tokens.issue(a.peerUID, func(uid NodeUID) bool { return g.n.peers.byUID[uid] != nil })
+		g.tokens.issue(a.peer.uid, func(uid NodeUID) bool { return g.n.peers.byUID[uid] != nil })
 	}
-	a.sendToken = d.founds || d.proven
+	a.open.sendToken = d.founds || d.proven
 	if d.winner == a && d.loser != nil {
 		ex := d.loser
 		ex.mu.Lock()

@@ -252,7 +252,7 @@ func TestASecondConnectionOfThePeerProvesItsToken(t *testing.T) {
 	// d may have read the first connection's retirement before the
 	// second's welcome, founded the session there and drawn a new token,
 	// which replaced the one a proved. The two must hold the same one.)
-	if a == nil || a.challenged == nil || !bytes.Equal(server.byUIDToken(t, d.UID()), d.gate.tokenFor(server.UID())) {
+	if a == nil || a.peer.challenged == nil || !bytes.Equal(server.byUIDToken(t, d.UID()), d.gate.tokenFor(server.UID())) {
 		t.Fatalf("the second connection was not the one that proved its token: %+v", a)
 	}
 	if ev := trouble.Load(); ev != nil {

@@ -90,7 +90,7 @@ func goldenFrames(t *testing.T) map[string][]byte {
 
 	a := newAssoc(nil, true, tcpAddr("127.0.0.1:7001"))
 	a.n = &Node{cfg: Config{MaxFrameSize: defaultMaxFrameSize}}
-	a.peerUID, a.peerHeaders = uid, true
+	a.peer.uid, a.peer.headers = uid, true
 	tellTo := func(msg any, hd ...string) []byte {
 		var h Headers
 		for i := 0; i+1 < len(hd); i += 2 {
@@ -219,7 +219,7 @@ func FuzzDecodeFrame(f *testing.F) {
 	Spawn(n, "echo", Behavior[count]{Receive: func(*Context[count], count) {}})
 	f.Fuzz(func(t *testing.T, in []byte) {
 		a := newAssoc(n, false, Addr{})
-		a.peerUID = NodeUID{0xa1, 0xa2, 0xa3, 0xa4, 0xa5, 0xa6, 0xa7, 0xa8, 0xa9, 0xaa, 0xab, 0xac, 0xad, 0xae, 0xaf, 0xb0}
+		a.peer.uid = NodeUID{0xa1, 0xa2, 0xa3, 0xa4, 0xa5, 0xa6, 0xa7, 0xa8, 0xa9, 0xaa, 0xab, 0xac, 0xad, 0xae, 0xaf, 0xb0}
 		a.life.state = assocUp
 		fr := newFrameReader(bytes.NewReader(in), 1<<16)
 		for {
