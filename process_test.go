@@ -164,15 +164,16 @@ func TestProcessKilledWithSIGKILLIsDetected(t *testing.T) {
 	t.Parallel()
 	c := startChild(t, "tcp://127.0.0.1:0")
 	_, _, term, events := processParent(t, c)
-	killed := time.Now()
 	c.signal(t, syscall.SIGKILL)
-	if ev := recv(t, events, "PeerUnreachable"); !ev.Quarantined || ev.UID.String() != c.uid {
+	ev := recv(t, events, "PeerUnreachable")
+	if !ev.Quarantined || ev.UID.String() != c.uid {
 		t.Fatalf("PeerUnreachable = %+v", ev)
 	}
 	// The broken connection is not taken for a flap: the redial is
-	// refused, and that is the verdict, before the 500 ms window.
-	if took := time.Since(killed); took > 400*time.Millisecond {
-		t.Fatalf("a killed process was declared unreachable after %v", took)
+	// refused, and that is the verdict, not the 500 ms window (checked by
+	// the reason, not by the time, which a loaded machine stretches).
+	if ev.Reason == nil || !strings.Contains(ev.Reason.Error(), "now refuses connections") {
+		t.Fatalf("a killed process was declared unreachable because %v; want the refused redial", ev.Reason)
 	}
 	if tm := recv(t, term, "Terminated"); !errors.Is(tm.Reason, ErrPeerUnreachable) {
 		t.Fatalf("Terminated reason = %v", tm.Reason)
