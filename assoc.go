@@ -233,6 +233,7 @@ func newAssoc(n *Node, outbound bool, dial Addr) *assoc {
 			targets: make(map[refKey]uint32),
 		},
 	}
+	a.rd.a, a.wr.a = a, a
 	a.rd.dec.binder = a
 	return a
 }
@@ -296,8 +297,8 @@ func (a *assoc) closeReady() { a.readyOnce.Do(func() { close(a.ready) }) }
 
 // run starts the writer and runs the reader on the calling goroutine.
 func (a *assoc) run(fr *frameReader) {
-	a.n.wg.Go(a.writeLoop)
-	a.readLoop(fr)
+	a.n.wg.Go(a.wr.writeLoop)
+	a.rd.readLoop(fr)
 	close(a.readerDone)
 }
 
@@ -438,4 +439,28 @@ func (a *assoc) signal(h *handle, m sysMsg) {
 		return
 	}
 	a.answer(appendWatch(nil, frameTerminated, watchBody{path: m.key.path, uuid: m.key.uuid, watcher: h.key.path, code: code, text: text}))
+}
+
+// use starts an outbound association's dial, once; the caller has seen it
+// not yet leaving.
+func (a *assoc) use() {
+	if a.outbound {
+		a.dialOnce.Do(func() { a.n.wg.Go(a.runOutbound) })
+	}
+}
+
+// gone reports whether the association has ended (or is ending).
+func (a *assoc) gone() bool {
+	t := a.lockTarget()
+	defer t.mu.Unlock()
+	return t.life.state >= assocLeaving
+}
+
+// exemptFromQuarantine reports whether a's peer is never quarantined
+// when the session ends (quarantine.go). Cluster members are never
+// quarantined: they keep knocking on each other until one is downed.
+// Registrars neither: a registrar is infrastructure, not a peer whose
+// actors anyone relies on, and discovery must come back with it.
+func (a *assoc) exemptFromQuarantine() bool {
+	return a.n.cl.isMember(a.peer.uid) || a.n.disc.isRegistrarAssoc(a)
 }

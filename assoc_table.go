@@ -145,14 +145,6 @@ func (pt *peerTable) assocHeld(addr Addr, wait bool, from NodeUID) (_ *assoc, he
 	return a, false, nil
 }
 
-// use starts an outbound association's dial, once; the caller has seen it
-// not yet leaving.
-func (a *assoc) use() {
-	if a.outbound {
-		a.dialOnce.Do(func() { a.n.wg.Go(a.runOutbound) })
-	}
-}
-
 // untable removes a from the node's lookup tables, so no new ref binds to it.
 func (pt *peerTable) untable(a *assoc) {
 	pt.mu.Lock()

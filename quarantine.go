@@ -268,16 +268,6 @@ func (pt *peerTable) quarantineFor(uid NodeUID, addrs ...Addr) *quarantineInfo {
 	return pt.quarantine.find(time.Now(), pt.n.cfg.QuarantineExpiry, uid, addrs...)
 }
 
-// quarantines decides whether an association that ended with err
-// quarantines its peer: only one that was up, ended by neither side's
-// goodbye nor this node's closing. Cluster members are never
-// quarantined: they keep knocking on each other until one is downed.
-// Registrars neither: a registrar is infrastructure, not a peer whose
-// actors anyone relies on, and discovery must come back with it.
-func (a *assoc) exemptFromQuarantine() bool {
-	return a.n.cl.isMember(a.peer.uid) || a.n.disc.isRegistrarAssoc(a)
-}
-
 // logRefusedQuarantined says, once per incarnation, that a connection
 // of a quarantined peer was refused, and what would lift the quarantine.
 func (pt *peerTable) logRefusedQuarantined(a *assoc, h *hello, q *quarantineInfo) {

@@ -159,7 +159,7 @@ func TestAResumeIntoALeavingSessionLosesNothingSilently(t *testing.T) {
 		}
 		if i == 2 {
 			written := a.out.take()
-			a.keepUnacked(&written) // the first three were written
+			a.wr.keepUnacked(&written) // the first three were written
 		}
 	}
 	a.mu.Unlock()

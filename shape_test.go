@@ -375,20 +375,20 @@ func TestShapesHeldAreCountedNotShapesEverSent(t *testing.T) {
 	old := typeOf(reflect.TypeFor[shOld]())
 	big := shapeOf(reflect.TypeFor[shNest]())
 	for range 2 * maxShapeSession / len(big) {
-		if err := a.onShape(appendShapeFrame(nil, old.key, big)[1:]); err != nil {
+		if err := a.rd.onShape(appendShapeFrame(nil, old.key, big)[1:]); err != nil {
 			t.Fatal(err)
 		}
 		ty := &inType{key: old.key, mt: old}
-		a.matchShape(ty)
+		a.rd.matchShape(ty)
 		if ty.conv == nil && ty.incompat == nil {
 			t.Fatal("a shape was not matched")
 		}
 	}
-	if err := a.onShape(appendShapeFrame(nil, old.key, shapeOf(reflect.TypeFor[shSwapped]()))[1:]); err != nil {
+	if err := a.rd.onShape(appendShapeFrame(nil, old.key, shapeOf(reflect.TypeFor[shSwapped]()))[1:]); err != nil {
 		t.Fatal(err)
 	}
 	ty := &inType{key: old.key, mt: old}
-	a.matchShape(ty)
+	a.rd.matchShape(ty)
 	if ty.conv == nil {
 		t.Fatalf("after %d bytes of shapes, a reordered type decodes positionally (held %d)", 2*maxShapeSession, a.rd.shapeBytes)
 	}

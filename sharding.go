@@ -294,13 +294,6 @@ func tellQueued[M any](n *Node, addr Addr, uid NodeUID, path string, msg M) bool
 	return a.send(nil, h, msg, nil) == nil
 }
 
-// gone reports whether the association has ended (or is ending).
-func (a *assoc) gone() bool {
-	t := a.lockTarget()
-	defer t.mu.Unlock()
-	return t.life.state >= assocLeaving
-}
-
 // deliverLocal pushes m into the entity's mailbox (waiting for room when
 // ctx is set, as Send does).
 func deliverLocal[T any](ctx context.Context, c *cell[T], m T, hd Headers) error {

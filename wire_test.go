@@ -238,7 +238,7 @@ func FuzzDecodeFrame(f *testing.F) {
 			if kind == frameBye {
 				continue // would end the association
 			}
-			if _, err := a.handleFrame(kind, body[1:]); err != nil {
+			if _, err := a.rd.handleFrame(kind, body[1:]); err != nil {
 				if !errors.Is(err, ErrMalformed) {
 					t.Fatalf("%s frame error %v does not wrap ErrMalformed", kind, err)
 				}
