@@ -654,3 +654,14 @@ func (h *handle) signal(m sysMsg) {
 		h.assoc.signal(h, m)
 	}
 }
+
+// Fail reports that the current message (or signal, or Setup) failed with
+// err. Once the handler returns, the actor's strategy handles the failure
+// as it would a panic: by default the actor stops with a reason that
+// wraps err ([IsFailure] reports it). A nil err is ignored; a second call
+// in the same handler replaces the first.
+func (c *Context[T]) Fail(err error) {
+	if err != nil {
+		c.c.tooling().failed = err
+	}
+}

@@ -133,7 +133,7 @@ type assoc struct {
 	// mergedTo is mergedInto, for readers that hold the peer table's lock, not mu.
 	mergedTo atomic.Pointer[assoc]
 
-	// mu guards everything below up to the writer's fields.
+	// mu guards the session's state and everything below it up to wake.
 	mu   mutex[lkAssoc]
 	life life   // the session's state: moved only by transition (assoc_transition.go)
 	qgen uint64 // counts the times queue was taken (see encodeQueued)
@@ -149,6 +149,8 @@ type assoc struct {
 	creditStalled bool
 	out           frameChain // encoded frames waiting to be written
 	reqs          requests   // what each side asked of the other and awaits
+	enc           outTables  // the senders' tables and encoder (send.go)
+	win           sendWindow // what was written and not yet acknowledged (assoc_io.go)
 
 	wake       chan struct{} // capacity 1: the writer has work
 	stop       chan struct{} // closed when the session ends or is suspended: the writer exits
@@ -176,10 +178,6 @@ type assoc struct {
 	// rd is the reader goroutine's (assoc_reader.go); a session that
 	// resumes takes its tables over before its reader starts.
 	rd assocReader
-	// Guarded by mu: the senders' tables and encoder (send.go) and the
-	// window (assoc_io.go).
-	enc outTables
-	win sendWindow
 	// tab is the peer table's (peers.mu; assoc_table.go).
 	tab tableEntry
 }
@@ -233,7 +231,7 @@ func newAssoc(n *Node, outbound bool, dial Addr) *assoc {
 			targets: make(map[refKey]uint32),
 		},
 	}
-	a.rd.a, a.wr.a = a, a
+	a.rd.a, a.wr.a, a.hb.a = a, a, a
 	a.rd.dec.binder = a
 	return a
 }

@@ -710,3 +710,12 @@ func (d *decoder) payload(mt *msgType, b []byte) (any, error) {
 	}
 	return mt.box(v), nil
 }
+
+// whole returns the decoder's error, or one if bytes are left over: every
+// frame body must be consumed whole.
+func (d *decoder) whole(what string) error {
+	if d.err == nil && d.remaining() != 0 {
+		d.fail("%d bytes after the %s frame", d.remaining(), what)
+	}
+	return d.err
+}

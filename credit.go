@@ -90,7 +90,7 @@ func (a *assoc) creditDue(ac *creditAcct) {
 	}
 	a.due.mu.Lock()
 	if now := ac.a.Load(); now != a {
-		// A resume moved the account meanwhile (under a.cmu): queue it
+		// A resume moved the account meanwhile (under a.due.mu): queue it
 		// on the session it answers to now.
 		a.due.mu.Unlock()
 		ac.queued.Store(false)

@@ -34,19 +34,18 @@ func (r *stampReader) Read(p []byte) (int, error) {
 }
 
 // liveness is what the node's heartbeat goroutine keeps for each
-// association, and only it reads or writes.
+// association, and the checks it runs on it. attach starts its detector
+// (startDetector) under the peer table's lock, before the heartbeat loop
+// can find the association there; from then on only the heartbeat loop
+// reads or writes it.
 type liveness struct {
+	a        *assoc // whose liveness this is
 	det      windowDetector
 	lastBeat time.Time
 	// judged: the window decides about this peer (it is no member whose
 	// liveness the cluster judges, or this node flushes); when it becomes
 	// so, the window starts then, not at the last bytes heard.
 	judged bool
-}
-
-// startDetector starts a's window detector as its handshake completes.
-func (a *assoc) startDetector(now time.Time) {
-	a.hb.det = windowDetector{Window: a.n.cfg.UnreachableAfter, Start: now}
 }
 
 // heartbeatLoop is the node's one liveness goroutine: every quarter
@@ -71,128 +70,10 @@ func (n *Node) heartbeatLoop() {
 			}
 			n.peers.mu.Unlock()
 			for _, a := range assocs {
-				a.checkLiveness(now)
+				a.hb.checkLiveness(now)
 			}
 			n.dead.log.summarize(n, now)
 		}
-	}
-}
-
-// checkLiveness steps a's detector; it runs on the heartbeat goroutine,
-// which owns det and lastBeat.
-func (a *assoc) checkLiveness(now time.Time) {
-	if a.in == nil {
-		return
-	}
-	if a.closeLate(now) {
-		return
-	}
-	if at := a.in.heard.Load(); at != 0 {
-		a.hb.det.Heartbeat(a.n.epoch.Add(time.Duration(at)))
-	}
-	// A member's liveness is the cluster's to judge, until this node
-	// flushes: then nothing but the window stands between a silent peer
-	// and the end of the shutdown.
-	flushing := a.n.lc.flushBegun()
-	judged := flushing || !a.n.cl.isMember(a.peer.uid)
-	if judged && !a.hb.judged {
-		// A member that exchanged no heartbeats with this node (it
-		// watches other members) was judged by the cluster until now:
-		// its window starts here, not at whatever was last heard.
-		a.hb.det.Start = now
-	}
-	a.hb.judged = judged
-	if !a.hb.det.Available(now) && judged {
-		a.declareUnreachable(fmt.Errorf("nothing heard for %v (the limit is %v)", now.Sub(a.hb.det.LastHeard()).Round(time.Millisecond), a.n.cfg.UnreachableAfter))
-		return
-	}
-	if now.Sub(a.hb.lastBeat) >= a.n.cfg.HeartbeatInterval {
-		if stuck := a.ackStuck(now); stuck != nil && judged {
-			a.declareUnreachable(stuck)
-			return
-		}
-		a.hb.lastBeat = now
-		if a.needsBeat() && !flushing { // (a leaving writer sends its queue, then its bye)
-			a.beat.Store(true)
-		}
-		a.notify() // the writer acknowledges what arrived, beat or not
-	}
-}
-
-// closeLate closes the connection of a session this node gave up on more
-// than byeGrace ago, if nothing has closed it: the writer, which says
-// goodbye and closes it, may be busy (or gone, in a state that drains).
-// It reports whether the session is ending.
-func (a *assoc) closeLate(now time.Time) bool {
-	at := a.endingAt.Load()
-	if at == 0 {
-		return false
-	}
-	if now.Sub(time.Unix(0, at)) > byeGrace {
-		a.mu.Lock()
-		conn := a.conn
-		a.mu.Unlock()
-		closeHard(conn) // a goodbye that took longer will never arrive
-	}
-	return true
-}
-
-// ackStuck says why a's peer counts as gone though it still sends: it
-// has acknowledged nothing for UnreachableAfter while frames wait for its
-// acknowledgement (a peer that reads and never confirms would otherwise
-// hold the window, and every sender waiting on it, for ever). Nil if it
-// has.
-func (a *assoc) ackStuck(now time.Time) error {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if (a.life.state != assocUp && a.life.state != assocLeaving) || a.unackedSeq() == 0 {
-		return nil
-	}
-	if d := now.Sub(a.win.ackMoved); d >= a.n.cfg.UnreachableAfter {
-		return fmt.Errorf("%s has acknowledged nothing for %v while %d bytes wait for it (the limit is %v)", a.label(), d.Round(time.Millisecond), a.win.unacked.bytes, a.n.cfg.UnreachableAfter)
-	}
-	return nil
-}
-
-// needsBeat reports whether a's peer needs this node's heartbeats: every
-// peer does, except a cluster member that does not watch this one (see
-// ClusterConfig.MonitoredMembers) — in a large cluster, heartbeats to
-// every member would cost each member bytes in proportion to the cluster.
-func (a *assoc) needsBeat() bool {
-	if !a.n.cl.isMember(a.peer.uid) {
-		return true
-	}
-	w := a.n.cl.beat.Load()
-	return w == nil || (*w)[a.peer.uid]
-}
-
-// declareUnreachable ends an association whose peer went silent. It closes
-// the connection and leaves the rest to the reader, which ends the session
-// once it has delivered its last frame: nothing from the peer is delivered
-// after its watchers are told. A suspended session (no reader) ends at
-// once, its end carried out on a goroutine of the node's: the heartbeat
-// loop, which calls this, never fails a backlog itself.
-func (a *assoc) declareUnreachable(cause error) {
-	a.mu.Lock()
-	if a.life.state == assocSuspended {
-		// No connection, no reader: the wait for a new connection is
-		// over. The session ends here and now; what the end does (a dead
-		// letter, decoded again, for each message it held, however many)
-		// runs on a goroutine of its own, so that no other peer's
-		// detection waits for it.
-		ev := a.endEvent(fmt.Errorf("%v, and no new connection: %w", a.life.lostCause, cause))
-		var tk taken
-		eff, _ := a.stepLocked(ev, &tk)
-		a.mu.Unlock()
-		if eff != 0 {
-			a.n.wg.Go(func() { a.carryOut(eff, &tk) })
-		}
-		return
-	}
-	live := a.life.state == assocUp || a.life.state == assocLeaving // (leaving: the connection is reset, and the writer's wait ends)
-	a.mu.Unlock()
-	if live {
-		a.abort(cause)
 	}
 }
 
@@ -362,4 +243,127 @@ func phi(timeDiff, mean, std float64) float64 {
 		return math.Inf(1)
 	}
 	return p
+}
+
+// checkLiveness steps a's detector; it runs on the heartbeat goroutine,
+// which owns det and lastBeat.
+func (l *liveness) checkLiveness(now time.Time) {
+	a := l.a
+	if a.in == nil {
+		return
+	}
+	if l.closeLate(now) {
+		return
+	}
+	if at := a.in.heard.Load(); at != 0 {
+		l.det.Heartbeat(a.n.epoch.Add(time.Duration(at)))
+	}
+	// A member's liveness is the cluster's to judge, until this node
+	// flushes: then nothing but the window stands between a silent peer
+	// and the end of the shutdown.
+	flushing := a.n.lc.flushBegun()
+	judged := flushing || !a.n.cl.isMember(a.peer.uid)
+	if judged && !l.judged {
+		// A member that exchanged no heartbeats with this node (it
+		// watches other members) was judged by the cluster until now:
+		// its window starts here, not at whatever was last heard.
+		l.det.Start = now
+	}
+	l.judged = judged
+	if !l.det.Available(now) && judged {
+		l.declareUnreachable(fmt.Errorf("nothing heard for %v (the limit is %v)", now.Sub(l.det.LastHeard()).Round(time.Millisecond), a.n.cfg.UnreachableAfter))
+		return
+	}
+	if now.Sub(l.lastBeat) >= a.n.cfg.HeartbeatInterval {
+		if stuck := l.ackStuck(now); stuck != nil && judged {
+			l.declareUnreachable(stuck)
+			return
+		}
+		l.lastBeat = now
+		if l.needsBeat() && !flushing { // (a leaving writer sends its queue, then its bye)
+			a.beat.Store(true)
+		}
+		a.notify() // the writer acknowledges what arrived, beat or not
+	}
+}
+
+// closeLate closes the connection of a session this node gave up on more
+// than byeGrace ago, if nothing has closed it: the writer, which says
+// goodbye and closes it, may be busy (or gone, in a state that drains).
+// It reports whether the session is ending.
+func (l *liveness) closeLate(now time.Time) bool {
+	a := l.a
+	at := a.endingAt.Load()
+	if at == 0 {
+		return false
+	}
+	if now.Sub(time.Unix(0, at)) > byeGrace {
+		a.mu.Lock()
+		conn := a.conn
+		a.mu.Unlock()
+		closeHard(conn) // a goodbye that took longer will never arrive
+	}
+	return true
+}
+
+// ackStuck says why a's peer counts as gone though it still sends: it
+// has acknowledged nothing for UnreachableAfter while frames wait for its
+// acknowledgement (a peer that reads and never confirms would otherwise
+// hold the window, and every sender waiting on it, for ever). Nil if it
+// has.
+func (l *liveness) ackStuck(now time.Time) error {
+	a := l.a
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if (a.life.state != assocUp && a.life.state != assocLeaving) || a.unackedSeq() == 0 {
+		return nil
+	}
+	if d := now.Sub(a.win.ackMoved); d >= a.n.cfg.UnreachableAfter {
+		return fmt.Errorf("%s has acknowledged nothing for %v while %d bytes wait for it (the limit is %v)", a.label(), d.Round(time.Millisecond), a.win.unacked.bytes, a.n.cfg.UnreachableAfter)
+	}
+	return nil
+}
+
+// needsBeat reports whether a's peer needs this node's heartbeats: every
+// peer does, except a cluster member that does not watch this one (see
+// ClusterConfig.MonitoredMembers) — in a large cluster, heartbeats to
+// every member would cost each member bytes in proportion to the cluster.
+func (l *liveness) needsBeat() bool {
+	a := l.a
+	if !a.n.cl.isMember(a.peer.uid) {
+		return true
+	}
+	w := a.n.cl.beat.Load()
+	return w == nil || (*w)[a.peer.uid]
+}
+
+// declareUnreachable ends an association whose peer went silent. It closes
+// the connection and leaves the rest to the reader, which ends the session
+// once it has delivered its last frame: nothing from the peer is delivered
+// after its watchers are told. A suspended session (no reader) ends at
+// once, its end carried out on a goroutine of the node's: the heartbeat
+// loop, which calls this, never fails a backlog itself.
+func (l *liveness) declareUnreachable(cause error) {
+	a := l.a
+	a.mu.Lock()
+	if a.life.state == assocSuspended {
+		// No connection, no reader: the wait for a new connection is
+		// over. The session ends here and now; what the end does (a dead
+		// letter, decoded again, for each message it held, however many)
+		// runs on a goroutine of its own, so that no other peer's
+		// detection waits for it.
+		ev := a.endEvent(fmt.Errorf("%v, and no new connection: %w", a.life.lostCause, cause))
+		var tk taken
+		eff, _ := a.stepLocked(ev, &tk)
+		a.mu.Unlock()
+		if eff != 0 {
+			a.n.wg.Go(func() { a.carryOut(eff, &tk) })
+		}
+		return
+	}
+	live := a.life.state == assocUp || a.life.state == assocLeaving // (leaving: the connection is reset, and the writer's wait ends)
+	a.mu.Unlock()
+	if live {
+		a.abort(cause)
+	}
 }

@@ -50,8 +50,9 @@ type peerInfo struct {
 	rtt     time.Duration // the handshake's round trip (outbound)
 }
 
-// opening is what attach decided that a connection's writer sends first,
-// set (under both locks that attach holds) before the writer starts.
+// opening is what a connection's writer sends first, decided before the
+// writer starts: sendToken by attach (under the peer table's lock),
+// resume and resumeRcv by takeOver (under both sessions' locks).
 type opening struct {
 	// sendToken: this node's session token goes first (the connection
 	// founds the session, or its peer proved it: token.go).
@@ -761,4 +762,9 @@ func (g *gate) awaitWinner(a *assoc, uid NodeUID) {
 		g.n.peers.mu.Unlock()
 		a.fail(errors.New("the peer chose its own connection, which never arrived"))
 	}
+}
+
+// startDetector starts a's window detector as its handshake completes.
+func (a *assoc) startDetector(now time.Time) {
+	a.hb.det = windowDetector{Window: a.n.cfg.UnreachableAfter, Start: now}
 }

@@ -68,7 +68,7 @@ const (
 	// assoc.mu (assoc.go): one association; two at once only as a merge
 	// or a resume takes one over (the old one first)
 	lockAssoc
-	// assoc.cmu (assoc.go): the credit an association owes; two at once
+	// assoc.due.mu (creditDue, credit.go): the credit an association owes; two at once
 	// only as a resume moves it (the old one first)
 	lockAssocCredit
 	// actorTable.mu (actor_table.go): the node's actors by path and name

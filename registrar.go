@@ -662,3 +662,16 @@ type registrarRole struct {
 // reg returns the registry this node serves, or nil. A node may become a
 // registrar while it runs, so it is read atomically.
 func (rr *registrarRole) reg() *regTable { return rr.served.Load() }
+
+// lists reports whether node has an entry at addr: a report of any other
+// address makes the registrar dial nothing.
+func (g *regTable) lists(node NodeUID, addr Addr) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for _, e := range g.byNode[node] {
+		if slices.Contains(e.Addrs, addr) {
+			return true
+		}
+	}
+	return false
+}

@@ -2,7 +2,6 @@ package troupe
 
 import (
 	"net"
-	"slices"
 	"time"
 )
 
@@ -119,19 +118,6 @@ func (rr *registrarRole) checkAddr(node NodeUID, addr Addr, reporter NodeUID) bo
 		g.deleteAddr(node, addr)
 	})
 	return true
-}
-
-// lists reports whether node has an entry at addr: a report of any other
-// address makes the registrar dial nothing.
-func (g *regTable) lists(node NodeUID, addr Addr) bool {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	for _, e := range g.byNode[node] {
-		if slices.Contains(e.Addrs, addr) {
-			return true
-		}
-	}
-	return false
 }
 
 // reachesAsItsHost reports whether this node can check addr for node: any

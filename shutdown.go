@@ -238,7 +238,7 @@ func (l *lifecycle) refuseWork() {
 	assocs := make([]*assoc, 0, len(l.n.peers.all))
 	for a := range l.n.peers.all {
 		select {
-		case <-a.ready: // (the handshake set peer.flags before, under peers.mu)
+		case <-a.ready: // (attach set peer.flags before, under the association's lock)
 		default:
 			continue // its handshake, under peers.mu later, sees refusing
 		}

@@ -209,17 +209,6 @@ func IsFailure(err error) bool {
 	return errors.As(err, &pe) || errors.As(err, &fe) || errors.As(err, &re) && re.Failed
 }
 
-// Fail reports that the current message (or signal, or Setup) failed with
-// err. Once the handler returns, the actor's strategy handles the failure
-// as it would a panic: by default the actor stops with a reason that
-// wraps err ([IsFailure] reports it). A nil err is ignored; a second call
-// in the same handler replaces the first.
-func (c *Context[T]) Fail(err error) {
-	if err != nil {
-		c.c.tooling().failed = err
-	}
-}
-
 // restartPhase is where a restart is: waiting for the children to stop,
 // waiting out the backoff, or due.
 type restartPhase uint8

@@ -220,7 +220,7 @@ func (g *gate) answerTokenChallenge(body []byte, h *hello) ([]byte, error) {
 
 // onToken keeps the peer's session token, with the session. A token that
 // comes on a connection that founded the session or whose peer proved the
-// session's token (a.sendToken: it is the peer's) replaces the one kept:
+// session's token (a.open.sendToken: it is the peer's) replaces the one kept:
 // the peer may have drawn a new one (it gave the session up and founded
 // a new one there, while this node's side of it won on here), and it
 // proves its next claims with that. On any other connection the first

@@ -690,12 +690,3 @@ func parseShapeFrame(b []byte) (key string, shape []byte, err error) {
 	}
 	return key, b[d.off:], nil
 }
-
-// whole returns the decoder's error, or one if bytes are left over: every
-// frame body must be consumed whole.
-func (d *decoder) whole(what string) error {
-	if d.err == nil && d.remaining() != 0 {
-		d.fail("%d bytes after the %s frame", d.remaining(), what)
-	}
-	return d.err
-}
