@@ -50,10 +50,13 @@ func TestAnswersBehindACreditWaitDoNotEndAReadingPeer(t *testing.T) {
 	queued := tg.queue.len()
 	tg.mu.Unlock()
 	as.notify()
-	time.Sleep(200 * time.Millisecond)
-	tg = as.lockTarget()
-	left := tg.queue.len()
-	tg.mu.Unlock()
+	var left int
+	waitFor(t, 5*time.Second, "the writer's round to take the records", func() bool {
+		tg := as.lockTarget()
+		defer tg.mu.Unlock()
+		left = tg.queue.len()
+		return left < queued
+	})
 	t.Logf("records queued %d, left after the writer's round %d", queued, left)
 	// B asks A for answers, and reads everything A writes.
 	bs := echoFromB.h.assoc

@@ -363,6 +363,11 @@ func StartCluster(ctx context.Context, n *Node, cfg ClusterConfig) (*Cluster, er
 	c.mu.Unlock()
 	onQuarantine := c.quarantinedBy
 	n.cl.quarantinedBy.Store(&onQuarantine)
+	plug := &clusterPlug{leave: c.stepOut, addStats: c.addStats}
+	if c.recep != nil {
+		plug.entries = clusterSource{n, c.recep}
+	}
+	n.cl.plug.Store(plug)
 	n.cl.cluster.Store(c)
 	if c.recep != nil {
 		c.recep.adopt()
@@ -592,4 +597,41 @@ func (c *Cluster) Down(addr string) error {
 	c.publish(events)
 	c.gossip()
 	return nil
+}
+
+// addStats adds the cluster's view to s, a snapshot of the node's Stats
+// taken at now (its peers and quarantine already in): each peer's phi,
+// what blocks the cluster, and the members as this one sees them.
+func (c *Cluster) addStats(s *Stats, now time.Time) {
+	c.mu.Lock()
+	for i := range s.Peers {
+		if d, ok := c.detectors[s.Peers[i].UID].(*PhiAccrual); ok {
+			s.Peers[i].Phi = d.suspicion(now)
+		}
+	}
+	unreachable := c.unreachable()
+	s.ClusterBlocked = c.blocked.text
+	var leader NodeUID
+	if l := c.leader(); l != nil {
+		leader = l.UID
+	}
+	for _, m := range c.members {
+		reachable := !unreachable[m.UID] && m.Status != MemberRemoved // (a removed member is no longer watched)
+		s.Members = append(s.Members, memberStats{Member: *m, Reachable: reachable, Self: m.UID == c.n.uid, Leader: m.UID == leader})
+	}
+	c.mu.Unlock()
+	names := map[NodeUID]string{}
+	for _, q := range s.Quarantined {
+		names[q.UID] = q.Name
+	}
+	for _, p := range s.Peers {
+		names[p.UID] = p.Name
+	}
+	for i := range s.Members {
+		s.Members[i].Name = names[s.Members[i].UID]
+		if s.Members[i].Self {
+			s.Members[i].Name = c.n.name
+		}
+	}
+	slices.SortFunc(s.Members, func(a, b memberStats) int { return lowerAddr(a.Member, b.Member) })
 }

@@ -61,6 +61,7 @@ func (c *Cluster) cleanup() {
 	c.n.cl.quarantinedBy.Store(nil)
 	c.n.cl.beat.Store(nil)
 	if c.n.cl.cluster.CompareAndSwap(c, nil) {
+		c.n.cl.plug.Store(nil)
 		c.n.lc.clusterEnded.Store(true)
 	}
 	if c.recep != nil {

@@ -207,15 +207,6 @@ func (rc *receptionist) bump() {
 	}
 }
 
-// clusterRegistry returns the receptionist of the node's cluster, if the
-// cluster is the node's registry.
-func (n *Node) clusterRegistry() *receptionist {
-	if c := n.cl.cluster.Load(); c != nil {
-		return c.recep
-	}
-	return nil
-}
-
 // add lists r, an entry of this node, and has the change pushed.
 func (rc *receptionist) add(r Registration) error {
 	k := recepKey{r.Name, r.UUID}
@@ -601,9 +592,11 @@ type clusterSource struct {
 	rc *receptionist
 }
 
-func (s clusterSource) String() string { return "the cluster's members" }
-func (s clusterSource) addr() Addr     { return Addr{} }
-func (s clusterSource) isLocal() bool  { return false }
+func (s clusterSource) String() string                { return "the cluster's members" }
+func (s clusterSource) add(r Registration) error      { return s.rc.add(r) }
+func (s clusterSource) remove(name string, uuid UUID) { s.rc.remove(name, uuid) }
+func (s clusterSource) addr() Addr                    { return Addr{} }
+func (s clusterSource) isLocal() bool                 { return false }
 
 func (s clusterSource) ask(_ context.Context, req regRequest) ([]Registration, error) {
 	if req.Op != regOpFind {

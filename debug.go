@@ -396,8 +396,8 @@ func writeMetrics(w io.Writer, s Stats) {
 		for _, m := range s.Members {
 			byStatus[m.Status.String()]++
 		}
-		for _, st := range memberStatusNames {
-			fmt.Fprintf(w, "troupe_cluster_members{status=%q} %d\n", st, byStatus[st])
+		for st := MemberJoining; st <= MemberRemoved; st++ {
+			fmt.Fprintf(w, "troupe_cluster_members{status=%q} %d\n", st, byStatus[st.String()])
 		}
 	}
 }

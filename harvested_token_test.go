@@ -61,7 +61,17 @@ func TestAHarvestedTokenDoesNotTakeOverALiveSession(t *testing.T) {
 		}
 	}
 	conn.Close()
-	time.Sleep(200 * time.Millisecond)
+	waitFor(t, 5*time.Second, "C to see the claim's connection close", func() bool {
+		c.peers.mu.Lock()
+		a := c.peers.byUID[b.UID()]
+		c.peers.mu.Unlock()
+		if a == nil {
+			return true
+		}
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		return a.life.state != assocUp
+	})
 	// 2. B and C connect for real: B dials C.
 	echo := spawnEcho(t, c, "echo")
 	ref, err := Resolve[testPing](ctxT(t, 5*time.Second), b, FormatRef(c.Addrs()[0], echo.Path()))

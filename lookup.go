@@ -34,8 +34,8 @@ func WithRegistries(addrs ...string) LookupOption {
 func (dc *registryClient) serviceSources(opts []LookupOption) ([]registry, error) {
 	srcs, err := dc.lookupSources(opts)
 	if errors.Is(err, ErrNoRegistry) {
-		if rc := dc.n.clusterRegistry(); rc != nil {
-			return []registry{clusterSource{dc.n, rc}}, nil
+		if er := dc.n.cl.entries(); er != nil {
+			return []registry{er}, nil
 		}
 	}
 	return srcs, err

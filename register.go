@@ -308,10 +308,10 @@ func (dc *registryClient) registerEntry(h *handle, r Registration) (refused erro
 		}
 		cancel()
 	}
-	if rc := dc.n.clusterRegistry(); rc != nil {
+	if er := dc.n.cl.entries(); er != nil {
 		// The cluster is the registry: this member has it at once, the
 		// others when its push reaches them.
-		if err := rc.add(r); err != nil && refused == nil {
+		if err := er.add(r); err != nil && refused == nil {
 			refused = err
 		}
 	}
@@ -334,8 +334,8 @@ func (dc *registryClient) unregisterEntry(name string, uuid UUID) {
 	if dc.etcd.reg != nil {
 		dc.etcd.sync.poke(false) // the writer deletes it
 	}
-	if rc := dc.n.clusterRegistry(); rc != nil {
-		rc.remove(name, uuid)
+	if er := dc.n.cl.entries(); er != nil {
+		er.remove(name, uuid)
 	}
 }
 

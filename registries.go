@@ -50,6 +50,18 @@ type registry interface {
 	follow(ctx context.Context, sel regSelector, set func([]Registration), answered func()) error
 }
 
+// entryRegistry is a registry that also takes this node's own entries
+// directly: the cluster's (clusterSource in cluster_services.go), when the
+// cluster is the node's registry. Registration adds to it and removes from
+// it; lookups, waits and watches ask it as any registry.
+type entryRegistry interface {
+	registry
+	// add lists r, an entry of this node, or says why it cannot.
+	add(r Registration) error
+	// remove drops this node's entry name of the actor uuid.
+	remove(name string, uuid UUID)
+}
+
 // regWaiter is one wait parked on a registry: the promise its answer
 // completes, what it admits, and what it found when the registry
 // answers on a goroutine of the waiter's (etcd).

@@ -1,8 +1,10 @@
 package troupe
 
 import (
+	"context"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // clusterSeam is where a cluster plugs into the core: StartCluster sets
@@ -24,6 +26,35 @@ type clusterSeam struct {
 	// starts wakes what waits for a cluster to serve as the node's
 	// registry (topics, with none).
 	starts wakeup
+	// plug is what the running cluster does for the core, nil while
+	// none runs: StartCluster sets it, the cluster's end clears it.
+	plug atomic.Pointer[clusterPlug]
+}
+
+// clusterPlug is what a running cluster does for the core. The core calls
+// these, and names nothing that only the cluster's files define: the
+// cluster plugs in from above.
+type clusterPlug struct {
+	// entries is the cluster's registry of service keys and topics, when
+	// the cluster is the node's registry (there is no other); nil
+	// otherwise.
+	entries entryRegistry
+	// leave hands this member's work over and leaves the cluster, before
+	// the node stops (lifecycle.leaveCluster): patient for Shutdown,
+	// bounded by the leave's wait for Close.
+	leave func(ctx context.Context, hurry <-chan struct{}, patient bool)
+	// addStats adds the cluster's view (its members, the phi of each
+	// peer, what blocks it) to a snapshot of the node's Stats.
+	addStats func(s *Stats, now time.Time)
+}
+
+// entries returns the running cluster's registry, when the cluster is
+// the node's registry, or nil.
+func (s *clusterSeam) entries() entryRegistry {
+	if p := s.plug.Load(); p != nil {
+		return p.entries
+	}
+	return nil
 }
 
 // isMember reports whether uid is a member of a cluster this node is in.

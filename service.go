@@ -89,7 +89,7 @@ func (k ServiceKey[T]) Register(n *Node, ref Ref[T]) error {
 	if n.lc.workOver() {
 		return ErrNodeClosed
 	}
-	if !n.disc.discovering() && n.clusterRegistry() == nil {
+	if !n.disc.discovering() && n.cl.entries() == nil {
 		return ErrNoRegistry // (nobody could find it)
 	}
 	e := serviceEntry{k.regName(), ref.h}

@@ -65,8 +65,8 @@ func (l *lifecycle) crash() error {
 // HandOffTimeout if patient (Shutdown), else for at most the leave wait
 // (Close, which stops at once).
 func (l *lifecycle) leaveCluster(ctx context.Context, hurry <-chan struct{}, patient bool) {
-	if c := l.n.cl.cluster.Load(); c != nil {
-		c.stepOut(ctx, hurry, patient)
+	if p := l.n.cl.plug.Load(); p != nil {
+		p.leave(ctx, hurry, patient)
 	}
 }
 

@@ -301,38 +301,8 @@ func (n *Node) Stats() Stats {
 		s.Registrar, s.Registrations = true, len(g.entries)
 		g.mu.Unlock()
 	}
-	if c := n.cl.cluster.Load(); c != nil {
-		c.mu.Lock()
-		for i := range s.Peers {
-			if d, ok := c.detectors[s.Peers[i].UID].(*PhiAccrual); ok {
-				s.Peers[i].Phi = d.suspicion(now)
-			}
-		}
-		unreachable := c.unreachable()
-		s.ClusterBlocked = c.blocked.text
-		var leader NodeUID
-		if l := c.leader(); l != nil {
-			leader = l.UID
-		}
-		for _, m := range c.members {
-			reachable := !unreachable[m.UID] && m.Status != MemberRemoved // (a removed member is no longer watched)
-			s.Members = append(s.Members, memberStats{Member: *m, Reachable: reachable, Self: m.UID == n.uid, Leader: m.UID == leader})
-		}
-		c.mu.Unlock()
-		names := map[NodeUID]string{}
-		for _, q := range s.Quarantined {
-			names[q.UID] = q.Name
-		}
-		for _, p := range s.Peers {
-			names[p.UID] = p.Name
-		}
-		for i := range s.Members {
-			s.Members[i].Name = names[s.Members[i].UID]
-			if s.Members[i].Self {
-				s.Members[i].Name = n.name
-			}
-		}
-		slices.SortFunc(s.Members, func(a, b memberStats) int { return lowerAddr(a.Member, b.Member) })
+	if p := n.cl.plug.Load(); p != nil {
+		p.addStats(&s, now)
 	}
 	s.RecentDeadLetters = n.dead.samples.list()
 	s.Runtime = n.runtimeStats(now)
