@@ -142,6 +142,9 @@ type Cluster struct {
 	// recep is the cluster's registry of service keys and topics, when
 	// the node uses no other (nil otherwise).
 	recep *receptionist
+	// plug is what this cluster installed in the node's seam (set by
+	// StartCluster before the loop starts; the loop's end removes it).
+	plug *clusterPlug
 
 	singletons singletons // the singletons this member takes part in
 	shardings  shardings  // the sharded kinds this member runs
@@ -363,12 +366,12 @@ func StartCluster(ctx context.Context, n *Node, cfg ClusterConfig) (*Cluster, er
 	c.mu.Unlock()
 	onQuarantine := c.quarantinedBy
 	n.cl.quarantinedBy.Store(&onQuarantine)
-	plug := &clusterPlug{leave: c.stepOut, addStats: c.addStats}
-	if c.recep != nil {
-		plug.entries = clusterSource{n, c.recep}
-	}
-	n.cl.plug.Store(plug)
 	n.cl.cluster.Store(c)
+	c.plug = &clusterPlug{leave: c.stepOut, addStats: c.addStats}
+	if c.recep != nil {
+		c.plug.entries = clusterSource{n, c.recep}
+	}
+	n.cl.plug.Store(c.plug)
 	if c.recep != nil {
 		c.recep.adopt()
 		n.cl.starts.signal()

@@ -60,8 +60,8 @@ func (c *Cluster) cleanup() {
 	c.keepLeaseThroughHold()
 	c.n.cl.quarantinedBy.Store(nil)
 	c.n.cl.beat.Store(nil)
+	c.n.cl.plug.CompareAndSwap(c.plug, nil) // (a cluster started since has its own)
 	if c.n.cl.cluster.CompareAndSwap(c, nil) {
-		c.n.cl.plug.Store(nil)
 		c.n.lc.clusterEnded.Store(true)
 	}
 	if c.recep != nil {

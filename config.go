@@ -12,6 +12,11 @@ import (
 	"unicode/utf8"
 )
 
+// defaultEtcdElectionTimeout is etcd's own default election timeout (its
+// --election-timeout), which Config.EtcdElectionTimeout assumes when it
+// is zero.
+const defaultEtcdElectionTimeout = time.Second
+
 // Config: what a node can be told, its defaults, and what Start refuses.
 
 // Config configures a node. The zero value of every field means its

@@ -213,7 +213,7 @@ func TestEtcdRegistrationsSurviveALeaderKill(t *testing.T) {
 	close(stop)
 	wg.Wait()
 	waitFor(t, 20*time.Second, "every registration in etcd", func() bool {
-		regs, err := n.disc.etcd.reg.list(ctxT(t, 5*time.Second))
+		regs, err := etcdClientOf(n).reg.list(ctxT(t, 5*time.Second))
 		return err == nil && len(regs) == 2*1+total && n.Stats().RegistryPending == 0
 	})
 	for i := range total {
@@ -380,7 +380,7 @@ func TestEtcdTenThousandActorsComeBackWholeAfterALeaseExpiry(t *testing.T) {
 	}
 	var listErr error
 	count := func() int {
-		regs, err := n.disc.etcd.reg.list(ctxT(t, 10*time.Second))
+		regs, err := etcdClientOf(n).reg.list(ctxT(t, 10*time.Second))
 		if err != nil {
 			listErr = err
 			return -1
@@ -390,14 +390,14 @@ func TestEtcdTenThousandActorsComeBackWholeAfterALeaseExpiry(t *testing.T) {
 	waitFor(t, 30*time.Second, "all 10,000 entries in etcd", func() bool {
 		return count() == total+1 && n.Stats().RegistryPending == 0
 	})
-	old := n.disc.etcd.reg.currentLease()
+	old := etcdClientOf(n).reg.currentLease()
 	lost := time.Now()
-	if err := n.disc.etcd.reg.revoke(ctxT(t, 10*time.Second), old); err != nil {
+	if err := etcdClientOf(n).reg.revoke(ctxT(t, 10*time.Second), old); err != nil {
 		t.Fatal(err)
 	}
-	ttl := n.disc.etcd.etcdTTL()
+	ttl := etcdClientOf(n).etcdTTL()
 	waitFor(t, 3*ttl+10*time.Second, "all 10,000 entries back", func() bool {
-		return count() == total+1 && n.disc.etcd.reg.currentLease() != old && n.Stats().RegistryPending == 0
+		return count() == total+1 && etcdClientOf(n).reg.currentLease() != old && n.Stats().RegistryPending == 0
 	})
 	back := time.Since(lost)
 	// Whole, and staying whole for two TTLs: the new lease is kept alive.

@@ -34,10 +34,6 @@ import (
 
 // Bounds of the etcd client.
 const (
-	// defaultEtcdElectionTimeout is etcd's own default election timeout
-	// (its --election-timeout), which Config.EtcdElectionTimeout assumes
-	// when it is zero.
-	defaultEtcdElectionTimeout = time.Second
 	// etcdRetryWait is the pause between two rounds of the endpoints.
 	etcdRetryWait = 100 * time.Millisecond
 	// etcdMinTTL is the shortest lease this client asks of etcd, whatever
@@ -482,6 +478,52 @@ func (r *etcdRegistry) setLease(lease string) {
 	r.mu.Lock()
 	r.lease = lease
 	r.mu.Unlock()
+}
+
+func init() { installStore = newEtcdStore }
+
+// newEtcdStore is n's etcd client as the core reaches it (storeClient,
+// registries.go).
+func newEtcdStore(n *Node) *storeClient {
+	ec := &etcdClient{n: n}
+	return &storeClient{
+		impl:       ec,
+		names:      isEtcdURL,
+		configured: ec.etcdConfigured,
+		start:      ec.startEtcdRegistry,
+		active:     func() bool { return ec.reg != nil },
+		own: func() registry {
+			if ec.reg == nil {
+				return nil
+			}
+			return etcdSource{ec, ec.reg}
+		},
+		at: func(s string) (registry, error) {
+			r, err := ec.etcdFor(s)
+			if err != nil {
+				return nil, err
+			}
+			return etcdSource{ec, r}, nil
+		},
+		registerNode: ec.registerEtcd,
+		added:        ec.added,
+		removed:      func() { ec.sync.poke(false) }, // the writer deletes it
+		pending:      ec.etcdPending,
+		revoke:       ec.revokeEtcd,
+		closeIdle:    ec.closeEtcdClients,
+	}
+}
+
+// added has the node's one writer put h's new entry r (with whatever else
+// is due), and waits for it, boundedly: past RegistryTimeout, it is
+// pending (Stats, Ready) until etcd takes it.
+func (ec *etcdClient) added(h *handle, r Registration) {
+	ec.sync.poke(false)
+	ctx, cancel := context.WithTimeout(ec.n.lc.ctx, ec.n.disc.registryTimeout())
+	defer cancel()
+	if !ec.awaitEtcd(ctx, h, r) {
+		ec.n.log.Warn("troupe: etcd has not confirmed an actor's registration yet; it stays pending until etcd takes it", "path", h.key.path, "name", r.Name, "registry", ec.reg.String())
+	}
 }
 
 // etcdConfigured reports whether Config.RegistryAddrs names an etcd.

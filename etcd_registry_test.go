@@ -20,6 +20,9 @@ import (
 	"time"
 )
 
+// etcdClientOf is n's etcd client, for tests that look inside it.
+func etcdClientOf(n *Node) *etcdClient { return n.disc.store.impl.(*etcdClient) }
+
 // etcdCluster is a three-member etcd on loopback that a test owns, so that
 // it may kill a member.
 type etcdCluster struct {
@@ -207,8 +210,8 @@ func TestEtcdRegistry(t *testing.T) {
 	}
 
 	// A key under the prefix that is not a registration is ignored.
-	junk := map[string]any{"key": b64(a.disc.etcd.reg.prefix + "echo/not-a-uuid"), "value": b64("{not json")}
-	if err := a.disc.etcd.reg.call(ctx, "/v3/kv/put", junk, &struct{}{}); err != nil {
+	junk := map[string]any{"key": b64(etcdClientOf(a).reg.prefix + "echo/not-a-uuid"), "value": b64("{not json")}
+	if err := etcdClientOf(a).reg.call(ctx, "/v3/kv/put", junk, &struct{}{}); err != nil {
 		t.Fatal(err)
 	}
 	if regs, err := reg.Find(ctx, "echo"); err != nil || len(regs) != 2 {
@@ -359,7 +362,7 @@ func TestEtcdRegistryLeaseExpires(t *testing.T) {
 	// Revoking the lease behind alpha's back is what etcd does when the
 	// TTL runs out with no keep-alive: the entries go at once.
 	lost := time.Now()
-	if err := a.disc.etcd.reg.revoke(ctx, a.disc.etcd.reg.currentLease()); err != nil {
+	if err := etcdClientOf(a).reg.revoke(ctx, etcdClientOf(a).reg.currentLease()); err != nil {
 		t.Fatal(err)
 	}
 	regs, err := reg.Find(ctx, "echo")
@@ -367,11 +370,11 @@ func TestEtcdRegistryLeaseExpires(t *testing.T) {
 		t.Fatalf("after the lease ended: %v, %v", regs, err)
 	}
 	// Alpha's keeper finds its lease gone and registers everything again.
-	waitFor(t, 3*a.disc.etcd.etcdTTL(), "alpha's entries to come back", func() bool {
+	waitFor(t, 3*etcdClientOf(a).etcdTTL(), "alpha's entries to come back", func() bool {
 		regs, err := reg.Find(ctx, "echo")
 		return err == nil && len(regs) == 1 && regs[0].Node == a.UID()
 	})
-	t.Logf("registered again %v after the lease ended (ttl %v)", time.Since(lost).Round(time.Millisecond), a.disc.etcd.etcdTTL())
+	t.Logf("registered again %v after the lease ended (ttl %v)", time.Since(lost).Round(time.Millisecond), etcdClientOf(a).etcdTTL())
 }
 
 func TestEtcdRegistryBadConfig(t *testing.T) {

@@ -201,3 +201,11 @@ func (s etcdSource) follow(ctx context.Context, sel regSelector, set func([]Regi
 		}
 	}
 }
+
+// etcdPrefix is where the selected registrations' keys start in r.
+func (s regSelector) etcdPrefix(r *etcdRegistry) string {
+	if s.name != "" {
+		return r.prefix + s.name + "/"
+	}
+	return r.prefix + s.prefix
+}

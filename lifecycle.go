@@ -116,7 +116,7 @@ func (n *Node) Ready() error {
 	if a, ok := n.disc.pendingAt(); ok {
 		return fmt.Errorf("%w: the registrar at %s lacks some of this node's names (registering again)", ErrNotReady, a)
 	}
-	if k := n.disc.etcd.etcdPending(); k > 0 {
+	if k := n.disc.store.pending(); k > 0 {
 		return fmt.Errorf("%w: %d of this node's registrations or removals are not yet in the etcd registry (trying again)", ErrNotReady, k)
 	}
 	return nil

@@ -52,12 +52,12 @@ func (dc *registryClient) lookupSources(opts []LookupOption) ([]registry, error)
 	var out []registry
 	if cfg.registries != nil {
 		for _, s := range cfg.registries {
-			if isEtcdURL(s) {
-				r, err := dc.n.disc.etcd.etcdFor(s)
+			if dc.store.names(s) {
+				r, err := dc.store.at(s)
 				if err != nil {
 					return nil, fmt.Errorf("WithRegistries: %w", err)
 				}
-				out = append(out, etcdSource{&dc.etcd, r})
+				out = append(out, r)
 				continue
 			}
 			a, err := ParseAddr(s)
@@ -78,8 +78,8 @@ func (dc *registryClient) lookupSources(opts []LookupOption) ([]registry, error)
 	for _, a := range dc.remoteRegistrars() {
 		out = append(out, remoteRegistrar{dc, a})
 	}
-	if dc.etcd.reg != nil {
-		out = append(out, etcdSource{&dc.etcd, dc.etcd.reg})
+	if r := dc.store.own(); r != nil {
+		out = append(out, r)
 	}
 	if len(out) == 0 {
 		return nil, ErrNoRegistry

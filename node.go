@@ -120,7 +120,7 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 	n.peers.n = n
 	n.lis.n = n
 	n.dead.n = n
-	n.disc.etcd.n = n
+	n.disc.store = installStore(n)
 	n.services.n, n.serviceSubs.n, n.topics.n = n, n, n
 	n.lc.n = n
 	n.registrar.n = n
@@ -137,8 +137,8 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 	n.epoch = time.Now()
 	var err error
 	switch {
-	case n.disc.etcd.etcdConfigured():
-		err = n.disc.etcd.startEtcdRegistry(ctx)
+	case n.disc.store.configured():
+		err = n.disc.store.start(ctx)
 	case cfg.Discovery || len(cfg.RegistryAddrs) > 0 || cfg.EnsureRegistry:
 		err = n.bootstrap(ctx)
 	default:

@@ -386,6 +386,83 @@ func isBuildTagged(f *ast.File) bool {
 	return false
 }
 
+// The cluster, sharding, the lease and etcd plug into the core from above
+// (clusterPlug in seams.go, storeClient in registries.go): no core file
+// names an unexported name that only their files define.
+func TestTheCoreNamesNoLayer(t *testing.T) {
+	t.Parallel()
+	layer := regexp.MustCompile(`^(cluster|sharding|membership|downing|lease|etcd)`)
+	lib, err := filepath.Glob("*.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fs := token.NewFileSet()
+	parsed := map[string]*ast.File{}
+	layerNames, coreNames := map[string]bool{}, map[string]bool{}
+	for _, name := range lib {
+		if strings.HasSuffix(name, "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(fs, name, nil, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		parsed[name] = f
+		defined := coreNames
+		if layer.MatchString(name) {
+			defined = layerNames
+		}
+		// What a file defines: its functions, methods, types and
+		// package-level values; a core file's struct fields too (a layer
+		// type's field is reached through a value the core was handed).
+		for _, d := range f.Decls {
+			switch d := d.(type) {
+			case *ast.FuncDecl:
+				defined[d.Name.Name] = true
+			case *ast.GenDecl:
+				for _, sp := range d.Specs {
+					switch sp := sp.(type) {
+					case *ast.TypeSpec:
+						defined[sp.Name.Name] = true
+						if st, ok := sp.Type.(*ast.StructType); ok && !layer.MatchString(name) {
+							for _, fl := range st.Fields.List {
+								for _, id := range fl.Names {
+									defined[id.Name] = true
+								}
+							}
+						}
+					case *ast.ValueSpec:
+						for _, id := range sp.Names {
+							defined[id.Name] = true
+						}
+					}
+				}
+			}
+		}
+	}
+	for name := range coreNames {
+		delete(layerNames, name)
+	}
+	// Words too common to tell a call into a layer from a local variable.
+	for _, w := range strings.Fields("reply pause merged keys touched leader unreachable unwrap poke wakeup") {
+		delete(layerNames, w)
+	}
+	for name, f := range parsed {
+		if layer.MatchString(name) {
+			continue
+		}
+		ast.Inspect(f, func(n ast.Node) bool {
+			if id, ok := n.(*ast.Ident); ok && layerNames[id.Name] && !ast.IsExported(id.Name) {
+				t.Errorf("%s: %s names %s, which only the layer files define: the core offers a hook (seams.go, registries.go) and the layer installs it", fs.Position(id.Pos()), name, id.Name)
+			}
+			return true
+		})
+	}
+	if len(layerNames) == 0 {
+		t.Fatal("found no names the layer files define: the file pattern no longer matches them")
+	}
+}
+
 // shapeCeilings are the types that do not yet meet TestTypesHaveOneStory,
 // with what they have (fields, files holding their methods; Node's
 // unexported ones only): a change lowers a ceiling when it lowers the

@@ -24,7 +24,7 @@ func isPublic(path string) bool {
 }
 
 func (dc *registryClient) discovering() bool {
-	return dc.n.registrar.reg() != nil || len(dc.registrars) > 0 || dc.etcd.reg != nil
+	return dc.n.registrar.reg() != nil || len(dc.registrars) > 0 || dc.store.active()
 }
 
 func (dc *registryClient) nodeRegistration() Registration {
@@ -67,8 +67,8 @@ func (dc *registryClient) registerNode(ctx context.Context) error {
 	if len(dc.registrars) > 0 {
 		dc.n.wg.Go(dc.keepRegistrars)
 	}
-	if dc.etcd.reg != nil {
-		return dc.n.disc.etcd.registerEtcd(ctx)
+	if dc.store.active() {
+		return dc.store.registerNode(ctx)
 	}
 	return nil
 }
@@ -297,16 +297,8 @@ func (dc *registryClient) registerEntry(h *handle, r Registration) (refused erro
 			dc.setPending(a, true)
 		}
 	}
-	if dc.etcd.reg != nil {
-		// The node's one writer puts it (with whatever else is due);
-		// Spawn waits for it, boundedly: past that, it is pending (Stats,
-		// Ready) until etcd takes it.
-		dc.etcd.sync.poke(false)
-		ctx, cancel := context.WithTimeout(dc.n.lc.ctx, dc.registryTimeout())
-		if !dc.n.disc.etcd.awaitEtcd(ctx, h, r) {
-			dc.n.log.Warn("troupe: etcd has not confirmed an actor's registration yet; it stays pending until etcd takes it", "path", h.key.path, "name", r.Name, "registry", dc.etcd.reg.String())
-		}
-		cancel()
+	if dc.store.active() {
+		dc.store.added(h, r)
 	}
 	if er := dc.n.cl.entries(); er != nil {
 		// The cluster is the registry: this member has it at once, the
@@ -331,8 +323,8 @@ func (dc *registryClient) unregisterEntry(name string, uuid UUID) {
 	for _, a := range dc.remoteRegistrars() {
 		dc.tellRegistrar(a, regRequest{Op: regOpUnregister, Regs: []regWire{{Name: name, UUID: uuid}}})
 	}
-	if dc.etcd.reg != nil {
-		dc.etcd.sync.poke(false) // the writer deletes it
+	if dc.store.active() {
+		dc.store.removed()
 	}
 	if er := dc.n.cl.entries(); er != nil {
 		er.remove(name, uuid)
@@ -355,15 +347,16 @@ func (dc *registryClient) unregisterAll() {
 
 // registryClient is how a node reaches its registries: the registry it
 // serves itself (registrarRole), the remote registrars it registers
-// with, or etcd. Set in Start and then read-only, but for the maps
-// (sync.Map), etcd's record of what it confirmed and the lookups' fast
-// path (each with its own lock), and what mu guards: pending and epoch.
+// with, or a store such as etcd (through its storeClient). Set in Start
+// and then read-only, but for the maps (sync.Map), the store client's own
+// state and the lookups' fast path (each with its own lock), and what mu
+// guards: pending and epoch.
 type registryClient struct {
 	n          *Node
-	registrars []Addr     // the remote registrars this node registers with
-	etcd       etcdClient // etcd, when it is the registry (etcd_registry.go)
-	refs       sync.Map   // Addr -> Ref[regRequest], resolved registrar actors
-	found      foundRefs  // the actors lookups found on peers (lookup.go)
+	registrars []Addr       // the remote registrars this node registers with
+	store      *storeClient // a store's client: etcd's (etcd_registry.go)
+	refs       sync.Map     // Addr -> Ref[regRequest], resolved registrar actors
+	found      foundRefs    // the actors lookups found on peers (lookup.go)
 
 	mu mutex[lkRegistrars]
 	// pending holds the registrars whose copy of this node's

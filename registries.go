@@ -6,6 +6,7 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"time"
 )
 
 // The registries that lookups, waits and watches ask, behind one
@@ -49,6 +50,51 @@ type registry interface {
 	// lost.
 	follow(ctx context.Context, sel regSelector, set func([]Registration), answered func()) error
 }
+
+// storeClient is how the core reaches a registry kept in a store that the
+// node talks to through a client of its own: etcd (etcd_registry.go,
+// whose init sets installStore). When Config.RegistryAddrs names a store,
+// the node registers its entries there; a lookup's WithRegistries may
+// name one too. The core calls these and names nothing the store's files
+// define: the store plugs in from above. Set at the node's start and
+// read-only after.
+type storeClient struct {
+	impl any // the client itself, for its own files' tests
+	// names reports whether s, an address in RegistryAddrs or
+	// WithRegistries, names a store.
+	names func(s string) bool
+	// configured reports whether RegistryAddrs names a store: Start then
+	// calls start instead of bootstrapping with registrars.
+	configured func() bool
+	// start sets the node up to use the store of its config, and binds
+	// the node's addresses.
+	start func(ctx context.Context) error
+	// active reports whether the node registers with a store.
+	active func() bool
+	// own is that store as lookups ask it, nil if none; at is the store
+	// named s.
+	own func() registry
+	at  func(s string) (registry, error)
+	// registerNode registers the node itself before Start returns, and
+	// keeps the registration alive.
+	registerNode func(ctx context.Context) error
+	// added and removed say that an entry of the node was registered or
+	// unregistered: the store's writer takes it (added waits for it, for
+	// at most RegistryTimeout, as Spawn does for a registrar).
+	added   func(h *handle, r Registration)
+	removed func()
+	// pending counts the registrations and removals the store has not
+	// yet confirmed (Stats.RegistryPending, Ready).
+	pending func() int
+	// revoke removes every entry of the node as it closes, within wait;
+	// closeIdle releases the clients' idle connections once it is closed.
+	revoke    func(wait time.Duration)
+	closeIdle func()
+}
+
+// installStore makes a node's store client: etcd_registry.go's init sets
+// it.
+var installStore func(n *Node) *storeClient
 
 // entryRegistry is a registry that also takes this node's own entries
 // directly: the cluster's (clusterSource in cluster_services.go), when the

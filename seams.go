@@ -32,8 +32,8 @@ type clusterSeam struct {
 }
 
 // clusterPlug is what a running cluster does for the core. The core calls
-// these, and names nothing that only the cluster's files define: the
-// cluster plugs in from above.
+// these, and names none of the unexported names of the cluster's files:
+// the cluster plugs in from above.
 type clusterPlug struct {
 	// entries is the cluster's registry of service keys and topics, when
 	// the cluster is the node's registry (there is no other); nil

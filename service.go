@@ -338,14 +338,6 @@ func (s regSelector) match(name string) bool {
 	return strings.HasPrefix(name, s.prefix)
 }
 
-// etcdPrefix is where the selected registrations' keys start in r.
-func (s regSelector) etcdPrefix(r *etcdRegistry) string {
-	if s.name != "" {
-		return r.prefix + s.name + "/"
-	}
-	return r.prefix + s.prefix
-}
-
 // regFollower holds what followRegistry last delivered, to deliver it
 // again.
 type regFollower struct {

@@ -147,14 +147,14 @@ func (l *lifecycle) shutdown(ctx context.Context, graceful bool) error {
 	if graceful {
 		l.n.disc.unregisterAll() // queued ahead of the goodbyes below
 	}
-	if l.n.disc.etcd.reg != nil {
+	if l.n.disc.store.active() {
 		// Revoking the lease removes every entry at once; Close gives it
 		// as long as it gives a goodbye.
 		wait := closeByeWait
 		if graceful {
 			wait = min(l.n.disc.registryTimeout(), time.Second)
 		}
-		l.n.disc.etcd.revokeEtcd(wait)
+		l.n.disc.store.revoke(wait)
 	}
 	phase(PhaseRefuse)
 	errs = append(errs, l.n.lis.closeAll(true)...) // no listener is added after this
@@ -222,7 +222,7 @@ func (l *lifecycle) shutdown(ctx context.Context, graceful bool) error {
 	}
 	l.cancel()
 	l.n.wg.Wait()
-	l.n.disc.etcd.closeEtcdClients()
+	l.n.disc.store.closeIdle()
 	return errors.Join(errs...)
 }
 

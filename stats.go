@@ -244,7 +244,7 @@ type trafficCounts struct {
 // parts are each consistent but not taken at one instant.
 func (n *Node) Stats() Stats {
 	now := time.Now()
-	s := Stats{Name: n.name, UID: n.uid, AppVersion: n.cfg.AppVersion, Addrs: n.Addrs(), Taken: now, DeadLetters: n.dead.counts.snapshot(), RegistryPending: n.disc.etcd.etcdPending(), Totals: n.totals.snapshot()}
+	s := Stats{Name: n.name, UID: n.uid, AppVersion: n.cfg.AppVersion, Addrs: n.Addrs(), Taken: now, DeadLetters: n.dead.counts.snapshot(), RegistryPending: n.disc.store.pending(), Totals: n.totals.snapshot()}
 	if s.DeadLetters == nil {
 		s.DeadLetters = map[string]uint64{}
 	}
