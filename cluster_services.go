@@ -657,28 +657,3 @@ func compareRegKey(a, b regKey) int {
 // errNoClusterRegistry is why the cluster cannot serve a request other
 // than a lookup of a name.
 var errNoClusterRegistry = errors.New("troupe: the cluster's registry answers lookups of service keys and topics only")
-
-// wakeup is a channel closed at each signal, for any number of waiters.
-type wakeup struct {
-	mu mutex[lkWakeup]
-	ch chan struct{}
-}
-
-// wait returns a channel closed at the next signal.
-func (w *wakeup) wait() <-chan struct{} {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.ch == nil {
-		w.ch = make(chan struct{})
-	}
-	return w.ch
-}
-
-func (w *wakeup) signal() {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.ch != nil {
-		close(w.ch)
-		w.ch = nil
-	}
-}

@@ -130,7 +130,7 @@ const (
 	lockDeadLetterCounts
 	// deadLetterSamples.mu (deadletters.go)
 	lockDeadLetterSamples
-	// wakeup.mu (cluster_services.go): a broadcast signal
+	// wakeup.mu (seams.go): a broadcast signal
 	lockWakeup
 	// openNodes (deadletters.go): the process's open nodes
 	lockOpenNodes

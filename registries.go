@@ -55,9 +55,9 @@ type registry interface {
 // node talks to through a client of its own: etcd (etcd_registry.go,
 // whose init sets installStore). When Config.RegistryAddrs names a store,
 // the node registers its entries there; a lookup's WithRegistries may
-// name one too. The core calls these and names nothing the store's files
-// define: the store plugs in from above. Set at the node's start and
-// read-only after.
+// name one too. The core calls these and names none of the functions,
+// types or values the store's files define: the store plugs in from above.
+// Set at the node's start and read-only after.
 type storeClient struct {
 	impl any // the client itself, for its own files' tests
 	// names reports whether s, an address in RegistryAddrs or

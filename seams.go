@@ -62,3 +62,28 @@ func (s *clusterSeam) isMember(uid NodeUID) bool {
 	_, ok := s.members.Load(uid)
 	return ok
 }
+
+// wakeup is a channel closed at each signal, for any number of waiters.
+type wakeup struct {
+	mu mutex[lkWakeup]
+	ch chan struct{}
+}
+
+// wait returns a channel closed at the next signal.
+func (w *wakeup) wait() <-chan struct{} {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.ch == nil {
+		w.ch = make(chan struct{})
+	}
+	return w.ch
+}
+
+func (w *wakeup) signal() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.ch != nil {
+		close(w.ch)
+		w.ch = nil
+	}
+}
