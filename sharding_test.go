@@ -730,13 +730,17 @@ func TestASendToAFullEntityDoesNotStallItsRegion(t *testing.T) {
 	c := startMember(t, n, nil, troupe.ClusterConfig{StableAfter: singletonStable})
 	waitAllUp(t, []*troupe.Cluster{c}, 1)
 	release := make(chan struct{})
-	var got atomic.Int64
+	var got, stopped atomic.Int64
 	k, err := troupe.Sharding(c, "blk", func(id string) troupe.Behavior[acct] {
 		return troupe.Behavior[acct]{Receive: func(_ *troupe.Context[acct], m acct) {
 			if id == "blocker" {
 				<-release
 			}
 			got.Add(1)
+		}, Signal: func(_ *troupe.Context[acct], s troupe.Signal) {
+			if _, ok := s.(troupe.PostStop); ok && id != "blocker" {
+				stopped.Add(1)
+			}
 		}}
 	}, troupe.ShardingConfig{Shards: 2, PassivateAfter: 200 * time.Millisecond})
 	if err != nil {
@@ -753,15 +757,18 @@ func TestASendToAFullEntityDoesNotStallItsRegion(t *testing.T) {
 	}
 	k.Entity(idle).Tell(acct{})
 	waitUntil(t, 10*time.Second, "idle handled", func() bool { return got.Load() == 1 })
-	k.Entity("blocker").Tell(acct{})
-	time.Sleep(50 * time.Millisecond)
-	for range 10 {
+	// Tell the blocker until its mailbox is full: the handler holds the
+	// first message, the mailbox the next ones, and a Tell past them is
+	// a dead letter.
+	full := func() bool { return n.Stats().DeadLetters["mailbox-full"] > 0 }
+	waitUntil(t, 10*time.Second, "the blocker's mailbox full", func() bool {
 		k.Entity("blocker").Tell(acct{})
-	}
-	time.Sleep(100 * time.Millisecond)
+		return full()
+	})
 	sent := make(chan error, 1)
 	go func() { sent <- k.Entity("blocker").Send(context.Background(), acct{}) }()
-	time.Sleep(600 * time.Millisecond) // the idle entity's passivation
+	// the idle entity, in the blocker's shard, passivates meanwhile
+	waitUntil(t, 10*time.Second, "the idle entity passivated", func() bool { return stopped.Load() == 1 })
 	var other string
 	for i := 0; ; i++ {
 		if id := fmt.Sprint("other-", i); k.Shard(id) != k.Shard("blocker") {
