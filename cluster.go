@@ -520,7 +520,8 @@ func (c *Cluster) Self() Member {
 }
 
 // Unreachable returns the members some member cannot reach, as far as this
-// member knows.
+// member knows. An exiting member is never among them: it stops as soon as
+// it may, so its silence is its exit.
 func (c *Cluster) Unreachable() []Member {
 	c.mu.Lock()
 	defer c.mu.Unlock()

@@ -79,10 +79,12 @@ func (ms *membership) touched(now time.Time) bool {
 // live reports whether a member is still part of the membership.
 func live(m *Member) bool { return m.Status < MemberDown }
 
-// unreachable is the set of live members some up or leaving member cannot
-// reach. A joining member's observations do not count: it is not yet part
-// of the cluster, and one that reaches only its seed must not make the
-// whole cluster look unreachable.
+// unreachable is the set of members, joining to leaving, that some up or
+// leaving member cannot reach. A joining member's observations do not
+// count: it is not yet part of the cluster, and one that reaches only its
+// seed must not make the whole cluster look unreachable. An exiting member
+// is never in it: it stops as soon as it learns it may, and its silence is
+// its exit, not a failure (the leader removes it all the same).
 func (ms *membership) unreachable() map[NodeUID]bool {
 	out := map[NodeUID]bool{}
 	for obs, r := range ms.reach {
@@ -90,7 +92,7 @@ func (ms *membership) unreachable() map[NodeUID]bool {
 			continue
 		}
 		for _, u := range r.unreachable {
-			if m := ms.members[u]; m != nil && live(m) {
+			if m := ms.members[u]; m != nil && m.Status < MemberExiting {
 				out[u] = true
 			}
 		}
@@ -140,10 +142,8 @@ func digestOf(g gossipMsg) uint64 {
 // converged reports whether every live member is reachable and has seen
 // this member's state.
 func (ms *membership) converged() bool {
-	for uid := range ms.unreachable() {
-		if ms.members[uid].Status < MemberExiting {
-			return false // an unreachable exiting member has just stopped
-		}
+	if len(ms.unreachable()) > 0 {
+		return false // (an exiting member is never unreachable: it has just stopped)
 	}
 	for uid, m := range ms.members {
 		if m.Status >= MemberExiting {

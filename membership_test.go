@@ -125,6 +125,32 @@ func TestJoiningObserverDoesNotCount(t *testing.T) {
 	}
 }
 
+// An exiting member stops as soon as it learns it may: its silence is its
+// exit, not a failure. Observed silent, it is not unreachable (no event,
+// no instability), and the leader removes it.
+func TestAnExitingMemberFallingSilentIsNotUnreachable(t *testing.T) {
+	t.Parallel()
+	checkLeaks(t)
+	st := state(1, memberOf(1, MemberUp, 1), memberOf(2, MemberUp, 2), memberOf(3, MemberExiting, 3))
+	st.seen = map[NodeUID]bool{uidOf(1): true, uidOf(2): true}
+	if events := st.observe([]NodeUID{uidOf(3)}, at(0)); len(events) != 0 {
+		t.Fatalf("a silent exiting member gave events %v", events)
+	}
+	if u := st.unreachable(); len(u) != 0 || !st.unstable.IsZero() {
+		t.Fatalf("a silent exiting member is unreachable: %v, unstable since %v", u, st.unstable)
+	}
+	st.seen = map[NodeUID]bool{uidOf(1): true, uidOf(2): true}
+	st.lead(at(10))
+	if got := st.members[uidOf(3)].Status; got != MemberRemoved {
+		t.Fatalf("the silent exiting member is %v; want removed", got)
+	}
+	// a leaving member has not been told to go: its silence is a failure
+	st = state(1, memberOf(1, MemberUp, 1), memberOf(2, MemberUp, 2), memberOf(3, MemberLeaving, 3))
+	if events := st.observe([]NodeUID{uidOf(3)}, at(0)); len(events) != 1 || events[0].Kind != eventMemberUnreachable {
+		t.Fatalf("a silent leaving member gave events %v; want it unreachable", events)
+	}
+}
+
 // The leader moves members on only once every live member has seen the
 // same state, and nobody is unreachable.
 func TestLeaderTransitions(t *testing.T) {
