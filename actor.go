@@ -400,7 +400,7 @@ func (c *cell[T]) run() {
 		}
 		c.mu.Unlock()
 		if c.n.credit.waiting.Load() > 0 {
-			c.n.wakeCredit(c.self)
+			c.n.credit.wake(c.self)
 		}
 		// q.handled is brought up to date only where a signal needs it,
 		// so that the loop writes nothing per message.

@@ -66,7 +66,7 @@ func (c *cell[T]) terminate(rest []T) bool {
 	}
 	c.mu.Unlock()
 	if c.n.credit.waiting.Load() > 0 {
-		c.n.wakeCredit(c.self)
+		c.n.credit.wake(c.self)
 	}
 	if note != nil {
 		note.reason = l.stopReason

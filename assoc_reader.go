@@ -269,7 +269,7 @@ func (r *assocReader) onTell(b []byte, hd Headers, size int) error {
 			if len(it.path) > maxTableEntry {
 				return fmt.Errorf("%w: a %d-byte target path entered in the table (at most %d)", ErrMalformed, len(it.path), maxTableEntry)
 			}
-			if a.peer.credit && n.mailboxCredit() > 0 {
+			if a.peer.credit && n.cfg.mailboxCredit() > 0 {
 				it.acct = a.newCreditAcct(uint32(id), it.target)
 			}
 			r.inTargets = append(r.inTargets, *it)

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"slices"
 	"unicode/utf8"
 )
 
@@ -220,4 +221,15 @@ func parseProof(b []byte) ([]byte, error) {
 	d := decoder{b: b}
 	mac := d.take(macSize)
 	return mac, d.whole("proof")
+}
+
+// allowPeerUID decides whether a Unix socket peer running as uid may
+// connect: this process's own user or one of [Config.AllowUIDs]. pid is
+// for the log and the rejection only; 0 where the platform does not say.
+func (g *gate) allowPeerUID(uid, pid int) error {
+	if uid == os.Getuid() || slices.Contains(g.n.cfg.AllowUIDs, uid) {
+		return nil
+	}
+	g.n.log.Warn("troupe: refused a unix socket peer of another user", "uid", uid, "pid", pid)
+	return fmt.Errorf("%w: unix peer uid %d (pid %d) is not allowed; this node accepts uid %d and Config.AllowUIDs", ErrRejected, uid, pid, os.Getuid())
 }

@@ -314,7 +314,7 @@ func StartCluster(ctx context.Context, n *Node, cfg ClusterConfig) (*Cluster, er
 	}
 	if cfg.SeedsFromRegistry {
 		var err error
-		if seeds, err = n.clusterSeeds(ctx, cfg.Name); err != nil {
+		if seeds, err = clusterSeeds(ctx, n, cfg.Name); err != nil {
 			return nil, err
 		}
 	}
@@ -388,7 +388,7 @@ func StartCluster(ctx context.Context, n *Node, cfg ClusterConfig) (*Cluster, er
 // clusterSeeds registers this node as a member of the named cluster with
 // its first registrar and returns the addresses of the members registered
 // before it (none: this node starts the cluster).
-func (n *Node) clusterSeeds(ctx context.Context, name string) ([]Addr, error) {
+func clusterSeeds(ctx context.Context, n *Node, name string) ([]Addr, error) {
 	if name == "" {
 		name = "default"
 	}

@@ -395,3 +395,7 @@ func (c Config) validate() error {
 	}
 	return nil
 }
+
+// mailboxCredit is what this node announces: its MailboxLimit, or 0 for
+// none (no credit is counted).
+func (cfg *Config) mailboxCredit() int64 { return min(int64(cfg.MailboxLimit), maxCredit) }

@@ -51,10 +51,6 @@ type creditDue struct {
 	has   atomic.Bool // accts is not empty
 }
 
-// mailboxCredit is what this node announces: its MailboxLimit, or 0 for
-// none (no credit is counted).
-func (n *Node) mailboxCredit() int64 { return min(int64(n.cfg.MailboxLimit), maxCredit) }
-
 // creditTarget is a local target whose mailbox has a limit: the room it
 // has for credit, and a wake-up when it makes more.
 type creditTarget interface {
@@ -68,7 +64,7 @@ type creditTarget interface {
 func (a *assoc) newCreditAcct(id uint32, target localTarget) *creditAcct {
 	ac := &creditAcct{id: id, target: target}
 	ac.a.Store(a)
-	ac.granted.Store(a.n.mailboxCredit())
+	ac.granted.Store(a.n.cfg.mailboxCredit())
 	return ac
 }
 
@@ -76,7 +72,7 @@ func (a *assoc) newCreditAcct(id uint32, target localTarget) *creditAcct {
 // sender runs low, has the writer consider a grant.
 func (a *assoc) creditReceived(ac *creditAcct) {
 	ac.received++
-	if ac.granted.Load()-ac.received <= a.n.mailboxCredit()/2 {
+	if ac.granted.Load()-ac.received <= a.n.cfg.mailboxCredit()/2 {
 		ac.seen.Store(ac.received)
 		a.creditDue(ac)
 	}
@@ -190,7 +186,7 @@ func (a *assoc) grantCredits() {
 	a.due.mu.Unlock()
 	for _, ac := range due {
 		ac.queued.Store(false)
-		limit := a.n.mailboxCredit()
+		limit := a.n.cfg.mailboxCredit()
 		room := limit
 		if ct, ok := ac.target.(creditTarget); ok {
 			room = min(int64(ct.creditRoom(ac)), limit)
@@ -268,7 +264,7 @@ func (c *cell[T]) creditRoom(ac *creditAcct) int {
 	defer c.mu.Unlock()
 	limit := c.limit()
 	if c.closed || limit <= 0 {
-		return int(c.n.mailboxCredit()) // the receiving node reports what cannot be delivered
+		return int(c.n.cfg.mailboxCredit()) // the receiving node reports what cannot be delivered
 	}
 	room := limit
 	if c.q != nil {
@@ -278,14 +274,6 @@ func (c *cell[T]) creditRoom(ac *creditAcct) int {
 		c.n.credit.add(c.self, ac)
 	}
 	return room
-}
-
-// wakeCredit wakes the credit accounts waiting for room in the mailbox
-// of h (the mailbox drained, or its actor stopped).
-func (n *Node) wakeCredit(h *handle) {
-	for _, ac := range n.credit.take(h) {
-		ac.wake()
-	}
 }
 
 // creditTeller is a local target, not a batchTarget, whose sender's
@@ -300,3 +288,11 @@ type creditTeller interface {
 // creditRoom of a message adapter is its owner's: the messages land in
 // the owner's mailbox.
 func (a *adapter[U, T]) creditRoom(ac *creditAcct) int { return a.owner.creditRoom(ac) }
+
+// wake wakes the credit accounts waiting for room in the mailbox
+// of h (the mailbox drained, or its actor stopped).
+func (w *creditWaiters) wake(h *handle) {
+	for _, ac := range w.take(h) {
+		ac.wake()
+	}
+}

@@ -238,7 +238,7 @@ var debugPage = template.Must(template.New("debug").Funcs(template.FuncMap{"dur"
 // histograms of handler time, mailbox wait and Ask round trips by message type
 // (latency.go). It is written by hand, with no dependency.
 func (n *Node) MetricsHandler() http.Handler {
-	n.measure()
+	n.lat.CompareAndSwap(nil, &nodeLatencies{}) // keep the histograms from now on
 	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
 		writeMetrics(w, n.Stats())

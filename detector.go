@@ -48,35 +48,6 @@ type liveness struct {
 	judged bool
 }
 
-// heartbeatLoop is the node's one liveness goroutine: every quarter
-// interval it feeds each association's detector the time it last heard from
-// the peer, quarantines the silent ones, and asks each writer for a
-// heartbeat once per interval. It runs until the node's last writer has
-// ended (n.lc.ctx): a closing node's leaving writers wait for their peers'
-// acknowledgements, and a peer that stopped answering must not hold that
-// wait past UnreachableAfter.
-func (n *Node) heartbeatLoop() {
-	t := time.NewTicker(n.cfg.HeartbeatInterval / 4)
-	defer t.Stop()
-	for {
-		select {
-		case <-n.lc.ctx.Done():
-			return
-		case now := <-t.C:
-			n.peers.mu.Lock()
-			assocs := make([]*assoc, 0, len(n.peers.byUID))
-			for _, a := range n.peers.byUID {
-				assocs = append(assocs, a)
-			}
-			n.peers.mu.Unlock()
-			for _, a := range assocs {
-				a.hb.checkLiveness(now)
-			}
-			n.dead.log.summarize(n, now)
-		}
-	}
-}
-
 // FailureDetector decides, from the times heartbeats arrived, whether a peer
 // is still available. Implementations are pure: they are stepped with
 // timestamps and read no clock, so tests can drive them exactly. They are

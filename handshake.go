@@ -247,7 +247,7 @@ func (g *gate) handshakeInbound(c net.Conn, src string) (*assoc, *frameReader) {
 	}()
 	label := peerLabel(c)
 	c.SetDeadline(time.Now().Add(g.n.cfg.HandshakeTimeout))
-	if err := g.n.checkPeerCred(c); err != nil {
+	if err := checkPeerCred(c, g.allowPeerUID); err != nil {
 		// The dialer wraps the text in its own ErrRejected and ErrAuth.
 		c.Write(rejectFrame(rejectAuth, g.n.uid, strings.TrimPrefix(err.Error(), ErrRejected.Error()+": ")))
 		c.Close()
@@ -308,7 +308,7 @@ func (g *gate) handshakeInbound(c net.Conn, src string) (*assoc, *frameReader) {
 		// Only once the dialer has authenticated, and proven that it
 		// holds the session's token: a stranger must not be able to break
 		// a live session by claiming its peer's uid.
-		g.n.suspendFor(h.uid)
+		g.suspendFor(h.uid)
 	}
 	g.n.peers.mu.Lock()
 	g.n.peers.all[a] = struct{}{}
@@ -538,7 +538,7 @@ func (g *gate) answersResume(a *assoc, h *hello, p *peerInfo) bool {
 // node is shutting down if it is (a peer told twice ignores the second).
 func (a *assoc) firstFrames(resume bool) {
 	if a.peer.credit && !resume && a.resumeOf == nil {
-		a.encodeControl(appendCredit(nil, 0, uint64(a.n.mailboxCredit())), false)
+		a.encodeControl(appendCredit(nil, 0, uint64(a.n.cfg.mailboxCredit())), false)
 	}
 	if a.n.lc.refusing.Load() && a.peer.flags&helloDrains != 0 {
 		a.encodeControl(appendDraining(nil), false)
@@ -767,4 +767,33 @@ func (g *gate) awaitWinner(a *assoc, uid NodeUID) {
 // startDetector starts a's window detector as its handshake completes.
 func (a *assoc) startDetector(now time.Time) {
 	a.hb.det = windowDetector{Window: a.n.cfg.UnreachableAfter, Start: now}
+}
+
+// suspendFor prepares the resume an inbound hello asks for: if the
+// session with uid is still up here (this side has not yet seen its
+// connection break), its connection is closed and its reader awaited, so
+// that the session is suspended, with everything it received counted,
+// before the new connection takes it over.
+func (g *gate) suspendFor(uid NodeUID) {
+	n := g.n
+	n.peers.mu.Lock()
+	ex := n.peers.byUID[uid]
+	n.peers.mu.Unlock()
+	if ex == nil || !ex.peer.resumable {
+		return
+	}
+	ex.mu.Lock()
+	up, conn := ex.life.state == assocUp && ex.life.endCause == nil, ex.conn
+	ex.mu.Unlock()
+	if !up {
+		return
+	}
+	conn.Close()
+	t := time.NewTimer(n.cfg.HandshakeTimeout)
+	defer t.Stop()
+	select {
+	case <-ex.readerDone:
+	case <-t.C:
+	case <-n.lc.done:
+	}
 }

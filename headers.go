@@ -102,31 +102,6 @@ func checkHeaders(h Headers) error {
 	return nil
 }
 
-// outHeaders returns the headers a send to h with ctx carries: ctx's,
-// with what Config.OnSend adds; nil for none. It costs nothing to a
-// program that uses neither.
-func (n *Node) outHeaders(ctx context.Context, h *handle) (Headers, error) {
-	onSend := n.cfg.OnSend
-	if onSend == nil && !headersUsed.Load() || ctx == nil || !userPath(h.key.path) {
-		return nil, nil // (troupe's own actors take none, and run no interceptor)
-	}
-	hd, _ := ctx.Value(headersKey{}).(Headers)
-	if onSend != nil {
-		hd = maps.Clone(hd)
-		if hd == nil {
-			hd = make(Headers, 2)
-		}
-		onSend(ctx, h.key.path, hd)
-	}
-	if len(hd) == 0 {
-		return nil, nil
-	}
-	if err := checkHeaders(hd); err != nil {
-		return nil, err
-	}
-	return hd, nil
-}
-
 // userPath reports whether path is a user actor's (or its adapter's):
 // only those take headers.
 func userPath(path string) bool { return strings.HasPrefix(path, "/user/") }
@@ -233,4 +208,28 @@ func (t *actorTools[T]) headersOf(at uint64) Headers {
 		}
 	}
 	return nil
+}
+
+// outHeaders returns the headers a send to h with ctx carries: ctx's,
+// with what onSend (Config.OnSend) adds; nil for none. It costs nothing to a
+// program that uses neither.
+func outHeaders(ctx context.Context, onSend func(context.Context, string, Headers), h *handle) (Headers, error) {
+	if onSend == nil && !headersUsed.Load() || ctx == nil || !userPath(h.key.path) {
+		return nil, nil // (troupe's own actors take none, and run no interceptor)
+	}
+	hd, _ := ctx.Value(headersKey{}).(Headers)
+	if onSend != nil {
+		hd = maps.Clone(hd)
+		if hd == nil {
+			hd = make(Headers, 2)
+		}
+		onSend(ctx, h.key.path, hd)
+	}
+	if len(hd) == 0 {
+		return nil, nil
+	}
+	if err := checkHeaders(hd); err != nil {
+		return nil, err
+	}
+	return hd, nil
 }

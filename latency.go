@@ -73,11 +73,6 @@ type nodeLatencies struct {
 	ask     latencySet // Ask, from the request's send to its reply
 }
 
-// measure starts keeping n's histograms, if it does not already.
-func (n *Node) measure() {
-	n.lat.CompareAndSwap(nil, &nodeLatencies{})
-}
-
 // writeLatencies writes the histograms in the Prometheus text format.
 func writeLatencies(w io.Writer, l *nodeLatencies) {
 	if l == nil {

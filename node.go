@@ -237,3 +237,40 @@ func (s *idSource) newUUID() UUID {
 	binary.BigEndian.PutUint64(u[8:], binary.BigEndian.Uint64(u[8:])^seq)
 	return u
 }
+
+// heartbeatLoop is the node's one liveness goroutine: every quarter
+// interval it feeds each association's detector the time it last heard from
+// the peer, quarantines the silent ones, and asks each writer for a
+// heartbeat once per interval. It runs until the node's last writer has
+// ended (n.lc.ctx): a closing node's leaving writers wait for their peers'
+// acknowledgements, and a peer that stopped answering must not hold that
+// wait past UnreachableAfter.
+func (n *Node) heartbeatLoop() {
+	t := time.NewTicker(n.cfg.HeartbeatInterval / 4)
+	defer t.Stop()
+	for {
+		select {
+		case <-n.lc.ctx.Done():
+			return
+		case now := <-t.C:
+			n.peers.mu.Lock()
+			assocs := make([]*assoc, 0, len(n.peers.byUID))
+			for _, a := range n.peers.byUID {
+				assocs = append(assocs, a)
+			}
+			n.peers.mu.Unlock()
+			for _, a := range assocs {
+				a.hb.checkLiveness(now)
+			}
+			n.dead.log.summarize(n, now)
+		}
+	}
+}
+
+// localRefString is the ref string of a local path, for dead letters.
+func (n *Node) localRefString(path string) string {
+	if len(n.addrList()) > 0 {
+		return FormatRef(n.addrList()[0], path)
+	}
+	return "troupe:" + path
+}

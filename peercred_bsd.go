@@ -15,9 +15,9 @@ const peerCredSupported = true
 
 // checkPeerCred reads the credentials of the process at the other end of a
 // Unix socket (LOCAL_PEERCRED; these kernels do not give the pid) and
-// accepts only this process's user or one of [Config.AllowUIDs]. Other
+// asks allow (the gate's allowPeerUID) whether its user may connect. Other
 // connections pass.
-func (n *Node) checkPeerCred(c net.Conn) error {
+func checkPeerCred(c net.Conn, allow func(uid, pid int) error) error {
 	var cred *unix.Xucred
 	isUnix, err := unixConnFD(c, func(fd int) (err error) {
 		cred, err = unix.GetsockoptXucred(fd, unix.SOL_LOCAL, unix.LOCAL_PEERCRED)
@@ -29,5 +29,5 @@ func (n *Node) checkPeerCred(c net.Conn) error {
 	case err != nil:
 		return fmt.Errorf("read unix peer credentials: %w", err)
 	}
-	return n.allowPeerUID(int(cred.Uid), 0)
+	return allow(int(cred.Uid), 0)
 }

@@ -12,9 +12,9 @@ import (
 const peerCredSupported = true
 
 // checkPeerCred reads the credentials of the process at the other end of a
-// Unix socket (SO_PEERCRED) and accepts only this process's user or one of
-// [Config.AllowUIDs]. Other connections pass.
-func (n *Node) checkPeerCred(c net.Conn) error {
+// Unix socket (SO_PEERCRED) and asks allow (the gate's allowPeerUID)
+// whether its user may connect. Other connections pass.
+func checkPeerCred(c net.Conn, allow func(uid, pid int) error) error {
 	var cred *unix.Ucred
 	isUnix, err := unixConnFD(c, func(fd int) (err error) {
 		cred, err = unix.GetsockoptUcred(fd, unix.SOL_SOCKET, unix.SO_PEERCRED)
@@ -26,5 +26,5 @@ func (n *Node) checkPeerCred(c net.Conn) error {
 	case err != nil:
 		return fmt.Errorf("read unix peer credentials: %w", err)
 	}
-	return n.allowPeerUID(int(cred.Uid), int(cred.Pid))
+	return allow(int(cred.Uid), int(cred.Pid))
 }

@@ -482,7 +482,6 @@ var shapeCeilings = map[string]struct{ fields, files int }{
 	"assoc":   {0, 11}, // the session's methods: the handlers of control frames, resume, credit
 	"cell":    {0, 8},
 	"Cluster": {0, 6},
-	"Node":    {0, 11},
 }
 
 // mdLink matches a Markdown link's target: [text](target).

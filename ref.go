@@ -233,7 +233,7 @@ func (r Ref[T]) Send(ctx context.Context, msg T) error {
 		zeroRefDeadLetter(msg)
 		return errZeroRef
 	}
-	hd, err := r.h.node.outHeaders(ctx, r.h)
+	hd, err := outHeaders(ctx, r.h.node.cfg.OnSend, r.h)
 	if err != nil {
 		return err
 	}
@@ -314,7 +314,7 @@ func Ask[Req, Resp any](ctx context.Context, to Ref[Req], mk func(replyTo Ref[Re
 	if rt := reflect.TypeFor[Resp](); to.h.assoc != nil && rt.Kind() != reflect.Interface && typeOf(rt) == nil {
 		return zero, fmt.Errorf("%w: the reply type %s of an Ask to another node needs SetWireKey", ErrNoWireKey, rt)
 	}
-	hd, err := n.outHeaders(ctx, to.h)
+	hd, err := outHeaders(ctx, n.cfg.OnSend, to.h)
 	if err != nil {
 		return zero, err
 	}

@@ -126,14 +126,6 @@ func (a *assoc) resolve(ctx context.Context, path, proto string) (resolveAnswer,
 	}
 }
 
-// localRefString is the ref string of a local path, for dead letters.
-func (n *Node) localRefString(path string) string {
-	if len(n.addrList()) > 0 {
-		return FormatRef(n.addrList()[0], path)
-	}
-	return "troupe:" + path
-}
-
 func (a *assoc) onTerminated(b []byte) error {
 	n := a.n
 	wb, err := parseWatch(frameTerminated, b)

@@ -196,34 +196,6 @@ func (a *assoc) redial() {
 	})
 }
 
-// suspendFor prepares the resume an inbound hello asks for: if the
-// session with uid is still up here (this side has not yet seen its
-// connection break), its connection is closed and its reader awaited, so
-// that the session is suspended, with everything it received counted,
-// before the new connection takes it over.
-func (n *Node) suspendFor(uid NodeUID) {
-	n.peers.mu.Lock()
-	ex := n.peers.byUID[uid]
-	n.peers.mu.Unlock()
-	if ex == nil || !ex.peer.resumable {
-		return
-	}
-	ex.mu.Lock()
-	up, conn := ex.life.state == assocUp && ex.life.endCause == nil, ex.conn
-	ex.mu.Unlock()
-	if !up {
-		return
-	}
-	conn.Close()
-	t := time.NewTimer(n.cfg.HandshakeTimeout)
-	defer t.Stop()
-	select {
-	case <-ex.readerDone:
-	case <-t.C:
-	case <-n.lc.done:
-	}
-}
-
 // takeOver moves a suspended session's sequence state into w, the new
 // connection that resumes it, before w's reader and writer start: what
 // this side received (for w's resume frame and acknowledgements) and what
