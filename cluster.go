@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"slices"
 	"sync"
-	"sync/atomic"
 	"time"
 )
 
@@ -147,12 +146,7 @@ type Cluster struct {
 	plug *clusterPlug
 
 	singletons singletons // the singletons this member takes part in
-	shardings  shardings  // the sharded kinds this member runs
-	// gone are the members seen unreachable, downed or removed (true:
-	// for good), read without c.mu on the sharded entities' send path
-	// (copied on write).
-	gone      atomic.Pointer[map[NodeUID]bool]
-	maxMargin atomic.Int64 // the longest RemovalMargin of the member's sharded kinds
+	shardings  shardings  // the sharded kinds this member runs, and the members they avoid
 
 	ref   Ref[clusterMsg] // this member's cluster actor
 	seeds []Addr          // where to knock until some member answers
@@ -638,4 +632,68 @@ func (c *Cluster) addStats(s *Stats, now time.Time) {
 		}
 	}
 	slices.SortFunc(s.Members, func(a, b memberStats) int { return lowerAddr(a.Member, b.Member) })
+}
+
+// handOverWait bounds the hand-over of a leave by Shutdown (Close gives
+// it the leave's wait alone): the leave's wait, and twice the longest HandOffTimeout of the member's kinds (a
+// move may wait that long for a member's flush, then for its entities).
+func (c *Cluster) handOverWait() time.Duration {
+	d := c.leaveWait()
+	for _, r := range c.shardings.regions() {
+		d = max(d, 2*r.handOffTimeout()+c.leaveWait())
+	}
+	return d
+}
+
+// handOverShards has every region of this member give its shards away
+// before the member leaves, waiting until they have or ctx ends.
+func (c *Cluster) handOverShards(ctx context.Context, hurry <-chan struct{}) {
+	select {
+	case <-c.done:
+		return
+	default:
+	}
+	var wg sync.WaitGroup
+	for _, r := range c.shardings.regions() {
+		wg.Go(func() { r.handOver(ctx, hurry) })
+	}
+	wg.Wait()
+}
+
+// liveOthers returns the address of every other member that is not down
+// or removed.
+func (c *Cluster) liveOthers() map[NodeUID]Addr {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make(map[NodeUID]Addr, len(c.members))
+	for uid, m := range c.members {
+		if uid != c.self && live(m) {
+			out[uid] = m.Addr
+		}
+	}
+	return out
+}
+
+// listable returns the address of every other live member whose entries
+// a listing holds: those this member reaches, as far as it knows. A
+// member it watches with a failure detector is judged by its own
+// detector alone (a partition between two others hides neither from
+// it); one it does not watch (a cluster larger than MonitoredMembers+1)
+// by what its watchers report.
+func (c *Cluster) listable() map[NodeUID]Addr {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	mine := c.reach[c.self].unreachable
+	watched := c.monitorsOf(c.self, c.cfg.MonitoredMembers, c.ring())
+	gone := c.unreachable()
+	out := make(map[NodeUID]Addr, len(c.members))
+	for uid, m := range c.members {
+		switch {
+		case uid == c.self || !live(m), slices.Contains(mine, uid):
+		case gone[uid] && !slices.Contains(watched, uid):
+		default:
+			out[uid] = m.Addr
+		}
+	}
+	return out
 }

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -67,8 +68,8 @@ func (c *Cluster) cleanup() {
 	if c.recep != nil {
 		c.recep.stop()
 	}
-	c.endShardings() // (entities stop before their coordinator hands over)
-	c.stopSingletons()
+	c.shardings.end() // (entities stop before their coordinator hands over)
+	c.singletons.stop(c.n)
 	c.mu.Lock()
 	c.stopped = true
 	uids := make([]NodeUID, 0, len(c.members))
@@ -440,8 +441,8 @@ func (c *Cluster) logBlocked() {
 // publish hands events to the node's stream; call it without c.mu held,
 // for subscribers run on the publishing goroutine.
 func (c *Cluster) publish(events []MemberEvent) {
-	if c.noteGone(events) {
-		c.pokeRegions() // (before the events: who sees one finds its shards held)
+	if c.shardings.noteGone(events, c.n.uid) {
+		c.shardings.poke() // (before the events: who sees one finds its shards held)
 	}
 	for _, e := range events {
 		if e.Kind == eventMemberStatus && e.Member.UID != c.n.uid {
@@ -453,7 +454,7 @@ func (c *Cluster) publish(events []MemberEvent) {
 		c.recep.membersChanged() // a listing follows membership and reachability
 	}
 	if len(events) > 0 {
-		c.pokeSingletons()
+		c.singletons.poke()
 	}
 }
 
@@ -505,4 +506,28 @@ func strategyName(s DowningStrategy) string {
 		return st.String()
 	}
 	return fmt.Sprintf("%T", s)
+}
+
+// noteDownedLocked records when a member was seen downed (or removed
+// without leaving), for the sharding coordinators' margin; entries older
+// than two margins are dropped.
+func (c *Cluster) noteDownedLocked(m Member, now time.Time) {
+	if m.Status != MemberDown && (m.Status != MemberRemoved || c.leftSeen[m.UID]) {
+		return
+	}
+	if _, ok := c.downedAt[m.UID]; !ok {
+		c.downedAt[m.UID] = now
+	}
+	for uid, at := range c.downedAt {
+		if now.Sub(at) > 2*max(c.cfg.LeaseReleaseAfter, time.Duration(c.shardings.maxMargin.Load())) {
+			delete(c.downedAt, uid)
+		}
+	}
+}
+
+// downs returns when members were lately seen downed.
+func (c *Cluster) downs() map[NodeUID]time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return maps.Clone(c.downedAt)
 }

@@ -546,44 +546,6 @@ func (rc *receptionist) listing(sel regSelector) ([]Registration, <-chan struct{
 	return out, ch, nil
 }
 
-// liveOthers returns the address of every other member that is not down
-// or removed.
-func (c *Cluster) liveOthers() map[NodeUID]Addr {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	out := make(map[NodeUID]Addr, len(c.members))
-	for uid, m := range c.members {
-		if uid != c.self && live(m) {
-			out[uid] = m.Addr
-		}
-	}
-	return out
-}
-
-// listable returns the address of every other live member whose entries
-// a listing holds: those this member reaches, as far as it knows. A
-// member it watches with a failure detector is judged by its own
-// detector alone (a partition between two others hides neither from
-// it); one it does not watch (a cluster larger than MonitoredMembers+1)
-// by what its watchers report.
-func (c *Cluster) listable() map[NodeUID]Addr {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	mine := c.reach[c.self].unreachable
-	watched := c.monitorsOf(c.self, c.cfg.MonitoredMembers, c.ring())
-	gone := c.unreachable()
-	out := make(map[NodeUID]Addr, len(c.members))
-	for uid, m := range c.members {
-		switch {
-		case uid == c.self || !live(m), slices.Contains(mine, uid):
-		case gone[uid] && !slices.Contains(watched, uid):
-		default:
-			out[uid] = m.Addr
-		}
-	}
-	return out
-}
-
 // clusterSource is the cluster's registry as lookups and watches of
 // service keys and topics ask it (see registries.go): it answers lookups
 // of a name and follows, nothing else.

@@ -88,12 +88,12 @@ func Singleton[T any](c *Cluster, name string, factory func() Behavior[T], cfg S
 	s := &singleton[T]{c: c, n: c.n, name: name, factory: factory, cfg: cfg,
 		handed: map[NodeUID]bool{}, goneAt: map[NodeUID]time.Time{}, ups: map[NodeUID]int{},
 		wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{}), fence: newPauseFence()}
-	if err := c.addSingleton(name, s); err != nil {
+	if err := c.singletons.add(c.n, name, s); err != nil {
 		return Ref[T]{}, err
 	}
 	ref, err := Spawn(systemParent{c.n}, "singleton-"+name, Behavior[T]{Receive: func(_ *Context[T], m T) { s.receive(m) }})
 	if err != nil {
-		c.dropSingleton(name)
+		c.singletons.drop(name)
 		return Ref[T]{}, err
 	}
 	s.station = ref
@@ -115,17 +115,16 @@ type singletons struct {
 	ctl *Ref[singletonCtl]
 }
 
-// addSingleton records s under name, starting the member's control actor
+// add records s under name, starting the member's control actor
 // with the first.
-func (c *Cluster) addSingleton(name string, s singletonRunner) error {
-	ss := &c.singletons
+func (ss *singletons) add(n *Node, name string, s singletonRunner) error {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
 	if _, ok := ss.by[name]; ok {
 		return fmt.Errorf("%w: singleton %s", ErrNameTaken, name)
 	}
 	if ss.ctl == nil {
-		ref, err := Spawn(systemParent{c.n}, "singletons", Behavior[singletonCtl]{Receive: func(_ *Context[singletonCtl], m singletonCtl) {
+		ref, err := Spawn(systemParent{n}, "singletons", Behavior[singletonCtl]{Receive: func(_ *Context[singletonCtl], m singletonCtl) {
 			ss.mu.Lock()
 			r := ss.by[m.Name]
 			ss.mu.Unlock()
@@ -145,30 +144,27 @@ func (c *Cluster) addSingleton(name string, s singletonRunner) error {
 	return nil
 }
 
-func (c *Cluster) dropSingleton(name string) {
-	ss := &c.singletons
+func (ss *singletons) drop(name string) {
 	ss.mu.Lock()
 	delete(ss.by, name)
 	ss.mu.Unlock()
 }
 
-// stopSingletons stops the member's control actor as the cluster stops
+// stop stops the member's control actor as the cluster stops
 // (the singletons' own goroutines end when it has): a cluster started
 // next on the node makes its own.
-func (c *Cluster) stopSingletons() {
-	ss := &c.singletons
+func (ss *singletons) stop(n *Node) {
 	ss.mu.Lock()
 	ctl := ss.ctl
 	ss.ctl = nil
 	ss.mu.Unlock()
 	if ctl != nil {
-		stopAndWait(c.n, *ctl)
+		stopAndWait(n, *ctl)
 	}
 }
 
-// pokeSingletons has every singleton look at the membership again.
-func (c *Cluster) pokeSingletons() {
-	ss := &c.singletons
+// poke has every singleton look at the membership again.
+func (ss *singletons) poke() {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
 	for _, s := range ss.by {
@@ -540,5 +536,5 @@ func (s *singleton[T]) end(inst *singletonInstance[T]) {
 		s.n.dead.deadLetter(s.station.String(), m, ErrSingletonUnavailable)
 	}
 	s.n.Stop(s.station)
-	s.c.dropSingleton(s.name)
+	s.c.singletons.drop(s.name)
 }

@@ -94,19 +94,19 @@ func Sharding[T any](c *Cluster, name string, factory func(id string) Behavior[T
 	for i := range r.shards {
 		r.shards[i] = &shard[T]{id: int32(i)}
 	}
-	if err := c.addSharding(name, nil); err != nil { // (reserved: set once whole)
+	if err := c.shardings.add(name, nil); err != nil { // (reserved: set once whole)
 		return nil, err
 	}
 	coord, err := Singleton(c, "sharding-"+name, func() Behavior[shardCoordMsg] { return newCoordinator(c, name, cfg) },
 		SingletonConfig{RemovalMargin: cfg.RemovalMargin})
 	if err != nil {
-		c.dropSharding(name)
+		c.shardings.drop(name)
 		return nil, err
 	}
 	r.coord = coord
 	ref, err := Spawn(systemParent{c.n}, "sharding-"+name, r.behavior())
 	if err != nil {
-		c.dropSharding(name)
+		c.shardings.drop(name)
 		return nil, err
 	}
 	r.self = ref
@@ -119,7 +119,7 @@ func Sharding[T any](c *Cluster, name string, factory func(id string) Behavior[T
 	}
 	c.shardings.by[name] = r
 	c.shardings.mu.Unlock()
-	c.noteMargin(cfg.RemovalMargin)
+	c.shardings.noteMargin(cfg.RemovalMargin)
 	c.n.actors.addKind(r.prefix, r.entityHandle)
 	return &Sharded[T]{r: r}, nil
 }
@@ -245,7 +245,7 @@ func (r *region[T]) route(_ context.Context, id string, m T, hd Headers) error {
 				return deliverLocal(nil, e.cell, m, hd) // (no wait while counted)
 			}
 		case shardThere:
-			if r.c.isGone(sh.homeUID) {
+			if r.c.shardings.isGone(sh.homeUID) {
 				break // (the region holds it until the shard runs elsewhere)
 			}
 			sh.inflight.Add(1)
@@ -374,30 +374,15 @@ type shardings struct {
 	mu    mutex[lkShardings]
 	by    map[string]regionRunner
 	ended bool // the cluster stopped: no kind is added
+
+	// gone are the members seen unreachable, downed or removed (true:
+	// for good), read without a lock on the sharded entities' send path
+	// (copied on write; the cluster's loop writes it).
+	gone      atomic.Pointer[map[NodeUID]bool]
+	maxMargin atomic.Int64 // the longest RemovalMargin of the member's sharded kinds
 }
 
-// regionRunner is a region of any message type, as the cluster keeps
-// them.
-type regionRunner interface {
-	end()
-	handOver(ctx context.Context, hurry <-chan struct{})
-	poke()
-	handOffTimeout() time.Duration
-}
-
-// handOverWait bounds the hand-over of a leave by Shutdown (Close gives
-// it the leave's wait alone): the leave's wait, and twice the longest HandOffTimeout of the member's kinds (a
-// move may wait that long for a member's flush, then for its entities).
-func (c *Cluster) handOverWait() time.Duration {
-	d := c.leaveWait()
-	for _, r := range c.regions() {
-		d = max(d, 2*r.handOffTimeout()+c.leaveWait())
-	}
-	return d
-}
-
-func (c *Cluster) addSharding(name string, r regionRunner) error {
-	ss := &c.shardings
+func (ss *shardings) add(name string, r regionRunner) error {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
 	if ss.ended {
@@ -413,15 +398,13 @@ func (c *Cluster) addSharding(name string, r regionRunner) error {
 	return nil
 }
 
-func (c *Cluster) dropSharding(name string) {
-	ss := &c.shardings
+func (ss *shardings) drop(name string) {
 	ss.mu.Lock()
 	delete(ss.by, name)
 	ss.mu.Unlock()
 }
 
-func (c *Cluster) regions() []regionRunner {
-	ss := &c.shardings
+func (ss *shardings) regions() []regionRunner {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
 	out := make([]regionRunner, 0, len(ss.by))
@@ -435,44 +418,69 @@ func (c *Cluster) regions() []regionRunner {
 
 // noteMargin keeps the longest RemovalMargin of the member's kinds: the
 // downings the coordinators look back on are kept that long.
-func (c *Cluster) noteMargin(d time.Duration) {
+func (ss *shardings) noteMargin(d time.Duration) {
 	for {
-		old := c.maxMargin.Load()
-		if int64(d) <= old || c.maxMargin.CompareAndSwap(old, int64(d)) {
+		old := ss.maxMargin.Load()
+		if int64(d) <= old || ss.maxMargin.CompareAndSwap(old, int64(d)) {
 			return
 		}
 	}
 }
 
-// handOverShards has every region of this member give its shards away
-// before the member leaves, waiting until they have or ctx ends.
-func (c *Cluster) handOverShards(ctx context.Context, hurry <-chan struct{}) {
-	select {
-	case <-c.done:
-		return
-	default:
+// noteGone follows the members events show unreachable, downed or
+// removed (the shards they run are held, not sent to them); true if the
+// set changed.
+func (ss *shardings) noteGone(events []MemberEvent, self NodeUID) bool {
+	for {
+		p := ss.gone.Load()
+		m := goneAfter(p, events, self)
+		if m == nil {
+			return false
+		}
+		if ss.gone.CompareAndSwap(p, &m) {
+			return true
+		}
 	}
+}
+
+// isGone reports whether the member uid is unreachable, downed or
+// removed, as this member last heard.
+func (ss *shardings) isGone(uid NodeUID) bool {
+	p := ss.gone.Load()
+	if p == nil {
+		return false
+	}
+	_, ok := (*p)[uid]
+	return ok
+}
+
+// poke has every region look at the membership again.
+func (ss *shardings) poke() {
+	for _, r := range ss.regions() {
+		r.poke()
+	}
+}
+
+// end stops every region's entities as the cluster stops, before
+// its singletons (the coordinators among them) hand over.
+func (ss *shardings) end() {
+	ss.mu.Lock()
+	ss.ended = true
+	ss.mu.Unlock()
 	var wg sync.WaitGroup
-	for _, r := range c.regions() {
-		wg.Go(func() { r.handOver(ctx, hurry) })
+	for _, r := range ss.regions() {
+		wg.Go(r.end)
 	}
 	wg.Wait()
 }
 
-// noteGone follows the members events show unreachable, downed or
-// removed (the shards they run are held, not sent to them); true if the
-// set changed.
-func (c *Cluster) noteGone(events []MemberEvent) bool {
-	for {
-		p := c.gone.Load()
-		m := goneAfter(p, events, c.n.uid)
-		if m == nil {
-			return false
-		}
-		if c.gone.CompareAndSwap(p, &m) {
-			return true
-		}
-	}
+// regionRunner is a region of any message type, as the cluster keeps
+// them.
+type regionRunner interface {
+	end()
+	handOver(ctx context.Context, hurry <-chan struct{})
+	poke()
+	handOffTimeout() time.Duration
 }
 
 // goneAfter returns the set p after events, or nil if they change
@@ -520,59 +528,4 @@ func goneAfter(p *map[NodeUID]bool, events []MemberEvent, self NodeUID) map[Node
 		}
 	}
 	return m
-}
-
-// isGone reports whether the member uid is unreachable, downed or
-// removed, as this member last heard.
-func (c *Cluster) isGone(uid NodeUID) bool {
-	p := c.gone.Load()
-	if p == nil {
-		return false
-	}
-	_, ok := (*p)[uid]
-	return ok
-}
-
-// pokeRegions has every region look at the membership again.
-func (c *Cluster) pokeRegions() {
-	for _, r := range c.regions() {
-		r.poke()
-	}
-}
-
-// noteDownedLocked records when a member was seen downed (or removed
-// without leaving), for the sharding coordinators' margin; entries older
-// than two margins are dropped.
-func (c *Cluster) noteDownedLocked(m Member, now time.Time) {
-	if m.Status != MemberDown && (m.Status != MemberRemoved || c.leftSeen[m.UID]) {
-		return
-	}
-	if _, ok := c.downedAt[m.UID]; !ok {
-		c.downedAt[m.UID] = now
-	}
-	for uid, at := range c.downedAt {
-		if now.Sub(at) > 2*max(c.cfg.LeaseReleaseAfter, time.Duration(c.maxMargin.Load())) {
-			delete(c.downedAt, uid)
-		}
-	}
-}
-
-// downs returns when members were lately seen downed.
-func (c *Cluster) downs() map[NodeUID]time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return maps.Clone(c.downedAt)
-}
-
-// endShardings stops every region's entities as the cluster stops, before
-// its singletons (the coordinators among them) hand over.
-func (c *Cluster) endShardings() {
-	c.shardings.mu.Lock()
-	c.shardings.ended = true
-	c.shardings.mu.Unlock()
-	var wg sync.WaitGroup
-	for _, r := range c.regions() {
-		wg.Go(r.end)
-	}
-	wg.Wait()
 }

@@ -29,7 +29,7 @@ func TestAPokeWhileShardingStartsIsSafe(t *testing.T) {
 			}
 		}()
 		for !stop.Load() {
-			c.pokeRegions()
+			c.shardings.poke()
 		}
 	}()
 	for i := range 200 {
@@ -39,7 +39,7 @@ func TestAPokeWhileShardingStartsIsSafe(t *testing.T) {
 		select {
 		case p := <-panicked:
 			stop.Store(true)
-			t.Fatalf("pokeRegions panicked during Sharding (kind %d): %v", i, p)
+			t.Fatalf("shardings.poke panicked during Sharding (kind %d): %v", i, p)
 		default:
 		}
 	}

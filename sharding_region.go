@@ -182,7 +182,7 @@ func (r *region[T]) onEnvelope(ctx *Context[regionMsg], env shardEnvelope[T]) {
 		r.n.dead.deadLetter(r.prefix+env.id, env.msg, ErrEntityUnavailable)
 	case sh.mode == shardHere:
 		r.deliverHere(ctx, sh, env)
-	case sh.mode == shardThere && r.c.isGone(sh.homeUID):
+	case sh.mode == shardThere && r.c.shardings.isGone(sh.homeUID):
 		r.setMode(sh, shardNowhere, nil, NodeUID{}) // its member is gone
 		r.hold(sh, env)
 	case sh.mode == shardThere:
@@ -358,7 +358,7 @@ func (r *region[T]) onHome(ctx *Context[regionMsg], m shardHome) {
 		}
 	}
 	addr, err := ParseAddr(m.Addr)
-	if err != nil || r.c.isGone(m.Home) {
+	if err != nil || r.c.shardings.isGone(m.Home) {
 		sh.askedAt = time.Now() // (held until it is reachable, or moves)
 		return
 	}
@@ -558,7 +558,7 @@ func (r *region[T]) onTick() {
 			if live == nil {
 				live = r.c.liveOthers()
 			}
-			if _, ok := live[sh.homeUID]; !ok || r.c.isGone(sh.homeUID) {
+			if _, ok := live[sh.homeUID]; !ok || r.c.shardings.isGone(sh.homeUID) {
 				r.setMode(sh, shardNowhere, nil, NodeUID{})
 			}
 		}
@@ -640,7 +640,7 @@ func (r *region[T]) poke() { r.self.h.local.tellAny(shardTick{}) }
 // stopped. The stops go on the system lane, which a full mailbox does
 // not refuse.
 func (r *region[T]) end() {
-	defer r.c.dropSharding(r.name)
+	defer r.c.shardings.drop(r.name)
 	r.mu.Lock()
 	r.over = true
 	for _, sh := range r.shards {
