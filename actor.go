@@ -665,3 +665,93 @@ func (c *Context[T]) Fail(err error) {
 		c.c.tooling().failed = err
 	}
 }
+
+// tooling returns the actor's tools, making them on first use.
+func (c *cell[T]) tooling() *actorTools[T] {
+	if c.tools == nil {
+		c.tools = &actorTools[T]{}
+	}
+	return c.tools
+}
+
+// actorContext returns the actor's context, made on first use (see
+// Context.Context).
+func (c *cell[T]) actorContext() context.Context {
+	t := c.tooling()
+	if t.ctx == nil {
+		t.ctx, t.cancel = context.WithCancel(c.n.lc.actorsCtx)
+		if c.stopping || t.stopTaken {
+			t.cancel() // asked for in PostStop, or after Stop
+		}
+		// A stop pushed from elsewhere cancels it at once, while a
+		// handler may still be waiting on it (see sysPush).
+		c.mu.Lock()
+		c.moreFor().cancel = t.cancel
+		pushed := c.stopPushedLocked() // before this call: nothing cancelled it
+		c.mu.Unlock()
+		if pushed {
+			t.cancel()
+		}
+	}
+	return t.ctx
+}
+
+// startTimer starts the timer with key, replacing the one running under
+// it: msg is delivered after d, then every every if that is not 0.
+func (c *cell[T]) startTimer(key any, d, every time.Duration, msg T) {
+	tt := c.tooling()
+	if old, ok := tt.timers[key]; ok {
+		old.t.Stop()
+	}
+	if tt.timers == nil {
+		tt.timers = make(map[any]*actorTimer[T])
+	}
+	tt.timerSeq++
+	gen := tt.timerSeq
+	at := &actorTimer[T]{msg: msg, every: every, gen: gen}
+	at.t = time.AfterFunc(d, func() { c.sysPush(sysMsg{kind: sysTimer, timerKey: key, timerGen: gen}) })
+	tt.timers[key] = at
+}
+
+// fireTimer handles a due timer on the actor's goroutine: its message is
+// received unless the timer was cancelled or replaced meanwhile.
+func (c *cell[T]) fireTimer(key any, gen uint64) {
+	if c.tools == nil || c.stopping {
+		return
+	}
+	at, ok := c.tools.timers[key]
+	if !ok || at.gen != gen {
+		return // cancelled or replaced after it fell due
+	}
+	if at.every > 0 {
+		at.t.Reset(at.every)
+	} else {
+		delete(c.tools.timers, key)
+	}
+	c.receive(at.msg)
+}
+
+// stopTimers cancels every timer and the actor's context as it stops.
+func (c *cell[T]) stopTimers() {
+	if c.tools == nil {
+		return
+	}
+	for _, at := range c.tools.timers {
+		at.t.Stop()
+	}
+	c.tools.timers = nil
+	if c.tools.cancel != nil {
+		c.tools.cancel()
+	}
+	if st := c.tools.sup; st != nil && st.timer != nil {
+		st.timer.Stop()
+		st.timer = nil
+	}
+}
+
+// holdHeaders keeps hd, the headers of the message about to enter the
+// mailbox, beside it (mu held).
+func (c *cell[T]) holdHeaders(hd Headers) {
+	m := c.moreFor()
+	m.hdrs = append(m.hdrs, heldHeaders{at: c.lanesFor().entered, h: hd})
+}

@@ -257,25 +257,6 @@ func (a *assoc) hasCredit(id uint32) bool {
 	return a.enc.peerMailbox <= 0 || a.enc.sent[id-1] < a.enc.peerMailbox+a.enc.granted[id-1]
 }
 
-// creditRoom is the room a mailbox has for credit; with less than half
-// of its limit free, ac is registered to be woken when it drains.
-func (c *cell[T]) creditRoom(ac *creditAcct) int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	limit := c.limit()
-	if c.closed || limit <= 0 {
-		return int(c.n.cfg.mailboxCredit()) // the receiving node reports what cannot be delivered
-	}
-	room := limit
-	if c.q != nil {
-		room = max(limit-len(c.q.in), 0)
-	}
-	if (room == 0 || room < limit/2) && ac.waiting.CompareAndSwap(false, true) {
-		c.n.credit.add(c.self, ac)
-	}
-	return room
-}
-
 // creditTeller is a local target, not a batchTarget, whose sender's
 // credit counts: a message adapter. A message within the credit this
 // node granted is taken past the mailbox's limit, as in a batch: a grant

@@ -189,13 +189,6 @@ type heldHeaders struct {
 	h  Headers
 }
 
-// holdHeaders keeps hd, the headers of the message about to enter the
-// mailbox, beside it (mu held).
-func (c *cell[T]) holdHeaders(hd Headers) {
-	m := c.moreFor()
-	m.hdrs = append(m.hdrs, heldHeaders{at: c.lanesFor().entered, h: hd})
-}
-
 // headersOf returns the headers of the message with index at, the next to
 // be handled, and forgets them (and any of messages before it).
 func (t *actorTools[T]) headersOf(at uint64) Headers {

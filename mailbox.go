@@ -279,3 +279,32 @@ func (c *cell[T]) removeAsker(p pendingAsk) {
 
 // limit is the mailbox's limit; 0 means none.
 func (c *cell[T]) limit() int { return c.n.cfg.MailboxLimit }
+
+// waiting is how many user messages wait in the actor's mailbox.
+func (c *cell[T]) waiting() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.q == nil {
+		return 0
+	}
+	return len(c.q.in)
+}
+
+// creditRoom is the room a mailbox has for credit; with less than half
+// of its limit free, ac is registered to be woken when it drains.
+func (c *cell[T]) creditRoom(ac *creditAcct) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	limit := c.limit()
+	if c.closed || limit <= 0 {
+		return int(c.n.cfg.mailboxCredit()) // the receiving node reports what cannot be delivered
+	}
+	room := limit
+	if c.q != nil {
+		room = max(limit-len(c.q.in), 0)
+	}
+	if (room == 0 || room < limit/2) && ac.waiting.CompareAndSwap(false, true) {
+		c.n.credit.add(c.self, ac)
+	}
+	return room
+}

@@ -480,7 +480,6 @@ func TestTheCoreNamesNoLayer(t *testing.T) {
 // count, and never raises one.
 var shapeCeilings = map[string]struct{ fields, files int }{
 	"assoc": {0, 11}, // the session's methods: the handlers of control frames, resume, credit
-	"cell":  {0, 8},
 }
 
 // mdLink matches a Markdown link's target: [text](target).

@@ -356,16 +356,6 @@ func histogramQuantile(h *metrics.Float64Histogram, q float64) time.Duration {
 	return 0
 }
 
-// waiting is how many user messages wait in the actor's mailbox.
-func (c *cell[T]) waiting() int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.q == nil {
-		return 0
-	}
-	return len(c.q.in)
-}
-
 // statsPath is where every node's introspection actor lives: it answers
 // FetchStats (and so troupe peers, actors and stats) over the protocol,
 // behind the same authentication as everything else.

@@ -4,8 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
-	"runtime/debug"
 	"strconv"
 	"strings"
 	"time"
@@ -232,62 +230,6 @@ type supState struct {
 	pause       time.Duration // the backoff chosen for the restart under way (logged when it begins)
 }
 
-// recoverFailure, deferred around every handler call, turns a panic or a
-// failure reported with Fail into the strategy's action. inSetup says
-// whether the handler was Setup.
-func (c *cell[T]) recoverFailure(inSetup bool) {
-	if p := recover(); p != nil {
-		c.onFailure(&PanicError{Value: p, Stack: debug.Stack()}, inSetup)
-		return
-	}
-	if c.tools != nil && c.tools.failed != nil {
-		err := c.tools.failed
-		c.tools.failed = nil
-		c.onFailure(&failureError{Err: err}, inSetup)
-	}
-}
-
-// onFailure applies the strategy to a failure, logging it once.
-func (c *cell[T]) onFailure(reason error, inSetup bool) {
-	c.n.totals.actorFailures.Add(1)
-	if c.tools != nil {
-		c.tools.failed = nil
-	}
-	if c.stopping {
-		// It was stopping anyway (Stop, then a panic): the failure is
-		// the better reason.
-		c.linksFor().stopReason = reason
-		c.n.log.Error("troupe: actor failed while stopping", "path", c.self.key.path, "error", reason)
-		return
-	}
-	s := Strategy{}
-	if c.b.sup != nil {
-		s = c.b.sup.strategy
-	}
-	action, why := actStop, ""
-	if s.action != actStop {
-		st := c.supervision()
-		action, st.failures, why = s.decide(st.failures, inSetup, time.Now())
-	}
-	attrs := []any{"path", c.self.key.path, "error", reason}
-	if pe, ok := reason.(*PanicError); ok {
-		attrs = append(attrs, stackAttr(pe.Stack))
-	}
-	switch action {
-	case actResume:
-		c.n.log.Error("troupe: actor failed; resuming it", attrs...)
-	case actRestart:
-		if pause := c.choosePause(s); pause > 0 {
-			attrs = append(attrs, "backoff", pause)
-		}
-		c.n.log.Error("troupe: actor failed; restarting it", attrs...)
-		c.beginRestart(reason, s)
-	default:
-		c.n.log.Error("troupe: actor failed; stopping it"+why, append(attrs, "strategy", s.String())...)
-		c.setStopping(reason)
-	}
-}
-
 // decide is the strategy's answer to a failure at now, given when the
 // failures it survived before happened (oldest first). It returns the
 // history to keep and, for a stop the strategy alone would not have
@@ -316,85 +258,6 @@ func (s Strategy) decide(history []time.Time, inSetup bool, now time.Time) (fail
 	return s.action, append(history, now), ""
 }
 
-// supervision returns the actor's supervision state, making it on first
-// use.
-func (c *cell[T]) supervision() *supState {
-	t := c.tooling()
-	if t.sup == nil {
-		t.sup = &supState{}
-	}
-	return t.sup
-}
-
-// beginRestart holds the mailbox, tells the old behavior, drops what a
-// restart drops and then waits for the children, the backoff, or nothing.
-func (c *cell[T]) beginRestart(reason error, s Strategy) {
-	c.mu.Lock()
-	c.held = true
-	c.mu.Unlock()
-	if c.b.Signal != nil {
-		c.signalQuietly(PreRestart{Reason: reason})
-	}
-	st := c.supervision()
-	c.stopTimers()
-	c.tools.ctx, c.tools.cancel = nil, nil // the fresh state gets a new one
-	c.mu.Lock()
-	if c.waits != nil && c.waits.more != nil {
-		c.waits.more.cancel = nil
-	}
-	c.mu.Unlock()
-	c.dropWatches()
-	l := c.links
-	if l == nil {
-		l = &cellLinks{} // (read only: an actor without links)
-	}
-	for _, a := range l.adapters {
-		a.local.(retirable).retire()
-		c.n.actors.remove(a.key.path)
-	}
-	l.adapters = nil
-	st.reason = reason
-	st.gen++
-	if !s.keepChildren && len(l.children) > 0 {
-		st.phase = restartChildren
-		for ch := range l.children {
-			ch.local.sysPush(sysMsg{kind: sysStop, reason: ErrParentStopped})
-		}
-		return
-	}
-	c.afterChildren(s)
-}
-
-// afterChildren starts the backoff, or makes the restart due at once.
-func (c *cell[T]) afterChildren(s Strategy) {
-	st := c.tools.sup
-	if s.minBackoff <= 0 {
-		st.phase = restartDue
-		c.sysPush(sysMsg{kind: sysRestart, timerGen: st.gen})
-		return
-	}
-	st.phase = restartBackoff
-	gen := st.gen
-	st.timer = time.AfterFunc(st.pause, func() { c.sysPush(sysMsg{kind: sysRestart, timerGen: gen}) })
-}
-
-// choosePause picks the backoff of the restart that begins now (0 for a
-// strategy without one), so that the log line announcing the restart can
-// say how long the actor will be away.
-func (c *cell[T]) choosePause(s Strategy) time.Duration {
-	st := c.supervision()
-	st.pause = 0
-	if s.minBackoff <= 0 {
-		return 0
-	}
-	if !st.lastRestart.IsZero() && time.Since(st.lastRestart) > s.maxBackoff {
-		st.backoffs = 0 // it ran long enough to count as recovered
-	}
-	st.pause = backoff(s, st.backoffs, rand.Float64())
-	st.backoffs++
-	return st.pause
-}
-
 // backoff is the pause before restart number k (from 0) given a random
 // number r in [0, 1).
 func backoff(s Strategy, k int, r float64) time.Duration {
@@ -405,72 +268,6 @@ func backoff(s Strategy, k int, r float64) time.Duration {
 		}
 	}
 	return d + time.Duration(float64(d)*s.randomFactor*r)
-}
-
-// childGone notes a stopped child during a restart that waits for them.
-func (c *cell[T]) childGone() {
-	if c.tools != nil && c.tools.sup != nil && c.tools.sup.phase == restartChildren && (c.links == nil || len(c.links.children) == 0) {
-		c.afterChildren(c.b.sup.strategy)
-	}
-}
-
-// restart builds the behavior again and runs its Setup; gen names the
-// restart the message belongs to.
-func (c *cell[T]) restart(gen uint64) {
-	if c.tools == nil || c.tools.sup == nil || c.tools.sup.gen != gen || c.stopping {
-		return
-	}
-	st := c.tools.sup
-	if st.phase != restartDue && st.phase != restartBackoff {
-		return
-	}
-	st.phase, st.timer, st.reason = restartNone, nil, nil
-	st.lastRestart = time.Now()
-	b, err := c.b.behavior()
-	if err != nil {
-		c.n.log.Error("troupe: actor could not be restarted; stopping it", "path", c.self.key.path, "error", err)
-		c.setStopping(err)
-		return
-	}
-	c.b = b
-	c.n.totals.actorRestarts.Add(1)
-	c.n.actors.restarted(c.self.key.path)
-	c.mu.Lock()
-	c.held = false
-	c.mu.Unlock()
-	if b.Setup != nil {
-		c.runSetup()
-	}
-}
-
-// signalQuietly delivers a lifecycle signal; a failure in its handler is
-// logged and changes nothing.
-func (c *cell[T]) signalQuietly(s Signal) {
-	defer func() {
-		if p := recover(); p != nil {
-			c.n.log.Error("troupe: actor panicked handling a lifecycle signal; ignored", "path", c.self.key.path, "signal", fmt.Sprintf("%T", s), "panic", p)
-		}
-		if c.tools != nil {
-			c.tools.failed = nil
-		}
-	}()
-	c.b.Signal(&c.ctx, s)
-}
-
-// dropWatches cancels every watch this actor holds.
-func (c *cell[T]) dropWatches() {
-	if c.links == nil {
-		return
-	}
-	for key, r := range c.links.watching {
-		if h := r.handle(); h.assoc != nil {
-			h.assoc.unwatch(h, c.self)
-		} else if h.local != nil {
-			h.local.watchHandle().local.sysPush(sysMsg{kind: sysUnwatch, ref: c.self})
-		}
-		delete(c.links.watching, key)
-	}
-	c.dropLinksIfUnused()
 }
 
 // maxStackFrames bounds the frames a failure's log line shows.

@@ -37,14 +37,6 @@ type actorTools[T any] struct {
 	stopTaken bool
 }
 
-// tooling returns the actor's tools, making them on first use.
-func (c *cell[T]) tooling() *actorTools[T] {
-	if c.tools == nil {
-		c.tools = &actorTools[T]{}
-	}
-	return c.tools
-}
-
 // Context returns a context.Context that is done as soon as the actor is
 // asked to stop (by [Context.Stop] once the handler returns, by its
 // parent's stop, by [Node.Stop]), or its node starts closing
@@ -75,28 +67,6 @@ func (c *Context[T]) headers() Headers {
 		return maps.Clone(t.cur)
 	}
 	return nil
-}
-
-// actorContext returns the actor's context, made on first use (see
-// Context.Context).
-func (c *cell[T]) actorContext() context.Context {
-	t := c.tooling()
-	if t.ctx == nil {
-		t.ctx, t.cancel = context.WithCancel(c.n.lc.actorsCtx)
-		if c.stopping || t.stopTaken {
-			t.cancel() // asked for in PostStop, or after Stop
-		}
-		// A stop pushed from elsewhere cancels it at once, while a
-		// handler may still be waiting on it (see sysPush).
-		c.mu.Lock()
-		c.moreFor().cancel = t.cancel
-		pushed := c.stopPushedLocked() // before this call: nothing cancelled it
-		c.mu.Unlock()
-		if pushed {
-			t.cancel()
-		}
-	}
-	return t.ctx
 }
 
 // Log returns the node's logger (Config.Logger, which names the node as
@@ -148,55 +118,4 @@ func (c *Context[T]) CancelTimer(key any) bool {
 		delete(c.c.tools.timers, key)
 	}
 	return ok
-}
-
-func (c *cell[T]) startTimer(key any, d, every time.Duration, msg T) {
-	tt := c.tooling()
-	if old, ok := tt.timers[key]; ok {
-		old.t.Stop()
-	}
-	if tt.timers == nil {
-		tt.timers = make(map[any]*actorTimer[T])
-	}
-	tt.timerSeq++
-	gen := tt.timerSeq
-	at := &actorTimer[T]{msg: msg, every: every, gen: gen}
-	at.t = time.AfterFunc(d, func() { c.sysPush(sysMsg{kind: sysTimer, timerKey: key, timerGen: gen}) })
-	tt.timers[key] = at
-}
-
-// fireTimer handles a due timer on the actor's goroutine: its message is
-// received unless the timer was cancelled or replaced meanwhile.
-func (c *cell[T]) fireTimer(key any, gen uint64) {
-	if c.tools == nil || c.stopping {
-		return
-	}
-	at, ok := c.tools.timers[key]
-	if !ok || at.gen != gen {
-		return // cancelled or replaced after it fell due
-	}
-	if at.every > 0 {
-		at.t.Reset(at.every)
-	} else {
-		delete(c.tools.timers, key)
-	}
-	c.receive(at.msg)
-}
-
-// stopTimers cancels every timer and the actor's context as it stops.
-func (c *cell[T]) stopTimers() {
-	if c.tools == nil {
-		return
-	}
-	for _, at := range c.tools.timers {
-		at.t.Stop()
-	}
-	c.tools.timers = nil
-	if c.tools.cancel != nil {
-		c.tools.cancel()
-	}
-	if st := c.tools.sup; st != nil && st.timer != nil {
-		st.timer.Stop()
-		st.timer = nil
-	}
 }
