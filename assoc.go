@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -231,7 +232,7 @@ func newAssoc(n *Node, outbound bool, dial Addr) *assoc {
 			targets: make(map[refKey]uint32),
 		},
 	}
-	a.rd.a, a.wr.a, a.hb.a = a, a, a
+	a.rd.a, a.wr.a, a.hb.a, a.due.a = a, a, a, a
 	a.rd.dec.binder = a
 	return a
 }
@@ -260,7 +261,8 @@ func (a *assoc) label() string {
 func (a *assoc) finish() {
 	n := a.n
 	if n.credit.waiting.Load() > 0 {
-		a.forgetCredit()
+		// a stuck actor must not keep an ended session alive
+		a.n.credit.forget(a)
 	}
 	n.peers.untable(a)
 	n.peers.mu.Lock()
@@ -443,7 +445,7 @@ func (a *assoc) signal(h *handle, m sysMsg) {
 // not yet leaving.
 func (a *assoc) use() {
 	if a.outbound {
-		a.dialOnce.Do(func() { a.n.wg.Go(a.runOutbound) })
+		a.dialOnce.Do(func() { a.n.wg.Go(func() { a.n.gate.runOutbound(a) }) })
 	}
 }
 
@@ -461,4 +463,47 @@ func (a *assoc) gone() bool {
 // actors anyone relies on, and discovery must come back with it.
 func (a *assoc) exemptFromQuarantine() bool {
 	return a.n.cl.isMember(a.peer.uid) || a.n.disc.isRegistrarAssoc(a)
+}
+
+// bindRef binds a ref read from a payload that came over a: to an actor
+// of this node, to the peer's actor through a, or to a third node's actor
+// through an association that dials on first use (never from the reader).
+func (a *assoc) bindRef(kind byte, key refKey, addr string) *handle {
+	return a.bindRefFrom(kind, key, addr, a.peer.uid)
+}
+
+// bindRefFrom is bindRef, a new node's binding charged to the peer from
+// once it dials (see [Config.MaxRefDialsPerPeer]).
+func (a *assoc) bindRefFrom(kind byte, key refKey, addr string, from NodeUID) *handle {
+	n := a.n
+	if kind == refThird && key.node == n.uid {
+		kind = refReceiver
+	}
+	if kind == refThird && key.node == a.peer.uid {
+		kind = refSender
+	}
+	switch kind {
+	case refReceiver:
+		key.node = n.uid
+		if h := n.actors.get(key.path, key.uuid); h != nil {
+			return h
+		}
+		return deadHandle(n, key)
+	case refSender:
+		key.node = a.peer.uid
+		return &handle{node: n, key: key, assoc: a}
+	}
+	ad, err := ParseAddr(addr)
+	if err != nil || n.isOwnAddr(ad) {
+		return deadHandle(n, key)
+	}
+	via, held, err := n.peers.assocHeld(ad, false, from)
+	if err != nil {
+		return deadHandle(n, key)
+	}
+	h := &handle{node: n, key: key, assoc: via}
+	if held {
+		runtime.AddCleanup(h, n.peers.releaseBinding, via)
+	}
+	return h
 }

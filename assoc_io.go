@@ -66,6 +66,42 @@ type sendWindow struct {
 	writeDeadline time.Time
 }
 
+// unackedSeq counts the sequenced frames in unacked: its tells, or every
+// frame of a resumable session (the association's mu held).
+func (w *sendWindow) unackedSeq(resumable bool) int {
+	if resumable {
+		return w.unacked.frames
+	}
+	return w.unacked.tells
+}
+
+// release drops the first k sequenced frames from unacked, with the
+// frames that are not sequenced before and among them (the
+// association's mu held).
+func (w *sendWindow) release(k int, resumable bool) {
+	w.unacked.drop(func(kind frameKind) bool {
+		if !resumable && !kind.isTell() {
+			return true
+		}
+		if k == 0 {
+			return false
+		}
+		k--
+		return true
+	}, w.free)
+}
+
+// free recycles a block an acknowledgement emptied, or keeps it for the
+// writer to recycle if a write may still be reading it (the
+// association's mu held).
+func (w *sendWindow) free(b *frameBlock) {
+	if w.writing {
+		w.freed = append(w.freed, b)
+		return
+	}
+	recycle(b)
+}
+
 // encodeRound bounds the time the writer spends encoding queued records
 // before it writes what it has.
 const encodeRound = 10 * time.Millisecond
@@ -82,13 +118,6 @@ func isAnswer(msg any) bool {
 	return ok
 }
 
-// takeQueue empties the queue of records and returns what it held (mu
-// held); an encoding of its first record in progress is dropped.
-func (a *assoc) takeQueue() recQueue {
-	a.qgen++
-	return a.queue.take()
-}
-
 // ackEvery bounds how many tell frames a busy reader receives before it
 // acknowledges them, so that a sender's unacknowledged backlog stays small
 // under a steady stream.
@@ -103,76 +132,6 @@ const ackBytes = 256 << 10
 // write deadline moving on between them, so that a slow link that keeps
 // reading is not taken for one that stopped.
 const bigWrite = 1 << 20
-
-// onAck releases the messages the peer confirmed it received.
-func (a *assoc) onAck(b []byte) error {
-	count, err := parseAck(b)
-	if err != nil {
-		return err
-	}
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.life.state == assocClosed {
-		return nil // the session ended; its unacknowledged messages are reported
-	}
-	if count <= a.win.acked {
-		return nil // nothing new (an acknowledgement may repeat what a resume said)
-	}
-	if count-a.win.acked > uint64(a.unackedSeq()) {
-		if a.life.mergedInto != nil {
-			return nil
-		}
-		return fmt.Errorf("%w: acknowledgement of %d frames, %d were sent", ErrMalformed, count, a.win.acked+uint64(a.unackedSeq()))
-	}
-	a.release(int(count - a.win.acked))
-	a.win.acked = count
-	a.win.ackMoved = time.Now()
-	if a.unackedSeq() == 0 && a.life.byeOnAck {
-		a.notify() // the writer may say bye now
-	}
-	if a.win.stalled && a.win.unacked.bytes < a.n.cfg.UnackedLimit {
-		a.win.stalled = false
-		a.notify() // the window is open again
-	}
-	if a.room != nil && !a.full() {
-		a.wakeSenders()
-	}
-	return nil
-}
-
-// unackedSeq counts the sequenced frames in unacked: its tells, or every
-// frame of a resumable session (mu held).
-func (a *assoc) unackedSeq() int {
-	if a.peer.resumable {
-		return a.win.unacked.frames
-	}
-	return a.win.unacked.tells
-}
-
-// release drops the first k sequenced frames from unacked, with the
-// frames that are not sequenced before and among them (mu held).
-func (a *assoc) release(k int) {
-	a.win.unacked.drop(func(kind frameKind) bool {
-		if !a.peer.resumable && !kind.isTell() {
-			return true
-		}
-		if k == 0 {
-			return false
-		}
-		k--
-		return true
-	}, a.free)
-}
-
-// free recycles a block an acknowledgement emptied, or keeps it for the
-// writer to recycle if a write may still be reading it (mu held).
-func (a *assoc) free(b *frameBlock) {
-	if a.win.writing {
-		a.win.freed = append(a.win.freed, b)
-		return
-	}
-	recycle(b)
-}
 
 // What a reader keeps of its batch of tells, and of their arena, while
 // its link is quiet.
@@ -227,7 +186,7 @@ func (w *assocWriter) writeLoop() {
 //go:noinline
 func (w *assocWriter) writeRound(vectored bool, window int) bool {
 	a := w.a
-	a.grantCredits()
+	a.due.grant()
 	now := time.Now()
 	a.mu.Lock()
 	if !a.encodesNow() && a.life.state != assocClosed {
@@ -252,7 +211,7 @@ func (w *assocWriter) writeRound(vectored bool, window int) bool {
 		if !a.peer.resumable {
 			// Frames that are not sequenced need no acknowledgement:
 			// those at the front go, so they never hold the window.
-			a.release(0)
+			a.win.release(0, a.peer.resumable)
 		}
 		if window > 0 && a.win.unacked.bytes >= window {
 			if !a.win.stalled {
@@ -313,7 +272,7 @@ func (w *assocWriter) writeRound(vectored bool, window int) bool {
 		empty := a.queue.len() == 0 && a.out.frames == 0
 		var eff effect
 		var tk taken
-		if empty && a.life.byeOnAck && a.unackedSeq() == 0 {
+		if empty && a.life.byeOnAck && a.win.unackedSeq(a.peer.resumable) == 0 {
 			eff, _ = a.stepLocked(lifeEvent{kind: evByeQueued}, &tk) // (it notifies)
 			a.pushControl(appendBye(nil, byeLeaving, ""))
 			empty = false
@@ -432,7 +391,7 @@ func (w *assocWriter) keepUnacked(out *frameChain) []*frameBlock {
 	if out.frames == 0 {
 		return nil
 	}
-	if a.unackedSeq() == 0 {
+	if a.win.unackedSeq(a.peer.resumable) == 0 {
 		a.win.ackMoved = time.Now() // something is outstanding from now on
 	}
 	spent := w.spent[:0]

@@ -23,9 +23,9 @@ func TestLateAckAfterTheSessionEnded(t *testing.T) {
 		b = appendWhole(b, appendTellHeader(nil, &tellHeader{target: 1, typ: 1}))
 		a.win.unacked.commit(b, true)
 	}
-	a.onAck([]byte{1})
+	a.rd.onAck([]byte{1})
 	a.fail(ErrNodeClosed)
-	if err := a.onAck([]byte{2}); err != nil {
+	if err := a.rd.onAck([]byte{2}); err != nil {
 		t.Fatalf("late ack: %v", err)
 	}
 }

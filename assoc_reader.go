@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"slices"
+	"time"
 	"unsafe"
 )
 
@@ -204,15 +205,15 @@ func (r *assocReader) handleFrame(kind frameKind, b []byte) (done bool, err erro
 		}
 		return false, r.onTell(rest, hd, len(b))
 	case frameWatch, frameUnwatch:
-		return false, a.onWatch(kind, b)
+		return false, r.onWatch(kind, b)
 	case frameTerminated:
-		return false, a.onTerminated(b)
+		return false, r.onTerminated(b)
 	case frameResolve:
-		return false, a.onResolve(b)
+		return false, r.onResolve(b)
 	case frameResolved:
-		return false, a.onResolved(b)
+		return false, r.onResolved(b)
 	case frameBye:
-		err := a.onBye(b)
+		err := r.onBye(b)
 		a.mu.Lock()
 		done := a.life.state == assocClosed
 		a.mu.Unlock()
@@ -220,11 +221,11 @@ func (r *assocReader) handleFrame(kind frameKind, b []byte) (done bool, err erro
 	case frameHeartbeat:
 		return false, parseHeartbeat(b)
 	case frameAck:
-		return false, a.onAck(b)
+		return false, r.onAck(b)
 	case frameResume:
-		return false, a.onResume(b)
+		return false, r.onResume(b)
 	case frameCredit:
-		return false, a.onCredit(b)
+		return false, r.onCredit(b)
 	case frameShape:
 		return false, r.onShape(b)
 	case frameDraining:
@@ -236,7 +237,7 @@ func (r *assocReader) handleFrame(kind frameKind, b []byte) (done bool, err erro
 		t.mu.Unlock()
 		return false, nil
 	case frameToken:
-		return false, a.onToken(b)
+		return false, r.onToken(b)
 	case frameHello, frameWelcome, frameReject, frameChallenge, frameProof, frameTokenChallenge:
 		return false, fmt.Errorf("%w: %s after the handshake", ErrMalformed, kind)
 	}
@@ -270,7 +271,7 @@ func (r *assocReader) onTell(b []byte, hd Headers, size int) error {
 				return fmt.Errorf("%w: a %d-byte target path entered in the table (at most %d)", ErrMalformed, len(it.path), maxTableEntry)
 			}
 			if a.peer.credit && n.cfg.mailboxCredit() > 0 {
-				it.acct = a.newCreditAcct(uint32(id), it.target)
+				it.acct = a.due.newAcct(uint32(id), it.target)
 			}
 			r.inTargets = append(r.inTargets, *it)
 		}
@@ -285,7 +286,7 @@ func (r *assocReader) onTell(b []byte, hd Headers, size int) error {
 		// Within the credit this node granted, a message is taken past
 		// the mailbox's limit; past it (a sender that ignores its
 		// credit), it is held to the limit like any other.
-		a.creditReceived(ac)
+		a.due.received(ac)
 		credited = ac.received <= ac.granted.Load()
 	}
 	tid := th.typ
@@ -508,4 +509,296 @@ func (r *assocReader) flushBatch() {
 	}
 	clear(r.batch)
 	r.batch, r.batchTo, r.batchID, r.arena = r.batch[:0], nil, 0, r.arena[:0]
+}
+
+// The handlers of the control frames, which the reader runs as it
+// reads them.
+
+func (r *assocReader) onWatch(kind frameKind, b []byte) error {
+	a := r.a
+	n := a.n
+	wb, err := parseWatch(kind, b)
+	if err != nil {
+		return err
+	}
+	path, uuid, wpath := wb.path, wb.uuid, wb.watcher
+	if len(wpath) > maxWatchPath {
+		return fmt.Errorf("%w: a %d-byte watcher path (at most %d)", ErrMalformed, len(wpath), maxWatchPath)
+	}
+	watcher := &handle{node: n, key: refKey{node: a.peer.uid, path: wpath}, assoc: a}
+	h := n.actors.get(path, uuid)
+	var w inWatch
+	if h != nil {
+		// Kept, and ended, under the key of the actor that stops: a
+		// watch without a uuid under its uuid, a watch of an adapter
+		// under its actor's.
+		tk := h.local.watchHandle().key
+		w = inWatch{tk.path, tk.uuid, wpath}
+		uuid = h.key.uuid
+	}
+	// The peer's watches live in one set, the session's that sends go to:
+	// a connection retiring after a merge or a resume adds to the winner's.
+	if kind == frameUnwatch {
+		t := a.lockTarget()
+		t.reqs.watchedBy.remove(w)
+		t.mu.Unlock()
+		if h != nil {
+			h.local.watchHandle().local.sysPush(sysMsg{kind: sysUnwatch, ref: watcher})
+		}
+		return nil
+	}
+	reason := ErrNoSuchActor
+	if h != nil {
+		target := h.local.watchHandle()
+		t := a.lockTarget()
+		live := t.life.state < assocClosed
+		var refused error
+		if live && !t.reqs.watchedBy.add(w, target, n.cfg.MaxWatchesPerPeer) {
+			refused = t.reqs.watchedBy.refusal(n.cfg.MaxWatchesPerPeer)
+		}
+		t.mu.Unlock()
+		if refused != nil {
+			a.signal(watcher, sysMsg{kind: sysTerminated, key: refKey{node: n.uid, path: path, uuid: uuid}, reason: refused})
+			return nil
+		}
+		if live && target.local.sysPush(sysMsg{kind: sysWatch, ref: watcher}) {
+			return nil
+		}
+		t = a.lockTarget()
+		t.reqs.watchedBy.remove(w)
+		t.mu.Unlock()
+		reason = ErrActorStopped
+	}
+	reason = n.actors.stops.reason(path, uuid, reason) // (it stopped before the watch arrived: why)
+	a.signal(watcher, sysMsg{kind: sysTerminated, key: refKey{node: n.uid, path: path, uuid: uuid}, reason: reason})
+	return nil
+}
+
+func (r *assocReader) onTerminated(b []byte) error {
+	a := r.a
+	n := a.n
+	wb, err := parseWatch(frameTerminated, b)
+	if err != nil {
+		return err
+	}
+	key := refKey{node: a.peer.uid, path: wb.path, uuid: wb.uuid}
+	w := n.actors.get(wb.watcher, UUID{})
+	if w == nil {
+		return nil // the watcher has stopped meanwhile
+	}
+	wh := w.local.watchHandle()
+	t := a.lockTarget()
+	delete(t.reqs.watches, watchPair{key, wh})
+	t.mu.Unlock()
+	wh.local.sysPush(sysMsg{kind: sysTerminated, key: key, reason: reasonErr(wb.code, wb.text)})
+	return nil
+}
+
+func (r *assocReader) onResolve(b []byte) error {
+	a := r.a
+	rq, err := parseResolve(b)
+	if err != nil {
+		return err
+	}
+	ans := resolveAnswer{status: resolveNoSuchActor}
+	// A handle without a protocol (a lookup's watcher of a found actor,
+	// at /system/$found…) takes no messages: no actor to resolve.
+	if h := a.n.actors.get(rq.path, UUID{}); h != nil && h.local.protocol() != nil {
+		ans = resolveAnswer{status: resolveOK, uuid: h.key.uuid, proto: protocolName(h.local.protocol())}
+		if !sameProtocol(rq.proto, h.local.protocol()) {
+			ans.status = resolveWrongType
+		}
+	}
+	a.answer(appendResolved(nil, rq.id, ans))
+	return nil
+}
+
+func (r *assocReader) onResolved(b []byte) error {
+	a := r.a
+	id, ans, err := parseResolved(b)
+	if err != nil {
+		return err
+	}
+	t := a.lockTarget()
+	ch := t.reqs.resolves[id]
+	delete(t.reqs.resolves, id)
+	t.mu.Unlock()
+	if ch != nil {
+		ch <- ans
+	}
+	return nil
+}
+
+func (r *assocReader) onBye(b []byte) error {
+	a := r.a
+	code, text, err := parseBye(b)
+	if err != nil {
+		return err
+	}
+	if len(text) > maxByeText {
+		text = text[:maxByeText]
+	}
+	switch code {
+	case byeGaveUp:
+		// The peer declared this node unreachable: this side learns it
+		// now rather than at its own window, and ends the session as it
+		// would have then.
+		a.fail(fmt.Errorf("%w: %s gave up on this node: %s", ErrQuarantinedByPeer, a.label(), text))
+		return nil
+	case byeRefused:
+		// The dialer refused the connection this node welcomed: nothing
+		// was ever sent over it, and the dialer is not unreachable.
+		a.fail(fmt.Errorf("%w: %w: %s", errSessionReplaced, ErrRejected, text))
+		return nil
+	case byeDuplicate:
+	default:
+		a.fail(ErrPeerLeft)
+		return nil
+	}
+	a.mu.Lock()
+	retired := a.life.mergedInto != nil
+	a.mu.Unlock()
+	if retired {
+		// The answer to our own duplicate-bye: the connection is drained.
+		<-a.writerDone
+		a.fail(nil)
+		return nil
+	}
+	// The peer keeps another connection with us: move over to it, and
+	// answer with our own bye once what we queued here is written.
+	n := a.n
+	n.peers.mu.Lock()
+	w := n.peers.byUID[a.peer.uid]
+	if w == a {
+		w = nil
+		delete(n.peers.byUID, a.peer.uid)
+	}
+	if w == nil {
+		n.peers.awaiting[a.peer.uid] = append(n.peers.awaiting[a.peer.uid], a)
+	}
+	n.peers.mu.Unlock()
+	if w != nil {
+		a.mergeInto(w)
+	}
+	a.conn.SetReadDeadline(time.Now().Add(retireDrain))
+	return nil
+}
+
+// onAck releases the messages the peer confirmed it received.
+func (r *assocReader) onAck(b []byte) error {
+	a := r.a
+	count, err := parseAck(b)
+	if err != nil {
+		return err
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.life.state == assocClosed {
+		return nil // the session ended; its unacknowledged messages are reported
+	}
+	if count <= a.win.acked {
+		return nil // nothing new (an acknowledgement may repeat what a resume said)
+	}
+	if count-a.win.acked > uint64(a.win.unackedSeq(a.peer.resumable)) {
+		if a.life.mergedInto != nil {
+			return nil
+		}
+		return fmt.Errorf("%w: acknowledgement of %d frames, %d were sent", ErrMalformed, count, a.win.acked+uint64(a.win.unackedSeq(a.peer.resumable)))
+	}
+	a.win.release(int(count-a.win.acked), a.peer.resumable)
+	a.win.acked = count
+	a.win.ackMoved = time.Now()
+	if a.win.unackedSeq(a.peer.resumable) == 0 && a.life.byeOnAck {
+		a.notify() // the writer may say bye now
+	}
+	if a.win.stalled && a.win.unacked.bytes < a.n.cfg.UnackedLimit {
+		a.win.stalled = false
+		a.notify() // the window is open again
+	}
+	if a.room != nil && !a.full() {
+		a.wakeSenders()
+	}
+	return nil
+}
+
+// onResume acts on the peer's resume frame: it releases what the peer
+// confirmed, and queues the rest to be sent again, in order, ahead of
+// everything else.
+func (r *assocReader) onResume(b []byte) error {
+	a := r.a
+	count, err := parseResume(b)
+	if err != nil {
+		return err
+	}
+	a.mu.Lock()
+	if !a.life.holdQueue {
+		a.mu.Unlock()
+		return fmt.Errorf("%w: resume on a session that was not resumed", ErrMalformed)
+	}
+	if count < a.win.acked || count-a.win.acked > uint64(a.win.unackedSeq(a.peer.resumable)) {
+		a.mu.Unlock()
+		return fmt.Errorf("%w: resume after %d frames, %d were sent", ErrMalformed, count, a.win.acked+uint64(a.win.unackedSeq(a.peer.resumable)))
+	}
+	a.win.release(int(count-a.win.acked), a.peer.resumable)
+	resend := a.win.unackedSeq(a.peer.resumable)
+	rest := a.win.unacked.take()
+	rest.appendChain(a.out.take())
+	a.out = rest
+	a.win.acked = count
+	var tk taken
+	eff, _ := a.stepLocked(lifeEvent{kind: evResumeFrame}, &tk)
+	tk.resent, tk.down = resend, a.life.upAt.Sub(a.life.lostAt)
+	a.mu.Unlock()
+	a.carryOut(eff, &tk)
+	return nil
+}
+
+// onCredit takes the peer's credit frame: for target 0, how many messages
+// its mailboxes take (the session's first frame); otherwise a grant of
+// more for that target. It wakes the senders waiting for credit.
+func (r *assocReader) onCredit(b []byte) error {
+	a := r.a
+	id, n, err := parseCredit(b)
+	if err != nil {
+		return err
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if id > uint64(len(a.enc.sent)) || n > maxCredit || id == 0 && a.enc.peerMailbox != 0 {
+		return fmt.Errorf("%w: credit of %d for target %d (%d defined)", ErrMalformed, n, id, len(a.enc.sent))
+	}
+	if id == 0 {
+		a.enc.peerMailbox = int64(n)
+		if n == 0 {
+			a.enc.peerMailbox = -1 // no limit there
+		}
+	} else {
+		a.enc.granted[id-1] = min(a.enc.granted[id-1]+int64(n), 4*maxCredit)
+	}
+	a.wakeCredited()
+	if a.queue.len() > 0 {
+		a.notify() // a Send's record may wait at the head for this
+	}
+	return nil
+}
+
+// onToken keeps the peer's session token, with the session. A token that
+// comes on a connection that founded the session or whose peer proved the
+// session's token (a.open.sendToken: it is the peer's) replaces the one kept:
+// the peer may have drawn a new one (it gave the session up and founded
+// a new one there, while this node's side of it won on here), and it
+// proves its next claims with that. On any other connection the first
+// token the session receives stays.
+func (r *assocReader) onToken(b []byte) error {
+	a := r.a
+	tok, err := parseToken(b)
+	if err != nil {
+		return err
+	}
+	t := a.lockTarget()
+	if t.peerToken == nil || a.open.sendToken {
+		t.peerToken = append([]byte(nil), tok...)
+	}
+	t.mu.Unlock()
+	return nil
 }

@@ -46,22 +46,16 @@ type creditAcct struct {
 // is to consider granting, under a lock of its own: the reader and the
 // mailboxes that make room add to it, the writer takes it.
 type creditDue struct {
+	a     *assoc // whose credit this is
 	mu    mutex[lkAssocCredit]
 	accts []*creditAcct
 	has   atomic.Bool // accts is not empty
 }
 
-// creditTarget is a local target whose mailbox has a limit: the room it
-// has for credit, and a wake-up when it makes more.
-type creditTarget interface {
-	// creditRoom returns how many more messages the mailbox takes, and
-	// registers ac to be told when it makes room if that is little.
-	creditRoom(ac *creditAcct) int
-}
-
-// newCreditAcct opens the account of a target the peer just defined
+// newAcct opens the account of a target the peer just defined
 // (reader; mu not held).
-func (a *assoc) newCreditAcct(id uint32, target localTarget) *creditAcct {
+func (d *creditDue) newAcct(id uint32, target localTarget) *creditAcct {
+	a := d.a
 	ac := &creditAcct{id: id, target: target}
 	ac.a.Store(a)
 	ac.granted.Store(a.n.cfg.mailboxCredit())
@@ -70,17 +64,19 @@ func (a *assoc) newCreditAcct(id uint32, target localTarget) *creditAcct {
 
 // received counts one tell frame for ac's target (reader) and, when the
 // sender runs low, has the writer consider a grant.
-func (a *assoc) creditReceived(ac *creditAcct) {
+func (d *creditDue) received(ac *creditAcct) {
+	a := d.a
 	ac.received++
 	if ac.granted.Load()-ac.received <= a.n.cfg.mailboxCredit()/2 {
 		ac.seen.Store(ac.received)
-		a.creditDue(ac)
+		d.queue(ac)
 	}
 }
 
-// creditDue queues ac for the writer to grant what its target has room
+// queue queues ac for the writer to grant what its target has room
 // for.
-func (a *assoc) creditDue(ac *creditAcct) {
+func (d *creditDue) queue(ac *creditAcct) {
+	a := d.a
 	if !ac.queued.CompareAndSwap(false, true) {
 		return
 	}
@@ -90,7 +86,7 @@ func (a *assoc) creditDue(ac *creditAcct) {
 		// on the session it answers to now.
 		a.due.mu.Unlock()
 		ac.queued.Store(false)
-		now.creditDue(ac)
+		now.due.queue(ac)
 		return
 	}
 	a.due.accts = append(a.due.accts, ac)
@@ -99,10 +95,11 @@ func (a *assoc) creditDue(ac *creditAcct) {
 	a.notify()
 }
 
-// moveCredit hands a's credit accounts over to w, which resumes a's
+// moveTo hands a's credit accounts over to w, which resumes a's
 // session (both are a resume's, before w's writer starts): what was due
 // is due on w.
-func (a *assoc) moveCredit(w *assoc) {
+func (d *creditDue) moveTo(w *assoc) {
+	a := d.a
 	a.due.mu.Lock()
 	defer a.due.mu.Unlock()
 	a.due.accts = nil
@@ -110,14 +107,54 @@ func (a *assoc) moveCredit(w *assoc) {
 		if ac := w.rd.inTargets[i].acct; ac != nil {
 			ac.a.Store(w)
 			ac.queued.Store(false)
-			w.creditDue(ac)
+			w.due.queue(ac)
 		}
 	}
 }
 
-// forgetCredit takes a's accounts out of the mailboxes' waiting lists
-// when a ends: a stuck actor must not keep an ended session alive.
-func (a *assoc) forgetCredit() { a.n.credit.forget(a) }
+// grant grants each target that is due what its mailbox has room
+// for, as credit frames (writer; mu not held). A target with little room is left registered with its mailbox,
+// which wakes it when it drains.
+func (d *creditDue) grant() {
+	a := d.a
+	if !a.due.has.Load() || !a.due.has.Swap(false) {
+		return
+	}
+	a.due.mu.Lock()
+	due := a.due.accts
+	a.due.accts = nil
+	a.due.mu.Unlock()
+	for _, ac := range due {
+		ac.queued.Store(false)
+		limit := a.n.cfg.mailboxCredit()
+		room := limit
+		if ct, ok := ac.target.(creditTarget); ok {
+			room = min(int64(ct.creditRoom(ac)), limit)
+		}
+		out := ac.granted.Load() - ac.seen.Load()
+		g := room - out
+		if g <= 0 || g < limit/2 && out > 0 {
+			continue // the sender has enough for now
+		}
+		ac.granted.Add(g)
+		a.mu.Lock()
+		if a.life.state < assocClosed {
+			// Straight into the chain, past any records: a grant refers
+			// to the peer's table, not this side's, and a Send of this
+			// side's may be waiting behind it for the peer's grant.
+			a.encodeControl(appendCredit(nil, ac.id, uint64(g)), false)
+		}
+		a.mu.Unlock()
+	}
+}
+
+// creditTarget is a local target whose mailbox has a limit: the room it
+// has for credit, and a wake-up when it makes more.
+type creditTarget interface {
+	// creditRoom returns how many more messages the mailbox takes, and
+	// registers ac to be told when it makes room if that is little.
+	creditRoom(ac *creditAcct) int
+}
 
 // creditWaiters holds, by actor, the credit accounts that wait for its
 // mailbox to make room. mu guards waiters; waiting is its length, read
@@ -169,92 +206,8 @@ func (w *creditWaiters) forget(a *assoc) {
 func (ac *creditAcct) wake() {
 	ac.waiting.Store(false)
 	if a := ac.a.Load(); a != nil {
-		a.creditDue(ac)
+		a.due.queue(ac)
 	}
-}
-
-// grantCredits grants each target that is due what its mailbox has room
-// for, as credit frames (writer; mu not held). A target with little room is left registered with its mailbox,
-// which wakes it when it drains.
-func (a *assoc) grantCredits() {
-	if !a.due.has.Load() || !a.due.has.Swap(false) {
-		return
-	}
-	a.due.mu.Lock()
-	due := a.due.accts
-	a.due.accts = nil
-	a.due.mu.Unlock()
-	for _, ac := range due {
-		ac.queued.Store(false)
-		limit := a.n.cfg.mailboxCredit()
-		room := limit
-		if ct, ok := ac.target.(creditTarget); ok {
-			room = min(int64(ct.creditRoom(ac)), limit)
-		}
-		out := ac.granted.Load() - ac.seen.Load()
-		g := room - out
-		if g <= 0 || g < limit/2 && out > 0 {
-			continue // the sender has enough for now
-		}
-		ac.granted.Add(g)
-		a.mu.Lock()
-		if a.life.state < assocClosed {
-			// Straight into the chain, past any records: a grant refers
-			// to the peer's table, not this side's, and a Send of this
-			// side's may be waiting behind it for the peer's grant.
-			a.encodeControl(appendCredit(nil, ac.id, uint64(g)), false)
-		}
-		a.mu.Unlock()
-	}
-}
-
-// onCredit takes the peer's credit frame: for target 0, how many messages
-// its mailboxes take (the session's first frame); otherwise a grant of
-// more for that target. It wakes the senders waiting for credit.
-func (a *assoc) onCredit(b []byte) error {
-	id, n, err := parseCredit(b)
-	if err != nil {
-		return err
-	}
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if id > uint64(len(a.enc.sent)) || n > maxCredit || id == 0 && a.enc.peerMailbox != 0 {
-		return fmt.Errorf("%w: credit of %d for target %d (%d defined)", ErrMalformed, n, id, len(a.enc.sent))
-	}
-	if id == 0 {
-		a.enc.peerMailbox = int64(n)
-		if n == 0 {
-			a.enc.peerMailbox = -1 // no limit there
-		}
-	} else {
-		a.enc.granted[id-1] = min(a.enc.granted[id-1]+int64(n), 4*maxCredit)
-	}
-	a.wakeCredited()
-	if a.queue.len() > 0 {
-		a.notify() // a Send's record may wait at the head for this
-	}
-	return nil
-}
-
-// waitsForCredit says whether a Send to h must wait before it may even
-// be queued (mu held): the peer's limit is not known yet, or h's target
-// has no credit left.
-func (a *assoc) waitsForCredit(h *handle) bool {
-	if !a.peer.credit {
-		return false
-	}
-	if a.enc.peerMailbox == 0 {
-		return a.life.state == assocUp // (before the handshake the peer is not known)
-	}
-	id, ok := a.enc.targets[h.key]
-	return ok && !a.hasCredit(id)
-}
-
-// hasCredit says whether a message may go to the target with table id
-// id (mu held): always, until the peer's limit is known, or when it has
-// none.
-func (a *assoc) hasCredit(id uint32) bool {
-	return a.enc.peerMailbox <= 0 || a.enc.sent[id-1] < a.enc.peerMailbox+a.enc.granted[id-1]
 }
 
 // creditTeller is a local target, not a batchTarget, whose sender's

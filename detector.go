@@ -35,7 +35,7 @@ func (r *stampReader) Read(p []byte) (int, error) {
 
 // liveness is what the node's heartbeat goroutine keeps for each
 // association, and the checks it runs on it. attach starts its detector
-// (startDetector) under the peer table's lock, before the heartbeat loop
+// (liveness.start) under the peer table's lock, before the heartbeat loop
 // can find the association there; from then on only the heartbeat loop
 // reads or writes it.
 type liveness struct {
@@ -286,7 +286,7 @@ func (l *liveness) ackStuck(now time.Time) error {
 	a := l.a
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if (a.life.state != assocUp && a.life.state != assocLeaving) || a.unackedSeq() == 0 {
+	if (a.life.state != assocUp && a.life.state != assocLeaving) || a.win.unackedSeq(a.peer.resumable) == 0 {
 		return nil
 	}
 	if d := now.Sub(a.win.ackMoved); d >= a.n.cfg.UnreachableAfter {
@@ -337,4 +337,9 @@ func (l *liveness) declareUnreachable(cause error) {
 	if live {
 		a.abort(cause)
 	}
+}
+
+// start starts the window detector as the handshake completes.
+func (l *liveness) start(now time.Time) {
+	l.det = windowDetector{Window: l.a.n.cfg.UnreachableAfter, Start: now}
 }

@@ -63,9 +63,9 @@ type opening struct {
 	resumeRcv uint64
 }
 
-// runOutbound dials, handshakes and then runs the reader.
-func (a *assoc) runOutbound() {
-	n := a.n
+// runOutbound dials for a, handshakes and then runs a's reader.
+func (g *gate) runOutbound(a *assoc) {
+	n := g.n
 	n.peers.mu.Lock()
 	if _, live := n.peers.all[a]; a.tab.binding && !live {
 		// Forgotten (the node closed, or no ref held it): nothing dials.
@@ -99,20 +99,20 @@ func (a *assoc) runOutbound() {
 		a.fail(err)
 		return
 	}
-	a.runDialed(c)
+	g.runDialed(a, c)
 }
 
 // runDialed handshakes over c, which a dialed, and then runs the reader.
-func (a *assoc) runDialed(c net.Conn) {
-	if fr := a.handshakeDialed(c); fr != nil {
+func (g *gate) runDialed(a *assoc, c net.Conn) {
+	if fr := g.handshakeDialed(a, c); fr != nil {
 		a.run(fr) // with the handshake's frame off the stack the reader idles on
 	}
 }
 
 // handshakeDialed handshakes over c, which a dialed: the frame reader of
 // an association that is up, or nil.
-func (a *assoc) handshakeDialed(c net.Conn) *frameReader {
-	n := a.n
+func (g *gate) handshakeDialed(a *assoc, c net.Conn) *frameReader {
+	n := g.n
 	a.mu.Lock()
 	merged := a.life.state == assocClosed
 	if !merged {
@@ -416,7 +416,7 @@ func (g *gate) attachConn(a *assoc, h *hello, p peerInfo) bool {
 	a.stepLocked(lifeEvent{kind: evHandshaken, at: time.Now()}, &taken{}) // (no effects)
 	a.firstFrames(resume)
 	a.mu.Unlock()
-	a.startDetector(time.Now())
+	a.hb.start(time.Now())
 	if loser == a {
 		// This connection lost to one that is already up: retire it
 		// (the peer is told, and both ends drain it).
@@ -530,24 +530,6 @@ func (g *gate) answersResume(a *assoc, h *hello, p *peerInfo) bool {
 		a.resumeOf = nil // a new peer at the address: a new association
 	}
 	return true
-}
-
-// firstFrames queues what a session that just came up tells the peer
-// first (a.mu held): how many messages this node's mailboxes take (see
-// credit.go; a resumed session keeps what it was told), and that this
-// node is shutting down if it is (a peer told twice ignores the second).
-func (a *assoc) firstFrames(resume bool) {
-	if a.peer.credit && !resume && a.resumeOf == nil {
-		a.encodeControl(appendCredit(nil, 0, uint64(a.n.cfg.mailboxCredit())), false)
-	}
-	if a.n.lc.refusing.Load() && a.peer.flags&helloDrains != 0 {
-		a.encodeControl(appendDraining(nil), false)
-	}
-	if a.out.frames > 0 {
-		// The writer, once it starts, is to find them at once: a frame
-		// queued behind them does not wake it (it is not the first).
-		a.notify()
-	}
 }
 
 // sayBye writes a goodbye on a connection that no reader or writer uses
@@ -762,11 +744,6 @@ func (g *gate) awaitWinner(a *assoc, uid NodeUID) {
 		g.n.peers.mu.Unlock()
 		a.fail(errors.New("the peer chose its own connection, which never arrived"))
 	}
-}
-
-// startDetector starts a's window detector as its handshake completes.
-func (a *assoc) startDetector(now time.Time) {
-	a.hb.det = windowDetector{Window: a.n.cfg.UnreachableAfter, Start: now}
 }
 
 // suspendFor prepares the resume an inbound hello asks for: if the

@@ -90,7 +90,7 @@ func (a *assoc) send(ctx context.Context, h *handle, msg any, hd Headers) error 
 			continue
 		}
 		if ctx == nil && t.peer.credit && t.enc.peerMailbox > 0 {
-			if id, ok := t.enc.targets[h.key]; ok && !t.hasCredit(id) {
+			if id, ok := t.enc.targets[h.key]; ok && !t.enc.hasCredit(id) {
 				t.mu.Unlock()
 				return errNoCredit // (without encoding what would be refused)
 			}
@@ -442,7 +442,7 @@ func (a *assoc) encodeTell(h *handle, mt *msgType, payload []byte, p unsafe.Poin
 	newTarget := !knownTarget && h.key.uuid != (UUID{}) && len(a.enc.targets) < maxTableSize && len(h.key.path) <= maxTableEntry
 	if newTarget {
 		id = uint32(len(a.enc.targets) + 1)
-	} else if knownTarget && !a.hasCredit(id) {
+	} else if knownTarget && !a.enc.hasCredit(id) {
 		return errNoCredit
 	}
 	th.target, th.targetInline = uint64(id), !knownTarget
@@ -512,4 +512,96 @@ func (a *assoc) encodeTell(h *handle, mt *msgType, payload []byte, p unsafe.Poin
 	}
 	a.out.commit(buf, true)
 	return nil
+}
+
+// firstFrames queues what a session that just came up tells the peer
+// first (a.mu held): how many messages this node's mailboxes take (see
+// credit.go; a resumed session keeps what it was told), and that this
+// node is shutting down if it is (a peer told twice ignores the second).
+func (a *assoc) firstFrames(resume bool) {
+	if a.peer.credit && !resume && a.resumeOf == nil {
+		a.encodeControl(appendCredit(nil, 0, uint64(a.n.cfg.mailboxCredit())), false)
+	}
+	if a.n.lc.refusing.Load() && a.peer.flags&helloDrains != 0 {
+		a.encodeControl(appendDraining(nil), false)
+	}
+	if a.out.frames > 0 {
+		// The writer, once it starts, is to find them at once: a frame
+		// queued behind them does not wake it (it is not the first).
+		a.notify()
+	}
+}
+
+// awaitUp waits until the association's handshake is done.
+func (a *assoc) awaitUp(ctx context.Context) error {
+	a.mu.Lock()
+	if a.life.state < assocLeaving {
+		a.use()
+	}
+	a.mu.Unlock()
+	select {
+	case <-a.ready:
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-a.n.lc.workDone():
+		return ErrNodeClosed
+	}
+	if err := a.failure(); err != nil {
+		return err
+	}
+	return nil
+}
+
+// resolve asks the peer for the actor at path.
+func (a *assoc) resolve(ctx context.Context, path, proto string) (resolveAnswer, error) {
+	if err := a.awaitUp(ctx); err != nil {
+		return resolveAnswer{}, err
+	}
+	ch := make(chan resolveAnswer, 1)
+	t := a.lockTarget()
+	if t.life.state >= assocLeaving {
+		t.mu.Unlock()
+		return resolveAnswer{}, t.failure()
+	}
+	if t.peerDraining && isWork(path) {
+		err := t.drainingError()
+		t.mu.Unlock()
+		return resolveAnswer{}, err
+	}
+	id := a.n.ids.req.Add(1)
+	t.reqs.resolves[id] = ch
+	t.mu.Unlock()
+	t.control(appendResolve(nil, resolveBody{id: id, path: path, proto: proto}))
+	select {
+	case ans := <-ch:
+		return ans, ans.err
+	case <-ctx.Done():
+		t = a.lockTarget() // the request may have moved with a merge
+		delete(t.reqs.resolves, id)
+		t.mu.Unlock()
+		return resolveAnswer{}, ctx.Err()
+	case <-a.n.lc.workDone():
+		return resolveAnswer{}, ErrNodeClosed
+	}
+}
+
+// waitsForCredit says whether a Send to h must wait before it may even
+// be queued (mu held): the peer's limit is not known yet, or h's target
+// has no credit left.
+func (a *assoc) waitsForCredit(h *handle) bool {
+	if !a.peer.credit {
+		return false
+	}
+	if a.enc.peerMailbox == 0 {
+		return a.life.state == assocUp // (before the handshake the peer is not known)
+	}
+	id, ok := a.enc.targets[h.key]
+	return ok && !a.enc.hasCredit(id)
+}
+
+// hasCredit says whether a message may go to the target with table id
+// id (mu held): always, until the peer's limit is known, or when it has
+// none.
+func (t *outTables) hasCredit(id uint32) bool {
+	return t.peerMailbox <= 0 || t.sent[id-1] < t.peerMailbox+t.granted[id-1]
 }

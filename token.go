@@ -218,26 +218,6 @@ func (g *gate) answerTokenChallenge(body []byte, h *hello) ([]byte, error) {
 	return appendFrame(nil, func(b []byte) []byte { return appendProof(b, proof) }), nil
 }
 
-// onToken keeps the peer's session token, with the session. A token that
-// comes on a connection that founded the session or whose peer proved the
-// session's token (a.open.sendToken: it is the peer's) replaces the one kept:
-// the peer may have drawn a new one (it gave the session up and founded
-// a new one there, while this node's side of it won on here), and it
-// proves its next claims with that. On any other connection the first
-// token the session receives stays.
-func (a *assoc) onToken(b []byte) error {
-	tok, err := parseToken(b)
-	if err != nil {
-		return err
-	}
-	t := a.lockTarget()
-	if t.peerToken == nil || a.open.sendToken {
-		t.peerToken = append([]byte(nil), tok...)
-	}
-	t.mu.Unlock()
-	return nil
-}
-
 // The session tokens' frames.
 
 // tokenChallenge is the acceptor's demand that a dialer whose hello
