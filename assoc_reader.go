@@ -15,7 +15,7 @@ import (
 // actor that it delivers at once, and the acknowledgements it owes. Only
 // the reader reads or writes it, except that a connection resuming a
 // session takes the old reader's tables over before its own reader
-// starts (takeOver, resume.go).
+// starts (takeOver, assoc_transition.go).
 type assocReader struct {
 	a         *assoc // whose reader this is
 	inTypes   []inType

@@ -514,8 +514,9 @@ func (c *Cluster) Self() Member {
 }
 
 // Unreachable returns the members some member cannot reach, as far as this
-// member knows. An exiting member is never among them: it stops as soon as
-// it may, so its silence is its exit.
+// member knows. An exiting member may be among them once it has stopped
+// (it blocks nothing, and no "unreachable" MemberEvent is published for
+// it: its silence is its exit).
 func (c *Cluster) Unreachable() []Member {
 	c.mu.Lock()
 	defer c.mu.Unlock()

@@ -162,17 +162,23 @@ func TestServiceKeysLiveInTheClusterWithoutARegistry(t *testing.T) {
 
 	// A partition between a and c: each drops the other's worker, and b,
 	// which reaches both, keeps both. Healed, they come back.
-	f.Partition(nodes[0], nodes[2])
-	waitUntil(t, 10*time.Second, "an unreachable member's worker to leave", func() bool {
-		return slices.Equal(watchA.get(), []string{"/user/w0"}) && slices.Equal(watchC.get(), []string{"/user/w2"})
-	})
-	waitUntil(t, 10*time.Second, "ServiceKey.Find on b, which reaches both sides, to return both", func() bool {
+	bFinds := func() []string {
 		l, err := workersKey.Find(ctxFor(t), nodes[1])
 		if err != nil {
 			t.Fatalf("ServiceKey.Find on b: %v", err)
 		}
-		return slices.Equal(paths(l), []string{"/user/w0", "/user/w2"})
+		return paths(l)
+	}
+	waitUntil(t, 10*time.Second, "b to list w0 and w2 (it learns each member's entries on its own)", func() bool {
+		return slices.Equal(bFinds(), []string{"/user/w0", "/user/w2"})
 	})
+	f.Partition(nodes[0], nodes[2])
+	waitUntil(t, 10*time.Second, "an unreachable member's worker to leave", func() bool {
+		return slices.Equal(watchA.get(), []string{"/user/w0"}) && slices.Equal(watchC.get(), []string{"/user/w2"})
+	})
+	if l := bFinds(); !slices.Equal(l, []string{"/user/w0", "/user/w2"}) {
+		t.Fatalf("ServiceKey.Find on b, which reaches both sides: %v", l)
+	}
 	f.Heal()
 	waitUntil(t, 10*time.Second, "a reachable member's worker to come back", func() bool {
 		return slices.Equal(watchA.get(), []string{"/user/w0", "/user/w2"}) && slices.Equal(watchC.get(), []string{"/user/w0", "/user/w2"})

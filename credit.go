@@ -53,7 +53,7 @@ type creditDue struct {
 }
 
 // newAcct opens the account of a target the peer just defined
-// (reader; mu not held).
+// (reader; a.mu not held).
 func (d *creditDue) newAcct(id uint32, target localTarget) *creditAcct {
 	a := d.a
 	ac := &creditAcct{id: id, target: target}
@@ -80,18 +80,18 @@ func (d *creditDue) queue(ac *creditAcct) {
 	if !ac.queued.CompareAndSwap(false, true) {
 		return
 	}
-	a.due.mu.Lock()
+	d.mu.Lock()
 	if now := ac.a.Load(); now != a {
-		// A resume moved the account meanwhile (under a.due.mu): queue it
+		// A resume moved the account meanwhile (under d.mu): queue it
 		// on the session it answers to now.
-		a.due.mu.Unlock()
+		d.mu.Unlock()
 		ac.queued.Store(false)
 		now.due.queue(ac)
 		return
 	}
-	a.due.accts = append(a.due.accts, ac)
-	a.due.mu.Unlock()
-	a.due.has.Store(true)
+	d.accts = append(d.accts, ac)
+	d.mu.Unlock()
+	d.has.Store(true)
 	a.notify()
 }
 
@@ -99,10 +99,9 @@ func (d *creditDue) queue(ac *creditAcct) {
 // session (both are a resume's, before w's writer starts): what was due
 // is due on w.
 func (d *creditDue) moveTo(w *assoc) {
-	a := d.a
-	a.due.mu.Lock()
-	defer a.due.mu.Unlock()
-	a.due.accts = nil
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.accts = nil
 	for i := range w.rd.inTargets {
 		if ac := w.rd.inTargets[i].acct; ac != nil {
 			ac.a.Store(w)
@@ -113,17 +112,17 @@ func (d *creditDue) moveTo(w *assoc) {
 }
 
 // grant grants each target that is due what its mailbox has room
-// for, as credit frames (writer; mu not held). A target with little room is left registered with its mailbox,
+// for, as credit frames (writer; a.mu not held). A target with little room is left registered with its mailbox,
 // which wakes it when it drains.
 func (d *creditDue) grant() {
 	a := d.a
-	if !a.due.has.Load() || !a.due.has.Swap(false) {
+	if !d.has.Load() || !d.has.Swap(false) {
 		return
 	}
-	a.due.mu.Lock()
-	due := a.due.accts
-	a.due.accts = nil
-	a.due.mu.Unlock()
+	d.mu.Lock()
+	due := d.accts
+	d.accts = nil
+	d.mu.Unlock()
 	for _, ac := range due {
 		ac.queued.Store(false)
 		limit := a.n.cfg.mailboxCredit()

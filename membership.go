@@ -79,12 +79,10 @@ func (ms *membership) touched(now time.Time) bool {
 // live reports whether a member is still part of the membership.
 func live(m *Member) bool { return m.Status < MemberDown }
 
-// unreachable is the set of members, joining to leaving, that some up or
-// leaving member cannot reach. A joining member's observations do not
-// count: it is not yet part of the cluster, and one that reaches only its
-// seed must not make the whole cluster look unreachable. An exiting member
-// is never in it: it stops as soon as it learns it may, and its silence is
-// its exit, not a failure (the leader removes it all the same).
+// unreachable is the set of live members some up or leaving member cannot
+// reach. A joining member's observations do not count: it is not yet part
+// of the cluster, and one that reaches only its seed must not make the
+// whole cluster look unreachable.
 func (ms *membership) unreachable() map[NodeUID]bool {
 	out := map[NodeUID]bool{}
 	for obs, r := range ms.reach {
@@ -92,7 +90,7 @@ func (ms *membership) unreachable() map[NodeUID]bool {
 			continue
 		}
 		for _, u := range r.unreachable {
-			if m := ms.members[u]; m != nil && m.Status < MemberExiting {
+			if m := ms.members[u]; m != nil && live(m) {
 				out[u] = true
 			}
 		}
@@ -142,8 +140,10 @@ func digestOf(g gossipMsg) uint64 {
 // converged reports whether every live member is reachable and has seen
 // this member's state.
 func (ms *membership) converged() bool {
-	if len(ms.unreachable()) > 0 {
-		return false // (an exiting member is never unreachable: it has just stopped)
+	for uid := range ms.unreachable() {
+		if ms.members[uid].Status < MemberExiting {
+			return false // an unreachable exiting member has just stopped
+		}
 	}
 	for uid, m := range ms.members {
 		if m.Status >= MemberExiting {
@@ -290,17 +290,20 @@ func (ms *membership) replaceIncarnation(m *Member, ended *[]NodeUID) []MemberEv
 }
 
 // reachEvents compares the unreachable set with old, and notes when the
-// cluster became unstable (or stable again).
+// cluster became unstable (or stable again). An exiting member gets no
+// event either way: it stops as soon as it learns it may, so its silence
+// is its exit, not a failure (it stays in the set, where it blocks
+// nothing: see converged, and the leader removes it).
 func (ms *membership) reachEvents(old map[NodeUID]bool, now time.Time) []MemberEvent {
 	var out []MemberEvent
 	cur := ms.unreachable()
 	for uid := range cur {
-		if !old[uid] {
+		if !old[uid] && ms.members[uid].Status != MemberExiting {
 			out = append(out, MemberEvent{Member: *ms.members[uid], Kind: eventMemberUnreachable})
 		}
 	}
 	for uid := range old {
-		if !cur[uid] && ms.members[uid] != nil {
+		if m := ms.members[uid]; !cur[uid] && m != nil && m.Status != MemberExiting {
 			out = append(out, MemberEvent{Member: *ms.members[uid], Kind: eventMemberReachable, Reachable: true})
 		}
 	}

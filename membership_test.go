@@ -126,28 +126,52 @@ func TestJoiningObserverDoesNotCount(t *testing.T) {
 }
 
 // An exiting member stops as soon as it learns it may: its silence is its
-// exit, not a failure. Observed silent, it is not unreachable (no event,
-// no instability), and the leader removes it.
+// exit, not a failure. Observed silent, it gets no "unreachable" event
+// (nor a "reachable" one later), it blocks nothing, and the leader removes
+// it; a leaving member's silence is a failure, as is any other's.
 func TestAnExitingMemberFallingSilentIsNotUnreachable(t *testing.T) {
 	t.Parallel()
 	checkLeaks(t)
 	st := state(1, memberOf(1, MemberUp, 1), memberOf(2, MemberUp, 2), memberOf(3, MemberExiting, 3))
-	st.seen = map[NodeUID]bool{uidOf(1): true, uidOf(2): true}
 	if events := st.observe([]NodeUID{uidOf(3)}, at(0)); len(events) != 0 {
 		t.Fatalf("a silent exiting member gave events %v", events)
 	}
-	if u := st.unreachable(); len(u) != 0 || !st.unstable.IsZero() {
-		t.Fatalf("a silent exiting member is unreachable: %v, unstable since %v", u, st.unstable)
-	}
 	st.seen = map[NodeUID]bool{uidOf(1): true, uidOf(2): true}
+	if !st.converged() {
+		t.Fatal("a silent exiting member blocks convergence")
+	}
 	st.lead(at(10))
 	if got := st.members[uidOf(3)].Status; got != MemberRemoved {
 		t.Fatalf("the silent exiting member is %v; want removed", got)
 	}
-	// a leaving member has not been told to go: its silence is a failure
+	// a leaving member has not been told to go: its silence is a failure;
+	// told to go meanwhile, it is not heard from again (no "reachable")
 	st = state(1, memberOf(1, MemberUp, 1), memberOf(2, MemberUp, 2), memberOf(3, MemberLeaving, 3))
 	if events := st.observe([]NodeUID{uidOf(3)}, at(0)); len(events) != 1 || events[0].Kind != eventMemberUnreachable {
 		t.Fatalf("a silent leaving member gave events %v; want it unreachable", events)
+	}
+	exiting := memberOf(3, MemberExiting, 3)
+	if out := st.merge(gossipFrom(2, memberOf(1, MemberUp, 1), memberOf(2, MemberUp, 2), exiting), at(10)); len(out.events) != 1 || out.events[0].Kind != eventMemberStatus {
+		t.Fatalf("the silent leaver told to exit gave events %v; want its status alone", out.events)
+	}
+}
+
+// A silent exiting member during a split: the crashed member is downed,
+// not the member that observes both (the exiting one counts on neither
+// side, and its observer is not indirectly connected).
+func TestAnExitingMemberFallingSilentInASplit(t *testing.T) {
+	t.Parallel()
+	checkLeaks(t)
+	st := state(1, memberOf(1, MemberUp, 2), memberOf(2, MemberUp, 3), memberOf(3, MemberUp, 4), memberOf(4, MemberExiting, 1))
+	st.observe([]NodeUID{uidOf(3), uidOf(4)}, at(0))
+	d, down := ResolveSplit(KeepMajority(), st.splitView())
+	for _, m := range down {
+		if m.UID == uidOf(1) || m.UID == uidOf(2) {
+			t.Errorf("a reachable up member is downed (%v): %v", d, m.Addr)
+		}
+	}
+	if !slices.ContainsFunc(down, func(m Member) bool { return m.UID == uidOf(3) }) {
+		t.Errorf("the crashed member is not downed (%v): %v", d, down)
 	}
 }
 

@@ -56,6 +56,22 @@ func TestFrameReaderOverAnyChunking(t *testing.T) {
 	// A byte at a time, 300 frames are 15 million reads (a minute under
 	// the race detector): that reader gets 40, every size class among them.
 	short, shortBodies := frameStream(rand.New(rand.NewPCG(5, 6)), 40)
+	classes := map[string]bool{}
+	for _, b := range shortBodies {
+		switch n := len(b); {
+		case n <= 32:
+			classes["tiny"] = true
+		case n <= idleReadSize:
+			classes["within the idle buffer"] = true
+		case n <= readBufferSize:
+			classes["within the read buffer"] = true
+		default:
+			classes["past the read buffer"] = true
+		}
+	}
+	if len(classes) != 4 {
+		t.Fatalf("the 40-frame stream has sizes %v; want every class", classes)
+	}
 	sources := map[string]func() (io.Reader, [][]byte){
 		"whole":    func() (io.Reader, [][]byte) { return bytes.NewReader(stream), bodies },
 		"one byte": func() (io.Reader, [][]byte) { return iotest.OneByteReader(bytes.NewReader(short)), shortBodies },

@@ -18,7 +18,7 @@ import (
 // by the association's lock (mu): the tables of the types and targets
 // defined for the peer, the credit the peer granted, and the encoder's
 // scratch. The senders encode; a connection resuming the session takes
-// the tables over (takeOver, resume.go).
+// the tables over (takeOver, assoc_transition.go).
 type outTables struct {
 	// types and targets give the ids defined in the session; targetKeys
 	// and typeList are the same by id less one, to decode a held frame
@@ -600,7 +600,7 @@ func (a *assoc) waitsForCredit(h *handle) bool {
 }
 
 // hasCredit says whether a message may go to the target with table id
-// id (mu held): always, until the peer's limit is known, or when it has
+// id (the association's mu held): always, until the peer's limit is known, or when it has
 // none.
 func (t *outTables) hasCredit(id uint32) bool {
 	return t.peerMailbox <= 0 || t.sent[id-1] < t.peerMailbox+t.granted[id-1]
