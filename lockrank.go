@@ -93,7 +93,7 @@ const (
 	// serviceSubs.mu (service_subscribe.go): service subscriptions
 	lockServiceSubs
 	// registryClient.mu (register.go): registrars pending re-
-	// registration, the epoch
+	// registration
 	lockRegistrars
 	// foundRefs.mu (lookup.go): the lookups' fast path
 	lockFoundRefs
@@ -130,7 +130,8 @@ const (
 	lockDeadLetterCounts
 	// deadLetterSamples.mu (deadletters.go)
 	lockDeadLetterSamples
-	// wakeup.mu (seams.go): a broadcast signal
+	// wakeup.mu (seams.go): a broadcast signal (a cluster starting to
+	// serve as the registry, the registry client's epoch)
 	lockWakeup
 	// openNodes (deadletters.go): the process's open nodes
 	lockOpenNodes

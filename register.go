@@ -349,8 +349,8 @@ func (dc *registryClient) unregisterAll() {
 // serves itself (registrarRole), the remote registrars it registers
 // with, or a store such as etcd (through its storeClient). Set in Start
 // and then read-only, but for the maps (sync.Map), the store client's own
-// state and the lookups' fast path (each with its own lock), and what mu
-// guards: pending and epoch.
+// state, the epoch and the lookups' fast path (each with its own lock),
+// and what mu guards: pending.
 type registryClient struct {
 	n          *Node
 	registrars []Addr       // the remote registrars this node registers with
@@ -364,9 +364,10 @@ type registryClient struct {
 	// the registrar was lost. keepRegistrars sends them all again; Ready
 	// is false meanwhile.
 	pending map[Addr]bool
-	// epoch is closed (and replaced) each time this node registers again
-	// with a registrar; parked waits park again then.
-	epoch chan struct{}
+
+	// epoch signals each time this node registers again with a
+	// registrar; parked waits park again then (its own lock).
+	epoch wakeup
 }
 
 // setPending records whether the registrar at addr lacks some of this
@@ -403,20 +404,7 @@ func (dc *registryClient) pendingAt() (Addr, bool) {
 
 // epochCh returns a channel closed the next time this node
 // registers again with a registrar, so that parked waits park again.
-func (dc *registryClient) epochCh() <-chan struct{} {
-	dc.mu.Lock()
-	defer dc.mu.Unlock()
-	if dc.epoch == nil {
-		dc.epoch = make(chan struct{})
-	}
-	return dc.epoch
-}
+func (dc *registryClient) epochCh() <-chan struct{} { return dc.epoch.wait() }
 
-func (dc *registryClient) bump() {
-	dc.mu.Lock()
-	defer dc.mu.Unlock()
-	if dc.epoch != nil {
-		close(dc.epoch)
-	}
-	dc.epoch = make(chan struct{})
-}
+// bump says that this node registered again with a registrar.
+func (dc *registryClient) bump() { dc.epoch.signal() }
