@@ -547,9 +547,15 @@ func TestASlowSingletonFactoryIsNoPause(t *testing.T) {
 	t.Parallel()
 	f := new(troupe.FaultNet)
 	var handled atomic.Int32
-	_, members := registrylessCluster(t, f, troupe.ClusterConfig{StableAfter: singletonStable}, "a")
+	// StableAfter of 3 s, not the 1 s of the other singleton tests: a
+	// message runs only once the loop has turned recently (the fence), and
+	// a race run on a loaded 2-core machine once held the loop past 1 s's
+	// budget, so that ticks did not run — the fence doing its work, not
+	// the factory taken for a pause.
+	const stable = 3 * time.Second
+	_, members := registrylessCluster(t, f, troupe.ClusterConfig{StableAfter: stable}, "a")
 	ref, err := troupe.Singleton(members[0], "slow", func() troupe.Behavior[tick] {
-		time.Sleep(singletonStable * 8 / 10)
+		time.Sleep(stable * 8 / 10)
 		return troupe.Behavior[tick]{Receive: func(*troupe.Context[tick], tick) { handled.Add(1) }}
 	}, troupe.SingletonConfig{})
 	if err != nil {
