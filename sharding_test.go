@@ -614,7 +614,7 @@ func TestABurstAtTheDefaultConfig(t *testing.T) {
 	slowTest(t)
 	f := new(troupe.FaultNet)
 	l := newLedger()
-	_, _, kinds := shardedCluster(t, f, l, troupe.ClusterConfig{StableAfter: singletonStable}, troupe.ShardingConfig{}, "a", "b", "c")
+	nodes, _, kinds := shardedCluster(t, f, l, troupe.ClusterConfig{StableAfter: singletonStable}, troupe.ShardingConfig{}, "a", "b", "c")
 	start := time.Now()
 	senders := []*sender{{name: "a"}, {name: "b"}, {name: "c"}}
 	for round := range 50 {
@@ -625,6 +625,15 @@ func TestABurstAtTheDefaultConfig(t *testing.T) {
 		}
 	}
 	want := 150000
+	defer func() {
+		if t.Failed() { // (once stuck in CI's race run: what each node held)
+			t.Logf("handled %d of %d", l.count(), want)
+			for _, n := range nodes {
+				s := n.Stats()
+				t.Logf("node %s: dead letters %v, totals %+v", s.Name, s.DeadLetters, s.Totals)
+			}
+		}
+	}()
 	waitUntil(t, 60*time.Second, "all handled", func() bool { return l.count() == want })
 	t.Logf("all %d handled in %v", want, time.Since(start))
 	l.check(t)
