@@ -28,7 +28,11 @@ func TestMain(m *testing.M) {
 	// (-parallel is also the number of fuzzing workers: a fuzz run keeps
 	// go test's default of one per processor.)
 	if fz := flag.Lookup("test.fuzz"); !given && (fz == nil || fz.Value.String() == "") {
-		_ = flag.Set("test.parallel", strconv.Itoa(testParallel))
+		n := testParallel
+		if raceEnabled {
+			n = testParallelRace
+		}
+		_ = flag.Set("test.parallel", strconv.Itoa(n))
 	}
 	record := os.Getenv("TROUPE_LOCKRANK_RECORD") // a file: see lockrank.go
 	lockTrack.on, lockTrack.record = lockCheckInTests(), record != ""
@@ -114,8 +118,11 @@ func waitNoLeaks(test string, d time.Duration) string {
 }
 
 // testParallel is how many tests run side by side when -parallel is not
-// given.
-const testParallel = 8
+// given; testParallelRace under the race detector, which makes each test
+// compute several times more: eight side by side starved the timing of
+// some (a registrar's write-stall check, a singleton's pause fence) in
+// CI's race runs on the 2-core machine.
+const testParallel, testParallelRace = 8, 4
 
 var leakChecked sync.Map // *testing.T -> struct{}
 
