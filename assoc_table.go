@@ -286,3 +286,15 @@ func (pt *peerTable) endMemberAssoc(uid NodeUID, cause error) {
 		a.fail(cause)
 	}
 }
+
+// live returns the live association with each peer incarnation (byUID),
+// copied under the table's lock for the caller to walk without it.
+func (pt *peerTable) live() []*assoc {
+	pt.mu.Lock()
+	defer pt.mu.Unlock()
+	assocs := make([]*assoc, 0, len(pt.byUID))
+	for _, a := range pt.byUID {
+		assocs = append(assocs, a)
+	}
+	return assocs
+}

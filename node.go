@@ -253,13 +253,7 @@ func (n *Node) heartbeatLoop() {
 		case <-n.lc.ctx.Done():
 			return
 		case now := <-t.C:
-			n.peers.mu.Lock()
-			assocs := make([]*assoc, 0, len(n.peers.byUID))
-			for _, a := range n.peers.byUID {
-				assocs = append(assocs, a)
-			}
-			n.peers.mu.Unlock()
-			for _, a := range assocs {
+			for _, a := range n.peers.live() {
 				a.hb.checkLiveness(now)
 			}
 			n.dead.log.summarize(n, now)

@@ -248,13 +248,7 @@ func (n *Node) Stats() Stats {
 	if s.DeadLetters == nil {
 		s.DeadLetters = map[string]uint64{}
 	}
-	n.peers.mu.Lock()
-	assocs := make([]*assoc, 0, len(n.peers.byUID))
-	for _, a := range n.peers.byUID {
-		assocs = append(assocs, a)
-	}
-	n.peers.mu.Unlock()
-	for _, a := range assocs {
+	for _, a := range n.peers.live() {
 		a.mu.Lock()
 		if a.peer.observer {
 			a.mu.Unlock()
