@@ -12,10 +12,15 @@ import (
 
 // peerTable is the node's table of associations: by peer incarnation,
 // by address, every one not yet finished, and those waiting for a
-// duplicate's end; beside them, what the node holds about peers: the
-// dials their refs caused, the claims being checked, the inbound
-// connections in their handshake, and the quarantine. mu guards every
-// field.
+// duplicate's end; beside them, what the node decides a peer's admission
+// against in the same step: the dials refs caused and the bounds they
+// count toward, the addresses claimed and being checked (an entry of
+// byAddr yet to be proven), and the quarantine. mu guards every field:
+// one lock, because attaching, ending and proving an association each
+// read and change several of them at once (a quarantine noted apart from
+// the byUID entry it replaces would let an incarnation back in between
+// the two). The connections in their handshake are the inbound limits'
+// (listen.go).
 type peerTable struct {
 	n        *Node
 	mu       mutex[lkPeers]
@@ -32,9 +37,6 @@ type peerTable struct {
 	// claims are the announced addresses of inbound peers being checked
 	// by a dial-back probe (proveClaims).
 	claims map[Addr]*claim
-	// inHandshake holds inbound connections still in their handshake, so
-	// that Close need not wait for their deadline.
-	inHandshake map[net.Conn]struct{}
 	// quarantine holds the peer incarnations this node has given up on.
 	quarantine quarantineTable
 }

@@ -224,22 +224,13 @@ func (g *gate) serveInbound(c net.Conn, src string) {
 // handshakeInbound handshakes an accepted connection: the association
 // that reads it from now on, or nil.
 func (g *gate) handshakeInbound(c net.Conn, src string) (*assoc, *frameReader) {
-	g.n.peers.mu.Lock()
-	if g.n.peers.closing {
-		g.n.peers.mu.Unlock()
+	if !g.n.inbound.begin(c) {
 		c.Close()
-		g.n.inbound.handshakeDone(src)
+		g.n.inbound.handshakeDone(c, src)
 		return nil, nil
 	}
-	g.n.peers.inHandshake[c] = struct{}{}
-	g.n.peers.mu.Unlock()
 	handshaking := true
-	endHandshake := func() {
-		g.n.peers.mu.Lock()
-		delete(g.n.peers.inHandshake, c)
-		g.n.peers.mu.Unlock()
-		g.n.inbound.handshakeDone(src)
-	}
+	endHandshake := func() { g.n.inbound.handshakeDone(c, src) }
 	defer func() {
 		if handshaking {
 			endHandshake()

@@ -96,13 +96,17 @@ func (ls *listenerSet) closeAll(final bool) []error {
 
 // inboundLimits counts accepted connections against the node's limits:
 // those open, those in their handshake, and those in their handshake by
-// source. mu guards bySource and orders the checks with the counts.
+// source; and it holds the connections in their handshake, so that Close
+// need not wait for their deadline. mu guards bySource, inHandshake and
+// closing, and orders the checks with the counts.
 type inboundLimits struct {
 	mu           mutex[lkInbound]
 	open         atomic.Int64 // inbound connections open
 	handshaking  atomic.Int64 // inbound connections in their handshake
 	bySource     map[string]int
-	acceptErrors atomic.Uint64 // failed Accept calls, retried
+	inHandshake  map[net.Conn]struct{} // (from begin to handshakeDone)
+	closing      bool                  // closeHandshakes was called: begin refuses
+	acceptErrors atomic.Uint64         // failed Accept calls, retried
 }
 
 // listenAll binds every address in list.
@@ -361,10 +365,38 @@ func (s *inboundLimits) admit(c net.Conn, maxOpen, maxPending int) (string, bool
 	return src, true
 }
 
-// handshakeDone releases what admit counted for a handshake from src.
-func (s *inboundLimits) handshakeDone(src string) {
+// begin records c as in its handshake; false once the node has closed
+// the handshakes (closeHandshakes): the caller closes c.
+func (s *inboundLimits) begin(c net.Conn) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.closing {
+		return false
+	}
+	if s.inHandshake == nil {
+		s.inHandshake = make(map[net.Conn]struct{})
+	}
+	s.inHandshake[c] = struct{}{}
+	return true
+}
+
+// closeHandshakes closes every connection still in its handshake, and
+// makes begin refuse those that come after.
+func (s *inboundLimits) closeHandshakes() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.closing = true
+	for c := range s.inHandshake {
+		c.Close()
+	}
+}
+
+// handshakeDone releases what admit counted for a handshake from src,
+// and forgets c, which is in its handshake no longer.
+func (s *inboundLimits) handshakeDone(c net.Conn, src string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.inHandshake, c)
 	if s.bySource[src]--; s.bySource[src] <= 0 {
 		delete(s.bySource, src)
 	}

@@ -63,7 +63,7 @@ const (
 	// cell.mu (actor.go): one actor's state and watchers
 	lockCell
 	// peerTable.mu (assoc_table.go): the associations by uid and
-	// address, claims, quarantine
+	// address, the claims, the dial counts, the quarantine
 	lockPeers
 	// assoc.mu (assoc.go): one association; two at once only as a merge
 	// or a resume takes one over (the old one first)
@@ -116,7 +116,8 @@ const (
 	lockCreditWaiters
 	// listenerSet.mu (listen.go): the listeners
 	lockListeners
-	// inboundLimits.mu (listen.go): connections per source
+	// inboundLimits.mu (listen.go): connections per source, those in
+	// their handshake
 	lockInbound
 	// lifecycle.hooksMu (lifecycle.go): shutdown hooks
 	lockHooks

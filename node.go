@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -105,11 +104,10 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 		log:    cfg.Logger,
 		actors: actorTable{byPath: make(map[string]*handle), byName: make(map[string][]*handle)},
 		peers: peerTable{
-			byUID:       make(map[NodeUID]*assoc),
-			byAddr:      make(map[Addr]*assoc),
-			all:         make(map[*assoc]struct{}),
-			awaiting:    make(map[NodeUID][]*assoc),
-			inHandshake: make(map[net.Conn]struct{}),
+			byUID:    make(map[NodeUID]*assoc),
+			byAddr:   make(map[Addr]*assoc),
+			all:      make(map[*assoc]struct{}),
+			awaiting: make(map[NodeUID][]*assoc),
 		},
 	}
 	n.lc.done, n.lc.closed = make(chan struct{}), make(chan struct{})

@@ -179,10 +179,8 @@ func (l *lifecycle) shutdown(ctx context.Context, graceful bool) error {
 	for a := range l.n.peers.all {
 		assocs = append(assocs, a)
 	}
-	for c := range l.n.peers.inHandshake {
-		c.Close()
-	}
 	l.n.peers.mu.Unlock()
+	l.n.inbound.closeHandshakes()
 	for _, a := range assocs {
 		a.leave(!graceful)
 	}
