@@ -330,6 +330,7 @@ type shard[T any] struct {
 	// The region's goroutine only.
 	held     []shardEnvelope[T] // while nowhere or stopping, in order
 	askedAt  time.Time          // when the region last asked the coordinator
+	askWait  time.Duration      // how long after askedAt it asks again, unanswered (ask)
 	stopping int                // entities still stopping in a hand-over
 	handOff  *shardHandOffState
 	fence    Fence // shardHere: the placement's, its entities' (fence.go)

@@ -352,13 +352,23 @@ func (k *coordinator) serve(now time.Time) {
 	if len(k.asks) == 0 || !k.ready(now) {
 		return
 	}
-	loads := k.loads()
+	// The loads are counted only to place a shard: an ask for a shard
+	// that has a home (every ask but the first of each shard) is answered
+	// without them, so that a burst of asks costs the coordinator each a
+	// look-up, not a count of every shard (which, in a burst to a
+	// thousand new entities under the race detector, once left it
+	// minutes behind its mailbox).
+	var loads []shardLoad
+	counted := false
 	for s, askers := range k.asks {
 		if k.moves[s] != nil {
 			continue // answered when the move ends
 		}
 		home, ok := k.homes[s]
 		if !ok {
+			if !counted {
+				loads, counted = k.loads(), true
+			}
 			if home, ok = leastShards(loads); !ok {
 				return // no member can take a shard now
 			}
@@ -388,20 +398,23 @@ func (k *coordinator) loads() []shardLoad {
 		up[m.UID] = m
 	}
 	var out []shardLoad
+	at := map[NodeUID]int{}
 	for uid, r := range k.regions {
 		m, ok := up[uid]
 		_, reached := reach[uid]
 		if r.gone || !ok || m.Status < MemberUp || m.Status >= MemberDown || !reached && uid != k.c.n.uid {
 			continue
 		}
-		l := shardLoad{uid: uid, addr: m.Addr, leaving: r.leaving || m.Status >= MemberLeaving}
-		for s, h := range k.homes {
-			if h == uid {
-				l.shards = append(l.shards, s)
-			}
+		at[uid] = len(out)
+		out = append(out, shardLoad{uid: uid, addr: m.Addr, leaving: r.leaving || m.Status >= MemberLeaving})
+	}
+	for s, h := range k.homes { // (one pass, not one per region)
+		if i, ok := at[h]; ok {
+			out[i].shards = append(out[i].shards, s)
 		}
-		slices.Sort(l.shards)
-		out = append(out, l)
+	}
+	for i := range out {
+		slices.Sort(out[i].shards)
 	}
 	return out
 }

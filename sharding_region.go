@@ -271,13 +271,30 @@ func (r *region[T]) hold(sh *shard[T], env shardEnvelope[T]) {
 	}
 }
 
-// ask asks the coordinator where sh runs, at most once a tick.
+// ask asks the coordinator where sh runs: at most once a tick, and less
+// often while it goes unanswered — the wait doubles, up to a second (or
+// the tick, if longer) — so that a coordinator behind its mailbox is not
+// buried under the same questions, a thousand shards' every tick from
+// every member. (An ask is repeated only in case a word was lost; the
+// coordinator tells every region where it places a shard.)
 func (r *region[T]) ask(sh *shard[T], now time.Time) {
-	if now.Sub(sh.askedAt) < r.tickEvery() {
+	again, wait := askAgain(sh.askedAt, sh.askWait, r.tickEvery(), now)
+	if !again {
 		return
 	}
-	sh.askedAt = now
+	sh.askedAt, sh.askWait = now, wait
 	r.coord.Tell(shardWhere{Shard: sh.id, Origin: r.n.uid, sentBy: sentBy{from: r.n.uid}})
+}
+
+// askAgain says whether a region that last asked at askedAt, to wait
+// wait before it asks again (zero: the tick), asks at now, and if so how
+// long it then waits: twice as long, up to a second or the tick.
+func askAgain(askedAt time.Time, wait, tick time.Duration, now time.Time) (bool, time.Duration) {
+	wait = max(wait, tick)
+	if now.Sub(askedAt) < wait {
+		return false, 0
+	}
+	return true, min(2*wait, max(tick, time.Second))
 }
 
 // release hands on what sh holds, in order, now that it has a home.
@@ -304,6 +321,9 @@ func (r *region[T]) setMode(sh *shard[T], mode shardMode, home *handle, uid Node
 		}
 	}
 	sh.mode, sh.home, sh.homeUID = mode, home, uid
+	if mode != shardNowhere {
+		sh.askWait = 0 // answered: the next time it is nowhere, asks start at the tick
+	}
 	if mode != shardHere {
 		for _, e := range sh.entities {
 			e.open = false
