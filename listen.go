@@ -384,9 +384,13 @@ func (s *inboundLimits) begin(c net.Conn) bool {
 // makes begin refuse those that come after.
 func (s *inboundLimits) closeHandshakes() {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	s.closing = true
+	conns := make([]net.Conn, 0, len(s.inHandshake))
 	for c := range s.inHandshake {
+		conns = append(conns, c)
+	}
+	s.mu.Unlock()
+	for _, c := range conns { // (not under the lock: a TLS close writes)
 		c.Close()
 	}
 }

@@ -271,12 +271,14 @@ func (r *region[T]) hold(sh *shard[T], env shardEnvelope[T]) {
 	}
 }
 
-// ask asks the coordinator where sh runs: at most once a tick, and less
-// often while it goes unanswered — the wait doubles, up to a second (or
-// the tick, if longer) — so that a coordinator behind its mailbox is not
-// buried under the same questions, a thousand shards' every tick from
-// every member. (An ask is repeated only in case a word was lost; the
-// coordinator tells every region where it places a shard.)
+// ask asks the coordinator where sh runs: at most once a tick, and, with
+// a tick under a second (a GossipInterval under a second), less often
+// while it goes unanswered — the wait doubles, up to a second — so that
+// a coordinator behind its mailbox is not buried under the same
+// questions, a thousand shards' every tick from every member. (An ask is
+// repeated only in case a word was lost; the coordinator tells every
+// region where it places a shard.) At the default tick, a second, it
+// asks once a second.
 func (r *region[T]) ask(sh *shard[T], now time.Time) {
 	again, wait := askAgain(sh.askedAt, sh.askWait, r.tickEvery(), now)
 	if !again {
@@ -385,6 +387,7 @@ func (r *region[T]) onHome(ctx *Context[regionMsg], m shardHome) {
 	ref, ok := memberRef[regionMsg](r.n, addr, r.path)
 	if !ok || ref.h.key.node != m.Home {
 		r.setMode(sh, shardNowhere, nil, NodeUID{}) // ask again next tick
+		sh.askWait = 0                              // (answered: not a question unanswered)
 		return
 	}
 	r.setMode(sh, shardThere, ref.h, m.Home)
