@@ -370,7 +370,7 @@ func (k *coordinator) serve(now time.Time) {
 				loads, counted = k.loads(), true
 			}
 			if home, ok = leastShards(loads); !ok {
-				return // no member can take a shard now
+				continue // no member can take a shard now (the asks for placed ones are still answered)
 			}
 			k.homes[s], k.placed[s] = home, k.nextMove()
 			for i := range loads {
