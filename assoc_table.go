@@ -12,15 +12,14 @@ import (
 
 // peerTable is the node's table of associations: by peer incarnation,
 // by address, every one not yet finished, and those waiting for a
-// duplicate's end; beside them, what the node decides a peer's admission
+// duplicate's end; beside them, what a dial or an admission is decided
 // against in the same step: the dials refs caused and the bounds they
-// count toward, the addresses claimed and being checked (an entry of
-// byAddr yet to be proven), and the quarantine. mu guards every field:
-// one lock, because attaching, ending and proving an association each
-// read and change several of them at once (a quarantine noted apart from
-// the byUID entry it replaces would let an incarnation back in between
-// the two). The connections in their handshake are the inbound limits'
-// (listen.go).
+// count toward, and the addresses claimed and being checked (an entry of
+// byAddr yet to be proven). mu guards all of these: one lock, because
+// attaching, ending, binding and proving an association each read and
+// change several of them at once. The quarantine has its own lock
+// (quarantine.go), and the connections in their handshake are the
+// inbound limits' (listen.go).
 type peerTable struct {
 	n        *Node
 	mu       mutex[lkPeers]

@@ -159,9 +159,7 @@ func (g *gate) handshakeDialed(a *assoc, c net.Conn) *frameReader {
 			return nil
 		}
 		if r.code == rejectQuarantined {
-			n.peers.mu.Lock()
 			q := n.peers.quarantineFor(r.uid)
-			n.peers.mu.Unlock()
 			if q != nil && perr == nil {
 				// Each side gave up on the other (a partition): the answer
 				// is this node's quarantine as much as the peer's.

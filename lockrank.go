@@ -63,7 +63,7 @@ const (
 	// cell.mu (actor.go): one actor's state and watchers
 	lockCell
 	// peerTable.mu (assoc_table.go): the associations by uid and
-	// address, the claims, the dial counts, the quarantine
+	// address, the claims, the dial counts
 	lockPeers
 	// assoc.mu (assoc.go): one association; two at once only as a merge
 	// or a resume takes one over (the old one first)
@@ -119,6 +119,9 @@ const (
 	// inboundLimits.mu (listen.go): connections per source, those in
 	// their handshake
 	lockInbound
+	// quarantineTable.mu (quarantine.go): the quarantine (read by
+	// admission under peerTable.mu)
+	lockQuarantine
 	// lifecycle.hooksMu (lifecycle.go): shutdown hooks
 	lockHooks
 	// recentStops.mu (actor_stop.go): the last stop reasons
@@ -180,6 +183,7 @@ var lockNames = map[lockRank]string{
 	lockCreditWaiters:     "CreditWaiters",
 	lockListeners:         "Listeners",
 	lockInbound:           "Inbound",
+	lockQuarantine:        "Quarantine",
 	lockHooks:             "Hooks",
 	lockRecentStops:       "RecentStops",
 	lockEvents:            "Events",
@@ -217,6 +221,10 @@ func (lkAssocCredit) rank() lockRank { return lockAssocCredit }
 type lkAssoc struct{}
 
 func (lkAssoc) rank() lockRank { return lockAssoc }
+
+type lkQuarantine struct{}
+
+func (lkQuarantine) rank() lockRank { return lockQuarantine }
 
 type lkPeers struct{}
 

@@ -88,8 +88,12 @@ func (e *unreachableError) Unwrap() []error { return []error{ErrPeerUnreachable,
 const maxQuarantined = 1 << 16
 
 // quarantineTable is the node's quarantine: indexed by uid and by proven
-// address, in the order entries were added. Guarded by the peer table's lock.
+// address, in the order entries were added. Its own lock guards it (a
+// leaf: the peer table's admission reads it holding the peer table's);
+// noteRefused, find, add, clear and listLive take it, the rest run under
+// it.
 type quarantineTable struct {
+	mu     mutex[lkQuarantine]
 	byUID  map[NodeUID]*quarantineEntry
 	byAddr map[Addr]*quarantineEntry
 	order  []*quarantineEntry // oldest first; cleared entries are skipped
@@ -108,6 +112,8 @@ type quarantineEntry struct {
 // noteRefused records that the incarnation uid was refused, and reports
 // whether it is the first refusal of it (the one that is logged).
 func (t *quarantineTable) noteRefused(uid NodeUID) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
 	e := t.byUID[uid]
 	if e == nil || e.logged {
 		return false
@@ -119,6 +125,8 @@ func (t *quarantineTable) noteRefused(uid NodeUID) bool {
 // find returns the live entry covering uid or one of addrs, expiring
 // entries older than expiry (relative to now) on the way.
 func (t *quarantineTable) find(now time.Time, expiry time.Duration, uid NodeUID, addrs ...Addr) *quarantineInfo {
+	t.mu.Lock()
+	defer t.mu.Unlock()
 	t.expire(now, expiry)
 	if e := t.byUID[uid]; e != nil {
 		return &e.info
@@ -133,6 +141,8 @@ func (t *quarantineTable) find(now time.Time, expiry time.Duration, uid NodeUID,
 
 // add records a quarantine, unless its uid is quarantined already.
 func (t *quarantineTable) add(q quarantineInfo) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
 	if t.byUID == nil {
 		t.byUID, t.byAddr = make(map[NodeUID]*quarantineEntry), make(map[Addr]*quarantineEntry)
 	}
@@ -228,6 +238,8 @@ func (t *quarantineTable) remove(e *quarantineEntry) {
 
 // clear lifts every entry match selects; it reports whether any did.
 func (t *quarantineTable) clear(match func(*quarantineInfo) bool) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
 	any := false
 	for _, e := range t.byUID {
 		if match(&e.info) {
@@ -239,8 +251,12 @@ func (t *quarantineTable) clear(match func(*quarantineInfo) bool) bool {
 	return any
 }
 
-// list copies the entries whose addresses are still refused, oldest first.
-func (t *quarantineTable) list() []quarantineInfo {
+// listLive expires the entries older than expiry (relative to now) and
+// copies those whose addresses are still refused, oldest first.
+func (t *quarantineTable) listLive(now time.Time, expiry time.Duration) []quarantineInfo {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.expire(now, expiry)
 	var out []quarantineInfo
 	for _, e := range t.order[t.head:] {
 		if e == nil || e.cleared || e.expired {
@@ -254,16 +270,12 @@ func (t *quarantineTable) list() []quarantineInfo {
 	return out
 }
 
-// isQuarantined reports whether the incarnation uid is quarantined here;
-// it takes the peer table's lock.
+// isQuarantined reports whether the incarnation uid is quarantined here.
 func (pt *peerTable) isQuarantined(uid NodeUID) bool {
-	pt.mu.Lock()
-	defer pt.mu.Unlock()
 	return pt.quarantineFor(uid) != nil
 }
 
 // quarantineFor returns the quarantine entry covering uid or any of addrs.
-// The caller holds the peer table's lock.
 func (pt *peerTable) quarantineFor(uid NodeUID, addrs ...Addr) *quarantineInfo {
 	return pt.quarantine.find(time.Now(), pt.n.cfg.QuarantineExpiry, uid, addrs...)
 }
@@ -289,18 +301,16 @@ func (pt *peerTable) addQuarantine(a *assoc, cause error) {
 	// the peer at. An address the peer merely announced may be another
 	// node's, which must not be refused for this peer's faults.
 	pt.mu.Lock()
-	defer pt.mu.Unlock()
-	pt.quarantine.add(quarantineInfo{UID: a.peer.uid, Name: a.peer.name, Addrs: slices.Clone(a.tab.proven), Announced: slices.Clone(a.peer.addrs), Since: time.Now(), Cause: cause})
+	proven := slices.Clone(a.tab.proven) // (the table's entry: under its lock)
+	pt.mu.Unlock()
+	pt.quarantine.add(quarantineInfo{UID: a.peer.uid, Name: a.peer.name, Addrs: proven, Announced: slices.Clone(a.peer.addrs), Since: time.Now(), Cause: cause})
 }
 
 // quarantined lists the peers this node has quarantined and not yet
 // cleared, whose quarantine has not expired ([Config.QuarantineExpiry]):
 // Stats.Quarantined.
 func (pt *peerTable) quarantined() []quarantineInfo {
-	pt.mu.Lock()
-	defer pt.mu.Unlock()
-	pt.quarantine.expire(time.Now(), pt.n.cfg.QuarantineExpiry)
-	return pt.quarantine.list()
+	return pt.quarantine.listLive(time.Now(), pt.n.cfg.QuarantineExpiry)
 }
 
 // ClearOption adjusts [Node.ClearQuarantine].
@@ -389,7 +399,5 @@ func (pt *peerTable) clearQuarantineOf(peer string) bool {
 	} else {
 		return false
 	}
-	pt.mu.Lock()
-	defer pt.mu.Unlock()
 	return pt.quarantine.clear(match)
 }

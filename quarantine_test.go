@@ -34,8 +34,8 @@ func TestQuarantineTable(t *testing.T) {
 	}
 	for i, s := range steps {
 		got := q.find(t0.Add(s.at), hour, s.uid, s.addr) != nil
-		if got != s.want || len(q.list()) != s.listed {
-			t.Fatalf("step %d at +%v: refused %v, listed %d; want %v, %d", i, s.at, got, len(q.list()), s.want, s.listed)
+		if listed := len(q.listLive(t0.Add(s.at), hour)); got != s.want || listed != s.listed {
+			t.Fatalf("step %d at +%v: refused %v, listed %d; want %v, %d", i, s.at, got, listed, s.want, s.listed)
 		}
 	}
 	if !q.clear(func(i *quarantineInfo) bool { return i.UID == uid(1) }) || q.find(t0.Add(1000*hour), hour, uid(1)) != nil {
