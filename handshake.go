@@ -574,16 +574,18 @@ func (g *gate) refuseClaim(a *assoc, d *admission) {
 // decideAttach decides what becomes of a, whose peer said h (peers.mu held).
 func (g *gate) decideAttach(a *assoc, h *hello) admission {
 	d := admission{reject: accept}
+	// (Looked up once: the quarantine has its own lock, and a clear may
+	// come between two looks.)
+	q := g.n.peers.quarantineFor(h.uid)
 	switch {
 	case g.n.peers.closing:
 		d.reject, d.text = rejectClosing, "node is closing"
 	case h.uid == g.n.uid:
 		d.reject, d.text = rejectOther, "a node cannot associate with itself"
-	case g.n.peers.quarantineFor(h.uid) != nil:
+	case q != nil:
 		// A quarantine binds the incarnation (its uid), not its addresses:
 		// a process started again at the same address is a new peer,
 		// whose actors are new, and is admitted.
-		q := g.n.peers.quarantineFor(h.uid)
 		d.reject, d.text = rejectQuarantined, fmt.Sprintf("%s quarantined you at %s (%v); it must call ClearQuarantine first", g.n.name, q.Since.Format(time.RFC3339), q.Cause)
 		d.quarantined = q
 	default:

@@ -122,9 +122,7 @@ func TestClearQuarantineRefusesWhatItCannotUse(t *testing.T) {
 	n := startNode(t, Config{})
 	ctx := ctxT(t, 5*time.Second)
 	uid := NodeUID{1}
-	n.peers.mu.Lock()
 	n.peers.quarantine.add(quarantineInfo{UID: uid, Since: time.Now()})
-	n.peers.mu.Unlock()
 	for _, peer := range []string{"", "garbage", "0123"} {
 		if ok, err := n.ClearQuarantine(ctx, peer); ok || !errors.Is(err, ErrBadAddr) {
 			t.Errorf("ClearQuarantine(%q) = %v, %v; want ErrBadAddr", peer, ok, err)
