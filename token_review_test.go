@@ -55,6 +55,14 @@ func sessionGivenUp(t *testing.T) (b, c *Node, held *assoc) {
 		defer held.mu.Unlock()
 		return held.life.state == assocSuspended
 	})
+	// And c has ended its side: until then its welcome could still offer
+	// the session it is giving up (once, beside two CPU burners, b's new
+	// connection resumed into it, and b's Resolve waited out the window).
+	waitFor(t, 5*time.Second, "c's side of the session ended", func() bool {
+		c.peers.mu.Lock()
+		defer c.peers.mu.Unlock()
+		return c.peers.byUID[b.UID()] != ca
+	})
 	return b, c, held
 }
 
