@@ -548,7 +548,24 @@ func (z *nemesis) step() {
 			z.note(fmt.Sprintf("cut %s - %s", p[0].name, p[1].name))
 			z.f.Partition(p[0].node, p[1].node)
 		}
-	case r < 48: // one way
+	case r < 44: // one way, a member or a minority group against the rest, either way
+		all := z.pick(len(z.runningMembers()))
+		if len(all) < 2 {
+			return
+		}
+		k := 1 + z.rng.IntN(max(1, (len(all)-1)/2)) // at most a minority
+		g, rest := all[:k], all[k:]
+		from, to, how := g, rest, "cannot send"
+		if z.rng.IntN(2) == 0 {
+			from, to, how = rest, g, "cannot receive"
+		}
+		z.note(fmt.Sprintf("one way: %s %s (drop %s -> %s)", names(g), how, names(from), names(to)))
+		for _, x := range from {
+			for _, y := range to {
+				z.f.Drop(x.node, y.node)
+			}
+		}
+	case r < 48: // one way, one pair
 		if p := z.pick(2); p != nil {
 			z.note(fmt.Sprintf("drop %s -> %s", p[0].name, p[1].name))
 			z.f.Drop(p[0].node, p[1].node)
