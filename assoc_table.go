@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"slices"
 )
 
 // The node's table of associations: finding or starting the one for an
@@ -17,7 +18,10 @@ import (
 // count toward, and the addresses claimed and being checked (an entry of
 // byAddr yet to be proven). mu guards all of these: one lock, because
 // attaching, ending, binding and proving an association each read and
-// change several of them at once. The quarantine has its own lock
+// change several of them at once. Only the table's methods and the
+// association's own files (which attach, end, bind and prove under it)
+// take mu; the rest of the node asks the table (withUID, heardFrom,
+// answersAtAny, allWhere, live). The quarantine has its own lock
 // (quarantine.go), and the connections in their handshake are the
 // inbound limits' (listen.go).
 type peerTable struct {
@@ -280,10 +284,7 @@ func (pt *peerTable) dial(addr Addr) (net.Conn, error) {
 // endMemberAssoc ends the association to a cluster member's uid, if any,
 // without quarantine (members are never quarantined).
 func (pt *peerTable) endMemberAssoc(uid NodeUID, cause error) {
-	pt.mu.Lock()
-	a := pt.byUID[uid]
-	pt.mu.Unlock()
-	if a != nil {
+	if a := pt.withUID(uid); a != nil {
 		a.fail(cause)
 	}
 }
@@ -296,6 +297,59 @@ func (pt *peerTable) live() []*assoc {
 	assocs := make([]*assoc, 0, len(pt.byUID))
 	for _, a := range pt.byUID {
 		assocs = append(assocs, a)
+	}
+	return assocs
+}
+
+// withUID returns the live association with the peer incarnation uid, or
+// nil.
+func (pt *peerTable) withUID(uid NodeUID) *assoc {
+	pt.mu.Lock()
+	defer pt.mu.Unlock()
+	return pt.byUID[uid]
+}
+
+// heardFrom returns, for each peer incarnation with a live association
+// that has read anything, when it last heard from it (UnixNano).
+func (pt *peerTable) heardFrom() map[NodeUID]int64 {
+	pt.mu.Lock()
+	defer pt.mu.Unlock()
+	heard := make(map[NodeUID]int64, len(pt.byUID))
+	for uid, a := range pt.byUID {
+		if a.in != nil {
+			heard[uid] = a.in.heard.Load()
+		}
+	}
+	return heard
+}
+
+// answersAtAny reports whether a is the association with the node at
+// one of addrs: dialed there, or proven to answer there.
+func (pt *peerTable) answersAtAny(a *assoc, addrs []Addr) bool {
+	pt.mu.Lock()
+	defer pt.mu.Unlock()
+	for _, r := range addrs {
+		if a.outbound && a.dialAddr == r || slices.Contains(a.tab.proven, r) {
+			return true
+		}
+	}
+	return false
+}
+
+// allWhere returns every association not yet finished that keep (called
+// under the table's lock: troupe's code only) picks; closing also marks
+// the table closing, so that no association is added after.
+func (pt *peerTable) allWhere(closing bool, keep func(*assoc) bool) []*assoc {
+	pt.mu.Lock()
+	defer pt.mu.Unlock()
+	if closing {
+		pt.closing = true
+	}
+	assocs := make([]*assoc, 0, len(pt.all))
+	for a := range pt.all {
+		if keep == nil || keep(a) {
+			assocs = append(assocs, a)
+		}
 	}
 	return assocs
 }

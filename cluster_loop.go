@@ -276,14 +276,7 @@ func (c *Cluster) receive(g gossipMsg) {
 // detect feeds each member's failure detector the last time anything
 // arrived from it, and publishes this member's reachability view.
 func (c *Cluster) detect(now time.Time) {
-	c.n.peers.mu.Lock()
-	heard := map[NodeUID]int64{}
-	for uid, a := range c.n.peers.byUID {
-		if a.in != nil {
-			heard[uid] = a.in.heard.Load()
-		}
-	}
-	c.n.peers.mu.Unlock()
+	heard := c.n.peers.heardFrom()
 
 	var events []MemberEvent
 	var dial []Addr

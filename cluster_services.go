@@ -554,11 +554,11 @@ type clusterSource struct {
 	rc *receptionist
 }
 
-func (s clusterSource) String() string                { return "the cluster's members" }
-func (s clusterSource) add(r Registration) error      { return s.rc.add(r) }
-func (s clusterSource) remove(name string, uuid UUID) { s.rc.remove(name, uuid) }
-func (s clusterSource) addr() Addr                    { return Addr{} }
-func (s clusterSource) isLocal() bool                 { return false }
+func (s clusterSource) String() string                           { return "the cluster's members" }
+func (s clusterSource) register(_ *handle, r Registration) error { return s.rc.add(r) }
+func (s clusterSource) unregister(name string, uuid UUID)        { s.rc.remove(name, uuid) }
+func (s clusterSource) addr() Addr                               { return Addr{} }
+func (s clusterSource) isLocal() bool                            { return false }
 
 func (s clusterSource) ask(_ context.Context, req regRequest) ([]Registration, error) {
 	if req.Op != regOpFind {

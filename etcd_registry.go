@@ -506,18 +506,16 @@ func newEtcdStore(n *Node) *storeClient {
 			return etcdSource{ec, r}, nil
 		},
 		registerNode: ec.registerEtcd,
-		added:        ec.added,
-		removed:      func() { ec.sync.poke(false) }, // the writer deletes it
 		pending:      ec.etcdPending,
 		revoke:       ec.revokeEtcd,
 		closeIdle:    ec.closeEtcdClients,
 	}
 }
 
-// added has the node's one writer put h's new entry r (with whatever else
+// putEntry has the node's one writer put h's new entry r (with whatever else
 // is due), and waits for it, boundedly: past RegistryTimeout, it is
 // pending (Stats, Ready) until etcd takes it.
-func (ec *etcdClient) added(h *handle, r Registration) {
+func (ec *etcdClient) putEntry(h *handle, r Registration) {
 	ec.sync.poke(false)
 	ctx, cancel := context.WithTimeout(ec.n.lc.ctx, ec.n.disc.registryTimeout())
 	defer cancel()

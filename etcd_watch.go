@@ -153,6 +153,17 @@ func (s etcdSource) String() string { return s.r.String() }
 func (s etcdSource) addr() Addr     { return Addr{} }
 func (s etcdSource) isLocal() bool  { return false }
 
+// register has the node's one writer put r, and waits for it, boundedly
+// (the node registers only with its own etcd: s.r is s.ec.reg).
+func (s etcdSource) register(h *handle, r Registration) error {
+	s.ec.putEntry(h, r)
+	return nil
+}
+
+// unregister has the node's one writer delete the entry (it writes what
+// the node holds).
+func (s etcdSource) unregister(string, UUID) { s.ec.sync.poke(false) }
+
 func (s etcdSource) ask(ctx context.Context, req regRequest) ([]Registration, error) {
 	return s.ec.askEtcd(ctx, s.r, req)
 }

@@ -41,6 +41,26 @@ func (dc *registryClient) serviceSources(opts []LookupOption) ([]registry, error
 	return srcs, err
 }
 
+// registrationTargets lists the registries this node's entries are
+// registered with: its own registrar, the remote ones, its own etcd and
+// the cluster, when the cluster is the node's registry (none: nothing).
+func (dc *registryClient) registrationTargets() []registry {
+	var out []registry
+	if dc.n.registrar.reg() != nil {
+		out = append(out, localRegistry{dc: dc})
+	}
+	for _, a := range dc.remoteRegistrars() {
+		out = append(out, remoteRegistrar{dc, a})
+	}
+	if r := dc.store.own(); r != nil {
+		out = append(out, r)
+	}
+	if er := dc.n.cl.entries(); er != nil {
+		out = append(out, er)
+	}
+	return out
+}
+
 func (dc *registryClient) lookupSources(opts []LookupOption) ([]registry, error) {
 	var cfg lookupConfig
 	if dc.n.lc.workOver() {

@@ -88,14 +88,7 @@ func (dc *registryClient) remoteRegistrars() []Addr {
 // isRegistrarAssoc reports whether a is the association with one of this
 // node's registrars (dialed at its address, or proven to answer there).
 func (dc *registryClient) isRegistrarAssoc(a *assoc) bool {
-	dc.n.peers.mu.Lock()
-	defer dc.n.peers.mu.Unlock()
-	for _, r := range dc.registrars {
-		if a.outbound && a.dialAddr == r || slices.Contains(a.tab.proven, r) {
-			return true
-		}
-	}
-	return false
+	return dc.n.peers.answersAtAny(a, dc.registrars)
 }
 
 // registrarAt returns the uid of the registrar this node holds a live
@@ -281,29 +274,8 @@ func (dc *registryClient) registerEntry(h *handle, r Registration) (refused erro
 	if err := checkRegistration(false, dc.n.uid, &r); err != nil {
 		return err // (no registrar keeps it: a path longer than 1 KiB)
 	}
-	if dc.n.registrar.reg() != nil {
-		refused = dc.n.registrar.registryRegister(r)
-	}
-	for _, a := range dc.remoteRegistrars() {
-		req := regRequest{Op: regOpRegister, Regs: toWire([]Registration{r})}
-		_, err := remoteRegistrar{dc, a}.ask(dc.n.lc.ctx, req)
-		switch {
-		case errors.Is(err, ErrRegistrationRefused):
-			if refused == nil {
-				refused = err
-			}
-		case err != nil:
-			dc.n.log.Warn("troupe: could not register actor; registering again when the registrar answers", "path", h.key.path, "name", r.Name, "registrar", a.String(), "err", err)
-			dc.setPending(a, true)
-		}
-	}
-	if dc.store.active() {
-		dc.store.added(h, r)
-	}
-	if er := dc.n.cl.entries(); er != nil {
-		// The cluster is the registry: this member has it at once, the
-		// others when its push reaches them.
-		if err := er.add(r); err != nil && refused == nil {
+	for _, reg := range dc.registrationTargets() {
+		if err := reg.register(h, r); err != nil && refused == nil {
 			refused = err
 		}
 	}
@@ -317,17 +289,8 @@ func (dc *registryClient) unregisterActor(h *handle) { dc.unregisterEntry(h.name
 // unregisterEntry removes the entry name of the actor uuid from every
 // registrar, without waiting.
 func (dc *registryClient) unregisterEntry(name string, uuid UUID) {
-	if dc.n.registrar.reg() != nil {
-		dc.n.registrar.reg().unregister(name, uuid, dc.n.uid)
-	}
-	for _, a := range dc.remoteRegistrars() {
-		dc.tellRegistrar(a, regRequest{Op: regOpUnregister, Regs: []regWire{{Name: name, UUID: uuid}}})
-	}
-	if dc.store.active() {
-		dc.store.removed()
-	}
-	if er := dc.n.cl.entries(); er != nil {
-		er.remove(name, uuid)
+	for _, reg := range dc.registrationTargets() {
+		reg.unregister(name, uuid)
 	}
 }
 

@@ -99,9 +99,7 @@ func (rr *registrarRole) liveHere(uid NodeUID) bool {
 	if uid == rr.n.uid {
 		return true
 	}
-	rr.n.peers.mu.Lock()
-	a := rr.n.peers.byUID[uid]
-	rr.n.peers.mu.Unlock()
+	a := rr.n.peers.withUID(uid)
 	return a != nil && a.failure() == nil
 }
 

@@ -129,9 +129,7 @@ func (rr *registrarRole) reachesAsItsHost(node NodeUID, addr Addr) bool {
 	if addr.network != "unix" && !addr.isLoopback() {
 		return true
 	}
-	rr.n.peers.mu.Lock()
-	a := rr.n.peers.byUID[node]
-	rr.n.peers.mu.Unlock()
+	a := rr.n.peers.withUID(node)
 	if a == nil {
 		return true
 	}

@@ -2,6 +2,7 @@ package troupe
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -9,12 +10,14 @@ import (
 	"time"
 )
 
-// The registries that lookups, waits and watches ask, behind one
-// interface. There are four: this node's own registrar (localRegistry)
-// and a remote one (remoteRegistrar), both here; etcd (etcdSource,
-// etcd_watch.go); the cluster's members (clusterSource,
-// cluster_services.go). Only lookupSources and serviceSources (lookup.go)
-// choose among them; everything else calls the interface.
+// The registries that lookups, waits, watches and registration use,
+// behind one interface. There are four: this node's own registrar
+// (localRegistry) and a remote one (remoteRegistrar), both here; etcd
+// (etcdSource, etcd_watch.go); the cluster's members (clusterSource,
+// cluster_services.go). With none, a lookup fails with ErrNoRegistry and
+// a registration goes nowhere. Only lookupSources, serviceSources and
+// registrationTargets (lookup.go) choose among them; everything else
+// calls the interface.
 
 // registry is one registry a lookup, a wait or a watch asks.
 type registry interface {
@@ -44,6 +47,15 @@ type registry interface {
 	answer(w *regWaiter, v regReply) []Registration
 	// watch is Registry.Watch.
 	watch(ctx context.Context, each func(RegistryChange)) error
+	// register records r, an entry of this node's actor h (its own name,
+	// or a service key), waiting boundedly for a registry elsewhere; it
+	// returns ErrRegistrationRefused (wrapped) when the registry refuses
+	// r past its bounds. A registry that cannot answer now takes r when
+	// the node registers everything again.
+	register(h *handle, r Registration) error
+	// unregister drops this node's entry name of the actor uuid, without
+	// waiting.
+	unregister(name string, uuid UUID)
 	// follow calls set with the registrations sel picks, at once and
 	// after each change among them, and answered whenever the registry
 	// answered, until ctx ends, the node closes or the registry is
@@ -78,11 +90,6 @@ type storeClient struct {
 	// registerNode registers the node itself before Start returns, and
 	// keeps the registration alive.
 	registerNode func(ctx context.Context) error
-	// added and removed say that an entry of the node was registered or
-	// unregistered: the store's writer takes it (added waits for it, for
-	// at most RegistryTimeout, as Spawn does for a registrar).
-	added   func(h *handle, r Registration)
-	removed func()
 	// pending counts the registrations and removals the store has not
 	// yet confirmed (Stats.RegistryPending, Ready).
 	pending func() int
@@ -95,18 +102,6 @@ type storeClient struct {
 // installStore makes a node's store client: etcd_registry.go's init sets
 // it.
 var installStore func(n *Node) *storeClient
-
-// entryRegistry is a registry that also takes this node's own entries
-// directly: the cluster's (clusterSource in cluster_services.go), when the
-// cluster is the node's registry. Registration adds to it and removes from
-// it; lookups, waits and watches ask it as any registry.
-type entryRegistry interface {
-	registry
-	// add lists r, an entry of this node, or says why it cannot.
-	add(r Registration) error
-	// remove drops this node's entry name of the actor uuid.
-	remove(name string, uuid UUID)
-}
 
 // regWaiter is one wait parked on a registry: the promise its answer
 // completes, what it admits, and what it found when the registry
@@ -125,8 +120,18 @@ type localRegistry struct {
 }
 
 func (s localRegistry) String() string { return "this node's registry" }
-func (s localRegistry) addr() Addr     { return s.at }
-func (s localRegistry) isLocal() bool  { return true }
+
+func (s localRegistry) register(_ *handle, r Registration) error {
+	return s.dc.n.registrar.registryRegister(r)
+}
+
+func (s localRegistry) unregister(name string, uuid UUID) {
+	if reg := s.dc.n.registrar.reg(); reg != nil {
+		reg.unregister(name, uuid, s.dc.n.uid)
+	}
+}
+func (s localRegistry) addr() Addr    { return s.at }
+func (s localRegistry) isLocal() bool { return true }
 
 func (s localRegistry) ask(ctx context.Context, req regRequest) ([]Registration, error) {
 	g := s.dc.n.registrar.reg()
@@ -213,8 +218,26 @@ type remoteRegistrar struct {
 }
 
 func (s remoteRegistrar) String() string { return s.at.String() }
-func (s remoteRegistrar) addr() Addr     { return s.at }
-func (s remoteRegistrar) isLocal() bool  { return false }
+
+// register asks the registrar, waiting at most the node's registry
+// timeout; one that does not answer is logged and marked pending (the
+// node registers everything again when it re-associates with it).
+func (s remoteRegistrar) register(h *handle, r Registration) error {
+	req := regRequest{Op: regOpRegister, Regs: toWire([]Registration{r})}
+	_, err := s.ask(s.dc.n.lc.ctx, req)
+	if err == nil || errors.Is(err, ErrRegistrationRefused) {
+		return err
+	}
+	s.dc.n.log.Warn("troupe: could not register actor; registering again when the registrar answers", "path", h.key.path, "name", r.Name, "registrar", s.at.String(), "err", err)
+	s.dc.setPending(s.at, true)
+	return nil
+}
+
+func (s remoteRegistrar) unregister(name string, uuid UUID) {
+	s.dc.tellRegistrar(s.at, regRequest{Op: regOpUnregister, Regs: []regWire{{Name: name, UUID: uuid}}})
+}
+func (s remoteRegistrar) addr() Addr    { return s.at }
+func (s remoteRegistrar) isLocal() bool { return false }
 
 func (s remoteRegistrar) ask(ctx context.Context, req regRequest) ([]Registration, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.dc.registryTimeout())

@@ -38,7 +38,7 @@ type clusterPlug struct {
 	// entries is the cluster's registry of service keys and topics, when
 	// the cluster is the node's registry (there is no other); nil
 	// otherwise.
-	entries entryRegistry
+	entries registry
 	// leave hands this member's work over and leaves the cluster, before
 	// the node stops (lifecycle.leaveCluster): patient for Shutdown,
 	// bounded by the leave's wait for Close.
@@ -50,7 +50,7 @@ type clusterPlug struct {
 
 // entries returns the running cluster's registry, when the cluster is
 // the node's registry, or nil.
-func (s *clusterSeam) entries() entryRegistry {
+func (s *clusterSeam) entries() registry {
 	if p := s.plug.Load(); p != nil {
 		return p.entries
 	}

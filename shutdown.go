@@ -173,13 +173,7 @@ func (l *lifecycle) shutdown(ctx context.Context, graceful bool) error {
 	phase(PhaseFlush)
 	close(l.flushing)
 	l.dialCancel() // (the handlers Shutdown let finish might have dialed)
-	l.n.peers.mu.Lock()
-	l.n.peers.closing = true
-	assocs := make([]*assoc, 0, len(l.n.peers.all))
-	for a := range l.n.peers.all {
-		assocs = append(assocs, a)
-	}
-	l.n.peers.mu.Unlock()
+	assocs := l.n.peers.allWhere(true, nil)
 	l.n.inbound.closeHandshakes()
 	for _, a := range assocs {
 		a.leave(!graceful)
@@ -232,19 +226,14 @@ func (l *lifecycle) shutdown(ctx context.Context, graceful bool) error {
 // is told in its handshake.
 func (l *lifecycle) refuseWork() {
 	l.refusing.Store(true)
-	l.n.peers.mu.Lock()
-	assocs := make([]*assoc, 0, len(l.n.peers.all))
-	for a := range l.n.peers.all {
+	assocs := l.n.peers.allWhere(false, func(a *assoc) bool {
 		select {
 		case <-a.ready: // (attach set peer.flags before, under the association's lock)
 		default:
-			continue // its handshake, under peers.mu later, sees refusing
+			return false // its handshake, under peers.mu later, sees refusing
 		}
-		if a.peer.flags&helloDrains != 0 {
-			assocs = append(assocs, a)
-		}
-	}
-	l.n.peers.mu.Unlock()
+		return a.peer.flags&helloDrains != 0
+	})
 	for _, a := range assocs {
 		a.control(appendDraining(nil))
 	}

@@ -156,9 +156,7 @@ func (g *gate) sessionProof(dialer NodeUID, nonce []byte, founds bool, prev []by
 // holdsSession reports whether this node holds a session with uid: a
 // connection claiming it is to be challenged.
 func (g *gate) holdsSession(uid NodeUID) bool {
-	g.n.peers.mu.Lock()
-	defer g.n.peers.mu.Unlock()
-	return g.n.peers.byUID[uid] != nil
+	return g.n.peers.withUID(uid) != nil
 }
 
 // mayTakeOver reports whether an inbound connection whose hello claimed
@@ -166,9 +164,7 @@ func (g *gate) holdsSession(uid NodeUID) bool {
 // holds with uid, if it holds one: it proved that it holds the session's
 // token, or the session has none.
 func (g *gate) mayTakeOver(p *peerInfo, uid NodeUID) bool {
-	g.n.peers.mu.Lock()
-	ex := g.n.peers.byUID[uid]
-	g.n.peers.mu.Unlock()
+	ex := g.n.peers.withUID(uid)
 	if ex == nil {
 		return true
 	}
