@@ -18,11 +18,12 @@ import (
 // members at the indexes in small on one side. It returns which members
 // are still up and running once the split is decided.
 func leaseSideSplit(t *testing.T, n int, small []int, freshServer bool) []int {
-	return leaseSideSplitTTL(t, n, small, freshServer, 2*time.Second)
+	return leaseSideSplitTTL(t, n, small, freshServer, 2*time.Second, 0)
 }
 
-// leaseSideSplitTTL is leaseSideSplit with a lease of the given ttl.
-func leaseSideSplitTTL(t *testing.T, n int, small []int, freshServer bool, ttl time.Duration) []int {
+// leaseSideSplitTTL is leaseSideSplit with a lease of the given ttl and,
+// unless zero, the given DownAllWhenUnstable.
+func leaseSideSplitTTL(t *testing.T, n int, small []int, freshServer bool, ttl, unstable time.Duration) []int {
 	f := new(troupe.FaultNet)
 	leaseNode := faultNode(t, f, "lease")
 	t.Cleanup(f.Heal)
@@ -32,7 +33,7 @@ func leaseSideSplitTTL(t *testing.T, n int, small []int, freshServer bool, ttl t
 	serving := time.Now()
 	w := newSidesWatcher()
 	nodes, members := faultMembers(t, f, n, w, func(node *troupe.Node) troupe.ClusterConfig {
-		return troupe.ClusterConfig{Downing: troupe.LeaseMajority(), StableAfter: time.Second,
+		return troupe.ClusterConfig{Downing: troupe.LeaseMajority(), StableAfter: time.Second, DownAllWhenUnstable: unstable,
 			Lease: troupe.NewNodeLease(node, leaseNode.Addrs()[0].String(), "cluster", ttl)}
 	})
 	// Order by address: index 0 holds the lowest.
@@ -131,15 +132,16 @@ func TestTheMajorityWinsTheLease(t *testing.T) {
 }
 
 // The lease server's start-up quiet time lasts one ttl, and README asks
-// for a ttl of at least LeaseReleaseAfter (8.5 s with StableAfter 1 s), so
-// a split early in it makes the side leader wait several seconds for the
-// lease. Meanwhile the other members of its side, not leading, see the
-// split unstable for StableAfter + DownAllWhenUnstable (5 s here): they
-// downed themselves then, and the majority's leader survived alone. Now
-// they wait for their leader's decision.
+// for a ttl of at least LeaseReleaseAfter, so a split early in it makes
+// the side leader wait several seconds for the lease. Meanwhile the other
+// members of its side, not leading, see the split unstable for
+// StableAfter + DownAllWhenUnstable: they downed themselves then, and the
+// majority's leader survived alone. Now they wait for their leader's
+// decision. (Scaled down: a ttl of 5 s, so that the leader waits about 4
+// s, past StableAfter + DownAllWhenUnstable, 2 s here.)
 func TestTheWholeMajorityWinsALeaseItWaitedFor(t *testing.T) {
 	t.Parallel()
-	if got := leaseSideSplitTTL(t, 3, []int{0}, true, 9*time.Second); !slices.Equal(got, []int{1, 2}) {
+	if got := leaseSideSplitTTL(t, 3, []int{0}, true, 5*time.Second, time.Second); !slices.Equal(got, []int{1, 2}) {
 		t.Fatalf("members %v survived, want [1 2]", got)
 	}
 }
