@@ -14,13 +14,9 @@ import (
 // own decision: it notices the split (within StableAfter of this side, we
 // assume: StableAfter is the margin for the difference), waits until its
 // view is stable — at most StableAfter + DownAllWhenUnstable after its
-// first unreachable member, when instability makes its side leader down
-// it — waits LeaseMinorityDelay if it is the minority, and asks for the
-// lease with a timeout of leaseCallTimeout. (A lease server that has just
-// started makes both sides wait for the same moment, and then race as
-// they would have; meanwhile the members a side leader speaks for wait
-// for its decision, leaderGrace, rather than down themselves, and hear
-// it within a gossip: the hold counts from the grant, after that wait.) So the winner holds the lease for
+// first unreachable member, when instability makes it down itself —
+// waits LeaseMinorityDelay if it is the minority, and asks for the lease
+// with a timeout of leaseCallTimeout. So the winner holds the lease for
 // at least leaseHold after taking it: by then the other side has been
 // denied (the lease was held) or given up (the lease was unreachable), and
 // has downed itself. A member whose own process stood still (SIGSTOP, a
@@ -33,19 +29,6 @@ import (
 // leaseCallTimeout bounds one lease call of a downing decision.
 func leaseCallTimeout(stableAfter time.Duration) time.Duration {
 	return max(stableAfter, time.Second)
-}
-
-// leaderGrace is how long past StableAfter + DownAllWhenUnstable a
-// member leaves its split to the leader of its side before downing
-// itself: with LeaseMajority, the longest the leader's decision can take
-// (its minority delay, waits for a lease server that has just started,
-// and a call), since a side that waits for the lease is still deciding.
-// With another strategy the leader decides at once, and there is none.
-func (c *Cluster) leaderGrace() time.Duration {
-	if _, ok := c.cfg.Downing.(leaseMajority); !ok {
-		return 0
-	}
-	return c.cfg.LeaseMinorityDelay + cmp.Or(c.leaseWaitLimit, maxLeaseWait) + 2*leaseCallTimeout(c.cfg.StableAfter)
 }
 
 // leaseHold is the least time a side that took the lease keeps it: the

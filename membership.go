@@ -421,7 +421,7 @@ type downingStep uint8
 const (
 	stepWait    downingStep = iota // nothing to decide (yet), or not this member's to decide
 	stepStop                       // this member is exiting, down or removed: stop
-	stepSelf                       // unstable too long and no side leader speaks for it (or its leader's decision is overdue): down itself
+	stepSelf                       // unstable too long and no side leader speaks for it: down itself
 	stepDecide                     // this member leads its side: run the strategy
 	stepDownAll                    // this member leads its side, unstable too long: down everyone
 )
@@ -430,23 +430,14 @@ const (
 type timing struct {
 	stableAfter   time.Duration // ClusterConfig.StableAfter
 	unstableAfter time.Duration // ClusterConfig.DownAllWhenUnstable
-	// leaderGrace is how much longer than stableAfter+unstableAfter a
-	// member waits for the leader of its side, which may still be
-	// deciding (LeaseMajority waits for a lease server that has just
-	// started), before it downs itself.
-	leaderGrace time.Duration
 }
 
 // nextDowning says what downing must do now, given whether a strategy is
 // configured: decide once the state has been stable for stableAfter, and
 // only on the leader of this side (the lowest-addressed counting member
 // nobody reports unreachable); when the cluster has stayed unstable for
-// stableAfter+unstableAfter, the side leader downs everyone, and a member
-// that no side leader speaks for (nobody leads, or others report this
-// member unreachable) downs itself. A member that a side leader speaks
-// for leaves the decision to it for leaderGrace more — the leader may be
-// waiting for a lease — and then downs itself. A split is decided once
-// until it heals.
+// stableAfter+unstableAfter, down everyone, or, with no side leader,
+// this member. A split is decided once until it heals.
 func (ms *membership) nextDowning(now time.Time, strategy bool, t timing) downingStep {
 	self := ms.members[ms.self]
 	if self.Status >= MemberExiting {
@@ -467,15 +458,11 @@ func (ms *membership) nextDowning(now time.Time, strategy bool, t timing) downin
 		}
 	}
 	leads := sideLeader != nil && sideLeader.UID == ms.self
-	led := sideLeader != nil && !leads && slices.ContainsFunc(view.Reachable, func(m Member) bool { return m.UID == ms.self })
-	unstableFor := now.Sub(ms.unstable)
-	tooLong := !ms.unstable.IsZero() && unstableFor > t.stableAfter+t.unstableAfter
+	tooLong := !ms.unstable.IsZero() && now.Sub(ms.unstable) > t.stableAfter+t.unstableAfter
 	stable := now.Sub(ms.changed) >= t.stableAfter
 	switch {
 	case tooLong && leads:
 		return stepDownAll
-	case tooLong && led && unstableFor <= t.stableAfter+t.unstableAfter+t.leaderGrace:
-		return stepWait // the side leader decides for this member
 	case tooLong:
 		return stepSelf
 	case stable && leads:

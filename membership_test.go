@@ -290,39 +290,6 @@ func TestNextDowning(t *testing.T) {
 			t.Errorf("%s: nextDowning = %d, want %d", tc.name, got, tc.want)
 		}
 	}
-	// With a leader's grace (LeaseMajority: the side leader may be
-	// waiting for a lease server that has just started), a member its
-	// side leader speaks for waits for it that much longer; the leader
-	// and a member nobody leads do not (#51: the majority's non-leaders
-	// downed themselves while their leader waited, and it survived alone).
-	graced := tm
-	graced.leaderGrace = 1000 * time.Millisecond
-	reportedUnreachable := func() membership {
-		st := split(2)
-		st.reach[uidOf(3)] = reachRecord{version: 1, unreachable: []NodeUID{uidOf(2)}}
-		return st
-	}
-	for _, tc := range []struct {
-		name string
-		st   membership
-		now  int
-		want downingStep
-	}{
-		{"led, unstable too long, within the grace", split(2), 501, stepWait},
-		{"led, the grace's last moment", split(2), 1500, stepWait},
-		{"led, the leader's decision overdue", split(2), 1501, stepSelf},
-		{"the side leader itself", split(1), 501, stepDownAll},
-		{"no side leader here", split(3), 501, stepSelf},
-		{"others report this member unreachable", reportedUnreachable(), 501, stepSelf},
-		{"led, not yet unstable too long", split(2), 100, stepWait},
-	} {
-		if got := tc.st.nextDowning(at(tc.now), true, graced); got != tc.want {
-			t.Errorf("with a grace, %s: nextDowning = %d, want %d", tc.name, got, tc.want)
-		}
-	}
-	if st := split(2); st.nextDowning(at(501), true, tm) != stepSelf {
-		t.Error("without a grace, a led member unstable too long does not down itself")
-	}
 }
 
 // Each member watches the next k on a ring every member computes alike,
