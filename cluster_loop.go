@@ -350,7 +350,7 @@ func (c *Cluster) downing(now time.Time) bool {
 	c.noteBlockedLocked(now)
 	defer c.logBlocked()
 	c.releaseLeaseLocked(now)
-	step := c.nextDowning(now, c.cfg.Downing != nil, timing{c.cfg.StableAfter, c.cfg.DownAllWhenUnstable, c.leaderGrace()})
+	step := c.nextDowning(now, c.cfg.Downing != nil, timing{c.cfg.StableAfter, c.cfg.DownAllWhenUnstable})
 	self := *c.members[c.self]
 	switch step {
 	case stepWait:

@@ -153,16 +153,24 @@ func (s etcdSource) String() string { return s.r.String() }
 func (s etcdSource) addr() Addr     { return Addr{} }
 func (s etcdSource) isLocal() bool  { return false }
 
-// register has the node's one writer put r, and waits for it, boundedly
-// (the node registers only with its own etcd: s.r is s.ec.reg).
+// register has the node's one writer put r, and waits for it, boundedly.
+// The node registers only with its own etcd (registrationTargets picks
+// it); an etcd a lookup named is not written to.
 func (s etcdSource) register(h *handle, r Registration) error {
+	if s.r != s.ec.reg {
+		return fmt.Errorf("troupe: %s is not this node's registry: a node registers only with its own", s.r)
+	}
 	s.ec.putEntry(h, r)
 	return nil
 }
 
 // unregister has the node's one writer delete the entry (it writes what
-// the node holds).
-func (s etcdSource) unregister(string, UUID) { s.ec.sync.poke(false) }
+// the node holds), when s is the node's own etcd.
+func (s etcdSource) unregister(string, UUID) {
+	if s.r == s.ec.reg {
+		s.ec.sync.poke(false)
+	}
+}
 
 func (s etcdSource) ask(ctx context.Context, req regRequest) ([]Registration, error) {
 	return s.ec.askEtcd(ctx, s.r, req)

@@ -19,7 +19,8 @@ import (
 // registrationTargets (lookup.go) choose among them; everything else
 // calls the interface.
 
-// registry is one registry a lookup, a wait or a watch asks.
+// registry is one registry a lookup, a wait or a watch asks, and this
+// node's registration writes to.
 type registry interface {
 	// String names the registry in errors and logs.
 	String() string
