@@ -94,7 +94,6 @@ func TestTheMajorityWinsTheLease(t *testing.T) {
 	// minority's delay, the lease's keep-alive) that a machine loaded by
 	// tests running side by side stretches past their margins.
 	slowTest(t)
-	sem := make(chan struct{}, 3) // three splits at a time (each on its own fault network)
 	for _, tc := range []struct {
 		name   string
 		n      int
@@ -106,9 +105,7 @@ func TestTheMajorityWinsTheLease(t *testing.T) {
 		{"1 | 1: the lowest address", 2, []int{1}, []int{0}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			t.Parallel()
-			sem <- struct{}{}
-			defer func() { <-sem }()
+			t.Parallel() // (each split on its own fault network; TestMain's -parallel bounds how many at once)
 			if got := leaseSideSplit(t, tc.n, tc.small, false); !slices.Equal(got, tc.expect) {
 				t.Fatalf("members %v survived, want %v", got, tc.expect)
 			}
@@ -121,9 +118,7 @@ func TestTheMajorityWinsTheLease(t *testing.T) {
 			// after its delay, when the quiet time was over, and won. Now
 			// the server says when it can grant, and both sides ask again
 			// then, the minority after its delay once more.
-			t.Parallel()
-			sem <- struct{}{}
-			defer func() { <-sem }()
+			t.Parallel() // (each split on its own fault network; TestMain's -parallel bounds how many at once)
 			if got := leaseSideSplit(t, tc.n, tc.small, true); !slices.Equal(got, tc.expect) {
 				t.Fatalf("members %v survived, want %v", got, tc.expect)
 			}
