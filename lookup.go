@@ -45,6 +45,16 @@ func (dc *registryClient) serviceSources(opts []LookupOption) ([]registry, error
 // registered with: its own registrar, the remote ones, its own etcd and
 // the cluster, when the cluster is the node's registry (none: nothing).
 func (dc *registryClient) registrationTargets() []registry {
+	out := dc.ownRegistries()
+	if er := dc.n.cl.entries(); er != nil {
+		out = append(out, er)
+	}
+	return out
+}
+
+// ownRegistries lists the registries of the node's configuration: its
+// own registrar, the remote ones and its own etcd.
+func (dc *registryClient) ownRegistries() []registry {
 	var out []registry
 	if dc.n.registrar.reg() != nil {
 		out = append(out, localRegistry{dc: dc})
@@ -54,9 +64,6 @@ func (dc *registryClient) registrationTargets() []registry {
 	}
 	if r := dc.store.own(); r != nil {
 		out = append(out, r)
-	}
-	if er := dc.n.cl.entries(); er != nil {
-		out = append(out, er)
 	}
 	return out
 }
@@ -92,16 +99,7 @@ func (dc *registryClient) lookupSources(opts []LookupOption) ([]registry, error)
 		}
 		return out, nil
 	}
-	if dc.n.registrar.reg() != nil {
-		out = append(out, localRegistry{dc: dc})
-	}
-	for _, a := range dc.remoteRegistrars() {
-		out = append(out, remoteRegistrar{dc, a})
-	}
-	if r := dc.store.own(); r != nil {
-		out = append(out, r)
-	}
-	if len(out) == 0 {
+	if out = dc.ownRegistries(); len(out) == 0 {
 		return nil, ErrNoRegistry
 	}
 	return out, nil
