@@ -50,6 +50,30 @@ func BenchmarkFloorChannelPingPong(b *testing.B) {
 	}
 }
 
+// BenchmarkFloorPingPongLatency is BenchmarkFloorChannelPingPong timed
+// per round trip: the floor of BenchmarkLocalAskLatency's median and 99th
+// percentile.
+func BenchmarkFloorPingPongLatency(b *testing.B) {
+	req, rep := make(chan count, 1), make(chan count, 1)
+	go func() {
+		for m := range req {
+			rep <- m
+		}
+	}()
+	defer close(req)
+	took := make([]time.Duration, 0, b.N)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := range b.N {
+		start := time.Now()
+		req <- count{N: i}
+		<-rep
+		took = append(took, time.Since(start))
+	}
+	b.StopTimer()
+	latencies(b, took)
+}
+
 // BenchmarkFloorAskDeadline is BenchmarkLocalAskDeadline without
 // troupe: a request carrying a fresh reply channel to a goroutine that
 // serves a channel, a context.WithTimeout per call, and a select on the
@@ -229,6 +253,27 @@ func BenchmarkLocalAsk(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// BenchmarkLocalAskLatency is BenchmarkLocalAsk timed per round trip:
+// its median and 99th percentile, against BenchmarkFloorPingPongLatency.
+func BenchmarkLocalAskLatency(b *testing.B) {
+	n := startNode(b, benchConfig())
+	echo := spawnEcho(b, n, "echo")
+	ctx := context.Background()
+	took := make([]time.Duration, 0, b.N)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := range b.N {
+		start := time.Now()
+		_, err := Ask(ctx, echo, func(r Ref[testPong]) testPing { return testPing{N: i, ReplyTo: r} })
+		took = append(took, time.Since(start))
+		if err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.StopTimer()
+	latencies(b, took)
 }
 
 // BenchmarkLocalAskDeadline is BenchmarkLocalAsk with a deadline per call

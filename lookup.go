@@ -573,9 +573,8 @@ func (dc *registryClient) awaitRegistration(ctx context.Context, srcs []registry
 		reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(dc.n.lc.workDone())},
 		reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(dc.epochCh())})
 	var i int
-	var v reflect.Value
 	for {
-		i, v, _ = reflect.Select(cases)
+		i, _, _ = reflect.Select(cases)
 		if i != len(ws)+2 {
 			break
 		}
@@ -593,11 +592,10 @@ func (dc *registryClient) awaitRegistration(ctx context.Context, srcs []registry
 	case i == len(ws)+1:
 		return nil, 0, ErrNodeClosed
 	}
-	res := v.Interface().(result[regReply])
-	if res.err != nil {
-		return nil, i, res.err
+	if err := ws[i].p.err; err != nil {
+		return nil, i, err
 	}
-	return srcs[i].answer(ws[i], res.v), i, nil
+	return srcs[i].answer(ws[i], ws[i].p.v), i, nil
 }
 
 // Registry is a handle to one registrar. When the registrar is the calling

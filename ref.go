@@ -366,22 +366,22 @@ func Ask[Req, Resp any](ctx context.Context, to Ref[Req], mk func(replyTo Ref[Re
 		return zero, err
 	}
 	select {
-	case r := <-p.ch:
-		if lat := n.lat.Load(); lat != nil && !sent.IsZero() && r.err == nil {
+	case <-p.ch:
+		if lat := n.lat.Load(); lat != nil && !sent.IsZero() && p.err == nil {
 			lat.ask.of(reflect.TypeFor[Req]()).observe(time.Since(sent))
 		}
-		return r.v, r.err
+		return p.v, p.err
 	case <-ctx.Done():
 		return zero, ctx.Err()
 	case <-n.lc.workDone(): // (handlers that a Shutdown lets finish may still ask)
 		return zero, ErrNodeClosed
 	case <-stopped:
 		select {
-		case r := <-p.ch: // it replied, then stopped
-			if lat := n.lat.Load(); lat != nil && !sent.IsZero() && r.err == nil {
+		case <-p.ch: // it replied, then stopped
+			if lat := n.lat.Load(); lat != nil && !sent.IsZero() && p.err == nil {
 				lat.ask.of(reflect.TypeFor[Req]()).observe(time.Since(sent))
 			}
-			return r.v, r.err
+			return p.v, p.err
 		default:
 		}
 		return zero, &AskError{Target: to.h.String(), Reason: note.reason}
@@ -416,19 +416,19 @@ func (e *AskError) Unwrap() []error {
 	return []error{ErrActorStopped, e.Reason}
 }
 
-type result[T any] struct {
-	v   T
-	err error
-}
-
 // promise is the temporary actor behind an Ask's reply ref. It is put in the
 // node's path table only when its ref is encoded for the wire.
 type promise[T any] struct {
 	h      *handle // &hd
 	hd     handle  // (in the promise's allocation, not one of its own)
 	target *handle // the actor asked, when it is on another node
-	ch     chan result[T]
-	done   atomic.Bool
+	// ch is ready once v and err are written, by the one complete that
+	// set done: a channel of nothing is one allocation, where a channel
+	// of the reply would be two (its buffer holds pointers)
+	ch   chan struct{}
+	done atomic.Bool
+	v    T
+	err  error
 
 	mu         mutex[lkPromise] // guards registered
 	registered bool             // in the actor table, so remote replies can find it
@@ -445,7 +445,7 @@ type pendingAsk interface {
 var tempSeq atomic.Uint64
 
 func newPromise[T any](n *Node) *promise[T] {
-	p := &promise[T]{ch: make(chan result[T], 1)}
+	p := &promise[T]{ch: make(chan struct{}, 1)}
 	// The path is written once, here, before the string is made of it.
 	b := appendBase36(append(p.path[:0], "/temp/$"...), tempSeq.Add(1))
 	p.hd = handle{node: n, key: refKey{node: n.uid, path: unsafe.String(&b[0], len(b))}, local: p}
@@ -461,7 +461,8 @@ func (p *promise[T]) complete(v T, err error) bool {
 	if !p.done.CompareAndSwap(false, true) {
 		return false
 	}
-	p.ch <- result[T]{v: v, err: err}
+	p.v, p.err = v, err
+	p.ch <- struct{}{}
 	return true
 }
 
