@@ -319,7 +319,7 @@ func Ask[Req, Resp any](ctx context.Context, to Ref[Req], mk func(replyTo Ref[Re
 		return zero, err
 	}
 	p := newPromise[Resp](n)
-	defer p.finish()
+	defer p.finishAsk()
 	if a := to.h.assoc; a != nil {
 		if err := a.addPending(p, isWork(to.h.key.path)); err != nil {
 			return zero, err
@@ -367,6 +367,7 @@ func Ask[Req, Resp any](ctx context.Context, to Ref[Req], mk func(replyTo Ref[Re
 	}
 	select {
 	case <-p.ch:
+		p.taken = true
 		if lat := n.lat.Load(); lat != nil && !sent.IsZero() && p.err == nil {
 			lat.ask.of(reflect.TypeFor[Req]()).observe(time.Since(sent))
 		}
@@ -378,6 +379,7 @@ func Ask[Req, Resp any](ctx context.Context, to Ref[Req], mk func(replyTo Ref[Re
 	case <-stopped:
 		select {
 		case <-p.ch: // it replied, then stopped
+			p.taken = true
 			if lat := n.lat.Load(); lat != nil && !sent.IsZero() && p.err == nil {
 				lat.ask.of(reflect.TypeFor[Req]()).observe(time.Since(sent))
 			}
@@ -427,8 +429,11 @@ type promise[T any] struct {
 	// of the reply would be two (its buffer holds pointers)
 	ch   chan struct{}
 	done atomic.Bool
-	v    T
-	err  error
+	// taken: the Ask received from ch (only its goroutine reads or
+	// writes it; beside done, in what would be padding)
+	taken bool
+	v     T
+	err   error
 
 	mu         mutex[lkPromise] // guards registered
 	registered bool             // in the actor table, so remote replies can find it
@@ -474,6 +479,25 @@ func (p *promise[T]) fail(err error) {
 // finish marks the promise done and takes it out of the path table.
 func (p *promise[T]) finish() {
 	p.done.Store(true)
+	p.unregister()
+}
+
+// finishAsk is finish for an Ask's promise: a reply that completed the
+// promise as the Ask ended without it (on its context, the node's close
+// or the target's stop) becomes a dead letter, as one that comes later
+// does, rather than nothing.
+func (p *promise[T]) finishAsk() {
+	if p.done.Swap(true) && !p.taken {
+		<-p.ch // (whoever completed it sends right after it won)
+		if p.err == nil {
+			p.h.node.dead.deadLetter(p.h.String(), p.v, errAskOver)
+		}
+	}
+	p.unregister()
+}
+
+// unregister takes the promise out of the path table, if it is in it.
+func (p *promise[T]) unregister() {
 	p.mu.Lock()
 	reg := p.registered
 	p.registered = false
