@@ -371,6 +371,21 @@ func (c *Cluster) downing(now time.Time) bool {
 		c.n.log.Warn("troupe: cluster unstable for too long and no side leader; downing this member")
 		c.gossip()
 		return false
+	case stepOwnView:
+		c.decided, c.decidedOn = true, c.unreachableKey()
+		view := c.ownView()
+		strategy := c.cfg.Downing
+		c.mu.Unlock()
+		if ownViewLoses(strategy, view) { // (user code: not under c.mu)
+			c.mu.Lock()
+			events := c.down([]Member{self}, time.Now())
+			c.mu.Unlock()
+			c.publish(events)
+			c.n.log.Warn("troupe: the others report this member unreachable and, in its own view, its side loses; downing this member",
+				"reachable", len(view.Reachable), "unreachable", len(view.Unreachable), "strategy", strategyName(strategy))
+			c.gossip()
+		}
+		return false
 	}
 	c.decided, c.decidedOn = true, c.unreachableKey()
 	view := c.splitView()

@@ -513,6 +513,17 @@ func resolve(v SplitView, decide func(SplitView) Downing) (Downing, []Member) {
 	return d, clean.members(d)
 }
 
+// ownViewLoses says whether strategy downs this member's side of its own
+// view (see stepOwnView). A lease is not asked for a view only this
+// member holds: its side loses if it is not a majority.
+func ownViewLoses(strategy DowningStrategy, v SplitView) bool {
+	if _, ok := strategy.(leaseMajority); ok {
+		strategy = KeepMajority()
+	}
+	d := strategy.Decide(v)
+	return d == DownReachable || d == DownEveryone
+}
+
 // observers are the members of ms whose own observations reached this
 // side. A side that downs itself downs them too: their gossip came here,
 // so they may be on this side (reached by some, not by others) though

@@ -424,6 +424,13 @@ const (
 	stepSelf                       // unstable too long and no side leader speaks for it: down itself
 	stepDecide                     // this member leads its side: run the strategy
 	stepDownAll                    // this member leads its side, unstable too long: down everyone
+	// stepOwnView: the others report this member unreachable and it has
+	// found some of them unreachable, its view stable: it is on no side
+	// of the merged view, so it runs the strategy on its own view and
+	// downs itself if that side loses. It is what a member cut off one
+	// way needs: it hears that the others lost it, they may never tell
+	// it that they downed it (their node layer gives it up first).
+	stepOwnView
 )
 
 // timing is the downing's clock settings.
@@ -467,8 +474,33 @@ func (ms *membership) nextDowning(now time.Time, strategy bool, t timing) downin
 		return stepSelf
 	case stable && leads:
 		return stepDecide
+	case stable && ms.unreachable()[ms.self] && len(ms.reach[ms.self].unreachable) > 0:
+		return stepOwnView
 	}
 	return stepWait
+}
+
+// ownView is the split as this member sees it itself: the members it
+// has found unreachable against itself and the rest. A member that the
+// others report unreachable is on no side of the merged view (it leads
+// none); this is the view it decides for itself on (see stepOwnView).
+func (ms *membership) ownView() SplitView {
+	lost := map[NodeUID]bool{}
+	for _, u := range ms.reach[ms.self].unreachable {
+		lost[u] = true
+	}
+	var view SplitView
+	for uid, m := range ms.members {
+		switch {
+		case !live(m):
+		case lost[uid] && uid != ms.self:
+			view.Unreachable = append(view.Unreachable, *m)
+			view.Observations = append(view.Observations, observation{Observer: ms.self, Subject: uid})
+		default:
+			view.Reachable = append(view.Reachable, *m)
+		}
+	}
+	return view
 }
 
 // ringPos is a member's place on the monitoring ring: a hash of its uid,

@@ -284,10 +284,70 @@ func TestNextDowning(t *testing.T) {
 		{"decided, then another member failed: a new split", func() membership { st := split(1); st.decided, st.decidedOn = true, "an earlier set"; return st }(), 100, true, stepDecide},
 		{"this member is down", func() membership { st := split(1); st.members[uidOf(1)].Status = MemberDown; return st }(), 0, true, stepStop},
 		{"no split", state(1, memberOf(1, MemberUp, 1), memberOf(2, MemberUp, 2)), 1000, true, stepWait},
+		{"reported unreachable, it lost the others too, stable: its own view", cutOff(split(3)), 100, true, stepOwnView},
+		{"reported unreachable, it lost the others too, not stable yet", cutOff(split(3)), 50, true, stepWait},
+		{"reported unreachable, it lost the others too, no strategy", cutOff(split(3)), 100, false, stepWait},
+		{"reported unreachable, it lost the others too, unstable too long", cutOff(split(3)), 501, true, stepSelf},
+		{"reported unreachable, it lost the others too, already decided", func() membership {
+			st := cutOff(split(3))
+			st.decided, st.decidedOn = true, st.unreachableKey()
+			return st
+		}(), 1000, true, stepWait},
 	}
 	for _, tc := range cases {
 		if got := tc.st.nextDowning(at(tc.now), tc.strategy, tm); got != tc.want {
 			t.Errorf("%s: nextDowning = %d, want %d", tc.name, got, tc.want)
+		}
+	}
+}
+
+// cutOff is st with member 3 having lost members 1 and 2 itself: it is
+// cut off, both ways or one way (they report it; it reports them).
+func cutOff(st membership) membership {
+	st.reach[uidOf(3)] = reachRecord{version: 1, unreachable: []NodeUID{uidOf(1), uidOf(2)}}
+	return st
+}
+
+// A member that the others report unreachable decides on its own view:
+// cut off from four (one way or both), its side of one loses with the
+// majority rules, a lease's included (no lease is asked for a view only
+// it holds); having lost one of four, its side of four would survive, so
+// it does nothing (the merged view's side leaders decide).
+func TestAMemberOnNoSideDecidesOnItsOwnView(t *testing.T) {
+	t.Parallel()
+	checkLeaks(t)
+	five := func(lost ...int) membership {
+		st := state(3, memberOf(1, MemberUp, 1), memberOf(2, MemberUp, 2), memberOf(3, MemberUp, 3), memberOf(4, MemberUp, 4), memberOf(5, MemberUp, 5))
+		for _, o := range []int{1, 2, 4, 5} {
+			st.reach[uidOf(o)] = reachRecord{version: 1, unreachable: []NodeUID{uidOf(3)}}
+		}
+		var mine []NodeUID
+		for _, l := range lost {
+			mine = append(mine, uidOf(l))
+		}
+		st.reach[uidOf(3)] = reachRecord{version: 1, unreachable: mine}
+		return st
+	}
+	cases := []struct {
+		name      string
+		st        membership
+		strategy  DowningStrategy
+		reachable int
+		loses     bool
+	}{
+		{"lost all four, KeepMajority", five(1, 2, 4, 5), KeepMajority(), 1, true},
+		{"lost all four, LeaseMajority", five(1, 2, 4, 5), LeaseMajority(), 1, true},
+		{"lost all four, StaticQuorum(3)", five(1, 2, 4, 5), StaticQuorum(3), 1, true},
+		{"lost one of four, KeepMajority", five(1), KeepMajority(), 4, false},
+		{"lost one of four, LeaseMajority", five(1), LeaseMajority(), 4, false},
+	}
+	for _, tc := range cases {
+		v := tc.st.ownView()
+		if len(v.Reachable) != tc.reachable || len(v.Reachable)+len(v.Unreachable) != 5 {
+			t.Errorf("%s: own view %d reachable, %d unreachable; want %d reachable of 5", tc.name, len(v.Reachable), len(v.Unreachable), tc.reachable)
+		}
+		if got := ownViewLoses(tc.strategy, v); got != tc.loses {
+			t.Errorf("%s: its side loses = %v, want %v", tc.name, got, tc.loses)
 		}
 	}
 }

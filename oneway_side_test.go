@@ -1,6 +1,7 @@
 package troupe_test
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -9,21 +10,40 @@ import (
 
 // Issue #51, item 2: a member whose outgoing traffic is dropped (it
 // hears the others; they do not hear it) is downed by the majority, and
-// must stop too, though it may never hear that it was downed: alone
-// against four, with KeepMajority, it downs itself once its view has been
-// unstable for the strategy's decision time. The same for a member that
-// can send but not receive. The sides watcher checks all along that no
-// two running up members have each written the other off.
+// must stop too, though it may never hear that it was downed: it hears
+// that the others lost it, and once it has lost them too and its view is
+// stable for StableAfter, it decides on its own view — alone against
+// four, with KeepMajority, its side loses — and downs itself. Not after
+// DownAllWhenUnstable, which is set here beyond the test's wait. The
+// same for a member that can send but not receive (it hears nothing: its
+// own view is the merged one, and it leads its side of one). The sides
+// watcher checks all along that no two running up members have each
+// written the other off.
+//
+// With StableAfter (3 s) longer than the node layer's UnreachableAfter
+// (2 s), as at the default Config (20 s and 10 s), the others give the
+// member that cannot send up before they down it and cannot tell it:
+// only its own view stops it. With StableAfter 1 s they tell it while
+// they still reach it.
 func TestAMemberCutOffOneWayStops(t *testing.T) {
 	t.Parallel()
 	slowTest(t)
-	for _, dir := range []string{"cannot send", "cannot receive"} {
-		t.Run(dir, func(t *testing.T) {
+	for _, tc := range []struct {
+		dir    string
+		stable time.Duration
+	}{
+		{"cannot send", time.Second},
+		{"cannot receive", time.Second},
+		{"cannot send, given up before it is downed", 3 * time.Second},
+	} {
+		dir := strings.Split(tc.dir, ",")[0]
+		t.Run(tc.dir, func(t *testing.T) {
+			t.Parallel()
 			f := new(troupe.FaultNet)
 			t.Cleanup(f.Heal)
 			w := newSidesWatcher()
 			nodes, members := faultMembers(t, f, 5, w, func(*troupe.Node) troupe.ClusterConfig {
-				return troupe.ClusterConfig{Downing: troupe.KeepMajority(), StableAfter: time.Second}
+				return troupe.ClusterConfig{Downing: troupe.KeepMajority(), StableAfter: tc.stable, DownAllWhenUnstable: time.Minute}
 			})
 			stop := make(chan struct{})
 			defer close(stop)
@@ -39,8 +59,9 @@ func TestAMemberCutOffOneWayStops(t *testing.T) {
 					f.Drop(n, x)
 				}
 			}
-			// Detection (2 s), StableAfter (1 s), DownAllWhenUnstable (4 s
-			// at least), and room for a loaded machine.
+			// The others' detection and quarantine (2 s), its own (2 s),
+			// StableAfter (1 s), and room for a loaded machine: well
+			// before DownAllWhenUnstable (a minute).
 			waitUntil(t, 20*time.Second, "the cut-off member to stop", func() bool {
 				return clusterStopped(members[2]) || members[2].Self().Status >= troupe.MemberDown
 			})
