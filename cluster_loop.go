@@ -372,19 +372,28 @@ func (c *Cluster) downing(now time.Time) bool {
 		c.gossip()
 		return false
 	case stepOwnView:
-		c.decided, c.decidedOn = true, c.unreachableKey()
+		key := c.ownKey()
 		view := c.ownView()
 		strategy := c.cfg.Downing
 		c.mu.Unlock()
-		if ownViewLoses(strategy, view) { // (user code: not under c.mu)
-			c.mu.Lock()
-			events := c.down([]Member{self}, time.Now())
+		loses := ownViewLoses(strategy, view) // (user code: not under c.mu)
+		c.mu.Lock()
+		if !loses || c.ownKey() != key {
+			// Kept (the wait for DownAllWhenUnstable goes on), or the
+			// view moved meanwhile: the next turn looks again.
+			if !loses {
+				c.ownKept = key
+			}
 			c.mu.Unlock()
-			c.publish(events)
-			c.n.log.Warn("troupe: the others report this member unreachable and, in its own view, its side loses; downing this member",
-				"reachable", len(view.Reachable), "unreachable", len(view.Unreachable), "strategy", strategyName(strategy))
-			c.gossip()
+			return false
 		}
+		c.decided, c.decidedOn = true, c.unreachableKey()
+		events := c.down([]Member{self}, time.Now())
+		c.mu.Unlock()
+		c.publish(events)
+		c.n.log.Warn("troupe: the others report this member unreachable and, in its own view, its side loses; downing this member",
+			"reachable", len(view.Reachable), "unreachable", len(view.Unreachable), "strategy", strategyName(strategy))
+		c.gossip()
 		return false
 	}
 	c.decided, c.decidedOn = true, c.unreachableKey()

@@ -97,7 +97,11 @@ func (d Downing) String() string {
 
 // DowningStrategy decides, for one side of a clean split, who is downed.
 // Implementations are pure functions of the view. [ResolveSplit] takes the
-// indirectly connected members out before it asks.
+// indirectly connected members out before it asks. A member that the
+// others report unreachable, and that so leads no side, also asks it
+// with its own view (the members it lost itself against the rest), and
+// downs itself, never the others, if its side would be downed there: a
+// strategy should not keep a side that shrank or down one that grew.
 type DowningStrategy interface {
 	Decide(v SplitView) Downing
 }
@@ -515,10 +519,12 @@ func resolve(v SplitView, decide func(SplitView) Downing) (Downing, []Member) {
 
 // ownViewLoses says whether strategy downs this member's side of its own
 // view (see stepOwnView). A lease is not asked for a view only this
-// member holds: its side loses if it is not a majority.
+// member holds, and it decides more than size (an even split, or a
+// minority that reached it first): under a lease, the side loses only
+// if it is a strict minority of the members that count.
 func ownViewLoses(strategy DowningStrategy, v SplitView) bool {
 	if _, ok := strategy.(leaseMajority); ok {
-		strategy = KeepMajority()
+		return len(counted(v.Reachable, false, false)) < len(counted(v.Unreachable, false, false))
 	}
 	d := strategy.Decide(v)
 	return d == DownReachable || d == DownEveryone

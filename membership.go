@@ -6,6 +6,7 @@ import (
 	"hash/fnv"
 	"maps"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -29,6 +30,16 @@ type membership struct {
 	// decidedOn is the unreachable set the decision was about: when it
 	// changes (a member fails after the decision), there is a new split.
 	decidedOn string
+	// ownKept is what a keep on this member's own view was about (the
+	// unreachable set and its own record's version): it is not run again
+	// for the same, and unlike a decision it leaves the wait for
+	// DownAllWhenUnstable running (see stepOwnView).
+	ownKept string
+}
+
+// ownKey names what an own-view decision is about.
+func (ms *membership) ownKey() string {
+	return ms.unreachableKey() + strconv.FormatUint(ms.reach[ms.self].version, 10)
 }
 
 // unreachableKey names the current set of unreachable live members.
@@ -85,8 +96,9 @@ func live(m *Member) bool { return m.Status < MemberDown }
 // whole cluster look unreachable.
 func (ms *membership) unreachable() map[NodeUID]bool {
 	out := map[NodeUID]bool{}
+	off := ms.discounted()
 	for obs, r := range ms.reach {
-		if m := ms.members[obs]; m == nil || !m.counts() {
+		if m := ms.members[obs]; m == nil || !m.counts() || off[obs] {
 			continue
 		}
 		for _, u := range r.unreachable {
@@ -96,6 +108,52 @@ func (ms *membership) unreachable() map[NodeUID]bool {
 		}
 	}
 	return out
+}
+
+// discounted is the observers whose reports do not count: each is itself
+// reported unreachable by more than half of the members that count, and
+// together they are fewer than half of those. A member that can send but
+// not receive loses everyone and says so, while everyone loses it: were
+// its reports counted, every member would be unreachable to someone and
+// no side would have a leader to decide. Counted without them, the
+// others are one side and it is the other. (Were most members
+// discounted, the rule would decide nothing of the split: it is not
+// applied, and the reports all count.)
+func (ms *membership) discounted() map[NodeUID]bool {
+	counting := 0
+	for _, m := range ms.members {
+		if live(m) && m.counts() {
+			counting++
+		}
+	}
+	var reported map[NodeUID]int
+	for obs, r := range ms.reach {
+		if m := ms.members[obs]; m == nil || !live(m) || !m.counts() {
+			continue
+		}
+		for _, u := range r.unreachable {
+			if u == obs {
+				continue
+			}
+			if reported == nil {
+				reported = map[NodeUID]int{}
+			}
+			reported[u]++
+		}
+	}
+	var off map[NodeUID]bool
+	for u, k := range reported {
+		if m := ms.members[u]; m != nil && live(m) && m.counts() && 2*k > counting {
+			if off == nil {
+				off = map[NodeUID]bool{}
+			}
+			off[u] = true
+		}
+	}
+	if 2*len(off) >= counting {
+		return nil
+	}
+	return off
 }
 
 func compareUID(a, b NodeUID) int { return cmp.Compare(string(a[:]), string(b[:])) }
@@ -404,8 +462,9 @@ func (ms *membership) splitView() SplitView {
 			view.Reachable = append(view.Reachable, *m)
 		}
 	}
+	off := ms.discounted()
 	for obs, r := range ms.reach {
-		if m := ms.members[obs]; m == nil || !m.counts() {
+		if m := ms.members[obs]; m == nil || !m.counts() || off[obs] {
 			continue
 		}
 		for _, u := range r.unreachable {
@@ -424,12 +483,14 @@ const (
 	stepSelf                       // unstable too long and no side leader speaks for it: down itself
 	stepDecide                     // this member leads its side: run the strategy
 	stepDownAll                    // this member leads its side, unstable too long: down everyone
-	// stepOwnView: the others report this member unreachable and it has
-	// found some of them unreachable, its view stable: it is on no side
-	// of the merged view, so it runs the strategy on its own view and
-	// downs itself if that side loses. It is what a member cut off one
-	// way needs: it hears that the others lost it, they may never tell
-	// it that they downed it (their node layer gives it up first).
+	// stepOwnView: the others report this member (one that counts)
+	// unreachable and it has found some of them unreachable, its view
+	// stable: it is on no side of the merged view, so it runs the
+	// strategy on its own view and downs itself if that side loses;
+	// if it does not, it waits on, as before, for DownAllWhenUnstable.
+	// It is what a member cut off one way needs: it hears that the
+	// others lost it, they may never tell it that they downed it (their
+	// node layer gives it up first).
 	stepOwnView
 )
 
@@ -474,7 +535,7 @@ func (ms *membership) nextDowning(now time.Time, strategy bool, t timing) downin
 		return stepSelf
 	case stable && leads:
 		return stepDecide
-	case stable && ms.unreachable()[ms.self] && len(ms.reach[ms.self].unreachable) > 0:
+	case stable && self.counts() && ms.unreachable()[ms.self] && len(ms.reach[ms.self].unreachable) > 0 && ms.ownKept != ms.ownKey():
 		return stepOwnView
 	}
 	return stepWait

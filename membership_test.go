@@ -293,6 +293,21 @@ func TestNextDowning(t *testing.T) {
 			st.decided, st.decidedOn = true, st.unreachableKey()
 			return st
 		}(), 1000, true, stepWait},
+		{"its own view kept it: not asked again for the same", func() membership { st := cutOff(split(3)); st.ownKept = st.ownKey(); return st }(), 100, true, stepWait},
+		{"its own view kept it, then unstable too long: it downs itself", func() membership { st := cutOff(split(3)); st.ownKept = st.ownKey(); return st }(), 501, true, stepSelf},
+		{"its own view kept it, then it lost more: asked again", func() membership {
+			st := cutOff(split(3))
+			st.ownKept = st.ownKey()
+			r := st.reach[uidOf(3)]
+			r.version++
+			st.reach[uidOf(3)] = r
+			return st
+		}(), 100, true, stepOwnView},
+		{"reported unreachable, lost the others, but joining: its observations do not count", func() membership {
+			st := cutOff(split(3))
+			st.members[uidOf(3)].Status = MemberJoining
+			return st
+		}(), 100, true, stepWait},
 	}
 	for _, tc := range cases {
 		if got := tc.st.nextDowning(at(tc.now), tc.strategy, tm); got != tc.want {
@@ -340,14 +355,112 @@ func TestAMemberOnNoSideDecidesOnItsOwnView(t *testing.T) {
 		{"lost all four, StaticQuorum(3)", five(1, 2, 4, 5), StaticQuorum(3), 1, true},
 		{"lost one of four, KeepMajority", five(1), KeepMajority(), 4, false},
 		{"lost one of four, LeaseMajority", five(1), LeaseMajority(), 4, false},
+		{"lost two of four, LeaseMajority: 3 against 2 keeps", five(1, 2), LeaseMajority(), 3, false},
+		{"lost three of four, LeaseMajority: a strict minority loses", five(1, 2, 4), LeaseMajority(), 2, true},
 	}
+	// Six, split evenly in its own view: by size the lowest address
+	// keeps its side, and member 1 is on the other; a lease decides an
+	// even split otherwise (whoever holds it), so it does not lose.
+	six := state(6, memberOf(1, MemberUp, 1), memberOf(2, MemberUp, 2), memberOf(3, MemberUp, 3), memberOf(4, MemberUp, 4), memberOf(5, MemberUp, 5), memberOf(6, MemberUp, 6))
+	six.reach[uidOf(6)] = reachRecord{version: 1, unreachable: []NodeUID{uidOf(1), uidOf(2), uidOf(3)}}
+	cases = append(cases, cases[0], cases[0])
+	cases[len(cases)-2].name, cases[len(cases)-2].st, cases[len(cases)-2].strategy, cases[len(cases)-2].reachable, cases[len(cases)-2].loses = "six, 3 against 3, KeepMajority: the lowest address is there", six, KeepMajority(), 3, true
+	cases[len(cases)-1].name, cases[len(cases)-1].st, cases[len(cases)-1].strategy, cases[len(cases)-1].reachable, cases[len(cases)-1].loses = "six, 3 against 3, LeaseMajority: the lease decides, not the address", six, LeaseMajority(), 3, false
 	for _, tc := range cases {
 		v := tc.st.ownView()
-		if len(v.Reachable) != tc.reachable || len(v.Reachable)+len(v.Unreachable) != 5 {
-			t.Errorf("%s: own view %d reachable, %d unreachable; want %d reachable of 5", tc.name, len(v.Reachable), len(v.Unreachable), tc.reachable)
+		if len(v.Reachable) != tc.reachable || len(v.Reachable)+len(v.Unreachable) != len(tc.st.members) {
+			t.Errorf("%s: own view %d reachable, %d unreachable; want %d reachable of %d", tc.name, len(v.Reachable), len(v.Unreachable), tc.reachable, len(tc.st.members))
 		}
 		if got := ownViewLoses(tc.strategy, v); got != tc.loses {
 			t.Errorf("%s: its side loses = %v, want %v", tc.name, got, tc.loses)
+		}
+	}
+}
+
+// Whose reports count: not those of a member that more than half of the
+// counting members report unreachable, unless that would leave out half
+// of them or more.
+func TestTheReportsOfAMemberMostLostDoNotCount(t *testing.T) {
+	t.Parallel()
+	checkLeaks(t)
+	members := func(k int) membership {
+		var ms []Member
+		for i := 1; i <= k; i++ {
+			ms = append(ms, memberOf(i, MemberUp, i))
+		}
+		return state(1, ms...)
+	}
+	report := func(st membership, obs int, lost ...int) {
+		var us []NodeUID
+		for _, l := range lost {
+			us = append(us, uidOf(l))
+		}
+		st.reach[uidOf(obs)] = reachRecord{version: 1, unreachable: us}
+	}
+	cases := []struct {
+		name        string
+		st          func() membership
+		discounted  []int
+		unreachable []int
+	}{
+		{"five, one cannot receive: it lost four, four lost it", func() membership {
+			st := members(5)
+			report(st, 3, 1, 2, 4, 5)
+			for _, o := range []int{1, 2, 4, 5} {
+				report(st, o, 3)
+			}
+			return st
+		}, []int{3}, []int{3}},
+		{"five, one cannot receive, only it has reported so far", func() membership {
+			st := members(5)
+			report(st, 3, 1, 2, 4, 5)
+			return st
+		}, nil, []int{1, 2, 4, 5}},
+		{"three, a pair cut, the third hears both: one report each", func() membership {
+			st := members(3)
+			report(st, 1, 2)
+			report(st, 2, 1)
+			return st
+		}, nil, []int{1, 2}},
+		{"two, a clean split", func() membership {
+			st := members(2)
+			report(st, 1, 2)
+			report(st, 2, 1)
+			return st
+		}, nil, []int{1, 2}},
+		{"five, three cannot receive and the two lost them: all would be left out, all count", func() membership {
+			st := members(5)
+			report(st, 3, 1, 2, 4, 5)
+			report(st, 4, 1, 2, 3, 5)
+			report(st, 5, 1, 2, 3, 4)
+			report(st, 1, 3, 4, 5)
+			report(st, 2, 3, 4, 5)
+			return st
+		}, nil, []int{1, 2, 3, 4, 5}},
+		{"five, a joining member's reports never counted", func() membership {
+			st := members(5)
+			st.members[uidOf(5)].Status = MemberJoining
+			report(st, 5, 1, 2, 3, 4)
+			report(st, 1, 5)
+			return st
+		}, nil, []int{5}},
+	}
+	ids := func(m map[NodeUID]bool) []int {
+		var out []int
+		for i := 1; i <= 5; i++ {
+			if m[uidOf(i)] {
+				out = append(out, i)
+			}
+		}
+		return out
+	}
+	for _, tc := range cases {
+		st := tc.st()
+		if got := ids(st.discounted()); !slices.Equal(got, tc.discounted) {
+			t.Errorf("%s: discounted %v, want %v", tc.name, got, tc.discounted)
+		}
+		if got := ids(st.unreachable()); !slices.Equal(got, tc.unreachable) {
+			t.Errorf("%s: unreachable %v, want %v", tc.name, got, tc.unreachable)
 		}
 	}
 }

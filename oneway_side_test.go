@@ -24,7 +24,9 @@ import (
 // (2 s), as at the default Config (20 s and 10 s), the others give the
 // member that cannot send up before they down it and cannot tell it:
 // only its own view stops it. With StableAfter 1 s they tell it while
-// they still reach it.
+// they still reach it. A member that cannot receive reports that it lost
+// all four, and they lost it: its reports do not count (see
+// discounted), so the four are a side, with a leader that downs it.
 func TestAMemberCutOffOneWayStops(t *testing.T) {
 	t.Parallel()
 	slowTest(t)
@@ -35,6 +37,7 @@ func TestAMemberCutOffOneWayStops(t *testing.T) {
 		{"cannot send", time.Second},
 		{"cannot receive", time.Second},
 		{"cannot send, given up before it is downed", 3 * time.Second},
+		{"cannot receive, given up before it is downed", 3 * time.Second},
 	} {
 		dir := strings.Split(tc.dir, ",")[0]
 		t.Run(tc.dir, func(t *testing.T) {
@@ -87,5 +90,57 @@ func TestAMemberCutOffOneWayStops(t *testing.T) {
 				t.Fatal(v)
 			}
 		})
+	}
+}
+
+// A group of three that cannot send to the other two, under a lease: the
+// two hear nothing from the three, win the lease and down them; the three
+// hear that the two lost them, and then lose the two (the two's node layer
+// gives them up). In their own view the three are a majority, which under
+// a lease proves nothing: they keep waiting, and stop once their view has
+// been unstable for StableAfter + DownAllWhenUnstable, as they did before
+// members on no side looked at their own view. Two sides are checked for
+// all along. (A long run: a lease server's first ttl, StableAfter 3 s and
+// DownAllWhenUnstable 4 s make it 12 s or more.)
+func TestAGroupThatCannotSendStopsBesideALeaseHolder(t *testing.T) {
+	t.Parallel()
+	longRun(t)
+	f := new(troupe.FaultNet)
+	t.Cleanup(f.Heal)
+	leaseNode := faultNode(t, f, "lease")
+	if err := leaseNode.ServeLeases(); err != nil {
+		t.Fatal(err)
+	}
+	serving := time.Now()
+	const ttl = 2 * time.Second
+	w := newSidesWatcher()
+	nodes, members := faultMembers(t, f, 5, w, func(node *troupe.Node) troupe.ClusterConfig {
+		return troupe.ClusterConfig{Downing: troupe.LeaseMajority(), StableAfter: 3 * time.Second,
+			Lease: troupe.NewNodeLease(node, leaseNode.Addrs()[0].String(), "cluster", ttl)}
+	})
+	time.Sleep(time.Until(serving.Add(ttl))) // a fresh lease server grants nothing for one ttl
+	stop := make(chan struct{})
+	defer close(stop)
+	go w.watch(stop)
+	for _, from := range nodes[2:] {
+		for _, to := range nodes[:2] {
+			f.Drop(from, to)
+		}
+	}
+	waitUntil(t, 30*time.Second, "the three to stop", func() bool {
+		for _, c := range members[2:] {
+			if !clusterStopped(c) && c.Self().Status < troupe.MemberDown {
+				return false
+			}
+		}
+		return true
+	})
+	for i, c := range members[:2] {
+		if clusterStopped(c) || c.Self().Status != troupe.MemberUp {
+			t.Fatalf("member %d of the two is %v (stopped %v), want up", i, c.Self().Status, clusterStopped(c))
+		}
+	}
+	if v := w.check(); v != "" {
+		t.Fatal(v)
 	}
 }
