@@ -322,6 +322,7 @@ func StartCluster(ctx context.Context, n *Node, cfg ClusterConfig) (*Cluster, er
 		detectors: map[NodeUID]FailureDetector{}, lastHeard: map[NodeUID]int64{}, leftSeen: map[NodeUID]bool{}, downedAt: map[NodeUID]time.Time{},
 		stop: make(chan struct{}), done: make(chan struct{}),
 	}
+	c.watchedBy = c.cfg.MonitoredMembers
 	if !n.disc.discovering() {
 		// No registrar and no etcd: the members keep the service keys
 		// and topics. (Made before the cluster actor, whose gossip may

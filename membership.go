@@ -30,6 +30,9 @@ type membership struct {
 	// decidedOn is the unreachable set the decision was about: when it
 	// changes (a member fails after the decision), there is a new split.
 	decidedOn string
+	// watchedBy is how many members watch each member with a failure
+	// detector (ClusterConfig.MonitoredMembers; zero: all of them)
+	watchedBy int
 	// ownKept is what a keep on this member's own view was about (the
 	// unreachable set and its own record's version): it is not run again
 	// for the same, and unlike a decision it leaves the wait for
@@ -98,7 +101,7 @@ func (ms *membership) unreachable() map[NodeUID]bool {
 	out := map[NodeUID]bool{}
 	off := ms.discounted()
 	for obs, r := range ms.reach {
-		if m := ms.members[obs]; m == nil || !m.counts() || off[obs] {
+		if m := ms.members[obs]; m == nil || !m.counts() || off[obs] && obs != ms.self {
 			continue
 		}
 		for _, u := range r.unreachable {
@@ -111,14 +114,16 @@ func (ms *membership) unreachable() map[NodeUID]bool {
 }
 
 // discounted is the observers whose reports do not count: each is itself
-// reported unreachable by more than half of the members that count, and
-// together they are fewer than half of those. A member that can send but
-// not receive loses everyone and says so, while everyone loses it: were
-// its reports counted, every member would be unreachable to someone and
-// no side would have a leader to decide. Counted without them, the
+// reported unreachable by more than half of the members that watch it (all
+// the others, or MonitoredMembers of them on the ring), and together they
+// are fewer than half of the members that count. A member that can send
+// but not receive loses everyone and says so, while everyone loses it:
+// were its reports counted, every member would be unreachable to someone
+// and no side would have a leader to decide. Counted without them, the
 // others are one side and it is the other. (Were most members
 // discounted, the rule would decide nothing of the split: it is not
-// applied, and the reports all count.)
+// applied, and the reports all count.) A member's own reports count in
+// its own view whatever this says (unreachable, splitView).
 func (ms *membership) discounted() map[NodeUID]bool {
 	counting := 0
 	for _, m := range ms.members {
@@ -126,24 +131,31 @@ func (ms *membership) discounted() map[NodeUID]bool {
 			counting++
 		}
 	}
+	watchers := counting - 1
+	if ms.watchedBy > 0 {
+		watchers = min(watchers, ms.watchedBy)
+	}
 	var reported map[NodeUID]int
+	var once map[NodeUID]bool // (a record from the wire may name a member twice)
 	for obs, r := range ms.reach {
 		if m := ms.members[obs]; m == nil || !live(m) || !m.counts() {
 			continue
 		}
+		clear(once)
 		for _, u := range r.unreachable {
-			if u == obs {
+			if u == obs || once[u] {
 				continue
 			}
 			if reported == nil {
-				reported = map[NodeUID]int{}
+				reported, once = map[NodeUID]int{}, map[NodeUID]bool{}
 			}
+			once[u] = true
 			reported[u]++
 		}
 	}
 	var off map[NodeUID]bool
 	for u, k := range reported {
-		if m := ms.members[u]; m != nil && live(m) && m.counts() && 2*k > counting {
+		if m := ms.members[u]; m != nil && live(m) && m.counts() && 2*k > watchers {
 			if off == nil {
 				off = map[NodeUID]bool{}
 			}
@@ -464,7 +476,7 @@ func (ms *membership) splitView() SplitView {
 	}
 	off := ms.discounted()
 	for obs, r := range ms.reach {
-		if m := ms.members[obs]; m == nil || !m.counts() || off[obs] {
+		if m := ms.members[obs]; m == nil || !m.counts() || off[obs] && obs != ms.self {
 			continue
 		}
 		for _, u := range r.unreachable {

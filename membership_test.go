@@ -465,6 +465,70 @@ func TestTheReportsOfAMemberMostLostDoNotCount(t *testing.T) {
 	}
 }
 
+// On a ring, a member is watched by MonitoredMembers others, not by all:
+// a member cut off from receiving in a cluster of 18 is reported by the 9
+// that watch it, which is more than half of its watchers though not of
+// the cluster, and its reports do not count.
+func TestTheReportsOfAMemberCutOffOnARingDoNotCount(t *testing.T) {
+	t.Parallel()
+	checkLeaks(t)
+	var ms []Member
+	for i := 1; i <= 18; i++ {
+		ms = append(ms, memberOf(i, MemberUp, i))
+	}
+	st := state(1, ms...)
+	st.watchedBy = 9
+	r, x := st.ring(), uidOf(9)
+	var others []NodeUID
+	for _, u := range r {
+		if u != x {
+			others = append(others, u)
+		}
+	}
+	st.reach[x] = reachRecord{version: 1, unreachable: others} // it lost everyone
+	for _, w := range r {
+		if w != x && slices.Contains(st.monitorsOf(w, 9, r), x) {
+			st.reach[w] = reachRecord{version: 1, unreachable: []NodeUID{x}}
+		}
+	}
+	if u := st.unreachable(); len(u) != 1 || !u[x] {
+		t.Fatalf("%d of 18 unreachable, want only the member cut off", len(u))
+	}
+}
+
+// A member's own findings count in its own view, discounted or not: the
+// member that cannot send, which the four report, lists the four it lost
+// (Cluster.Unreachable, events), and is on no side of its merged view.
+func TestAMembersOwnReportsCountInItsOwnView(t *testing.T) {
+	t.Parallel()
+	checkLeaks(t)
+	st := state(3, memberOf(1, MemberUp, 1), memberOf(2, MemberUp, 2), memberOf(3, MemberUp, 3), memberOf(4, MemberUp, 4), memberOf(5, MemberUp, 5))
+	for _, o := range []int{1, 2, 4, 5} {
+		st.reach[uidOf(o)] = reachRecord{version: 1, unreachable: []NodeUID{uidOf(3)}}
+	}
+	if !st.discounted()[uidOf(3)] {
+		t.Fatal("the member the four report is not discounted")
+	}
+	st.reach[uidOf(3)] = reachRecord{version: 1, unreachable: []NodeUID{uidOf(1), uidOf(2), uidOf(4), uidOf(5)}}
+	if u := st.unreachable(); len(u) != 5 {
+		t.Fatalf("its own view lists %d unreachable, want all 5 (the four it lost, and itself as the four report)", len(u))
+	}
+	if v := st.splitView(); len(v.Reachable) != 0 {
+		t.Fatalf("it is on a side of its merged view: %d reachable", len(v.Reachable))
+	}
+}
+
+// A record that names a member twice counts once.
+func TestARecordNamingAMemberTwiceCountsOnce(t *testing.T) {
+	t.Parallel()
+	checkLeaks(t)
+	st := state(1, memberOf(1, MemberUp, 1), memberOf(2, MemberUp, 2), memberOf(3, MemberUp, 3), memberOf(4, MemberUp, 4), memberOf(5, MemberUp, 5))
+	st.reach[uidOf(2)] = reachRecord{version: 1, unreachable: []NodeUID{uidOf(4), uidOf(4), uidOf(4)}}
+	if off := st.discounted(); len(off) != 0 {
+		t.Fatalf("discounted %v after one record naming member 4 three times", off)
+	}
+}
+
 // Each member watches the next k on a ring every member computes alike,
 // plus the unreachable ones it passes; watchers is the inverse.
 func TestMonitoringRing(t *testing.T) {
