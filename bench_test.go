@@ -34,13 +34,20 @@ func BenchmarkFloorChannel(b *testing.B) {
 	<-done
 }
 
-func BenchmarkFloorChannelPingPong(b *testing.B) {
-	req, rep := make(chan count, 1), make(chan count, 1)
+// echoChannels is the floor's ping-pong partner: a goroutine that sends
+// back on rep what comes on req, until req is closed.
+func echoChannels() (req, rep chan count) {
+	req, rep = make(chan count, 1), make(chan count, 1)
 	go func() {
 		for m := range req {
 			rep <- m
 		}
 	}()
+	return req, rep
+}
+
+func BenchmarkFloorChannelPingPong(b *testing.B) {
+	req, rep := echoChannels()
 	defer close(req)
 	b.ReportAllocs()
 	b.ResetTimer()
@@ -54,12 +61,7 @@ func BenchmarkFloorChannelPingPong(b *testing.B) {
 // per round trip: the floor of BenchmarkLocalAskLatency's median and 99th
 // percentile.
 func BenchmarkFloorPingPongLatency(b *testing.B) {
-	req, rep := make(chan count, 1), make(chan count, 1)
-	go func() {
-		for m := range req {
-			rep <- m
-		}
-	}()
+	req, rep := echoChannels()
 	defer close(req)
 	took := make([]time.Duration, 0, b.N)
 	b.ReportAllocs()
