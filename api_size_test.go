@@ -12,8 +12,10 @@ import (
 
 // maxExported is how many names the package may export (#55: the API
 // page leads with the ten calls a newcomer needs, and a name added is one
-// more to read past).
-const maxExported = 260
+// more to read past). 260 at #55; 270 since work pulling (#57), whose
+// ten names docs/changes.md lists: a new capability's names are counted
+// and listed, never added in passing.
+const maxExported = 270
 
 // exportedNames lists the package's exported names as go doc does: its
 // constants, variables, functions and types, and the methods of its

@@ -137,6 +137,13 @@ const (
 	// wakeup.mu (seams.go): a broadcast signal (a cluster starting to
 	// serve as the registry, the registry client's epoch)
 	lockWakeup
+	// workJournal.syncMu (work_journal.go): one fsync or rotation of a
+	// producer's journal at a time
+	lockJournalSync
+	// workJournal.mu (work_journal.go): the journal's file and tables
+	lockJournal
+	// Producer.mu (work_producer.go): its window's waiters
+	lockWork
 	// openNodes (deadletters.go): the process's open nodes
 	lockOpenNodes
 	// wireTypes.mu (codec.go): the registered message types
@@ -172,6 +179,9 @@ var lockNames = map[lockRank]string{
 	lockShardings:         "Shardings",
 	lockServices:          "Services",
 	lockServiceSubs:       "ServiceSubs",
+	lockJournalSync:       "JournalSync",
+	lockJournal:           "Journal",
+	lockWork:              "Work",
 	lockRegistrars:        "Registrars",
 	lockFoundRefs:         "FoundRefs",
 	lockAddrChecks:        "AddrChecks",
@@ -241,6 +251,18 @@ func (lkRecepSend) rank() lockRank { return lockRecepSend }
 type lkRecep struct{}
 
 func (lkRecep) rank() lockRank { return lockRecep }
+
+type lkJournalSync struct{}
+
+func (lkJournalSync) rank() lockRank { return lockJournalSync }
+
+type lkJournal struct{}
+
+func (lkJournal) rank() lockRank { return lockJournal }
+
+type lkWork struct{}
+
+func (lkWork) rank() lockRank { return lockWork }
 
 type lkWakeup struct{}
 

@@ -40,3 +40,9 @@ func flock(f *os.File, lock bool) error {
 	}
 	return syscall.Flock(int(f.Fd()), how)
 }
+
+// tryFlock takes an exclusive advisory lock on f, or fails at once if
+// another holds it.
+func tryFlock(f *os.File) error {
+	return syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+}

@@ -40,3 +40,9 @@ func flock(f *os.File, lock bool) error {
 	}
 	return windows.LockFileEx(h, windows.LOCKFILE_EXCLUSIVE_LOCK, 0, 1, 0, ol)
 }
+
+// tryFlock takes an exclusive lock on f, or fails at once if another
+// holds it.
+func tryFlock(f *os.File) error {
+	return windows.LockFileEx(windows.Handle(f.Fd()), windows.LOCKFILE_EXCLUSIVE_LOCK|windows.LOCKFILE_FAIL_IMMEDIATELY, 0, 1, 0, new(windows.Overlapped))
+}

@@ -1,0 +1,445 @@
+package troupe
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strings"
+)
+
+// A producer's journal (WorkConfig.Journal): the unconfirmed jobs, kept
+// in a directory so that a producer started again after a crash hands
+// them out again. Standard library only.
+//
+// The directory holds a LOCK file, locked while a producer uses it, and
+// segments named by a hexadecimal number, "0000000000000001.journal", each
+// a sequence of records:
+//
+//	u32 n | kind (1 byte) | body (n-1 bytes) | u32 CRC-32C of kind and body
+//
+// (integers big-endian). Kinds: 'T' the job type (uvarint length, wire
+// key, then the type's shape, see shape.go), first in every segment; 'J'
+// a job (uvarint number, then the job's payload, encoded as on the wire);
+// 'C' a confirmation (uvarint number). Only the last segment is written;
+// when it grows past twice the live jobs' bytes (and 4 MiB), a new one
+// starts with the live jobs (compaction) and the old ones are removed. A
+// record cut short or failing its CRC at the end of the last segment (a
+// crash mid-write) is dropped; anywhere else it is an error.
+
+// journalSegmentMin is the size past which a segment may be compacted.
+const journalSegmentMin = 4 << 20
+
+// maxJournalRecord bounds one record (a job's payload and its header).
+const maxJournalRecord = 1 << 30
+
+var journalCRC = crc32.MakeTable(crc32.Castagnoli)
+
+// errJournal wraps every error about a journal's files.
+var errJournal = errors.New("troupe: work journal")
+
+type workJournal struct {
+	dir  string
+	sync bool
+	mt   *msgType
+	lock *os.File
+
+	syncMu mutex[lkJournalSync] // one fsync or compaction at a time
+	synced uint64               // records known on disk (under syncMu)
+
+	mu      mutex[lkJournal]
+	f       *os.File
+	seg     uint64 // the segment written
+	size    int64  // its size
+	written uint64 // records written, all segments
+	live    map[uint64][]byte
+	bytes   int64 // the live jobs' payload bytes
+	err     error // the first write error: the journal is then closed
+}
+
+// journaled is a job found in the journal when it was opened.
+type journaled struct {
+	seq     uint64
+	payload []byte
+}
+
+// openJournal opens (or creates) the journal in dir for jobs of mt and
+// returns its unconfirmed jobs in order and the highest number it used.
+func openJournal(dir string, sync bool, mt *msgType) (*workJournal, []journaled, uint64, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, nil, 0, fmt.Errorf("%w: %v", errJournal, err)
+	}
+	lock, err := os.OpenFile(filepath.Join(dir, "LOCK"), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, nil, 0, fmt.Errorf("%w: %v", errJournal, err)
+	}
+	if err := tryFlock(lock); err != nil {
+		lock.Close()
+		return nil, nil, 0, fmt.Errorf("%w: %s is in use by another producer (%v)", errJournal, dir, err)
+	}
+	j := &workJournal{dir: dir, sync: sync, mt: mt, lock: lock, live: map[uint64][]byte{}}
+	segs, err := j.segments()
+	var top uint64
+	if err == nil {
+		top, err = j.recover(segs)
+	}
+	if err == nil {
+		err = j.compact(segs)
+	}
+	if err != nil {
+		lock.Close()
+		return nil, nil, 0, err
+	}
+	out := make([]journaled, 0, len(j.live))
+	for seq, b := range j.live {
+		out = append(out, journaled{seq: seq, payload: b})
+	}
+	slices.SortFunc(out, func(a, b journaled) int { return compareU64(a.seq, b.seq) })
+	return j, out, top, nil
+}
+
+func compareU64(a, b uint64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// segments lists the segments' numbers in order.
+func (j *workJournal) segments() ([]uint64, error) {
+	ents, err := os.ReadDir(j.dir)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", errJournal, err)
+	}
+	var out []uint64
+	for _, e := range ents {
+		name, ok := strings.CutSuffix(e.Name(), ".journal")
+		if !ok || len(name) != 16 {
+			continue
+		}
+		var n uint64
+		if _, err := fmt.Sscanf(name, "%016x", &n); err == nil {
+			out = append(out, n)
+		}
+	}
+	slices.Sort(out)
+	return out, nil
+}
+
+func (j *workJournal) segPath(n uint64) string {
+	return filepath.Join(j.dir, fmt.Sprintf("%016x.journal", n))
+}
+
+// recover reads the segments into the live table.
+func (j *workJournal) recover(segs []uint64) (top uint64, err error) {
+	for i, n := range segs {
+		b, err := os.ReadFile(j.segPath(n))
+		if err != nil {
+			return 0, fmt.Errorf("%w: %v", errJournal, err)
+		}
+		var cv *conv // converts jobs of another version of the type
+		off := 0
+		for off < len(b) {
+			kind, body, next, ok := readJournalRecord(b, off)
+			if !ok {
+				if i == len(segs)-1 {
+					break // the tail of a write cut short by a crash
+				}
+				return 0, fmt.Errorf("%w: segment %s is damaged at byte %d", errJournal, j.segPath(n), off)
+			}
+			off = next
+			switch kind {
+			case 'T':
+				key, shape, err := parseJournalType(body)
+				if err != nil {
+					return 0, fmt.Errorf("%w: segment %s: %v", errJournal, j.segPath(n), err)
+				}
+				if key != j.mt.key {
+					return 0, fmt.Errorf("%w: %s holds jobs of %q, not %q", errJournal, j.dir, key, j.mt.key)
+				}
+				cv = nil
+				if j.mt.shape != nil && shape != nil && string(shape) != string(j.mt.shape) {
+					s, err := parseShape(shape)
+					if err == nil {
+						cv, err = buildConv(s, j.mt.t)
+					}
+					if err != nil {
+						return 0, fmt.Errorf("%w: the jobs in %s do not decode into %s: %v", errJournal, j.dir, j.mt.t, err)
+					}
+				}
+			case 'J':
+				seq, k := binary.Uvarint(body)
+				if k <= 0 {
+					return 0, fmt.Errorf("%w: segment %s: a job without a number", errJournal, j.segPath(n))
+				}
+				payload := body[k:]
+				if cv != nil {
+					if payload, err = j.upgrade(cv, payload); err != nil {
+						return 0, fmt.Errorf("%w: job %d in %s: %v", errJournal, seq, j.dir, err)
+					}
+				}
+				j.live[seq] = slices.Clone(payload)
+				j.bytes += int64(len(payload))
+				top = max(top, seq)
+			case 'C':
+				for len(body) > 0 {
+					seq, k := binary.Uvarint(body)
+					if k <= 0 {
+						return 0, fmt.Errorf("%w: segment %s: a malformed confirmation", errJournal, j.segPath(n))
+					}
+					body = body[k:]
+					j.bytes -= int64(len(j.live[seq]))
+					delete(j.live, seq)
+				}
+			}
+		}
+		j.seg = n
+	}
+	return top, nil
+}
+
+// upgrade re-encodes a payload written by another version of the job's
+// type in this version's layout.
+func (j *workJournal) upgrade(c *conv, payload []byte) ([]byte, error) {
+	d := &decoder{binder: nil}
+	v, err := d.convert(j.mt, c, payload)
+	if err != nil {
+		return nil, err
+	}
+	var e encoder
+	return e.payload(nil, j.mt, v)
+}
+
+// readJournalRecord reads the record at off; ok is false if it is cut
+// short or damaged.
+func readJournalRecord(b []byte, off int) (kind byte, body []byte, next int, ok bool) {
+	if len(b)-off < 4 {
+		return 0, nil, 0, false
+	}
+	n := int(binary.BigEndian.Uint32(b[off:]))
+	if n < 1 || n > maxJournalRecord || len(b)-off-4 < n+4 {
+		return 0, nil, 0, false
+	}
+	rec := b[off+4 : off+4+n]
+	if crc32.Checksum(rec, journalCRC) != binary.BigEndian.Uint32(b[off+4+n:]) {
+		return 0, nil, 0, false
+	}
+	return rec[0], rec[1:], off + 8 + n, true
+}
+
+func parseJournalType(body []byte) (key string, shape []byte, err error) {
+	n, k := binary.Uvarint(body)
+	if k <= 0 || n > uint64(len(body)-k) {
+		return "", nil, errors.New("a malformed type record")
+	}
+	key = string(body[k : k+int(n)])
+	if rest := body[k+int(n):]; len(rest) > 0 {
+		shape = rest
+	}
+	return key, shape, nil
+}
+
+// appendJournalRecord appends a record of kind with body's parts.
+func appendJournalRecord(b []byte, kind byte, parts ...[]byte) []byte {
+	start := len(b)
+	b = append(b, 0, 0, 0, 0, kind)
+	for _, p := range parts {
+		b = append(b, p...)
+	}
+	binary.BigEndian.PutUint32(b[start:], uint32(len(b)-start-4))
+	return binary.BigEndian.AppendUint32(b, crc32.Checksum(b[start+4:], journalCRC))
+}
+
+func (j *workJournal) typeRecord(b []byte) []byte {
+	key := binary.AppendUvarint(nil, uint64(len(j.mt.key)))
+	return appendJournalRecord(b, 'T', key, []byte(j.mt.key), j.mt.shape)
+}
+
+// compact starts a new segment with the live jobs, makes it durable,
+// and removes the segments before it (old). Under syncMu and mu, or
+// before the journal is shared.
+func (j *workJournal) compact(old []uint64) error {
+	next := j.seg + 1
+	f, err := os.OpenFile(j.segPath(next), os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return fmt.Errorf("%w: %v", errJournal, err)
+	}
+	seqs := make([]uint64, 0, len(j.live))
+	for seq := range j.live {
+		seqs = append(seqs, seq)
+	}
+	slices.Sort(seqs)
+	buf := j.typeRecord(nil)
+	var size int64
+	for _, seq := range seqs {
+		buf = appendJournalRecord(buf, 'J', binary.AppendUvarint(nil, seq), j.live[seq])
+		if len(buf) > 1<<20 {
+			if _, err := f.Write(buf); err != nil {
+				f.Close()
+				return fmt.Errorf("%w: %v", errJournal, err)
+			}
+			size += int64(len(buf))
+			buf = buf[:0]
+		}
+	}
+	_, err = f.Write(buf)
+	size += int64(len(buf))
+	if err == nil {
+		err = f.Sync()
+	}
+	if err != nil {
+		f.Close()
+		return fmt.Errorf("%w: %v", errJournal, err)
+	}
+	for _, n := range old {
+		if n < next {
+			os.Remove(j.segPath(n))
+		}
+	}
+	syncDir(j.dir)
+	if j.f != nil {
+		j.f.Close()
+	}
+	j.f, j.seg, j.size = f, next, size
+	j.synced = j.written
+	return nil
+}
+
+// syncDir makes a directory's entries durable where the platform can.
+func syncDir(dir string) {
+	if runtime.GOOS == "windows" {
+		return
+	}
+	if d, err := os.Open(dir); err == nil {
+		d.Sync()
+		d.Close()
+	}
+}
+
+// add writes job seq and, if the journal syncs, returns once it is on
+// disk (fsyncs of writers that meet are shared).
+func (j *workJournal) add(seq uint64, payload []byte) error {
+	rec := appendJournalRecord(nil, 'J', binary.AppendUvarint(nil, seq), payload)
+	if len(rec) > maxJournalRecord {
+		return fmt.Errorf("%w: a job of %d bytes is too big for the journal", errJournal, len(payload))
+	}
+	j.mu.Lock()
+	if err := j.write(rec); err != nil {
+		j.mu.Unlock()
+		return err
+	}
+	j.live[seq] = payload
+	j.bytes += int64(len(payload))
+	mine := j.written
+	full := j.size > max(journalSegmentMin, 2*j.bytes)
+	j.mu.Unlock()
+	if j.sync || full {
+		return j.flush(mine, full)
+	}
+	return nil
+}
+
+// confirm drops job seq (not synced: a confirmation lost to a crash only
+// hands the job out once more).
+func (j *workJournal) confirm(seq uint64) error {
+	rec := appendJournalRecord(nil, 'C', binary.AppendUvarint(nil, seq))
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if p, ok := j.live[seq]; ok {
+		j.bytes -= int64(len(p))
+		delete(j.live, seq)
+	}
+	return j.write(rec)
+}
+
+// write appends a record to the segment (under mu).
+func (j *workJournal) write(rec []byte) error {
+	if j.err != nil {
+		return j.err
+	}
+	if _, err := j.f.Write(rec); err != nil {
+		j.err = fmt.Errorf("%w: %v", errJournal, err)
+		return j.err
+	}
+	j.size += int64(len(rec))
+	j.written++
+	return nil
+}
+
+// flush makes the records up to mine durable, and compacts if asked.
+func (j *workJournal) flush(mine uint64, compact bool) error {
+	j.syncMu.Lock()
+	defer j.syncMu.Unlock()
+	if compact {
+		j.mu.Lock()
+		var err error
+		if j.size > max(journalSegmentMin, 2*j.bytes) {
+			err = j.compact([]uint64{j.seg})
+		}
+		j.mu.Unlock()
+		if err != nil {
+			return err
+		}
+	}
+	if !j.sync || j.synced >= mine {
+		return nil
+	}
+	j.mu.Lock()
+	f, upto := j.f, j.written
+	j.mu.Unlock()
+	if err := f.Sync(); err != nil {
+		return fmt.Errorf("%w: %v", errJournal, err)
+	}
+	j.synced = upto
+	return nil
+}
+
+// close closes the files; the unconfirmed jobs stay for the next
+// producer.
+func (j *workJournal) close() error {
+	j.syncMu.Lock()
+	defer j.syncMu.Unlock()
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	var err error
+	if j.f != nil {
+		if j.err == nil {
+			err = j.f.Sync()
+		}
+		j.f.Close()
+		j.f = nil
+	}
+	if j.err == nil {
+		j.err = fmt.Errorf("%w: closed", errJournal)
+	}
+	j.lock.Close()
+	return err
+}
+
+// journalBinder binds the refs of a job read back from the journal: a ref
+// to another node's actor is bound as Resolve binds one (without asking);
+// one to an actor of the producer's own node was an actor of the node's
+// earlier incarnation, gone with it, and is bound dead.
+type journalBinder struct{ n *Node }
+
+func (b journalBinder) bindRef(kind byte, key refKey, addr string) *handle {
+	if kind != refThird || key.node == b.n.uid {
+		return deadHandle(b.n, key)
+	}
+	ad, err := ParseAddr(addr)
+	if err != nil || b.n.isOwnAddr(ad) {
+		return deadHandle(b.n, key)
+	}
+	a, err := b.n.peers.assocFor(ad)
+	if err != nil {
+		return deadHandle(b.n, key)
+	}
+	return &handle{node: b.n, key: key, assoc: a}
+}

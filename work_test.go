@@ -1,0 +1,465 @@
+package troupe_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"troupe"
+)
+
+// task is the job of the work-pulling tests: a number and a body of a
+// realistic size.
+type task struct {
+	N    int
+	Body []byte
+}
+
+func init() { troupe.SetWireKey[task]("troupe.test.work.task") }
+
+var tasksKey = troupe.ServiceKey[task]{Name: "tasks"}
+
+// workTally records which worker processed which task, how often.
+type workTally struct {
+	mu   sync.Mutex
+	runs map[int][]string
+	redo int // deliveries marked Redelivered
+}
+
+func newWorkTally() *workTally { return &workTally{runs: map[int][]string{}} }
+
+func (t *workTally) add(n int, who string, again bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.runs[n] = append(t.runs[n], who)
+	if again {
+		t.redo++
+	}
+}
+
+// missing lists the tasks 1..n that no worker processed.
+func (t *workTally) missing(n int) []int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var out []int
+	for i := 1; i <= n; i++ {
+		if len(t.runs[i]) == 0 {
+			out = append(out, i)
+		}
+	}
+	return out
+}
+
+// counting is a worker that records each task and confirms it.
+func counting(t *workTally, who string) troupe.Behavior[troupe.Delivery[task]] {
+	return troupe.Behavior[troupe.Delivery[task]]{Receive: func(_ *troupe.Context[troupe.Delivery[task]], d troupe.Delivery[task]) {
+		t.add(d.Job.N, who, d.Redelivered)
+		d.Confirm()
+	}}
+}
+
+// workNodes starts a registrar on a fault network (the producer's node)
+// and more nodes that use it.
+func workNodes(t *testing.T, f *troupe.FaultNet, names ...string) (*troupe.Node, []*troupe.Node) {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	start := func(name string) *troupe.Node {
+		n, err := f.Start(context.Background(), troupe.Config{Name: name, RegistryAddrs: []string{addr},
+			HeartbeatInterval: 100 * time.Millisecond, UnreachableAfter: time.Second,
+			Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { n.Close() })
+		return n
+	}
+	reg := start("producer")
+	var out []*troupe.Node
+	for _, name := range names {
+		out = append(out, start(name))
+	}
+	return reg, out
+}
+
+// Jobs go to the workers on every node, each to one worker, and every
+// one is confirmed; Wait returns once they are.
+func TestWorkReachesEveryWorkerAndIsConfirmed(t *testing.T) {
+	t.Parallel()
+	f := new(troupe.FaultNet)
+	prod, ws := workNodes(t, f, "w1", "w2")
+	tl := newWorkTally()
+	for i, n := range append([]*troupe.Node{prod}, ws...) {
+		if _, err := troupe.Worker(n, "worker", tasksKey, counting(tl, fmt.Sprint(i)), troupe.WorkConfig{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p, err := troupe.Produce(prod, tasksKey, troupe.WorkConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	ctx := ctxFor(t)
+	waitUntil(t, 10*time.Second, "the producer sees three workers", func() bool { return p.Stats().Workers == 3 })
+	const jobs = 3000
+	for i := 1; i <= jobs; i++ {
+		if err := p.Send(ctx, task{N: i, Body: make([]byte, 100+i%1000)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := p.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if m := tl.missing(jobs); len(m) > 0 {
+		t.Fatalf("%d tasks were not processed: %v", len(m), m[:min(10, len(m))])
+	}
+	per := map[string]int{}
+	for n, who := range tl.runs {
+		if len(who) != 1 {
+			t.Fatalf("task %d processed %d times without a fault: %v", n, len(who), who)
+		}
+		per[who[0]]++
+	}
+	if len(per) != 3 {
+		t.Fatalf("the tasks went to %d workers, not 3: %v", len(per), per)
+	}
+	st := p.Stats()
+	if st.Sent != jobs || st.Confirmed != jobs || st.Unconfirmed != 0 || st.Redelivered != 0 {
+		t.Fatalf("stats %+v, want %d sent and confirmed, none unconfirmed or redelivered", st, jobs)
+	}
+}
+
+// A worker whose node vanishes mid-run has its unconfirmed jobs handed to
+// the others: every job is processed, and confirmed once.
+func TestWorkOfAVanishedWorkerGoesToTheOthers(t *testing.T) {
+	t.Parallel()
+	f := new(troupe.FaultNet)
+	prod, ws := workNodes(t, f, "w1", "w2", "w3")
+	tl := newWorkTally()
+	stuck := make(chan struct{})
+	// w2's worker takes its room of jobs and never confirms them.
+	for i, n := range ws {
+		b := counting(tl, fmt.Sprint("w", i+1))
+		if i == 1 {
+			b = troupe.Behavior[troupe.Delivery[task]]{Receive: func(_ *troupe.Context[troupe.Delivery[task]], d troupe.Delivery[task]) {
+				tl.add(d.Job.N, "w2", d.Redelivered)
+				select {
+				case stuck <- struct{}{}:
+				default:
+				}
+			}}
+		}
+		if _, err := troupe.Worker(n, "worker", tasksKey, b, troupe.WorkConfig{Room: 4}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p, err := troupe.Produce(prod, tasksKey, troupe.WorkConfig{Window: 50})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	ctx := ctxFor(t)
+	waitUntil(t, 10*time.Second, "the producer sees three workers", func() bool { return p.Stats().Workers == 3 })
+	const jobs = 500
+	sent := make(chan error, 1)
+	go func() {
+		for i := 1; i <= jobs; i++ {
+			if err := p.Send(ctx, task{N: i, Body: make([]byte, 1000)}); err != nil {
+				sent <- err
+				return
+			}
+		}
+		sent <- nil
+	}()
+	<-stuck
+	if err := f.Kill(ws[1]); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-sent; err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if m := tl.missing(jobs); len(m) > 0 {
+		t.Fatalf("%d tasks were not processed: %v", len(m), m[:min(10, len(m))])
+	}
+	st := p.Stats()
+	if st.Confirmed != jobs || st.Unconfirmed != 0 || st.Redelivered < 1 || st.Workers != 2 {
+		t.Fatalf("stats %+v, want %d confirmed, some redelivered, two workers left", st, jobs)
+	}
+	tl.mu.Lock()
+	defer tl.mu.Unlock()
+	if tl.redo != st.Redelivered {
+		t.Fatalf("workers saw %d redelivered jobs, the producer counts %d", tl.redo, st.Redelivered)
+	}
+}
+
+// A supervised worker that fails on a job is restarted, and the fresh
+// behavior gets the unconfirmed jobs again, marked Redelivered.
+func TestWorkOfARestartedWorkerIsHandedAgain(t *testing.T) {
+	t.Parallel()
+	f := new(troupe.FaultNet)
+	prod, ws := workNodes(t, f, "w1")
+	tl := newWorkTally()
+	var once sync.Once
+	b := troupe.Supervise(func() troupe.Behavior[troupe.Delivery[task]] {
+		return troupe.Behavior[troupe.Delivery[task]]{Receive: func(c *troupe.Context[troupe.Delivery[task]], d troupe.Delivery[task]) {
+			failed := false
+			if d.Job.N == 7 {
+				once.Do(func() { failed = true })
+			}
+			if failed {
+				c.Fail(errors.New("task 7 failed once"))
+				return
+			}
+			tl.add(d.Job.N, "w1", d.Redelivered)
+			d.Confirm()
+		}}
+	}, troupe.RestartOnFailure())
+	if _, err := troupe.Worker(ws[0], "worker", tasksKey, b, troupe.WorkConfig{Room: 5}); err != nil {
+		t.Fatal(err)
+	}
+	p, err := troupe.Produce(prod, tasksKey, troupe.WorkConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	ctx := ctxFor(t)
+	waitUntil(t, 10*time.Second, "the producer sees the worker", func() bool { return p.Stats().Workers == 1 })
+	const jobs = 100
+	for i := 1; i <= jobs; i++ {
+		if err := p.Send(ctx, task{N: i}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := p.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if m := tl.missing(jobs); len(m) > 0 {
+		t.Fatalf("tasks not processed: %v", m)
+	}
+	tl.mu.Lock()
+	defer tl.mu.Unlock()
+	if len(tl.runs[7]) != 1 || tl.redo == 0 {
+		t.Fatalf("task 7 ran %d times after its failure, %d deliveries were marked redelivered; want once, and some", len(tl.runs[7]), tl.redo)
+	}
+	for n, who := range tl.runs {
+		if len(who) != 1 {
+			t.Fatalf("task %d ran %d times: a delivery made before the restart was handled after it", n, len(who))
+		}
+	}
+}
+
+// Send waits while the window is full of unconfirmed jobs, and returns
+// ctx's error when ctx ends first; Close makes the unconfirmed jobs dead
+// letters and later Sends fail.
+func TestWorkSendWaitsForTheWindow(t *testing.T) {
+	t.Parallel()
+	f := new(troupe.FaultNet)
+	prod, _ := workNodes(t, f)
+	p, err := troupe.Produce(prod, tasksKey, troupe.WorkConfig{Window: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := ctxFor(t)
+	for i := 1; i <= 3; i++ {
+		if err := p.Send(ctx, task{N: i}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel()
+	if err := p.Send(short, task{N: 4}); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Send with a full window and no worker: %v, want the deadline", err)
+	}
+	dead := make(chan troupe.DeadLetter, 10)
+	sub := troupe.SubscribeChan(prod, dead)
+	defer sub.Unsubscribe()
+	p.Close()
+	for i := 1; i <= 3; i++ {
+		select {
+		case d := <-dead:
+			if tk, ok := d.Message.(task); !ok || tk.N != i || !errors.Is(d.Reason, troupe.ErrActorStopped) {
+				t.Fatalf("dead letter %d: %+v", i, d)
+			}
+		case <-ctx.Done():
+			t.Fatalf("the unconfirmed task %d did not become a dead letter", i)
+		}
+	}
+	if err := p.Send(ctx, task{N: 5}); !errors.Is(err, troupe.ErrActorStopped) {
+		t.Fatalf("Send after Close: %v, want ErrActorStopped", err)
+	}
+}
+
+// A producer with a journal keeps its unconfirmed jobs across Close: the
+// next producer of the directory hands them out (marked Redelivered) and
+// numbers new jobs after them; once every job is confirmed the journal is
+// empty, and one producer at a time uses a directory.
+func TestWorkJournalKeepsUnconfirmedJobs(t *testing.T) {
+	t.Parallel()
+	f := new(troupe.FaultNet)
+	prod, ws := workNodes(t, f, "w1")
+	dir := t.TempDir()
+	ctx := ctxFor(t)
+	p, err := troupe.Produce(prod, tasksKey, troupe.WorkConfig{Journal: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := troupe.Produce(prod, tasksKey, troupe.WorkConfig{Journal: dir}); err == nil || !strings.Contains(err.Error(), "in use") {
+		t.Fatalf("a second producer of one journal: %v, want an error saying it is in use", err)
+	}
+	const jobs = 200
+	for i := 1; i <= jobs; i++ {
+		if err := p.Send(ctx, task{N: i, Body: make([]byte, i*50)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p.Close() // no worker yet: all 200 unconfirmed, kept
+
+	p, err = troupe.Produce(prod, tasksKey, troupe.WorkConfig{Journal: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st := p.Stats(); st.Recovered != jobs || st.Unconfirmed != jobs {
+		t.Fatalf("reopened: %+v, want %d recovered and unconfirmed", st, jobs)
+	}
+	seqs := make(chan troupe.Delivery[task], 2*jobs)
+	if _, err := troupe.Worker(ws[0], "worker", tasksKey, troupe.Behavior[troupe.Delivery[task]]{
+		Receive: func(_ *troupe.Context[troupe.Delivery[task]], d troupe.Delivery[task]) {
+			seqs <- d
+			d.Confirm()
+		}}, troupe.WorkConfig{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Send(ctx, task{N: jobs + 1}); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	got := map[int]troupe.Delivery[task]{}
+	for len(got) < jobs+1 {
+		d := <-seqs
+		got[d.Job.N] = d
+	}
+	for i := 1; i <= jobs; i++ {
+		d := got[i]
+		if d.Seq != uint64(i) || !d.Redelivered || len(d.Job.Body) != i*50 {
+			t.Fatalf("job %d from the journal came as seq %d, redelivered %v, %d bytes", i, d.Seq, d.Redelivered, len(d.Job.Body))
+		}
+	}
+	if d := got[jobs+1]; d.Seq != jobs+1 || d.Redelivered {
+		t.Fatalf("the new job came as seq %d, redelivered %v; want %d, false", d.Seq, d.Redelivered, jobs+1)
+	}
+	p.Close()
+	p, err = troupe.Produce(prod, tasksKey, troupe.WorkConfig{Journal: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	if st := p.Stats(); st.Recovered != 0 {
+		t.Fatalf("after every job was confirmed the journal still holds %d", st.Recovered)
+	}
+}
+
+// A journal whose last record was cut short by a crash opens without it;
+// one damaged before its end does not open, with an error saying where.
+func TestWorkJournalCutShortOrDamaged(t *testing.T) {
+	t.Parallel()
+	f := new(troupe.FaultNet)
+	prod, _ := workNodes(t, f)
+	ctx := ctxFor(t)
+	fill := func(dir string, n int) string {
+		p, err := troupe.Produce(prod, tasksKey, troupe.WorkConfig{Journal: dir})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := 1; i <= n; i++ {
+			if err := p.Send(ctx, task{N: i, Body: []byte("payload")}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		p.Close()
+		segs, _ := filepath.Glob(filepath.Join(dir, "*.journal"))
+		if len(segs) != 1 {
+			t.Fatalf("segments: %v, want one", segs)
+		}
+		return segs[0]
+	}
+	cut := t.TempDir()
+	seg := fill(cut, 3)
+	b, _ := os.ReadFile(seg)
+	os.WriteFile(seg, b[:len(b)-3], 0o600) // the third job's record, cut short
+	p, err := troupe.Produce(prod, tasksKey, troupe.WorkConfig{Journal: cut})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st := p.Stats(); st.Recovered != 2 {
+		t.Fatalf("a journal cut short in its last record: %d recovered, want 2", st.Recovered)
+	}
+	p.Close()
+
+	bad := t.TempDir()
+	seg = fill(bad, 3)
+	b, _ = os.ReadFile(seg)
+	b[len(b)/2] ^= 0xff
+	os.WriteFile(seg, b, 0o600)
+	os.WriteFile(filepath.Join(bad, "ffffffffffffffff.journal"), nil, 0o600) // a later segment
+	if _, err := troupe.Produce(prod, tasksKey, troupe.WorkConfig{Journal: bad}); err == nil || !strings.Contains(err.Error(), "damaged") {
+		t.Fatalf("a damaged journal: %v, want an error saying it is damaged", err)
+	}
+}
+
+// A journal whose jobs are confirmed as they go stays small: once its
+// segment holds more than twice the live jobs' bytes (and 4 MiB), a new
+// segment starts with the live jobs and the old one is removed.
+func TestWorkJournalIsCompacted(t *testing.T) {
+	t.Parallel()
+	f := new(troupe.FaultNet)
+	prod, ws := workNodes(t, f, "w1")
+	dir := t.TempDir()
+	ctx := ctxFor(t)
+	if _, err := troupe.Worker(ws[0], "worker", tasksKey, counting(newWorkTally(), "w1"), troupe.WorkConfig{}); err != nil {
+		t.Fatal(err)
+	}
+	p, err := troupe.Produce(prod, tasksKey, troupe.WorkConfig{Journal: dir, NoSync: true, Window: 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	body := make([]byte, 100<<10)
+	for i := 1; i <= 200; i++ { // 20 MB in all
+		if err := p.Send(ctx, task{N: i, Body: body}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := p.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	segs, _ := filepath.Glob(filepath.Join(dir, "*.journal"))
+	var size int64
+	for _, s := range segs {
+		fi, err := os.Stat(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		size += fi.Size()
+	}
+	if len(segs) != 1 || size > 9<<20 {
+		t.Fatalf("after 20 MB of confirmed jobs the journal is %d segments, %d bytes; want one of at most 9 MiB", len(segs), size)
+	}
+}
