@@ -80,17 +80,22 @@ func (dl *deadLetters) deadLetterUnconfirmed(target string, msg any, reason erro
 }
 
 // wrapped is a message that troupe carries inside another, such as a
-// sharded entity's on its way through a region: a dead letter names the
-// user's message and its target, not the wrapper.
+// sharded entity's on its way through a region or a job on its way into
+// a producer: a dead letter names the user's message and its target (if
+// the wrapper names one), not the wrapper.
 type wrapped interface {
 	unwrap() (target string, msg any)
 }
 
 func (dl *deadLetters) reportDeadLetter(d DeadLetter) {
 	if w, ok := d.Message.(wrapped); ok {
-		d.Target, d.Message = w.unwrap()
-		if errors.Is(d.Reason, ErrActorStopped) {
-			d.Reason = ErrEntityUnavailable // (the region stopped)
+		target, msg := w.unwrap()
+		d.Message = msg
+		if target != "" {
+			d.Target = target
+			if errors.Is(d.Reason, ErrActorStopped) {
+				d.Reason = ErrEntityUnavailable // (the region stopped)
+			}
 		}
 	}
 	switch {

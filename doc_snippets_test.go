@@ -251,6 +251,15 @@ var snippetSetups = map[string]string{
 // own body calls needs none.
 var snippetRunners = map[string]string{
 	"init": ``,
+	"startWorker": `if err := startWorker(pongNode); err != nil {
+		return err
+	}`,
+	"produce": `if err := produce(ctx, n); err != nil { // startWorker's worker does the jobs
+		return err
+	}`,
+	"durableProducer": `if err := durableProducer(ctx, n, t.TempDir()); err != nil {
+		return err
+	}`,
 	"startScheduler": `scheduler, err := startScheduler(clusterOf(t, ctx, pongNode))
 	if err != nil {
 		return err

@@ -126,7 +126,7 @@ func Worker[T any](p Spawner, name string, key ServiceKey[T], b Behavior[Deliver
 	if err := checkName(key.Name); err != nil {
 		return Ref[Delivery[T]]{}, err
 	}
-	w := &workWorker[T]{n: n, room: cfg.Room, held: map[workHeld]*workJob[T]{}, producers: map[refKey]Ref[producerMsg]{}}
+	w := &workWorker[T]{n: n, room: cfg.Room, known: 1, held: map[workHeld]*workJob[T]{}, producers: map[refKey]Ref[producerMsg]{}}
 	ctl, err := Spawn(systemParent{n}, "worker-"+strconv.FormatUint(workSeq.Add(1), 36), Behavior[workerMsg]{
 		Receive: w.receive, Signal: w.signal,
 	})
@@ -220,6 +220,7 @@ type workWorker[T any] struct {
 	child     Ref[Delivery[T]]
 	room      int
 	inc       atomic.Uint32
+	known     uint32 // the incarnation the controller delivers to
 	held      map[workHeld]*workJob[T]
 	producers map[refKey]Ref[producerMsg]
 }
@@ -284,19 +285,25 @@ func (w *workWorker[T]) receive(c *Context[workerMsg], m workerMsg) {
 			p.Tell(workDone{Worker: w.self, Seq: m.seq})
 		}
 	case workRestarted:
+		if m.inc <= w.known {
+			return
+		}
 		// The fresh incarnation gets every unconfirmed job again, in
-		// each producer's order.
+		// each producer's order. Until now, jobs went to the old one
+		// (and were dropped): none overtakes these.
+		w.known = m.inc
 		for _, h := range sortedHeld(w.held) {
 			w.deliver(w.held[h], h.producer, true)
 		}
 	}
 }
 
-// deliver hands a held job to the worker's actor, for its incarnation
-// now.
+// deliver hands a held job to the worker's actor, for the incarnation
+// the controller knows of (not a fresher one whose workRestarted it has
+// not handled yet: that one would get it ahead of the jobs handed again).
 func (w *workWorker[T]) deliver(j *workJob[T], producer refKey, again bool) {
 	w.child.Tell(Delivery[T]{Job: j.Job, Seq: j.Seq, Redelivered: j.Redelivered || again,
-		ctl: w.self, producer: producer, inc: w.inc.Load()})
+		ctl: w.self, producer: producer, inc: w.known})
 }
 
 func (w *workWorker[T]) signal(c *Context[workerMsg], s Signal) {

@@ -139,6 +139,12 @@ func (p *Producer[T]) Send(ctx context.Context, job T) error {
 	case <-p.closed:
 		return errProducerClosed
 	}
+	select {
+	case <-p.closed: // it may win the select above
+		p.release(1)
+		return errProducerClosed
+	default:
+	}
 	seq := p.seq.Add(1)
 	if p.j != nil {
 		// Encoded here, with no lock held (AppendWire is the user's).
@@ -208,9 +214,8 @@ func (p *Producer[T]) Close() error {
 	p.closeOnce.Do(func() {
 		close(p.closed)
 		p.n.Stop(p.feed)
-		if p.n.Stop(p.self) != nil {
-			return // never started, or already stopped with its node
-		}
+		// Through the mailbox, behind the jobs Send put there.
+		p.self.Tell(workClose{})
 		select {
 		case <-p.stopped:
 		case <-p.n.Done():
@@ -261,14 +266,26 @@ type workSubmit[T any] struct {
 // workListing is the workers' listing, passed on (local).
 type workListing struct{ refs []Ref[workerMsg] }
 
+// workClose is Close's (local): the producer stops once it has taken the
+// jobs ahead of it.
+type workClose struct{}
+
+// unwrap makes a job that never reached the producer's actor (a Send
+// that met Close) a dead letter of its own.
+func (s workSubmit[T]) unwrap() (string, any) { return "", s.job }
+
 func (workReady) producerMsg()     {}
 func (workDone) producerMsg()      {}
 func (workSubmit[T]) producerMsg() {}
 func (workListing) producerMsg()   {}
+func (workClose) producerMsg()     {}
 
 func init() {
 	SetWireKey[workReady]("troupe.work.ready")
 	SetWireKey[workDone]("troupe.work.done")
+	// Never sent across: registered so that a listing left in the feed's
+	// mailbox when it stops is a dead letter of troupe's own (quiet).
+	SetWireKey[ServiceListing[workerMsg]]("troupe.work.listing")
 }
 
 // workEntry is an unconfirmed job.
@@ -312,6 +329,9 @@ func (pr *producer[T]) receive(c *Context[producerMsg], m producerMsg) {
 		}
 	case workDone:
 		pr.done(m.Worker.h.key, m.Seq)
+	case workClose:
+		c.Stop()
+		return
 	}
 	pr.dispatch(c)
 }

@@ -293,6 +293,10 @@ func TestWorkSendWaitsForTheWindow(t *testing.T) {
 	for i := 1; i <= 3; i++ {
 		select {
 		case d := <-dead:
+			if strings.HasPrefix(fmt.Sprintf("%T", d.Message), "troupe.") {
+				i--
+				continue // troupe's own: the producer's listing
+			}
 			if tk, ok := d.Message.(task); !ok || tk.N != i || !errors.Is(d.Reason, troupe.ErrActorStopped) {
 				t.Fatalf("dead letter %d: %+v", i, d)
 			}
@@ -461,5 +465,98 @@ func TestWorkJournalIsCompacted(t *testing.T) {
 	}
 	if len(segs) != 1 || size > 9<<20 {
 		t.Fatalf("after 20 MB of confirmed jobs the journal is %d segments, %d bytes; want one of at most 9 MiB", len(segs), size)
+	}
+}
+
+// One worker sees the jobs in their order, across a restart too: the
+// fresh behavior gets the unconfirmed jobs first, then the later ones.
+func TestWorkToOneWorkerKeepsItsOrderAcrossARestart(t *testing.T) {
+	t.Parallel()
+	f := new(troupe.FaultNet)
+	prod, ws := workNodes(t, f, "w1")
+	var mu sync.Mutex
+	var order []int
+	failed := false
+	b := troupe.Supervise(func() troupe.Behavior[troupe.Delivery[task]] {
+		return troupe.Behavior[troupe.Delivery[task]]{Receive: func(c *troupe.Context[troupe.Delivery[task]], d troupe.Delivery[task]) {
+			mu.Lock()
+			defer mu.Unlock()
+			if d.Job.N == 50 && !failed {
+				failed = true
+				time.Sleep(20 * time.Millisecond) // later jobs arrive meanwhile
+				c.Fail(errors.New("job 50 fails once"))
+				return
+			}
+			order = append(order, d.Job.N)
+			d.Confirm()
+		}}
+	}, troupe.RestartOnFailure())
+	if _, err := troupe.Worker(ws[0], "worker", tasksKey, b, troupe.WorkConfig{Room: 20}); err != nil {
+		t.Fatal(err)
+	}
+	p, err := troupe.Produce(prod, tasksKey, troupe.WorkConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	ctx := ctxFor(t)
+	waitUntil(t, 10*time.Second, "the producer sees the worker", func() bool { return p.Stats().Workers == 1 })
+	const jobs = 300
+	for i := 1; i <= jobs; i++ {
+		if err := p.Send(ctx, task{N: i}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := p.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for i, n := range order {
+		if n != i+1 {
+			t.Fatalf("the worker processed %v... (at %d: %d, want %d)", order[max(0, i-3):min(len(order), i+5)], i, n, i+1)
+		}
+	}
+	if len(order) != jobs {
+		t.Fatalf("processed %d jobs, want %d", len(order), jobs)
+	}
+}
+
+// Close right after a burst of Sends: every job Send took is a dead
+// letter of its own (none lost, none as a wrapper), counted once.
+func TestWorkCloseAfterABurstLosesNoJobSilently(t *testing.T) {
+	t.Parallel()
+	f := new(troupe.FaultNet)
+	prod, _ := workNodes(t, f)
+	p, err := troupe.Produce(prod, tasksKey, troupe.WorkConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := make(chan troupe.DeadLetter, 2000)
+	sub := troupe.SubscribeChan(prod, dead)
+	defer sub.Unsubscribe()
+	ctx := ctxFor(t)
+	const jobs = 1000
+	for i := 1; i <= jobs; i++ {
+		if err := p.Send(ctx, task{N: i, Body: make([]byte, 64)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p.Close()
+	seen := map[int]bool{}
+	for len(seen) < jobs {
+		select {
+		case d := <-dead:
+			if strings.HasPrefix(fmt.Sprintf("%T", d.Message), "troupe.") {
+				continue // troupe's own: the producer's listing, a late confirmation
+			}
+			tk, ok := d.Message.(task)
+			if !ok || !errors.Is(d.Reason, troupe.ErrActorStopped) || seen[tk.N] {
+				t.Fatalf("dead letter %+v (%T): want each task once, reason ErrActorStopped", d, d.Message)
+			}
+			seen[tk.N] = true
+		case <-ctx.Done():
+			t.Fatalf("%d of %d tasks became dead letters", len(seen), jobs)
+		}
 	}
 }
