@@ -126,7 +126,8 @@ func Worker[T any](p Spawner, name string, key ServiceKey[T], b Behavior[Deliver
 	if err := checkName(key.Name); err != nil {
 		return Ref[Delivery[T]]{}, err
 	}
-	w := &workWorker[T]{n: n, room: cfg.Room, known: 1, held: map[workHeld]*workJob[T]{}, producers: map[refKey]Ref[producerMsg]{}}
+	w := &workWorker[T]{n: n, room: cfg.Room, known: 1, held: map[workHeld]*workJob[T]{}, producers: map[refKey]Ref[producerMsg]{},
+		confirmed: map[refKey][]uint64{}}
 	ctl, err := Spawn(systemParent{n}, "worker-"+strconv.FormatUint(workSeq.Add(1), 36), Behavior[workerMsg]{
 		Receive: w.receive, Signal: w.signal,
 	})
@@ -193,6 +194,9 @@ type workConfirm struct {
 // its behavior's new incarnation.
 type workRestarted struct{ inc uint32 }
 
+// workFlush sends the confirmations gathered (local, to itself).
+type workFlush struct{}
+
 // workAttach hands the controller its worker's actor (local, first).
 type workAttach[T any] struct{ child Ref[Delivery[T]] }
 
@@ -200,6 +204,7 @@ func (workHello) workerMsg()     {}
 func (workJob[T]) workerMsg()    {}
 func (workConfirm) workerMsg()   {}
 func (workRestarted) workerMsg() {}
+func (workFlush) workerMsg()     {}
 func (workAttach[T]) workerMsg() {}
 
 func init() {
@@ -223,6 +228,8 @@ type workWorker[T any] struct {
 	known     uint32 // the incarnation the controller delivers to
 	held      map[workHeld]*workJob[T]
 	producers map[refKey]Ref[producerMsg]
+	confirmed map[refKey][]uint64 // confirmations not yet sent, by producer
+	flushing  bool                // a workFlush is in the mailbox
 }
 
 // wrap makes the worker's actor's behavior: b, told of each fresh
@@ -281,8 +288,22 @@ func (w *workWorker[T]) receive(c *Context[workerMsg], m workerMsg) {
 			return
 		}
 		delete(w.held, h)
-		if p, ok := w.producers[m.producer]; ok {
-			p.Tell(workDone{Worker: w.self, Seq: m.seq})
+		if _, ok := w.producers[m.producer]; ok {
+			// Confirmations that meet go in one message: the flush comes
+			// after those already in the mailbox.
+			w.confirmed[m.producer] = append(w.confirmed[m.producer], m.seq)
+			if !w.flushing {
+				w.flushing = true
+				c.Self().Tell(workFlush{})
+			}
+		}
+	case workFlush:
+		w.flushing = false
+		for k, seqs := range w.confirmed {
+			if p, ok := w.producers[k]; ok {
+				p.Tell(workDone{Worker: w.self, Seqs: seqs})
+			}
+			delete(w.confirmed, k)
 		}
 	case workRestarted:
 		if m.inc <= w.known {
@@ -318,6 +339,7 @@ func (w *workWorker[T]) signal(c *Context[workerMsg], s Signal) {
 	}
 	if _, ok := w.producers[h.key]; ok {
 		delete(w.producers, h.key)
+		delete(w.confirmed, h.key)
 		for k := range w.held {
 			if k.producer == h.key {
 				delete(w.held, k)

@@ -251,10 +251,10 @@ type workReady struct {
 	Room   int
 }
 
-// workDone confirms one job.
+// workDone confirms jobs.
 type workDone struct {
 	Worker Ref[workerMsg]
-	Seq    uint64
+	Seqs   []uint64
 }
 
 // workSubmit is a job from Send (local).
@@ -328,7 +328,9 @@ func (pr *producer[T]) receive(c *Context[producerMsg], m producerMsg) {
 			ws.room = min(max(m.Room, 1), maxWorkRoom)
 		}
 	case workDone:
-		pr.done(m.Worker.h.key, m.Seq)
+		for _, seq := range m.Seqs {
+			pr.done(m.Worker.h.key, seq)
+		}
 	case workClose:
 		c.Stop()
 		return
