@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -49,7 +50,11 @@ func TestHelperWorkProcess(t *testing.T) {
 	if role == "" {
 		t.Skip("helper for TestWorkSurvivesKillsOfWorkersAndProducer")
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	life := time.Minute
+	if d, err := time.ParseDuration(os.Getenv("TROUPE_HELPER_LIFE")); err == nil {
+		life = d
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), life)
 	defer cancel()
 	n, err := troupe.Start(ctx, workProcessConfig(role, os.Getenv("TROUPE_HELPER_REG")))
 	if err != nil {
@@ -75,7 +80,7 @@ func TestHelperWorkProcess(t *testing.T) {
 			fmt.Println("ERR", err)
 			return
 		}
-		fmt.Println("READY")
+		fmt.Println("READY", n.Addrs()[0].String())
 		<-ctx.Done()
 	case "producer":
 		p, err := troupe.Produce(n, tasksKey, troupe.WorkConfig{Journal: os.Getenv("TROUPE_HELPER_JOURNAL"), Window: 100})
@@ -85,6 +90,7 @@ func TestHelperWorkProcess(t *testing.T) {
 		}
 		from, _ := strconv.Atoi(os.Getenv("TROUPE_HELPER_FROM"))
 		to, _ := strconv.Atoi(os.Getenv("TROUPE_HELPER_TO"))
+		fmt.Println("ADDR", n.Addrs()[0].String())
 		fmt.Println("RECOVERED", p.Stats().Recovered)
 		for i := from; i <= to; i++ {
 			if err := p.Send(ctx, task{N: i, Body: make([]byte, 512)}); err != nil {
@@ -97,6 +103,8 @@ func TestHelperWorkProcess(t *testing.T) {
 			fmt.Println("ERR", err)
 			return
 		}
+		st := p.Stats()
+		fmt.Println("STATS", st.Sent, st.Recovered, st.Confirmed, st.Redelivered)
 		p.Close()
 		fmt.Println("DONE")
 	}
@@ -233,6 +241,221 @@ func TestWorkSurvivesKillsOfWorkersAndProducer(t *testing.T) {
 		t.Fatalf("%d jobs were never processed: %v", len(missing), missing[:min(10, len(missing))])
 	}
 	t.Logf("%d jobs; the first producer was killed after sending %d, the second %s; %d jobs ran more than once", total, sent, strings.ToLower(rec), twice)
+	p, err := troupe.Produce(home, tasksKey, troupe.WorkConfig{Journal: journal})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	if r := p.Stats().Recovered; r != 0 {
+		t.Fatalf("the journal holds %d jobs after all were confirmed", r)
+	}
+}
+
+// workFaultsDuration is how long TestWorkUnderRandomFaults injects faults:
+// $TROUPE_WORK_FAULTS (a Go duration), 4 s by default.
+func workFaultsDuration() time.Duration {
+	if d, err := time.ParseDuration(os.Getenv("TROUPE_WORK_FAULTS")); err == nil {
+		return d
+	}
+	return 4 * time.Second
+}
+
+// Work pulling across processes under a random schedule of real faults
+// (seeded; the seed is logged, and $TROUPE_WORK_SEED replays it): kill -9
+// of a worker (a new one starts) and of the producer (a new one starts on
+// the journal, sending the rest), SIGSTOP of a worker past the failure
+// window (it is given up on, then replaced) or within it, of the producer
+// within it, and resets of a process's connections (ss -K). Then the
+// faults stop and the last producer sends the rest: every job whose Send
+// returned is processed at least once, each producer's jobs are
+// confirmed, and the journal ends empty. It reports the counts.
+func TestWorkUnderRandomFaults(t *testing.T) {
+	t.Parallel()
+	slowTest(t)
+	if _, err := exec.LookPath("ss"); err != nil {
+		t.Skip("needs ss (iproute2) for the resets")
+	}
+	seed := time.Now().UnixNano()
+	if s, err := strconv.ParseInt(os.Getenv("TROUPE_WORK_SEED"), 10, 64); err == nil {
+		seed = s
+	}
+	rng := rand.New(rand.NewPCG(uint64(seed), 0))
+	t.Logf("seed %d (TROUPE_WORK_SEED replays the schedule)", seed)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := l.Addr().String()
+	l.Close()
+	life := workFaultsDuration() + 90*time.Second
+	ctx, cancel := context.WithTimeout(context.Background(), life)
+	defer cancel()
+	home, err := troupe.Start(ctx, workProcessConfig("home", reg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer home.Close()
+	var mu sync.Mutex
+	runs := map[int]int{}
+	if _, err := troupe.Spawn(home, "collector", troupe.Behavior[processed]{
+		Receive: func(_ *troupe.Context[processed], p processed) {
+			mu.Lock()
+			runs[p.N]++
+			mu.Unlock()
+		}}); err != nil {
+		t.Fatal(err)
+	}
+	env := func(kv ...string) []string { return append(kv, fmt.Sprint("TROUPE_HELPER_LIFE=", life)) }
+	type proc struct {
+		cmd   *exec.Cmd
+		lines <-chan string
+		port  string
+	}
+	expect := func(p *proc, prefix string) (string, bool) {
+		for {
+			select {
+			case l, ok := <-p.lines:
+				if !ok {
+					return "", false
+				}
+				if strings.HasPrefix(l, "ERR") {
+					t.Fatalf("helper: %s", l)
+				}
+				if rest, ok := strings.CutPrefix(l, prefix); ok {
+					return strings.TrimSpace(rest), true
+				}
+			case <-ctx.Done():
+				t.Fatalf("no %s from a helper", prefix)
+			}
+		}
+	}
+	portOf := func(addr string) string { return addr[strings.LastIndex(addr, ":")+1:] }
+	startWorker := func() *proc {
+		cmd, lines := workHelper(t, "worker", reg, env()...)
+		p := &proc{cmd: cmd, lines: lines}
+		addr, ok := expect(p, "READY")
+		if !ok {
+			t.Fatal("a worker ended before it was ready")
+		}
+		p.port = portOf(addr)
+		return p
+	}
+	journal := t.TempDir()
+	const total = 3000
+	sent := 0 // the last job whose Send returned, of the producers so far
+	var prodStats []string
+	startProducer := func() *proc {
+		cmd, lines := workHelper(t, "producer", reg, env("TROUPE_HELPER_JOURNAL="+journal,
+			fmt.Sprint("TROUPE_HELPER_FROM=", sent+1), fmt.Sprint("TROUPE_HELPER_TO=", total))...)
+		p := &proc{cmd: cmd, lines: lines}
+		addr, ok := expect(p, "ADDR")
+		if !ok {
+			t.Fatal("a producer ended before it started")
+		}
+		p.port = portOf(addr)
+		return p
+	}
+	// drain reads what a producer said up to now (or, once it has ended,
+	// all of it), following its SENT lines.
+	drain := func(p *proc, all bool) {
+		for {
+			var l string
+			var ok bool
+			if all {
+				l, ok = <-p.lines
+			} else {
+				select {
+				case l, ok = <-p.lines:
+				default:
+					return
+				}
+			}
+			if !ok {
+				return
+			}
+			if s, found := strings.CutPrefix(l, "SENT "); found {
+				sent, _ = strconv.Atoi(s)
+			}
+			if s, found := strings.CutPrefix(l, "STATS "); found {
+				prodStats = append(prodStats, s)
+			}
+		}
+	}
+	workers := []*proc{startWorker(), startWorker(), startWorker()}
+	prod := startProducer()
+	counts := map[string]int{}
+	for end := time.Now().Add(workFaultsDuration()); time.Now().Before(end); {
+		time.Sleep(time.Duration(200+rng.IntN(500)) * time.Millisecond)
+		drain(prod, false)
+		i := rng.IntN(len(workers))
+		switch f := rng.IntN(6); f {
+		case 0:
+			counts["kill a worker"]++
+			workers[i].cmd.Process.Signal(syscall.SIGKILL)
+			workers[i] = startWorker()
+		case 1:
+			long := rng.IntN(2) == 0
+			d := time.Duration(200+rng.IntN(500)) * time.Millisecond
+			if long {
+				d = 1500*time.Millisecond + time.Duration(rng.IntN(500))*time.Millisecond
+				counts["pause a worker past the window"]++
+			} else {
+				counts["pause a worker"]++
+			}
+			workers[i].cmd.Process.Signal(syscall.SIGSTOP)
+			time.Sleep(d)
+			workers[i].cmd.Process.Signal(syscall.SIGCONT)
+			if long { // given up on: quarantined, of no more use
+				workers[i].cmd.Process.Signal(syscall.SIGKILL)
+				workers[i] = startWorker()
+			}
+		case 2:
+			counts["reset a worker's connections"]++
+			exec.Command("ss", "-K", fmt.Sprintf("( sport = :%s or dport = :%s )", workers[i].port, workers[i].port)).Run()
+		case 3:
+			counts["reset the producer's connections"]++
+			exec.Command("ss", "-K", fmt.Sprintf("( sport = :%s or dport = :%s )", prod.port, prod.port)).Run()
+		case 4:
+			counts["kill the producer"]++
+			prod.cmd.Process.Signal(syscall.SIGKILL)
+			prod.cmd.Wait()
+			drain(prod, true)
+			prod = startProducer()
+		case 5:
+			counts["pause the producer"]++
+			prod.cmd.Process.Signal(syscall.SIGSTOP)
+			time.Sleep(time.Duration(100+rng.IntN(300)) * time.Millisecond)
+			prod.cmd.Process.Signal(syscall.SIGCONT)
+		}
+	}
+	t.Logf("faults: %v", counts)
+	// The faults stop; the producer finishes (a producer that has
+	// ended, as one that met a reset mid-Send could, is started again).
+	for {
+		if _, ok := expect(prod, "DONE"); ok {
+			break
+		}
+		prod.cmd.Wait()
+		drain(prod, true)
+		prod = startProducer()
+	}
+	drain(prod, false)
+	mu.Lock()
+	var missing []int
+	twice := 0
+	for i := 1; i <= sent; i++ {
+		if runs[i] == 0 {
+			missing = append(missing, i)
+		}
+		if runs[i] > 1 {
+			twice++
+		}
+	}
+	mu.Unlock()
+	if len(missing) > 0 {
+		t.Fatalf("%d jobs were never processed: %v", len(missing), missing[:min(10, len(missing))])
+	}
+	t.Logf("%d jobs sent and processed, %d more than once; the producers' stats (sent, recovered, confirmed, redelivered): %v", sent, twice, prodStats)
 	p, err := troupe.Produce(home, tasksKey, troupe.WorkConfig{Journal: journal})
 	if err != nil {
 		t.Fatal(err)
