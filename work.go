@@ -75,11 +75,15 @@ const maxWorkRoom = 1 << 16
 type Delivery[T any] struct {
 	// Job is the job the producer was given.
 	Job T
+	// Producer is the identity of the producer that numbered the job:
+	// random for each, or, with a journal, the journal's, kept across the
+	// producer's restarts.
+	Producer UUID
 	// Seq is the producer's number for the job: each job sent to one
-	// producer has its own, counting up from 1, and keeps it when it is
+	// producer has its own, counting up from 1 in the order Send takes
+	// them (across its restarts, with a journal), and keeps it when it is
 	// handed out again. A worker that must not process a job twice keeps
-	// the numbers it has done (with the producer's identity it learns
-	// from its jobs, if there are several producers).
+	// the (Producer, Seq) pairs it has done.
 	Seq uint64
 	// Redelivered says that the job was handed out before, to this
 	// worker before it restarted or to another that stopped or could no
@@ -178,6 +182,7 @@ type workHello struct{ Producer Ref[producerMsg] }
 // workJob is a job on its way to a worker.
 type workJob[T any] struct {
 	Producer    Ref[producerMsg]
+	ID          UUID // the producer's identity
 	Seq         uint64
 	Redelivered bool
 	Job         T
@@ -185,6 +190,13 @@ type workJob[T any] struct {
 
 // workConfirm is a delivery's Confirm (local).
 type workConfirm struct {
+	producer refKey
+	seq      uint64
+	inc      uint32
+}
+
+// workFailed says that the worker's actor failed on a job (local).
+type workFailed struct {
 	producer refKey
 	seq      uint64
 	inc      uint32
@@ -205,7 +217,12 @@ func (workJob[T]) workerMsg()    {}
 func (workConfirm) workerMsg()   {}
 func (workRestarted) workerMsg() {}
 func (workFlush) workerMsg()     {}
+func (workFailed) workerMsg()    {}
 func (workAttach[T]) workerMsg() {}
+
+// unwrap makes a job that a worker's controller could not take a dead
+// letter of the user's job.
+func (j workJob[T]) unwrap() (string, any) { return "", j.Job }
 
 func init() {
 	SetWireKey[workHello]("troupe.work.hello")
@@ -251,7 +268,17 @@ func (w *workWorker[T]) wrap(b Behavior[Delivery[T]]) Behavior[Delivery[T]] {
 			if d.inc != w.inc.Load() {
 				return // made for an incarnation before a restart: handed again
 			}
+			returned := false
+			defer func() {
+				// A failure (a panic, or Fail) hands the job to the
+				// behavior again: a resumed one as a restarted one
+				// (which gets all its unconfirmed jobs anyway).
+				if !returned || c.c.tools != nil && c.c.tools.failed != nil {
+					w.self.Tell(workFailed{producer: d.producer, seq: d.Seq, inc: d.inc})
+				}
+			}()
 			receive(c, d)
+			returned = true
 		}
 		return b
 	}
@@ -297,6 +324,12 @@ func (w *workWorker[T]) receive(c *Context[workerMsg], m workerMsg) {
 				c.Self().Tell(workFlush{})
 			}
 		}
+	case workFailed:
+		// Handed again if the behavior that failed goes on (resumed);
+		// after a restart, workRestarted hands it with the rest.
+		if j := w.held[workHeld{producer: m.producer, seq: m.seq}]; j != nil && m.inc == w.known {
+			w.deliver(j, m.producer, true)
+		}
 	case workFlush:
 		w.flushing = false
 		for k, seqs := range w.confirmed {
@@ -323,7 +356,7 @@ func (w *workWorker[T]) receive(c *Context[workerMsg], m workerMsg) {
 // the controller knows of (not a fresher one whose workRestarted it has
 // not handled yet: that one would get it ahead of the jobs handed again).
 func (w *workWorker[T]) deliver(j *workJob[T], producer refKey, again bool) {
-	w.child.Tell(Delivery[T]{Job: j.Job, Seq: j.Seq, Redelivered: j.Redelivered || again,
+	w.child.Tell(Delivery[T]{Job: j.Job, Producer: j.ID, Seq: j.Seq, Redelivered: j.Redelivered || again,
 		ctl: w.self, producer: producer, inc: w.known})
 }
 

@@ -1,6 +1,7 @@
 package troupe
 
 import (
+	"crypto/rand"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -23,13 +24,17 @@ import (
 //	u32 n | kind (1 byte) | body (n-1 bytes) | u32 CRC-32C of kind and body
 //
 // (integers big-endian). Kinds: 'T' the job type (uvarint length, wire
-// key, then the type's shape, see shape.go), first in every segment; 'J'
-// a job (uvarint number, then the job's payload, encoded as on the wire);
-// 'C' a confirmation (uvarint number). Only the last segment is written;
+// key, then the type's shape, see shape.go), first in every segment; 'I'
+// the producer's identity (16 bytes) and the highest job number used so
+// far (uvarint), second; 'J' a job (uvarint number, then the job's
+// payload, encoded as on the wire); 'C' a confirmation (uvarint number).
+// Only the last segment is written;
 // when it grows past twice the live jobs' bytes (and 4 MiB), a new one
 // starts with the live jobs (compaction) and the old ones are removed. A
 // record cut short or failing its CRC at the end of the last segment (a
-// crash mid-write) is dropped; anywhere else it is an error.
+// crash mid-write) is dropped — a record whose length runs past the end of
+// the file, or the file's last record failing its CRC; anywhere else it is
+// an error.
 
 // journalSegmentMin is the size past which a segment may be compacted.
 const journalSegmentMin = 4 << 20
@@ -57,8 +62,10 @@ type workJournal struct {
 	size    int64  // its size
 	written uint64 // records written, all segments
 	live    map[uint64][]byte
-	bytes   int64 // the live jobs' payload bytes
-	err     error // the first write error: the journal is then closed
+	bytes   int64  // the live jobs' payload bytes
+	id      UUID   // the producer's identity, kept across its restarts
+	top     uint64 // the highest job number used (what recovery found)
+	err     error  // the first write error: the journal is then closed
 }
 
 // journaled is a job found in the journal when it was opened.
@@ -83,9 +90,11 @@ func openJournal(dir string, sync bool, mt *msgType) (*workJournal, []journaled,
 	}
 	j := &workJournal{dir: dir, sync: sync, mt: mt, lock: lock, live: map[uint64][]byte{}}
 	segs, err := j.segments()
-	var top uint64
 	if err == nil {
-		top, err = j.recover(segs)
+		err = j.recover(segs)
+	}
+	if err == nil && j.id == (UUID{}) {
+		_, err = rand.Read(j.id[:])
 	}
 	if err == nil {
 		err = j.compact(segs)
@@ -99,7 +108,7 @@ func openJournal(dir string, sync bool, mt *msgType) (*workJournal, []journaled,
 		out = append(out, journaled{seq: seq, payload: b})
 	}
 	slices.SortFunc(out, func(a, b journaled) int { return compareU64(a.seq, b.seq) })
-	return j, out, top, nil
+	return j, out, j.top, nil
 }
 
 func compareU64(a, b uint64) int {
@@ -138,31 +147,31 @@ func (j *workJournal) segPath(n uint64) string {
 }
 
 // recover reads the segments into the live table.
-func (j *workJournal) recover(segs []uint64) (top uint64, err error) {
+func (j *workJournal) recover(segs []uint64) (err error) {
 	for i, n := range segs {
 		b, err := os.ReadFile(j.segPath(n))
 		if err != nil {
-			return 0, fmt.Errorf("%w: %v", errJournal, err)
+			return fmt.Errorf("%w: %v", errJournal, err)
 		}
 		var cv *conv // converts jobs of another version of the type
 		off := 0
 		for off < len(b) {
 			kind, body, next, ok := readJournalRecord(b, off)
 			if !ok {
-				if i == len(segs)-1 {
+				if i == len(segs)-1 && journalTail(b, off) {
 					break // the tail of a write cut short by a crash
 				}
-				return 0, fmt.Errorf("%w: segment %s is damaged at byte %d", errJournal, j.segPath(n), off)
+				return fmt.Errorf("%w: segment %s is damaged at byte %d", errJournal, j.segPath(n), off)
 			}
 			off = next
 			switch kind {
 			case 'T':
 				key, shape, err := parseJournalType(body)
 				if err != nil {
-					return 0, fmt.Errorf("%w: segment %s: %v", errJournal, j.segPath(n), err)
+					return fmt.Errorf("%w: segment %s: %v", errJournal, j.segPath(n), err)
 				}
 				if key != j.mt.key {
-					return 0, fmt.Errorf("%w: %s holds jobs of %q, not %q", errJournal, j.dir, key, j.mt.key)
+					return fmt.Errorf("%w: %s holds jobs of %q, not %q", errJournal, j.dir, key, j.mt.key)
 				}
 				cv = nil
 				if j.mt.shape != nil && shape != nil && string(shape) != string(j.mt.shape) {
@@ -171,28 +180,38 @@ func (j *workJournal) recover(segs []uint64) (top uint64, err error) {
 						cv, err = buildConv(s, j.mt.t)
 					}
 					if err != nil {
-						return 0, fmt.Errorf("%w: the jobs in %s do not decode into %s: %v", errJournal, j.dir, j.mt.t, err)
+						return fmt.Errorf("%w: the jobs in %s do not decode into %s: %v", errJournal, j.dir, j.mt.t, err)
 					}
 				}
+			case 'I':
+				if len(body) < 17 {
+					return fmt.Errorf("%w: segment %s: a malformed identity", errJournal, j.segPath(n))
+				}
+				copy(j.id[:], body[:16])
+				t, k := binary.Uvarint(body[16:])
+				if k <= 0 {
+					return fmt.Errorf("%w: segment %s: a malformed identity", errJournal, j.segPath(n))
+				}
+				j.top = max(j.top, t)
 			case 'J':
 				seq, k := binary.Uvarint(body)
 				if k <= 0 {
-					return 0, fmt.Errorf("%w: segment %s: a job without a number", errJournal, j.segPath(n))
+					return fmt.Errorf("%w: segment %s: a job without a number", errJournal, j.segPath(n))
 				}
 				payload := body[k:]
 				if cv != nil {
 					if payload, err = j.upgrade(cv, payload); err != nil {
-						return 0, fmt.Errorf("%w: job %d in %s: %v", errJournal, seq, j.dir, err)
+						return fmt.Errorf("%w: job %d in %s: %v", errJournal, seq, j.dir, err)
 					}
 				}
+				j.bytes += int64(len(payload) - len(j.live[seq]))
 				j.live[seq] = slices.Clone(payload)
-				j.bytes += int64(len(payload))
-				top = max(top, seq)
+				j.top = max(j.top, seq)
 			case 'C':
 				for len(body) > 0 {
 					seq, k := binary.Uvarint(body)
 					if k <= 0 {
-						return 0, fmt.Errorf("%w: segment %s: a malformed confirmation", errJournal, j.segPath(n))
+						return fmt.Errorf("%w: segment %s: a malformed confirmation", errJournal, j.segPath(n))
 					}
 					body = body[k:]
 					j.bytes -= int64(len(j.live[seq]))
@@ -202,7 +221,18 @@ func (j *workJournal) recover(segs []uint64) (top uint64, err error) {
 		}
 		j.seg = n
 	}
-	return top, nil
+	return nil
+}
+
+// journalTail reports whether the unreadable record at off is the last
+// thing in b: its length runs past the end, or it ends b exactly (its CRC
+// failed). A damaged record with more after it is damage, not a crash.
+func journalTail(b []byte, off int) bool {
+	if len(b)-off < 4 {
+		return true
+	}
+	n := int(binary.BigEndian.Uint32(b[off:]))
+	return n < 1 || len(b)-off-4 <= n+4
 }
 
 // upgrade re-encodes a payload written by another version of the job's
@@ -257,9 +287,12 @@ func appendJournalRecord(b []byte, kind byte, parts ...[]byte) []byte {
 	return binary.BigEndian.AppendUint32(b, crc32.Checksum(b[start+4:], journalCRC))
 }
 
-func (j *workJournal) typeRecord(b []byte) []byte {
+// header appends a segment's first records: the type, the identity and
+// the highest number used.
+func (j *workJournal) header(b []byte) []byte {
 	key := binary.AppendUvarint(nil, uint64(len(j.mt.key)))
-	return appendJournalRecord(b, 'T', key, []byte(j.mt.key), j.mt.shape)
+	b = appendJournalRecord(b, 'T', key, []byte(j.mt.key), j.mt.shape)
+	return appendJournalRecord(b, 'I', j.id[:], binary.AppendUvarint(nil, j.top))
 }
 
 // compact starts a new segment with the live jobs, makes it durable,
@@ -276,13 +309,14 @@ func (j *workJournal) compact(old []uint64) error {
 		seqs = append(seqs, seq)
 	}
 	slices.Sort(seqs)
-	buf := j.typeRecord(nil)
+	buf := j.header(nil)
 	var size int64
 	for _, seq := range seqs {
 		buf = appendJournalRecord(buf, 'J', binary.AppendUvarint(nil, seq), j.live[seq])
 		if len(buf) > 1<<20 {
 			if _, err := f.Write(buf); err != nil {
 				f.Close()
+				os.Remove(j.segPath(next))
 				return fmt.Errorf("%w: %v", errJournal, err)
 			}
 			size += int64(len(buf))
@@ -296,6 +330,7 @@ func (j *workJournal) compact(old []uint64) error {
 	}
 	if err != nil {
 		f.Close()
+		os.Remove(j.segPath(next)) // the segment written goes on as before
 		return fmt.Errorf("%w: %v", errJournal, err)
 	}
 	for _, n := range old {
@@ -337,6 +372,7 @@ func (j *workJournal) add(seq uint64, payload []byte) error {
 	}
 	j.live[seq] = payload
 	j.bytes += int64(len(payload))
+	j.top = max(j.top, seq)
 	mine := j.written
 	full := j.size > max(journalSegmentMin, 2*j.bytes)
 	j.mu.Unlock()
@@ -395,7 +431,15 @@ func (j *workJournal) flush(mine uint64, compact bool) error {
 	f, upto := j.f, j.written
 	j.mu.Unlock()
 	if err := f.Sync(); err != nil {
-		return fmt.Errorf("%w: %v", errJournal, err)
+		// What was written may be lost: nothing after it is promised
+		// either (the journal is closed to writes).
+		j.mu.Lock()
+		if j.err == nil {
+			j.err = fmt.Errorf("%w: %v", errJournal, err)
+		}
+		err = j.err
+		j.mu.Unlock()
+		return err
 	}
 	j.synced = upto
 	return nil

@@ -14,7 +14,7 @@ import (
 func journalSample() []byte {
 	mt := typeOf(reflect.TypeFor[testPing]())
 	j := &workJournal{mt: mt}
-	b := j.typeRecord(nil)
+	b := j.header(nil)
 	for seq := uint64(1); seq <= 3; seq++ {
 		var e encoder
 		p, _ := e.payload(nil, mt, testPing{N: int(seq)})

@@ -2,6 +2,7 @@ package troupe
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"reflect"
@@ -9,6 +10,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // The producer's side of work pulling: Produce, the Producer handle that
@@ -38,7 +40,9 @@ type Producer[T any] struct {
 	closeOnce sync.Once
 	stopped   chan struct{} // closed when the actor has stopped
 
-	// j is the journal (nil: none); mt is T's registered type.
+	// id is the producer's identity (the journal's, or random); j is
+	// the journal (nil: none); mt is T's registered type.
+	id        UUID
 	j         *workJournal
 	mt        *msgType
 	recovered int
@@ -85,9 +89,12 @@ func Produce[T any](n *Node, key ServiceKey[T], cfg WorkConfig) (*Producer[T], e
 			pr.jobs[jj.seq] = &workEntry[T]{job: v.(T), handed: 1}
 			pr.queue = append(pr.queue, jj.seq)
 		}
-		p.j, p.recovered = j, len(found)
+		p.j, p.recovered, p.id = j, len(found), j.id
 		p.seq.Store(top)
 		window = max(window, len(found))
+	}
+	if p.j == nil {
+		rand.Read(p.id[:])
 	}
 	p.slots = make(chan struct{}, window)
 	for range p.recovered {
@@ -130,6 +137,8 @@ func (p *Producer[T]) Send(ctx context.Context, job T) error {
 	select {
 	case <-p.closed:
 		return errProducerClosed
+	case <-p.stopped:
+		return errProducerClosed
 	default:
 	}
 	select {
@@ -137,6 +146,8 @@ func (p *Producer[T]) Send(ctx context.Context, job T) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	case <-p.closed:
+		return errProducerClosed
+	case <-p.stopped: // its node closed
 		return errProducerClosed
 	}
 	select {
@@ -155,6 +166,9 @@ func (p *Producer[T]) Send(ctx context.Context, job T) error {
 		}
 		if err != nil {
 			p.release(1)
+			if p.isClosed() {
+				return errProducerClosed // (the journal closed under it)
+			}
 			return err
 		}
 	}
@@ -172,10 +186,14 @@ func (p *Producer[T]) Send(ctx context.Context, job T) error {
 	return nil
 }
 
-// Wait returns nil once every job sent so far has been confirmed (at
-// once if none is outstanding), ctx's error if ctx ends first, or an
-// error wrapping [ErrActorStopped] if the producer closes first.
+// Wait returns nil once no job is unconfirmed (at once if none is): once
+// every job sent so far is confirmed, if no more are sent meanwhile. It
+// returns ctx's error if ctx ends first, or an error wrapping
+// [ErrActorStopped] if the producer is closed (or its node).
 func (p *Producer[T]) Wait(ctx context.Context) error {
+	if p.isClosed() {
+		return errProducerClosed
+	}
 	p.mu.Lock()
 	if len(p.slots) == 0 {
 		p.mu.Unlock()
@@ -191,6 +209,20 @@ func (p *Producer[T]) Wait(ctx context.Context) error {
 		return ctx.Err()
 	case <-p.closed:
 		return errProducerClosed
+	case <-p.stopped: // its node closed
+		return errProducerClosed
+	}
+}
+
+// isClosed reports whether Close was called or the producer stopped.
+func (p *Producer[T]) isClosed() bool {
+	select {
+	case <-p.closed:
+		return true
+	case <-p.stopped:
+		return true
+	default:
+		return false
 	}
 }
 
@@ -214,8 +246,11 @@ func (p *Producer[T]) Close() error {
 	p.closeOnce.Do(func() {
 		close(p.closed)
 		p.n.Stop(p.feed)
-		// Through the mailbox, behind the jobs Send put there.
-		p.self.Tell(workClose{})
+		// Through the mailbox, behind the jobs Send put there (or at
+		// once, if there is no room).
+		if p.self.h.local.tellAny(workClose{}) != nil {
+			p.n.Stop(p.self)
+		}
 		select {
 		case <-p.stopped:
 		case <-p.n.Done():
@@ -266,6 +301,25 @@ type workSubmit[T any] struct {
 // workListing is the workers' listing, passed on (local).
 type workListing struct{ refs []Ref[workerMsg] }
 
+// workRetry ends the stalls (a timer's, local).
+type workRetry struct{}
+
+// workRetryAfter is how long a worker whose job found no room waits
+// before it is tried again (unless it confirms a job first).
+const workRetryAfter = 50 * time.Millisecond
+
+// tryTell sends msg to h as Tell would, but returns the error rather than
+// make a dead letter of it.
+func tryTell(h *handle, msg any) error {
+	switch {
+	case h.local != nil:
+		return h.local.tellAny(msg)
+	case h.assoc != nil:
+		return h.assoc.send(nil, h, msg, nil)
+	}
+	return ErrNoSuchActor
+}
+
 // workClose is Close's (local): the producer stops once it has taken the
 // jobs ahead of it.
 type workClose struct{}
@@ -279,6 +333,7 @@ func (workDone) producerMsg()      {}
 func (workSubmit[T]) producerMsg() {}
 func (workListing) producerMsg()   {}
 func (workClose) producerMsg()     {}
+func (workRetry) producerMsg()     {}
 
 func init() {
 	SetWireKey[workReady]("troupe.work.ready")
@@ -302,6 +357,10 @@ type workerState struct {
 	room   int // 0 until it answers the hello
 	out    int // jobs it holds
 	listed bool
+	// stalled: the last job for it found no room on the way (the send
+	// budget, its mailbox); it gets none until it confirms one, or a
+	// workRetry.
+	stalled bool
 }
 
 // producer is a Producer's actor: its goroutine owns everything here.
@@ -328,8 +387,15 @@ func (pr *producer[T]) receive(c *Context[producerMsg], m producerMsg) {
 			ws.room = min(max(m.Room, 1), maxWorkRoom)
 		}
 	case workDone:
+		if ws := pr.workers[m.Worker.h.key]; ws != nil {
+			ws.stalled = false
+		}
 		for _, seq := range m.Seqs {
 			pr.done(m.Worker.h.key, seq)
+		}
+	case workRetry:
+		for _, ws := range pr.workers {
+			ws.stalled = false
 		}
 	case workClose:
 		c.Stop()
@@ -399,13 +465,39 @@ func (pr *producer[T]) dispatch(c *Context[producerMsg]) {
 		if ws == nil {
 			break
 		}
+		err := tryTell(ws.ref.h, workJob[T]{Producer: c.Self(), ID: pr.p.id, Seq: seq, Redelivered: e.handed > 0, Job: e.job})
+		switch {
+		case err == nil:
+		case errors.Is(err, ErrFrameTooBig) || errors.Is(err, ErrNoWireKey) || errors.Is(err, ErrMalformed):
+			// The job itself cannot go: to no worker. It is given up,
+			// as a dead letter of its own.
+			pr.queue = pr.queue[1:]
+			pr.p.n.dead.deadLetter(ws.ref.String(), e.job, err)
+			delete(pr.jobs, seq)
+			if pr.p.j != nil {
+				pr.p.j.confirm(seq)
+			}
+			pr.p.release(1)
+			continue
+		case errors.Is(err, ErrSendQueueFull) || errors.Is(err, ErrMailboxFull):
+			// No room on the way to this worker now: the job waits at the
+			// head of the queue, and the worker gets no more until it
+			// confirms one or a moment has passed.
+			ws.stalled = true
+			c.StartTimer(workRetry{}, workRetryAfter, workRetry{})
+			continue
+		default:
+			// The worker is going (stopped, its node gone or quarantined):
+			// its Terminated hands on what it holds; it gets no more.
+			ws.room = 0
+			continue
+		}
 		pr.queue = pr.queue[1:]
 		e.out, e.worker = true, ws.ref.h.key
 		ws.out++
 		if e.handed > 0 {
 			pr.p.redelivered.Add(1)
 		}
-		ws.ref.Tell(workJob[T]{Producer: c.Self(), Seq: seq, Redelivered: e.handed > 0, Job: e.job})
 		e.handed++
 	}
 	if len(pr.queue) == 0 {
@@ -421,7 +513,7 @@ func (pr *producer[T]) pick() *workerState {
 		}
 		ws := pr.workers[pr.ring[pr.next]]
 		pr.next++
-		if ws.listed && ws.out < ws.room {
+		if ws.listed && !ws.stalled && ws.out < ws.room {
 			return ws
 		}
 	}

@@ -46,6 +46,13 @@ func (t *workTally) add(n int, who string, again bool) {
 	}
 }
 
+// has reports whether task n was processed.
+func (t *workTally) has(n int) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.runs[n]) > 0
+}
+
 // missing lists the tasks 1..n that no worker processed.
 func (t *workTally) missing(n int) []int {
 	t.mu.Lock()
@@ -417,14 +424,18 @@ func TestWorkJournalCutShortOrDamaged(t *testing.T) {
 	}
 	p.Close()
 
-	bad := t.TempDir()
-	seg = fill(bad, 3)
-	b, _ = os.ReadFile(seg)
-	b[len(b)/2] ^= 0xff
-	os.WriteFile(seg, b, 0o600)
-	os.WriteFile(filepath.Join(bad, "ffffffffffffffff.journal"), nil, 0o600) // a later segment
-	if _, err := troupe.Produce(prod, tasksKey, troupe.WorkConfig{Journal: bad}); err == nil || !strings.Contains(err.Error(), "damaged") {
-		t.Fatalf("a damaged journal: %v, want an error saying it is damaged", err)
+	for _, later := range []bool{false, true} {
+		bad := t.TempDir()
+		seg = fill(bad, 10)
+		b, _ = os.ReadFile(seg)
+		b[len(b)/4] ^= 0xff // a record near the start
+		os.WriteFile(seg, b, 0o600)
+		if later {
+			os.WriteFile(filepath.Join(bad, "ffffffffffffff00.journal"), nil, 0o600)
+		}
+		if _, err := troupe.Produce(prod, tasksKey, troupe.WorkConfig{Journal: bad}); err == nil || !strings.Contains(err.Error(), "damaged") {
+			t.Fatalf("a journal damaged before its end (later segment: %v): %v, want an error saying it is damaged", later, err)
+		}
 	}
 }
 
@@ -558,5 +569,206 @@ func TestWorkCloseAfterABurstLosesNoJobSilently(t *testing.T) {
 		case <-ctx.Done():
 			t.Fatalf("%d of %d tasks became dead letters", len(seen), jobs)
 		}
+	}
+}
+
+// The producer's node closing ends a Send waiting for the window and a
+// Wait, with an error wrapping ErrActorStopped: no wait outlives its node.
+func TestWorkWaitAndSendEndWhenTheNodeCloses(t *testing.T) {
+	t.Parallel()
+	f := new(troupe.FaultNet)
+	prod, _ := workNodes(t, f)
+	p, err := troupe.Produce(prod, tasksKey, troupe.WorkConfig{Window: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := ctxFor(t) // bounds the test only: the calls below have no deadline
+	if err := p.Send(ctx, task{N: 1}); err != nil {
+		t.Fatal(err)
+	}
+	waitErr, sendErr := make(chan error, 1), make(chan error, 1)
+	go func() { waitErr <- p.Wait(context.Background()) }()
+	go func() { sendErr <- p.Send(context.Background(), task{N: 2}) }()
+	prod.Close()
+	for name, ch := range map[string]chan error{"Wait": waitErr, "Send": sendErr} {
+		select {
+		case err := <-ch:
+			if !errors.Is(err, troupe.ErrActorStopped) {
+				t.Errorf("%s after the node closed: %v, want ErrActorStopped", name, err)
+			}
+		case <-ctx.Done():
+			t.Fatalf("%s still waits after the producer's node closed", name)
+		}
+	}
+	if err := p.Wait(ctx); !errors.Is(err, troupe.ErrActorStopped) {
+		t.Fatalf("Wait after the node closed: %v, want ErrActorStopped", err)
+	}
+}
+
+// A job too big for the link to a remote worker (over MaxFrameSize) can
+// go to no worker: it is given up as a dead letter of its own, saying
+// why, and the jobs after it go on.
+func TestWorkJobTooBigForTheWireIsADeadLetter(t *testing.T) {
+	t.Parallel()
+	f := new(troupe.FaultNet)
+	prod, ws := workNodes(t, f, "w1")
+	tl := newWorkTally()
+	if _, err := troupe.Worker(ws[0], "worker", tasksKey, counting(tl, "w1"), troupe.WorkConfig{}); err != nil {
+		t.Fatal(err)
+	}
+	dead := make(chan troupe.DeadLetter, 100)
+	sub := troupe.SubscribeChan(prod, dead)
+	defer sub.Unsubscribe()
+	p, err := troupe.Produce(prod, tasksKey, troupe.WorkConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	waitUntil(t, 10*time.Second, "the producer sees the worker", func() bool { return p.Stats().Workers == 1 })
+	ctx := ctxFor(t)
+	for i, size := range []int{100, 5 << 20, 3 << 20} { // MaxFrameSize is 4 MiB
+		if err := p.Send(ctx, task{N: i + 1, Body: make([]byte, size)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := p.Wait(ctx); err != nil {
+		t.Fatalf("Wait: %v (stats %+v)", err, p.Stats())
+	}
+	if m := tl.missing(3); len(m) != 1 || m[0] != 2 {
+		t.Fatalf("unprocessed: %v, want job 2 only", m)
+	}
+	for {
+		select {
+		case d := <-dead:
+			if tk, ok := d.Message.(task); ok {
+				if tk.N != 2 || !errors.Is(d.Reason, troupe.ErrFrameTooBig) {
+					t.Fatalf("dead letter of task %d: %v, want task 2, ErrFrameTooBig", tk.N, d.Reason)
+				}
+				return
+			}
+		case <-ctx.Done():
+			t.Fatal("the job too big for the wire made no dead letter")
+		}
+	}
+}
+
+// A burst of 1 MiB jobs to a worker with room for all of them, past the
+// association's 64 MiB send budget: the jobs that find no room wait, and
+// every one is processed.
+func TestWorkBurstPastTheSendBudgetWaits(t *testing.T) {
+	t.Parallel()
+	slowTest(t)
+	f := new(troupe.FaultNet)
+	prod, ws := workNodes(t, f, "w1")
+	tl := newWorkTally()
+	if _, err := troupe.Worker(ws[0], "worker", tasksKey, counting(tl, "w1"), troupe.WorkConfig{Room: 100}); err != nil {
+		t.Fatal(err)
+	}
+	p, err := troupe.Produce(prod, tasksKey, troupe.WorkConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	waitUntil(t, 10*time.Second, "the producer sees the worker", func() bool { return p.Stats().Workers == 1 })
+	ctx := ctxFor(t)
+	body := make([]byte, 1<<20)
+	const jobs = 100
+	for i := 1; i <= jobs; i++ {
+		if err := p.Send(ctx, task{N: i, Body: body}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := p.Wait(ctx); err != nil {
+		t.Fatalf("Wait: %v (stats %+v)", err, p.Stats())
+	}
+	if m := tl.missing(jobs); len(m) > 0 {
+		t.Fatalf("unprocessed: %v", m)
+	}
+}
+
+// A worker supervised with ResumeOnFailure gets the job it failed on
+// again: a resumed behavior goes on, and the job is not dropped.
+func TestWorkResumedWorkerGetsTheFailedJobAgain(t *testing.T) {
+	t.Parallel()
+	f := new(troupe.FaultNet)
+	prod, ws := workNodes(t, f, "w1")
+	tl := newWorkTally()
+	failed := false
+	b := troupe.Supervise(func() troupe.Behavior[troupe.Delivery[task]] {
+		return troupe.Behavior[troupe.Delivery[task]]{Receive: func(c *troupe.Context[troupe.Delivery[task]], d troupe.Delivery[task]) {
+			if d.Job.N == 1 && !failed {
+				failed = true
+				c.Fail(errors.New("job 1 fails once"))
+				return
+			}
+			if d.Job.N == 2 && d.Redelivered == false && !tl.has(2) {
+				tl.add(2, "w1", false)
+				panic("job 2 panics once")
+			}
+			tl.add(d.Job.N, "w1", d.Redelivered)
+			d.Confirm()
+		}}
+	}, troupe.ResumeOnFailure())
+	if _, err := troupe.Worker(ws[0], "worker", tasksKey, b, troupe.WorkConfig{}); err != nil {
+		t.Fatal(err)
+	}
+	p, err := troupe.Produce(prod, tasksKey, troupe.WorkConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	ctx := ctxFor(t)
+	for i := 1; i <= 3; i++ {
+		if err := p.Send(ctx, task{N: i}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := p.Wait(ctx); err != nil {
+		t.Fatalf("Wait: %v (stats %+v)", err, p.Stats())
+	}
+	if m := tl.missing(3); len(m) > 0 {
+		t.Fatalf("unprocessed: %v", m)
+	}
+}
+
+// A journal's job numbers never repeat, and its producer's identity
+// stays: the next producer of a directory whose jobs were all confirmed
+// (and compacted away) goes on from the highest number used.
+func TestWorkJournalNumbersNeverRepeat(t *testing.T) {
+	t.Parallel()
+	f := new(troupe.FaultNet)
+	prod, ws := workNodes(t, f, "w1")
+	dir := t.TempDir()
+	ctx := ctxFor(t)
+	got := make(chan troupe.Delivery[task], 10)
+	if _, err := troupe.Worker(ws[0], "worker", tasksKey, troupe.Behavior[troupe.Delivery[task]]{
+		Receive: func(_ *troupe.Context[troupe.Delivery[task]], d troupe.Delivery[task]) { got <- d; d.Confirm() }}, troupe.WorkConfig{}); err != nil {
+		t.Fatal(err)
+	}
+	send := func(n int) troupe.Delivery[task] {
+		p, err := troupe.Produce(prod, tasksKey, troupe.WorkConfig{Journal: dir})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer p.Close()
+		if err := p.Send(ctx, task{N: n}); err != nil {
+			t.Fatal(err)
+		}
+		if err := p.Wait(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return <-got
+	}
+	first := send(1)
+	for range 2 { // opened and closed: each open compacts
+		p, err := troupe.Produce(prod, tasksKey, troupe.WorkConfig{Journal: dir})
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.Close()
+	}
+	second := send(2)
+	if first.Seq != 1 || second.Seq != 2 || first.Producer != second.Producer || first.Producer == (troupe.UUID{}) {
+		t.Fatalf("deliveries (%v, %d) and (%v, %d): want seqs 1 and 2 of one producer", first.Producer, first.Seq, second.Producer, second.Seq)
 	}
 }
