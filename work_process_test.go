@@ -90,9 +90,17 @@ func TestHelperWorkProcess(t *testing.T) {
 		}
 		from, _ := strconv.Atoi(os.Getenv("TROUPE_HELPER_FROM"))
 		to, _ := strconv.Atoi(os.Getenv("TROUPE_HELPER_TO"))
+		var pace *time.Ticker // $TROUPE_HELPER_RATE jobs a second, if set
+		if rate, _ := strconv.Atoi(os.Getenv("TROUPE_HELPER_RATE")); rate > 0 {
+			pace = time.NewTicker(time.Second / time.Duration(rate))
+			defer pace.Stop()
+		}
 		fmt.Println("ADDR", n.Addrs()[0].String())
 		fmt.Println("RECOVERED", p.Stats().Recovered)
 		for i := from; i <= to; i++ {
+			if pace != nil {
+				<-pace.C
+			}
 			if err := p.Send(ctx, task{N: i, Body: make([]byte, 512)}); err != nil {
 				fmt.Println("ERR", err)
 				return
@@ -341,11 +349,14 @@ func TestWorkUnderRandomFaults(t *testing.T) {
 		return p
 	}
 	journal := t.TempDir()
-	const total = 3000
+	// The jobs are paced to run through the faults: 400 a second, until
+	// a second after they stop.
+	const rate = 400
+	total := rate * int((workFaultsDuration() + time.Second).Seconds())
 	sent := 0 // the last job whose Send returned, of the producers so far
 	var prodStats []string
 	startProducer := func() *proc {
-		cmd, lines := workHelper(t, "producer", reg, env("TROUPE_HELPER_JOURNAL="+journal,
+		cmd, lines := workHelper(t, "producer", reg, env("TROUPE_HELPER_JOURNAL="+journal, fmt.Sprint("TROUPE_HELPER_RATE=", rate),
 			fmt.Sprint("TROUPE_HELPER_FROM=", sent+1), fmt.Sprint("TROUPE_HELPER_TO=", total))...)
 		p := &proc{cmd: cmd, lines: lines}
 		addr, ok := expect(p, "ADDR")
@@ -431,15 +442,37 @@ func TestWorkUnderRandomFaults(t *testing.T) {
 	t.Logf("faults: %v", counts)
 	// The faults stop; the producer finishes (a producer that has
 	// ended, as one that met a reset mid-Send could, is started again).
-	for {
-		if _, ok := expect(prod, "DONE"); ok {
-			break
+	finished := func(p *proc) bool { // follows p to its DONE, or its end
+		for {
+			select {
+			case l, ok := <-p.lines:
+				if !ok {
+					return false
+				}
+				if strings.HasPrefix(l, "ERR") {
+					t.Fatalf("producer: %s", l)
+				}
+				if s, found := strings.CutPrefix(l, "SENT "); found {
+					sent, _ = strconv.Atoi(s)
+				}
+				if s, found := strings.CutPrefix(l, "STATS "); found {
+					prodStats = append(prodStats, s)
+				}
+				if l == "DONE" {
+					return true
+				}
+			case <-ctx.Done():
+				t.Fatal("the last producer did not finish")
+			}
 		}
+	}
+	for !finished(prod) {
 		prod.cmd.Wait()
-		drain(prod, true)
 		prod = startProducer()
 	}
-	drain(prod, false)
+	if sent != total {
+		t.Fatalf("the last producer finished at job %d of %d", sent, total)
+	}
 	mu.Lock()
 	var missing []int
 	twice := 0
@@ -455,7 +488,7 @@ func TestWorkUnderRandomFaults(t *testing.T) {
 	if len(missing) > 0 {
 		t.Fatalf("%d jobs were never processed: %v", len(missing), missing[:min(10, len(missing))])
 	}
-	t.Logf("%d jobs sent and processed, %d more than once; the producers' stats (sent, recovered, confirmed, redelivered): %v", sent, twice, prodStats)
+	t.Logf("%d jobs sent and processed, %d more than once; the last producer's stats (sent, recovered, confirmed, redelivered): %s", sent, twice, strings.Join(prodStats, "; "))
 	p, err := troupe.Produce(home, tasksKey, troupe.WorkConfig{Journal: journal})
 	if err != nil {
 		t.Fatal(err)

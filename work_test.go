@@ -772,3 +772,65 @@ func TestWorkJournalNumbersNeverRepeat(t *testing.T) {
 		t.Fatalf("deliveries (%v, %d) and (%v, %d): want seqs 1 and 2 of one producer", first.Producer, first.Seq, second.Producer, second.Seq)
 	}
 }
+
+// A link flap between the producer and a worker mid-stream (the
+// connection reset, the session resumed) loses nothing and hands nothing
+// out again: the jobs and confirmations in flight arrive once.
+func TestWorkLinkFlapLosesAndRepeatsNothing(t *testing.T) {
+	t.Parallel()
+	f := new(troupe.FaultNet)
+	prod, ws := workNodes(t, f, "w1")
+	tl := newWorkTally()
+	half := make(chan struct{})
+	var once sync.Once
+	if _, err := troupe.Worker(ws[0], "worker", tasksKey, troupe.Behavior[troupe.Delivery[task]]{
+		Receive: func(_ *troupe.Context[troupe.Delivery[task]], d troupe.Delivery[task]) {
+			tl.add(d.Job.N, "w1", d.Redelivered)
+			if d.Job.N == 250 {
+				once.Do(func() { close(half) })
+			}
+			d.Confirm()
+		}}, troupe.WorkConfig{}); err != nil {
+		t.Fatal(err)
+	}
+	p, err := troupe.Produce(prod, tasksKey, troupe.WorkConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	ctx := ctxFor(t)
+	const jobs = 500
+	sent := make(chan error, 1)
+	go func() {
+		for i := 1; i <= jobs; i++ {
+			if err := p.Send(ctx, task{N: i, Body: make([]byte, 4096)}); err != nil {
+				sent <- err
+				return
+			}
+		}
+		sent <- nil
+	}()
+	<-half
+	if f.Reset(prod, ws[0]) == 0 {
+		t.Fatal("no connection between the producer and the worker to reset")
+	}
+	if err := <-sent; err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if m := tl.missing(jobs); len(m) > 0 {
+		t.Fatalf("unprocessed: %v", m)
+	}
+	tl.mu.Lock()
+	defer tl.mu.Unlock()
+	for n, who := range tl.runs {
+		if len(who) != 1 {
+			t.Fatalf("task %d processed %d times across a resumed link flap", n, len(who))
+		}
+	}
+	if st := p.Stats(); st.Redelivered != 0 || st.Workers != 1 {
+		t.Fatalf("stats %+v: a resumed link flap handed jobs out again or lost the worker", st)
+	}
+}
