@@ -834,3 +834,86 @@ func TestWorkLinkFlapLosesAndRepeatsNothing(t *testing.T) {
 		t.Fatalf("stats %+v: a resumed link flap handed jobs out again or lost the worker", st)
 	}
 }
+
+// A consumer that moves: the worker is a child of a cluster singleton's
+// instance. When the member that runs it leaves, the instance stops there
+// and its worker with it; the instance starts on the next member with a
+// worker of its own, and the jobs the first held go to it. None is lost.
+func TestWorkConsumerMovesWithItsSingleton(t *testing.T) {
+	t.Parallel()
+	f := new(troupe.FaultNet)
+	tl := newWorkTally()
+	var nodes []*troupe.Node
+	var members []*troupe.Cluster
+	for _, name := range []string{"a", "b", "c"} {
+		n, c := joinRegistryless(t, f, name, nodes, troupe.ClusterConfig{Downing: troupe.KeepMajority(), StableAfter: singletonStable})
+		nodes, members = append(nodes, n), append(members, c)
+		waitAllUp(t, members, len(members))
+	}
+	var moved sync.Once
+	half := make(chan struct{})
+	for i, c := range members {
+		name := []string{"a", "b", "c"}[i]
+		if _, err := troupe.Singleton(c, "consumer", func() troupe.Behavior[tick] {
+			return troupe.Behavior[tick]{
+				Setup: func(ctx *troupe.Context[tick]) {
+					_, err := troupe.Worker(ctx, "worker", tasksKey, troupe.Behavior[troupe.Delivery[task]]{
+						Receive: func(_ *troupe.Context[troupe.Delivery[task]], d troupe.Delivery[task]) {
+							tl.add(d.Job.N, name, d.Redelivered)
+							if d.Job.N == 100 {
+								moved.Do(func() { close(half) })
+							}
+							d.Confirm()
+						}}, troupe.WorkConfig{Room: 5})
+					if err != nil {
+						ctx.Fail(err)
+					}
+				},
+				Receive: func(*troupe.Context[tick], tick) {},
+			}
+		}, troupe.SingletonConfig{RemovalMargin: time.Hour}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p, err := troupe.Produce(nodes[2], tasksKey, troupe.WorkConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	ctx := ctxFor(t)
+	const jobs = 400
+	sent := make(chan error, 1)
+	go func() {
+		for i := 1; i <= jobs; i++ {
+			if err := p.Send(ctx, task{N: i}); err != nil {
+				sent <- err
+				return
+			}
+		}
+		sent <- nil
+	}()
+	<-half
+	if err := members[0].Close(); err != nil { // a leaves: the singleton moves to b
+		t.Fatal(err)
+	}
+	if err := <-sent; err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Wait(ctx); err != nil {
+		t.Fatalf("Wait: %v (stats %+v)", err, p.Stats())
+	}
+	if m := tl.missing(jobs); len(m) > 0 {
+		t.Fatalf("unprocessed: %v", m)
+	}
+	tl.mu.Lock()
+	defer tl.mu.Unlock()
+	on := map[string]int{}
+	for _, who := range tl.runs {
+		for _, w := range who {
+			on[w]++
+		}
+	}
+	if on["a"] < 100 || on["b"] == 0 || on["c"] != 0 {
+		t.Fatalf("jobs done on each member: %v; want a's first hundred, then b's", on)
+	}
+}
