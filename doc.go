@@ -46,8 +46,8 @@
 //     [StaticQuorum], [KeepOldest], [DownAll] and [LeaseMajority].
 //   - What runs is started by a verb that returns its handle: [Start] (a
 //     [Node]), [StartCluster], [Spawn], [SpawnGroupRouter], [Singleton],
-//     [Sharding]; it ends with the handle's Close or Shutdown, or an
-//     actor's Stop.
+//     [Sharding], [Produce], [Worker]; it ends with the handle's Close or
+//     Shutdown, or an actor's Stop.
 //   - A client of something outside the node is made by New and what it
 //     reaches: [NewNodeLease], [NewEtcdLease] (which also returns the
 //     function that closes it, as context.WithCancel returns its cancel).
@@ -209,6 +209,18 @@
 // partial or one-way partition) are downed first: [ResolveSplit] is the
 // whole decision as a pure function. Without a strategy an unreachable
 // member blocks the cluster, which is the safe default.
+//
+// # Work you can hand to somebody else
+//
+// [Produce] starts a [Producer] that hands jobs to the workers of a
+// [ServiceKey], on any node, each job to one worker at a time as the
+// workers have room; [Worker] starts one, whose actor gets each job as a
+// [Delivery] and confirms it. The producer watches every worker: the jobs
+// a worker held unconfirmed when it stopped, restarted or could no
+// longer be reached go to the others at once, so each job is processed
+// at least once and confirmed once. Send waits while the producer's
+// window is full; with a journal ([WorkConfig].Journal) the unconfirmed
+// jobs outlive the producer's process. See docs/work.md.
 //
 // # Events and dead letters
 //
