@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"sync/atomic"
+	"time"
 	"unsafe"
 )
 
@@ -131,7 +132,7 @@ func Worker[T any](p Spawner, name string, key ServiceKey[T], b Behavior[Deliver
 		return Ref[Delivery[T]]{}, err
 	}
 	w := &workWorker[T]{n: n, room: cfg.Room, known: 1, held: map[workHeld]*workJob[T]{}, producers: map[refKey]Ref[producerMsg]{},
-		confirmed: map[refKey][]uint64{}}
+		confirmed: map[refKey][]uint64{}, fresh: map[workHeld]bool{}}
 	ctl, err := Spawn(systemParent{n}, "worker-"+strconv.FormatUint(workSeq.Add(1), 36), Behavior[workerMsg]{
 		Receive: w.receive, Signal: w.signal,
 	})
@@ -195,16 +196,16 @@ type workConfirm struct {
 	inc      uint32
 }
 
-// workFailed says that the worker's actor failed on a job (local).
-type workFailed struct {
-	producer refKey
-	seq      uint64
-	inc      uint32
+// workRestarted says that the worker's actor starts a new incarnation
+// (local): inc is its number; failed, that a failure ended the last.
+type workRestarted struct {
+	inc    uint32
+	failed bool
 }
 
-// workRestarted says that the worker's actor restarted (local): inc is
-// its behavior's new incarnation.
-type workRestarted struct{ inc uint32 }
+// workRedeliver hands the unconfirmed jobs to incarnation inc, after a
+// failure's backoff (a timer's, local).
+type workRedeliver struct{ inc uint32 }
 
 // workFlush sends the confirmations gathered (local, to itself).
 type workFlush struct{}
@@ -217,7 +218,7 @@ func (workJob[T]) workerMsg()    {}
 func (workConfirm) workerMsg()   {}
 func (workRestarted) workerMsg() {}
 func (workFlush) workerMsg()     {}
-func (workFailed) workerMsg()    {}
+func (workRedeliver) workerMsg() {}
 func (workAttach[T]) workerMsg() {}
 
 // unwrap makes a job that a worker's controller could not take a dead
@@ -247,13 +248,18 @@ type workWorker[T any] struct {
 	producers map[refKey]Ref[producerMsg]
 	confirmed map[refKey][]uint64 // confirmations not yet sent, by producer
 	flushing  bool                // a workFlush is in the mailbox
+	failures  int                 // failures in a row, none confirmed between
+	waiting   bool                // a workRedeliver timer runs: jobs are held, not handed
+	fresh     map[workHeld]bool   // jobs held meanwhile, never handed
 }
 
-// wrap makes the worker's actor's behavior: b, told of each fresh
-// incarnation (a restart calls its Setup again), so that the controller
-// hands the fresh one the unconfirmed jobs and the deliveries made to
+// wrap makes the worker's actor's behavior: b, counting incarnations —
+// a restart (Setup again) starts one, and so does a failure that the
+// behavior's supervisor resumes — so that the controller hands the new
+// one every unconfirmed job again, in order, and the deliveries made to
 // the old one, still in the mailbox, are dropped.
 func (w *workWorker[T]) wrap(b Behavior[Delivery[T]]) Behavior[Delivery[T]] {
+	supervised := b.sup != nil
 	one := func(b Behavior[Delivery[T]]) Behavior[Delivery[T]] {
 		setup, receive := b.Setup, b.Receive
 		b.Setup = func(c *Context[Delivery[T]]) {
@@ -270,11 +276,12 @@ func (w *workWorker[T]) wrap(b Behavior[Delivery[T]]) Behavior[Delivery[T]] {
 			}
 			returned := false
 			defer func() {
-				// A failure (a panic, or Fail) hands the job to the
-				// behavior again: a resumed one as a restarted one
-				// (which gets all its unconfirmed jobs anyway).
-				if !returned || c.c.tools != nil && c.c.tools.failed != nil {
-					w.self.Tell(workFailed{producer: d.producer, seq: d.Seq, inc: d.inc})
+				// A failure (a panic, or Fail) that a supervisor handles
+				// ends the incarnation: the jobs go to the behavior again
+				// (resumed or restarted). Unsupervised, the actor stops,
+				// and the producer hands them to the others.
+				if supervised && (!returned || c.c.tools != nil && c.c.tools.failed != nil) {
+					w.self.Tell(workRestarted{inc: w.inc.Add(1), failed: true})
 				}
 			}()
 			receive(c, d)
@@ -282,7 +289,7 @@ func (w *workWorker[T]) wrap(b Behavior[Delivery[T]]) Behavior[Delivery[T]] {
 		}
 		return b
 	}
-	if b.sup == nil {
+	if !supervised {
 		return one(b)
 	}
 	build := b.sup.build
@@ -307,7 +314,12 @@ func (w *workWorker[T]) receive(c *Context[workerMsg], m workerMsg) {
 			return // from a producer that stopped: its jobs are gone with it
 		}
 		held := &m
-		w.held[workHeld{producer: k, seq: m.Seq}] = held
+		h := workHeld{producer: k, seq: m.Seq}
+		w.held[h] = held
+		if w.waiting {
+			w.fresh[h] = true // handed with the others after the backoff, in order
+			return
+		}
 		w.deliver(held, k, false)
 	case workConfirm:
 		h := workHeld{producer: m.producer, seq: m.seq}
@@ -315,6 +327,8 @@ func (w *workWorker[T]) receive(c *Context[workerMsg], m workerMsg) {
 			return
 		}
 		delete(w.held, h)
+		delete(w.fresh, h)
+		w.failures = 0
 		if _, ok := w.producers[m.producer]; ok {
 			// Confirmations that meet go in one message: the flush comes
 			// after those already in the mailbox.
@@ -323,12 +337,6 @@ func (w *workWorker[T]) receive(c *Context[workerMsg], m workerMsg) {
 				w.flushing = true
 				c.Self().Tell(workFlush{})
 			}
-		}
-	case workFailed:
-		// Handed again if the behavior that failed goes on (resumed);
-		// after a restart, workRestarted hands it with the rest.
-		if j := w.held[workHeld{producer: m.producer, seq: m.seq}]; j != nil && m.inc == w.known {
-			w.deliver(j, m.producer, true)
 		}
 	case workFlush:
 		w.flushing = false
@@ -342,14 +350,45 @@ func (w *workWorker[T]) receive(c *Context[workerMsg], m workerMsg) {
 		if m.inc <= w.known {
 			return
 		}
-		// The fresh incarnation gets every unconfirmed job again, in
-		// each producer's order. Until now, jobs went to the old one
-		// (and were dropped): none overtakes these.
+		// Until now, jobs went to the old incarnation (and were
+		// dropped): none overtakes these.
 		w.known = m.inc
-		for _, h := range sortedHeld(w.held) {
-			w.deliver(w.held[h], h.producer, true)
+		if m.failed {
+			w.failures++
+		}
+		if d := workBackoff(w.failures); d > 0 {
+			// A job that fails every time is handed again ever more
+			// slowly, not in a tight loop.
+			c.StartTimer(workRedeliver{}, d, workRedeliver{inc: m.inc})
+			w.waiting = true
+			return
+		}
+		w.redeliver()
+	case workRedeliver:
+		if m.inc == w.known {
+			w.redeliver()
 		}
 	}
+}
+
+// redeliver hands the incarnation the controller knows of every
+// unconfirmed job again, in each producer's order.
+func (w *workWorker[T]) redeliver() {
+	for _, h := range sortedHeld(w.held) {
+		w.deliver(w.held[h], h.producer, !w.fresh[h])
+	}
+	w.waiting = false
+	clear(w.fresh)
+}
+
+// workBackoff is the pause before the unconfirmed jobs are handed again
+// after failures failures in a row (none confirmed between): none after
+// the first, then 10 ms, doubling, up to a second.
+func workBackoff(failures int) time.Duration {
+	if failures <= 1 {
+		return 0
+	}
+	return min(10*time.Millisecond<<min(failures-2, 10), time.Second)
 }
 
 // deliver hands a held job to the worker's actor, for the incarnation
@@ -376,6 +415,7 @@ func (w *workWorker[T]) signal(c *Context[workerMsg], s Signal) {
 		for k := range w.held {
 			if k.producer == h.key {
 				delete(w.held, k)
+				delete(w.fresh, k)
 			}
 		}
 	}

@@ -224,15 +224,21 @@ func (j *workJournal) recover(segs []uint64) (err error) {
 	return nil
 }
 
-// journalTail reports whether the unreadable record at off is the last
-// thing in b: its length runs past the end, or it ends b exactly (its CRC
-// failed). A damaged record with more after it is damage, not a crash.
+// journalTail reports whether the unreadable record at off is what a
+// write cut short by a crash leaves: fewer than its four length bytes, a
+// length in bounds that runs past the end, the file's last record (its
+// CRC failed), or nothing but zeros (a file extended, not yet written). A
+// damaged record with more after it is damage, not a crash.
 func journalTail(b []byte, off int) bool {
-	if len(b)-off < 4 {
+	rest := int64(len(b) - off)
+	if rest < 4 {
 		return true
 	}
-	n := int(binary.BigEndian.Uint32(b[off:]))
-	return n < 1 || len(b)-off-4 <= n+4
+	if !slices.ContainsFunc(b[off:], func(c byte) bool { return c != 0 }) {
+		return true
+	}
+	n := int64(binary.BigEndian.Uint32(b[off:]))
+	return n >= 1 && n <= maxJournalRecord && rest <= n+8
 }
 
 // upgrade re-encodes a payload written by another version of the job's
@@ -253,10 +259,11 @@ func readJournalRecord(b []byte, off int) (kind byte, body []byte, next int, ok 
 	if len(b)-off < 4 {
 		return 0, nil, 0, false
 	}
-	n := int(binary.BigEndian.Uint32(b[off:]))
-	if n < 1 || n > maxJournalRecord || len(b)-off-4 < n+4 {
+	n64 := int64(binary.BigEndian.Uint32(b[off:]))
+	if n64 < 1 || n64 > maxJournalRecord || int64(len(b)-off) < n64+8 {
 		return 0, nil, 0, false
 	}
+	n := int(n64)
 	rec := b[off+4 : off+4+n]
 	if crc32.Checksum(rec, journalCRC) != binary.BigEndian.Uint32(b[off+4+n:]) {
 		return 0, nil, 0, false
@@ -409,21 +416,23 @@ func (j *workJournal) write(rec []byte) error {
 	return nil
 }
 
-// flush makes the records up to mine durable, and compacts if asked.
+// flush makes the records up to mine durable, and compacts if asked. A
+// compaction that fails is tried again by a later write (the segment
+// grows meanwhile): the records are written, and the sync below says
+// whether they are durable.
 func (j *workJournal) flush(mine uint64, compact bool) error {
 	j.syncMu.Lock()
 	defer j.syncMu.Unlock()
-	if compact {
-		j.mu.Lock()
-		var err error
-		if j.size > max(journalSegmentMin, 2*j.bytes) {
-			err = j.compact([]uint64{j.seg})
-		}
+	j.mu.Lock()
+	if j.err != nil { // closed (a Send that met Close), or failed
+		err := j.err
 		j.mu.Unlock()
-		if err != nil {
-			return err
-		}
+		return err
 	}
+	if compact && j.size > max(journalSegmentMin, 2*j.bytes) {
+		_ = j.compact([]uint64{j.seg}) // (on failure, the segment written goes on)
+	}
+	j.mu.Unlock()
 	if !j.sync || j.synced >= mine {
 		return nil
 	}

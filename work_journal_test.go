@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"testing"
 )
 
@@ -72,5 +73,87 @@ func TestJournalSampleOpens(t *testing.T) {
 		if len(segs) != 1 {
 			t.Fatalf("segments after opening: %v, want the compacted one", segs)
 		}
+	}
+}
+
+// A record whose length is damaged before the end of the last segment —
+// zeroed, or past any record's bound — is damage, not a cut-short tail:
+// the journal does not open, rather than drop what follows.
+func TestJournalLengthDamageIsNotATail(t *testing.T) {
+	t.Parallel()
+	mt := typeOf(reflect.TypeFor[testPing]())
+	j := &workJournal{mt: mt}
+	seg := j.header(nil)
+	for seq := uint64(1); seq <= 10; seq++ {
+		var e encoder
+		p, _ := e.payload(nil, mt, testPing{N: int(seq)})
+		seg = appendJournalRecord(seg, 'J', binary.AppendUvarint(nil, seq), p)
+	}
+	third := 0 // the offset of the third job's record
+	for off, k := 0, 0; ; k++ {
+		kind, _, next, ok := readJournalRecord(seg, off)
+		if !ok {
+			t.Fatal("the sample does not read")
+		}
+		if kind == 'J' && k == 4 { // T, I, J1, J2, J3
+			third = off
+			break
+		}
+		off = next
+	}
+	for name, damage := range map[string]func(b []byte){
+		"zeroed":   func(b []byte) { copy(b[third:], []byte{0, 0, 0, 0}) },
+		"high bit": func(b []byte) { b[third] |= 0x80 },
+		"too long": func(b []byte) { binary.BigEndian.PutUint32(b[third:], maxJournalRecord+1) },
+	} {
+		dir := t.TempDir()
+		b := slices.Clone(seg)
+		damage(b)
+		os.WriteFile(filepath.Join(dir, "0000000000000001.journal"), b, 0o600)
+		if jj, jobs, _, err := openJournal(dir, false, mt); err == nil {
+			jj.close()
+			t.Errorf("%s length before the end: opened with %d jobs, want an error", name, len(jobs))
+		}
+	}
+}
+
+// A flush that comes after the journal closed (a Send that met Close)
+// writes nothing: it does not compact into the directory, which the next
+// producer may hold by then.
+func TestJournalFlushAfterCloseTouchesNothing(t *testing.T) {
+	t.Parallel()
+	mt := typeOf(reflect.TypeFor[testPing]())
+	dir := t.TempDir()
+	payload := func(n int) []byte {
+		var e encoder
+		b, _ := e.payload(nil, mt, testPing{N: n})
+		return b
+	}
+	j1, _, _, err := openJournal(dir, false, mt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	big := slices.Repeat([]byte{1}, 5<<20)
+	j1.add(1, big)
+	j1.confirm(1)
+	j1.close()
+	j2, _, _, err := openJournal(dir, false, mt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := j2.add(2, payload(2)); err != nil {
+		t.Fatal(err)
+	}
+	if err := j1.flush(0, true); err == nil {
+		t.Fatal("a flush of a closed journal succeeded")
+	}
+	j2.close()
+	j3, jobs, _, err := openJournal(dir, false, mt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer j3.close()
+	if len(jobs) != 1 || jobs[0].seq != 2 {
+		t.Fatalf("the next producer's journal holds %v, want job 2", jobs)
 	}
 }

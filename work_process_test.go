@@ -232,6 +232,7 @@ func TestWorkSurvivesKillsOfWorkersAndProducer(t *testing.T) {
 	_, plines = workHelper(t, "producer", reg, "TROUPE_HELPER_JOURNAL="+journal, fmt.Sprint("TROUPE_HELPER_FROM=", sent+1), fmt.Sprint("TROUPE_HELPER_TO=", total))
 	rec := expect(plines, "RECOVERED")
 	expect(plines, "DONE")
+	awaitResults(&mu, runs, total)
 
 	mu.Lock()
 	var missing []int
@@ -473,6 +474,7 @@ func TestWorkUnderRandomFaults(t *testing.T) {
 	if sent != total {
 		t.Fatalf("the last producer finished at job %d of %d", sent, total)
 	}
+	awaitResults(&mu, runs, sent)
 	mu.Lock()
 	var missing []int
 	twice := 0
@@ -496,5 +498,25 @@ func TestWorkUnderRandomFaults(t *testing.T) {
 	defer p.Close()
 	if r := p.Stats().Recovered; r != 0 {
 		t.Fatalf("the journal holds %d jobs after all were confirmed", r)
+	}
+}
+
+// awaitResults waits, a bounded while, until the collector has a result
+// for each of jobs 1..n: a job's result and its confirmation travel
+// different ways (to this process, to the producer's), so the last
+// results may still be on theirs when the producer is done.
+func awaitResults(mu *sync.Mutex, runs map[int]int, n int) {
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		mu.Lock()
+		all := true
+		for i := 1; i <= n && all; i++ {
+			all = runs[i] > 0
+		}
+		mu.Unlock()
+		if all {
+			return
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }

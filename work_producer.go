@@ -159,8 +159,7 @@ func (p *Producer[T]) Send(ctx context.Context, job T) error {
 	seq := p.seq.Add(1)
 	if p.j != nil {
 		// Encoded here, with no lock held (AppendWire is the user's).
-		var e encoder
-		b, err := e.payload(nil, p.mt, job)
+		b, err := journalPayload(p.mt, job)
 		if err == nil {
 			err = p.j.add(seq, b)
 		}
@@ -212,6 +211,18 @@ func (p *Producer[T]) Wait(ctx context.Context) error {
 	case <-p.stopped: // its node closed
 		return errProducerClosed
 	}
+}
+
+// journalPayload encodes a job for the journal; a panic of its
+// AppendWire is an error.
+func journalPayload(mt *msgType, job any) (b []byte, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("%w: encoding %s for the journal panicked: %v", ErrMalformed, mt.key, p)
+		}
+	}()
+	var e encoder
+	return e.payload(nil, mt, job)
 }
 
 // isClosed reports whether Close was called or the producer stopped.
@@ -308,6 +319,18 @@ type workRetry struct{}
 // before it is tried again (unless it confirms a job first).
 const workRetryAfter = 50 * time.Millisecond
 
+// workerGoing reports whether a send's error says that its target is
+// going away, so that a Terminated will follow.
+func workerGoing(err error) bool {
+	for _, e := range []error{ErrActorStopped, ErrNoSuchActor, ErrNodeClosed, ErrPeerLeft, ErrSessionEnded,
+		ErrPeerUnreachable, ErrQuarantined, ErrQuarantinedByPeer, ErrPeerShuttingDown, ErrRejected, ErrAuth} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
+}
+
 // tryTell sends msg to h as Tell would, but returns the error rather than
 // make a dead letter of it.
 func tryTell(h *handle, msg any) error {
@@ -373,6 +396,7 @@ type producer[T any] struct {
 	next    int
 
 	journalErr bool // a journal failure was logged
+	retrying   bool // a workRetry timer runs
 }
 
 func (pr *producer[T]) receive(c *Context[producerMsg], m producerMsg) {
@@ -394,6 +418,7 @@ func (pr *producer[T]) receive(c *Context[producerMsg], m producerMsg) {
 			pr.done(m.Worker.h.key, seq)
 		}
 	case workRetry:
+		pr.retrying = false
 		for _, ws := range pr.workers {
 			ws.stalled = false
 		}
@@ -468,9 +493,21 @@ func (pr *producer[T]) dispatch(c *Context[producerMsg]) {
 		err := tryTell(ws.ref.h, workJob[T]{Producer: c.Self(), ID: pr.p.id, Seq: seq, Redelivered: e.handed > 0, Job: e.job})
 		switch {
 		case err == nil:
-		case errors.Is(err, ErrFrameTooBig) || errors.Is(err, ErrNoWireKey) || errors.Is(err, ErrMalformed):
-			// The job itself cannot go: to no worker. It is given up,
-			// as a dead letter of its own.
+		case errors.Is(err, ErrSendQueueFull) || errors.Is(err, ErrMailboxFull) || workerGoing(err):
+			// No room on the way to this worker now, or the worker is
+			// going (its Terminated will hand on what it holds): the job
+			// waits at the head of the queue, and the worker gets no more
+			// until it confirms one or a moment has passed.
+			ws.stalled = true
+			if !pr.retrying {
+				pr.retrying = true
+				c.StartTimer(workRetry{}, workRetryAfter, workRetry{})
+			}
+			continue
+		default:
+			// The job itself cannot go (too big for the wire, its
+			// AppendWire failed or panicked): it is given up, as a dead
+			// letter of its own.
 			pr.queue = pr.queue[1:]
 			pr.p.n.dead.deadLetter(ws.ref.String(), e.job, err)
 			delete(pr.jobs, seq)
@@ -478,18 +515,6 @@ func (pr *producer[T]) dispatch(c *Context[producerMsg]) {
 				pr.p.j.confirm(seq)
 			}
 			pr.p.release(1)
-			continue
-		case errors.Is(err, ErrSendQueueFull) || errors.Is(err, ErrMailboxFull):
-			// No room on the way to this worker now: the job waits at the
-			// head of the queue, and the worker gets no more until it
-			// confirms one or a moment has passed.
-			ws.stalled = true
-			c.StartTimer(workRetry{}, workRetryAfter, workRetry{})
-			continue
-		default:
-			// The worker is going (stopped, its node gone or quarantined):
-			// its Terminated hands on what it holds; it gets no more.
-			ws.room = 0
 			continue
 		}
 		pr.queue = pr.queue[1:]

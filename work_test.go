@@ -917,3 +917,150 @@ func TestWorkConsumerMovesWithItsSingleton(t *testing.T) {
 		t.Fatalf("jobs done on each member: %v; want a's first hundred, then b's", on)
 	}
 }
+
+// pjob is a job whose encoding panics for N == 2.
+type pjob struct{ N int }
+
+func (j pjob) AppendWire(b []byte) []byte {
+	if j.N == 2 {
+		panic("pjob 2 cannot be encoded")
+	}
+	return append(b, byte(j.N))
+}
+
+func (j *pjob) UnmarshalWire(b []byte) error {
+	if len(b) != 1 {
+		return errors.New("pjob: one byte")
+	}
+	j.N = int(b[0])
+	return nil
+}
+
+func init() { troupe.SetWireKey[pjob]("troupe.test.work.pjob") }
+
+// A job whose encoding fails (its AppendWire panics) can go to no remote
+// worker: it is a dead letter of its own, and the workers go on with the
+// rest.
+func TestWorkJobThatCannotEncodeIsADeadLetter(t *testing.T) {
+	t.Parallel()
+	f := new(troupe.FaultNet)
+	prod, ws := workNodes(t, f, "w1", "w2")
+	key := troupe.ServiceKey[pjob]{Name: "pjobs"}
+	var mu sync.Mutex
+	done := map[int]bool{}
+	for _, n := range ws {
+		if _, err := troupe.Worker(n, "worker", key, troupe.Behavior[troupe.Delivery[pjob]]{
+			Receive: func(_ *troupe.Context[troupe.Delivery[pjob]], d troupe.Delivery[pjob]) {
+				mu.Lock()
+				done[d.Job.N] = true
+				mu.Unlock()
+				d.Confirm()
+			}}, troupe.WorkConfig{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dead := make(chan troupe.DeadLetter, 100)
+	sub := troupe.SubscribeChan(prod, dead)
+	defer sub.Unsubscribe()
+	p, err := troupe.Produce(prod, key, troupe.WorkConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	waitUntil(t, 10*time.Second, "the producer sees two workers", func() bool { return p.Stats().Workers == 2 })
+	ctx := ctxFor(t)
+	for i := 1; i <= 10; i++ {
+		if err := p.Send(ctx, pjob{N: i}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := p.Wait(ctx); err != nil {
+		t.Fatalf("Wait: %v (stats %+v)", err, p.Stats())
+	}
+	mu.Lock()
+	if len(done) != 9 || done[2] {
+		t.Fatalf("done: %v, want every job but 2", done)
+	}
+	mu.Unlock()
+	for {
+		select {
+		case d := <-dead:
+			if j, ok := d.Message.(pjob); ok && j.N == 2 {
+				return
+			}
+		case <-ctx.Done():
+			t.Fatal("the job that cannot be encoded made no dead letter")
+		}
+	}
+}
+
+// A worker supervised with ResumeOnFailure keeps its order: the job it
+// failed on comes again before the ones behind it; and a job that fails
+// every time is handed again ever more slowly, not in a tight loop.
+func TestWorkResumedWorkerKeepsItsOrderAndBacksOff(t *testing.T) {
+	t.Parallel()
+	f := new(troupe.FaultNet)
+	prod, ws := workNodes(t, f, "w1")
+	var mu sync.Mutex
+	var order []int
+	tries := 0
+	failedOnce := false
+	b := troupe.Supervise(func() troupe.Behavior[troupe.Delivery[task]] {
+		return troupe.Behavior[troupe.Delivery[task]]{Receive: func(c *troupe.Context[troupe.Delivery[task]], d troupe.Delivery[task]) {
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case d.Job.N == 50 && !failedOnce:
+				failedOnce = true
+				c.Fail(errors.New("job 50 fails once"))
+				return
+			case d.Job.N == 1000: // fails every time
+				tries++
+				c.Fail(errors.New("job 1000 always fails"))
+				return
+			}
+			order = append(order, d.Job.N)
+			d.Confirm()
+		}}
+	}, troupe.ResumeOnFailure())
+	if _, err := troupe.Worker(ws[0], "worker", tasksKey, b, troupe.WorkConfig{Room: 20}); err != nil {
+		t.Fatal(err)
+	}
+	p, err := troupe.Produce(prod, tasksKey, troupe.WorkConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	ctx := ctxFor(t)
+	const jobs = 300
+	for i := 1; i <= jobs; i++ {
+		if err := p.Send(ctx, task{N: i}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := p.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	for i, n := range order {
+		if n != i+1 {
+			mu.Unlock()
+			t.Fatalf("the resumed worker processed %v (at %d: %d, want %d)", order[max(0, i-3):min(len(order), i+5)], i, n, i+1)
+		}
+	}
+	mu.Unlock()
+	if err := p.Send(ctx, task{N: 1000}); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	waitUntil(t, 10*time.Second, "job 1000 tried a few times", func() bool { mu.Lock(); defer mu.Unlock(); return tries >= 5 })
+	waited := time.Since(start)
+	mu.Lock()
+	n := tries
+	mu.Unlock()
+	// Five tries back off 0, 10, 20, 40 ms: at least 70 ms; a tight loop
+	// makes thousands in that time.
+	if waited < 70*time.Millisecond || n > 50 {
+		t.Fatalf("a job failing every time was tried %d times in %v: no backoff", n, waited)
+	}
+}
