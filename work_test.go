@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -1063,4 +1065,138 @@ func TestWorkResumedWorkerKeepsItsOrderAndBacksOff(t *testing.T) {
 	if waited < 70*time.Millisecond || n > 50 {
 		t.Fatalf("a job failing every time was tried %d times in %v: no backoff", n, waited)
 	}
+}
+
+// Work pulling under a random schedule of the fault network's faults
+// (seeded; $TROUPE_WORK_SEED replays it), jobs paced through them:
+// partitions and one-way cuts between the producer and a worker, within
+// the failure window (the link recovers) and past it (the worker is
+// given up on and quarantined, and a new worker node replaces it),
+// resets, pauses and vanished nodes. Every job sent is processed, and
+// Wait returns; it reports the counts.
+func TestWorkUnderRandomPartitions(t *testing.T) {
+	t.Parallel()
+	slowTest(t)
+	seed := time.Now().UnixNano()
+	if s, err := strconv.ParseInt(os.Getenv("TROUPE_WORK_SEED"), 10, 64); err == nil {
+		seed = s
+	}
+	rng := rand.New(rand.NewPCG(uint64(seed), 1))
+	t.Logf("seed %d (TROUPE_WORK_SEED replays the schedule)", seed)
+	f := new(troupe.FaultNet)
+	prod, first := workNodes(t, f, "w1", "w2", "w3")
+	tl := newWorkTally()
+	reg := prod.Addrs()[0].String()
+	made := 3
+	start := func() *troupe.Node {
+		made++
+		name := fmt.Sprint("w", made)
+		n, err := f.Start(context.Background(), troupe.Config{Name: name, RegistryAddrs: []string{reg},
+			HeartbeatInterval: 100 * time.Millisecond, UnreachableAfter: time.Second,
+			Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { n.Close() })
+		if _, err := troupe.Worker(n, "worker", tasksKey, counting(tl, name), troupe.WorkConfig{Room: 5}); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	var workers []*troupe.Node
+	for i, n := range first {
+		if _, err := troupe.Worker(n, "worker", tasksKey, counting(tl, fmt.Sprint("w", i+1)), troupe.WorkConfig{Room: 5}); err != nil {
+			t.Fatal(err)
+		}
+		workers = append(workers, n)
+	}
+	p, err := troupe.Produce(prod, tasksKey, troupe.WorkConfig{Window: 200})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), workFaultsDuration()+time.Minute)
+	defer cancel()
+	stop := make(chan struct{})
+	sent := make(chan int, 1)
+	go func() {
+		n := 0
+		defer func() { sent <- n }()
+		pace := time.NewTicker(2 * time.Millisecond)
+		defer pace.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-pace.C:
+			}
+			if err := p.Send(ctx, task{N: n + 1, Body: make([]byte, 256)}); err != nil {
+				t.Errorf("Send: %v", err)
+				return
+			}
+			n++
+		}
+	}()
+	counts := map[string]int{}
+	for end := time.Now().Add(workFaultsDuration()); time.Now().Before(end); {
+		time.Sleep(time.Duration(100+rng.IntN(400)) * time.Millisecond)
+		i := rng.IntN(len(workers))
+		w := workers[i]
+		long := rng.IntN(3) == 0
+		d := time.Duration(100+rng.IntN(500)) * time.Millisecond
+		if long {
+			d = 1500*time.Millisecond + time.Duration(rng.IntN(500))*time.Millisecond
+		}
+		switch rng.IntN(5) {
+		case 0:
+			counts[fmt.Sprint("partition, long: ", long)]++
+			f.Partition(prod, w)
+			time.Sleep(d)
+			f.Heal()
+		case 1:
+			if rng.IntN(2) == 0 {
+				counts[fmt.Sprint("one-way cut from the worker, long: ", long)]++
+				f.Drop(w, prod)
+			} else {
+				counts[fmt.Sprint("one-way cut to the worker, long: ", long)]++
+				f.Drop(prod, w)
+			}
+			time.Sleep(d)
+			f.Heal()
+		case 2:
+			counts["reset"]++
+			f.Reset(prod, w)
+			long = false
+		case 3:
+			counts["pause the worker"]++
+			f.Pause(w)
+			time.Sleep(d)
+			f.Resume(w)
+		case 4:
+			counts["the worker vanishes"]++
+			f.Kill(w)
+			long = true
+		}
+		if long { // given up on (or gone): a new worker node takes its place
+			w.Close()
+			workers[i] = start()
+		}
+	}
+	close(stop)
+	n := <-sent
+	if err := p.Wait(ctx); err != nil {
+		t.Fatalf("Wait: %v (stats %+v)", err, p.Stats())
+	}
+	if m := tl.missing(n); len(m) > 0 {
+		t.Fatalf("%d of %d jobs were not processed: %v", len(m), n, m[:min(10, len(m))])
+	}
+	twice := 0
+	tl.mu.Lock()
+	for _, who := range tl.runs {
+		if len(who) > 1 {
+			twice++
+		}
+	}
+	tl.mu.Unlock()
+	t.Logf("faults: %v; %d jobs, all processed, %d more than once; stats %+v", counts, n, twice, p.Stats())
 }
