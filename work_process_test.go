@@ -42,8 +42,10 @@ func workProcessConfig(name, reg string) troupe.Config {
 // runs it in child processes. As a worker ($TROUPE_HELPER_WORK=worker) it
 // reports each job to the test's "collector" and confirms it; as a
 // producer (=producer) it sends jobs $FROM..$TO with the journal
-// $JOURNAL, saying "SENT n" after each, then waits for all to be
-// confirmed and says "DONE".
+// $JOURNAL (at $RATE a second, if set), saying "SENT n" after each, then
+// waits for all to be confirmed and says "DONE"; as home (=home) it is
+// the registrar with the collector, for TestWorkUnderRealPartitions.
+// $TROUPE_HELPER_LISTEN overrides its listen address.
 func TestHelperWorkProcess(t *testing.T) {
 	t.Parallel()
 	role := os.Getenv("TROUPE_HELPER_WORK")
@@ -56,13 +58,54 @@ func TestHelperWorkProcess(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), life)
 	defer cancel()
-	n, err := troupe.Start(ctx, workProcessConfig(role, os.Getenv("TROUPE_HELPER_REG")))
+	cfg := workProcessConfig(role, os.Getenv("TROUPE_HELPER_REG"))
+	if l := os.Getenv("TROUPE_HELPER_LISTEN"); l != "" {
+		cfg.Listen = []string{l}
+	}
+	n, err := troupe.Start(ctx, cfg)
 	if err != nil {
 		fmt.Println("ERR", err)
 		return
 	}
 	defer n.Close()
 	switch role {
+	case "home":
+		// The registrar and the collector, for the test in another
+		// namespace: "COUNT n" on stdin asks which of jobs 1..n have no
+		// result, answered "MISSING k first...".
+		var mu sync.Mutex
+		runs := map[int]int{}
+		if _, err := troupe.Spawn(n, "collector", troupe.Behavior[processed]{
+			Receive: func(_ *troupe.Context[processed], p processed) {
+				mu.Lock()
+				runs[p.N]++
+				mu.Unlock()
+			}}); err != nil {
+			fmt.Println("ERR", err)
+			return
+		}
+		fmt.Println("READY", n.Addrs()[0].String())
+		sc := bufio.NewScanner(os.Stdin)
+		for sc.Scan() {
+			c, ok := strings.CutPrefix(sc.Text(), "COUNT ")
+			if !ok {
+				continue
+			}
+			total, _ := strconv.Atoi(c)
+			mu.Lock()
+			var missing []string
+			twice := 0
+			for i := 1; i <= total; i++ {
+				if runs[i] == 0 {
+					missing = append(missing, strconv.Itoa(i))
+				}
+				if runs[i] > 1 {
+					twice++
+				}
+			}
+			mu.Unlock()
+			fmt.Println("MISSING", len(missing), twice, strings.Join(missing[:min(10, len(missing))], " "))
+		}
 	case "worker":
 		collector, err := troupe.WaitForActor[processed](ctx, n, "collector")
 		if err != nil {
