@@ -36,6 +36,24 @@ import (
 // the file, or the file's last record failing its CRC; anywhere else it is
 // an error.
 
+// workStore is where a producer keeps its unconfirmed jobs, encoded as
+// on the wire: the seam for another store (a database, a replicated
+// log) beside the file journal, the one built in. Opening one returns the
+// producer's identity, the highest number it used and the unconfirmed
+// jobs (see openJournal).
+type workStore interface {
+	// add keeps job seq; when it returns, the job outlives the process
+	// (as the store's durability promises).
+	add(seq uint64, payload []byte) error
+	// confirm drops job seq.
+	confirm(seq uint64) error
+	// close releases the store, keeping the unconfirmed jobs for the
+	// next producer.
+	close() error
+}
+
+var _ workStore = (*workJournal)(nil)
+
 // journalSegmentMin is the size past which a segment may be compacted.
 const journalSegmentMin = 4 << 20
 

@@ -40,10 +40,11 @@ type Producer[T any] struct {
 	closeOnce sync.Once
 	stopped   chan struct{} // closed when the actor has stopped
 
-	// id is the producer's identity (the journal's, or random); j is
-	// the journal (nil: none); mt is T's registered type.
+	// id is the producer's identity (the store's, or random); j is
+	// where the unconfirmed jobs are kept (nil: memory only); mt is T's
+	// registered type.
 	id        UUID
-	j         *workJournal
+	j         workStore
 	mt        *msgType
 	recovered int
 
