@@ -28,9 +28,12 @@ import (
 // the producer's identity (16 bytes) and the highest job number used so
 // far (uvarint), second; 'J' a job (uvarint number, then the job's
 // payload, encoded as on the wire); 'C' a confirmation (uvarint number).
-// Only the last segment is written;
-// when it grows past twice the live jobs' bytes (and 4 MiB), a new one
-// starts with the live jobs (compaction) and the old ones are removed. A
+// Only the last segment is written, and only it is read back: when it
+// grows past twice the live jobs' bytes (and 4 MiB), a new one starts
+// with the live jobs (compaction), written as NAME.journal.tmp, synced and
+// renamed into place whole, so that the last segment always holds every
+// live job; then the old ones are removed (a crash before that leaves
+// them, unread, for the next open to remove). A
 // record cut short or failing its CRC at the end of the last segment (a
 // crash mid-write) is dropped — a record whose length runs past the end of
 // the file, or the file's last record failing its CRC; anywhere else it is
@@ -53,6 +56,10 @@ type workStore interface {
 }
 
 var _ workStore = (*workJournal)(nil)
+
+// liveBytes is what a live job's record takes in a segment: its payload,
+// and at most 19 bytes of length, kind, number and CRC.
+func liveBytes(payload []byte) int64 { return int64(len(payload)) + 19 }
 
 // journalSegmentMin is the size past which a segment may be compacted.
 const journalSegmentMin = 4 << 20
@@ -80,7 +87,7 @@ type workJournal struct {
 	size    int64  // its size
 	written uint64 // records written, all segments
 	live    map[uint64][]byte
-	bytes   int64  // the live jobs' payload bytes
+	bytes   int64  // the live jobs' records' bytes (see liveBytes)
 	id      UUID   // the producer's identity, kept across its restarts
 	top     uint64 // the highest job number used (what recovery found)
 	err     error  // the first write error: the journal is then closed
@@ -108,13 +115,21 @@ func openJournal(dir string, sync bool, mt *msgType) (*workJournal, []journaled,
 	}
 	j := &workJournal{dir: dir, sync: sync, mt: mt, lock: lock, live: map[uint64][]byte{}}
 	segs, err := j.segments()
-	if err == nil {
-		err = j.recover(segs)
+	if err == nil && len(segs) > 0 {
+		// Each segment starts with every job live when it was made, and
+		// is renamed into place whole: the last one holds the journal,
+		// and the ones before it are what a compaction cut short by a
+		// crash had not yet removed.
+		err = j.recover(segs[len(segs)-1])
 	}
 	if err == nil && j.id == (UUID{}) {
 		_, err = rand.Read(j.id[:])
 	}
 	if err == nil {
+		leftovers, _ := filepath.Glob(filepath.Join(dir, "*.journal.tmp"))
+		for _, f := range leftovers { // a compaction's, cut short
+			os.Remove(f)
+		}
 		err = j.compact(segs)
 	}
 	if err != nil {
@@ -164,9 +179,10 @@ func (j *workJournal) segPath(n uint64) string {
 	return filepath.Join(j.dir, fmt.Sprintf("%016x.journal", n))
 }
 
-// recover reads the segments into the live table.
-func (j *workJournal) recover(segs []uint64) (err error) {
-	for i, n := range segs {
+// recover reads segment n, the last, into the live table.
+func (j *workJournal) recover(n uint64) (err error) {
+	header := 0 // the type and identity records read
+	{
 		b, err := os.ReadFile(j.segPath(n))
 		if err != nil {
 			return fmt.Errorf("%w: %v", errJournal, err)
@@ -176,7 +192,7 @@ func (j *workJournal) recover(segs []uint64) (err error) {
 		for off < len(b) {
 			kind, body, next, ok := readJournalRecord(b, off)
 			if !ok {
-				if i == len(segs)-1 && journalTail(b, off) {
+				if header == 2 && journalTail(b, off) {
 					break // the tail of a write cut short by a crash
 				}
 				return fmt.Errorf("%w: segment %s is damaged at byte %d", errJournal, j.segPath(n), off)
@@ -184,6 +200,7 @@ func (j *workJournal) recover(segs []uint64) (err error) {
 			off = next
 			switch kind {
 			case 'T':
+				header++
 				key, shape, err := parseJournalType(body)
 				if err != nil {
 					return fmt.Errorf("%w: segment %s: %v", errJournal, j.segPath(n), err)
@@ -202,6 +219,7 @@ func (j *workJournal) recover(segs []uint64) (err error) {
 					}
 				}
 			case 'I':
+				header++
 				if len(body) < 17 {
 					return fmt.Errorf("%w: segment %s: a malformed identity", errJournal, j.segPath(n))
 				}
@@ -222,7 +240,10 @@ func (j *workJournal) recover(segs []uint64) (err error) {
 						return fmt.Errorf("%w: job %d in %s: %v", errJournal, seq, j.dir, err)
 					}
 				}
-				j.bytes += int64(len(payload) - len(j.live[seq]))
+				if old, ok := j.live[seq]; ok {
+					j.bytes -= liveBytes(old)
+				}
+				j.bytes += liveBytes(payload)
 				j.live[seq] = slices.Clone(payload)
 				j.top = max(j.top, seq)
 			case 'C':
@@ -232,10 +253,15 @@ func (j *workJournal) recover(segs []uint64) (err error) {
 						return fmt.Errorf("%w: segment %s: a malformed confirmation", errJournal, j.segPath(n))
 					}
 					body = body[k:]
-					j.bytes -= int64(len(j.live[seq]))
-					delete(j.live, seq)
+					if old, ok := j.live[seq]; ok {
+						j.bytes -= liveBytes(old)
+						delete(j.live, seq)
+					}
 				}
 			}
+		}
+		if header != 2 {
+			return fmt.Errorf("%w: segment %s is damaged: it does not begin with the job type and the producer's identity", errJournal, j.segPath(n))
 		}
 		j.seg = n
 	}
@@ -325,7 +351,8 @@ func (j *workJournal) header(b []byte) []byte {
 // before the journal is shared.
 func (j *workJournal) compact(old []uint64) error {
 	next := j.seg + 1
-	f, err := os.OpenFile(j.segPath(next), os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	tmp := j.segPath(next) + ".tmp" // renamed into place once whole and synced
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
 	if err != nil {
 		return fmt.Errorf("%w: %v", errJournal, err)
 	}
@@ -341,7 +368,7 @@ func (j *workJournal) compact(old []uint64) error {
 		if len(buf) > 1<<20 {
 			if _, err := f.Write(buf); err != nil {
 				f.Close()
-				os.Remove(j.segPath(next))
+				os.Remove(tmp)
 				return fmt.Errorf("%w: %v", errJournal, err)
 			}
 			size += int64(len(buf))
@@ -353,11 +380,15 @@ func (j *workJournal) compact(old []uint64) error {
 	if err == nil {
 		err = f.Sync()
 	}
+	if err == nil {
+		err = os.Rename(tmp, j.segPath(next))
+	}
 	if err != nil {
 		f.Close()
-		os.Remove(j.segPath(next)) // the segment written goes on as before
+		os.Remove(tmp) // the segment written goes on as before
 		return fmt.Errorf("%w: %v", errJournal, err)
 	}
+	syncDir(j.dir) // the new segment is in place before the old go
 	for _, n := range old {
 		if n < next {
 			os.Remove(j.segPath(n))
@@ -396,7 +427,7 @@ func (j *workJournal) add(seq uint64, payload []byte) error {
 		return err
 	}
 	j.live[seq] = payload
-	j.bytes += int64(len(payload))
+	j.bytes += liveBytes(payload)
 	j.top = max(j.top, seq)
 	mine := j.written
 	full := j.size > max(journalSegmentMin, 2*j.bytes)
@@ -414,7 +445,7 @@ func (j *workJournal) confirm(seq uint64) error {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	if p, ok := j.live[seq]; ok {
-		j.bytes -= int64(len(p))
+		j.bytes -= liveBytes(p)
 		delete(j.live, seq)
 	}
 	return j.write(rec)

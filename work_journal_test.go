@@ -157,3 +157,28 @@ func TestJournalFlushAfterCloseTouchesNothing(t *testing.T) {
 		t.Fatalf("the next producer's journal holds %v, want job 2", jobs)
 	}
 }
+
+// A compaction that a crash cut short leaves the segment before it (with
+// a tail cut short, perhaps) beside the new one, or a temporary file: the
+// journal opens from the last whole segment, and removes the rest.
+func TestJournalOpensAfterACompactionCutShort(t *testing.T) {
+	t.Parallel()
+	mt := typeOf(reflect.TypeFor[testPing]())
+	dir := t.TempDir()
+	g := journalSample() // jobs 1 and 3 live
+	os.WriteFile(filepath.Join(dir, "0000000000000001.journal"), g[:len(g)-3], 0o600)
+	os.WriteFile(filepath.Join(dir, "0000000000000002.journal"), g, 0o600)
+	os.WriteFile(filepath.Join(dir, "0000000000000003.journal.tmp"), g[:10], 0o600)
+	j, jobs, _, err := openJournal(dir, false, mt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer j.close()
+	if len(jobs) != 2 || jobs[0].seq != 1 || jobs[1].seq != 3 {
+		t.Fatalf("jobs %v, want 1 and 3", jobs)
+	}
+	left, _ := filepath.Glob(filepath.Join(dir, "*.journal*"))
+	if len(left) != 1 {
+		t.Fatalf("files left: %v, want the new segment only", left)
+	}
+}

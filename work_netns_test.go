@@ -242,4 +242,8 @@ func TestWorkUnderRealPartitions(t *testing.T) {
 		t.Fatalf("jobs never processed (count, done twice, first ones): %s", missing)
 	}
 	t.Logf("%d jobs, all processed; (missing, done twice): %s; the last producer's stats (sent, recovered, confirmed, redelivered): %s", total, missing, stats)
+	checkConfirmedOnce(t, stats)
+	prod.stdin.Close()
+	prod.cmd.Wait() // (its lock on the journal goes with it)
+	checkJournalEmpty(t, journal)
 }

@@ -303,15 +303,6 @@ func TestWorkSurvivesKillsOfWorkersAndProducer(t *testing.T) {
 	}
 }
 
-// workFaultsDuration is how long TestWorkUnderRandomFaults injects faults:
-// $TROUPE_WORK_FAULTS (a Go duration), 4 s by default.
-func workFaultsDuration() time.Duration {
-	if d, err := time.ParseDuration(os.Getenv("TROUPE_WORK_FAULTS")); err == nil {
-		return d
-	}
-	return 4 * time.Second
-}
-
 // Work pulling across processes under a random schedule of real faults
 // (seeded; the seed is logged, and $TROUPE_WORK_SEED replays it): kill -9
 // of a worker (a new one starts) and of the producer (a new one starts on
@@ -534,6 +525,7 @@ func TestWorkUnderRandomFaults(t *testing.T) {
 		t.Fatalf("%d jobs were never processed: %v", len(missing), missing[:min(10, len(missing))])
 	}
 	t.Logf("%d jobs sent and processed, %d more than once; the last producer's stats (sent, recovered, confirmed, redelivered): %s", sent, twice, strings.Join(prodStats, "; "))
+	checkConfirmedOnce(t, prodStats[len(prodStats)-1])
 	p, err := troupe.Produce(home, tasksKey, troupe.WorkConfig{Journal: journal})
 	if err != nil {
 		t.Fatal(err)

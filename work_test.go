@@ -920,6 +920,16 @@ func TestWorkConsumerMovesWithItsSingleton(t *testing.T) {
 	}
 }
 
+// workFaultsDuration is how long the random fault schedules of the work
+// tests inject faults: $TROUPE_WORK_FAULTS (a Go duration), 4 s by
+// default.
+func workFaultsDuration() time.Duration {
+	if d, err := time.ParseDuration(os.Getenv("TROUPE_WORK_FAULTS")); err == nil {
+		return d
+	}
+	return 4 * time.Second
+}
+
 // pjob is a job whose encoding panics for N == 2.
 type pjob struct{ N int }
 
@@ -1199,4 +1209,33 @@ func TestWorkUnderRandomPartitions(t *testing.T) {
 	}
 	tl.mu.Unlock()
 	t.Logf("faults: %v; %d jobs, all processed, %d more than once; stats %+v", counts, n, twice, p.Stats())
+}
+
+// checkConfirmedOnce checks a producer's STATS line ("sent recovered
+// confirmed redelivered"): each job it took was confirmed once.
+func checkConfirmedOnce(t *testing.T, stats string) {
+	t.Helper()
+	var sent, recovered, confirmed, redelivered int
+	if _, err := fmt.Sscan(stats, &sent, &recovered, &confirmed, &redelivered); err != nil {
+		t.Fatalf("stats %q: %v", stats, err)
+	}
+	if confirmed != sent+recovered {
+		t.Fatalf("the last producer took %d jobs (%d sent, %d recovered) and confirmed %d", sent+recovered, sent, recovered, confirmed)
+	}
+}
+
+// checkJournalEmpty opens the journal in dir on a node of its own: no job
+// is left in it.
+func checkJournalEmpty(t *testing.T, dir string) {
+	t.Helper()
+	n := startQuiet(t, troupe.Config{Name: "check", Listen: []string{"tcp://127.0.0.1:0"}, ServeRegistry: true,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	p, err := troupe.Produce(n, tasksKey, troupe.WorkConfig{Journal: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	if r := p.Stats().Recovered; r != 0 {
+		t.Fatalf("the journal holds %d jobs after all were confirmed", r)
+	}
 }

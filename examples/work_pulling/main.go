@@ -25,6 +25,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -38,10 +39,12 @@ type Job struct {
 	ReplyTo troupe.Ref[Result]
 }
 
-// Result says who did job N.
+// Result says who did job N, and whether it came to them handed out
+// again.
 type Result struct {
 	N      int
 	Worker string
+	Again  bool
 }
 
 func init() {
@@ -100,7 +103,7 @@ func worker(registry, name string) error {
 	_, err = troupe.Worker(n, "worker", jobsKey, troupe.Behavior[troupe.Delivery[Job]]{
 		Receive: func(_ *troupe.Context[troupe.Delivery[Job]], d troupe.Delivery[Job]) {
 			time.Sleep(2 * time.Millisecond) // the work
-			d.Job.ReplyTo.Tell(Result{N: d.Job.N, Worker: name})
+			d.Job.ReplyTo.Tell(Result{N: d.Job.N, Worker: name, Again: d.Redelivered})
 			d.Confirm()
 		},
 	}, troupe.WorkConfig{Room: 5})
@@ -116,6 +119,7 @@ type results struct {
 	mu     sync.Mutex
 	runs   map[int]int    // job → times done
 	by     map[string]int // worker → jobs done
+	again  []int          // jobs that came handed out again
 	killAt chan struct{}  // closed when worker-2 has done 50
 	all    chan struct{}  // closed when every job has a result
 }
@@ -123,6 +127,9 @@ type results struct {
 func (r *results) add(res Result) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if res.Again {
+		r.again = append(r.again, res.N)
+	}
 	if r.runs[res.N]++; r.runs[res.N] == 1 && len(r.runs) == jobs {
 		close(r.all)
 	}
@@ -219,7 +226,8 @@ func run(ctx context.Context, exe string, args []string, w io.Writer) error {
 			twice++
 		}
 	}
-	fmt.Fprintf(w, "producer: %d jobs that worker-2 held unconfirmed were handed to the others\n", st.Redelivered)
+	slices.Sort(res.again)
+	fmt.Fprintf(w, "producer: %d jobs that worker-2 held unconfirmed were handed to the others: %v\n", st.Redelivered, res.again)
 	fmt.Fprintf(w, "producer: %d jobs sent, %d confirmed, %d lost; %d done twice (done by worker-2, not confirmed before it died)\n",
 		st.Sent, st.Confirmed, lost, twice)
 	return nil
