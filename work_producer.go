@@ -365,6 +365,7 @@ func init() {
 	// Never sent across: registered so that a listing left in the feed's
 	// mailbox when it stops is a dead letter of troupe's own (quiet).
 	SetWireKey[ServiceListing[workerMsg]]("troupe.work.listing")
+	SetWireKey[workListing]("troupe.work.listing-passed") // (likewise, in the producer's)
 }
 
 // workEntry is an unconfirmed job.
