@@ -87,7 +87,19 @@ type wrapped interface {
 	unwrap() (target string, msg any)
 }
 
+// takenBack is a message whose sender may take it back when it becomes
+// a dead letter on the sender's node after its send was accepted (a work
+// producer's job, refused when its queued record was encoded or dropped
+// when its session ended): one taken back is not lost, so it is not
+// reported.
+type takenBack interface {
+	takeBack(n *Node, reason error) bool
+}
+
 func (dl *deadLetters) reportDeadLetter(d DeadLetter) {
+	if tb, ok := d.Message.(takenBack); ok && tb.takeBack(dl.n, d.Reason) {
+		return
+	}
 	if w, ok := d.Message.(wrapped); ok {
 		target, msg := w.unwrap()
 		d.Message = msg

@@ -344,6 +344,40 @@ func tryTell(h *handle, msg any) error {
 	return ErrNoSuchActor
 }
 
+// workRetryable reports whether a job whose send failed with err may be
+// handed again: there was no room on the way (the send budget, the
+// worker's mailbox), or its worker is going. Any other failure is the
+// job's own (it cannot travel).
+func workRetryable(err error) bool {
+	return errors.Is(err, ErrSendQueueFull) || errors.Is(err, ErrMailboxFull) || workerGoing(err)
+}
+
+// workRefused is a job handed to a worker that became a dead letter on
+// the producer's node after its send was accepted: a record queued while
+// the session was not writing, refused when it was encoded, or dropped
+// when the session ended (local, from the dead-letter path).
+type workRefused struct {
+	id    UUID // the producer's identity
+	seq   uint64
+	retry bool // workRetryable: hand it again
+}
+
+// takeBack passes a job that became a dead letter on n to its producer,
+// if that lives on n, and reports whether the producer hands it again
+// (then it is not lost, and no dead letter is reported; otherwise the
+// producer gives it up, and the dead letter reported is the job's).
+func (j workJob[T]) takeBack(n *Node, reason error) bool {
+	h := j.Producer.h
+	if h == nil || h.node != n || h.local == nil {
+		return false // (on the worker's node: its Terminated tells the producer)
+	}
+	retry := workRetryable(reason)
+	if h.local.tellAny(workRefused{id: j.ID, seq: j.Seq, retry: retry}) != nil {
+		return false
+	}
+	return retry
+}
+
 // workClose is Close's (local): the producer stops once it has taken the
 // jobs ahead of it.
 type workClose struct{}
@@ -358,6 +392,7 @@ func (workSubmit[T]) producerMsg() {}
 func (workListing) producerMsg()   {}
 func (workClose) producerMsg()     {}
 func (workRetry) producerMsg()     {}
+func (workRefused) producerMsg()   {}
 
 func init() {
 	SetWireKey[workReady]("troupe.work.ready")
@@ -424,6 +459,8 @@ func (pr *producer[T]) receive(c *Context[producerMsg], m producerMsg) {
 		for _, ws := range pr.workers {
 			ws.stalled = false
 		}
+	case workRefused:
+		pr.refused(c, m)
 	case workClose:
 		c.Stop()
 		return
@@ -495,16 +532,12 @@ func (pr *producer[T]) dispatch(c *Context[producerMsg]) {
 		err := tryTell(ws.ref.h, workJob[T]{Producer: c.Self(), ID: pr.p.id, Seq: seq, Redelivered: e.handed > 0, Job: e.job})
 		switch {
 		case err == nil:
-		case errors.Is(err, ErrSendQueueFull) || errors.Is(err, ErrMailboxFull) || workerGoing(err):
+		case workRetryable(err):
 			// No room on the way to this worker now, or the worker is
 			// going (its Terminated will hand on what it holds): the job
 			// waits at the head of the queue, and the worker gets no more
 			// until it confirms one or a moment has passed.
-			ws.stalled = true
-			if !pr.retrying {
-				pr.retrying = true
-				c.StartTimer(workRetry{}, workRetryAfter, workRetry{})
-			}
+			pr.stall(c, ws)
 			continue
 		default:
 			// The job itself cannot go (too big for the wire, its
@@ -512,11 +545,7 @@ func (pr *producer[T]) dispatch(c *Context[producerMsg]) {
 			// letter of its own.
 			pr.queue = pr.queue[1:]
 			pr.p.n.dead.deadLetter(ws.ref.String(), e.job, err)
-			delete(pr.jobs, seq)
-			if pr.p.j != nil {
-				pr.p.j.confirm(seq)
-			}
-			pr.p.release(1)
+			pr.giveUp(seq)
 			continue
 		}
 		pr.queue = pr.queue[1:]
@@ -529,6 +558,53 @@ func (pr *producer[T]) dispatch(c *Context[producerMsg]) {
 	}
 	if len(pr.queue) == 0 {
 		pr.queue = nil // let the backing array go
+	}
+}
+
+// giveUp forgets job seq, which cannot travel (its dead letter is
+// reported): it is confirmed in the journal, and frees its place in the
+// window.
+func (pr *producer[T]) giveUp(seq uint64) {
+	delete(pr.jobs, seq)
+	if pr.p.j != nil {
+		if err := pr.p.j.confirm(seq); err != nil {
+			pr.journalFailed(err)
+		}
+	}
+	pr.p.release(1)
+}
+
+// stall gives worker ws no more jobs until it confirms one or
+// workRetryAfter passes.
+func (pr *producer[T]) stall(c *Context[producerMsg], ws *workerState) {
+	ws.stalled = true
+	if !pr.retrying {
+		pr.retrying = true
+		c.StartTimer(workRetry{}, workRetryAfter, workRetry{})
+	}
+}
+
+// refused takes back job seq, handed out, which became a dead letter on
+// this node after its send was accepted (see workRefused): it is handed
+// again, first, if the way was full or its worker is going (the worker
+// gets no more for a moment), or given up if it cannot travel.
+func (pr *producer[T]) refused(c *Context[producerMsg], m workRefused) {
+	e := pr.jobs[m.seq]
+	if m.id != pr.p.id || e == nil || !e.out {
+		return // confirmed, or taken back already
+	}
+	e.out = false
+	ws := pr.workers[e.worker]
+	if ws != nil {
+		ws.out--
+	}
+	if !m.retry {
+		pr.giveUp(m.seq)
+		return
+	}
+	pr.queue = slices.Insert(pr.queue, 0, m.seq)
+	if ws != nil {
+		pr.stall(c, ws)
 	}
 }
 
