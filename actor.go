@@ -108,6 +108,7 @@ const (
 	sysChildStopped
 	sysTimer
 	sysRestart
+	sysPost
 )
 
 // sysMsg is one entry of the system lane.
@@ -118,6 +119,7 @@ type sysMsg struct {
 	reason   error   // stop or termination reason
 	timerKey any     // the due timer's key (timer)
 	timerGen uint64  // and which start of it, or which restart (restart)
+	post     any     // a message of troupe's own that no full mailbox refuses (post)
 	// after is, for a termination, how many user messages had entered the
 	// mailbox when it arrived: it is handled only once they all have been,
 	// so that it follows everything the stopped actor sent. A draining
@@ -150,7 +152,11 @@ type cell[T any] struct {
 	closed    bool // the actor has stopped; nothing more is accepted
 	held      bool // a restart is pending: user messages wait in in
 	stopping  bool // (owned by the goroutine running the cell; here, it packs with the flags above)
-	hasSys    atomic.Bool
+	// anyBytes: Config.MailboxBytes does not bound this mailbox, what it
+	// is sent being bounded otherwise (a work worker's controller: by its
+	// room). Set by its spawner before anything is sent to it.
+	anyBytes bool
+	hasSys   atomic.Bool
 	// q is the mailbox, made by the first message or signal (mu): an
 	// actor never sent anything holds none. The pointer never changes
 	// once set.
@@ -546,6 +552,10 @@ func (c *cell[T]) handleSys(m sysMsg) {
 		c.childGone()
 	case sysTimer:
 		c.fireTimer(m.timerKey, m.timerGen)
+	case sysPost:
+		if msg, ok := m.post.(T); ok && !c.stopping {
+			c.receive(msg)
+		}
 	case sysRestart:
 		c.restart(m.timerGen)
 	case sysTerminated:

@@ -192,7 +192,7 @@ func (w *assocWriter) writeRound(vectored bool, window int) bool {
 	if !a.encodesNow() && a.life.state != assocClosed {
 		a.mu.Unlock()
 		for _, f := range w.encodeQueued() {
-			a.n.dead.deadLetter(f.h.String(), f.msg, f.err)
+			a.n.dead.deadLetterTo(f.h.key, f.h.String(), f.msg, f.err, false)
 		}
 		a.mu.Lock()
 	}

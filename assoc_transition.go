@@ -428,7 +428,7 @@ func (a *assoc) unwritten() error {
 func (a *assoc) deadLetters(q recQueue, err error) {
 	q.each(func(r *outRec) {
 		if r.h != nil {
-			a.n.dead.deadLetter(r.h.String(), r.msg, err)
+			a.n.dead.deadLetterTo(r.h.key, r.h.String(), r.msg, err, false)
 		}
 	})
 }
@@ -451,29 +451,28 @@ func (a *assoc) deadLettersOf(c *frameChain, err error, unconfirmed bool) {
 		default:
 			return true
 		}
-		target, msg := a.decodeHeld(fields)
-		if unconfirmed {
-			a.n.dead.deadLetterUnconfirmed(target, msg, err)
-		} else {
-			a.n.dead.deadLetter(target, msg, err)
-		}
+		to, target, msg := a.decodeHeld(fields)
+		a.n.dead.deadLetterTo(to, target, msg, err, unconfirmed)
 		return true
 	})
 }
 
 // decodeHeld reads back a tell frame's body that this session encoded:
-// the target's ref string and the message.
-func (a *assoc) decodeHeld(b []byte) (string, any) {
+// the target's key (zero if not known) and ref string, and the message.
+func (a *assoc) decodeHeld(b []byte) (refKey, string, any) {
 	var th tellHeader
 	payload, err := parseTell(b, &th)
 	if err != nil {
-		return "", nil
+		return refKey{}, "", nil
 	}
-	path := th.path
-	if !th.targetInline && th.target > 0 && th.target <= uint64(len(a.enc.targetKeys)) {
-		path = a.enc.targetKeys[th.target-1].path
+	to := refKey{node: a.peer.uid, path: th.path, uuid: th.uuid}
+	if !th.targetInline {
+		to = refKey{}
+		if th.target > 0 && th.target <= uint64(len(a.enc.targetKeys)) {
+			to = a.enc.targetKeys[th.target-1]
+		}
 	}
-	target := FormatRef(a.addr(), path)
+	target := FormatRef(a.addr(), to.path)
 	var mt *msgType
 	switch {
 	case th.typInline:
@@ -482,14 +481,14 @@ func (a *assoc) decodeHeld(b []byte) (string, any) {
 		mt = a.enc.typeList[th.typ-1]
 	}
 	if mt == nil {
-		return target, nil
+		return to, target, nil
 	}
 	d := decoder{binder: heldBinder{a}}
 	msg, err := d.payload(mt, payload)
 	if err != nil {
-		return target, nil
+		return to, target, nil
 	}
-	return target, msg
+	return to, target, msg
 }
 
 // takeHeld empties what the session holds for the peer (mu held): the

@@ -73,12 +73,6 @@ func zeroRefDeadLetter(msg any) {
 	}
 }
 
-// deadLetterUnconfirmed reports a message that was sent but never
-// confirmed.
-func (dl *deadLetters) deadLetterUnconfirmed(target string, msg any, reason error) {
-	dl.reportDeadLetter(DeadLetter{Target: target, Message: msg, Reason: reason, Unconfirmed: true})
-}
-
 // wrapped is a message that troupe carries inside another, such as a
 // sharded entity's on its way through a region or a job on its way into
 // a producer: a dead letter names the user's message and its target (if
@@ -90,16 +84,23 @@ type wrapped interface {
 // takenBack is a message whose sender may take it back when it becomes
 // a dead letter on the sender's node after its send was accepted (a work
 // producer's job, refused when its queued record was encoded or dropped
-// when its session ended): one taken back is not lost, so it is not
-// reported.
+// when its session ended): to is the actor it was for, unconfirmed says
+// that the peer may have received it. One taken back is not lost, so it
+// is not reported.
 type takenBack interface {
-	takeBack(n *Node, reason error) bool
+	takeBack(n *Node, to refKey, reason error, unconfirmed bool) bool
+}
+
+// deadLetterTo is deadLetter (unconfirmed: perhaps received) for a message
+// that a session took for the actor to, which its sender may take back.
+func (dl *deadLetters) deadLetterTo(to refKey, target string, msg any, reason error, unconfirmed bool) {
+	if tb, ok := msg.(takenBack); ok && tb.takeBack(dl.n, to, reason, unconfirmed) {
+		return
+	}
+	dl.reportDeadLetter(DeadLetter{Target: target, Message: msg, Reason: reason, Unconfirmed: unconfirmed})
 }
 
 func (dl *deadLetters) reportDeadLetter(d DeadLetter) {
-	if tb, ok := d.Message.(takenBack); ok && tb.takeBack(dl.n, d.Reason) {
-		return
-	}
 	if w, ok := d.Message.(wrapped); ok {
 		target, msg := w.unwrap()
 		d.Message = msg

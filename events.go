@@ -207,7 +207,9 @@ func (es *eventStream) deliver(s *Subscription, e any) {
 // DeadLetter is published for every message that could not be delivered:
 // the target actor is gone, the peer is unreachable or has left, the
 // message's type has no wire key, a queue was full, the node is closed, ….
-// Nothing troupe fails to deliver is dropped without one.
+// Nothing troupe fails to deliver is dropped without one. (A [Worker]'s
+// job that fails on its way is not reported while its producer takes it
+// back to hand it out again: it is not lost.)
 type DeadLetter struct {
 	// Target names the intended recipient: a ref string such as
 	// "troupe://127.0.0.1:7001/user/worker", or a local actor path.

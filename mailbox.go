@@ -84,7 +84,7 @@ func (c *cell[T]) pushAsked(msg T, size int, hd Headers, credited bool, ask pend
 		c.mu.Unlock()
 		return ErrMailboxFull
 	}
-	if lim := c.n.cfg.MailboxBytes; size > 0 && lim > 0 && q.inBytes+size > lim {
+	if lim := c.n.cfg.MailboxBytes; size > 0 && lim > 0 && q.inBytes+size > lim && !c.anyBytes {
 		waiting := q.inBytes
 		c.mu.Unlock()
 		return fmt.Errorf("%w: %d bytes from other nodes waiting (Config.MailboxBytes is %d)", ErrMailboxFull, waiting, lim)
@@ -153,7 +153,7 @@ func (c *cell[T]) tellWireBatch(ms []wireMsg, arena []uint64) (int, error) {
 			break
 		}
 		size := ms[k].size
-		if lim := c.n.cfg.MailboxBytes; size > 0 && lim > 0 && q.inBytes+size > lim {
+		if lim := c.n.cfg.MailboxBytes; size > 0 && lim > 0 && q.inBytes+size > lim && !c.anyBytes {
 			err = fmt.Errorf("%w: %d bytes from other nodes waiting (Config.MailboxBytes is %d)", ErrMailboxFull, q.inBytes, lim)
 			break
 		}
@@ -279,6 +279,13 @@ func (c *cell[T]) removeAsker(p pendingAsk) {
 
 // limit is the mailbox's limit; 0 means none.
 func (c *cell[T]) limit() int { return c.n.cfg.MailboxLimit }
+
+// boundedElsewhere frees the mailbox from Config.MailboxBytes (anyBytes).
+func (c *cell[T]) boundedElsewhere() {
+	c.mu.Lock()
+	c.anyBytes = true
+	c.mu.Unlock()
+}
 
 // waiting is how many user messages wait in the actor's mailbox.
 func (c *cell[T]) waiting() int {

@@ -140,6 +140,9 @@ func Worker[T any](p Spawner, name string, key ServiceKey[T], b Behavior[Deliver
 		return Ref[Delivery[T]]{}, err
 	}
 	w.self = ctl
+	// What it is sent is bounded by its room (times its producers), not
+	// by Config.MailboxBytes: a job larger than that is still the job.
+	ctl.h.local.(*cell[workerMsg]).boundedElsewhere()
 	ref, err := Spawn(p, name, w.wrap(b))
 	if err != nil {
 		n.Stop(ctl)

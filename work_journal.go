@@ -521,6 +521,9 @@ func (j *workJournal) close() error {
 	if j.err == nil {
 		j.err = fmt.Errorf("%w: closed", errJournal)
 	}
+	// Unlocked before it is closed: a child process forked meanwhile
+	// shares the open file, and with it the lock, until it execs.
+	flock(j.lock, false)
 	j.lock.Close()
 	return err
 }

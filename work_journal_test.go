@@ -234,13 +234,22 @@ func TestWorkJobDeadAfterItsSendIsTakenBack(t *testing.T) {
 		}
 		panic("unreachable")
 	}
+	ctls, err := workersKey(key).Find(ctx, n)
+	if err != nil || len(ctls) != 1 {
+		t.Fatalf("the worker's controller: %v, %v", ctls, err)
+	}
+	to := ctls[0].h.key
 	for _, reason := range []error{ErrSendQueueFull, errors.New("troupe: AppendWire of a job panicked: boom")} {
 		if err := p.Send(ctx, testPing{N: 1}); err != nil {
 			t.Fatal(err)
 		}
 		d := next()
-		// What the association would report of the job it took.
-		n.dead.deadLetter("troupe://elsewhere/user/worker", workJob[testPing]{Producer: p.self, ID: p.id, Seq: d.Seq, Job: d.Job}, reason)
+		// What an association would report of the job it took: for
+		// another actor (a stale report: the job was handed on since),
+		// then for the worker's.
+		job := workJob[testPing]{Producer: p.self, ID: p.id, Seq: d.Seq, Job: d.Job}
+		n.dead.deadLetterTo(refKey{node: to.node, path: "/user/another"}, "troupe://elsewhere/user/another", job, reason, true)
+		n.dead.deadLetterTo(to, "troupe://elsewhere/user/worker", job, reason, true)
 		if errors.Is(reason, ErrSendQueueFull) {
 			again := next()
 			if again.Seq != d.Seq || !again.Redelivered {
@@ -251,16 +260,20 @@ func TestWorkJobDeadAfterItsSendIsTakenBack(t *testing.T) {
 			select {
 			case dl := <-dead:
 				t.Fatalf("a job handed again was reported as a dead letter: %+v", dl)
+			case again := <-got:
+				t.Fatalf("the stale report handed the job again too: %+v", again)
 			default:
 			}
 		} else {
-			select {
-			case dl := <-dead:
-				if m, ok := dl.Message.(testPing); !ok || m.N != 1 {
-					t.Fatalf("dead letter %+v, want the job", dl)
+			for range 2 { // the stale report's, then the one taken back
+				select {
+				case dl := <-dead:
+					if m, ok := dl.Message.(testPing); !ok || m.N != 1 {
+						t.Fatalf("dead letter %+v, want the job", dl)
+					}
+				case <-ctx.Done():
+					t.Fatal("the job given up made no dead letter")
 				}
-			case <-ctx.Done():
-				t.Fatal("the job given up made no dead letter")
 			}
 		}
 		if err := p.Wait(ctx); err != nil {

@@ -355,25 +355,32 @@ func workRetryable(err error) bool {
 // workRefused is a job handed to a worker that became a dead letter on
 // the producer's node after its send was accepted: a record queued while
 // the session was not writing, refused when it was encoded, or dropped
-// when the session ended (local, from the dead-letter path).
+// when the session ended (local, from the dead-letter path, on the
+// system lane: a full mailbox does not refuse it).
 type workRefused struct {
-	id    UUID // the producer's identity
-	seq   uint64
-	retry bool // workRetryable: hand it again
+	id    UUID   // the producer's identity
+	seq   uint64 // the job
+	to    refKey // the worker its send was for
+	retry bool   // workRetryable: hand it again
+	// unconfirmed: it was written, and may have reached the worker;
+	// otherwise it certainly did not.
+	unconfirmed bool
 }
 
 // takeBack passes a job that became a dead letter on n to its producer,
-// if that lives on n, and reports whether the producer hands it again
-// (then it is not lost, and no dead letter is reported; otherwise the
-// producer gives it up, and the dead letter reported is the job's).
-func (j workJob[T]) takeBack(n *Node, reason error) bool {
+// if that lives on n, and reports whether no dead letter is to be
+// reported: the producer hands the job again, or has stopped (and made
+// each job it held a dead letter, or kept it in its journal). Otherwise
+// the producer gives the job up, and the dead letter reported is the
+// job's.
+func (j workJob[T]) takeBack(n *Node, to refKey, reason error, unconfirmed bool) bool {
 	h := j.Producer.h
-	if h == nil || h.node != n || h.local == nil {
+	if h == nil || h.node != n || h.local == nil || to == (refKey{}) {
 		return false // (on the worker's node: its Terminated tells the producer)
 	}
 	retry := workRetryable(reason)
-	if h.local.tellAny(workRefused{id: j.ID, seq: j.Seq, retry: retry}) != nil {
-		return false
+	if !h.local.sysPush(sysMsg{kind: sysPost, post: workRefused{id: j.ID, seq: j.Seq, to: to, retry: retry, unconfirmed: unconfirmed}}) {
+		return true // (the producer has stopped)
 	}
 	return retry
 }
@@ -590,10 +597,13 @@ func (pr *producer[T]) stall(c *Context[producerMsg], ws *workerState) {
 // gets no more for a moment), or given up if it cannot travel.
 func (pr *producer[T]) refused(c *Context[producerMsg], m workRefused) {
 	e := pr.jobs[m.seq]
-	if m.id != pr.p.id || e == nil || !e.out {
-		return // confirmed, or taken back already
+	if m.id != pr.p.id || e == nil || !e.out || e.worker != m.to {
+		return // confirmed, taken back already, or handed on since
 	}
 	e.out = false
+	if !m.unconfirmed {
+		e.handed-- // (it never reached the worker: not redelivered)
+	}
 	ws := pr.workers[e.worker]
 	if ws != nil {
 		ws.out--
@@ -602,7 +612,13 @@ func (pr *producer[T]) refused(c *Context[producerMsg], m workRefused) {
 		pr.giveUp(m.seq)
 		return
 	}
-	pr.queue = slices.Insert(pr.queue, 0, m.seq)
+	// Among the jobs to hand again, in order: a session that ends takes
+	// back its jobs one by one, first to last.
+	i := slices.IndexFunc(pr.queue, func(s uint64) bool { return s > m.seq })
+	if i < 0 {
+		i = len(pr.queue)
+	}
+	pr.queue = slices.Insert(pr.queue, i, m.seq)
 	if ws != nil {
 		pr.stall(c, ws)
 	}

@@ -82,6 +82,15 @@ func counting(t *workTally, who string) troupe.Behavior[troupe.Delivery[task]] {
 // and more nodes that use it.
 func workNodes(t *testing.T, f *troupe.FaultNet, names ...string) (*troupe.Node, []*troupe.Node) {
 	t.Helper()
+	return workNodesWith(t, f, func(string) troupe.Config {
+		return troupe.Config{HeartbeatInterval: 100 * time.Millisecond, UnreachableAfter: time.Second}
+	}, names...)
+}
+
+// workNodesWith is workNodes with each node's Config from cfg (its name,
+// registry and logger set here).
+func workNodesWith(t *testing.T, f *troupe.FaultNet, cfg func(name string) troupe.Config, names ...string) (*troupe.Node, []*troupe.Node) {
+	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -89,9 +98,9 @@ func workNodes(t *testing.T, f *troupe.FaultNet, names ...string) (*troupe.Node,
 	addr := l.Addr().String()
 	l.Close()
 	start := func(name string) *troupe.Node {
-		n, err := f.Start(context.Background(), troupe.Config{Name: name, RegistryAddrs: []string{addr},
-			HeartbeatInterval: 100 * time.Millisecond, UnreachableAfter: time.Second,
-			Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+		c := cfg(name)
+		c.Name, c.RegistryAddrs, c.Logger = name, []string{addr}, slog.New(slog.NewTextHandler(io.Discard, nil))
+		n, err := f.Start(context.Background(), c)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -627,7 +636,10 @@ func TestWorkBurstPastTheSendBudgetWaits(t *testing.T) {
 	t.Parallel()
 	slowTest(t)
 	f := new(troupe.FaultNet)
-	prod, ws := workNodes(t, f, "w1")
+	// The default Config: under -race on a loaded machine, the fast
+	// failure detection of workNodes could give the worker up while 64
+	// MiB wait unacknowledged.
+	prod, ws := workNodesWith(t, f, func(string) troupe.Config { return troupe.Config{} }, "w1")
 	tl := newWorkTally()
 	if _, err := troupe.Worker(ws[0], "worker", tasksKey, counting(tl, "w1"), troupe.WorkConfig{Room: 100}); err != nil {
 		t.Fatal(err)
@@ -653,7 +665,7 @@ func TestWorkBurstPastTheSendBudgetWaits(t *testing.T) {
 			d := <-dead
 			t.Logf("dead letter: %T to %s: %v", d.Message, d.Target, d.Reason)
 		}
-		t.Fatalf("Wait: %v (stats %+v)", err, p.Stats())
+		t.Fatalf("Wait: %v (stats %+v; the worker node's dead letters %v, its peers %+v)", err, p.Stats(), ws[0].Stats().DeadLetters, ws[0].Stats().Peers)
 	}
 	if m := tl.missing(jobs); len(m) > 0 {
 		t.Fatalf("unprocessed: %v", m)
@@ -1236,22 +1248,8 @@ func peerUp(n *troupe.Node, name string) bool {
 func TestWorkJobThatCannotEncodeAcrossALinkFlap(t *testing.T) {
 	t.Parallel()
 	f := new(troupe.FaultNet)
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
-	start := func(name string) *troupe.Node {
-		n, err := f.Start(context.Background(), troupe.Config{Name: name, RegistryAddrs: []string{addr},
-			Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { n.Close() })
-		return n
-	}
-	prod, w1 := start("producer"), start("w1")
+	prod, ws := workNodesWith(t, f, func(string) troupe.Config { return troupe.Config{} }, "w1")
+	w1 := ws[0]
 	key := troupe.ServiceKey[pjob]{Name: "pjobs-refused"}
 	var mu sync.Mutex
 	done := map[int]bool{}
@@ -1436,5 +1434,85 @@ func TestWorkConsumerMovesWithItsEntity(t *testing.T) {
 	})
 	if held == 0 {
 		t.Fatal("no job was in hand when the entity's member left")
+	}
+}
+
+// The jobs a worker cut off held (written and unacknowledged, or not yet
+// written) go to the other worker in their order when its session ends:
+// the slow other worker sees its own jobs in order, then the cut-off
+// one's and the rest in order, with one step back between.
+func TestWorkOfACutOffWorkerGoesToTheOtherInOrder(t *testing.T) {
+	t.Parallel()
+	f := new(troupe.FaultNet)
+	prod, ws := workNodes(t, f, "w1", "w2")
+	if _, err := troupe.Worker(ws[0], "worker", tasksKey, counting(newWorkTally(), "w1"), troupe.WorkConfig{Room: 20}); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var seen []int
+	if _, err := troupe.Worker(ws[1], "worker", tasksKey, troupe.Behavior[troupe.Delivery[task]]{Receive: func(_ *troupe.Context[troupe.Delivery[task]], d troupe.Delivery[task]) {
+		mu.Lock()
+		seen = append(seen, d.Job.N)
+		mu.Unlock()
+		time.Sleep(2 * time.Millisecond) // slow: the cut-off worker gets most
+		d.Confirm()
+	}}, troupe.WorkConfig{Room: 2}); err != nil {
+		t.Fatal(err)
+	}
+	p := mustProduce(t, prod, tasksKey, troupe.WorkConfig{})
+	waitWorkers(t, p, 2)
+	ctx := ctxFor(t)
+	f.Partition(prod, ws[0])
+	const jobs = 30
+	sendTasks(t, ctx, p, 1, jobs)
+	if err := p.Wait(ctx); err != nil {
+		t.Fatalf("Wait: %v (stats %+v)", err, p.Stats())
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	back := 0
+	for i := 1; i < len(seen); i++ {
+		if seen[i] < seen[i-1] {
+			back++
+		}
+	}
+	if back > 1 || len(seen) < jobs {
+		t.Fatalf("the other worker got %v: want every job, in order but for one step back", seen)
+	}
+}
+
+// A worker's jobs are bounded by its room, not by the worker node's
+// Config.MailboxBytes: a job larger than it (the default's 64 MiB, or a
+// smaller setting) still reaches the worker, where an ordinary actor's
+// message would be refused.
+func TestWorkJobsPastMailboxBytesReachTheWorker(t *testing.T) {
+	t.Parallel()
+	f := new(troupe.FaultNet)
+	prod, ws := workNodesWith(t, f, func(name string) troupe.Config {
+		if name == "w1" {
+			return troupe.Config{MailboxBytes: 64 << 10}
+		}
+		return troupe.Config{}
+	}, "w1")
+	w1 := ws[0]
+	tl := newWorkTally()
+	if _, err := troupe.Worker(w1, "worker", tasksKey, counting(tl, "w1"), troupe.WorkConfig{Room: 4}); err != nil {
+		t.Fatal(err)
+	}
+	p := mustProduce(t, prod, tasksKey, troupe.WorkConfig{})
+	waitWorkers(t, p, 1)
+	ctx := ctxFor(t)
+	body := make([]byte, 100<<10)
+	const jobs = 20
+	for i := 1; i <= jobs; i++ {
+		if err := p.Send(ctx, task{N: i, Body: body}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := p.Wait(ctx); err != nil {
+		t.Fatalf("Wait: %v (stats %+v, the worker node's dead letters %v)", err, p.Stats(), w1.Stats().DeadLetters)
+	}
+	if m := tl.missing(jobs); len(m) > 0 {
+		t.Fatalf("unprocessed: %v", m)
 	}
 }
