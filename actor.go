@@ -111,15 +111,20 @@ const (
 	sysPost
 )
 
+// follows says whether m is handled only after the user messages that
+// entered the mailbox before it (its after).
+func (m *sysMsg) follows() bool {
+	return m.kind == sysTerminated || m.kind == sysPost || m.kind == sysStop && m.drain
+}
+
 // sysMsg is one entry of the system lane.
 type sysMsg struct {
 	kind     sysKind
 	ref      *handle // the watcher (watch, unwatch) or child (childStopped)
 	key      refKey  // the actor that stopped (terminated)
 	reason   error   // stop or termination reason
-	timerKey any     // the due timer's key (timer)
+	timerKey any     // the due timer's key (timer); the message (post)
 	timerGen uint64  // and which start of it, or which restart (restart)
-	post     any     // a message of troupe's own that no full mailbox refuses (post)
 	// after is, for a termination, how many user messages had entered the
 	// mailbox when it arrived: it is handled only once they all have been,
 	// so that it follows everything the stopped actor sent. A draining
@@ -152,10 +157,10 @@ type cell[T any] struct {
 	closed    bool // the actor has stopped; nothing more is accepted
 	held      bool // a restart is pending: user messages wait in in
 	stopping  bool // (owned by the goroutine running the cell; here, it packs with the flags above)
-	// anyBytes: Config.MailboxBytes does not bound this mailbox, what it
-	// is sent being bounded otherwise (a work worker's controller: by its
-	// room). Set by its spawner before anything is sent to it.
-	anyBytes bool
+	// maxBytes, if not 0, replaces Config.MailboxBytes for this mailbox
+	// (a work worker's controller: its room of the largest frames). Set
+	// by its spawner before anything is sent to it.
+	maxBytes int
 	hasSys   atomic.Bool
 	// q is the mailbox, made by the first message or signal (mu): an
 	// actor never sent anything holds none. The pointer never changes
@@ -492,7 +497,7 @@ func (c *cell[T]) drainSys() bool {
 			c.tooling().stopTaken = true
 		}
 		for _, m := range sys {
-			if (m.kind == sysTerminated || m.kind == sysStop && m.drain) && (m.after > q.handled || c.tools != nil && len(c.tools.later) > 0) {
+			if m.follows() && (m.after > q.handled || c.tools != nil && len(c.tools.later) > 0) {
 				t := c.tooling()
 				t.later = append(t.later, m)
 				continue
@@ -553,7 +558,11 @@ func (c *cell[T]) handleSys(m sysMsg) {
 	case sysTimer:
 		c.fireTimer(m.timerKey, m.timerGen)
 	case sysPost:
-		if msg, ok := m.post.(T); ok && !c.stopping {
+		// A message of troupe's own that no full mailbox refuses, for
+		// an actor that never restarts (it would be handed to a behavior
+		// held for a restart): handled after the user messages that
+		// entered before it, as a termination is.
+		if msg, ok := m.timerKey.(T); ok && !c.stopping {
 			c.receive(msg)
 		}
 	case sysRestart:

@@ -61,8 +61,9 @@ type Config struct {
 	// waiting in one actor's mailbox, so that a few large messages cannot
 	// hold far more memory than MailboxLimit suggests; one past it becomes
 	// a [DeadLetter] with [ErrMailboxFull]. Local messages are not
-	// counted, nor the jobs a [Worker] is handed (its room bounds them).
-	// Default: 64 MiB. Negative means no limit.
+	// counted. A [Worker]'s mailbox takes its room of the largest frames
+	// (WorkConfig.Room × MaxFrameSize) where that is more. Default: 64
+	// MiB. Negative means no limit.
 	MailboxBytes int
 
 	// SendQueueLimit is the send budget of one association, in encoded

@@ -208,8 +208,9 @@ func (es *eventStream) deliver(s *Subscription, e any) {
 // the target actor is gone, the peer is unreachable or has left, the
 // message's type has no wire key, a queue was full, the node is closed, ….
 // Nothing troupe fails to deliver is dropped without one. (A [Worker]'s
-// job that fails on its way is not reported while its producer takes it
-// back to hand it out again: it is not lost.)
+// job that fails on its way on its producer's node, after its send was
+// taken, is not reported when the producer takes it back to hand it out
+// again: it is not lost.)
 type DeadLetter struct {
 	// Target names the intended recipient: a ref string such as
 	// "troupe://127.0.0.1:7001/user/worker", or a local actor path.

@@ -84,7 +84,7 @@ func (c *cell[T]) pushAsked(msg T, size int, hd Headers, credited bool, ask pend
 		c.mu.Unlock()
 		return ErrMailboxFull
 	}
-	if lim := c.n.cfg.MailboxBytes; size > 0 && lim > 0 && q.inBytes+size > lim && !c.anyBytes {
+	if lim := c.byteLimit(); size > 0 && lim > 0 && q.inBytes+size > lim {
 		waiting := q.inBytes
 		c.mu.Unlock()
 		return fmt.Errorf("%w: %d bytes from other nodes waiting (Config.MailboxBytes is %d)", ErrMailboxFull, waiting, lim)
@@ -153,7 +153,7 @@ func (c *cell[T]) tellWireBatch(ms []wireMsg, arena []uint64) (int, error) {
 			break
 		}
 		size := ms[k].size
-		if lim := c.n.cfg.MailboxBytes; size > 0 && lim > 0 && q.inBytes+size > lim && !c.anyBytes {
+		if lim := c.byteLimit(); size > 0 && lim > 0 && q.inBytes+size > lim {
 			err = fmt.Errorf("%w: %d bytes from other nodes waiting (Config.MailboxBytes is %d)", ErrMailboxFull, q.inBytes, lim)
 			break
 		}
@@ -189,7 +189,7 @@ func (c *cell[T]) sysPush(m sysMsg) bool {
 		return false
 	}
 	q := c.lanesFor()
-	if m.kind == sysTerminated || m.kind == sysStop && m.drain {
+	if m.follows() {
 		m.after = q.entered
 	}
 	var cancel context.CancelFunc
@@ -280,10 +280,20 @@ func (c *cell[T]) removeAsker(p pendingAsk) {
 // limit is the mailbox's limit; 0 means none.
 func (c *cell[T]) limit() int { return c.n.cfg.MailboxLimit }
 
-// boundedElsewhere frees the mailbox from Config.MailboxBytes (anyBytes).
-func (c *cell[T]) boundedElsewhere() {
+// byteLimit bounds the bytes from other nodes waiting in the mailbox (mu
+// held): Config.MailboxBytes, or the cell's own bound.
+func (c *cell[T]) byteLimit() int {
+	if c.maxBytes != 0 && c.n.cfg.MailboxBytes > 0 {
+		return c.maxBytes
+	}
+	return c.n.cfg.MailboxBytes
+}
+
+// setByteLimit gives the mailbox its own bound in bytes, in place of a
+// smaller Config.MailboxBytes (maxBytes).
+func (c *cell[T]) setByteLimit(b int) {
 	c.mu.Lock()
-	c.anyBytes = true
+	c.maxBytes = max(b, c.n.cfg.MailboxBytes)
 	c.mu.Unlock()
 }
 

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"cmp"
 	"fmt"
+	"math"
 	"reflect"
 	"slices"
 	"strconv"
@@ -140,9 +141,9 @@ func Worker[T any](p Spawner, name string, key ServiceKey[T], b Behavior[Deliver
 		return Ref[Delivery[T]]{}, err
 	}
 	w.self = ctl
-	// What it is sent is bounded by its room (times its producers), not
-	// by Config.MailboxBytes: a job larger than that is still the job.
-	ctl.h.local.(*cell[workerMsg]).boundedElsewhere()
+	// Its jobs are bounded by its room: it takes a room of the largest
+	// frames a producer may send, where Config.MailboxBytes is smaller.
+	ctl.h.local.(*cell[workerMsg]).setByteLimit(int(min(int64(cfg.Room)*int64(n.cfg.MaxFrameSize), math.MaxInt)))
 	ref, err := Spawn(p, name, w.wrap(b))
 	if err != nil {
 		n.Stop(ctl)

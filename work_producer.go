@@ -379,7 +379,7 @@ func (j workJob[T]) takeBack(n *Node, to refKey, reason error, unconfirmed bool)
 		return false // (on the worker's node: its Terminated tells the producer)
 	}
 	retry := workRetryable(reason)
-	if !h.local.sysPush(sysMsg{kind: sysPost, post: workRefused{id: j.ID, seq: j.Seq, to: to, retry: retry, unconfirmed: unconfirmed}}) {
+	if !h.local.sysPush(sysMsg{kind: sysPost, timerKey: workRefused{id: j.ID, seq: j.Seq, to: to, retry: retry, unconfirmed: unconfirmed}}) {
 		return true // (the producer has stopped)
 	}
 	return retry

@@ -1370,7 +1370,10 @@ func TestWorkConsumerMovesWithItsEntity(t *testing.T) {
 		}
 		kinds = append(kinds, sh)
 	}
-	ctx := ctxFor(t)
+	// Members joining and leaving, an entity moving, under -race on a
+	// loaded machine: a bound for the whole, not a timing assertion.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
 	kinds[0].Entity("e1").Tell(tick{N: 1}) // starts it
 	var first string
 	select {
@@ -1445,12 +1448,14 @@ func TestWorkOfACutOffWorkerGoesToTheOtherInOrder(t *testing.T) {
 	t.Parallel()
 	f := new(troupe.FaultNet)
 	prod, ws := workNodes(t, f, "w1", "w2")
-	if _, err := troupe.Worker(ws[0], "worker", tasksKey, counting(newWorkTally(), "w1"), troupe.WorkConfig{Room: 20}); err != nil {
+	tl := newWorkTally()
+	if _, err := troupe.Worker(ws[0], "worker", tasksKey, counting(tl, "w1"), troupe.WorkConfig{Room: 20}); err != nil {
 		t.Fatal(err)
 	}
 	var mu sync.Mutex
 	var seen []int
 	if _, err := troupe.Worker(ws[1], "worker", tasksKey, troupe.Behavior[troupe.Delivery[task]]{Receive: func(_ *troupe.Context[troupe.Delivery[task]], d troupe.Delivery[task]) {
+		tl.add(d.Job.N, "w2", d.Redelivered)
 		mu.Lock()
 		seen = append(seen, d.Job.N)
 		mu.Unlock()
@@ -1462,11 +1467,33 @@ func TestWorkOfACutOffWorkerGoesToTheOtherInOrder(t *testing.T) {
 	p := mustProduce(t, prod, tasksKey, troupe.WorkConfig{})
 	waitWorkers(t, p, 2)
 	ctx := ctxFor(t)
+	// Jobs one by one until each worker has done one (the producer knows
+	// both workers' room).
+	warm := 0
+	for on := map[string]bool{}; len(on) < 2; {
+		warm++
+		if warm > 100 {
+			t.Fatal("a worker gets no job")
+		}
+		sendTasks(t, ctx, p, warm, warm)
+		if err := p.Wait(ctx); err != nil {
+			t.Fatal(err)
+		}
+		tl.mu.Lock()
+		on[tl.runs[warm][0]] = true
+		tl.mu.Unlock()
+	}
+	mu.Lock()
+	seen = nil
+	mu.Unlock()
 	f.Partition(prod, ws[0])
 	const jobs = 30
-	sendTasks(t, ctx, p, 1, jobs)
+	sendTasks(t, ctx, p, warm+1, warm+jobs)
 	if err := p.Wait(ctx); err != nil {
 		t.Fatalf("Wait: %v (stats %+v)", err, p.Stats())
+	}
+	if m := tl.missing(warm + jobs); len(m) > 0 {
+		t.Fatalf("unprocessed: %v", m)
 	}
 	mu.Lock()
 	defer mu.Unlock()
@@ -1476,8 +1503,8 @@ func TestWorkOfACutOffWorkerGoesToTheOtherInOrder(t *testing.T) {
 			back++
 		}
 	}
-	if back > 1 || len(seen) < jobs {
-		t.Fatalf("the other worker got %v: want every job, in order but for one step back", seen)
+	if back > 1 {
+		t.Fatalf("the other worker got %v: want them in order but for one step back", seen)
 	}
 }
 
