@@ -128,7 +128,7 @@ type sysMsg struct {
 	// after is, for a termination, how many user messages had entered the
 	// mailbox when it arrived: it is handled only once they all have been,
 	// so that it follows everything the stopped actor sent. A draining
-	// stop waits for them the same way.
+	// stop and a post wait for them the same way (follows).
 	after uint64
 	// drain makes a stop wait for the messages already in the mailbox
 	// (Shutdown with Config.ShutdownDrain).
@@ -157,11 +157,11 @@ type cell[T any] struct {
 	closed    bool // the actor has stopped; nothing more is accepted
 	held      bool // a restart is pending: user messages wait in in
 	stopping  bool // (owned by the goroutine running the cell; here, it packs with the flags above)
+	hasSys    atomic.Bool
 	// maxBytes, if not 0, replaces Config.MailboxBytes for this mailbox
-	// (a work worker's controller: its room of the largest frames). Set
-	// by its spawner before anything is sent to it.
+	// (a work worker's controller: its room of the largest frames from
+	// each producer); set by its owner (mu).
 	maxBytes int
-	hasSys   atomic.Bool
 	// q is the mailbox, made by the first message or signal (mu): an
 	// actor never sent anything holds none. The pointer never changes
 	// once set.
@@ -524,8 +524,9 @@ func stopIn(sys []sysMsg) bool {
 	return false
 }
 
-// deliverLater handles the waiting terminations whose messages have all
-// been handled, in the order they arrived.
+// deliverLater handles the waiting terminations (and posts, draining
+// stops) whose messages have all been handled, in the order they
+// arrived.
 func (c *cell[T]) deliverLater() {
 	i := 0
 	later := c.tools.later

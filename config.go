@@ -62,8 +62,8 @@ type Config struct {
 	// hold far more memory than MailboxLimit suggests; one past it becomes
 	// a [DeadLetter] with [ErrMailboxFull]. Local messages are not
 	// counted. A [Worker]'s mailbox takes its room of the largest frames
-	// (WorkConfig.Room × MaxFrameSize) where that is more. Default: 64
-	// MiB. Negative means no limit.
+	// from each producer (WorkConfig.Room × MaxFrameSize × producers)
+	// where that is more. Default: 64 MiB. Negative means no limit.
 	MailboxBytes int
 
 	// SendQueueLimit is the send budget of one association, in encoded

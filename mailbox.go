@@ -87,7 +87,7 @@ func (c *cell[T]) pushAsked(msg T, size int, hd Headers, credited bool, ask pend
 	if lim := c.byteLimit(); size > 0 && lim > 0 && q.inBytes+size > lim {
 		waiting := q.inBytes
 		c.mu.Unlock()
-		return fmt.Errorf("%w: %d bytes from other nodes waiting (Config.MailboxBytes is %d)", ErrMailboxFull, waiting, lim)
+		return fmt.Errorf("%w: %d bytes from other nodes waiting (%s is %d)", ErrMailboxFull, waiting, c.byteLimitName(), lim)
 	}
 	q.inBytes += size
 	if len(q.in) == 0 && c.n.lat.Load() != nil {
@@ -154,7 +154,7 @@ func (c *cell[T]) tellWireBatch(ms []wireMsg, arena []uint64) (int, error) {
 		}
 		size := ms[k].size
 		if lim := c.byteLimit(); size > 0 && lim > 0 && q.inBytes+size > lim {
-			err = fmt.Errorf("%w: %d bytes from other nodes waiting (Config.MailboxBytes is %d)", ErrMailboxFull, q.inBytes, lim)
+			err = fmt.Errorf("%w: %d bytes from other nodes waiting (%s is %d)", ErrMailboxFull, q.inBytes, c.byteLimitName(), lim)
 			break
 		}
 		q.inBytes += size
@@ -287,6 +287,15 @@ func (c *cell[T]) byteLimit() int {
 		return c.maxBytes
 	}
 	return c.n.cfg.MailboxBytes
+}
+
+// byteLimitName names the bound byteLimit returns, for its error (mu
+// held).
+func (c *cell[T]) byteLimitName() string {
+	if c.maxBytes != 0 {
+		return "a worker's room of the largest frames (WorkConfig.Room × Config.MaxFrameSize, per producer)"
+	}
+	return "Config.MailboxBytes"
 }
 
 // setByteLimit gives the mailbox its own bound in bytes, in place of a

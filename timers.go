@@ -14,7 +14,7 @@ import (
 // terminations waiting behind messages — so an idle actor does not pay for
 // them.
 type actorTools[T any] struct {
-	later    []sysMsg // terminations waiting for the messages ahead of them
+	later    []sysMsg // terminations (and the like: follows) waiting for the messages ahead of them
 	timers   map[any]*actorTimer[T]
 	timerSeq uint64
 	ctx      context.Context

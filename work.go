@@ -141,9 +141,7 @@ func Worker[T any](p Spawner, name string, key ServiceKey[T], b Behavior[Deliver
 		return Ref[Delivery[T]]{}, err
 	}
 	w.self = ctl
-	// Its jobs are bounded by its room: it takes a room of the largest
-	// frames a producer may send, where Config.MailboxBytes is smaller.
-	ctl.h.local.(*cell[workerMsg]).setByteLimit(int(min(int64(cfg.Room)*int64(n.cfg.MaxFrameSize), math.MaxInt)))
+	w.bound()
 	ref, err := Spawn(p, name, w.wrap(b))
 	if err != nil {
 		n.Stop(ctl)
@@ -310,6 +308,7 @@ func (w *workWorker[T]) receive(c *Context[workerMsg], m workerMsg) {
 		if _, ok := w.producers[k]; !ok {
 			w.producers[k] = m.Producer
 			c.Watch(m.Producer)
+			w.bound()
 		}
 		m.Producer.Tell(workReady{Worker: w.self, Room: w.room})
 	case workJob[T]:
@@ -393,6 +392,16 @@ func workBackoff(failures int) time.Duration {
 		return 0
 	}
 	return min(10*time.Millisecond<<min(failures-2, 10), time.Second)
+}
+
+// bound sets the controller's mailbox bound: its jobs are bounded by its
+// room, from each producer, so it takes a room of the largest frames from
+// each producer it knows (one at least) where Config.MailboxBytes is
+// smaller.
+func (w *workWorker[T]) bound() {
+	producers := int64(min(max(len(w.producers), 1), maxWorkRoom))
+	b := min(producers*int64(w.room)*int64(w.n.cfg.MaxFrameSize), math.MaxInt)
+	w.self.h.local.(*cell[workerMsg]).setByteLimit(int(b))
 }
 
 // deliver hands a held job to the worker's actor, for the incarnation

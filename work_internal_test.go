@@ -74,6 +74,8 @@ func TestWorkJobDeadAfterItsSendIsTakenBack(t *testing.T) {
 		select {
 		case again := <-got:
 			t.Fatalf("a report for another worker took the job back: %+v", again)
+		case dl := <-dead:
+			t.Fatalf("a report for another worker was a dead letter of the job: %+v", dl)
 		case <-time.After(200 * time.Millisecond): // (the producer handles it meanwhile)
 		}
 		n.dead.deadLetterTo(to, "troupe://elsewhere/user/worker", job, reason, true)
@@ -90,19 +92,22 @@ func TestWorkJobDeadAfterItsSendIsTakenBack(t *testing.T) {
 			default:
 			}
 		} else {
-			for range 2 { // the stale report's, then the one taken back
-				select {
-				case dl := <-dead:
-					if m, ok := dl.Message.(testPing); !ok || m.N != 1 {
-						t.Fatalf("dead letter %+v, want the job", dl)
-					}
-				case <-ctx.Done():
-					t.Fatal("the job given up made no dead letter")
+			select {
+			case dl := <-dead:
+				if m, ok := dl.Message.(testPing); !ok || m.N != 1 {
+					t.Fatalf("dead letter %+v, want the job", dl)
 				}
+			case <-ctx.Done():
+				t.Fatal("the job given up made no dead letter")
 			}
 		}
 		if err := p.Wait(ctx); err != nil {
 			t.Fatalf("Wait after a %v: %v (stats %+v)", reason, err, p.Stats())
+		}
+		select {
+		case dl := <-dead:
+			t.Fatalf("a second dead letter: %+v", dl)
+		default:
 		}
 	}
 }
@@ -140,6 +145,58 @@ func TestPostFollowsTheMessagesBeforeIt(t *testing.T) {
 			}
 		case <-time.After(10 * time.Second):
 			t.Fatal("nothing handled")
+		}
+	}
+}
+
+// A worker's mailbox is bounded in bytes by its room of the largest
+// frames from each producer it knows, where Config.MailboxBytes is less.
+func TestWorkerMailboxBoundGrowsWithItsProducers(t *testing.T) {
+	t.Parallel()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	n, err := Start(context.Background(), Config{Name: "bound", RegistryAddrs: []string{addr}, MailboxBytes: 1 << 20, MaxFrameSize: 1 << 20,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	key := ServiceKey[testPing]{Name: "bound"}
+	if _, err := Worker(n, "worker", key, Behavior[Delivery[testPing]]{Receive: func(_ *Context[Delivery[testPing]], d Delivery[testPing]) { d.Confirm() }},
+		WorkConfig{Room: 4}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	ctls, err := workersKey(key).Find(ctx, n)
+	if err != nil || len(ctls) != 1 {
+		t.Fatalf("the worker's controller: %v, %v", ctls, err)
+	}
+	c := ctls[0].h.local.(*cell[workerMsg])
+	limit := func() int {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return c.byteLimit()
+	}
+	if got := limit(); got != 4<<20 {
+		t.Fatalf("bound with no producer: %d, want 4 MiB", got)
+	}
+	for i := range 2 {
+		p, err := Produce(n, key, WorkConfig{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer p.Close()
+		want := (i + 1) * 4 << 20
+		for limit() != want {
+			if ctx.Err() != nil {
+				t.Fatalf("bound with %d producers: %d, want %d", i+1, limit(), want)
+			}
+			time.Sleep(5 * time.Millisecond)
 		}
 	}
 }

@@ -361,6 +361,7 @@ type workRefused struct {
 	id    UUID   // the producer's identity
 	seq   uint64 // the job
 	to    refKey // the worker its send was for
+	why   error  // the dead letter's reason
 	retry bool   // workRetryable: hand it again
 	// unconfirmed: it was written, and may have reached the worker;
 	// otherwise it certainly did not.
@@ -368,21 +369,18 @@ type workRefused struct {
 }
 
 // takeBack passes a job that became a dead letter on n to its producer,
-// if that lives on n, and reports whether no dead letter is to be
-// reported: the producer hands the job again, or has stopped (and made
-// each job it held a dead letter, or kept it in its journal). Otherwise
-// the producer gives the job up, and the dead letter reported is the
-// job's.
+// if that lives on n, and reports whether it did: the producer then hands
+// the job again, or gives it up and reports its dead letter itself (once:
+// not if it was handed on since, nor if the producer stops first, whose
+// stop reports every job it holds or keeps it in its journal).
 func (j workJob[T]) takeBack(n *Node, to refKey, reason error, unconfirmed bool) bool {
 	h := j.Producer.h
 	if h == nil || h.node != n || h.local == nil || to == (refKey{}) {
 		return false // (on the worker's node: its Terminated tells the producer)
 	}
-	retry := workRetryable(reason)
-	if !h.local.sysPush(sysMsg{kind: sysPost, timerKey: workRefused{id: j.ID, seq: j.Seq, to: to, retry: retry, unconfirmed: unconfirmed}}) {
-		return true // (the producer has stopped)
-	}
-	return retry
+	h.local.sysPush(sysMsg{kind: sysPost, timerKey: workRefused{id: j.ID, seq: j.Seq, to: to, why: reason,
+		retry: workRetryable(reason), unconfirmed: unconfirmed}})
+	return true // (false: the producer has stopped, and reported or kept the job)
 }
 
 // workClose is Close's (local): the producer stops once it has taken the
@@ -609,6 +607,7 @@ func (pr *producer[T]) refused(c *Context[producerMsg], m workRefused) {
 		ws.out--
 	}
 	if !m.retry {
+		pr.p.n.dead.deadLetter(ws.ref.String(), e.job, m.why) // (ws: e was out with it)
 		pr.giveUp(m.seq)
 		return
 	}
