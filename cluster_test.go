@@ -816,6 +816,14 @@ func TestClusterWatchesPartOfALargerCluster(t *testing.T) {
 	slowTest(t)
 	cfg := clusterCfg(KeepMajority())
 	cfg.MonitoredMembers = 3
+	// Eight members beside the whole suite under -race: a pause of more
+	// than the usual detector's 600 ms, which CI has seen, would down a
+	// live member, and this test is about the dead one.
+	cfg.Detector = func() FailureDetector {
+		d := clusterDetector().(*PhiAccrual)
+		d.AcceptableHeartbeatPause = 2 * time.Second
+		return d
+	}
 	r := newClusterRig(t, 8, cfg)
 	victim := r.nodes[5]
 	r.f.Kill(victim)
