@@ -122,9 +122,8 @@ type Cluster struct {
 	// mu guards the state below.
 	mu mutex[lkCluster]
 	membership
-	detectors map[NodeUID]FailureDetector
-	lastHeard map[NodeUID]int64
-	stopped   bool
+	watching // the failure detectors, one for each member this one watches
+	stopped  bool
 
 	leaseHeld   bool            // this member took the lease for a decision
 	leaseAt     time.Time       // when
@@ -319,10 +318,11 @@ func StartCluster(ctx context.Context, n *Node, cfg ClusterConfig) (*Cluster, er
 	}
 	c := &Cluster{
 		n: n, cfg: cfg.withDefaults(n), membership: newMembership(self, time.Now()),
-		detectors: map[NodeUID]FailureDetector{}, lastHeard: map[NodeUID]int64{}, leftSeen: map[NodeUID]bool{}, downedAt: map[NodeUID]time.Time{},
+		leftSeen: map[NodeUID]bool{}, downedAt: map[NodeUID]time.Time{},
 		stop: make(chan struct{}), done: make(chan struct{}),
 	}
 	c.watchedBy = c.cfg.MonitoredMembers
+	c.watching = newWatching(c.cfg.Detector)
 	if !n.disc.discovering() {
 		// No registrar and no etcd: the members keep the service keys
 		// and topics. (Made before the cluster actor, whose gossip may

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"maps"
 	"math/rand/v2"
-	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -295,34 +294,16 @@ func (c *Cluster) detect(now time.Time) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	monitored := c.monitorsOf(c.self, c.cfg.MonitoredMembers, c.ring())
-	for uid := range c.detectors {
-		if !slices.Contains(monitored, uid) {
-			delete(c.detectors, uid) // watched afresh if it comes back on the ring
-			delete(c.lastHeard, uid)
-		}
-	}
 	watchers := c.watchers(c.cfg.MonitoredMembers)
 	c.n.cl.beat.Store(&watchers)
-	var mine []NodeUID
-	for _, uid := range monitored {
-		if heard[uid] == 0 {
-			// No association yet: dial it, so that its heartbeats reach
-			// this member (gossip alone may never have connected them).
-			dial = append(dial, c.members[uid].Addr)
+	mine, silent := c.watching.turn(monitored, func(uid NodeUID) time.Time {
+		if at := heard[uid]; at != 0 {
+			return c.n.epoch.Add(time.Duration(at))
 		}
-		d := c.detectors[uid]
-		if d == nil {
-			d = c.cfg.Detector()
-			d.Heartbeat(now) // count from when this member learned of it
-			c.detectors[uid] = d
-		}
-		if at := heard[uid]; at != 0 && at != c.lastHeard[uid] {
-			c.lastHeard[uid] = at
-			d.Heartbeat(c.n.epoch.Add(time.Duration(at)))
-		}
-		if !d.Available(now) {
-			mine = append(mine, uid)
-		}
+		return time.Time{}
+	}, now)
+	for _, uid := range silent {
+		dial = append(dial, c.members[uid].Addr)
 	}
 	before := c.reach[c.self].version
 	events = c.observe(mine, now)
