@@ -2,7 +2,8 @@ package troupe
 
 import (
 	"cmp"
-	"fmt"
+	"encoding/binary"
+	"encoding/hex"
 	"hash/fnv"
 	"maps"
 	"slices"
@@ -38,6 +39,9 @@ type membership struct {
 	// for the same, and unlike a decision it leaves the wait for
 	// DownAllWhenUnstable running (see stepOwnView).
 	ownKept string
+	// ringCache is ring's answer for the state whose digest is ringOf.
+	ringCache []NodeUID
+	ringOf    uint64
 }
 
 // ownKey names what an own-view decision is about.
@@ -168,10 +172,21 @@ func (ms *membership) discounted() map[NodeUID]bool {
 	return off
 }
 
-func compareUID(a, b NodeUID) int { return cmp.Compare(string(a[:]), string(b[:])) }
+func compareUID(a, b NodeUID) int {
+	// bytes.Compare's order, in two word compares: the digest sorts every
+	// member with it.
+	if c := cmp.Compare(binary.BigEndian.Uint64(a[:8]), binary.BigEndian.Uint64(b[:8])); c != 0 {
+		return c
+	}
+	return cmp.Compare(binary.BigEndian.Uint64(a[8:]), binary.BigEndian.Uint64(b[8:]))
+}
 
 // digest summarizes the state, so members can tell they have seen the same
-// one.
+// one. Its value is part of the protocol (members of different versions
+// compare digests): an FNV-1a hash of each member's "%x:%d:%d;" (the hex
+// of its uid's hex form, its status, its up number) in uid order, then of
+// each observer's "%x:%d;" (uid, record version). It is built here without
+// fmt: it runs twice for every gossip a member merges.
 func (ms *membership) digest() uint64 {
 	h := fnv.New64a()
 	uids := make([]NodeUID, 0, len(ms.members))
@@ -179,9 +194,15 @@ func (ms *membership) digest() uint64 {
 		uids = append(uids, uid)
 	}
 	slices.SortFunc(uids, compareUID)
+	var buf [96]byte
 	for _, uid := range uids {
 		m := ms.members[uid]
-		fmt.Fprintf(h, "%x:%d:%d;", uid, m.Status, m.UpNumber)
+		b := appendDigestUID(buf[:0], uid)
+		b = append(b, ':')
+		b = strconv.AppendInt(b, int64(m.Status), 10)
+		b = append(b, ':')
+		b = strconv.AppendInt(b, int64(m.UpNumber), 10)
+		h.Write(append(b, ';'))
 	}
 	obs := make([]NodeUID, 0, len(ms.reach))
 	for o := range ms.reach {
@@ -189,9 +210,20 @@ func (ms *membership) digest() uint64 {
 	}
 	slices.SortFunc(obs, compareUID)
 	for _, o := range obs {
-		fmt.Fprintf(h, "%x:%d;", o, ms.reach[o].version)
+		b := appendDigestUID(buf[:0], o)
+		b = append(b, ':')
+		b = strconv.AppendUint(b, ms.reach[o].version, 10)
+		h.Write(append(b, ';'))
 	}
 	return h.Sum64()
+}
+
+// appendDigestUID appends what fmt's %x makes of a NodeUID: the hex of its
+// String, itself hex.
+func appendDigestUID(b []byte, uid NodeUID) []byte {
+	var x [32]byte
+	hex.Encode(x[:], uid[:])
+	return hex.AppendEncode(b, x[:])
 }
 
 // digestOf computes the digest of a gossiped state the way digest does
@@ -258,6 +290,11 @@ func (ms *membership) snapshot() gossipMsg {
 	for o, r := range ms.reach {
 		g.Reach = append(g.Reach, gossipReach{Observer: o, Version: r.version, Unreachable: r.unreachable})
 	}
+	// In uid order, not the maps': a receiver merges in the order it
+	// reads, and the simulator replays a run only if that is the same.
+	slices.SortFunc(g.Seen, compareUID)
+	slices.SortFunc(g.Members, func(a, b gossipMember) int { return compareUID(a.UID, b.UID) })
+	slices.SortFunc(g.Reach, func(a, b gossipReach) int { return compareUID(a.Observer, b.Observer) })
 	return g
 }
 
@@ -328,8 +365,12 @@ func (ms *membership) merge(g gossipMsg, now time.Time) merged {
 		out.confirm = !slices.Contains(g.Seen, ms.self)
 	}
 	// A sender this member has downed or removed may not know: tell it,
-	// so that it stops instead of knocking as a joiner for ever.
-	if m := ms.members[g.From]; m != nil && !live(m) && g.From != ms.self {
+	// so that it stops instead of knocking as a joiner for ever. (One
+	// whose own gossip says it is down knows, and stops at its next turn.)
+	knows := slices.ContainsFunc(g.Members, func(gm gossipMember) bool {
+		return gm.UID == g.From && !live(&Member{Status: MemberStatus(gm.Status)})
+	})
+	if m := ms.members[g.From]; m != nil && !live(m) && g.From != ms.self && !knows {
 		out.tellTo = &Member{Addr: m.Addr, UID: m.UID}
 	}
 	out.events = append(out.events, ms.reachEvents(oldUnreach, now)...)
@@ -342,6 +383,13 @@ func (ms *membership) merge(g gossipMsg, now time.Time) merged {
 // is downed if it was live (the leader then removes it), and its uid
 // added to ended.
 func (ms *membership) replaceIncarnation(m *Member, ended *[]NodeUID) []MemberEvent {
+	if self := ms.members[ms.self]; m.UID != ms.self && m.Addr == self.Addr {
+		// At this member's own address: an earlier incarnation of this
+		// very process, gossiped by those that have not noticed yet.
+		m.Status = MemberDown
+		*ended = append(*ended, m.UID)
+		return []MemberEvent{{Member: *m, Kind: eventMemberStatus}}
+	}
 	var events []MemberEvent
 	for uid, old := range ms.members {
 		if uid == m.UID || uid == ms.self || old.Addr != m.Addr {
@@ -585,20 +633,34 @@ func ringPos(uid NodeUID) uint64 {
 	return h.Sum64()
 }
 
-// ring is the live members in ring order.
+// ring is the live members in ring order. It is kept until the state
+// changes (the cache is keyed by the state's digest); callers must not
+// change it.
 func (ms *membership) ring() []NodeUID {
-	var r []NodeUID
+	if ms.ringCache != nil && ms.ringOf == ms.digested {
+		return ms.ringCache
+	}
+	type placed struct {
+		pos uint64
+		uid NodeUID
+	}
+	var ps []placed
 	for uid, m := range ms.members {
 		if live(m) {
-			r = append(r, uid)
+			ps = append(ps, placed{ringPos(uid), uid})
 		}
 	}
-	slices.SortFunc(r, func(a, b NodeUID) int {
-		if c := cmp.Compare(ringPos(a), ringPos(b)); c != 0 {
+	slices.SortFunc(ps, func(a, b placed) int {
+		if c := cmp.Compare(a.pos, b.pos); c != 0 {
 			return c
 		}
-		return compareUID(a, b)
+		return compareUID(a.uid, b.uid)
 	})
+	r := make([]NodeUID, len(ps))
+	for i, p := range ps {
+		r[i] = p.uid
+	}
+	ms.ringCache, ms.ringOf = r, ms.digested
 	return r
 }
 
@@ -627,13 +689,33 @@ func (ms *membership) monitorsOf(uid NodeUID, k int, r []NodeUID) []NodeUID {
 }
 
 // watchers is the set of members that watch this member, and so need its
-// heartbeats.
+// heartbeats: the members before it on the ring that reach it before they
+// have k others they have not found unreachable (see monitorsOf). Only
+// the k+L members before it can (L: the most members one observer has
+// found unreachable), so it costs that squared, not the cluster's size
+// squared: it runs on every turn of every member.
 func (ms *membership) watchers(k int) map[NodeUID]bool {
 	r := ms.ring()
 	out := map[NodeUID]bool{}
-	for _, uid := range r {
-		if uid != ms.self && slices.Contains(ms.monitorsOf(uid, k, r), ms.self) {
-			out[uid] = true
+	i := slices.Index(r, ms.self)
+	if i < 0 {
+		return out
+	}
+	most := 0
+	for _, rec := range ms.reach {
+		most = max(most, len(rec.unreachable))
+	}
+	for j := 1; j < len(r) && j <= k+most; j++ {
+		u := r[(i-j+len(r))%len(r)]
+		lost := ms.reach[u].unreachable
+		between := 0 // members between u and this one that u has not lost
+		for b := 1; b < j; b++ {
+			if !slices.Contains(lost, r[(i-j+b+len(r))%len(r)]) {
+				between++
+			}
+		}
+		if between < k {
+			out[u] = true
 		}
 	}
 	return out

@@ -1,9 +1,13 @@
 package troupe
 
 import (
+	"bytes"
 	"fmt"
+	"hash/fnv"
 	"maps"
+	"math/rand/v2"
 	"slices"
+	"strconv"
 	"testing"
 	"time"
 )
@@ -250,6 +254,14 @@ func TestMergeNewIncarnationAndDownedSender(t *testing.T) {
 	}
 	if st.members[uidOf(2)].Status != MemberDown {
 		t.Fatal("a downed member's own gossip brought it back")
+	}
+	// A sender whose own gossip says it is down knows: telling it again
+	// would answer its every gossip with the whole state, and two downed
+	// members, each telling the other, would trade states as fast as the
+	// network carries them until each stops at its next turn (the
+	// simulator saw a thousand a second between two members).
+	if out = st.merge(gossipFrom(2, memberOf(2, MemberDown, 2)), at(20)); out.tellTo != nil {
+		t.Fatalf("a sender that knows it is down is told again: %+v", out.tellTo)
 	}
 }
 
@@ -683,5 +695,128 @@ func TestMergeAppVersion(t *testing.T) {
 		if st.members[uidOf(1)].AppVersion != "mine" {
 			t.Errorf("%s: this member's own version changed to %q", c.name, st.members[uidOf(1)].AppVersion)
 		}
+	}
+}
+
+// The digest is part of the protocol: members of different versions compare
+// it. digest builds it without fmt; its value is the one the format
+// "%x:%d:%d;" per member and "%x:%d;" per observer gives (the first
+// version's), on random states.
+func TestMembershipDigestKeepsItsValue(t *testing.T) {
+	t.Parallel()
+	byFmt := func(ms *membership) uint64 {
+		h := fnv.New64a()
+		byBytes := func(a, b NodeUID) int { return bytes.Compare(a[:], b[:]) }
+		for _, uid := range slices.SortedFunc(maps.Keys(ms.members), byBytes) {
+			m := ms.members[uid]
+			fmt.Fprintf(h, "%x:%d:%d;", uid, m.Status, m.UpNumber)
+		}
+		for _, o := range slices.SortedFunc(maps.Keys(ms.reach), byBytes) {
+			fmt.Fprintf(h, "%x:%d;", o, ms.reach[o].version)
+		}
+		return h.Sum64()
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	for n := range 40 {
+		ms := membership{members: map[NodeUID]*Member{}, reach: map[NodeUID]reachRecord{}}
+		for range n {
+			var uid NodeUID
+			for i := range uid {
+				uid[i] = byte(rng.Uint32())
+			}
+			ms.members[uid] = &Member{UID: uid, Status: MemberStatus(rng.IntN(6)), UpNumber: rng.IntN(100000)}
+			if rng.IntN(2) == 0 {
+				ms.reach[uid] = reachRecord{version: rng.Uint64()}
+			}
+		}
+		if got, want := ms.digest(), byFmt(&ms); got != want {
+			t.Fatalf("%d members: digest %x, the format gives %x", n, got, want)
+		}
+	}
+}
+
+func BenchmarkMembershipDigest(b *testing.B) {
+	for _, n := range []int{100, 1000} {
+		b.Run(strconv.Itoa(n), func(b *testing.B) {
+			rng := rand.New(rand.NewPCG(1, 2))
+			ms := membership{members: map[NodeUID]*Member{}, reach: map[NodeUID]reachRecord{}}
+			for i := range n {
+				var uid NodeUID
+				for j := range uid {
+					uid[j] = byte(rng.Uint32())
+				}
+				ms.members[uid] = &Member{UID: uid, Status: MemberUp, UpNumber: i + 1}
+				ms.reach[uid] = reachRecord{version: uint64(i)}
+			}
+			b.ReportAllocs()
+			for b.Loop() {
+				ms.digest()
+			}
+		})
+	}
+}
+
+// watchers walks back from the member only as far as a watcher can be; it
+// is the inverse of monitorsOf, computed the long way, on random rings
+// with random unreachable sets, for several k.
+func TestWatchersIsTheInverseOfMonitorsOf(t *testing.T) {
+	t.Parallel()
+	rng := rand.New(rand.NewPCG(3, 4))
+	for round := range 200 {
+		n := 2 + rng.IntN(40)
+		var ms []Member
+		for i := 1; i <= n; i++ {
+			status := MemberUp
+			if rng.IntN(6) == 0 {
+				status = MemberDown // off the ring, and named in records
+			}
+			ms = append(ms, memberOf(i, status, i))
+		}
+		k := 1 + rng.IntN(10)
+		self := 1 + rng.IntN(n)
+		st := state(self, ms...)
+		for i := 1; i <= n; i++ {
+			if rng.IntN(3) == 0 {
+				var lost []NodeUID
+				for range rng.IntN(6) {
+					lost = append(lost, uidOf(1+rng.IntN(n)))
+				}
+				st.reach[uidOf(i)] = reachRecord{version: 1, unreachable: lost}
+			}
+		}
+		st.touched(at(round)) // a new state: the ring is computed anew
+		r := st.ring()
+		want := map[NodeUID]bool{}
+		for _, uid := range r {
+			if uid != st.self && slices.Contains(st.monitorsOf(uid, k, r), st.self) {
+				want[uid] = true
+			}
+		}
+		if got := st.watchers(k); !maps.Equal(got, want) {
+			t.Fatalf("round %d, %d members, k=%d: watchers %v, want %v", round, n, k, got, want)
+		}
+	}
+}
+
+// A restarted member that hears of its earlier incarnation (at its own
+// address, another uid) downs it: two processes cannot listen on one
+// address. It used to keep it up — it never replaced itself — and gossip
+// it so; a member that then learned of both in one gossip downed the one
+// it read first, which could be the new one (found by the simulator's
+// review: the order was the map's).
+func TestARestartedMemberDownsItsEarlierIncarnation(t *testing.T) {
+	t.Parallel()
+	reborn := memberOf(2, MemberJoining, 0)
+	reborn.UID = NodeUID{42}
+	st := newMembership(reborn, t0)
+	out := st.merge(gossipFrom(1, memberOf(1, MemberUp, 1), memberOf(2, MemberUp, 2)), at(0))
+	if got := st.members[uidOf(2)].Status; got != MemberDown {
+		t.Fatalf("the earlier incarnation is %v in the new one's view, want down", got)
+	}
+	if !slices.Contains(out.ended, uidOf(2)) {
+		t.Fatalf("ended %v, want the earlier incarnation's association ended", out.ended)
+	}
+	if got := st.members[NodeUID{42}].Status; got != MemberJoining {
+		t.Fatalf("the new incarnation is %v in its own view", got)
 	}
 }
