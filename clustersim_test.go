@@ -1,0 +1,961 @@
+package troupe
+
+import (
+	"container/heap"
+	"fmt"
+	"hash/fnv"
+	"math/rand/v2"
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+// The cluster simulator: members of a cluster in one goroutine, on
+// virtual time, over a simulated network that delays, loses, partitions
+// (both ways or one), pauses and crashes, reproducible from a seed. Each
+// member runs the cluster's own decision code — membership (merge,
+// observe, lead, nextDowning, gossipTargets, monitorsOf, watchers), the
+// failure detectors' watching, and the downing rules (resolve,
+// ownViewLoses) — on the simulator's clock; what the simulator supplies is
+// what the node does around them: the loop's turn every GossipInterval,
+// the node's heartbeats to a member's watchers every HeartbeatInterval,
+// and the delivery of messages. Not simulated: the lease, singletons and
+// shards, leaving, and the pause rule's stop (a paused member is frozen,
+// its messages held until it resumes).
+//
+// Invariants checked after every step that changes a member's view of
+// another: never two running up members that have each written the other
+// off. After the faults end and the cluster has had time to settle
+// (simCluster.settle): every running member up, one leader, no member
+// unreachable. A violation names the seed; the same seed replays the run
+// event for event (TestClusterSimReplaysFromItsSeed).
+
+// simMember is one process at an address: its incarnation (uid) changes
+// when it restarts.
+type simMember struct {
+	slot    int
+	addr    Addr
+	uid     NodeUID
+	gen     uint64 // incarnation number, to drop the events of an earlier one
+	ms      membership
+	watch   watching
+	heard   map[NodeUID]time.Time // when anything last arrived from each peer
+	beatTo  map[NodeUID]bool      // the watchers its heartbeats go to (the node's cl.beat)
+	running bool                  // the process runs (not crashed)
+	stopped bool                  // its cluster stopped: downed or removed
+	paused  bool                  // the process is stopped (SIGSTOP): nothing runs
+	held    []simEvent            // deliveries that arrive while paused
+	upAt    time.Time             // when it joined
+}
+
+const (
+	simTurn uint8 = iota
+	simBeat
+	simDeliver
+	simFault
+)
+
+type simEvent struct {
+	at    time.Time
+	seq   uint64
+	kind  uint8
+	slot  int    // the member it is for
+	gen   uint64 // that member's incarnation
+	from  NodeUID
+	msg   clusterMsg // a delivery; nil: a heartbeat
+	fault func()
+}
+
+type simQueue []simEvent
+
+func (q simQueue) Len() int { return len(q) }
+func (q simQueue) Less(i, j int) bool {
+	if !q[i].at.Equal(q[j].at) {
+		return q[i].at.Before(q[j].at)
+	}
+	return q[i].seq < q[j].seq
+}
+func (q simQueue) Swap(i, j int) { q[i], q[j] = q[j], q[i] }
+func (q *simQueue) Push(x any)   { *q = append(*q, x.(simEvent)) }
+func (q *simQueue) Pop() any {
+	old := *q
+	e := old[len(old)-1]
+	*q = old[:len(old)-1]
+	return e
+}
+
+// simCluster is the simulated network and its members; one goroutine owns
+// it.
+type simCluster struct {
+	cfg       ClusterConfig // with its defaults
+	heartbeat time.Duration // the nodes' HeartbeatInterval
+	latency   time.Duration // one way
+	jitter    time.Duration // up to this much more, uniformly
+	loss      float64       // the chance that a message is lost
+	seed      uint64
+
+	rng     *rand.Rand
+	codec   encoder // to count bytes
+	buf     []byte
+	now     time.Time
+	seq     uint64
+	q       simQueue
+	members []*simMember
+	byUID   map[NodeUID]*simMember
+	cut     map[[2]int]bool // [from, to] slots whose traffic is dropped
+
+	// Counters.
+	steps     int
+	bytes     map[string]int64 // by kind of message
+	sent      map[string]int64
+	trace     fnvHash // of every event's effect, for replay
+	violation string
+	log       []string // the schedule of faults, printed with a violation
+}
+
+type fnvHash struct{ h uint64 }
+
+func (f *fnvHash) add(s string) {
+	h := fnv.New64a()
+	h.Write([]byte(s))
+	f.h = f.h*31 + h.Sum64()
+}
+
+// simEpoch is the simulator's time zero: a fixed date, so that runs
+// compare.
+var simEpoch = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// newSimCluster makes n members (not yet joined: see start).
+func newSimCluster(n int, seed uint64, cfg ClusterConfig, heartbeat time.Duration) *simCluster {
+	cfg = cfg.withDefaults(&Node{cfg: Config{HeartbeatInterval: heartbeat}})
+	s := &simCluster{
+		cfg: cfg, heartbeat: heartbeat, latency: 500 * time.Microsecond, jitter: 500 * time.Microsecond, seed: seed,
+		rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)), now: simEpoch,
+		byUID: map[NodeUID]*simMember{}, cut: map[[2]int]bool{},
+		bytes: map[string]int64{}, sent: map[string]int64{},
+	}
+	for i := range n {
+		s.members = append(s.members, &simMember{slot: i, addr: tcpAddr(fmt.Sprintf("10.%d.%d.%d:7000", i>>16&255, i>>8&255, i&255))})
+	}
+	return s
+}
+
+// boot starts the member at slot: a new incarnation, which joins through
+// the first member (or, for the first, starts the cluster) — all members
+// booted at once form the cluster as if each had been started with the
+// first as its seed.
+func (s *simCluster) boot(slot int, first bool) {
+	m := s.members[slot]
+	delete(s.byUID, m.uid) // (what is sent to it goes to the process at its address)
+	m.gen++
+	for i := range m.uid {
+		m.uid[i] = byte(s.rng.Uint32())
+	}
+	self := Member{Addr: m.addr, UID: m.uid, Status: MemberJoining}
+	if first {
+		self.Status, self.UpNumber = MemberUp, 1
+	}
+	m.ms = newMembership(self, s.now)
+	m.ms.watchedBy = s.cfg.MonitoredMembers
+	m.watch = newWatching(s.cfg.Detector)
+	m.heard, m.beatTo = map[NodeUID]time.Time{}, map[NodeUID]bool{}
+	m.running, m.stopped, m.paused, m.held, m.upAt = true, false, false, nil, s.now
+	s.byUID[m.uid] = m
+	// Turns and beats start at a random phase, as processes do.
+	s.at(s.now.Add(time.Duration(s.rng.Int64N(int64(s.cfg.GossipInterval)))), simEvent{kind: simTurn, slot: slot, gen: m.gen})
+	s.at(s.now.Add(time.Duration(s.rng.Int64N(int64(s.heartbeat)))), simEvent{kind: simBeat, slot: slot, gen: m.gen})
+}
+
+func (s *simCluster) at(t time.Time, e simEvent) {
+	s.seq++
+	e.at, e.seq = t, s.seq
+	heap.Push(&s.q, e)
+}
+
+// after schedules f at now+d (a fault, or a check).
+func (s *simCluster) after(d time.Duration, what string, f func()) {
+	s.at(s.now.Add(d), simEvent{kind: simFault, fault: func() {
+		s.log = append(s.log, fmt.Sprintf("%v %s", s.now.Sub(simEpoch), what))
+		s.trace.add(what)
+		f()
+	}})
+}
+
+// run steps until virtual time until, or a violation.
+func (s *simCluster) run(until time.Time) {
+	for len(s.q) > 0 && s.violation == "" {
+		if s.q[0].at.After(until) {
+			break
+		}
+		e := heap.Pop(&s.q).(simEvent)
+		s.now = e.at
+		s.steps++
+		s.step(e)
+	}
+	if s.now.Before(until) {
+		s.now = until
+	}
+}
+
+func (s *simCluster) runFor(d time.Duration) { s.run(s.now.Add(d)) }
+
+func (s *simCluster) step(e simEvent) {
+	if e.kind == simFault {
+		e.fault()
+		return
+	}
+	m := s.members[e.slot]
+	if !m.running || m.gen != e.gen {
+		return // for an incarnation that has ended
+	}
+	if m.paused {
+		if e.kind == simDeliver {
+			m.held = append(m.held, e)
+		} else {
+			m.held = append(m.held, e) // the turn and the beat wait too: their timers fire on resume
+		}
+		return
+	}
+	switch e.kind {
+	case simTurn:
+		if !m.stopped {
+			s.turn(m)
+		}
+		if !m.stopped {
+			s.at(s.now.Add(s.cfg.GossipInterval), simEvent{kind: simTurn, slot: m.slot, gen: m.gen})
+		}
+	case simBeat:
+		// The node's heartbeats go on while its cluster runs (and its
+		// node, here, stops with it).
+		if m.stopped {
+			return
+		}
+		for _, uid := range slices.SortedFunc(mapKeys(m.beatTo), compareUID) {
+			s.send(m, uid, nil)
+		}
+		s.at(s.now.Add(s.heartbeat), simEvent{kind: simBeat, slot: m.slot, gen: m.gen})
+	case simDeliver:
+		m.heard[e.from] = s.now
+		if m.stopped || e.msg == nil {
+			return
+		}
+		switch msg := e.msg.(type) {
+		case gossipMsg:
+			s.receive(m, msg)
+		case gossipStatus:
+			s.status(m, msg)
+		}
+	}
+}
+
+func mapKeys[K comparable, V any](m map[K]V) func(func(K) bool) {
+	return func(yield func(K) bool) {
+		for k := range m {
+			if !yield(k) {
+				return
+			}
+		}
+	}
+}
+
+// send puts msg (nil: a heartbeat) on the way from m to the member uid,
+// unless the network drops it.
+func (s *simCluster) send(m *simMember, uid NodeUID, msg clusterMsg) {
+	to := s.byUID[uid]
+	if to == nil {
+		var addr Addr
+		if mm := m.ms.members[uid]; mm != nil {
+			addr = mm.Addr
+		}
+		// An ended incarnation: what is sent to its address reaches the
+		// process there now, if any.
+		for _, o := range s.members {
+			if o.addr == addr && o.running {
+				to = o
+			}
+		}
+		if to == nil {
+			return
+		}
+	}
+	if !to.running {
+		return // a crashed process: no connection, nothing sent
+	}
+	s.sendTo(m, to, msg)
+}
+
+func (s *simCluster) sendTo(m, to *simMember, msg clusterMsg) {
+	kind, size := "heartbeat", simHeartbeatBytes
+	if msg != nil {
+		kind = reflect.TypeOf(msg).Name()
+		size = s.size(msg)
+	}
+	s.sent[kind]++
+	s.bytes[kind] += int64(size)
+	if s.cut[[2]int{m.slot, to.slot}] || s.loss > 0 && s.rng.Float64() < s.loss {
+		return
+	}
+	d := s.latency
+	if s.jitter > 0 {
+		d += time.Duration(s.rng.Int64N(int64(s.jitter)))
+	}
+	s.at(s.now.Add(d), simEvent{kind: simDeliver, slot: to.slot, gen: to.gen, from: m.uid, msg: msg})
+}
+
+// simHeartbeatBytes is a node heartbeat's frame on the wire (wire.md:
+// the frame's length, its kind, a sequence number).
+const simHeartbeatBytes = 8
+
+// size is msg's payload as the codec encodes it, plus a frame's header
+// and the type's number.
+func (s *simCluster) size(msg clusterMsg) int {
+	var err error
+	s.buf, err = s.codec.payload(s.buf[:0], typeOfValue(msg), msg)
+	if err != nil {
+		panic(err)
+	}
+	return len(s.buf) + 6
+}
+
+// turn is one turn of the member's loop (Cluster.run): detect, lead,
+// downing, gossip, knock.
+func (s *simCluster) turn(m *simMember) {
+	ms := &m.ms
+	now := s.now
+	// detect
+	monitored := ms.monitorsOf(ms.self, s.cfg.MonitoredMembers, ms.ring())
+	m.beatTo = ms.watchers(s.cfg.MonitoredMembers)
+	mine, _ := m.watch.turn(monitored, func(uid NodeUID) time.Time { return m.heard[uid] }, now)
+	s.noteEvents(m, ms.observe(mine, now))
+	// lead
+	s.noteEvents(m, ms.lead(now))
+	// downing
+	if s.downing(m) {
+		return
+	}
+	s.gossip(m)
+	// knock
+	alone := true
+	for _, mm := range ms.members {
+		alone = alone && !mm.counts()
+	}
+	if alone {
+		// Its seeds: the first three members' addresses (but its own).
+		g := ms.snapshot()
+		for _, seed := range s.members[:min(3, len(s.members))] {
+			if seed != m && seed.running {
+				s.sendTo(m, seed, g)
+			}
+		}
+	}
+}
+
+// downing is Cluster.downing without the lease: it returns true when the
+// member stops.
+func (s *simCluster) downing(m *simMember) bool {
+	ms := &m.ms
+	now := s.now
+	step := ms.nextDowning(now, s.cfg.Downing != nil, timing{s.cfg.StableAfter, s.cfg.DownAllWhenUnstable})
+	self := *ms.members[ms.self]
+	switch step {
+	case stepWait:
+		return false
+	case stepStop:
+		s.gossip(m)
+		s.stop(m, "its own view: "+self.Status.String())
+		return true
+	case stepSelf:
+		ms.decided, ms.decidedOn = true, ms.unreachableKey()
+		s.noteEvents(m, ms.down([]Member{self}, now))
+	case stepOwnView:
+		if !ownViewLoses(s.cfg.Downing, ms.ownView()) {
+			ms.ownKept = ms.ownKey()
+			return false
+		}
+		ms.decided, ms.decidedOn = true, ms.unreachableKey()
+		s.noteEvents(m, ms.down([]Member{self}, now))
+	default:
+		ms.decided, ms.decidedOn = true, ms.unreachableKey()
+		view := ms.splitView()
+		down := view.members(DownEveryone)
+		if step == stepDecide {
+			_, down = resolve(view, s.cfg.Downing.Decide)
+		}
+		s.noteEvents(m, ms.down(down, now))
+	}
+	s.gossip(m)
+	return false
+}
+
+// gossip is Cluster.gossip.
+func (s *simCluster) gossip(m *simMember) {
+	ms := &m.ms
+	targets, full := ms.gossipTargets(gossipFanout, s.rng.IntN)
+	var msg clusterMsg = gossipStatus{From: ms.self, Digest: ms.digested}
+	if full {
+		msg = ms.snapshot()
+	}
+	for _, uid := range targets {
+		s.send(m, uid, msg)
+	}
+}
+
+// receive is Cluster.receive.
+func (s *simCluster) receive(m *simMember, g gossipMsg) {
+	ms := &m.ms
+	out := ms.merge(g, s.now)
+	s.noteEvents(m, out.events)
+	if out.confirm {
+		confirm := gossipStatus{From: ms.self, Digest: ms.digested}
+		for uid := range ms.seen {
+			confirm.Seen = append(confirm.Seen, uid)
+		}
+		slices.SortFunc(confirm.Seen, compareUID)
+		s.send(m, g.From, confirm)
+	}
+	if out.tellTo != nil {
+		s.send(m, out.tellTo.UID, ms.snapshot())
+	}
+	if out.changed {
+		s.gossip(m)
+	}
+}
+
+// status is Cluster.status.
+func (s *simCluster) status(m *simMember, st gossipStatus) {
+	ms := &m.ms
+	if ms.members[st.From] == nil {
+		return
+	}
+	if st.Digest == ms.digested {
+		ms.seen[st.From] = true
+		for _, uid := range st.Seen {
+			ms.seen[uid] = true
+		}
+		return
+	}
+	s.send(m, st.From, ms.snapshot())
+}
+
+// noteEvents records what changed in m's view, and checks the invariant
+// when m writes a member off.
+func (s *simCluster) noteEvents(m *simMember, events []MemberEvent) {
+	// (One step's events come in map order: the trace takes them sorted.)
+	var lines []string
+	for _, e := range events {
+		lines = append(lines, fmt.Sprintf("%d %x %s %v", m.slot, e.Member.UID[:4], e.Kind, e.Member.Status))
+	}
+	slices.Sort(lines)
+	s.trace.add(strings.Join(lines, ";"))
+	for _, e := range events {
+		if e.Kind == eventMemberStatus && e.Member.UID == m.uid && e.Member.Status == MemberUp {
+			// Up now: it may have written off, while joining, members
+			// that wrote it off.
+			for uid, o := range m.ms.members {
+				if o.Status >= MemberDown {
+					s.checkTwoSides(m, uid)
+				}
+			}
+		}
+		if e.Kind == eventMemberStatus && e.Member.Status >= MemberDown {
+			if e.Member.UID == m.uid {
+				continue // it stops at its next turn
+			}
+			s.checkTwoSides(m, e.Member.UID)
+		}
+	}
+}
+
+// checkTwoSides: m has written off uid; if uid's process runs, considers
+// itself up and has written m off, there are two sides.
+func (s *simCluster) checkTwoSides(m *simMember, uid NodeUID) {
+	o := s.byUID[uid]
+	if o == nil || o.uid != uid || !o.running || o.stopped || !m.running || m.stopped {
+		return
+	}
+	if self := m.ms.members[m.uid]; self.Status != MemberUp {
+		return
+	}
+	if self := o.ms.members[o.uid]; self.Status != MemberUp {
+		return
+	}
+	if mo := o.ms.members[m.uid]; mo != nil && mo.Status >= MemberDown {
+		s.violation = fmt.Sprintf("two sides at %v (seed %d): %s and %s, both up, have downed each other; faults:\n%s",
+			s.now.Sub(simEpoch), s.seed, m.addr, o.addr, strings.Join(s.log, "\n"))
+	}
+}
+
+func (s *simCluster) stop(m *simMember, why string) {
+	m.stopped = true
+	s.trace.add(fmt.Sprintf("%d stops: %s", m.slot, why))
+}
+
+// crash ends the process at slot at once (kill -9).
+func (s *simCluster) crash(slot int) {
+	m := s.members[slot]
+	m.running = false
+}
+
+// pause freezes the process at slot (SIGSTOP); resume lets it go on
+// (SIGCONT), with what arrived meanwhile.
+func (s *simCluster) pause(slot int) { s.members[slot].paused = true }
+
+func (s *simCluster) resume(slot int) {
+	m := s.members[slot]
+	if !m.paused {
+		return
+	}
+	m.paused = false
+	held := m.held
+	m.held = nil
+	for _, e := range held {
+		s.at(s.now, e)
+	}
+}
+
+// partition drops the traffic between the groups, both ways; oneWay drops
+// only what goes from the first group to the second.
+func (s *simCluster) partition(a, b []int, oneWay bool) {
+	for _, i := range a {
+		for _, j := range b {
+			s.cut[[2]int{i, j}] = true
+			if !oneWay {
+				s.cut[[2]int{j, i}] = true
+			}
+		}
+	}
+}
+
+func (s *simCluster) heal() { clear(s.cut) }
+
+// running is the members whose process runs and whose cluster has not
+// stopped.
+func (s *simCluster) running() []*simMember {
+	var out []*simMember
+	for _, m := range s.members {
+		if m.running && !m.stopped {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// converged reports whether every running member is up, sees the same
+// members up, no member unreachable, and one leader; or why not.
+func (s *simCluster) converged() (bool, string) {
+	var leader NodeUID
+	var want []NodeUID
+	for _, m := range s.running() {
+		if m.paused {
+			return false, fmt.Sprintf("%s is paused", m.addr)
+		}
+		ms := &m.ms
+		if st := ms.members[ms.self].Status; st != MemberUp {
+			return false, fmt.Sprintf("%s is %v", m.addr, st)
+		}
+		if u := ms.unreachable(); len(u) > 0 {
+			return false, fmt.Sprintf("%s sees %d unreachable", m.addr, len(u))
+		}
+		var up []NodeUID
+		for uid, mm := range ms.members {
+			if mm.Status == MemberUp {
+				up = append(up, uid)
+			}
+		}
+		slices.SortFunc(up, compareUID)
+		l := ms.leader()
+		if l == nil {
+			return false, fmt.Sprintf("%s sees no leader", m.addr)
+		}
+		if want == nil {
+			want, leader = up, l.UID
+		} else if !slices.Equal(want, up) || leader != l.UID {
+			return false, fmt.Sprintf("%s sees %d up and leader %x; another %d and %x", m.addr, len(up), l.UID[:4], len(want), leader[:4])
+		}
+	}
+	return true, ""
+}
+
+// startAll boots every member at once and runs until all are up
+// everywhere, or within: the time it took.
+func (s *simCluster) startAll(within time.Duration) (time.Duration, bool) {
+	s.boot(0, true)
+	for i := 1; i < len(s.members); i++ {
+		s.boot(i, false)
+	}
+	return s.until(within, func() bool { ok, _ := s.converged(); return ok && len(s.running()) == len(s.members) })
+}
+
+// startFormed boots every member into a cluster already formed: each
+// holds the same state, every member up (up numbers in address order),
+// every member's state seen by all — as a cluster that has run a while.
+// Forming a thousand members one join at a time costs the simulator what
+// it costs the members together (every join is a state that reaches
+// everyone); the figures that matter start from a formed cluster.
+func (s *simCluster) startFormed() {
+	for i := range s.members {
+		s.boot(i, i == 0)
+	}
+	var all []Member
+	for i, m := range s.members {
+		all = append(all, Member{Addr: m.addr, UID: m.uid, Status: MemberUp, UpNumber: i + 1})
+	}
+	for _, m := range s.members {
+		m.ms.members = map[NodeUID]*Member{}
+		for _, mm := range all {
+			mm := mm
+			m.ms.members[mm.UID] = &mm
+		}
+		m.ms.resetSeen()
+		for _, mm := range all {
+			m.ms.seen[mm.UID] = true
+		}
+		// Each watches its members from now: as if heard a moment ago.
+		for _, mm := range all {
+			m.heard[mm.UID] = s.now
+		}
+	}
+}
+
+// until runs, checking cond every GossipInterval, until it holds (how long
+// it took) or within passes.
+func (s *simCluster) until(within time.Duration, cond func() bool) (time.Duration, bool) {
+	start := s.now
+	for s.now.Sub(start) <= within && s.violation == "" {
+		if cond() {
+			return s.now.Sub(start), true
+		}
+		s.runFor(s.cfg.GossipInterval / 4)
+	}
+	return s.now.Sub(start), false
+}
+
+// simFaults runs a random fault schedule for d: crashes (restarted at the
+// same address a while later), pauses, partitions both ways and one way
+// (a member, or a minority group), and lost messages, each lasting a few
+// seconds, none overlapping another. It heals at the end.
+func (s *simCluster) simFaults(d time.Duration) {
+	end := s.now.Add(d)
+	n := len(s.members)
+	for s.now.Before(end) && s.violation == "" {
+		gap := time.Duration(s.rng.Int64N(int64(5 * time.Second)))
+		s.runFor(gap)
+		last := time.Duration(1+s.rng.Int64N(8)) * time.Second
+		victim := s.rng.IntN(n)
+		group := []int{victim}
+		for len(group) < max(1, (n-1)/2) && s.rng.IntN(2) == 0 {
+			if j := s.rng.IntN(n); !slices.Contains(group, j) {
+				group = append(group, j)
+			}
+		}
+		var rest []int
+		for i := range n {
+			if !slices.Contains(group, i) {
+				rest = append(rest, i)
+			}
+		}
+		switch s.rng.IntN(6) {
+		case 0:
+			s.after(0, fmt.Sprintf("crash %d", victim), func() { s.crash(victim) })
+			s.runFor(last)
+			if !s.members[victim].running {
+				s.after(0, fmt.Sprintf("restart %d", victim), func() { s.boot(victim, false) })
+			}
+		case 1:
+			s.after(0, fmt.Sprintf("pause %d for %v", victim, last), func() { s.pause(victim) })
+			s.runFor(last)
+			s.after(0, fmt.Sprintf("resume %d", victim), func() { s.resume(victim) })
+		case 2:
+			s.after(0, fmt.Sprintf("partition %v | rest for %v", group, last), func() { s.partition(group, rest, false) })
+			s.runFor(last)
+			s.after(0, "heal", s.heal)
+		case 3:
+			s.after(0, fmt.Sprintf("%v cannot send for %v", group, last), func() { s.partition(group, rest, true) })
+			s.runFor(last)
+			s.after(0, "heal", s.heal)
+		case 4:
+			s.after(0, fmt.Sprintf("%v cannot receive for %v", group, last), func() { s.partition(rest, group, true) })
+			s.runFor(last)
+			s.after(0, "heal", s.heal)
+		case 5:
+			s.after(0, fmt.Sprintf("lose 20%% of messages for %v", last), func() { s.loss = 0.2 })
+			s.runFor(last)
+			s.after(0, "lose none", func() { s.loss = 0 })
+		}
+		s.runFor(0)
+	}
+	s.after(0, "heal all", func() {
+		s.heal()
+		s.loss = 0
+		for i := range s.members {
+			s.resume(i)
+		}
+	})
+	s.runFor(0)
+}
+
+// restartStopped boots again every member whose cluster stopped (downed),
+// as an operator or a supervisor restarts a downed process.
+func (s *simCluster) restartStopped() {
+	for i, m := range s.members {
+		if !m.running || m.stopped {
+			s.boot(i, false)
+		}
+	}
+}
+
+func simTestConfig(downing DowningStrategy) ClusterConfig {
+	return ClusterConfig{Downing: downing}
+}
+
+func TestClusterSimFormsAndDownsACrashedMember(t *testing.T) {
+	t.Parallel()
+	for _, n := range []int{3, 10, 30} {
+		s := newSimCluster(n, 1, simTestConfig(KeepMajority()), time.Second)
+		took, ok := s.startAll(time.Minute)
+		if !ok {
+			_, why := s.converged()
+			t.Fatalf("%d members: not formed within a minute of virtual time: %s", n, why)
+		}
+		victim := s.members[n/2]
+		s.crash(victim.slot)
+		downed, ok := s.until(time.Minute, func() bool {
+			for _, m := range s.running() {
+				if mm := m.ms.members[victim.uid]; mm == nil || mm.Status != MemberRemoved {
+					return false
+				}
+			}
+			return true
+		})
+		if !ok {
+			t.Fatalf("%d members: the crashed member not removed everywhere within a minute", n)
+		}
+		if ok, why := s.converged(); !ok {
+			t.Fatalf("%d members: not converged after the removal: %s", n, why)
+		}
+		t.Logf("%d members: formed in %v, a crash removed everywhere in %v (%d steps)", n, took, downed, s.steps)
+	}
+}
+
+// The same seed gives the same run, event for event.
+func TestClusterSimReplaysFromItsSeed(t *testing.T) {
+	t.Parallel()
+	run := func(seed uint64) (uint64, int) {
+		s := newSimCluster(7, seed, simTestConfig(KeepMajority()), time.Second)
+		s.startAll(time.Minute)
+		s.simFaults(2 * time.Minute)
+		return s.trace.h, s.steps
+	}
+	h1, n1 := run(42)
+	h2, n2 := run(42)
+	if h1 != h2 || n1 != n2 {
+		t.Fatalf("seed 42 twice: %x in %d steps, then %x in %d steps", h1, n1, h2, n2)
+	}
+	if h3, _ := run(43); h3 == h1 {
+		t.Fatalf("seeds 42 and 43 ran the same: the seed decides nothing")
+	}
+}
+
+// A random fault schedule on a few seeds: never two sides, and once the
+// faults end (downed members restarted) the cluster converges.
+func TestClusterSimUnderFaults(t *testing.T) {
+	t.Parallel()
+	for seed := uint64(1); seed <= 4; seed++ {
+		s := newSimCluster(7, seed, simTestConfig(KeepMajority()), time.Second)
+		if _, ok := s.startAll(time.Minute); !ok {
+			t.Fatalf("seed %d: not formed", seed)
+		}
+		s.simFaults(5 * time.Minute)
+		if s.violation != "" {
+			t.Fatal(s.violation)
+		}
+		s.restartStopped()
+		if _, ok := s.until(2*time.Minute, func() bool { ok, _ := s.converged(); return ok && len(s.running()) == len(s.members) }); !ok || s.violation != "" {
+			_, why := s.converged()
+			if s.violation != "" {
+				why = s.violation
+			}
+			t.Fatalf("seed %d: not converged two minutes after the faults: %s; faults:\n%s", seed, why, strings.Join(s.log, "\n"))
+		}
+	}
+}
+
+// simFigures is what the simulator measures of a cluster of n members at
+// the default settings (ClusterConfig's, a HeartbeatInterval of a second,
+// KeepMajority).
+type simFigures struct {
+	restBytes     float64       // gossip and heartbeat bytes per member per second, at rest
+	joinUp        time.Duration // from a joiner's start until every member has it up
+	crashSeen     time.Duration // from a silent crash until the first member finds it unreachable
+	crashAll      time.Duration // ... until every member knows it unreachable
+	crashRemoved  time.Duration // ... until every member has removed it
+	splitResolved time.Duration // from a 3 | 2-proportioned partition until the minority has stopped and the majority converged
+	crashBytes    float64       // bytes per member from the crash until its removal everywhere
+	splitBytes    float64       // bytes per member from the split until it is resolved
+	splitStates   float64       // whole states sent per member meanwhile
+	steps         int
+}
+
+// simSplitUpTo is the largest cluster measureSim splits: during a split
+// every member sends its whole state (which grows with the cluster) at
+// every change of every view, and at a thousand members the simulator
+// spends hours on it (BENCHMARKS.md, "The cluster in the simulator").
+const simSplitUpTo = 100
+
+func measureSim(n int, seed uint64) (simFigures, error) {
+	var f simFigures
+	s := newSimCluster(n+1, seed, simTestConfig(KeepMajority()), time.Second)
+	joiner := s.members[n]
+	s.members = s.members[:n] // the joiner's slot, kept aside
+	s.startFormed()
+	s.runFor(10 * time.Second)
+	if ok, why := s.converged(); !ok {
+		return f, fmt.Errorf("%d members: not at rest after 10 s: %s", n, why)
+	}
+	// At rest.
+	total := func() (b int64) {
+		for _, v := range s.bytes {
+			b += v
+		}
+		return b
+	}
+	b0 := total()
+	s.runFor(30 * time.Second)
+	f.restBytes = float64(total()-b0) / float64(n) / 30
+	// A joiner.
+	s.members = append(s.members, joiner)
+	s.boot(joiner.slot, false)
+	var ok bool
+	f.joinUp, ok = s.until(5*time.Minute, func() bool {
+		for _, m := range s.running() {
+			if mm := m.ms.members[joiner.uid]; mm == nil || mm.Status != MemberUp {
+				return false
+			}
+		}
+		return true
+	})
+	if !ok {
+		return f, fmt.Errorf("%d members: the joiner not up everywhere within 5 minutes", n)
+	}
+	s.runFor(10 * time.Second)
+	// A silent crash.
+	victim := s.members[n/2]
+	b0 = total()
+	s.crash(victim.slot)
+	seenBy := func(all bool, status MemberStatus) func() bool {
+		return func() bool {
+			count := 0
+			for _, m := range s.running() {
+				mm := m.ms.members[victim.uid]
+				if status == MemberRemoved && mm.Status == MemberRemoved || status != MemberRemoved && m.ms.unreachable()[victim.uid] {
+					count++
+				} else if all {
+					return false
+				}
+			}
+			return count > 0
+		}
+	}
+	if f.crashSeen, ok = s.until(time.Minute, seenBy(false, 0)); !ok {
+		return f, fmt.Errorf("%d members: the crash not seen within a minute", n)
+	}
+	more, ok := s.until(time.Minute, seenBy(true, 0))
+	if !ok {
+		return f, fmt.Errorf("%d members: the crash not seen by all within a minute", n)
+	}
+	f.crashAll = f.crashSeen + more
+	more, ok = s.until(2*time.Minute, seenBy(true, MemberRemoved))
+	if !ok {
+		return f, fmt.Errorf("%d members: the crashed member not removed everywhere within two minutes", n)
+	}
+	f.crashRemoved = f.crashAll + more
+	f.crashBytes = float64(total()-b0) / float64(n)
+	s.runFor(10 * time.Second)
+	f.steps = s.steps
+	if s.violation != "" {
+		return f, fmt.Errorf("%s", s.violation)
+	}
+	if n > simSplitUpTo {
+		return f, nil
+	}
+	// A 3 | 2 split.
+	var big, small []int
+	for _, m := range s.running() {
+		if len(big)*2 < len(s.running())*3/5*2 {
+			big = append(big, m.slot)
+		} else {
+			small = append(small, m.slot)
+		}
+	}
+	b0, states := total(), s.sent["gossipMsg"]
+	s.partition(big, small, false)
+	f.splitResolved, ok = s.until(5*time.Minute, func() bool {
+		for _, i := range small {
+			if m := s.members[i]; m.running && !m.stopped {
+				return false
+			}
+		}
+		ok, _ := s.converged()
+		return ok
+	})
+	if !ok {
+		_, why := s.converged()
+		return f, fmt.Errorf("%d members: a 3 | 2 split not resolved within 5 minutes: %s", n, why)
+	}
+	f.splitBytes = float64(total()-b0) / float64(n)
+	f.splitStates = float64(s.sent["gossipMsg"]-states) / float64(n)
+	if s.violation != "" {
+		return f, fmt.Errorf("%s", s.violation)
+	}
+	f.steps = s.steps
+	return f, nil
+}
+
+func BenchmarkClusterSim(b *testing.B) {
+	for _, n := range []int{10, 100, 1000} {
+		b.Run(fmt.Sprintf("members=%d", n), func(b *testing.B) {
+			var f simFigures
+			for i := 0; b.Loop(); i++ {
+				var err error
+				if f, err = measureSim(n, uint64(i+1)); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(f.restBytes, "B/member/s")
+			b.ReportMetric(f.joinUp.Seconds(), "join-s")
+			b.ReportMetric(f.crashSeen.Seconds(), "crash-seen-s")
+			b.ReportMetric(f.crashAll.Seconds(), "crash-all-s")
+			b.ReportMetric(f.crashRemoved.Seconds(), "crash-removed-s")
+			if n <= simSplitUpTo {
+				b.ReportMetric(f.splitResolved.Seconds(), "split-s")
+				b.ReportMetric(f.splitBytes, "split-B/member")
+				b.ReportMetric(f.splitStates, "split-states/member")
+			}
+			b.ReportMetric(f.crashBytes, "crash-B/member")
+			b.ReportMetric(float64(f.steps), "steps")
+		})
+	}
+}
+
+// keepBoth is a strategy that is wrong on purpose: every side keeps
+// itself and downs the other.
+type keepBoth struct{}
+
+func (keepBoth) Decide(SplitView) Downing { return DownUnreachable }
+
+// The invariant is checked: with a strategy under which both sides of a
+// split survive, the simulator reports two sides, with the seed.
+func TestClusterSimCatchesTwoSides(t *testing.T) {
+	t.Parallel()
+	s := newSimCluster(5, 7, simTestConfig(keepBoth{}), time.Second)
+	if _, ok := s.startAll(time.Minute); !ok {
+		t.Fatal("not formed")
+	}
+	s.after(0, "partition [0 1] | [2 3 4]", func() { s.partition([]int{0, 1}, []int{2, 3, 4}, false) })
+	s.runFor(2 * time.Minute)
+	if !strings.Contains(s.violation, "two sides") || !strings.Contains(s.violation, "seed 7") {
+		t.Fatalf("violation %q, want two sides named with the seed", s.violation)
+	}
+}
