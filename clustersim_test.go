@@ -959,3 +959,67 @@ func TestClusterSimCatchesTwoSides(t *testing.T) {
 		t.Fatalf("violation %q, want two sides named with the seed", s.violation)
 	}
 }
+
+// simRebalanceMoves is how many shards the coordinator's plan
+// (planRebalance, one round at a time, with the coordinator's limit per
+// round) moves, and in how many rounds, when one member joins a cluster
+// of n whose shards are spread evenly, or one of n+1 leaves.
+func simRebalanceMoves(n, shards int, leave bool) (moves, rounds int) {
+	loads := make([]shardLoad, n+1)
+	for i := range loads {
+		loads[i] = shardLoad{uid: NodeUID{byte(i >> 8), byte(i)}, addr: tcpAddr(fmt.Sprintf("10.0.%d.%d:7000", i>>8&255, i&255))}
+	}
+	spread := n
+	if leave {
+		spread = n + 1
+	}
+	for s := range shards {
+		loads[s%spread].shards = append(loads[s%spread].shards, int32(s))
+	}
+	if leave {
+		loads[n].leaving = true
+	}
+	index := map[NodeUID]int{}
+	for i, l := range loads {
+		index[l.uid] = i
+	}
+	for {
+		plan := planRebalance(loads, max(1, shards/10))
+		if len(plan) == 0 {
+			return moves, rounds
+		}
+		rounds++
+		for _, mv := range plan {
+			from := &loads[index[mv.from]]
+			from.shards = slices.DeleteFunc(from.shards, func(s int32) bool { return s == mv.shard })
+			to := &loads[index[mv.to]]
+			to.shards = append(to.shards, mv.shard)
+			moves++
+		}
+		if leave {
+			loads[n].leaving = len(loads[n].shards) > 0
+			if !loads[n].leaving {
+				loads = loads[:n]
+			}
+		}
+	}
+}
+
+// A rebalance moves what evening out needs and no more: a joiner takes
+// about shards/(n+1) (floor or one less), a leaver's shards all move, and
+// nothing else moves.
+func TestClusterSimRebalanceMovesOnlyWhatItMust(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct{ n, shards int }{{10, 1000}, {100, 1000}, {1000, 1000}, {1000, 10000}, {10000, 100000}} {
+		n, shards := c.n, c.shards
+		joined, jr := simRebalanceMoves(n, shards, false)
+		if want := shards / (n + 1); joined < want-1 || joined > want {
+			t.Errorf("a joiner to %d members: %d moves in %d rounds, want about %d", n, joined, jr, want)
+		}
+		left, lr := simRebalanceMoves(n, shards, true)
+		if want := (shards + n) / (n + 1); left != want && left != shards/(n+1) {
+			t.Errorf("a leaver of %d members: %d moves in %d rounds, want %d", n+1, left, lr, want)
+		}
+		t.Logf("%d members, %d shards: a joiner takes %d in %d rounds; a leaver's %d move in %d", n, shards, joined, jr, left, lr)
+	}
+}
