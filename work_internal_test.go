@@ -19,17 +19,7 @@ import (
 // held by its worker until the worker stopped.
 func TestWorkJobDeadAfterItsSendIsTakenBack(t *testing.T) {
 	t.Parallel()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
-	n, err := Start(context.Background(), Config{Name: "taken-back", RegistryAddrs: []string{addr}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer n.Close()
+	n := startOwnRegistrar(t, Config{Name: "taken-back"})
 	key := ServiceKey[testPing]{Name: "taken-back"}
 	got := make(chan Delivery[testPing], 10)
 	if _, err := Worker(n, "worker", key, Behavior[Delivery[testPing]]{Receive: func(_ *Context[Delivery[testPing]], d Delivery[testPing]) {
@@ -153,18 +143,7 @@ func TestPostFollowsTheMessagesBeforeIt(t *testing.T) {
 // frames from each producer it knows, where Config.MailboxBytes is less.
 func TestWorkerMailboxBoundGrowsWithItsProducers(t *testing.T) {
 	t.Parallel()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
-	n, err := Start(context.Background(), Config{Name: "bound", RegistryAddrs: []string{addr}, MailboxBytes: 1 << 20, MaxFrameSize: 1 << 20,
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer n.Close()
+	n := startOwnRegistrar(t, Config{Name: "bound", MailboxBytes: 1 << 20, MaxFrameSize: 1 << 20})
 	key := ServiceKey[testPing]{Name: "bound"}
 	if _, err := Worker(n, "worker", key, Behavior[Delivery[testPing]]{Receive: func(_ *Context[Delivery[testPing]], d Delivery[testPing]) { d.Confirm() }},
 		WorkConfig{Room: 4}); err != nil {
@@ -199,4 +178,23 @@ func TestWorkerMailboxBoundGrowsWithItsProducers(t *testing.T) {
 			time.Sleep(5 * time.Millisecond)
 		}
 	}
+}
+
+// startOwnRegistrar starts a node, quiet, that is its own registrar at a
+// free address; the test's end closes it.
+func startOwnRegistrar(t *testing.T, cfg Config) *Node {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.RegistryAddrs = []string{l.Addr().String()}
+	l.Close()
+	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	n, err := Start(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { n.Close() })
+	return n
 }
