@@ -237,7 +237,9 @@ func (c *Cluster) receive(g gossipMsg) {
 		c.mu.Unlock()
 		return
 	}
-	out := c.merge(g, time.Now())
+	now := time.Now()
+	out := c.merge(g, now)
+	pass := out.changed && c.passOn(now, c.cfg.GossipInterval)
 	confirm := gossipStatus{From: c.self, Digest: c.digested, ReplyTo: c.ref}
 	if out.confirm {
 		for uid := range c.seen {
@@ -265,10 +267,8 @@ func (c *Cluster) receive(g gossipMsg) {
 	if out.tellTo != nil {
 		c.reply(g.ReplyTo, out.tellTo.Addr, state)
 	}
-	if out.changed {
-		// Pass news on at once rather than at the next tick: a change
-		// reaches a hundred members in a few hops, not a few intervals.
-		c.gossip()
+	if pass {
+		c.gossip() // news on at once, not at the next turn (passOn)
 	}
 }
 

@@ -5,8 +5,10 @@ import (
 	"fmt"
 	"hash/fnv"
 	"math/rand/v2"
+	"os"
 	"reflect"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -21,9 +23,9 @@ import (
 // ownViewLoses) — on the simulator's clock; what the simulator supplies is
 // what the node does around them: the loop's turn every GossipInterval,
 // the node's heartbeats to a member's watchers every HeartbeatInterval,
-// and the delivery of messages. Not simulated: the lease, singletons and
-// shards, leaving, and the pause rule's stop (a paused member is frozen,
-// its messages held until it resumes).
+// the delivery of messages, and a member's leave. Not simulated: the
+// lease, singletons and shards, and the pause rule's stop (a paused
+// member is frozen, its messages held until it resumes).
 //
 // Invariants checked after every step that changes a member's view of
 // another: never two running up members that have each written the other
@@ -263,6 +265,14 @@ func mapKeys[K comparable, V any](m map[K]V) func(func(K) bool) {
 // send puts msg (nil: a heartbeat) on the way from m to the member uid,
 // unless the network drops it.
 func (s *simCluster) send(m *simMember, uid NodeUID, msg clusterMsg) {
+	if to := s.target(m, uid); to != nil {
+		s.sendTo(m, to, msg)
+	}
+}
+
+// target is the running process that what m sends to the member uid
+// reaches, if any.
+func (s *simCluster) target(m *simMember, uid NodeUID) *simMember {
 	to := s.byUID[uid]
 	if to == nil {
 		var addr Addr
@@ -277,13 +287,13 @@ func (s *simCluster) send(m *simMember, uid NodeUID, msg clusterMsg) {
 			}
 		}
 		if to == nil {
-			return
+			return nil
 		}
 	}
 	if !to.running {
-		return // a crashed process: no connection, nothing sent
+		return nil // a crashed process: no connection, nothing sent
 	}
-	s.sendTo(m, to, msg)
+	return to
 }
 
 func (s *simCluster) sendTo(m, to *simMember, msg clusterMsg) {
@@ -292,6 +302,12 @@ func (s *simCluster) sendTo(m, to *simMember, msg clusterMsg) {
 		kind = reflect.TypeOf(msg).Name()
 		size = s.size(msg)
 	}
+	s.sendSized(m, to, msg, kind, size)
+}
+
+// sendSized is sendTo for a message whose kind and size are known (a
+// state gossiped to several is encoded once).
+func (s *simCluster) sendSized(m, to *simMember, msg clusterMsg, kind string, size int) {
 	s.sent[kind]++
 	s.bytes[kind] += int64(size)
 	if s.cut[[2]int{m.slot, to.slot}] || s.loss > 0 && s.rng.Float64() < s.loss {
@@ -397,8 +413,15 @@ func (s *simCluster) gossip(m *simMember) {
 	if full {
 		msg = ms.snapshot()
 	}
+	var kind string
+	var size int
 	for _, uid := range targets {
-		s.send(m, uid, msg)
+		if to := s.target(m, uid); to != nil {
+			if kind == "" { // (encoded once for all)
+				kind, size = reflect.TypeOf(msg).Name(), s.size(msg)
+			}
+			s.sendSized(m, to, msg, kind, size)
+		}
 	}
 }
 
@@ -418,7 +441,7 @@ func (s *simCluster) receive(m *simMember, g gossipMsg) {
 	if out.tellTo != nil {
 		s.send(m, out.tellTo.UID, ms.snapshot())
 	}
-	if out.changed {
+	if out.changed && ms.passOn(s.now, s.cfg.GossipInterval) {
 		s.gossip(m)
 	}
 }
@@ -496,6 +519,18 @@ func (s *simCluster) stop(m *simMember, why string) {
 func (s *simCluster) crash(slot int) {
 	m := s.members[slot]
 	m.running = false
+}
+
+// leave has the member at slot leave the cluster (Cluster.Leave): it
+// marks itself leaving and tells the others; the leader moves it to
+// exiting and removed, and it stops when it sees itself exiting.
+func (s *simCluster) leave(slot int) {
+	m := s.members[slot]
+	if !m.running || m.stopped || m.paused {
+		return
+	}
+	m.ms.leave(s.now)
+	s.gossip(m)
 }
 
 // pause freezes the process at slot (SIGSTOP); resume lets it go on
@@ -634,8 +669,9 @@ func (s *simCluster) until(within time.Duration, cond func() bool) (time.Duratio
 
 // simFaults runs a random fault schedule for d: crashes (restarted at the
 // same address a while later), pauses, partitions both ways and one way
-// (a member, or a minority group), and lost messages, each lasting a few
-// seconds, none overlapping another. It heals at the end.
+// (a member, or a minority group), lost messages, and graceful leaves
+// (started again a while later), each lasting a few seconds, none
+// overlapping another. It heals at the end.
 func (s *simCluster) simFaults(d time.Duration) {
 	end := s.now.Add(d)
 	n := len(s.members)
@@ -656,7 +692,7 @@ func (s *simCluster) simFaults(d time.Duration) {
 				rest = append(rest, i)
 			}
 		}
-		switch s.rng.IntN(6) {
+		switch s.rng.IntN(7) {
 		case 0:
 			s.after(0, fmt.Sprintf("crash %d", victim), func() { s.crash(victim) })
 			s.runFor(last)
@@ -683,6 +719,14 @@ func (s *simCluster) simFaults(d time.Duration) {
 			s.after(0, fmt.Sprintf("lose 20%% of messages for %v", last), func() { s.loss = 0.2 })
 			s.runFor(last)
 			s.after(0, "lose none", func() { s.loss = 0 })
+		case 6:
+			// A graceful leave, and the process started again (a
+			// redeploy) once its cluster has stopped, if it has.
+			s.after(0, fmt.Sprintf("%d leaves", victim), func() { s.leave(victim) })
+			s.runFor(last)
+			if m := s.members[victim]; m.running && m.stopped {
+				s.after(0, fmt.Sprintf("restart %d", victim), func() { s.boot(victim, false) })
+			}
 		}
 		s.runFor(0)
 	}
@@ -782,6 +826,54 @@ func TestClusterSimUnderFaults(t *testing.T) {
 	}
 }
 
+// A long random fault schedule (CI's long-run step), on each of the
+// built-in strategies that keep a side: TROUPE_SIM_MEMBERS members
+// (default 25) for TROUPE_SIM_DURATION of virtual time each (default
+// 20m), from TROUPE_SIM_SEED (default: the clock's; a violation names it,
+// and the same seed replays the run). Never two sides; after the faults,
+// with downed members restarted, convergence.
+func TestClusterSimLong(t *testing.T) {
+	longRun(t, "TROUPE_SIM_MEMBERS", "TROUPE_SIM_DURATION", "TROUPE_SIM_SEED")
+	n, d, seed := 25, 20*time.Minute, uint64(time.Now().UnixNano())
+	var err error
+	if v := os.Getenv("TROUPE_SIM_MEMBERS"); v != "" {
+		if n, err = strconv.Atoi(v); err != nil || n < 3 {
+			t.Fatalf("TROUPE_SIM_MEMBERS=%q: want a number of members, 3 or more", v)
+		}
+	}
+	if v := os.Getenv("TROUPE_SIM_DURATION"); v != "" {
+		if d, err = time.ParseDuration(v); err != nil {
+			t.Fatalf("TROUPE_SIM_DURATION: %v", err)
+		}
+	}
+	if v := os.Getenv("TROUPE_SIM_SEED"); v != "" {
+		if seed, err = strconv.ParseUint(v, 10, 64); err != nil {
+			t.Fatalf("TROUPE_SIM_SEED: %v", err)
+		}
+	}
+	for i, strategy := range []DowningStrategy{KeepMajority(), KeepOldest(true), StaticQuorum(n/2 + 1)} {
+		seed := seed + uint64(i)
+		began := time.Now()
+		s := newSimCluster(n, seed, simTestConfig(strategy), time.Second)
+		s.startFormed()
+		s.simFaults(d)
+		if s.violation != "" {
+			t.Fatal(s.violation)
+		}
+		s.restartStopped()
+		if _, ok := s.until(2*time.Minute, func() bool { ok, _ := s.converged(); return ok && len(s.running()) == len(s.members) }); !ok || s.violation != "" {
+			_, why := s.converged()
+			if s.violation != "" {
+				why = s.violation
+			}
+			t.Fatalf("%s, seed %d (TROUPE_SIM_SEED=%d replays it): not converged two minutes after the faults: %s; faults:\n%s",
+				strategyName(strategy), seed, seed-uint64(i), why, strings.Join(s.log, "\n"))
+		}
+		t.Logf("%s: %d members, %v of faults (%d), seed %d: no two sides, converged; %d steps in %v",
+			strategyName(strategy), n, d, len(s.log), seed, s.steps, time.Since(began).Round(time.Millisecond))
+	}
+}
+
 // simFigures is what the simulator measures of a cluster of n members at
 // the default settings (ClusterConfig's, a HeartbeatInterval of a second,
 // KeepMajority).
@@ -793,6 +885,7 @@ type simFigures struct {
 	crashRemoved  time.Duration // ... until every member has removed it
 	splitResolved time.Duration // from a 3 | 2-proportioned partition until the minority has stopped and the majority converged
 	crashBytes    float64       // bytes per member from the crash until its removal everywhere
+	leaveRemoved  time.Duration // from a member's leave until every member has removed it and it has stopped
 	splitBytes    float64       // bytes per member from the split until it is resolved
 	splitStates   float64       // whole states sent per member meanwhile
 	steps         int
@@ -873,6 +966,21 @@ func measureSim(n int, seed uint64) (simFigures, error) {
 	f.crashRemoved = f.crashAll + more
 	f.crashBytes = float64(total()-b0) / float64(n)
 	s.runFor(10 * time.Second)
+	// A graceful leave.
+	leaver := s.members[n/2+1]
+	s.leave(leaver.slot)
+	f.leaveRemoved, ok = s.until(time.Minute, func() bool {
+		for _, m := range s.running() {
+			if mm := m.ms.members[leaver.uid]; mm.Status != MemberRemoved {
+				return false
+			}
+		}
+		return leaver.stopped
+	})
+	if !ok {
+		return f, fmt.Errorf("%d members: a leave not complete everywhere within a minute", n)
+	}
+	s.runFor(10 * time.Second)
 	f.steps = s.steps
 	if s.violation != "" {
 		return f, fmt.Errorf("%s", s.violation)
@@ -928,6 +1036,7 @@ func BenchmarkClusterSim(b *testing.B) {
 			b.ReportMetric(f.crashSeen.Seconds(), "crash-seen-s")
 			b.ReportMetric(f.crashAll.Seconds(), "crash-all-s")
 			b.ReportMetric(f.crashRemoved.Seconds(), "crash-removed-s")
+			b.ReportMetric(f.leaveRemoved.Seconds(), "leave-s")
 			if n <= simSplitUpTo {
 				b.ReportMetric(f.splitResolved.Seconds(), "split-s")
 				b.ReportMetric(f.splitBytes, "split-B/member")

@@ -42,6 +42,9 @@ type membership struct {
 	// ringCache is ring's answer for the state whose digest is ringOf.
 	ringCache []NodeUID
 	ringOf    uint64
+	// passedOn is when a merged change was last passed on at once (see
+	// passOn).
+	passedOn time.Time
 }
 
 // ownKey names what an own-view decision is about.
@@ -86,11 +89,30 @@ func (ms *membership) resetSeen() {
 // touched is called after anything that may have changed the state: when
 // the digest moved, the seen set starts again and the time is noted.
 func (ms *membership) touched(now time.Time) bool {
-	if ms.digest() == ms.digested {
+	d := ms.digest()
+	if d == ms.digested {
 		return false
 	}
-	ms.resetSeen()
+	ms.seen = map[NodeUID]bool{ms.self: true}
+	ms.digested = d
 	ms.changed = now
+	return true
+}
+
+// passOn says whether a change just merged is passed on at once, before
+// the next turn: the first change in a gossip interval is, so that news
+// reaches a hundred members in a few hops rather than a few intervals;
+// later ones in the same interval wait for the turn, whose one state
+// carries them all. Without the bound every member sent its whole state
+// to 5 others at every change of any member's view, and a split, in which
+// every watcher of every lost member reports at its own turn, cost each
+// member a number of whole states that grew with the cluster
+// (BENCHMARKS.md, "The cluster in the simulator").
+func (ms *membership) passOn(now time.Time, interval time.Duration) bool {
+	if !ms.passedOn.IsZero() && now.Sub(ms.passedOn) < interval {
+		return false
+	}
+	ms.passedOn = now
 	return true
 }
 
@@ -229,6 +251,9 @@ func appendDigestUID(b []byte, uid NodeUID) []byte {
 // digestOf computes the digest of a gossiped state the way digest does
 // for a member's own.
 func digestOf(g gossipMsg) uint64 {
+	if d, ok := digestOfSorted(g); ok {
+		return d
+	}
 	tmp := membership{members: map[NodeUID]*Member{}, reach: map[NodeUID]reachRecord{}}
 	for _, gm := range g.Members {
 		tmp.members[gm.UID] = &Member{UID: gm.UID, Status: MemberStatus(gm.Status), UpNumber: gm.UpNumber}
@@ -237,6 +262,39 @@ func digestOf(g gossipMsg) uint64 {
 		tmp.reach[r.Observer] = reachRecord{version: r.Version}
 	}
 	return tmp.digest()
+}
+
+// digestOfSorted is digestOf for a state whose members and records are
+// each in strictly increasing uid order, as snapshot sends them: it needs
+// neither maps nor sorting. ok is false for any other state.
+func digestOfSorted(g gossipMsg) (d uint64, ok bool) {
+	for i := 1; i < len(g.Members); i++ {
+		if compareUID(g.Members[i-1].UID, g.Members[i].UID) >= 0 {
+			return 0, false
+		}
+	}
+	for i := 1; i < len(g.Reach); i++ {
+		if compareUID(g.Reach[i-1].Observer, g.Reach[i].Observer) >= 0 {
+			return 0, false
+		}
+	}
+	h := fnv.New64a()
+	var buf [96]byte
+	for _, m := range g.Members {
+		b := appendDigestUID(buf[:0], m.UID)
+		b = append(b, ':')
+		b = strconv.AppendInt(b, int64(MemberStatus(m.Status)), 10)
+		b = append(b, ':')
+		b = strconv.AppendInt(b, int64(m.UpNumber), 10)
+		h.Write(append(b, ';'))
+	}
+	for _, r := range g.Reach {
+		b := appendDigestUID(buf[:0], r.Observer)
+		b = append(b, ':')
+		b = strconv.AppendUint(b, r.Version, 10)
+		h.Write(append(b, ';'))
+	}
+	return h.Sum64(), true
 }
 
 // converged reports whether every live member is reachable and has seen
@@ -315,12 +373,12 @@ func (ms *membership) merge(g gossipMsg, now time.Time) merged {
 	var out merged
 	oldUnreach := ms.unreachable()
 	for _, gm := range g.Members {
-		addr, err := ParseAddr(gm.Addr)
-		if err != nil {
-			continue
-		}
 		m := ms.members[gm.UID]
 		if m == nil {
+			addr, err := ParseAddr(gm.Addr) // (a member's address never changes)
+			if err != nil {
+				continue
+			}
 			m = &Member{Addr: addr, UID: gm.UID, Status: MemberStatus(gm.Status), UpNumber: gm.UpNumber, AppVersion: boundedAppVersion(gm.AppVersion)}
 			ms.members[gm.UID] = m
 			out.added = append(out.added, gm.UID)
@@ -346,15 +404,19 @@ func (ms *membership) merge(g gossipMsg, now time.Time) merged {
 			out.events = append(out.events, MemberEvent{Member: *m, Kind: eventMemberStatus})
 		}
 	}
+	news := len(out.events) > 0 // (a member added, or a status or up number moved)
 	for _, r := range g.Reach {
 		if r.Observer == ms.self {
 			continue // only this member speaks for itself
 		}
 		if cur, ok := ms.reach[r.Observer]; !ok || r.Version > cur.version {
 			ms.reach[r.Observer] = reachRecord{version: r.Version, unreachable: r.Unreachable}
+			news = true
 		}
 	}
-	out.changed = ms.touched(now)
+	// Most gossip brings nothing new, and then the digest is the same:
+	// it is not computed again.
+	out.changed = news && ms.touched(now)
 	if ms.digested == digestOf(g) {
 		// Both hold the same state now: whoever had seen the sender's has
 		// seen this one.
@@ -722,15 +784,24 @@ func (ms *membership) watchers(k int) map[NodeUID]bool {
 }
 
 // gossipTargets picks whom to send the state to this round: up to fanout
-// members that have not seen it (they need it), chosen with pick; when
+// members that have not seen it (they need it), chosen with pick, the
+// reachable ones first and, when only unreachable ones have not seen it,
+// one of those (a member cut off one way still hears, a turn at a time,
+// what the others decided about it); when
 // every member has seen it, one member, for a digest only (the state costs
 // nothing to confirm). full says which of the two.
 func (ms *membership) gossipTargets(fanout int, pick func(n int) int) (to []NodeUID, full bool) {
 	var unseen, all []NodeUID
 	unreachable := ms.unreachable()
-	held := map[Addr]bool{} // addresses a live member listens on
+	var held map[Addr]bool // addresses a live member listens on, if any member is down
 	for _, m := range ms.members {
-		if live(m) {
+		if !live(m) && m.Status != MemberRemoved {
+			held = map[Addr]bool{}
+			break
+		}
+	}
+	for _, m := range ms.members {
+		if held != nil && live(m) {
 			held[m.Addr] = true
 		}
 	}
@@ -760,8 +831,9 @@ func (ms *membership) gossipTargets(fanout int, pick func(n int) int) (to []Node
 	})
 	if n := slices.IndexFunc(unseen, func(u NodeUID) bool { return unreachable[u] }); n > 0 {
 		unseen = unseen[:n]
+	} else if n == 0 {
+		fanout = 1 // across a cut: most of it is lost
 	}
-	slices.SortFunc(all, compareUID)
 	if len(unseen) > 0 {
 		for len(to) < fanout && len(unseen) > 0 {
 			i := pick(len(unseen))
@@ -773,6 +845,7 @@ func (ms *membership) gossipTargets(fanout int, pick func(n int) int) (to []Node
 	if len(all) == 0 {
 		return nil, false
 	}
+	slices.SortFunc(all, compareUID)
 	return []NodeUID{all[pick(len(all))]}, false
 }
 

@@ -582,7 +582,8 @@ func TestMonitoringRing(t *testing.T) {
 }
 
 // Gossip goes to members that have not seen the state, reachable ones
-// first; when all have, a digest goes to one.
+// first, and to one unreachable one a turn when only those have not; when
+// all have, a digest goes to one.
 func TestGossipTargets(t *testing.T) {
 	t.Parallel()
 	checkLeaks(t)
@@ -601,9 +602,42 @@ func TestGossipTargets(t *testing.T) {
 	if to, _ := st.gossipTargets(5, first); !slices.Equal(to, []NodeUID{uidOf(2)}) {
 		t.Fatalf("only the unreachable is unseen: targets %v, want it", to)
 	}
-	st.seen[uidOf(2)] = true
+	// Across a cut the state goes to one a turn, not to five: what is
+	// sent there is mostly lost, and a split used to cost every member a
+	// whole state to five members of the other side every turn.
+	st.reach[uidOf(1)] = reachRecord{version: 2, unreachable: []NodeUID{uidOf(2), uidOf(3), uidOf(4)}}
+	st.resetSeen()
+	if to, full := st.gossipTargets(5, first); !full || !slices.Equal(to, []NodeUID{uidOf(2)}) {
+		t.Fatalf("three unreachable unseen: targets %v full %v, want one, the state", to, full)
+	}
+	st.reach[uidOf(1)] = reachRecord{version: 3, unreachable: []NodeUID{uidOf(2)}}
+	st.resetSeen()
+	st.seen[uidOf(2)], st.seen[uidOf(3)], st.seen[uidOf(4)] = true, true, true
 	if to, full := st.gossipTargets(5, first); full || len(to) != 1 {
 		t.Fatalf("all seen: targets %v full %v, want one digest", to, full)
+	}
+}
+
+// A merged change is passed on at once only if none was in the last
+// gossip interval; the others wait for the turn, which carries them all.
+func TestPassOnOncePerInterval(t *testing.T) {
+	t.Parallel()
+	st := state(1, memberOf(1, MemberUp, 1))
+	for _, tc := range []struct {
+		at   time.Duration // since t0
+		want bool
+	}{
+		{0, true},                       // the first change
+		{500 * time.Millisecond, false}, // within the interval
+		{999 * time.Millisecond, false},
+		{time.Second, true}, // an interval after the last pass
+		{1200 * time.Millisecond, false},
+		{5 * time.Second, true},
+		{5 * time.Second, false}, // the same instant
+	} {
+		if got := st.passOn(t0.Add(tc.at), time.Second); got != tc.want {
+			t.Fatalf("a change at t0+%v: passed on %v, want %v", tc.at, got, tc.want)
+		}
 	}
 }
 
@@ -729,8 +763,27 @@ func TestMembershipDigestKeepsItsValue(t *testing.T) {
 				ms.reach[uid] = reachRecord{version: rng.Uint64()}
 			}
 		}
-		if got, want := ms.digest(), byFmt(&ms); got != want {
+		want := byFmt(&ms)
+		if got := ms.digest(); got != want {
 			t.Fatalf("%d members: digest %x, the format gives %x", n, got, want)
+		}
+		// A gossiped state: in order as snapshot sends it (digestOf's
+		// fast path), shuffled, and naming a member twice (the maps').
+		g := ms.snapshot()
+		if got := digestOf(g); got != want {
+			t.Fatalf("%d members, a snapshot: digest %x, the format gives %x", n, got, want)
+		}
+		rng.Shuffle(len(g.Members), func(i, j int) { g.Members[i], g.Members[j] = g.Members[j], g.Members[i] })
+		rng.Shuffle(len(g.Reach), func(i, j int) { g.Reach[i], g.Reach[j] = g.Reach[j], g.Reach[i] })
+		if got := digestOf(g); got != want {
+			t.Fatalf("%d members, shuffled: digest %x, the format gives %x", n, got, want)
+		}
+		if n > 0 {
+			slices.SortFunc(g.Members, func(a, b gossipMember) int { return compareUID(a.UID, b.UID) })
+			g.Members = slices.Insert(g.Members, 0, g.Members[0])
+			if got := digestOf(g); got != want {
+				t.Fatalf("%d members, one named twice: digest %x, the format gives %x", n, got, want)
+			}
 		}
 	}
 }
