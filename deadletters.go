@@ -100,7 +100,18 @@ func (dl *deadLetters) deadLetterTo(to refKey, target string, msg any, reason er
 	dl.reportDeadLetter(DeadLetter{Target: target, Message: msg, Reason: reason, Unconfirmed: unconfirmed})
 }
 
+// pushToSubscriber is a message pushed to a subscriber that the
+// subscriber no longer wants once it has stopped: a registrar's push to a
+// Registry.Watch that ended while its unsubscribe was on its way. Such a
+// push is no loss, and not reported when its target is gone.
+type pushToSubscriber interface{ pushedToSubscriber() }
+
+func (regEvent) pushedToSubscriber() {}
+
 func (dl *deadLetters) reportDeadLetter(d DeadLetter) {
+	if _, ok := d.Message.(pushToSubscriber); ok && (errors.Is(d.Reason, ErrActorStopped) || errors.Is(d.Reason, ErrNoSuchActor)) {
+		return
+	}
 	if w, ok := d.Message.(wrapped); ok {
 		target, msg := w.unwrap()
 		d.Message = msg

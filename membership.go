@@ -786,8 +786,8 @@ func (ms *membership) watchers(k int) map[NodeUID]bool {
 // gossipTargets picks whom to send the state to this round: up to fanout
 // members that have not seen it (they need it), chosen with pick, the
 // reachable ones first and, when only unreachable ones have not seen it,
-// one of those (a member cut off one way still hears, a turn at a time,
-// what the others decided about it); when
+// one of those a turn (a live member some cannot reach may still hear;
+// a downed one is no longer unreachable and gets the fanout); when
 // every member has seen it, one member, for a digest only (the state costs
 // nothing to confirm). full says which of the two.
 func (ms *membership) gossipTargets(fanout int, pick func(n int) int) (to []NodeUID, full bool) {

@@ -235,6 +235,32 @@ func TestLeaderChangesMidTransition(t *testing.T) {
 	}
 }
 
+// A member's address is read once, when it is new: a gossiped entry for a
+// known member with an address that does not parse still moves its
+// status (its address never changes, and a peer could send any valid
+// one as well), while a new member whose address does not parse is not
+// added.
+func TestMergeReadsAnAddressOnlyForANewMember(t *testing.T) {
+	t.Parallel()
+	st := state(1, memberOf(1, MemberUp, 1), memberOf(2, MemberUp, 2))
+	g := gossipFrom(2, memberOf(1, MemberUp, 1), memberOf(2, MemberLeaving, 2), memberOf(3, MemberJoining, 0))
+	for i := range g.Members {
+		if g.Members[i].UID != uidOf(1) {
+			g.Members[i].Addr = "%%% not an address"
+		}
+	}
+	out := st.merge(g, at(10))
+	if got := st.members[uidOf(2)]; got.Status != MemberLeaving || got.Addr != memberOf(2, MemberUp, 2).Addr {
+		t.Fatalf("member 2 after the merge: %+v, want leaving at its first address", *got)
+	}
+	if st.members[uidOf(3)] != nil || len(out.added) != 0 {
+		t.Fatalf("a new member with an address that does not parse was added: %v", out.added)
+	}
+	if !out.changed {
+		t.Fatal("the merge moved a status but says nothing changed")
+	}
+}
+
 // A new uid at a live member's address is a new incarnation: the old one
 // is downed and its association is to be ended; a sender this member has
 // downed is to be told.
