@@ -86,8 +86,8 @@ func Singleton[T any](c *Cluster, name string, factory func() Behavior[T], cfg S
 	default:
 	}
 	s := &singleton[T]{c: c, n: c.n, name: name, factory: factory, cfg: cfg,
-		handed: map[NodeUID]bool{}, goneAt: map[NodeUID]time.Time{}, ups: map[NodeUID]int{},
-		wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{}), fence: newPauseFence()}
+		place: newPlacement(cfg.RemovalMargin),
+		wake:  make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{}), fence: newPauseFence()}
 	if err := c.singletons.add(c.n, name, s); err != nil {
 		return Ref[T]{}, err
 	}
@@ -190,14 +190,12 @@ type singleton[T any] struct {
 	ended    bool
 
 	// The run goroutine's own state.
-	handed    map[NodeUID]bool      // older members that handed over (under mu: the control actor writes it)
-	goneAt    map[NodeUID]time.Time // when an older member was first seen downed or removed
-	ups       map[NodeUID]int       // every member's up number, as seen
-	target    NodeUID               // the member the station sends to (zero: none)
-	pm        pauseMeter            // when this goroutine stood still
-	waited    bool                  // this turn waited for the instance to stop
-	inFactory time.Duration         // this turn's time in the user's factory (not a pause)
-	fence     *pauseFence           // what it tells the instance of a pause (singleton_fence.go)
+	place     placement     // where the instance belongs (under mu: the control actor writes its handed)
+	target    NodeUID       // the member the station sends to (zero: none)
+	pm        pauseMeter    // when this goroutine stood still
+	waited    bool          // this turn waited for the instance to stop
+	inFactory time.Duration // this turn's time in the user's factory (not a pause)
+	fence     *pauseFence   // what it tells the instance of a pause (singleton_fence.go)
 
 	wake chan struct{} // capacity 1
 	stop chan struct{}
@@ -213,13 +211,7 @@ func (s *singleton[T]) poke() {
 
 func (s *singleton[T]) handedOver(from NodeUID, cleared []NodeUID) {
 	s.mu.Lock()
-	s.handed[from] = true
-	for i, uid := range cleared {
-		if i == 64 {
-			break // (a bound: a cluster's leavers since this one joined)
-		}
-		s.handed[uid] = true
-	}
+	s.place.handedOver(from, cleared)
 	s.mu.Unlock()
 	s.poke()
 }
@@ -303,25 +295,9 @@ func (i *singletonInstance[T]) gone(n *Node) bool {
 func (s *singleton[T]) step(inst *singletonInstance[T], now time.Time, stood bool) *singletonInstance[T] {
 	members := s.c.Members()
 	self := s.c.Self()
-	present := map[NodeUID]bool{}
-	var target *Member
-	for i, m := range members {
-		present[m.UID] = true
-		if m.UpNumber > 0 {
-			s.ups[m.UID] = m.UpNumber
-		}
-		if m.Status >= MemberDown && s.goneAt[m.UID].IsZero() {
-			s.goneAt[m.UID] = now
-		}
-		if m.Status == MemberUp && (target == nil || m.UpNumber < target.UpNumber) {
-			target = &members[i]
-		}
-	}
-	for uid := range s.ups {
-		if !present[uid] && s.goneAt[uid].IsZero() {
-			s.goneAt[uid] = now // removed before this member saw it downed
-		}
-	}
+	s.mu.Lock()
+	target := s.place.see(members, now)
+	s.mu.Unlock()
 	if inst != nil && inst.gone(s.n) {
 		inst = nil // it stopped by itself: started again below
 		s.point(nil, nil)
@@ -386,15 +362,7 @@ func (s *singleton[T]) step(inst *singletonInstance[T], now time.Time, stood boo
 func (s *singleton[T]) mayStart(self Member, now time.Time) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for uid, up := range s.ups {
-		if uid == self.UID || up >= self.UpNumber || s.handed[uid] {
-			continue
-		}
-		if gone := s.goneAt[uid]; gone.IsZero() || now.Sub(gone) < s.cfg.RemovalMargin {
-			return false
-		}
-	}
-	return true
+	return s.place.mayStart(self, now)
 }
 
 // point sets where the station sends: the instance here, a member's
@@ -510,10 +478,7 @@ func (s *singleton[T]) stopInstance(inst *singletonInstance[T]) bool {
 // singleton and will not.
 func (s *singleton[T]) tellHandedOver() {
 	s.mu.Lock()
-	var cleared []NodeUID
-	for uid := range s.handed {
-		cleared = append(cleared, uid)
-	}
+	cleared := s.place.cleared()
 	s.mu.Unlock()
 	for _, addr := range s.c.liveOthers() {
 		tellMember(s.n, addr, singletonCtlPath, singletonCtl{Name: s.name, Cleared: cleared})

@@ -23,13 +23,15 @@ import (
 // ownViewLoses) — on the simulator's clock; what the simulator supplies is
 // what the node does around them: the loop's turn every GossipInterval,
 // the node's heartbeats to a member's watchers every HeartbeatInterval,
-// the delivery of messages, and a member's leave. Not simulated: the
-// lease, singletons and shards, and the pause rule's stop (a paused
-// member is frozen, its messages held until it resumes).
+// the delivery of messages, and a member's leave. Each member also runs
+// a cluster singleton's placement (placement, and singleton.step's rules
+// around it). Not simulated: the lease, shards, and a singleton's
+// forwarding and buffer. A paused member is frozen, its messages held
+// until it resumes.
 //
 // Invariants checked after every step that changes a member's view of
 // another: never two running up members that have each written the other
-// off. After the faults end and the cluster has had time to settle
+// off; at every singleton turn: never two instances that may run. After the faults end and the cluster has had time to settle
 // (simCluster.settle): every running member up, one leader, no member
 // unreachable. A violation names the seed; the same seed replays the run
 // event for event (TestClusterSimReplaysFromItsSeed).
@@ -50,6 +52,13 @@ type simMember struct {
 	paused  bool                  // the process is stopped (SIGSTOP): nothing runs
 	held    []simEvent            // deliveries that arrive while paused
 	upAt    time.Time             // when it joined
+
+	// Its side of the cluster singleton (simCluster.singleton).
+	place    placement  // where the instance belongs, as it sees it
+	inst     bool       // the instance runs here
+	pm       pauseMeter // when its singleton's loop stood still
+	lastBeat time.Time  // its singleton loop's last turn (the pause fence's beat)
+	fenced   bool       // that loop saw a pause: the instance takes nothing
 }
 
 const (
@@ -66,7 +75,7 @@ type simEvent struct {
 	slot  int    // the member it is for
 	gen   uint64 // that member's incarnation
 	from  NodeUID
-	msg   clusterMsg // a delivery; nil: a heartbeat
+	msg   any // a delivery (gossip, or a singleton's hand-over); nil: a heartbeat
 	fault func()
 }
 
@@ -114,7 +123,13 @@ type simCluster struct {
 	sent      map[string]int64
 	trace     fnvHash // of every event's effect, for replay
 	violation string
-	log       []string // the schedule of faults, printed with a violation
+	// singleton: every member runs a cluster singleton's placement
+	// (placement, and singleton.step's rules: the pause rule, the fence,
+	// the hand-over); checked: never two live instances.
+	singleton bool
+	margin    time.Duration // its RemovalMargin (the cluster's LeaseReleaseAfter)
+	starts    int           // instances started
+	log       []string      // the schedule of faults, printed with a violation
 }
 
 type fnvHash struct{ h uint64 }
@@ -137,6 +152,7 @@ func newSimCluster(n int, seed uint64, cfg ClusterConfig, heartbeat time.Duratio
 		rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)), now: simEpoch,
 		byUID: map[NodeUID]*simMember{}, cut: map[[2]int]bool{},
 		bytes: map[string]int64{}, sent: map[string]int64{},
+		singleton: true, margin: cfg.LeaseReleaseAfter,
 	}
 	for i := range n {
 		s.members = append(s.members, &simMember{slot: i, addr: tcpAddr(fmt.Sprintf("10.%d.%d.%d:7000", i>>16&255, i>>8&255, i&255))})
@@ -164,6 +180,7 @@ func (s *simCluster) boot(slot int, first bool) {
 	m.watch = newWatching(s.cfg.Detector)
 	m.heard, m.beatTo = map[NodeUID]time.Time{}, map[NodeUID]bool{}
 	m.running, m.stopped, m.paused, m.held, m.upAt = true, false, false, nil, s.now
+	m.place, m.inst, m.pm, m.lastBeat, m.fenced = newPlacement(s.margin), false, pauseMeter{}, time.Time{}, false
 	s.byUID[m.uid] = m
 	// Turns and beats start at a random phase, as processes do.
 	s.at(s.now.Add(time.Duration(s.rng.Int64N(int64(s.cfg.GossipInterval)))), simEvent{kind: simTurn, slot: slot, gen: m.gen})
@@ -248,6 +265,8 @@ func (s *simCluster) step(e simEvent) {
 			s.receive(m, msg)
 		case gossipStatus:
 			s.status(m, msg)
+		case singletonCtl:
+			m.place.handedOver(e.from, msg.Cleared)
 		}
 	}
 }
@@ -264,7 +283,7 @@ func mapKeys[K comparable, V any](m map[K]V) func(func(K) bool) {
 
 // send puts msg (nil: a heartbeat) on the way from m to the member uid,
 // unless the network drops it.
-func (s *simCluster) send(m *simMember, uid NodeUID, msg clusterMsg) {
+func (s *simCluster) send(m *simMember, uid NodeUID, msg any) {
 	if to := s.target(m, uid); to != nil {
 		s.sendTo(m, to, msg)
 	}
@@ -296,7 +315,7 @@ func (s *simCluster) target(m *simMember, uid NodeUID) *simMember {
 	return to
 }
 
-func (s *simCluster) sendTo(m, to *simMember, msg clusterMsg) {
+func (s *simCluster) sendTo(m, to *simMember, msg any) {
 	kind, size := "heartbeat", simHeartbeatBytes
 	if msg != nil {
 		kind = reflect.TypeOf(msg).Name()
@@ -307,7 +326,7 @@ func (s *simCluster) sendTo(m, to *simMember, msg clusterMsg) {
 
 // sendSized is sendTo for a message whose kind and size are known (a
 // state gossiped to several is encoded once).
-func (s *simCluster) sendSized(m, to *simMember, msg clusterMsg, kind string, size int) {
+func (s *simCluster) sendSized(m, to *simMember, msg any, kind string, size int) {
 	s.sent[kind]++
 	s.bytes[kind] += int64(size)
 	if s.cut[[2]int{m.slot, to.slot}] || s.loss > 0 && s.rng.Float64() < s.loss {
@@ -326,7 +345,7 @@ const simHeartbeatBytes = 8
 
 // size is msg's payload as the codec encodes it, plus a frame's header
 // and the type's number.
-func (s *simCluster) size(msg clusterMsg) int {
+func (s *simCluster) size(msg any) int {
 	var err error
 	s.buf, err = s.codec.payload(s.buf[:0], typeOfValue(msg), msg)
 	if err != nil {
@@ -366,6 +385,102 @@ func (s *simCluster) turn(m *simMember) {
 			}
 		}
 	}
+	if s.singleton {
+		s.singletonTurn(m)
+	}
+}
+
+// singletonTurn is singleton.run's turn and singleton.step on m (its
+// loop turns with the cluster's here; the real one also turns at once
+// on membership events): where the instance belongs, the pause rule, the
+// hand-over. Forwarding and buffering are not simulated.
+func (s *simCluster) singletonTurn(m *simMember) {
+	now := s.now
+	budget := s.cfg.StableAfter / 2 // (Cluster.pauseBudget)
+	m.pm.turn(now, s.cfg.GossipInterval, s.cfg.StableAfter/4, s.margin)
+	stood := m.pm.within(now.Add(-s.margin), now) > budget
+	m.pm.last = now
+	if stood { // (pauseFence.turn)
+		m.fenced = true
+	}
+	m.lastBeat = now
+	members := make([]Member, 0, len(m.ms.members)) // (Cluster.Members: by address)
+	for _, mm := range m.ms.members {
+		members = append(members, *mm)
+	}
+	slices.SortFunc(members, func(a, b Member) int { return strings.Compare(a.Addr.String(), b.Addr.String()) })
+	self := *m.ms.members[m.uid]
+	target := m.place.see(members, now)
+	if stood && m.inst {
+		s.stopInstance(m, "its process stood still")
+	}
+	if self.Status != MemberUp || target == nil || target.UID != self.UID {
+		if m.inst {
+			s.stopInstance(m, "not its to run")
+		}
+		if self.Status >= MemberLeaving {
+			s.handOver(m)
+		}
+		return
+	}
+	if !m.inst {
+		if stood || !m.place.mayStart(self, now) {
+			return
+		}
+		m.inst, m.fenced = true, false
+		s.starts++
+		s.trace.add(fmt.Sprintf("%d starts the singleton", m.slot))
+	}
+	s.checkOneInstance(m)
+}
+
+func (s *simCluster) stopInstance(m *simMember, why string) {
+	m.inst = false
+	s.trace.add(fmt.Sprintf("%d stops the singleton: %s", m.slot, why))
+}
+
+// handOver is singleton.tellHandedOver: m tells every live member it
+// knows that it does not run the singleton and will not.
+func (s *simCluster) handOver(m *simMember) {
+	cleared := m.place.cleared()
+	slices.SortFunc(cleared, compareUID)
+	for _, uid := range slices.SortedFunc(mapKeys(m.ms.members), compareUID) {
+		if uid != m.uid && live(m.ms.members[uid]) {
+			s.send(m, uid, singletonCtl{Name: "sim", Cleared: cleared})
+		}
+	}
+}
+
+// liveInstance reports whether the instance on m may take a message now:
+// it runs, and its loop turned within the pause budget without seeing a
+// pause (pauseFence.mayRun; a paused process's instance counts while its
+// last turn is that recent: it may go on the moment it continues).
+func (s *simCluster) liveInstance(m *simMember) bool {
+	return m.inst && m.running && !m.stopped && !m.fenced && s.now.Sub(m.lastBeat) <= s.cfg.StableAfter/2
+}
+
+// checkOneInstance checks, when m's instance is live, that no other is.
+func (s *simCluster) checkOneInstance(m *simMember) {
+	if !s.liveInstance(m) {
+		return
+	}
+	for _, o := range s.members {
+		if o != m && s.liveInstance(o) && s.violation == "" {
+			s.violation = fmt.Sprintf("two singleton instances at %v (seed %d): on %s and on %s; faults:\n%s",
+				s.now.Sub(simEpoch), s.seed, o.addr, m.addr, strings.Join(s.log, "\n"))
+		}
+	}
+}
+
+// instances is the members on which a live instance runs.
+func (s *simCluster) instances() []*simMember {
+	var out []*simMember
+	for _, m := range s.members {
+		if s.liveInstance(m) {
+			out = append(out, m)
+		}
+	}
+	return out
 }
 
 // downing is Cluster.downing without the lease: it returns true when the
@@ -513,12 +628,18 @@ func (s *simCluster) checkTwoSides(m *simMember, uid NodeUID) {
 func (s *simCluster) stop(m *simMember, why string) {
 	m.stopped = true
 	s.trace.add(fmt.Sprintf("%d stops: %s", m.slot, why))
+	if s.singleton { // (singleton.end)
+		if m.inst {
+			s.stopInstance(m, "its cluster stopped")
+		}
+		s.handOver(m)
+	}
 }
 
 // crash ends the process at slot at once (kill -9).
 func (s *simCluster) crash(slot int) {
 	m := s.members[slot]
-	m.running = false
+	m.running, m.inst = false, false
 }
 
 // leave has the member at slot leave the cluster (Cluster.Leave): it
@@ -723,6 +844,7 @@ func (s *simCluster) simFaults(d time.Duration) {
 			// A graceful leave, and the process started again (a
 			// redeploy) once its cluster has stopped, if it has.
 			s.after(0, fmt.Sprintf("%d leaves", victim), func() { s.leave(victim) })
+			s.until(time.Minute, func() bool { return s.members[victim].stopped }) // (none overlaps)
 			s.runFor(last)
 			if m := s.members[victim]; m.running && m.stopped {
 				s.after(0, fmt.Sprintf("restart %d", victim), func() { s.boot(victim, false) })
@@ -823,7 +945,38 @@ func TestClusterSimUnderFaults(t *testing.T) {
 			}
 			t.Fatalf("seed %d: not converged two minutes after the faults: %s; faults:\n%s", seed, why, strings.Join(s.log, "\n"))
 		}
+		if err := s.oneInstance(); err != nil {
+			t.Fatalf("seed %d: %v", seed, err)
+		}
 	}
+}
+
+// oneInstance runs until the singleton's instance runs on exactly one
+// member, the oldest, at most its removal margin and a minute: once a
+// cluster has converged, the singleton runs again.
+func (s *simCluster) oneInstance() error {
+	var oldest *simMember
+	if _, ok := s.until(s.margin+time.Minute, func() bool {
+		oldest = nil
+		for _, m := range s.running() {
+			if self := m.ms.members[m.uid]; self.Status == MemberUp && (oldest == nil || self.UpNumber < oldest.ms.members[oldest.uid].UpNumber) {
+				oldest = m
+			}
+		}
+		in := s.instances()
+		return len(in) == 1 && in[0] == oldest
+	}); !ok || s.violation != "" {
+		if s.violation != "" {
+			return fmt.Errorf("%s", s.violation)
+		}
+		var on []string
+		for _, m := range s.instances() {
+			on = append(on, m.addr.String())
+		}
+		return fmt.Errorf("the singleton runs on %v, not on the oldest member alone, %v after the cluster converged (seed %d); faults:\n%s",
+			on, s.margin+time.Minute, s.seed, strings.Join(s.log, "\n"))
+	}
+	return nil
 }
 
 // A long random fault schedule (CI's long-run step), on each of the
@@ -858,7 +1011,7 @@ func TestClusterSimLong(t *testing.T) {
 		s.startFormed()
 		s.simFaults(d)
 		if s.violation != "" {
-			t.Fatal(s.violation)
+			t.Fatalf("%s (TROUPE_SIM_SEED=%d replays it): %s", strategyName(strategy), seed-uint64(i), s.violation)
 		}
 		s.restartStopped()
 		if _, ok := s.until(2*time.Minute, func() bool { ok, _ := s.converged(); return ok && len(s.running()) == len(s.members) }); !ok || s.violation != "" {
@@ -869,9 +1022,93 @@ func TestClusterSimLong(t *testing.T) {
 			t.Fatalf("%s, seed %d (TROUPE_SIM_SEED=%d replays it): not converged two minutes after the faults: %s; faults:\n%s",
 				strategyName(strategy), seed, seed-uint64(i), why, strings.Join(s.log, "\n"))
 		}
-		t.Logf("%s: %d members, %v of faults (%d), seed %d: no two sides, converged; %d steps in %v",
-			strategyName(strategy), n, d, len(s.log), seed, s.steps, time.Since(began).Round(time.Millisecond))
+		if err := s.oneInstance(); err != nil {
+			t.Fatalf("%s (TROUPE_SIM_SEED=%d replays it): %v", strategyName(strategy), seed-uint64(i), err)
+		}
+		t.Logf("%s: %d members, %v of faults (%d), seed %d: no two sides, the singleton started %d times and never twice at once, converged; %d steps in %v",
+			strategyName(strategy), n, d, len(s.log), seed, s.starts, s.steps, time.Since(began).Round(time.Millisecond))
 	}
+}
+
+// The singleton's instance moves as the rules say: on a leave, at once
+// (the leaver hands it over); on a crash, only a removal margin after the
+// crashed member is seen downed; after a pause longer than the budget,
+// it stops on the paused member, and runs nowhere until the pause is a
+// margin old (nobody downed the member, so nobody else may start it).
+// Never two at once.
+func TestClusterSimSingletonMovesAsTheRulesSay(t *testing.T) {
+	t.Parallel()
+	s := newSimCluster(5, 3, simTestConfig(KeepMajority()), time.Second)
+	s.startFormed()
+	on := func(slot int) func() bool {
+		return func() bool { in := s.instances(); return len(in) == 1 && in[0].slot == slot }
+	}
+	if _, ok := s.until(5*time.Second, on(0)); !ok {
+		t.Fatalf("the instance not on the oldest member, 0, within 5 s of a formed cluster: on %v", s.instances())
+	}
+	// A leave: handed over, no margin.
+	s.leave(0)
+	took, ok := s.until(time.Minute, on(1))
+	if !ok || took > 10*time.Second {
+		t.Fatalf("after the oldest left, the instance on 1 after %v (found %v), want within 10 s: a leave hands over", took, ok)
+	}
+	// A crash: the margin after the downing.
+	s.crash(1)
+	downed := time.Duration(0)
+	took, ok = s.until(3*time.Minute, func() bool {
+		if m := s.members[2].ms.members[s.members[1].uid]; downed == 0 && m.Status >= MemberDown {
+			downed = s.now.Sub(simEpoch)
+		}
+		return on(2)()
+	})
+	if !ok || downed == 0 {
+		t.Fatalf("after 1 crashed: the instance on 2 %v (after %v), 1 downed at %v", ok, took, downed)
+	}
+	if started := s.now.Sub(simEpoch); started-downed < s.margin {
+		t.Fatalf("the instance started on 2 %v after it saw 1 downed, within the removal margin (%v)", started-downed, s.margin)
+	}
+	// A pause past the budget (StableAfter/2) but short of a downing.
+	pause := s.cfg.StableAfter/2 + 3*time.Second
+	s.pause(2)
+	s.runFor(pause)
+	s.resume(2)
+	if in := s.instances(); len(in) != 0 {
+		t.Fatalf("right after a %v pause, instances on %v: the paused member's is fenced", pause, in)
+	}
+	took, ok = s.until(3*time.Minute, on(2))
+	if !ok || took < s.margin-pause-2*time.Second {
+		t.Fatalf("after the pause, the instance back on 2 %v after %v, want the pause a margin (%v) old first", ok, took, s.margin)
+	}
+	if s.violation != "" {
+		t.Fatal(s.violation)
+	}
+	t.Logf("crash: downed at %v, moved a margin (%v) later; pause of %v: back after %v", downed, s.margin, pause, took)
+}
+
+// The check catches two instances: with no removal margin (a wrong
+// rule), a split leaves the oldest member's instance running on its side
+// while the other side starts its own, on some of ten seeds.
+func TestClusterSimCatchesTwoInstances(t *testing.T) {
+	t.Parallel()
+	caught := 0
+	for seed := uint64(1); seed <= 10; seed++ {
+		s := newSimCluster(5, seed, simTestConfig(KeepMajority()), time.Second)
+		s.margin = 0
+		s.startFormed()
+		s.runFor(5 * time.Second)
+		s.partition([]int{0, 1}, []int{2, 3, 4}, false)
+		s.runFor(2 * time.Minute)
+		if strings.Contains(s.violation, "two singleton instances") {
+			if !strings.Contains(s.violation, fmt.Sprintf("seed %d", seed)) {
+				t.Fatalf("violation %q does not name the seed", s.violation)
+			}
+			caught++
+		}
+	}
+	if caught == 0 {
+		t.Fatal("no removal margin, ten splits: two instances never caught")
+	}
+	t.Logf("caught on %d of 10 seeds", caught)
 }
 
 // simFigures is what the simulator measures of a cluster of n members at
@@ -900,6 +1137,7 @@ const simSplitUpTo = 100
 func measureSim(n int, seed uint64) (simFigures, error) {
 	var f simFigures
 	s := newSimCluster(n+1, seed, simTestConfig(KeepMajority()), time.Second)
+	s.singleton = false // (the figures are the membership's)
 	joiner := s.members[n]
 	s.members = s.members[:n] // the joiner's slot, kept aside
 	s.startFormed()
