@@ -58,7 +58,6 @@ type simMember struct {
 	inst     bool       // the instance runs here
 	pm       pauseMeter // when its singleton's loop stood still
 	lastBeat time.Time  // its singleton loop's last turn (the pause fence's beat)
-	fenced   bool       // that loop saw a pause: the instance takes nothing
 }
 
 const (
@@ -180,7 +179,7 @@ func (s *simCluster) boot(slot int, first bool) {
 	m.watch = newWatching(s.cfg.Detector)
 	m.heard, m.beatTo = map[NodeUID]time.Time{}, map[NodeUID]bool{}
 	m.running, m.stopped, m.paused, m.held, m.upAt = true, false, false, nil, s.now
-	m.place, m.inst, m.pm, m.lastBeat, m.fenced = newPlacement(s.margin), false, pauseMeter{}, time.Time{}, false
+	m.place, m.inst, m.pm, m.lastBeat = newPlacement(s.margin), false, pauseMeter{}, time.Time{}
 	s.byUID[m.uid] = m
 	// Turns and beats start at a random phase, as processes do.
 	s.at(s.now.Add(time.Duration(s.rng.Int64N(int64(s.cfg.GossipInterval)))), simEvent{kind: simTurn, slot: slot, gen: m.gen})
@@ -400,10 +399,7 @@ func (s *simCluster) singletonTurn(m *simMember) {
 	m.pm.turn(now, s.cfg.GossipInterval, s.cfg.StableAfter/4, s.margin)
 	stood := m.pm.within(now.Add(-s.margin), now) > budget
 	m.pm.last = now
-	if stood { // (pauseFence.turn)
-		m.fenced = true
-	}
-	m.lastBeat = now
+	m.lastBeat = now                                // (pauseFence.turn; one that sees a pause stops the instance below)
 	members := make([]Member, 0, len(m.ms.members)) // (Cluster.Members: by address)
 	for _, mm := range m.ms.members {
 		members = append(members, *mm)
@@ -427,7 +423,7 @@ func (s *simCluster) singletonTurn(m *simMember) {
 		if stood || !m.place.mayStart(self, now) {
 			return
 		}
-		m.inst, m.fenced = true, false
+		m.inst = true
 		s.starts++
 		s.trace.add(fmt.Sprintf("%d starts the singleton", m.slot))
 	}
@@ -452,11 +448,13 @@ func (s *simCluster) handOver(m *simMember) {
 }
 
 // liveInstance reports whether the instance on m may take a message now:
-// it runs, and its loop turned within the pause budget without seeing a
-// pause (pauseFence.mayRun; a paused process's instance counts while its
-// last turn is that recent: it may go on the moment it continues).
+// it runs, and its loop turned within a gossip interval and the pause
+// budget, the fence's bound (singleton.fenced: pauseFence.mayRun; a turn
+// that saw a pause stopped the instance). A paused process's instance
+// counts while its last turn is that recent: it may go on the moment the
+// process continues.
 func (s *simCluster) liveInstance(m *simMember) bool {
-	return m.inst && m.running && !m.stopped && !m.fenced && s.now.Sub(m.lastBeat) <= s.cfg.StableAfter/2
+	return m.inst && m.running && !m.stopped && s.now.Sub(m.lastBeat) <= s.cfg.GossipInterval+s.cfg.StableAfter/2
 }
 
 // checkOneInstance checks, when m's instance is live, that no other is.
@@ -1075,8 +1073,12 @@ func TestClusterSimSingletonMovesAsTheRulesSay(t *testing.T) {
 	if in := s.instances(); len(in) != 0 {
 		t.Fatalf("right after a %v pause, instances on %v: the paused member's is fenced", pause, in)
 	}
+	s.runFor(s.cfg.GossipInterval) // (its turn, held during the pause)
+	if s.members[2].inst {
+		t.Fatalf("a turn after a %v pause, the paused member still runs its instance", pause)
+	}
 	took, ok = s.until(3*time.Minute, on(2))
-	if !ok || took < s.margin-pause-2*time.Second {
+	if took += s.cfg.GossipInterval; !ok || took < s.margin-pause {
 		t.Fatalf("after the pause, the instance back on 2 %v after %v, want the pause a margin (%v) old first", ok, took, s.margin)
 	}
 	if s.violation != "" {
@@ -1087,9 +1089,20 @@ func TestClusterSimSingletonMovesAsTheRulesSay(t *testing.T) {
 
 // The check catches two instances: with no removal margin (a wrong
 // rule), a split leaves the oldest member's instance running on its side
-// while the other side starts its own, on some of ten seeds.
+// while the other side starts its own, on some of ten seeds; with the
+// margin, on none.
 func TestClusterSimCatchesTwoInstances(t *testing.T) {
 	t.Parallel()
+	for seed := uint64(1); seed <= 10; seed++ {
+		s := newSimCluster(5, seed, simTestConfig(KeepMajority()), time.Second)
+		s.startFormed()
+		s.runFor(5 * time.Second)
+		s.partition([]int{0, 1}, []int{2, 3, 4}, false)
+		s.runFor(2 * time.Minute)
+		if s.violation != "" {
+			t.Fatalf("with the removal margin, seed %d: %s", seed, s.violation)
+		}
+	}
 	caught := 0
 	for seed := uint64(1); seed <= 10; seed++ {
 		s := newSimCluster(5, seed, simTestConfig(KeepMajority()), time.Second)
