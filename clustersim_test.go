@@ -790,7 +790,8 @@ func (s *simCluster) until(within time.Duration, cond func() bool) (time.Duratio
 // same address a while later), pauses, partitions both ways and one way
 // (a member, or a minority group), lost messages, and graceful leaves
 // (started again a while later), each lasting a few seconds, none
-// overlapping another. It heals at the end.
+// overlapping another; a third of them on the member that runs the
+// singleton's instance, if any. It heals at the end.
 func (s *simCluster) simFaults(d time.Duration) {
 	end := s.now.Add(d)
 	n := len(s.members)
@@ -799,6 +800,11 @@ func (s *simCluster) simFaults(d time.Duration) {
 		s.runFor(gap)
 		last := time.Duration(1+s.rng.Int64N(8)) * time.Second
 		victim := s.rng.IntN(n)
+		if in := s.instances(); len(in) > 0 && s.rng.IntN(3) == 0 {
+			// A third of the faults hit the singleton's member: the
+			// moves of its instance are what can go wrong.
+			victim = in[0].slot
+		}
 		group := []int{victim}
 		for len(group) < max(1, (n-1)/2) && s.rng.IntN(2) == 0 {
 			if j := s.rng.IntN(n); !slices.Contains(group, j) {
