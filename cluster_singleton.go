@@ -190,7 +190,7 @@ type singleton[T any] struct {
 	ended    bool
 
 	// The run goroutine's own state.
-	place     placement     // where the instance belongs (under mu: the control actor writes its handed)
+	place     placement     // where the instance belongs (its handed under mu: the control actor writes it)
 	target    NodeUID       // the member the station sends to (zero: none)
 	pm        pauseMeter    // when this goroutine stood still
 	waited    bool          // this turn waited for the instance to stop
@@ -295,9 +295,7 @@ func (i *singletonInstance[T]) gone(n *Node) bool {
 func (s *singleton[T]) step(inst *singletonInstance[T], now time.Time, stood bool) *singletonInstance[T] {
 	members := s.c.Members()
 	self := s.c.Self()
-	s.mu.Lock()
-	target := s.place.see(members, now)
-	s.mu.Unlock()
+	target := s.place.see(members, now) // (not under mu: it leaves handed alone, which is all mu guards of place)
 	if inst != nil && inst.gone(s.n) {
 		inst = nil // it stopped by itself: started again below
 		s.point(nil, nil)
