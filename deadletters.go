@@ -102,8 +102,9 @@ func (dl *deadLetters) deadLetterTo(to refKey, target string, msg any, reason er
 
 // pushToSubscriber is a message pushed to a subscriber that the
 // subscriber no longer wants once it has stopped: a registrar's push to a
-// Registry.Watch that ended while its unsubscribe was on its way. Such a
-// push is no loss, and not reported when its target is gone.
+// Registry.Watch that ended while its unsubscribe was on its way, or the
+// workers' listing passed on to a producer that has closed. Such a push
+// is no loss, and not reported when its target is gone.
 type pushToSubscriber interface{ pushedToSubscriber() }
 
 func (regEvent) pushedToSubscriber() {}

@@ -31,7 +31,8 @@ var errProducerClosed = fmt.Errorf("%w: the producer is closed", ErrActorStopped
 type Producer[T any] struct {
 	n    *Node
 	self Ref[producerMsg]
-	feed Ref[ServiceListing[workerMsg]]
+	// unwatch ends the following of the workers' listing.
+	unwatch context.CancelFunc
 
 	// slots holds a token for each unconfirmed job: Send waits for room
 	// in it, a confirmation takes one out.
@@ -101,31 +102,36 @@ func Produce[T any](n *Node, key ServiceKey[T], cfg WorkConfig) (*Producer[T], e
 	for range p.recovered {
 		p.slots <- struct{}{}
 	}
+	if _, err := n.disc.serviceSources(nil); err != nil {
+		if p.j != nil {
+			p.j.close()
+		}
+		return nil, fmt.Errorf("Produce: %w", err)
+	}
+	// The workers' listing is followed by a goroutine of the node's that
+	// passes it on to the producer, waiting for room in its mailbox
+	// (later changes fold into the next listing), until the producer
+	// stops.
+	ctx, unwatch := context.WithCancel(n.lc.actorsCtx)
+	p.unwatch = unwatch
 	name := "producer-" + strconv.FormatUint(workSeq.Add(1), 36)
 	self, err := Spawn(systemParent{n}, name, Behavior[producerMsg]{Receive: pr.receive, Signal: pr.signal})
 	if err != nil {
+		unwatch()
 		if p.j != nil {
 			p.j.close()
 		}
 		return nil, err
 	}
 	p.self = self
-	// The listing comes to an actor of its own (Subscribe needs one of
-	// its type), which passes it on; it stops with the producer.
-	feed, err := Spawn(systemParent{n}, name+"-feed", Behavior[ServiceListing[workerMsg]]{
-		Receive: func(_ *Context[ServiceListing[workerMsg]], l ServiceListing[workerMsg]) {
-			self.Tell(workListing{refs: l.Refs})
-		},
+	n.wg.Go(func() {
+		err := workersKey(key).Watch(ctx, n, func(refs []Ref[workerMsg]) {
+			self.Send(ctx, workListing{refs: refs})
+		})
+		if errors.Is(err, ErrClusterStopped) {
+			self.Send(ctx, workListing{}) // (no worker is known any longer)
+		}
 	})
-	if err != nil {
-		n.Stop(self)
-		return nil, err
-	}
-	p.feed = feed
-	if _, err := workersKey(key).Subscribe(n, feed); err != nil {
-		p.Close()
-		return nil, fmt.Errorf("Produce: %w", err)
-	}
 	return p, nil
 }
 
@@ -257,7 +263,7 @@ func (p *Producer[T]) Stats() struct{ Sent, Recovered, Confirmed, Redelivered, U
 func (p *Producer[T]) Close() error {
 	p.closeOnce.Do(func() {
 		close(p.closed)
-		p.n.Stop(p.feed)
+		p.unwatch()
 		// Through the mailbox, behind the jobs Send put there (or at
 		// once, if there is no room).
 		if p.self.h.local.tellAny(workClose{}) != nil {
@@ -310,8 +316,11 @@ type workSubmit[T any] struct {
 	job T
 }
 
-// workListing is the workers' listing, passed on (local).
+// workListing is the workers' listing, passed on (local). One that
+// reaches a stopped producer is no loss.
 type workListing struct{ refs []Ref[workerMsg] }
+
+func (workListing) pushedToSubscriber() {}
 
 // workRetry ends the stalls (a timer's, local).
 type workRetry struct{}
@@ -402,10 +411,9 @@ func (workRefused) producerMsg()   {}
 func init() {
 	SetWireKey[workReady]("troupe.work.ready")
 	SetWireKey[workDone]("troupe.work.done")
-	// Never sent across: registered so that a listing left in the feed's
-	// mailbox when it stops is a dead letter of troupe's own (quiet).
-	SetWireKey[ServiceListing[workerMsg]]("troupe.work.listing")
-	SetWireKey[workListing]("troupe.work.listing-passed") // (likewise, in the producer's)
+	// Never sent across: registered so that a listing left in the
+	// producer's mailbox is a dead letter of troupe's own (quiet).
+	SetWireKey[workListing]("troupe.work.listing-passed")
 }
 
 // workEntry is an unconfirmed job.
@@ -684,6 +692,7 @@ func (pr *producer[T]) journalFailed(err error) {
 // them dead letters.
 func (pr *producer[T]) stop(c *Context[producerMsg]) {
 	defer close(pr.p.stopped)
+	pr.p.unwatch()
 	if pr.p.j != nil {
 		if err := pr.p.j.close(); err != nil {
 			pr.journalFailed(err)

@@ -1543,3 +1543,61 @@ func TestWorkJobsPastMailboxBytesReachTheWorker(t *testing.T) {
 		t.Fatalf("unprocessed: %v", m)
 	}
 }
+
+// A producer closed while workers come and go makes no dead letter: the
+// workers' listing it follows is troupe's own, and one on its way when
+// the producer stops is no loss (docs/work.md's example once saw one).
+func TestWorkProducerClosedAmidWorkerChangesMakesNoDeadLetter(t *testing.T) {
+	t.Parallel()
+	f := new(troupe.FaultNet)
+	prod, _ := workNodes(t, f)
+	var mu sync.Mutex
+	var dead []string
+	sub := troupe.Subscribe(prod, func(d troupe.DeadLetter) {
+		mu.Lock()
+		defer mu.Unlock()
+		dead = append(dead, fmt.Sprintf("%T to %s: %v", d.Message, d.Target, d.Reason))
+	})
+	defer sub.Unsubscribe()
+	ctx := ctxFor(t)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			w, err := troupe.Worker(prod, fmt.Sprint("churn-", i), tasksKey, counting(newWorkTally(), "c"), troupe.WorkConfig{})
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			prod.Stop(w)
+		}
+	})
+	for range 100 {
+		p, err := troupe.Produce(prod, tasksKey, troupe.WorkConfig{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := p.Send(ctx, task{N: 1}); err != nil {
+			t.Fatal(err)
+		}
+		p.Close()
+	}
+	close(stop)
+	wg.Wait()
+	mu.Lock()
+	defer mu.Unlock()
+	var own []string
+	for _, d := range dead {
+		if !strings.HasPrefix(d, "troupe_test.task ") { // (the one job of each, unconfirmed at Close)
+			own = append(own, d)
+		}
+	}
+	if len(own) > 0 {
+		t.Fatalf("closing producers made %d dead letters of troupe's own: %v", len(own), own[:min(5, len(own))])
+	}
+}
