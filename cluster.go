@@ -177,6 +177,12 @@ type gossipStatus struct {
 	// have already seen learns it in one round (empty in the periodic
 	// status: it would cost bytes in proportion to the cluster).
 	Seen []NodeUID
+	// LeaseWait, when not zero, says that the sender is deciding a split
+	// for its side and waits for a lease that cannot be granted yet: it
+	// will have decided within LeaseWait (see membership.heardLeaseWait).
+	// Sent only by the waiting member, to its side; a node that predates
+	// the field skips it (shapes match fields by name).
+	LeaseWait time.Duration
 }
 
 func (gossipStatus) isClusterMsg() {}

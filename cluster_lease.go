@@ -212,6 +212,7 @@ func (c *Cluster) acquireLease(owner string, callTimeout, delay time.Duration) (
 		}
 		d := notYet.Wait + delay
 		c.n.log.Info("troupe: the lease cannot be granted yet (its server has just started); asking again then", "in", d.String())
+		c.announceLeaseWait(d + callTimeout)
 		t := time.NewTimer(d)
 		select {
 		case <-t.C:
@@ -223,6 +224,26 @@ func (c *Cluster) acquireLease(owner string, callTimeout, delay time.Duration) (
 			return false, waited, ErrNodeClosed
 		}
 		waited += d
+	}
+}
+
+// announceLeaseWait tells every member of this side that this member
+// waits for the lease and will have decided within d, so that they do
+// not down themselves meanwhile for a split unstable too long (the
+// others, not leading, would: see membership.heardLeaseWait). It goes
+// straight to each, not by gossip: this member's loop is waiting.
+func (c *Cluster) announceLeaseWait(d time.Duration) {
+	c.mu.Lock()
+	msg := gossipStatus{From: c.self, Digest: c.digested, ReplyTo: c.ref, LeaseWait: d}
+	var to []Addr
+	for _, m := range c.splitView().Reachable {
+		if m.UID != c.self {
+			to = append(to, m.Addr)
+		}
+	}
+	c.mu.Unlock()
+	for _, a := range to {
+		c.tell(a, msg)
 	}
 }
 

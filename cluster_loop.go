@@ -122,6 +122,9 @@ func (c *Cluster) gossip() {
 func (c *Cluster) status(s gossipStatus) {
 	c.mu.Lock()
 	m := c.members[s.From]
+	if s.LeaseWait > 0 {
+		c.heardLeaseWait(s.From, s.LeaseWait, c.cfg.StableAfter/2, time.Now())
+	}
 	same := s.Digest == c.digested
 	if same && m != nil {
 		c.seen[s.From] = true

@@ -140,7 +140,6 @@ func TestTheMajorityWinsTheLease(t *testing.T) {
 // hear from the leader that it waits, and until when (a gossip field).
 func TestTheWholeMajorityWinsALeaseItWaitedFor(t *testing.T) {
 	t.Parallel()
-	t.Skip("open (#51): non-leaders down themselves while their side leader waits out the lease server's quiet time longer than StableAfter + DownAllWhenUnstable; the leader must gossip that it waits")
 	if got := leaseSideSplitTTL(t, 3, []int{0}, true, 5*time.Second, time.Second); !slices.Equal(got, []int{1, 2}) {
 		t.Fatalf("members %v survived, want [1 2]", got)
 	}

@@ -45,6 +45,34 @@ type membership struct {
 	// passedOn is when a merged change was last passed on at once (see
 	// passOn).
 	passedOn time.Time
+	// leaseWait is until when a member of this side said it waits for
+	// a lease that cannot be granted yet, and decides (see
+	// heardLeaseWait); leaseWaitOn is the unreachable set it was about.
+	leaseWait   time.Time
+	leaseWaitOn string
+}
+
+// heardLeaseWait records that member from, reachable here, waits for
+// the lease for d more and has decided by then (d is at most
+// maxLeaseWait plus a call): until then this member, not leading its
+// side, does not down itself for instability (see nextDowning). Safe
+// because a lease that cannot be granted yet is granted to nobody before
+// the wait ends ([LeaseWaitError]): a side that wins takes it then at
+// the earliest and holds it for leaseHold, past this member's wait plus
+// margin. A notice about another split, or from a member this one finds
+// unreachable, is ignored.
+func (ms *membership) heardLeaseWait(from NodeUID, d time.Duration, margin time.Duration, now time.Time) {
+	if d <= 0 || d > maxLeaseWait+time.Minute || from == ms.self {
+		return
+	}
+	if m := ms.members[from]; m == nil || !live(m) || ms.unreachable()[from] {
+		return
+	}
+	key := ms.unreachableKey()
+	until := now.Add(d + margin)
+	if key != ms.leaseWaitOn || until.After(ms.leaseWait) {
+		ms.leaseWait, ms.leaseWaitOn = until, key
+	}
 }
 
 // ownKey names what an own-view decision is about.
@@ -627,7 +655,8 @@ type timing struct {
 // only on the leader of this side (the lowest-addressed counting member
 // nobody reports unreachable); when the cluster has stayed unstable for
 // stableAfter+unstableAfter, down everyone, or, with no side leader,
-// this member. A split is decided once until it heals.
+// this member (unless a member of its side said it waits for the lease:
+// heardLeaseWait). A split is decided once until it heals.
 func (ms *membership) nextDowning(now time.Time, strategy bool, t timing) downingStep {
 	self := ms.members[ms.self]
 	if self.Status >= MemberExiting {
@@ -653,6 +682,8 @@ func (ms *membership) nextDowning(now time.Time, strategy bool, t timing) downin
 	switch {
 	case tooLong && leads:
 		return stepDownAll
+	case tooLong && now.Before(ms.leaseWait) && ms.leaseWaitOn == ms.unreachableKey():
+		return stepWait // a member of this side waits for the lease and decides for it
 	case tooLong:
 		return stepSelf
 	case stable && leads:

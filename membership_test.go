@@ -341,6 +341,18 @@ func TestNextDowning(t *testing.T) {
 			st.reach[uidOf(3)] = r
 			return st
 		}(), 100, true, stepOwnView},
+		{"unstable too long, not leading, its leader waits for the lease", waiting(split(2), 1, 300, 100), 501, true, stepWait},
+		{"unstable too long, not leading, its leader's wait and margin ended", waiting(split(2), 1, 300, 100), 601, true, stepSelf},
+		{"unstable too long, not leading, a wait heard about another split", func() membership {
+			st := waiting(split(2), 1, 300, 100)
+			st.reach[uidOf(2)] = reachRecord{version: 2, unreachable: []NodeUID{uidOf(3), uidOf(4)}}
+			m4 := memberOf(4, MemberUp, 4)
+			st.members[uidOf(4)] = &m4
+			return st
+		}(), 501, true, stepSelf},
+		{"unstable too long, not leading, the wait came from a member it cannot reach", waiting(split(2), 3, 300, 100), 501, true, stepSelf},
+		{"unstable too long, not leading, a wait longer than any lease wait", waiting(split(2), 1, int(maxLeaseWait/time.Millisecond)+61_000, 100), 501, true, stepSelf},
+		{"unstable too long, leading: a wait heard changes nothing", waiting(split(1), 2, 300, 100), 501, true, stepDownAll},
 		{"reported unreachable, lost the others, but joining: its observations do not count", func() membership {
 			st := cutOff(split(3))
 			st.members[uidOf(3)].Status = MemberJoining
@@ -352,6 +364,14 @@ func TestNextDowning(t *testing.T) {
 			t.Errorf("%s: nextDowning = %d, want %d", tc.name, got, tc.want)
 		}
 	}
+}
+
+// waiting is st having heard at 200 ms from member from that it waits
+// for the lease for d ms more (and decides by then), with a margin of
+// margin ms.
+func waiting(st membership, from, d, margin int) membership {
+	st.heardLeaseWait(uidOf(from), time.Duration(d)*time.Millisecond, time.Duration(margin)*time.Millisecond, at(200))
+	return st
 }
 
 // cutOff is st with member 3 having lost members 1 and 2 itself: it is
