@@ -149,9 +149,12 @@ type assoc struct {
 	// peer's unread answers (see answer).
 	creditStalled bool
 	out           frameChain // encoded frames waiting to be written
-	reqs          requests   // what each side asked of the other and awaits
-	enc           outTables  // the senders' tables and encoder (send.go)
-	win           sendWindow // what was written and not yet acknowledged (assoc_io.go)
+	// dup is what orders this session's frames against a duplicate
+	// connection retired into it, or, retiring, against its winner.
+	dup  dupOrder
+	reqs requests   // what each side asked of the other and awaits
+	enc  outTables  // the senders' tables and encoder (send.go)
+	win  sendWindow // what was written and not yet acknowledged (assoc_io.go)
 
 	wake       chan struct{} // capacity 1: the writer has work
 	stop       chan struct{} // closed when the session ends or is suspended: the writer exits
@@ -181,6 +184,23 @@ type assoc struct {
 	rd assocReader
 	// tab is the peer table's (peers.mu; assoc_table.go).
 	tab tableEntry
+}
+
+// dupOrder keeps each sender's messages in order across a simultaneous
+// dial: the peer reads what a retired duplicate carried before what its
+// winner carries, and the retired connection ends with an
+// acknowledgement of everything read (see mergeInto, onBye).
+type dupOrder struct {
+	// behind (mu) counts the duplicates retired into this session whose
+	// frames may still be on their way: the writer holds out until none
+	// is. ahead (mu) is the winner a retiring session holds back so,
+	// until it ends (finish).
+	behind int
+	ahead  *assoc
+	// peerBye: the peer's duplicate-bye was read on this retiring
+	// connection (set by the reader): once its own is written, the
+	// writer acknowledges all it read and half-closes.
+	peerBye atomic.Bool
 }
 
 // inTarget is an entry of the receive-side target table.
@@ -260,6 +280,16 @@ func (a *assoc) label() string {
 // node's tables and anyone waiting on ready or stop.
 func (a *assoc) finish() {
 	n := a.n
+	a.mu.Lock()
+	w := a.dup.ahead
+	a.dup.ahead = nil
+	a.mu.Unlock()
+	if w != nil {
+		w.mu.Lock()
+		w.dup.behind--
+		w.mu.Unlock()
+		w.notify() // what it held goes now
+	}
 	if n.credit.waiting.Load() > 0 {
 		// a stuck actor must not keep an ended session alive
 		a.n.credit.forget(a)

@@ -39,6 +39,7 @@ type assocWriter struct {
 	bufs    [][]byte      // the blocks it writes
 	prio    []byte        // its heartbeat and acknowledgement
 	ackSent uint64        // the last acknowledgement written
+	byeSent bool          // a retiring session's duplicate-bye is written: only acknowledgements follow
 	spent   []*frameBlock // blocks a write copied, to recycle after it
 	wiov    net.Buffers   // what WriteTo consumes
 }
@@ -204,10 +205,13 @@ func (w *assocWriter) writeRound(vectored bool, window int) bool {
 		a.sayGaveUp(cause)
 		return false
 	}
+	// (Read before the acknowledgement below: the reader sets ackTo
+	// before peerBye.)
+	peerBye := a.dup.peerBye.Load()
 	var out frameChain
 	var spent []*frameBlock
 	bufs := w.bufs[:0]
-	if !a.life.holdQueue {
+	if !a.life.holdQueue && a.dup.behind == 0 && !w.byeSent {
 		if !a.peer.resumable {
 			// Frames that are not sequenced need no acknowledgement:
 			// those at the front go, so they never hold the window.
@@ -278,8 +282,23 @@ func (w *assocWriter) writeRound(vectored bool, window int) bool {
 			empty = false
 		}
 		last := empty && !a.life.byeOnAck
+		retiring := a.life.state == assocRetiring
 		a.mu.Unlock()
 		a.carryOut(eff, &tk)
+		if retiring && (last || w.byeSent) {
+			// The duplicate-bye is written: nothing more of the queue
+			// follows it (what came late is the retired session's dead
+			// letter). Once the peer's bye has been read, this round's
+			// acknowledgement covered every frame it wrote: say that no
+			// more follows. Until then, wait (the reader ends the
+			// session at the latest retireDrain on).
+			w.byeSent = true
+			if !peerBye {
+				return true
+			}
+			closeWrite(a.conn)
+			return false
+		}
 		if last {
 			return false
 		}

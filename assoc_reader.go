@@ -174,6 +174,18 @@ func (r *assocReader) readFailed(err error) {
 		a.n.gate.protocolError(a.label(), "", err)
 		a.fail(&frameError{Peer: a.label(), Reason: err})
 	case errors.Is(err, io.EOF):
+		if a.dup.peerBye.Load() {
+			// A retiring connection whose peer said bye and has
+			// half-closed: the writer's last acknowledgement goes first
+			// (the peer reads on for it). Bounded: a writer stuck on a
+			// full window never gets there.
+			t := time.NewTimer(retireDrain)
+			select {
+			case <-a.writerDone:
+			case <-t.C:
+			}
+			t.Stop()
+		}
 		a.lost(fmt.Errorf("connection to %s closed by the peer: %w", a.label(), io.EOF))
 	default:
 		a.lost(fmt.Errorf("read from %s: %w", a.label(), err))
@@ -659,9 +671,14 @@ func (r *assocReader) onBye(b []byte) error {
 	retired := a.life.mergedInto != nil
 	a.mu.Unlock()
 	if retired {
-		// The answer to our own duplicate-bye: the connection is drained.
-		<-a.writerDone
-		a.fail(nil)
+		// The peer's duplicate-bye, after ours or beside it: it writes no
+		// more here. The writer acknowledges everything read (the peer
+		// may have written frames after it last acknowledged ours, and
+		// before it read our bye) and half-closes; this side reads on
+		// until the peer does the same, taking its last acknowledgement,
+		// so that nothing the peer read is reported unconfirmed.
+		r.peerSaidBye()
+		a.conn.SetReadDeadline(time.Now().Add(retireDrain))
 		return nil
 	}
 	// The peer keeps another connection with us: move over to it, and
@@ -680,8 +697,20 @@ func (r *assocReader) onBye(b []byte) error {
 	if w != nil {
 		a.mergeInto(w)
 	}
+	r.peerSaidBye()
 	a.conn.SetReadDeadline(time.Now().Add(retireDrain))
 	return nil
+}
+
+// peerSaidBye has the writer of this retiring connection end with an
+// acknowledgement of every frame read, now that the peer's
+// duplicate-bye has come and no frame follows it.
+func (r *assocReader) peerSaidBye() {
+	a := r.a
+	a.ackTo.Store(r.rcvTells)
+	r.ackQueued, r.ackBytes = r.rcvTells, 0
+	a.dup.peerBye.Store(true)
+	a.notify()
 }
 
 // onAck releases the messages the peer confirmed it received.

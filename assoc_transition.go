@@ -238,7 +238,9 @@ func (a *assoc) carryOutEnd(eff effect, tk *taken) {
 // now on, and its pending asks and watches move there. A connection that
 // never came up is dropped with its queue moved to w; one that is up
 // writes what it has queued and a duplicate-bye, and keeps reading until
-// the peer answers with its own bye, so nothing in flight is lost.
+// the peer answers with its own bye, so nothing in flight is lost; the
+// winner writes nothing of its queue until a has ended, so the peer reads
+// each sender's messages in order.
 func (a *assoc) mergeInto(w *assoc) {
 	a.mu.Lock()
 	if _, ok := nextState(a.life.state, evLostMerge); !ok {
@@ -250,6 +252,13 @@ func (a *assoc) mergeInto(w *assoc) {
 	var tk taken
 	eff, _ := a.stepLocked(ev, &tk)
 	tk.winner = t
+	if eff&effRetire != 0 && eff&effWinnerGone == 0 {
+		// a writes what it holds and a duplicate-bye over its own
+		// connection: the winner's frames wait until it has ended, or
+		// the peer could read a later message before an earlier one.
+		t.dup.behind++
+		a.dup.ahead = t
+	}
 	if eff&effWinnerGone == 0 {
 		// What waits on a moves to the winner, in one piece with it.
 		if eff&effTakeOver != 0 {
@@ -354,6 +363,22 @@ func rawConn(c net.Conn) net.Conn {
 		return w.NetConn()
 	}
 	return c
+}
+
+// closeWrite ends c's writing side (a FIN; TLS's close_notify first),
+// so that the peer reads to the end of what was written and then EOF,
+// while this side reads on; a connection that cannot half-close is
+// closed.
+func closeWrite(c net.Conn) {
+	if cw, ok := c.(interface{ CloseWrite() error }); ok {
+		cw.CloseWrite()
+		return
+	}
+	if cw, ok := rawConn(c).(interface{ CloseWrite() error }); ok {
+		cw.CloseWrite()
+		return
+	}
+	c.Close()
 }
 
 // closeHard closes c with a reset rather than a FIN: what this node wrote
