@@ -174,17 +174,11 @@ func (r *assocReader) readFailed(err error) {
 		a.n.gate.protocolError(a.label(), "", err)
 		a.fail(&frameError{Peer: a.label(), Reason: err})
 	case errors.Is(err, io.EOF):
-		if a.dup.peerBye.Load() {
+		if a.dup.peerBye.Load() && a.mergedTo.Load() != nil {
 			// A retiring connection whose peer said bye and has
 			// half-closed: the writer's last acknowledgement goes first
-			// (the peer reads on for it). Bounded: a writer stuck on a
-			// full window never gets there.
-			t := time.NewTimer(retireDrain)
-			select {
-			case <-a.writerDone:
-			case <-t.C:
-			}
-			t.Stop()
+			// (the peer reads on for it).
+			r.awaitWriter()
 		}
 		a.lost(fmt.Errorf("connection to %s closed by the peer: %w", a.label(), io.EOF))
 	default:
@@ -233,7 +227,18 @@ func (r *assocReader) handleFrame(kind frameKind, b []byte) (done bool, err erro
 	case frameHeartbeat:
 		return false, parseHeartbeat(b)
 	case frameAck:
-		return false, r.onAck(b)
+		if err := r.onAck(b); err != nil {
+			return false, err
+		}
+		if a.dup.peerBye.Load() && a.mergedTo.Load() != nil {
+			// A retiring connection: the peer's last frame, the ack that
+			// follows its duplicate-bye. Once this side's own has gone,
+			// the connection has carried all it will.
+			r.awaitWriter()
+			a.fail(nil)
+			return true, nil
+		}
+		return false, nil
 	case frameResume:
 		return false, r.onResume(b)
 	case frameCredit:
@@ -700,6 +705,18 @@ func (r *assocReader) onBye(b []byte) error {
 	r.peerSaidBye()
 	a.conn.SetReadDeadline(time.Now().Add(retireDrain))
 	return nil
+}
+
+// awaitWriter waits for the writer of a retiring connection to write its
+// last ack and exit. Bounded: a writer stuck on a full window never gets
+// there.
+func (r *assocReader) awaitWriter() {
+	t := time.NewTimer(retireDrain)
+	defer t.Stop()
+	select {
+	case <-r.a.writerDone:
+	case <-t.C:
+	}
 }
 
 // peerSaidBye has the writer of this retiring connection end with an

@@ -168,6 +168,7 @@ func (a *assoc) abort(cause error) {
 // letters) and the bye goes in its place; otherwise it follows the queue.
 func (a *assoc) leave(now bool) {
 	a.transition(lifeEvent{kind: evLeave, now: now})
+	a.notify() // (a retiring writer waiting for the peer's bye ends now)
 }
 
 // fail ends the session with err: queued messages become dead letters,
@@ -365,10 +366,10 @@ func rawConn(c net.Conn) net.Conn {
 	return c
 }
 
-// closeWrite ends c's writing side (a FIN; TLS's close_notify first),
-// so that the peer reads to the end of what was written and then EOF,
-// while this side reads on; a connection that cannot half-close is
-// closed.
+// closeWrite ends c's writing side where it can (TCP and Unix sockets
+// send a FIN, TLS its close_notify), so that the peer reads to the end of
+// what was written and then EOF, while this side reads on. Another
+// connection is left as it is (the peer ends it on the last ack).
 func closeWrite(c net.Conn) {
 	if cw, ok := c.(interface{ CloseWrite() error }); ok {
 		cw.CloseWrite()
@@ -376,9 +377,7 @@ func closeWrite(c net.Conn) {
 	}
 	if cw, ok := rawConn(c).(interface{ CloseWrite() error }); ok {
 		cw.CloseWrite()
-		return
 	}
-	c.Close()
 }
 
 // closeHard closes c with a reset rather than a FIN: what this node wrote

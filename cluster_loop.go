@@ -123,7 +123,8 @@ func (c *Cluster) status(s gossipStatus) {
 	c.mu.Lock()
 	m := c.members[s.From]
 	if s.LeaseWait > 0 {
-		c.heardLeaseWait(s.From, s.LeaseWait, c.cfg.StableAfter/2, time.Now())
+		limit := maxLeaseWait + c.cfg.LeaseMinorityDelay + leaseCallTimeout(c.cfg.StableAfter)
+		c.heardLeaseWait(s.From, s.LeaseWait, c.cfg.StableAfter/2, limit, time.Now())
 	}
 	same := s.Digest == c.digested
 	if same && m != nil {

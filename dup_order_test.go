@@ -3,6 +3,8 @@ package troupe_test
 import (
 	"context"
 	"fmt"
+	"io"
+	"log/slog"
 	"sync"
 	"testing"
 	"time"
@@ -23,9 +25,32 @@ func init() { troupe.SetWireKey[seqMsg]("troupe.test.dup.seq") }
 // the second).
 func TestASimultaneousDialKeepsTheOrderOfEachStream(t *testing.T) {
 	t.Parallel()
+	t.Run("TCP", func(t *testing.T) {
+		t.Parallel()
+		simultaneousStreams(t, func(name string) *troupe.Node { return versionedNode(t, name, "") })
+	})
+	t.Run("FaultNet", func(t *testing.T) {
+		// Its connections cannot half-close: each side ends on the
+		// other's last ack.
+		t.Parallel()
+		f := new(troupe.FaultNet)
+		simultaneousStreams(t, func(name string) *troupe.Node {
+			n, err := f.Start(ctxFor(t), troupe.Config{Name: name, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { n.Close() })
+			return n
+		})
+	})
+}
+
+// simultaneousStreams runs the rounds of
+// TestASimultaneousDialKeepsTheOrderOfEachStream on nodes start makes.
+func simultaneousStreams(t *testing.T, start func(name string) *troupe.Node) {
 	const rounds, count = 100, 300
 	for round := range rounds {
-		nodes := [2]*troupe.Node{versionedNode(t, "a", ""), versionedNode(t, "b", "")}
+		nodes := [2]*troupe.Node{start("a"), start("b")}
 		type got struct {
 			mu   sync.Mutex
 			last int

@@ -308,6 +308,11 @@ func (g *gate) handshakeInbound(c net.Conn, src string) (*assoc, *frameReader) {
 	handshaking = false
 	endHandshake()
 	c.SetDeadline(time.Time{})
+	if a.mergedTo.Load() != nil {
+		// It lost to a duplicate as it attached, and retires: its drain
+		// is bounded as mergeInto set it.
+		c.SetReadDeadline(time.Now().Add(retireDrain))
+	}
 	return a, fr
 }
 

@@ -53,16 +53,19 @@ type membership struct {
 }
 
 // heardLeaseWait records that member from, reachable here, waits for
-// the lease for d more and has decided by then (d is at most
-// maxLeaseWait plus a call): until then this member, not leading its
-// side, does not down itself for instability (see nextDowning). Safe
-// because a lease that cannot be granted yet is granted to nobody before
-// the wait ends ([LeaseWaitError]): a side that wins takes it then at
-// the earliest and holds it for leaseHold, past this member's wait plus
-// margin. A notice about another split, or from a member this one finds
-// unreachable, is ignored.
-func (ms *membership) heardLeaseWait(from NodeUID, d time.Duration, margin time.Duration, now time.Time) {
-	if d <= 0 || d > maxLeaseWait+time.Minute || from == ms.self {
+// the lease for d more and has decided by then: until then plus margin
+// this member, not leading its side, does not down itself for
+// instability (see nextDowning). Safe because a lease that cannot be
+// granted yet is granted to nobody before the wait ends
+// ([LeaseWaitError]): a side that wins takes it then at the earliest and
+// holds it for leaseHold, past this member's wait plus margin, with
+// StableAfter + DownAllWhenUnstable to spare for the notice's way here
+// (d counts from when it arrives). A notice longer than limit (the
+// longest a lease wait, a minority delay and a call take), about another
+// split (this member's unreachable set when it arrives), or from a
+// member this one finds unreachable, is ignored.
+func (ms *membership) heardLeaseWait(from NodeUID, d, margin, limit time.Duration, now time.Time) {
+	if d <= 0 || d > limit || from == ms.self {
 		return
 	}
 	if m := ms.members[from]; m == nil || !live(m) || ms.unreachable()[from] {

@@ -370,7 +370,7 @@ func TestNextDowning(t *testing.T) {
 // for the lease for d ms more (and decides by then), with a margin of
 // margin ms.
 func waiting(st membership, from, d, margin int) membership {
-	st.heardLeaseWait(uidOf(from), time.Duration(d)*time.Millisecond, time.Duration(margin)*time.Millisecond, at(200))
+	st.heardLeaseWait(uidOf(from), time.Duration(d)*time.Millisecond, time.Duration(margin)*time.Millisecond, maxLeaseWait+time.Minute, at(200))
 	return st
 }
 
