@@ -197,10 +197,32 @@ type dupOrder struct {
 	// until it ends (finish).
 	behind int
 	ahead  *assoc
+	// hold (mu) ends the hold retireHold after it began, if the retiring
+	// session has not ended by then.
+	hold *time.Timer
 	// peerBye: the peer's duplicate-bye was read on this retiring
 	// connection (set by the reader): once its own is written, the
 	// writer acknowledges all it read and half-closes.
 	peerBye atomic.Bool
+}
+
+// releaseAhead ends the hold this retiring session put on its winner
+// (once: when it ends, or retireHold after it began).
+func (a *assoc) releaseAhead() {
+	a.mu.Lock()
+	w := a.dup.ahead
+	a.dup.ahead = nil
+	if a.dup.hold != nil {
+		a.dup.hold.Stop()
+		a.dup.hold = nil
+	}
+	a.mu.Unlock()
+	if w != nil {
+		w.mu.Lock()
+		w.dup.behind--
+		w.mu.Unlock()
+		w.notify() // what it held goes now
+	}
 }
 
 // inTarget is an entry of the receive-side target table.
@@ -280,16 +302,7 @@ func (a *assoc) label() string {
 // node's tables and anyone waiting on ready or stop.
 func (a *assoc) finish() {
 	n := a.n
-	a.mu.Lock()
-	w := a.dup.ahead
-	a.dup.ahead = nil
-	a.mu.Unlock()
-	if w != nil {
-		w.mu.Lock()
-		w.dup.behind--
-		w.mu.Unlock()
-		w.notify() // what it held goes now
-	}
+	a.releaseAhead()
 	if n.credit.waiting.Load() > 0 {
 		// a stuck actor must not keep an ended session alive
 		a.n.credit.forget(a)

@@ -212,8 +212,9 @@ func (w *assocWriter) writeRound(vectored bool, window int) bool {
 	var spent []*frameBlock
 	bufs := w.bufs[:0]
 	// A duplicate retired into this session may still carry frames: its
-	// peer reads them first (but a goodbye of this node's goes at once).
-	behind := a.dup.behind > 0 && a.life.state == assocUp
+	// peer reads them first (a graceful leave's queue too, but Close's
+	// goodbye goes at once).
+	behind := a.dup.behind > 0 && (a.life.state == assocUp || a.life.state == assocLeaving && a.life.byeOnAck)
 	if !a.life.holdQueue && !behind && !w.byeSent {
 		if !a.peer.resumable {
 			// Frames that are not sequenced need no acknowledgement:
@@ -291,20 +292,16 @@ func (w *assocWriter) writeRound(vectored bool, window int) bool {
 		if retiring && (last || w.byeSent) {
 			// The duplicate-bye is written: nothing more of the queue
 			// follows it (what came late is the retired session's dead
-			// letter). Once the peer's bye has been read, an ack of
-			// every frame read follows it, the last frame this side
-			// writes (sent even if it repeats one: the peer ends the
-			// connection when it reads it), and the writing side
-			// half-closes where the connection can. Until then, wait:
-			// the reader ends the session at the latest retireDrain on,
-			// and a closing node does not wait.
+			// letter), only acks. Once the peer's bye has been read,
+			// this round's ack covered every frame it wrote: the
+			// writing side half-closes, and the peer reads on to that
+			// end. Until then, wait: the reader ends the session at the
+			// latest retireDrain on, and a closing node does not wait.
 			w.byeSent = true
 			if !peerBye && !a.n.lc.flushBegun() {
 				return true
 			}
-			if w.write(net.Buffers{appendWhole(nil, appendAck(nil, a.ackTo.Load()))}) {
-				closeWrite(a.conn)
-			}
+			closeWrite(a.conn)
 			return false
 		}
 		if last {
@@ -478,9 +475,7 @@ func (w *assocWriter) writePriority(buf []byte) []byte {
 	if a.beat.Swap(false) {
 		buf = appendWhole(buf, appendHeartbeat(body[:0]))
 	}
-	if v := a.ackTo.Load(); v != w.ackSent && !w.byeSent {
-		// (After a retiring connection's duplicate-bye only its last
-		// ack goes: the peer ends the connection on it.)
+	if v := a.ackTo.Load(); v != w.ackSent {
 		w.ackSent = v
 		buf = appendWhole(buf, appendAck(body[:0], v))
 	}

@@ -227,18 +227,7 @@ func (r *assocReader) handleFrame(kind frameKind, b []byte) (done bool, err erro
 	case frameHeartbeat:
 		return false, parseHeartbeat(b)
 	case frameAck:
-		if err := r.onAck(b); err != nil {
-			return false, err
-		}
-		if a.dup.peerBye.Load() && a.mergedTo.Load() != nil {
-			// A retiring connection: the peer's last frame, the ack that
-			// follows its duplicate-bye. Once this side's own has gone,
-			// the connection has carried all it will.
-			r.awaitWriter()
-			a.fail(nil)
-			return true, nil
-		}
-		return false, nil
+		return false, r.onAck(b)
 	case frameResume:
 		return false, r.onResume(b)
 	case frameCredit:

@@ -257,8 +257,12 @@ func (a *assoc) mergeInto(w *assoc) {
 		// a writes what it holds and a duplicate-bye over its own
 		// connection: the winner's frames wait until it has ended, or
 		// the peer could read a later message before an earlier one.
+		// Not for longer than retireHold: a retire that stalls (a link
+		// cut, a peer that stood still) must not hold a link that
+		// works.
 		t.dup.behind++
 		a.dup.ahead = t
+		a.dup.hold = time.AfterFunc(retireHold, a.releaseAhead)
 	}
 	if eff&effWinnerGone == 0 {
 		// What waits on a moves to the winner, in one piece with it.
@@ -366,10 +370,10 @@ func rawConn(c net.Conn) net.Conn {
 	return c
 }
 
-// closeWrite ends c's writing side where it can (TCP and Unix sockets
-// send a FIN, TLS its close_notify), so that the peer reads to the end of
-// what was written and then EOF, while this side reads on. Another
-// connection is left as it is (the peer ends it on the last ack).
+// closeWrite ends c's writing side (TCP and Unix sockets send a FIN, TLS
+// its close_notify), so that the peer reads to the end of what was
+// written and then EOF, while this side reads on; a connection that
+// cannot half-close is closed.
 func closeWrite(c net.Conn) {
 	if cw, ok := c.(interface{ CloseWrite() error }); ok {
 		cw.CloseWrite()
@@ -377,7 +381,9 @@ func closeWrite(c net.Conn) {
 	}
 	if cw, ok := rawConn(c).(interface{ CloseWrite() error }); ok {
 		cw.CloseWrite()
+		return
 	}
+	c.Close()
 }
 
 // closeHard closes c with a reset rather than a FIN: what this node wrote

@@ -378,6 +378,16 @@ func (c *faultConn) Read(p []byte) (int, error) {
 	}
 }
 
+// CloseWrite ends this end's writing side, as a TCP connection's does:
+// the peer reads the end of the stream after what was written (held, as
+// the bytes are, while the link is cut; never, from a killed node).
+func (c *faultConn) CloseWrite() error {
+	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return c.Close()
+}
+
 // Close closes this end and wakes anything waiting on it.
 func (c *faultConn) Close() error {
 	c.f.change(func() {

@@ -16,6 +16,10 @@ const (
 	// retireDrain bounds how long a retired duplicate connection keeps
 	// reading (frames in flight, the peer's bye) before it is closed.
 	retireDrain = 5 * time.Second
+	// retireHold bounds how long the connection kept in a simultaneous
+	// dial holds its queue while the retired one drains: a round trip or
+	// two on a working link.
+	retireHold = 250 * time.Millisecond
 	// closeByeWait bounds how long Close waits for the writers to send
 	// their bye: long enough for a loopback or LAN write, short enough
 	// that Close still ends "at once".
