@@ -62,6 +62,18 @@ func authMAC(secret []byte, role string, mine, theirs []byte, me, them NodeUID) 
 	return m.Sum(nil)
 }
 
+// downedMAC is a dialer's proof, with the secret, that its cluster
+// downed the incarnation downed (hello extension 6). It covers both uids
+// and no nonce: the notice needs no answer, and a replay can only tell
+// that same incarnation again what the dialer's cluster decided.
+func downedMAC(secret []byte, by, downed NodeUID) []byte {
+	m := hmac.New(sha256.New, secret)
+	m.Write([]byte("troupe-v1-downed"))
+	m.Write(by[:])
+	m.Write(downed[:])
+	return m.Sum(nil)
+}
+
 // dialHandshake sends h on c and returns the acceptor's verdict frame
 // (welcome or reject), answering an authentication challenge and a token
 // challenge on the way, and how many round trips it took. With a secret,

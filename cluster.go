@@ -132,10 +132,10 @@ type Cluster struct {
 	releasing   chan struct{}   // closed when the last release of the lease is done
 	// leaseWaitLimit is maxLeaseWait, or less in a test (zero: maxLeaseWait).
 	leaseWaitLimit time.Duration
-	paused         pauseMeter            // how long this process stood still in a split
-	blocked        blockedNote           // why convergence is blocked, with no strategy to act
-	leftSeen       map[NodeUID]bool      // members seen leaving: their removal does not end their association
-	downedAt       map[NodeUID]time.Time // members seen downed (or removed without leaving), lately
+	paused         pauseMeter       // how long this process stood still in a split
+	blocked        blockedNote      // why convergence is blocked, with no strategy to act
+	leftSeen       map[NodeUID]bool // members seen leaving: their removal does not end their association
+	downed         downedMembers    // members seen downed (or removed without leaving), lately
 
 	// recep is the cluster's registry of service keys and topics, when
 	// the node uses no other (nil otherwise).
@@ -324,8 +324,8 @@ func StartCluster(ctx context.Context, n *Node, cfg ClusterConfig) (*Cluster, er
 	}
 	c := &Cluster{
 		n: n, cfg: cfg.withDefaults(n), membership: newMembership(self, time.Now()),
-		leftSeen: map[NodeUID]bool{}, downedAt: map[NodeUID]time.Time{},
-		stop: make(chan struct{}), done: make(chan struct{}),
+		leftSeen: map[NodeUID]bool{},
+		stop:     make(chan struct{}), done: make(chan struct{}),
 	}
 	c.watchedBy = c.cfg.MonitoredMembers
 	c.watching = newWatching(c.cfg.Detector)
@@ -367,6 +367,8 @@ func StartCluster(ctx context.Context, n *Node, cfg ClusterConfig) (*Cluster, er
 	c.mu.Unlock()
 	onQuarantine := c.quarantinedBy
 	n.cl.quarantinedBy.Store(&onQuarantine)
+	onDowned := c.downedBy
+	n.cl.downedBy.Store(&onDowned)
 	n.cl.cluster.Store(c)
 	c.plug = &clusterPlug{leave: c.stepOut, addStats: c.addStats}
 	if c.recep != nil {

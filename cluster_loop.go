@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
-	"maps"
 	"math/rand/v2"
 	"strings"
 	"sync/atomic"
@@ -47,6 +46,7 @@ func (c *Cluster) run() {
 				return
 			}
 			c.gossip()
+			c.tellDowned(now)
 			if c.recep != nil {
 				c.recep.tick()
 			}
@@ -59,6 +59,7 @@ func (c *Cluster) run() {
 func (c *Cluster) cleanup() {
 	c.keepLeaseThroughHold()
 	c.n.cl.quarantinedBy.Store(nil)
+	c.n.cl.downedBy.Store(nil)
 	c.n.cl.beat.Store(nil)
 	c.n.cl.plug.CompareAndSwap(c.plug, nil) // (a cluster started since has its own)
 	if c.n.cl.cluster.CompareAndSwap(c, nil) {
@@ -222,16 +223,63 @@ func memberRef[T any](n *Node, addr Addr, path string) (Ref[T], bool) {
 // member can never be heard by it again: it downs itself, and only
 // itself (Akka's rule for a member quarantined by a remote).
 func (c *Cluster) quarantinedBy(uid NodeUID) {
+	c.downedSelf(uid, "troupe: a cluster member has quarantined this node; downing this member")
+}
+
+// downedBy hears, from a hello's notice, that the peer uid's cluster
+// downed this member (cluster_downed.go): if uid is a current member, it
+// downs itself, unless it is on its way out already (leaving or exiting:
+// a member that missed its leave may take its removal for a downing). It
+// runs on the handshake's goroutine, as quarantinedBy runs on the dial's;
+// the events it publishes reach their subscribers from there.
+func (c *Cluster) downedBy(uid NodeUID) {
+	c.mu.Lock()
+	leaving := c.members[c.self].Status >= MemberLeaving
+	c.mu.Unlock()
+	if !leaving {
+		c.downedSelf(uid, "troupe: a cluster member says its side downed this member; downing this member")
+	}
+}
+
+// downedSelf downs this member, and only it, if uid is another current
+// member (up or leaving) and this one is not down already.
+func (c *Cluster) downedSelf(uid NodeUID, why string) {
 	c.mu.Lock()
 	m, self := c.members[uid], c.members[c.self]
-	if c.stopped || m == nil || !m.counts() || self.Status >= MemberDown {
+	if c.stopped || uid == c.self || m == nil || !m.counts() || self.Status >= MemberDown {
 		c.mu.Unlock()
 		return
 	}
 	events := c.down([]Member{*self}, time.Now())
 	c.mu.Unlock()
-	c.n.log.Warn("troupe: a cluster member has quarantined this node; downing this member", "by", m.Addr.String())
+	c.n.log.Warn(why, "by", m.Addr.String())
 	c.publish(events)
+}
+
+// tellDowned tells the members this one remembers downed that they are
+// down, if it leads its side (cluster_downed.go).
+func (c *Cluster) tellDowned(now time.Time) {
+	c.mu.Lock()
+	var due []downedTarget
+	if l := c.leader(); !c.stopped && l != nil && l.UID == c.self {
+		due = c.downed.due(now, c.cfg.GossipInterval/2, func(a Addr) bool {
+			for _, m := range c.members {
+				if m.Addr == a && m.Status < MemberDown {
+					return true // (a later incarnation holds the address)
+				}
+			}
+			return false
+		})
+	}
+	c.mu.Unlock()
+	for _, t := range due {
+		c.n.wg.Go(func() {
+			answered, dialed := c.n.peers.tellDowned(t.addr, t.uid)
+			c.mu.Lock()
+			c.downed.done(t.uid, time.Now(), answered, dialed)
+			c.mu.Unlock()
+		})
+	}
 }
 
 // receive merges a gossiped state into this member's.
@@ -517,19 +565,12 @@ func (c *Cluster) noteDownedLocked(m Member, now time.Time) {
 	if m.Status != MemberDown && (m.Status != MemberRemoved || c.leftSeen[m.UID]) {
 		return
 	}
-	if _, ok := c.downedAt[m.UID]; !ok {
-		c.downedAt[m.UID] = now
-	}
-	for uid, at := range c.downedAt {
-		if now.Sub(at) > 2*max(c.cfg.LeaseReleaseAfter, time.Duration(c.shardings.maxMargin.Load())) {
-			delete(c.downedAt, uid)
-		}
-	}
+	c.downed.note(m, now, 2*max(c.cfg.LeaseReleaseAfter, time.Duration(c.shardings.maxMargin.Load())))
 }
 
 // downs returns when members were lately seen downed.
 func (c *Cluster) downs() map[NodeUID]time.Time {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return maps.Clone(c.downedAt)
+	return c.downed.times()
 }

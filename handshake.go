@@ -1,6 +1,7 @@
 package troupe
 
 import (
+	"crypto/hmac"
 	"errors"
 	"fmt"
 	"io"
@@ -259,6 +260,9 @@ func (g *gate) handshakeInbound(c net.Conn, src string) (*assoc, *frameReader) {
 		}
 		return nil, nil
 	}
+	if h.downed != nil {
+		g.heardDowned(h, label) // (before the challenge: the dialer may never hear it)
+	}
 	if err := g.acceptAuth(c, fr, h); err != nil {
 		g.n.log.Warn("troupe: refused a peer that failed authentication", "peer", label, "claimed_name", h.name, "err", err)
 		// The dialer wraps the text in its own ErrAuth.
@@ -314,6 +318,28 @@ func (g *gate) handshakeInbound(c net.Conn, src string) (*assoc, *frameReader) {
 		c.SetReadDeadline(time.Now().Add(retireDrain))
 	}
 	return a, fr
+}
+
+// heardDowned acts on a hello's downed notice (extension 6): the dialer
+// says its cluster downed this node's incarnation. A member whose
+// traffic to the others is lost (a one-way partition) can still hear
+// them, but no handshake with them completes, so no gossip tells it; the
+// notice does, in the hello itself, which needs no answer. With a
+// secret, the notice carries its own proof (downedMAC), since the
+// challenge that authenticates a connection needs an answer the dialer
+// may never hear; one without a valid proof is ignored. The cluster, if
+// one runs, decides whether the dialer is a member whose word counts.
+func (g *gate) heardDowned(h *hello, label string) {
+	if h.downed.uid != g.n.uid {
+		return // (an earlier incarnation's, at this address)
+	}
+	if s := g.n.cfg.Secret; s != nil && !hmac.Equal(h.downed.mac, downedMAC(s, h.uid, h.downed.uid)) {
+		g.n.log.Warn("troupe: ignored a notice that this node was downed: it failed authentication", "peer", label, "claimed_uid", h.uid.String())
+		return
+	}
+	if f := g.n.cl.downedBy.Load(); f != nil {
+		(*f)(h.uid)
+	}
 }
 
 // rejectFrame is the whole frame that refuses a dialer.

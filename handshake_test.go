@@ -41,6 +41,14 @@ func FuzzHandshake(f *testing.F) {
 		b = appendHello(b, frameHello, &hello{version: protocolVersion, uid: NodeUID{6}, name: "zero"})
 		return append(b[:len(b)-1], 1, 5, 1, 0)
 	}))
+	f.Add(appendFrame(nil, func(b []byte) []byte { // a probe's downed notice, with a proof
+		return appendHello(b, frameHello, &hello{version: protocolVersion, flags: helloProbe, uid: NodeUID{8}, name: "teller",
+			downed: &downedNotice{uid: NodeUID{9}, mac: make([]byte, macSize)}})
+	}))
+	f.Add(appendFrame(nil, func(b []byte) []byte { // a downed notice of the wrong length
+		b = appendHello(b, frameHello, &hello{version: protocolVersion, uid: NodeUID{8}, name: "short"})
+		return append(b[:len(b)-1], 1, 6, 3, 1, 2, 3)
+	}))
 	h.session, h.dial = nil, 0
 	f.Add(appendFrame(nil, func(b []byte) []byte { // an extension of a later version: skipped
 		b = appendHello(b, frameHello, &hello{version: protocolVersion, uid: NodeUID{4}, name: "later"})

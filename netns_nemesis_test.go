@@ -150,7 +150,7 @@ func (s *procSlot) start(z *procNemesis, seed string) {
 		}
 	}
 	s.shut = false
-	s.node = startNSViews(z.t, s.host, s.name, 7000, procHB, 10*time.Second, z.take)
+	s.node = startNSViews(z.t, s.host, s.name, 7000, procHB, 10*time.Second, z.take, "TROUPE_NETNS_LOG=1")
 	s.dead, s.paused, s.stopped = false, false, false
 	go func(nn *nsNode) { // CLUSTERSTOPPED and the like, until its output ends
 		for {
@@ -440,6 +440,11 @@ func (z *procNemesis) waitConverged(within time.Duration) {
 				z.t.Logf("%s dead=%v view %+v", s.name, s.dead, z.views[s.node.uid])
 			}
 			z.mu.Unlock()
+			for _, s := range z.slots {
+				if s.node.logs != nil {
+					z.t.Logf("%s (%s) logged last:\n%s", s.name, s.node.uid, strings.Join(s.node.logs.last(), "\n"))
+				}
+			}
 			z.t.Fatalf("the members did not converge on one leader within %v", within)
 		}
 		time.Sleep(50 * time.Millisecond)

@@ -4,12 +4,14 @@ package troupe
 
 import (
 	"bufio"
+	"bytes"
 	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"os"
 	"os/exec"
@@ -47,6 +49,9 @@ func TestHelperNetnsNode(t *testing.T) {
 	hb, _ := time.ParseDuration(os.Getenv("TROUPE_NETNS_HB"))
 	window, _ := time.ParseDuration(os.Getenv("TROUPE_NETNS_WINDOW"))
 	cfg := failConfig(os.Getenv("TROUPE_NETNS_NAME"), hb, window)
+	if os.Getenv("TROUPE_NETNS_LOG") != "" {
+		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	}
 	cfg.Listen = []string{listen}
 	if reg := os.Getenv("TROUPE_NETNS_REGISTRY"); reg != "" {
 		cfg.RegistryAddrs = []string{reg}
@@ -264,6 +269,43 @@ type nsNode struct {
 	events chan string   // UNREACHABLE and TERMINATED lines
 	views  func(string)  // takes VIEW lines, when set before start
 	ended  chan struct{} // closed when its output has ended
+	// logs keeps the last lines the node logged, with TROUPE_NETNS_LOG
+	// set in its env (the process nemesis sets it): for a failure's story.
+	logs *lineTail
+}
+
+// lineTail is an io.Writer that keeps the last lines written to it.
+type lineTail struct {
+	mu    sync.Mutex
+	lines []string
+	part  []byte
+}
+
+const lineTailKeep = 60
+
+func (lt *lineTail) Write(b []byte) (int, error) {
+	lt.mu.Lock()
+	defer lt.mu.Unlock()
+	lt.part = append(lt.part, b...)
+	for {
+		i := bytes.IndexByte(lt.part, '\n')
+		if i < 0 {
+			break
+		}
+		lt.lines = append(lt.lines, string(lt.part[:i]))
+		lt.part = lt.part[i+1:]
+		if len(lt.lines) > 2*lineTailKeep {
+			lt.lines = append([]string(nil), lt.lines[len(lt.lines)-lineTailKeep:]...)
+		}
+	}
+	return len(b), nil
+}
+
+// last returns the last lines written, at most lineTailKeep.
+func (lt *lineTail) last() []string {
+	lt.mu.Lock()
+	defer lt.mu.Unlock()
+	return append([]string(nil), lt.lines[max(0, len(lt.lines)-lineTailKeep):]...)
 }
 
 // startNS runs a helper node on host h listening on port.
@@ -285,6 +327,10 @@ func startNSViews(t *testing.T, h *hostnet.Host, name string, port int, hb, wind
 		"TROUPE_NETNS_HB="+hb.String(), "TROUPE_NETNS_WINDOW="+window.String())
 	nn.cmd.Env = append(nn.cmd.Env, env...)
 	nn.cmd.Stderr = os.Stderr
+	if slices.Contains(env, "TROUPE_NETNS_LOG=1") {
+		nn.logs = new(lineTail)
+		nn.cmd.Stderr = nn.logs
+	}
 	nn.stdin, _ = nn.cmd.StdinPipe()
 	stdout, _ := nn.cmd.StdoutPipe()
 	if err := nn.cmd.Start(); err != nil {

@@ -1,7 +1,6 @@
 package troupe_test
 
 import (
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -94,26 +93,66 @@ func TestAMemberCutOffOneWayStops(t *testing.T) {
 	}
 }
 
-// A group of three that cannot send to the other two, under a lease: the
-// two hear nothing from the three, win the lease and down them; the three
-// hear that the two lost them, and then lose the two (the two's node layer
-// gives them up). In their own view the three are a majority, which under
-// a lease proves nothing: they keep waiting, and stop once their view has
-// been unstable for StableAfter + DownAllWhenUnstable, as they did before
-// members on no side looked at their own view. Two sides are checked for
-// all along. (A long run: a lease server's first ttl, StableAfter 3 s and
-// DownAllWhenUnstable 4 s make it 12 s or more.)
-func TestAGroupThatCannotSendStopsBesideALeaseHolder(t *testing.T) {
+// A member that cannot send, downed by the others after their node layer
+// gave it up, is told so in the hello of a probe (hello extension 6) and
+// stops, though no gossip can reach it and its own view would not stop it
+// for minutes (its StableAfter and DownAllWhenUnstable are set beyond the
+// test's wait). Before the notice it ran on as up, written off by the
+// other four, until its own view decided.
+func TestAMemberThatCannotSendIsToldItIsDown(t *testing.T) {
 	t.Parallel()
-	if os.Getenv("TROUPE_ONEWAY_LEASE") == "" {
-		// A known defect, left open in #51: in 2 of about 10 CI runs,
-		// under the long-run step's load (the nemeses beside it), the
-		// three did not stop within 90 s (they stop in about 8 s here,
-		// even beside two busy loops). Out of CI's long-run step (which
-		// allows no skip) until it is understood; on failure it logs what
-		// each member sees.
-		t.Skip("known defect (#51): the three sometimes never stop under CI's load; TROUPE_ONEWAY_LEASE=1 runs it")
+	slowTest(t)
+	f := new(troupe.FaultNet)
+	t.Cleanup(f.Heal)
+	w := newSidesWatcher()
+	nodes, members := faultMembers(t, f, 5, w, func(n *troupe.Node) troupe.ClusterConfig {
+		if n.Name() == "m2" {
+			return troupe.ClusterConfig{Downing: troupe.KeepMajority(), StableAfter: 5 * time.Minute, DownAllWhenUnstable: 5 * time.Minute}
+		}
+		return troupe.ClusterConfig{Downing: troupe.KeepMajority(), StableAfter: 3 * time.Second, DownAllWhenUnstable: time.Minute}
+	})
+	stop := make(chan struct{})
+	defer close(stop)
+	go w.watch(stop)
+	x := nodes[2]
+	for _, n := range nodes {
+		if n != x {
+			f.Drop(x, n)
+		}
 	}
+	// The others' detection and quarantine (2 s), StableAfter (3 s), a
+	// notice a second, and room for a loaded machine.
+	waitUntil(t, 20*time.Second, "the member that cannot send to stop", func() bool {
+		return clusterStopped(members[2]) || members[2].Self().Status >= troupe.MemberDown
+	})
+	for i, c := range members {
+		if i != 2 && (clusterStopped(c) || c.Self().Status != troupe.MemberUp) {
+			t.Fatalf("member %d is %v (stopped %v), want up", i, c.Self().Status, clusterStopped(c))
+		}
+	}
+	if v := w.check(); v != "" {
+		t.Fatal(v)
+	}
+}
+
+// A group of three that cannot send to the other two, under a lease:
+// exactly one side survives, and the other stops. The two hear nothing
+// from the three and, a minority, ask for the lease after
+// LeaseMinorityDelay; the three, a majority, ask at once once they see the
+// two unreachable, which they do only when the two's connections to them
+// end (the two's node layer gives them up), so either may be first (under
+// -race the three have won). When the two win, no gossip reaches the
+// three (no handshake with the two completes): they stop when denied the
+// lease, if they ask, or when the two's leader tells them they are down
+// in the hello of a probe (hello extension 6). When the three win, the two
+// stop when denied. DownAllWhenUnstable is set beyond the test's wait, so
+// that no side stops for having waited. The test used to want the two to
+// win, and timed out in 2 of about 10 CI runs under load (it was skipped
+// since); a run under -race here showed why: the three had won. Two sides
+// are checked for all along.
+func TestAOneWayCutUnderALeaseLeavesOneSide(t *testing.T) {
+	t.Parallel()
+	slowTest(t)
 	f := new(troupe.FaultNet)
 	t.Cleanup(f.Heal)
 	leaseNode := faultNode(t, f, "lease")
@@ -124,7 +163,7 @@ func TestAGroupThatCannotSendStopsBesideALeaseHolder(t *testing.T) {
 	const ttl = 2 * time.Second
 	w := newSidesWatcher()
 	nodes, members := faultMembers(t, f, 5, w, func(node *troupe.Node) troupe.ClusterConfig {
-		return troupe.ClusterConfig{Downing: troupe.LeaseMajority(), StableAfter: 3 * time.Second,
+		return troupe.ClusterConfig{Downing: troupe.LeaseMajority(), StableAfter: 3 * time.Second, DownAllWhenUnstable: 5 * time.Minute,
 			Lease: troupe.NewNodeLease(node, leaseNode.Addrs()[0].String(), "cluster", ttl)}
 	})
 	time.Sleep(time.Until(serving.Add(ttl))) // a fresh lease server grants nothing for one ttl
@@ -136,32 +175,37 @@ func TestAGroupThatCannotSendStopsBesideALeaseHolder(t *testing.T) {
 			f.Drop(from, to)
 		}
 	}
-	stopped := func() bool {
-		for _, c := range members[2:] {
-			if !clusterStopped(c) && c.Self().Status < troupe.MemberDown {
+	side := func(ms []*troupe.Cluster, up bool) bool {
+		for _, c := range ms {
+			if stopped := clusterStopped(c) || c.Self().Status >= troupe.MemberDown; stopped == up || up && c.Self().Status != troupe.MemberUp {
 				return false
 			}
 		}
 		return true
 	}
+	one := func() string {
+		switch {
+		case side(members[:2], true) && side(members[2:], false):
+			return "the two"
+		case side(members[2:], true) && side(members[:2], false):
+			return "the three"
+		}
+		return ""
+	}
 	deadline := time.Now().Add(slack(30 * time.Second))
-	for !stopped() {
+	for one() == "" {
 		if time.Now().After(deadline) {
-			// What each of the three sees, for the failure's story.
+			// What each member sees, for the failure's story.
 			for i, c := range members {
 				l, _ := c.Leader()
 				t.Logf("member %d (%s): %v, stopped %v, err %v, leader %s; unreachable %v; members %v; stats %+v",
 					i, nodes[i].Name(), c.Self().Status, clusterStopped(c), c.Err(), l.Addr, c.Unreachable(), c.Members(), nodes[i].Stats().ClusterBlocked)
 			}
-			t.Fatalf("timed out after %v waiting for the three to stop", slack(30*time.Second))
+			t.Fatalf("timed out after %v waiting for one side up and the other stopped", slack(30*time.Second))
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	for i, c := range members[:2] {
-		if clusterStopped(c) || c.Self().Status != troupe.MemberUp {
-			t.Fatalf("member %d of the two is %v (stopped %v), want up", i, c.Self().Status, clusterStopped(c))
-		}
-	}
+	t.Logf("%s survived", one())
 	if v := w.check(); v != "" {
 		t.Fatal(v)
 	}

@@ -63,9 +63,33 @@ func (pt *peerTable) probeUID(addr Addr) NodeUID {
 // probeAt is probeUID that also returns why nobody answered: the dial's
 // error, or nil for a connection that gave no troupe welcome.
 func (pt *peerTable) probeAt(addr Addr) (NodeUID, error) {
+	uid, _, err := pt.probeWith(addr, nil)
+	return uid, err
+}
+
+// tellDowned tells the node at addr, with a probe, that the incarnation
+// downed was downed by this node's cluster (hello extension 6: see
+// heardDowned), and reports whether the probe was answered (the notice
+// was read: the acceptor acts on it before it answers anything) and
+// whether the dial connected. It returns within the dial timeout and the
+// handshake timeout (a node that cannot be heard never answers), or at
+// once when this node closes.
+func (pt *peerTable) tellDowned(addr Addr, downed NodeUID) (answered, dialed bool) {
+	d := &downedNotice{uid: downed}
+	if s := pt.n.cfg.Secret; s != nil {
+		d.mac = downedMAC(s, pt.n.uid, downed)
+	}
+	_, answered, err := pt.probeWith(addr, d)
+	return answered, err == nil
+}
+
+// probeWith is probeAt with a hello that carries downed, if not nil; it
+// also reports whether the node answered at all (a welcome or a refusal:
+// it read the hello).
+func (pt *peerTable) probeWith(addr Addr, downed *downedNotice) (uid NodeUID, answered bool, err error) {
 	c, err := pt.dial(addr)
 	if err != nil {
-		return NodeUID{}, err
+		return NodeUID{}, false, err
 	}
 	defer c.Close()
 	// Bounded by the handshake timeout and by the node closing, whatever
@@ -77,13 +101,17 @@ func (pt *peerTable) probeAt(addr Addr) (NodeUID, error) {
 	c.SetDeadline(time.Now().Add(pt.n.cfg.HandshakeTimeout))
 	h := pt.n.gate.hello()
 	h.flags |= helloProbe
+	h.downed = downed
 	body, _, err := pt.n.gate.dialHandshake(c, newFrameReader(c, maxHelloSize), h)
-	if err != nil || frameKind(body[0]) != frameWelcome {
-		return NodeUID{}, nil
+	if err != nil {
+		return NodeUID{}, false, nil
+	}
+	if frameKind(body[0]) != frameWelcome {
+		return NodeUID{}, true, nil
 	}
 	w, err := parseHello(body[1:])
 	if err != nil {
-		return NodeUID{}, nil
+		return NodeUID{}, true, nil
 	}
-	return w.uid, nil
+	return w.uid, true, nil
 }

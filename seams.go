@@ -18,6 +18,9 @@ type clusterSeam struct {
 	// quarantinedBy hears that a peer refused this node because it has
 	// quarantined it.
 	quarantinedBy atomic.Pointer[func(NodeUID)]
+	// downedBy hears that a peer's cluster downed this node's
+	// incarnation (a hello's notice: heardDowned).
+	downedBy atomic.Pointer[func(NodeUID)]
 	// beat is the set of members that watch this one: the only members
 	// its associations heartbeat.
 	beat atomic.Pointer[map[NodeUID]bool]

@@ -158,6 +158,18 @@ type hello struct {
 	// by their numbers (see chooseDuplicate).
 	dial    uint64
 	ordered bool
+	// downed (tag 6; a hello's): the dialer's cluster downed the
+	// acceptor's incarnation downed.uid (see heardDowned); nil when
+	// absent.
+	downed *downedNotice
+}
+
+// downedNotice is the value of hello extension 6: the uid of the
+// incarnation the dialer's cluster downed, and, with Config.Secret, the
+// dialer's proof over both uids (downedMAC).
+type downedNotice struct {
+	uid NodeUID
+	mac []byte
 }
 
 // Hello extension tags. Append only: values are on the wire.
@@ -167,6 +179,7 @@ const (
 	helloExtHeaders    uint64 = 3 // empty: the sender takes frameTellHeaders
 	helloExtSession    uint64 = 4 // 32 bytes: a hello's nonce, a welcome's token proof (see token.go)
 	helloExtDial       uint64 = 5 // a hello's: uvarint, the dial's number; a welcome's: empty (see chooseDuplicate)
+	helloExtDowned     uint64 = 6 // a hello's: the downed uid, then with a secret its 32-byte proof (see heardDowned)
 )
 
 // Bounds on a hello's extensions.
@@ -204,6 +217,9 @@ func appendHello(b []byte, kind frameKind, h *hello) []byte {
 	if h.dial != 0 || h.ordered {
 		exts++
 	}
+	if h.downed != nil {
+		exts++
+	}
 	b = append(b, exts)
 	if h.appVersion != "" {
 		b = binary.AppendUvarint(b, helloExtAppVersion)
@@ -231,6 +247,12 @@ func appendHello(b []byte, kind frameKind, h *hello) []byte {
 	} else if h.ordered {
 		b = binary.AppendUvarint(b, helloExtDial)
 		b = append(b, 0)
+	}
+	if h.downed != nil {
+		b = binary.AppendUvarint(b, helloExtDowned)
+		b = binary.AppendUvarint(b, uint64(idSize+len(h.downed.mac)))
+		b = append(b, h.downed.uid[:]...)
+		b = append(b, h.downed.mac...)
 	}
 	return b
 }
@@ -301,6 +323,12 @@ func parseHello(b []byte) (*hello, error) {
 					return nil, fmt.Errorf("%w: a bad dial number in a hello", ErrMalformed)
 				}
 			}
+		case helloExtDowned:
+			if len(v) != idSize && len(v) != idSize+macSize {
+				return nil, fmt.Errorf("%w: a downed notice of %d bytes, want %d or %d", ErrMalformed, len(v), idSize, idSize+macSize)
+			}
+			h.downed = &downedNotice{mac: append([]byte(nil), v[idSize:]...)} // (the frame buffer is reused)
+			copy(h.downed.uid[:], v)
 		}
 		// (an unknown tag is a later version's: skipped)
 	}

@@ -41,8 +41,21 @@ func TestWireValuesArePinned(t *testing.T) {
 			t.Errorf("%s = %d, want %d", p.name, p.got, p.want)
 		}
 	}
-	if helloExtSession != 4 || helloExtDial != 5 || tokenSize != 32 {
-		t.Errorf("helloExtSession = %d, helloExtDial = %d, tokenSize = %d, want 4, 5 and 32", helloExtSession, helloExtDial, tokenSize)
+	if helloExtSession != 4 || helloExtDial != 5 || helloExtDowned != 6 || tokenSize != 32 {
+		t.Errorf("helloExtSession = %d, helloExtDial = %d, helloExtDowned = %d, tokenSize = %d, want 4, 5, 6 and 32", helloExtSession, helloExtDial, helloExtDowned, tokenSize)
+	}
+	// A downed notice is a uid, with or without a proof; another length
+	// is malformed. One without a proof parses with none.
+	plain := appendHello(nil, frameHello, &hello{version: protocolVersion, downed: &downedNotice{uid: NodeUID{9}}})
+	if back, err := parseHello(plain[1:]); err != nil || back.downed == nil || back.downed.uid != (NodeUID{9}) || back.downed.mac != nil {
+		t.Errorf("a downed notice without a proof parses back as %+v (%v)", back, err)
+	}
+	for _, n := range []int{0, idSize - 1, idSize + 1, idSize + macSize - 1, idSize + macSize + 1} {
+		b := appendHello(nil, frameHello, &hello{version: protocolVersion})
+		b = append(b[1:len(b)-1], 1, 6, byte(n))
+		if _, err := parseHello(append(b, make([]byte, n)...)); !errors.Is(err, ErrMalformed) {
+			t.Errorf("a downed notice of %d bytes: %v, want ErrMalformed", n, err)
+		}
 	}
 	// A welcome's dial extension is empty; a hello's number is at least 1.
 	for _, tt := range []struct {
@@ -83,6 +96,7 @@ func goldenFrames(t *testing.T) map[string][]byte {
 	w.appVersion, w.headers, w.session, w.dial = "", false, nil, 0 // (a welcome without extensions)
 	o := *h
 	o.name, o.addrs, o.flags, o.appVersion, o.observer, o.headers, o.session, o.dial = "troupe-cli", nil, helloCredit|helloDrains|helloShapes, "", true, false, nil, 0
+	d := hello{version: protocolVersion, flags: helloProbe, uid: NodeUID{0xb1}, name: "beta", downed: &downedNotice{uid: uid, mac: bytes.Repeat([]byte{0xc3}, macSize)}}
 	frame := func(body []byte) []byte { return appendWhole(nil, body) }
 	watch := watchBody{path: target.path, uuid: target.uuid, watcher: "/user/watcher"}
 	dead := watch
@@ -111,6 +125,7 @@ func goldenFrames(t *testing.T) map[string][]byte {
 		"hello":          appendFrame(nil, func(b []byte) []byte { return appendHello(b, frameHello, h) }),
 		"welcome":        appendFrame(nil, func(b []byte) []byte { return appendHello(b, frameWelcome, &w) }),
 		"hello-observer": appendFrame(nil, func(b []byte) []byte { return appendHello(b, frameHello, &o) }),
+		"hello-downed":   appendFrame(nil, func(b []byte) []byte { return appendHello(b, frameHello, &d) }),
 		"reject":         rejectFrame(rejectDuplicate, uid, "the other connection between these nodes wins"),
 		"tell-first":     tellTo(count{N: 3}),
 		"tell-again":     tellTo(count{N: 3}),
@@ -321,6 +336,13 @@ func TestFrameBodiesParseBack(t *testing.T) {
 			h, err := parseHello(b)
 			return sprint(h.name, h.observer, h.flags&helloResumable != 0, h.appVersion == ""), err
 		},
+		"hello-downed": func(b []byte) (any, error) {
+			h, err := parseHello(b)
+			if err != nil || h.downed == nil {
+				return nil, err
+			}
+			return sprint(h.flags == helloProbe, h.downed.uid == uid, h.downed.mac[0], len(h.downed.mac)), nil
+		},
 		"reject": func(b []byte) (any, error) { return parseReject(b) },
 		"tell-first": func(b []byte) (any, error) {
 			var h tellHeader
@@ -399,6 +421,7 @@ func TestFrameBodiesParseBack(t *testing.T) {
 		"hello":          "alpha tcp://127.0.0.1:7001,unix:///run/a.sock 1.4.2 true 90 32 300 true",
 		"welcome":        uid,
 		"hello-observer": "troupe-cli true false true",
+		"hello-downed":   sprint(true, true, 0xc3, macSize),
 		"reject":         rejectBody{code: rejectDuplicate, uid: uid, text: "the other connection between these nodes wins"},
 		"tell-first":     "1 true /user/echo 1 true troupe.test.count 1",
 		"tell-again":     "1 false 1 false 1",

@@ -176,7 +176,10 @@ func run(ctx context.Context, exe string, args []string, w io.Writer) error {
 		procs[name] = cmd
 	}
 
-	p, err := troupe.Produce(n, jobsKey, troupe.WorkConfig{Window: 100})
+	// A window as large as the run: Send never waits, so every worker
+	// always has a full room of jobs, and worker-2 holds some when it is
+	// killed.
+	p, err := troupe.Produce(n, jobsKey, troupe.WorkConfig{Window: jobs})
 	if err != nil {
 		return err
 	}

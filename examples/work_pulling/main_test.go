@@ -22,7 +22,10 @@ func TestMain(m *testing.M) {
 }
 
 // Three worker processes, one killed mid-run: every job is done, none is
-// lost, and what the killed worker held was handed to the others.
+// lost, and what the killed worker held was handed to the others. It
+// holds a full room as long as jobs remain, but on a loaded machine it may
+// have confirmed them all, unseen yet by the producer, when the kill
+// lands: then none is handed again (CI saw it once, under -race).
 func TestWorkPullingLosesNoJob(t *testing.T) {
 	t.Parallel()
 	if testing.Short() {
@@ -40,7 +43,7 @@ func TestWorkPullingLosesNoJob(t *testing.T) {
 	}
 	want := regexp.MustCompile(`^producer: 3 workers in 3 processes, each holding at most 5 jobs
 producer: worker-2 killed \(kill -9\) after 50 jobs
-producer: [1-5] jobs that worker-2 held unconfirmed were handed to the others: \[[0-9]+( [0-9]+){0,4}\]
+producer: (0 jobs that worker-2 held unconfirmed were handed to the others: \[\]|[1-5] jobs that worker-2 held unconfirmed were handed to the others: \[[0-9]+( [0-9]+){0,4}\])
 producer: 600 jobs sent, 600 confirmed, 0 lost; [0-5] done twice \(done by worker-2, not confirmed before it died\)
 $`)
 	if !want.MatchString(out.String()) {
