@@ -66,6 +66,43 @@ func (a Addr) String() string {
 	return a.network + "://" + a.address
 }
 
+// compareAddr orders a and b as strings.Compare orders their String
+// forms, without building them.
+func compareAddr(a, b Addr) int {
+	if a.network == b.network {
+		return strings.Compare(a.address, b.address)
+	}
+	// The networks differ, so the forms differ within the shorter
+	// "network://": no network name holds a ':'. The zero Addr's form is
+	// "", before every other.
+	if a.IsZero() || b.IsZero() {
+		return cmpBool(b.IsZero(), a.IsZero())
+	}
+	at := func(n string, i int) byte {
+		if i < len(n) {
+			return n[i]
+		}
+		return "://"[i-len(n)]
+	}
+	for i := 0; i < len(a.network)+3 && i < len(b.network)+3; i++ {
+		if x, y := at(a.network, i), at(b.network, i); x != y {
+			return cmpBool(x > y, x < y)
+		}
+	}
+	return strings.Compare(a.String(), b.String())
+}
+
+// cmpBool is 1 when gt, -1 when lt, else 0.
+func cmpBool(gt, lt bool) int {
+	switch {
+	case gt:
+		return 1
+	case lt:
+		return -1
+	}
+	return 0
+}
+
 // multiaddr returns the libp2p-style form: "/ip4/127.0.0.1/tcp/1616",
 // "/ip6/::1/tcp/1616", "/dns/example.com/tcp/80" or "/unix/run/app/a.sock".
 // ParseAddr reads it back exactly.

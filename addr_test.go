@@ -99,3 +99,19 @@ func FuzzParseAddr(f *testing.F) {
 		}
 	})
 }
+
+// compareAddr orders addresses as their String forms compare, which the
+// members' order (lowerAddr) has always been.
+func TestCompareAddrOrdersAsTheStrings(t *testing.T) {
+	t.Parallel()
+	addrs := []Addr{{}, tcpAddr("127.0.0.1:7001"), tcpAddr("127.0.0.1:701"), tcpAddr("[::1]:7001"),
+		tcpAddr("10.0.0.2:1"), unixAddr("/run/a.sock"), unixAddr("/run/a"), unixAddr("/tmp/b.sock"),
+		{network: "tcp4", address: "1.2.3.4:5"}, {network: "tc", address: "x"}, {network: "unix", address: ""}}
+	for _, a := range addrs {
+		for _, b := range addrs {
+			if got, want := compareAddr(a, b), strings.Compare(a.String(), b.String()); got != want {
+				t.Errorf("compareAddr(%q, %q) = %d, want %d", a, b, got, want)
+			}
+		}
+	}
+}

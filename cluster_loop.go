@@ -129,10 +129,7 @@ func (c *Cluster) status(s gossipStatus) {
 	}
 	same := s.Digest == c.digested
 	if same && m != nil {
-		c.seen[s.From] = true
-		for _, uid := range s.Seen {
-			c.seen[uid] = true
-		}
+		c.heldBy(s.From, s.Seen)
 	}
 	var g gossipMsg
 	if !same {

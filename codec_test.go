@@ -356,3 +356,42 @@ func TestTheTypeCacheAnswersEveryType(t *testing.T) {
 		t.Fatal("a word no type has was given a type")
 	}
 }
+
+type namedByte uint8
+
+type byteArrays struct {
+	A   [4]byte
+	L   [][4]byte
+	N   [2]namedByte
+	UID NodeUID
+}
+
+func init() { SetWireKey[byteArrays]("troupe.test.byte-arrays") }
+
+// An array of bytes is its bytes, whether the encoder reaches it in a
+// struct passed by value (one byte at a time) or in a slice (copied
+// whole), and decodes back the same.
+func TestByteArraysEncodeAsTheirBytes(t *testing.T) {
+	t.Parallel()
+	in := byteArrays{A: [4]byte{1, 2, 3, 4}, L: [][4]byte{{5, 6, 7, 8}, {9, 10, 11, 12}}, N: [2]namedByte{13, 14}, UID: NodeUID{15, 16}}
+	mt := typeOf(reflect.TypeFor[byteArrays]())
+	b, err := encodePayload(nil, mt, in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range [][]byte{{1, 2, 3, 4}, {5, 6, 7, 8, 9, 10, 11, 12}, {13, 14, 15, 16, 0, 0}} {
+		if !bytes.Contains(b, want) {
+			t.Errorf("encoding % x does not hold % x", b, want)
+		}
+	}
+	v, err := decodePayload(mt, b)
+	if err != nil {
+		t.Fatalf("decode: %v", err)
+	}
+	if !reflect.DeepEqual(v, in) {
+		t.Fatalf("round trip:\n got %+v\nwant %+v", v, in)
+	}
+	if _, err := decodePayload(mt, b[:len(b)-1]); err == nil {
+		t.Fatal("a payload one byte short decoded")
+	}
+}

@@ -42,6 +42,8 @@ type membership struct {
 	// ringCache is ring's answer for the state whose digest is ringOf.
 	ringCache []NodeUID
 	ringOf    uint64
+	// order keeps the members' and observers' uids sorted (memberUIDs).
+	order uidOrder
 	// passedOn is when a merged change was last passed on at once (see
 	// passOn).
 	passedOn time.Time
@@ -50,6 +52,34 @@ type membership struct {
 	// heardLeaseWait); leaseWaitOn is the unreachable set it was about.
 	leaseWait   time.Time
 	leaseWaitOn string
+}
+
+// uidOrder is the members' and the observers' uids in uid order, the
+// order the digest, a gossiped state and the choice of gossip targets
+// take them in. Neither map ever loses a key (a removed member stays, as
+// a tombstone; an observer's record is replaced, not dropped), so a list
+// is current while it is as long as its map: sorted again only when a
+// member or an observer is new, not at every gossip.
+type uidOrder struct {
+	members, observers []NodeUID
+	ring               []NodeUID // every member in ring order (ring)
+}
+
+// memberUIDs is every member's uid in uid order; callers must not change it.
+func (ms *membership) memberUIDs() []NodeUID {
+	if len(ms.order.members) != len(ms.members) {
+		ms.order.members = slices.SortedFunc(maps.Keys(ms.members), compareUID)
+	}
+	return ms.order.members
+}
+
+// observerUIDs is every observer's uid in uid order; callers must not
+// change it.
+func (ms *membership) observerUIDs() []NodeUID {
+	if len(ms.order.observers) != len(ms.reach) {
+		ms.order.observers = slices.SortedFunc(maps.Keys(ms.reach), compareUID)
+	}
+	return ms.order.observers
 }
 
 // heardLeaseWait records that member from, reachable here, waits for
@@ -156,6 +186,9 @@ func live(m *Member) bool { return m.Status < MemberDown }
 // whole cluster look unreachable.
 func (ms *membership) unreachable() map[NodeUID]bool {
 	out := map[NodeUID]bool{}
+	if !ms.anyUnreachable() {
+		return out // (the usual case, and no need to weigh the observers)
+	}
 	off := ms.discounted()
 	for obs, r := range ms.reach {
 		if m := ms.members[obs]; m == nil || !m.counts() || off[obs] && obs != ms.self {
@@ -168,6 +201,17 @@ func (ms *membership) unreachable() map[NodeUID]bool {
 		}
 	}
 	return out
+}
+
+// anyUnreachable reports whether any observer reports any member
+// unreachable.
+func (ms *membership) anyUnreachable() bool {
+	for _, r := range ms.reach {
+		if len(r.unreachable) > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // discounted is the observers whose reports do not count: each is itself
@@ -242,13 +286,8 @@ func compareUID(a, b NodeUID) int {
 // fmt: it runs twice for every gossip a member merges.
 func (ms *membership) digest() uint64 {
 	h := fnv.New64a()
-	uids := make([]NodeUID, 0, len(ms.members))
-	for uid := range ms.members {
-		uids = append(uids, uid)
-	}
-	slices.SortFunc(uids, compareUID)
 	var buf [96]byte
-	for _, uid := range uids {
+	for _, uid := range ms.memberUIDs() {
 		m := ms.members[uid]
 		b := appendDigestUID(buf[:0], uid)
 		b = append(b, ':')
@@ -257,12 +296,7 @@ func (ms *membership) digest() uint64 {
 		b = strconv.AppendInt(b, int64(m.UpNumber), 10)
 		h.Write(append(b, ';'))
 	}
-	obs := make([]NodeUID, 0, len(ms.reach))
-	for o := range ms.reach {
-		obs = append(obs, o)
-	}
-	slices.SortFunc(obs, compareUID)
-	for _, o := range obs {
+	for _, o := range ms.observerUIDs() {
 		b := appendDigestUID(buf[:0], o)
 		b = append(b, ':')
 		b = strconv.AppendUint(b, ms.reach[o].version, 10)
@@ -293,6 +327,47 @@ func digestOf(g gossipMsg) uint64 {
 		tmp.reach[r.Observer] = reachRecord{version: r.Version}
 	}
 	return tmp.digest()
+}
+
+// heldBy notes that from holds this member's state, and so do the
+// members it says have seen it.
+func (ms *membership) heldBy(from NodeUID, seen []NodeUID) {
+	ms.seen[from] = true
+	for _, uid := range seen {
+		if !ms.seen[uid] { // (mostly known already: a lookup is cheaper)
+			ms.seen[uid] = true
+		}
+	}
+}
+
+// holds reports whether digestOf(g) is this member's digest: whether g is
+// the state it holds. A state in strictly increasing uid order, as
+// snapshot sends it, is compared entry by entry, without hashing.
+func (ms *membership) holds(g gossipMsg) bool {
+	if len(g.Members) != len(ms.members) || len(g.Reach) != len(ms.reach) {
+		return false
+	}
+	for i := 1; i < len(g.Members); i++ {
+		if compareUID(g.Members[i-1].UID, g.Members[i].UID) >= 0 {
+			return ms.digested == digestOf(g)
+		}
+	}
+	for i := 1; i < len(g.Reach); i++ {
+		if compareUID(g.Reach[i-1].Observer, g.Reach[i].Observer) >= 0 {
+			return ms.digested == digestOf(g)
+		}
+	}
+	for _, gm := range g.Members {
+		if m := ms.members[gm.UID]; m == nil || m.Status != MemberStatus(gm.Status) || m.UpNumber != gm.UpNumber {
+			return false
+		}
+	}
+	for _, r := range g.Reach {
+		if cur, ok := ms.reach[r.Observer]; !ok || cur.version != r.Version {
+			return false
+		}
+	}
+	return true
 }
 
 // digestOfSorted is digestOf for a state whose members and records are
@@ -373,17 +448,18 @@ func (ms *membership) snapshot() gossipMsg {
 	for uid := range ms.seen {
 		g.Seen = append(g.Seen, uid)
 	}
-	for _, m := range ms.members {
-		g.Members = append(g.Members, gossipMember{Addr: m.Addr.String(), UID: m.UID, Status: uint8(m.Status), UpNumber: m.UpNumber, AppVersion: m.AppVersion})
-	}
-	for o, r := range ms.reach {
-		g.Reach = append(g.Reach, gossipReach{Observer: o, Version: r.version, Unreachable: r.unreachable})
-	}
 	// In uid order, not the maps': a receiver merges in the order it
 	// reads, and the simulator replays a run only if that is the same.
 	slices.SortFunc(g.Seen, compareUID)
-	slices.SortFunc(g.Members, func(a, b gossipMember) int { return compareUID(a.UID, b.UID) })
-	slices.SortFunc(g.Reach, func(a, b gossipReach) int { return compareUID(a.Observer, b.Observer) })
+	g.Members = make([]gossipMember, 0, len(ms.members))
+	for _, uid := range ms.memberUIDs() {
+		m := ms.members[uid]
+		g.Members = append(g.Members, gossipMember{Addr: m.Addr.String(), UID: m.UID, Status: uint8(m.Status), UpNumber: m.UpNumber, AppVersion: m.AppVersion})
+	}
+	for _, o := range ms.observerUIDs() {
+		r := ms.reach[o]
+		g.Reach = append(g.Reach, gossipReach{Observer: o, Version: r.version, Unreachable: r.unreachable})
+	}
 	return g
 }
 
@@ -448,13 +524,10 @@ func (ms *membership) merge(g gossipMsg, now time.Time) merged {
 	// Most gossip brings nothing new, and then the digest is the same:
 	// it is not computed again.
 	out.changed = news && ms.touched(now)
-	if ms.digested == digestOf(g) {
+	if ms.holds(g) {
 		// Both hold the same state now: whoever had seen the sender's has
 		// seen this one.
-		ms.seen[g.From] = true
-		for _, uid := range g.Seen {
-			ms.seen[uid] = true
-		}
+		ms.heldBy(g.From, g.Seen)
 		out.confirm = !slices.Contains(g.Seen, ms.self)
 	}
 	// A sender this member has downed or removed may not know: tell it,
@@ -736,25 +809,31 @@ func (ms *membership) ring() []NodeUID {
 	if ms.ringCache != nil && ms.ringOf == ms.digested {
 		return ms.ringCache
 	}
-	type placed struct {
-		pos uint64
-		uid NodeUID
-	}
-	var ps []placed
-	for uid, m := range ms.members {
-		if live(m) {
+	if len(ms.order.ring) != len(ms.members) { // (members are never dropped: see uidOrder)
+		type placed struct {
+			pos uint64
+			uid NodeUID
+		}
+		ps := make([]placed, 0, len(ms.members))
+		for uid := range ms.members {
 			ps = append(ps, placed{ringPos(uid), uid})
 		}
-	}
-	slices.SortFunc(ps, func(a, b placed) int {
-		if c := cmp.Compare(a.pos, b.pos); c != 0 {
-			return c
+		slices.SortFunc(ps, func(a, b placed) int {
+			if c := cmp.Compare(a.pos, b.pos); c != 0 {
+				return c
+			}
+			return compareUID(a.uid, b.uid)
+		})
+		ms.order.ring = ms.order.ring[:0]
+		for _, p := range ps {
+			ms.order.ring = append(ms.order.ring, p.uid)
 		}
-		return compareUID(a.uid, b.uid)
-	})
-	r := make([]NodeUID, len(ps))
-	for i, p := range ps {
-		r[i] = p.uid
+	}
+	r := make([]NodeUID, 0, len(ms.order.ring))
+	for _, uid := range ms.order.ring {
+		if live(ms.members[uid]) {
+			r = append(r, uid)
+		}
 	}
 	ms.ringCache, ms.ringOf = r, ms.digested
 	return r
@@ -839,7 +918,11 @@ func (ms *membership) gossipTargets(fanout int, pick func(n int) int) (to []Node
 			held[m.Addr] = true
 		}
 	}
-	for uid, m := range ms.members {
+	// In uid order (pick decides, not map order), those that can be
+	// reached first.
+	var cut []NodeUID
+	for _, uid := range ms.memberUIDs() {
+		m := ms.members[uid]
 		if uid == ms.self || m.Status == MemberRemoved {
 			continue // a member just downed still needs to hear it
 		}
@@ -849,24 +932,16 @@ func (ms *membership) gossipTargets(fanout int, pick func(n int) int) (to []Node
 			continue
 		}
 		all = append(all, uid)
-		if !ms.seen[uid] {
+		switch {
+		case ms.seen[uid]:
+		case unreachable[uid]:
+			cut = append(cut, uid)
+		default:
 			unseen = append(unseen, uid)
 		}
 	}
-	// pick decides, not map order; those that can be reached first.
-	slices.SortFunc(unseen, func(a, b NodeUID) int {
-		if unreachable[a] != unreachable[b] {
-			if unreachable[a] {
-				return 1
-			}
-			return -1
-		}
-		return compareUID(a, b)
-	})
-	if n := slices.IndexFunc(unseen, func(u NodeUID) bool { return unreachable[u] }); n > 0 {
-		unseen = unseen[:n]
-	} else if n == 0 {
-		fanout = 1 // across a cut: most of it is lost
+	if len(unseen) == 0 && len(cut) > 0 {
+		unseen, fanout = cut, 1 // across a cut: most of it is lost
 	}
 	if len(unseen) > 0 {
 		for len(to) < fanout && len(unseen) > 0 {
@@ -879,7 +954,6 @@ func (ms *membership) gossipTargets(fanout int, pick func(n int) int) (to []Node
 	if len(all) == 0 {
 		return nil, false
 	}
-	slices.SortFunc(all, compareUID)
 	return []NodeUID{all[pick(len(all))]}, false
 }
 

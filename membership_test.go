@@ -919,3 +919,55 @@ func TestARestartedMemberDownsItsEarlierIncarnation(t *testing.T) {
 		t.Fatalf("the new incarnation is %v in its own view", got)
 	}
 }
+
+// BenchmarkMembershipMerge is a member of n receiving a gossiped state
+// (a snapshot from another member) that it already holds, the most
+// common gossip while news spreads, and one in which one member's
+// status moved.
+func BenchmarkMembershipMerge(b *testing.B) {
+	for _, n := range []int{100, 1000} {
+		rng := rand.New(rand.NewPCG(1, 2))
+		var all []*Member
+		for i := range n {
+			var uid NodeUID
+			for j := range uid {
+				uid[j] = byte(rng.Uint32())
+			}
+			all = append(all, &Member{Addr: tcpAddr(fmt.Sprintf("10.0.%d.%d:7000", i/256, i%256)), UID: uid, Status: MemberUp, UpNumber: i + 1})
+		}
+		build := func(self int) membership {
+			ms := newMembership(*all[self], time.Unix(0, 0))
+			for _, m := range all {
+				mm := *m
+				ms.members[m.UID] = &mm
+				ms.reach[m.UID] = reachRecord{version: 1}
+			}
+			ms.resetSeen()
+			return ms
+		}
+		from := build(1)
+		for _, m := range all {
+			from.seen[m.UID] = true
+		}
+		same := from.snapshot()
+		b.Run(fmt.Sprintf("members=%d/held", n), func(b *testing.B) {
+			ms := build(0)
+			b.ReportAllocs()
+			for b.Loop() {
+				ms.merge(same, time.Unix(1, 0))
+			}
+		})
+		b.Run(fmt.Sprintf("members=%d/news", n), func(b *testing.B) {
+			news := same
+			news.Members = slices.Clone(same.Members)
+			news.Members[n/2].Status = uint8(MemberLeaving)
+			b.ReportAllocs()
+			for b.Loop() {
+				b.StopTimer()
+				ms := build(0)
+				b.StartTimer()
+				ms.merge(news, time.Unix(1, 0))
+			}
+		})
+	}
+}

@@ -387,6 +387,10 @@ func arrayPlan(p *plan, t reflect.Type, building map[reflect.Type]*plan) error {
 	}
 	n := t.Len()
 	p.min = n * ep.min
+	if el := t.Elem(); el.Kind() == reflect.Uint8 && !(el.Implements(wireMarshalerType) && reflect.PointerTo(el).Implements(wireUnmarshalerType)) {
+		bytesArrayPlan(p, n, ep)
+		return nil
+	}
 	p.enc = func(e *encoder, v reflect.Value) {
 		for i := range n {
 			ep.enc(e, v.Index(i))
@@ -398,6 +402,26 @@ func arrayPlan(p *plan, t reflect.Type, building map[reflect.Type]*plan) error {
 		}
 	}
 	return nil
+}
+
+// bytesArrayPlan is arrayPlan for an array of bytes (a NodeUID, a
+// UUID): the same bytes, copied whole where the array is addressable (in
+// a slice, or decoded into) rather than one reflect call a byte.
+func bytesArrayPlan(p *plan, n int, ep *plan) {
+	p.enc = func(e *encoder, v reflect.Value) {
+		if v.CanAddr() {
+			e.b = append(e.b, v.Bytes()...)
+			return
+		}
+		for i := range n {
+			ep.enc(e, v.Index(i))
+		}
+	}
+	p.dec = func(d *decoder, v reflect.Value) {
+		if b := d.take(n); b != nil {
+			copy(v.Bytes(), b)
+		}
+	}
 }
 
 // mapPlan writes nil as 0 and n entries as n+1 and the keys and values.

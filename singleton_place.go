@@ -24,12 +24,14 @@ func newPlacement(margin time.Duration) placement {
 // member the instance belongs on: the oldest up member (the lowest up
 // number), nil if none is up.
 func (p *placement) see(members []Member, now time.Time) *Member {
-	present := make(map[NodeUID]bool, len(members))
 	var target *Member
+	withUp := 0 // (the members' uids are distinct)
 	for i, m := range members {
-		present[m.UID] = true
 		if m.UpNumber > 0 {
-			p.ups[m.UID] = m.UpNumber
+			if p.ups[m.UID] != m.UpNumber { // (mostly the same: a lookup is cheaper)
+				p.ups[m.UID] = m.UpNumber
+			}
+			withUp++
 		}
 		if m.Status >= MemberDown && p.goneAt[m.UID].IsZero() {
 			p.goneAt[m.UID] = now
@@ -37,6 +39,13 @@ func (p *placement) see(members []Member, now time.Time) *Member {
 		if m.Status == MemberUp && (target == nil || m.UpNumber < target.UpNumber) {
 			target = &members[i]
 		}
+	}
+	if len(p.ups) == withUp {
+		return target // every member with an up number is in the view
+	}
+	present := make(map[NodeUID]bool, len(members))
+	for _, m := range members {
+		present[m.UID] = true
 	}
 	for uid := range p.ups {
 		if !present[uid] && p.goneAt[uid].IsZero() {
