@@ -64,6 +64,8 @@ type simMember struct {
 	// sorted again at every turn of every member while it holds.
 	listed   []Member
 	listedOf uint64
+
+	lease simLeaseMember // under simCluster.lease (clustersim_lease_test.go)
 }
 
 const (
@@ -71,6 +73,7 @@ const (
 	simBeat
 	simDeliver
 	simFault
+	simCall
 )
 
 type simEvent struct {
@@ -82,6 +85,7 @@ type simEvent struct {
 	from  NodeUID
 	msg   any // a delivery (gossip, or a singleton's hand-over); nil: a heartbeat
 	fault func()
+	call  func() // simCall: run on the member's process (memberAfter)
 }
 
 type simQueue []simEvent
@@ -133,8 +137,12 @@ type simCluster struct {
 	// the hand-over); checked: never two live instances.
 	singleton bool
 	margin    time.Duration // its RemovalMargin (the cluster's LeaseReleaseAfter)
-	starts    int           // instances started
-	log       []string      // the schedule of faults, printed with a violation
+	lease     *simLease     // with LeaseMajority: the lease server (clustersim_lease_test.go)
+	// longFaults makes a quarter of simFaults' faults last past
+	// StableAfter, so that the strategy decides them.
+	longFaults bool
+	starts     int      // instances started
+	log        []string // the schedule of faults, printed with a violation
 }
 
 type fnvHash struct{ h uint64 }
@@ -186,6 +194,7 @@ func (s *simCluster) boot(slot int, first bool) {
 	m.heard, m.beatTo = map[NodeUID]time.Time{}, map[NodeUID]bool{}
 	m.running, m.stopped, m.paused, m.held, m.upAt = true, false, false, nil, s.now
 	m.place, m.inst, m.pm, m.lastBeat = newPlacement(s.margin), false, pauseMeter{}, time.Time{}
+	m.lease = simLeaseMember{}
 	s.byUID[m.uid] = m
 	// Turns and beats start at a random phase, as processes do.
 	s.at(s.now.Add(time.Duration(s.rng.Int64N(int64(s.cfg.GossipInterval)))), simEvent{kind: simTurn, slot: slot, gen: m.gen})
@@ -273,6 +282,8 @@ func (s *simCluster) step(e simEvent) {
 		case singletonCtl:
 			m.place.handedOver(e.from, msg.Cleared)
 		}
+	case simCall:
+		e.call()
 	}
 }
 
@@ -364,6 +375,22 @@ func (s *simCluster) size(msg any) int {
 func (s *simCluster) turn(m *simMember) {
 	ms := &m.ms
 	now := s.now
+	if s.lease != nil {
+		if m.lease.deciding { // (the loop waits in decide; the singleton's goes on)
+			if s.singleton {
+				s.singletonTurn(m)
+			}
+			return
+		}
+		lp := &m.lease.loop // (Cluster.meterPause)
+		lp.turn(now, s.cfg.GossipInterval, s.cfg.StableAfter/4, s.cfg.LeaseReleaseAfter)
+		lp.turnStart, lp.decided = now, false
+		defer func() {
+			if !m.lease.deciding {
+				lp.last = now // (turnDone)
+			}
+		}()
+	}
 	// detect
 	monitored := ms.monitorsOf(ms.self, s.cfg.MonitoredMembers, ms.ring())
 	m.beatTo = ms.watchers(s.cfg.MonitoredMembers)
@@ -382,10 +409,12 @@ func (s *simCluster) turn(m *simMember) {
 		alone = alone && !mm.counts()
 	}
 	if alone {
-		// Its seeds: the first three members' addresses (but its own).
+		// Its seeds: the processes registered before it (clusterSeeds),
+		// here those that started before it (or with it, in slot order)
+		// and run.
 		g := ms.snapshot()
-		for _, seed := range s.members[:min(3, len(s.members))] {
-			if seed != m && seed.running {
+		for _, seed := range s.members {
+			if seed != m && seed.running && (seed.upAt.Before(m.upAt) || seed.upAt.Equal(m.upAt) && seed.slot < m.slot) {
 				s.sendTo(m, seed, g)
 			}
 		}
@@ -496,6 +525,11 @@ func (s *simCluster) instances() []*simMember {
 func (s *simCluster) downing(m *simMember) bool {
 	ms := &m.ms
 	now := s.now
+	_, leased := s.cfg.Downing.(leaseMajority)
+	leased = leased && s.lease != nil
+	if leased {
+		s.leaseChecks(m)
+	}
 	step := ms.nextDowning(now, s.cfg.Downing != nil, timing{s.cfg.StableAfter, s.cfg.DownAllWhenUnstable})
 	self := *ms.members[ms.self]
 	switch step {
@@ -518,6 +552,10 @@ func (s *simCluster) downing(m *simMember) bool {
 	default:
 		ms.decided, ms.decidedOn = true, ms.unreachableKey()
 		view := ms.splitView()
+		if step == stepDecide && leased {
+			s.decideLease(m, view) // (the rest of the turn waits for it)
+			return false
+		}
 		down := view.members(DownEveryone)
 		if step == stepDecide {
 			_, down = resolve(view, s.cfg.Downing.Decide)
@@ -625,7 +663,7 @@ func (s *simCluster) checkTwoSides(m *simMember, uid NodeUID) {
 	if self := o.ms.members[o.uid]; self.Status != MemberUp {
 		return
 	}
-	if mo := o.ms.members[m.uid]; mo != nil && mo.Status >= MemberDown {
+	if mo := o.ms.members[m.uid]; mo != nil && mo.Status >= MemberDown && s.violation == "" { // (the first one found is told)
 		s.violation = fmt.Sprintf("two sides at %v (seed %d): %s and %s, both up, have downed each other; faults:\n%s",
 			s.now.Sub(simEpoch), s.seed, m.addr, o.addr, strings.Join(s.log, "\n"))
 	}
@@ -633,6 +671,9 @@ func (s *simCluster) checkTwoSides(m *simMember, uid NodeUID) {
 
 func (s *simCluster) stop(m *simMember, why string) {
 	m.stopped = true
+	if s.lease != nil {
+		s.keepLeaseThroughHold(m)
+	}
 	s.trace.add(fmt.Sprintf("%d stops: %s", m.slot, why))
 	if s.singleton { // (singleton.end)
 		if m.inst {
@@ -807,6 +848,11 @@ func (s *simCluster) simFaults(d time.Duration) {
 		gap := time.Duration(s.rng.Int64N(int64(5 * time.Second)))
 		s.runFor(gap)
 		last := time.Duration(1+s.rng.Int64N(8)) * time.Second
+		if s.longFaults && s.rng.IntN(4) == 0 {
+			// Long enough for the split to be stable, decided and
+			// acted on: StableAfter and the detector's pause, and more.
+			last = s.cfg.StableAfter + time.Duration(5+s.rng.Int64N(40))*time.Second
+		}
 		victim := s.rng.IntN(n)
 		if in := s.instances(); len(in) > 0 && s.rng.IntN(3) == 0 {
 			// A third of the faults hit the singleton's member: the
@@ -825,7 +871,11 @@ func (s *simCluster) simFaults(d time.Duration) {
 				rest = append(rest, i)
 			}
 		}
-		switch s.rng.IntN(7) {
+		kinds := 7
+		if s.lease != nil {
+			kinds = 8 // and the lease server cut off from everyone
+		}
+		switch s.rng.IntN(kinds) {
 		case 0:
 			s.after(0, fmt.Sprintf("crash %d", victim), func() { s.crash(victim) })
 			s.runFor(last)
@@ -837,7 +887,12 @@ func (s *simCluster) simFaults(d time.Duration) {
 			s.runFor(last)
 			s.after(0, fmt.Sprintf("resume %d", victim), func() { s.resume(victim) })
 		case 2:
-			s.after(0, fmt.Sprintf("partition %v | rest for %v", group, last), func() { s.partition(group, rest, false) })
+			s.after(0, fmt.Sprintf("partition %v | rest for %v", group, last), func() {
+				s.partition(group, rest, false)
+				if s.lease != nil {
+					s.log[len(s.log)-1] += ", " + s.leaseSide(group, rest)
+				}
+			})
 			s.runFor(last)
 			s.after(0, "heal", s.heal)
 		case 3:
@@ -861,6 +916,10 @@ func (s *simCluster) simFaults(d time.Duration) {
 			if m := s.members[victim]; m.running && m.stopped {
 				s.after(0, fmt.Sprintf("restart %d", victim), func() { s.boot(victim, false) })
 			}
+		case 7:
+			s.after(0, fmt.Sprintf("the lease server cut off for %v", last), s.cutLease)
+			s.runFor(last)
+			s.after(0, "heal", s.heal)
 		}
 		s.runFor(0)
 	}
@@ -874,9 +933,35 @@ func (s *simCluster) simFaults(d time.Duration) {
 	s.runFor(0)
 }
 
+// settle restarts every member whose cluster stopped, as a supervisor
+// does, again whenever one stops (a member paused until the faults
+// ended learns only then that it was downed), and reports whether the
+// cluster converges with every member up within the time given.
+func (s *simCluster) settle(within time.Duration) bool {
+	_, ok := s.until(within, func() bool {
+		s.restartStopped()
+		ok, _ := s.converged()
+		return ok && len(s.running()) == len(s.members)
+	})
+	return ok
+}
+
 // restartStopped boots again every member whose cluster stopped (downed),
 // as an operator or a supervisor restarts a downed process.
+// When no member is up (every side downed itself, and the joiners that
+// came after wait for a cluster that is gone), all are started again,
+// as after losing a whole cluster: the first starts a new one, which the
+// others join.
 func (s *simCluster) restartStopped() {
+	if !slices.ContainsFunc(s.running(), func(m *simMember) bool { return m.ms.members[m.uid].counts() }) {
+		s.after(0, "restart all", func() {
+			for i := range s.members {
+				s.boot(i, i == 0)
+			}
+		})
+		s.runFor(0)
+		return
+	}
 	for i, m := range s.members {
 		if !m.running || m.stopped {
 			s.boot(i, false)
@@ -942,6 +1027,7 @@ func TestClusterSimUnderFaults(t *testing.T) {
 	t.Parallel()
 	for seed := uint64(1); seed <= 4; seed++ {
 		s := newSimCluster(7, seed, simTestConfig(KeepMajority()), time.Second)
+		s.longFaults = true
 		if _, ok := s.startAll(time.Minute); !ok {
 			t.Fatalf("seed %d: not formed", seed)
 		}
@@ -949,8 +1035,7 @@ func TestClusterSimUnderFaults(t *testing.T) {
 		if s.violation != "" {
 			t.Fatal(s.violation)
 		}
-		s.restartStopped()
-		if _, ok := s.until(2*time.Minute, func() bool { ok, _ := s.converged(); return ok && len(s.running()) == len(s.members) }); !ok || s.violation != "" {
+		if !s.settle(2*time.Minute) || s.violation != "" {
 			_, why := s.converged()
 			if s.violation != "" {
 				why = s.violation
@@ -992,11 +1077,14 @@ func (s *simCluster) oneInstance() error {
 }
 
 // A long random fault schedule (CI's long-run step), on each of the
-// built-in strategies that keep a side: TROUPE_SIM_MEMBERS members
-// (default 25) for TROUPE_SIM_DURATION of virtual time each (default
-// 20m), from TROUPE_SIM_SEED (default: the clock's; a violation names it,
-// and the same seed replays the run). Never two sides; after the faults,
-// with downed members restarted, convergence.
+// built-in strategies that keep a side, and LeaseMajority with a
+// simulated lease: TROUPE_SIM_MEMBERS members (default 25) for
+// TROUPE_SIM_DURATION of virtual time each (default 20m), from
+// TROUPE_SIM_SEED (default: the clock's; a violation names it, and the
+// same seed replays the run). A quarter of the faults last past
+// StableAfter, so the strategy decides them. Never two sides, never two
+// lease holders; after the faults, with downed members restarted,
+// convergence.
 func TestClusterSimLong(t *testing.T) {
 	longRun(t, "TROUPE_SIM_MEMBERS", "TROUPE_SIM_DURATION", "TROUPE_SIM_SEED")
 	n, d, seed := 25, 20*time.Minute, uint64(time.Now().UnixNano())
@@ -1016,17 +1104,20 @@ func TestClusterSimLong(t *testing.T) {
 			t.Fatalf("TROUPE_SIM_SEED: %v", err)
 		}
 	}
-	for i, strategy := range []DowningStrategy{KeepMajority(), KeepOldest(true), StaticQuorum(n/2 + 1)} {
+	for i, strategy := range []DowningStrategy{KeepMajority(), KeepOldest(true), StaticQuorum(n/2 + 1), LeaseMajority()} {
 		seed := seed + uint64(i)
 		began := time.Now()
 		s := newSimCluster(n, seed, simTestConfig(strategy), time.Second)
+		if _, ok := strategy.(leaseMajority); ok {
+			s = simLeaseCluster(n, seed, 3*time.Second)
+		}
+		s.longFaults = true
 		s.startFormed()
 		s.simFaults(d)
 		if s.violation != "" {
 			t.Fatalf("%s (TROUPE_SIM_SEED=%d replays it): %s", strategyName(strategy), seed-uint64(i), s.violation)
 		}
-		s.restartStopped()
-		if _, ok := s.until(2*time.Minute, func() bool { ok, _ := s.converged(); return ok && len(s.running()) == len(s.members) }); !ok || s.violation != "" {
+		if !s.settle(2*time.Minute) || s.violation != "" {
 			_, why := s.converged()
 			if s.violation != "" {
 				why = s.violation
@@ -1037,8 +1128,12 @@ func TestClusterSimLong(t *testing.T) {
 		if err := s.oneInstance(); err != nil {
 			t.Fatalf("%s (TROUPE_SIM_SEED=%d replays it): %v", strategyName(strategy), seed-uint64(i), err)
 		}
-		t.Logf("%s: %d members, %v of faults (%d), seed %d: no two sides, the singleton started %d times and never twice at once, converged; %d steps in %v",
-			strategyName(strategy), n, d, len(s.log), seed, s.starts, s.steps, time.Since(began).Round(time.Millisecond))
+		leased := ""
+		if s.lease != nil {
+			leased = fmt.Sprintf(", the lease granted %d times, never to two at once", s.lease.grants)
+		}
+		t.Logf("%s: %d members, %v of faults (%d), seed %d: no two sides%s, the singleton started %d times and never twice at once, converged; %d steps in %v",
+			strategyName(strategy), n, d, len(s.log), seed, leased, s.starts, s.steps, time.Since(began).Round(time.Millisecond))
 	}
 }
 
@@ -1329,8 +1424,7 @@ func BenchmarkClusterSimFaults(b *testing.B) {
 				s.startFormed()
 				start := s.now
 				s.simFaults(time.Minute)
-				s.restartStopped()
-				if _, ok := s.until(2*time.Minute, func() bool { ok, _ := s.converged(); return ok && len(s.running()) == len(s.members) }); !ok || s.violation != "" {
+				if !s.settle(2*time.Minute) || s.violation != "" {
 					b.Fatalf("seed %d: not converged, or %s", 7+i, s.violation)
 				}
 				virtual, steps = s.now.Sub(start), s.steps

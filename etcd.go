@@ -182,7 +182,12 @@ func (l *etcdLease) CheckHeld(owner string) bool {
 // still counts as held: not within a fifth of its ttl of expiring, so that
 // a holder stops relying on it before anyone else can be granted it.
 func heldUntil(until time.Time, ttl time.Duration) bool {
-	return time.Now().Before(until.Add(-ttl / 5))
+	return heldUntilAt(until, ttl, time.Now())
+}
+
+// heldUntilAt is heldUntil at now (the cluster simulator's clock).
+func heldUntilAt(until time.Time, ttl time.Duration, now time.Time) bool {
+	return now.Before(until.Add(-ttl / 5))
 }
 
 // Lost returns a channel closed when the held lease is lost.
