@@ -260,15 +260,19 @@ func (c *Cluster) lostLease() <-chan struct{} {
 // leaseLostInHold: the lease this member took for a decision was lost
 // before the other side must have stopped. That side may take it now and
 // down this one, so this side downs itself: no side at all is better than
-// two.
+// two. The lease is given back once the hold is over: CheckHeld says no
+// as soon as a renewal is late, while the client may still hold it and
+// keep it alive for as long as this node runs, which would deny every
+// later split to both sides.
 func (c *Cluster) leaseLostInHold() {
 	c.mu.Lock()
 	if !c.leaseHeld {
 		c.mu.Unlock()
 		return
 	}
+	c.releaseLeaseAfterLocked(c.n.uid.String(), time.Until(c.leaseAt.Add(c.cfg.LeaseReleaseAfter)))
 	c.leaseHeld, c.leaseDowned, c.leaseLost = false, nil, nil
-	side := c.splitView().Reachable
+	side := c.ownSide()
 	events := c.down(side, time.Now())
 	c.mu.Unlock()
 	c.n.log.Warn("troupe: the cluster lease was lost while the other side may still be deciding; downing this side", "members", len(side))

@@ -2,6 +2,7 @@ package troupe
 
 import (
 	"errors"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -118,5 +119,80 @@ func TestAMemberThatStoodStillDoesNotRaceForTheLease(t *testing.T) {
 	}
 	if err := minority.Err(); !errors.Is(err, ErrMemberDowned) {
 		t.Errorf("the minority's Err() = %v, want ErrMemberDowned", err)
+	}
+}
+
+// blindLease is a Lease whose CheckHeld can be made to say no while the
+// lease it wraps is still held and kept alive: what a holder sees when a
+// renewal takes longer than a fifth of the ttl and then succeeds.
+type blindLease struct {
+	Lease
+	blind atomic.Bool
+}
+
+func (l *blindLease) CheckHeld(owner string) bool {
+	return !l.blind.Load() && l.Lease.CheckHeld(owner)
+}
+
+// A member that took the lease for a split and then finds it no longer
+// held (CheckHeld says no) downs its side; its node lives on, and its
+// lease client would keep the lease alive for as long as it does (a
+// server renews an owner's lease even when it has just run out), so every
+// later split would find it held and both sides would down themselves.
+// The lease is given back once the hold is over.
+func TestALeaseLostInItsHoldIsGivenBack(t *testing.T) {
+	t.Parallel()
+	checkLeaks(t)
+	r := &clusterRig{t: t, f: new(FaultNet)}
+	leaseNode := startOn(t, r.f, failConfig("lease", 20*time.Millisecond, 2*time.Second))
+	if err := leaseNode.ServeLeases(); err != nil {
+		t.Fatal(err)
+	}
+	serving := time.Now()
+	server := leaseNode.Addrs()[0].String()
+	leases := make([]*blindLease, 2)
+	for i := range 2 {
+		cfg := clusterCfg(LeaseMajority())
+		cfg.DownAllWhenUnstable, cfg.LeaseMinorityDelay = time.Second, 100*time.Millisecond
+		node := startOn(t, r.f, failConfig(fmt.Sprintf("m%d", i), 20*time.Millisecond, 2*time.Second))
+		leases[i] = &blindLease{Lease: NewNodeLease(node, server, "cluster", time.Second)}
+		cfg.Lease = leases[i]
+		if i > 0 {
+			cfg.Seeds = []string{r.nodes[0].Addrs()[0].String()}
+		}
+		c, err := StartCluster(ctxT(t, 5*time.Second), node, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		r.nodes, r.members = append(r.nodes, node), append(r.members, c)
+	}
+	r.waitUp(2)
+	t.Cleanup(r.f.Heal)
+	time.Sleep(time.Until(serving.Add(time.Second))) // a fresh lease server grants nothing for one ttl
+	r.f.Partition(r.nodes[0], r.nodes[1])
+	holder := -1
+	waitFor(t, 5*time.Second, "a member to take the lease", func() bool {
+		for i, c := range r.members {
+			c.mu.Lock()
+			held := c.leaseHeld
+			c.mu.Unlock()
+			if held {
+				holder = i
+				return true
+			}
+		}
+		return false
+	})
+	leases[holder].blind.Store(true)
+	waitFor(t, 5*time.Second, "the holder to down its side", func() bool { return stopped(r.members[holder]) })
+	other := NewNodeLease(leaseNode, server, "cluster", time.Second)
+	hold := r.members[holder].cfg.LeaseReleaseAfter
+	waitFor(t, hold+2*time.Second, "the lease to be free for another owner", func() bool {
+		ok, err := other.Acquire(ctxT(t, time.Second), "another")
+		return err == nil && ok
+	})
+	if err := other.Release(ctxT(t, time.Second), "another"); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -52,6 +52,7 @@ type simMember struct {
 	paused  bool                  // the process is stopped (SIGSTOP): nothing runs
 	held    []simEvent            // deliveries that arrive while paused
 	upAt    time.Time             // when it joined
+	seeds   []int                 // the slots of the processes started before it (clusterSeeds)
 
 	// Its side of the cluster singleton (simCluster.singleton).
 	place    placement  // where the instance belongs, as it sees it
@@ -193,6 +194,12 @@ func (s *simCluster) boot(slot int, first bool) {
 	m.watch = newWatching(s.cfg.Detector)
 	m.heard, m.beatTo = map[NodeUID]time.Time{}, map[NodeUID]bool{}
 	m.running, m.stopped, m.paused, m.held, m.upAt = true, false, false, nil, s.now
+	m.seeds = m.seeds[:0]
+	for _, o := range s.members {
+		if o != m && o.running && !first {
+			m.seeds = append(m.seeds, o.slot)
+		}
+	}
 	m.place, m.inst, m.pm, m.lastBeat = newPlacement(s.margin), false, pauseMeter{}, time.Time{}
 	m.lease = simLeaseMember{}
 	s.byUID[m.uid] = m
@@ -409,12 +416,12 @@ func (s *simCluster) turn(m *simMember) {
 		alone = alone && !mm.counts()
 	}
 	if alone {
-		// Its seeds: the processes registered before it (clusterSeeds),
-		// here those that started before it (or with it, in slot order)
-		// and run.
+		// Its seeds: the processes registered before it, as clusterSeeds
+		// gives them when it starts (here those running then); what is
+		// sent to one's address reaches the process there now.
 		g := ms.snapshot()
-		for _, seed := range s.members {
-			if seed != m && seed.running && (seed.upAt.Before(m.upAt) || seed.upAt.Equal(m.upAt) && seed.slot < m.slot) {
+		for _, slot := range m.seeds {
+			if seed := s.members[slot]; seed.running {
 				s.sendTo(m, seed, g)
 			}
 		}
@@ -859,6 +866,15 @@ func (s *simCluster) simFaults(d time.Duration) {
 			// moves of its instance are what can go wrong.
 			victim = in[0].slot
 		}
+		if s.lease != nil && s.rng.IntN(3) == 0 {
+			// And a third of the rest, the member that holds the lease
+			// for a decision: its hold is what can go wrong.
+			for _, m := range s.members {
+				if m.running && m.lease.held {
+					victim = m.slot
+				}
+			}
+		}
 		group := []int{victim}
 		for len(group) < max(1, (n-1)/2) && s.rng.IntN(2) == 0 {
 			if j := s.rng.IntN(n); !slices.Contains(group, j) {
@@ -1127,6 +1143,11 @@ func TestClusterSimLong(t *testing.T) {
 		}
 		if err := s.oneInstance(); err != nil {
 			t.Fatalf("%s (TROUPE_SIM_SEED=%d replays it): %v", strategyName(strategy), seed-uint64(i), err)
+		}
+		if s.lease != nil {
+			if err := s.leaseSettled(); err != nil {
+				t.Fatalf("%s (TROUPE_SIM_SEED=%d replays it): %v", strategyName(strategy), seed-uint64(i), err)
+			}
 		}
 		leased := ""
 		if s.lease != nil {

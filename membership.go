@@ -344,9 +344,6 @@ func (ms *membership) heldBy(from NodeUID, seen []NodeUID) {
 // the state it holds. A state in strictly increasing uid order, as
 // snapshot sends it, is compared entry by entry, without hashing.
 func (ms *membership) holds(g gossipMsg) bool {
-	if len(g.Members) != len(ms.members) || len(g.Reach) != len(ms.reach) {
-		return false
-	}
 	for i := 1; i < len(g.Members); i++ {
 		if compareUID(g.Members[i-1].UID, g.Members[i].UID) >= 0 {
 			return ms.digested == digestOf(g)
@@ -356,6 +353,9 @@ func (ms *membership) holds(g gossipMsg) bool {
 		if compareUID(g.Reach[i-1].Observer, g.Reach[i].Observer) >= 0 {
 			return ms.digested == digestOf(g)
 		}
+	}
+	if len(g.Members) != len(ms.members) || len(g.Reach) != len(ms.reach) {
+		return false // (in strictly increasing order, no uid twice)
 	}
 	for _, gm := range g.Members {
 		if m := ms.members[gm.UID]; m == nil || m.Status != MemberStatus(gm.Status) || m.UpNumber != gm.UpNumber {
@@ -698,6 +698,18 @@ func (ms *membership) splitView() SplitView {
 		}
 	}
 	return view
+}
+
+// ownSide is what this member downs when its side gives up (a lease
+// lost in its hold): the members it can reach and itself, which its view
+// may count among the unreachable (others reported it so, and their
+// reports that it is back have not come: they are across a new split).
+func (ms *membership) ownSide() []Member {
+	side := ms.splitView().Reachable
+	if !slices.ContainsFunc(side, func(m Member) bool { return m.UID == ms.self }) {
+		side = append(side, *ms.members[ms.self])
+	}
+	return side
 }
 
 // downingStep is what a member's downing must do at a moment.
