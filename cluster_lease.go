@@ -319,7 +319,7 @@ func (c *Cluster) releaseLeaseAfterLocked(owner string, wait time.Duration) {
 			select {
 			case <-t.C:
 			case <-c.n.lc.done:
-				return // the node's keep-alive ends with it: the lease expires by its TTL
+				return // NewNodeLease's keep-alive ends with the node, and the lease expires by its TTL (another Lease's, when its owner closes it)
 			}
 		}
 		ctx, cancel := context.WithTimeout(c.n.lc.ctx, timeout)

@@ -1,6 +1,7 @@
 package troupe
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"sync/atomic"
@@ -184,14 +185,27 @@ func TestALeaseLostInItsHoldIsGivenBack(t *testing.T) {
 		}
 		return false
 	})
+	h := r.members[holder]
+	h.mu.Lock()
+	heldUntil := h.leaseAt.Add(h.cfg.LeaseReleaseAfter)
+	h.mu.Unlock()
 	leases[holder].blind.Store(true)
-	waitFor(t, 5*time.Second, "the holder to down its side", func() bool { return stopped(r.members[holder]) })
+	waitFor(t, 5*time.Second, "the holder to down its side", func() bool { return stopped(h) })
+	if err := h.Err(); !errors.Is(err, ErrMemberDowned) {
+		t.Errorf("the holder's Err() = %v, want ErrMemberDowned", err)
+	}
 	other := NewNodeLease(leaseNode, server, "cluster", time.Second)
-	hold := r.members[holder].cfg.LeaseReleaseAfter
-	waitFor(t, hold+2*time.Second, "the lease to be free for another owner", func() bool {
-		ok, err := other.Acquire(ctxT(t, time.Second), "another")
+	acquire := func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		ok, err := other.Acquire(ctx, "another")
 		return err == nil && ok
-	})
+	}
+	// Not before the hold is over: the other side may still be deciding.
+	if time.Until(heldUntil) > 500*time.Millisecond && acquire() && time.Until(heldUntil) > 0 {
+		t.Fatalf("another owner took the lease %v before the holder's hold ended", time.Until(heldUntil))
+	}
+	waitFor(t, time.Until(heldUntil)+2*time.Second, "the lease to be free for another owner", acquire)
 	if err := other.Release(ctxT(t, time.Second), "another"); err != nil {
 		t.Fatal(err)
 	}

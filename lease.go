@@ -49,7 +49,10 @@ type Lease interface {
 	// never while another owner holds it. An implementation that has no
 	// such time returns false and a nil error, as when another holds it.
 	Acquire(ctx context.Context, owner string) (bool, error)
-	// Release gives the lease up.
+	// Release gives the lease up if owner holds it, and stops keeping it
+	// alive. It may be called after the lease was lost, even long after
+	// (a cluster gives back a lease lost in its hold once the hold is
+	// over): a lease another owner holds now must be left alone.
 	Release(ctx context.Context, owner string) error
 	// CheckHeld reports whether owner holds the lease, as far as this
 	// process knows (it has not been told otherwise or failed to renew).

@@ -701,11 +701,12 @@ func (ms *membership) splitView() SplitView {
 }
 
 // ownSide is what this member downs when its side gives up (a lease
-// lost in its hold): the members it can reach and itself, which its view
-// may count among the unreachable (others reported it so, and their
-// reports that it is back have not come: they are across a new split).
+// lost in its hold): the members it can reach but the exiting ones, as a
+// side that downs itself does (downable), and itself, which its view may
+// count among the unreachable (others reported it so, and their reports
+// that it is back have not come: they are across a new split).
 func (ms *membership) ownSide() []Member {
-	side := ms.splitView().Reachable
+	side := downable(ms.splitView().Reachable)
 	if !slices.ContainsFunc(side, func(m Member) bool { return m.UID == ms.self }) {
 		side = append(side, *ms.members[ms.self])
 	}
