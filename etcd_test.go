@@ -54,6 +54,16 @@ func TestEtcdLease(t *testing.T) {
 	if ok, err := b.Acquire(ctx, "b"); !ok || err != nil {
 		t.Fatalf("b after release: %v %v", ok, err)
 	}
+	// A release from an earlier owner, late (a cluster gives back a
+	// lease lost in its hold when the hold ends), leaves b's alone.
+	if err := a.Release(ctx, "a"); err != nil {
+		t.Fatal(err)
+	}
+	c := newEtcdLease(ep, key, time.Second)
+	defer c.Close()
+	if ok, err := c.Acquire(ctx, "c"); ok || err != nil || !b.CheckHeld("b") {
+		t.Fatalf("after a late release by a: c acquired %v (%v), b holds %v; want b to keep it", ok, err, b.CheckHeld("b"))
+	}
 	// Revoked behind its back: the holder learns it lost the lease.
 	lost := b.Lost()
 	b.mu.Lock()

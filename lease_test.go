@@ -45,6 +45,15 @@ func TestNodeLease(t *testing.T) {
 	if ok, err := lb.Acquire(ctx, "b"); !ok || err != nil {
 		t.Fatalf("b after release: %v %v", ok, err)
 	}
+	// A release from an earlier owner, late (a cluster gives back a
+	// lease lost in its hold when the hold ends), leaves b's alone.
+	if err := la.Release(ctx, "a"); err != nil {
+		t.Fatal(err)
+	}
+	lc := NewNodeLease(a, server.Addrs()[0].String(), "x", ttl)
+	if ok, _ := lc.Acquire(ctx, "c"); ok || !lb.CheckHeld("b") {
+		t.Fatalf("after a late release by a: c acquired %v, b holds %v; want b to keep it", ok, lb.CheckHeld("b"))
+	}
 	lost := lb.Lost()
 	server.Close()
 	select {
