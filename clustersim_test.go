@@ -4,6 +4,7 @@ import (
 	"container/heap"
 	"fmt"
 	"hash/fnv"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"reflect"
@@ -65,6 +66,15 @@ type simMember struct {
 	// sorted again at every turn of every member while it holds.
 	listed   []Member
 	listedOf uint64
+	byAddr   []*Member // the members in Cluster.Members' order
+	target   *Member   // placement.see's answer for listed
+	// sized is the encoded size of the members and records of the state
+	// it last sent (size).
+	sized struct {
+		of             *gossipMember
+		members, reach int
+		bytes          int
+	}
 
 	lease simLeaseMember // under simCluster.lease (clustersim_lease_test.go)
 }
@@ -202,6 +212,7 @@ func (s *simCluster) boot(slot int, first bool) {
 	}
 	m.place, m.inst, m.pm, m.lastBeat = newPlacement(s.margin), false, pauseMeter{}, time.Time{}
 	m.lease = simLeaseMember{}
+	m.byAddr, m.listed, m.target = nil, nil, nil // (pointers into the members before)
 	s.byUID[m.uid] = m
 	// Turns and beats start at a random phase, as processes do.
 	s.at(s.now.Add(time.Duration(s.rng.Int64N(int64(s.cfg.GossipInterval)))), simEvent{kind: simTurn, slot: slot, gen: m.gen})
@@ -342,7 +353,7 @@ func (s *simCluster) sendTo(m, to *simMember, msg any) {
 	kind, size := "heartbeat", simHeartbeatBytes
 	if msg != nil {
 		kind = reflect.TypeOf(msg).Name()
-		size = s.size(msg)
+		size = s.size(m, msg)
 	}
 	s.sendSized(m, to, msg, kind, size)
 }
@@ -368,7 +379,24 @@ const simHeartbeatBytes = 8
 
 // size is msg's payload as the codec encodes it, plus a frame's header
 // and the type's number.
-func (s *simCluster) size(msg any) int {
+func (s *simCluster) size(m *simMember, msg any) int {
+	g, ok := msg.(gossipMsg)
+	if !ok || len(g.Members) == 0 {
+		return s.encodedSize(msg)
+	}
+	// A state's members and records are what snapshot keeps for its
+	// digest (membership.shared): encoded once, not at every send. The
+	// fields are encoded one after the other, so the parts add up.
+	if m.sized.of != &g.Members[0] || m.sized.members != len(g.Members) || m.sized.reach != len(g.Reach) {
+		m.sized.of, m.sized.members, m.sized.reach = &g.Members[0], len(g.Members), len(g.Reach)
+		m.sized.bytes = s.encodedSize(gossipMsg{Members: g.Members, Reach: g.Reach}) - s.encodedSize(gossipMsg{})
+	}
+	g.Members, g.Reach = nil, nil
+	return s.encodedSize(g) + m.sized.bytes
+}
+
+// encodedSize is size, encoding msg whole.
+func (s *simCluster) encodedSize(msg any) int {
 	var err error
 	s.buf, err = s.codec.payload(s.buf[:0], typeOfValue(msg), msg)
 	if err != nil {
@@ -443,16 +471,22 @@ func (s *simCluster) singletonTurn(m *simMember) {
 	m.pm.last = now
 	m.lastBeat = now                                    // (pauseFence.turn; one that sees a pause stops the instance below)
 	if m.listed == nil || m.listedOf != m.ms.digested { // (Cluster.Members: by address)
+		if len(m.byAddr) != len(m.ms.members) {
+			// (Addresses and uids never change: the order is kept until
+			// a member is new.)
+			m.byAddr = slices.SortedFunc(maps.Values(m.ms.members), func(a, b *Member) int { return lowerAddr(*a, *b) })
+		}
 		m.listed = m.listed[:0]
-		for _, mm := range m.ms.members {
+		for _, mm := range m.byAddr {
 			m.listed = append(m.listed, *mm)
 		}
-		slices.SortFunc(m.listed, lowerAddr)
 		m.listedOf = m.ms.digested
+		// (see, given the same members again, changes nothing and
+		// answers the same: it runs when they change.)
+		m.target = m.place.see(m.listed, now)
 	}
-	members := m.listed
 	self := *m.ms.members[m.uid]
-	target := m.place.see(members, now)
+	target := m.target
 	if stood && m.inst {
 		s.stopInstance(m, "its process stood still")
 	}
@@ -586,7 +620,7 @@ func (s *simCluster) gossip(m *simMember) {
 	for _, uid := range targets {
 		if to := s.target(m, uid); to != nil {
 			if kind == "" { // (encoded once for all)
-				kind, size = reflect.TypeOf(msg).Name(), s.size(msg)
+				kind, size = reflect.TypeOf(msg).Name(), s.size(m, msg)
 			}
 			s.sendSized(m, to, msg, kind, size)
 		}
@@ -812,11 +846,17 @@ func (s *simCluster) startFormed() {
 	for i, m := range s.members {
 		all = append(all, Member{Addr: m.addr, UID: m.uid, Status: MemberUp, UpNumber: i + 1})
 	}
+	// Each member's entries side by side, in uid order, the order a merge
+	// reads them in: a thousand views of a thousand members do not fit
+	// in the caches, and entries scattered over the heap cost a miss
+	// each (a real member holds one view).
+	slices.SortFunc(all, func(a, b Member) int { return compareUID(a.UID, b.UID) })
 	for _, m := range s.members {
-		m.ms.members, m.ms.order = map[NodeUID]*Member{}, uidOrder{}
-		for _, mm := range all {
-			mm := mm
-			m.ms.members[mm.UID] = &mm
+		m.ms.members, m.ms.order = make(map[NodeUID]*Member, len(all)), uidOrder{}
+		m.byAddr, m.listed, m.target = nil, nil, nil
+		entries := slices.Clone(all)
+		for i := range entries {
+			m.ms.members[entries[i].UID] = &entries[i]
 		}
 		m.ms.resetSeen()
 		for _, mm := range all {

@@ -42,7 +42,22 @@ type membership struct {
 	// ringCache is ring's answer for the state whose digest is ringOf.
 	ringCache []NodeUID
 	ringOf    uint64
-	// order keeps the members' and observers' uids sorted (memberUIDs).
+	// unreach is unreachable's answer for the state whose digest is
+	// unreachOf (nil: not computed).
+	unreach   map[NodeUID]bool
+	unreachOf uint64
+	// leading is leader's answer for the state whose digest is
+	// leadingOf (leadingSet: computed).
+	leading    *Member
+	leadingOf  uint64
+	leadingSet bool
+	// shared is snapshot's members and records for the state whose
+	// digest is sharedOf (nil: not built, or an app version moved,
+	// which the digest leaves out); never changed once built, since
+	// messages in flight share it.
+	shared   *gossipMsg
+	sharedOf uint64
+	// order keeps the members' and observers' uids sorted (memberOrder).
 	order uidOrder
 	// passedOn is when a merged change was last passed on at once (see
 	// passOn).
@@ -60,17 +75,26 @@ type membership struct {
 // a tombstone; an observer's record is replaced, not dropped), so a list
 // is current while it is as long as its map: sorted again only when a
 // member or an observer is new, not at every gossip.
+// A member's entry is changed in place, never replaced, so its pointer
+// is kept beside its uid.
 type uidOrder struct {
 	members, observers []NodeUID
-	ring               []NodeUID // every member in ring order (ring)
+	entries            []*Member  // members' entries, in the order of members
+	hexes              [][64]byte // members' uids as the digest writes them
+	ring               []NodeUID  // every member in ring order (ring)
 }
 
-// memberUIDs is every member's uid in uid order; callers must not change it.
-func (ms *membership) memberUIDs() []NodeUID {
-	if len(ms.order.members) != len(ms.members) {
+// memberOrder is every member's uid in uid order, and each one's entry;
+// callers must change neither slice.
+func (ms *membership) memberOrder() ([]NodeUID, []*Member) {
+	if len(ms.order.members) != len(ms.members) || len(ms.order.entries) != len(ms.members) {
 		ms.order.members = slices.SortedFunc(maps.Keys(ms.members), compareUID)
+		ms.order.entries = make([]*Member, len(ms.order.members))
+		for i, uid := range ms.order.members {
+			ms.order.entries[i] = ms.members[uid]
+		}
 	}
-	return ms.order.members
+	return ms.order.members, ms.order.entries
 }
 
 // observerUIDs is every observer's uid in uid order; callers must not
@@ -183,8 +207,20 @@ func live(m *Member) bool { return m.Status < MemberDown }
 // unreachable is the set of live members some up or leaving member cannot
 // reach. A joining member's observations do not count: it is not yet part
 // of the cluster, and one that reaches only its seed must not make the
-// whole cluster look unreachable.
+// whole cluster look unreachable. It is kept until the state changes
+// (keyed by the digest, which every change moves: see touched); callers
+// must not change it.
 func (ms *membership) unreachable() map[NodeUID]bool {
+	if ms.unreach != nil && ms.unreachOf == ms.digested {
+		return ms.unreach
+	}
+	out := ms.weighUnreachable()
+	ms.unreach, ms.unreachOf = out, ms.digested
+	return out
+}
+
+// weighUnreachable computes unreachable.
+func (ms *membership) weighUnreachable() map[NodeUID]bool {
 	out := map[NodeUID]bool{}
 	if !ms.anyUnreachable() {
 		return out // (the usual case, and no need to weigh the observers)
@@ -285,24 +321,46 @@ func compareUID(a, b NodeUID) int {
 // each observer's "%x:%d;" (uid, record version). It is built here without
 // fmt: it runs twice for every gossip a member merges.
 func (ms *membership) digest() uint64 {
-	h := fnv.New64a()
-	var buf [96]byte
-	for _, uid := range ms.memberUIDs() {
-		m := ms.members[uid]
-		b := appendDigestUID(buf[:0], uid)
-		b = append(b, ':')
+	h := uint64(fnvOffset64)
+	var buf [32]byte
+	uids, entries := ms.memberOrder()
+	if len(ms.order.hexes) != len(uids) { // (the uids' text is kept with their order)
+		ms.order.hexes = make([][64]byte, len(uids))
+		for i, uid := range uids {
+			appendDigestUID(ms.order.hexes[i][:0], uid)
+		}
+	}
+	for i, m := range entries {
+		h = fnvAdd(h, ms.order.hexes[i][:])
+		b := append(buf[:0], ':')
 		b = strconv.AppendInt(b, int64(m.Status), 10)
 		b = append(b, ':')
 		b = strconv.AppendInt(b, int64(m.UpNumber), 10)
-		h.Write(append(b, ';'))
+		h = fnvAdd(h, append(b, ';'))
 	}
+	var x [64]byte
 	for _, o := range ms.observerUIDs() {
-		b := appendDigestUID(buf[:0], o)
-		b = append(b, ':')
+		h = fnvAdd(h, appendDigestUID(x[:0], o))
+		b := append(buf[:0], ':')
 		b = strconv.AppendUint(b, ms.reach[o].version, 10)
-		h.Write(append(b, ';'))
+		h = fnvAdd(h, append(b, ';'))
 	}
-	return h.Sum64()
+	return h
+}
+
+// FNV-1a, 64 bits (hash/fnv's New64a), a byte at a time in a loop the
+// digest's thousand members do not call through an interface.
+const (
+	fnvOffset64 = 14695981039346656037
+	fnvPrime64  = 1099511628211
+)
+
+func fnvAdd(h uint64, b []byte) uint64 {
+	for _, c := range b {
+		h ^= uint64(c)
+		h *= fnvPrime64
+	}
+	return h
 }
 
 // appendDigestUID appends what fmt's %x makes of a NodeUID: the hex of its
@@ -357,8 +415,11 @@ func (ms *membership) holds(g gossipMsg) bool {
 	if len(g.Members) != len(ms.members) || len(g.Reach) != len(ms.reach) {
 		return false // (in strictly increasing order, no uid twice)
 	}
-	for _, gm := range g.Members {
-		if m := ms.members[gm.UID]; m == nil || m.Status != MemberStatus(gm.Status) || m.UpNumber != gm.UpNumber {
+	// Two lists in strictly increasing order and of one length hold the
+	// same uids only place by place.
+	uids, entries := ms.memberOrder()
+	for i, gm := range g.Members {
+		if m := entries[i]; uids[i] != gm.UID || m.Status != MemberStatus(gm.Status) || m.UpNumber != gm.UpNumber {
 			return false
 		}
 	}
@@ -427,7 +488,17 @@ func (ms *membership) converged() bool {
 // cluster starts up; joiners never lead.) A leaving member leads only when
 // it must: a leader that moved itself to exiting would stop before the
 // others heard of it, and they would see a crash.
+// It is kept until the state changes, as unreachable is.
 func (ms *membership) leader() *Member {
+	if ms.leadingSet && ms.leadingOf == ms.digested {
+		return ms.leading
+	}
+	ms.leading, ms.leadingOf, ms.leadingSet = ms.chooseLeader(), ms.digested, true
+	return ms.leading
+}
+
+// chooseLeader computes leader.
+func (ms *membership) chooseLeader() *Member {
 	unreachable := ms.unreachable()
 	var best *Member
 	for uid, m := range ms.members {
@@ -451,15 +522,20 @@ func (ms *membership) snapshot() gossipMsg {
 	// In uid order, not the maps': a receiver merges in the order it
 	// reads, and the simulator replays a run only if that is the same.
 	slices.SortFunc(g.Seen, compareUID)
-	g.Members = make([]gossipMember, 0, len(ms.members))
-	for _, uid := range ms.memberUIDs() {
-		m := ms.members[uid]
-		g.Members = append(g.Members, gossipMember{Addr: m.Addr.String(), UID: m.UID, Status: uint8(m.Status), UpNumber: m.UpNumber, AppVersion: m.AppVersion})
+	if ms.shared == nil || ms.sharedOf != ms.digested {
+		sh := &gossipMsg{Members: make([]gossipMember, 0, len(ms.members))}
+		_, entries := ms.memberOrder()
+		for _, m := range entries {
+			sh.Members = append(sh.Members, gossipMember{Addr: m.Addr.String(), UID: m.UID, Status: uint8(m.Status), UpNumber: m.UpNumber, AppVersion: m.AppVersion})
+		}
+		for _, o := range ms.observerUIDs() {
+			r := ms.reach[o]
+			sh.Reach = append(sh.Reach, gossipReach{Observer: o, Version: r.version, Unreachable: r.unreachable})
+		}
+		sh.Reach = slices.Clip(sh.Reach)
+		ms.shared, ms.sharedOf = sh, ms.digested
 	}
-	for _, o := range ms.observerUIDs() {
-		r := ms.reach[o]
-		g.Reach = append(g.Reach, gossipReach{Observer: o, Version: r.version, Unreachable: r.unreachable})
-	}
+	g.Members, g.Reach = ms.shared.Members, ms.shared.Reach
 	return g
 }
 
@@ -479,8 +555,26 @@ type merged struct {
 func (ms *membership) merge(g gossipMsg, now time.Time) merged {
 	var out merged
 	oldUnreach := ms.unreachable()
-	for _, gm := range g.Members {
-		m := ms.members[gm.UID]
+	// A state in uid order, as snapshot sends it, is read alongside this
+	// member's own list rather than looked up entry by entry (a thousand
+	// map look-ups a merge); any other order, through the map.
+	uids, entries := ms.memberOrder()
+	j, inOrder := 0, true
+	for i, gm := range g.Members {
+		var m *Member
+		if inOrder && i > 0 && compareUID(g.Members[i-1].UID, gm.UID) >= 0 {
+			inOrder = false
+		}
+		if inOrder {
+			for j < len(uids) && compareUID(uids[j], gm.UID) < 0 {
+				j++
+			}
+			if j < len(uids) && uids[j] == gm.UID {
+				m = entries[j]
+			}
+		} else {
+			m = ms.members[gm.UID]
+		}
 		if m == nil {
 			addr, err := ParseAddr(gm.Addr) // (a member's address never changes)
 			if err != nil {
@@ -499,7 +593,9 @@ func (ms *membership) merge(g gossipMsg, now time.Time) merged {
 		if m.AppVersion == "" || gm.UID == g.From && gm.UID != ms.self {
 			// Heard late, or from the member itself, which speaks for
 			// its own version (a relay's copy may be a stale one).
-			m.AppVersion = boundedAppVersion(gm.AppVersion)
+			if v := boundedAppVersion(gm.AppVersion); v != m.AppVersion {
+				m.AppVersion, ms.shared = v, nil
+			}
 		}
 		if s := MemberStatus(gm.Status); s > m.Status {
 			m.Status, changed = s, true
@@ -917,25 +1013,33 @@ func (ms *membership) watchers(k int) map[NodeUID]bool {
 // every member has seen it, one member, for a digest only (the state costs
 // nothing to confirm). full says which of the two.
 func (ms *membership) gossipTargets(fanout int, pick func(n int) int) (to []NodeUID, full bool) {
-	var unseen, all []NodeUID
 	unreachable := ms.unreachable()
-	var held map[Addr]bool // addresses a live member listens on, if any member is down
+	// held: of the addresses of members down but not yet removed (few,
+	// if any), those a live member listens on.
+	var held map[Addr]bool
 	for _, m := range ms.members {
 		if !live(m) && m.Status != MemberRemoved {
-			held = map[Addr]bool{}
-			break
+			if held == nil {
+				held = map[Addr]bool{}
+			}
+			held[m.Addr] = false
 		}
 	}
-	for _, m := range ms.members {
-		if held != nil && live(m) {
-			held[m.Addr] = true
+	if held != nil {
+		for _, m := range ms.members {
+			if _, ok := held[m.Addr]; ok && live(m) {
+				held[m.Addr] = true
+			}
 		}
 	}
+	all := make([]NodeUID, 0, len(ms.members))
+	var unseen []NodeUID
 	// In uid order (pick decides, not map order), those that can be
 	// reached first.
 	var cut []NodeUID
-	for _, uid := range ms.memberUIDs() {
-		m := ms.members[uid]
+	uids, entries := ms.memberOrder()
+	for i, uid := range uids {
+		m := entries[i]
 		if uid == ms.self || m.Status == MemberRemoved {
 			continue // a member just downed still needs to hear it
 		}

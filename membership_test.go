@@ -33,6 +33,7 @@ func state(self int, ms ...Member) membership {
 	for _, m := range ms {
 		st.members[m.UID] = &m
 	}
+	st.order = uidOrder{} // (an entry replaced, which the cluster never does)
 	st.resetSeen()
 	return st
 }
@@ -348,6 +349,7 @@ func TestNextDowning(t *testing.T) {
 			st.reach[uidOf(2)] = reachRecord{version: 2, unreachable: []NodeUID{uidOf(3), uidOf(4)}}
 			m4 := memberOf(4, MemberUp, 4)
 			st.members[uidOf(4)] = &m4
+			st.touched(at(0)) // (changed by hand: say so, as every change does)
 			return st
 		}(), 501, true, stepSelf},
 		{"unstable too long, not leading, the wait came from a member it cannot reach", waiting(split(2), 3, 300, 100), 501, true, stepSelf},
