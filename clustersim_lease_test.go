@@ -14,10 +14,13 @@ import (
 // succeeded for a ttl, CheckHeld false within a fifth of the ttl of the
 // end. The server sits apart from the members: a partition leaves it
 // with one side, the other or both, and a fault can cut it off from
-// everyone. What is not simulated: a lease server that restarts (and
-// its LeaseWaitError, with the wait notices), and the release that a
-// decision waits for (messages to and from the server keep their order,
-// so a release sent before an acquire lands first).
+// everyone, or restart it (simCluster.leaseRestarts): a restarted
+// server forgets its grants and grants nothing for a ttl, as ServeLeases
+// does, answering an acquire with how long to wait (LeaseWaitError),
+// and a deciding member waits, tells its side so (heardLeaseWait) and
+// asks again, as Cluster.acquireLease does. What is not simulated: the
+// release that a decision waits for (messages to and from the server
+// keep their order, so a release sent before an acquire lands first).
 
 // simLeaseSlot stands for the lease server in simCluster.cut.
 const simLeaseSlot = -1
@@ -25,10 +28,12 @@ const simLeaseSlot = -1
 // simLease is the lease server: one holder at a time, until a ttl after
 // the grant or the last renewal.
 type simLease struct {
-	ttl    time.Duration
-	holder NodeUID
-	until  time.Time
-	grants int // grants to a new holder
+	ttl     time.Duration
+	holder  NodeUID
+	until   time.Time
+	started time.Time // its last restart: it grants nothing for a ttl after
+	grants  int       // grants to a new holder
+	waits   int       // acquires answered with a wait (LeaseWaitError)
 	// grantsAll makes it wrong on purpose (TestClusterSimCatchesALeaseGrantedTwice):
 	// it grants and renews for whoever asks.
 	grantsAll bool
@@ -86,12 +91,37 @@ func (s *simCluster) leaseCall(m *simMember, pending *uint64, timeout time.Durat
 	})
 }
 
-// acquire is the server's answer to owner's acquire.
-func (l *simLease) acquire(owner NodeUID, now time.Time) bool {
+// quiet is how long the server still grants nothing after its restart.
+func (l *simLease) quiet(now time.Time) time.Duration {
+	if l.started.IsZero() {
+		return 0
+	}
+	return max(0, l.started.Add(l.ttl).Sub(now))
+}
+
+// restart is the server started again: it forgot every grant.
+func (l *simLease) restart(now time.Time) {
+	l.holder, l.until, l.started = NodeUID{}, time.Time{}, now
+}
+
+// acquire is the server's answer to owner's acquire: granted, or, when
+// nobody holds it but the server has just started, how long until it
+// can be (ServeLeases).
+func (l *simLease) acquire(owner NodeUID, now time.Time) (bool, time.Duration) {
 	if l.grantsAll {
 		l.grants++
-		return true
+		return true, 0
 	}
+	unheld := l.holder == owner || l.holder == (NodeUID{}) || !now.Before(l.until)
+	if q := l.quiet(now); unheld && q > 0 {
+		l.waits++
+		return false, q
+	}
+	return l.acquireNow(owner, now), 0
+}
+
+// acquireNow is acquire once the server's quiet time is over.
+func (l *simLease) acquireNow(owner NodeUID, now time.Time) bool {
 	if l.holder == owner || l.holder == (NodeUID{}) || !now.Before(l.until) {
 		if l.holder != owner || !now.Before(l.until) {
 			l.grants++
@@ -108,7 +138,7 @@ func (l *simLease) renew(owner NodeUID, now time.Time) bool {
 	if l.grantsAll {
 		return true
 	}
-	if l.holder != owner {
+	if l.holder != owner || l.quiet(now) > 0 {
 		return false
 	}
 	l.until = now.Add(l.ttl)
@@ -255,9 +285,36 @@ func (s *simCluster) decideLease(m *simMember, view SplitView) {
 		delay = s.cfg.LeaseMinorityDelay
 	}
 	callTimeout := leaseCallTimeout(s.cfg.StableAfter)
-	s.memberAfter(m, delay, func() {
+	minority := delay
+	var first time.Time // (Cluster.acquireLease)
+	var ask func()
+	ask = func() {
 		asked := s.now
-		s.leaseCall(m, &m.lease.call, callTimeout, func() bool { return s.lease.acquire(m.uid, s.now) }, func(granted, ok bool) {
+		if first.IsZero() {
+			first = asked
+		}
+		var wait time.Duration
+		serve := func() bool {
+			granted, w := s.lease.acquire(m.uid, s.now)
+			wait = w
+			return granted
+		}
+		s.leaseCall(m, &m.lease.call, callTimeout, serve, func(granted, ok bool) {
+			if ok && wait > 0 {
+				// Nobody holds it, and it can be granted only later: ask
+				// again then (after the minority's delay again), unless
+				// that ends past the limit; meanwhile tell this side.
+				if s.now.Sub(first)+wait > maxLeaseWait {
+					s.trace.add(fmt.Sprintf("%d gives up waiting for the lease", m.slot))
+					finish(DownReachable)
+					return
+				}
+				d := wait + minority
+				s.announceLeaseWait(m, d+callTimeout)
+				delay += d
+				s.memberAfter(m, d, ask)
+				return
+			}
 			if !ok || !granted {
 				finish(DownReachable)
 				return
@@ -276,7 +333,19 @@ func (s *simCluster) decideLease(m *simMember, view SplitView) {
 			m.lease.held, m.lease.at, m.lease.downed, m.lease.downedSet = true, s.now, nil, false
 			finish(leaseDecision(true))
 		})
-	})
+	}
+	s.memberAfter(m, delay, ask)
+}
+
+// announceLeaseWait is Cluster.announceLeaseWait: m tells each member of
+// its side that it waits for the lease and decides within d.
+func (s *simCluster) announceLeaseWait(m *simMember, d time.Duration) {
+	s.trace.add(fmt.Sprintf("%d waits %v for the lease", m.slot, d))
+	for _, mm := range m.ms.splitView().Reachable {
+		if mm.UID != m.uid {
+			s.send(m, mm.UID, gossipStatus{From: m.uid, Digest: m.ms.digested, LeaseWait: d})
+		}
+	}
 }
 
 // checkOneHolder checks that no two members' clients say they hold the
@@ -417,5 +486,81 @@ func TestClusterSimALeaseLostInTheHoldDownsItsHolder(t *testing.T) {
 	}
 	if err := s.leaseSettled(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A lease server that restarts as a split begins grants nothing for a
+// ttl: both sides are told to wait, the majority asks again first when
+// the wait ends and takes the lease, and the minority, refused, downs
+// itself. One side, and the wait said so to each side's members.
+func TestClusterSimALeaseServerRestartedAtASplit(t *testing.T) {
+	t.Parallel()
+	// (A ttl longer than the split takes to be decided, StableAfter and
+	// the detector's pause: both sides ask within the quiet ttl.)
+	s := simLeaseCluster(5, 3, 30*time.Second)
+	s.startFormed()
+	s.runFor(10 * time.Second)
+	s.after(0, "partition [0 1] | [2 3 4], the lease server restarts", func() {
+		s.partition([]int{0, 1}, []int{2, 3, 4}, false)
+		s.lease.restart(s.now)
+	})
+	restarted := s.now
+	s.runFor(2 * time.Minute)
+	if s.violation != "" {
+		t.Fatal(s.violation)
+	}
+	if s.lease.waits < 2 {
+		t.Fatalf("%d acquires answered with a wait, want both sides'", s.lease.waits)
+	}
+	for i, m := range s.members {
+		if minority := i < 2; m.stopped != minority {
+			t.Fatalf("member %d stopped=%v; want the minority [0 1] stopped and the rest up", i, m.stopped)
+		}
+	}
+	var took []int
+	for _, m := range s.members {
+		if !m.lease.at.IsZero() {
+			took = append(took, m.slot)
+			if !m.lease.at.After(restarted.Add(s.lease.ttl)) {
+				t.Fatalf("member %d took the lease %v after the restart, within its quiet ttl", m.slot, m.lease.at.Sub(restarted))
+			}
+		}
+	}
+	if len(took) != 1 || took[0] < 2 || s.lease.grants != 1 {
+		t.Fatalf("the lease granted %d times, taken by %v; want once, by the majority", s.lease.grants, took)
+	}
+	s.heal()
+	if !s.settle(2*time.Minute) || s.violation != "" {
+		_, why := s.converged()
+		t.Fatalf("not converged after the heal: %s %s", why, s.violation)
+	}
+}
+
+// LeaseMajority under the random faults, with the lease server
+// restarting too: never two sides, never two holders, convergence, no
+// lease left orphaned.
+func TestClusterSimLeaseServerRestarts(t *testing.T) {
+	t.Parallel()
+	waits := 0
+	for seed := uint64(1); seed <= 4; seed++ {
+		s := simLeaseCluster(7, seed, 10*time.Second)
+		s.leaseRestarts = true
+		s.startFormed()
+		s.simFaults(5 * time.Minute)
+		if s.violation != "" {
+			t.Fatalf("seed %d: %s", seed, s.violation)
+		}
+		if !s.settle(2*time.Minute) || s.violation != "" {
+			_, why := s.converged()
+			t.Fatalf("seed %d: not converged two minutes after the faults: %s %s; faults:\n%s", seed, why, s.violation, strings.Join(s.log, "\n"))
+		}
+		if err := s.leaseSettled(); err != nil {
+			t.Fatalf("seed %d: %v", seed, err)
+		}
+		waits += s.lease.waits
+		t.Logf("seed %d: %d faults, the lease granted %d times, %d asks told to wait", seed, len(s.log), s.lease.grants, s.lease.waits)
+	}
+	if waits == 0 {
+		t.Fatal("no ask was told to wait: no decision met a restarted server")
 	}
 }

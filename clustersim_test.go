@@ -26,9 +26,11 @@ import (
 // the node's heartbeats to a member's watchers every HeartbeatInterval,
 // the delivery of messages, and a member's leave. Each member also runs
 // a cluster singleton's placement (placement, and singleton.step's rules
-// around it). Not simulated: the lease, shards, and a singleton's
-// forwarding and buffer. A paused member is frozen, its messages held
-// until it resumes.
+// around it), and with LeaseMajority, the lease's race against a
+// simulated lease server (clustersim_lease_test.go). Not simulated:
+// shards (the coordinator's plan alone is measured: simRebalanceMoves),
+// and a singleton's forwarding and buffer. A paused member is frozen,
+// its messages held until it resumes.
 //
 // Invariants checked after every step that changes a member's view of
 // another: never two running up members that have each written the other
@@ -149,6 +151,9 @@ type simCluster struct {
 	singleton bool
 	margin    time.Duration // its RemovalMargin (the cluster's LeaseReleaseAfter)
 	lease     *simLease     // with LeaseMajority: the lease server (clustersim_lease_test.go)
+	// leaseRestarts: the faults restart the lease server too, at half
+	// the partitions and half the times it is cut off.
+	leaseRestarts bool
 	// longFaults makes a quarter of simFaults' faults last past
 	// StableAfter, so that the strategy decides them.
 	longFaults bool
@@ -652,6 +657,10 @@ func (s *simCluster) receive(m *simMember, g gossipMsg) {
 // status is Cluster.status.
 func (s *simCluster) status(m *simMember, st gossipStatus) {
 	ms := &m.ms
+	if st.LeaseWait > 0 {
+		limit := maxLeaseWait + s.cfg.LeaseMinorityDelay + leaseCallTimeout(s.cfg.StableAfter)
+		ms.heardLeaseWait(st.From, st.LeaseWait, s.cfg.StableAfter/2, limit, s.now)
+	}
 	if ms.members[st.From] == nil {
 		return
 	}
@@ -947,6 +956,13 @@ func (s *simCluster) simFaults(d time.Duration) {
 				s.partition(group, rest, false)
 				if s.lease != nil {
 					s.log[len(s.log)-1] += ", " + s.leaseSide(group, rest)
+					if at := s.cfg.StableAfter + time.Duration(s.rng.Int64N(int64(s.lease.ttl))); s.leaseRestarts && at < last {
+						// About when the split is decided (StableAfter
+						// after the last change): before, the deciding
+						// side meets a server that grants nothing yet;
+						// after, the holder's renewal is refused.
+						s.after(at, "the lease server restarts", func() { s.lease.restart(s.now) })
+					}
 				}
 			})
 			s.runFor(last)
@@ -973,6 +989,11 @@ func (s *simCluster) simFaults(d time.Duration) {
 				s.after(0, fmt.Sprintf("restart %d", victim), func() { s.boot(victim, false) })
 			}
 		case 7:
+			if s.leaseRestarts && s.rng.IntN(2) == 0 {
+				s.after(0, "the lease server restarts", func() { s.lease.restart(s.now) })
+				s.runFor(last)
+				break
+			}
 			s.after(0, fmt.Sprintf("the lease server cut off for %v", last), s.cutLease)
 			s.runFor(last)
 			s.after(0, "heal", s.heal)
@@ -1165,7 +1186,8 @@ func TestClusterSimLong(t *testing.T) {
 		began := time.Now()
 		s := newSimCluster(n, seed, simTestConfig(strategy), time.Second)
 		if _, ok := strategy.(leaseMajority); ok {
-			s = simLeaseCluster(n, seed, 3*time.Second)
+			s = simLeaseCluster(n, seed, 10*time.Second)
+			s.leaseRestarts = true
 		}
 		s.longFaults = true
 		s.startFormed()
@@ -1191,7 +1213,7 @@ func TestClusterSimLong(t *testing.T) {
 		}
 		leased := ""
 		if s.lease != nil {
-			leased = fmt.Sprintf(", the lease granted %d times, never to two at once", s.lease.grants)
+			leased = fmt.Sprintf(", the lease granted %d times, never to two at once (%d asks told to wait)", s.lease.grants, s.lease.waits)
 		}
 		t.Logf("%s: %d members, %v of faults (%d), seed %d: no two sides%s, the singleton started %d times and never twice at once, converged; %d steps in %v",
 			strategyName(strategy), n, d, len(s.log), seed, leased, s.starts, s.steps, time.Since(began).Round(time.Millisecond))
@@ -1311,12 +1333,6 @@ type simFigures struct {
 	steps         int
 }
 
-// simSplitUpTo is the largest cluster measureSim splits: during a split
-// every member sends its whole state (which grows with the cluster) at
-// every change of every view, and at a thousand members the simulator
-// spends hours on it (BENCHMARKS.md, "The cluster in the simulator").
-const simSplitUpTo = 100
-
 func measureSim(n int, seed uint64) (simFigures, error) {
 	var f simFigures
 	s := newSimCluster(n+1, seed, simTestConfig(KeepMajority()), time.Second)
@@ -1406,9 +1422,6 @@ func measureSim(n int, seed uint64) (simFigures, error) {
 	if s.violation != "" {
 		return f, fmt.Errorf("%s", s.violation)
 	}
-	if n > simSplitUpTo {
-		return f, nil
-	}
 	// A 3 | 2 split.
 	var big, small []int
 	for _, m := range s.running() {
@@ -1458,11 +1471,9 @@ func BenchmarkClusterSim(b *testing.B) {
 			b.ReportMetric(f.crashAll.Seconds(), "crash-all-s")
 			b.ReportMetric(f.crashRemoved.Seconds(), "crash-removed-s")
 			b.ReportMetric(f.leaveRemoved.Seconds(), "leave-s")
-			if n <= simSplitUpTo {
-				b.ReportMetric(f.splitResolved.Seconds(), "split-s")
-				b.ReportMetric(f.splitBytes, "split-B/member")
-				b.ReportMetric(f.splitStates, "split-states/member")
-			}
+			b.ReportMetric(f.splitResolved.Seconds(), "split-s")
+			b.ReportMetric(f.splitBytes, "split-B/member")
+			b.ReportMetric(f.splitStates, "split-states/member")
 			b.ReportMetric(f.crashBytes, "crash-B/member")
 			b.ReportMetric(float64(f.steps), "steps")
 		})
