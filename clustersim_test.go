@@ -151,8 +151,10 @@ type simCluster struct {
 	singleton bool
 	margin    time.Duration // its RemovalMargin (the cluster's LeaseReleaseAfter)
 	lease     *simLease     // with LeaseMajority: the lease server (clustersim_lease_test.go)
-	// leaseRestarts: the faults restart the lease server too, at half
-	// the partitions and half the times it is cut off.
+	// leaseRestarts: the faults restart the lease server too: about
+	// when each partition that lasts long enough is decided
+	// (StableAfter plus up to a ttl after it began), and at half the
+	// faults that would cut it off.
 	leaseRestarts bool
 	// longFaults makes a quarter of simFaults' faults last past
 	// StableAfter, so that the strategy decides them.
@@ -956,12 +958,14 @@ func (s *simCluster) simFaults(d time.Duration) {
 				s.partition(group, rest, false)
 				if s.lease != nil {
 					s.log[len(s.log)-1] += ", " + s.leaseSide(group, rest)
-					if at := s.cfg.StableAfter + time.Duration(s.rng.Int64N(int64(s.lease.ttl))); s.leaseRestarts && at < last {
+					if s.leaseRestarts {
 						// About when the split is decided (StableAfter
 						// after the last change): before, the deciding
 						// side meets a server that grants nothing yet;
 						// after, the holder's renewal is refused.
-						s.after(at, "the lease server restarts", func() { s.lease.restart(s.now) })
+						if at := s.cfg.StableAfter + time.Duration(s.rng.Int64N(int64(s.lease.ttl))); at < last {
+							s.after(at, "the lease server restarts", func() { s.lease.restart(s.now) })
+						}
 					}
 				}
 			})

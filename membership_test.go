@@ -821,6 +821,7 @@ func TestMembershipDigestKeepsItsValue(t *testing.T) {
 		if got := digestOf(g); got != want {
 			t.Fatalf("%d members, a snapshot: digest %x, the format gives %x", n, got, want)
 		}
+		g.Members, g.Reach = slices.Clone(g.Members), slices.Clone(g.Reach) // (snapshot's are shared)
 		rng.Shuffle(len(g.Members), func(i, j int) { g.Members[i], g.Members[j] = g.Members[j], g.Members[i] })
 		rng.Shuffle(len(g.Reach), func(i, j int) { g.Reach[i], g.Reach[j] = g.Reach[j], g.Reach[i] })
 		if got := digestOf(g); got != want {
@@ -971,5 +972,122 @@ func BenchmarkMembershipMerge(b *testing.B) {
 				ms.merge(news, time.Unix(1, 0))
 			}
 		})
+	}
+}
+
+// What membership keeps per state (who is unreachable, who leads, the
+// gossiped members and records, the uids' order and text) follows every
+// change: after each of a long random run of merges (in uid order,
+// shuffled, naming a member twice, bringing new members, new records, a
+// new app version), observations, the leader's moves and downings, each
+// kept answer is the one computed afresh.
+func TestMembershipCachesFollowEveryChange(t *testing.T) {
+	t.Parallel()
+	rng := rand.New(rand.NewPCG(3, 4))
+	const most = 24
+	var all []Member
+	for i := 1; i <= most; i++ {
+		all = append(all, memberOf(i, MemberUp, i))
+	}
+	st := state(1, all[:8]...)
+	fresh := func() gossipMsg {
+		var g gossipMsg
+		for _, uid := range slices.SortedFunc(maps.Keys(st.members), compareUID) {
+			m := st.members[uid]
+			g.Members = append(g.Members, gossipMember{Addr: m.Addr.String(), UID: m.UID, Status: uint8(m.Status), UpNumber: m.UpNumber, AppVersion: m.AppVersion})
+		}
+		for _, o := range slices.SortedFunc(maps.Keys(st.reach), compareUID) {
+			r := st.reach[o]
+			g.Reach = append(g.Reach, gossipReach{Observer: o, Version: r.version, Unreachable: r.unreachable})
+		}
+		return g
+	}
+	byFmt := func() uint64 {
+		h := fnv.New64a()
+		for _, gm := range fresh().Members {
+			fmt.Fprintf(h, "%x:%d:%d;", gm.UID, gm.Status, gm.UpNumber)
+		}
+		for _, r := range fresh().Reach {
+			fmt.Fprintf(h, "%x:%d;", r.Observer, r.Version)
+		}
+		return h.Sum64()
+	}
+	versions := map[NodeUID]uint64{}
+	for step := range 3000 {
+		now := at(step)
+		switch op := rng.IntN(10); {
+		case op < 6: // gossip from another member, with changes
+			g := st.snapshot()
+			g.From = uidOf(2 + rng.IntN(most-1))
+			g.Members, g.Reach = slices.Clone(g.Members), slices.Clone(g.Reach)
+			for i := range g.Members {
+				switch rng.IntN(12) {
+				case 0:
+					g.Members[i].Status = uint8(min(int(MemberRemoved), int(g.Members[i].Status)+1))
+				case 1:
+					g.Members[i].UpNumber = rng.IntN(30)
+				case 2:
+					g.Members[i].AppVersion = fmt.Sprintf("v%d", rng.IntN(3))
+				}
+			}
+			if rng.IntN(3) == 0 { // a member new here
+				m := all[rng.IntN(most)]
+				g.Members = append(g.Members, gossipMember{Addr: m.Addr.String(), UID: m.UID, Status: uint8(rng.IntN(3)), UpNumber: rng.IntN(30)})
+			}
+			if rng.IntN(2) == 0 { // a newer record from some observer
+				o := uidOf(2 + rng.IntN(most-1))
+				versions[o]++
+				var lost []NodeUID
+				for range rng.IntN(3) {
+					lost = append(lost, uidOf(1+rng.IntN(most)))
+				}
+				g.Reach = append(g.Reach, gossipReach{Observer: o, Version: versions[o], Unreachable: lost})
+			}
+			switch rng.IntN(3) {
+			case 0: // in uid order, as snapshot sends it
+				slices.SortFunc(g.Members, func(a, b gossipMember) int { return compareUID(a.UID, b.UID) })
+				g.Members = slices.CompactFunc(g.Members, func(a, b gossipMember) bool { return a.UID == b.UID })
+				slices.SortFunc(g.Reach, func(a, b gossipReach) int { return compareUID(a.Observer, b.Observer) })
+				g.Reach = slices.CompactFunc(g.Reach, func(a, b gossipReach) bool { return a.Observer == b.Observer })
+			case 1:
+				rng.Shuffle(len(g.Members), func(i, j int) { g.Members[i], g.Members[j] = g.Members[j], g.Members[i] })
+			case 2:
+				if len(g.Members) > 0 {
+					g.Members = append(g.Members, g.Members[rng.IntN(len(g.Members))])
+				}
+			}
+			st.merge(g, now)
+		case op < 8: // this member's own findings
+			var lost []NodeUID
+			for range rng.IntN(3) {
+				lost = append(lost, uidOf(2+rng.IntN(most-1)))
+			}
+			st.observe(slices.Compact(slices.SortedFunc(slices.Values(lost), compareUID)), now)
+		case op < 9:
+			st.lead(now)
+		default:
+			if u := uidOf(2 + rng.IntN(most-1)); st.members[u] != nil {
+				st.down([]Member{*st.members[u]}, now)
+			}
+		}
+		if got, want := st.unreachable(), st.weighUnreachable(); !maps.Equal(got, want) {
+			t.Fatalf("step %d: unreachable %v, afresh %v", step, got, want)
+		}
+		got, want := st.leader(), st.chooseLeader()
+		if (got == nil) != (want == nil) || got != nil && got.UID != want.UID {
+			t.Fatalf("step %d: leader %v, afresh %v", step, got, want)
+		}
+		snap, w := st.snapshot(), fresh()
+		if !slices.Equal(snap.Members, w.Members) || !slices.EqualFunc(snap.Reach, w.Reach, func(a, b gossipReach) bool {
+			return a.Observer == b.Observer && a.Version == b.Version && slices.Equal(a.Unreachable, b.Unreachable)
+		}) {
+			t.Fatalf("step %d: snapshot\n%+v\nafresh\n%+v", step, snap, w)
+		}
+		if got, want := st.digest(), byFmt(); got != want || st.digested != want {
+			t.Fatalf("step %d: digest %x (kept %x), the format gives %x", step, got, st.digested, want)
+		}
+	}
+	if len(st.members) < most/2 || len(st.reach) < 4 {
+		t.Fatalf("the run reached %d members and %d observers: too few changes to test", len(st.members), len(st.reach))
 	}
 }
