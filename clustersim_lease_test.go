@@ -542,7 +542,7 @@ func TestClusterSimALeaseServerRestartedAtASplit(t *testing.T) {
 func TestClusterSimLeaseServerRestarts(t *testing.T) {
 	t.Parallel()
 	waits := 0
-	for seed := uint64(1); seed <= 4; seed++ {
+	for seed := uint64(1); seed <= 12; seed++ {
 		s := simLeaseCluster(7, seed, 10*time.Second)
 		s.leaseRestarts = true
 		s.startFormed()
