@@ -322,7 +322,6 @@ func compareUID(a, b NodeUID) int {
 // fmt: it runs twice for every gossip a member merges.
 func (ms *membership) digest() uint64 {
 	h := uint64(fnvOffset64)
-	var buf [32]byte
 	uids, entries := ms.memberOrder()
 	if len(ms.order.hexes) != len(uids) { // (the uids' text is kept with their order)
 		ms.order.hexes = make([][64]byte, len(uids))
@@ -330,22 +329,36 @@ func (ms *membership) digest() uint64 {
 			appendDigestUID(ms.order.hexes[i][:0], uid)
 		}
 	}
+	var scratch [48]byte
 	for i, m := range entries {
-		h = fnvAdd(h, ms.order.hexes[i][:])
-		b := append(buf[:0], ':')
-		b = strconv.AppendInt(b, int64(m.Status), 10)
-		b = append(b, ':')
-		b = strconv.AppendInt(b, int64(m.UpNumber), 10)
-		h = fnvAdd(h, append(b, ';'))
+		h = digestMember(h, scratch[:], ms.order.hexes[i][:], m.Status, m.UpNumber)
 	}
-	var x [64]byte
 	for _, o := range ms.observerUIDs() {
-		h = fnvAdd(h, appendDigestUID(x[:0], o))
-		b := append(buf[:0], ':')
-		b = strconv.AppendUint(b, ms.reach[o].version, 10)
-		h = fnvAdd(h, append(b, ';'))
+		h = digestObserver(h, o, ms.reach[o].version)
 	}
 	return h
+}
+
+// digestMember adds a member's entry to a digest: its uid's text (see
+// appendDigestUID), status and up number. scratch is the caller's, for
+// the numbers' text (48 bytes hold any).
+func digestMember(h uint64, scratch, uidText []byte, status MemberStatus, up int) uint64 {
+	h = fnvAdd(h, uidText)
+	b := append(scratch[:0], ':')
+	b = strconv.AppendInt(b, int64(status), 10)
+	b = append(b, ':')
+	b = strconv.AppendInt(b, int64(up), 10)
+	return fnvAdd(h, append(b, ';'))
+}
+
+// digestObserver adds an observer's record to a digest: its uid and the
+// record's version.
+func digestObserver(h uint64, uid NodeUID, version uint64) uint64 {
+	var buf [96]byte
+	b := appendDigestUID(buf[:0], uid)
+	b = append(b, ':')
+	b = strconv.AppendUint(b, version, 10)
+	return fnvAdd(h, append(b, ';'))
 }
 
 // FNV-1a, 64 bits (hash/fnv's New64a), a byte at a time in a loop the
@@ -445,23 +458,16 @@ func digestOfSorted(g gossipMsg) (d uint64, ok bool) {
 			return 0, false
 		}
 	}
-	h := fnv.New64a()
-	var buf [96]byte
+	h := uint64(fnvOffset64)
+	var x [64]byte
+	var scratch [48]byte
 	for _, m := range g.Members {
-		b := appendDigestUID(buf[:0], m.UID)
-		b = append(b, ':')
-		b = strconv.AppendInt(b, int64(MemberStatus(m.Status)), 10)
-		b = append(b, ':')
-		b = strconv.AppendInt(b, int64(m.UpNumber), 10)
-		h.Write(append(b, ';'))
+		h = digestMember(h, scratch[:], appendDigestUID(x[:0], m.UID), MemberStatus(m.Status), m.UpNumber)
 	}
 	for _, r := range g.Reach {
-		b := appendDigestUID(buf[:0], r.Observer)
-		b = append(b, ':')
-		b = strconv.AppendUint(b, r.Version, 10)
-		h.Write(append(b, ';'))
+		h = digestObserver(h, r.Observer, r.Version)
 	}
-	return h.Sum64(), true
+	return h, true
 }
 
 // converged reports whether every live member is reachable and has seen
