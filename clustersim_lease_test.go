@@ -422,9 +422,21 @@ func simLeaseCluster(n int, seed uint64, ttl time.Duration) *simCluster {
 // never two sides, never two lease holders, convergence after.
 func TestClusterSimLeaseUnderFaults(t *testing.T) {
 	t.Parallel()
-	grants := 0
-	for seed := uint64(1); seed <= 4; seed++ {
-		s := simLeaseCluster(7, seed, 3*time.Second)
+	if grants, _ := runLeaseSeeds(t, 4, 3*time.Second, false); grants == 0 {
+		t.Fatal("the lease was never granted in 20 minutes of faults: the race was not run")
+	}
+}
+
+// runLeaseSeeds runs LeaseMajority on 7 members under 5 virtual minutes
+// of random faults, on seeds 1 to seeds, with a lease of ttl (its server
+// restarting too if restarts), and checks each: no violation,
+// convergence after, no lease left orphaned. It returns the grants and
+// the asks told to wait, over all seeds.
+func runLeaseSeeds(t *testing.T, seeds uint64, ttl time.Duration, restarts bool) (grants, waits int) {
+	t.Helper()
+	for seed := uint64(1); seed <= seeds; seed++ {
+		s := simLeaseCluster(7, seed, ttl)
+		s.leaseRestarts = restarts
 		s.startFormed()
 		s.simFaults(5 * time.Minute)
 		if s.violation != "" {
@@ -438,11 +450,10 @@ func TestClusterSimLeaseUnderFaults(t *testing.T) {
 			t.Fatalf("seed %d: %v", seed, err)
 		}
 		grants += s.lease.grants
-		t.Logf("seed %d: %d faults, the lease granted %d times; no two sides, no two holders", seed, len(s.log), s.lease.grants)
+		waits += s.lease.waits
+		t.Logf("seed %d: %d faults, the lease granted %d times, %d asks told to wait; no two sides, no two holders", seed, len(s.log), s.lease.grants, s.lease.waits)
 	}
-	if grants == 0 {
-		t.Fatal("the lease was never granted in 20 minutes of faults: the race was not run")
-	}
+	return grants, waits
 }
 
 // The checks catch a lease server that grants to anyone: two sides
@@ -541,26 +552,7 @@ func TestClusterSimALeaseServerRestartedAtASplit(t *testing.T) {
 // lease left orphaned.
 func TestClusterSimLeaseServerRestarts(t *testing.T) {
 	t.Parallel()
-	waits := 0
-	for seed := uint64(1); seed <= 12; seed++ {
-		s := simLeaseCluster(7, seed, 10*time.Second)
-		s.leaseRestarts = true
-		s.startFormed()
-		s.simFaults(5 * time.Minute)
-		if s.violation != "" {
-			t.Fatalf("seed %d: %s", seed, s.violation)
-		}
-		if !s.settle(2*time.Minute) || s.violation != "" {
-			_, why := s.converged()
-			t.Fatalf("seed %d: not converged two minutes after the faults: %s %s; faults:\n%s", seed, why, s.violation, strings.Join(s.log, "\n"))
-		}
-		if err := s.leaseSettled(); err != nil {
-			t.Fatalf("seed %d: %v", seed, err)
-		}
-		waits += s.lease.waits
-		t.Logf("seed %d: %d faults, the lease granted %d times, %d asks told to wait", seed, len(s.log), s.lease.grants, s.lease.waits)
-	}
-	if waits == 0 {
+	if _, waits := runLeaseSeeds(t, 12, 10*time.Second, true); waits == 0 {
 		t.Fatal("no ask was told to wait: no decision met a restarted server")
 	}
 }
