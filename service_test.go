@@ -417,7 +417,28 @@ func TestSubscribeServiceDeliversListingsToAnActor(t *testing.T) {
 		}
 	})
 	defer sub2.Unsubscribe()
+	// Stop is asked, not waited for: a listing sent while the follower
+	// is still stopping may be left in its mailbox, a dead letter like
+	// any message (ServiceKey.Subscribe says so). What is promised is
+	// that none is sent once it has stopped: wait for that.
+	gone := make(chan struct{})
+	if _, err := troupe.Spawn(front, "watcher", troupe.Behavior[int]{
+		Setup:   func(c *troupe.Context[int]) { c.Watch(other) },
+		Receive: func(*troupe.Context[int], int) {},
+		Signal: func(_ *troupe.Context[int], s troupe.Signal) {
+			if _, ok := s.(troupe.Terminated); ok {
+				close(gone)
+			}
+		},
+	}); err != nil {
+		t.Fatal(err)
+	}
 	front.Stop(other)
+	select {
+	case <-gone:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the second follower did not stop")
+	}
 	spawnWorker(t, back, "w4")
 	last, lastCh := follower("last")
 	if _, err := workersKey.Subscribe(front, last); err != nil {
