@@ -670,40 +670,16 @@ func (c *Cluster) handOverShards(ctx context.Context, hurry <-chan struct{}) {
 	wg.Wait()
 }
 
-// liveOthers returns the address of every other member that is not down
-// or removed.
+// liveOthers is membership.liveOthers under the cluster's lock.
 func (c *Cluster) liveOthers() map[NodeUID]Addr {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	out := make(map[NodeUID]Addr, len(c.members))
-	for uid, m := range c.members {
-		if uid != c.self && live(m) {
-			out[uid] = m.Addr
-		}
-	}
-	return out
+	return c.membership.liveOthers()
 }
 
-// listable returns the address of every other live member whose entries
-// a listing holds: those this member reaches, as far as it knows. A
-// member it watches with a failure detector is judged by its own
-// detector alone (a partition between two others hides neither from
-// it); one it does not watch (a cluster larger than MonitoredMembers+1)
-// by what its watchers report.
+// listable is membership.listable under the cluster's lock.
 func (c *Cluster) listable() map[NodeUID]Addr {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	mine := c.reach[c.self].unreachable
-	watched := c.monitorsOf(c.self, c.cfg.MonitoredMembers, c.ring())
-	gone := c.unreachable()
-	out := make(map[NodeUID]Addr, len(c.members))
-	for uid, m := range c.members {
-		switch {
-		case uid == c.self || !live(m), slices.Contains(mine, uid):
-		case gone[uid] && !slices.Contains(watched, uid):
-		default:
-			out[uid] = m.Addr
-		}
-	}
-	return out
+	return c.membership.listable()
 }

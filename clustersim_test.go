@@ -79,6 +79,7 @@ type simMember struct {
 	}
 
 	lease simLeaseMember // under simCluster.lease (clustersim_lease_test.go)
+	shard simShardMember // under simCluster.shards (clustersim_shard_test.go)
 }
 
 const (
@@ -156,6 +157,9 @@ type simCluster struct {
 	// (StableAfter plus up to a ttl after it began), and at half the
 	// faults that would cut it off.
 	leaseRestarts bool
+	// shards: every member runs a region of a sharded kind, and the
+	// singleton's member its coordinator (clustersim_shard_test.go).
+	shards *simShards
 	// longFaults makes a quarter of simFaults' faults last past
 	// StableAfter, so that the strategy decides them.
 	longFaults bool
@@ -221,6 +225,9 @@ func (s *simCluster) boot(slot int, first bool) {
 	m.lease = simLeaseMember{}
 	m.byAddr, m.listed, m.target = nil, nil, nil // (pointers into the members before)
 	s.byUID[m.uid] = m
+	if s.shards != nil {
+		s.bootShards(m)
+	}
 	// Turns and beats start at a random phase, as processes do.
 	s.at(s.now.Add(time.Duration(s.rng.Int64N(int64(s.cfg.GossipInterval)))), simEvent{kind: simTurn, slot: slot, gen: m.gen})
 	s.at(s.now.Add(time.Duration(s.rng.Int64N(int64(s.heartbeat)))), simEvent{kind: simBeat, slot: slot, gen: m.gen})
@@ -251,6 +258,9 @@ func (s *simCluster) run(until time.Time) {
 		s.now = e.at
 		s.steps++
 		s.step(e)
+		if s.shards != nil && len(s.shards.outbox) > 0 {
+			s.flushShards()
+		}
 	}
 	if s.now.Before(until) {
 		s.now = until
@@ -306,6 +316,10 @@ func (s *simCluster) step(e simEvent) {
 			s.status(m, msg)
 		case singletonCtl:
 			m.place.handedOver(e.from, msg.Cleared)
+		default:
+			if s.shards != nil {
+				s.deliverShard(m, e.from, msg)
+			}
 		}
 	case simCall:
 		e.call()
@@ -422,6 +436,9 @@ func (s *simCluster) turn(m *simMember) {
 			if s.singleton {
 				s.singletonTurn(m)
 			}
+			if s.shards != nil {
+				s.shardTurn(m)
+			}
 			return
 		}
 		lp := &m.lease.loop // (Cluster.meterPause)
@@ -463,6 +480,9 @@ func (s *simCluster) turn(m *simMember) {
 	}
 	if s.singleton {
 		s.singletonTurn(m)
+	}
+	if s.shards != nil {
+		s.shardTurn(m)
 	}
 }
 
@@ -683,6 +703,9 @@ func (s *simCluster) noteEvents(m *simMember, events []MemberEvent) {
 	}
 	slices.Sort(lines)
 	s.trace.add(strings.Join(lines, ";"))
+	if s.shards != nil {
+		s.noteShardEvents(m, events)
+	}
 	for _, e := range events {
 		if e.Kind == eventMemberStatus && e.Member.UID == m.uid && e.Member.Status == MemberUp {
 			// Up now: it may have written off, while joining, members
@@ -733,6 +756,9 @@ func (s *simCluster) stop(m *simMember, why string) {
 		}
 		s.handOver(m)
 	}
+	if s.shards != nil {
+		s.stopShards(m)
+	}
 }
 
 // crash ends the process at slot at once (kill -9).
@@ -749,13 +775,22 @@ func (s *simCluster) leave(slot int) {
 	if !m.running || m.stopped || m.paused {
 		return
 	}
+	if s.shards != nil {
+		s.leaveShards(m) // (the member leaves once its shards are handed over)
+		return
+	}
 	m.ms.leave(s.now)
 	s.gossip(m)
 }
 
 // pause freezes the process at slot (SIGSTOP); resume lets it go on
 // (SIGCONT), with what arrived meanwhile.
-func (s *simCluster) pause(slot int) { s.members[slot].paused = true }
+func (s *simCluster) pause(slot int) {
+	m := s.members[slot]
+	if !m.paused {
+		m.paused, m.shard.pausedAt = true, s.now
+	}
+}
 
 func (s *simCluster) resume(slot int) {
 	m := s.members[slot]
@@ -767,6 +802,9 @@ func (s *simCluster) resume(slot int) {
 	m.held = nil
 	for _, e := range held {
 		s.at(s.now, e)
+	}
+	if s.shards != nil && m.running {
+		s.resumeShards(m)
 	}
 }
 
@@ -1194,6 +1232,7 @@ func TestClusterSimLong(t *testing.T) {
 			s.leaseRestarts = true
 		}
 		s.longFaults = true
+		s.withShards(100, 3)
 		s.startFormed()
 		s.simFaults(d)
 		if s.violation != "" {
@@ -1215,12 +1254,15 @@ func TestClusterSimLong(t *testing.T) {
 				t.Fatalf("%s (TROUPE_SIM_SEED=%d replays it): %v", strategyName(strategy), seed-uint64(i), err)
 			}
 		}
+		if err := s.shardsSettled(); err != nil {
+			t.Fatalf("%s (TROUPE_SIM_SEED=%d replays it): %v", strategyName(strategy), seed-uint64(i), err)
+		}
 		leased := ""
 		if s.lease != nil {
 			leased = fmt.Sprintf(", the lease granted %d times, never to two at once (%d asks told to wait)", s.lease.grants, s.lease.waits)
 		}
-		t.Logf("%s: %d members, %v of faults (%d), seed %d: no two sides%s, the singleton started %d times and never twice at once, converged; %d steps in %v",
-			strategyName(strategy), n, d, len(s.log), seed, leased, s.starts, s.steps, time.Since(began).Round(time.Millisecond))
+		t.Logf("%s: %d members, %v of faults (%d), seed %d: no two sides%s, the singleton started %d times and never twice at once, %d shards placed %d times (%d overlaps after a pause past the budget), never on two members at once, converged; %d steps in %v",
+			strategyName(strategy), n, d, len(s.log), seed, leased, s.starts, s.shards.cfg.Shards, s.shards.placed, s.shards.overlaps, s.steps, time.Since(began).Round(time.Millisecond))
 	}
 }
 

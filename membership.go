@@ -1111,3 +1111,37 @@ func boundedAppVersion(v string) string {
 	}
 	return v
 }
+
+// liveOthers returns the address of every other member that is not down
+// or removed.
+func (ms *membership) liveOthers() map[NodeUID]Addr {
+	out := make(map[NodeUID]Addr, len(ms.members))
+	for uid, m := range ms.members {
+		if uid != ms.self && live(m) {
+			out[uid] = m.Addr
+		}
+	}
+	return out
+}
+
+// listable returns the address of every other live member whose entries
+// a listing holds: those this member reaches, as far as it knows. A
+// member it watches with a failure detector is judged by its own
+// detector alone (a partition between two others hides neither from
+// it); one it does not watch (a cluster larger than MonitoredMembers+1)
+// by what its watchers report.
+func (ms *membership) listable() map[NodeUID]Addr {
+	mine := ms.reach[ms.self].unreachable
+	watched := ms.monitorsOf(ms.self, ms.watchedBy, ms.ring())
+	gone := ms.unreachable()
+	out := make(map[NodeUID]Addr, len(ms.members))
+	for uid, m := range ms.members {
+		switch {
+		case uid == ms.self || !live(m), slices.Contains(mine, uid):
+		case gone[uid] && !slices.Contains(watched, uid):
+		default:
+			out[uid] = m.Addr
+		}
+	}
+	return out
+}

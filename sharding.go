@@ -90,7 +90,7 @@ func Sharding[T any](c *Cluster, name string, factory func(id string) Behavior[T
 	r := &region[T]{c: c, n: c.n, name: name, factory: factory, cfg: cfg,
 		prefix: "/system/sharding-" + name + "/entity/", path: "/system/sharding-" + name,
 		shards: make([]*shard[T], cfg.Shards), byPath: map[string]*entity[T]{},
-		flushed: map[int32]*shardFlushes{}, ended: make(chan struct{})}
+		flushed: map[int32]*shardFlushes{}, ended: make(chan struct{}), tick: tickEvery(c.cfg.GossipInterval, cfg)}
 	for i := range r.shards {
 		r.shards[i] = &shard[T]{id: int32(i)}
 	}
@@ -103,7 +103,7 @@ func Sharding[T any](c *Cluster, name string, factory func(id string) Behavior[T
 		c.shardings.drop(name)
 		return nil, err
 	}
-	r.coord = coord
+	r.h = clusterRegionHost{c: c, coord: coord, path: r.path}
 	ref, err := Spawn(systemParent{c.n}, "sharding-"+name, r.behavior())
 	if err != nil {
 		c.shardings.drop(name)
@@ -199,12 +199,14 @@ type entityTarget[T any] struct {
 
 func (e *entityTarget[T]) tellAny(msg any) error { return e.tellWire(msg, 0, nil) }
 
-func (e *entityTarget[T]) tellWire(msg any, _ int, hd Headers) error {
+// tellWire takes a message sent here; one with a size came from another
+// member (the association's reader gives it).
+func (e *entityTarget[T]) tellWire(msg any, size int, hd Headers) error {
 	m, ok := msg.(T)
 	if !ok {
 		return fmt.Errorf("%w: entity wants %s, got %T", ErrWrongType, reflect.TypeFor[T](), msg)
 	}
-	return e.r.route(nil, e.id, m, hd)
+	return e.r.route(nil, e.id, m, hd, size > 0)
 }
 
 func (e *entityTarget[T]) sendWait(ctx context.Context, msg any, hd Headers) error {
@@ -212,7 +214,7 @@ func (e *entityTarget[T]) sendWait(ctx context.Context, msg any, hd Headers) err
 	if !ok {
 		return e.tellAny(msg)
 	}
-	return e.r.route(ctx, e.id, m, hd)
+	return e.r.route(ctx, e.id, m, hd, false)
 }
 
 func (e *entityTarget[T]) sysPush(m sysMsg) bool  { return e.r.self.h.local.sysPush(m) }
@@ -226,8 +228,10 @@ func (e *entityTarget[T]) protocol() reflect.Type { return reflect.TypeFor[T]() 
 // while the region holds nothing for the shard (queued), so a sender's
 // messages never overtake each other; the region waits for the senders
 // between reading the shard's state and handing a message on (inflight)
-// before it changes where the shard's messages go.
-func (r *region[T]) route(_ context.Context, id string, m T, hd Headers) error {
+// before it changes where the shard's messages go. A message that came
+// from another member (relayed) is not passed on to a third straight:
+// the region decides (onEnvelope).
+func (r *region[T]) route(_ context.Context, id string, m T, hd Headers, relayed bool) error {
 	sh := r.shards[r.shardOf(id)]
 	r.mu.RLock()
 	if r.over {
@@ -245,7 +249,7 @@ func (r *region[T]) route(_ context.Context, id string, m T, hd Headers) error {
 				return deliverLocal(nil, e.cell, m, hd) // (no wait while counted)
 			}
 		case shardThere:
-			if r.c.shardings.isGone(sh.homeUID) {
+			if relayed || r.c.shardings.isGone(sh.homeUID) {
 				break // (the region holds it until the shard runs elsewhere)
 			}
 			sh.inflight.Add(1)
@@ -263,17 +267,17 @@ func (r *region[T]) route(_ context.Context, id string, m T, hd Headers) error {
 			sh.queued.Add(1)
 			sh.inflight.Add(-1)
 			r.mu.RUnlock()
-			return r.viaRegion(sh, id, m, hd)
+			return r.viaRegion(sh, id, m, hd, false)
 		}
 	}
 	sh.queued.Add(1)
 	r.mu.RUnlock()
-	return r.viaRegion(sh, id, m, hd)
+	return r.viaRegion(sh, id, m, hd, relayed)
 }
 
 // viaRegion hands a message counted in sh.queued to the region.
-func (r *region[T]) viaRegion(sh *shard[T], id string, m T, hd Headers) error {
-	if err := r.self.h.local.tellAny(shardEnvelope[T]{id: id, msg: m, hd: hd, to: r.prefix + id}); err != nil {
+func (r *region[T]) viaRegion(sh *shard[T], id string, m T, hd Headers, relayed bool) error {
+	if err := r.self.h.local.tellAny(shardEnvelope[T]{id: id, msg: m, hd: hd, to: r.prefix + id, relayed: relayed}); err != nil {
 		sh.queued.Add(-1)
 		return fmt.Errorf("%w: %w", ErrEntityUnavailable, err)
 	}
@@ -359,6 +363,9 @@ type shardEnvelope[T any] struct {
 	msg T
 	hd  Headers
 	to  string // the entity's path on this member (its dead letter's target)
+	// relayed: it came from another member, which takes this one for its
+	// shard's home.
+	relayed bool
 }
 
 func (shardEnvelope[T]) regionMsg() {}

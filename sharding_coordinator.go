@@ -1,6 +1,8 @@
 package troupe
 
 import (
+	"log/slog"
+	"maps"
 	"slices"
 	"sync/atomic"
 	"time"
@@ -37,6 +39,11 @@ type (
 		Shard  int32
 		Origin NodeUID
 		sentBy
+		// Epoch and Move are those of the hand-off the stop answers (0
+		// from a region of an earlier version, or for a stop no
+		// hand-off asked for): a stop that answers an earlier hand-off
+		// than the shard's latest placement says nothing of it.
+		Epoch, Move uint64
 	}
 	shardLeaving struct {
 		Origin NodeUID
@@ -121,10 +128,12 @@ func (m shardRegionGone) stamped(s sentBy) any { m.sentBy = s; return m }
 func (m shardFlush) stamped(s sentBy) any      { m.sentBy = s; return m }
 
 // coordinator is one kind's coordinator, on the goroutine of its actor.
+// It reads the clock only as its callers give it (now), and sees its
+// member through a coordHost: the real one's cluster, or a simulated
+// member (clustersim_shard_test.go).
 type coordinator struct {
-	c       *Cluster
+	h       coordHost
 	cfg     ShardingConfig
-	path    string // the regions' path
 	epoch   uint64
 	regions map[NodeUID]*coordRegion
 	homes   map[int32]NodeUID
@@ -150,37 +159,83 @@ type coordMove struct {
 	at       time.Time // when the hand-off was last asked for
 }
 
+// coordHost is the member a coordinator runs on, as the coordinator
+// sees it.
+type coordHost interface {
+	self() NodeUID
+	members() []Member                          // Cluster.Members
+	downs() map[NodeUID]time.Time               // Cluster.downs
+	listable() map[NodeUID]Addr                 // Cluster.listable
+	logger() *slog.Logger                       // the node's
+	tellRegion(uid NodeUID, msg regionMsg) bool // false if it could not be sent
+}
+
+// clusterCoordHost is a coordinator's member in a real cluster.
+type clusterCoordHost struct {
+	c    *Cluster
+	path string // the regions' path
+}
+
+func (h clusterCoordHost) self() NodeUID                { return h.c.n.uid }
+func (h clusterCoordHost) members() []Member            { return h.c.Members() }
+func (h clusterCoordHost) downs() map[NodeUID]time.Time { return h.c.downs() }
+func (h clusterCoordHost) listable() map[NodeUID]Addr   { return h.c.listable() }
+func (h clusterCoordHost) logger() *slog.Logger         { return h.c.n.log }
+
+// tellRegion sends msg to the region of the member uid; false if it
+// could not be sent (no association up to it yet).
+func (h clusterCoordHost) tellRegion(uid NodeUID, msg regionMsg) bool {
+	n := h.c.n
+	if uid == n.uid {
+		if a := n.actors.get(h.path, UUID{}); a != nil {
+			return a.local.tellAny(msg) == nil
+		}
+		return false
+	}
+	for _, m := range h.c.Members() {
+		if m.UID == uid {
+			return tellQueued(n, m.Addr, uid, h.path, msg)
+		}
+	}
+	return false
+}
+
 var coordSeq atomic.Uint32
 
 func newCoordinator(c *Cluster, name string, cfg ShardingConfig) Behavior[shardCoordMsg] {
-	k := newCoordinatorState(c, name, cfg)
+	k := newCoordinatorState(clusterCoordHost{c: c, path: "/system/sharding-" + name}, cfg)
 	return Behavior[shardCoordMsg]{
 		Setup: func(ctx *Context[shardCoordMsg]) {
-			// A coordinator that starts later runs on a younger member (a
-			// higher up number) or on the same one again: its epoch is
-			// higher, and regions drop the words of the one before.
-			k.epoch = uint64(c.Self().UpNumber)<<32 | uint64(coordSeq.Add(1))
-			k.balAt = time.Now()
+			k.start(c.Self().UpNumber, coordSeq.Add(1), time.Now())
 			ctx.StartTicker("tick", min(c.cfg.GossipInterval, cfg.RebalanceInterval), coordTick{})
-			k.tick(time.Now())
 		},
-		Receive: func(_ *Context[shardCoordMsg], m shardCoordMsg) { k.receive(m) },
+		Receive: func(_ *Context[shardCoordMsg], m shardCoordMsg) { k.receive(m, time.Now()) },
 	}
 }
 
-func newCoordinatorState(c *Cluster, name string, cfg ShardingConfig) *coordinator {
-	return &coordinator{c: c, cfg: cfg, path: "/system/sharding-" + name,
+func newCoordinatorState(h coordHost, cfg ShardingConfig) *coordinator {
+	return &coordinator{h: h, cfg: cfg,
 		regions: map[NodeUID]*coordRegion{}, homes: map[int32]NodeUID{}, moves: map[int32]*coordMove{},
 		asks: map[int32][]NodeUID{}, goneAt: map[NodeUID]time.Time{}, refused: map[NodeUID]bool{}, placed: map[int32]uint64{}}
 }
 
-func (k *coordinator) receive(m shardCoordMsg) {
-	now := time.Now()
+// start begins the coordinator's work on a member whose up number is up,
+// the seq-th coordinator started in its process. A coordinator that
+// starts later runs on a younger member (a higher up number) or on the
+// same one again: its epoch is higher, and regions drop the words of the
+// one before.
+func (k *coordinator) start(up int, seq uint32, now time.Time) {
+	k.epoch = uint64(up)<<32 | uint64(seq)
+	k.balAt = now
+	k.tick(now)
+}
+
+func (k *coordinator) receive(m shardCoordMsg, now time.Time) {
 	var ok bool
 	switch m := m.(type) {
 	case shardRegister:
 		if m.from, ok = k.sender(m.Origin, m.from); ok {
-			k.onRegister(m)
+			k.onRegister(m, now)
 		}
 	case shardWhere:
 		if m.from, ok = k.sender(m.Origin, m.from); ok {
@@ -188,7 +243,7 @@ func (k *coordinator) receive(m shardCoordMsg) {
 		}
 	case shardStopped:
 		if m.from, ok = k.sender(m.Origin, m.from); ok && k.valid(m.Shard) {
-			k.onStopped(m.Shard, m.from)
+			k.onStopped(m)
 			k.serve(now)
 		}
 	case shardLeaving:
@@ -218,7 +273,7 @@ func (k *coordinator) sender(origin, via NodeUID) (NodeUID, bool) {
 	if origin == (NodeUID{}) || origin == via {
 		return via, true
 	}
-	for _, m := range k.c.Members() {
+	for _, m := range k.h.members() {
 		if m.UID == via {
 			return origin, true
 		}
@@ -247,7 +302,7 @@ func (k *coordinator) onLeaving(from NodeUID, now time.Time) {
 func (k *coordinator) valid(s int32) bool { return s >= 0 && int(s) < k.cfg.Shards }
 
 // onRegister takes a region's answer: the shards it runs.
-func (k *coordinator) onRegister(m shardRegister) {
+func (k *coordinator) onRegister(m shardRegister, now time.Time) {
 	if m.Epoch != k.epoch {
 		return
 	}
@@ -257,7 +312,7 @@ func (k *coordinator) onRegister(m shardRegister) {
 		// placed until it is gone: loud, not twice.
 		if !k.refused[m.from] {
 			k.refused[m.from] = true
-			k.c.n.log.Error("troupe: a member runs a sharded kind with another Shards; nothing is placed or moved until it is gone", "shards", m.Count, "want", k.cfg.Shards)
+			k.h.logger().Error("troupe: a member runs a sharded kind with another Shards; nothing is placed or moved until it is gone", "shards", m.Count, "want", k.cfg.Shards)
 		}
 		return
 	}
@@ -274,19 +329,19 @@ func (k *coordinator) onRegister(m shardRegister) {
 		if h, ok := k.homes[s]; ok && h != m.from {
 			// Two members say they run it: the one that answered later
 			// stops it (never two).
-			k.c.n.log.Warn("troupe: two members run one shard; stopping it on one", "shard", s)
+			k.h.logger().Warn("troupe: two members run one shard; stopping it on one", "shard", s)
 			k.tellRegion(m.from, shardHandOff{Epoch: k.epoch, Shard: s, Move: k.nextMove()})
 			continue
 		}
 		k.homes[s] = m.from
 	}
-	k.serve(time.Now())
+	k.serve(now)
 }
 
 // tick greets the regions that have not answered, follows the
 // membership, asks again for hand-offs that take long, and rebalances.
 func (k *coordinator) tick(now time.Time) {
-	members := k.c.Members()
+	members := k.h.members()
 	present := map[NodeUID]bool{}
 	for _, m := range members {
 		present[m.UID] = true
@@ -308,8 +363,8 @@ func (k *coordinator) tick(now time.Time) {
 			k.goneAt[uid] = now
 		}
 	}
-	for uid, at := range k.goneAt {
-		if now.Sub(at) >= k.cfg.RemovalMargin {
+	for _, uid := range slices.SortedFunc(maps.Keys(k.goneAt), compareUID) { // (in an order of its own: a replay decides the same)
+		if at := k.goneAt[uid]; now.Sub(at) >= k.cfg.RemovalMargin {
 			if k.regions[uid] != nil {
 				k.dropRegion(uid) // its side has stopped its entities by now
 			}
@@ -319,8 +374,8 @@ func (k *coordinator) tick(now time.Time) {
 			}
 		}
 	}
-	for s, mv := range k.moves {
-		if now.Sub(mv.at) >= k.cfg.HandOffTimeout {
+	for _, s := range slices.Sorted(maps.Keys(k.moves)) {
+		if mv := k.moves[s]; now.Sub(mv.at) >= k.cfg.HandOffTimeout {
 			mv.at = now
 			k.tellRegion(mv.from, shardHandOff{Epoch: k.epoch, Shard: s, Move: mv.seq, Wait: k.others(mv.from)})
 		}
@@ -333,12 +388,12 @@ func (k *coordinator) tick(now time.Time) {
 // says it runs: every up member's region has answered, and every member
 // downed that had not answered was downed RemovalMargin ago.
 func (k *coordinator) ready(now time.Time) bool {
-	for _, m := range k.c.Members() {
+	for _, m := range k.h.members() {
 		if m.Status >= MemberUp && m.Status < MemberDown && k.regions[m.UID] == nil {
 			return false
 		}
 	}
-	for uid, at := range k.c.downs() {
+	for uid, at := range k.h.downs() {
 		if k.regions[uid] == nil && now.Sub(at) < k.cfg.RemovalMargin {
 			return false
 		}
@@ -360,7 +415,8 @@ func (k *coordinator) serve(now time.Time) {
 	// minutes behind its mailbox).
 	var loads []shardLoad
 	counted := false
-	for s, askers := range k.asks {
+	for _, s := range slices.Sorted(maps.Keys(k.asks)) { // (in an order of its own, as each placement counts for the next)
+		askers := k.asks[s]
 		if k.moves[s] != nil {
 			continue // answered when the move ends
 		}
@@ -392,9 +448,9 @@ func (k *coordinator) serve(now time.Time) {
 
 // loads returns the regions that may run shards, with what they run.
 func (k *coordinator) loads() []shardLoad {
-	reach := k.c.listable()
+	reach := k.h.listable()
 	up := map[NodeUID]Member{}
-	for _, m := range k.c.Members() {
+	for _, m := range k.h.members() {
 		up[m.UID] = m
 	}
 	var out []shardLoad
@@ -402,7 +458,7 @@ func (k *coordinator) loads() []shardLoad {
 	for uid, r := range k.regions {
 		m, ok := up[uid]
 		_, reached := reach[uid]
-		if r.gone || !ok || m.Status < MemberUp || m.Status >= MemberDown || !reached && uid != k.c.n.uid {
+		if r.gone || !ok || m.Status < MemberUp || m.Status >= MemberDown || !reached && uid != k.h.self() {
 			continue
 		}
 		at[uid] = len(out)
@@ -416,6 +472,7 @@ func (k *coordinator) loads() []shardLoad {
 	for i := range out {
 		slices.Sort(out[i].shards)
 	}
+	slices.SortFunc(out, func(a, b shardLoad) int { return compareUID(a.uid, b.uid) }) // (the plan follows their order)
 	return out
 }
 
@@ -454,9 +511,9 @@ func (k *coordinator) nextMove() uint64 {
 // hand-off waits for the flush of each (one not told it moves, its
 // association down, is waited for until HandOffTimeout).
 func (k *coordinator) others(uid NodeUID) []NodeUID {
-	reach := k.c.listable()
+	reach := k.h.listable()
 	status := map[NodeUID]MemberStatus{}
-	for _, m := range k.c.Members() {
+	for _, m := range k.h.members() {
 		status[m.UID] = m.Status
 	}
 	var out []NodeUID
@@ -464,20 +521,34 @@ func (k *coordinator) others(uid NodeUID) []NodeUID {
 		_, reached := reach[u]
 		st, member := status[u]
 		// (an exiting member's cluster stops: it sends nothing more)
-		if u != uid && !r.gone && member && st < MemberExiting && (reached || u == k.c.n.uid) {
+		if u != uid && !r.gone && member && st < MemberExiting && (reached || u == k.h.self()) {
 			out = append(out, u)
 		}
 	}
+	slices.SortFunc(out, compareUID)
 	return out
 }
 
-// onStopped hears that a region no longer runs a shard.
-func (k *coordinator) onStopped(s int32, from NodeUID) {
+// onStopped hears that a region no longer runs a shard. A region
+// answers every hand-off it is asked for, again too once it has stopped
+// the shard; such an answer may arrive after the coordinator placed the
+// shard on that member again (where its move was headed could no longer
+// take it), and must then not unplace it: it is known by its hand-off's
+// number, lower than the placement's. A stop without numbers (a region
+// of an earlier version) is taken as it says.
+func (k *coordinator) onStopped(m shardStopped) {
+	s, from := m.Shard, m.from
+	numbered := m.Move != 0
+	if numbered && m.Epoch != k.epoch {
+		return // (an earlier coordinator's hand-off: this one placed nothing then)
+	}
 	if mv := k.moves[s]; mv != nil && mv.from == from {
-		k.endMove(s, mv)
+		if !numbered || m.Move == mv.seq {
+			k.endMove(s, mv)
+		}
 		return
 	}
-	if k.homes[s] == from {
+	if k.homes[s] == from && (!numbered || m.Move > k.placed[s]) {
 		delete(k.homes, s)
 	}
 }
@@ -520,15 +591,15 @@ func (k *coordinator) dropRegion(uid NodeUID) {
 			delete(k.homes, s)
 		}
 	}
-	for s, mv := range k.moves {
-		if mv.from == uid {
+	for _, s := range slices.Sorted(maps.Keys(k.moves)) {
+		if mv := k.moves[s]; mv.from == uid {
 			k.endMove(s, mv)
 		}
 	}
 }
 
 func (k *coordinator) addrOf(uid NodeUID) string {
-	for _, m := range k.c.Members() {
+	for _, m := range k.h.members() {
 		if m.UID == uid {
 			return m.Addr.String()
 		}
@@ -541,20 +612,5 @@ func (k *coordinator) tellHome(uid NodeUID, s int32, home NodeUID) {
 	k.tellRegion(uid, shardHome{Epoch: k.epoch, Shard: s, Home: home, Addr: k.addrOf(home), Placed: k.placed[s]})
 }
 
-// tellRegion sends msg to the region of the member uid; false if it
-// could not be sent (no association up to it yet).
-func (k *coordinator) tellRegion(uid NodeUID, msg regionMsg) bool {
-	n := k.c.n
-	if uid == n.uid {
-		if h := n.actors.get(k.path, UUID{}); h != nil {
-			return h.local.tellAny(msg) == nil
-		}
-		return false
-	}
-	for _, m := range k.c.Members() {
-		if m.UID == uid {
-			return tellQueued(n, m.Addr, uid, k.path, msg)
-		}
-	}
-	return false
-}
+// tellRegion sends msg to the region of the member uid.
+func (k *coordinator) tellRegion(uid NodeUID, msg regionMsg) bool { return k.h.tellRegion(uid, msg) }

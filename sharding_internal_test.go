@@ -3,6 +3,9 @@ package troupe
 import (
 	"errors"
 	"fmt"
+	"io"
+	"log/slog"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -182,28 +185,28 @@ func TestTheCoordinatorTakesEachWordAsFromItsRegion(t *testing.T) {
 	// Every word, relayed by m1 for m2.
 	k := k0(r)
 	k.epoch = 7
-	k.receive(shardRegister{Epoch: 7, Count: 6, Shards: []int32{1}, Origin: m2, sentBy: sentBy{from: m1}})
+	k.receive(shardRegister{Epoch: 7, Count: 6, Shards: []int32{1}, Origin: m2, sentBy: sentBy{from: m1}}, time.Now())
 	if k.regions[m2] == nil || k.regions[m1] != nil || k.homes[1] != m2 {
 		t.Fatalf("register: regions %v, homes %v; want m2's region running shard 1", k.regions, k.homes)
 	}
-	k.receive(shardWhere{Shard: 2, Origin: m2, sentBy: sentBy{from: m1}})
+	k.receive(shardWhere{Shard: 2, Origin: m2, sentBy: sentBy{from: m1}}, time.Now())
 	if len(k.asks[2]) != 1 || k.asks[2][0] != m2 {
 		t.Fatalf("where: asks %v; want m2 asking for shard 2", k.asks[2])
 	}
-	k.receive(shardStopped{Shard: 1, Origin: m2, sentBy: sentBy{from: m1}})
+	k.receive(shardStopped{Shard: 1, Origin: m2, sentBy: sentBy{from: m1}}, time.Now())
 	if _, ok := k.homes[1]; ok {
 		t.Fatalf("stopped: shard 1 still runs on %v", k.homes[1])
 	}
 	k.regions[m1] = &coordRegion{}
-	k.receive(shardLeaving{Origin: m2, sentBy: sentBy{from: m1}})
+	k.receive(shardLeaving{Origin: m2, sentBy: sentBy{from: m1}}, time.Now())
 	if !k.regions[m2].leaving || k.regions[m1].leaving {
 		t.Fatal("leaving: not m2's region that leaves")
 	}
-	k.receive(shardRegionGone{Origin: m2, sentBy: sentBy{from: m1}})
+	k.receive(shardRegionGone{Origin: m2, sentBy: sentBy{from: m1}}, time.Now())
 	if !k.regions[m2].gone || k.regions[m1].gone {
 		t.Fatal("gone: not m2's region that is gone")
 	}
-	k.receive(shardRegionGone{Origin: m1, sentBy: sentBy{from: stranger}})
+	k.receive(shardRegionGone{Origin: m1, sentBy: sentBy{from: stranger}}, time.Now())
 	if k.regions[m1].gone {
 		t.Fatal("a node that is no member spoke for m1")
 	}
@@ -211,5 +214,92 @@ func TestTheCoordinatorTakesEachWordAsFromItsRegion(t *testing.T) {
 
 // k0 is a coordinator on the rig's first member, not started.
 func k0(r *clusterRig) *coordinator {
-	return newCoordinatorState(r.members[0], "k", ShardingConfig{Shards: 6}.withDefaults(r.members[0]))
+	c := r.members[0]
+	return newCoordinatorState(clusterCoordHost{c: c, path: "/system/sharding-k"}, ShardingConfig{Shards: 6}.withDefaults(c))
+}
+
+// coordRig is a coordinator on a member of a fixed membership, with what
+// it tells each region.
+type coordRig struct {
+	me      NodeUID
+	all     []Member
+	told    map[NodeUID][]regionMsg
+	unreach map[NodeUID]bool
+}
+
+func (h *coordRig) self() NodeUID                { return h.me }
+func (h *coordRig) members() []Member            { return slices.Clone(h.all) }
+func (h *coordRig) downs() map[NodeUID]time.Time { return nil }
+func (h *coordRig) logger() *slog.Logger         { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+func (h *coordRig) listable() map[NodeUID]Addr {
+	out := map[NodeUID]Addr{}
+	for _, m := range h.all {
+		if m.UID != h.me && !h.unreach[m.UID] {
+			out[m.UID] = m.Addr
+		}
+	}
+	return out
+}
+func (h *coordRig) tellRegion(uid NodeUID, msg regionMsg) bool {
+	h.told[uid] = append(h.told[uid], msg)
+	return true
+}
+
+// A region answers a hand-off it is asked for again after it stopped the
+// shard with a stop of its own; if the coordinator has meanwhile placed
+// the shard back on that member (the member it was headed for could not
+// take it), that stop, which answers the earlier hand-off, must not
+// unplace it: the coordinator would place it a second time while the
+// member runs it. (Found by the simulator: TestClusterSimShardsUnderFaults's
+// soak, seed 185.)
+func TestAStopThatAnswersAnEarlierHandOffUnplacesNothing(t *testing.T) {
+	t.Parallel()
+	x, y, c := NodeUID{1}, NodeUID{2}, NodeUID{3}
+	h := &coordRig{me: c, told: map[NodeUID][]regionMsg{}, unreach: map[NodeUID]bool{}}
+	for i, uid := range []NodeUID{c, x, y} {
+		h.all = append(h.all, Member{UID: uid, Addr: tcpAddr(fmt.Sprintf("10.0.0.%d:7000", i+1)), Status: MemberUp, UpNumber: i + 1})
+	}
+	cfg := ShardingConfig{Shards: 4, RebalanceInterval: time.Hour, HandOffTimeout: 10 * time.Second, RemovalMargin: 20 * time.Second, PassivateAfter: -1, Buffer: 10}
+	k := newCoordinatorState(h, cfg)
+	now := simEpoch
+	k.start(1, 1, now)
+	// c runs nothing; x runs every shard; y none.
+	k.receive(shardRegister{Epoch: k.epoch, Count: 4, Origin: c, sentBy: sentBy{from: c}}, now)
+	k.receive(shardRegister{Epoch: k.epoch, Count: 4, Shards: []int32{0, 1, 2, 3}, Origin: x, sentBy: sentBy{from: x}}, now)
+	k.receive(shardRegister{Epoch: k.epoch, Count: 4, Origin: y, sentBy: sentBy{from: y}}, now)
+	k.regions[c].leaving = true // (takes none)
+	k.startMove(plannedMove{shard: 2, from: x, to: y}, now)
+	move := k.moves[2].seq
+	// The hand-off is asked again; meanwhile y becomes unreachable, so the
+	// shard goes back to x, the only member left to take it.
+	now = now.Add(cfg.HandOffTimeout)
+	k.receive(coordTick{}, now)
+	h.unreach[y] = true
+	k.receive(shardStopped{Shard: 2, Origin: x, sentBy: sentBy{from: x}, Epoch: k.epoch, Move: move}, now)
+	if k.homes[2] != x || k.moves[2] != nil {
+		t.Fatalf("after the stop: home %v, move %+v; want the shard placed back on x", k.homes[2], k.moves[2])
+	}
+	// x, which runs nothing then, answers the hand-off asked again with
+	// a stop; it runs the shard again once told it is placed there.
+	k.receive(shardStopped{Shard: 2, Origin: x, sentBy: sentBy{from: x}, Epoch: k.epoch, Move: move}, now)
+	if k.homes[2] != x {
+		t.Fatalf("a stop that answers the earlier hand-off unplaced the shard from x, which runs it (home %v)", k.homes[2])
+	}
+	// A stop that answers a hand-off after the placement does.
+	k.startMove(plannedMove{shard: 2, from: x, to: y}, now)
+	later := k.moves[2].seq
+	h.unreach[y] = false
+	k.receive(shardStopped{Shard: 2, Origin: x, sentBy: sentBy{from: x}, Epoch: k.epoch, Move: move}, now)
+	if k.moves[2] == nil {
+		t.Fatal("a stop that answers an earlier hand-off ended the move under way")
+	}
+	k.receive(shardStopped{Shard: 2, Origin: x, sentBy: sentBy{from: x}, Epoch: k.epoch, Move: later}, now)
+	if k.homes[2] != y || k.moves[2] != nil {
+		t.Fatalf("after the move's own stop: home %v, move %+v; want the shard on y", k.homes[2], k.moves[2])
+	}
+	// A region of an earlier version numbers no stop: taken as before.
+	k.receive(shardStopped{Shard: 2, Origin: y, sentBy: sentBy{from: y}}, now)
+	if _, ok := k.homes[2]; ok {
+		t.Fatalf("a stop from y without numbers left the shard on %v", k.homes[2])
+	}
 }

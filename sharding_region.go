@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -22,11 +23,12 @@ type region[T any] struct {
 	name    string
 	factory func(id string) Behavior[T]
 	cfg     ShardingConfig
-	prefix  string             // of its entities' paths
-	path    string             // the region's own
-	self    Ref[regionMsg]     // the region actor
-	coord   Ref[shardCoordMsg] // the coordinator's singleton station here
-	clock   atomic.Uint32      // quarters of PassivateAfter, for idleness
+	prefix  string         // of its entities' paths
+	path    string         // the region's own
+	self    Ref[regionMsg] // the region actor
+	h       regionHost     // its member, for the protocol with the coordinator and the other regions
+	tick    time.Duration  // tickEvery
+	clock   atomic.Uint32  // quarters of PassivateAfter, for idleness
 
 	// mu guards over and each shard's mode, home and entities (written
 	// on the region's goroutine only).
@@ -72,8 +74,8 @@ var errPassivated = errors.New("troupe: entity passivated")
 func (r *region[T]) behavior() Behavior[regionMsg] {
 	return Behavior[regionMsg]{
 		Setup: func(ctx *Context[regionMsg]) {
-			r.clockAt = time.Now()
-			ctx.StartTicker("tick", r.tickEvery(), shardTick{})
+			r.clockAt = r.h.now()
+			ctx.StartTicker("tick", r.tick, shardTick{})
 		},
 		Receive: r.receive,
 		Signal: func(ctx *Context[regionMsg], s Signal) {
@@ -87,7 +89,7 @@ func (r *region[T]) behavior() Behavior[regionMsg] {
 				r.over = true
 				r.mu.Unlock()
 				r.dropHeld()
-				r.coord.Tell(shardRegionGone{Origin: r.n.uid, sentBy: sentBy{from: r.n.uid}})
+				r.h.tellCoord(shardRegionGone{Origin: r.h.self(), sentBy: sentBy{from: r.h.self()}})
 				r.n.actors.dropKind(r.prefix)
 				r.endOnce.Do(func() { close(r.ended) })
 			}
@@ -95,14 +97,59 @@ func (r *region[T]) behavior() Behavior[regionMsg] {
 	}
 }
 
-// tickEvery is the region's tick: a gossip interval, shorter for short
+// tickEvery is a region's tick: a gossip interval, shorter for short
 // hand-over or passivation times.
-func (r *region[T]) tickEvery() time.Duration {
-	d := min(r.c.cfg.GossipInterval, r.cfg.HandOffTimeout/4)
-	if r.cfg.PassivateAfter > 0 {
-		d = min(d, r.cfg.PassivateAfter/4)
+func tickEvery(gossip time.Duration, cfg ShardingConfig) time.Duration {
+	d := min(gossip, cfg.HandOffTimeout/4)
+	if cfg.PassivateAfter > 0 {
+		d = min(d, cfg.PassivateAfter/4)
 	}
 	return max(d, 10*time.Millisecond)
+}
+
+// regionHost is the member a region runs on, as the region's protocol
+// with the coordinator and the other regions sees it: the node's
+// cluster (clusterRegionHost), or a simulated member
+// (clustersim_shard_test.go). The entities are the region's own.
+type regionHost interface {
+	now() time.Time
+	self() NodeUID
+	tellCoord(msg shardCoordMsg) // through the coordinator's station on this member
+	// tellRegion sends msg to the region on the member uid at addr, on
+	// the association that carried what this member sent it before.
+	tellRegion(addr Addr, uid NodeUID, msg regionMsg)
+	// regionAt returns a handle on the region of the member at addr,
+	// and that member's uid; false while no association is up to it.
+	regionAt(addr Addr) (*handle, NodeUID, bool)
+	isGone(uid NodeUID) bool      // shardings.isGone
+	liveOthers() map[NodeUID]Addr // Cluster.liveOthers
+	logger() *slog.Logger
+}
+
+// clusterRegionHost is a region's member in a real cluster.
+type clusterRegionHost struct {
+	c     *Cluster
+	coord Ref[shardCoordMsg] // the coordinator's singleton station here
+	path  string             // the regions' path
+}
+
+func (h clusterRegionHost) now() time.Time               { return time.Now() }
+func (h clusterRegionHost) self() NodeUID                { return h.c.n.uid }
+func (h clusterRegionHost) tellCoord(msg shardCoordMsg)  { h.coord.Tell(msg) }
+func (h clusterRegionHost) isGone(uid NodeUID) bool      { return h.c.shardings.isGone(uid) }
+func (h clusterRegionHost) liveOthers() map[NodeUID]Addr { return h.c.liveOthers() }
+func (h clusterRegionHost) logger() *slog.Logger         { return h.c.n.log }
+
+func (h clusterRegionHost) tellRegion(addr Addr, uid NodeUID, msg regionMsg) {
+	tellQueued(h.c.n, addr, uid, h.path, msg)
+}
+
+func (h clusterRegionHost) regionAt(addr Addr) (*handle, NodeUID, bool) {
+	ref, ok := memberRef[regionMsg](h.c.n, addr, h.path)
+	if !ok {
+		return nil, NodeUID{}, false
+	}
+	return ref.h, ref.h.key.node, true
 }
 
 func (r *region[T]) receive(ctx *Context[regionMsg], m regionMsg) {
@@ -139,7 +186,7 @@ func (r *region[T]) receive(ctx *Context[regionMsg], m regionMsg) {
 	case shardLeave:
 		r.leaving = true
 		r.leftWait = append(r.leftWait, m.done)
-		r.coord.Tell(shardLeaving{Origin: r.n.uid, sentBy: sentBy{from: r.n.uid}})
+		r.h.tellCoord(shardLeaving{Origin: r.h.self(), sentBy: sentBy{from: r.h.self()}})
 		r.checkLeft()
 	}
 }
@@ -167,7 +214,7 @@ func (r *region[T]) register() {
 			here = append(here, sh.id)
 		}
 	}
-	r.coord.Tell(shardRegister{Epoch: r.epoch, Count: int32(len(r.shards)), Shards: here, Leaving: r.leaving, Origin: r.n.uid, sentBy: sentBy{from: r.n.uid}})
+	r.h.tellCoord(shardRegister{Epoch: r.epoch, Count: int32(len(r.shards)), Shards: here, Leaving: r.leaving, Origin: r.h.self(), sentBy: sentBy{from: r.h.self()}})
 }
 
 // onEnvelope takes a message that came through the region.
@@ -176,16 +223,15 @@ func (r *region[T]) onEnvelope(ctx *Context[regionMsg], env shardEnvelope[T]) {
 	r.mu.RLock()
 	over := r.over
 	r.mu.RUnlock()
-	switch {
-	case over:
+	if over {
 		sh.queued.Add(-1)
 		r.n.dead.deadLetter(r.prefix+env.id, env.msg, ErrEntityUnavailable)
-	case sh.mode == shardHere:
+		return
+	}
+	switch r.routeOf(sh, env.relayed) {
+	case routeHere:
 		r.deliverHere(ctx, sh, env)
-	case sh.mode == shardThere && r.c.shardings.isGone(sh.homeUID):
-		r.setMode(sh, shardNowhere, nil, NodeUID{}) // its member is gone
-		r.hold(sh, env)
-	case sh.mode == shardThere:
+	case routeThere:
 		h := &handle{node: r.n, key: refKey{node: sh.homeUID, path: r.prefix + env.id}, assoc: sh.home.assoc}
 		err := sh.home.assoc.send(nil, h, env.msg, env.hd)
 		if err != nil && sh.home.assoc.gone() {
@@ -200,6 +246,39 @@ func (r *region[T]) onEnvelope(ctx *Context[regionMsg], env shardEnvelope[T]) {
 	default:
 		r.hold(sh, env)
 	}
+}
+
+// envRoute is where a message the region takes goes (routeOf).
+type envRoute uint8
+
+const (
+	routeHold  envRoute = iota // held until the shard has a home, asked for
+	routeHere                  // to its entity here
+	routeThere                 // to the member that runs its shard
+)
+
+// routeOf decides where a message for sh goes, relayed if another member
+// sent it here; it forgets where the shard runs when the message shows
+// that stale.
+func (r *region[T]) routeOf(sh *shard[T], relayed bool) envRoute {
+	switch {
+	case sh.mode == shardHere:
+		return routeHere
+	case sh.mode == shardThere && relayed:
+		// Another member sent it here, taking this one for the shard's
+		// home, while this one takes a third (or that one) for it: one
+		// of them missed a word of the coordinator. Ask the coordinator
+		// rather than pass it on: two members that each take the other
+		// for the home would pass it back and forth.
+		r.misrouted(sh)
+		return routeHold
+	case sh.mode == shardThere && r.h.isGone(sh.homeUID):
+		r.setMode(sh, shardNowhere, nil, NodeUID{}) // its member is gone
+		return routeHold
+	case sh.mode == shardThere:
+		return routeThere
+	}
+	return routeHold
 }
 
 // deliverHere hands env to its entity, starting it if need be.
@@ -257,8 +336,10 @@ func (r *region[T]) build(id string) (b Behavior[T], err error) {
 	return r.factory(id), nil
 }
 
-// hold keeps env until its shard has a home, asking for it.
+// hold keeps env until its shard has a home, asking for it (the answer
+// is fresh: what it holds goes where that says, relayed or not).
 func (r *region[T]) hold(sh *shard[T], env shardEnvelope[T]) {
+	env.relayed = false
 	if r.held >= r.cfg.Buffer {
 		sh.queued.Add(-1)
 		r.n.dead.deadLetter(r.prefix+env.id, env.msg, fmt.Errorf("%w (its buffer of %d is full)", ErrEntityUnavailable, r.cfg.Buffer))
@@ -267,7 +348,7 @@ func (r *region[T]) hold(sh *shard[T], env shardEnvelope[T]) {
 	sh.held = append(sh.held, env)
 	r.addHeld(1)
 	if sh.mode == shardNowhere {
-		r.ask(sh, time.Now())
+		r.ask(sh, r.h.now())
 	}
 }
 
@@ -280,12 +361,19 @@ func (r *region[T]) hold(sh *shard[T], env shardEnvelope[T]) {
 // region where it places a shard.) At the default tick, a second, it
 // asks once a second.
 func (r *region[T]) ask(sh *shard[T], now time.Time) {
-	again, wait := askAgain(sh.askedAt, sh.askWait, r.tickEvery(), now)
+	again, wait := askAgain(sh.askedAt, sh.askWait, r.tick, now)
 	if !again {
 		return
 	}
 	sh.askedAt, sh.askWait = now, wait
-	r.coord.Tell(shardWhere{Shard: sh.id, Origin: r.n.uid, sentBy: sentBy{from: r.n.uid}})
+	r.h.tellCoord(shardWhere{Shard: sh.id, Origin: r.h.self(), sentBy: sentBy{from: r.h.self()}})
+}
+
+// misrouted forgets where sh runs, to ask the coordinator at once: a
+// member took this one for its home.
+func (r *region[T]) misrouted(sh *shard[T]) {
+	r.setMode(sh, shardNowhere, nil, NodeUID{})
+	sh.askedAt, sh.askWait = time.Time{}, 0
 }
 
 // askAgain says whether a region that last asked at askedAt, to wait
@@ -352,7 +440,7 @@ func waitInflight(n *atomic.Int64) {
 // another member.
 func (r *region[T]) onHome(ctx *Context[regionMsg], m shardHome) {
 	sh := r.shards[m.Shard]
-	if m.Home == r.n.uid {
+	if m.Home == r.h.self() {
 		if sh.mode == shardHere || sh.mode == shardStopping {
 			return
 		}
@@ -371,7 +459,7 @@ func (r *region[T]) onHome(ctx *Context[regionMsg], m shardHome) {
 	case shardHere:
 		// The coordinator placed it elsewhere while it runs here: stop it
 		// here at once (never two).
-		r.n.log.Warn("troupe: the sharding coordinator placed a shard that runs here elsewhere; stopping it here", "kind", r.name, "shard", m.Shard)
+		r.h.logger().Warn("troupe: the sharding coordinator placed a shard that runs here elsewhere; stopping it here", "kind", r.name, "shard", m.Shard)
 		r.onHandOff(shardHandOff{Epoch: m.Epoch, Shard: m.Shard})
 		return
 	case shardThere:
@@ -380,17 +468,17 @@ func (r *region[T]) onHome(ctx *Context[regionMsg], m shardHome) {
 		}
 	}
 	addr, err := ParseAddr(m.Addr)
-	if err != nil || r.c.shardings.isGone(m.Home) {
-		sh.askedAt = time.Now() // (held until it is reachable, or moves)
+	if err != nil || r.h.isGone(m.Home) {
+		sh.askedAt = r.h.now() // (held until it is reachable, or moves)
 		return
 	}
-	ref, ok := memberRef[regionMsg](r.n, addr, r.path)
-	if !ok || ref.h.key.node != m.Home {
+	home, uid, ok := r.h.regionAt(addr)
+	if !ok || uid != m.Home {
 		r.setMode(sh, shardNowhere, nil, NodeUID{}) // ask again next tick
 		sh.askWait = 0                              // (answered: not a question unanswered)
 		return
 	}
-	r.setMode(sh, shardThere, ref.h, m.Home)
+	r.setMode(sh, shardThere, home, m.Home)
 	r.release(ctx, sh)
 }
 
@@ -400,13 +488,13 @@ func (r *region[T]) onHome(ctx *Context[regionMsg], m shardHome) {
 // arrives after them).
 func (r *region[T]) onMoving(m shardMoving) {
 	sh := r.shards[m.Shard]
-	if m.From == r.n.uid || sh.mode == shardHere || sh.mode == shardStopping {
+	if m.From == r.h.self() || sh.mode == shardHere || sh.mode == shardStopping {
 		return
 	}
 	r.setMode(sh, shardNowhere, nil, NodeUID{})
-	sh.askedAt = time.Now() // its new home is told to every region
+	sh.askedAt = r.h.now() // its new home is told to every region
 	if addr, err := ParseAddr(m.Addr); err == nil {
-		tellQueued(r.n, addr, m.From, r.path, shardFlush{Shard: m.Shard, Epoch: m.Epoch, Move: m.Move})
+		r.h.tellRegion(addr, m.From, shardFlush{Shard: m.Shard, Epoch: m.Epoch, Move: m.Move})
 	}
 }
 
@@ -451,12 +539,12 @@ func (r *region[T]) onHandOff(m shardHandOff) {
 	case sh.handOff != nil:
 		return // under way
 	case sh.mode != shardHere:
-		r.coord.Tell(shardStopped{Shard: m.Shard, Origin: r.n.uid, sentBy: sentBy{from: r.n.uid}}) // (a repeat: it has stopped)
+		r.h.tellCoord(shardStopped{Shard: m.Shard, Origin: r.h.self(), sentBy: sentBy{from: r.h.self()}, Epoch: m.Epoch, Move: m.Move}) // (a repeat: it has stopped)
 		return
 	}
 	// Until every flush is in, the shard still runs here for everyone:
 	// what the others sent before they held its messages is delivered.
-	sh.handOff = &shardHandOffState{wait: m.Wait, epoch: m.Epoch, move: m.Move, deadline: time.Now().Add(r.cfg.HandOffTimeout)}
+	sh.handOff = &shardHandOffState{wait: m.Wait, epoch: m.Epoch, move: m.Move, deadline: r.h.now().Add(r.cfg.HandOffTimeout)}
 	r.checkHandOff(sh)
 }
 
@@ -466,8 +554,9 @@ func (r *region[T]) checkHandOff(sh *shard[T]) {
 		return
 	}
 	fl := r.flushed[sh.id]
+	now := r.h.now()
 	for _, uid := range ho.wait {
-		if uid != r.n.uid && (fl == nil || fl.epoch != ho.epoch || fl.move != ho.move || !fl.from[uid]) && time.Now().Before(ho.deadline) {
+		if uid != r.h.self() && (fl == nil || fl.epoch != ho.epoch || fl.move != ho.move || !fl.from[uid]) && now.Before(ho.deadline) {
 			return
 		}
 	}
@@ -490,10 +579,14 @@ func (r *region[T]) shardGone(sh *shard[T]) {
 	r.mu.Lock()
 	sh.entities = nil
 	r.mu.Unlock()
+	var ho shardHandOffState
+	if sh.handOff != nil {
+		ho = *sh.handOff
+	}
 	sh.handOff = nil
 	r.setMode(sh, shardNowhere, nil, NodeUID{})
-	sh.askedAt = time.Now()
-	r.coord.Tell(shardStopped{Shard: sh.id, Origin: r.n.uid, sentBy: sentBy{from: r.n.uid}})
+	sh.askedAt = r.h.now()
+	r.h.tellCoord(shardStopped{Shard: sh.id, Origin: r.h.self(), sentBy: sentBy{from: r.h.self()}, Epoch: ho.epoch, Move: ho.move})
 	r.checkLeft()
 }
 
@@ -551,7 +644,7 @@ func (r *region[T]) entityStopped(ctx *Context[regionMsg], path string) {
 // where held shards run, sees hand-overs past their timeout through, and
 // stops sending to members that are gone.
 func (r *region[T]) onTick() {
-	now := time.Now()
+	now := r.h.now()
 	if q := r.cfg.PassivateAfter / 4; q > 0 && now.Sub(r.clockAt) >= q {
 		r.clockAt = now
 		clock := r.clock.Add(1)
@@ -579,15 +672,15 @@ func (r *region[T]) onTick() {
 			}
 		case shardThere:
 			if live == nil {
-				live = r.c.liveOthers()
+				live = r.h.liveOthers()
 			}
-			if _, ok := live[sh.homeUID]; !ok || r.c.shardings.isGone(sh.homeUID) {
+			if _, ok := live[sh.homeUID]; !ok || r.h.isGone(sh.homeUID) {
 				r.setMode(sh, shardNowhere, nil, NodeUID{})
 			}
 		}
 	}
 	if r.leaving {
-		r.coord.Tell(shardLeaving{Origin: r.n.uid, sentBy: sentBy{from: r.n.uid}})
+		r.h.tellCoord(shardLeaving{Origin: r.h.self(), sentBy: sentBy{from: r.h.self()}})
 	}
 }
 
