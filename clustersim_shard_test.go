@@ -291,10 +291,16 @@ func (s *simCluster) deliverShard(m *simMember, from NodeUID, msg any) {
 	case simShardWord:
 		s.station(m, from, msg)
 	case simEntityMsg:
-		// The region's routing of a relayed message (onEnvelope):
-		// delivered here, or held and asked for.
+		// The region's routing of a relayed message (route, onEnvelope):
+		// delivered here, passed on, or held and asked for.
 		r := m.shard.region
-		if r.routeOf(r.shards[msg.Shard], true) != routeHere {
+		switch sh := r.shards[msg.Shard]; r.routeOf(sh, true) {
+		case routeHere:
+		case routeThere:
+			if to := s.shardTo(sh.homeUID); to != nil && !to.stopped {
+				s.shardSend(m, to, msg)
+			}
+		default:
 			m.shard.wants[msg.Shard] = true
 		}
 	case regionMsg:

@@ -722,6 +722,7 @@ func (ms *membership) lead(now time.Time) []MemberEvent {
 	if l := ms.leader(); l == nil || l.UID != ms.self || !ms.converged() {
 		return nil
 	}
+	old := ms.unreachable() // (a joiner's reports count once it is up)
 	var events []MemberEvent
 	maxUp := 0
 	for _, m := range ms.members {
@@ -751,7 +752,7 @@ func (ms *membership) lead(now time.Time) []MemberEvent {
 		events = append(events, MemberEvent{Member: *m, Kind: eventMemberStatus})
 	}
 	ms.touched(now)
-	return events
+	return append(events, ms.reachEvents(old, now)...)
 }
 
 // leave marks this member leaving, if it is not already on its way out.
@@ -762,8 +763,10 @@ func (ms *membership) leave(now time.Time) {
 	}
 }
 
-// down marks members down.
+// down marks members down (the members only they reported unreachable
+// are reachable again).
 func (ms *membership) down(down []Member, now time.Time) []MemberEvent {
+	old := ms.unreachable()
 	var events []MemberEvent
 	for _, d := range down {
 		if m := ms.members[d.UID]; m != nil && live(m) {
@@ -772,7 +775,7 @@ func (ms *membership) down(down []Member, now time.Time) []MemberEvent {
 		}
 	}
 	ms.touched(now)
-	return events
+	return append(events, ms.reachEvents(old, now)...)
 }
 
 // splitView is this member's view of a split, with the observations of

@@ -1091,3 +1091,53 @@ func TestMembershipCachesFollowEveryChange(t *testing.T) {
 		t.Fatalf("the run reached %d members and %d observers: too few changes to test", len(st.members), len(st.reach))
 	}
 }
+
+// A member's reachability changes when an observer's reports start or
+// stop counting, not only when reports change: a downed observer's
+// reports stop counting (the members it alone found unreachable are
+// reachable again), and a joiner's count once it is up. Each change has
+// its event, as a merge's or an observation's has: a region that saw a
+// member unreachable holds its shards' messages until it sees it
+// reachable again (found by the simulator: such a member's shards were
+// held for good).
+func TestReachabilityFollowsTheObserversThatCount(t *testing.T) {
+	t.Parallel()
+	has := func(events []MemberEvent, i int, kind string) bool {
+		for _, e := range events {
+			if e.Member.UID == uidOf(i) && e.Kind == kind {
+				return true
+			}
+		}
+		return false
+	}
+	// Member 3 alone reports 2 unreachable; 1 downs 3.
+	st := state(1, memberOf(1, MemberUp, 1), memberOf(2, MemberUp, 2), memberOf(3, MemberUp, 3), memberOf(4, MemberUp, 4))
+	st.reach[uidOf(3)] = reachRecord{version: 1, unreachable: []NodeUID{uidOf(2)}}
+	st.touched(at(0))
+	if !st.unreachable()[uidOf(2)] {
+		t.Fatal("2 is not unreachable to begin with")
+	}
+	ev := st.down([]Member{memberOf(3, MemberUp, 3)}, at(10))
+	if st.unreachable()[uidOf(2)] {
+		t.Fatal("2 is still unreachable once the only member that reported it is down")
+	}
+	if !has(ev, 2, eventMemberReachable) {
+		t.Fatalf("down: events %v; want 2 reachable", ev)
+	}
+	// A joiner reports 2 unreachable; once the leader makes it up, its
+	// report counts.
+	st = state(1, memberOf(1, MemberUp, 1), memberOf(2, MemberUp, 2), memberOf(5, MemberJoining, 0))
+	st.reach[uidOf(5)] = reachRecord{version: 1, unreachable: []NodeUID{uidOf(2)}}
+	st.touched(at(0))
+	st.seen[uidOf(2)], st.seen[uidOf(5)] = true, true
+	if st.unreachable()[uidOf(2)] {
+		t.Fatal("a joiner's report counted")
+	}
+	ev = st.lead(at(10))
+	if !st.unreachable()[uidOf(2)] {
+		t.Fatal("the joiner, up, has its report not counted")
+	}
+	if !has(ev, 2, eventMemberUnreachable) {
+		t.Fatalf("lead: events %v; want 2 unreachable", ev)
+	}
+}

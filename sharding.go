@@ -229,8 +229,9 @@ func (e *entityTarget[T]) protocol() reflect.Type { return reflect.TypeFor[T]() 
 // messages never overtake each other; the region waits for the senders
 // between reading the shard's state and handing a message on (inflight)
 // before it changes where the shard's messages go. A message that came
-// from another member (relayed) is not passed on to a third straight:
-// the region decides (onEnvelope).
+// from another member (relayed) and goes on to a third is noted
+// (shard.relayed): the region then asks the coordinator whether it still
+// runs there.
 func (r *region[T]) route(_ context.Context, id string, m T, hd Headers, relayed bool) error {
 	sh := r.shards[r.shardOf(id)]
 	r.mu.RLock()
@@ -249,8 +250,11 @@ func (r *region[T]) route(_ context.Context, id string, m T, hd Headers, relayed
 				return deliverLocal(nil, e.cell, m, hd) // (no wait while counted)
 			}
 		case shardThere:
-			if relayed || r.c.shardings.isGone(sh.homeUID) {
+			if r.c.shardings.isGone(sh.homeUID) {
 				break // (the region holds it until the shard runs elsewhere)
+			}
+			if relayed && !sh.relayed.Load() {
+				sh.relayed.Store(true)
 			}
 			sh.inflight.Add(1)
 			home := sh.home
@@ -330,6 +334,11 @@ type shard[T any] struct {
 	entities map[string]*entity[T] // shardHere, shardStopping
 	queued   atomic.Int64          // messages for it in the region's mailbox or buffer
 	inflight atomic.Int64          // senders handing a message on straight
+	// relayed: a message came from another member, which took this one
+	// for the shard's home, and went on to the home this one knows: one
+	// of them may have missed a word of the coordinator (onTick asks).
+	relayed    atomic.Bool
+	verifiedAt time.Time // when the region last asked for it (onTick)
 
 	// The region's goroutine only.
 	held     []shardEnvelope[T] // while nowhere or stopping, in order

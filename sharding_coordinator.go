@@ -540,7 +540,13 @@ func (k *coordinator) onStopped(m shardStopped) {
 	s, from := m.Shard, m.from
 	numbered := m.Move != 0
 	if numbered && m.Epoch != k.epoch {
-		return // (an earlier coordinator's hand-off: this one placed nothing then)
+		// An earlier coordinator's hand-off: taken only for a shard this
+		// one has from the region's word (it registered the shard while
+		// stopping it), never for one it placed.
+		if k.homes[s] == from && k.placed[s] == 0 && k.moves[s] == nil {
+			delete(k.homes, s)
+		}
+		return
 	}
 	if mv := k.moves[s]; mv != nil && mv.from == from {
 		if !numbered || m.Move == mv.seq {

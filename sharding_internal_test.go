@@ -302,4 +302,30 @@ func TestAStopThatAnswersAnEarlierHandOffUnplacesNothing(t *testing.T) {
 	if _, ok := k.homes[2]; ok {
 		t.Fatalf("a stop from y without numbers left the shard on %v", k.homes[2])
 	}
+	// A coordinator that starts while x stops shard 3 for the one before
+	// learns from x's registration that x runs it; x's stop, numbered by
+	// the earlier coordinator, then says so. A shard the new one placed
+	// is not unplaced by such a stop.
+	old := k.epoch
+	k2 := newCoordinatorState(h, cfg)
+	k2.start(1, 2, now)
+	k2.receive(shardRegister{Epoch: k2.epoch, Count: 4, Shards: []int32{3}, Origin: x, sentBy: sentBy{from: x}}, now)
+	k2.receive(shardRegister{Epoch: k2.epoch, Count: 4, Origin: y, sentBy: sentBy{from: y}}, now)
+	k2.receive(shardRegister{Epoch: k2.epoch, Count: 4, Origin: c, sentBy: sentBy{from: c}}, now)
+	if k2.homes[3] != x {
+		t.Fatalf("the new coordinator has shard 3 on %v; want x, which registered it", k2.homes[3])
+	}
+	k2.receive(shardStopped{Shard: 3, Origin: x, sentBy: sentBy{from: x}, Epoch: old, Move: 99}, now)
+	if _, ok := k2.homes[3]; ok {
+		t.Fatal("x's stop for the earlier coordinator left shard 3 on x")
+	}
+	k2.receive(shardWhere{Shard: 1, Origin: y, sentBy: sentBy{from: y}}, now)
+	on, ok := k2.homes[1]
+	if !ok {
+		t.Fatal("shard 1 not placed when asked for")
+	}
+	k2.receive(shardStopped{Shard: 1, Origin: on, sentBy: sentBy{from: on}, Epoch: old, Move: 99}, now)
+	if k2.homes[1] != on {
+		t.Fatal("a stop for the earlier coordinator unplaced a shard the new one placed")
+	}
 }

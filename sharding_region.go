@@ -248,6 +248,10 @@ func (r *region[T]) onEnvelope(ctx *Context[regionMsg], env shardEnvelope[T]) {
 	}
 }
 
+// verifyEvery is how many ticks apart a region asks, at most, where a
+// shard runs whose messages other members keep sending it (onTick).
+const verifyEvery = 10
+
 // envRoute is where a message the region takes goes (routeOf).
 type envRoute uint8
 
@@ -258,24 +262,18 @@ const (
 )
 
 // routeOf decides where a message for sh goes, relayed if another member
-// sent it here; it forgets where the shard runs when the message shows
-// that stale.
+// sent it here; it forgets where the shard runs when that member is gone.
 func (r *region[T]) routeOf(sh *shard[T], relayed bool) envRoute {
 	switch {
 	case sh.mode == shardHere:
 		return routeHere
-	case sh.mode == shardThere && relayed:
-		// Another member sent it here, taking this one for the shard's
-		// home, while this one takes a third (or that one) for it: one
-		// of them missed a word of the coordinator. Ask the coordinator
-		// rather than pass it on: two members that each take the other
-		// for the home would pass it back and forth.
-		r.misrouted(sh)
-		return routeHold
 	case sh.mode == shardThere && r.h.isGone(sh.homeUID):
 		r.setMode(sh, shardNowhere, nil, NodeUID{}) // its member is gone
 		return routeHold
 	case sh.mode == shardThere:
+		if relayed {
+			sh.relayed.Store(true) // (see route)
+		}
 		return routeThere
 	}
 	return routeHold
@@ -292,6 +290,7 @@ func (r *region[T]) deliverHere(ctx *Context[regionMsg], sh *shard[T], env shard
 		}
 	}
 	if e.going {
+		env.relayed = false
 		e.held = append(e.held, env) // it starts again once stopped
 		r.addHeld(1)
 		return
@@ -367,13 +366,6 @@ func (r *region[T]) ask(sh *shard[T], now time.Time) {
 	}
 	sh.askedAt, sh.askWait = now, wait
 	r.h.tellCoord(shardWhere{Shard: sh.id, Origin: r.h.self(), sentBy: sentBy{from: r.h.self()}})
-}
-
-// misrouted forgets where sh runs, to ask the coordinator at once: a
-// member took this one for its home.
-func (r *region[T]) misrouted(sh *shard[T]) {
-	r.setMode(sh, shardNowhere, nil, NodeUID{})
-	sh.askedAt, sh.askWait = time.Time{}, 0
 }
 
 // askAgain says whether a region that last asked at askedAt, to wait
@@ -460,7 +452,7 @@ func (r *region[T]) onHome(ctx *Context[regionMsg], m shardHome) {
 		// The coordinator placed it elsewhere while it runs here: stop it
 		// here at once (never two).
 		r.h.logger().Warn("troupe: the sharding coordinator placed a shard that runs here elsewhere; stopping it here", "kind", r.name, "shard", m.Shard)
-		r.onHandOff(shardHandOff{Epoch: m.Epoch, Shard: m.Shard})
+		r.onHandOff(shardHandOff{Epoch: m.Epoch, Shard: m.Shard, Move: m.Placed}) // (numbered as the placement: lower than any later)
 		return
 	case shardThere:
 		if sh.homeUID == m.Home {
@@ -641,8 +633,9 @@ func (r *region[T]) entityStopped(ctx *Context[regionMsg], path string) {
 }
 
 // onTick moves the idleness clock (passivating idle entities), asks again
-// where held shards run, sees hand-overs past their timeout through, and
-// stops sending to members that are gone.
+// where held shards run, sees hand-overs past their timeout through,
+// stops sending to members that are gone, and asks where a shard runs
+// when another member took this one for its home.
 func (r *region[T]) onTick() {
 	now := r.h.now()
 	if q := r.cfg.PassivateAfter / 4; q > 0 && now.Sub(r.clockAt) >= q {
@@ -676,6 +669,16 @@ func (r *region[T]) onTick() {
 			}
 			if _, ok := live[sh.homeUID]; !ok || r.h.isGone(sh.homeUID) {
 				r.setMode(sh, shardNowhere, nil, NodeUID{})
+			} else if sh.relayed.Swap(false) && now.Sub(sh.verifiedAt) >= verifyEvery*r.tick {
+				// Another member took this one for the shard's home while
+				// this one sends its messages on: a ref to the entity that
+				// came from this member (the usual case), or one of the
+				// two missed a word of the coordinator; two that each take
+				// the other for the home pass the messages back and forth
+				// until one asks. So ask, now and then (the answer changes
+				// nothing when this one is right).
+				sh.verifiedAt = now
+				r.ask(sh, now)
 			}
 		}
 	}

@@ -1037,3 +1037,75 @@ func TestAnEntityMovedAwayAndBackHasAGreaterFence(t *testing.T) {
 		t.Fatalf("%d entities started again, want the one whose shard moved", moved)
 	}
 }
+
+// An entity's ref that came from another member (not the one that runs
+// its shard) reaches the entity through that member, which passes its
+// messages on: straight, with no word asked of the coordinator, so that
+// they flow while the coordinator moves (its member killed).
+func TestAnEntityRefFromAnotherMemberWorksWhileTheCoordinatorMoves(t *testing.T) {
+	t.Parallel()
+	f := new(troupe.FaultNet)
+	names := []string{"a", "b", "c", "d"}
+	nodes, members := registrylessCluster(t, f, troupe.ClusterConfig{StableAfter: singletonStable}, names...)
+	var kinds []*troupe.Sharded[refQ]
+	for i, c := range members {
+		name := names[i]
+		k, err := troupe.Sharding(c, "echo", func(string) troupe.Behavior[refQ] {
+			return troupe.Behavior[refQ]{Receive: func(_ *troupe.Context[refQ], m refQ) { m.ReplyTo.Tell(name) }}
+		}, troupe.ShardingConfig{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		kinds = append(kinds, k)
+	}
+	ask := func(ctx context.Context, to troupe.Ref[refQ]) (string, error) {
+		return troupe.Ask(ctx, to, func(r troupe.Ref[string]) refQ { return refQ{ReplyTo: r} })
+	}
+	// An entity that runs on a member other than a (which runs the
+	// coordinator, the oldest).
+	var id string
+	home := -1
+	for i := 0; home <= 0 && i < 40; i++ {
+		id = fmt.Sprint("e", i)
+		var on string
+		waitUntil(t, 10*time.Second, "an answer from "+id, func() bool {
+			ctx, cancel := context.WithTimeout(ctxFor(t), time.Second)
+			defer cancel()
+			var err error
+			on, err = ask(ctx, kinds[1].Entity(id))
+			return err == nil
+		})
+		home = slices.Index(names, on)
+	}
+	if home <= 0 {
+		t.Fatal("every entity runs on a")
+	}
+	relay := 1
+	if home == 1 {
+		relay = 2
+	}
+	if _, err := ask(ctxFor(t), kinds[relay].Entity(id)); err != nil { // (the relay knows the home)
+		t.Fatal(err)
+	}
+	// The home's own node holds the relay's ref: its messages go to the
+	// relay, which passes them back.
+	ref, err := troupe.Resolve[refQ](ctxFor(t), nodes[home], kinds[relay].Entity(id).String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Kill(nodes[0])
+	for end := time.Now().Add(3 * time.Second); time.Now().Before(end); {
+		ctx, cancel := context.WithTimeout(ctxFor(t), 2*time.Second)
+		_, err1 := ask(ctx, ref)
+		_, err2 := ask(ctx, kinds[relay].Entity(id))
+		cancel()
+		if err1 != nil || err2 != nil {
+			t.Fatalf("with the coordinator's member killed: through the ref from %s: %v; from %s itself: %v", names[relay], err1, names[relay], err2)
+		}
+	}
+}
+
+// refQ asks an entity to say where it runs.
+type refQ struct{ ReplyTo troupe.Ref[string] }
+
+func init() { troupe.SetWireKey[refQ]("troupe_test.sharding.refq") }
