@@ -689,7 +689,9 @@ func (ms *membership) reachEvents(old map[NodeUID]bool, now time.Time) []MemberE
 		}
 	}
 	for uid := range old {
-		if m := ms.members[uid]; !cur[uid] && m != nil && m.Status != MemberExiting {
+		// (A member downed meanwhile left the set without being
+		// reached: its status event says what happened.)
+		if m := ms.members[uid]; !cur[uid] && m != nil && m.Status != MemberExiting && live(m) {
 			out = append(out, MemberEvent{Member: *ms.members[uid], Kind: eventMemberReachable, Reachable: true})
 		}
 	}
@@ -775,6 +777,11 @@ func (ms *membership) down(down []Member, now time.Time) []MemberEvent {
 		}
 	}
 	ms.touched(now)
+	if !live(ms.members[ms.self]) {
+		// Its own side went down: the others' reports stop counting with
+		// it, which reaches nobody across the split.
+		return events
+	}
 	return append(events, ms.reachEvents(old, now)...)
 }
 

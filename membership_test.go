@@ -1124,6 +1124,23 @@ func TestReachabilityFollowsTheObserversThatCount(t *testing.T) {
 	if !has(ev, 2, eventMemberReachable) {
 		t.Fatalf("down: events %v; want 2 reachable", ev)
 	}
+	// A member downed while unreachable is not announced reachable; nor,
+	// to a member that downs its own side, are the members across the
+	// split (its side's reports stop counting as it goes down).
+	st = state(1, memberOf(1, MemberUp, 1), memberOf(2, MemberUp, 2), memberOf(3, MemberUp, 3))
+	st.reach[uidOf(1)] = reachRecord{version: 1, unreachable: []NodeUID{uidOf(2)}}
+	st.touched(at(0))
+	ev = st.down([]Member{memberOf(2, MemberUp, 2)}, at(10))
+	if has(ev, 2, eventMemberReachable) {
+		t.Fatalf("down: events %v; a downed member announced reachable", ev)
+	}
+	st = state(1, memberOf(1, MemberUp, 1), memberOf(2, MemberUp, 2), memberOf(3, MemberUp, 3))
+	st.reach[uidOf(1)] = reachRecord{version: 1, unreachable: []NodeUID{uidOf(3)}}
+	st.touched(at(0))
+	ev = st.down([]Member{memberOf(1, MemberUp, 1), memberOf(2, MemberUp, 2)}, at(10))
+	if has(ev, 3, eventMemberReachable) {
+		t.Fatalf("down of its own side: events %v; the member across the split announced reachable", ev)
+	}
 	// A joiner reports 2 unreachable; once the leader makes it up, its
 	// report counts.
 	st = state(1, memberOf(1, MemberUp, 1), memberOf(2, MemberUp, 2), memberOf(5, MemberJoining, 0))
