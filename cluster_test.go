@@ -26,6 +26,9 @@ type clusterRig struct {
 	// fails: whether a singleton restarted, a split was resolved, a
 	// shard was run twice.
 	warnings syncBuffer
+	// unreachableAfter is each member's node's silence budget: 2 s
+	// when zero.
+	unreachableAfter time.Duration
 }
 
 func clusterDetector() FailureDetector {
@@ -43,7 +46,13 @@ func clusterCfg(downing DowningStrategy) ClusterConfig {
 // newClusterRig starts n members; the first starts the cluster and the
 // others join through it.
 func newClusterRig(t *testing.T, n int, cfg ClusterConfig) *clusterRig {
-	r := &clusterRig{t: t, f: new(FaultNet)}
+	return newClusterRigSlack(t, n, cfg, 2*time.Second)
+}
+
+// newClusterRigSlack is newClusterRig whose nodes give a silent peer
+// unreachableAfter before they quarantine it.
+func newClusterRigSlack(t *testing.T, n int, cfg ClusterConfig, unreachableAfter time.Duration) *clusterRig {
+	r := &clusterRig{t: t, f: new(FaultNet), unreachableAfter: unreachableAfter}
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("the members' warnings:\n%s", r.warnings.String())
@@ -59,7 +68,11 @@ func newClusterRig(t *testing.T, n int, cfg ClusterConfig) *clusterRig {
 }
 
 func (r *clusterRig) add(name string, cfg ClusterConfig) *Cluster {
-	ncfg := failConfig(name, 20*time.Millisecond, 2*time.Second)
+	silence := 2 * time.Second
+	if r.unreachableAfter > 0 {
+		silence = r.unreachableAfter
+	}
+	ncfg := failConfig(name, 20*time.Millisecond, silence)
 	ncfg.Logger = slog.New(slog.NewTextHandler(&r.warnings, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	node := startOn(r.t, r.f, ncfg)
 	if len(r.nodes) > 0 {
@@ -816,15 +829,19 @@ func TestClusterWatchesPartOfALargerCluster(t *testing.T) {
 	slowTest(t)
 	cfg := clusterCfg(KeepMajority())
 	cfg.MonitoredMembers = 3
-	// Eight members beside the whole suite under -race: a pause of more
-	// than the usual detector's 600 ms, which CI has seen, would down a
-	// live member, and this test is about the dead one.
+	// Eight members beside the whole suite: a pause of more than the
+	// usual detector's 600 ms, which CI has seen, would down a live
+	// member, and this test is about the dead one. So would a node that
+	// quarantines a peer after the rig's usual 2 s of silence: CI's plain
+	// step (every package's tests at once, no race detector) once held a
+	// member's acknowledgements for 2.6 s, and the member, having written
+	// off half the others, was downed (CI on 0127edc).
 	cfg.Detector = func() FailureDetector {
 		d := clusterDetector().(*PhiAccrual)
-		d.AcceptableHeartbeatPause = 2 * time.Second
+		d.AcceptableHeartbeatPause = 3 * time.Second
 		return d
 	}
-	r := newClusterRig(t, 8, cfg)
+	r := newClusterRigSlack(t, 8, cfg, 5*time.Second)
 	victim := r.nodes[5]
 	r.f.Kill(victim)
 	waitFor(t, 15*time.Second, "the dead member removed everywhere", func() bool {
