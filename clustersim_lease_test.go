@@ -442,9 +442,8 @@ func runLeaseSeeds(t *testing.T, seeds uint64, ttl time.Duration, restarts bool)
 		if s.violation != "" {
 			t.Fatalf("seed %d: %s", seed, s.violation)
 		}
-		if !s.settle(2*time.Minute) || s.violation != "" {
-			_, why := s.converged()
-			t.Fatalf("seed %d: not converged two minutes after the faults: %s %s; faults:\n%s", seed, why, s.violation, strings.Join(s.log, "\n"))
+		if err := s.settleOrWhy(2 * time.Minute); err != nil {
+			t.Fatalf("seed %d: %v", seed, err)
 		}
 		if err := s.leaseSettled(); err != nil {
 			t.Fatalf("seed %d: %v", seed, err)

@@ -555,12 +555,8 @@ func TestClusterSimShardsUnderFaults(t *testing.T) {
 		if s.violation != "" {
 			t.Fatal(s.violation)
 		}
-		if !s.settle(2*time.Minute) || s.violation != "" {
-			_, why := s.converged()
-			if s.violation != "" {
-				why = s.violation
-			}
-			t.Fatalf("seed %d: not converged two minutes after the faults: %s; faults:\n%s", seed, why, strings.Join(s.log, "\n"))
+		if err := s.settleOrWhy(2 * time.Minute); err != nil {
+			t.Fatalf("seed %d: %v", seed, err)
 		}
 		if err := s.shardsSettled(); err != nil {
 			t.Fatalf("seed %d: %v", seed, err)

@@ -1023,10 +1023,15 @@ func (ms *membership) watchers(k int) map[NodeUID]bool {
 
 // gossipTargets picks whom to send the state to this round: up to fanout
 // members that have not seen it (they need it), chosen with pick, the
-// reachable ones first and, when only unreachable ones have not seen it,
-// one of those a turn (a live member some cannot reach may still hear;
-// a downed one is no longer unreachable and gets the fanout); when
-// every member has seen it, one member, for a digest only (the state costs
+// reachable live ones first and, when every reachable live member has
+// seen it, one of the unreachable ones a turn (a live member some cannot
+// reach may still hear) besides the downed ones not yet removed (they
+// must hear it, but may be dead: a crashed member is never seen to
+// have seen anything, and were it counted with the reachable, the
+// members across a partial cut would hear nothing until it is removed,
+// which the cut itself holds up — and the two members of a cut pair, each
+// knowing only its own report, would each down the other); when every
+// member has seen it, one member, for a digest only (the state costs
 // nothing to confirm). full says which of the two.
 func (ms *membership) gossipTargets(fanout int, pick func(n int) int) (to []NodeUID, full bool) {
 	unreachable := ms.unreachable()
@@ -1049,7 +1054,7 @@ func (ms *membership) gossipTargets(fanout int, pick func(n int) int) (to []Node
 		}
 	}
 	all := make([]NodeUID, 0, len(ms.members))
-	var unseen []NodeUID
+	var unseen, gone []NodeUID
 	// In uid order (pick decides, not map order), those that can be
 	// reached first.
 	var cut []NodeUID
@@ -1067,6 +1072,8 @@ func (ms *membership) gossipTargets(fanout int, pick func(n int) int) (to []Node
 		all = append(all, uid)
 		switch {
 		case ms.seen[uid]:
+		case !live(m):
+			gone = append(gone, uid)
 		case unreachable[uid]:
 			cut = append(cut, uid)
 		default:
@@ -1074,9 +1081,10 @@ func (ms *membership) gossipTargets(fanout int, pick func(n int) int) (to []Node
 		}
 	}
 	if len(unseen) == 0 && len(cut) > 0 {
-		unseen, fanout = cut, 1 // across a cut: most of it is lost
+		to = append(to, cut[pick(len(cut))]) // across a cut: one a turn, most of it is lost
 	}
-	if len(unseen) > 0 {
+	unseen = append(unseen, gone...)
+	if len(unseen) > 0 || len(to) > 0 {
 		for len(to) < fanout && len(unseen) > 0 {
 			i := pick(len(unseen))
 			to = append(to, unseen[i])

@@ -666,6 +666,39 @@ func TestGossipTargets(t *testing.T) {
 	}
 }
 
+// A member downed but not yet removed — crashed, so it never confirms
+// that it has seen anything — does not keep the state from the members
+// across a cut: the pair that lost each other must each hear the other's
+// report. It did (TestClusterSimDecidesACutPairOnItsWholeView): the
+// downed member took the place of the reachable members that had not
+// seen the state, the cut pair heard nothing until it was removed, which
+// the cut held up, and each of the pair, knowing only its own report,
+// led its side and downed the other.
+func TestGossipReachesACutPairBesideADownedMember(t *testing.T) {
+	t.Parallel()
+	checkLeaks(t)
+	for _, pick := range []func(int) int{func(int) int { return 0 }, func(n int) int { return n - 1 }} {
+		st := state(3, memberOf(1, MemberUp, 1), memberOf(2, MemberUp, 2), memberOf(3, MemberUp, 3), memberOf(4, MemberUp, 4), memberOf(5, MemberDown, 5))
+		st.reach[uidOf(1)] = reachRecord{version: 1, unreachable: []NodeUID{uidOf(2)}}
+		st.reach[uidOf(2)] = reachRecord{version: 1, unreachable: []NodeUID{uidOf(1)}}
+		st.touched(t0)
+		st.resetSeen()
+		st.seen[uidOf(4)] = true
+		to, full := st.gossipTargets(gossipFanout, pick)
+		if !full || !slices.Contains(to, uidOf(1)) && !slices.Contains(to, uidOf(2)) {
+			t.Fatalf("targets %v full %v: want the state sent to one of the cut pair", to, full)
+		}
+		if !slices.Contains(to, uidOf(5)) {
+			t.Fatalf("targets %v: the downed member must still hear it", to)
+		}
+		// A reachable member that has not seen it goes first, as before.
+		st.seen[uidOf(4)] = false
+		if to, _ := st.gossipTargets(gossipFanout, pick); slices.Contains(to, uidOf(1)) || slices.Contains(to, uidOf(2)) || !slices.Contains(to, uidOf(4)) {
+			t.Fatalf("with a reachable member unseen, targets %v: want it, not the cut pair", to)
+		}
+	}
+}
+
 // A merged change is passed on at once only if none was in the last
 // gossip interval; the others wait for the turn, which carries them all.
 func TestPassOnOncePerInterval(t *testing.T) {
