@@ -490,9 +490,8 @@ func TestClusterSimALeaseLostInTheHoldDownsItsHolder(t *testing.T) {
 	if s.violation != "" {
 		t.Fatal(s.violation)
 	}
-	if !s.settle(2 * time.Minute) {
-		_, why := s.converged()
-		t.Fatalf("not converged two minutes after the faults: %s", why)
+	if err := s.settleOrWhy(2 * time.Minute); err != nil {
+		t.Fatal(err)
 	}
 	if err := s.leaseSettled(); err != nil {
 		t.Fatal(err)
@@ -540,9 +539,8 @@ func TestClusterSimALeaseServerRestartedAtASplit(t *testing.T) {
 		t.Fatalf("the lease granted %d times, taken by %v; want once, by the majority", s.lease.grants, took)
 	}
 	s.heal()
-	if !s.settle(2*time.Minute) || s.violation != "" {
-		_, why := s.converged()
-		t.Fatalf("not converged after the heal: %s %s", why, s.violation)
+	if err := s.settleOrWhy(2 * time.Minute); err != nil {
+		t.Fatalf("after the heal: %v", err)
 	}
 }
 

@@ -1596,6 +1596,7 @@ func TestClusterSimDecidesACutPairOnItsWholeView(t *testing.T) {
 		Detector: func() FailureDetector {
 			return &PhiAccrual{FirstHeartbeatEstimate: 50 * time.Millisecond, AcceptableHeartbeatPause: 300 * time.Millisecond, MinStdDeviation: 10 * time.Millisecond}
 		}}
+	beforeRemoval := 0
 	for seed := uint64(1); seed <= 300; seed++ {
 		s := newSimCluster(5, seed, cfg, 50*time.Millisecond)
 		if _, ok := s.startAll(time.Minute); !ok {
@@ -1609,7 +1610,10 @@ func TestClusterSimDecidesACutPairOnItsWholeView(t *testing.T) {
 		}); !ok {
 			t.Fatalf("seed %d: the crashed member not downed", seed)
 		}
-		s.runFor(time.Duration(seed%10) * 20 * time.Millisecond) // (the cut comes before the removal)
+		s.runFor(time.Duration(seed%10) * 20 * time.Millisecond)
+		if slices.ContainsFunc(s.members[2:4], func(m *simMember) bool { return m.ms.members[crashed].Status == MemberDown }) {
+			beforeRemoval++ // (the case: the crashed member is not removed everywhere when the cut comes)
+		}
 		s.after(0, "cut 0 - 1", func() { s.partition([]int{0}, []int{1}, false) })
 		s.runFor(5 * time.Second)
 		if s.violation != "" {
@@ -1624,6 +1628,14 @@ func TestClusterSimDecidesACutPairOnItsWholeView(t *testing.T) {
 		if len(left) != 1 {
 			t.Fatalf("seed %d: of the cut pair, %v still run; want one of them", seed, left)
 		}
+		for _, m := range s.members[2:4] {
+			if !m.running || m.stopped {
+				t.Fatalf("seed %d: member %d, which reaches both of the pair, stopped", seed, m.slot)
+			}
+		}
+	}
+	if beforeRemoval < 100 {
+		t.Fatalf("the cut came before the crashed member's removal in %d seeds of 300; want most", beforeRemoval)
 	}
 }
 

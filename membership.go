@@ -1022,17 +1022,21 @@ func (ms *membership) watchers(k int) map[NodeUID]bool {
 }
 
 // gossipTargets picks whom to send the state to this round: up to fanout
-// members that have not seen it (they need it), chosen with pick, the
-// reachable live ones first and, when every reachable live member has
-// seen it, one of the unreachable ones a turn (a live member some cannot
-// reach may still hear) besides the downed ones not yet removed (they
-// must hear it, but may be dead: a crashed member is never seen to
-// have seen anything, and were it counted with the reachable, the
-// members across a partial cut would hear nothing until it is removed,
-// which the cut itself holds up — and the two members of a cut pair, each
-// knowing only its own report, would each down the other); when every
-// member has seen it, one member, for a digest only (the state costs
-// nothing to confirm). full says which of the two.
+// members that have not seen it (they need it), chosen with pick. While
+// a reachable live member has not seen it, those are the candidates,
+// with the exiting members and the downed ones not yet removed; once
+// every reachable one has, one unreachable member a turn (a live member
+// some cannot reach may still hear) goes first, the exiting and downed
+// ones besides.
+// Exiting and downed members must hear it but may never say they have:
+// a crashed member is dead, and an exiting one's cluster stops (its node
+// may go on answering heartbeats). Counted with the reachable ones, they
+// kept the state from the members across a cut until they were removed,
+// which the cut itself holds up: two members that lost each other never
+// heard each other's report through the members that reach both, and
+// each could lead its side of its own partial view and down the other.
+// When every member has seen it, one member, for a digest only (the
+// state costs nothing to confirm). full says which of the two.
 func (ms *membership) gossipTargets(fanout int, pick func(n int) int) (to []NodeUID, full bool) {
 	unreachable := ms.unreachable()
 	// held: of the addresses of members down but not yet removed (few,
@@ -1072,7 +1076,7 @@ func (ms *membership) gossipTargets(fanout int, pick func(n int) int) (to []Node
 		all = append(all, uid)
 		switch {
 		case ms.seen[uid]:
-		case !live(m):
+		case m.Status >= MemberExiting:
 			gone = append(gone, uid)
 		case unreachable[uid]:
 			cut = append(cut, uid)

@@ -674,11 +674,24 @@ func TestGossipTargets(t *testing.T) {
 // seen the state, the cut pair heard nothing until it was removed, which
 // the cut held up, and each of the pair, knowing only its own report,
 // led its side and downed the other.
+//
+// An exiting member whose node goes on (Cluster.Leave returns when its
+// cluster stops) is the same: its cluster confirms nothing more, its
+// node answers heartbeats, so it is never found unreachable either.
 func TestGossipReachesACutPairBesideADownedMember(t *testing.T) {
 	t.Parallel()
 	checkLeaks(t)
-	for _, pick := range []func(int) int{func(int) int { return 0 }, func(n int) int { return n - 1 }} {
-		st := state(3, memberOf(1, MemberUp, 1), memberOf(2, MemberUp, 2), memberOf(3, MemberUp, 3), memberOf(4, MemberUp, 4), memberOf(5, MemberDown, 5))
+	for _, tc := range []struct {
+		status MemberStatus
+		pick   func(int) int
+	}{
+		{MemberDown, func(int) int { return 0 }},
+		{MemberDown, func(n int) int { return n - 1 }},
+		{MemberExiting, func(int) int { return 0 }},
+		{MemberExiting, func(n int) int { return n - 1 }},
+	} {
+		pick := tc.pick
+		st := state(3, memberOf(1, MemberUp, 1), memberOf(2, MemberUp, 2), memberOf(3, MemberUp, 3), memberOf(4, MemberUp, 4), memberOf(5, tc.status, 5))
 		st.reach[uidOf(1)] = reachRecord{version: 1, unreachable: []NodeUID{uidOf(2)}}
 		st.reach[uidOf(2)] = reachRecord{version: 1, unreachable: []NodeUID{uidOf(1)}}
 		st.touched(t0)
@@ -686,15 +699,15 @@ func TestGossipReachesACutPairBesideADownedMember(t *testing.T) {
 		st.seen[uidOf(4)] = true
 		to, full := st.gossipTargets(gossipFanout, pick)
 		if !full || !slices.Contains(to, uidOf(1)) && !slices.Contains(to, uidOf(2)) {
-			t.Fatalf("targets %v full %v: want the state sent to one of the cut pair", to, full)
+			t.Fatalf("member 5 %v: targets %v full %v: want the state sent to one of the cut pair", tc.status, to, full)
 		}
 		if !slices.Contains(to, uidOf(5)) {
-			t.Fatalf("targets %v: the downed member must still hear it", to)
+			t.Fatalf("member 5 %v: targets %v: it must still hear it", tc.status, to)
 		}
 		// A reachable member that has not seen it goes first, as before.
 		st.seen[uidOf(4)] = false
 		if to, _ := st.gossipTargets(gossipFanout, pick); slices.Contains(to, uidOf(1)) || slices.Contains(to, uidOf(2)) || !slices.Contains(to, uidOf(4)) {
-			t.Fatalf("with a reachable member unseen, targets %v: want it, not the cut pair", to)
+			t.Fatalf("member 5 %v: with a reachable member unseen, targets %v: want it, not the cut pair", tc.status, to)
 		}
 	}
 }
