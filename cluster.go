@@ -436,9 +436,12 @@ func (c *Cluster) Done() <-chan struct{} { return c.done }
 // intervals (3, at least 1 s and at most 5 s) — for this member's shards
 // to be handed over, and as long again for the leader to move this member
 // on; then its entities stop (each after the handler it is running). The
-// others see a leave rather than a crash; if the leave could not finish
-// (the cluster is split, say), they see this member unreachable, and
-// shards not handed over in time start elsewhere once it is removed.
+// others see a leave rather than a crash. If the leave could not finish
+// (the cluster is split, say), this member downs itself as it stops and
+// tells every other member, which remove it (one it does not reach sees it
+// unreachable), and shards not handed over in time start elsewhere once
+// it is removed. Its node runs on: once the others have removed a member
+// they saw leaving, its node is a plain peer of theirs.
 // [Cluster.Leave] and [Node.Shutdown] wait longer for the hand-over.
 func (c *Cluster) Close() error {
 	c.stepOut(context.Background(), nil, false)

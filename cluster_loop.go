@@ -20,12 +20,14 @@ var clusterTurnHook atomic.Pointer[func(*Cluster)]
 // the downing strategy.
 func (c *Cluster) run() {
 	defer close(c.done)
-	defer c.cleanup()
+	closed := false // by Close, before this member stopped of itself
+	defer func() { c.cleanup(closed) }()
 	t := time.NewTicker(c.cfg.GossipInterval)
 	defer t.Stop()
 	for {
 		select {
 		case <-c.stop:
+			closed = true
 			return
 		case <-c.n.lc.done:
 			return
@@ -56,7 +58,7 @@ func (c *Cluster) run() {
 	}
 }
 
-func (c *Cluster) cleanup() {
+func (c *Cluster) cleanup(closed bool) {
 	c.keepLeaseThroughHold()
 	c.n.cl.quarantinedBy.Store(nil)
 	c.n.cl.downedBy.Store(nil)
@@ -70,6 +72,9 @@ func (c *Cluster) cleanup() {
 	}
 	c.shardings.end() // (entities stop before their coordinator hands over)
 	c.singletons.stop(c.n)
+	if closed {
+		c.farewell()
+	}
 	c.mu.Lock()
 	c.stopped = true
 	uids := make([]NodeUID, 0, len(c.members))
@@ -89,6 +94,40 @@ func (c *Cluster) cleanup() {
 		for _, a := range c.n.disc.remoteRegistrars() {
 			c.n.disc.tellRegistrar(a, regRequest{Op: regOpUnregister, Regs: []regWire{{Name: name, UUID: UUID(c.n.uid)}}})
 		}
+	}
+}
+
+// farewell downs this member, whose cluster was closed before its leave
+// finished (nothing of it runs any more: its entities and singletons
+// have stopped), and tells every other member so. Its node may run on,
+// answering heartbeats: the others would never find it unreachable, and
+// a member that never again says it holds a state keeps the cluster from
+// converging, and so from removing anyone, for as long as it runs. Down,
+// it counts no more; the leader removes it, and a member that saw it
+// leaving keeps its node as a plain peer (forgetDowned).
+func (c *Cluster) farewell() {
+	c.mu.Lock()
+	self := c.members[c.self]
+	if self.Status >= MemberExiting {
+		c.mu.Unlock()
+		return // its leave finished, or it is down already
+	}
+	events := c.down([]Member{*self}, time.Now())
+	g := c.snapshot()
+	var addrs []Addr
+	uids, entries := c.memberOrder()
+	for i, uid := range uids {
+		if m := entries[i]; uid != c.self && live(m) {
+			addrs = append(addrs, m.Addr)
+		}
+	}
+	c.mu.Unlock()
+	for _, e := range events {
+		c.n.events.emit(e) // (its own: the services that follow the others have stopped)
+	}
+	c.n.log.Warn("troupe: the cluster was closed before this member's leave finished; it downs itself, and the others remove it", "told", len(addrs))
+	for _, a := range addrs {
+		c.tell(a, g)
 	}
 }
 
@@ -344,6 +383,13 @@ func (c *Cluster) detect(now time.Time) {
 	defer c.mu.Unlock()
 	monitored := c.monitorsOf(c.self, c.cfg.MonitoredMembers, c.ring())
 	watchers := c.watchers(c.cfg.MonitoredMembers)
+	for uid, m := range c.members {
+		if uid != c.self && (m.Status == MemberExiting || m.Status == MemberDown) {
+			// Its cluster stops, or has, and its node may run on as a
+			// plain peer, which judges this node by its heartbeats.
+			watchers[uid] = true
+		}
+	}
 	c.n.cl.beat.Store(&watchers)
 	mine, silent := c.watching.turn(monitored, func(uid NodeUID) time.Time {
 		if at := heard[uid]; at != 0 {
@@ -529,6 +575,9 @@ func (c *Cluster) forgetDowned(m Member) {
 	delete(c.leftSeen, m.UID)
 	c.mu.Unlock()
 	if left {
+		// Its node, if it runs on, is a plain peer from now on: judged
+		// by its heartbeats, as it judges this node.
+		c.n.cl.members.Delete(m.UID)
 		return
 	}
 	c.n.peers.endMemberAssoc(m.UID, fmt.Errorf("%w: cluster member %s was downed", ErrPeerUnreachable, m.Addr))

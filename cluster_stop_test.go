@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -175,5 +176,103 @@ func TestAWatchOfADownedMemberEnds(t *testing.T) {
 	case again := <-terms:
 		t.Errorf("a second Terminated: %+v", again)
 	default:
+	}
+}
+
+// A member whose cluster is closed while its leave cannot finish (here a
+// crashed member, not yet downed, holds the cluster's convergence back),
+// and whose node goes on running, stops counting as a member that is up
+// and must see every state: the others remove it, and the cluster moves
+// on — the crashed member is removed, a joiner comes up. Before, its node
+// went on answering heartbeats, so it never became unreachable; it never
+// confirmed a state either, and the cluster could not converge again for
+// as long as its node ran. The others saw it leaving, so its node goes on
+// as a plain peer.
+func TestAClusterClosedMidLeaveDoesNotHoldTheOthers(t *testing.T) {
+	t.Parallel()
+	f := new(troupe.FaultNet)
+	cfg := troupe.ClusterConfig{Downing: troupe.KeepMajority(), StableAfter: 3 * time.Second}
+	nodes, members := registrylessCluster(t, f, cfg, "a", "b", "c", "d")
+	f.Kill(nodes[3])
+	waitUntil(t, 10*time.Second, "the crashed member unreachable", func() bool {
+		return slices.ContainsFunc(members[0].Unreachable(), func(m troupe.Member) bool { return m.UID == nodes[3].UID() })
+	})
+	if _, err := troupe.Spawn(nodes[2], "echo", troupe.Behavior[job]{Receive: func(_ *troupe.Context[job], j job) {
+		j.Reply.Tell(fmt.Sprint(j.N))
+	}}); err != nil {
+		t.Fatal(err)
+	}
+	members[2].Close() // (its leave waits for a convergence the crash holds back, and gives up)
+	status := func(uid troupe.NodeUID) (troupe.MemberStatus, bool) {
+		for _, m := range members[0].Members() {
+			if m.UID == uid {
+				return m.Status, true
+			}
+		}
+		return 0, false
+	}
+	waitUntil(t, 20*time.Second, "the crashed member and the closed one removed", func() bool {
+		d, okd := status(nodes[3].UID())
+		c, okc := status(nodes[2].UID())
+		return (!okd || d == troupe.MemberRemoved) && (!okc || c == troupe.MemberRemoved)
+	})
+	_, e := joinRegistryless(t, f, "e", nodes[:2], cfg)
+	waitUntil(t, 10*time.Second, "a joiner up", func() bool {
+		s, ok := status(e.Self().UID)
+		return ok && s == troupe.MemberUp
+	})
+	// The others saw it leaving: its node goes on as a plain peer.
+	echo, err := troupe.Resolve[job](ctxFor(t), nodes[0], troupe.FormatRef(nodes[2].Addrs()[0], "/user/echo"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := troupe.Ask(ctxFor(t), echo, func(to troupe.Ref[string]) job { return job{N: 7, Reply: to} }); err != nil || got != "7" {
+		t.Fatalf("the closed member's actor answered %q, %v; want 7", got, err)
+	}
+}
+
+// A member that left gracefully, its node running on, is a plain peer of
+// the others from then on: each side's heartbeats reach the other, so
+// neither gives the other up while they exchange nothing else, and its
+// actors answer. Before, the others stopped sending it heartbeats once it
+// no longer watched them, and its node, no longer a member, gave them
+// all up after UnreachableAfter.
+func TestALeftMembersNodeGoesOnAsAPlainPeer(t *testing.T) {
+	t.Parallel()
+	f := new(troupe.FaultNet)
+	nodes, members := registrylessCluster(t, f, troupe.ClusterConfig{}, "a", "b", "c")
+	if _, err := troupe.Spawn(nodes[2], "echo", troupe.Behavior[job]{Receive: func(_ *troupe.Context[job], j job) {
+		j.Reply.Tell(fmt.Sprint(j.N))
+	}}); err != nil {
+		t.Fatal(err)
+	}
+	echo, err := troupe.Resolve[job](ctxFor(t), nodes[0], troupe.FormatRef(nodes[2].Addrs()[0], "/user/echo"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lost := make(chan troupe.PeerUnreachable, 8)
+	for _, n := range nodes {
+		troupe.SubscribeChan(n, lost)
+	}
+	if err := members[2].Leave(ctxFor(t)); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, 10*time.Second, "the leaver removed", func() bool {
+		for _, m := range members[0].Members() {
+			if m.UID == nodes[2].UID() {
+				return m.Status == troupe.MemberRemoved
+			}
+		}
+		return true
+	})
+	// Nothing but heartbeats between them for twice the window
+	// (UnreachableAfter is 2 s here).
+	select {
+	case e := <-lost:
+		t.Fatalf("a peer was given up after the leave: %+v", e)
+	case <-time.After(4 * time.Second):
+	}
+	if got, err := troupe.Ask(ctxFor(t), echo, func(to troupe.Ref[string]) job { return job{N: 7, Reply: to} }); err != nil || got != "7" {
+		t.Fatalf("the leaver's actor answered %q, %v; want 7", got, err)
 	}
 }
