@@ -124,6 +124,9 @@ type Cluster struct {
 	membership
 	watching // the failure detectors, one for each member this one watches
 	stopped  bool
+	// closedMidLeave: Close stopped this member before its leave finished,
+	// and it downed itself on the way out (farewell).
+	closedMidLeave bool
 
 	leaseHeld   bool            // this member took the lease for a decision
 	leaseAt     time.Time       // when
@@ -438,10 +441,11 @@ func (c *Cluster) Done() <-chan struct{} { return c.done }
 // on; then its entities stop (each after the handler it is running). The
 // others see a leave rather than a crash. If the leave could not finish
 // (the cluster is split, say), this member downs itself as it stops and
-// tells every other member, which remove it (one it does not reach sees it
-// unreachable), and shards not handed over in time start elsewhere once
-// it is removed. Its node runs on: once the others have removed a member
-// they saw leaving, its node is a plain peer of theirs.
+// tells every other member it reaches (one it does not reach sees it
+// unreachable); the leader removes it once the cluster converges, and
+// shards not handed over in time start elsewhere then. Err still reports
+// [ErrClusterStopped]. Its node runs on: once the others have removed a
+// member they saw leaving, its node is a plain peer of theirs.
 // [Cluster.Leave] and [Node.Shutdown] wait longer for the hand-over.
 func (c *Cluster) Close() error {
 	c.stepOut(context.Background(), nil, false)
@@ -571,7 +575,7 @@ func (c *Cluster) Err() error {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.members[c.self].Status >= MemberDown {
+	if c.members[c.self].Status >= MemberDown && !c.closedMidLeave {
 		return ErrMemberDowned
 	}
 	return ErrClusterStopped

@@ -27,7 +27,11 @@ func (c *Cluster) run() {
 	for {
 		select {
 		case <-c.stop:
-			closed = true
+			select {
+			case <-c.n.lc.done: // the node closes too: it falls silent
+			default:
+				closed = true
+			}
 			return
 		case <-c.n.lc.done:
 			return
@@ -112,7 +116,8 @@ func (c *Cluster) farewell() {
 		c.mu.Unlock()
 		return // its leave finished, or it is down already
 	}
-	events := c.down([]Member{*self}, time.Now())
+	c.down([]Member{*self}, time.Now()) // (no event: Close's caller knows, and a subscriber that closed again would wait for this goroutine)
+	c.closedMidLeave = true
 	g := c.snapshot()
 	var addrs []Addr
 	uids, entries := c.memberOrder()
@@ -122,10 +127,7 @@ func (c *Cluster) farewell() {
 		}
 	}
 	c.mu.Unlock()
-	for _, e := range events {
-		c.n.events.emit(e) // (its own: the services that follow the others have stopped)
-	}
-	c.n.log.Warn("troupe: the cluster was closed before this member's leave finished; it downs itself, and the others remove it", "told", len(addrs))
+	c.n.log.Warn("troupe: the cluster was closed before this member's leave finished; it downs itself and tells the others", "told", len(addrs))
 	for _, a := range addrs {
 		c.tell(a, g)
 	}
@@ -340,11 +342,17 @@ func (c *Cluster) receive(g gossipMsg) {
 		state.ReplyTo = c.ref
 	}
 	sender := c.members[g.From]
+	var joined []NodeUID // (one first heard of as down or removed is no member of this node's: its node, if it runs, is a plain peer)
+	for _, uid := range out.added {
+		if live(c.members[uid]) {
+			joined = append(joined, uid)
+		}
+	}
 	c.mu.Unlock()
 	if out.confirm && sender != nil {
 		c.reply(g.ReplyTo, sender.Addr, confirm) // so that it counts this member as having seen it
 	}
-	for _, uid := range out.added {
+	for _, uid := range joined {
 		c.n.cl.members.Store(uid, struct{}{})
 	}
 	for _, uid := range out.ended {
@@ -579,6 +587,9 @@ func (c *Cluster) forgetDowned(m Member) {
 		// by its heartbeats, as it judges this node.
 		c.n.cl.members.Delete(m.UID)
 		return
+	}
+	if !c.n.cl.isMember(m.UID) {
+		return // first heard of as down or removed: never a member of this node's, its node a plain peer
 	}
 	c.n.peers.endMemberAssoc(m.UID, fmt.Errorf("%w: cluster member %s was downed", ErrPeerUnreachable, m.Addr))
 }

@@ -190,8 +190,12 @@ func TestAWatchOfADownedMemberEnds(t *testing.T) {
 // as a plain peer.
 func TestAClusterClosedMidLeaveDoesNotHoldTheOthers(t *testing.T) {
 	t.Parallel()
+	slowTest(t)
 	f := new(troupe.FaultNet)
-	cfg := troupe.ClusterConfig{Downing: troupe.KeepMajority(), StableAfter: 3 * time.Second}
+	// The crashed member is downed StableAfter after it is found
+	// unreachable: well after the closing member's leave has given up
+	// (its wait is 1 s at this gossip interval).
+	cfg := troupe.ClusterConfig{Downing: troupe.KeepMajority(), StableAfter: 4 * time.Second}
 	nodes, members := registrylessCluster(t, f, cfg, "a", "b", "c", "d")
 	f.Kill(nodes[3])
 	waitUntil(t, 10*time.Second, "the crashed member unreachable", func() bool {
@@ -203,6 +207,20 @@ func TestAClusterClosedMidLeaveDoesNotHoldTheOthers(t *testing.T) {
 		t.Fatal(err)
 	}
 	members[2].Close() // (its leave waits for a convergence the crash holds back, and gives up)
+	if s := members[2].Self().Status; s != troupe.MemberDown {
+		t.Fatalf("the member closed mid-leave sees itself %v; want down", s)
+	}
+	if err := members[2].Err(); !errors.Is(err, troupe.ErrClusterStopped) {
+		t.Fatalf("Err() after Close = %v; want ErrClusterStopped", err)
+	}
+	waitUntil(t, 5*time.Second, "the others to see it down", func() bool {
+		for _, m := range members[1].Members() {
+			if m.UID == nodes[2].UID() {
+				return m.Status >= troupe.MemberDown
+			}
+		}
+		return false
+	})
 	status := func(uid troupe.NodeUID) (troupe.MemberStatus, bool) {
 		for _, m := range members[0].Members() {
 			if m.UID == uid {
@@ -239,6 +257,7 @@ func TestAClusterClosedMidLeaveDoesNotHoldTheOthers(t *testing.T) {
 // all up after UnreachableAfter.
 func TestALeftMembersNodeGoesOnAsAPlainPeer(t *testing.T) {
 	t.Parallel()
+	slowTest(t)
 	f := new(troupe.FaultNet)
 	nodes, members := registrylessCluster(t, f, troupe.ClusterConfig{}, "a", "b", "c")
 	if _, err := troupe.Spawn(nodes[2], "echo", troupe.Behavior[job]{Receive: func(_ *troupe.Context[job], j job) {
@@ -265,6 +284,14 @@ func TestALeftMembersNodeGoesOnAsAPlainPeer(t *testing.T) {
 		}
 		return true
 	})
+	// A member that joins after the removal, and first hears of the
+	// leaver as removed, meets its node as a plain peer too.
+	late, _ := joinRegistryless(t, f, "d", nodes[:1], troupe.ClusterConfig{})
+	troupe.SubscribeChan(late, lost)
+	lateEcho, err := troupe.Resolve[job](ctxFor(t), late, troupe.FormatRef(nodes[2].Addrs()[0], "/user/echo"))
+	if err != nil {
+		t.Fatal(err)
+	}
 	// Nothing but heartbeats between them for twice the window
 	// (UnreachableAfter is 2 s here).
 	select {
@@ -272,7 +299,9 @@ func TestALeftMembersNodeGoesOnAsAPlainPeer(t *testing.T) {
 		t.Fatalf("a peer was given up after the leave: %+v", e)
 	case <-time.After(4 * time.Second):
 	}
-	if got, err := troupe.Ask(ctxFor(t), echo, func(to troupe.Ref[string]) job { return job{N: 7, Reply: to} }); err != nil || got != "7" {
-		t.Fatalf("the leaver's actor answered %q, %v; want 7", got, err)
+	for i, r := range []troupe.Ref[job]{echo, lateEcho} {
+		if got, err := troupe.Ask(ctxFor(t), r, func(to troupe.Ref[string]) job { return job{N: i, Reply: to} }); err != nil || got != fmt.Sprint(i) {
+			t.Fatalf("the leaver's actor answered %q, %v; want %d", got, err, i)
+		}
 	}
 }
