@@ -501,11 +501,13 @@ func (a *assoc) gone() bool {
 
 // exemptFromQuarantine reports whether a's peer is never quarantined
 // when the session ends (quarantine.go). Cluster members are never
-// quarantined: they keep knocking on each other until one is downed.
+// quarantined: they keep knocking on each other until one is downed
+// (and the members of a cluster closed here mid-leave, which may not
+// know it yet).
 // Registrars neither: a registrar is infrastructure, not a peer whose
 // actors anyone relies on, and discovery must come back with it.
 func (a *assoc) exemptFromQuarantine() bool {
-	return a.n.cl.isMember(a.peer.uid) || a.n.disc.isRegistrarAssoc(a)
+	return a.n.cl.isMember(a.peer.uid) || a.n.cl.wasMember(a.peer.uid) || a.n.disc.isRegistrarAssoc(a)
 }
 
 // bindRef binds a ref read from a payload that came over a: to an actor

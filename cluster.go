@@ -341,6 +341,10 @@ func StartCluster(ctx context.Context, n *Node, cfg ClusterConfig) (*Cluster, er
 			return nil, err
 		}
 	}
+	if stop := n.cl.tomb.Swap(nil); stop != nil {
+		(*stop)() // (what a cluster closed mid-leave left at the path)
+	}
+	n.cl.former.Clear()
 	n.cl.members.Store(n.uid, struct{}{})
 	ref, err := Spawn(systemParent{n}, "cluster", Behavior[clusterMsg]{
 		Receive: func(_ *Context[clusterMsg], m clusterMsg) {
@@ -441,8 +445,9 @@ func (c *Cluster) Done() <-chan struct{} { return c.done }
 // on; then its entities stop (each after the handler it is running). The
 // others see a leave rather than a crash. If the leave could not finish
 // (the cluster is split, say), this member downs itself as it stops and
-// tells every other member it reaches (one it does not reach sees it
-// unreachable); the leader removes it once the cluster converges, and
+// tells every other member it reaches; one it does not reach (across a
+// cut) sees it unreachable, and learns of the downing when it reaches the
+// node again. The leader removes it once the cluster converges, and
 // shards not handed over in time start elsewhere then. Err still reports
 // [ErrClusterStopped]. Its node runs on: once the others have removed a
 // member they saw leaving, its node is a plain peer of theirs.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -81,6 +82,7 @@ func (c *Cluster) cleanup(closed bool) {
 	}
 	c.mu.Lock()
 	c.stopped = true
+	tomb := c.closedMidLeave
 	uids := make([]NodeUID, 0, len(c.members))
 	for uid := range c.members {
 		uids = append(uids, uid)
@@ -88,8 +90,20 @@ func (c *Cluster) cleanup(closed bool) {
 	c.mu.Unlock()
 	for _, uid := range uids {
 		c.n.cl.members.Delete(uid)
+		if tomb && uid != c.self {
+			c.n.cl.former.Store(uid, struct{}{})
+		}
 	}
-	stopAndWait(c.n, c.ref) // a cluster started next on this node takes its path
+	if tomb {
+		// Its actor stays, answering the members that did not hear the
+		// farewell (across a cut) with it when they knock (receive);
+		// a cluster started next on this node stops it first.
+		ref := c.ref
+		stop := func() { stopAndWait(c.n, ref) }
+		c.n.cl.tomb.Store(&stop)
+	} else {
+		stopAndWait(c.n, c.ref) // a cluster started next on this node takes its path
+	}
 	if c.cfg.SeedsFromRegistry {
 		name := "troupe.cluster." + cmp.Or(c.cfg.Name, "default")
 		if c.n.registrar.reg() != nil {
@@ -324,7 +338,19 @@ func (c *Cluster) tellDowned(now time.Time) {
 func (c *Cluster) receive(g gossipMsg) {
 	c.mu.Lock()
 	if c.stopped {
+		var final gossipMsg
+		sender := c.members[g.From]
+		told := c.closedMidLeave && sender != nil && slices.ContainsFunc(g.Members, func(m gossipMember) bool {
+			return m.UID == c.self && MemberStatus(m.Status) < MemberDown
+		})
+		if told {
+			final = c.snapshot() // (this member down: the farewell)
+			final.ReplyTo = c.ref
+		}
 		c.mu.Unlock()
+		if told {
+			c.reply(g.ReplyTo, sender.Addr, final)
+		}
 		return
 	}
 	now := time.Now()

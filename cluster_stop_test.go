@@ -305,3 +305,93 @@ func TestALeftMembersNodeGoesOnAsAPlainPeer(t *testing.T) {
 		}
 	}
 }
+
+// Without a downing strategy, a member closed mid-leave is counted out
+// at once, but the crashed member still blocks the cluster until it is
+// downed by hand; then both are removed.
+func TestAClusterClosedMidLeaveWithoutAStrategyWaitsForAManualDown(t *testing.T) {
+	t.Parallel()
+	slowTest(t)
+	f := new(troupe.FaultNet)
+	nodes, members := registrylessCluster(t, f, troupe.ClusterConfig{}, "a", "b", "c", "d")
+	f.Kill(nodes[3])
+	waitUntil(t, 10*time.Second, "the crashed member unreachable", func() bool {
+		return slices.ContainsFunc(members[0].Unreachable(), func(m troupe.Member) bool { return m.UID == nodes[3].UID() })
+	})
+	members[2].Close()
+	status := func(uid troupe.NodeUID) troupe.MemberStatus {
+		for _, m := range members[0].Members() {
+			if m.UID == uid {
+				return m.Status
+			}
+		}
+		return troupe.MemberRemoved
+	}
+	waitUntil(t, 5*time.Second, "the closed member seen down", func() bool { return status(nodes[2].UID()) == troupe.MemberDown })
+	if s := status(nodes[3].UID()); s != troupe.MemberUp {
+		t.Fatalf("the crashed member is %v with no strategy and no manual down; want up (and unreachable)", s)
+	}
+	if err := members[1].Down(nodes[3].Addrs()[0].String()); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, 10*time.Second, "both removed", func() bool {
+		return status(nodes[2].UID()) == troupe.MemberRemoved && status(nodes[3].UID()) == troupe.MemberRemoved
+	})
+}
+
+// A member closed mid-leave while a cut keeps its farewell from the
+// others: its node runs on and gives them up as silent peers; when the
+// cut heals, they reach it again, learn that it downed itself, and
+// remove it. None of them downs itself for being refused by a node that
+// is no longer a member (before, its node had quarantined them, and each
+// member it refused downed itself).
+func TestAClusterClosedAcrossACutIsRemovedWhenItHeals(t *testing.T) {
+	t.Parallel()
+	slowTest(t)
+	f := new(troupe.FaultNet)
+	nodes, members := registrylessCluster(t, f, troupe.ClusterConfig{}, "a", "b", "c")
+	if _, err := troupe.Spawn(nodes[2], "echo", troupe.Behavior[job]{Receive: func(_ *troupe.Context[job], j job) {
+		j.Reply.Tell(fmt.Sprint(j.N))
+	}}); err != nil {
+		t.Fatal(err)
+	}
+	lost := make(chan troupe.PeerUnreachable, 8)
+	troupe.SubscribeChan(nodes[2], lost)
+	f.Partition(nodes[2], nodes[0])
+	f.Partition(nodes[2], nodes[1])
+	waitUntil(t, 10*time.Second, "the cut seen", func() bool {
+		return slices.ContainsFunc(members[0].Unreachable(), func(m troupe.Member) bool { return m.UID == nodes[2].UID() })
+	})
+	members[2].Close() // (the leave cannot finish across the cut; the farewell reaches nobody)
+	for range 2 {
+		within(t, lost, 10*time.Second, "the closed member's node giving the others up")
+	}
+	f.Heal()
+	defer func() {
+		if t.Failed() {
+			for i, c := range members {
+				t.Logf("member %d: err %v, members %+v, unreachable %+v", i, c.Err(), c.Members(), c.Unreachable())
+			}
+		}
+	}()
+	waitUntil(t, 10*time.Second, "the closed member removed", func() bool {
+		for _, m := range members[0].Members() {
+			if m.UID == nodes[2].UID() {
+				return m.Status == troupe.MemberRemoved
+			}
+		}
+		return true
+	})
+	for i, c := range members[:2] {
+		if err := c.Err(); err != nil || c.Self().Status != troupe.MemberUp {
+			t.Fatalf("member %d: %v, %v; want up", i, c.Self().Status, err)
+		}
+	}
+	echo, err := troupe.Resolve[job](ctxFor(t), nodes[0], troupe.FormatRef(nodes[2].Addrs()[0], "/user/echo"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := troupe.Ask(ctxFor(t), echo, func(to troupe.Ref[string]) job { return job{N: 7, Reply: to} }); err != nil || got != "7" {
+		t.Fatalf("the closed member's actor answered %q, %v; want 7", got, err)
+	}
+}

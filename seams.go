@@ -32,6 +32,13 @@ type clusterSeam struct {
 	// plug is what the running cluster does for the core, nil while
 	// none runs: StartCluster sets it, the cluster's end clears it.
 	plug atomic.Pointer[clusterPlug]
+	// former holds the uids of the members of a cluster that was closed
+	// on this node before its leave finished: they may still count this
+	// node a member and knock, so they stay exempt from quarantine.
+	// tomb stops what such a cluster leaves answering them; the next
+	// StartCluster on this node calls it and clears former.
+	former sync.Map
+	tomb   atomic.Pointer[func()]
 }
 
 // clusterPlug is what a running cluster does for the core. The core calls
@@ -63,6 +70,13 @@ func (s *clusterSeam) entries() registry {
 // isMember reports whether uid is a member of a cluster this node is in.
 func (s *clusterSeam) isMember(uid NodeUID) bool {
 	_, ok := s.members.Load(uid)
+	return ok
+}
+
+// wasMember reports whether uid was a member of a cluster closed on this
+// node before its leave finished (see former).
+func (s *clusterSeam) wasMember(uid NodeUID) bool {
+	_, ok := s.former.Load(uid)
 	return ok
 }
 
