@@ -125,7 +125,7 @@ type Cluster struct {
 	watching // the failure detectors, one for each member this one watches
 	stopped  bool
 	// closedMidLeave: Close stopped this member before its leave finished,
-	// and it downed itself on the way out (farewell).
+	// and it moved itself on to exiting on the way out (farewell).
 	closedMidLeave bool
 
 	leaseHeld   bool            // this member took the lease for a decision
@@ -344,7 +344,6 @@ func StartCluster(ctx context.Context, n *Node, cfg ClusterConfig) (*Cluster, er
 	if stop := n.cl.tomb.Swap(nil); stop != nil {
 		(*stop)() // (what a cluster closed mid-leave left at the path)
 	}
-	n.cl.former.Clear()
 	n.cl.members.Store(n.uid, struct{}{})
 	ref, err := Spawn(systemParent{n}, "cluster", Behavior[clusterMsg]{
 		Receive: func(_ *Context[clusterMsg], m clusterMsg) {
@@ -372,6 +371,7 @@ func StartCluster(ctx context.Context, n *Node, cfg ClusterConfig) (*Cluster, er
 	c.mu.Lock() // the actor may already be answering gossip, which reads ref
 	c.ref = ref
 	c.mu.Unlock()
+	n.cl.former.Clear() // (this cluster's members are its own)
 	onQuarantine := c.quarantinedBy
 	n.cl.quarantinedBy.Store(&onQuarantine)
 	onDowned := c.downedBy
@@ -444,13 +444,14 @@ func (c *Cluster) Done() <-chan struct{} { return c.done }
 // to be handed over, and as long again for the leader to move this member
 // on; then its entities stop (each after the handler it is running). The
 // others see a leave rather than a crash. If the leave could not finish
-// (the cluster is split, say), this member downs itself as it stops and
-// tells every other member it reaches; one it does not reach (across a
-// cut) sees it unreachable, and learns of the downing when it reaches the
-// node again. The leader removes it once the cluster converges, and
-// shards not handed over in time start elsewhere then. Err still reports
-// [ErrClusterStopped]. Its node runs on: once the others have removed a
-// member they saw leaving, its node is a plain peer of theirs.
+// (the cluster is split, say), this member moves itself on to exiting as
+// it stops (its entities have stopped) and tells every other member it
+// reaches; one it does not reach (across a cut) sees it unreachable, and
+// learns of it when it reaches the node again. The leader removes it once
+// the cluster converges, and shards not handed over in time start
+// elsewhere then. Err still reports [ErrClusterStopped]. Its node runs
+// on: once the others have removed a member they saw leaving, its node
+// is a plain peer of theirs.
 // [Cluster.Leave] and [Node.Shutdown] wait longer for the hand-over.
 func (c *Cluster) Close() error {
 	c.stepOut(context.Background(), nil, false)

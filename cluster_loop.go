@@ -84,15 +84,19 @@ func (c *Cluster) cleanup(closed bool) {
 	c.stopped = true
 	tomb := c.closedMidLeave
 	uids := make([]NodeUID, 0, len(c.members))
-	for uid := range c.members {
+	var former []NodeUID // (the live members, which may not know)
+	for uid, m := range c.members {
 		uids = append(uids, uid)
+		if tomb && uid != c.self && live(m) && m.Status < MemberExiting {
+			former = append(former, uid)
+		}
 	}
 	c.mu.Unlock()
+	for _, uid := range former {
+		c.n.cl.former.Store(uid, struct{}{}) // (before the exemption as a member ends)
+	}
 	for _, uid := range uids {
 		c.n.cl.members.Delete(uid)
-		if tomb && uid != c.self {
-			c.n.cl.former.Store(uid, struct{}{})
-		}
 	}
 	if tomb {
 		// Its actor stays, answering the members that did not hear the
@@ -115,14 +119,16 @@ func (c *Cluster) cleanup(closed bool) {
 	}
 }
 
-// farewell downs this member, whose cluster was closed before its leave
-// finished (nothing of it runs any more: its entities and singletons
-// have stopped), and tells every other member so. Its node may run on,
-// answering heartbeats: the others would never find it unreachable, and
-// a member that never again says it holds a state keeps the cluster from
-// converging, and so from removing anyone, for as long as it runs. Down,
-// it counts no more; the leader removes it, and a member that saw it
-// leaving keeps its node as a plain peer (forgetDowned).
+// farewell moves this member on to exiting, its cluster closed before its
+// leave finished (nothing of it runs any more: its entities and
+// singletons have stopped), and tells every other member so. Its node
+// may run on, answering heartbeats: the others would never find it
+// unreachable, and a member that never again says it holds a state keeps
+// the cluster from converging, and so from removing anyone, for as long
+// as it runs. Exiting, as at the end of a leave, it counts no more: the
+// leader removes it, and the others keep its node as a plain peer
+// (forgetDowned). Those it does not reach (across a cut) hear it from
+// what it leaves answering at its path (cleanup, receive).
 func (c *Cluster) farewell() {
 	c.mu.Lock()
 	self := c.members[c.self]
@@ -130,7 +136,8 @@ func (c *Cluster) farewell() {
 		c.mu.Unlock()
 		return // its leave finished, or it is down already
 	}
-	c.down([]Member{*self}, time.Now()) // (no event: Close's caller knows, and a subscriber that closed again would wait for this goroutine)
+	self.Status = MemberExiting // (no event: Close's caller knows, and a subscriber that closed again would wait for this goroutine)
+	c.touched(time.Now())
 	c.closedMidLeave = true
 	g := c.snapshot()
 	var addrs []Addr
@@ -141,7 +148,7 @@ func (c *Cluster) farewell() {
 		}
 	}
 	c.mu.Unlock()
-	c.n.log.Warn("troupe: the cluster was closed before this member's leave finished; it downs itself and tells the others", "told", len(addrs))
+	c.n.log.Warn("troupe: the cluster was closed before this member's leave finished; it tells the others it is exiting", "told", len(addrs))
 	for _, a := range addrs {
 		c.tell(a, g)
 	}
@@ -177,6 +184,15 @@ func (c *Cluster) gossip() {
 // state in return; an equal one says the sender holds this state.
 func (c *Cluster) status(s gossipStatus) {
 	c.mu.Lock()
+	if c.stopped {
+		knows := s.Digest == c.digested // (the final state)
+		former := c.closedMidLeave
+		c.mu.Unlock()
+		if former {
+			c.answerFormer(s.From, s.ReplyTo, knows)
+		}
+		return
+	}
 	m := c.members[s.From]
 	if s.LeaseWait > 0 {
 		limit := maxLeaseWait + c.cfg.LeaseMinorityDelay + leaseCallTimeout(c.cfg.StableAfter)
@@ -194,6 +210,28 @@ func (c *Cluster) status(s gossipStatus) {
 	c.mu.Unlock()
 	if !same && m != nil {
 		c.reply(s.ReplyTo, m.Addr, g)
+	}
+}
+
+// answerFormer answers a member that knocks on this stopped cluster, closed
+// mid-leave (what cleanup left at its path): one that does not know this
+// member is exiting gets the final state; one that knows needs no
+// exemption from quarantine any more.
+func (c *Cluster) answerFormer(from NodeUID, replyTo Ref[clusterMsg], knows bool) {
+	if knows {
+		c.n.cl.former.Delete(from)
+		return
+	}
+	c.mu.Lock()
+	m := c.members[from]
+	var final gossipMsg
+	if m != nil {
+		final = c.snapshot()
+		final.ReplyTo = c.ref
+	}
+	c.mu.Unlock()
+	if m != nil {
+		c.reply(replyTo, m.Addr, final)
 	}
 }
 
@@ -338,18 +376,13 @@ func (c *Cluster) tellDowned(now time.Time) {
 func (c *Cluster) receive(g gossipMsg) {
 	c.mu.Lock()
 	if c.stopped {
-		var final gossipMsg
-		sender := c.members[g.From]
-		told := c.closedMidLeave && sender != nil && slices.ContainsFunc(g.Members, func(m gossipMember) bool {
-			return m.UID == c.self && MemberStatus(m.Status) < MemberDown
-		})
-		if told {
-			final = c.snapshot() // (this member down: the farewell)
-			final.ReplyTo = c.ref
-		}
+		former := c.closedMidLeave
 		c.mu.Unlock()
-		if told {
-			c.reply(g.ReplyTo, sender.Addr, final)
+		if former {
+			knows := slices.ContainsFunc(g.Members, func(m gossipMember) bool {
+				return m.UID == c.self && MemberStatus(m.Status) >= MemberExiting
+			})
+			c.answerFormer(g.From, g.ReplyTo, knows)
 		}
 		return
 	}

@@ -207,16 +207,16 @@ func TestAClusterClosedMidLeaveDoesNotHoldTheOthers(t *testing.T) {
 		t.Fatal(err)
 	}
 	members[2].Close() // (its leave waits for a convergence the crash holds back, and gives up)
-	if s := members[2].Self().Status; s != troupe.MemberDown {
-		t.Fatalf("the member closed mid-leave sees itself %v; want down", s)
+	if s := members[2].Self().Status; s != troupe.MemberExiting {
+		t.Fatalf("the member closed mid-leave sees itself %v; want exiting", s)
 	}
 	if err := members[2].Err(); !errors.Is(err, troupe.ErrClusterStopped) {
 		t.Fatalf("Err() after Close = %v; want ErrClusterStopped", err)
 	}
-	waitUntil(t, 5*time.Second, "the others to see it down", func() bool {
+	waitUntil(t, 5*time.Second, "the others to see it exiting", func() bool {
 		for _, m := range members[1].Members() {
 			if m.UID == nodes[2].UID() {
-				return m.Status >= troupe.MemberDown
+				return m.Status == troupe.MemberExiting || m.Status == troupe.MemberRemoved
 			}
 		}
 		return false
@@ -307,8 +307,8 @@ func TestALeftMembersNodeGoesOnAsAPlainPeer(t *testing.T) {
 }
 
 // Without a downing strategy, a member closed mid-leave is counted out
-// at once, but the crashed member still blocks the cluster until it is
-// downed by hand; then both are removed.
+// at once (exiting), but the crashed member still blocks the cluster
+// until it is downed by hand; then both are removed.
 func TestAClusterClosedMidLeaveWithoutAStrategyWaitsForAManualDown(t *testing.T) {
 	t.Parallel()
 	slowTest(t)
@@ -327,7 +327,7 @@ func TestAClusterClosedMidLeaveWithoutAStrategyWaitsForAManualDown(t *testing.T)
 		}
 		return troupe.MemberRemoved
 	}
-	waitUntil(t, 5*time.Second, "the closed member seen down", func() bool { return status(nodes[2].UID()) == troupe.MemberDown })
+	waitUntil(t, 5*time.Second, "the closed member seen exiting", func() bool { return status(nodes[2].UID()) == troupe.MemberExiting })
 	if s := status(nodes[3].UID()); s != troupe.MemberUp {
 		t.Fatalf("the crashed member is %v with no strategy and no manual down; want up (and unreachable)", s)
 	}
@@ -337,14 +337,25 @@ func TestAClusterClosedMidLeaveWithoutAStrategyWaitsForAManualDown(t *testing.T)
 	waitUntil(t, 10*time.Second, "both removed", func() bool {
 		return status(nodes[2].UID()) == troupe.MemberRemoved && status(nodes[3].UID()) == troupe.MemberRemoved
 	})
+	// What the closed cluster left answering at its path gives way to a
+	// cluster started next on the node.
+	again, err := troupe.StartCluster(ctxFor(t), nodes[2], troupe.ClusterConfig{})
+	if err != nil {
+		t.Fatalf("a cluster started on the node after one closed mid-leave: %v", err)
+	}
+	defer again.Close()
+	if s := again.Self().Status; s != troupe.MemberUp {
+		t.Fatalf("the new cluster's first member is %v; want up", s)
+	}
 }
 
 // A member closed mid-leave while a cut keeps its farewell from the
-// others: its node runs on and gives them up as silent peers; when the
-// cut heals, they reach it again, learn that it downed itself, and
-// remove it. None of them downs itself for being refused by a node that
-// is no longer a member (before, its node had quarantined them, and each
-// member it refused downed itself).
+// others: its node runs on and gives them up as silent peers, without
+// quarantining them; when the cut heals, they reach it again, learn that
+// it is exiting, and remove it, and its node is a plain peer of theirs
+// from then on. None of them downs itself for being refused by a node
+// that is no longer a member (before, its node had quarantined them, and
+// each member it refused downed itself).
 func TestAClusterClosedAcrossACutIsRemovedWhenItHeals(t *testing.T) {
 	t.Parallel()
 	slowTest(t)
@@ -364,7 +375,9 @@ func TestAClusterClosedAcrossACutIsRemovedWhenItHeals(t *testing.T) {
 	})
 	members[2].Close() // (the leave cannot finish across the cut; the farewell reaches nobody)
 	for range 2 {
-		within(t, lost, 10*time.Second, "the closed member's node giving the others up")
+		if e := within(t, lost, 10*time.Second, "the closed member's node giving the others up"); e.Quarantined {
+			t.Fatalf("the closed member's node quarantined a member that may not know it left: %+v", e)
+		}
 	}
 	f.Heal()
 	defer func() {
@@ -390,6 +403,18 @@ func TestAClusterClosedAcrossACutIsRemovedWhenItHeals(t *testing.T) {
 	echo, err := troupe.Resolve[job](ctxFor(t), nodes[0], troupe.FormatRef(nodes[2].Addrs()[0], "/user/echo"))
 	if err != nil {
 		t.Fatal(err)
+	}
+	// From here its node is a plain peer of theirs: nothing but
+	// heartbeats for twice the window (UnreachableAfter is 2 s here),
+	// and nobody is given up.
+	after := make(chan troupe.PeerUnreachable, 8)
+	for _, n := range nodes {
+		troupe.SubscribeChan(n, after)
+	}
+	select {
+	case e := <-after:
+		t.Fatalf("a peer was given up after the heal: %+v", e)
+	case <-time.After(4 * time.Second):
 	}
 	if got, err := troupe.Ask(ctxFor(t), echo, func(to troupe.Ref[string]) job { return job{N: 7, Reply: to} }); err != nil || got != "7" {
 		t.Fatalf("the closed member's actor answered %q, %v; want 7", got, err)
