@@ -201,11 +201,7 @@ func TestAClusterClosedMidLeaveDoesNotHoldTheOthers(t *testing.T) {
 	waitUntil(t, 10*time.Second, "the crashed member unreachable", func() bool {
 		return slices.ContainsFunc(members[0].Unreachable(), func(m troupe.Member) bool { return m.UID == nodes[3].UID() })
 	})
-	if _, err := troupe.Spawn(nodes[2], "echo", troupe.Behavior[job]{Receive: func(_ *troupe.Context[job], j job) {
-		j.Reply.Tell(fmt.Sprint(j.N))
-	}}); err != nil {
-		t.Fatal(err)
-	}
+	spawnEcho(t, nodes[2])
 	members[2].Close() // (its leave waits for a convergence the crash holds back, and gives up)
 	if s := members[2].Self().Status; s != troupe.MemberExiting {
 		t.Fatalf("the member closed mid-leave sees itself %v; want exiting", s)
@@ -214,39 +210,15 @@ func TestAClusterClosedMidLeaveDoesNotHoldTheOthers(t *testing.T) {
 		t.Fatalf("Err() after Close = %v; want ErrClusterStopped", err)
 	}
 	waitUntil(t, 5*time.Second, "the others to see it exiting", func() bool {
-		for _, m := range members[1].Members() {
-			if m.UID == nodes[2].UID() {
-				return m.Status == troupe.MemberExiting || m.Status == troupe.MemberRemoved
-			}
-		}
-		return false
+		return memberStatus(members[1], nodes[2].UID()) >= troupe.MemberExiting
 	})
-	status := func(uid troupe.NodeUID) (troupe.MemberStatus, bool) {
-		for _, m := range members[0].Members() {
-			if m.UID == uid {
-				return m.Status, true
-			}
-		}
-		return 0, false
-	}
 	waitUntil(t, 20*time.Second, "the crashed member and the closed one removed", func() bool {
-		d, okd := status(nodes[3].UID())
-		c, okc := status(nodes[2].UID())
-		return (!okd || d == troupe.MemberRemoved) && (!okc || c == troupe.MemberRemoved)
+		return memberStatus(members[0], nodes[3].UID()) == troupe.MemberRemoved && memberStatus(members[0], nodes[2].UID()) == troupe.MemberRemoved
 	})
 	_, e := joinRegistryless(t, f, "e", nodes[:2], cfg)
-	waitUntil(t, 10*time.Second, "a joiner up", func() bool {
-		s, ok := status(e.Self().UID)
-		return ok && s == troupe.MemberUp
-	})
+	waitUntil(t, 10*time.Second, "a joiner up", func() bool { return memberStatus(members[0], e.Self().UID) == troupe.MemberUp })
 	// The others saw it leaving: its node goes on as a plain peer.
-	echo, err := troupe.Resolve[job](ctxFor(t), nodes[0], troupe.FormatRef(nodes[2].Addrs()[0], "/user/echo"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got, err := troupe.Ask(ctxFor(t), echo, func(to troupe.Ref[string]) job { return job{N: 7, Reply: to} }); err != nil || got != "7" {
-		t.Fatalf("the closed member's actor answered %q, %v; want 7", got, err)
-	}
+	askEcho(t, echoAt(t, nodes[0], nodes[2]), 7)
 }
 
 // A member that left gracefully, its node running on, is a plain peer of
@@ -260,15 +232,8 @@ func TestALeftMembersNodeGoesOnAsAPlainPeer(t *testing.T) {
 	slowTest(t)
 	f := new(troupe.FaultNet)
 	nodes, members := registrylessCluster(t, f, troupe.ClusterConfig{}, "a", "b", "c")
-	if _, err := troupe.Spawn(nodes[2], "echo", troupe.Behavior[job]{Receive: func(_ *troupe.Context[job], j job) {
-		j.Reply.Tell(fmt.Sprint(j.N))
-	}}); err != nil {
-		t.Fatal(err)
-	}
-	echo, err := troupe.Resolve[job](ctxFor(t), nodes[0], troupe.FormatRef(nodes[2].Addrs()[0], "/user/echo"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	spawnEcho(t, nodes[2])
+	echo := echoAt(t, nodes[0], nodes[2])
 	lost := make(chan troupe.PeerUnreachable, 8)
 	for _, n := range nodes {
 		troupe.SubscribeChan(n, lost)
@@ -276,34 +241,17 @@ func TestALeftMembersNodeGoesOnAsAPlainPeer(t *testing.T) {
 	if err := members[2].Leave(ctxFor(t)); err != nil {
 		t.Fatal(err)
 	}
-	waitUntil(t, 10*time.Second, "the leaver removed", func() bool {
-		for _, m := range members[0].Members() {
-			if m.UID == nodes[2].UID() {
-				return m.Status == troupe.MemberRemoved
-			}
-		}
-		return true
-	})
+	waitUntil(t, 10*time.Second, "the leaver removed", func() bool { return memberStatus(members[0], nodes[2].UID()) == troupe.MemberRemoved })
 	// A member that joins after the removal, and first hears of the
 	// leaver as removed, meets its node as a plain peer too.
 	late, _ := joinRegistryless(t, f, "d", nodes[:1], troupe.ClusterConfig{})
 	troupe.SubscribeChan(late, lost)
-	lateEcho, err := troupe.Resolve[job](ctxFor(t), late, troupe.FormatRef(nodes[2].Addrs()[0], "/user/echo"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	lateEcho := echoAt(t, late, nodes[2])
 	// Nothing but heartbeats between them for twice the window
 	// (UnreachableAfter is 2 s here).
-	select {
-	case e := <-lost:
-		t.Fatalf("a peer was given up after the leave: %+v", e)
-	case <-time.After(4 * time.Second):
-	}
-	for i, r := range []troupe.Ref[job]{echo, lateEcho} {
-		if got, err := troupe.Ask(ctxFor(t), r, func(to troupe.Ref[string]) job { return job{N: i, Reply: to} }); err != nil || got != fmt.Sprint(i) {
-			t.Fatalf("the leaver's actor answered %q, %v; want %d", got, err, i)
-		}
-	}
+	quietFor(t, lost, 4*time.Second, "after the leave")
+	askEcho(t, echo, 1)
+	askEcho(t, lateEcho, 2)
 }
 
 // Without a downing strategy, a member closed mid-leave is counted out
@@ -319,14 +267,7 @@ func TestAClusterClosedMidLeaveWithoutAStrategyWaitsForAManualDown(t *testing.T)
 		return slices.ContainsFunc(members[0].Unreachable(), func(m troupe.Member) bool { return m.UID == nodes[3].UID() })
 	})
 	members[2].Close()
-	status := func(uid troupe.NodeUID) troupe.MemberStatus {
-		for _, m := range members[0].Members() {
-			if m.UID == uid {
-				return m.Status
-			}
-		}
-		return troupe.MemberRemoved
-	}
+	status := func(uid troupe.NodeUID) troupe.MemberStatus { return memberStatus(members[0], uid) }
 	waitUntil(t, 5*time.Second, "the closed member seen exiting", func() bool { return status(nodes[2].UID()) == troupe.MemberExiting })
 	if s := status(nodes[3].UID()); s != troupe.MemberUp {
 		t.Fatalf("the crashed member is %v with no strategy and no manual down; want up (and unreachable)", s)
@@ -361,11 +302,7 @@ func TestAClusterClosedAcrossACutIsRemovedWhenItHeals(t *testing.T) {
 	slowTest(t)
 	f := new(troupe.FaultNet)
 	nodes, members := registrylessCluster(t, f, troupe.ClusterConfig{}, "a", "b", "c")
-	if _, err := troupe.Spawn(nodes[2], "echo", troupe.Behavior[job]{Receive: func(_ *troupe.Context[job], j job) {
-		j.Reply.Tell(fmt.Sprint(j.N))
-	}}); err != nil {
-		t.Fatal(err)
-	}
+	spawnEcho(t, nodes[2])
 	lost := make(chan troupe.PeerUnreachable, 8)
 	troupe.SubscribeChan(nodes[2], lost)
 	f.Partition(nodes[2], nodes[0])
@@ -387,23 +324,13 @@ func TestAClusterClosedAcrossACutIsRemovedWhenItHeals(t *testing.T) {
 			}
 		}
 	}()
-	waitUntil(t, 10*time.Second, "the closed member removed", func() bool {
-		for _, m := range members[0].Members() {
-			if m.UID == nodes[2].UID() {
-				return m.Status == troupe.MemberRemoved
-			}
-		}
-		return true
-	})
+	waitUntil(t, 10*time.Second, "the closed member removed", func() bool { return memberStatus(members[0], nodes[2].UID()) == troupe.MemberRemoved })
 	for i, c := range members[:2] {
 		if err := c.Err(); err != nil || c.Self().Status != troupe.MemberUp {
 			t.Fatalf("member %d: %v, %v; want up", i, c.Self().Status, err)
 		}
 	}
-	echo, err := troupe.Resolve[job](ctxFor(t), nodes[0], troupe.FormatRef(nodes[2].Addrs()[0], "/user/echo"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	echo := echoAt(t, nodes[0], nodes[2])
 	// From here its node is a plain peer of theirs: nothing but
 	// heartbeats for twice the window (UnreachableAfter is 2 s here),
 	// and nobody is given up.
@@ -411,12 +338,56 @@ func TestAClusterClosedAcrossACutIsRemovedWhenItHeals(t *testing.T) {
 	for _, n := range nodes {
 		troupe.SubscribeChan(n, after)
 	}
-	select {
-	case e := <-after:
-		t.Fatalf("a peer was given up after the heal: %+v", e)
-	case <-time.After(4 * time.Second):
+	quietFor(t, after, 4*time.Second, "after the heal")
+	askEcho(t, echo, 7)
+}
+
+// spawnEcho spawns on n an actor, /user/echo, that answers each job with
+// its number.
+func spawnEcho(t *testing.T, n *troupe.Node) {
+	t.Helper()
+	if _, err := troupe.Spawn(n, "echo", troupe.Behavior[job]{Receive: func(_ *troupe.Context[job], j job) {
+		j.Reply.Tell(fmt.Sprint(j.N))
+	}}); err != nil {
+		t.Fatal(err)
 	}
-	if got, err := troupe.Ask(ctxFor(t), echo, func(to troupe.Ref[string]) job { return job{N: 7, Reply: to} }); err != nil || got != "7" {
-		t.Fatalf("the closed member's actor answered %q, %v; want 7", got, err)
+}
+
+// echoAt resolves, from n, the echo spawnEcho started on at.
+func echoAt(t *testing.T, n, at *troupe.Node) troupe.Ref[job] {
+	t.Helper()
+	r, err := troupe.Resolve[job](ctxFor(t), n, troupe.FormatRef(at.Addrs()[0], "/user/echo"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// askEcho asks the echo at r for i, and fails the test unless it answers.
+func askEcho(t *testing.T, r troupe.Ref[job], i int) {
+	t.Helper()
+	if got, err := troupe.Ask(ctxFor(t), r, func(to troupe.Ref[string]) job { return job{N: i, Reply: to} }); err != nil || got != fmt.Sprint(i) {
+		t.Fatalf("the echo on the member that left answered %q, %v; want %d", got, err, i)
+	}
+}
+
+// memberStatus is uid's status in c's view: MemberRemoved for one c does
+// not know (never heard of, or forgotten).
+func memberStatus(c *troupe.Cluster, uid troupe.NodeUID) troupe.MemberStatus {
+	for _, m := range c.Members() {
+		if m.UID == uid {
+			return m.Status
+		}
+	}
+	return troupe.MemberRemoved
+}
+
+// quietFor fails the test if a peer is given up (on ch) within d.
+func quietFor(t *testing.T, ch <-chan troupe.PeerUnreachable, d time.Duration, when string) {
+	t.Helper()
+	select {
+	case e := <-ch:
+		t.Fatalf("a peer was given up %s: %+v", when, e)
+	case <-time.After(d):
 	}
 }
