@@ -581,7 +581,7 @@ func (c *Cluster) Err() error {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.members[c.self].Status >= MemberDown && !c.closedMidLeave {
+	if c.members[c.self].Status >= MemberDown {
 		return ErrMemberDowned
 	}
 	return ErrClusterStopped
