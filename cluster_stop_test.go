@@ -305,6 +305,27 @@ func TestAClusterClosedAcrossACutIsRemovedWhenItHeals(t *testing.T) {
 	spawnEcho(t, nodes[2])
 	lost := make(chan troupe.PeerUnreachable, 8)
 	troupe.SubscribeChan(nodes[2], lost)
+	defer func() {
+		if t.Failed() {
+			for _, n := range nodes {
+				for _, p := range n.Stats().Peers {
+					t.Logf("%s's session with %s: %s, dialed here %v, last heard %v", n.Name(), p.Name, p.State, p.Outbound, p.LastHeard)
+				}
+			}
+		}
+	}()
+	// Its node holds a session with each of the others when the cut
+	// begins (the cluster may form before the last one is up), so that
+	// it has each to give up.
+	waitUntil(t, 10*time.Second, "the closed member's sessions with both up", func() bool {
+		up := 0
+		for _, p := range nodes[2].Stats().Peers {
+			if p.State == "up" && (p.UID == nodes[0].UID() || p.UID == nodes[1].UID()) {
+				up++
+			}
+		}
+		return up == 2
+	})
 	f.Partition(nodes[2], nodes[0])
 	f.Partition(nodes[2], nodes[1])
 	waitUntil(t, 10*time.Second, "the cut seen", func() bool {
