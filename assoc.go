@@ -35,11 +35,6 @@ var (
 	// again without resuming it (the peer holds it no more), or a session
 	// the dialer refused after the welcome.
 	errSessionReplaced = errors.New("the peer started a new session")
-	// errSessionAbandoned ends quietly a suspended session this node
-	// accepted whose peer will not dial back: a member that left, whose
-	// node ended its end while this node was exempt from its judgement
-	// (see peerTable.endAbandoned).
-	errSessionAbandoned = errors.New("the peer dropped the session")
 	// ErrTooManyConns is wrapped by the error of a dial past
 	// [Config.MaxOutboundConns].
 	ErrTooManyConns = errors.New("troupe: too many connections")

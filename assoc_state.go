@@ -346,7 +346,7 @@ func (l life) ended(from assocState, ev lifeEvent) (life, effect, bool) {
 	}
 	// A session the peer replaced with a new one, or refused, is no
 	// failure: nothing is published or quarantined.
-	closing := ev.closing || errors.Is(err, ErrNodeClosed) || errors.Is(err, errSessionReplaced) || errors.Is(err, errSessionAbandoned)
+	closing := ev.closing || errors.Is(err, ErrNodeClosed) || errors.Is(err, errSessionReplaced)
 	end := endingOf(from, errors.Is(err, ErrPeerLeft), closing, false)
 	// Whatever waits for room or credit wakes: the session takes nothing
 	// more (the wait ends with the session's failure).

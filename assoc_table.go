@@ -289,25 +289,6 @@ func (pt *peerTable) endMemberAssoc(uid NodeUID, cause error) {
 	}
 }
 
-// endAbandoned ends, quietly, the session with the peer incarnation uid
-// if this node accepted it and its connection is broken (suspended): the
-// dialer resumes a session, and a member that left across a cut may have
-// ended its end meanwhile, unjudged by this node, which waited for it as
-// for a member; as a plain peer it would be given up and quarantined at
-// the end of the window. The next use dials afresh.
-func (pt *peerTable) endAbandoned(uid NodeUID) {
-	a := pt.withUID(uid)
-	if a == nil || a.outbound {
-		return
-	}
-	a.mu.Lock()
-	suspended := a.life.state == assocSuspended
-	a.mu.Unlock()
-	if suspended {
-		a.fail(fmt.Errorf("%w: %s left the cluster while its connection was broken", errSessionAbandoned, a.label()))
-	}
-}
-
 // live returns the live association with each peer incarnation (byUID),
 // copied under the table's lock for the caller to walk without it.
 func (pt *peerTable) live() []*assoc {

@@ -643,11 +643,8 @@ func (c *Cluster) forgetDowned(m Member) {
 	c.mu.Unlock()
 	if left {
 		// Its node, if it runs on, is a plain peer from now on: judged
-		// by its heartbeats, as it judges this node. A session it dialed
-		// and has not resumed (it may have dropped it across a cut) gives
-		// way to a new one.
+		// by its heartbeats, as it judges this node.
 		c.n.cl.members.Delete(m.UID)
-		c.n.peers.endAbandoned(m.UID)
 		return
 	}
 	if !c.n.cl.isMember(m.UID) {

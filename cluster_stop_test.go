@@ -305,6 +305,22 @@ func TestAClusterClosedAcrossACutIsRemovedWhenItHeals(t *testing.T) {
 	spawnEcho(t, nodes[2])
 	lost := make(chan troupe.PeerUnreachable, 8)
 	troupe.SubscribeChan(nodes[2], lost)
+	// On failure: every session as it stands, and what befell the
+	// others' sessions with the closed member's node on the way.
+	var linkMu sync.Mutex
+	var links []string
+	for _, n := range nodes[:2] {
+		troupe.Subscribe(n, func(e troupe.PeerLinkLost) {
+			linkMu.Lock()
+			links = append(links, fmt.Sprintf("%v %s: link to %s lost: %v", time.Now().Format("15:04:05.000"), n.Name(), e.Name, e.Cause))
+			linkMu.Unlock()
+		})
+		troupe.Subscribe(n, func(e troupe.PeerUnreachable) {
+			linkMu.Lock()
+			links = append(links, fmt.Sprintf("%v %s: %s given up (quarantined %v): %v", time.Now().Format("15:04:05.000"), n.Name(), e.Name, e.Quarantined, e.Reason))
+			linkMu.Unlock()
+		})
+	}
 	defer func() {
 		if t.Failed() {
 			for _, n := range nodes {
@@ -312,6 +328,11 @@ func TestAClusterClosedAcrossACutIsRemovedWhenItHeals(t *testing.T) {
 					t.Logf("%s's session with %s: %s, dialed here %v, last heard %v", n.Name(), p.Name, p.State, p.Outbound, p.LastHeard)
 				}
 			}
+			linkMu.Lock()
+			for _, l := range links {
+				t.Log(l)
+			}
+			linkMu.Unlock()
 		}
 	}()
 	// Its node holds a session with each of the others when the cut
